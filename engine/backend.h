@@ -1,0 +1,56 @@
+/* The one interface every compute backend implements (CPU in engine/cpu/,
+ * CUDA in cuda/): a forward pass over a batch of token spans, each appending
+ * to its own pot, returning the logits and the attention scores the caller
+ * asks for. Pots keep K before RoPE; a backend rotates keys by slot index. */
+#ifndef POTSERVE_BACKEND_H
+#define POTSERVE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/cache.h"
+
+struct model;
+
+enum backend_logits {
+    BACKEND_LOGITS_NONE = 0,
+    BACKEND_LOGITS_LAST = 1, /* one row: the span's last token */
+    BACKEND_LOGITS_ALL = 2,  /* one row per token of the span */
+};
+
+enum backend_score_combine {
+    BACKEND_SCORE_SUM = 0, /* sum over the query heads of a KV group (default) */
+    BACKEND_SCORE_MAX = 1,
+};
+
+typedef struct backend_span {
+    const int32_t *tokens;
+    int32_t n_tokens;
+    pot *kv; /* the span's tokens go to slots kv->n ... kv->n + n_tokens - 1 (their RoPE
+                positions); kv->n advances; needs kv->capacity >= kv->n + n_tokens */
+    enum backend_logits logits_mode;
+    float *logits; /* [1 or n_tokens][n_vocab], written when logits_mode != NONE */
+    /* Attention scores, when scores != NULL: for query rows [score_row0,
+     * score_row0 + n_score_rows) of this span, the softmax probabilities over
+     * every key (pot slots, then this span's tokens: n_keys = kv->n before the
+     * call + n_tokens), summed over those rows and combined over the query
+     * heads of each KV group. Written as [n_layer][n_head_kv][n_keys]. */
+    int32_t score_row0, n_score_rows;
+    enum backend_score_combine score_combine;
+    float *scores;
+} backend_span;
+
+typedef struct backend backend;
+struct backend {
+    const char *name;
+    /* Runs the spans (any mix of lengths and pots; each pot at most once).
+     * Returns 0, or -1 with one line in err (pots unchanged then). */
+    int (*forward)(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen);
+    void (*free)(backend *b);
+};
+
+/* The CPU reference backend with n_threads worker threads (>= 1); the model
+ * must outlive it. NULL + err on failure. */
+backend *cpu_backend_new(const struct model *m, int n_threads, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,71 @@
+/* Chat templates (private to engine/): recognise the family of a GGUF's
+ * tokenizer.chat_template and render messages the way that template does.
+ * We do not run Jinja; each family is rendered by code that mirrors the
+ * template text of the models that ship it. */
+#ifndef POTSERVE_CHAT_H
+#define POTSERVE_CHAT_H
+
+#include <stddef.h>
+
+enum chat_family {
+    CHAT_UNKNOWN = 0,
+    CHAT_CHATML,  /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen2) */
+    CHAT_LLAMA2,  /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s> */
+    CHAT_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    CHAT_MISTRAL, /* [INST] ... [/INST] without <<SYS>> */
+    CHAT_ZEPHYR,  /* <|user|>\n...</s>\n<|assistant|>\n */
+    CHAT_GEMMA,   /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */
+};
+
+typedef struct chat_message {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content;
+} chat_message;
+
+typedef struct chat_template {
+    enum chat_family family;
+    char default_system[512]; /* system prompt the template inserts when none is given ("" if none) */
+    char bos_text[32];        /* BOS token text the template writes itself (llama2/llama3/gemma), or "" */
+    char eos_text[32];        /* EOS token text written after assistant turns, or "" */
+    /* Addition: layout details that differ between real templates of one family
+     * and are read from the template text. 0 is the default layout of each family
+     * (what chat_family_from_name users get):
+     *   CHAT_MISTRAL: one of enum chat_mistral_variant;
+     *   CHAT_LLAMA3:  CHAT_LLAMA3_DATED for the Llama 3.1+ templates, which always
+     *                 open with a system header holding "Cutting Knowledge Date:
+     *                 December 2023\nToday Date: <date>\n\n" before the system text.
+     * date: for CHAT_LLAMA3_DATED, the template's fixed date ("26 Jul 2024"), or ""
+     * when the template asks for today's date (strftime_now: "%d %b %Y", local time). */
+    int variant;
+    char date[16];
+} chat_template;
+
+enum chat_mistral_variant {
+    CHAT_MISTRAL_V1 = 0,     /* " [INST] sys\n\nuser [/INST]" + " reply</s>" (v0.1/v0.2 current) */
+    CHAT_MISTRAL_V3,         /* "[INST] user[/INST]" + " reply</s>", system on the last user turn */
+    CHAT_MISTRAL_V3_TEKKEN,  /* "[INST]user[/INST]" + "reply</s>", system on the last user turn */
+    CHAT_MISTRAL_LEGACY,     /* "[INST] user [/INST]" + "reply</s>" (original v0.1/v0.2: no system
+                              * role; we merge it into the first user turn as v1 does) */
+};
+enum { CHAT_LLAMA3_PLAIN = 0, CHAT_LLAMA3_DATED = 1 };
+
+/* Fills tpl from the template text (NULL/"" gives CHAT_UNKNOWN). bos/eos are
+ * the model's BOS/EOS token texts (may be NULL). Returns 0, or -1 when the
+ * family is not recognised (tpl->family = CHAT_UNKNOWN). */
+int chat_template_detect(const char *template_text, const char *bos, const char *eos,
+                         chat_template *tpl);
+/* Family from its name ("chatml", "llama2", "llama3", "mistral", "zephyr",
+ * "gemma"); CHAT_UNKNOWN if no such name. */
+enum chat_family chat_family_from_name(const char *name);
+const char *chat_family_name(enum chat_family f);
+/* "chatml, llama2, llama3, mistral, zephyr, gemma" — for error messages. */
+const char *chat_family_list(void);
+
+/* Renders messages (roles system/user/assistant; others -> -1 with err) into
+ * a malloc'd NUL-terminated string the caller frees. add_generation_prompt
+ * appends the assistant header. The text contains special-token text and is
+ * tokenized with parse_special=1 and add_special=0. NULL + err on failure. */
+char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
+                  int add_generation_prompt, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,398 @@
+/* The CPU reference backend: a plain, threaded forward pass of the llama /
+ * qwen2 decoder over a batch of token spans. Matrix products run over all
+ * tokens of all spans at once; attention runs per span over its pot. Keys are
+ * stored before RoPE and rotated here by slot index. Clarity first: the fast
+ * kernels of the performance work must agree with this code. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "threadpool.h"
+
+typedef struct cpu_backend {
+    backend base;
+    const model *m;
+    threadpool *tp;
+    double *inv_freq; /* [n_rot/2] RoPE frequencies */
+} cpu_backend;
+
+/* ---- small vector ops ---------------------------------------------------- */
+
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* Rotates the first n_rot elements of v to position pos. */
+static void rope_rotate(float *v, int64_t pos, const model *m, const double *inv_freq) {
+    int half = m->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * inv_freq[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        int a = m->rope_layout == ROPE_PAIRS_ADJACENT ? 2 * i : i;
+        int b = m->rope_layout == ROPE_PAIRS_ADJACENT ? 2 * i + 1 : i + half;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+    }
+}
+
+/* ---- matrix product: out[t][r] = dot(W row r, x[t]) ------------------------ */
+
+typedef struct matmul_job {
+    const weight *w;
+    const float *x; /* [T][cols] */
+    int64_t T;
+    float *out;     /* [T][rows] */
+    float *scratch; /* [n_threads][cols] dequantised rows */
+} matmul_job;
+
+enum { MATMUL_DEQUANT_MIN_T = 3 }; /* from this batch size on, dequantise a row once and reuse it */
+
+static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int worker) {
+    const matmul_job *j = ctx;
+    const weight *w = j->w;
+    float *buf = j->scratch + (size_t)worker * w->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+        if (j->T < MATMUL_DEQUANT_MIN_T) {
+            for (int64_t t = 0; t < j->T; t++)
+                j->out[t * w->rows + r] = quant_dot_row(w->type, row, j->x + t * w->cols, w->cols);
+        } else {
+            quant_dequantize_row(w->type, row, buf, w->cols);
+            for (int64_t t = 0; t < j->T; t++)
+                j->out[t * w->rows + r] = dot_f32(buf, j->x + t * w->cols, w->cols);
+        }
+    }
+}
+
+static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
+                   float *scratch) {
+    matmul_job j = {w, x, T, out, scratch};
+    tp_parallel_for(cb->tp, w->rows, matmul_rows, &j);
+}
+
+/* ---- attention over one span's pot ---------------------------------------------- */
+
+typedef struct attn_job {
+    cpu_backend *cb;
+    const backend_span *sp;
+    int32_t layer, n0, n_keys; /* n0 = slots before the span */
+    const float *q;            /* [n_tokens][n_head * head_dim], rotated */
+    float *out;                /* [n_tokens][n_head * head_dim] */
+    float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys */
+    float *probs;              /* [n_threads][n_keys] */
+    float *head_scores;        /* [n_head][n_keys] or NULL */
+    int per_head;              /* 1: one task per head (scores), else per (head, token) */
+} attn_job;
+
+static void rotate_keys(void *ctx, int64_t a, int64_t b, int worker) {
+    (void)worker;
+    attn_job *j = ctx;
+    const model *m = j->cb->m;
+    for (int64_t task = a; task < b; task++) {
+        int32_t g = (int32_t)(task / j->n_keys), slot = (int32_t)(task % j->n_keys);
+        float *dst = j->krot + ((size_t)g * j->n_keys + slot) * m->head_dim;
+        memcpy(dst, pot_k(j->sp->kv, j->layer, g) + (size_t)slot * m->head_dim,
+               (size_t)m->head_dim * sizeof(float));
+        rope_rotate(dst, slot, m, j->cb->inv_freq);
+    }
+}
+
+static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
+    const model *m = j->cb->m;
+    int32_t hd = m->head_dim, g = h / (m->n_head / m->n_head_kv);
+    int32_t n_vis = j->n0 + t + 1; /* causal: keys up to and including this token */
+    const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
+    const float *kg = j->krot + (size_t)g * j->n_keys * hd;
+    const float *vg = pot_v(j->sp->kv, j->layer, g);
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
+    for (int32_t k = 0; k < n_vis; k++) {
+        p[k] = dot_f32(qv, kg + (size_t)k * hd, hd) * scale;
+        if (p[k] > mx) mx = p[k];
+    }
+    double sum = 0;
+    for (int32_t k = 0; k < n_vis; k++) sum += (p[k] = expf(p[k] - mx));
+    float inv = (float)(1.0 / sum);
+    float *o = j->out + ((size_t)t * m->n_head + h) * hd;
+    memset(o, 0, (size_t)hd * sizeof(float));
+    for (int32_t k = 0; k < n_vis; k++) {
+        float w = p[k] *= inv;
+        const float *vk = vg + (size_t)k * hd;
+        for (int32_t d = 0; d < hd; d++) o[d] += w * vk[d];
+    }
+    const backend_span *sp = j->sp;
+    if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
+        float *hs = j->head_scores + (size_t)h * j->n_keys;
+        for (int32_t k = 0; k < n_vis; k++) hs[k] += p[k];
+    }
+}
+
+static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
+    attn_job *j = ctx;
+    float *p = j->probs + (size_t)worker * j->n_keys;
+    int32_t n_tok = j->sp->n_tokens;
+    for (int64_t task = a; task < b; task++) {
+        if (j->per_head)
+            for (int32_t t = 0; t < n_tok; t++) attend_one(j, (int32_t)task, t, p);
+        else
+            attend_one(j, (int32_t)(task / n_tok), (int32_t)(task % n_tok), p);
+    }
+}
+
+/* Combines per-head scores into the span's [layer][kv head][key] output. */
+static void store_scores(const model *m, const backend_span *sp, int32_t layer, int32_t n_keys,
+                         const float *head_scores) {
+    int32_t group = m->n_head / m->n_head_kv;
+    for (int32_t g = 0; g < m->n_head_kv; g++) {
+        float *dst = sp->scores + ((size_t)layer * m->n_head_kv + g) * n_keys;
+        for (int32_t k = 0; k < n_keys; k++) {
+            float acc = head_scores[(size_t)g * group * n_keys + k];
+            for (int32_t i = 1; i < group; i++) {
+                float s = head_scores[((size_t)g * group + i) * n_keys + k];
+                acc = sp->score_combine == BACKEND_SCORE_MAX ? fmaxf(acc, s) : acc + s;
+            }
+            dst[k] = acc;
+        }
+    }
+}
+
+/* ---- the forward pass ------------------------------------------------------------- */
+
+typedef struct buffers {
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* activations, [T][...] */
+    float *scratch;                             /* [n_threads][max cols] */
+    float *krot, *probs, *head_scores;          /* attention, sized for the largest span */
+} buffers;
+
+static void free_buffers(buffers *B) {
+    float **all[] = {&B->x, &B->xb, &B->q, &B->k, &B->v, &B->att, &B->hb, &B->hb2,
+                     &B->scratch, &B->krot, &B->probs, &B->head_scores};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        free(*all[i]);
+        *all[i] = NULL;
+    }
+}
+
+static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int n_threads) {
+    int64_t dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
+    int64_t max_cols = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
+    if (dq > max_cols) max_cols = dq;
+    memset(B, 0, sizeof *B);
+    B->x = malloc((size_t)T * m->n_embd * sizeof(float));
+    B->xb = malloc((size_t)T * (m->n_embd > dq ? m->n_embd : dq) * sizeof(float));
+    B->q = malloc((size_t)T * dq * sizeof(float));
+    B->k = malloc((size_t)T * dkv * sizeof(float));
+    B->v = malloc((size_t)T * dkv * sizeof(float));
+    B->att = malloc((size_t)T * dq * sizeof(float));
+    B->hb = malloc((size_t)T * m->n_ff * sizeof(float));
+    B->hb2 = malloc((size_t)T * m->n_ff * sizeof(float));
+    B->scratch = malloc((size_t)n_threads * max_cols * sizeof(float));
+    B->krot = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
+    B->probs = malloc((size_t)n_threads * max_keys * sizeof(float));
+    B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
+    if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
+        !B->scratch || !B->krot || !B->probs || !B->head_scores) {
+        free_buffers(B);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_spans(const model *m, const backend_span *spans, int32_t n_spans, int64_t *T,
+                       int64_t *max_keys, char *err, size_t errlen) {
+    *T = 0;
+    *max_keys = 0;
+    for (int32_t s = 0; s < n_spans; s++) {
+        const backend_span *sp = &spans[s];
+        const pot *p = sp->kv;
+        if (sp->n_tokens <= 0 || !sp->tokens || !p) {
+            snprintf(err, errlen, "forward: span %d is empty or has no pot", s);
+            return -1;
+        }
+        if (p->n_layer != m->n_layer || p->n_head_kv != m->n_head_kv || p->head_dim != m->head_dim) {
+            snprintf(err, errlen, "forward: span %d's pot does not fit this model", s);
+            return -1;
+        }
+        if ((int64_t)p->n + sp->n_tokens > p->capacity) {
+            snprintf(err, errlen, "forward: %d tokens do not fit the pot (%d of %d slots used)",
+                     sp->n_tokens, p->n, p->capacity);
+            return -1;
+        }
+        for (int32_t i = 0; i < s; i++)
+            if (spans[i].kv == p) {
+                snprintf(err, errlen, "forward: spans %d and %d share a pot", i, s);
+                return -1;
+            }
+        for (int32_t t = 0; t < sp->n_tokens; t++)
+            if (sp->tokens[t] < 0 || sp->tokens[t] >= m->n_vocab) {
+                snprintf(err, errlen, "forward: token id %d is outside the vocabulary (%d)",
+                         sp->tokens[t], m->n_vocab);
+                return -1;
+            }
+        if (sp->scores && (sp->score_row0 < 0 || sp->n_score_rows < 0 ||
+                           sp->score_row0 + sp->n_score_rows > sp->n_tokens)) {
+            snprintf(err, errlen, "forward: score rows lie outside span %d", s);
+            return -1;
+        }
+        if (sp->logits_mode != BACKEND_LOGITS_NONE && !sp->logits) {
+            snprintf(err, errlen, "forward: span %d asks for logits without a buffer", s);
+            return -1;
+        }
+        *T += sp->n_tokens;
+        if (p->n + sp->n_tokens > *max_keys) *max_keys = p->n + sp->n_tokens;
+    }
+    return 0;
+}
+
+static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t layer,
+                           const float *q, float *out, buffers *B) {
+    const model *m = cb->m;
+    int32_t n0 = sp->kv->n, n_keys = n0 + sp->n_tokens;
+    attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_keys = n_keys, .q = q,
+                  .out = out, .krot = B->krot, .probs = B->probs,
+                  .head_scores = sp->scores ? B->head_scores : NULL, .per_head = sp->scores != NULL};
+    tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, rotate_keys, &j);
+    if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
+    int64_t tasks = j.per_head ? m->n_head : (int64_t)m->n_head * sp->n_tokens;
+    tp_parallel_for(cb->tp, tasks, attend_tasks, &j);
+    if (j.head_scores) store_scores(m, sp, layer, n_keys, j.head_scores);
+}
+
+static void add_bias(float *y, const float *b, int64_t T, int64_t n) {
+    if (!b) return;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
+}
+
+static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32_t n_spans,
+                          int64_t T, buffers *B) {
+    const model *m = cb->m;
+    const layer_weights *lw = &m->layers[l];
+    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd,
+            dkv = (int64_t)m->n_head_kv * hd;
+    for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->attn_norm, d, m->norm_eps);
+    matmul(cb, &lw->wq, B->xb, T, B->q, B->scratch);
+    matmul(cb, &lw->wk, B->xb, T, B->k, B->scratch);
+    matmul(cb, &lw->wv, B->xb, T, B->v, B->scratch);
+    add_bias(B->q, lw->bq, T, dq);
+    add_bias(B->k, lw->bk, T, dkv);
+    add_bias(B->v, lw->bv, T, dkv);
+
+    int64_t t0 = 0;
+    for (int32_t s = 0; s < n_spans; s++) {
+        backend_span *sp = &spans[s];
+        pot *p = sp->kv;
+        for (int32_t i = 0; i < sp->n_tokens; i++) {
+            int64_t t = t0 + i, slot = (int64_t)p->n + i;
+            for (int32_t g = 0; g < m->n_head_kv; g++) {
+                memcpy(pot_k(p, l, g) + slot * hd, B->k + t * dkv + g * hd, (size_t)hd * sizeof(float));
+                memcpy(pot_v(p, l, g) + slot * hd, B->v + t * dkv + g * hd, (size_t)hd * sizeof(float));
+            }
+            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(B->q + t * dq + h * hd, slot, m, cb->inv_freq);
+        }
+        span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
+        t0 += sp->n_tokens;
+    }
+    matmul(cb, &lw->wo, B->att, T, B->xb, B->scratch);
+    for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
+
+    for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->ffn_norm, d, m->norm_eps);
+    matmul(cb, &lw->w_gate, B->xb, T, B->hb, B->scratch);
+    matmul(cb, &lw->w_up, B->xb, T, B->hb2, B->scratch);
+    for (int64_t i = 0; i < T * m->n_ff; i++) {
+        float g = B->hb[i];
+        B->hb[i] = g / (1.0f + expf(-g)) * B->hb2[i];
+    }
+    matmul(cb, &lw->w_down, B->hb, T, B->xb, B->scratch);
+    for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
+}
+
+static void span_logits(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd;
+    int64_t first = sp->logits_mode == BACKEND_LOGITS_LAST ? sp->n_tokens - 1 : 0;
+    int64_t rows = sp->n_tokens - first;
+    /* xb has room for T >= rows rows of n_embd */
+    for (int64_t r = 0; r < rows; r++)
+        rmsnorm(B->xb + r * d, x + (first + r) * d, m->output_norm, d, m->norm_eps);
+    matmul(cb, &m->output, B->xb, rows, sp->logits, B->scratch);
+}
+
+static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
+    cpu_backend *cb = (cpu_backend *)b;
+    const model *m = cb->m;
+    int64_t T, max_keys;
+    if (n_spans <= 0) {
+        snprintf(err, errlen, "forward: no spans");
+        return -1;
+    }
+    if (check_spans(m, spans, n_spans, &T, &max_keys, err, errlen)) return -1;
+    buffers B;
+    if (alloc_buffers(&B, m, T, max_keys, tp_threads(cb->tp))) {
+        snprintf(err, errlen, "forward: out of memory for %lld tokens", (long long)T);
+        return -1;
+    }
+    int64_t d = m->n_embd, t = 0;
+    for (int32_t s = 0; s < n_spans; s++)
+        for (int32_t i = 0; i < spans[s].n_tokens; i++, t++)
+            quant_dequantize_row(m->tok_embd.type,
+                                 m->tok_embd.data + (size_t)spans[s].tokens[i] * m->tok_embd.row_bytes,
+                                 B.x + t * d, d);
+    for (int32_t l = 0; l < m->n_layer; l++) forward_layer(cb, l, spans, n_spans, T, &B);
+
+    int64_t t0 = 0;
+    for (int32_t s = 0; s < n_spans; s++) {
+        backend_span *sp = &spans[s];
+        pot *p = sp->kv;
+        for (int32_t i = 0; i < sp->n_tokens; i++) p->token_index[p->n + i] = p->n_seen + i;
+        p->n += sp->n_tokens;
+        p->n_seen += sp->n_tokens;
+        if (sp->logits_mode != BACKEND_LOGITS_NONE) span_logits(cb, sp, B.x + t0 * d, &B);
+        t0 += sp->n_tokens;
+    }
+    free_buffers(&B);
+    return 0;
+}
+
+static void cpu_free(backend *b) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (!cb) return;
+    tp_free(cb->tp);
+    free(cb->inv_freq);
+    free(cb);
+}
+
+backend *cpu_backend_new(const model *m, int n_threads, char *err, size_t errlen) {
+    cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb || !(cb->inv_freq = malloc((size_t)(m->n_rot / 2) * sizeof(double))) ||
+        !(cb->tp = tp_new(n_threads))) {
+        if (cb) free(cb->inv_freq);
+        free(cb);
+        snprintf(err, errlen, "cpu backend: out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < m->n_rot / 2; i++)
+        cb->inv_freq[i] = pow((double)m->rope_base, -2.0 * i / m->n_rot);
+    cb->m = m;
+    cb->base.name = "cpu";
+    cb->base.forward = cpu_forward;
+    cb->base.free = cpu_free;
+    return &cb->base;
+}

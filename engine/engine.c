@@ -1,0 +1,272 @@
+/* Engine: ties the model, tokenizer, chat template, sampler and a backend
+ * together into load / tokenize / generate. */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cache/cache.h"
+#include "chat.h"
+#include "model.h"
+#include "quant.h"
+#include "tokenizer.h"
+
+enum { PREFILL_CHUNK = 256 }; /* tokens per forward while reading a prompt */
+
+struct engine {
+    model *m;
+    backend *be;
+    int n_threads;
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+engine *engine_open(const char *path, const engine_options *opt, char *err, size_t errlen) {
+    engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    e->n_threads = opt && opt->n_threads > 0 ? opt->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->n_threads < 1) e->n_threads = 1;
+    e->m = model_load(path, err, errlen);
+    if (!e->m) goto bad;
+    if (opt && opt->chat_template) {
+        enum chat_family f = chat_family_from_name(opt->chat_template);
+        if (f == CHAT_UNKNOWN) {
+            snprintf(err, errlen, "unknown chat template '%s' (known: %s)", opt->chat_template,
+                     chat_family_list());
+            goto bad;
+        }
+        /* keep what detection learned (default system prompt) when the family agrees */
+        if (e->m->chat.family != f) {
+            e->m->chat.family = f;
+            e->m->chat.default_system[0] = 0;
+        }
+    }
+    e->be = cpu_backend_new(e->m, e->n_threads, err, errlen);
+    if (!e->be) goto bad;
+    return e;
+bad:
+    engine_close(e);
+    return NULL;
+}
+
+void engine_close(engine *e) {
+    if (!e) return;
+    if (e->be) e->be->free(e->be);
+    model_free(e->m);
+    free(e);
+}
+
+void engine_get_info(const engine *e, engine_info *info) {
+    const model *m = e->m;
+    memset(info, 0, sizeof *info);
+    info->arch = m->arch;
+    info->name = m->name;
+    info->quant = quant_type_name(m->main_type);
+    info->tokenizer = tokenizer_model_name(m->tok);
+    info->chat_family = m->chat.family == CHAT_UNKNOWN ? "unrecognised" : chat_family_name(m->chat.family);
+    info->n_layer = m->n_layer;
+    info->n_embd = m->n_embd;
+    info->n_ff = m->n_ff;
+    info->n_head = m->n_head;
+    info->n_head_kv = m->n_head_kv;
+    info->head_dim = m->head_dim;
+    info->n_vocab = m->n_vocab;
+    info->n_ctx_train = m->n_ctx_train;
+    info->rope_base = m->rope_base;
+    info->norm_eps = m->norm_eps;
+    info->n_params = m->n_params;
+    info->tied_output = m->tied_output;
+    info->n_threads = e->n_threads;
+}
+
+int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_special,
+                        int parse_special, int32_t *out, int64_t cap) {
+    return tokenizer_encode(e->m->tok, text, len, add_special, parse_special, out, cap);
+}
+
+int engine_token_text(const engine *e, int32_t id, char *buf, size_t cap) {
+    return tokenizer_piece(e->m->tok, id, 1, buf, cap);
+}
+
+int32_t engine_eos(const engine *e) { return tokenizer_eos(e->m->tok); }
+
+char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, char *err,
+                         size_t errlen) {
+    if (e->m->chat.family == CHAT_UNKNOWN) {
+        snprintf(err, errlen,
+                 "the model's chat template is not recognised; choose one of %s with "
+                 "--chat-template NAME",
+                 chat_family_list());
+        return NULL;
+    }
+    chat_message *cm = calloc(n ? n : 1, sizeof *cm);
+    if (!cm) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        cm[i].role = msgs[i].role;
+        cm[i].content = msgs[i].content;
+    }
+    char *out = chat_render(&e->m->chat, cm, n, 1, err, errlen);
+    free(cm);
+    return out;
+}
+
+int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, size_t *n,
+                                char *err, size_t errlen) {
+    size_t len = strlen(prompt);
+    /* a chat rendering carries its own BOS text when the template writes one */
+    int add_special = !chat, parse_special = chat;
+    int64_t cnt = engine_tokenize(e, prompt, len, add_special, parse_special, NULL, 0);
+    if (cnt < 0) {
+        snprintf(err, errlen, "prompt is not valid UTF-8");
+        return NULL;
+    }
+    int32_t *ids = malloc((size_t)(cnt ? cnt : 1) * sizeof *ids);
+    if (!ids) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    engine_tokenize(e, prompt, len, add_special, parse_special, ids, cnt);
+    *n = (size_t)cnt;
+    return ids;
+}
+
+/* Runs tokens through the pot in PREFILL_CHUNK pieces; logits of the last
+ * token into `logits` when non-NULL. */
+static int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
+                   size_t errlen) {
+    for (size_t i = 0; i < n; i += PREFILL_CHUNK) {
+        size_t len = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+        int last = i + len == n;
+        backend_span sp = {.tokens = tokens + i, .n_tokens = (int32_t)len, .kv = p,
+                           .logits_mode = last && logits ? BACKEND_LOGITS_LAST : BACKEND_LOGITS_NONE,
+                           .logits = logits};
+        if (e->be->forward(e->be, &sp, 1, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
+    const model *m = e->m;
+    if (capacity > (size_t)m->n_ctx_train) {
+        snprintf(err, errlen, "%zu tokens exceed the model's context of %d tokens", capacity,
+                 m->n_ctx_train);
+        return NULL;
+    }
+    return pot_new(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, err, errlen);
+}
+
+int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,
+                         size_t errlen) {
+    if (n == 0) {
+        snprintf(err, errlen, "empty prompt");
+        return -1;
+    }
+    pot *p = new_pot(e, n, err, errlen);
+    if (!p) return -1;
+    int rc = prefill(e, p, tokens, n, logits, err, errlen);
+    pot_free(p);
+    return rc;
+}
+
+/* Emits text through the stop matcher; returns 1 to stop (stop string or
+ * callback cancelled). */
+static int emit_text(stop_matcher *sm, const char *text, size_t len, int32_t tok,
+                     const sample_logprobs *lp, engine_text_cb cb, void *user, int *cancelled) {
+    const char *out;
+    size_t n_out;
+    int hit = stop_matcher_push(sm, text, len, &out, &n_out);
+    if (n_out && cb && cb(user, out, n_out, tok, lp)) *cancelled = 1;
+    return hit || *cancelled;
+}
+
+int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const engine_gen_params *gp,
+                    engine_text_cb cb, void *user, engine_gen_result *res, char *err,
+                    size_t errlen) {
+    const model *m = e->m;
+    memset(res, 0, sizeof *res);
+    if (n_prompt == 0) {
+        snprintf(err, errlen, "empty prompt");
+        return -1;
+    }
+    size_t capacity = gp->max_tokens > 0 ? n_prompt + (size_t)gp->max_tokens : (size_t)m->n_ctx_train;
+    if (capacity > (size_t)m->n_ctx_train) capacity = (size_t)m->n_ctx_train;
+    if (n_prompt >= capacity) {
+        snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",
+                 n_prompt, m->n_ctx_train);
+        return -1;
+    }
+    pot *p = new_pot(e, capacity, err, errlen);
+    float *logits = malloc((size_t)m->n_vocab * sizeof(float));
+    sampler *s = p && logits ? sampler_new(&gp->sampling, m->n_vocab, err, errlen) : NULL;
+    stop_matcher *sm = s ? stop_matcher_new(gp->stop, gp->n_stop) : NULL;
+    int rc = -1;
+    if (!sm) {
+        /* pot_new and sampler_new explain their own failures */
+        if (p && (!logits || s)) snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_prompt; i++) sampler_accept(s, prompt[i]);
+
+    double t0 = now_ms();
+    if (prefill(e, p, prompt, n_prompt, logits, err, errlen)) goto done;
+    res->n_prompt = (int64_t)n_prompt;
+    res->prefill_ms = now_ms() - t0;
+    t0 = now_ms();
+
+    detok_state ds = {0};
+    char text[256];
+    int cancelled = 0, stopped = 0;
+    res->finish = ENGINE_FINISH_LENGTH;
+    while (!stopped) {
+        if (gp->max_tokens > 0 && res->n_generated >= gp->max_tokens) break;
+        sample_logprobs lp;
+        int32_t tok = sampler_sample(s, logits, gp->want_logprobs ? &lp : NULL);
+        if (gp->tokens_out && gp->max_tokens > 0) gp->tokens_out[res->n_generated] = tok;
+        res->n_generated++;
+        if (tokenizer_is_eog(m->tok, tok)) {
+            res->finish = ENGINE_FINISH_STOP;
+            break;
+        }
+        sampler_accept(s, tok);
+        size_t n = detok_push(m->tok, &ds, tok, 0, text, sizeof text);
+        if (emit_text(sm, text, n, tok, gp->want_logprobs ? &lp : NULL, cb, user, &cancelled)) {
+            res->finish = cancelled ? ENGINE_FINISH_CANCELLED : ENGINE_FINISH_STOP;
+            stopped = 1;
+            break;
+        }
+        if (p->n >= p->capacity) break; /* context full */
+        backend_span sp = {.tokens = &tok, .n_tokens = 1, .kv = p,
+                           .logits_mode = BACKEND_LOGITS_LAST, .logits = logits};
+        if (e->be->forward(e->be, &sp, 1, err, errlen)) goto done;
+    }
+    if (!stopped) {
+        size_t n = detok_flush(&ds, text, sizeof text);
+        const char *out;
+        size_t n_out;
+        if (n) emit_text(sm, text, n, -1, NULL, cb, user, &cancelled);
+        stop_matcher_flush(sm, &out, &n_out);
+        if (n_out && cb) cb(user, out, n_out, -1, NULL);
+    }
+    res->decode_ms = now_ms() - t0;
+    rc = 0;
+done:
+    stop_matcher_free(sm);
+    sampler_free(s);
+    free(logits);
+    pot_free(p);
+    return rc;
+}

@@ -1,0 +1,52 @@
+/* Tensor element types of the GGUF format and their (de)quantisation
+ * (private to engine/). Block layouts follow the GGUF specification; each type
+ * packs `quant_block_elems` elements into `quant_block_bytes` bytes. */
+#ifndef POTSERVE_QUANT_H
+#define POTSERVE_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum ggml_type {
+    GGML_TYPE_F32 = 0,
+    GGML_TYPE_F16 = 1,
+    GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q5_1 = 7,
+    GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q8_1 = 9,
+    GGML_TYPE_Q2_K = 10,
+    GGML_TYPE_Q3_K = 11,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_Q8_K = 15,
+    GGML_TYPE_BF16 = 30,
+    GGML_TYPE_COUNT_ = 40, /* upper bound of known ids, not a type */
+};
+
+/* 1 if potserve can compute with tensors of this type. */
+int quant_type_supported(uint32_t type);
+/* Name as llama.cpp prints it ("Q4_K"), or "unknown". */
+const char *quant_type_name(uint32_t type);
+/* Elements per block and bytes per block; 0 for unknown types. */
+uint32_t quant_block_elems(uint32_t type);
+uint32_t quant_block_bytes(uint32_t type);
+/* Bytes of a row of n elements; 0 when n is not a whole number of blocks or
+ * the type is unknown. */
+size_t quant_row_bytes(uint32_t type, uint64_t n);
+
+/* Dequantises n elements (a whole number of blocks) from src into dst. */
+void quant_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* Dot product of a quantised row (n elements of `type`) with f32 x. */
+float quant_dot_row(uint32_t type, const void *row, const float *x, int64_t n);
+
+/* IEEE half / bfloat16 conversions (round to nearest even). */
+float quant_f16_to_f32(uint16_t h);
+uint16_t quant_f32_to_f16(float f);
+float quant_bf16_to_f32(uint16_t h);
+uint16_t quant_f32_to_bf16(float f);
+
+#endif

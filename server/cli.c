@@ -1,0 +1,428 @@
+/* Offline commands: generate, tokenize, info, logits. Flags are described in
+ * one table per command, which also produces its --help. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "engine/engine.h"
+#include "server/server.h"
+
+enum { MAX_STOPS = 8 };
+
+typedef struct flag {
+    const char *name;  /* "--temp" */
+    const char *alias; /* "-t" or NULL */
+    const char *arg;   /* metavariable, NULL for a switch */
+    const char *help;
+} flag;
+
+/* Parsed command line: value per flag (NULL when absent, "1" for switches),
+ * repeated --stop values collected. */
+typedef struct parsed {
+    const char *val[32];
+    const char *stops[MAX_STOPS];
+    int n_stops;
+} parsed;
+
+static void print_help(const char *cmd, const char *synopsis, const flag *flags, FILE *out) {
+    fprintf(out, "usage: potserve %s %s\n\noptions:\n", cmd, synopsis);
+    for (int i = 0; flags[i].name; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s %s", flags[i].alias ? flags[i].alias : "",
+                 flags[i].alias ? ", " : "", flags[i].name, flags[i].arg ? flags[i].arg : "");
+        fprintf(out, "  %-28s %s\n", left, flags[i].help);
+    }
+    fprintf(out, "  %-28s %s\n", "-h, --help", "show this help");
+}
+
+/* Returns 0 to go on, 1 when --help was printed, -1 on a usage error. */
+static int parse_flags(int argc, char **argv, const char *synopsis, const flag *flags, parsed *p) {
+    memset(p, 0, sizeof *p);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            print_help(argv[0], synopsis, flags, stdout);
+            return 1;
+        }
+        int k = 0;
+        while (flags[k].name && strcmp(argv[i], flags[k].name) &&
+               !(flags[k].alias && !strcmp(argv[i], flags[k].alias)))
+            k++;
+        if (!flags[k].name) {
+            fprintf(stderr, "potserve %s: unknown option '%s' (see --help)\n", argv[0], argv[i]);
+            return -1;
+        }
+        const char *v = "1";
+        if (flags[k].arg) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "potserve %s: %s needs a value\n", argv[0], flags[k].name);
+                return -1;
+            }
+            v = argv[++i];
+        }
+        if (!strcmp(flags[k].name, "--stop")) {
+            if (p->n_stops == MAX_STOPS) {
+                fprintf(stderr, "potserve %s: at most %d --stop strings\n", argv[0], MAX_STOPS);
+                return -1;
+            }
+            p->stops[p->n_stops++] = v;
+        }
+        p->val[k] = v;
+    }
+    return 0;
+}
+
+static const char *flag_val(const flag *flags, const parsed *p, const char *name) {
+    for (int k = 0; flags[k].name; k++)
+        if (!strcmp(flags[k].name, name)) return p->val[k];
+    return NULL;
+}
+
+/* Opens the model named by -m (required) with --threads/--chat-template. */
+static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
+    const char *path = flag_val(flags, p, "--model");
+    char err[512];
+    if (!path) {
+        fprintf(stderr, "potserve %s: -m MODEL is required (see --help)\n", cmd);
+        return NULL;
+    }
+    engine_options opt = {0};
+    const char *threads = flag_val(flags, p, "--threads");
+    if (threads) {
+        int64_t v;
+        if (config_parse_int("--threads", threads, 1, 1024, &v, err, sizeof err)) {
+            fprintf(stderr, "potserve %s: %s\n", cmd, err);
+            return NULL;
+        }
+        opt.n_threads = (int)v;
+    }
+    opt.chat_template = flag_val(flags, p, "--chat-template");
+    engine *e = engine_open(path, &opt, err, sizeof err);
+    if (!e) fprintf(stderr, "potserve %s: %s\n", cmd, err);
+    return e;
+}
+
+#define MODEL_FLAGS                                                                    \
+    {"--model", "-m", "PATH", "GGUF model file (required)"},                           \
+    {"--threads", "-t", "N", "worker threads (default: all CPUs)"},                    \
+    {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \
+                                      "llama3, mistral, zephyr, gemma"}
+
+/* ---- generate ------------------------------------------------------------- */
+
+static const flag generate_flags[] = {
+    MODEL_FLAGS,
+    {"--prompt", "-p", "TEXT", "the prompt (this or --tokens is required)"},
+    {"--tokens", NULL, "IDS", "the prompt as comma-separated token ids"},
+    {"--print-ids", NULL, NULL, "print the generated token ids instead of the text"},
+    {"--chat", NULL, NULL, "treat the prompt as a user message in the model's chat template"},
+    {"--system", NULL, "TEXT", "system message (with --chat)"},
+    {"--n-predict", "-n", "N", "tokens to generate (default 128)"},
+    {"--temp", NULL, "T", "temperature; 0 = greedy (default 0)"},
+    {"--top-k", NULL, "N", "top-k sampling (default 0 = off)"},
+    {"--top-p", NULL, "P", "nucleus sampling (default 1 = off)"},
+    {"--min-p", NULL, "P", "min-p sampling (default 0 = off)"},
+    {"--repeat-penalty", NULL, "X", "repetition penalty (default 1 = off)"},
+    {"--presence-penalty", NULL, "X", "presence penalty (default 0)"},
+    {"--frequency-penalty", NULL, "X", "frequency penalty (default 0)"},
+    {"--seed", NULL, "S", "random seed (default 0)"},
+    {"--stop", NULL, "TEXT", "stop string (repeatable)"},
+    {"--verbose", "-v", NULL, "print token counts and speed to stderr"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static int print_text(void *user, const char *text, size_t len, int32_t token,
+                      const sample_logprobs *lp) {
+    (void)user;
+    (void)token;
+    (void)lp;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+/* Reads the sampling flags into gp; -1 after printing the bad flag. */
+static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
+    static const struct {
+        const char *name;
+        double lo, hi;
+    } floats[] = {{"--temp", 0, 100},          {"--top-p", 0, 1},
+                  {"--min-p", 0, 1},           {"--repeat-penalty", 0, 100},
+                  {"--presence-penalty", -2, 2}, {"--frequency-penalty", -2, 2}};
+    char err[256];
+    double f[6];
+    int64_t n = 128, k = 0, seed = 0;
+    gp->sampling = sample_params_default();
+    f[0] = 0;
+    f[1] = gp->sampling.top_p;
+    f[2] = gp->sampling.min_p;
+    f[3] = gp->sampling.repeat_penalty;
+    f[4] = gp->sampling.presence_penalty;
+    f[5] = gp->sampling.frequency_penalty;
+    for (int i = 0; i < 6; i++) {
+        const char *v = flag_val(generate_flags, p, floats[i].name);
+        if (v && config_parse_float(floats[i].name, v, floats[i].lo, floats[i].hi, &f[i], err, sizeof err))
+            goto bad;
+    }
+    const char *v;
+    if ((v = flag_val(generate_flags, p, "--n-predict")) &&
+        config_parse_int("--n-predict", v, 1, 1 << 24, &n, err, sizeof err))
+        goto bad;
+    if ((v = flag_val(generate_flags, p, "--top-k")) &&
+        config_parse_int("--top-k", v, 0, 1 << 24, &k, err, sizeof err))
+        goto bad;
+    if ((v = flag_val(generate_flags, p, "--seed")) &&
+        config_parse_int("--seed", v, 0, INT64_MAX, &seed, err, sizeof err))
+        goto bad;
+    gp->sampling.temperature = (float)f[0];
+    gp->sampling.top_p = (float)f[1];
+    gp->sampling.min_p = (float)f[2];
+    gp->sampling.repeat_penalty = (float)f[3];
+    gp->sampling.presence_penalty = (float)f[4];
+    gp->sampling.frequency_penalty = (float)f[5];
+    gp->sampling.top_k = (int32_t)k;
+    gp->sampling.seed = (uint64_t)seed;
+    gp->max_tokens = (int32_t)n;
+    gp->stop = p->stops;
+    gp->n_stop = (size_t)p->n_stops;
+    return 0;
+bad:
+    fprintf(stderr, "potserve generate: %s\n", err);
+    return -1;
+}
+
+static int32_t *parse_ids(const char *s, size_t *n);
+
+int cli_generate(int argc, char **argv) {
+    parsed p;
+    int r = parse_flags(argc, argv, "-m MODEL (-p PROMPT | --tokens IDS) [options]", generate_flags, &p);
+    if (r) return r > 0 ? 0 : 2;
+    const char *prompt = flag_val(generate_flags, &p, "--prompt"),
+               *toks = flag_val(generate_flags, &p, "--tokens");
+    if (!prompt == !toks) {
+        fprintf(stderr, "potserve generate: give exactly one of -p PROMPT and --tokens IDS\n");
+        return 2;
+    }
+    engine_gen_params gp = {0};
+    if (sampling_from_flags(&p, &gp)) return 2;
+    int print_ids = flag_val(generate_flags, &p, "--print-ids") != NULL;
+    int32_t *generated = print_ids ? malloc((size_t)gp.max_tokens * sizeof *generated) : NULL;
+    engine *e = generated || !print_ids ? open_model("generate", generate_flags, &p) : NULL;
+    if (!e) {
+        free(generated);
+        return 1;
+    }
+    gp.tokens_out = generated;
+
+    char err[512] = "";
+    int chat = flag_val(generate_flags, &p, "--chat") != NULL;
+    char *text = NULL;
+    if (chat && toks) {
+        snprintf(err, sizeof err, "--chat needs -p PROMPT, not --tokens");
+        goto fail;
+    }
+    if (chat) {
+        engine_message msgs[2];
+        size_t n = 0;
+        const char *system = flag_val(generate_flags, &p, "--system");
+        if (system) msgs[n++] = (engine_message){"system", system};
+        msgs[n++] = (engine_message){"user", prompt};
+        text = engine_render_chat(e, msgs, n, err, sizeof err);
+        if (!text) goto fail;
+    }
+    size_t n_ids;
+    int32_t *ids = toks ? parse_ids(toks, &n_ids)
+                        : engine_tokenize_prompt(e, text ? text : prompt, chat, &n_ids, err, sizeof err);
+    free(text);
+    if (!ids) {
+        if (!err[0]) snprintf(err, sizeof err, "--tokens: not a list of token ids");
+        goto fail;
+    }
+    engine_gen_result res;
+    int rc = engine_generate(e, ids, n_ids, &gp, print_ids ? NULL : print_text, NULL, &res, err,
+                             sizeof err);
+    free(ids);
+    if (rc) goto fail;
+    for (int64_t i = 0; print_ids && i < res.n_generated; i++)
+        printf(i ? " %d" : "%d", generated[i]);
+    printf("\n");
+    if (flag_val(generate_flags, &p, "--verbose"))
+        fprintf(stderr, "prompt: %lld tokens, %.1f tok/s; generated: %lld tokens, %.1f tok/s\n",
+                (long long)res.n_prompt, res.n_prompt / (res.prefill_ms / 1e3 + 1e-9),
+                (long long)res.n_generated, res.n_generated / (res.decode_ms / 1e3 + 1e-9));
+    free(generated);
+    engine_close(e);
+    return 0;
+fail:
+    fprintf(stderr, "potserve generate: %s\n", err);
+    free(generated);
+    engine_close(e);
+    return 1;
+}
+
+/* ---- tokenize ------------------------------------------------------------- */
+
+static const flag tokenize_flags[] = {
+    MODEL_FLAGS,
+    {"--no-special", NULL, NULL, "do not add BOS/EOS even where the model's metadata asks for them"},
+    {"--parse-special", NULL, NULL, "turn special-token text (e.g. <|im_end|>) into those tokens"},
+    {NULL, NULL, NULL, NULL},
+};
+
+/* Reads all of stdin into a malloc'd buffer. */
+static char *read_stdin(size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, stdin);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    *len = n;
+    return buf;
+}
+
+int cli_tokenize(int argc, char **argv) {
+    parsed p;
+    int r = parse_flags(argc, argv, "-m MODEL < TEXT", tokenize_flags, &p);
+    if (r) return r > 0 ? 0 : 2;
+    engine *e = open_model("tokenize", tokenize_flags, &p);
+    if (!e) return 1;
+    size_t len;
+    char *text = read_stdin(&len);
+    int add_special = !flag_val(tokenize_flags, &p, "--no-special");
+    int parse_special = flag_val(tokenize_flags, &p, "--parse-special") != NULL;
+    int64_t n = text ? engine_tokenize(e, text, len, add_special, parse_special, NULL, 0) : -1;
+    int32_t *ids = n >= 0 ? malloc((size_t)(n ? n : 1) * sizeof *ids) : NULL;
+    if (!ids) {
+        fprintf(stderr, "potserve tokenize: %s\n", !text ? "cannot read stdin" :
+                n < 0 ? "input is not valid UTF-8" : "out of memory");
+        free(text);
+        engine_close(e);
+        return 1;
+    }
+    engine_tokenize(e, text, len, add_special, parse_special, ids, n);
+    for (int64_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+    engine_close(e);
+    return 0;
+}
+
+/* ---- info ------------------------------------------------------------------- */
+
+static const flag info_flags[] = {MODEL_FLAGS, {NULL, NULL, NULL, NULL}};
+
+int cli_info(int argc, char **argv) {
+    parsed p;
+    int r = parse_flags(argc, argv, "-m MODEL", info_flags, &p);
+    if (r) return r > 0 ? 0 : 2;
+    engine *e = open_model("info", info_flags, &p);
+    if (!e) return 1;
+    engine_info in;
+    engine_get_info(e, &in);
+    printf("name:            %s\n", in.name);
+    printf("architecture:    %s\n", in.arch);
+    printf("parameters:      %llu (%.1fM)\n", (unsigned long long)in.n_params, in.n_params / 1e6);
+    printf("quantization:    %s\n", in.quant);
+    printf("context length:  %d\n", in.n_ctx_train);
+    printf("layers:          %d\n", in.n_layer);
+    printf("embedding:       %d\n", in.n_embd);
+    printf("feed-forward:    %d\n", in.n_ff);
+    printf("heads:           %d (kv %d, dim %d)\n", in.n_head, in.n_head_kv, in.head_dim);
+    printf("vocabulary:      %d (%s)\n", in.n_vocab, in.tokenizer);
+    printf("rope base:       %g\n", in.rope_base);
+    printf("rms epsilon:     %g\n", in.norm_eps);
+    printf("output:          %s\n", in.tied_output ? "tied to token embeddings" : "separate");
+    printf("chat template:   %s\n", in.chat_family);
+    engine_close(e);
+    return 0;
+}
+
+/* ---- logits ------------------------------------------------------------------ */
+
+static const flag logits_flags[] = {
+    MODEL_FLAGS,
+    {"--prompt", "-p", "TEXT", "prompt text (tokenized with BOS per the metadata)"},
+    {"--tokens", NULL, "IDS", "comma-separated token ids instead of a prompt"},
+    {"--out", "-o", "FILE", "write the raw float32 logits to FILE instead of stdout text"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static int32_t *parse_ids(const char *s, size_t *n) {
+    size_t cap = 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    *n = 0;
+    while (ids && *s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return NULL;
+        }
+        if (*n == cap) {
+            int32_t *nb = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!nb) {
+                free(ids);
+                return NULL;
+            }
+            ids = nb;
+        }
+        ids[(*n)++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return ids;
+}
+
+int cli_logits(int argc, char **argv) {
+    parsed p;
+    int r = parse_flags(argc, argv, "-m MODEL (-p PROMPT | --tokens IDS) [-o FILE]", logits_flags, &p);
+    if (r) return r > 0 ? 0 : 2;
+    const char *prompt = flag_val(logits_flags, &p, "--prompt"),
+               *toks = flag_val(logits_flags, &p, "--tokens"), *out = flag_val(logits_flags, &p, "--out");
+    if (!prompt == !toks) {
+        fprintf(stderr, "potserve logits: give exactly one of -p PROMPT and --tokens IDS\n");
+        return 2;
+    }
+    engine *e = open_model("logits", logits_flags, &p);
+    if (!e) return 1;
+    char err[512] = "";
+    size_t n = 0;
+    int32_t *ids = toks ? parse_ids(toks, &n) : engine_tokenize_prompt(e, prompt, 0, &n, err, sizeof err);
+    engine_info in;
+    engine_get_info(e, &in);
+    float *logits = malloc((size_t)in.n_vocab * sizeof(float));
+    int rc = 1;
+    if (!ids || !logits) {
+        if (!err[0]) snprintf(err, sizeof err, toks ? "--tokens: not a list of token ids" : "out of memory");
+    } else if (!engine_prompt_logits(e, ids, n, logits, err, sizeof err)) {
+        if (out) {
+            FILE *f = fopen(out, "wb");
+            int ok = f && fwrite(logits, sizeof(float), (size_t)in.n_vocab, f) == (size_t)in.n_vocab;
+            if (f && fclose(f) != 0) ok = 0;
+            if (ok) rc = 0;
+            else snprintf(err, sizeof err, "cannot write %s: %s", out, strerror(errno));
+        } else {
+            for (int32_t i = 0; i < in.n_vocab; i++) printf("%.6g\n", logits[i]);
+            rc = 0;
+        }
+    }
+    if (rc) fprintf(stderr, "potserve logits: %s\n", err);
+    free(ids);
+    free(logits);
+    engine_close(e);
+    return rc;
+}

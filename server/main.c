@@ -1,0 +1,31 @@
+/* potserve entry point: dispatches the subcommands. Each subcommand parses its
+ * own flags and prints its own --help. */
+#include <stdio.h>
+#include <string.h>
+
+#include "server/server.h"
+
+static const char usage[] =
+    "usage: potserve COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text from a prompt (streams to stdout)\n"
+    "  tokenize   print the token ids of stdin on one line\n"
+    "  info       describe a GGUF model\n"
+    "  logits     print the last-position logits of a prompt (for reference checks)\n"
+    "\n"
+    "Run 'potserve COMMAND --help' for the options of a command.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "logits")) return cli_logits(argc - 1, argv + 1);
+    fprintf(stderr, "potserve: unknown command '%s'\n\n%s", cmd, usage);
+    return 2;
+}

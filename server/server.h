@@ -1,0 +1,13 @@
+/* server/: the potserve binary's commands. The HTTP server (`serve`) joins
+ * these when the server issue lands; today the module holds the offline
+ * commands that drive the engine from the command line. Each takes the
+ * subcommand's argv (argv[0] is the command name) and returns the exit code. */
+#ifndef POTSERVE_SERVER_H
+#define POTSERVE_SERVER_H
+
+int cli_generate(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_info(int argc, char **argv);
+int cli_logits(int argc, char **argv);
+
+#endif

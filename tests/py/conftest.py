@@ -1,0 +1,33 @@
+"""Shared fixtures for the integration tests: the real binary, the real
+default model, the tiny generated GGUFs (build/fixtures)."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = ROOT / "build" / "potserve"
+MODEL = pathlib.Path(os.environ.get("POTSERVE_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+FIXTURES = ROOT / "build" / "fixtures"
+REF = ROOT / "tests" / "fixtures"
+
+
+def run(*args, input=None, timeout=600, check=False):
+    """Runs build/potserve with args; returns the CompletedProcess (bytes)."""
+    p = subprocess.run([str(BIN), *map(str, args)], input=input, capture_output=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"potserve {' '.join(map(str, args))} failed ({p.returncode}): {p.stderr.decode()}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def model():
+    assert MODEL.exists(), f"default model missing at {MODEL}: run `make model`"
+    return MODEL
+
+
+@pytest.fixture(scope="session")
+def fixtures():
+    assert FIXTURES.exists(), "tiny GGUF fixtures missing: run `make fixtures`"
+    return FIXTURES

@@ -1,0 +1,153 @@
+"""The command line as a user meets it: --help everywhere, info, tokenize,
+generate (deterministic greedy and seeded sampling), and hostile model files
+answered with one error line and a non-zero exit, never a crash."""
+import shutil
+
+import pytest
+
+from conftest import FIXTURES, run
+
+COMMANDS = ["generate", "tokenize", "info", "logits"]
+
+
+def test_top_level_help():
+    p = run("--help", check=True)
+    for c in COMMANDS:
+        assert c.encode() in p.stdout
+    assert run().returncode == 2
+    assert run("frobnicate").returncode == 2
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help(cmd):
+    p = run(cmd, "--help", check=True)
+    assert b"usage: potserve " + cmd.encode() in p.stdout
+    assert b"--model" in p.stdout
+    bad = run(cmd, "--no-such-flag")
+    assert bad.returncode == 2 and b"unknown option" in bad.stderr
+
+
+def test_info_describes_default_model(model):
+    out = run("info", "-m", model, check=True).stdout.decode()
+    assert "architecture:    llama" in out
+    assert "quantization:    Q4_1" in out
+    assert "context length:  8192" in out
+    assert "chat template:   chatml" in out
+    assert "vocabulary:      49152 (gpt2)" in out
+    params = int(out.split("parameters:")[1].split()[0])
+    assert 130e6 < params < 140e6
+
+
+def test_tokenize_prints_ids(model):
+    p = run("tokenize", "-m", model, input=b"Hello world", check=True)
+    assert p.stdout.decode().split() == ["19556", "905"]
+    p = run("tokenize", "-m", model, "--parse-special", input=b"<|im_start|>user", check=True)
+    assert p.stdout.decode().split()[0] == "1"
+    bad = run("tokenize", "-m", model, input=b"\xff\xfe")
+    assert bad.returncode == 1 and b"UTF-8" in bad.stderr
+
+
+def test_generate_greedy_is_deterministic(model):
+    args = ("generate", "-m", model, "--chat", "-p", "What is the capital of France?", "-n", "24")
+    a = run(*args, check=True).stdout
+    b = run(*args, check=True).stdout
+    assert a == b and len(a.strip()) > 0
+    assert b"Paris" in a
+
+
+def test_generate_seeded_sampling(model):
+    base = ("generate", "-m", model, "-p", "Once upon a time", "-n", "20", "--temp", "1.0", "--top-p", "0.95")
+    a = run(*base, "--seed", "7", check=True).stdout
+    b = run(*base, "--seed", "7", check=True).stdout
+    c = run(*base, "--seed", "8", check=True).stdout
+    assert a == b
+    assert a != c
+
+
+def test_generate_stop_string(model):
+    p = run("generate", "-m", model, "-p", "1, 2, 3, 4, 5,", "-n", "30", "--stop", "9", check=True)
+    assert b"9" not in p.stdout and b"8" in p.stdout
+
+
+def test_generate_rejects_bad_flags(model):
+    for args in (["--temp", "abc"], ["--top-p", "2"], ["-n", "0"], ["--seed", "-1"]):
+        p = run("generate", "-m", model, "-p", "x", *args)
+        assert p.returncode == 2, args
+        assert p.stderr.count(b"\n") == 1, p.stderr
+    p = run("generate", "-m", model, "-p", "x", "--chat-template", "nosuch")
+    assert p.returncode == 1 and b"chatml" in p.stderr
+
+
+def test_tiny_models_of_every_type_generate(fixtures):
+    for f in sorted(FIXTURES.glob("tiny_*.gguf")):
+        p = run("generate", "-m", f, "-p", "hello", "-n", "8", "--print-ids")
+        assert p.returncode == 0, (f.name, p.stderr)
+        assert len(p.stdout.split()) >= 1, f.name
+
+
+# ---- hostile files ----------------------------------------------------------------
+
+def expect_clean_failure(path, needle):
+    for cmd in ("info", "tokenize"):
+        p = run(cmd, "-m", path, input=b"hi")
+        assert p.returncode == 1, (cmd, p.returncode, p.stderr)  # not a signal
+        err = p.stderr.decode()
+        assert err.count("\n") == 1, err
+        assert needle in err, err
+
+
+def test_missing_and_non_gguf_files(tmp_path):
+    expect_clean_failure(tmp_path / "nope.gguf", "cannot open")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a model at all" * 10)
+    expect_clean_failure(junk, "bad magic")
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    expect_clean_failure(empty, "truncated")
+
+
+def test_truncated_real_model(model, tmp_path):
+    data = model.read_bytes()
+    for cut in (10, 100, 5000, 1_000_000, len(data) // 2, len(data) - 1):
+        t = tmp_path / f"cut{cut}.gguf"
+        t.write_bytes(data[:cut])
+        p = run("info", "-m", t)
+        assert p.returncode == 1, (cut, p.stderr)
+        assert p.stderr.count(b"\n") == 1
+
+
+def test_unknown_architecture_and_missing_tokenizer(tmp_path, fixtures):
+    import gguf
+    import numpy as np
+
+    def write(path, arch, with_tokenizer):
+        w = gguf.GGUFWriter(str(path), arch)
+        w.add_block_count(1)
+        if with_tokenizer:
+            w.add_tokenizer_model("gpt2")
+            w.add_token_list(["a", "b"])
+        w.add_tensor("token_embd.weight", np.zeros((2, 8), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    write(tmp_path / "mamba.gguf", "mamba", True)
+    expect_clean_failure(tmp_path / "mamba.gguf", "architecture 'mamba' is not supported")
+    write(tmp_path / "notok.gguf", "llama", False)
+    p = run("info", "-m", tmp_path / "notok.gguf")
+    assert p.returncode == 1 and p.stderr.count(b"\n") == 1
+
+
+def test_corrupted_tiny_model_bytes(fixtures, tmp_path):
+    """Every single-byte corruption in the header region either loads or fails
+    with one line; none crashes (exit code by signal would be negative)."""
+    src = (fixtures / "tiny_llama.gguf").read_bytes()
+    header_end = min(len(src), 4096)
+    t = tmp_path / "c.gguf"
+    for i in range(0, header_end, 37):
+        d = bytearray(src)
+        d[i] ^= 0xA5
+        t.write_bytes(bytes(d))
+        p = run("info", "-m", t)
+        assert p.returncode in (0, 1), (i, p.returncode, p.stderr[-300:])

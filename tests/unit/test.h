@@ -1,0 +1,67 @@
+/* Minimal unit-test harness: a test file defines TEST(name) { ... } and the
+ * test registers itself (a constructor), so files never edit a shared table.
+ * `build/unit_tests [substring]` runs the tests whose name contains the
+ * substring, prints one line per failed check and ends with "N passed, N failed". */
+#ifndef POTSERVE_TEST_H
+#define POTSERVE_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Failures of the currently running test; reset by the runner before each test. */
+extern int test_failures;
+
+void test_register(const char *name, void (*fn)(void));
+
+#define TEST(name)                                                                  \
+    static void name(void);                                                         \
+    __attribute__((constructor)) static void name##_register(void) {                \
+        test_register(#name, name);                                                 \
+    }                                                                               \
+    static void name(void)
+
+#define CHECK(cond)                                                                 \
+    do {                                                                            \
+        if (!(cond)) {                                                              \
+            test_failures++;                                                        \
+            fprintf(stderr, "  %s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                           \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                          \
+    do {                                                                            \
+        long long a_ = (long long)(a), b_ = (long long)(b);                         \
+        if (a_ != b_) {                                                             \
+            test_failures++;                                                        \
+            fprintf(stderr, "  %s:%d: %s == %lld, expected %s == %lld\n", __FILE__, \
+                    __LINE__, #a, a_, #b, b_);                                      \
+        }                                                                           \
+    } while (0)
+
+#define CHECK_STR(a, b)                                                             \
+    do {                                                                            \
+        const char *a_ = (a), *b_ = (b);                                            \
+        if (!a_ || !b_ || strcmp(a_, b_) != 0) {                                    \
+            test_failures++;                                                        \
+            fprintf(stderr, "  %s:%d: %s == \"%s\", expected \"%s\"\n", __FILE__,   \
+                    __LINE__, #a, a_ ? a_ : "(null)", b_ ? b_ : "(null)");          \
+        }                                                                           \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                       \
+    do {                                                                            \
+        double a_ = (double)(a), b_ = (double)(b);                                  \
+        if (!(fabs(a_ - b_) <= (tol))) {                                            \
+            test_failures++;                                                        \
+            fprintf(stderr, "  %s:%d: %s = %g, expected %g (tol %g)\n", __FILE__,   \
+                    __LINE__, #a, a_, b_, (double)(tol));                           \
+        }                                                                           \
+    } while (0)
+
+/* Path of a fixture file written by tests/make_fixtures.py (build/fixtures/NAME). */
+const char *test_fixture(const char *name);
+/* Path of the default model, or NULL when it is absent (tests needing it then fail). */
+const char *test_model_path(void);
+
+#endif

@@ -1,0 +1,174 @@
+/* CPU forward pass invariants on the real default model: the same tokens give
+ * the same logits however they are split into forwards and batched with other
+ * sequences, attention scores are probability mass, and bad spans are refused
+ * without touching the pot. (Agreement with llama.cpp is tests/py/test_reference.py.) */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "test.h"
+
+static const int32_t prompt[] = {504, 3575, 282, 4649, 314, 1978, 28, 253, 3654, 1345, 30, 392, 17, 26};
+enum { N_PROMPT = sizeof prompt / sizeof prompt[0] };
+
+static model *load_default(void) {
+    const char *path = test_model_path();
+    char err[512];
+    if (!path) {
+        fprintf(stderr, "  default model missing (make model)\n");
+        return NULL;
+    }
+    model *m = model_load(path, err, sizeof err);
+    if (!m) fprintf(stderr, "  %s\n", err);
+    return m;
+}
+
+static pot *new_pot(const model *m, int32_t cap) {
+    char err[256];
+    return pot_new(m->n_layer, m->n_head_kv, m->head_dim, cap, err, sizeof err);
+}
+
+static double max_rel_diff(const float *a, const float *b, int n) {
+    double mx = 0, scale = 0;
+    for (int i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (int i = 0; i < n; i++) mx = fmax(mx, fabs(a[i] - b[i]));
+    return mx / (scale > 0 ? scale : 1);
+}
+
+/* Runs tokens through a fresh pot in pieces of `piece` tokens; last logits out. */
+static int run_in_pieces(backend *be, const model *m, int piece, float *logits) {
+    pot *p = new_pot(m, 64);
+    char err[256];
+    int rc = 0;
+    for (int i = 0; i < N_PROMPT && !rc; i += piece) {
+        int n = N_PROMPT - i < piece ? N_PROMPT - i : piece;
+        backend_span sp = {.tokens = prompt + i, .n_tokens = n, .kv = p,
+                           .logits_mode = i + n == N_PROMPT ? BACKEND_LOGITS_LAST : BACKEND_LOGITS_NONE,
+                           .logits = logits};
+        rc = be->forward(be, &sp, 1, err, sizeof err);
+    }
+    CHECK_EQ_INT(p->n, N_PROMPT);
+    pot_free(p);
+    return rc;
+}
+
+TEST(forward_split_invariance) {
+    model *m = load_default();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    backend *be = cpu_backend_new(m, 2, err, sizeof err);
+    float *whole = malloc(m->n_vocab * sizeof(float)), *split = malloc(m->n_vocab * sizeof(float));
+    CHECK_EQ_INT(run_in_pieces(be, m, N_PROMPT, whole), 0);
+    int pieces[] = {1, 3, 5};
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(run_in_pieces(be, m, pieces[i], split), 0);
+        double d = max_rel_diff(split, whole, m->n_vocab);
+        if (d > 1e-4) fprintf(stderr, "  pieces of %d: max rel diff %g\n", pieces[i], d);
+        CHECK(d <= 1e-4);
+    }
+    free(whole);
+    free(split);
+    be->free(be);
+    model_free(m);
+}
+
+TEST(forward_batch_of_spans_equals_separate_runs) {
+    model *m = load_default();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    backend *be = cpu_backend_new(m, 2, err, sizeof err);
+    int V = m->n_vocab;
+    float *alone_a = malloc(V * sizeof(float)), *alone_b = malloc(V * (size_t)5 * sizeof(float));
+    float *batch_a = malloc(V * sizeof(float)), *batch_b = malloc(V * (size_t)5 * sizeof(float));
+    pot *pa = new_pot(m, 32), *pb = new_pot(m, 32);
+    /* alone: a = whole prompt, b = first 5 tokens with all logits */
+    backend_span sa = {.tokens = prompt, .n_tokens = N_PROMPT, .kv = pa,
+                       .logits_mode = BACKEND_LOGITS_LAST, .logits = alone_a};
+    backend_span sb = {.tokens = prompt + 2, .n_tokens = 5, .kv = pb,
+                       .logits_mode = BACKEND_LOGITS_ALL, .logits = alone_b};
+    CHECK_EQ_INT(be->forward(be, &sa, 1, err, sizeof err), 0);
+    CHECK_EQ_INT(be->forward(be, &sb, 1, err, sizeof err), 0);
+    pot_truncate(pa, 0);
+    pot_truncate(pb, 0);
+    pa->n_seen = pb->n_seen = 0;
+    backend_span both[2] = {sa, sb};
+    both[0].logits = batch_a;
+    both[1].logits = batch_b;
+    CHECK_EQ_INT(be->forward(be, both, 2, err, sizeof err), 0);
+    CHECK(max_rel_diff(batch_a, alone_a, V) <= 1e-5);
+    CHECK(max_rel_diff(batch_b, alone_b, V * 5) <= 1e-5);
+    CHECK_EQ_INT(pa->n, N_PROMPT);
+    CHECK_EQ_INT(pb->n, 5);
+    CHECK_EQ_INT(pb->token_index[4], 4);
+    pot_free(pa);
+    pot_free(pb);
+    free(alone_a);
+    free(alone_b);
+    free(batch_a);
+    free(batch_b);
+    be->free(be);
+    model_free(m);
+}
+
+TEST(forward_attention_scores_are_probabilities) {
+    model *m = load_default();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    backend *be = cpu_backend_new(m, 2, err, sizeof err);
+    pot *p = new_pot(m, 32);
+    /* 6 tokens in the pot first, then 8 more with scores for their last 3 rows */
+    backend_span first = {.tokens = prompt, .n_tokens = 6, .kv = p};
+    CHECK_EQ_INT(be->forward(be, &first, 1, err, sizeof err), 0);
+    int n_keys = N_PROMPT, rows = 3, group = m->n_head / m->n_head_kv;
+    float *scores = calloc((size_t)m->n_layer * m->n_head_kv * n_keys, sizeof(float));
+    backend_span sp = {.tokens = prompt + 6, .n_tokens = N_PROMPT - 6, .kv = p,
+                       .score_row0 = N_PROMPT - 6 - rows, .n_score_rows = rows, .scores = scores};
+    CHECK_EQ_INT(be->forward(be, &sp, 1, err, sizeof err), 0);
+    for (int l = 0; l < m->n_layer; l++)
+        for (int g = 0; g < m->n_head_kv; g++) {
+            const float *s = scores + ((size_t)l * m->n_head_kv + g) * n_keys;
+            double sum = 0;
+            for (int k = 0; k < n_keys; k++) {
+                CHECK(s[k] >= 0);
+                sum += s[k];
+            }
+            /* each of `rows` rows of each of `group` heads is a distribution */
+            CHECK_NEAR(sum, rows * group, 1e-3);
+            /* causal: the last key is seen only by the last row */
+            CHECK(s[n_keys - 1] <= group + 1e-5);
+        }
+    free(scores);
+    pot_free(p);
+    be->free(be);
+    model_free(m);
+}
+
+TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
+    model *m = load_default();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    backend *be = cpu_backend_new(m, 1, err, sizeof err);
+    pot *p = new_pot(m, 8);
+    backend_span ok = {.tokens = prompt, .n_tokens = 4, .kv = p};
+    CHECK_EQ_INT(be->forward(be, &ok, 1, err, sizeof err), 0);
+    int32_t bad_tok[2] = {5, 1 << 30};
+    backend_span bad1 = {.tokens = bad_tok, .n_tokens = 2, .kv = p};
+    CHECK_EQ_INT(be->forward(be, &bad1, 1, err, sizeof err), -1);
+    CHECK(strstr(err, "vocabulary") != NULL);
+    backend_span bad2 = {.tokens = prompt, .n_tokens = 5, .kv = p}; /* 4 + 5 > 8 */
+    CHECK_EQ_INT(be->forward(be, &bad2, 1, err, sizeof err), -1);
+    CHECK(strstr(err, "do not fit") != NULL);
+    backend_span twice[2] = {ok, ok};
+    CHECK_EQ_INT(be->forward(be, twice, 2, err, sizeof err), -1);
+    CHECK_EQ_INT(p->n, 4);
+    pot_free(p);
+    be->free(be);
+    model_free(m);
+}
