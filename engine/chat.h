@@ -51,7 +51,9 @@ enum { CHAT_LLAMA3_PLAIN = 0, CHAT_LLAMA3_DATED = 1 };
 
 /* Fills tpl from the template text (NULL/"" gives CHAT_UNKNOWN). bos/eos are
  * the model's BOS/EOS token texts (may be NULL). Returns 0, or -1 when the
- * family is not recognised (tpl->family = CHAT_UNKNOWN). */
+ * family is not recognised (tpl->family = CHAT_UNKNOWN).
+ * (Added detail: bos_text/eos_text are filled only when the template uses
+ * bos_token/eos_token; a BOS/EOS text longer than 31 bytes also gives -1.) */
 int chat_template_detect(const char *template_text, const char *bos, const char *eos,
                          chat_template *tpl);
 /* Family from its name ("chatml", "llama2", "llama3", "mistral", "zephyr",
@@ -61,7 +63,10 @@ const char *chat_family_name(enum chat_family f);
 /* "chatml, llama2, llama3, mistral, zephyr, gemma" — for error messages. */
 const char *chat_family_list(void);
 
-/* Renders messages (roles system/user/assistant; others -> -1 with err) into
+/* (Added detail: n == 0 is an error; user/assistant alternation is not
+ * enforced; families without a system role take it into the first user turn;
+ * a system message after the first is an error for mistral and gemma.)
+ * Renders messages (roles system/user/assistant; others -> -1 with err) into
  * a malloc'd NUL-terminated string the caller frees. add_generation_prompt
  * appends the assistant header. The text contains special-token text and is
  * tokenized with parse_special=1 and add_special=0. NULL + err on failure. */

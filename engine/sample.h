@@ -51,7 +51,8 @@ void sampler_free(sampler *s);
 /* Picks the next token from logits[n_vocab] (the array is used as scratch and
  * changed). Log-probabilities are those of the distribution after logit_bias
  * and penalties, before temperature and truncation; written to lp when non-NULL.
- * The same seed and the same logits give the same token. */
+ * The same seed and the same logits give the same token.
+ * (Added detail: returns -1, lp->token = -1, when every token is banned.) */
 int32_t sampler_sample(sampler *s, float *logits, sample_logprobs *lp);
 /* Records a token of the context (prompt or generated) for the penalties. */
 void sampler_accept(sampler *s, int32_t token);
@@ -64,7 +65,10 @@ stop_matcher *stop_matcher_new(const char *const *stops, size_t n_stops);
 void stop_matcher_free(stop_matcher *m);
 /* Appends len bytes. Writes into *emit and *n_emit (pointer into the matcher's
  * buffer, valid until the next call) the bytes that are safe to send. Returns
- * 1 when a stop string was matched (nothing after it is emitted), else 0. */
+ * 1 when a stop string was matched (nothing after it is emitted), else 0.
+ * (Added detail: the stop string that completes first wins, the longer one on
+ * a tie, whatever the split into pushes; after a match every push returns 1
+ * and emits nothing; empty stop strings are ignored.) */
 int stop_matcher_push(stop_matcher *m, const char *text, size_t len, const char **emit,
                       size_t *n_emit);
 /* At the end of generation: the held-back bytes (no stop matched). */

@@ -17,12 +17,16 @@ from the same template with the merge applied to the messages ("lenient": true).
 
 jinja2 is a test-time reference only, never a runtime dependency of potserve.
 
-usage: python3 tests/reference/record_chat.py [OUT.json]   (needs jinja2)
+usage: python3 tests/reference/record_chat.py [--check] [OUT.json]   (needs jinja2)
+--check renders everything in memory and exits 1 when it differs from the
+stored fixture (the file is not written).
 """
+import argparse
 import json
 import os
 import sys
 
+import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -673,10 +677,7 @@ def merge_system(messages):
     return rest
 
 
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.normpath(
-        os.path.join(here, '..', 'fixtures', 'ref_chat.json'))
+def build():
     env = make_env()
     by_name = {t['name']: t for t in TEMPLATES}
     result = {'generator': 'tests/reference/record_chat.py',
@@ -705,12 +706,34 @@ def main():
                     n_lenient += 1
                 entry['cases'].append(case)
         result['templates'].append(entry)
-    with open(out, 'w', encoding='utf-8') as f:
+    return result, n_exact, n_lenient
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description='record jinja2 renderings of real chat templates')
+    ap.add_argument('--check', action='store_true',
+                    help='compare with the stored fixture instead of writing it')
+    ap.add_argument('out', nargs='?',
+                    default=os.path.normpath(os.path.join(here, '..', 'fixtures', 'ref_chat.json')))
+    args = ap.parse_args()
+    result, n_exact, n_lenient = build()
+    if args.check:
+        with open(args.out, encoding='utf-8') as f:
+            stored = json.load(f)
+        if stored != result:
+            print(f'{args.out}: differs from what jinja2 {jinja2.__version__} renders now '
+                  f'(re-run without --check to update)', file=sys.stderr)
+            return 1
+        print(f'{args.out}: up to date ({n_exact} jinja renderings, {n_lenient} lenient cases)')
+        return 0
+    with open(args.out, 'w', encoding='utf-8') as f:
         json.dump(result, f, ensure_ascii=False, indent=1)
         f.write('\n')
-    print(f'{out}: {len(TEMPLATES)} templates, {n_exact} jinja renderings, '
+    print(f'{args.out}: {len(TEMPLATES)} templates, {n_exact} jinja renderings, '
           f'{n_lenient} lenient cases')
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())
