@@ -74,9 +74,10 @@ run: deps $(BUILD)/potserve model
 
 # --- tests ----------------------------------------------------------------------
 fixtures: $(BUILD)/fixtures/.ok
-$(BUILD)/fixtures/.ok: tests/make_fixtures.py $(VENV)/.ok
+$(BUILD)/fixtures/.ok: tests/make_fixtures.py tests/reference/make_spm_vocab.py $(VENV)/.ok
 	@mkdir -p $(BUILD)/fixtures
 	$(VPY) tests/make_fixtures.py $(BUILD)/fixtures
+	$(VPY) tests/reference/make_spm_vocab.py $(BUILD)/fixtures/spm_vocab.gguf
 	touch $@
 
 unit: $(BUILD)/unit_tests fixtures model
@@ -116,6 +117,7 @@ REF_TOOLS := llama-cpp-python==0.3.36 jinja2==3.1.6
 test-reference: all model fixtures
 	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
 	$(VPY) tests/reference/record_logits.py $(MODEL) tests/fixtures/ref_logits.npz --check
+	$(VPY) tests/reference/record_tiny_logits.py $(BUILD)/fixtures tests/fixtures/ref_tiny_logits.npz --check
 	$(VPY) tests/reference/record_tokens.py --check
 	$(VPY) tests/reference/record_chat.py --check
 	$(MAKE) --no-print-directory unit

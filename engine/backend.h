@@ -49,8 +49,11 @@ struct backend {
     void (*free)(backend *b);
 };
 
-/* The CPU reference backend with n_threads worker threads (>= 1); the model
- * must outlive it. NULL + err on failure. */
-backend *cpu_backend_new(const struct model *m, int n_threads, char *err, size_t errlen);
+/* The CPU backend with n_threads worker threads (>= 1); the model must
+ * outlive it. exact = 1 multiplies f32 activations with dequantised weights
+ * (the plain-math reference); exact = 0 quantises activations per block the
+ * way llama.cpp does and uses integer dot products (faster, and the numerics
+ * llama.cpp users know). NULL + err on failure. */
+backend *cpu_backend_new(const struct model *m, int n_threads, int exact, char *err, size_t errlen);
 
 #endif

@@ -52,7 +52,7 @@ engine *engine_open(const char *path, const engine_options *opt, char *err, size
             e->m->chat.default_system[0] = 0;
         }
     }
-    e->be = cpu_backend_new(e->m, e->n_threads, err, errlen);
+    e->be = cpu_backend_new(e->m, e->n_threads, opt ? opt->exact : 0, err, errlen);
     if (!e->be) goto bad;
     return e;
 bad:
@@ -227,7 +227,7 @@ int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const eng
     res->prefill_ms = now_ms() - t0;
     t0 = now_ms();
 
-    detok_state ds = {0};
+    detok_state ds = {.leading_space_done = 1}; /* generated text keeps its first space */
     char text[256];
     int cancelled = 0, stopped = 0;
     res->finish = ENGINE_FINISH_LENGTH;

@@ -383,3 +383,760 @@ float quant_dot_row(uint32_t type, const void *row, const float *x, int64_t n) {
     }
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
+
+/* ==== llama.cpp-compatible activation formats and dot products ================
+ *
+ * Activation blocks, as in ggml-common.h (halves little-endian; the Q8_K fields
+ * are in host order, as only this file reads them):
+ *   Q8_0: d (half), qs[32] int8                                     34 bytes
+ *   Q8_1: d (half), s (half) = d * sum(qs), qs[32] int8             36 bytes
+ *   Q8_K: d (f32), qs[256] int8, bsums[16] int16 (sums of 16 qs)   292 bytes
+ *
+ * Quantisation is what llama.cpp's CPU backend runs on x86-64:
+ *  - Q8_0 / Q8_1: quantize_row_q8_0 / q8_1 of ggml-cpu/arch/x86/quants.c (the
+ *    AVX/AVX2 build): amax = max |x|, d = amax / 127, id = 127 / amax (0 when
+ *    amax is 0), q = x * id rounded to nearest, ties to even. The portable
+ *    quantize_row_q8_0_ref instead uses id = 1/d and roundf (ties away from
+ *    zero); the two differ only where x * id lands on, or within an ulp of, a
+ *    half-integer.
+ *  - Q8_K: quantize_row_q8_K_ref (the x86 build uses the reference): max = the
+ *    first element of largest |x|, iscale = -127 / max, q = min(127,
+ *    nearest_int(iscale * x)) (ties to even), d = 1 / iscale, bsums.
+ *  - F16 / BF16: each activation rounded to nearest even (ggml_cpu_fp32_to_fp16,
+ *    GGML_FP32_TO_BF16); F32: copied.
+ * Quantised values are clamped to [-127, 127], which changes nothing for finite
+ * inputs and keeps the SIMD kernels exact for any input.
+ *
+ * Dot products compute the integer sums of ggml's ggml_vec_dot_*_q8_* exactly
+ * (they fit in int32) and combine them with the block scales in the float
+ * order of llama.cpp's x86 AVX2 kernels (ggml-cpu/arch/x86/quants.c, as gcc
+ * or clang compile them: `summs += m*s` contracted to an FMA), so for Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K the result is bit-identical to
+ * ggml_vec_dot_* of an x86 AVX2 (or AVX-512) build. Those kernels keep eight
+ * int32 lanes per block, lane l holding the products of the vector's bytes
+ * 4l..4l+3, and accumulate acc[l] = fma(d, (float)lane[l], acc[l]):
+ *  - Q4_0 / Q5_0 / Q8_0: d = dx*dy per 32-element block; result hsum8(acc).
+ *  - Q4_1 / Q5_1: likewise, plus summs = fma(mx, sy, summs) per block;
+ *    result hsum8(acc) + summs.
+ *  - Q4_K / Q5_K / Q6_K: d = y.d * half(x.d) per 256-element block, lanes as
+ *    ggml forms them (see the kernels); Q4_K adds four lanes of
+ *    fma(-y.d*dmin, mins.bsums), Q5_K one fma per block.
+ * hsum8(l) = ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) (ggml's hsum_float_8).
+ * The portable kernels perform the same operations with fmaf, so the scalar
+ * and AVX2 paths agree bit for bit. Q2_K and Q3_K (scalar only) sum one float
+ * per 256-element block: sum += dall*isum - dmin*summs (Q2_K), sum += d*isum
+ * (Q3_K), the generic versions' formulas in our order. F32 / F16 / BF16 add
+ * element i to lane i % 8 and reduce with hsum8 (F16 and BF16 products are
+ * exact in f32; llama.cpp's own summation order differs there). */
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+enum { Q8_0_BYTES = 2 + QK, Q8_1_BYTES = 4 + QK, Q8_K_BYTES = 4 + QK_K + 2 * (QK_K / 16) };
+
+uint32_t quant_vec_dot_type(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: return GGML_TYPE_F32;
+    case GGML_TYPE_F16: return GGML_TYPE_F16;
+    case GGML_TYPE_BF16: return GGML_TYPE_BF16;
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q8_0: return GGML_TYPE_Q8_0;
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_1: return GGML_TYPE_Q8_1;
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K: return GGML_TYPE_Q8_K;
+    default: return GGML_TYPE_COUNT_;
+    }
+}
+
+size_t quant_act_row_bytes(uint32_t weight_type, int64_t n) {
+    const uint32_t vt = quant_vec_dot_type(weight_type);
+    if (vt == GGML_TYPE_COUNT_ || n <= 0 || n % quant_block_elems(weight_type)) return 0;
+    return quant_row_bytes(vt, (uint64_t)n);
+}
+
+/* ---- activation quantisation ----------------------------------------------------- */
+
+static void put_half(uint8_t *p, float f) {
+    const uint16_t h = quant_f32_to_f16(f);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* x rounded to the nearest integer, ties to even, for |x| < 2^22 (ggml's
+ * nearest_int); clamped to [-127, 127]. Any input is defined behaviour. */
+static int8_t round_q8(float x) {
+    const float v = x + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    const int q = (i & 0x007fffff) - 0x00400000;
+    return (int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
+}
+
+/* Q8_0 (s == NULL) or Q8_1 (s = where the half d*sum goes) block of 32. */
+static void quantize_q8_block(const float *x, uint8_t *d_out, uint8_t *s_out, int8_t *qs) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        const float a = fabsf(x[j]);
+        if (a > amax) amax = a;
+    }
+    const float d = amax / 127.f;
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK; j++) {
+        qs[j] = round_q8(x[j] * id);
+        sum += qs[j];
+    }
+    put_half(d_out, d);
+    if (s_out) put_half(s_out, d * (float)sum);
+}
+
+static void quantize_q8_k_block(const float *x, uint8_t *b) {
+    float max = 0.0f, amax = 0.0f, d = 0.0f;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+    for (int j = 0; j < QK_K; j++) {
+        const float a = fabsf(x[j]);
+        if (a > amax) {
+            amax = a;
+            max = x[j];
+        }
+    }
+    if (amax == 0.0f) {
+        memset(qs, 0, sizeof qs);
+    } else {
+        const float iscale = -127.f / max;
+        for (int j = 0; j < QK_K; j++) qs[j] = round_q8(iscale * x[j]);
+        d = 1 / iscale;
+    }
+    for (int j = 0; j < QK_K / 16; j++) {
+        int sum = 0;
+        for (int l = 0; l < 16; l++) sum += qs[16 * j + l];
+        bsums[j] = (int16_t)sum;
+    }
+    memcpy(b, &d, sizeof d);
+    memcpy(b + 4, qs, sizeof qs);
+    memcpy(b + 4 + QK_K, bsums, sizeof bsums);
+}
+
+void quant_quantize_act(uint32_t weight_type, const float *x, void *dst, int64_t n) {
+    if (!quant_act_row_bytes(weight_type, n)) return;
+    uint8_t *p = dst;
+    switch (quant_vec_dot_type(weight_type)) {
+    case GGML_TYPE_F32: memcpy(dst, x, (size_t)n * sizeof(float)); return;
+    case GGML_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) put_half(p + 2 * i, x[i]);
+        return;
+    case GGML_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t h = quant_f32_to_bf16(x[i]);
+            p[2 * i] = (uint8_t)h;
+            p[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+        return;
+    case GGML_TYPE_Q8_0:
+        for (int64_t i = 0; i < n; i += QK, p += Q8_0_BYTES) quantize_q8_block(x + i, p, NULL, (int8_t *)(p + 2));
+        return;
+    case GGML_TYPE_Q8_1:
+        for (int64_t i = 0; i < n; i += QK, p += Q8_1_BYTES) quantize_q8_block(x + i, p, p + 2, (int8_t *)(p + 4));
+        return;
+    case GGML_TYPE_Q8_K:
+        for (int64_t i = 0; i < n; i += QK_K, p += Q8_K_BYTES) quantize_q8_k_block(x + i, p);
+        return;
+    default: return;
+    }
+}
+
+static float q8k_d(const uint8_t *b) {
+    float d;
+    memcpy(&d, b, sizeof d);
+    return d;
+}
+
+static int q8k_bsum(const uint8_t *b, int j) {
+    int16_t v;
+    memcpy(&v, b + 4 + QK_K + 2 * j, sizeof v);
+    return v;
+}
+
+void quant_dequantize_act(uint32_t weight_type, const void *act, float *dst, int64_t n) {
+    const uint8_t *p = act;
+    if (n <= 0) return;
+    if (!quant_act_row_bytes(weight_type, n)) {
+        for (int64_t i = 0; i < n; i++) dst[i] = 0.0f;
+        return;
+    }
+    switch (quant_vec_dot_type(weight_type)) {
+    case GGML_TYPE_Q8_1:
+        for (int64_t i = 0; i < n; i += QK, p += Q8_1_BYTES) {
+            const float d = half_at(p);
+            for (int j = 0; j < QK; j++) dst[i + j] = (float)(int8_t)p[4 + j] * d;
+        }
+        return;
+    case GGML_TYPE_Q8_K:
+        for (int64_t i = 0; i < n; i += QK_K, p += Q8_K_BYTES) {
+            const float d = q8k_d(p);
+            for (int j = 0; j < QK_K; j++) dst[i + j] = d * (float)(int8_t)p[4 + j];
+        }
+        return;
+    default: quant_dequantize_row(quant_vec_dot_type(weight_type), act, dst, n); return;
+    }
+}
+
+/* ---- scalar kernels ----------------------------------------------------------------
+ * Each takes the weight row, the activations and the number of blocks (of the
+ * weight type; elements for F32 / F16 / BF16). */
+
+typedef float (*vdot_fn)(const uint8_t *w, const uint8_t *a, int64_t nb);
+
+/* ggml's hsum_float_8. */
+static float hsum8(const float l[8]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/* acc[l] = fma(d, v[4l..4l+3] . y[4l..4l+3], acc[l]): one 32-element block. */
+static inline void fma_lanes(float acc[8], float d, const int8_t v[QK], const int8_t *y) {
+    for (int l = 0; l < 8; l++) {
+        const int8_t *p = v + 4 * l, *q = y + 4 * l;
+        const int s = p[0] * q[0] + p[1] * q[1] + p[2] * q[2] + p[3] * q[3];
+        acc[l] = fmaf(d, (float)s, acc[l]);
+    }
+}
+
+/* Quants of one 32-element block in element order (as the SIMD kernels hold them). */
+static inline void unpack_q4_0(const uint8_t *x, int8_t v[QK]) {
+    for (int j = 0; j < QK / 2; j++) {
+        v[j] = (int8_t)((x[2 + j] & 0x0f) - 8);
+        v[j + QK / 2] = (int8_t)((x[2 + j] >> 4) - 8);
+    }
+}
+
+static inline void unpack_q4_1(const uint8_t *x, int8_t v[QK]) {
+    for (int j = 0; j < QK / 2; j++) {
+        v[j] = (int8_t)(x[4 + j] & 0x0f);
+        v[j + QK / 2] = (int8_t)(x[4 + j] >> 4);
+    }
+}
+
+static inline void unpack_q5_0(const uint8_t *x, int8_t v[QK]) {
+    const uint32_t qh = u32_at(x + 2);
+    for (int j = 0; j < QK / 2; j++) {
+        v[j] = (int8_t)(((x[6 + j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) - 16);
+        v[j + QK / 2] = (int8_t)(((x[6 + j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+}
+
+static inline void unpack_q5_1(const uint8_t *x, int8_t v[QK]) {
+    const uint32_t qh = u32_at(x + 4);
+    for (int j = 0; j < QK / 2; j++) {
+        v[j] = (int8_t)((x[8 + j] & 0x0f) | (int)(((qh >> j) & 1) << 4));
+        v[j + QK / 2] = (int8_t)((x[8 + j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4));
+    }
+}
+
+static inline void unpack_q8_0(const uint8_t *x, int8_t v[QK]) {
+    memcpy(v, x + 2, QK);
+}
+
+/* with_min: Q4_1 / Q5_1, whose mx (weights) and sy (activations) halves sit at offset 2. */
+#define SCALAR32(name, unpack, wbytes, abytes, qoff, with_min)                    \
+    static float name(const uint8_t *w, const uint8_t *a, int64_t nb) {         \
+        float acc[8] = {0}, summs = 0.0f;                                       \
+        int8_t v[QK];                                                           \
+        for (int64_t b = 0; b < nb; b++) {                                      \
+            const uint8_t *x = w + b * (wbytes), *y = a + b * (abytes);          \
+            unpack(x, v);                                                       \
+            fma_lanes(acc, half_at(x) * half_at(y), v, (const int8_t *)(y + (qoff))); \
+            if (with_min) summs = fmaf(half_at(x + 2), half_at(y + 2), summs);  \
+        }                                                                       \
+        return with_min ? hsum8(acc) + summs : hsum8(acc);                      \
+    }
+SCALAR32(vd_q4_0, unpack_q4_0, 2 + QK / 2, Q8_0_BYTES, 2, 0)
+SCALAR32(vd_q4_1, unpack_q4_1, 4 + QK / 2, Q8_1_BYTES, 4, 1)
+SCALAR32(vd_q5_0, unpack_q5_0, 6 + QK / 2, Q8_0_BYTES, 2, 0)
+SCALAR32(vd_q5_1, unpack_q5_1, 8 + QK / 2, Q8_1_BYTES, 4, 1)
+SCALAR32(vd_q8_0, unpack_q8_0, Q8_0_BYTES, Q8_0_BYTES, 2, 0)
+#undef SCALAR32
+
+enum { Q2_K_BYTES = 84, Q3_K_BYTES = 110, Q4_K_BYTES = 144, Q5_K_BYTES = 176, Q6_K_BYTES = 210 };
+
+static float vd_q2_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float sumf = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q2_K_BYTES, a += Q8_K_BYTES) {
+        const uint8_t *sc = w, *q = w + 16;
+        const int8_t *y = (const int8_t *)(a + 4);
+        int summs = 0, isum = 0, is = 0;
+        for (int j = 0; j < 16; j++) summs += q8k_bsum(a, j) * (sc[j] >> 4);
+        for (int n = 0; n < QK_K; n += 128, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2, y += 32) {
+                for (int h = 0; h < 2; h++, is++) {
+                    int s = 0;
+                    for (int l = 16 * h; l < 16 * h + 16; l++) s += y[l] * ((q[l] >> shift) & 3);
+                    isum += (sc[is] & 0x0f) * s;
+                }
+            }
+        }
+        const float dy = q8k_d(a);
+        const float dall = dy * half_at(w + 80), dmin = dy * half_at(w + 82);
+        sumf += dall * (float)isum - dmin * (float)summs;
+    }
+    return sumf;
+}
+
+static float vd_q3_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float sumf = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q3_K_BYTES, a += Q8_K_BYTES) {
+        const uint8_t *hm = w, *q = w + 32, *sb = w + 96;
+        const int8_t *y = (const int8_t *)(a + 4);
+        int isum = 0, is = 0;
+        uint8_t m = 1;
+        for (int n = 0; n < QK_K; n += 128, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1), y += 32) {
+                for (int h = 0; h < 2; h++, is++) {
+                    const int lo = is < 8 ? (sb[is] & 0x0f) : (sb[is - 8] >> 4);
+                    const int hi = (sb[8 + is % 4] >> (2 * (is / 4))) & 3;
+                    int s = 0;
+                    for (int l = 16 * h; l < 16 * h + 16; l++)
+                        s += y[l] * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+                    isum += ((lo | (hi << 4)) - 32) * s;
+                }
+            }
+        }
+        sumf += half_at(w + 108) * q8k_d(a) * (float)isum;
+    }
+    return sumf;
+}
+
+/* Q4_K / Q5_K minimum term of one block: lane k = mn[2k]*(bsums[4k]+bsums[4k+1])
+ * + mn[2k+1]*(bsums[4k+2]+bsums[4k+3]). */
+static inline int k_min_lane(const uint8_t *a, const uint8_t mn[8], int k) {
+    return mn[2 * k] * (q8k_bsum(a, 4 * k) + q8k_bsum(a, 4 * k + 1)) +
+           mn[2 * k + 1] * (q8k_bsum(a, 4 * k + 2) + q8k_bsum(a, 4 * k + 3));
+}
+
+/* Q4_K (qh == NULL) and Q5_K: lane l of block b gets, for each 64-element
+ * chunk j, sc[2j] * (bytes 4l..4l+3 of the low nibbles . y) + sc[2j+1] * (the
+ * high nibbles . y), then acc[l] = fma(d, lane, acc[l]). */
+static inline void k45_lanes(const uint8_t *q, const uint8_t *qh, const uint8_t sc[8], const int8_t *y, int si[8]) {
+    for (int l = 0; l < 8; l++) si[l] = 0;
+    for (int j = 0; j < QK_K / 64; j++, q += 32, y += 64) {
+        for (int t = 0; t < 32; t++) {
+            const int h1 = qh ? ((qh[t] >> (2 * j)) & 1) << 4 : 0;
+            const int h2 = qh ? ((qh[t] >> (2 * j + 1)) & 1) << 4 : 0;
+            si[t >> 2] += sc[2 * j] * (((q[t] & 0x0f) | h1) * y[t]) + sc[2 * j + 1] * (((q[t] >> 4) | h2) * y[t + 32]);
+        }
+    }
+}
+
+static float vd_q4_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float acc[8] = {0}, accm[4] = {0};
+    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
+        uint8_t sc[8], mn[8];
+        int si[8];
+        for (int j = 0; j < 8; j++) scale_min_k4(j, w + 4, &sc[j], &mn[j]);
+        k45_lanes(w + 16, NULL, sc, (const int8_t *)(a + 4), si);
+        const float dy = q8k_d(a);
+        const float d = dy * half_at(w), dmin = -dy * half_at(w + 2);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)si[l], acc[l]);
+        for (int k = 0; k < 4; k++) accm[k] = fmaf(dmin, (float)k_min_lane(a, mn, k), accm[k]);
+    }
+    return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+}
+
+static float vd_q5_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float acc[8] = {0}, summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
+        uint8_t sc[8], mn[8];
+        int si[8];
+        for (int j = 0; j < 8; j++) scale_min_k4(j, w + 4, &sc[j], &mn[j]);
+        k45_lanes(w + 48, w + 16, sc, (const int8_t *)(a + 4), si);
+        const float dy = q8k_d(a);
+        const float d = dy * half_at(w), dmin = -dy * half_at(w + 2);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)si[l], acc[l]);
+        int m = 0;
+        for (int k = 0; k < 4; k++) m += k_min_lane(a, mn, k);
+        summs = fmaf(dmin, (float)m, summs);
+    }
+    return hsum8(acc) + summs;
+}
+
+/* Q6_K: lane l gets sc[e/16] * q * y[e] over the bytes 4l..4l+3 of each of the
+ * eight 32-element groups (q unsigned, 0..63), minus 32 * (bsums[2l]*sc[2l] +
+ * bsums[2l+1]*sc[2l+1]). */
+static float vd_q6_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, a += Q8_K_BYTES) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const int8_t *y = (const int8_t *)(a + 4);
+        int si[8] = {0};
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = w + 64 * n, *qh = w + 128 + 32 * n;
+            for (int t = 0; t < 32; t++) {
+                const int e = 128 * n + t;
+                const int q0 = (ql[t] & 0x0f) | ((qh[t] & 3) << 4);
+                const int q1 = (ql[t + 32] & 0x0f) | (((qh[t] >> 2) & 3) << 4);
+                const int q2 = (ql[t] >> 4) | (((qh[t] >> 4) & 3) << 4);
+                const int q3 = (ql[t + 32] >> 4) | (((qh[t] >> 6) & 3) << 4);
+                si[t >> 2] += sc[e >> 4] * (q0 * y[e]) + sc[(e + 32) >> 4] * (q1 * y[e + 32]) +
+                              sc[(e + 64) >> 4] * (q2 * y[e + 64]) + sc[(e + 96) >> 4] * (q3 * y[e + 96]);
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            si[l] -= 32 * (q8k_bsum(a, 2 * l) * sc[2 * l] + q8k_bsum(a, 2 * l + 1) * sc[2 * l + 1]);
+        const float d = q8k_d(a) * half_at(w + 208);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)si[l], acc[l]);
+    }
+    return hsum8(acc);
+}
+
+static float vd_f32(const uint8_t *w, const uint8_t *a, int64_t n) {
+    float l[8] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        float x, y;
+        memcpy(&x, w + 4 * i, 4);
+        memcpy(&y, a + 4 * i, 4);
+        l[i & 7] += x * y;
+    }
+    return hsum8(l);
+}
+
+static float vd_f16(const uint8_t *w, const uint8_t *a, int64_t n) {
+    float l[8] = {0};
+    for (int64_t i = 0; i < n; i++) l[i & 7] += half_at(w + 2 * i) * half_at(a + 2 * i);
+    return hsum8(l);
+}
+
+static float bf16_at(const uint8_t *p) {
+    return quant_bf16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+static float vd_bf16(const uint8_t *w, const uint8_t *a, int64_t n) {
+    float l[8] = {0};
+    for (int64_t i = 0; i < n; i++) l[i & 7] += bf16_at(w + 2 * i) * bf16_at(a + 2 * i);
+    return hsum8(l);
+}
+
+static vdot_fn scalar_kernel(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: return vd_f32;
+    case GGML_TYPE_F16: return vd_f16;
+    case GGML_TYPE_BF16: return vd_bf16;
+    case GGML_TYPE_Q4_0: return vd_q4_0;
+    case GGML_TYPE_Q4_1: return vd_q4_1;
+    case GGML_TYPE_Q5_0: return vd_q5_0;
+    case GGML_TYPE_Q5_1: return vd_q5_1;
+    case GGML_TYPE_Q8_0: return vd_q8_0;
+    case GGML_TYPE_Q2_K: return vd_q2_k;
+    case GGML_TYPE_Q3_K: return vd_q3_k;
+    case GGML_TYPE_Q4_K: return vd_q4_k;
+    case GGML_TYPE_Q5_K: return vd_q5_k;
+    case GGML_TYPE_Q6_K: return vd_q6_k;
+    default: return NULL;
+    }
+}
+
+/* ---- AVX2 kernels ------------------------------------------------------------------
+ * Integer products with _mm256_maddubs_epi16 (u8 x s8 -> adjacent pairs summed
+ * in s16; no saturation is reachable: |x| <= 128 unsigned against |y| <= 127)
+ * and _mm256_madd_epi16, so int32 lane l holds the products of bytes 4l..4l+3;
+ * the sign trick (|x|, y*sign(x)) turns signed weights into the unsigned
+ * operand (activations are never -128, which it could not negate). */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QUANT_HAVE_AVX2 1
+#include <cpuid.h>
+#include <immintrin.h>
+
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+
+static inline AVX2_FN __m256i load256(const uint8_t *p) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+
+static inline AVX2_FN __m128i load128(const uint8_t *p) {
+    return _mm_loadu_si128((const __m128i *)(const void *)p);
+}
+
+static inline AVX2_FN float half_f16c(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+static inline AVX2_FN float hsum8_avx(__m256 v) {
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    return hsum8(l);
+}
+
+/* Signed bytes x times signed bytes y, summed in groups of four into int32. */
+static inline AVX2_FN __m256i dot_s8(__m256i x, __m256i y) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Unsigned bytes x (< 128) times signed bytes y, likewise. */
+static inline AVX2_FN __m256i dot_u8(__m256i x, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles. */
+static inline AVX2_FN __m256i nibbles32(const uint8_t *p) {
+    const __m128i t = load128(p), m4 = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m4), _mm_and_si128(t, m4));
+}
+
+/* Byte j = 0x10 where bit j of the little-endian u32 at p is set, else 0. */
+static inline AVX2_FN __m256i bit4_bytes(const uint8_t *p) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u32_at(p)), shuf);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* The 32-element block kernels; `ints` gives the int32 lanes of the block at x
+ * (weights) against the activation quants y. */
+#define AVX2_32(name, wbytes, abytes, qoff, ints, with_min)                                      \
+    static AVX2_FN float name(const uint8_t *w, const uint8_t *a, int64_t nb) {                  \
+        __m256 acc = _mm256_setzero_ps();                                                       \
+        __m128 summs = _mm_setzero_ps();                                                        \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const uint8_t *x = w + b * (wbytes), *ya = a + b * (abytes);                        \
+            const __m256i y = load256(ya + (qoff));                                             \
+            const float d = half_f16c(x) * half_f16c(ya);                                       \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(ints), acc);            \
+            if (with_min)                                                                       \
+                summs = _mm_fmadd_ss(_mm_set_ss(half_f16c(x + 2)), _mm_set_ss(half_f16c(ya + 2)), summs); \
+        }                                                                                       \
+        return with_min ? hsum8_avx(acc) + _mm_cvtss_f32(summs) : hsum8_avx(acc);               \
+    }
+
+AVX2_32(vd_q4_0_avx2, 2 + QK / 2, Q8_0_BYTES, 2, dot_s8(_mm256_sub_epi8(nibbles32(x + 2), _mm256_set1_epi8(8)), y),
+        0)
+AVX2_32(vd_q4_1_avx2, 4 + QK / 2, Q8_1_BYTES, 4, dot_u8(nibbles32(x + 4), y), 1)
+AVX2_32(vd_q5_0_avx2, 6 + QK / 2, Q8_0_BYTES, 2,
+        dot_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles32(x + 6), bit4_bytes(x + 2)), _mm256_set1_epi8(16)), y), 0)
+AVX2_32(vd_q5_1_avx2, 8 + QK / 2, Q8_1_BYTES, 4, dot_u8(_mm256_or_si256(nibbles32(x + 8), bit4_bytes(x + 4)), y), 1)
+AVX2_32(vd_q8_0_avx2, Q8_0_BYTES, Q8_0_BYTES, 2, dot_s8(load256(x + 2), y), 0)
+#undef AVX2_32
+
+/* Q4_K / Q5_K: the eight 6-bit scales and mins of the 12-byte block (x86 is
+ * little-endian, so the words can be masked as a whole). */
+static inline void scales_mins_k4(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t w0, w1, w2, u[4];
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
+    u[0] = w0 & 0x3f3f3f3fu;                                            /* scales 0-3 */
+    u[1] = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);        /* scales 4-7 */
+    u[2] = w1 & 0x3f3f3f3fu;                                            /* mins 0-3 */
+    u[3] = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4); /* mins 4-7 */
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
+}
+
+/* The four minimum lanes (k_min_lane) of a Q4_K / Q5_K block. */
+static inline AVX2_FN __m128i k_min_lanes(const uint8_t *a, const uint8_t mn[8]) {
+    const __m256i bs = load256(a + 4 + QK_K);
+    const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)), q8s);
+}
+
+/* Q4_K / Q5_K lanes (k45_lanes); qh == NULL for Q4_K. */
+static inline AVX2_FN __m256i k45_lanes_avx2(const uint8_t *q, const uint8_t *qh, const uint8_t sc[8], const uint8_t *y) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    const __m256i hb = qh ? load256(qh) : _mm256_setzero_si256();
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < QK_K / 64; j++) {
+        const __m256i bits = load256(q + 32 * j);
+        __m256i q1 = _mm256_and_si256(bits, m4), q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        if (qh) {
+            q1 = _mm256_or_si256(q1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
+            q2 = _mm256_or_si256(q2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
+        }
+        const __m256i p1 = _mm256_maddubs_epi16(q1, load256(y + 64 * j));
+        const __m256i p2 = _mm256_maddubs_epi16(q2, load256(y + 64 * j + 32));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j])),
+                                                       _mm256_madd_epi16(p2, _mm256_set1_epi16(sc[2 * j + 1]))));
+    }
+    return sumi;
+}
+
+static AVX2_FN float vd_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
+        uint8_t sc[8], mn[8];
+        scales_mins_k4(w + 4, sc, mn);
+        const float dy = q8k_d(a);
+        const float d = dy * half_f16c(w), dmin = -dy * half_f16c(w + 2);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k_min_lanes(a, mn)), accm);
+        const __m256i sumi = k45_lanes_avx2(w + 16, NULL, sc, a + 4);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    return hsum8_avx(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
+}
+
+static AVX2_FN float vd_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 summs = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
+        uint8_t sc[8], mn[8];
+        scales_mins_k4(w + 4, sc, mn);
+        const float dy = q8k_d(a);
+        const float d = dy * half_f16c(w), dmin = -dy * half_f16c(w + 2);
+        __m128i m = k_min_lanes(a, mn);
+        m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+        summs = _mm_fmadd_ss(_mm_set_ss(dmin), _mm_set_ss((float)_mm_cvtsi128_si32(m)), summs);
+        const __m256i sumi = k45_lanes_avx2(w + 48, w + 16, sc, a + 4);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8_avx(acc) + _mm_cvtss_f32(summs);
+}
+
+static AVX2_FN float vd_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, a += Q8_K_BYTES) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(load128(w + 192));
+        const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(load256(a + 4 + QK_K), sc16), 5);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i ql0 = load256(w + 64 * n), ql1 = load256(w + 64 * n + 32);
+            const __m256i qh = load256(w + 128 + 32 * n);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int g = 0; g < 4; g++) {
+                const __m256i p = _mm256_maddubs_epi16(q[g], load256(a + 4 + 128 * n + 32 * g));
+                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * g + 1]), _mm_set1_epi16(sc[8 * n + 2 * g]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, sub);
+        const float d = q8k_d(a) * half_f16c(w + 208);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8_avx(acc);
+}
+
+static AVX2_FN float vd_f32_avx2(const uint8_t *w, const uint8_t *a, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps((const float *)(const void *)(w + 4 * i)),
+                                               _mm256_loadu_ps((const float *)(const void *)(a + 4 * i))));
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (; i < n; i++) {
+        float x, y;
+        memcpy(&x, w + 4 * i, 4);
+        memcpy(&y, a + 4 * i, 4);
+        l[i & 7] += x * y;
+    }
+    return hsum8(l);
+}
+
+static AVX2_FN float vd_f16_avx2(const uint8_t *w, const uint8_t *a, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtph_ps(load128(w + 2 * i)), _mm256_cvtph_ps(load128(a + 2 * i))));
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (; i < n; i++) l[i & 7] += half_at(w + 2 * i) * half_at(a + 2 * i);
+    return hsum8(l);
+}
+
+static inline AVX2_FN __m256 bf16x8(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16));
+}
+
+static AVX2_FN float vd_bf16_avx2(const uint8_t *w, const uint8_t *a, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(bf16x8(w + 2 * i), bf16x8(a + 2 * i)));
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (; i < n; i++) l[i & 7] += bf16_at(w + 2 * i) * bf16_at(a + 2 * i);
+    return hsum8(l);
+}
+
+static vdot_fn avx2_kernel(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: return vd_f32_avx2;
+    case GGML_TYPE_F16: return vd_f16_avx2;
+    case GGML_TYPE_BF16: return vd_bf16_avx2;
+    case GGML_TYPE_Q4_0: return vd_q4_0_avx2;
+    case GGML_TYPE_Q4_1: return vd_q4_1_avx2;
+    case GGML_TYPE_Q5_0: return vd_q5_0_avx2;
+    case GGML_TYPE_Q5_1: return vd_q5_1_avx2;
+    case GGML_TYPE_Q8_0: return vd_q8_0_avx2;
+    case GGML_TYPE_Q4_K: return vd_q4_k_avx2;
+    case GGML_TYPE_Q5_K: return vd_q5_k_avx2;
+    case GGML_TYPE_Q6_K: return vd_q6_k_avx2;
+    default: return scalar_kernel(type); /* Q2_K, Q3_K */
+    }
+}
+
+static int cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C)) return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+#define QUANT_HAVE_AVX2 0
+#endif
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+static atomic_int simd_mode = -1; /* -1 not yet known, 0 scalar, 1 AVX2 */
+static atomic_int forced_scalar = 0;
+
+static int use_avx2(void) {
+    if (atomic_load_explicit(&forced_scalar, memory_order_relaxed)) return 0;
+    int m = atomic_load_explicit(&simd_mode, memory_order_relaxed);
+    if (m < 0) {
+        const char *e = getenv("POTSERVE_NO_SIMD");
+        m = 0;
+#if QUANT_HAVE_AVX2
+        if (!(e && *e && strcmp(e, "0") != 0)) m = cpu_has_avx2();
+#else
+        (void)e;
+#endif
+        atomic_store_explicit(&simd_mode, m, memory_order_relaxed);
+    }
+    return m;
+}
+
+const char *quant_simd_name(void) {
+    return use_avx2() ? "avx2" : "scalar";
+}
+
+void quant_force_scalar(int on) {
+    atomic_store_explicit(&forced_scalar, on != 0, memory_order_relaxed);
+}
+
+float quant_vec_dot(uint32_t type, const void *row, const void *act, int64_t n) {
+    if (!quant_act_row_bytes(type, n)) return 0.0f;
+    const int64_t nb = n / quant_block_elems(type);
+#if QUANT_HAVE_AVX2
+    if (use_avx2()) return avx2_kernel(type)(row, act, nb);
+#endif
+    return scalar_kernel(type)(row, act, nb);
+}

@@ -49,4 +49,33 @@ uint16_t quant_f32_to_f16(float f);
 float quant_bf16_to_f32(uint16_t h);
 uint16_t quant_f32_to_bf16(float f);
 
+/* ---- llama.cpp-compatible integer dot products --------------------------------
+ * llama.cpp does not multiply weights with f32 activations: before each matrix
+ * product it converts the activation row to the weight type's "vec_dot_type"
+ * (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16,
+ * BF16 or F32 for those weights) and takes integer (f16, bf16) dot products.
+ * These functions reproduce that arithmetic (see quant.c for the details). */
+
+/* The activation format llama.cpp pairs with weights of `type`; GGML_TYPE_COUNT_
+ * for a type with no dot product (unknown types, Q8_1, Q8_K). */
+uint32_t quant_vec_dot_type(uint32_t type);
+/* Bytes of n activations in vec_dot_type(type) format (0 if n is not whole
+ * blocks of the weight type, or the type has no dot product). */
+size_t quant_act_row_bytes(uint32_t weight_type, int64_t n);
+/* Quantizes n f32 activations into the vec_dot_type of weight_type (dst has
+ * quant_act_row_bytes(weight_type, n) bytes; any alignment). */
+void quant_quantize_act(uint32_t weight_type, const float *x, void *dst, int64_t n);
+/* Decodes activations written by quant_quantize_act back to n floats (the
+ * values the dot product sees); zeros for a type with no dot product. */
+void quant_dequantize_act(uint32_t weight_type, const void *act, float *dst, int64_t n);
+/* Dot of one weight row (n elements of `type`) with activations produced by
+ * quant_quantize_act for that type; 0 for a type with no dot product. The
+ * scalar and the SIMD kernels return bit-identical results. */
+float quant_vec_dot(uint32_t type, const void *row, const void *act, int64_t n);
+/* Kernels quant_vec_dot uses now: "avx2" or "scalar". AVX2 is chosen at run
+ * time when the CPU has AVX2, FMA and F16C, unless POTSERVE_NO_SIMD=1 (read once). */
+const char *quant_simd_name(void);
+/* Test-only: on != 0 forces the portable scalar kernels, 0 restores the default. */
+void quant_force_scalar(int on);
+
 #endif

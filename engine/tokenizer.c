@@ -838,7 +838,7 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
 
     /* pre-tokenizer (BPE) and per-model defaults */
     const pre_desc *pre = NULL;
-    int pre_add_bos = 0, pre_no_bos = 0;
+    int pre_no_bos = 0;
     if (t->model == MODEL_BPE) {
         gguf_str ps = {"default", 7};
         const gguf_kv *pkv = gguf_find(f, "tokenizer.ggml.pre");
@@ -858,10 +858,9 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
             goto fail;
         }
         t->ignore_merges = pre->ignore_merges;
-        pre_add_bos = pre->add_bos;
         pre_no_bos = pre->no_bos;
         t->add_space_prefix = 0;
-        t->add_bos = pre_add_bos;
+        t->add_bos = pre->add_bos;
         t->add_eos = 0;
         for (int i = 0; pre->re[i]; i++) {
             if (compile_stage(pre->re[i], &t->stages[i], err, errlen)) goto fail;
@@ -1065,16 +1064,14 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
     if (t->eos >= nv) t->eos = TOK_NULL;
     if (t->unk >= nv) t->unk = TOK_NULL;
 
-    int32_t pad = TOK_NULL, sep = TOK_NULL, fim_pad = TOK_NULL, fim_rep = TOK_NULL,
-            fim_sep = TOK_NULL, other = TOK_NULL;
+    /* FIM ids matter only for the end-of-generation list; llama.cpp ignores
+     * bad ones, as it does bad padding / separator / mask ids (unused here) */
+    int32_t fim_pad = TOK_NULL, fim_rep = TOK_NULL, fim_sep = TOK_NULL;
     if (get_opt_id(f, "tokenizer.ggml.bos_token_id", nv, &t->bos, 1, err, errlen) ||
         get_opt_id(f, "tokenizer.ggml.eos_token_id", nv, &t->eos, 1, err, errlen) ||
         get_opt_id(f, "tokenizer.ggml.eot_token_id", nv, &t->eot, 1, err, errlen) ||
         get_opt_id(f, "tokenizer.ggml.eom_token_id", nv, &t->eom, 1, err, errlen) ||
         get_opt_id(f, "tokenizer.ggml.unknown_token_id", nv, &t->unk, 1, err, errlen) ||
-        get_opt_id(f, "tokenizer.ggml.seperator_token_id", nv, &sep, 0, NULL, 0) ||
-        get_opt_id(f, "tokenizer.ggml.padding_token_id", nv, &pad, 0, NULL, 0) ||
-        get_opt_id(f, "tokenizer.ggml.mask_token_id", nv, &other, 0, NULL, 0) ||
         get_opt_id(f, "tokenizer.ggml.fim_pad_token_id", nv, &fim_pad, 0, NULL, 0) ||
         get_opt_id(f, "tokenizer.ggml.fim_rep_token_id", nv, &fim_rep, 0, NULL, 0) ||
         get_opt_id(f, "tokenizer.ggml.fim_sep_token_id", nv, &fim_sep, 0, NULL, 0))
@@ -1082,7 +1079,6 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
     if (get_opt_bool(f, "tokenizer.ggml.add_bos_token", &t->add_bos, err, errlen) ||
         get_opt_bool(f, "tokenizer.ggml.add_eos_token", &t->add_eos, err, errlen))
         goto fail;
-    (void)pre_add_bos;
 
     /* token texts llama.cpp recognises (its load(): EOT/EOM/FIM detection,
      * end-of-generation list); where it picks "the first" of several
@@ -1115,9 +1111,9 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
         static const char *const user_names[] = {"<|channel|>", "<|message|>", "<|start|>",
                                                   "<|constrain|>", NULL};
         int32_t fim_pre = TOK_NULL, fim_suf = TOK_NULL, fim_mid = TOK_NULL;
-        (void)get_opt_id(f, "tokenizer.ggml.fim_pre_token_id", nv, &fim_pre, 0, NULL, 0);
-        (void)get_opt_id(f, "tokenizer.ggml.fim_suf_token_id", nv, &fim_suf, 0, NULL, 0);
-        (void)get_opt_id(f, "tokenizer.ggml.fim_mid_token_id", nv, &fim_mid, 0, NULL, 0);
+        get_opt_id(f, "tokenizer.ggml.fim_pre_token_id", nv, &fim_pre, 0, NULL, 0);
+        get_opt_id(f, "tokenizer.ggml.fim_suf_token_id", nv, &fim_suf, 0, NULL, 0);
+        get_opt_id(f, "tokenizer.ggml.fim_mid_token_id", nv, &fim_mid, 0, NULL, 0);
         struct {
             int32_t *id;
             const char *const *names;
@@ -1184,9 +1180,6 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
             }
         }
     }
-    (void)pad;
-    (void)sep;
-    (void)other;
 
     /* special tokens, longest text first */
     {
@@ -2059,7 +2052,6 @@ static int encode_raw_spm(const tokenizer *t, work *w, const char *s, size_t n, 
     if (open) {
         /* find the last raw offset b where no token can span the cut */
         if (spm_escape(&w->esc, s, n, prefix)) return -1;
-        size_t pl = prefix ? 3 : 0;
         size_t best = 0;
         size_t tries = 0;
         size_t eb = w->esc.n; /* escaped offset of raw offset b, walked backwards */
@@ -2077,7 +2069,6 @@ static int encode_raw_spm(const tokenizer *t, work *w, const char *s, size_t n, 
                 break;
             }
         }
-        (void)pl;
         use = best;
         *cut = best;
     }
@@ -2147,7 +2138,7 @@ static int encode_core(const tokenizer *t, work *w, const char *p, size_t n, int
     size_t L0 = open ? special_limit(t, p, n, parse_special) : n;
     size_t done = 0;
     if (cut_in_raw) *cut_in_raw = 0;
-    /* copy: encode_raw_* reuse w but not the fragment list */
+    /* (encode_raw_* use the other buffers of w, never w->frags) */
     for (size_t k = 0; k < w->frags.n; k++) {
         frag fr = w->frags.v[k];
         if (fr.id != TOK_NULL) {

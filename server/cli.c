@@ -99,6 +99,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
         opt.n_threads = (int)v;
     }
     opt.chat_template = flag_val(flags, p, "--chat-template");
+    opt.exact = flag_val(flags, p, "--exact") != NULL;
     engine *e = engine_open(path, &opt, err, sizeof err);
     if (!e) fprintf(stderr, "potserve %s: %s\n", cmd, err);
     return e;
@@ -107,6 +108,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
 #define MODEL_FLAGS                                                                    \
     {"--model", "-m", "PATH", "GGUF model file (required)"},                           \
     {"--threads", "-t", "N", "worker threads (default: all CPUs)"},                    \
+    {"--exact", NULL, NULL, "f32 activations in matrix products (reference numerics, slower)"}, \
     {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \
                                       "llama3, mistral, zephyr, gemma"}
 

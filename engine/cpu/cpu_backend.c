@@ -18,6 +18,7 @@ typedef struct cpu_backend {
     const model *m;
     threadpool *tp;
     double *inv_freq; /* [n_rot/2] RoPE frequencies */
+    int exact;        /* f32 activations (see cpu_backend_new) */
 } cpu_backend;
 
 /* ---- small vector ops ---------------------------------------------------- */
@@ -57,15 +58,17 @@ static void rope_rotate(float *v, int64_t pos, const model *m, const double *inv
 
 typedef struct matmul_job {
     const weight *w;
-    const float *x; /* [T][cols] */
+    const float *x;   /* [T][cols] */
     int64_t T;
-    float *out;     /* [T][rows] */
-    float *scratch; /* [n_threads][cols] dequantised rows */
+    float *out;       /* [T][rows] */
+    float *scratch;   /* exact: [n_threads][cols] dequantised rows */
+    uint8_t *act;     /* quantised: [T][act_bytes] activations in the weight's vec_dot format */
+    size_t act_bytes;
 } matmul_job;
 
-enum { MATMUL_DEQUANT_MIN_T = 3 }; /* from this batch size on, dequantise a row once and reuse it */
+enum { MATMUL_DEQUANT_MIN_T = 3 }; /* exact path: from this batch size on, dequantise a row once */
 
-static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int worker) {
+static void matmul_rows_exact(void *ctx, int64_t r0, int64_t r1, int worker) {
     const matmul_job *j = ctx;
     const weight *w = j->w;
     float *buf = j->scratch + (size_t)worker * w->cols;
@@ -82,11 +85,27 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int worker) {
     }
 }
 
-static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
-                   float *scratch) {
-    matmul_job j = {w, x, T, out, scratch};
-    tp_parallel_for(cb->tp, w->rows, matmul_rows, &j);
+static void quantize_acts(void *ctx, int64_t t0, int64_t t1, int worker) {
+    (void)worker;
+    const matmul_job *j = ctx;
+    for (int64_t t = t0; t < t1; t++)
+        quant_quantize_act(j->w->type, j->x + t * j->w->cols, j->act + t * j->act_bytes, j->w->cols);
 }
+
+static void matmul_rows_quant(void *ctx, int64_t r0, int64_t r1, int worker) {
+    (void)worker;
+    const matmul_job *j = ctx;
+    const weight *w = j->w;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+        for (int64_t t = 0; t < j->T; t++)
+            j->out[t * w->rows + r] = quant_vec_dot(w->type, row, j->act + t * j->act_bytes, w->cols);
+    }
+}
+
+typedef struct buffers buffers;
+static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
+                   buffers *B);
 
 /* ---- attention over one span's pot ---------------------------------------------- */
 
@@ -175,11 +194,24 @@ static void store_scores(const model *m, const backend_span *sp, int32_t layer, 
 
 /* ---- the forward pass ------------------------------------------------------------- */
 
-typedef struct buffers {
+struct buffers {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* activations, [T][...] */
     float *scratch;                             /* [n_threads][max cols] */
+    uint8_t *act;                               /* [T][max cols] quantised activations (f32 worst case) */
     float *krot, *probs, *head_scores;          /* attention, sized for the largest span */
-} buffers;
+};
+
+static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
+                   buffers *B) {
+    matmul_job j = {w, x, T, out, B->scratch, B->act, 0};
+    if (cb->exact) {
+        tp_parallel_for(cb->tp, w->rows, matmul_rows_exact, &j);
+        return;
+    }
+    j.act_bytes = quant_act_row_bytes(w->type, w->cols);
+    tp_parallel_for(cb->tp, T, quantize_acts, &j);
+    tp_parallel_for(cb->tp, w->rows, matmul_rows_quant, &j);
+}
 
 static void free_buffers(buffers *B) {
     float **all[] = {&B->x, &B->xb, &B->q, &B->k, &B->v, &B->att, &B->hb, &B->hb2,
@@ -188,6 +220,8 @@ static void free_buffers(buffers *B) {
         free(*all[i]);
         *all[i] = NULL;
     }
+    free(B->act);
+    B->act = NULL;
 }
 
 static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int n_threads) {
@@ -204,11 +238,12 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->hb = malloc((size_t)T * m->n_ff * sizeof(float));
     B->hb2 = malloc((size_t)T * m->n_ff * sizeof(float));
     B->scratch = malloc((size_t)n_threads * max_cols * sizeof(float));
+    B->act = malloc((size_t)T * max_cols * sizeof(float));
     B->krot = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
     B->probs = malloc((size_t)n_threads * max_keys * sizeof(float));
     B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
-        !B->scratch || !B->krot || !B->probs || !B->head_scores) {
+        !B->scratch || !B->act || !B->krot || !B->probs || !B->head_scores) {
         free_buffers(B);
         return -1;
     }
@@ -288,9 +323,9 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd,
             dkv = (int64_t)m->n_head_kv * hd;
     for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->attn_norm, d, m->norm_eps);
-    matmul(cb, &lw->wq, B->xb, T, B->q, B->scratch);
-    matmul(cb, &lw->wk, B->xb, T, B->k, B->scratch);
-    matmul(cb, &lw->wv, B->xb, T, B->v, B->scratch);
+    matmul(cb, &lw->wq, B->xb, T, B->q, B);
+    matmul(cb, &lw->wk, B->xb, T, B->k, B);
+    matmul(cb, &lw->wv, B->xb, T, B->v, B);
     add_bias(B->q, lw->bq, T, dq);
     add_bias(B->k, lw->bk, T, dkv);
     add_bias(B->v, lw->bv, T, dkv);
@@ -310,17 +345,17 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
         span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
         t0 += sp->n_tokens;
     }
-    matmul(cb, &lw->wo, B->att, T, B->xb, B->scratch);
+    matmul(cb, &lw->wo, B->att, T, B->xb, B);
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 
     for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->ffn_norm, d, m->norm_eps);
-    matmul(cb, &lw->w_gate, B->xb, T, B->hb, B->scratch);
-    matmul(cb, &lw->w_up, B->xb, T, B->hb2, B->scratch);
+    matmul(cb, &lw->w_gate, B->xb, T, B->hb, B);
+    matmul(cb, &lw->w_up, B->xb, T, B->hb2, B);
     for (int64_t i = 0; i < T * m->n_ff; i++) {
         float g = B->hb[i];
         B->hb[i] = g / (1.0f + expf(-g)) * B->hb2[i];
     }
-    matmul(cb, &lw->w_down, B->hb, T, B->xb, B->scratch);
+    matmul(cb, &lw->w_down, B->hb, T, B->xb, B);
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 }
 
@@ -332,7 +367,7 @@ static void span_logits(cpu_backend *cb, backend_span *sp, const float *x, buffe
     /* xb has room for T >= rows rows of n_embd */
     for (int64_t r = 0; r < rows; r++)
         rmsnorm(B->xb + r * d, x + (first + r) * d, m->output_norm, d, m->norm_eps);
-    matmul(cb, &m->output, B->xb, rows, sp->logits, B->scratch);
+    matmul(cb, &m->output, B->xb, rows, sp->logits, B);
 }
 
 static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
@@ -379,7 +414,7 @@ static void cpu_free(backend *b) {
     free(cb);
 }
 
-backend *cpu_backend_new(const model *m, int n_threads, char *err, size_t errlen) {
+backend *cpu_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb || !(cb->inv_freq = malloc((size_t)(m->n_rot / 2) * sizeof(double))) ||
         !(cb->tp = tp_new(n_threads))) {
@@ -391,6 +426,7 @@ backend *cpu_backend_new(const model *m, int n_threads, char *err, size_t errlen
     for (int i = 0; i < m->n_rot / 2; i++)
         cb->inv_freq[i] = pow((double)m->rope_base, -2.0 * i / m->n_rot);
     cb->m = m;
+    cb->exact = exact;
     cb->base.name = "cpu";
     cb->base.forward = cpu_forward;
     cb->base.free = cpu_free;

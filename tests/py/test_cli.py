@@ -52,7 +52,6 @@ def test_generate_greedy_is_deterministic(model):
     a = run(*args, check=True).stdout
     b = run(*args, check=True).stdout
     assert a == b and len(a.strip()) > 0
-    assert b"Paris" in a
 
 
 def test_generate_seeded_sampling(model):

@@ -36,6 +36,15 @@ def test_prompt_tokens_match_llama_cpp(model, ref):
         assert ours == ref[f"ids_{i}"].tolist(), f"prompt {i}: {text!r}"
 
 
+# This 135M Q4_1 model is numerically fragile: llama.cpp disagrees with
+# itself when only its KV-cache precision changes (f16 -> f32): logit cosines
+# down to ~0.996 and only about a third of the greedy 32-token continuations
+# identical (recorded in the fixture as self_cos / self_greedy_same). The
+# checks below hold potserve to that same yardstick; bit-level agreement is
+# checked separately against the float64 reference (test_exact_matches_numpy).
+TIE_MARGIN = 0.25  # logits closer than this are a tie within llama.cpp's own noise
+
+
 def test_last_logits_match_llama_cpp(model, ref, tmp_path):
     n = int(ref["n"])
     assert n >= 20
@@ -45,15 +54,26 @@ def test_last_logits_match_llama_cpp(model, ref, tmp_path):
         ours = our_logits(model, ids, tmp_path)
         theirs = ref[f"logits_{i}"].astype(np.float32)
         assert ours.shape == theirs.shape
-        c = cosine(ours, theirs)
-        report.append({"prompt": i, "cosine": c, "max_abs_diff": float(np.max(np.abs(ours - theirs))),
-                       "argmax_ours": int(np.argmax(ours)), "argmax_ref": int(np.argmax(theirs))})
-        assert c >= 0.999, f"prompt {i}: cosine {c}"
-        assert np.argmax(ours) == np.argmax(theirs), f"prompt {i}: argmax differs"
+        top2 = np.sort(theirs)[-2:]
+        report.append({"prompt": i, "cosine": cosine(ours, theirs),
+                       "llama_self_cosine": float(ref["self_cos"][i]),
+                       "max_abs_diff": float(np.max(np.abs(ours - theirs))),
+                       "argmax_equal": bool(np.argmax(ours) == np.argmax(theirs)),
+                       "ref_top2_margin": float(top2[1] - top2[0])})
     (ROOT / "build").mkdir(exist_ok=True)
     (ROOT / "build" / "reference_logits.json").write_text(json.dumps(report, indent=1))
-    print(f"\nlogits vs llama.cpp: {n} prompts, min cosine {min(r['cosine'] for r in report):.6f}, "
-          f"max |diff| {max(r['max_abs_diff'] for r in report):.4f}, argmax equal {n}/{n}")
+    cos = np.array([r["cosine"] for r in report])
+    ours_hi = int(np.sum(cos >= 0.999))
+    self_hi = int(np.sum(ref["self_cos"] >= 0.999))
+    n_arg = sum(r["argmax_equal"] for r in report)
+    print(f"\nlogits vs llama.cpp, {n} prompts: cosine min {cos.min():.5f} median {np.median(cos):.6f}; "
+          f">= 0.999 for {ours_hi}/{n} (llama.cpp f16-vs-f32 KV: {self_hi}/{n}); argmax equal {n_arg}/{n}")
+    assert cos.min() >= 0.99
+    assert np.median(cos) >= 0.999
+    assert ours_hi >= self_hi - 2
+    for r in report:
+        if r["ref_top2_margin"] > TIE_MARGIN:
+            assert r["argmax_equal"], r
 
 
 def test_greedy_continuations_match_llama_cpp(model, ref, tmp_path):
@@ -68,15 +88,40 @@ def test_greedy_continuations_match_llama_cpp(model, ref, tmp_path):
         if got == want:
             same += 1
             continue
-        k = next(j for j in range(min(len(got), len(want)) + 1) if j == len(got) or j == len(want) or got[j] != want[j])
-        # the reference's logit margin between its choice and ours at the first divergence
-        theirs = our_logits(model, ids + want[:k], tmp_path) if k < len(want) else None
-        margin = None
-        if theirs is not None and k < len(got):
-            margin = float(theirs[want[k]] - theirs[got[k]])
-        notes.append(f"prompt {i}: diverges at token {k}; our logit margin there {margin}")
-    print(f"\ngreedy 32-token continuations identical to llama.cpp: {same}/{n}")
-    for line in notes:
-        print("  " + line)
-    (ROOT / "build" / "reference_greedy.txt").write_text(f"{same}/{n}\n" + "\n".join(notes) + "\n")
-    assert same >= int(np.ceil(0.9 * n)), notes
+        k = next(j for j in range(len(want) + 1) if j == len(got) or j == len(want) or got[j] != want[j])
+        assert k < len(want) and k < len(got), f"prompt {i}: one continuation stops early at {k}"
+        # at the first divergence: how much our logits prefer our token over llama.cpp's
+        at = our_logits(model, ids + want[:k], tmp_path)
+        margin = float(at[got[k]] - at[want[k]])
+        notes.append((i, k, margin))
+    self_same = int(ref["self_greedy_same"])
+    print(f"\ngreedy 32-token continuations identical to llama.cpp: {same}/{n} "
+          f"(llama.cpp with f32 KV vs its default f16 KV: {self_same}/{n})")
+    for i, k, margin in notes:
+        print(f"  prompt {i}: first differs at token {k}; our logit margin there {margin:.4f}")
+    (ROOT / "build" / "reference_greedy.json").write_text(json.dumps(
+        {"identical": same, "n": n, "llama_self_identical": self_same,
+         "divergences": [{"prompt": i, "token": k, "margin": m} for i, k, m in notes]}, indent=1))
+    assert same >= self_same - 2
+    # every divergence is a near-tie in our own logits
+    for i, k, margin in notes:
+        assert 0 <= margin <= TIE_MARGIN, (i, k, margin)
+
+
+def test_exact_matches_numpy(model, ref, tmp_path):
+    """--exact (f32 activations) on the real model equals an independent
+    float64 numpy forward pass over the gguf package's dequantised weights."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "reference"))
+    import numpy_forward
+
+    weights = numpy_forward.load(str(model))
+    for i in (0, 8):
+        ids = ref[f"ids_{i}"].tolist()
+        want = numpy_forward.logits(str(model), ids, weights)
+        out = tmp_path / "e.bin"
+        run("logits", "-m", model, "--exact", "--tokens", ",".join(map(str, ids)), "-o", out, check=True)
+        got = np.fromfile(out, dtype=np.float32)
+        rel = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+        print(f"\nprompt {i}: --exact vs float64 numpy: max relative error {rel:.2e}")
+        assert rel <= 1e-4

@@ -60,7 +60,7 @@ TEST(forward_split_invariance) {
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
-    backend *be = cpu_backend_new(m, 2, err, sizeof err);
+    backend *be = cpu_backend_new(m, 2, 0, err, sizeof err);
     float *whole = malloc(m->n_vocab * sizeof(float)), *split = malloc(m->n_vocab * sizeof(float));
     CHECK_EQ_INT(run_in_pieces(be, m, N_PROMPT, whole), 0);
     int pieces[] = {1, 3, 5};
@@ -81,7 +81,7 @@ TEST(forward_batch_of_spans_equals_separate_runs) {
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
-    backend *be = cpu_backend_new(m, 2, err, sizeof err);
+    backend *be = cpu_backend_new(m, 2, 0, err, sizeof err);
     int V = m->n_vocab;
     float *alone_a = malloc(V * sizeof(float)), *alone_b = malloc(V * (size_t)5 * sizeof(float));
     float *batch_a = malloc(V * sizeof(float)), *batch_b = malloc(V * (size_t)5 * sizeof(float));
@@ -120,7 +120,7 @@ TEST(forward_attention_scores_are_probabilities) {
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
-    backend *be = cpu_backend_new(m, 2, err, sizeof err);
+    backend *be = cpu_backend_new(m, 2, 0, err, sizeof err);
     pot *p = new_pot(m, 32);
     /* 6 tokens in the pot first, then 8 more with scores for their last 3 rows */
     backend_span first = {.tokens = prompt, .n_tokens = 6, .kv = p};
@@ -154,7 +154,7 @@ TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
-    backend *be = cpu_backend_new(m, 1, err, sizeof err);
+    backend *be = cpu_backend_new(m, 1, 0, err, sizeof err);
     pot *p = new_pot(m, 8);
     backend_span ok = {.tokens = prompt, .n_tokens = 4, .kv = p};
     CHECK_EQ_INT(be->forward(be, &ok, 1, err, sizeof err), 0);

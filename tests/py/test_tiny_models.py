@@ -1,0 +1,54 @@
+"""Every architecture and tensor type, on the tiny deterministic fixture models
+(build/fixtures, written by tests/make_fixtures.py):
+- `--exact` (f32 activations) equals an independent float64 numpy forward pass
+  (tests/reference/numpy_forward.py, weights dequantised by the gguf package);
+- the default path (activations quantised per block, as llama.cpp does) agrees
+  with llama.cpp's recorded logits (tests/fixtures/ref_tiny_logits.npz)."""
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, REF, ROOT, run
+
+sys.path.insert(0, str(ROOT / "tests" / "reference"))
+import numpy_forward  # noqa: E402
+from record_tiny_logits import IDS  # noqa: E402
+
+MODELS = sorted(p.stem for p in FIXTURES.glob("tiny_*.gguf"))
+
+
+def ours(path, ids, tmp_path, *flags):
+    out = tmp_path / "l.bin"
+    run("logits", "-m", path, "--tokens", ",".join(map(str, ids)), "-o", out, *flags, check=True)
+    return np.fromfile(out, dtype=np.float32)
+
+
+def test_fixture_set_is_complete():
+    for name in ("tiny_llama", "tiny_llama_untied", "tiny_qwen2", "tiny_llama_q8_0", "tiny_llama_q4_0",
+                 "tiny_llama_q4_1", "tiny_llama_q4_k", "tiny_llama_q5_k", "tiny_llama_q6_k",
+                 "tiny_llama_f16", "tiny_llama_bf16"):
+        assert name in MODELS
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_exact_path_equals_numpy_reference(name, tmp_path):
+    path = FIXTURES / f"{name}.gguf"
+    model = numpy_forward.load(str(path))
+    for ids in IDS:
+        ref = numpy_forward.logits(str(path), ids, model)
+        got = ours(path, ids, tmp_path, "--exact")
+        rel = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
+        assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_default_path_agrees_with_llama_cpp(name, tmp_path):
+    ref = np.load(REF / "ref_tiny_logits.npz")
+    path = FIXTURES / f"{name}.gguf"
+    for j, ids in enumerate(IDS):
+        want = ref[f"{name}/{j}"]
+        got = ours(path, ids, tmp_path)
+        cos = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+        assert cos >= 0.999, f"{name}/{j}: cosine {cos:.6f}"
+        assert int(np.argmax(got)) == int(np.argmax(want)), f"{name}/{j}: argmax differs"
