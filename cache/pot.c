@@ -1,36 +1,44 @@
 /* Pot storage: one contiguous allocation per K and V so a (layer, head)'s
- * slots are adjacent and attention reads them as one matrix. */
+ * slots are adjacent. f16 entries use the compiler's _Float16 conversions
+ * (IEEE round-to-nearest-even), which keeps this module free of engine code. */
 #include "cache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity) {
-    if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || capacity <= 0) return 0;
-    size_t per_slot = 2 * sizeof(float) * (size_t)head_dim;
-    size_t slots = (size_t)n_layer * (size_t)n_head_kv * (size_t)capacity;
-    if (slots > SIZE_MAX / per_slot) return 0;
-    size_t kv = slots * per_slot, idx = (size_t)capacity * sizeof(int64_t);
-    return kv > SIZE_MAX - idx ? 0 : kv + idx;
+static size_t elem_bytes(enum pot_dtype t) { return t == POT_F32 ? 4 : 2; }
+
+size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                 enum pot_dtype dtype) {
+    if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || capacity <= 0 || head_dim > 65536)
+        return 0;
+    /* K and V rows plus token index (8), surprisal (4) and score (4) per slot */
+    size_t per_slot = 2 * elem_bytes(dtype) * (size_t)head_dim + 16;
+    size_t slots = (size_t)n_layer * (size_t)n_head_kv;
+    if (slots > SIZE_MAX / (size_t)capacity) return 0;
+    slots *= (size_t)capacity;
+    return slots > SIZE_MAX / per_slot ? 0 : slots * per_slot;
 }
 
-pot *pot_new(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity, char *err,
-             size_t errlen) {
-    size_t bytes = pot_bytes(n_layer, n_head_kv, head_dim, capacity);
-    if (!bytes) {
+pot *pot_new(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+             enum pot_dtype dtype, char *err, size_t errlen) {
+    size_t bytes = pot_bytes(n_layer, n_head_kv, head_dim, capacity, dtype);
+    if (!bytes || (dtype != POT_F16 && dtype != POT_F32)) {
         snprintf(err, errlen, "pot: invalid size (%d layers, %d heads, dim %d, %d slots)", n_layer,
                  n_head_kv, head_dim, capacity);
         return NULL;
     }
     pot *p = calloc(1, sizeof *p);
-    size_t n = (size_t)n_layer * n_head_kv * capacity * head_dim;
+    size_t slots = (size_t)n_layer * n_head_kv * capacity;
     if (p) {
-        p->k = malloc(n * sizeof(float));
-        p->v = malloc(n * sizeof(float));
-        p->token_index = malloc((size_t)capacity * sizeof(int64_t));
+        p->k = malloc(slots * head_dim * elem_bytes(dtype));
+        p->v = malloc(slots * head_dim * elem_bytes(dtype));
+        p->token_index = malloc(slots * sizeof *p->token_index);
+        p->surprisal = calloc(slots, sizeof *p->surprisal);
+        p->score_acc = calloc(slots, sizeof *p->score_acc);
     }
-    if (!p || !p->k || !p->v || !p->token_index) {
+    if (!p || !p->k || !p->v || !p->token_index || !p->surprisal || !p->score_acc) {
         pot_free(p);
         snprintf(err, errlen, "pot: out of memory for %zu bytes", bytes);
         return NULL;
@@ -39,6 +47,7 @@ pot *pot_new(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capac
     p->n_head_kv = n_head_kv;
     p->head_dim = head_dim;
     p->capacity = capacity;
+    p->dtype = dtype;
     return p;
 }
 
@@ -47,15 +56,47 @@ void pot_free(pot *p) {
     free(p->k);
     free(p->v);
     free(p->token_index);
+    free(p->surprisal);
+    free(p->score_acc);
     free(p);
 }
 
-float *pot_k(const pot *p, int32_t layer, int32_t head) {
-    return p->k + ((size_t)layer * p->n_head_kv + head) * (size_t)p->capacity * p->head_dim;
+size_t pot_slot(const pot *p, int32_t layer, int32_t head, int32_t slot) {
+    return ((size_t)layer * p->n_head_kv + head) * (size_t)p->capacity + slot;
 }
 
-float *pot_v(const pot *p, int32_t layer, int32_t head) {
-    return p->v + ((size_t)layer * p->n_head_kv + head) * (size_t)p->capacity * p->head_dim;
+static void store_row(const pot *p, void *base, size_t slot_index, const float *src) {
+    size_t d = (size_t)p->head_dim;
+    if (p->dtype == POT_F32) {
+        memcpy((float *)base + slot_index * d, src, d * sizeof(float));
+        return;
+    }
+    _Float16 *dst = (_Float16 *)base + slot_index * d;
+    for (size_t i = 0; i < d; i++) dst[i] = (_Float16)src[i];
+}
+
+static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t n, float *dst) {
+    size_t count = (size_t)n * p->head_dim;
+    if (p->dtype == POT_F32) {
+        memcpy(dst, (const float *)base + slot_index * p->head_dim, count * sizeof(float));
+        return;
+    }
+    const _Float16 *src = (const _Float16 *)base + slot_index * p->head_dim;
+    for (size_t i = 0; i < count; i++) dst[i] = (float)src[i];
+}
+
+void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v) {
+    size_t s = pot_slot(p, layer, head, slot);
+    store_row(p, p->k, s, k);
+    store_row(p, p->v, s, v);
+}
+
+void pot_read_k(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
+    load_rows(p, p->k, pot_slot(p, layer, head, slot0), n, dst);
+}
+
+void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
+    load_rows(p, p->v, pot_slot(p, layer, head, slot0), n, dst);
 }
 
 void pot_truncate(pot *p, int32_t n) {
@@ -65,17 +106,42 @@ void pot_truncate(pot *p, int32_t n) {
 
 int pot_copy(pot *dst, const pot *src) {
     if (dst->n_layer != src->n_layer || dst->n_head_kv != src->n_head_kv ||
-        dst->head_dim != src->head_dim || dst->capacity < src->n)
+        dst->head_dim != src->head_dim || dst->dtype != src->dtype || dst->capacity < src->n)
         return -1;
-    size_t row = (size_t)src->n * src->head_dim * sizeof(float);
+    size_t row = (size_t)src->head_dim * elem_bytes(src->dtype), n = (size_t)src->n;
     for (int32_t l = 0; l < src->n_layer; l++)
         for (int32_t h = 0; h < src->n_head_kv; h++) {
-            memcpy(pot_k(dst, l, h), pot_k(src, l, h), row);
-            memcpy(pot_v(dst, l, h), pot_v(src, l, h), row);
+            size_t s = pot_slot(src, l, h, 0), d = pot_slot(dst, l, h, 0);
+            memcpy((char *)dst->k + d * row, (const char *)src->k + s * row, n * row);
+            memcpy((char *)dst->v + d * row, (const char *)src->v + s * row, n * row);
+            memcpy(dst->token_index + d, src->token_index + s, n * sizeof *src->token_index);
+            memcpy(dst->surprisal + d, src->surprisal + s, n * sizeof *src->surprisal);
+            memcpy(dst->score_acc + d, src->score_acc + s, n * sizeof *src->score_acc);
         }
-    memcpy(dst->token_index, src->token_index, (size_t)src->n * sizeof(int64_t));
     dst->n = src->n;
     dst->n_pinned = src->n_pinned;
     dst->n_seen = src->n_seen;
     return 0;
+}
+
+void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
+    size_t row = (size_t)p->head_dim * elem_bytes(p->dtype);
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            const int32_t *idx = keep + ((size_t)l * p->n_head_kv + h) * n_keep;
+            size_t base = pot_slot(p, l, h, 0);
+            /* idx is increasing, so idx[i] >= i: moving front to back never overwrites a
+               slot still to be read */
+            for (int32_t i = 0; i < n_keep; i++) {
+                size_t from = base + (size_t)idx[i], to = base + (size_t)i;
+                if (from == to) continue;
+                memcpy((char *)p->k + to * row, (const char *)p->k + from * row, row);
+                memcpy((char *)p->v + to * row, (const char *)p->v + from * row, row);
+                p->token_index[to] = p->token_index[from];
+                p->surprisal[to] = p->surprisal[from];
+                p->score_acc[to] = p->score_acc[from];
+            }
+        }
+    p->n = n_keep;
+    if (p->n_pinned > n_keep) p->n_pinned = n_keep;
 }

@@ -21,6 +21,7 @@ struct engine {
     model *m;
     backend *be;
     int n_threads;
+    enum pot_dtype kv_dtype; /* f16, or f32 with --exact */
 };
 
 static double now_ms(void) {
@@ -52,6 +53,7 @@ engine *engine_open(const char *path, const engine_options *opt, char *err, size
             e->m->chat.default_system[0] = 0;
         }
     }
+    e->kv_dtype = opt && opt->exact ? POT_F32 : POT_F16;
     e->be = cpu_backend_new(e->m, e->n_threads, opt ? opt->exact : 0, err, errlen);
     if (!e->be) goto bad;
     return e;
@@ -166,7 +168,8 @@ static pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
                  m->n_ctx_train);
         return NULL;
     }
-    return pot_new(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, err, errlen);
+    return pot_new(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, e->kv_dtype, err,
+                   errlen);
 }
 
 int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,

@@ -108,7 +108,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
 #define MODEL_FLAGS                                                                    \
     {"--model", "-m", "PATH", "GGUF model file (required)"},                           \
     {"--threads", "-t", "N", "worker threads (default: all CPUs)"},                    \
-    {"--exact", NULL, NULL, "f32 activations in matrix products (reference numerics, slower)"}, \
+    {"--exact", NULL, NULL, "f32 activations and KV (reference numerics, slower)"}, \
     {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \
                                       "llama3, mistral, zephyr, gemma"}
 

@@ -116,21 +116,23 @@ typedef struct attn_job {
     const float *q;            /* [n_tokens][n_head * head_dim], rotated */
     float *out;                /* [n_tokens][n_head * head_dim] */
     float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys */
+    float *vals;               /* [n_head_kv][n_keys][head_dim] values as f32 */
     float *probs;              /* [n_threads][n_keys] */
     float *head_scores;        /* [n_head][n_keys] or NULL */
     int per_head;              /* 1: one task per head (scores), else per (head, token) */
 } attn_job;
 
-static void rotate_keys(void *ctx, int64_t a, int64_t b, int worker) {
+/* Loads keys (rotated to their slot's position) and values of the pot as f32. */
+static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
     (void)worker;
     attn_job *j = ctx;
     const model *m = j->cb->m;
     for (int64_t task = a; task < b; task++) {
         int32_t g = (int32_t)(task / j->n_keys), slot = (int32_t)(task % j->n_keys);
-        float *dst = j->krot + ((size_t)g * j->n_keys + slot) * m->head_dim;
-        memcpy(dst, pot_k(j->sp->kv, j->layer, g) + (size_t)slot * m->head_dim,
-               (size_t)m->head_dim * sizeof(float));
-        rope_rotate(dst, slot, m, j->cb->inv_freq);
+        size_t at = ((size_t)g * j->n_keys + slot) * m->head_dim;
+        pot_read_k(j->sp->kv, j->layer, g, slot, 1, j->krot + at);
+        pot_read_v(j->sp->kv, j->layer, g, slot, 1, j->vals + at);
+        rope_rotate(j->krot + at, slot, m, j->cb->inv_freq);
     }
 }
 
@@ -140,7 +142,7 @@ static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     int32_t n_vis = j->n0 + t + 1; /* causal: keys up to and including this token */
     const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
     const float *kg = j->krot + (size_t)g * j->n_keys * hd;
-    const float *vg = pot_v(j->sp->kv, j->layer, g);
+    const float *vg = j->vals + (size_t)g * j->n_keys * hd;
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
     for (int32_t k = 0; k < n_vis; k++) {
         p[k] = dot_f32(qv, kg + (size_t)k * hd, hd) * scale;
@@ -198,7 +200,7 @@ struct buffers {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* activations, [T][...] */
     float *scratch;                             /* [n_threads][max cols] */
     uint8_t *act;                               /* [T][max cols] quantised activations (f32 worst case) */
-    float *krot, *probs, *head_scores;          /* attention, sized for the largest span */
+    float *krot, *vals, *probs, *head_scores;   /* attention, sized for the largest span */
 };
 
 static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
@@ -215,7 +217,7 @@ static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, 
 
 static void free_buffers(buffers *B) {
     float **all[] = {&B->x, &B->xb, &B->q, &B->k, &B->v, &B->att, &B->hb, &B->hb2,
-                     &B->scratch, &B->krot, &B->probs, &B->head_scores};
+                     &B->scratch, &B->krot, &B->vals, &B->probs, &B->head_scores};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         free(*all[i]);
         *all[i] = NULL;
@@ -240,10 +242,11 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->scratch = malloc((size_t)n_threads * max_cols * sizeof(float));
     B->act = malloc((size_t)T * max_cols * sizeof(float));
     B->krot = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
+    B->vals = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
     B->probs = malloc((size_t)n_threads * max_keys * sizeof(float));
     B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
-        !B->scratch || !B->act || !B->krot || !B->probs || !B->head_scores) {
+        !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores) {
         free_buffers(B);
         return -1;
     }
@@ -301,9 +304,9 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     const model *m = cb->m;
     int32_t n0 = sp->kv->n, n_keys = n0 + sp->n_tokens;
     attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_keys = n_keys, .q = q,
-                  .out = out, .krot = B->krot, .probs = B->probs,
+                  .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                   .head_scores = sp->scores ? B->head_scores : NULL, .per_head = sp->scores != NULL};
-    tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, rotate_keys, &j);
+    tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
     int64_t tasks = j.per_head ? m->n_head : (int64_t)m->n_head * sp->n_tokens;
     tp_parallel_for(cb->tp, tasks, attend_tasks, &j);
@@ -336,10 +339,8 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
         pot *p = sp->kv;
         for (int32_t i = 0; i < sp->n_tokens; i++) {
             int64_t t = t0 + i, slot = (int64_t)p->n + i;
-            for (int32_t g = 0; g < m->n_head_kv; g++) {
-                memcpy(pot_k(p, l, g) + slot * hd, B->k + t * dkv + g * hd, (size_t)hd * sizeof(float));
-                memcpy(pot_v(p, l, g) + slot * hd, B->v + t * dkv + g * hd, (size_t)hd * sizeof(float));
-            }
+            for (int32_t g = 0; g < m->n_head_kv; g++)
+                pot_write(p, l, g, (int32_t)slot, B->k + t * dkv + g * hd, B->v + t * dkv + g * hd);
             for (int32_t h = 0; h < m->n_head; h++) rope_rotate(B->q + t * dq + h * hd, slot, m, cb->inv_freq);
         }
         span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
@@ -396,7 +397,14 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
         pot *p = sp->kv;
-        for (int32_t i = 0; i < sp->n_tokens; i++) p->token_index[p->n + i] = p->n_seen + i;
+        for (int32_t l = 0; l < p->n_layer; l++)
+            for (int32_t g = 0; g < p->n_head_kv; g++)
+                for (int32_t i = 0; i < sp->n_tokens; i++) {
+                    size_t s = pot_slot(p, l, g, p->n + i);
+                    p->token_index[s] = p->n_seen + i;
+                    p->surprisal[s] = 0;
+                    p->score_acc[s] = 0;
+                }
         p->n += sp->n_tokens;
         p->n_seen += sp->n_tokens;
         if (sp->logits_mode != BACKEND_LOGITS_NONE) span_logits(cb, sp, B.x + t0 * d, &B);

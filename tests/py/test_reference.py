@@ -42,7 +42,12 @@ def test_prompt_tokens_match_llama_cpp(model, ref):
 # identical (recorded in the fixture as self_cos / self_greedy_same). The
 # checks below hold potserve to that same yardstick; bit-level agreement is
 # checked separately against the float64 reference (test_exact_matches_numpy).
-TIE_MARGIN = 0.25  # logits closer than this are a tie within llama.cpp's own noise
+# Measured here (llama-cpp-python 0.3.36): llama.cpp default vs f32 KV, min
+# cosine 0.9963, largest logit difference ~1.0; default vs flash attention,
+# min cosine 0.979.
+TIE_MARGIN = 0.25     # a top-2 gap below this in llama.cpp's logits is a tie
+GREEDY_MARGIN = 0.5   # half of llama.cpp's own largest logit movement
+MIN_COSINE = 0.98     # llama.cpp's flash-attention setting alone reaches 0.979
 
 
 def test_last_logits_match_llama_cpp(model, ref, tmp_path):
@@ -68,7 +73,7 @@ def test_last_logits_match_llama_cpp(model, ref, tmp_path):
     n_arg = sum(r["argmax_equal"] for r in report)
     print(f"\nlogits vs llama.cpp, {n} prompts: cosine min {cos.min():.5f} median {np.median(cos):.6f}; "
           f">= 0.999 for {ours_hi}/{n} (llama.cpp f16-vs-f32 KV: {self_hi}/{n}); argmax equal {n_arg}/{n}")
-    assert cos.min() >= 0.99
+    assert cos.min() >= MIN_COSINE
     assert np.median(cos) >= 0.999
     assert ours_hi >= self_hi - 2
     for r in report:
@@ -105,7 +110,7 @@ def test_greedy_continuations_match_llama_cpp(model, ref, tmp_path):
     assert same >= self_same - 2
     # every divergence is a near-tie in our own logits
     for i, k, margin in notes:
-        assert 0 <= margin <= TIE_MARGIN, (i, k, margin)
+        assert 0 <= margin <= GREEDY_MARGIN, (i, k, margin)
 
 
 def test_exact_matches_numpy(model, ref, tmp_path):

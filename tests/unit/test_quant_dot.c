@@ -42,7 +42,10 @@ static float gen_unit(void) { /* uniform in [-1, 1) */
     return (float)((double)gen_u32() / 2147483648.0 - 1.0);
 }
 static float gen_normal(void) { /* sum of four uniforms: roughly normal, sd ~1.15 */
-    return gen_unit() + gen_unit() + gen_unit() + gen_unit();
+    float s = gen_unit(); /* one call per statement: the order is then defined */
+    s += gen_unit();
+    s += gen_unit();
+    return s + gen_unit();
 }
 
 /* Offsets of the half-precision scales in a block (-1: none). */
@@ -85,8 +88,11 @@ static void gen_row(uint32_t type, uint8_t *row, int64_t n) {
     for (size_t b = 0; b < bytes; b += bb)
         for (int k = 0; k < 2; k++)
             if (off[k] >= 0) {
-                const float mag = ldexpf(1.0f + (float)(gen_u32() % 1024) / 1024.0f, -(int)(gen_u32() % 13));
-                put_u16(row + b + off[k], quant_f32_to_f16((gen_u32() & 1) ? -mag : mag));
+                const uint32_t m = gen_u32() % 1024;
+                const uint32_t e = gen_u32() % 13;
+                const uint32_t sign = gen_u32() & 1;
+                const float mag = ldexpf(1.0f + (float)m / 1024.0f, -(int)e);
+                put_u16(row + b + off[k], quant_f32_to_f16(sign ? -mag : mag));
             }
 }
 
@@ -507,14 +513,14 @@ static const struct {
     uint32_t type;
     uint32_t bits[10];
 } golden[] = {
-    {GGML_TYPE_Q4_0, {0x3f3ca4ea, 0x00000000, 0x43a7f7cf, 0x00000000, 0xc0e9d630, 0xc06ee3ee, 0x00000000, 0x431c875b, 0x00000000, 0xc300464f}},
-    {GGML_TYPE_Q4_1, {0x418b1f0e, 0x00000000, 0x473e5674, 0x36a88696, 0xc2fdd46f, 0x3e97accb, 0x00000000, 0x44e978ea, 0x30a74a00, 0xc4ad823a}},
-    {GGML_TYPE_Q5_0, {0xbcb1ce20, 0x00000000, 0x44998dd8, 0x00000000, 0x4193fb82, 0x3e8ed688, 0x00000000, 0x43963575, 0x00000000, 0x423ad156}},
-    {GGML_TYPE_Q5_1, {0xc1335b66, 0x00000000, 0xc91c8061, 0x36cfe76e, 0xbe2fb60c, 0xc312b662, 0x00000000, 0xc321460e, 0xb18cb600, 0xbfa5441a}},
-    {GGML_TYPE_Q8_0, {0x42058ee0, 0x00000000, 0xc4d75565, 0x00000000, 0x43621bd6, 0x4090b182, 0x00000000, 0x48551129, 0x00000000, 0x4325d407}},
-    {GGML_TYPE_Q4_K, {0x40e4f9f0, 0x00000000, 0xc6b231e4, 0xb8630820, 0xc69d56ed, 0x4432dfea, 0x00000000, 0x4710b8b0, 0x3aa5e142, 0x450fd2e7}},
-    {GGML_TYPE_Q5_K, {0x41b186d7, 0x00000000, 0x4673919a, 0xbc89e464, 0x43857765, 0xc549db3e, 0x00000000, 0xc98a174c, 0xb98a1690, 0xc7a55d18}},
-    {GGML_TYPE_Q6_K, {0xc38480b8, 0x00000000, 0x49257934, 0xbbbd932c, 0xc6728740, 0x469db612, 0x00000000, 0x465311ba, 0x3aef2b2f, 0xc6789ffc}},
+    {GGML_TYPE_Q4_0, {0x3caf926b, 0x00000000, 0x47773cb3, 0x00000000, 0xbe902160, 0x42173afa, 0x00000000, 0x4680d916, 0x00000000, 0x42dcc036}},
+    {GGML_TYPE_Q4_1, {0x42789596, 0x00000000, 0x450a5e02, 0xb72ac10c, 0x3e26144a, 0xbea41790, 0x00000000, 0x45d74989, 0x35494800, 0x4100b5ef}},
+    {GGML_TYPE_Q5_0, {0xb93c0600, 0x00000000, 0x4300d43e, 0x00000000, 0x42a2e88a, 0x42b19fa4, 0x00000000, 0x430a4007, 0x00000000, 0x43159070}},
+    {GGML_TYPE_Q5_1, {0xc183e980, 0x00000000, 0xc80b97f2, 0xb608e8e3, 0xbfd10d14, 0x419defa4, 0x00000000, 0xc6f309a3, 0xb1581780, 0xc45e8170}},
+    {GGML_TYPE_Q8_0, {0x3ed74ecb, 0x00000000, 0xc852cc16, 0x00000000, 0x435ffcbf, 0x42d61a2a, 0x00000000, 0x48576e0b, 0x00000000, 0x45ab0484}},
+    {GGML_TYPE_Q4_K, {0x42f4ecc7, 0x00000000, 0xcbe731c0, 0xbb3f5459, 0xc6eabd83, 0xc59572cc, 0x00000000, 0x48a643d1, 0x374cffe8, 0xc43167d2}},
+    {GGML_TYPE_Q5_K, {0x427b2804, 0x00000000, 0x47d673fa, 0xbb17f849, 0x44c7c6e7, 0xc0167e6c, 0x00000000, 0xc7905cf5, 0xbaa60ed7, 0xc78bf454}},
+    {GGML_TYPE_Q6_K, {0xc51e4904, 0x00000000, 0x46d1e654, 0x3bd26488, 0xc62d9fb0, 0x4594846a, 0x00000000, 0xc5405100, 0x39718e6f, 0xc57b5a22}},
 };
 
 TEST(quant_dot_ggml_golden) {
