@@ -56,4 +56,68 @@ int pot_copy(pot *dst, const pot *src);
  * index is the RoPE position, so kept keys are re-positioned by this move. */
 void pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
 
+/* ---- chunk schedules (cache/schedule.c) ---------------------------------------
+ * Engine chunks are chosen here, never by how a client split its upload. The
+ * engine asks for the next plan with the pot's current fill, forwards that
+ * many tokens (fewer only at the end of the document), then compresses the pot
+ * to keep_after entries when compress_after is set. */
+
+enum schedule_kind {
+    SCHEDULE_FIXED = 0, /* chunks of chunk_tokens; compress to keep when the pot is full */
+    SCHEDULE_IMDC = 1,  /* incremental memory, decremental chunks (seed 004), without knowing
+                           the document length in advance (research/imdc.md section 5) */
+};
+
+typedef struct chunk_schedule {
+    enum schedule_kind kind;
+    int32_t budget;       /* |M|: document entries the pot may hold */
+    int32_t keep;         /* |C|: entries kept by a compression (fixed); m_max for imdc */
+    int32_t chunk_tokens; /* c: chunk size (fixed); the first and base chunk for imdc */
+    int32_t n_pinned;     /* front entries that are never evicted (count toward budget) */
+    /* state, advanced by schedule_next */
+    int32_t step;
+    int64_t tokens_planned;
+} chunk_schedule;
+
+typedef struct chunk_plan {
+    int32_t chunk_tokens; /* > 0 */
+    int compress_after;   /* compress once this chunk is in */
+    int32_t keep_after;   /* entries to keep when compressing (< pot fill then) */
+} chunk_plan;
+
+/* Validates the settings (keep < budget, chunk > 0, pinned < keep, ...). 0, or
+ * -1 with the offending field named in err. Resets the state. */
+int schedule_init(chunk_schedule *s, enum schedule_kind kind, int32_t budget, int32_t keep,
+                  int32_t chunk_tokens, int32_t n_pinned, char *err, size_t errlen);
+/* The next chunk for a pot holding n entries (n <= budget). Guarantees
+ * n + chunk_tokens <= budget, and n + chunk_tokens == budget whenever
+ * compress_after is set by the fixed schedule. */
+chunk_plan schedule_next(chunk_schedule *s, int32_t n);
+/* Name <-> kind ("fixed", "imdc"); -1 for an unknown name. */
+int schedule_kind_from_name(const char *name);
+const char *schedule_kind_name(enum schedule_kind k);
+
+/* ---- snapshots (cache/snapshot.c) -------------------------------------------------
+ * A pot on disk: a versioned header (format version, model fingerprint, the
+ * session's settings as text, the byte offset of the session log the pot
+ * covers), the pot's valid slots, and a checksum over everything. Written to a
+ * temporary file, fsynced and renamed, so a crash leaves the old snapshot or
+ * the new one, never a torn file. */
+
+typedef struct pot_snapshot_meta {
+    uint64_t model_fingerprint; /* identifies the model the pot was computed with */
+    uint64_t log_offset;        /* bytes of the session log this pot covers */
+    char settings[1024];        /* the session's pot settings, as the caller encodes them */
+} pot_snapshot_meta;
+
+/* Writes p and meta to path atomically (path.tmp, fsync, rename, fsync dir).
+ * 0, or -1 with err; on failure the previous file at path is untouched. */
+int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *meta, char *err,
+                       size_t errlen);
+/* Reads a snapshot: NULL with one line in err for a missing, truncated,
+ * corrupt (checksum), foreign or future-version file. On success the pot
+ * (capacity = max(its n, min_capacity)) is the caller's and meta is filled. */
+pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
+                       size_t errlen);
+
 #endif
