@@ -56,6 +56,49 @@ int pot_copy(pot *dst, const pot *src);
  * index is the RoPE position, so kept keys are re-positioned by this move. */
 void pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
 
+/* ---- compression policies (cache/policy.c) -------------------------------------
+ * Every policy is one primitive with different inputs: score the pot's slots,
+ * pick n_keep per (layer, KV head) (pinned slots always), keep them in document
+ * order (pot_compact). Which rows produce the scores is the engine's business:
+ * catalyst rows (infinipot), question rows (finch), the chunk's last rows
+ * (snapkv), every row (h2o); streaming and truncate need no scores. */
+
+enum pot_policy {
+    POLICY_INFINIPOT = 0, /* catalyst-prompt attention (CaP) + novelty under compression (NuC) */
+    POLICY_FINCH,         /* question-row attention */
+    POLICY_SNAPKV,        /* observation window (last rows of the chunk), pooled */
+    POLICY_STREAMING,     /* attention sinks + most recent entries */
+    POLICY_H2O,           /* accumulated attention (heavy hitters) + recent entries */
+    POLICY_TRUNCATE,      /* head + tail of the document */
+    POLICY_NONE,          /* never compress: a document that does not fit is refused */
+    POLICY_COUNT_
+};
+
+int pot_policy_from_name(const char *name); /* -1 for an unknown name */
+const char *pot_policy_name(enum pot_policy p);
+/* "infinipot, finch, ..." for messages */
+const char *pot_policy_list(void);
+
+typedef struct select_params {
+    enum pot_policy policy;
+    int32_t n_keep;       /* entries to keep per (layer, head), pinned included */
+    const float *scores;  /* [n_layer][n_head_kv][scores_stride] attention received by each slot,
+                             for the policies that use scores (NULL otherwise) */
+    int32_t scores_stride;
+    float nuc_share;      /* infinipot: share of the unpinned kept slots chosen by surprisal (alpha) */
+    int32_t window;       /* snapkv: newest entries always kept; h2o/streaming: see policy.c */
+    int32_t n_sinks;      /* streaming: oldest unpinned entries always kept */
+    int32_t pool;         /* snapkv: width of the average pooling over slots (odd, 1 = none) */
+} select_params;
+
+/* Chooses, for every (layer, head), n_keep of p's valid slots into
+ * keep[(layer * n_head_kv + head) * n_keep + i], strictly increasing: the
+ * pinned slots, then what the policy prefers (ties go to the older slot).
+ * 0, or -1 with err (n_keep out of range, scores missing). */
+int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, size_t errlen);
+/* Adds scores ([n_layer][n_head_kv][stride], first p->n entries) to p->score_acc (h2o). */
+void pot_accumulate_scores(pot *p, const float *scores, int32_t stride);
+
 /* ---- chunk schedules (cache/schedule.c) ---------------------------------------
  * Engine chunks are chosen here, never by how a client split its upload. The
  * engine asks for the next plan with the pot's current fill, forwards that
@@ -80,18 +123,29 @@ typedef struct chunk_schedule {
 } chunk_schedule;
 
 typedef struct chunk_plan {
-    int32_t chunk_tokens; /* > 0 */
+    int32_t chunk_tokens; /* > 0; 0 only for a caller error (see schedule_next) */
     int compress_after;   /* compress once this chunk is in */
-    int32_t keep_after;   /* entries to keep when compressing (< pot fill then) */
+    int32_t keep_after;   /* entries to keep when compressing (< pot fill then, >= n_pinned) */
 } chunk_plan;
 
-/* Validates the settings (keep < budget, chunk > 0, pinned < keep, ...). 0, or
+/* Validates the settings (0 <= pinned < keep < budget, 0 < chunk <= budget,
+ * imdc: budget >= chunk + keep/2, budget <= 2^24). 0, or
  * -1 with the offending field named in err. Resets the state. */
 int schedule_init(chunk_schedule *s, enum schedule_kind kind, int32_t budget, int32_t keep,
                   int32_t chunk_tokens, int32_t n_pinned, char *err, size_t errlen);
-/* The next chunk for a pot holding n entries (n <= budget). Guarantees
- * n + chunk_tokens <= budget, and n + chunk_tokens == budget whenever
- * compress_after is set by the fixed schedule. */
+/* The next chunk for a pot holding n entries (0 <= n < budget: a full pot has
+ * been compressed by the previous plan). Guarantees 0 < chunk_tokens <=
+ * the schedule's chunk_tokens, n + chunk_tokens <= budget, and
+ * n + chunk_tokens == budget whenever compress_after is set by the fixed
+ * schedule. n < 0 or n >= budget is a caller error: the plan is all zeros and
+ * the state does not advance. When the document ends inside a chunk the caller
+ * forwards the remainder only; the pot then fits the budget, so compressing
+ * after that last piece is the caller's choice (and only if fill > keep_after).
+ * imdc: memory target min(keep, n_pinned + T) after T planned document tokens
+ * (a document that fits in keep is never compressed), working set
+ * W = max(chunk + keep/2, keep + c_min) <= budget, chunks W - memory within
+ * [c_min, chunk], c_min = max(1, min(chunk/4, budget - keep)) (the rule and
+ * its reasons: schedule.c). */
 chunk_plan schedule_next(chunk_schedule *s, int32_t n);
 /* Name <-> kind ("fixed", "imdc"); -1 for an unknown name. */
 int schedule_kind_from_name(const char *name);
@@ -111,7 +165,11 @@ typedef struct pot_snapshot_meta {
 } pot_snapshot_meta;
 
 /* Writes p and meta to path atomically (path.tmp, fsync, rename, fsync dir).
- * 0, or -1 with err; on failure the previous file at path is untouched. */
+ * 0, or -1 with err; on failure the previous file at path is untouched and no
+ * temporary file is left (except when only the final directory fsync fails:
+ * the new snapshot is then in place but may not survive a power loss).
+ * meta->settings must be NUL-terminated. One writer per path at a time.
+ * Layout (little-endian, CRC-32C at the end): cache/snapshot.c. */
 int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *meta, char *err,
                        size_t errlen);
 /* Reads a snapshot: NULL with one line in err for a missing, truncated,
@@ -119,5 +177,8 @@ int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *
  * (capacity = max(its n, min_capacity)) is the caller's and meta is filled. */
 pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
                        size_t errlen);
+/* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start), so
+ * crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a b, na + nb). */
+uint32_t crc32c(uint32_t crc, const void *data, size_t len);
 
 #endif

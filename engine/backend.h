@@ -38,6 +38,12 @@ typedef struct backend_span {
     int32_t score_row0, n_score_rows;
     enum backend_score_combine score_combine;
     float *scores;
+    /* Label log-probabilities, when labels != NULL: for each row t with
+     * labels[t] >= 0, label_logprob[t] = log p(labels[t] | tokens up to t)
+     * from that row's logits (the LM head runs for those rows only; NuC's
+     * surprisal is its negation). Rows with labels[t] < 0 are left alone. */
+    const int32_t *labels;
+    float *label_logprob;
 } backend_span;
 
 typedef struct backend backend;

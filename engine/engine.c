@@ -8,23 +8,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "cache/cache.h"
-#include "chat.h"
-#include "model.h"
+#include "engine_internal.h"
 #include "quant.h"
-#include "tokenizer.h"
 
-enum { PREFILL_CHUNK = 256 }; /* tokens per forward while reading a prompt */
 
-struct engine {
-    model *m;
-    backend *be;
-    int n_threads;
-    enum pot_dtype kv_dtype; /* f16, or f32 with --exact */
-};
-
-static double now_ms(void) {
+double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
@@ -148,7 +136,7 @@ int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, s
 
 /* Runs tokens through the pot in PREFILL_CHUNK pieces; logits of the last
  * token into `logits` when non-NULL. */
-static int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
+int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
                    size_t errlen) {
     for (size_t i = 0; i < n; i += PREFILL_CHUNK) {
         size_t len = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
@@ -161,7 +149,7 @@ static int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *lo
     return 0;
 }
 
-static pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
+pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
     const model *m = e->m;
     if (capacity > (size_t)m->n_ctx_train) {
         snprintf(err, errlen, "%zu tokens exceed the model's context of %d tokens", capacity,
@@ -196,30 +184,26 @@ static int emit_text(stop_matcher *sm, const char *text, size_t len, int32_t tok
     return hit || *cancelled;
 }
 
-int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const engine_gen_params *gp,
-                    engine_text_cb cb, void *user, engine_gen_result *res, char *err,
-                    size_t errlen) {
+int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
+                    const engine_gen_params *gp, engine_text_cb cb, void *user,
+                    engine_gen_result *res, char *err, size_t errlen) {
     const model *m = e->m;
     memset(res, 0, sizeof *res);
     if (n_prompt == 0) {
         snprintf(err, errlen, "empty prompt");
         return -1;
     }
-    size_t capacity = gp->max_tokens > 0 ? n_prompt + (size_t)gp->max_tokens : (size_t)m->n_ctx_train;
-    if (capacity > (size_t)m->n_ctx_train) capacity = (size_t)m->n_ctx_train;
-    if (n_prompt >= capacity) {
-        snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",
-                 n_prompt, m->n_ctx_train);
+    if ((size_t)p->n + n_prompt > (size_t)p->capacity) {
+        snprintf(err, errlen, "prompt of %zu tokens does not fit the %d free slots", n_prompt,
+                 p->capacity - p->n);
         return -1;
     }
-    pot *p = new_pot(e, capacity, err, errlen);
     float *logits = malloc((size_t)m->n_vocab * sizeof(float));
-    sampler *s = p && logits ? sampler_new(&gp->sampling, m->n_vocab, err, errlen) : NULL;
+    sampler *s = logits ? sampler_new(&gp->sampling, m->n_vocab, err, errlen) : NULL;
     stop_matcher *sm = s ? stop_matcher_new(gp->stop, gp->n_stop) : NULL;
     int rc = -1;
     if (!sm) {
-        /* pot_new and sampler_new explain their own failures */
-        if (p && (!logits || s)) snprintf(err, errlen, "out of memory");
+        if (!logits || s) snprintf(err, errlen, "out of memory"); /* else sampler_new said why */
         goto done;
     }
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(s, prompt[i]);
@@ -270,6 +254,24 @@ done:
     stop_matcher_free(sm);
     sampler_free(s);
     free(logits);
+    return rc;
+}
+
+int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const engine_gen_params *gp,
+                    engine_text_cb cb, void *user, engine_gen_result *res, char *err,
+                    size_t errlen) {
+    const model *m = e->m;
+    size_t capacity = gp->max_tokens > 0 ? n_prompt + (size_t)gp->max_tokens : (size_t)m->n_ctx_train;
+    if (capacity > (size_t)m->n_ctx_train) capacity = (size_t)m->n_ctx_train;
+    if (n_prompt >= capacity) {
+        memset(res, 0, sizeof *res);
+        snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",
+                 n_prompt, m->n_ctx_train);
+        return -1;
+    }
+    pot *p = new_pot(e, capacity, err, errlen);
+    if (!p) return -1;
+    int rc = engine_continue(e, p, prompt, n_prompt, gp, cb, user, res, err, errlen);
     pot_free(p);
     return rc;
 }

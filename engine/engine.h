@@ -72,6 +72,7 @@ enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FI
 
 typedef struct engine_gen_result {
     int64_t n_prompt, n_generated;
+    int64_t n_cached;            /* pot entries the prompt was read after (documents) */
     enum engine_finish finish;
     double prefill_ms, decode_ms;
 } engine_gen_result;
@@ -87,5 +88,66 @@ typedef int (*engine_text_cb)(void *user, const char *text, size_t len, int32_t 
 int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const engine_gen_params *p,
                     engine_text_cb cb, void *user, engine_gen_result *res, char *err,
                     size_t errlen);
+
+/* ---- documents read through a memory pot (ingest.c) ---------------------------
+ * A document of any length is tokenized as its bytes arrive (the same tokens
+ * however it is split), run through the pot in chunks chosen by the schedule,
+ * and compressed by the policy whenever the pot fills. Questions are then
+ * answered over the pot without changing it. */
+
+typedef struct engine_doc engine_doc;
+
+typedef struct engine_pot_settings {
+    const char *policy;       /* infinipot (NULL), finch, snapkv, streaming, h2o, truncate, none */
+    int32_t budget_tokens;    /* |M|: entries the pot holds at most (default 2048) */
+    int32_t keep_tokens;      /* |C|: entries kept by a compression (default budget/2) */
+    const char *schedule;     /* fixed (NULL) or imdc */
+    int32_t chunk_tokens;     /* engine chunk (default 512) */
+    const char *catalyst;     /* InfiniPot's catalyst prompt (NULL: the paper's general CaP) */
+    const char *question;     /* known up front: finch scores every chunk with it */
+    const char *system;       /* system message, pinned before the document (chat mode) */
+    float nuc_share;          /* InfiniPot's alpha: share of kept entries chosen by surprisal (0.5) */
+    int score_max;            /* combine the query heads of a KV group by max, not sum */
+    int plain;                /* no chat template: the document and question as plain text */
+    int32_t finch_keep;       /* two-stage FINCH at answer time: refine the pot to this many
+                                 entries with the question's attention (0: off) */
+    int record_tokens;        /* keep every token read (tests; memory then grows) */
+} engine_pot_settings;
+
+/* Fills the defaults above. */
+engine_pot_settings engine_pot_settings_default(void);
+
+typedef struct engine_doc_stats {
+    int64_t bytes_read, tokens_read;  /* document tokens (the pinned prefix not counted) */
+    int32_t tokens_in_pot, pinned_tokens, budget_tokens, keep_tokens;
+    int64_t compressions, chunks;
+    double ingest_ms, compress_ms;    /* compress_ms: selection and compaction */
+    size_t pot_bytes;
+} engine_doc_stats;
+
+/* Starts a document: validates the settings (one line naming the bad one) and
+ * ingests the pinned prefix. NULL + err on failure. Caller owns it. */
+engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen);
+void engine_doc_close(engine_doc *d);
+/* Feeds n bytes of the document; final = 1 with the last piece. Runs every
+ * engine chunk that is ready. 0, or -1 + err (invalid UTF-8, policy none
+ * overflowing, ...); after an error the document is unusable. */
+int engine_doc_feed(engine_doc *d, const char *bytes, size_t n, int final, char *err,
+                    size_t errlen);
+void engine_doc_get_stats(const engine_doc *d, engine_doc_stats *st);
+/* Answers a question over the pot (which is not changed). */
+int engine_doc_answer(engine_doc *d, const char *question, const engine_gen_params *gp,
+                      engine_text_cb cb, void *user, engine_gen_result *res, char *err,
+                      size_t errlen);
+/* Logits after the question's prompt (for exactness tests), into logits[n_vocab]. */
+int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits, char *err,
+                             size_t errlen);
+/* Every token the pot has read, with record_tokens (else NULL): prefix,
+ * document, and the last answer's question prompt after them. */
+const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n);
+/* For (layer, head), the document token indices (0 = first document token)
+ * of the entries in the pot, in slot order; returns the count. */
+int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_t *out,
+                        int32_t cap);
 
 #endif

@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+#include <sys/resource.h>
 
 #include "config/config.h"
 #include "engine/engine.h"
@@ -196,6 +200,12 @@ bad:
 }
 
 static int32_t *parse_ids(const char *s, size_t *n);
+
+static double now_wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 int cli_generate(int argc, char **argv) {
     parsed p;
@@ -426,5 +436,264 @@ int cli_logits(int argc, char **argv) {
     free(ids);
     free(logits);
     engine_close(e);
+    return rc;
+}
+
+/* ---- ingest -------------------------------------------------------------------- */
+
+static const flag ingest_flags[] = {
+    MODEL_FLAGS,
+    {"--budget", NULL, "N", "pot budget |M| in entries (default 2048)"},
+    {"--keep", NULL, "N", "entries kept by a compression |C| (default budget/2)"},
+    {"--policy", NULL, "P", "infinipot (default), finch, snapkv, streaming, h2o, truncate, none"},
+    {"--schedule", NULL, "S", "engine chunk schedule: fixed (default) or imdc"},
+    {"--chunk", NULL, "N", "engine chunk in tokens (default 512)"},
+    {"--question", NULL, "TEXT", "question answered after the document (finch: guides compression)"},
+    {"--late-question", NULL, NULL, "finch: the question is not known while reading (two-stage)"},
+    {"--finch-keep", NULL, "N", "two-stage finch: entries kept by the question pass (default --keep)"},
+    {"--catalyst", NULL, "TEXT", "InfiniPot catalyst prompt (default: the paper's general one)"},
+    {"--nuc-share", NULL, "A", "share of kept entries chosen by surprisal (default 0.5)"},
+    {"--score-max", NULL, NULL, "combine a KV group's query heads by max (default sum)"},
+    {"--system", NULL, "TEXT", "system message pinned before the document"},
+    {"--plain", NULL, NULL, "no chat template: plain text document and question"},
+    {"--n-predict", "-n", "N", "answer tokens (default 64, greedy)"},
+    {"--track", NULL, "A:B", "report how much of document tokens [A, B) the pot keeps"},
+    {"--json", NULL, NULL, "print the answer and the measurements as one JSON object"},
+    {NULL, NULL, NULL, NULL},
+};
+
+typedef struct answer_buf {
+    char *text;
+    size_t len, cap;
+    int stream; /* print as it comes */
+} answer_buf;
+
+static int collect_answer(void *user, const char *text, size_t len, int32_t token,
+                          const sample_logprobs *lp) {
+    (void)token;
+    (void)lp;
+    answer_buf *a = user;
+    if (a->stream) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (a->len + len + 1 > a->cap) {
+        size_t cap = (a->len + len + 1) * 2;
+        char *nt = realloc(a->text, cap);
+        if (!nt) return 1;
+        a->text = nt;
+        a->cap = cap;
+    }
+    memcpy(a->text + a->len, text, len);
+    a->len += len;
+    a->text[a->len] = 0;
+    return 0;
+}
+
+/* Parses the integer flag `name` into *out when present. */
+static int int_flag(const flag *flags, const parsed *p, const char *name, int64_t lo, int64_t hi,
+                    int32_t *out, char *err, size_t errlen) {
+    const char *v = flag_val(flags, p, name);
+    int64_t x;
+    if (!v) return 0;
+    if (config_parse_int(name, v, lo, hi, &x, err, errlen)) return -1;
+    *out = (int32_t)x;
+    return 0;
+}
+
+static int ingest_settings(const parsed *p, engine_pot_settings *s, int32_t *n_predict,
+                           int64_t track[2], char *err, size_t errlen) {
+    const flag *f = ingest_flags;
+    *s = engine_pot_settings_default();
+    if (int_flag(f, p, "--budget", 1, 1 << 24, &s->budget_tokens, err, errlen) ||
+        int_flag(f, p, "--keep", 1, 1 << 24, &s->keep_tokens, err, errlen) ||
+        int_flag(f, p, "--chunk", 1, 1 << 24, &s->chunk_tokens, err, errlen) ||
+        int_flag(f, p, "--finch-keep", 1, 1 << 24, &s->finch_keep, err, errlen) ||
+        int_flag(f, p, "--n-predict", 0, 1 << 20, n_predict, err, errlen))
+        return -1;
+    const char *v = flag_val(f, p, "--nuc-share");
+    double share;
+    if (v) {
+        if (config_parse_float("--nuc-share", v, 0, 1, &share, err, errlen)) return -1;
+        s->nuc_share = (float)share;
+    }
+    s->policy = flag_val(f, p, "--policy");
+    s->schedule = flag_val(f, p, "--schedule");
+    s->catalyst = flag_val(f, p, "--catalyst");
+    s->system = flag_val(f, p, "--system");
+    s->plain = flag_val(f, p, "--plain") != NULL;
+    s->score_max = flag_val(f, p, "--score-max") != NULL;
+    if (!flag_val(f, p, "--late-question")) s->question = flag_val(f, p, "--question");
+    track[0] = track[1] = -1;
+    if ((v = flag_val(f, p, "--track"))) {
+        long long a, b;
+        char tail;
+        if (sscanf(v, "%lld:%lld%c", &a, &b, &tail) != 2 || a < 0 || b <= a) {
+            snprintf(err, errlen, "--track: '%s' is not A:B with 0 <= A < B", v);
+            return -1;
+        }
+        track[0] = a;
+        track[1] = b;
+    }
+    return 0;
+}
+
+/* Share of document tokens [a, b) present in the pot, over all (layer, head),
+ * and per layer into per_layer (n_layer entries). */
+static double tracked_share(const engine_doc *d, const engine_info *in, int64_t a, int64_t b,
+                            double *per_layer) {
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    int64_t *idx = malloc((size_t)(st.tokens_in_pot ? st.tokens_in_pot : 1) * sizeof *idx);
+    double total = 0;
+    for (int32_t l = 0; l < in->n_layer; l++) {
+        double layer = 0;
+        for (int32_t h = 0; h < in->n_head_kv && idx; h++) {
+            int32_t n = engine_doc_kept(d, l, h, idx, st.tokens_in_pot), hit = 0;
+            for (int32_t i = 0; i < n; i++) hit += idx[i] >= a && idx[i] < b;
+            layer += (double)hit / (double)(b - a);
+        }
+        per_layer[l] = layer / in->n_head_kv;
+        total += per_layer[l];
+    }
+    free(idx);
+    return total / in->n_layer;
+}
+
+int cli_ingest(int argc, char **argv) {
+    /* the document is the one argument that is not a flag or a flag's value */
+    const char *file = NULL;
+    char *args[256];
+    int n_args = 0;
+    for (int i = 0; i < argc && n_args < 256; i++) {
+        int is_value = 0;
+        if (i > 0 && argv[i][0] != '-') {
+            for (int k = 0; ingest_flags[k].name; k++)
+                if (ingest_flags[k].arg && (!strcmp(argv[i - 1], ingest_flags[k].name) ||
+                                            (ingest_flags[k].alias && !strcmp(argv[i - 1], ingest_flags[k].alias))))
+                    is_value = 1;
+            if (!is_value && !file) {
+                file = argv[i];
+                continue;
+            }
+        }
+        args[n_args++] = argv[i];
+    }
+    parsed p;
+    int r = parse_flags(n_args, args, "-m MODEL FILE [options]", ingest_flags, &p);
+    if (r) return r > 0 ? 0 : 2;
+    char err[512];
+    engine_pot_settings set;
+    int32_t n_predict = 64;
+    int64_t track[2];
+    if (!file) {
+        fprintf(stderr, "potserve ingest: FILE is required (see --help)\n");
+        return 2;
+    }
+    if (ingest_settings(&p, &set, &n_predict, track, err, sizeof err)) {
+        fprintf(stderr, "potserve ingest: %s\n", err);
+        return 2;
+    }
+    int json = flag_val(ingest_flags, &p, "--json") != NULL;
+    const char *question = flag_val(ingest_flags, &p, "--question");
+    FILE *in = strcmp(file, "-") ? fopen(file, "rb") : stdin;
+    if (!in) {
+        fprintf(stderr, "potserve ingest: cannot open %s: %s\n", file, strerror(errno));
+        return 1;
+    }
+    engine *e = open_model("ingest", ingest_flags, &p);
+    engine_doc *d = e ? engine_doc_open(e, &set, err, sizeof err) : NULL;
+    int rc = 1;
+    answer_buf ans = {.stream = !json};
+    engine_gen_result res = {0};
+    double answer_ms = 0;
+    if (!d) {
+        if (e) fprintf(stderr, "potserve ingest: %s\n", err);
+        goto out;
+    }
+    static char buf[1 << 16];
+    for (;;) {
+        size_t got = fread(buf, 1, sizeof buf, in);
+        int final = got < sizeof buf && (feof(in) || ferror(in));
+        if (ferror(in)) {
+            fprintf(stderr, "potserve ingest: reading %s failed\n", file);
+            goto out;
+        }
+        if (engine_doc_feed(d, buf, got, final, err, sizeof err)) {
+            fprintf(stderr, "potserve ingest: %s\n", err);
+            goto out;
+        }
+        if (final) break;
+    }
+    if (question) {
+        engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = n_predict};
+        gp.sampling.temperature = 0;
+        double t0 = now_wall_ms();
+        if (engine_doc_answer(d, question, &gp, collect_answer, &ans, &res, err, sizeof err)) {
+            fprintf(stderr, "potserve ingest: %s\n", err);
+            goto out;
+        }
+        answer_ms = now_wall_ms() - t0;
+        if (!json) printf("\n");
+    }
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    engine_info info;
+    engine_get_info(e, &info);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double tps = st.tokens_read / (st.ingest_ms / 1e3 + 1e-9);
+    double *per_layer = calloc((size_t)info.n_layer, sizeof *per_layer);
+    double share = track[0] >= 0 && per_layer ? tracked_share(d, &info, track[0], track[1], per_layer) : -1;
+    if (json) {
+        json_t *o = json_object(), *layers = json_array();
+        json_object_set_new(o, "answer", json_string(ans.text ? ans.text : ""));
+        json_object_set_new(o, "policy", json_string(set.policy ? set.policy : "infinipot"));
+        json_object_set_new(o, "schedule", json_string(set.schedule ? set.schedule : "fixed"));
+        json_object_set_new(o, "budget_tokens", json_integer(st.budget_tokens));
+        json_object_set_new(o, "keep_tokens", json_integer(st.keep_tokens));
+        json_object_set_new(o, "bytes_read", json_integer(st.bytes_read));
+        json_object_set_new(o, "tokens_read", json_integer(st.tokens_read));
+        json_object_set_new(o, "tokens_in_pot", json_integer(st.tokens_in_pot));
+        json_object_set_new(o, "pinned_tokens", json_integer(st.pinned_tokens));
+        json_object_set_new(o, "chunks", json_integer(st.chunks));
+        json_object_set_new(o, "compressions", json_integer(st.compressions));
+        json_object_set_new(o, "ingest_ms", json_real(st.ingest_ms));
+        json_object_set_new(o, "compress_ms", json_real(st.compress_ms));
+        json_object_set_new(o, "compress_share", json_real(st.compress_ms / (st.ingest_ms + 1e-9)));
+        json_object_set_new(o, "ingest_tokens_per_s", json_real(tps));
+        json_object_set_new(o, "answer_ms", json_real(answer_ms));
+        json_object_set_new(o, "answer_tokens", json_integer(res.n_generated));
+        json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
+        json_object_set_new(o, "pot_bytes", json_integer((json_int_t)st.pot_bytes));
+        if (share >= 0) {
+            for (int32_t l = 0; l < info.n_layer; l++) json_array_append_new(layers, json_real(per_layer[l]));
+            json_object_set_new(o, "tracked_kept_share", json_real(share));
+            json_object_set_new(o, "tracked_kept_share_by_layer", layers);
+        } else {
+            json_decref(layers);
+        }
+        char *txt = json_dumps(o, JSON_COMPACT);
+        if (txt) puts(txt);
+        free(txt);
+        json_decref(o);
+    } else {
+        fprintf(stderr,
+                "read %lld tokens (%lld bytes) in %lld chunks at %.1f tokens/s; %lld compressions "
+                "(%.1f%% of ingest time); pot %d/%d entries, %.1f MB; peak RSS %.1f MB\n",
+                (long long)st.tokens_read, (long long)st.bytes_read, (long long)st.chunks, tps,
+                (long long)st.compressions, 100 * st.compress_ms / (st.ingest_ms + 1e-9),
+                st.tokens_in_pot, st.budget_tokens, st.pot_bytes / 1e6, ru.ru_maxrss / 1024.0);
+        if (share >= 0)
+            fprintf(stderr, "tokens %lld..%lld: %.1f%% kept across layers and heads\n",
+                    (long long)track[0], (long long)track[1], 100 * share);
+    }
+    free(per_layer);
+    rc = 0;
+out:
+    free(ans.text);
+    engine_doc_close(d);
+    engine_close(e);
+    if (in != stdin) fclose(in);
     return rc;
 }

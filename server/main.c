@@ -13,6 +13,7 @@ static const char usage[] =
     "  tokenize   print the token ids of stdin on one line\n"
     "  info       describe a GGUF model\n"
     "  logits     print the last-position logits of a prompt (for reference checks)\n"
+    "  ingest     read a document of any length through a memory pot and answer a question\n"
     "\n"
     "Run 'potserve COMMAND --help' for the options of a command.\n";
 
@@ -26,6 +27,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return cli_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ingest")) return cli_ingest(argc - 1, argv + 1);
     fprintf(stderr, "potserve: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

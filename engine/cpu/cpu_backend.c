@@ -289,6 +289,10 @@ static int check_spans(const model *m, const backend_span *spans, int32_t n_span
             snprintf(err, errlen, "forward: score rows lie outside span %d", s);
             return -1;
         }
+        if (sp->labels && !sp->label_logprob) {
+            snprintf(err, errlen, "forward: span %d has labels without an output buffer", s);
+            return -1;
+        }
         if (sp->logits_mode != BACKEND_LOGITS_NONE && !sp->logits) {
             snprintf(err, errlen, "forward: span %d asks for logits without a buffer", s);
             return -1;
@@ -371,6 +375,38 @@ static void span_logits(cpu_backend *cb, backend_span *sp, const float *x, buffe
     matmul(cb, &m->output, B->xb, rows, sp->logits, B);
 }
 
+enum { LABEL_ROWS = 32 }; /* rows of logits materialised at once for label log-probs */
+
+/* log-softmax at labels[t] for the span's labelled rows, LABEL_ROWS at a time,
+ * so the [rows][n_vocab] logits never exceed a small buffer. */
+static int span_label_logprobs(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd, V = m->n_vocab;
+    float *logits = malloc((size_t)LABEL_ROWS * V * sizeof(float));
+    int32_t rows[LABEL_ROWS];
+    if (!logits) return -1;
+    for (int32_t t = 0; t < sp->n_tokens;) {
+        int32_t n = 0;
+        for (; t < sp->n_tokens && n < LABEL_ROWS; t++)
+            if (sp->labels[t] >= 0 && sp->labels[t] < V) {
+                rmsnorm(B->xb + n * d, x + (int64_t)t * d, m->output_norm, d, m->norm_eps);
+                rows[n++] = t;
+            }
+        if (!n) continue;
+        matmul(cb, &m->output, B->xb, n, logits, B);
+        for (int32_t i = 0; i < n; i++) {
+            const float *l = logits + (size_t)i * V;
+            float mx = l[0];
+            for (int64_t v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+            double sum = 0;
+            for (int64_t v = 0; v < V; v++) sum += exp((double)(l[v] - mx));
+            sp->label_logprob[rows[i]] = (float)((double)(l[sp->labels[rows[i]]] - mx) - log(sum));
+        }
+    }
+    free(logits);
+    return 0;
+}
+
 static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
     cpu_backend *cb = (cpu_backend *)b;
     const model *m = cb->m;
@@ -386,6 +422,7 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
         return -1;
     }
     int64_t d = m->n_embd, t = 0;
+    int rc = 0;
     for (int32_t s = 0; s < n_spans; s++)
         for (int32_t i = 0; i < spans[s].n_tokens; i++, t++)
             quant_dequantize_row(m->tok_embd.type,
@@ -408,10 +445,12 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
         p->n += sp->n_tokens;
         p->n_seen += sp->n_tokens;
         if (sp->logits_mode != BACKEND_LOGITS_NONE) span_logits(cb, sp, B.x + t0 * d, &B);
+        if (sp->labels && span_label_logprobs(cb, sp, B.x + t0 * d, &B)) rc = -1;
         t0 += sp->n_tokens;
     }
     free_buffers(&B);
-    return 0;
+    if (rc) snprintf(err, errlen, "forward: out of memory for label log-probabilities");
+    return rc;
 }
 
 static void cpu_free(backend *b) {

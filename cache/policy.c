@@ -1,0 +1,167 @@
+/* Compression policies: per (layer, KV head) scoring of the pot's slots and a
+ * top-k that keeps document order. Pinned slots are kept first; a policy's
+ * forced slots (NuC tokens, the SnapKV window, sinks, the recent window) come
+ * next; the best-scored remaining slots fill the rest. */
+#include "cache.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const policy_names[POLICY_COUNT_] = {
+    "infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none",
+};
+
+int pot_policy_from_name(const char *name) {
+    for (int i = 0; i < POLICY_COUNT_; i++)
+        if (name && !strcmp(name, policy_names[i])) return i;
+    return -1;
+}
+
+const char *pot_policy_name(enum pot_policy p) {
+    return (unsigned)p < POLICY_COUNT_ ? policy_names[p] : "unknown";
+}
+
+const char *pot_policy_list(void) {
+    return "infinipot, finch, snapkv, streaming, h2o, truncate, none";
+}
+
+typedef struct ranked {
+    float value;
+    int32_t slot;
+} ranked;
+
+/* Higher value first; equal values: the older (lower) slot first. */
+static int by_value_desc(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->value != y->value) return x->value > y->value ? -1 : 1;
+    return (x->slot > y->slot) - (x->slot < y->slot);
+}
+
+/* Marks the best `count` unmarked slots in [from, n) by value[]. */
+static void take_best(const float *value, int32_t from, int32_t n, int32_t count, uint8_t *kept,
+                      ranked *tmp) {
+    int32_t m = 0;
+    for (int32_t s = from; s < n; s++)
+        if (!kept[s]) tmp[m++] = (ranked){isnan(value[s]) ? -INFINITY : value[s], s};
+    if (count > m) count = m;
+    qsort(tmp, (size_t)m, sizeof *tmp, by_value_desc);
+    for (int32_t i = 0; i < count; i++) kept[tmp[i].slot] = 1;
+}
+
+static int32_t count_kept(const uint8_t *kept, int32_t n) {
+    int32_t c = 0;
+    for (int32_t s = 0; s < n; s++) c += kept[s];
+    return c;
+}
+
+/* Average pooling of width w (odd) over slots [0, n). */
+static void pool_scores(const float *in, int32_t n, int32_t w, float *out) {
+    int32_t r = w / 2;
+    for (int32_t s = 0; s < n; s++) {
+        double sum = 0;
+        int32_t c = 0;
+        for (int32_t j = s - r; j <= s + r; j++)
+            if (j >= 0 && j < n) sum += in[j], c++;
+        out[s] = (float)(sum / c);
+    }
+}
+
+static int uses_scores(enum pot_policy p) {
+    return p == POLICY_INFINIPOT || p == POLICY_FINCH || p == POLICY_SNAPKV;
+}
+
+int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, size_t errlen) {
+    int32_t n = p->n, k = sp->n_keep, pinned = p->n_pinned;
+    if (k < pinned || k > n || k <= 0) {
+        snprintf(err, errlen, "keep_tokens: %d entries cannot be kept from %d (%d pinned)", k, n, pinned);
+        return -1;
+    }
+    if (uses_scores(sp->policy) && (!sp->scores || sp->scores_stride < n)) {
+        snprintf(err, errlen, "policy %s needs attention scores", pot_policy_name(sp->policy));
+        return -1;
+    }
+    if (sp->policy == POLICY_NONE) {
+        snprintf(err, errlen, "policy none never compresses: the document does not fit the pot");
+        return -1;
+    }
+    uint8_t *kept = malloc((size_t)n);
+    ranked *tmp = malloc((size_t)n * sizeof *tmp);
+    float *work = malloc((size_t)n * sizeof *work);
+    if (!kept || !tmp || !work) {
+        free(kept);
+        free(tmp);
+        free(work);
+        snprintf(err, errlen, "out of memory selecting pot entries");
+        return -1;
+    }
+    int32_t free_slots = k - pinned; /* what the policy chooses beyond the pinned slots */
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            size_t base = pot_slot(p, l, h, 0);
+            const float *score =
+                sp->scores ? sp->scores + ((size_t)l * p->n_head_kv + h) * sp->scores_stride : NULL;
+            memset(kept, 0, (size_t)n);
+            memset(kept, 1, (size_t)pinned);
+            switch (sp->policy) {
+            case POLICY_INFINIPOT: {
+                /* NuC first: the most surprising tokens, then CaP attention */
+                int32_t t = (int32_t)floorf(sp->nuc_share * (float)free_slots);
+                take_best(p->surprisal + base, pinned, n, t, kept, tmp);
+                take_best(score, pinned, n, k - count_kept(kept, n), kept, tmp);
+                break;
+            }
+            case POLICY_FINCH:
+                take_best(score, pinned, n, free_slots, kept, tmp);
+                break;
+            case POLICY_SNAPKV: {
+                int32_t w = sp->window < free_slots ? sp->window : free_slots;
+                for (int32_t s = n - w; s < n; s++) kept[s] = 1;
+                pool_scores(score, n, sp->pool > 0 ? sp->pool : 1, work);
+                take_best(work, pinned, n, k - count_kept(kept, n), kept, tmp);
+                break;
+            }
+            case POLICY_H2O: {
+                /* half recent, half heavy hitters by accumulated attention */
+                int32_t recent = free_slots / 2;
+                for (int32_t s = n - recent; s < n; s++) kept[s] = 1;
+                take_best(p->score_acc + base, pinned, n, k - count_kept(kept, n), kept, tmp);
+                break;
+            }
+            case POLICY_STREAMING: {
+                int32_t sinks = sp->n_sinks < free_slots ? sp->n_sinks : free_slots;
+                for (int32_t s = pinned; s < pinned + sinks; s++) kept[s] = 1;
+                for (int32_t s = n - 1, left = free_slots - sinks; left > 0; s--)
+                    if (!kept[s]) kept[s] = 1, left--;
+                break;
+            }
+            case POLICY_TRUNCATE: {
+                int32_t head = free_slots / 2;
+                for (int32_t s = pinned; s < pinned + head; s++) kept[s] = 1;
+                for (int32_t s = n - 1, left = free_slots - head; left > 0; s--)
+                    if (!kept[s]) kept[s] = 1, left--;
+                break;
+            }
+            default:
+                break;
+            }
+            /* every branch marks exactly k slots: there are always enough candidates */
+            int32_t *out = keep + ((size_t)l * p->n_head_kv + h) * k, m = 0;
+            for (int32_t s = 0; s < n && m < k; s++)
+                if (kept[s]) out[m++] = s;
+        }
+    free(kept);
+    free(tmp);
+    free(work);
+    return 0;
+}
+
+void pot_accumulate_scores(pot *p, const float *scores, int32_t stride) {
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            const float *s = scores + ((size_t)l * p->n_head_kv + h) * stride;
+            float *acc = p->score_acc + pot_slot(p, l, h, 0);
+            for (int32_t j = 0; j < p->n; j++) acc[j] += s[j];
+        }
+}

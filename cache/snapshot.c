@@ -1,0 +1,520 @@
+/* Pot snapshots: a pot and its session metadata in one self-checking file.
+ *
+ * Layout, every integer little-endian, no padding:
+ *   0  magic "POTSNAP\0"          8 bytes
+ *   8  format version (1)         u32
+ *  12  model_fingerprint          u64
+ *  20  log_offset                 u64
+ *  28  n_layer, n_head_kv,        i32 x 3
+ *      head_dim
+ *  40  dtype (0 f16, 1 f32)       u32
+ *  44  n, n_pinned                i32 x 2
+ *  52  n_seen                     i64
+ *  60  settings_len (< 1024)      u32
+ *  64  settings                   settings_len bytes, no NUL
+ *  then for each layer, for each KV head, the n valid slots:
+ *      K [n][head_dim] and V [n][head_dim] in the pot's dtype (IEEE half or
+ *      single, little-endian), token_index i64[n], surprisal f32[n],
+ *      score_acc f32[n]
+ *  then CRC-32C of every byte before it   u32
+ * The reader checks magic, version (a newer one is refused before anything
+ * else is trusted), every count against sane bounds, the exact file size those
+ * counts imply, and only then allocates; the checksum is verified before the
+ * pot is handed out. */
+#include "cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+    SNAP_VERSION = 1,
+    SNAP_HEADER_BYTES = 64,
+    SNAP_MAX_LAYERS = 4096,
+    SNAP_MAX_HEADS = 4096,
+    SNAP_MAX_HEAD_DIM = 65536, /* pot_bytes' limit */
+    SNAP_MAX_SLOTS = 1 << 26,
+    SNAP_IO_BYTES = 1 << 20,
+};
+static const char snap_magic[8] = {'P', 'O', 'T', 'S', 'N', 'A', 'P', '\0'};
+
+/* ---- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) ---------------------- */
+
+static const uint32_t crc32c_table[256] = {
+    0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu,
+    0x26a1e7e8u, 0xd4ca64ebu, 0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu,
+    0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u, 0x105ec76fu, 0xe235446cu,
+    0xf165b798u, 0x030e349bu, 0xd7c45070u, 0x25afd373u, 0x36ff2087u, 0xc494a384u,
+    0x9a879fa0u, 0x68ec1ca3u, 0x7bbcef57u, 0x89d76c54u, 0x5d1d08bfu, 0xaf768bbcu,
+    0xbc267848u, 0x4e4dfb4bu, 0x20bd8edeu, 0xd2d60dddu, 0xc186fe29u, 0x33ed7d2au,
+    0xe72719c1u, 0x154c9ac2u, 0x061c6936u, 0xf477ea35u, 0xaa64d611u, 0x580f5512u,
+    0x4b5fa6e6u, 0xb93425e5u, 0x6dfe410eu, 0x9f95c20du, 0x8cc531f9u, 0x7eaeb2fau,
+    0x30e349b1u, 0xc288cab2u, 0xd1d83946u, 0x23b3ba45u, 0xf779deaeu, 0x05125dadu,
+    0x1642ae59u, 0xe4292d5au, 0xba3a117eu, 0x4851927du, 0x5b016189u, 0xa96ae28au,
+    0x7da08661u, 0x8fcb0562u, 0x9c9bf696u, 0x6ef07595u, 0x417b1dbcu, 0xb3109ebfu,
+    0xa0406d4bu, 0x522bee48u, 0x86e18aa3u, 0x748a09a0u, 0x67dafa54u, 0x95b17957u,
+    0xcba24573u, 0x39c9c670u, 0x2a993584u, 0xd8f2b687u, 0x0c38d26cu, 0xfe53516fu,
+    0xed03a29bu, 0x1f682198u, 0x5125dad3u, 0xa34e59d0u, 0xb01eaa24u, 0x42752927u,
+    0x96bf4dccu, 0x64d4cecfu, 0x77843d3bu, 0x85efbe38u, 0xdbfc821cu, 0x2997011fu,
+    0x3ac7f2ebu, 0xc8ac71e8u, 0x1c661503u, 0xee0d9600u, 0xfd5d65f4u, 0x0f36e6f7u,
+    0x61c69362u, 0x93ad1061u, 0x80fde395u, 0x72966096u, 0xa65c047du, 0x5437877eu,
+    0x4767748au, 0xb50cf789u, 0xeb1fcbadu, 0x197448aeu, 0x0a24bb5au, 0xf84f3859u,
+    0x2c855cb2u, 0xdeeedfb1u, 0xcdbe2c45u, 0x3fd5af46u, 0x7198540du, 0x83f3d70eu,
+    0x90a324fau, 0x62c8a7f9u, 0xb602c312u, 0x44694011u, 0x5739b3e5u, 0xa55230e6u,
+    0xfb410cc2u, 0x092a8fc1u, 0x1a7a7c35u, 0xe811ff36u, 0x3cdb9bddu, 0xceb018deu,
+    0xdde0eb2au, 0x2f8b6829u, 0x82f63b78u, 0x709db87bu, 0x63cd4b8fu, 0x91a6c88cu,
+    0x456cac67u, 0xb7072f64u, 0xa457dc90u, 0x563c5f93u, 0x082f63b7u, 0xfa44e0b4u,
+    0xe9141340u, 0x1b7f9043u, 0xcfb5f4a8u, 0x3dde77abu, 0x2e8e845fu, 0xdce5075cu,
+    0x92a8fc17u, 0x60c37f14u, 0x73938ce0u, 0x81f80fe3u, 0x55326b08u, 0xa759e80bu,
+    0xb4091bffu, 0x466298fcu, 0x1871a4d8u, 0xea1a27dbu, 0xf94ad42fu, 0x0b21572cu,
+    0xdfeb33c7u, 0x2d80b0c4u, 0x3ed04330u, 0xccbbc033u, 0xa24bb5a6u, 0x502036a5u,
+    0x4370c551u, 0xb11b4652u, 0x65d122b9u, 0x97baa1bau, 0x84ea524eu, 0x7681d14du,
+    0x2892ed69u, 0xdaf96e6au, 0xc9a99d9eu, 0x3bc21e9du, 0xef087a76u, 0x1d63f975u,
+    0x0e330a81u, 0xfc588982u, 0xb21572c9u, 0x407ef1cau, 0x532e023eu, 0xa145813du,
+    0x758fe5d6u, 0x87e466d5u, 0x94b49521u, 0x66df1622u, 0x38cc2a06u, 0xcaa7a905u,
+    0xd9f75af1u, 0x2b9cd9f2u, 0xff56bd19u, 0x0d3d3e1au, 0x1e6dcdeeu, 0xec064eedu,
+    0xc38d26c4u, 0x31e6a5c7u, 0x22b65633u, 0xd0ddd530u, 0x0417b1dbu, 0xf67c32d8u,
+    0xe52cc12cu, 0x1747422fu, 0x49547e0bu, 0xbb3ffd08u, 0xa86f0efcu, 0x5a048dffu,
+    0x8ecee914u, 0x7ca56a17u, 0x6ff599e3u, 0x9d9e1ae0u, 0xd3d3e1abu, 0x21b862a8u,
+    0x32e8915cu, 0xc083125fu, 0x144976b4u, 0xe622f5b7u, 0xf5720643u, 0x07198540u,
+    0x590ab964u, 0xab613a67u, 0xb831c993u, 0x4a5a4a90u, 0x9e902e7bu, 0x6cfbad78u,
+    0x7fab5e8cu, 0x8dc0dd8fu, 0xe330a81au, 0x115b2b19u, 0x020bd8edu, 0xf0605beeu,
+    0x24aa3f05u, 0xd6c1bc06u, 0xc5914ff2u, 0x37faccf1u, 0x69e9f0d5u, 0x9b8273d6u,
+    0x88d28022u, 0x7ab90321u, 0xae7367cau, 0x5c18e4c9u, 0x4f48173du, 0xbd23943eu,
+    0xf36e6f75u, 0x0105ec76u, 0x12551f82u, 0xe03e9c81u, 0x34f4f86au, 0xc69f7b69u,
+    0xd5cf889du, 0x27a40b9eu, 0x79b737bau, 0x8bdcb4b9u, 0x988c474du, 0x6ae7c44eu,
+    0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,
+};
+
+static uint32_t crc32c_bytes(uint32_t c, const unsigned char *p, size_t len) {
+    while (len--) c = crc32c_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c;
+}
+
+#if defined(__x86_64__) && !defined(POTSERVE_NO_HW_CRC)
+/* SSE4.2 crc32 instruction: 8 bytes per instruction. */
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t c, const unsigned char *p,
+                                                                size_t len) {
+    uint64_t c64 = c;
+    for (; len >= 8; p += 8, len -= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c64 = __builtin_ia32_crc32di(c64, word);
+    }
+    c = (uint32_t)c64;
+    for (; len; p++, len--) c = __builtin_ia32_crc32qi(c, *p);
+    return c;
+}
+#define CRC32C_HW 1
+#endif
+
+uint32_t crc32c(uint32_t crc, const void *data, size_t len) {
+    const unsigned char *p = data;
+    uint32_t c = ~crc;
+#ifdef CRC32C_HW
+    if (len >= 64 && __builtin_cpu_supports("sse4.2")) return ~crc32c_sse42(c, p, len);
+#endif
+    return ~crc32c_bytes(c, p, len);
+}
+
+/* ---- little-endian encoding -------------------------------------------------------- */
+
+static void put_u32(unsigned char *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static void put_u64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *b) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const unsigned char *b) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+static int host_is_little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+/* Reverses the bytes of each of count elements of size elem (2, 4 or 8), in place: turns
+ * host order into little-endian and back on a big-endian host. */
+static void swap_elements(void *data, size_t count, size_t elem) {
+    unsigned char *p = data;
+    for (size_t i = 0; i < count; i++, p += elem)
+        for (size_t a = 0, b = elem - 1; a < b; a++, b--) {
+            unsigned char t = p[a];
+            p[a] = p[b];
+            p[b] = t;
+        }
+}
+
+static size_t dtype_bytes(enum pot_dtype t) { return t == POT_F32 ? 4 : 2; }
+
+/* Bytes of one (layer, head)'s n slots in the file, 0 on overflow. */
+static uint64_t slots_bytes(uint64_t n, uint64_t head_dim, size_t elem) {
+    uint64_t per_slot = 2 * head_dim * elem + 8 + 4 + 4;
+    return n > UINT64_MAX / per_slot ? 0 : n * per_slot;
+}
+
+/* Total file size for a header's counts; 0 when it overflows. */
+static uint64_t snapshot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim,
+                               enum pot_dtype dtype, int32_t n, uint32_t settings_len) {
+    uint64_t per_head = slots_bytes((uint64_t)n, (uint64_t)head_dim, dtype_bytes(dtype));
+    uint64_t heads = (uint64_t)n_layer * (uint64_t)n_head_kv, payload;
+    if (n > 0 && per_head == 0) return 0;
+    if (__builtin_mul_overflow(heads, per_head, &payload)) return 0;
+    uint64_t fixed = SNAP_HEADER_BYTES + (uint64_t)settings_len + 4;
+    return payload > UINT64_MAX - fixed ? 0 : payload + fixed;
+}
+
+/* ---- writing ------------------------------------------------------------------------- */
+
+typedef struct snap_writer {
+    int fd;
+    uint32_t crc;
+    unsigned char *buf;
+    size_t len;
+    int err; /* errno of the first failure, 0 while all is well */
+} snap_writer;
+
+static void write_all(snap_writer *w, const unsigned char *p, size_t len) {
+    while (len && !w->err) {
+        ssize_t k = write(w->fd, p, len);
+        if (k < 0) {
+            if (errno != EINTR) w->err = errno;
+            continue;
+        }
+        if (k == 0) {
+            w->err = EIO;
+            break;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+}
+
+static void writer_flush(snap_writer *w) {
+    write_all(w, w->buf, w->len);
+    w->len = 0;
+}
+
+/* Appends len bytes (already little-endian) to the file and the checksum. */
+static void put_bytes(snap_writer *w, const void *data, size_t len) {
+    const unsigned char *p = data;
+    w->crc = crc32c(w->crc, p, len);
+    if (w->len + len > SNAP_IO_BYTES) writer_flush(w);
+    if (len >= SNAP_IO_BYTES) {
+        write_all(w, p, len);
+        return;
+    }
+    memcpy(w->buf + w->len, p, len);
+    w->len += len;
+}
+
+/* Appends count host-order elements of size elem as little-endian. */
+static void put_array(snap_writer *w, const void *data, size_t count, size_t elem) {
+    if (host_is_little_endian()) {
+        put_bytes(w, data, count * elem);
+        return;
+    }
+    unsigned char tmp[4096];
+    const unsigned char *p = data;
+    size_t per = sizeof tmp / elem;
+    while (count) {
+        size_t k = count < per ? count : per;
+        memcpy(tmp, p, k * elem);
+        swap_elements(tmp, k, elem);
+        put_bytes(w, tmp, k * elem);
+        p += k * elem;
+        count -= k;
+    }
+}
+
+static int pot_shape_ok(const pot *p) {
+    return p->n_layer >= 1 && p->n_layer <= SNAP_MAX_LAYERS && p->n_head_kv >= 1 &&
+           p->n_head_kv <= SNAP_MAX_HEADS && p->head_dim >= 1 &&
+           p->head_dim <= SNAP_MAX_HEAD_DIM && (p->dtype == POT_F16 || p->dtype == POT_F32) &&
+           p->n >= 0 && p->n <= p->capacity && p->n <= SNAP_MAX_SLOTS && p->n_pinned >= 0 &&
+           p->n_pinned <= p->n && p->n_seen >= 0;
+}
+
+/* Writes the whole snapshot to fd; 0 or an errno. */
+static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta, size_t settings_len) {
+    snap_writer w = {fd, 0, malloc(SNAP_IO_BYTES), 0, 0};
+    if (!w.buf) return ENOMEM;
+    unsigned char h[SNAP_HEADER_BYTES];
+    memcpy(h, snap_magic, 8);
+    put_u32(h + 8, SNAP_VERSION);
+    put_u64(h + 12, meta->model_fingerprint);
+    put_u64(h + 20, meta->log_offset);
+    put_u32(h + 28, (uint32_t)p->n_layer);
+    put_u32(h + 32, (uint32_t)p->n_head_kv);
+    put_u32(h + 36, (uint32_t)p->head_dim);
+    put_u32(h + 40, (uint32_t)p->dtype);
+    put_u32(h + 44, (uint32_t)p->n);
+    put_u32(h + 48, (uint32_t)p->n_pinned);
+    put_u64(h + 52, (uint64_t)p->n_seen);
+    put_u32(h + 60, (uint32_t)settings_len);
+    put_bytes(&w, h, sizeof h);
+    put_bytes(&w, meta->settings, settings_len);
+    size_t elem = dtype_bytes(p->dtype), n = (size_t)p->n, row = (size_t)p->head_dim;
+    for (int32_t l = 0; l < p->n_layer && !w.err; l++)
+        for (int32_t hd = 0; hd < p->n_head_kv && !w.err; hd++) {
+            size_t s = pot_slot(p, l, hd, 0);
+            put_array(&w, (const char *)p->k + s * row * elem, n * row, elem);
+            put_array(&w, (const char *)p->v + s * row * elem, n * row, elem);
+            put_array(&w, p->token_index + s, n, sizeof *p->token_index);
+            put_array(&w, p->surprisal + s, n, sizeof *p->surprisal);
+            put_array(&w, p->score_acc + s, n, sizeof *p->score_acc);
+        }
+    unsigned char crc[4];
+    put_u32(crc, w.crc);
+    put_bytes(&w, crc, 4);
+    writer_flush(&w);
+    free(w.buf);
+    return w.err;
+}
+
+/* fsyncs the directory holding path (so a rename into it is durable); 0 or an errno. */
+static int fsync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) return ENOMEM;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
+    if (fd < 0 || fsync(fd) != 0) rc = errno;
+    if (fd >= 0) close(fd);
+    free(dir);
+    return rc;
+}
+
+int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *meta, char *err,
+                       size_t errlen) {
+    if (!path || !*path || !p || !meta) {
+        snprintf(err, errlen, "snapshot: missing path, pot or metadata");
+        return -1;
+    }
+    if (!pot_shape_ok(p)) {
+        snprintf(err, errlen, "snapshot %s: pot shape out of range (%d layers, %d heads, dim %d, "
+                 "n %d of %d, %d pinned)", path, p->n_layer, p->n_head_kv, p->head_dim, p->n,
+                 p->capacity, p->n_pinned);
+        return -1;
+    }
+    size_t settings_len = strnlen(meta->settings, sizeof meta->settings);
+    if (settings_len == sizeof meta->settings) {
+        snprintf(err, errlen, "snapshot %s: settings are not NUL-terminated", path);
+        return -1;
+    }
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 5);
+    if (!tmp) {
+        snprintf(err, errlen, "snapshot %s: out of memory", path);
+        return -1;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    const char *stage = "create";
+    int rc = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = errno;
+    } else {
+        stage = "write";
+        rc = write_contents(fd, p, meta, settings_len);
+        if (!rc) {
+            stage = "fsync";
+            if (fsync(fd) != 0) rc = errno;
+        }
+        if (close(fd) != 0 && !rc) {
+            stage = "close";
+            rc = errno;
+        }
+        if (!rc) {
+            stage = "rename";
+            if (rename(tmp, path) != 0) rc = errno;
+        }
+        if (rc) unlink(tmp);
+    }
+    if (!rc) {
+        /* The new snapshot is in place; only its durability across a crash is in doubt. */
+        stage = "fsync of the directory";
+        rc = fsync_parent_dir(path);
+    }
+    free(tmp);
+    if (rc) {
+        snprintf(err, errlen, "snapshot %s: %s failed: %s", path, stage, strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- reading ------------------------------------------------------------------------- */
+
+typedef struct snap_reader {
+    int fd;
+    uint32_t crc;
+    int err;       /* errno of a failed read */
+    int truncated; /* the file ended early */
+} snap_reader;
+
+/* Reads exactly len bytes into dst and adds them to the checksum; 0 or -1. */
+static int get_bytes(snap_reader *r, void *dst, size_t len) {
+    unsigned char *p = dst, *start = dst;
+    size_t want = len;
+    while (len) {
+        ssize_t k = read(r->fd, p, len);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            r->err = errno;
+            return -1;
+        }
+        if (k == 0) {
+            r->truncated = 1;
+            return -1;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+    r->crc = crc32c(r->crc, start, want);
+    return 0;
+}
+
+/* Reads count little-endian elements of size elem into host order. */
+static int get_array(snap_reader *r, void *dst, size_t count, size_t elem) {
+    if (get_bytes(r, dst, count * elem) != 0) return -1;
+    if (!host_is_little_endian()) swap_elements(dst, count, elem);
+    return 0;
+}
+
+pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
+                       size_t errlen) {
+    if (!path || !meta) {
+        snprintf(err, errlen, "snapshot: missing path or metadata");
+        return NULL;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "snapshot %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    pot *p = NULL;
+    snap_reader r = {fd, 0, 0, 0};
+    struct stat st;
+    unsigned char h[SNAP_HEADER_BYTES];
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "snapshot %s: not a regular file", path);
+        goto fail;
+    }
+    uint64_t file_bytes = (uint64_t)st.st_size;
+    if (file_bytes < 12 || get_bytes(&r, h, 12) != 0) {
+        snprintf(err, errlen, "snapshot %s: truncated (%llu bytes)", path,
+                 (unsigned long long)file_bytes);
+        goto fail;
+    }
+    if (memcmp(h, snap_magic, 8) != 0) {
+        snprintf(err, errlen, "snapshot %s: not a pot snapshot (bad magic)", path);
+        goto fail;
+    }
+    uint32_t version = get_u32(h + 8);
+    if (version > SNAP_VERSION) {
+        snprintf(err, errlen,
+                 "snapshot %s: format version %u is newer than this build reads (%d); "
+                 "rebuild the pot from the session log or upgrade",
+                 path, version, SNAP_VERSION);
+        goto fail;
+    }
+    if (version != SNAP_VERSION) {
+        snprintf(err, errlen, "snapshot %s: unsupported format version %u", path, version);
+        goto fail;
+    }
+    if (file_bytes < SNAP_HEADER_BYTES || get_bytes(&r, h + 12, SNAP_HEADER_BYTES - 12) != 0) {
+        snprintf(err, errlen, "snapshot %s: truncated header (%llu bytes)", path,
+                 (unsigned long long)file_bytes);
+        goto fail;
+    }
+    int32_t n_layer = (int32_t)get_u32(h + 28), n_head_kv = (int32_t)get_u32(h + 32);
+    int32_t head_dim = (int32_t)get_u32(h + 36), n = (int32_t)get_u32(h + 44);
+    int32_t n_pinned = (int32_t)get_u32(h + 48);
+    uint32_t dtype = get_u32(h + 40), settings_len = get_u32(h + 60);
+    int64_t n_seen = (int64_t)get_u64(h + 52);
+    if (n_layer < 1 || n_layer > SNAP_MAX_LAYERS || n_head_kv < 1 || n_head_kv > SNAP_MAX_HEADS ||
+        head_dim < 1 || head_dim > SNAP_MAX_HEAD_DIM || (dtype != POT_F16 && dtype != POT_F32) ||
+        n < 0 || n > SNAP_MAX_SLOTS || n_pinned < 0 || n_pinned > n || n_seen < 0 ||
+        settings_len >= sizeof meta->settings) {
+        snprintf(err, errlen,
+                 "snapshot %s: corrupt header (%d layers, %d heads, dim %d, dtype %u, n %d, "
+                 "%d pinned, settings %u bytes)",
+                 path, n_layer, n_head_kv, head_dim, dtype, n, n_pinned, settings_len);
+        goto fail;
+    }
+    uint64_t want = snapshot_bytes(n_layer, n_head_kv, head_dim, (enum pot_dtype)dtype, n,
+                                   settings_len);
+    if (want != file_bytes) {
+        snprintf(err, errlen, "snapshot %s: %s (%llu bytes, the header implies %llu)", path,
+                 file_bytes < want ? "truncated" : "size mismatch",
+                 (unsigned long long)file_bytes, (unsigned long long)want);
+        goto fail;
+    }
+    char settings[sizeof meta->settings];
+    memset(settings, 0, sizeof settings);
+    if (get_bytes(&r, settings, settings_len) != 0) goto io_fail;
+    if (memchr(settings, '\0', settings_len)) {
+        snprintf(err, errlen, "snapshot %s: corrupt settings (NUL byte)", path);
+        goto fail;
+    }
+    int32_t capacity = n > min_capacity ? n : min_capacity;
+    if (capacity < 1) capacity = 1;
+    char perr[160];
+    p = pot_new(n_layer, n_head_kv, head_dim, capacity, (enum pot_dtype)dtype, perr, sizeof perr);
+    if (!p) {
+        snprintf(err, errlen, "snapshot %s: %s", path, perr);
+        goto fail;
+    }
+    size_t elem = dtype_bytes(p->dtype), row = (size_t)head_dim;
+    for (int32_t l = 0; l < n_layer; l++)
+        for (int32_t hd = 0; hd < n_head_kv; hd++) {
+            size_t s = pot_slot(p, l, hd, 0);
+            if (get_array(&r, (char *)p->k + s * row * elem, (size_t)n * row, elem) != 0 ||
+                get_array(&r, (char *)p->v + s * row * elem, (size_t)n * row, elem) != 0 ||
+                get_array(&r, p->token_index + s, (size_t)n, sizeof *p->token_index) != 0 ||
+                get_array(&r, p->surprisal + s, (size_t)n, sizeof *p->surprisal) != 0 ||
+                get_array(&r, p->score_acc + s, (size_t)n, sizeof *p->score_acc) != 0)
+                goto io_fail;
+        }
+    uint32_t computed = r.crc;
+    unsigned char stored[4];
+    if (get_bytes(&r, stored, 4) != 0) goto io_fail;
+    if (get_u32(stored) != computed) {
+        snprintf(err, errlen, "snapshot %s: checksum mismatch (corrupt file)", path);
+        goto fail;
+    }
+    close(fd);
+    p->n = n;
+    p->n_pinned = n_pinned;
+    p->n_seen = n_seen;
+    memset(meta, 0, sizeof *meta);
+    meta->model_fingerprint = get_u64(h + 12);
+    meta->log_offset = get_u64(h + 20);
+    memcpy(meta->settings, settings, settings_len);
+    return p;
+
+io_fail:
+    if (r.truncated)
+        snprintf(err, errlen, "snapshot %s: truncated (the file shrank while being read)", path);
+    else
+        snprintf(err, errlen, "snapshot %s: read failed: %s", path, strerror(r.err));
+fail:
+    pot_free(p);
+    close(fd);
+    return NULL;
+}

@@ -1,0 +1,529 @@
+/* Documents read through a memory pot: bytes -> streaming tokenizer -> token
+ * queue -> engine chunks chosen by the schedule -> forward over [pot | chunk]
+ * (plus the policy's scoring rows when the pot is about to fill) -> policy
+ * selection and in-order compaction. Questions are answered over a copy of
+ * the pot, so the pot itself never changes after a question. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+#define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
+#define DOC_MARK "\x1e" "potserve-document" "\x1e"
+
+enum {
+    SNAPKV_WINDOW = 32, /* observation rows at the end of a chunk (SnapKV's default) */
+    SNAPKV_POOL = 5,    /* pooling width over slots (SnapKV's default) */
+    STREAMING_SINKS = 4 /* attention sinks kept by streaming (StreamingLLM's default) */
+};
+
+typedef struct int_vec {
+    int32_t *v;
+    size_t n, cap;
+} int_vec;
+
+static int vec_push(int_vec *a, const int32_t *src, size_t n) {
+    if (a->n + n > a->cap) {
+        size_t cap = a->cap ? a->cap : 1024;
+        while (cap < a->n + n) cap *= 2;
+        int32_t *nv = realloc(a->v, cap * sizeof *nv);
+        if (!nv) return -1;
+        a->v = nv;
+        a->cap = cap;
+    }
+    memcpy(a->v + a->n, src, n * sizeof *src);
+    a->n += n;
+    return 0;
+}
+
+struct engine_doc {
+    engine *e;
+    enum pot_policy policy;
+    int needs_surprisal;      /* infinipot-style ingest: NuC from every chunk token */
+    pot *pot;
+    chunk_schedule sched;
+    chunk_plan plan;
+    int have_plan;
+    tok_stream *ts;
+    int_vec queue;            /* document tokens not yet run; queue.v[q_pos..] pending */
+    size_t q_pos;
+    int_vec score_rows;       /* catalyst or question tokens appended when a chunk fills the pot */
+    int_vec recorded;         /* every token run (record_tokens) */
+    int record;
+    float pending_surprisal;  /* surprisal of the next chunk's first token, from the last row */
+    int have_pending;
+    int32_t n_prefix;
+    int32_t finch_keep;
+    float nuc_share;
+    enum backend_score_combine combine;
+    int plain;
+    char *system;             /* chat mode: system message, or NULL */
+    engine_doc_stats st;
+    int failed;
+};
+
+engine_pot_settings engine_pot_settings_default(void) {
+    engine_pot_settings s;
+    memset(&s, 0, sizeof s);
+    s.budget_tokens = 2048;
+    s.chunk_tokens = 512;
+    s.nuc_share = 0.5f;
+    return s;
+}
+
+/* Tokenizes text into v (appending). */
+static int tokenize_into(const engine *e, const char *text, int add_special, int parse_special,
+                         int_vec *v) {
+    size_t len = strlen(text);
+    int64_t n = tokenizer_encode(e->m->tok, text, len, add_special, parse_special, NULL, 0);
+    if (n < 0) return -1;
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    if (!ids) return -1;
+    tokenizer_encode(e->m->tok, text, len, add_special, parse_special, ids, n);
+    int rc = vec_push(v, ids, (size_t)n);
+    free(ids);
+    return rc;
+}
+
+/* Chat mode renders [system, user: MARK + after] and splits at the mark:
+ * `before` is what precedes the document, `after_out` what follows it. */
+static char *render_around_document(engine_doc *d, const char *after, int want_before, char *err,
+                                    size_t errlen) {
+    engine_message msgs[2];
+    size_t n = 0;
+    if (d->system) msgs[n++] = (engine_message){"system", d->system};
+    size_t len = strlen(DOC_MARK) + strlen(after) + 1;
+    char *user = malloc(len);
+    if (!user) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    snprintf(user, len, "%s%s", DOC_MARK, after);
+    msgs[n++] = (engine_message){"user", user};
+    char *text = engine_render_chat(d->e, msgs, n, err, errlen);
+    free(user);
+    if (!text) return NULL;
+    char *mark = strstr(text, DOC_MARK);
+    if (!mark) {
+        free(text);
+        snprintf(err, errlen, "the chat template dropped the document");
+        return NULL;
+    }
+    char *out;
+    if (want_before) {
+        *mark = 0;
+        out = strdup(text);
+    } else {
+        out = strdup(mark + strlen(DOC_MARK));
+    }
+    free(text);
+    if (!out) snprintf(err, errlen, "out of memory");
+    return out;
+}
+
+/* Tokens of the question prompt that follows the document. */
+static int question_tokens(engine_doc *d, const char *question, int_vec *out, char *err,
+                           size_t errlen) {
+    if (d->plain) {
+        size_t len = strlen(question) + 32;
+        char *text = malloc(len);
+        if (!text) return snprintf(err, errlen, "out of memory"), -1;
+        snprintf(text, len, "\n\nQuestion: %s\nAnswer:", question);
+        int rc = tokenize_into(d->e, text, 0, 0, out);
+        free(text);
+        if (rc) snprintf(err, errlen, "question is not valid UTF-8");
+        return rc;
+    }
+    size_t len = strlen(question) + 3;
+    char *after = malloc(len);
+    if (!after) return snprintf(err, errlen, "out of memory"), -1;
+    snprintf(after, len, "\n\n%s", question);
+    char *suffix = render_around_document(d, after, 0, err, errlen);
+    free(after);
+    if (!suffix) return -1;
+    int rc = tokenize_into(d->e, suffix, 0, 1, out);
+    free(suffix);
+    if (rc) snprintf(err, errlen, "question is not valid UTF-8");
+    return rc;
+}
+
+static void doc_fail(engine_doc *d) { d->failed = 1; }
+
+/* Writes the surprisal of the token at `slot` into every (layer, head). */
+static void set_surprisal(pot *p, int32_t slot, float value) {
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) p->surprisal[pot_slot(p, l, h, slot)] = value;
+}
+
+static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
+                    size_t errlen) {
+    double t0 = now_ms();
+    pot *p = d->pot;
+    select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
+                        .scores_stride = stride, .nuc_share = d->nuc_share,
+                        .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = SNAPKV_POOL};
+    if (d->policy == POLICY_FINCH && !scores) sp.policy = POLICY_INFINIPOT; /* two-stage: CaP now */
+    int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
+    if (!idx) return snprintf(err, errlen, "out of memory"), -1;
+    int rc = pot_select(p, &sp, idx, err, errlen);
+    if (!rc) pot_compact(p, idx, keep);
+    free(idx);
+    d->st.compressions += !rc;
+    d->st.compress_ms += now_ms() - t0;
+    return rc;
+}
+
+/* Which rows of [chunk | score rows] produce attention scores, if any. */
+static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int compressing,
+                       int32_t *row0, int32_t *n_rows) {
+    *row0 = 0;
+    *n_rows = 0;
+    switch (d->policy) {
+    case POLICY_INFINIPOT:
+    case POLICY_FINCH:
+        if (compressing) *row0 = c, *n_rows = n_prompt;
+        break;
+    case POLICY_SNAPKV:
+        if (compressing) *n_rows = c < SNAPKV_WINDOW ? c : SNAPKV_WINDOW, *row0 = c - *n_rows;
+        break;
+    case POLICY_H2O:
+        *n_rows = c; /* accumulated on every chunk */
+        break;
+    default:
+        break;
+    }
+}
+
+/* Runs the next c queued tokens; compresses to `keep` afterwards when asked. */
+static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, char *err,
+                     size_t errlen) {
+    pot *p = d->pot;
+    const int32_t *chunk = d->queue.v + d->q_pos;
+    int uses_prompt = d->policy == POLICY_INFINIPOT || d->policy == POLICY_FINCH;
+    int32_t n_prompt = compressing && uses_prompt ? (int32_t)d->score_rows.n : 0;
+    int32_t n_tok = c + n_prompt, n0 = p->n, row0, n_rows;
+    score_rows(d, c, n_prompt, compressing, &row0, &n_rows);
+    int32_t n_keys = n0 + n_tok;
+
+    int32_t *tokens = malloc((size_t)n_tok * sizeof *tokens);
+    int32_t *labels = d->needs_surprisal ? malloc((size_t)n_tok * sizeof *labels) : NULL;
+    float *label_lp = d->needs_surprisal ? malloc((size_t)n_tok * sizeof *label_lp) : NULL;
+    float *scores = n_rows ? calloc((size_t)p->n_layer * p->n_head_kv * n_keys, sizeof *scores) : NULL;
+    int rc = -1;
+    if (!tokens || (d->needs_surprisal && (!labels || !label_lp)) || (n_rows && !scores)) {
+        snprintf(err, errlen, "out of memory for a chunk of %d tokens", c);
+        goto done;
+    }
+    memcpy(tokens, chunk, (size_t)c * sizeof *tokens);
+    memcpy(tokens + c, d->score_rows.v, (size_t)n_prompt * sizeof *tokens);
+    if (labels) {
+        /* row t predicts token t+1; the chunk's last row predicts the next queued token */
+        for (int32_t t = 0; t < n_tok; t++) labels[t] = -1;
+        for (int32_t t = 0; t + 1 < c; t++) labels[t] = chunk[t + 1];
+        if (d->q_pos + (size_t)c < d->queue.n) labels[c - 1] = chunk[c]; /* absent only at the end */
+    }
+    backend_span sp = {.tokens = tokens, .n_tokens = n_tok, .kv = p,
+                       .score_row0 = row0, .n_score_rows = n_rows, .scores = scores,
+                       .score_combine = d->combine, .labels = labels, .label_logprob = label_lp};
+    int64_t seen = p->n_seen;
+    if (d->e->be->forward(d->e->be, &sp, 1, err, errlen)) goto done;
+    pot_truncate(p, n0 + c); /* the scoring rows are never kept */
+    p->n_seen = seen + c;
+    if (labels) {
+        if (d->have_pending) set_surprisal(p, n0, d->pending_surprisal);
+        for (int32_t t = 0; t + 1 < c; t++) set_surprisal(p, n0 + t + 1, -label_lp[t]);
+        d->have_pending = labels[c - 1] >= 0;
+        d->pending_surprisal = d->have_pending ? -label_lp[c - 1] : 0;
+    }
+    if (d->record && vec_push(&d->recorded, chunk, (size_t)c)) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    d->q_pos += (size_t)c;
+    d->st.tokens_read += c;
+    d->st.chunks++;
+    if (d->policy == POLICY_H2O) pot_accumulate_scores(p, scores, n_keys);
+    rc = 0;
+    if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
+done:
+    free(tokens);
+    free(labels);
+    free(label_lp);
+    free(scores);
+    return rc;
+}
+
+/* Runs every chunk the queue can fill (all of it when final). */
+static int drain(engine_doc *d, int final, char *err, size_t errlen) {
+    for (;;) {
+        size_t avail = d->queue.n - d->q_pos;
+        if (!avail) break;
+        if (!d->have_plan) {
+            d->plan = schedule_next(&d->sched, d->pot->n);
+            d->have_plan = 1;
+        }
+        if (d->plan.chunk_tokens <= 0) {
+            snprintf(err, errlen,
+                     "the document does not fit the pot (budget_tokens %d) and policy none never "
+                     "compresses",
+                     d->sched.budget);
+            return -1;
+        }
+        /* one token of lookahead: the chunk's last row scores the next token's
+           surprisal, so it must not depend on whether that token has arrived */
+        if (avail <= (size_t)d->plan.chunk_tokens && !final) break;
+        int32_t c = avail < (size_t)d->plan.chunk_tokens ? (int32_t)avail : d->plan.chunk_tokens;
+        int full = c == d->plan.chunk_tokens;
+        int compressing = full && d->plan.compress_after && d->policy != POLICY_NONE;
+        d->have_plan = 0;
+        if (run_chunk(d, c, compressing, d->plan.keep_after, err, errlen)) return -1;
+    }
+    /* drop consumed tokens so the queue stays bounded by a chunk */
+    if (d->q_pos) {
+        memmove(d->queue.v, d->queue.v + d->q_pos, (d->queue.n - d->q_pos) * sizeof *d->queue.v);
+        d->queue.n -= d->q_pos;
+        d->q_pos = 0;
+    }
+    return 0;
+}
+
+int engine_doc_feed(engine_doc *d, const char *bytes, size_t n, int final, char *err,
+                    size_t errlen) {
+    if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
+    double t0 = now_ms();
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (tok_stream_feed(d->ts, bytes, n, final, &ids, &n_ids)) {
+        free(ids);
+        doc_fail(d);
+        return snprintf(err, errlen, "the document is not valid UTF-8"), -1;
+    }
+    int rc = vec_push(&d->queue, ids, n_ids);
+    free(ids);
+    if (rc) snprintf(err, errlen, "out of memory");
+    if (!rc) rc = drain(d, final, err, errlen);
+    if (rc) doc_fail(d);
+    d->st.bytes_read += (int64_t)n;
+    d->st.ingest_ms += now_ms() - t0;
+    return rc;
+}
+
+static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char *err,
+                    size_t errlen) {
+    int32_t ctx = e->m->n_ctx_train;
+    if (s->budget_tokens < 16 || s->budget_tokens > ctx)
+        return snprintf(err, errlen, "budget_tokens: %d must be in [16, %d] (the model's context)",
+                        s->budget_tokens, ctx), -1;
+    *keep = s->keep_tokens ? s->keep_tokens : s->budget_tokens / 2;
+    if (*keep <= 0 || *keep >= s->budget_tokens)
+        return snprintf(err, errlen, "keep_tokens: %d must be in [1, budget_tokens)", *keep), -1;
+    if (s->chunk_tokens <= 0 || s->chunk_tokens > 8192)
+        return snprintf(err, errlen, "chunk_tokens: %d must be in [1, 8192]", s->chunk_tokens), -1;
+    if (!(s->nuc_share >= 0 && s->nuc_share <= 1))
+        return snprintf(err, errlen, "nuc_share: %g must be in [0, 1]", s->nuc_share), -1;
+    if (s->finch_keep < 0 || s->finch_keep > s->budget_tokens)
+        return snprintf(err, errlen, "finch_keep: %d must be in [0, budget_tokens]", s->finch_keep), -1;
+    return 0;
+}
+
+engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
+    int32_t keep;
+    if (validate(e, s, &keep, err, errlen)) return NULL;
+    int policy = pot_policy_from_name(s->policy ? s->policy : "infinipot");
+    if (policy < 0) {
+        snprintf(err, errlen, "policy: unknown '%s' (known: %s)", s->policy, pot_policy_list());
+        return NULL;
+    }
+    int kind = schedule_kind_from_name(s->schedule ? s->schedule : "fixed");
+    if (kind < 0) {
+        snprintf(err, errlen, "schedule: unknown '%s' (known: fixed, imdc)", s->schedule);
+        return NULL;
+    }
+    engine_doc *d = calloc(1, sizeof *d);
+    if (!d) return snprintf(err, errlen, "out of memory"), NULL;
+    d->e = e;
+    d->policy = (enum pot_policy)policy;
+    d->plain = s->plain;
+    d->record = s->record_tokens;
+    d->nuc_share = s->nuc_share;
+    d->finch_keep = s->finch_keep;
+    d->combine = s->score_max ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
+    if (s->system && !(d->system = strdup(s->system))) goto oom;
+
+    /* scoring rows: the question (finch, known up front) or the catalyst */
+    int finch_up_front = d->policy == POLICY_FINCH && s->question;
+    if (d->policy == POLICY_FINCH && !s->question && !s->finch_keep) d->finch_keep = keep;
+    d->needs_surprisal = d->policy == POLICY_INFINIPOT || (d->policy == POLICY_FINCH && !finch_up_front);
+    const char *rows = finch_up_front ? s->question : (s->catalyst ? s->catalyst : DEFAULT_CATALYST);
+    size_t len = strlen(rows) + 3;
+    char *text = malloc(len);
+    if (!text) goto oom;
+    snprintf(text, len, "\n\n%s", rows);
+    int bad = tokenize_into(e, text, 0, 0, &d->score_rows);
+    free(text);
+    if (bad) {
+        snprintf(err, errlen, "%s: not valid UTF-8", finch_up_front ? "question" : "catalyst");
+        goto fail;
+    }
+
+    /* the pinned prefix: template and system prompt before the document */
+    int_vec prefix = {0};
+    if (d->plain) {
+        bad = tokenize_into(e, "", 1, 0, &prefix);
+    } else {
+        char *before = render_around_document(d, "", 1, err, errlen);
+        if (!before) goto fail;
+        bad = tokenize_into(e, before, 0, 1, &prefix);
+        free(before);
+    }
+    if (bad || prefix.n >= (size_t)keep) {
+        free(prefix.v);
+        snprintf(err, errlen, "system: the pinned prefix (%zu tokens) must be shorter than keep_tokens %d",
+                 prefix.n, keep);
+        goto fail;
+    }
+    d->n_prefix = (int32_t)prefix.n;
+    if (schedule_init(&d->sched, (enum schedule_kind)kind, s->budget_tokens, keep, s->chunk_tokens,
+                      d->n_prefix, err, errlen)) {
+        free(prefix.v);
+        goto fail;
+    }
+    d->pot = new_pot(e, (size_t)s->budget_tokens + d->score_rows.n, err, errlen);
+    d->ts = tok_stream_new(e->m->tok, 0, 0);
+    if (!d->pot || !d->ts) {
+        free(prefix.v);
+        if (!d->ts) snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (prefix.n) {
+        double t0 = now_ms();
+        bad = prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
+        d->st.ingest_ms += now_ms() - t0;
+        if (!bad && d->record) bad = vec_push(&d->recorded, prefix.v, prefix.n);
+    }
+    free(prefix.v);
+    if (bad) goto fail;
+    d->pot->n_pinned = d->n_prefix;
+    return d;
+oom:
+    snprintf(err, errlen, "out of memory");
+fail:
+    engine_doc_close(d);
+    return NULL;
+}
+
+void engine_doc_close(engine_doc *d) {
+    if (!d) return;
+    pot_free(d->pot);
+    tok_stream_free(d->ts);
+    free(d->queue.v);
+    free(d->score_rows.v);
+    free(d->recorded.v);
+    free(d->system);
+    free(d);
+}
+
+void engine_doc_get_stats(const engine_doc *d, engine_doc_stats *st) {
+    *st = d->st;
+    st->tokens_in_pot = d->pot->n;
+    st->pinned_tokens = d->n_prefix;
+    st->budget_tokens = d->sched.budget;
+    st->keep_tokens = d->sched.keep;
+    st->pot_bytes = pot_bytes(d->pot->n_layer, d->pot->n_head_kv, d->pot->head_dim,
+                              d->pot->capacity, d->pot->dtype);
+}
+
+const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n) {
+    *n = d->recorded.n;
+    return d->record ? d->recorded.v : NULL;
+}
+
+int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_t *out,
+                        int32_t cap) {
+    const pot *p = d->pot;
+    if (layer < 0 || layer >= p->n_layer || head < 0 || head >= p->n_head_kv) return 0;
+    int32_t n = p->n < cap ? p->n : cap;
+    for (int32_t i = 0; i < n; i++) out[i] = p->token_index[pot_slot(p, layer, head, i)] - d->n_prefix;
+    return p->n;
+}
+
+/* A copy of the pot with room for the question and the answer, refined by
+ * two-stage FINCH when configured. The caller frees it. */
+static pot *answer_pot(engine_doc *d, const int_vec *q, int32_t max_tokens, char *err,
+                       size_t errlen) {
+    engine *e = d->e;
+    if (d->failed) return snprintf(err, errlen, "the document failed earlier"), NULL;
+    size_t need = (size_t)d->pot->n + q->n + (size_t)(max_tokens > 0 ? max_tokens : 0);
+    if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
+    if (need < (size_t)d->pot->n + q->n)
+        return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
+    pot *p = new_pot(e, need, err, errlen);
+    if (!p) return NULL;
+    pot_copy(p, d->pot);
+    if (d->policy != POLICY_FINCH || !d->finch_keep || d->finch_keep >= p->n) return p;
+
+    /* two-stage FINCH: one question-guided pass over the stored pot (K1 -> K2) */
+    int32_t n0 = p->n, n_keys = n0 + (int32_t)q->n;
+    float *scores = calloc((size_t)p->n_layer * p->n_head_kv * n_keys, sizeof *scores);
+    int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * d->finch_keep * sizeof *idx);
+    backend_span sp = {.tokens = q->v, .n_tokens = (int32_t)q->n, .kv = p, .score_row0 = 0,
+                       .n_score_rows = (int32_t)q->n, .scores = scores, .score_combine = d->combine};
+    int rc = !scores || !idx ? (snprintf(err, errlen, "out of memory"), -1)
+                             : e->be->forward(e->be, &sp, 1, err, errlen);
+    if (!rc) {
+        pot_truncate(p, n0);
+        p->n_seen -= (int64_t)q->n;
+        select_params sel = {.policy = POLICY_FINCH, .n_keep = d->finch_keep, .scores = scores,
+                             .scores_stride = n_keys};
+        rc = pot_select(p, &sel, idx, err, errlen);
+        if (!rc) pot_compact(p, idx, d->finch_keep);
+    }
+    free(scores);
+    free(idx);
+    if (rc) {
+        pot_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int engine_doc_answer(engine_doc *d, const char *question, const engine_gen_params *gp,
+                      engine_text_cb cb, void *user, engine_gen_result *res, char *err,
+                      size_t errlen) {
+    memset(res, 0, sizeof *res);
+    int_vec q = {0};
+    if (question_tokens(d, question, &q, err, errlen)) {
+        free(q.v);
+        return -1;
+    }
+    pot *p = answer_pot(d, &q, gp->max_tokens, err, errlen);
+    int rc = -1;
+    if (p) {
+        int64_t cached = p->n;
+        rc = engine_continue(d->e, p, q.v, q.n, gp, cb, user, res, err, errlen);
+        res->n_cached = cached;
+    }
+    pot_free(p);
+    free(q.v);
+    return rc;
+}
+
+int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits, char *err,
+                             size_t errlen) {
+    int_vec q = {0};
+    if (question_tokens(d, question, &q, err, errlen)) {
+        free(q.v);
+        return -1;
+    }
+    pot *p = answer_pot(d, &q, 0, err, errlen);
+    int rc = p ? prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
+    if (!rc && d->record) {
+        /* record the question prompt after the document for the caller's comparison */
+        rc = vec_push(&d->recorded, q.v, q.n);
+    }
+    pot_free(p);
+    free(q.v);
+    return rc;
+}

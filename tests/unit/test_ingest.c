@@ -1,0 +1,247 @@
+/* Documents through a memory pot (the tiny fixture model for speed, the real
+ * default model once for realism):
+ * - with a budget the document fits in, every policy and schedule gives the
+ *   logits of a plain full prefill of the same tokens (f32 pots, exact path);
+ * - however the bytes are split into feeds, the pot is the same;
+ * - pinned entries survive compression, kept entries stay in document order,
+ *   the pot never exceeds its budget;
+ * - bad settings and overflowing `none` pots fail with a message. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "test.h"
+
+static engine *open_exact(const char *path) {
+    char err[512];
+    if (!path) {
+        fprintf(stderr, "  model missing (make model / make fixtures)\n");
+        return NULL;
+    }
+    engine_options opt = {.n_threads = 2, .exact = 1};
+    engine *e = engine_open(path, &opt, err, sizeof err);
+    if (!e) fprintf(stderr, "  %s\n", err);
+    return e;
+}
+
+static const char doc_text[] =
+    "The lighthouse keeper counted the ships that passed each night. In March there were "
+    "seventeen, in April twenty-two, and in May the fog kept every vessel in port. The keeper's "
+    "daughter, who was nine, wrote the numbers on the wall in chalk: 17, 22, 0. When the "
+    "inspector came in June he asked why the wall was covered in numbers, and she said that the "
+    "sea was a library and the ships were its books. He wrote that down too. ";
+
+/* The document: doc_text repeated to `len` bytes. */
+static char *make_doc(size_t len) {
+    size_t n = strlen(doc_text);
+    char *d = malloc(len + 1);
+    for (size_t i = 0; i < len; i++) d[i] = doc_text[i % n];
+    d[len] = 0;
+    return d;
+}
+
+static double max_rel_diff(const float *a, const float *b, int n) {
+    double mx = 0, scale = 0;
+    for (int i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (int i = 0; i < n; i++) mx = fmax(mx, fabs(a[i] - b[i]));
+    return mx / (scale > 0 ? scale : 1);
+}
+
+/* Every policy and schedule, budget >= document: logits equal a full prefill. */
+static void check_no_compression_equals_prefill(const char *model_path, size_t doc_bytes,
+                                                int32_t budget, int32_t chunk) {
+    engine *e = open_exact(model_path);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = make_doc(doc_bytes);
+    const char *policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none"};
+    const char *schedules[] = {"fixed", "imdc"};
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    for (int s = 0; s < 2; s++)
+        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
+            engine_pot_settings set = engine_pot_settings_default();
+            set.policy = policies[p];
+            set.schedule = schedules[s];
+            set.budget_tokens = budget;
+            set.keep_tokens = budget - 8; /* imdc: memory may hold the whole document */
+            set.chunk_tokens = chunk;
+            set.record_tokens = 1;
+            set.system = "You answer from the document.";
+            if (p == 1) set.question = "How many ships passed in April?";
+            engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+            CHECK(d != NULL);
+            if (!d) {
+                fprintf(stderr, "  %s/%s: %s\n", policies[p], schedules[s], err);
+                continue;
+            }
+            /* fed in uneven pieces, so engine chunks never follow the feeds */
+            size_t len = strlen(doc), off = 0, piece = 37;
+            int rc = 0;
+            while (!rc && off < len) {
+                size_t n = len - off < piece ? len - off : piece;
+                rc = engine_doc_feed(d, doc + off, n, off + n == len, err, sizeof err);
+                off += n;
+                piece = piece * 7 % 101 + 1;
+            }
+            CHECK_EQ_INT(rc, 0);
+            engine_doc_stats st;
+            engine_doc_get_stats(d, &st);
+            CHECK_EQ_INT(st.compressions, 0);
+            CHECK(st.chunks >= 4);
+            CHECK_EQ_INT(engine_doc_answer_logits(d, "How many ships passed in April?", a, err, sizeof err), 0);
+            size_t n_tok;
+            const int32_t *toks = engine_doc_tokens(d, &n_tok);
+            CHECK(toks != NULL && n_tok > (size_t)(3 * chunk));
+            CHECK_EQ_INT(engine_prompt_logits(e, toks, n_tok, b, err, sizeof err), 0);
+            double rel = max_rel_diff(a, b, info.n_vocab);
+            if (rel > 1e-4) fprintf(stderr, "  %s/%s: max relative error %g\n", policies[p], schedules[s], rel);
+            CHECK(rel <= 1e-4);
+            engine_doc_close(d);
+        }
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
+TEST(ingest_without_compression_equals_full_prefill_tiny) {
+    check_no_compression_equals_prefill(test_fixture("tiny_llama.gguf"), 200, 180, 32);
+    check_no_compression_equals_prefill(test_fixture("tiny_qwen2.gguf"), 200, 180, 32);
+}
+
+TEST(ingest_without_compression_equals_full_prefill_default_model) {
+    check_no_compression_equals_prefill(test_model_path(), 600, 256, 24);
+}
+
+/* Ingests doc with the given feed sizes; returns the answer logits and the
+ * kept indices of every (layer, head). */
+static int ingest_split(engine *e, const engine_pot_settings *set, const char *doc, size_t piece,
+                        float *logits, int64_t *kept, int32_t cap, engine_doc_stats *st) {
+    char err[512];
+    engine_doc *d = engine_doc_open(e, set, err, sizeof err);
+    if (!d) {
+        fprintf(stderr, "  %s\n", err);
+        return -1;
+    }
+    size_t len = strlen(doc), off = 0;
+    int rc = 0;
+    while (!rc && off < len) {
+        size_t n = len - off < piece ? len - off : piece;
+        rc = engine_doc_feed(d, doc + off, n, off + n == len, err, sizeof err);
+        engine_doc_get_stats(d, st);
+        if (st->tokens_in_pot > st->budget_tokens) rc = -1, fprintf(stderr, "  pot over budget\n");
+        off += n;
+    }
+    if (!rc) rc = engine_doc_answer_logits(d, "What did the daughter write?", logits, err, sizeof err);
+    engine_info info;
+    engine_get_info(e, &info);
+    for (int32_t l = 0; !rc && l < info.n_layer; l++)
+        for (int32_t h = 0; h < info.n_head_kv; h++)
+            engine_doc_kept(d, l, h, kept + ((size_t)l * info.n_head_kv + h) * cap, cap);
+    engine_doc_get_stats(d, st);
+    if (rc) fprintf(stderr, "  %s\n", err);
+    engine_doc_close(d);
+    return rc;
+}
+
+TEST(ingest_pot_is_independent_of_upload_splits) {
+    engine *e = open_exact(test_fixture("tiny_llama.gguf"));
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = make_doc(1500); /* ~1000 byte-level tokens through a 200-entry pot */
+    const char *policies[] = {"infinipot", "snapkv", "h2o"};
+    for (int p = 0; p < 3; p++) {
+        engine_pot_settings set = engine_pot_settings_default();
+        set.policy = policies[p];
+        set.budget_tokens = 180;
+        set.keep_tokens = 90;
+        set.chunk_tokens = 40;
+        int32_t cap = set.budget_tokens;
+        size_t nk = (size_t)info.n_layer * info.n_head_kv * cap;
+        int64_t *k1 = calloc(nk, sizeof *k1), *k2 = calloc(nk, sizeof *k2);
+        float *l1 = malloc(info.n_vocab * sizeof(float)), *l2 = malloc(info.n_vocab * sizeof(float));
+        engine_doc_stats s1, s2;
+        CHECK_EQ_INT(ingest_split(e, &set, doc, 1 << 20, l1, k1, cap, &s1), 0);
+        CHECK_EQ_INT(ingest_split(e, &set, doc, 13, l2, k2, cap, &s2), 0);
+        CHECK(s1.compressions >= 3);
+        CHECK_EQ_INT(s1.compressions, s2.compressions);
+        CHECK_EQ_INT(s1.tokens_in_pot, s2.tokens_in_pot);
+        CHECK(memcmp(k1, k2, nk * sizeof *k1) == 0);
+        CHECK(memcmp(l1, l2, info.n_vocab * sizeof(float)) == 0);
+        /* pinned prefix first (negative document indices), then strictly increasing */
+        for (int32_t lh = 0; lh < info.n_layer * info.n_head_kv; lh++) {
+            const int64_t *k = k1 + (size_t)lh * cap;
+            for (int32_t i = 0; i < s1.pinned_tokens; i++) CHECK_EQ_INT(k[i], i - s1.pinned_tokens);
+            for (int32_t i = 1; i < s1.tokens_in_pot; i++)
+                if (k[i] <= k[i - 1]) {
+                    test_failures++;
+                    fprintf(stderr, "  %s: kept indices not increasing\n", policies[p]);
+                    break;
+                }
+        }
+        free(k1);
+        free(k2);
+        free(l1);
+        free(l2);
+    }
+    free(doc);
+    engine_close(e);
+}
+
+TEST(ingest_rejects_bad_settings_and_overflow) {
+    engine *e = open_exact(test_fixture("tiny_llama.gguf"));
+    CHECK(e != NULL);
+    if (!e) return;
+    char err[512];
+    struct {
+        const char *field;
+        engine_pot_settings s;
+    } bad[6];
+    for (int i = 0; i < 6; i++) {
+        bad[i].s = engine_pot_settings_default();
+        bad[i].s.budget_tokens = 180; /* the tiny model's context is 256 */
+    }
+    bad[0].field = "budget_tokens", bad[0].s.budget_tokens = 1 << 20;
+    bad[1].field = "keep_tokens", bad[1].s.keep_tokens = 4096, bad[1].s.budget_tokens = 180;
+    bad[2].field = "policy", bad[2].s.policy = "magic";
+    bad[3].field = "schedule", bad[3].s.schedule = "weekly";
+    bad[4].field = "chunk_tokens", bad[4].s.chunk_tokens = -5;
+    bad[5].field = "nuc_share", bad[5].s.nuc_share = 2;
+    for (int i = 0; i < 6; i++) {
+        engine_doc *d = engine_doc_open(e, &bad[i].s, err, sizeof err);
+        CHECK(d == NULL);
+        if (!strstr(err, bad[i].field)) {
+            test_failures++;
+            fprintf(stderr, "  expected '%s' in '%s'\n", bad[i].field, err);
+        }
+        engine_doc_close(d);
+    }
+    engine_pot_settings s = engine_pot_settings_default();
+    s.policy = "none";
+    s.budget_tokens = 64;
+    s.keep_tokens = 32;
+    s.chunk_tokens = 16;
+    engine_doc *d = engine_doc_open(e, &s, err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        char *doc = make_doc(1000);
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), -1);
+        CHECK(strstr(err, "does not fit") != NULL);
+        free(doc);
+        engine_doc_close(d);
+    }
+    d = engine_doc_open(e, &(engine_pot_settings){.budget_tokens = 180, .chunk_tokens = 64, .nuc_share = 0.5f}, err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        CHECK_EQ_INT(engine_doc_feed(d, "ok \xff", 4, 1, err, sizeof err), -1);
+        CHECK(strstr(err, "UTF-8") != NULL);
+        engine_doc_close(d);
+    }
+    engine_close(e);
+}
