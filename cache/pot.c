@@ -1,11 +1,60 @@
 /* Pot storage: one contiguous allocation per K and V so a (layer, head)'s
  * slots are adjacent. f16 entries use the compiler's _Float16 conversions
- * (IEEE round-to-nearest-even), which keeps this module free of engine code. */
+ * (IEEE round-to-nearest-even), which keeps this module free of engine code;
+ * on x86 with F16C the same conversions run 8 at a time in hardware (the
+ * software conversion was a fifth of decode time). */
 #include "cache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("f16c,avx"))) static void f16_to_f32_f16c(const _Float16 *src, float *dst,
+                                                                size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = (float)src[i];
+}
+
+__attribute__((target("f16c,avx"))) static void f32_to_f16_f16c(const float *src, _Float16 *dst,
+                                                                size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = (_Float16)src[i];
+}
+
+static int have_f16c(void) {
+    static int known = -1; /* benign race: every thread computes the same answer */
+    if (known < 0) known = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    return known;
+}
+#endif
+
+static void f16_to_f32(const _Float16 *src, float *dst, size_t n) {
+#if defined(__x86_64__)
+    if (have_f16c()) {
+        f16_to_f32_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+static void f32_to_f16(const float *src, _Float16 *dst, size_t n) {
+#if defined(__x86_64__)
+    if (have_f16c()) {
+        f32_to_f16_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = (_Float16)src[i];
+}
 
 static size_t elem_bytes(enum pot_dtype t) { return t == POT_F32 ? 4 : 2; }
 
@@ -71,8 +120,7 @@ static void store_row(const pot *p, void *base, size_t slot_index, const float *
         memcpy((float *)base + slot_index * d, src, d * sizeof(float));
         return;
     }
-    _Float16 *dst = (_Float16 *)base + slot_index * d;
-    for (size_t i = 0; i < d; i++) dst[i] = (_Float16)src[i];
+    f32_to_f16(src, (_Float16 *)base + slot_index * d, d);
 }
 
 static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t n, float *dst) {
@@ -81,8 +129,7 @@ static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t
         memcpy(dst, (const float *)base + slot_index * p->head_dim, count * sizeof(float));
         return;
     }
-    const _Float16 *src = (const _Float16 *)base + slot_index * p->head_dim;
-    for (size_t i = 0; i < count; i++) dst[i] = (float)src[i];
+    f16_to_f32((const _Float16 *)base + slot_index * p->head_dim, dst, count);
 }
 
 void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v) {
