@@ -101,7 +101,7 @@ asan: fixtures model
 # libFuzzer targets for the GGUF reader and the tokenizer, FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
 FUZZ_SRC := engine/gguf.c engine/quant.c $(wildcard engine/tokenizer*.c)
-FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined
+FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz: model
 	@mkdir -p $(BUILD)/fuzz/corpus_gguf $(BUILD)/fuzz/corpus_tok
 	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -o $(BUILD)/fuzz/fuzz_gguf -lpcre2-8 -lm

@@ -91,9 +91,14 @@ static void decode_scalar(uint32_t t, const uint8_t *src, uint64_t *u, int64_t *
     case GGUF_INT32: memcpy(&i32, src, 4); *u = (uint64_t)i32; *i = i32; *f = i32; break;
     case GGUF_UINT64: memcpy(&u64, src, 8); *u = u64; *i = (int64_t)u64; *f = (double)u64; break;
     case GGUF_INT64: memcpy(&i64, src, 8); *u = (uint64_t)i64; *i = i64; *f = (double)i64; break;
-    case GGUF_FLOAT32: memcpy(&f32, src, 4); *f = f32; *i = (int64_t)f32; *u = (uint64_t)*i; break;
-    case GGUF_FLOAT64: memcpy(&f64, src, 8); *f = f64; *i = (int64_t)f64; *u = (uint64_t)*i; break;
+    case GGUF_FLOAT32: memcpy(&f32, src, 4); *f = f32; break;
+    case GGUF_FLOAT64: memcpy(&f64, src, 8); *f = f64; break;
     default: *u = 0; *i = 0; *f = 0; break;
+    }
+    if (t == GGUF_FLOAT32 || t == GGUF_FLOAT64) {
+        /* integer views of a float only where they are representable (NaN, huge -> 0) */
+        *i = *f >= -9.2e18 && *f <= 9.2e18 ? (int64_t)*f : 0;
+        *u = (uint64_t)*i;
     }
 }
 

@@ -1093,6 +1093,319 @@ static vdot_fn avx2_kernel(uint32_t type) {
     }
 }
 
+/* ---- AVX2 kernels for several activation (and weight) rows -------------------------
+ * tile_*(R, A) computes the R x A dot products of R weight rows (stride ws) with
+ * A activation rows (stride as) into out[t * os + r]. Every product goes
+ * through the operations of the single-row kernel above, in its order: the
+ * same int32 lanes, one fma(d, lane, acc) per block with d = dx * dy, the same
+ * minimum terms and the same final sums, so each result has the same bits as
+ * quant_vec_dot. Shared are the unpacking of a weight block (across the A
+ * activations), the loads of an activation block and the conversion of its
+ * scales (across the R rows, vectorised: d for eight activations with one
+ * vcvtph2ps, then one multiply by dx per row). R and A are constants after
+ * inlining; the per-(row, activation) accumulators live in registers. */
+
+#define QUANT_INLINE inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* hsum8 of a vector, in its order: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). */
+static QUANT_INLINE AVX2_FN float hsum8_v(__m256 v) {
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 s = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static QUANT_INLINE uint16_t u16_at(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static QUANT_INLINE uint32_t u32_le(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The halves at p + k*s for k < cnt (0 for the other lanes) as 8 floats. */
+static QUANT_INLINE AVX2_FN __m256 halves8(const uint8_t *p, size_t s, const int cnt) {
+    uint16_t h[8];
+    UNROLL for (int k = 0; k < 8; k++) h[k] = k < cnt ? u16_at(p + (size_t)k * s) : 0;
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4],
+                                          (short)h[5], (short)h[6], (short)h[7]));
+}
+
+/* The half pairs (d, s) at p + k*s for k < cnt as [d0 s0 d1 s1 d2 s2 d3 s3]. */
+static QUANT_INLINE AVX2_FN __m256 pairs4(const uint8_t *p, size_t s, const int cnt) {
+    uint32_t v[4];
+    UNROLL for (int k = 0; k < 4; k++) v[k] = k < cnt ? u32_le(p + (size_t)k * s) : 0;
+    return _mm256_cvtph_ps(_mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]));
+}
+
+static QUANT_INLINE AVX2_FN __m256 lane_bcast(__m256 v, const int k) {
+    return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k));
+}
+
+/* Q4_0 / Q5_0 / Q8_0 (activations Q8_0): signed weight quants of block x. */
+static QUANT_INLINE AVX2_FN __m256i wq_signed(const uint32_t type, const uint8_t *x) {
+    switch (type) {
+    case GGML_TYPE_Q4_0: return _mm256_sub_epi8(nibbles32(x + 2), _mm256_set1_epi8(8));
+    case GGML_TYPE_Q5_0: return _mm256_sub_epi8(_mm256_or_si256(nibbles32(x + 6), bit4_bytes(x + 2)), _mm256_set1_epi8(16));
+    default: return load256(x + 2); /* Q8_0 */
+    }
+}
+
+static QUANT_INLINE AVX2_FN void tile_s8(const uint32_t type, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                         int64_t nb, float *out, size_t os, const int R, const int A) {
+    const size_t wb = type == GGML_TYPE_Q4_0 ? 2 + QK / 2 : type == GGML_TYPE_Q5_0 ? 6 + QK / 2 : Q8_0_BYTES;
+    __m256 acc[2][8];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < A; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ab = a + (size_t)b * Q8_0_BYTES;
+        const __m256 dy = halves8(ab, as, A);
+        __m256i xs[2], ax[2];
+        __m256 dd[2];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *x = w + (size_t)r * ws + (size_t)b * wb;
+            xs[r] = wq_signed(type, x);
+            ax[r] = _mm256_sign_epi8(xs[r], xs[r]);
+            dd[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(x)), dy);
+        }
+        UNROLL for (int t = 0; t < A; t++) {
+            const __m256i y = load256(ab + (size_t)t * as + 2);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], _mm256_sign_epi8(y, xs[r])),
+                                                    _mm256_set1_epi16(1));
+                acc[r][t] = _mm256_fmadd_ps(lane_bcast(dd[r], t), _mm256_cvtepi32_ps(p), acc[r][t]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < A; t++) out[(size_t)t * os + r] = hsum8_v(acc[r][t]);
+}
+
+/* Q4_1 / Q5_1 (activations Q8_1): unsigned weight quants, plus the minimum
+ * term summs = fma(mx, sy, summs), kept in the odd lanes of [d s] vectors. */
+static QUANT_INLINE AVX2_FN void tile_u8(const uint32_t type, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                         int64_t nb, float *out, size_t os, const int R, const int A) {
+    const size_t wb = type == GGML_TYPE_Q4_1 ? 4 + QK / 2 : 8 + QK / 2;
+    const int G = (A + 3) / 4;
+    __m256 acc[2][8], sm[2][2];
+    UNROLL for (int r = 0; r < R; r++) {
+        UNROLL for (int t = 0; t < A; t++) acc[r][t] = _mm256_setzero_ps();
+        UNROLL for (int g = 0; g < G; g++) sm[r][g] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ab = a + (size_t)b * Q8_1_BYTES;
+        __m256 ds[2];
+        UNROLL for (int g = 0; g < G; g++) ds[g] = pairs4(ab + (size_t)(4 * g) * as, as, A - 4 * g);
+        __m256i xq[2];
+        __m256 dd[2][2];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *x = w + (size_t)r * ws + (size_t)b * wb;
+            xq[r] = type == GGML_TYPE_Q4_1 ? nibbles32(x + 4) : _mm256_or_si256(nibbles32(x + 8), bit4_bytes(x + 4));
+            const __m256 dx = _mm256_set1_ps(half_f16c(x)), mx = _mm256_set1_ps(half_f16c(x + 2));
+            UNROLL for (int g = 0; g < G; g++) {
+                dd[r][g] = _mm256_mul_ps(dx, ds[g]);
+                sm[r][g] = _mm256_fmadd_ps(mx, ds[g], sm[r][g]);
+            }
+        }
+        UNROLL for (int t = 0; t < A; t++) {
+            const __m256i y = load256(ab + (size_t)t * as + 4);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i p = dot_u8(xq[r], y);
+                acc[r][t] = _mm256_fmadd_ps(lane_bcast(dd[r][t / 4], 2 * (t % 4)), _mm256_cvtepi32_ps(p), acc[r][t]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float s[2][8];
+        UNROLL for (int g = 0; g < G; g++) _mm256_storeu_ps(s[g], sm[r][g]);
+        UNROLL for (int t = 0; t < A; t++) out[(size_t)t * os + r] = hsum8_v(acc[r][t]) + s[t / 4][2 * (t % 4) + 1];
+    }
+}
+
+/* Q4_K / Q5_K (one row): the lanes of k45_lanes_avx2 for A activations at once. */
+static QUANT_INLINE AVX2_FN void tile_k45(const uint32_t type, const uint8_t *w, const uint8_t *a, size_t as, int64_t nb,
+                                          float *out, size_t os, const int A) {
+    const int q5 = type == GGML_TYPE_Q5_K;
+    const size_t wb = q5 ? Q5_K_BYTES : Q4_K_BYTES;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc[8];
+    __m128 accm[8];
+    UNROLL for (int t = 0; t < A; t++) {
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *x = w + (size_t)b * wb, *ab = a + (size_t)b * Q8_K_BYTES;
+        uint8_t sc[8], mn[8];
+        scales_mins_k4(x + 4, sc, mn);
+        const uint8_t *q = x + (q5 ? 48 : 16);
+        const __m256i hb = q5 ? load256(x + 16) : _mm256_setzero_si256();
+        __m256i sumi[8];
+        UNROLL for (int t = 0; t < A; t++) sumi[t] = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 64; j++) {
+            const __m256i bits = load256(q + 32 * j);
+            __m256i q1 = _mm256_and_si256(bits, m4), q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (q5) {
+                q1 = _mm256_or_si256(q1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
+                q2 = _mm256_or_si256(q2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
+            }
+            const __m256i s1 = _mm256_set1_epi16(sc[2 * j]), s2 = _mm256_set1_epi16(sc[2 * j + 1]);
+            UNROLL for (int t = 0; t < A; t++) {
+                const uint8_t *y = ab + (size_t)t * as + 4 + 64 * j;
+                const __m256i p1 = _mm256_maddubs_epi16(q1, load256(y)), p2 = _mm256_maddubs_epi16(q2, load256(y + 32));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(p1, s1), _mm256_madd_epi16(p2, s2)));
+            }
+        }
+        const float dxw = half_f16c(x), dmw = half_f16c(x + 2);
+        UNROLL for (int t = 0; t < A; t++) {
+            const uint8_t *at = ab + (size_t)t * as;
+            const float dy = q8k_d(at);
+            const float d = dy * dxw, dmin = -dy * dmw;
+            __m128i m = k_min_lanes(at, mn);
+            if (q5) {
+                m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
+                m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+                accm[t] = _mm_fmadd_ss(_mm_set_ss(dmin), _mm_set_ss((float)_mm_cvtsi128_si32(m)), accm[t]);
+            } else {
+                accm[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(m), accm[t]);
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < A; t++) {
+        float m[4];
+        _mm_storeu_ps(m, accm[t]);
+        out[(size_t)t * os] = q5 ? hsum8_v(acc[t]) + m[0] : hsum8_v(acc[t]) + ((m[0] + m[2]) + (m[1] + m[3]));
+    }
+}
+
+/* Q6_K (one row), as vd_q6_k_avx2 for A activations at once. */
+static QUANT_INLINE AVX2_FN void tile_q6_k(const uint8_t *w, const uint8_t *a, size_t as, int64_t nb, float *out,
+                                           size_t os, const int A) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    __m256 acc[8];
+    UNROLL for (int t = 0; t < A; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *x = w + (size_t)b * Q6_K_BYTES, *ab = a + (size_t)b * Q8_K_BYTES;
+        const int8_t *sc = (const int8_t *)(x + 192);
+        __m256i sumi[8];
+        UNROLL for (int t = 0; t < A; t++) sumi[t] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i ql0 = load256(x + 64 * n), ql1 = load256(x + 64 * n + 32);
+            const __m256i qh = load256(x + 128 + 32 * n);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int g = 0; g < 4; g++) {
+                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * g + 1]), _mm_set1_epi16(sc[8 * n + 2 * g]));
+                UNROLL for (int t = 0; t < A; t++) {
+                    const __m256i p = _mm256_maddubs_epi16(q[g], load256(ab + (size_t)t * as + 4 + 128 * n + 32 * g));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, s));
+                }
+            }
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(load128(x + 192));
+        const float dw = half_f16c(x + 208);
+        UNROLL for (int t = 0; t < A; t++) {
+            const uint8_t *at = ab + (size_t)t * as;
+            const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(load256(at + 4 + QK_K), sc16), 5);
+            const float d = q8k_d(at) * dw;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], sub)), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < A; t++) out[(size_t)t * os] = hsum8_v(acc[t]);
+}
+
+/* Instances: tile_fn(w, ws, a, as, nb, out, os). One-row kernels for 1, 2, 4
+ * and 8 activations (any count is a sum of those), two-row kernels for 4. */
+typedef void (*tile_fn)(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, float *out, size_t os);
+
+#define TILE_S8(T, R, A)                                                                                       \
+    static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
+                                             float *out, size_t os) {                                          \
+        tile_s8(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A);                                               \
+    }
+#define TILE_U8(T, R, A)                                                                                       \
+    static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
+                                             float *out, size_t os) {                                          \
+        tile_u8(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A);                                               \
+    }
+#define TILE_K45(T, R, A)                                                                                      \
+    static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
+                                             float *out, size_t os) {                                          \
+        (void)ws;                                                                                              \
+        tile_k45(GGML_TYPE_##T, w, a, as, nb, out, os, A);                                                     \
+    }
+#define TILE_Q6K(T, R, A)                                                                                      \
+    static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
+                                             float *out, size_t os) {                                          \
+        (void)ws;                                                                                              \
+        tile_q6_k(w, a, as, nb, out, os, A);                                                                   \
+    }
+#define TILES_1ROW(K, T) K(T, 1, 1) K(T, 1, 2) K(T, 1, 4) K(T, 1, 8)
+#define TILES(K, T) TILES_1ROW(K, T) K(T, 2, 4)
+
+TILES(TILE_S8, Q4_0)
+TILES(TILE_S8, Q5_0)
+TILES(TILE_S8, Q8_0)
+TILES(TILE_U8, Q4_1)
+TILES(TILE_U8, Q5_1)
+TILES_1ROW(TILE_K45, Q4_K)
+TILES_1ROW(TILE_K45, Q5_K)
+TILES_1ROW(TILE_Q6K, Q6_K)
+
+typedef struct tile_set {
+    tile_fn one[4]; /* one row against 1, 2, 4, 8 activations */
+    tile_fn two4;   /* two rows against 4 activations, or NULL */
+} tile_set;
+
+static const tile_set *avx2_tiles(uint32_t type) {
+#define SET1(T) {{tile_##T##_1x1, tile_##T##_1x2, tile_##T##_1x4, tile_##T##_1x8}, NULL}
+#define SET2(T) {{tile_##T##_1x1, tile_##T##_1x2, tile_##T##_1x4, tile_##T##_1x8}, tile_##T##_2x4}
+    static const tile_set q4_0 = SET2(Q4_0), q5_0 = SET2(Q5_0), q8_0 = SET2(Q8_0), q4_1 = SET2(Q4_1),
+                          q5_1 = SET2(Q5_1), q4_k = SET1(Q4_K), q5_k = SET1(Q5_K), q6_k = SET1(Q6_K);
+#undef SET1
+#undef SET2
+    switch (type) {
+    case GGML_TYPE_Q4_0: return &q4_0;
+    case GGML_TYPE_Q5_0: return &q5_0;
+    case GGML_TYPE_Q8_0: return &q8_0;
+    case GGML_TYPE_Q4_1: return &q4_1;
+    case GGML_TYPE_Q5_1: return &q5_1;
+    case GGML_TYPE_Q4_K: return &q4_k;
+    case GGML_TYPE_Q5_K: return &q5_k;
+    case GGML_TYPE_Q6_K: return &q6_k;
+    default: return NULL;
+    }
+}
+
+/* One row against n_acts activations with the one-row kernels: groups of 8,
+ * then 4, 2, 1. */
+static void tiles_one_row(const tile_set *ts, const uint8_t *w, const uint8_t *a, size_t as, int64_t n_acts,
+                          int64_t nb, float *out, size_t os) {
+    int64_t t = 0;
+    for (; t + 8 <= n_acts; t += 8) ts->one[3](w, 0, a + (size_t)t * as, as, nb, out + (size_t)t * os, os);
+    for (int k = 2; k >= 0; k--)
+        if ((n_acts - t) & (1 << k)) {
+            ts->one[k](w, 0, a + (size_t)t * as, as, nb, out + (size_t)t * os, os);
+            t += 1 << k;
+        }
+}
+#undef TILES
+#undef TILES_1ROW
+#undef TILE_S8
+#undef TILE_U8
+#undef TILE_K45
+#undef TILE_Q6K
+#undef UNROLL
+
 static int cpu_has_avx2(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C)) return 0;
@@ -1139,4 +1452,65 @@ float quant_vec_dot(uint32_t type, const void *row, const void *act, int64_t n) 
     if (use_avx2()) return avx2_kernel(type)(row, act, nb);
 #endif
     return scalar_kernel(type)(row, act, nb);
+}
+
+/* ---- several rows at once ------------------------------------------------------------ */
+
+void quant_vec_dot_multi(uint32_t type, const void *row, const void *acts, size_t act_stride, int64_t n_acts,
+                         int64_t n, float *out) {
+    if (n_acts <= 0) return;
+    const uint8_t *a = acts;
+#if QUANT_HAVE_AVX2
+    const tile_set *ts = use_avx2() && quant_act_row_bytes(type, n) ? avx2_tiles(type) : NULL;
+    if (ts) {
+        tiles_one_row(ts, row, a, act_stride, n_acts, n / quant_block_elems(type), out, 1);
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < n_acts; t++) out[t] = quant_vec_dot(type, row, a + (size_t)t * act_stride, n);
+}
+
+/* Activations per chunk of quant_matmul: enough of them to stay in the L1/L2
+ * caches while every row of the block passes over them. */
+enum { MATMUL_CHUNK_BYTES = 24 * 1024, MATMUL_CHUNK_MIN = 8 };
+
+void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, const void *acts,
+                  size_t act_stride, int64_t n_acts, int64_t n, float *out, size_t out_stride) {
+    if (n_rows <= 0 || n_acts <= 0) return;
+    const uint8_t *w = rows, *a = acts;
+    const size_t arb = quant_act_row_bytes(type, n);
+#if QUANT_HAVE_AVX2
+    const tile_set *ts = use_avx2() && arb ? avx2_tiles(type) : NULL;
+    if (ts) {
+        const int64_t nb = n / quant_block_elems(type);
+        int64_t chunk = (int64_t)((getenv("MM_CHUNK") ? (size_t)atoi(getenv("MM_CHUNK")) : MATMUL_CHUNK_BYTES) / arb) & ~(int64_t)7;
+        if (chunk < MATMUL_CHUNK_MIN) chunk = MATMUL_CHUNK_MIN;
+        const int use2 = getenv("MM_TILE2") ? atoi(getenv("MM_TILE2")) : 1;
+        for (int64_t t0 = 0; t0 < n_acts; t0 += chunk) {
+            const int64_t na = n_acts - t0 < chunk ? n_acts - t0 : chunk;
+            const uint8_t *ac = a + (size_t)t0 * act_stride;
+            float *oc = out + (size_t)t0 * out_stride;
+            int64_t r = 0;
+            if (use2 && ts->two4 && na >= 4)
+                for (; r + 2 <= n_rows; r += 2) {
+                    const uint8_t *wr = w + (size_t)r * row_stride;
+                    int64_t t = 0;
+                    for (; t + 4 <= na; t += 4)
+                        ts->two4(wr, row_stride, ac + (size_t)t * act_stride, act_stride, nb,
+                                 oc + (size_t)t * out_stride + r, out_stride);
+                    if (t < na)
+                        for (int k = 0; k < 2; k++)
+                            tiles_one_row(ts, wr + (size_t)k * row_stride, ac + (size_t)t * act_stride, act_stride,
+                                          na - t, nb, oc + (size_t)t * out_stride + r + k, out_stride);
+                }
+            for (; r < n_rows; r++)
+                tiles_one_row(ts, w + (size_t)r * row_stride, ac, act_stride, na, nb, oc + r, out_stride);
+        }
+        return;
+    }
+#endif
+    (void)arb;
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t t = 0; t < n_acts; t++)
+            out[(size_t)t * out_stride + r] = quant_vec_dot(type, w + (size_t)r * row_stride, a + (size_t)t * act_stride, n);
 }

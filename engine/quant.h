@@ -72,6 +72,22 @@ void quant_dequantize_act(uint32_t weight_type, const void *act, float *dst, int
  * quant_quantize_act for that type; 0 for a type with no dot product. The
  * scalar and the SIMD kernels return bit-identical results. */
 float quant_vec_dot(uint32_t type, const void *row, const void *act, int64_t n);
+/* Several dot products with one weight row: out[i] = quant_vec_dot(type, row,
+ * acts + i * act_stride, n) for 0 <= i < n_acts, bit for bit (any n_acts >= 0;
+ * out is untouched for n_acts <= 0). The AVX2 kernels (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, Q4_K, Q5_K, Q6_K) unpack each weight block once for up to eight
+ * activation rows and keep their partial sums in registers; other types, and
+ * the scalar path, loop over quant_vec_dot. */
+void quant_vec_dot_multi(uint32_t type, const void *row, const void *acts, size_t act_stride, int64_t n_acts,
+                         int64_t n, float *out);
+/* A block of a matrix product: out[t * out_stride + r] = quant_vec_dot(type,
+ * rows + r * row_stride, acts + t * act_stride, n) for 0 <= r < n_rows and
+ * 0 <= t < n_acts, bit for bit. Walks the activations in cache-sized chunks
+ * and uses 2-row x 4-activation tiles where that is faster (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0), else quant_vec_dot_multi. Single-threaded: split the rows (or
+ * the activations) across threads. */
+void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, const void *acts,
+                  size_t act_stride, int64_t n_acts, int64_t n, float *out, size_t out_stride);
 /* Kernels quant_vec_dot uses now: "avx2" or "scalar". AVX2 is chosen at run
  * time when the CPU has AVX2, FMA and F16C, unless POTSERVE_NO_SIMD=1 (read once). */
 const char *quant_simd_name(void);

@@ -1,0 +1,158 @@
+/* Throughput of a prefill-shaped matrix product, one thread: a weight matrix
+ * times 512 quantised activation rows, out[t][r] = quant_vec_dot(row r, act t),
+ * computed three ways that must give the same bits:
+ *   single  for each row, for each activation: quant_vec_dot (what
+ *           engine/cpu/cpu_backend.c's matmul_rows_quant did);
+ *   multi   for each row: quant_vec_dot_multi over all activations, then the
+ *           results scattered into out[t][r];
+ *   matmul  quant_matmul over the whole block (activation chunks, 2x4 tiles).
+ * The main case is SmolLM2-135M's ffn_gate / ffn_up shape (1536 rows of 576,
+ * Q4_1); the other rows show the other types and shapes (K-quant rows must be
+ * whole 256-element blocks, so they use the ffn_down shape, 576 rows of 1536).
+ * Not part of `make test`. Build and run from the repository root:
+ *
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_matmul.c engine/quant.c -lm \
+ *       -o build/bench_matmul && build/bench_matmul
+ *
+ * Columns: milliseconds for the 512 activations (best of several passes),
+ * "tok/s": activation rows per second through this one matrix, "GB/s": weight
+ * bytes consumed per second counting one pass over the matrix per activation
+ * row (as bench_quant_dot counts it), "GMAC/s": multiply-adds per second.
+ * POTSERVE_NO_SIMD=1 measures the scalar kernels. */
+#include "engine/quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static uint8_t rbyte(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint8_t)(rng >> 32);
+}
+
+/* Random bytes with every half-precision scale replaced by a small finite value. */
+static void fill_weights(uint32_t type, uint8_t *w, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) w[i] = rbyte();
+    const size_t bb = quant_block_bytes(type);
+    static const struct { uint32_t type; int off[2]; } halves[] = {
+        {GGML_TYPE_Q4_0, {0, -1}}, {GGML_TYPE_Q4_1, {0, 2}}, {GGML_TYPE_Q5_0, {0, -1}}, {GGML_TYPE_Q5_1, {0, 2}},
+        {GGML_TYPE_Q8_0, {0, -1}}, {GGML_TYPE_Q4_K, {0, 2}}, {GGML_TYPE_Q5_K, {0, 2}}, {GGML_TYPE_Q6_K, {208, -1}},
+    };
+    for (size_t h = 0; h < sizeof halves / sizeof halves[0]; h++) {
+        if (halves[h].type != type) continue;
+        for (size_t b = 0; b + bb <= bytes; b += bb)
+            for (int k = 0; k < 2; k++)
+                if (halves[h].off[k] >= 0) {
+                    const uint16_t v = quant_f32_to_f16(0.001f * (float)(1 + rbyte() % 64));
+                    w[b + (size_t)halves[h].off[k]] = (uint8_t)v;
+                    w[b + (size_t)halves[h].off[k] + 1] = (uint8_t)(v >> 8);
+                }
+    }
+}
+
+enum { T_ACTS = 512 };
+
+typedef struct mat {
+    uint32_t type;
+    int64_t rows, n;
+    size_t rb, ab;
+    uint8_t *w, *act;
+    float *out, *tmp;
+} mat;
+
+static void run_single(const mat *m) {
+    for (int64_t r = 0; r < m->rows; r++) {
+        const uint8_t *row = m->w + (size_t)r * m->rb;
+        for (int64_t t = 0; t < T_ACTS; t++)
+            m->out[t * m->rows + r] = quant_vec_dot(m->type, row, m->act + (size_t)t * m->ab, m->n);
+    }
+}
+
+static void run_multi(const mat *m) {
+    for (int64_t r = 0; r < m->rows; r++) {
+        quant_vec_dot_multi(m->type, m->w + (size_t)r * m->rb, m->act, m->ab, T_ACTS, m->n, m->tmp);
+        for (int64_t t = 0; t < T_ACTS; t++) m->out[t * m->rows + r] = m->tmp[t];
+    }
+}
+
+static void run_matmul(const mat *m) {
+    quant_matmul(m->type, m->w, m->rb, m->rows, m->act, m->ab, T_ACTS, m->n, m->out, (size_t)m->rows);
+}
+
+/* Seconds for the fastest of `reps` runs. */
+static double best(void (*fn)(const mat *), const mat *m, int reps) {
+    double b = 1e30;
+    for (int i = 0; i < reps; i++) {
+        const double t0 = now();
+        fn(m);
+        const double t = now() - t0;
+        if (t < b) b = t;
+    }
+    return b;
+}
+
+int main(int argc, char **argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 7;
+    const struct { uint32_t type; int64_t rows, n; } cases[] = {
+        {GGML_TYPE_Q4_1, 1536, 576}, {GGML_TYPE_Q4_1, 576, 1536}, {GGML_TYPE_Q4_0, 1536, 576},
+        {GGML_TYPE_Q8_0, 1536, 576}, {GGML_TYPE_Q5_0, 1536, 576}, {GGML_TYPE_Q5_1, 1536, 576},
+        {GGML_TYPE_Q4_K, 576, 1536}, {GGML_TYPE_Q5_K, 576, 1536}, {GGML_TYPE_Q6_K, 576, 1536},
+    };
+    printf("kernels: %s; %d activation rows, one thread, best of %d\n", quant_simd_name(), T_ACTS, reps);
+    printf("%-5s %5s %5s | %-7s %8s %8s %7s %7s | %s\n", "type", "rows", "n", "method", "ms", "tok/s", "GB/s",
+           "GMAC/s", "speed-up, same bits");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mat m = {.type = cases[c].type, .rows = cases[c].rows, .n = cases[c].n};
+        m.rb = quant_row_bytes(m.type, (uint64_t)m.n);
+        m.ab = quant_act_row_bytes(m.type, m.n);
+        m.w = malloc(m.rb * (size_t)m.rows);
+        m.act = malloc(m.ab * T_ACTS);
+        m.out = malloc(sizeof(float) * T_ACTS * (size_t)m.rows);
+        m.tmp = malloc(sizeof(float) * T_ACTS);
+        float *ref = malloc(sizeof(float) * T_ACTS * (size_t)m.rows), *x = malloc(sizeof(float) * (size_t)m.n);
+        if (!m.w || !m.act || !m.out || !m.tmp || !ref || !x) return 1;
+        fill_weights(m.type, m.w, m.rb * (size_t)m.rows);
+        for (int64_t t = 0; t < T_ACTS; t++) {
+            for (int64_t i = 0; i < m.n; i++) x[i] = (float)sin(0.37 * (double)i + 0.11 * (double)t) * 2.0f;
+            quant_quantize_act(m.type, x, m.act + (size_t)t * m.ab, m.n);
+        }
+        static const char *names[3] = {"single", "multi", "matmul"};
+        void (*fns[3])(const mat *) = {run_single, run_multi, run_matmul};
+        double ts = 0;
+        for (int k = 0; k < 3; k++) {
+            memset(m.out, 0, sizeof(float) * T_ACTS * (size_t)m.rows);
+            const double t = best(fns[k], &m, k == 0 ? (reps + 1) / 2 : reps);
+            int same = 1;
+            if (k == 0) {
+                memcpy(ref, m.out, sizeof(float) * T_ACTS * (size_t)m.rows);
+                ts = t;
+            } else {
+                same = memcmp(ref, m.out, sizeof(float) * T_ACTS * (size_t)m.rows) == 0;
+            }
+            const double macs = (double)m.rows * (double)m.n * T_ACTS;
+            const double bytes = (double)m.rb * (double)m.rows * T_ACTS;
+            printf("%-5s %5lld %5lld | %-7s %8.2f %8.0f %7.1f %7.2f | %.2fx%s\n", quant_type_name(m.type),
+                   (long long)m.rows, (long long)m.n, names[k], t * 1e3, T_ACTS / t, bytes / t / 1e9, macs / t / 1e9,
+                   ts / t, same ? "" : "  BITS DIFFER");
+            if (!same) return 1;
+        }
+        free(m.w);
+        free(m.act);
+        free(m.out);
+        free(m.tmp);
+        free(ref);
+        free(x);
+    }
+    return 0;
+}
