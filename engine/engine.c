@@ -41,7 +41,7 @@ engine *engine_open(const char *path, const engine_options *opt, char *err, size
             e->m->chat.default_system[0] = 0;
         }
     }
-    e->kv_dtype = opt && opt->exact ? POT_F32 : POT_F16;
+    e->kv_dtype = opt && (opt->exact || opt->kv_f32) ? POT_F32 : POT_F16;
     e->be = cpu_backend_new(e->m, e->n_threads, opt ? opt->exact : 0, err, errlen);
     if (!e->be) goto bad;
     return e;

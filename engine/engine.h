@@ -15,7 +15,8 @@ typedef struct engine_options {
     int n_threads;              /* <= 0: all online CPUs */
     const char *chat_template;  /* family name overriding the GGUF's template, or NULL */
     int exact;                  /* 1: f32 activations in every matrix product (see cpu_backend_new)
-                                   and f32 KV entries (f16 otherwise) */
+                                   and f32 KV entries */
+    int kv_f32;                 /* 1: f32 KV entries (f16 by default) */
 } engine_options;
 
 /* Loads the model at path. NULL + one line in err on any problem (bad file,

@@ -104,6 +104,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
     }
     opt.chat_template = flag_val(flags, p, "--chat-template");
     opt.exact = flag_val(flags, p, "--exact") != NULL;
+    opt.kv_f32 = flag_val(flags, p, "--kv-f32") != NULL;
     engine *e = engine_open(path, &opt, err, sizeof err);
     if (!e) fprintf(stderr, "potserve %s: %s\n", cmd, err);
     return e;
@@ -113,6 +114,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
     {"--model", "-m", "PATH", "GGUF model file (required)"},                           \
     {"--threads", "-t", "N", "worker threads (default: all CPUs)"},                    \
     {"--exact", NULL, NULL, "f32 activations and KV (reference numerics, slower)"}, \
+    {"--kv-f32", NULL, NULL, "f32 KV entries (f16 by default)"}, \
     {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \
                                       "llama3, mistral, zephyr, gemma"}
 
