@@ -174,7 +174,7 @@ int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *
                        size_t errlen);
 /* Reads a snapshot: NULL with one line in err for a missing, truncated,
  * corrupt (checksum), foreign or future-version file. On success the pot
- * (capacity = max(its n, min_capacity)) is the caller's and meta is filled. */
+ * (capacity = max(its n, min_capacity, 1)) is the caller's and meta is filled. */
 pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
                        size_t errlen);
 /* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start), so

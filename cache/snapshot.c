@@ -251,7 +251,8 @@ static int pot_shape_ok(const pot *p) {
 }
 
 /* Writes the whole snapshot to fd; 0 or an errno. */
-static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta, size_t settings_len) {
+static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
+                          size_t settings_len) {
     snap_writer w = {fd, 0, malloc(SNAP_IO_BYTES), 0, 0};
     if (!w.buf) return ENOMEM;
     unsigned char h[SNAP_HEADER_BYTES];

@@ -44,6 +44,13 @@ typedef struct backend_span {
      * surprisal is its negation). Rows with labels[t] < 0 are left alone. */
     const int32_t *labels;
     float *label_logprob;
+    /* Partial attention (recycled attention, seed 003), when attend_slots !=
+     * NULL: every (layer, KV head) attends only over the pot slots
+     * attend_slots[(layer * n_head_kv + head) * n_attend + i], i < n_attend
+     * (increasing, < kv->n), plus this span's own tokens. Not combinable with
+     * scores. */
+    const int32_t *attend_slots;
+    int32_t n_attend;
 } backend_span;
 
 typedef struct backend backend;

@@ -184,6 +184,73 @@ static int emit_text(stop_matcher *sm, const char *text, size_t len, int32_t tok
     return hit || *cancelled;
 }
 
+/* Recycled attention's state during one generation. */
+typedef struct recycler {
+    int32_t stride, keep, step;
+    int32_t *chosen;   /* [n_layer][n_head_kv][keep] slots picked at the last full step */
+    int32_t *attend;   /* [n_layer][n_head_kv][keep + stride] what a partial step reads */
+    float *scores;     /* [n_layer][n_head_kv][capacity] */
+    int32_t full_n;    /* pot size right after the last full step */
+    int active;
+} recycler;
+
+static void recycler_free(recycler *r) {
+    free(r->chosen);
+    free(r->attend);
+    free(r->scores);
+}
+
+/* Runs one decode step for tok, full or partial as the schedule says. */
+static int decode_step(engine *e, pot *p, recycler *r, int32_t tok, float *logits, char *err,
+                       size_t errlen) {
+    backend_span sp = {.tokens = &tok, .n_tokens = 1, .kv = p,
+                       .logits_mode = BACKEND_LOGITS_LAST, .logits = logits};
+    /* full attention while the pot (with this token) is no larger than the recycled set */
+    if (!r->active || p->n + 1 <= r->keep) return e->be->forward(e->be, &sp, 1, err, errlen);
+    int full = r->step++ % r->stride == 0;
+    int32_t L = p->n_layer, G = p->n_head_kv;
+    if (full) {
+        int32_t n_keys = p->n + 1;
+        sp.scores = r->scores;
+        sp.n_score_rows = 1;
+        sp.score_combine = BACKEND_SCORE_MAX;
+        if (e->be->forward(e->be, &sp, 1, err, errlen)) return -1;
+        select_params sel = {.policy = POLICY_FINCH, .n_keep = r->keep, .scores = r->scores,
+                             .scores_stride = n_keys};
+        if (pot_select(p, &sel, r->chosen, err, errlen)) return -1;
+        r->full_n = p->n;
+        return 0;
+    }
+    int32_t recent = p->n - r->full_n, n_attend = r->keep + recent;
+    for (int32_t lh = 0; lh < L * G; lh++) {
+        int32_t *dst = r->attend + (size_t)lh * n_attend;
+        memcpy(dst, r->chosen + (size_t)lh * r->keep, (size_t)r->keep * sizeof *dst);
+        for (int32_t i = 0; i < recent; i++) dst[r->keep + i] = r->full_n + i;
+    }
+    sp.attend_slots = r->attend;
+    sp.n_attend = n_attend;
+    return e->be->forward(e->be, &sp, 1, err, errlen);
+}
+
+static int recycler_init(recycler *r, const pot *p, const engine_gen_params *gp, char *err,
+                         size_t errlen) {
+    memset(r, 0, sizeof *r);
+    if (gp->recycle_stride <= 1) return 0;
+    if (gp->recycle_keep <= 0) return snprintf(err, errlen, "recycle_keep must be positive"), -1;
+    size_t lh = (size_t)p->n_layer * p->n_head_kv;
+    r->stride = gp->recycle_stride;
+    r->keep = gp->recycle_keep;
+    r->chosen = malloc(lh * r->keep * sizeof *r->chosen);
+    r->attend = malloc(lh * ((size_t)r->keep + r->stride) * sizeof *r->attend);
+    r->scores = malloc(lh * (size_t)p->capacity * sizeof *r->scores);
+    if (!r->chosen || !r->attend || !r->scores) {
+        recycler_free(r);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    r->active = 1;
+    return 0;
+}
+
 int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
                     const engine_gen_params *gp, engine_text_cb cb, void *user,
                     engine_gen_result *res, char *err, size_t errlen) {
@@ -198,6 +265,8 @@ int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
                  p->capacity - p->n);
         return -1;
     }
+    recycler rec;
+    if (recycler_init(&rec, p, gp, err, errlen)) return -1;
     float *logits = malloc((size_t)m->n_vocab * sizeof(float));
     sampler *s = logits ? sampler_new(&gp->sampling, m->n_vocab, err, errlen) : NULL;
     stop_matcher *sm = s ? stop_matcher_new(gp->stop, gp->n_stop) : NULL;
@@ -236,9 +305,7 @@ int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
             break;
         }
         if (p->n >= p->capacity) break; /* context full */
-        backend_span sp = {.tokens = &tok, .n_tokens = 1, .kv = p,
-                           .logits_mode = BACKEND_LOGITS_LAST, .logits = logits};
-        if (e->be->forward(e->be, &sp, 1, err, errlen)) goto done;
+        if (decode_step(e, p, &rec, tok, logits, err, errlen)) goto done;
     }
     if (!stopped) {
         size_t n = detok_flush(&ds, text, sizeof text);
@@ -251,6 +318,7 @@ int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
     res->decode_ms = now_ms() - t0;
     rc = 0;
 done:
+    recycler_free(&rec);
     stop_matcher_free(sm);
     sampler_free(s);
     free(logits);

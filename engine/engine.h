@@ -67,6 +67,12 @@ typedef struct engine_gen_params {
     size_t n_stop;
     int want_logprobs;
     int32_t *tokens_out;         /* when non-NULL, receives the generated ids (room for max_tokens) */
+    /* Recycled attention (seed 003), off when recycle_stride <= 1: a full
+     * attention step every recycle_stride steps picks, per (layer, KV head),
+     * the recycle_keep entries the new token attends to most (max over the
+     * group's query heads); the steps in between attend only to those plus the
+     * tokens generated since. */
+    int32_t recycle_stride, recycle_keep;
 } engine_gen_params;
 
 enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2 };

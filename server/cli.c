@@ -137,6 +137,8 @@ static const flag generate_flags[] = {
     {"--frequency-penalty", NULL, "X", "frequency penalty (default 0)"},
     {"--seed", NULL, "S", "random seed (default 0)"},
     {"--stop", NULL, "TEXT", "stop string (repeatable)"},
+    {"--recycle-stride", NULL, "S", "recycled attention: a full attention step every S steps (off)"},
+    {"--recycle-keep", NULL, "K", "recycled attention: entries attended between full steps"},
     {"--verbose", "-v", NULL, "print token counts and speed to stderr"},
     {NULL, NULL, NULL, NULL},
 };
@@ -193,6 +195,19 @@ static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
     gp->sampling.top_k = (int32_t)k;
     gp->sampling.seed = (uint64_t)seed;
     gp->max_tokens = (int32_t)n;
+    int64_t rs = 0, rk = 0;
+    if ((v = flag_val(generate_flags, p, "--recycle-stride")) &&
+        config_parse_int("--recycle-stride", v, 1, 1 << 20, &rs, err, sizeof err))
+        goto bad;
+    if ((v = flag_val(generate_flags, p, "--recycle-keep")) &&
+        config_parse_int("--recycle-keep", v, 1, 1 << 24, &rk, err, sizeof err))
+        goto bad;
+    if (rs > 1 && !rk) {
+        snprintf(err, sizeof err, "--recycle-stride needs --recycle-keep");
+        goto bad;
+    }
+    gp->recycle_stride = (int32_t)rs;
+    gp->recycle_keep = (int32_t)rk;
     gp->stop = p->stops;
     gp->n_stop = (size_t)p->n_stops;
     return 0;

@@ -124,6 +124,7 @@ typedef struct attn_job {
     cpu_backend *cb;
     const backend_span *sp;
     int32_t layer, n0, n_keys; /* n0 = slots before the span */
+    int32_t n_pre;             /* pot keys attended: n0, or n_attend with a subset */
     const float *q;            /* [n_tokens][n_head * head_dim], rotated */
     float *out;                /* [n_tokens][n_head * head_dim] */
     float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys */
@@ -133,14 +134,24 @@ typedef struct attn_job {
     int per_head;              /* 1: one task per head (scores), else per (head, token) */
 } attn_job;
 
+/* Pot slot of attended key k of KV head g: the pot's keys (all, or the
+ * span's subset), then the span's own tokens. */
+static int32_t key_slot(const attn_job *j, int32_t g, int32_t k) {
+    const backend_span *sp = j->sp;
+    if (k >= j->n_pre) return j->n0 + (k - j->n_pre);
+    if (!sp->attend_slots) return k;
+    return sp->attend_slots[((size_t)j->layer * j->cb->m->n_head_kv + g) * sp->n_attend + k];
+}
+
 /* Loads keys (rotated to their slot's position) and values of the pot as f32. */
 static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
     (void)worker;
     attn_job *j = ctx;
     const model *m = j->cb->m;
     for (int64_t task = a; task < b; task++) {
-        int32_t g = (int32_t)(task / j->n_keys), slot = (int32_t)(task % j->n_keys);
-        size_t at = ((size_t)g * j->n_keys + slot) * m->head_dim;
+        int32_t g = (int32_t)(task / j->n_keys), k = (int32_t)(task % j->n_keys);
+        int32_t slot = key_slot(j, g, k);
+        size_t at = ((size_t)g * j->n_keys + k) * m->head_dim;
         pot_read_k(j->sp->kv, j->layer, g, slot, 1, j->krot + at);
         pot_read_v(j->sp->kv, j->layer, g, slot, 1, j->vals + at);
         rope_rotate(j->krot + at, slot, m, j->cb->inv_freq, j->cb->rope_cs);
@@ -150,7 +161,7 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
 static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     const model *m = j->cb->m;
     int32_t hd = m->head_dim, g = h / (m->n_head / m->n_head_kv);
-    int32_t n_vis = j->n0 + t + 1; /* causal: keys up to and including this token */
+    int32_t n_vis = j->n_pre + t + 1; /* causal: keys up to and including this token */
     const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
     const float *kg = j->krot + (size_t)g * j->n_keys * hd;
     const float *vg = j->vals + (size_t)g * j->n_keys * hd;
@@ -300,6 +311,19 @@ static int check_spans(const model *m, const backend_span *spans, int32_t n_span
             snprintf(err, errlen, "forward: score rows lie outside span %d", s);
             return -1;
         }
+        if (sp->attend_slots) {
+            if (sp->scores || sp->n_attend < 0 || sp->n_attend > p->n) {
+                snprintf(err, errlen, "forward: span %d: bad partial attention (%d of %d slots%s)", s,
+                         sp->n_attend, p->n, sp->scores ? ", with scores" : "");
+                return -1;
+            }
+            for (size_t i = 0; i < (size_t)m->n_layer * m->n_head_kv * sp->n_attend; i++)
+                if (sp->attend_slots[i] < 0 || sp->attend_slots[i] >= p->n) {
+                    snprintf(err, errlen, "forward: span %d: attended slot %d is not in the pot", s,
+                             sp->attend_slots[i]);
+                    return -1;
+                }
+        }
         if (sp->labels && !sp->label_logprob) {
             snprintf(err, errlen, "forward: span %d has labels without an output buffer", s);
             return -1;
@@ -317,8 +341,9 @@ static int check_spans(const model *m, const backend_span *spans, int32_t n_span
 static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t layer,
                            const float *q, float *out, buffers *B) {
     const model *m = cb->m;
-    int32_t n0 = sp->kv->n, n_keys = n0 + sp->n_tokens;
-    attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_keys = n_keys, .q = q,
+    int32_t n0 = sp->kv->n, n_pre = sp->attend_slots ? sp->n_attend : n0;
+    int32_t n_keys = n_pre + sp->n_tokens;
+    attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_pre = n_pre, .n_keys = n_keys, .q = q,
                   .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                   .head_scores = sp->scores ? B->head_scores : NULL, .per_head = sp->scores != NULL};
     tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);

@@ -150,3 +150,16 @@ def test_corrupted_tiny_model_bytes(fixtures, tmp_path):
         t.write_bytes(bytes(d))
         p = run("info", "-m", t)
         assert p.returncode in (0, 1), (i, p.returncode, p.stderr[-300:])
+
+
+def test_recycled_attention(model):
+    """Stride 1 is full attention; a recycled set as large as the context is too;
+    a small set still generates (its quality is measured in tests/bench)."""
+    base = ("generate", "-m", model, "-p", "Once upon a time, in a small village by the sea,", "-n", "24", "--print-ids")
+    full = run(*base, check=True).stdout
+    assert run(*base, "--recycle-stride", "1", "--recycle-keep", "4", check=True).stdout == full
+    assert run(*base, "--recycle-stride", "4", "--recycle-keep", "64", check=True).stdout == full
+    small = run(*base, "--recycle-stride", "4", "--recycle-keep", "8", check=True).stdout
+    assert len(small.split()) == 24
+    bad = run(*base, "--recycle-stride", "4")
+    assert bad.returncode == 2 and b"--recycle-keep" in bad.stderr

@@ -172,3 +172,49 @@ TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
     be->free(be);
     model_free(m);
 }
+
+TEST(forward_partial_attention_over_every_slot_equals_full) {
+    model *m = load_default();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    backend *be = cpu_backend_new(m, 2, 0, err, sizeof err);
+    int V = m->n_vocab, n0 = N_PROMPT - 1;
+    float *full = malloc(V * sizeof(float)), *part = malloc(V * sizeof(float));
+    pot *a = new_pot(m, 32), *b = new_pot(m, 32);
+    backend_span pre = {.tokens = prompt, .n_tokens = n0, .kv = a};
+    CHECK_EQ_INT(be->forward(be, &pre, 1, err, sizeof err), 0);
+    pre.kv = b;
+    CHECK_EQ_INT(be->forward(be, &pre, 1, err, sizeof err), 0);
+    int32_t *all = malloc((size_t)m->n_layer * m->n_head_kv * n0 * sizeof *all);
+    for (int i = 0; i < m->n_layer * m->n_head_kv * n0; i++) all[i] = i % n0;
+    backend_span sa = {.tokens = prompt + n0, .n_tokens = 1, .kv = a,
+                       .logits_mode = BACKEND_LOGITS_LAST, .logits = full};
+    backend_span sb = sa;
+    sb.kv = b;
+    sb.logits = part;
+    sb.attend_slots = all;
+    sb.n_attend = n0;
+    CHECK_EQ_INT(be->forward(be, &sa, 1, err, sizeof err), 0);
+    CHECK_EQ_INT(be->forward(be, &sb, 1, err, sizeof err), 0);
+    CHECK(memcmp(full, part, V * sizeof(float)) == 0);
+    /* a strict subset changes the result, and bad subsets are refused */
+    pot_truncate(b, n0);
+    b->n_seen = n0;
+    for (int i = 0; i < m->n_layer * m->n_head_kv; i++) all[i * (n0 - 1)] = 0;
+    sb.n_attend = n0 - 1;
+    for (int lh = 0; lh < m->n_layer * m->n_head_kv; lh++)
+        for (int i = 0; i < n0 - 1; i++) all[lh * (n0 - 1) + i] = i + 1; /* drop slot 0 */
+    CHECK_EQ_INT(be->forward(be, &sb, 1, err, sizeof err), 0);
+    CHECK(memcmp(full, part, V * sizeof(float)) != 0);
+    all[0] = 999;
+    CHECK_EQ_INT(be->forward(be, &sb, 1, err, sizeof err), -1);
+    CHECK(strstr(err, "not in the pot") != NULL);
+    free(all);
+    free(full);
+    free(part);
+    pot_free(a);
+    pot_free(b);
+    be->free(be);
+    model_free(m);
+}

@@ -82,7 +82,7 @@ TEST(schedule_fixed_plans) {
     chunk_schedule s;
     char err[256];
     CHECK_EQ_INT(schedule_init(&s, SCHEDULE_FIXED, 2048, 1024, 1024, 4, err, sizeof err), 0);
-    /* 4 pinned entries, then 1024, 1020 (fills the pot), then compress to 1024 and chunks of 1024 */
+    /* 4 pinned entries, then 1024, 1020 (fills the pot), then compress to 1024, chunks of 1024 */
     chunk_plan p = schedule_next(&s, 4);
     CHECK(p.chunk_tokens == 1024 && !p.compress_after && p.keep_after == 1024);
     p = schedule_next(&s, 1028);
