@@ -63,7 +63,8 @@ uint32_t quant_vec_dot_type(uint32_t type);
  * blocks of the weight type, or the type has no dot product). */
 size_t quant_act_row_bytes(uint32_t weight_type, int64_t n);
 /* Quantizes n f32 activations into the vec_dot_type of weight_type (dst has
- * quant_act_row_bytes(weight_type, n) bytes; any alignment). */
+ * quant_act_row_bytes(weight_type, n) bytes; any alignment). The AVX2 path
+ * (Q8_0, Q8_1, Q8_K) writes the same bytes as the scalar one. */
 void quant_quantize_act(uint32_t weight_type, const float *x, void *dst, int64_t n);
 /* Decodes activations written by quant_quantize_act back to n floats (the
  * values the dot product sees); zeros for a type with no dot product. */
@@ -83,9 +84,9 @@ void quant_vec_dot_multi(uint32_t type, const void *row, const void *acts, size_
 /* A block of a matrix product: out[t * out_stride + r] = quant_vec_dot(type,
  * rows + r * row_stride, acts + t * act_stride, n) for 0 <= r < n_rows and
  * 0 <= t < n_acts, bit for bit. Walks the activations in cache-sized chunks
- * and uses 2-row x 4-activation tiles where that is faster (Q4_0, Q4_1, Q5_0,
- * Q5_1, Q8_0), else quant_vec_dot_multi. Single-threaded: split the rows (or
- * the activations) across threads. */
+ * and uses 2-row x 4-activation tiles where that is faster (Q4_1, Q8_0), else
+ * the kernels of quant_vec_dot_multi. Single-threaded: split the rows (or the
+ * activations) across threads. */
 void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, const void *acts,
                   size_t act_stride, int64_t n_acts, int64_t n, float *out, size_t out_stride);
 /* Kernels quant_vec_dot uses now: "avx2" or "scalar". AVX2 is chosen at run

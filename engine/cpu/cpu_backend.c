@@ -11,6 +11,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/quant.h"
+#include "simd.h"
 #include "threadpool.h"
 
 typedef struct cpu_backend {
@@ -107,11 +108,8 @@ static void matmul_rows_quant(void *ctx, int64_t r0, int64_t r1, int worker) {
     (void)worker;
     const matmul_job *j = ctx;
     const weight *w = j->w;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-        for (int64_t t = 0; t < j->T; t++)
-            j->out[t * w->rows + r] = quant_vec_dot(w->type, row, j->act + t * j->act_bytes, w->cols);
-    }
+    quant_matmul(w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, j->act,
+                 j->act_bytes, j->T, w->cols, j->out + r0, (size_t)w->rows);
 }
 
 typedef struct buffers buffers;
@@ -165,21 +163,15 @@ static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
     const float *kg = j->krot + (size_t)g * j->n_keys * hd;
     const float *vg = j->vals + (size_t)g * j->n_keys * hd;
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    for (int32_t k = 0; k < n_vis; k++) {
-        p[k] = dot_f32(qv, kg + (size_t)k * hd, hd) * scale;
-        if (p[k] > mx) mx = p[k];
-    }
-    double sum = 0;
-    for (int32_t k = 0; k < n_vis; k++) sum += (p[k] = expf(p[k] - mx));
+    float scale = 1.0f / sqrtf((float)hd);
+    simd_dot_rows_f32(p, qv, kg, hd, n_vis, hd, scale);
+    float mx = simd_max_f32(p, n_vis);
+    double sum = simd_exp_sub_sum(p, n_vis, mx);
     float inv = (float)(1.0 / sum);
+    for (int32_t k = 0; k < n_vis; k++) p[k] *= inv;
     float *o = j->out + ((size_t)t * m->n_head + h) * hd;
     memset(o, 0, (size_t)hd * sizeof(float));
-    for (int32_t k = 0; k < n_vis; k++) {
-        float w = p[k] *= inv;
-        const float *vk = vg + (size_t)k * hd;
-        for (int32_t d = 0; d < hd; d++) o[d] += w * vk[d];
-    }
+    simd_axpy_rows_f32(o, p, vg, hd, n_vis, hd);
     const backend_span *sp = j->sp;
     if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
         float *hs = j->head_scores + (size_t)h * j->n_keys;

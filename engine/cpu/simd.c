@@ -1,0 +1,338 @@
+/* AVX2+FMA kernels for the attention loops, with scalar fallbacks (simd.h
+ * describes the numerics). gcc in ISO C mode does not contract a*b+c into an
+ * FMA; for clang the pragma below says so, as the scalar loops must keep their
+ * two roundings. */
+#include "simd.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* ---- scalar kernels ------------------------------------------------------------ */
+
+static float dot_scalar(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static float max_scalar(const float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+static void dot_rows_scalar(float *out, const float *a, const float *b, int64_t bs, int64_t rows, int64_t n,
+                            float scale) {
+    for (int64_t k = 0; k < rows; k++) out[k] = dot_scalar(a, b + k * bs, n) * scale;
+}
+
+static void axpy_rows_scalar(float *y, const float *w, const float *x, int64_t xs, int64_t rows, int64_t n) {
+    for (int64_t k = 0; k < rows; k++) axpy_scalar(y, w[k], x + k * xs, n);
+}
+
+static double exp_sub_sum_scalar(float *p, int64_t n, float mx) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += (p[i] = expf(p[i] - mx));
+    return sum;
+}
+
+/* ---- AVX2 + FMA kernels ---------------------------------------------------------- */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SIMD_HAVE_AVX2 1
+#include <immintrin.h>
+
+#define AVX2_FN __attribute__((target("avx2,fma")))
+
+/* hadd: [l0+l1, l2+l3, ., . | l4+l5, l6+l7, ., .], twice: lane 0 (l0+l1)+(l2+l3),
+ * lane 4 (l4+l5)+(l6+l7); then lane 0 + lane 4, the scalar order. */
+static inline AVX2_FN float reduce_dot(__m256 acc) {
+    const __m256 h = _mm256_hadd_ps(acc, acc);
+    const __m256 h2 = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
+
+static AVX2_FN float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    float s = reduce_dot(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static AVX2_FN void axpy_avx2(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 y0 = _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i)));
+        const __m256 y1 = _mm256_add_ps(_mm256_loadu_ps(y + i + 8), _mm256_mul_ps(va, _mm256_loadu_ps(x + i + 8)));
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static AVX2_FN void dot_rows_avx2(float *out, const float *a, const float *b, int64_t bs, int64_t rows, int64_t n,
+                                  float scale) {
+    const int64_t n8 = n & ~(int64_t)7;
+    int64_t k = 0;
+    for (; k + 4 <= rows; k += 4) { /* four independent rows: their add chains overlap */
+        const float *b0 = b + k * bs, *b1 = b0 + bs, *b2 = b1 + bs, *b3 = b2 + bs;
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int64_t i = 0; i < n8; i += 8) {
+            const __m256 va = _mm256_loadu_ps(a + i);
+            c0 = _mm256_add_ps(c0, _mm256_mul_ps(va, _mm256_loadu_ps(b0 + i)));
+            c1 = _mm256_add_ps(c1, _mm256_mul_ps(va, _mm256_loadu_ps(b1 + i)));
+            c2 = _mm256_add_ps(c2, _mm256_mul_ps(va, _mm256_loadu_ps(b2 + i)));
+            c3 = _mm256_add_ps(c3, _mm256_mul_ps(va, _mm256_loadu_ps(b3 + i)));
+        }
+        float s0 = reduce_dot(c0), s1 = reduce_dot(c1), s2 = reduce_dot(c2), s3 = reduce_dot(c3);
+        for (int64_t i = n8; i < n; i++) {
+            s0 += a[i] * b0[i];
+            s1 += a[i] * b1[i];
+            s2 += a[i] * b2[i];
+            s3 += a[i] * b3[i];
+        }
+        out[k] = s0 * scale;
+        out[k + 1] = s1 * scale;
+        out[k + 2] = s2 * scale;
+        out[k + 3] = s3 * scale;
+    }
+    for (; k < rows; k++) out[k] = dot_avx2(a, b + k * bs, n) * scale;
+}
+
+/* y (up to 64 floats from y0) kept in registers while the rows go by. */
+static inline __attribute__((always_inline)) AVX2_FN void axpy_rows_block(float *y, const float *w, const float *x,
+                                                                          int64_t xs, int64_t rows, const int nv) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) acc[v] = _mm256_loadu_ps(y + 8 * v);
+    for (int64_t k = 0; k < rows; k++) {
+        const __m256 wk = _mm256_set1_ps(w[k]);
+        const float *xk = x + k * xs;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wk, _mm256_loadu_ps(xk + 8 * v)));
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + 8 * v, acc[v]);
+}
+
+static AVX2_FN void axpy_rows_avx2(float *y, const float *w, const float *x, int64_t xs, int64_t rows, int64_t n) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) axpy_rows_block(y + i, w, x + i, xs, rows, 8);
+    switch ((n - i) / 8) { /* constant counts, so that acc[] stays in registers */
+    case 7: axpy_rows_block(y + i, w, x + i, xs, rows, 7); break;
+    case 6: axpy_rows_block(y + i, w, x + i, xs, rows, 6); break;
+    case 5: axpy_rows_block(y + i, w, x + i, xs, rows, 5); break;
+    case 4: axpy_rows_block(y + i, w, x + i, xs, rows, 4); break;
+    case 3: axpy_rows_block(y + i, w, x + i, xs, rows, 3); break;
+    case 2: axpy_rows_block(y + i, w, x + i, xs, rows, 2); break;
+    case 1: axpy_rows_block(y + i, w, x + i, xs, rows, 1); break;
+    default: break;
+    }
+    i += (n - i) & ~(int64_t)7;
+    for (; i < n; i++) { /* the last n % 8 elements, rows in order */
+        float v = y[i];
+        for (int64_t k = 0; k < rows; k++) v += w[k] * x[k * xs + i];
+        y[i] = v;
+    }
+}
+
+static AVX2_FN float max_avx2(const float *x, int64_t n) {
+    /* vmaxps(v, m) returns m when v is NaN, so NaNs are skipped as in the scalar loop */
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+    }
+    for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    m0 = _mm256_max_ps(m0, m1);
+    float l[8];
+    _mm256_storeu_ps(l, m0);
+    float m = -INFINITY;
+    for (int k = 0; k < 8; k++)
+        if (l[k] > m) m = l[k];
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+/* expf, vectorised: the algorithm of glibc's expf (since 2.28; ARM's
+ * optimized-routines, also in musl) in the form its x86-64 FMA build runs
+ * (__expf_fma, which glibc picks on every CPU this path runs on), operation
+ * for operation in double precision, so the results are bit-identical to
+ * that expf: x*32/ln2 = k + r, 2^(k/32) from a table and the exponent
+ * bits, 2^(r/32) by a cubic, one rounding to float at the end:
+ *   kd' = fma(InvLn2N, x, Shift)   ki = bits(kd')   kd = kd' - Shift
+ *   r = fma(InvLn2N, x, -kd)       s = bits(T[ki % 32] + (ki << 47))
+ *   y = fma(fma(C0, r, C1), r*r, fma(C2, r, 1)) * s
+ * Lanes with |x| >= 88 or NaN (glibc's special cases) take expf itself. */
+static const uint64_t exp2f_tab[32] = { /* bits of 2^(i/32), minus i << 47 */
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+
+static inline AVX2_FN __m128 expf4(__m128 x) {
+    const __m256d inv_ln2_n = _mm256_set1_pd(0x1.71547652b82fep+0 * 32), shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d xd = _mm256_cvtps_pd(x);
+    const __m256d kds = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
+    const __m256i ki = _mm256_castpd_si256(kds);
+    const __m256d kd = _mm256_sub_pd(kds, shift);
+    const __m256d r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
+    const __m256i t = _mm256_i64gather_epi64((const long long *)(const void *)exp2f_tab,
+                                             _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    const __m256d sc = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64(ki, 47)));
+    const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
+                                      _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(z, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, sc));
+}
+
+/* p[i] = expf(p[i] - mx) for eight lanes. */
+static inline AVX2_FN void expf8_store(float *p, __m256 vm) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(p), vm);
+    const __m256 e = _mm256_set_m128(expf4(_mm256_extractf128_ps(x, 1)), expf4(_mm256_castps256_ps128(x)));
+    /* |x| >= 88 (bits of |x| >= those of 88.0f) or NaN */
+    const __m256i ax = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+    const __m256i special = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x42afffff));
+    _mm256_storeu_ps(p, e);
+    if (!_mm256_testz_si256(special, special)) {
+        float xs[8];
+        _mm256_storeu_ps(xs, x);
+        const int m = _mm256_movemask_ps(_mm256_castsi256_ps(special));
+        for (int k = 0; k < 8; k++)
+            if (m >> k & 1) p[k] = expf(xs[k]);
+    }
+}
+
+static AVX2_FN double exp_sub_sum_avx2(float *p, int64_t n, float mx) {
+    const __m256 vm = _mm256_set1_ps(mx);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) expf8_store(p + i, vm);
+    for (; i < n; i++) p[i] = expf(p[i] - mx);
+    /* the sum in the scalar loop's order, so that it has the same bits */
+    double sum = 0;
+    for (i = 0; i < n; i++) sum += p[i];
+    return sum;
+}
+
+static int cpu_has_avx2_fma(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+#define SIMD_HAVE_AVX2 0
+#endif
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+static atomic_int simd_mode = -1; /* -1 not yet known, 0 scalar, 1 AVX2 */
+static atomic_int forced_scalar = 0;
+
+static __attribute__((noinline, cold)) int detect_mode(void) {
+    const char *e = getenv("POTSERVE_NO_SIMD");
+    int m = 0;
+#if SIMD_HAVE_AVX2
+    if (!(e && *e && strcmp(e, "0") != 0)) m = cpu_has_avx2_fma();
+#else
+    (void)e;
+#endif
+    atomic_store_explicit(&simd_mode, m, memory_order_relaxed);
+    return m;
+}
+
+/* Called once per helper call: two relaxed loads on the usual path. */
+static inline int use_avx2(void) {
+    if (atomic_load_explicit(&forced_scalar, memory_order_relaxed)) return 0;
+    const int m = atomic_load_explicit(&simd_mode, memory_order_relaxed);
+    return m >= 0 ? m : detect_mode();
+}
+
+const char *simd_name(void) {
+    return use_avx2() ? "avx2" : "scalar";
+}
+
+void simd_force_scalar(int on) {
+    atomic_store_explicit(&forced_scalar, on != 0, memory_order_relaxed);
+}
+
+float simd_dot_f32(const float *a, const float *b, int64_t n) {
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) return dot_avx2(a, b, n);
+#endif
+    return dot_scalar(a, b, n);
+}
+
+void simd_axpy_f32(float *y, float a, const float *x, int64_t n) {
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) {
+        axpy_avx2(y, a, x, n);
+        return;
+    }
+#endif
+    axpy_scalar(y, a, x, n);
+}
+
+float simd_max_f32(const float *x, int64_t n) {
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) return max_avx2(x, n);
+#endif
+    return max_scalar(x, n);
+}
+
+void simd_dot_rows_f32(float *out, const float *a, const float *b, int64_t b_stride, int64_t n_rows, int64_t n,
+                       float scale) {
+    if (n_rows <= 0) return;
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) {
+        dot_rows_avx2(out, a, b, b_stride, n_rows, n, scale);
+        return;
+    }
+#endif
+    dot_rows_scalar(out, a, b, b_stride, n_rows, n, scale);
+}
+
+void simd_axpy_rows_f32(float *y, const float *w, const float *x, int64_t x_stride, int64_t n_rows, int64_t n) {
+    if (n_rows <= 0 || n <= 0) return;
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) {
+        axpy_rows_avx2(y, w, x, x_stride, n_rows, n);
+        return;
+    }
+#endif
+    axpy_rows_scalar(y, w, x, x_stride, n_rows, n);
+}
+
+double simd_exp_sub_sum(float *p, int64_t n, float mx) {
+    if (n <= 0) return 0.0;
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) return exp_sub_sum_avx2(p, n, mx);
+#endif
+    return exp_sub_sum_scalar(p, n, mx);
+}

@@ -1,0 +1,43 @@
+/* Vector helpers for the CPU backend's attention loops (private to engine/cpu/).
+ * Each has an AVX2+FMA kernel, chosen at run time when the CPU has both and
+ * POTSERVE_NO_SIMD is unset or "0" (read once), and a portable scalar one.
+ *
+ * Numerics: every helper gives the same bits on both paths, and the same bits
+ * as the backend's original scalar loops (dot: eight lanes of mul-then-add,
+ * lane i%8, reduced as ((l0+l1) + (l2+l3)) + ((l4+l5) + (l6+l7)), then the
+ * n%8 tail added in order; axpy: y + a*x with two roundings, no FMA; max:
+ * NaNs skipped). simd_exp_sub_sum's scalar path is libm's expf and a
+ * sequential double sum; its AVX2 path computes glibc's expf algorithm
+ * (x86-64 FMA variant) in vectors, bit-identical to glibc >= 2.28's expf on
+ * the CPUs it runs on (with another libm: within its expf's error, about 1
+ * ulp), and sums in the same sequential order. */
+#ifndef POTSERVE_SIMD_H
+#define POTSERVE_SIMD_H
+
+#include <stdint.h>
+
+/* sum of a[i] * b[i], i < n (0 for n <= 0). */
+float simd_dot_f32(const float *a, const float *b, int64_t n);
+/* y[i] += a * x[i], i < n. */
+void simd_axpy_f32(float *y, float a, const float *x, int64_t n);
+/* The largest x[i], i < n, ignoring NaNs; -INFINITY for n <= 0 or all NaN. */
+float simd_max_f32(const float *x, int64_t n);
+/* p[i] = expf(p[i] - mx), i < n; returns the sum of the new p[i] (in double,
+ * as the softmax loops accumulate it). */
+double simd_exp_sub_sum(float *p, int64_t n, float mx);
+
+/* Batched forms for the attention loops, bit for bit equal to calling the
+ * above row by row (one call instead of one per key; the AVX2 kernels keep
+ * y in registers across the rows):
+ * out[k] = simd_dot_f32(a, b + k * b_stride, n) * scale, k < n_rows. */
+void simd_dot_rows_f32(float *out, const float *a, const float *b, int64_t b_stride, int64_t n_rows, int64_t n,
+                       float scale);
+/* for k = 0 .. n_rows-1 in order: simd_axpy_f32(y, w[k], x + k * x_stride, n). */
+void simd_axpy_rows_f32(float *y, const float *w, const float *x, int64_t x_stride, int64_t n_rows, int64_t n);
+
+/* Kernels in use: "avx2" or "scalar". */
+const char *simd_name(void);
+/* Test-only: on != 0 forces the scalar kernels, 0 restores the default. */
+void simd_force_scalar(int on);
+
+#endif

@@ -1,0 +1,339 @@
+/* quant_vec_dot_multi and quant_matmul (engine/quant.c) against quant_vec_dot:
+ * every result must have the same bits (memcmp), on the AVX2 path (when the
+ * CPU has it) and on the scalar path, for
+ *  - every weight type with a dot product, random valid rows of 1, 2, 3, 5, 7
+ *    and 9 blocks, 1..9 activation rows (and 15, 16, 17, 31: groups of 8 plus
+ *    remainders), activations normal / zero / one huge value / tiny;
+ *  - the rows of every tensor in build/fixtures/quant_<TYPE>.gguf (real,
+ *    random and edge-case blocks: zero, subnormal, largest and negative scales);
+ *  - quant_matmul on 1..5 rows x 1..9 activations, on blocks that cross its
+ *    activation chunks, with an output stride wider than the row count (the
+ *    other entries must stay untouched), and with unaligned rows/activations. */
+#include "test.h"
+
+#include "engine/gguf.h"
+#include "engine/quant.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static const uint32_t types[] = {
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
+    GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+};
+enum { N_TYPES = sizeof types / sizeof types[0] };
+
+static uint64_t rs = 0x853c49e6748fea9bull;
+static uint32_t rnd(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+static float rnd_normal(void) { /* sum of four uniforms in [-1, 1) */
+    float s = 0;
+    for (int i = 0; i < 4; i++) s += (float)((double)rnd() / 2147483648.0 - 1.0);
+    return s;
+}
+
+/* Offsets of the half-precision scales in a block (-1: none). */
+static void half_offsets(uint32_t type, int off[2]) {
+    off[0] = off[1] = -1;
+    switch (type) {
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: off[0] = 0; break;
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: off[0] = 0; off[1] = 2; break;
+    case GGML_TYPE_Q2_K: off[0] = 80; off[1] = 82; break;
+    case GGML_TYPE_Q3_K: off[0] = 108; break;
+    case GGML_TYPE_Q6_K: off[0] = 208; break;
+    default: break;
+    }
+}
+
+/* Random valid weights: random quant bytes, finite scales of either sign
+ * between about 2^-12 and 2 (F32 / F16 / BF16: random normal values). */
+static void gen_weights(uint32_t type, uint8_t *w, size_t bytes) {
+    if (type == GGML_TYPE_F32) {
+        for (size_t i = 0; i + 4 <= bytes; i += 4) {
+            const float v = rnd_normal();
+            memcpy(w + i, &v, 4);
+        }
+        return;
+    }
+    if (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) {
+        for (size_t i = 0; i + 2 <= bytes; i += 2) {
+            const float v = rnd_normal();
+            const uint16_t h = type == GGML_TYPE_F16 ? quant_f32_to_f16(v) : quant_f32_to_bf16(v);
+            memcpy(w + i, &h, 2);
+        }
+        return;
+    }
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
+    const size_t bb = quant_block_bytes(type);
+    int off[2];
+    half_offsets(type, off);
+    for (size_t b = 0; b + bb <= bytes; b += bb)
+        for (int k = 0; k < 2; k++)
+            if (off[k] >= 0) {
+                const float mag = ldexpf(1.0f + (float)(rnd() % 1024) / 1024.0f, -(int)(rnd() % 13));
+                const uint16_t h = quant_f32_to_f16(rnd() & 1 ? -mag : mag);
+                memcpy(w + b + (size_t)off[k], &h, 2);
+            }
+}
+
+/* n_acts activation rows of n elements, quantised for `type`, `stride` bytes
+ * apart; mode 0 normal, 1 zero, 2 one huge value, 3 tiny, by row. */
+static void gen_acts(uint32_t type, uint8_t *a, size_t stride, int64_t n_acts, int64_t n, int mode0) {
+    float *x = malloc((size_t)n * sizeof *x);
+    if (!x) return;
+    for (int64_t t = 0; t < n_acts; t++) {
+        const int mode = (int)((mode0 + t) % 4);
+        for (int64_t i = 0; i < n; i++) x[i] = mode == 1 ? 0.0f : rnd_normal() * (mode == 3 ? 1e-6f : 1.0f);
+        if (mode == 2) x[rnd() % (uint32_t)n] = 3.0e4f;
+        quant_quantize_act(type, x, a + (size_t)t * stride, n);
+    }
+    free(x);
+}
+
+static int n_differ(const float *a, const float *b, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return bad;
+}
+
+/* Checks multi against single for one row and n_acts activations on the
+ * current path; returns the number of differing results. */
+static int check_multi(uint32_t type, const uint8_t *row, const uint8_t *acts, size_t stride, int64_t n_acts,
+                       int64_t n) {
+    float want[64], got[65];
+    for (int64_t t = 0; t < n_acts; t++) want[t] = quant_vec_dot(type, row, acts + (size_t)t * stride, n);
+    const float sentinel = -1234.5f;
+    got[n_acts] = sentinel;
+    quant_vec_dot_multi(type, row, acts, stride, n_acts, n, got);
+    int bad = n_differ(got, want, n_acts) + (got[n_acts] != sentinel);
+    if (bad) fprintf(stderr, "  %s n=%lld acts=%lld (%s): %d differ\n", quant_type_name(type), (long long)n,
+                     (long long)n_acts, quant_simd_name(), bad);
+    return bad;
+}
+
+/* Both paths: the default (AVX2 where available) and the forced scalar one. */
+static int check_multi_paths(uint32_t type, const uint8_t *row, const uint8_t *acts, size_t stride, int64_t n_acts,
+                             int64_t n) {
+    int bad = check_multi(type, row, acts, stride, n_acts, n);
+    quant_force_scalar(1);
+    bad += check_multi(type, row, acts, stride, n_acts, n);
+    quant_force_scalar(0);
+    return bad;
+}
+
+TEST(quant_multi_random) {
+    static const int blocks[] = {1, 2, 3, 5, 7, 9};
+    static const int counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 31};
+    enum { MAX_ACTS = 31 };
+    int checked = 0, bad = 0;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = types[ti];
+        const int64_t qk = quant_block_elems(type) == 1 ? 32 : quant_block_elems(type);
+        for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+            const int64_t n = qk * blocks[bi];
+            const size_t rb = quant_row_bytes(type, (uint64_t)n), ab = quant_act_row_bytes(type, n);
+            CHECK(rb > 0 && ab > 0);
+            /* activations 3 bytes further apart than their size: odd strides and alignments */
+            const size_t stride = ab + 3;
+            uint8_t *row = malloc(rb + 1), *acts = malloc(stride * MAX_ACTS + 1);
+            CHECK(row && acts);
+            if (!row || !acts) return;
+            for (int mode = 0; mode < 4; mode++) {
+                gen_weights(type, row + 1, rb);
+                gen_acts(type, acts + 1, stride, MAX_ACTS, n, mode);
+                for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                    bad += check_multi_paths(type, row + 1, acts + 1, stride, counts[ci], n);
+                    checked++;
+                }
+            }
+            free(row);
+            free(acts);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d (type, n, count, mode) cases, kernels %s\n", checked, quant_simd_name());
+}
+
+/* n_acts <= 0 writes nothing; a type without a dot product gives zeros. */
+TEST(quant_multi_edges) {
+    float out[4] = {7, 7, 7, 7};
+    uint8_t row[64] = {0}, act[64] = {0};
+    quant_vec_dot_multi(GGML_TYPE_Q4_1, row, act, 0, 0, 32, out);
+    quant_vec_dot_multi(GGML_TYPE_Q4_1, row, act, 0, -3, 32, out);
+    quant_matmul(GGML_TYPE_Q4_1, row, 0, 1, act, 0, 0, 32, out, 1);
+    quant_matmul(GGML_TYPE_Q4_1, row, 0, 0, act, 0, 2, 32, out, 1);
+    CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
+    quant_vec_dot_multi(GGML_TYPE_Q8_K, row, act, 0, 2, 256, out);
+    CHECK(out[0] == 0 && out[1] == 0 && out[2] == 7);
+    /* a partial block: no dot product, as quant_vec_dot */
+    quant_vec_dot_multi(GGML_TYPE_Q4_0, row, act, 0, 2, 33, out);
+    CHECK(out[0] == 0 && out[1] == 0);
+}
+
+/* The rows of the fixture tensors (real, random and edge-case blocks). */
+TEST(quant_multi_fixtures) {
+    int files = 0, rows_checked = 0, bad = 0;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = types[ti];
+        char fname[64], err[256];
+        snprintf(fname, sizeof fname, "quant_%s.gguf", quant_type_name(type));
+        gguf_file *f = gguf_open(test_fixture(fname), err, sizeof err);
+        if (!f) fprintf(stderr, "  %s: %s\n", fname, err);
+        CHECK(f != NULL);
+        if (!f) continue;
+        files++;
+        for (uint64_t i = 0; i < f->n_tensors; i++) {
+            const gguf_tensor *t = &f->tensors[i];
+            if (t->type != type) continue;
+            const int64_t n = (int64_t)t->ne[0];
+            const size_t rb = quant_row_bytes(type, (uint64_t)n), ab = quant_act_row_bytes(type, n);
+            if (!rb || !ab) continue;
+            const int64_t rows = (int64_t)(t->nbytes / rb);
+            uint8_t *acts = malloc(ab * 9);
+            float *want = malloc(sizeof(float) * 9 * (size_t)rows), *got = malloc(sizeof(float) * 9 * (size_t)rows);
+            CHECK(acts && want && got);
+            if (!acts || !want || !got) return;
+            gen_acts(type, acts, ab, 9, n, (int)i);
+            for (int64_t r = 0; r < rows; r++) {
+                const uint8_t *row = (const uint8_t *)t->data + (size_t)r * rb;
+                for (int64_t k = 1; k <= 9; k++) bad += check_multi_paths(type, row, acts, ab, k, n);
+                rows_checked++;
+            }
+            /* the whole tensor as a matrix */
+            for (int64_t r = 0; r < rows; r++)
+                for (int k = 0; k < 9; k++)
+                    want[(size_t)k * rows + r] =
+                        quant_vec_dot(type, (const uint8_t *)t->data + (size_t)r * rb, acts + (size_t)k * ab, n);
+            quant_matmul(type, t->data, rb, rows, acts, ab, 9, n, got, (size_t)rows);
+            bad += n_differ(got, want, 9 * rows);
+            free(acts);
+            free(want);
+            free(got);
+        }
+        gguf_close(f);
+    }
+    CHECK_EQ_INT(files, N_TYPES);
+    CHECK(rows_checked > 0);
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* quant_matmul on one path: rows x acts into an out matrix of stride rows + 3
+ * (the extra entries keep their sentinel). */
+static int check_matmul(uint32_t type, const uint8_t *w, size_t rb, int64_t rows, const uint8_t *a, size_t as,
+                        int64_t acts, int64_t n) {
+    const size_t os = (size_t)rows + 3, total = os * (size_t)acts;
+    float *want = malloc(total * sizeof *want), *got = malloc(total * sizeof *got);
+    if (!want || !got) {
+        free(want);
+        free(got);
+        return 1;
+    }
+    for (size_t i = 0; i < total; i++) want[i] = got[i] = -99.0f;
+    for (int64_t t = 0; t < acts; t++)
+        for (int64_t r = 0; r < rows; r++)
+            want[(size_t)t * os + r] = quant_vec_dot(type, w + (size_t)r * rb, a + (size_t)t * as, n);
+    quant_matmul(type, w, rb, rows, a, as, acts, n, got, os);
+    const int bad = n_differ(got, want, (int64_t)total);
+    if (bad) fprintf(stderr, "  matmul %s n=%lld %lldx%lld (%s): %d differ\n", quant_type_name(type), (long long)n,
+                     (long long)rows, (long long)acts, quant_simd_name(), bad);
+    free(want);
+    free(got);
+    return bad;
+}
+
+TEST(quant_multi_matmul) {
+    int bad = 0, cases = 0;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = types[ti];
+        const int64_t qk = quant_block_elems(type) == 1 ? 32 : quant_block_elems(type);
+        /* small shapes, 3 blocks; then a long row (9 blocks of 256 elements:
+         * activation chunks of 8 or fewer rows for the K-quants) with 37 activations */
+        for (int shape = 0; shape < 2; shape++) {
+            const int64_t n = shape == 0 ? qk * 3 : 9 * 256;
+            const int64_t max_rows = shape == 0 ? 5 : 7, max_acts = shape == 0 ? 9 : 37;
+            const size_t rb = quant_row_bytes(type, (uint64_t)n), ab = quant_act_row_bytes(type, n);
+            const size_t ws = rb + 1, as = ab + 5; /* odd strides: unaligned rows and activations */
+            uint8_t *w = malloc(ws * (size_t)max_rows), *a = malloc(as * (size_t)max_acts);
+            CHECK(w && a);
+            if (!w || !a) return;
+            for (int64_t r = 0; r < max_rows; r++) gen_weights(type, w + (size_t)r * ws, rb);
+            gen_acts(type, a, as, max_acts, n, shape);
+            for (int path = 0; path < 2; path++) {
+                quant_force_scalar(path);
+                if (shape == 0) {
+                    for (int64_t rows = 1; rows <= max_rows; rows++)
+                        for (int64_t acts = 1; acts <= max_acts; acts++, cases++)
+                            bad += check_matmul(type, w, ws, rows, a, as, acts, n);
+                } else {
+                    bad += check_matmul(type, w, ws, max_rows, a, as, max_acts, n);
+                    bad += check_matmul(type, w, ws, max_rows - 1, a, as, max_acts - 1, n);
+                    cases += 2;
+                }
+            }
+            quant_force_scalar(0);
+            free(w);
+            free(a);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d matmul shapes, kernels %s\n", cases, quant_simd_name());
+}
+
+/* quant_quantize_act: the AVX2 path writes the same bytes as the scalar one,
+ * for Q8_0, Q8_1 and Q8_K activations and awkward inputs: ties (quarter
+ * integers scaled so that x * id lands on .5), zeros, subnormals (127/amax
+ * overflows), a largest magnitude occurring with both signs, infinities, NaN,
+ * huge values (d rounds to an infinite half) and tiny ones (a subnormal half). */
+TEST(quant_multi_quantize_simd) {
+    static const uint32_t wtypes[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K};
+    enum { N = 4 * 256 };
+    float x[N];
+    uint8_t a[2 * N + 64], b[2 * N + 64];
+    int bad = 0, cases = 0;
+    for (size_t wi = 0; wi < sizeof wtypes / sizeof wtypes[0]; wi++) {
+        const uint32_t type = wtypes[wi];
+        const size_t bytes = quant_act_row_bytes(type, N);
+        CHECK(bytes > 0 && bytes <= sizeof a);
+        for (int mode = 0; mode < 12; mode++)
+            for (int rep = 0; rep < 8; rep++, cases++) {
+                for (int i = 0; i < N; i++) x[i] = rnd_normal();
+                switch (mode) {
+                case 1: /* ties: multiples of amax/254 */
+                    for (int i = 0; i < N; i++) x[i] = (float)((int)(rnd() % 255) - 127) * 0.5f;
+                    break;
+                case 2: for (int i = 0; i < N; i++) x[i] = (float)(int)(x[i] * 20.0f) / 4.0f; break;
+                case 3: for (int i = 0; i < N / 2; i++) x[i] = 0.0f; break;
+                case 4: for (int i = 0; i < N; i++) x[i] *= 1e-42f; break; /* subnormal */
+                case 5: for (int i = 0; i < N; i += 3) x[i] = -x[i - (i % 2)]; break;
+                case 6: x[rnd() % N] = INFINITY; x[rnd() % N] = -INFINITY; break;
+                case 7: x[rnd() % N] = NAN; break;
+                case 8: /* +-m in the same block, either first */
+                    for (int i = 0; i < N; i += 64) {
+                        x[i + rnd() % 32] = 9.0f;
+                        x[i + rnd() % 32] = -9.0f;
+                    }
+                    break;
+                case 9: for (int i = 0; i < N; i++) x[i] *= 3e37f; break; /* x * id near the top of the range */
+                case 10: for (int i = 0; i < N; i++) x[i] *= 3e-6f; break; /* d a half subnormal */
+                case 11: for (int i = 0; i < N; i++) x[i] *= (float)(1 + rnd() % 7) * 1e-3f; break;
+                default: break;
+                }
+                memset(a, 0xaa, sizeof a);
+                memset(b, 0xaa, sizeof b);
+                quant_quantize_act(type, x, a + 1, N);
+                quant_force_scalar(1);
+                quant_quantize_act(type, x, b + 1, N);
+                quant_force_scalar(0);
+                if (memcmp(a, b, sizeof a) != 0) {
+                    if (bad < 5) fprintf(stderr, "  quantize for %s mode %d: bytes differ\n", quant_type_name(type), mode);
+                    bad++;
+                }
+            }
+    }
+    CHECK_EQ_INT(bad, 0);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d quantisation cases, kernels %s\n", cases, quant_simd_name());
+}

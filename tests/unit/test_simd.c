@@ -1,0 +1,327 @@
+/* engine/cpu/simd.c: the AVX2 kernels (when the CPU has them) against the
+ * scalar ones and against the backend's original loops, on random inputs of
+ * every length 0..67 and 1000..1040, 4099, at unaligned addresses:
+ *  - simd_dot_f32, simd_axpy_f32, simd_max_f32: the same bits on both paths
+ *    and as the original loops (also with NaNs and infinities for max);
+ *  - simd_exp_sub_sum: each p[i] the bits of expf(p[i] - mx) (glibc; with
+ *    another libm within 1 ulp), also for differences beyond +-88,
+ *    infinities and NaN; the sum the bits of the scalar path's sum; plus a
+ *    sweep over [-104, 89] in steps of 2^-12;
+ *  - simd_dot_rows_f32 / simd_axpy_rows_f32: the same bits as the row-by-row
+ *    loops, 0..37 rows. */
+#include "test.h"
+
+#include "engine/cpu/simd.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+static float uni(void) { /* [-1, 1) */
+    return (float)((double)rnd() / 2147483648.0 - 1.0);
+}
+
+static int same_bits(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* Distance in units in the last place (both finite, same sign or zero). */
+static int64_t ulp_diff(float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    if (ia < 0) ia = INT32_MIN - ia;
+    if (ib < 0) ib = INT32_MIN - ib;
+    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
+}
+
+/* The backend's original loops (engine/cpu/cpu_backend.c before simd.c). */
+static float ref_dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+enum { MAX_N = 4099 };
+static int64_t lengths[80];
+static int n_lengths;
+
+static void init_lengths(void) {
+    n_lengths = 0;
+    for (int64_t n = 0; n <= 67; n++) lengths[n_lengths++] = n;
+    for (int64_t n = 1000; n <= 1040; n += 5) lengths[n_lengths++] = n;
+    lengths[n_lengths++] = MAX_N;
+}
+
+TEST(simd_name_and_dispatch) {
+    const char *name = simd_name();
+    CHECK(strcmp(name, "avx2") == 0 || strcmp(name, "scalar") == 0);
+    simd_force_scalar(1);
+    CHECK_STR(simd_name(), "scalar");
+    simd_force_scalar(0);
+    CHECK_STR(simd_name(), name);
+}
+
+TEST(simd_dot) {
+    init_lengths();
+    float *a = malloc((MAX_N + 1) * sizeof *a), *b = malloc((MAX_N + 1) * sizeof *b);
+    CHECK(a && b);
+    if (!a || !b) return;
+    int bad = 0;
+    for (int rep = 0; rep < 3; rep++)
+        for (int li = 0; li < n_lengths; li++) {
+            const int64_t n = lengths[li];
+            /* +1: unaligned; the scale spread makes cancellation and rounding matter */
+            for (int64_t i = 0; i <= n; i++) {
+                a[i] = uni() * ldexpf(1.0f, (int)(rnd() % 9) - 4);
+                b[i] = uni();
+            }
+            const float want = ref_dot(a + 1, b + 1, n);
+            const float v = simd_dot_f32(a + 1, b + 1, n);
+            simd_force_scalar(1);
+            const float s = simd_dot_f32(a + 1, b + 1, n);
+            simd_force_scalar(0);
+            if (!same_bits(v, want) || !same_bits(s, want)) {
+                if (bad++ < 5) fprintf(stderr, "  dot n=%lld: %.9g / %.9g, want %.9g\n", (long long)n, v, s, want);
+            }
+            /* and close to the exact value */
+            double exact = 0, mag = 0;
+            for (int64_t i = 1; i <= n; i++) {
+                exact += (double)a[i] * b[i];
+                mag += fabs((double)a[i] * b[i]);
+            }
+            CHECK(fabs(v - exact) <= 1e-6 * (double)(n + 1) * mag + 1e-30);
+        }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(simd_dot_f32(a, b, 0) == 0.0f);
+    free(a);
+    free(b);
+}
+
+TEST(simd_axpy) {
+    init_lengths();
+    float *x = malloc((MAX_N + 1) * sizeof *x), *y0 = malloc((MAX_N + 2) * sizeof *y0),
+          *y1 = malloc((MAX_N + 2) * sizeof *y1), *y2 = malloc((MAX_N + 2) * sizeof *y2);
+    CHECK(x && y0 && y1 && y2);
+    if (!x || !y0 || !y1 || !y2) return;
+    int bad = 0;
+    for (int li = 0; li < n_lengths; li++) {
+        const int64_t n = lengths[li];
+        const float a = uni() * 3.0f;
+        for (int64_t i = 0; i <= n; i++) x[i] = uni();
+        for (int64_t i = 0; i < n + 2; i++) y0[i] = y1[i] = y2[i] = uni() * 10.0f;
+        for (int64_t i = 0; i < n; i++) y0[i + 1] += a * x[i + 1]; /* the original loop */
+        simd_axpy_f32(y1 + 1, a, x + 1, n);
+        simd_force_scalar(1);
+        simd_axpy_f32(y2 + 1, a, x + 1, n);
+        simd_force_scalar(0);
+        /* the element before and after stay as they were */
+        bad += memcmp(y0, y1, (size_t)(n + 2) * sizeof *y0) != 0;
+        bad += memcmp(y0, y2, (size_t)(n + 2) * sizeof *y0) != 0;
+    }
+    CHECK_EQ_INT(bad, 0);
+    free(x);
+    free(y0);
+    free(y1);
+    free(y2);
+}
+
+TEST(simd_max) {
+    init_lengths();
+    float *x = malloc((MAX_N + 1) * sizeof *x);
+    CHECK(x != NULL);
+    if (!x) return;
+    int bad = 0;
+    for (int mode = 0; mode < 4; mode++)
+        for (int li = 0; li < n_lengths; li++) {
+            const int64_t n = lengths[li];
+            for (int64_t i = 0; i <= n; i++) x[i] = uni() * 100.0f - (mode == 1 ? 1000.0f : 0.0f);
+            if (mode == 2 && n > 0) /* NaNs are skipped */
+                for (int k = 0; k < 3; k++) x[1 + rnd() % (uint32_t)n] = NAN;
+            if (mode == 3 && n > 0) x[1 + rnd() % (uint32_t)n] = rnd() & 1 ? INFINITY : -INFINITY;
+            float want = -INFINITY;
+            for (int64_t i = 1; i <= n; i++)
+                if (x[i] > want) want = x[i];
+            const float v = simd_max_f32(x + 1, n);
+            simd_force_scalar(1);
+            const float s = simd_max_f32(x + 1, n);
+            simd_force_scalar(0);
+            if (!same_bits(v, want) || !same_bits(s, want)) {
+                if (bad++ < 5) fprintf(stderr, "  max n=%lld mode %d: %g / %g, want %g\n", (long long)n, mode, v, s, want);
+            }
+        }
+    CHECK_EQ_INT(bad, 0);
+    /* empty, all NaN, the maximum in the tail */
+    CHECK(simd_max_f32(x, 0) == -INFINITY);
+    for (int i = 0; i < 20; i++) x[i] = NAN;
+    CHECK(simd_max_f32(x, 20) == -INFINITY);
+    for (int i = 0; i < 19; i++) x[i] = (float)i;
+    x[18] = 100.0f;
+    CHECK(simd_max_f32(x, 19) == 100.0f);
+    free(x);
+}
+
+/* How far the AVX2 exp may be from this libm's expf: glibc's expf is the
+ * algorithm it reproduces, so 0 there; 1 ulp elsewhere. */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 28))
+enum { EXP_ULP = 0 };
+#else
+enum { EXP_ULP = 1 };
+#endif
+
+static int exp_close(float got, float want) {
+    if (isnan(got) || isnan(want)) return isnan(got) && isnan(want);
+    if (isinf(got) || isinf(want) || got == 0.0f || want == 0.0f) return same_bits(got, want);
+    return ulp_diff(got, want) <= EXP_ULP;
+}
+
+/* Checks one simd_exp_sub_sum call on the current path against expf. */
+static int check_exp(const float *in, int64_t n, float mx, float *p, double *sum_out) {
+    memcpy(p, in, (size_t)n * sizeof *p);
+    const double sum = simd_exp_sub_sum(p, n, mx);
+    int bad = 0;
+    double s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = in[i] - mx, want = expf(x);
+        if (!exp_close(p[i], want) && bad++ < 5) fprintf(stderr, "  exp(%.9g) = %.9g, expf %.9g\n", x, p[i], want);
+        s2 += p[i];
+    }
+    if (memcmp(&sum, &s2, sizeof sum) != 0 && !(isnan(sum) && isnan(s2))) {
+        fprintf(stderr, "  sum %.17g, stored values add to %.17g\n", sum, s2);
+        bad++;
+    }
+    *sum_out = sum;
+    return bad;
+}
+
+TEST(simd_exp_sum) {
+    init_lengths();
+    float *in = malloc(MAX_N * sizeof *in), *p = malloc((MAX_N + 1) * sizeof *p);
+    CHECK(in && p);
+    if (!in || !p) return;
+    int bad = 0;
+    for (int mode = 0; mode < 3; mode++)
+        for (int li = 0; li < n_lengths; li++) {
+            const int64_t n = lengths[li];
+            /* attention-like scores: the maximum subtracted, differences down to -40 */
+            for (int64_t i = 0; i < n; i++) in[i] = uni() * 20.0f;
+            float mx = simd_max_f32(in, n);
+            if (n == 0) mx = 0.0f;
+            if (mode == 1 && n > 0) { /* out-of-range and special lanes */
+                in[rnd() % (uint32_t)n] = mx - 100.0f;
+                in[rnd() % (uint32_t)n] = mx - 88.0f;
+                in[rnd() % (uint32_t)n] = -INFINITY;
+                in[rnd() % (uint32_t)n] = mx + 88.5f;
+                in[rnd() % (uint32_t)n] = NAN;
+            }
+            if (mode == 2) mx = -5.0f; /* positive differences up to 25 */
+            double sv, ss;
+            bad += check_exp(in, n, mx, p + 1, &sv);
+            simd_force_scalar(1);
+            bad += check_exp(in, n, mx, p + 1, &ss);
+            simd_force_scalar(0);
+            if (EXP_ULP == 0 && memcmp(&sv, &ss, sizeof sv) != 0 && !(isnan(sv) && isnan(ss))) {
+                if (bad++ < 5) fprintf(stderr, "  n=%lld mode %d: sum %.17g, scalar %.17g\n", (long long)n, mode, sv, ss);
+            }
+            if (n == 0) CHECK(sv == 0.0 && ss == 0.0);
+        }
+    CHECK_EQ_INT(bad, 0);
+    free(in);
+    free(p);
+}
+
+/* [-104, 89] (where expf goes from 0 to infinity) in steps of 2^-12, plus
+ * random points: within EXP_ULP of expf. */
+TEST(simd_exp_sweep) {
+    enum { CHUNK = 4096 };
+    float in[CHUNK], p[CHUNK];
+    int64_t worst = 0, count = 0, bad = 0;
+    float worst_x = 0;
+    for (double x0 = -104.0; x0 < 89.0; x0 += CHUNK / 4096.0) {
+        for (int k = 0; k < CHUNK; k++) in[k] = (float)(x0 + k / 4096.0);
+        memcpy(p, in, sizeof p);
+        simd_exp_sub_sum(p, CHUNK, 0.0f);
+        for (int k = 0; k < CHUNK; k++, count++) {
+            const float want = expf(in[k]);
+            bad += !exp_close(p[k], want);
+            const int64_t d = isfinite(want) && want != 0.0f ? ulp_diff(p[k], want) : 0;
+            if (d > worst) {
+                worst = d;
+                worst_x = in[k];
+            }
+        }
+    }
+    for (int rep = 0; rep < 64; rep++) {
+        for (int k = 0; k < CHUNK; k++) in[k] = uni() * 88.0f;
+        memcpy(p, in, sizeof p);
+        simd_exp_sub_sum(p, CHUNK, 0.0f);
+        for (int k = 0; k < CHUNK; k++, count++) bad += !exp_close(p[k], expf(in[k]));
+    }
+    if (getenv("VERBOSE") || bad)
+        fprintf(stderr, "  %s exp: %lld points, %lld off, worst %lld ulp at %.9g\n", simd_name(), (long long)count,
+                (long long)bad, (long long)worst, worst_x);
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* The batched forms equal the row-by-row loops bit for bit: rows 0..9 and 37,
+ * every length 0..67 and some long ones, strides wider than a row. */
+TEST(simd_rows) {
+    init_lengths();
+    static const int64_t row_counts[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 37};
+    enum { MAX_ROWS = 37 };
+    int bad = 0, cases = 0;
+    for (int li = 0; li < n_lengths; li++) {
+        const int64_t n = lengths[li];
+        if (n > 1040) continue;
+        const int64_t stride = n + 3;
+        float *a = malloc((size_t)(n + 1) * sizeof *a), *b = malloc((size_t)(stride * MAX_ROWS + 1) * sizeof *b);
+        float *w = malloc(MAX_ROWS * sizeof *w), *y0 = malloc((size_t)(n + 2) * sizeof *y0),
+              *y1 = malloc((size_t)(n + 2) * sizeof *y1), *y2 = malloc((size_t)(n + 2) * sizeof *y2);
+        float want[MAX_ROWS + 1], got[MAX_ROWS + 1], got_s[MAX_ROWS + 1];
+        CHECK(a && b && w && y0 && y1 && y2);
+        if (!a || !b || !w || !y0 || !y1 || !y2) return;
+        for (int64_t i = 0; i <= n; i++) a[i] = uni();
+        for (int64_t i = 0; i <= stride * MAX_ROWS; i++) b[i] = uni() * 4.0f;
+        for (int k = 0; k < MAX_ROWS; k++) w[k] = uni();
+        const float scale = 0.125f + uni() * 0.01f;
+        for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++, cases++) {
+            const int64_t rows = row_counts[ri];
+            for (int64_t k = 0; k < rows; k++) want[k] = ref_dot(a + 1, b + 1 + k * stride, n) * scale;
+            want[rows] = got[rows] = got_s[rows] = -7.0f;
+            simd_dot_rows_f32(got, a + 1, b + 1, stride, rows, n, scale);
+            simd_force_scalar(1);
+            simd_dot_rows_f32(got_s, a + 1, b + 1, stride, rows, n, scale);
+            simd_force_scalar(0);
+            bad += memcmp(got, want, (size_t)(rows + 1) * sizeof *got) != 0;
+            bad += memcmp(got_s, want, (size_t)(rows + 1) * sizeof *got) != 0;
+
+            for (int64_t i = 0; i < n + 2; i++) y0[i] = y1[i] = y2[i] = uni();
+            for (int64_t k = 0; k < rows; k++) /* the original loop, key by key */
+                for (int64_t i = 0; i < n; i++) y0[i + 1] += w[k] * b[1 + k * stride + i];
+            simd_axpy_rows_f32(y1 + 1, w, b + 1, stride, rows, n);
+            simd_force_scalar(1);
+            simd_axpy_rows_f32(y2 + 1, w, b + 1, stride, rows, n);
+            simd_force_scalar(0);
+            bad += memcmp(y0, y1, (size_t)(n + 2) * sizeof *y0) != 0;
+            bad += memcmp(y0, y2, (size_t)(n + 2) * sizeof *y0) != 0;
+        }
+        free(a);
+        free(b);
+        free(w);
+        free(y0);
+        free(y1);
+        free(y2);
+    }
+    CHECK_EQ_INT(bad, 0);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d (length, rows) cases\n", cases);
+}
