@@ -25,15 +25,6 @@ typedef struct cpu_backend {
 
 /* ---- small vector ops ---------------------------------------------------- */
 
-static float dot_f32(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 
 static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0;
@@ -92,7 +83,7 @@ static void matmul_rows_exact(void *ctx, int64_t r0, int64_t r1, int worker) {
         } else {
             quant_dequantize_row(w->type, row, buf, w->cols);
             for (int64_t t = 0; t < j->T; t++)
-                j->out[t * w->rows + r] = dot_f32(buf, j->x + t * w->cols, w->cols);
+                j->out[t * w->rows + r] = simd_dot_f32(buf, j->x + t * w->cols, w->cols);
         }
     }
 }
