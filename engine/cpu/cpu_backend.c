@@ -11,6 +11,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/quant.h"
+#include "rope.h"
 #include "simd.h"
 #include "threadpool.h"
 
@@ -18,8 +19,7 @@ typedef struct cpu_backend {
     backend base;
     const model *m;
     threadpool *tp;
-    double *inv_freq; /* [n_rot/2] RoPE frequencies */
-    float *rope_cs;   /* [n_ctx_train][n_rot/2][2] cos and sin of every position's angles */
+    rope rope;        /* angles for every position of the model's context */
     int exact;        /* f32 activations (see cpu_backend_new) */
 } cpu_backend;
 
@@ -31,30 +31,6 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
-
-/* Rotates the first n_rot elements of v to position pos (angles from the
- * table inside the model's context, computed otherwise). */
-static void rope_rotate(float *v, int64_t pos, const model *m, const double *inv_freq,
-                        const float *table) {
-    int half = m->n_rot / 2;
-    const float *cs = pos < m->n_ctx_train ? table + (size_t)pos * half * 2 : NULL;
-    for (int i = 0; i < half; i++) {
-        float c, s;
-        if (cs) {
-            c = cs[2 * i];
-            s = cs[2 * i + 1];
-        } else {
-            double theta = (double)pos * inv_freq[i];
-            c = (float)cos(theta);
-            s = (float)sin(theta);
-        }
-        int a = m->rope_layout == ROPE_PAIRS_ADJACENT ? 2 * i : i;
-        int b = m->rope_layout == ROPE_PAIRS_ADJACENT ? 2 * i + 1 : i + half;
-        float x0 = v[a], x1 = v[b];
-        v[a] = x0 * c - x1 * s;
-        v[b] = x0 * s + x1 * c;
-    }
 }
 
 /* ---- matrix product: out[t][r] = dot(W row r, x[t]) ------------------------ */
@@ -143,7 +119,7 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
         size_t at = ((size_t)g * j->n_keys + k) * m->head_dim;
         pot_read_k(j->sp->kv, j->layer, g, slot, 1, j->krot + at);
         pot_read_v(j->sp->kv, j->layer, g, slot, 1, j->vals + at);
-        rope_rotate(j->krot + at, slot, m, j->cb->inv_freq, j->cb->rope_cs);
+        rope_rotate(&j->cb->rope, j->krot + at, slot);
     }
 }
 
@@ -364,7 +340,7 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
             int64_t t = t0 + i, slot = (int64_t)p->n + i;
             for (int32_t g = 0; g < m->n_head_kv; g++)
                 pot_write(p, l, g, (int32_t)slot, B->k + t * dkv + g * hd, B->v + t * dkv + g * hd);
-            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(B->q + t * dq + h * hd, slot, m, cb->inv_freq, cb->rope_cs);
+            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, slot);
         }
         span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
         t0 += sp->n_tokens;
@@ -476,34 +452,18 @@ static void cpu_free(backend *b) {
     cpu_backend *cb = (cpu_backend *)b;
     if (!cb) return;
     tp_free(cb->tp);
-    free(cb->inv_freq);
-    free(cb->rope_cs);
+    rope_free(&cb->rope);
     free(cb);
 }
 
 backend *cpu_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     cpu_backend *cb = calloc(1, sizeof *cb);
-    if (!cb || !(cb->inv_freq = malloc((size_t)(m->n_rot / 2) * sizeof(double))) ||
-        !(cb->tp = tp_new(n_threads))) {
-        if (cb) free(cb->inv_freq);
-        free(cb);
+    if (!cb || !(cb->tp = tp_new(n_threads)) ||
+        rope_init(&cb->rope, m->n_rot, m->rope_base, m->rope_layout, m->n_ctx_train)) {
+        if (cb) cpu_free(&cb->base);
         snprintf(err, errlen, "cpu backend: out of memory");
         return NULL;
     }
-    int half = m->n_rot / 2;
-    for (int i = 0; i < half; i++) cb->inv_freq[i] = pow((double)m->rope_base, -2.0 * i / m->n_rot);
-    cb->rope_cs = malloc((size_t)m->n_ctx_train * half * 2 * sizeof(float));
-    if (!cb->rope_cs) {
-        cpu_free(&cb->base);
-        snprintf(err, errlen, "cpu backend: out of memory");
-        return NULL;
-    }
-    for (int64_t pos = 0; pos < m->n_ctx_train; pos++)
-        for (int i = 0; i < half; i++) {
-            double theta = (double)pos * cb->inv_freq[i];
-            cb->rope_cs[((size_t)pos * half + i) * 2] = (float)cos(theta);
-            cb->rope_cs[((size_t)pos * half + i) * 2 + 1] = (float)sin(theta);
-        }
     cb->m = m;
     cb->exact = exact;
     cb->base.name = "cpu";
