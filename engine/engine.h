@@ -109,7 +109,7 @@ typedef struct engine_pot_settings {
     int32_t budget_tokens;    /* |M|: entries the pot holds at most (default 2048) */
     int32_t keep_tokens;      /* |C|: entries kept by a compression (default budget/2) */
     const char *schedule;     /* fixed (NULL) or imdc */
-    int32_t chunk_tokens;     /* engine chunk (default 512) */
+    int32_t chunk_tokens;     /* engine chunk (0: min(512, budget/4)) */
     const char *catalyst;     /* InfiniPot's catalyst prompt (NULL: the paper's general CaP) */
     const char *question;     /* known up front: finch scores every chunk with it */
     const char *system;       /* system message, pinned before the document (chat mode) */

@@ -68,7 +68,7 @@ engine_pot_settings engine_pot_settings_default(void) {
     engine_pot_settings s;
     memset(&s, 0, sizeof s);
     s.budget_tokens = 2048;
-    s.chunk_tokens = 512;
+    s.chunk_tokens = 0; /* min(512, budget/4), decided when the budget is known */
     s.nuc_share = 0.5f;
     return s;
 }
@@ -319,8 +319,8 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
     *keep = s->keep_tokens ? s->keep_tokens : s->budget_tokens / 2;
     if (*keep <= 0 || *keep >= s->budget_tokens)
         return snprintf(err, errlen, "keep_tokens: %d must be in [1, budget_tokens)", *keep), -1;
-    if (s->chunk_tokens <= 0 || s->chunk_tokens > 8192)
-        return snprintf(err, errlen, "chunk_tokens: %d must be in [1, 8192]", s->chunk_tokens), -1;
+    if (s->chunk_tokens < 0 || s->chunk_tokens > 8192)
+        return snprintf(err, errlen, "chunk_tokens: %d must be in [0, 8192] (0: automatic)", s->chunk_tokens), -1;
     if (!(s->nuc_share >= 0 && s->nuc_share <= 1))
         return snprintf(err, errlen, "nuc_share: %g must be in [0, 1]", s->nuc_share), -1;
     if (s->finch_keep < 0 || s->finch_keep > s->budget_tokens)
@@ -385,7 +385,9 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
         goto fail;
     }
     d->n_prefix = (int32_t)prefix.n;
-    if (schedule_init(&d->sched, (enum schedule_kind)kind, s->budget_tokens, keep, s->chunk_tokens,
+    int32_t chunk = s->chunk_tokens ? s->chunk_tokens
+                                    : (s->budget_tokens / 4 < 512 ? s->budget_tokens / 4 : 512);
+    if (schedule_init(&d->sched, (enum schedule_kind)kind, s->budget_tokens, keep, chunk,
                       d->n_prefix, err, errlen)) {
         free(prefix.v);
         goto fail;

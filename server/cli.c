@@ -464,7 +464,7 @@ static const flag ingest_flags[] = {
     {"--keep", NULL, "N", "entries kept by a compression |C| (default budget/2)"},
     {"--policy", NULL, "P", "infinipot (default), finch, snapkv, streaming, h2o, truncate, none"},
     {"--schedule", NULL, "S", "engine chunk schedule: fixed (default) or imdc"},
-    {"--chunk", NULL, "N", "engine chunk in tokens (default 512)"},
+    {"--chunk", NULL, "N", "engine chunk in tokens (default min(512, budget/4))"},
     {"--question", NULL, "TEXT", "question answered after the document (finch: guides compression)"},
     {"--late-question", NULL, NULL, "finch: the question is not known while reading (two-stage)"},
     {"--finch-keep", NULL, "N", "two-stage finch: entries kept by the question pass (default --keep)"},
@@ -584,7 +584,7 @@ int cli_ingest(int argc, char **argv) {
     int n_args = 0;
     for (int i = 0; i < argc && n_args < 256; i++) {
         int is_value = 0;
-        if (i > 0 && argv[i][0] != '-') {
+        if (i > 0 && (argv[i][0] != '-' || !strcmp(argv[i], "-"))) {
             for (int k = 0; ingest_flags[k].name; k++)
                 if (ingest_flags[k].arg && (!strcmp(argv[i - 1], ingest_flags[k].name) ||
                                             (ingest_flags[k].alias && !strcmp(argv[i - 1], ingest_flags[k].alias))))

@@ -216,7 +216,7 @@ TEST(ingest_rejects_bad_settings_and_overflow) {
     bad[1].field = "keep_tokens", bad[1].s.keep_tokens = 4096, bad[1].s.budget_tokens = 180;
     bad[2].field = "policy", bad[2].s.policy = "magic";
     bad[3].field = "schedule", bad[3].s.schedule = "weekly";
-    bad[4].field = "chunk_tokens", bad[4].s.chunk_tokens = -5;
+    bad[4].field = "chunk_tokens", bad[4].s.chunk_tokens = -5;  /* 0 means automatic */
     bad[5].field = "nuc_share", bad[5].s.nuc_share = 2;
     for (int i = 0; i < 6; i++) {
         engine_doc *d = engine_doc_open(e, &bad[i].s, err, sizeof err);
