@@ -71,6 +71,7 @@ enum pot_policy {
     POLICY_H2O,           /* accumulated attention (heavy hitters) + recent entries */
     POLICY_TRUNCATE,      /* head + tail of the document */
     POLICY_NONE,          /* never compress: a document that does not fit is refused */
+    POLICY_CASCADE,       /* cascading sub-caches with EMA attention scores (cache/cascade.c) */
     POLICY_COUNT_
 };
 
@@ -98,6 +99,22 @@ typedef struct select_params {
 int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, size_t errlen);
 /* Adds scores ([n_layer][n_head_kv][stride], first p->n entries) to p->score_acc (h2o). */
 void pot_accumulate_scores(pot *p, const float *scores, int32_t stride);
+
+/* ---- the cascading policy (cache/cascade.c) ----------------------------------
+ * Seed 002: sinks, then N cascades of C/N entries per (layer, KV head); state
+ * lives beside the pot. The caller keeps p->score_acc as each entry's moving
+ * average of attention, then after each chunk calls cascade_update with the
+ * chunk's document token indices and, when that returns fewer than p->n,
+ * cascade_keep + pot_compact. */
+typedef struct cascade cascade;
+cascade *cascade_new(int32_t n_layer, int32_t n_head_kv, int32_t n_cascades, int32_t capacity,
+                     int32_t n_sinks, char *err, size_t errlen);
+void cascade_free(cascade *c);
+/* Inserts tokens [first, first + n) (already in p); returns the entries to keep. */
+int32_t cascade_update(cascade *c, const pot *p, int64_t first, int64_t n);
+/* The kept slots of every (layer, head), increasing, n_keep each (the value
+ * cascade_update returned). 0, or -1 if the state and the pot disagree. */
+int cascade_keep(const cascade *c, const pot *p, int32_t *keep, int32_t n_keep);
 
 /* ---- chunk schedules (cache/schedule.c) ---------------------------------------
  * Engine chunks are chosen here, never by how a client split its upload. The

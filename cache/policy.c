@@ -10,7 +10,7 @@
 #include <string.h>
 
 static const char *const policy_names[POLICY_COUNT_] = {
-    "infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none",
+    "infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none", "cascade",
 };
 
 int pot_policy_from_name(const char *name) {
@@ -24,7 +24,7 @@ const char *pot_policy_name(enum pot_policy p) {
 }
 
 const char *pot_policy_list(void) {
-    return "infinipot, finch, snapkv, streaming, h2o, truncate, none";
+    return "infinipot, finch, snapkv, streaming, h2o, truncate, none, cascade";
 }
 
 typedef struct ranked {
@@ -84,6 +84,10 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
     }
     if (sp->policy == POLICY_NONE) {
         snprintf(err, errlen, "policy none never compresses: the document does not fit the pot");
+        return -1;
+    }
+    if (sp->policy == POLICY_CASCADE) {
+        snprintf(err, errlen, "policy cascade keeps its own state (cascade_update/cascade_keep)");
         return -1;
     }
     uint8_t *kept = malloc((size_t)n);

@@ -16,8 +16,12 @@
 enum {
     SNAPKV_WINDOW = 32, /* observation rows at the end of a chunk (SnapKV's default) */
     SNAPKV_POOL = 5,    /* pooling width over slots (SnapKV's default) */
-    STREAMING_SINKS = 4 /* attention sinks kept by streaming (StreamingLLM's default) */
+    STREAMING_SINKS = 4, /* attention sinks kept by streaming (StreamingLLM's default) */
+    CASCADES = 4,        /* cascade: sub-caches (seed 002's default) */
+    CASCADE_SINKS = 64   /* cascade: sinks (seed 002), at most a quarter of the kept entries */
 };
+/* cascade: per-token decay of the attention average (seed 002's gamma) */
+#define CASCADE_GAMMA 0.9999
 
 typedef struct int_vec {
     int32_t *v;
@@ -62,6 +66,7 @@ struct engine_doc {
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
+    cascade *casc;            /* POLICY_CASCADE's state */
 };
 
 engine_pot_settings engine_pot_settings_default(void) {
@@ -175,6 +180,35 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     return rc;
 }
 
+/* Cascade after a chunk of c tokens (document indices first..first+c-1): the
+ * moving average mu <- g^c mu + (1 - g^c) * mean over the chunk's rows of the
+ * attention each entry received (seed 002 weights rows geometrically; this
+ * weighs them equally with the same total weight), then the cascades'
+ * insertions and, when they dropped entries, one compaction. */
+static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
+                        char *err, size_t errlen) {
+    double t0 = now_ms();
+    pot *p = d->pot;
+    float decay = (float)pow(CASCADE_GAMMA, c), w = (1 - decay) / (float)c;
+    for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
+        float *mu = p->score_acc + (size_t)lh * p->capacity;
+        const float *s = scores + (size_t)lh * stride;
+        for (int32_t j = 0; j < p->n; j++) mu[j] = decay * mu[j] + w * s[j];
+    }
+    int32_t keep = cascade_update(d->casc, p, first, c);
+    int rc = 0;
+    if (keep < p->n) {
+        int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
+        rc = !idx ? (snprintf(err, errlen, "out of memory"), -1)
+                  : cascade_keep(d->casc, p, idx, keep) ? (snprintf(err, errlen, "cascade: state lost"), -1) : 0;
+        if (!rc) pot_compact(p, idx, keep);
+        free(idx);
+        d->st.compressions += !rc;
+    }
+    d->st.compress_ms += now_ms() - t0;
+    return rc;
+}
+
 /* Which rows of [chunk | score rows] produce attention scores, if any. */
 static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int compressing,
                        int32_t *row0, int32_t *n_rows) {
@@ -189,6 +223,7 @@ static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int com
         if (compressing) *n_rows = c < SNAPKV_WINDOW ? c : SNAPKV_WINDOW, *row0 = c - *n_rows;
         break;
     case POLICY_H2O:
+    case POLICY_CASCADE:
         *n_rows = c; /* accumulated on every chunk */
         break;
     default:
@@ -246,7 +281,8 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     d->st.chunks++;
     if (d->policy == POLICY_H2O) pot_accumulate_scores(p, scores, n_keys);
     rc = 0;
-    if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
+    if (d->policy == POLICY_CASCADE) rc = cascade_step(d, scores, n_keys, seen, c, err, errlen);
+    else if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
 done:
     free(tokens);
     free(labels);
@@ -276,7 +312,8 @@ static int drain(engine_doc *d, int final, char *err, size_t errlen) {
         if (avail <= (size_t)d->plan.chunk_tokens && !final) break;
         int32_t c = avail < (size_t)d->plan.chunk_tokens ? (int32_t)avail : d->plan.chunk_tokens;
         int full = c == d->plan.chunk_tokens;
-        int compressing = full && d->plan.compress_after && d->policy != POLICY_NONE;
+        int compressing = full && d->plan.compress_after && d->policy != POLICY_NONE &&
+                          d->policy != POLICY_CASCADE;
         d->have_plan = 0;
         if (run_chunk(d, c, compressing, d->plan.keep_after, err, errlen)) return -1;
     }
@@ -349,7 +386,8 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     d->record = s->record_tokens;
     d->nuc_share = s->nuc_share;
     d->finch_keep = s->finch_keep;
-    d->combine = s->score_max ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
+    /* cascade: each KV head decides by the max over its group (seed 002) */
+    d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;
 
     /* scoring rows: the question (finch, known up front) or the catalyst */
@@ -408,6 +446,12 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     free(prefix.v);
     if (bad) goto fail;
     d->pot->n_pinned = d->n_prefix;
+    if (d->policy == POLICY_CASCADE) {
+        int32_t room = keep - d->n_prefix, sinks = room / 4 < CASCADE_SINKS ? room / 4 : CASCADE_SINKS;
+        int32_t cap = (room - sinks) / CASCADES * CASCADES;
+        d->casc = cascade_new(d->pot->n_layer, d->pot->n_head_kv, CASCADES, cap, sinks, err, errlen);
+        if (!d->casc) goto fail;
+    }
     return d;
 oom:
     snprintf(err, errlen, "out of memory");
@@ -419,6 +463,7 @@ fail:
 void engine_doc_close(engine_doc *d) {
     if (!d) return;
     pot_free(d->pot);
+    cascade_free(d->casc);
     tok_stream_free(d->ts);
     free(d->queue.v);
     free(d->score_rows.v);

@@ -41,7 +41,7 @@ def test_ingest_from_stdin_equals_file(model, tmp_path):
 def test_ingest_every_policy_and_schedule_runs(fixtures, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(DOC[:1500])
-    for policy in ("infinipot", "finch", "snapkv", "streaming", "h2o", "truncate"):
+    for policy in ("infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "cascade"):
         for schedule in ("fixed", "imdc"):
             p = ingest(fixtures / "tiny_llama.gguf", doc, "--budget", "160", "--keep", "80", "--chunk", "32",
                        "--policy", policy, "--schedule", schedule, "--question", "key?", "-n", "4", "--json")

@@ -61,7 +61,7 @@ static void check_no_compression_equals_prefill(const char *model_path, size_t d
     engine_info info;
     engine_get_info(e, &info);
     char *doc = make_doc(doc_bytes);
-    const char *policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none"};
+    const char *policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none", "cascade"};
     const char *schedules[] = {"fixed", "imdc"};
     float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
     char err[512];
@@ -113,8 +113,8 @@ static void check_no_compression_equals_prefill(const char *model_path, size_t d
 }
 
 TEST(ingest_without_compression_equals_full_prefill_tiny) {
-    check_no_compression_equals_prefill(test_fixture("tiny_llama.gguf"), 150, 180, 32, 7, 1);
-    check_no_compression_equals_prefill(test_fixture("tiny_qwen2.gguf"), 150, 180, 32, 7, 1);
+    check_no_compression_equals_prefill(test_fixture("tiny_llama.gguf"), 150, 180, 32, 8, 1);
+    check_no_compression_equals_prefill(test_fixture("tiny_qwen2.gguf"), 150, 180, 32, 8, 1);
 }
 
 TEST(ingest_without_compression_equals_full_prefill_default_model) {
@@ -160,8 +160,8 @@ TEST(ingest_pot_is_independent_of_upload_splits) {
     engine_info info;
     engine_get_info(e, &info);
     char *doc = make_doc(1500); /* ~1000 byte-level tokens through a 200-entry pot */
-    const char *policies[] = {"infinipot", "snapkv", "h2o"};
-    for (int p = 0; p < 3; p++) {
+    const char *policies[] = {"infinipot", "snapkv", "h2o", "cascade"};
+    for (int p = 0; p < 4; p++) {
         engine_pot_settings set = engine_pot_settings_default();
         set.policy = policies[p];
         set.budget_tokens = 180;
