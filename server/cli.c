@@ -84,6 +84,13 @@ static const char *flag_val(const flag *flags, const parsed *p, const char *name
     return NULL;
 }
 
+/* Parses the integer flag `name` into *out when present (else leaves it). */
+static int int64_flag(const flag *flags, const parsed *p, const char *name, int64_t lo, int64_t hi,
+                      int64_t *out, char *err, size_t errlen) {
+    const char *v = flag_val(flags, p, name);
+    return v ? config_parse_int(name, v, lo, hi, out, err, errlen) : 0;
+}
+
 /* Opens the model named by -m (required) with --threads/--chat-template. */
 static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
     const char *path = flag_val(flags, p, "--model");
@@ -176,15 +183,13 @@ static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
         if (v && config_parse_float(floats[i].name, v, floats[i].lo, floats[i].hi, &f[i], err, sizeof err))
             goto bad;
     }
-    const char *v;
-    if ((v = flag_val(generate_flags, p, "--n-predict")) &&
-        config_parse_int("--n-predict", v, 1, 1 << 24, &n, err, sizeof err))
-        goto bad;
-    if ((v = flag_val(generate_flags, p, "--top-k")) &&
-        config_parse_int("--top-k", v, 0, 1 << 24, &k, err, sizeof err))
-        goto bad;
-    if ((v = flag_val(generate_flags, p, "--seed")) &&
-        config_parse_int("--seed", v, 0, INT64_MAX, &seed, err, sizeof err))
+    const flag *gf = generate_flags;
+    int64_t rs = 0, rk = 0;
+    if (int64_flag(gf, p, "--n-predict", 1, 1 << 24, &n, err, sizeof err) ||
+        int64_flag(gf, p, "--top-k", 0, 1 << 24, &k, err, sizeof err) ||
+        int64_flag(gf, p, "--seed", 0, INT64_MAX, &seed, err, sizeof err) ||
+        int64_flag(gf, p, "--recycle-stride", 1, 1 << 20, &rs, err, sizeof err) ||
+        int64_flag(gf, p, "--recycle-keep", 1, 1 << 24, &rk, err, sizeof err))
         goto bad;
     gp->sampling.temperature = (float)f[0];
     gp->sampling.top_p = (float)f[1];
@@ -195,13 +200,6 @@ static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
     gp->sampling.top_k = (int32_t)k;
     gp->sampling.seed = (uint64_t)seed;
     gp->max_tokens = (int32_t)n;
-    int64_t rs = 0, rk = 0;
-    if ((v = flag_val(generate_flags, p, "--recycle-stride")) &&
-        config_parse_int("--recycle-stride", v, 1, 1 << 20, &rs, err, sizeof err))
-        goto bad;
-    if ((v = flag_val(generate_flags, p, "--recycle-keep")) &&
-        config_parse_int("--recycle-keep", v, 1, 1 << 24, &rk, err, sizeof err))
-        goto bad;
     if (rs > 1 && !rk) {
         snprintf(err, sizeof err, "--recycle-stride needs --recycle-keep");
         goto bad;
@@ -507,13 +505,11 @@ static int collect_answer(void *user, const char *text, size_t len, int32_t toke
     return 0;
 }
 
-/* Parses the integer flag `name` into *out when present. */
+/* int_flag for the ingest settings, which are 32-bit. */
 static int int_flag(const flag *flags, const parsed *p, const char *name, int64_t lo, int64_t hi,
                     int32_t *out, char *err, size_t errlen) {
-    const char *v = flag_val(flags, p, name);
-    int64_t x;
-    if (!v) return 0;
-    if (config_parse_int(name, v, lo, hi, &x, err, errlen)) return -1;
+    int64_t x = *out;
+    if (int64_flag(flags, p, name, lo, hi, &x, err, errlen)) return -1;
     *out = (int32_t)x;
     return 0;
 }
