@@ -33,4 +33,10 @@ int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
                     const engine_gen_params *gp, engine_text_cb cb, void *user,
                     engine_gen_result *res, char *err, size_t errlen);
 
+/* A private copy of d's pot with room for prompt[n_prompt] and max_tokens
+ * more (refined by two-stage FINCH when the document asks for it); the
+ * prompt itself is not run. The caller frees it. NULL + err. */
+pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32_t max_tokens,
+                    char *err, size_t errlen);
+
 #endif

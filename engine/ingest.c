@@ -66,6 +66,7 @@ struct engine_doc {
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
+    int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
 };
 
@@ -92,23 +93,27 @@ static int tokenize_into(const engine *e, const char *text, int add_special, int
     return rc;
 }
 
-/* Chat mode renders [system, user: MARK + after] and splits at the mark:
- * `before` is what precedes the document, `after_out` what follows it. */
-static char *render_around_document(engine_doc *d, const char *after, int want_before, char *err,
-                                    size_t errlen) {
-    engine_message msgs[2];
-    size_t n = 0;
-    if (d->system) msgs[n++] = (engine_message){"system", d->system};
+/* Chat mode renders [system, user: MARK + after, rest...] and splits at the
+ * mark: `before` is what precedes the document, `after_out` what follows it. */
+static char *render_around_document(engine_doc *d, const char *after, const engine_message *rest,
+                                    size_t n_rest, int want_before, char *err, size_t errlen) {
+    engine_message *msgs = malloc((n_rest + 2) * sizeof *msgs);
     size_t len = strlen(DOC_MARK) + strlen(after) + 1;
     char *user = malloc(len);
-    if (!user) {
+    if (!msgs || !user) {
+        free(msgs);
+        free(user);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    size_t n = 0;
+    if (d->system) msgs[n++] = (engine_message){"system", d->system};
     snprintf(user, len, "%s%s", DOC_MARK, after);
     msgs[n++] = (engine_message){"user", user};
+    for (size_t i = 0; i < n_rest; i++) msgs[n++] = rest[i];
     char *text = engine_render_chat(d->e, msgs, n, err, errlen);
     free(user);
+    free(msgs);
     if (!text) return NULL;
     char *mark = strstr(text, DOC_MARK);
     if (!mark) {
@@ -128,30 +133,86 @@ static char *render_around_document(engine_doc *d, const char *after, int want_b
     return out;
 }
 
-/* Tokens of the question prompt that follows the document. */
-static int question_tokens(engine_doc *d, const char *question, int_vec *out, char *err,
-                           size_t errlen) {
+/* Appends "\n\n" + text to a growing string; -1 when out of memory. */
+static int append_paragraph(char **s, size_t *len, const char *text) {
+    size_t add = strlen(text) + 2;
+    char *t = realloc(*s, *len + add + 1);
+    if (!t) return -1;
+    memcpy(t + *len, "\n\n", 2);
+    memcpy(t + *len + 2, text, add - 2);
+    *len += add;
+    t[*len] = 0;
+    *s = t;
+    return 0;
+}
+
+/* Tokens of the prompt that follows the document: in chat mode the messages
+ * continue the document's user turn (system and first user contents as
+ * paragraphs after it, later turns rendered as they are); plain documents
+ * and raw text take the text as it is. */
+static int prompt_tokens(engine_doc *d, const engine_message *msgs, size_t n_msgs,
+                         const char *raw, int_vec *out, char *err, size_t errlen) {
+    if (raw) {
+        if (tokenize_into(d->e, raw, 0, 0, out)) return snprintf(err, errlen, "prompt is not valid UTF-8"), -1;
+        return 0;
+    }
+    char *after = calloc(1, 1);
+    size_t len = 0, i = 0;
+    int rc = after ? 0 : -1;
+    /* everything up to and including the first user message joins the document's turn */
+    for (; !rc && i < n_msgs; i++) {
+        rc = append_paragraph(&after, &len, msgs[i].content);
+        if (!strcmp(msgs[i].role, "user")) {
+            i++;
+            break;
+        }
+    }
+    if (rc) {
+        free(after);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
     if (d->plain) {
-        size_t len = strlen(question) + 32;
-        char *text = malloc(len);
-        if (!text) return snprintf(err, errlen, "out of memory"), -1;
-        snprintf(text, len, "\n\nQuestion: %s\nAnswer:", question);
-        int rc = tokenize_into(d->e, text, 0, 0, out);
+        size_t qlen = len + 32;
+        char *text = malloc(qlen);
+        rc = text ? 0 : -1;
+        if (text) {
+            snprintf(text, qlen, "\n\nQuestion: %s\nAnswer:", len >= 2 ? after + 2 : after);
+            rc = tokenize_into(d->e, text, 0, 0, out);
+        }
         free(text);
+        free(after);
         if (rc) snprintf(err, errlen, "question is not valid UTF-8");
         return rc;
     }
-    size_t len = strlen(question) + 3;
-    char *after = malloc(len);
-    if (!after) return snprintf(err, errlen, "out of memory"), -1;
-    snprintf(after, len, "\n\n%s", question);
-    char *suffix = render_around_document(d, after, 0, err, errlen);
+    char *suffix = render_around_document(d, after, msgs + i, n_msgs - i, 0, err, errlen);
     free(after);
     if (!suffix) return -1;
-    int rc = tokenize_into(d->e, suffix, 0, 1, out);
+    rc = tokenize_into(d->e, suffix, 0, 1, out);
     free(suffix);
     if (rc) snprintf(err, errlen, "question is not valid UTF-8");
     return rc;
+}
+
+static int question_tokens(engine_doc *d, const char *question, int_vec *out, char *err,
+                           size_t errlen) {
+    engine_message m = {"user", question};
+    return prompt_tokens(d, &m, 1, NULL, out, err, errlen);
+}
+
+int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_msgs,
+                           const char *raw, size_t *n, char *err, size_t errlen) {
+    int_vec q = {0};
+    if (prompt_tokens(d, msgs, n_msgs, raw, &q, err, errlen)) {
+        free(q.v);
+        return NULL;
+    }
+    if (!q.n) {
+        free(q.v);
+        snprintf(err, errlen, "empty prompt");
+        return NULL;
+    }
+    *n = q.n;
+    return q.v;
 }
 
 static void doc_fail(engine_doc *d) { d->failed = 1; }
@@ -291,44 +352,44 @@ done:
     return rc;
 }
 
-/* Runs every chunk the queue can fill (all of it when final). */
-static int drain(engine_doc *d, int final, char *err, size_t errlen) {
-    for (;;) {
-        size_t avail = d->queue.n - d->q_pos;
-        if (!avail) break;
-        if (!d->have_plan) {
-            d->plan = schedule_next(&d->sched, d->pot->n);
-            d->have_plan = 1;
-        }
-        if (d->plan.chunk_tokens <= 0) {
-            snprintf(err, errlen,
-                     "the document does not fit the pot (budget_tokens %d) and policy none never "
-                     "compresses",
-                     d->sched.budget);
-            return -1;
-        }
-        /* one token of lookahead: the chunk's last row scores the next token's
-           surprisal, so it must not depend on whether that token has arrived */
-        if (avail <= (size_t)d->plan.chunk_tokens && !final) break;
-        int32_t c = avail < (size_t)d->plan.chunk_tokens ? (int32_t)avail : d->plan.chunk_tokens;
-        int full = c == d->plan.chunk_tokens;
-        int compressing = full && d->plan.compress_after && d->policy != POLICY_NONE &&
-                          d->policy != POLICY_CASCADE;
-        d->have_plan = 0;
-        if (run_chunk(d, c, compressing, d->plan.keep_after, err, errlen)) return -1;
+/* Runs the next engine chunk if the queue can fill it (or holds the rest of
+ * a finished document). 1 when a chunk ran, 0 when none is ready. */
+static int run_next_chunk(engine_doc *d, char *err, size_t errlen) {
+    size_t avail = d->queue.n - d->q_pos;
+    if (!avail) return 0;
+    if (!d->have_plan) {
+        d->plan = schedule_next(&d->sched, d->pot->n);
+        d->have_plan = 1;
     }
-    /* drop consumed tokens so the queue stays bounded by a chunk */
-    if (d->q_pos) {
+    if (d->plan.chunk_tokens <= 0) {
+        snprintf(err, errlen,
+                 "the document does not fit the pot (budget_tokens %d) and policy none never "
+                 "compresses",
+                 d->sched.budget);
+        return -1;
+    }
+    /* one token of lookahead: the chunk's last row scores the next token's
+       surprisal, so it must not depend on whether that token has arrived */
+    if (avail <= (size_t)d->plan.chunk_tokens && !d->ended) return 0;
+    int32_t c = avail < (size_t)d->plan.chunk_tokens ? (int32_t)avail : d->plan.chunk_tokens;
+    int full = c == d->plan.chunk_tokens;
+    int compressing = full && d->plan.compress_after && d->policy != POLICY_NONE &&
+                      d->policy != POLICY_CASCADE;
+    d->have_plan = 0;
+    if (run_chunk(d, c, compressing, d->plan.keep_after, err, errlen)) return -1;
+    /* drop consumed tokens once they dominate, so the queue stays bounded */
+    if (d->q_pos > d->queue.n / 2) {
         memmove(d->queue.v, d->queue.v + d->q_pos, (d->queue.n - d->q_pos) * sizeof *d->queue.v);
         d->queue.n -= d->q_pos;
         d->q_pos = 0;
     }
-    return 0;
+    return 1;
 }
 
-int engine_doc_feed(engine_doc *d, const char *bytes, size_t n, int final, char *err,
+int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
                     size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
+    if (d->ended) return snprintf(err, errlen, "the document has already ended"), -1;
     double t0 = now_ms();
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -339,11 +400,31 @@ int engine_doc_feed(engine_doc *d, const char *bytes, size_t n, int final, char 
     }
     int rc = vec_push(&d->queue, ids, n_ids);
     free(ids);
-    if (rc) snprintf(err, errlen, "out of memory");
-    if (!rc) rc = drain(d, final, err, errlen);
-    if (rc) doc_fail(d);
+    if (rc) {
+        doc_fail(d);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    d->ended = final;
     d->st.bytes_read += (int64_t)n;
     d->st.ingest_ms += now_ms() - t0;
+    return 0;
+}
+
+int engine_doc_step(engine_doc *d, char *err, size_t errlen) {
+    if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
+    double t0 = now_ms();
+    int rc = run_next_chunk(d, err, errlen);
+    if (rc < 0) doc_fail(d);
+    d->st.ingest_ms += now_ms() - t0;
+    return rc;
+}
+
+int engine_doc_feed(engine_doc *d, const char *bytes, size_t n, int final, char *err,
+                    size_t errlen) {
+    if (engine_doc_push(d, bytes, n, final, err, errlen)) return -1;
+    int rc;
+    while ((rc = engine_doc_step(d, err, errlen)) > 0) {
+    }
     return rc;
 }
 
@@ -411,7 +492,7 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     if (d->plain) {
         bad = tokenize_into(e, "", 1, 0, &prefix);
     } else {
-        char *before = render_around_document(d, "", 1, err, errlen);
+        char *before = render_around_document(d, "", NULL, 0, 1, err, errlen);
         if (!before) goto fail;
         bad = tokenize_into(e, before, 0, 1, &prefix);
         free(before);
@@ -498,8 +579,9 @@ int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_
 
 /* A copy of the pot with room for the question and the answer, refined by
  * two-stage FINCH when configured. The caller frees it. */
-static pot *answer_pot(engine_doc *d, const int_vec *q, int32_t max_tokens, char *err,
-                       size_t errlen) {
+pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32_t max_tokens,
+                    char *err, size_t errlen) {
+    const int_vec qv = {.v = (int32_t *)prompt, .n = n_prompt}, *q = &qv;
     engine *e = d->e;
     if (d->failed) return snprintf(err, errlen, "the document failed earlier"), NULL;
     size_t need = (size_t)d->pot->n + q->n + (size_t)(max_tokens > 0 ? max_tokens : 0);
@@ -545,7 +627,7 @@ int engine_doc_answer(engine_doc *d, const char *question, const engine_gen_para
         free(q.v);
         return -1;
     }
-    pot *p = answer_pot(d, &q, gp->max_tokens, err, errlen);
+    pot *p = doc_answer_pot(d, q.v, q.n, gp->max_tokens, err, errlen);
     int rc = -1;
     if (p) {
         int64_t cached = p->n;
@@ -564,7 +646,7 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
         free(q.v);
         return -1;
     }
-    pot *p = answer_pot(d, &q, 0, err, errlen);
+    pot *p = doc_answer_pot(d, q.v, q.n, 0, err, errlen);
     int rc = p ? prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
     if (!rc && d->record) {
         /* record the question prompt after the document for the caller's comparison */
