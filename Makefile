@@ -19,7 +19,7 @@ PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing
-LDLIBS  := -lpcre2-8 -ljansson -lm -lpthread
+LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -luv -lm -lpthread
 
 SRC      := $(wildcard engine/*.c engine/cpu/*.c cache/*.c config/*.c api/*.c server/*.c)
 MAIN_SRC := server/main.c

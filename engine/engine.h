@@ -132,6 +132,10 @@ typedef struct engine_doc_stats {
     size_t pot_bytes;
 } engine_doc_stats;
 
+/* Bytes the pot of a document with these settings holds (for admission
+ * control before opening it). */
+size_t engine_doc_memory(const engine *e, const engine_pot_settings *s);
+
 /* Starts a document: validates the settings (one line naming the bad one) and
  * ingests the pinned prefix. NULL + err on failure. Caller owns it. */
 engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen);
@@ -156,5 +160,84 @@ const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n);
  * of the entries in the pot, in slot order; returns the count. */
 int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_t *out,
                         int32_t cap);
+
+/* Pushes n bytes of the document into its token queue without running the
+ * model (tokenizing only); final = 1 with the last piece. 0 or -1 + err
+ * (invalid UTF-8: the document is then unusable). */
+int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
+                    size_t errlen);
+/* Runs at most one engine chunk that the queue can fill (engine_doc_feed is
+ * push + step until nothing is ready). 1 when a chunk ran, 0 when none is
+ * ready, -1 + err. */
+int engine_doc_step(engine_doc *d, char *err, size_t errlen);
+/* Tokens of a chat continuation over the document: the messages (system
+ * messages included as text before the first user message) follow the
+ * document inside its user turn, then the assistant header. plain sessions
+ * and raw = 1 take `text` as it is (legacy completions). Malloc'd array, its
+ * length in *n; NULL + err. */
+int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_msgs,
+                           const char *raw, size_t *n, char *err, size_t errlen);
+
+/* ---- the engine thread (sched.c) ---------------------------------------------------
+ * One thread owns the engine, every document and every generation. Work
+ * comes through a queue; the thread batches one decode step of every active
+ * generation into one forward and runs one ingest chunk between steps, so
+ * generations stay responsive while documents stream in. Every callback
+ * below runs on the engine thread and must not block. */
+
+typedef struct engine_sched engine_sched;
+
+/* Starts the engine thread; the engine must outlive it. NULL + err. */
+engine_sched *engine_sched_new(engine *e, char *err, size_t errlen);
+/* Cancels every generation (finish CANCELLED, rc 0; queued ones too), fails
+ * pending and queued ingests (rc -1, "shutting down"), runs the queued tasks
+ * in order, joins the thread and frees. Documents stay the caller's. Not
+ * from a callback (they run on the thread this joins). */
+void engine_sched_free(engine_sched *s);
+
+/* Runs fn(e, user) on the engine thread, in submission order with the other
+ * tasks and ingests (doc open/close/snapshot): after every earlier ingest has
+ * completed and every earlier generation has its pot, before anything later
+ * starts (generations without a document may pass it). 0, or -1 when stopping. */
+typedef void (*engine_task_fn)(engine *e, void *user);
+int engine_sched_task(engine_sched *s, engine_task_fn fn, void *user);
+/* Like engine_sched_task, ordered only with d's items: after d's earlier
+ * ingests completed and its earlier generations have their pots, before d's
+ * later items; other documents' ingests do not hold it up. d NULL: ordered
+ * with nothing (opening a document, reading stats). 0, or -1 when stopping. */
+int engine_sched_doc_task(engine_sched *s, engine_doc *d, engine_task_fn fn, void *user);
+
+/* Pushes a copy of bytes into d (see engine_doc_push), then runs d's ready
+ * chunks interleaved with decode steps; calls done(user, rc, err) once no
+ * chunk of d is ready (rc 0) or on the first error (rc -1). Ingests of one
+ * document run in submission order. 0, or -1 when stopping. */
+typedef void (*engine_ingest_done_fn)(void *user, int rc, const char *err);
+int engine_sched_ingest(engine_sched *s, engine_doc *d, const char *bytes, size_t n, int final,
+                        engine_ingest_done_fn done, void *user);
+
+/* A generation: prompt tokens after the document's pot (a private copy: the
+ * document is not changed) or after nothing. Over a document it starts once
+ * the document's earlier ingests have completed, so it sees all their text. */
+typedef struct engine_gen_request {
+    engine_doc *doc;           /* or NULL */
+    const int32_t *prompt;     /* copied at submission */
+    size_t n_prompt;
+    engine_gen_params params;  /* stop strings copied at submission; tokens_out ignored */
+    engine_text_cb on_text;    /* text pieces; nonzero return cancels */
+    /* Called once at the end (also on error, with rc -1 and err). */
+    void (*on_done)(void *user, int rc, const engine_gen_result *res, const char *err);
+    void *user;
+} engine_gen_request;
+/* Queues a generation; 0, or -1 + err (stopping, out of memory, invalid
+ * sampling parameters: those are checked here), and on_done is then never
+ * called. Errors found later (the prompt does not fit, a token outside the
+ * vocabulary, a failed document) come through on_done. */
+int engine_sched_generate(engine_sched *s, const engine_gen_request *r, char *err, size_t errlen);
+
+typedef struct engine_sched_stats {
+    int active_generations, queued_tasks;
+    int64_t decode_steps, decoded_tokens, ingest_chunks;
+} engine_sched_stats;
+void engine_sched_get_stats(engine_sched *s, engine_sched_stats *st);
 
 #endif

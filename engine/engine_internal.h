@@ -27,11 +27,57 @@ pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen);
  * `logits` when non-NULL. */
 int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
             size_t errlen);
-/* Prefills prompt on top of what p holds, then samples and decodes into p
- * until a stop (see engine_generate). */
+/* Prefills prompt on top of what p holds (p stays the caller's), then samples
+ * and decodes into p until a stop (see engine_generate): one gen_seq stepped
+ * until it ends. */
 int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
                     const engine_gen_params *gp, engine_text_cb cb, void *user,
                     engine_gen_result *res, char *err, size_t errlen);
+
+/* ---- generation as a step-wise sequence (generate.c) ----------------------------
+ * new (sampler, stop matcher) -> start (pot, prompt) -> steps until done.
+ * gen_seq_step runs one step of many sequences in ONE backend forward: each
+ * still prefilling sends its next prompt piece (PREFILL_CHUNK tokens per
+ * step over all of them), each decoding samples from its logits, emits the
+ * text through its callback (stop strings, end of generation, max_tokens, a
+ * full context and cancellation end it) and, if it goes on, sends that
+ * token. Every sequence has its own pot, so their order never changes what
+ * they compute. */
+typedef struct gen_seq gen_seq;
+
+/* A sequence that has not started: the sampler and the stop matcher copy
+ * what they need of gp (stop strings, logit bias), gp->tokens_out (when set)
+ * must outlive the sequence. Reads only the model's constants, so any thread
+ * may call it. NULL + err (bad sampling parameters, out of memory). */
+gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, void *user,
+                     char *err, size_t errlen);
+/* Attaches p (freed with the sequence when own_pot, else the caller's, and
+ * in both cases also on failure) and the prompt (borrowed: it must outlive
+ * the sequence), which steps will prefill on top of p. 0 or -1 + err (empty
+ * prompt, no room, a token outside the vocabulary, out of memory). */
+int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t n_prompt,
+                  char *err, size_t errlen);
+/* Frees q and, when it owns it, its pot. */
+void gen_seq_free(gen_seq *q);
+/* 1 once the sequence ended (or never started). */
+int gen_seq_done(const gen_seq *q);
+/* Ends a sequence that has not: finish CANCELLED, nothing more emitted. */
+void gen_seq_cancel(gen_seq *q);
+/* The result so far; 0, or -1 with what failed into err. */
+int gen_seq_result(const gen_seq *q, engine_gen_result *res, char *err, size_t errlen);
+
+typedef struct gen_step_info {
+    int running;                        /* sequences not done after the step */
+    int forwards;                       /* 1 when a forward ran */
+    int32_t decode_tokens, prefill_tokens;
+} gen_step_info;
+/* One step of every sequence of seqs[n] that is not done (see above), in
+ * one forward; a forward that fails fails the sequences that were in it.
+ * Returns how many are still running; info (optional) gets the counts. */
+int gen_seq_step(engine *e, gen_seq **seqs, int n, gen_step_info *info);
+/* A pot for a prompt of n_prompt tokens and max_tokens more (the whole
+ * context when max_tokens <= 0). NULL + err when the prompt leaves no room. */
+pot *gen_new_pot(engine *e, size_t n_prompt, int32_t max_tokens, char *err, size_t errlen);
 
 /* A private copy of d's pot with room for prompt[n_prompt] and max_tokens
  * more (refined by two-stage FINCH when the document asks for it); the

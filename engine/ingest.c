@@ -541,6 +541,11 @@ fail:
     return NULL;
 }
 
+size_t engine_doc_memory(const engine *e, const engine_pot_settings *s) {
+    const model *m = e->m;
+    return pot_bytes(m->n_layer, m->n_head_kv, m->head_dim, s->budget_tokens, e->kv_dtype);
+}
+
 void engine_doc_close(engine_doc *d) {
     if (!d) return;
     pot_free(d->pot);

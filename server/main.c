@@ -9,6 +9,7 @@ static const char usage[] =
     "usage: potserve COMMAND [options]\n"
     "\n"
     "commands:\n"
+    "  serve      run the HTTP server (OpenAI-compatible endpoints, sessions with memory pots)\n"
     "  generate   generate text from a prompt (streams to stdout)\n"
     "  tokenize   print the token ids of stdin on one line\n"
     "  info       describe a GGUF model\n"
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);

@@ -1,0 +1,468 @@
+/* Request parsing and validation for the HTTP API (API.md). Every field is
+ * checked for type and range; the first problem becomes one api_error that
+ * names the field. */
+#include "api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->code = code;
+    e->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *api_error_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 409: return "conflict_error";
+    case 429: return "rate_limit_error";
+    case 503: return "unavailable_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+json_t *api_error_json(const api_error *e) {
+    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
+                     api_error_type(e->status), "param", e->param, "code", e->code);
+}
+
+json_t *api_parse_object(const char *body, size_t n, api_error *e) {
+    json_error_t je;
+    json_t *root = json_loadb(body ? body : "", n, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        api_fail(e, 400, "invalid_json", NULL, "the body is not valid JSON: %s (line %d, column %d)",
+                 je.text, je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        api_fail(e, 400, "invalid_json", NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* ---- typed field readers: absent or null leaves *out alone ----------------------- */
+
+static int get_string(json_t *o, const char *key, const char **out, api_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return api_fail(e, 400, "invalid_type", key, "%s must be a string", key);
+    *out = json_string_value(v);
+    if (strlen(*out) != json_string_length(v))
+        return api_fail(e, 400, "invalid_value", key, "%s must not contain NUL characters", key);
+    return 0;
+}
+
+static int get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out, api_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    double d;
+    if (json_is_integer(v)) d = (double)json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) d = json_real_value(v);
+    else return api_fail(e, 400, "invalid_type", key, "%s must be an integer", key);
+    if (d < (double)lo || d > (double)hi)
+        return api_fail(e, 400, "invalid_value", key, "%s must be in [%lld, %lld]", key,
+                        (long long)lo, (long long)hi);
+    *out = (int64_t)d;
+    return 0;
+}
+
+static int get_float(json_t *o, const char *key, double lo, double hi, double *out, api_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return api_fail(e, 400, "invalid_type", key, "%s must be a number", key);
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi))
+        return api_fail(e, 400, "invalid_value", key, "%s must be in [%g, %g]", key, lo, hi);
+    *out = d;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, int *out, api_error *e) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return api_fail(e, 400, "invalid_type", key, "%s must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* ---- sessions ---------------------------------------------------------------------- */
+
+static int one_of(const char *v, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(v, *names)) return 1;
+    return 0;
+}
+
+int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_t default_budget,
+                               const char *default_policy, api_session_settings *out,
+                               api_error *e) {
+    memset(out, 0, sizeof *out);
+    static const char *const policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o",
+                                           "cascade", "truncate", "none", NULL};
+    static const char *const schedules[] = {"fixed", "imdc", NULL};
+    int blank = 1;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(" \t\r\n", body[i])) blank = 0;
+    json_t *root = blank ? json_object() : api_parse_object(body, n, e);
+    if (!root) return -1;
+    out->root = root;
+    engine_pot_settings *s = &out->pot;
+    *s = engine_pot_settings_default();
+    s->budget_tokens = default_budget;
+    s->policy = default_policy;
+    int64_t budget = s->budget_tokens, keep = 0, chunk = 0, ttl = 0;
+    double nuc = s->nuc_share;
+    if (get_int(root, "budget_tokens", 1, INT32_MAX, &budget, e) ||
+        get_int(root, "keep_tokens", 1, INT32_MAX, &keep, e) ||
+        get_int(root, "chunk_tokens", 1, INT32_MAX, &chunk, e) ||
+        get_int(root, "ttl_seconds", 0, INT32_MAX, &ttl, e) ||
+        get_float(root, "nuc_share", 0, 1, &nuc, e) || get_string(root, "policy", &s->policy, e) ||
+        get_string(root, "schedule", &s->schedule, e) ||
+        get_string(root, "catalyst", &s->catalyst, e) ||
+        get_string(root, "question", &s->question, e) ||
+        get_string(root, "system", &s->system, e))
+        goto fail;
+    json_t *md = json_object_get(root, "metadata");
+    if (md && !json_is_null(md) && !json_is_object(md)) {
+        api_fail(e, 400, "invalid_type", "metadata", "metadata must be an object");
+        goto fail;
+    }
+    out->metadata = md && json_is_object(md) ? md : NULL;
+    if (!one_of(s->policy, policies)) {
+        api_fail(e, 422, "invalid_value", "policy", "policy '%s' is not one of infinipot, finch, "
+                 "snapkv, streaming, h2o, cascade, truncate, none", s->policy);
+        goto fail;
+    }
+    if (s->schedule && !one_of(s->schedule, schedules)) {
+        api_fail(e, 422, "invalid_value", "schedule", "schedule '%s' is not one of fixed, imdc",
+                 s->schedule);
+        goto fail;
+    }
+    if (budget < 16 || budget > n_ctx) {
+        api_fail(e, 422, "invalid_value", "budget_tokens",
+                 "budget_tokens %lld must be in [16, %d] (the model's window)", (long long)budget,
+                 n_ctx);
+        goto fail;
+    }
+    if (keep && keep >= budget) {
+        api_fail(e, 422, "invalid_value", "keep_tokens",
+                 "keep_tokens %lld must be smaller than budget_tokens %lld", (long long)keep,
+                 (long long)budget);
+        goto fail;
+    }
+    if (chunk > budget) {
+        api_fail(e, 422, "invalid_value", "chunk_tokens",
+                 "chunk_tokens %lld must not exceed budget_tokens %lld", (long long)chunk,
+                 (long long)budget);
+        goto fail;
+    }
+    s->budget_tokens = (int32_t)budget;
+    s->keep_tokens = (int32_t)keep;
+    s->chunk_tokens = (int32_t)chunk;
+    s->nuc_share = (float)nuc;
+    out->ttl_seconds = ttl;
+    return 0;
+fail:
+    api_session_settings_free(out);
+    return -1;
+}
+
+void api_session_settings_free(api_session_settings *s) {
+    json_decref(s->root);
+    memset(s, 0, sizeof *s);
+}
+
+json_t *api_session_settings_json(const api_session_settings *s) {
+    const engine_pot_settings *p = &s->pot;
+    json_t *o = json_pack("{s:i, s:s, s:s, s:f}", "budget_tokens", p->budget_tokens, "policy",
+                          p->policy ? p->policy : "infinipot", "schedule",
+                          p->schedule ? p->schedule : "fixed", "nuc_share", (double)p->nuc_share);
+    if (!o) return NULL;
+    if (p->keep_tokens) json_object_set_new(o, "keep_tokens", json_integer(p->keep_tokens));
+    if (p->chunk_tokens) json_object_set_new(o, "chunk_tokens", json_integer(p->chunk_tokens));
+    if (p->catalyst) json_object_set_new(o, "catalyst", json_string(p->catalyst));
+    if (p->question) json_object_set_new(o, "question", json_string(p->question));
+    if (p->system) json_object_set_new(o, "system", json_string(p->system));
+    if (s->ttl_seconds) json_object_set_new(o, "ttl_seconds", json_integer(s->ttl_seconds));
+    json_object_set_new(o, "metadata", s->metadata ? json_incref(s->metadata) : json_object());
+    return o;
+}
+
+/* ---- generation -------------------------------------------------------------------- */
+
+/* Content of a chat message: a string, or an array of {"type":"text","text":...} parts
+ * (joined into one string owned by root under a private key). */
+static int message_content(json_t *root, json_t *msg, size_t idx, const char **out, api_error *e) {
+    json_t *c = json_object_get(msg, "content");
+    if (!c || json_is_null(c)) {
+        *out = "";
+        return 0;
+    }
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        if (strlen(*out) != json_string_length(c))
+            return api_fail(e, 400, "invalid_value", "messages", "messages[%zu].content contains NUL", idx);
+        return 0;
+    }
+    if (!json_is_array(c))
+        return api_fail(e, 400, "invalid_type", "messages",
+                        "messages[%zu].content must be a string or an array of text parts", idx);
+    size_t len = 0, i;
+    json_t *part;
+    json_array_foreach(c, i, part) {
+        json_t *t = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(t))
+            return api_fail(e, 400, "invalid_type", "messages",
+                            "messages[%zu].content[%zu] must be a text part", idx, i);
+        len += json_string_length(t);
+    }
+    char *joined = malloc(len + 1);
+    if (!joined) return api_fail(e, 500, NULL, NULL, "out of memory");
+    size_t at = 0;
+    json_array_foreach(c, i, part) {
+        json_t *t = json_object_get(part, "text");
+        memcpy(joined + at, json_string_value(t), json_string_length(t));
+        at += json_string_length(t);
+    }
+    joined[at] = 0;
+    json_t *keep = json_stringn_nocheck(joined, at);
+    free(joined);
+    if (!keep) return api_fail(e, 500, NULL, NULL, "out of memory");
+    char key[48];
+    snprintf(key, sizeof key, "\x01joined%zu", idx);
+    json_object_set_new(root, key, keep);
+    *out = json_string_value(keep);
+    return 0;
+}
+
+static int parse_messages(api_gen_request *r, api_error *e) {
+    json_t *msgs = json_object_get(r->root, "messages");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return api_fail(e, 400, "invalid_value", "messages", "messages must be a non-empty array");
+    r->n_messages = json_array_size(msgs);
+    r->messages = calloc(r->n_messages, sizeof *r->messages);
+    if (!r->messages) return api_fail(e, 500, NULL, NULL, "out of memory");
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
+    for (size_t i = 0; i < r->n_messages; i++) {
+        json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
+        if (!json_is_object(m) || !json_is_string(role) || !one_of(json_string_value(role), roles))
+            return api_fail(e, 400, "invalid_value", "messages",
+                            "messages[%zu] needs a role: system, developer, user, assistant or tool", i);
+        r->messages[i].role = json_string_value(role);
+        if (!strcmp(r->messages[i].role, "developer")) r->messages[i].role = "system";
+        if (message_content(r->root, m, i, &r->messages[i].content, e)) return -1;
+    }
+    return 0;
+}
+
+static int parse_prompt(api_gen_request *r, int32_t n_vocab, api_error *e) {
+    json_t *p = json_object_get(r->root, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0); /* the openai client sends [prompt] for one prompt */
+    if (json_is_string(p)) {
+        r->prompt = json_string_value(p);
+        if (strlen(r->prompt) != json_string_length(p))
+            return api_fail(e, 400, "invalid_value", "prompt", "prompt contains NUL");
+        return 0;
+    }
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return api_fail(e, 400, "invalid_value", "prompt",
+                        "prompt must be a string or a non-empty array of token ids");
+    r->n_prompt_tokens = json_array_size(p);
+    r->prompt_tokens = malloc(r->n_prompt_tokens * sizeof *r->prompt_tokens);
+    if (!r->prompt_tokens) return api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < r->n_prompt_tokens; i++) {
+        json_t *t = json_array_get(p, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
+            return api_fail(e, 400, "invalid_value", "prompt",
+                            "prompt[%zu] must be a token id in [0, %d)", i, n_vocab);
+        r->prompt_tokens[i] = (int32_t)json_integer_value(t);
+    }
+    return 0;
+}
+
+static int parse_stop(api_gen_request *r, api_error *e) {
+    json_t *s = json_object_get(r->root, "stop");
+    if (!s || json_is_null(s)) return 0;
+    size_t n = json_is_string(s) ? 1 : json_is_array(s) ? json_array_size(s) : (size_t)-1;
+    if (n == (size_t)-1 || n > 16)
+        return api_fail(e, 400, "invalid_value", "stop", "stop must be a string or up to 16 strings");
+    r->stops = calloc(n ? n : 1, sizeof *r->stops);
+    if (!r->stops) return api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_is_string(s) ? s : json_array_get(s, i);
+        if (!json_is_string(v)) return api_fail(e, 400, "invalid_type", "stop", "stop[%zu] must be a string", i);
+        r->stops[i] = json_string_value(v);
+    }
+    r->params.stop = r->stops;
+    r->params.n_stop = n;
+    return 0;
+}
+
+static int parse_bias(api_gen_request *r, int32_t n_vocab, api_error *e) {
+    json_t *b = json_object_get(r->root, "logit_bias");
+    if (!b || json_is_null(b)) return 0;
+    if (!json_is_object(b)) return api_fail(e, 400, "invalid_type", "logit_bias", "logit_bias must be an object");
+    size_t n = json_object_size(b);
+    r->bias = calloc(n ? n : 1, sizeof *r->bias);
+    if (!r->bias) return api_fail(e, 500, NULL, NULL, "out of memory");
+    const char *key;
+    json_t *v;
+    size_t i = 0;
+    json_object_foreach(b, key, v) {
+        char *end;
+        long tok = strtol(key, &end, 10);
+        if (!*key || *end || tok < 0 || tok >= n_vocab)
+            return api_fail(e, 400, "invalid_value", "logit_bias", "logit_bias key '%s' is not a token id", key);
+        if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
+            return api_fail(e, 400, "invalid_value", "logit_bias", "logit_bias values must be in [-100, 100]");
+        double d = json_number_value(v);
+        r->bias[i++] = (logit_bias){(int32_t)tok, d <= -100 ? -INFINITY : (float)d};
+    }
+    r->params.sampling.bias = r->bias;
+    r->params.sampling.n_bias = n;
+    return 0;
+}
+
+int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
+                          api_gen_request *r, api_error *e) {
+    memset(r, 0, sizeof *r);
+    r->chat = chat;
+    r->root = api_parse_object(body, n, e);
+    if (!r->root) return -1;
+    engine_gen_params *gp = &r->params;
+    gp->sampling = sample_params_default();
+    gp->max_tokens = chat ? 0 : 16;
+    sample_params *sp = &gp->sampling;
+    int64_t max_tokens = gp->max_tokens, top_k = 0, seed = 0, n_choices = 1, top_lp = 0;
+    double temp = 1, top_p = 1, min_p = 0, pres = 0, freq = 0, rep = 1;
+    int lp_bool = 0;
+    const char *overflow = NULL;
+    json_t *lp = json_object_get(r->root, "logprobs");
+    if ((chat ? parse_messages(r, e) : parse_prompt(r, n_vocab, e)) ||
+        get_string(r->root, "model", &r->model, e) ||
+        get_int(r->root, "max_tokens", 0, INT32_MAX, &max_tokens, e) ||
+        get_int(r->root, "max_completion_tokens", 0, INT32_MAX, &max_tokens, e) ||
+        get_float(r->root, "temperature", 0, 2, &temp, e) ||
+        get_float(r->root, "top_p", 0, 1, &top_p, e) ||
+        get_int(r->root, "top_k", 0, INT32_MAX, &top_k, e) ||
+        get_float(r->root, "min_p", 0, 1, &min_p, e) ||
+        get_int(r->root, "seed", INT64_MIN, INT64_MAX, &seed, e) ||
+        get_int(r->root, "n", 1, 1, &n_choices, e) || get_bool(r->root, "stream", &r->stream, e) ||
+        get_float(r->root, "presence_penalty", -2, 2, &pres, e) ||
+        get_float(r->root, "frequency_penalty", -2, 2, &freq, e) ||
+        get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
+        get_string(r->root, "session", &r->session, e) ||
+        get_string(r->root, "overflow", &overflow, e) || parse_stop(r, e) ||
+        parse_bias(r, n_vocab, e))
+        return -1;
+    /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
+    if (chat) {
+        if (get_bool(r->root, "logprobs", &lp_bool, e) ||
+            get_int(r->root, "top_logprobs", 0, SAMPLE_MAX_TOP_LOGPROBS, &top_lp, e))
+            return -1;
+        if (top_lp && !lp_bool)
+            return api_fail(e, 400, "invalid_value", "top_logprobs", "top_logprobs needs logprobs: true");
+    } else if (lp && !json_is_null(lp)) {
+        if (get_int(r->root, "logprobs", 0, 5, &top_lp, e)) return -1;
+        lp_bool = 1;
+    }
+    if (overflow && strcmp(overflow, "error") && strcmp(overflow, "pot"))
+        return api_fail(e, 400, "invalid_value", "overflow", "overflow must be \"error\" or \"pot\"");
+    json_t *so = json_object_get(r->root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return api_fail(e, 400, "invalid_type", "stream_options", "stream_options must be an object");
+        if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    }
+    r->overflow_error = overflow && !strcmp(overflow, "error");
+    gp->max_tokens = (int32_t)max_tokens;
+    if (json_object_get(r->root, "max_tokens") && max_tokens == 0 && !chat) gp->max_tokens = 16;
+    sp->temperature = (float)temp;
+    sp->top_p = (float)top_p;
+    sp->top_k = (int32_t)top_k;
+    sp->min_p = (float)min_p;
+    sp->seed = (uint64_t)seed;
+    sp->presence_penalty = (float)pres;
+    sp->frequency_penalty = (float)freq;
+    sp->repeat_penalty = (float)rep;
+    sp->n_top_logprobs = (int32_t)top_lp;
+    r->logprobs = lp_bool;
+    r->top_logprobs = (int)top_lp;
+    gp->want_logprobs = lp_bool;
+    return 0;
+}
+
+void api_gen_request_free(api_gen_request *r) {
+    free(r->messages);
+    free(r->prompt_tokens);
+    free(r->stops);
+    free(r->bias);
+    json_decref(r->root);
+    memset(r, 0, sizeof *r);
+}
+
+int api_parse_tokenize(const char *body, size_t n, const char **content, int *add_special,
+                       json_t **root, api_error *e) {
+    *root = api_parse_object(body, n, e);
+    if (!*root) return -1;
+    *content = NULL;
+    *add_special = 0;
+    if (get_string(*root, "content", content, e) || get_bool(*root, "add_special", add_special, e))
+        goto fail;
+    if (!*content) {
+        api_fail(e, 400, "missing_field", "content", "content is required");
+        goto fail;
+    }
+    return 0;
+fail:
+    json_decref(*root);
+    *root = NULL;
+    return -1;
+}
+
+int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **tokens,
+                         size_t *n_tokens, api_error *e) {
+    json_t *root = api_parse_object(body, n, e);
+    if (!root) return -1;
+    json_t *t = json_object_get(root, "tokens");
+    int rc = 0;
+    *tokens = NULL;
+    *n_tokens = 0;
+    if (!json_is_array(t)) {
+        rc = api_fail(e, 400, "missing_field", "tokens", "tokens must be an array of token ids");
+    } else {
+        *n_tokens = json_array_size(t);
+        *tokens = malloc((*n_tokens ? *n_tokens : 1) * sizeof **tokens);
+        if (!*tokens) rc = api_fail(e, 500, NULL, NULL, "out of memory");
+        for (size_t i = 0; !rc && i < *n_tokens; i++) {
+            json_t *v = json_array_get(t, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= n_vocab)
+                rc = api_fail(e, 400, "invalid_value", "tokens", "tokens[%zu] must be a token id in [0, %d)", i, n_vocab);
+            else (*tokens)[i] = (int32_t)json_integer_value(v);
+        }
+    }
+    if (rc) {
+        free(*tokens);
+        *tokens = NULL;
+    }
+    json_decref(root);
+    return rc;
+}
+
+const char *api_finish_reason(enum engine_finish f) {
+    return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
+}

@@ -1,0 +1,87 @@
+/* api/: the HTTP contract's JSON (API.md) with jansson: parsing and
+ * validating requests into engine terms, building responses and OpenAI-shaped
+ * errors. Knows nothing of sockets; the server calls it with whole bodies. */
+#ifndef POTSERVE_API_H
+#define POTSERVE_API_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* An error as API.md shapes it; type follows from status. */
+typedef struct api_error {
+    int status;
+    const char *code;  /* static string or NULL */
+    const char *param; /* static string or NULL */
+    char message[320];
+} api_error;
+
+/* Fills e (status, code, param, printf-style message); returns -1 so
+ * callers can `return api_fail(...)`. */
+int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* {"error": {...}} for e; the caller owns it. */
+json_t *api_error_json(const api_error *e);
+/* The error type API.md names for a status. */
+const char *api_error_type(int status);
+
+/* Parses a JSON object body; NULL + e (400) for anything else. */
+json_t *api_parse_object(const char *body, size_t n, api_error *e);
+
+/* ---- sessions --------------------------------------------------------------------- */
+
+typedef struct api_session_settings {
+    engine_pot_settings pot; /* strings point into `root` */
+    json_t *metadata;        /* object (borrowed from root) */
+    int64_t ttl_seconds;     /* 0 = never expires */
+    json_t *root;            /* owns everything above */
+} api_session_settings;
+
+/* Validates a session-creation body (empty = every default) against the
+ * model's window: 400 for wrong types, 422 naming the field for settings that
+ * cannot work. default_budget / default_policy come from the server's config. */
+int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_t default_budget,
+                               const char *default_policy, api_session_settings *out,
+                               api_error *e);
+void api_session_settings_free(api_session_settings *s);
+
+/* Settings as stored in a session's meta file and restored from it. */
+json_t *api_session_settings_json(const api_session_settings *s);
+
+/* ---- generation ------------------------------------------------------------------- */
+
+typedef struct api_gen_request {
+    int chat;                  /* /v1/chat/completions (else /v1/completions) */
+    engine_message *messages;  /* chat: strings borrowed from root */
+    size_t n_messages;
+    const char *prompt;        /* completions: text, or NULL when tokens are given */
+    int32_t *prompt_tokens;    /* completions: token array */
+    size_t n_prompt_tokens;
+    engine_gen_params params;  /* stop and bias arrays owned here */
+    int stream, include_usage, logprobs, top_logprobs;
+    const char *session;       /* "session" field or NULL */
+    int overflow_error;        /* "overflow": "error" */
+    const char *model;
+    json_t *root;
+    const char **stops;
+    logit_bias *bias;
+} api_gen_request;
+
+/* Validates a chat (chat = 1) or completions request. n_vocab bounds token
+ * ids and logit_bias keys. */
+int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
+                          api_gen_request *out, api_error *e);
+void api_gen_request_free(api_gen_request *r);
+
+/* /tokenize and /detokenize bodies. */
+int api_parse_tokenize(const char *body, size_t n, const char **content, int *add_special,
+                       json_t **root, api_error *e);
+int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **tokens,
+                         size_t *n_tokens, api_error *e);
+
+/* OpenAI finish_reason of an engine finish. */
+const char *api_finish_reason(enum engine_finish f);
+
+#endif

@@ -1,0 +1,360 @@
+/* Generation as a step-wise sequence: one prompt prefilled into a pot, then
+ * sample -> emit text -> one decode token, a step at a time. Steps of many
+ * sequences share one backend forward (each span appending to its own pot),
+ * so the engine thread (sched.c) decodes every active request together, and
+ * engine_generate / engine_doc_answer are the one-sequence case of the same
+ * loop. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+enum seq_state { SEQ_NEW, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
+
+/* Recycled attention's state during one generation. */
+typedef struct recycler {
+    int32_t stride, keep, step;
+    int32_t *chosen;   /* [n_layer][n_head_kv][keep] slots picked at the last full step */
+    int32_t *attend;   /* [n_layer][n_head_kv][keep + stride] what a partial step reads */
+    float *scores;     /* [n_layer][n_head_kv][capacity] */
+    int32_t full_n;    /* pot size right after the last full step */
+    int active;
+} recycler;
+
+struct gen_seq {
+    engine *e;
+    engine_text_cb cb;
+    void *user;
+    /* what generation keeps of engine_gen_params (stop strings and the logit
+       bias live on in the matcher and the sampler, which copied them) */
+    int32_t max_tokens, recycle_stride, recycle_keep;
+    int want_logprobs;
+    int32_t *tokens_out;
+    sampler *smp;
+    stop_matcher *sm;
+    float *logits;           /* [n_vocab]: the last forward's, then sampler scratch */
+    recycler rec;
+    detok_state ds;
+    pot *p;
+    int own_pot;
+    const int32_t *prompt;   /* borrowed until the prefill is done */
+    size_t n_prompt, n_prefilled;
+    int32_t span_len;        /* prefill tokens in the forward under way */
+    int32_t tok;             /* the token of the decode span under way */
+    int full_pending;        /* recycled attention: a full step's scores await selection */
+    int32_t full_keys;
+    enum seq_state state;
+    int rc;
+    engine_gen_result res;
+    double t_start, t_decode;
+    char err[256];
+};
+
+static void recycler_free(recycler *r) {
+    free(r->chosen);
+    free(r->attend);
+    free(r->scores);
+    memset(r, 0, sizeof *r);
+}
+
+static int recycler_init(recycler *r, const pot *p, int32_t stride, int32_t keep, char *err,
+                         size_t errlen) {
+    memset(r, 0, sizeof *r);
+    if (stride <= 1) return 0;
+    size_t lh = (size_t)p->n_layer * p->n_head_kv;
+    r->stride = stride;
+    r->keep = keep;
+    r->chosen = malloc(lh * r->keep * sizeof *r->chosen);
+    r->attend = malloc(lh * ((size_t)r->keep + r->stride) * sizeof *r->attend);
+    r->scores = malloc(lh * (size_t)p->capacity * sizeof *r->scores);
+    if (!r->chosen || !r->attend || !r->scores) {
+        recycler_free(r);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    r->active = 1;
+    return 0;
+}
+
+gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, void *user,
+                     char *err, size_t errlen) {
+    if (gp->recycle_stride > 1 && gp->recycle_keep <= 0)
+        return snprintf(err, errlen, "recycle_keep must be positive"), NULL;
+    gen_seq *q = calloc(1, sizeof *q);
+    if (!q) return snprintf(err, errlen, "out of memory"), NULL;
+    q->e = e;
+    q->cb = cb;
+    q->user = user;
+    q->max_tokens = gp->max_tokens;
+    q->recycle_stride = gp->recycle_stride;
+    q->recycle_keep = gp->recycle_keep;
+    q->want_logprobs = gp->want_logprobs;
+    q->tokens_out = gp->tokens_out;
+    q->logits = malloc((size_t)e->m->n_vocab * sizeof(float));
+    q->smp = q->logits ? sampler_new(&gp->sampling, e->m->n_vocab, err, errlen) : NULL;
+    q->sm = q->smp ? stop_matcher_new(gp->stop, gp->n_stop) : NULL;
+    if (!q->sm) {
+        if (!q->logits || q->smp) snprintf(err, errlen, "out of memory"); /* else sampler_new said why */
+        gen_seq_free(q);
+        return NULL;
+    }
+    q->ds.leading_space_done = 1; /* generated text keeps its first space */
+    return q;
+}
+
+int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t n_prompt,
+                  char *err, size_t errlen) {
+    q->p = p;
+    q->own_pot = own_pot;
+    memset(&q->res, 0, sizeof q->res);
+    q->res.n_cached = p->n;
+    if (n_prompt == 0) return snprintf(err, errlen, "empty prompt"), -1;
+    if ((size_t)p->n + n_prompt > (size_t)p->capacity)
+        return snprintf(err, errlen, "prompt of %zu tokens does not fit the %d free slots",
+                        n_prompt, p->capacity - p->n), -1;
+    /* checked here, not by the forward: a bad id must fail this sequence, not a whole batch */
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= q->e->m->n_vocab)
+            return snprintf(err, errlen, "token id %d is outside the vocabulary (%d)", prompt[i],
+                            q->e->m->n_vocab), -1;
+    if (recycler_init(&q->rec, p, q->recycle_stride, q->recycle_keep, err, errlen)) return -1;
+    for (size_t i = 0; i < n_prompt; i++) sampler_accept(q->smp, prompt[i]);
+    q->prompt = prompt;
+    q->n_prompt = n_prompt;
+    q->n_prefilled = 0;
+    q->res.finish = ENGINE_FINISH_LENGTH;
+    q->state = SEQ_PREFILL;
+    q->t_start = now_ms();
+    return 0;
+}
+
+void gen_seq_free(gen_seq *q) {
+    if (!q) return;
+    recycler_free(&q->rec);
+    stop_matcher_free(q->sm);
+    sampler_free(q->smp);
+    free(q->logits);
+    if (q->own_pot) pot_free(q->p);
+    free(q);
+}
+
+int gen_seq_done(const gen_seq *q) { return q->state == SEQ_DONE || q->state == SEQ_NEW; }
+
+int gen_seq_result(const gen_seq *q, engine_gen_result *res, char *err, size_t errlen) {
+    *res = q->res;
+    if (q->rc) snprintf(err, errlen, "%s", q->err);
+    return q->rc;
+}
+
+static void seq_fail(gen_seq *q, const char *msg) {
+    snprintf(q->err, sizeof q->err, "%s", msg);
+    q->rc = -1;
+    q->state = SEQ_DONE;
+}
+
+/* Emits text through the stop matcher; returns 1 to stop (stop string or
+ * callback cancelled). */
+static int emit_text(gen_seq *q, const char *text, size_t len, int32_t tok,
+                     const sample_logprobs *lp, int *cancelled) {
+    const char *out;
+    size_t n_out;
+    int hit = stop_matcher_push(q->sm, text, len, &out, &n_out);
+    if (n_out && q->cb && q->cb(q->user, out, n_out, tok, lp)) *cancelled = 1;
+    return hit || *cancelled;
+}
+
+/* Ends the sequence; `flush` sends what the detokenizer and the stop matcher
+ * still hold (not after a stop string or a cancellation). */
+static void seq_finish(gen_seq *q, enum engine_finish finish, int flush) {
+    q->res.finish = finish;
+    if (flush) {
+        char text[256];
+        const char *out;
+        size_t n_out;
+        int cancelled = 0;
+        size_t n = detok_flush(&q->ds, text, sizeof text);
+        if (n) emit_text(q, text, n, -1, NULL, &cancelled);
+        stop_matcher_flush(q->sm, &out, &n_out);
+        if (n_out && q->cb) q->cb(q->user, out, n_out, -1, NULL);
+    }
+    q->res.decode_ms = now_ms() - q->t_decode;
+    q->state = SEQ_DONE;
+}
+
+void gen_seq_cancel(gen_seq *q) {
+    if (q->state == SEQ_DONE) return;
+    if (q->state == SEQ_DECODE) seq_finish(q, ENGINE_FINISH_CANCELLED, 0);
+    q->res.finish = ENGINE_FINISH_CANCELLED;
+    q->state = SEQ_DONE;
+}
+
+/* Samples the next token from the current logits and emits its text. 1 when
+ * the sequence goes on (q->tok is to be decoded), 0 when it ended. */
+static int seq_sample(gen_seq *q) {
+    const tokenizer *tk = q->e->m->tok;
+    if (q->max_tokens > 0 && q->res.n_generated >= q->max_tokens)
+        return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
+    sample_logprobs lp, *lpp = q->want_logprobs ? &lp : NULL;
+    int32_t tok = sampler_sample(q->smp, q->logits, lpp);
+    if (q->tokens_out && q->max_tokens > 0) q->tokens_out[q->res.n_generated] = tok;
+    q->res.n_generated++;
+    if (tok < 0) return seq_fail(q, "logit_bias bans every token"), 0;
+    if (tokenizer_is_eog(tk, tok)) return seq_finish(q, ENGINE_FINISH_STOP, 1), 0;
+    sampler_accept(q->smp, tok);
+    char text[256];
+    size_t n = detok_push(tk, &q->ds, tok, 0, text, sizeof text);
+    int cancelled = 0;
+    if (emit_text(q, text, n, tok, lpp, &cancelled))
+        return seq_finish(q, cancelled ? ENGINE_FINISH_CANCELLED : ENGINE_FINISH_STOP, 0), 0;
+    /* the last token is never decoded: nothing would read its logits */
+    if (q->max_tokens > 0 && q->res.n_generated >= q->max_tokens)
+        return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
+    if (q->p->n >= q->p->capacity) return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0; /* context full */
+    q->tok = tok;
+    return 1;
+}
+
+/* The span of the next prefill piece, at most `budget` tokens. */
+static void prefill_span(gen_seq *q, int32_t budget, backend_span *sp) {
+    size_t rest = q->n_prompt - q->n_prefilled;
+    int32_t len = rest < (size_t)budget ? (int32_t)rest : budget;
+    int last = (size_t)len == rest;
+    *sp = (backend_span){.tokens = q->prompt + q->n_prefilled, .n_tokens = len, .kv = q->p,
+                         .logits_mode = last ? BACKEND_LOGITS_LAST : BACKEND_LOGITS_NONE,
+                         .logits = q->logits};
+    q->span_len = len;
+}
+
+/* The span decoding q->tok: full attention, or with recycled attention a
+ * scoring full step or a partial step over the recycled set. */
+static void decode_span(gen_seq *q, backend_span *sp) {
+    pot *p = q->p;
+    recycler *r = &q->rec;
+    *sp = (backend_span){.tokens = &q->tok, .n_tokens = 1, .kv = p,
+                         .logits_mode = BACKEND_LOGITS_LAST, .logits = q->logits};
+    q->full_pending = 0;
+    /* full attention while the pot (with this token) is no larger than the recycled set */
+    if (!r->active || p->n + 1 <= r->keep) return;
+    if (r->step++ % r->stride == 0) {
+        sp->scores = r->scores;
+        sp->n_score_rows = 1;
+        sp->score_combine = BACKEND_SCORE_MAX;
+        q->full_pending = 1;
+        q->full_keys = p->n + 1;
+        return;
+    }
+    int32_t recent = p->n - r->full_n, n_attend = r->keep + recent;
+    for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
+        int32_t *dst = r->attend + (size_t)lh * n_attend;
+        memcpy(dst, r->chosen + (size_t)lh * r->keep, (size_t)r->keep * sizeof *dst);
+        for (int32_t i = 0; i < recent; i++) dst[r->keep + i] = r->full_n + i;
+    }
+    sp->attend_slots = r->attend;
+    sp->n_attend = n_attend;
+}
+
+/* After the forward: the prefill advances, or a full recycled step picks
+ * the entries the next partial steps read. */
+static void after_forward(gen_seq *q) {
+    if (q->state == SEQ_PREFILL) {
+        q->n_prefilled += (size_t)q->span_len;
+        if (q->n_prefilled < q->n_prompt) return;
+        q->res.n_prompt = (int64_t)q->n_prompt;
+        q->t_decode = now_ms();
+        q->res.prefill_ms = q->t_decode - q->t_start;
+        q->state = SEQ_DECODE;
+        return;
+    }
+    if (!q->full_pending) return;
+    recycler *r = &q->rec;
+    select_params sel = {.policy = POLICY_FINCH, .n_keep = r->keep, .scores = r->scores,
+                         .scores_stride = q->full_keys};
+    if (pot_select(q->p, &sel, r->chosen, q->err, sizeof q->err)) {
+        q->rc = -1;
+        q->state = SEQ_DONE;
+        return;
+    }
+    r->full_n = q->p->n;
+}
+
+int gen_seq_step(engine *e, gen_seq **seqs, int n, gen_step_info *info) {
+    gen_step_info st = {0};
+    backend_span *spans = malloc((size_t)(n > 0 ? n : 1) * sizeof *spans);
+    gen_seq **in = malloc((size_t)(n > 0 ? n : 1) * sizeof *in);
+    if (!spans || !in) {
+        for (int i = 0; i < n; i++)
+            if (seqs[i]->state != SEQ_DONE) seq_fail(seqs[i], "out of memory");
+        n = 0;
+    }
+    /* prefill shares the forward with the decode tokens, PREFILL_CHUNK tokens
+       a step, so a long prompt delays the others' next token by one chunk only */
+    int32_t budget = PREFILL_CHUNK;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        gen_seq *q = seqs[i];
+        if (q->state == SEQ_PREFILL) {
+            if (!budget) continue;
+            prefill_span(q, budget, &spans[m]);
+            budget -= spans[m].n_tokens;
+            st.prefill_tokens += spans[m].n_tokens;
+        } else if (q->state == SEQ_DECODE && seq_sample(q)) {
+            decode_span(q, &spans[m]);
+            st.decode_tokens++;
+        } else {
+            continue;
+        }
+        in[m++] = q;
+    }
+    if (m) {
+        char err[256];
+        if (e->be->forward(e->be, spans, m, err, sizeof err)) {
+            for (int j = 0; j < m; j++) seq_fail(in[j], err);
+            st.decode_tokens = st.prefill_tokens = 0;
+        } else {
+            for (int j = 0; j < m; j++) after_forward(in[j]);
+        }
+        st.forwards = 1;
+    }
+    free(spans);
+    free(in);
+    for (int i = 0; i < n; i++) st.running += seqs[i]->state != SEQ_DONE;
+    if (info) *info = st;
+    return st.running;
+}
+
+pot *gen_new_pot(engine *e, size_t n_prompt, int32_t max_tokens, char *err, size_t errlen) {
+    const model *m = e->m;
+    size_t capacity = max_tokens > 0 ? n_prompt + (size_t)max_tokens : (size_t)m->n_ctx_train;
+    if (capacity > (size_t)m->n_ctx_train) capacity = (size_t)m->n_ctx_train;
+    if (n_prompt >= capacity)
+        return snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",
+                        n_prompt, m->n_ctx_train), NULL;
+    return new_pot(e, capacity, err, errlen);
+}
+
+int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,
+                    const engine_gen_params *gp, engine_text_cb cb, void *user,
+                    engine_gen_result *res, char *err, size_t errlen) {
+    memset(res, 0, sizeof *res);
+    gen_seq *q = gen_seq_new(e, gp, cb, user, err, errlen);
+    if (!q) return -1;
+    int rc = gen_seq_start(q, p, 0, prompt, n_prompt, err, errlen);
+    if (!rc) {
+        while (gen_seq_step(e, &q, 1, NULL) > 0) {
+        }
+        rc = gen_seq_result(q, res, err, errlen);
+    }
+    gen_seq_free(q);
+    return rc;
+}
+
+int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const engine_gen_params *gp,
+                    engine_text_cb cb, void *user, engine_gen_result *res, char *err,
+                    size_t errlen) {
+    memset(res, 0, sizeof *res);
+    pot *p = gen_new_pot(e, n_prompt, gp->max_tokens, err, errlen);
+    if (!p) return -1;
+    int rc = engine_continue(e, p, prompt, n_prompt, gp, cb, user, res, err, errlen);
+    pot_free(p);
+    return rc;
+}

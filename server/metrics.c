@@ -1,0 +1,105 @@
+/* /metrics in the Prometheus text format: request counts by route and status
+ * class, token and time counters, sessions and pot memory, engine queue. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/srv.h"
+
+int metrics_route(metrics *m, const char *route) {
+    for (int i = 0; i < METRIC_ROUTES; i++) {
+        if (!m->route_names[i]) {
+            m->route_names[i] = route; /* routes are static strings */
+            return i;
+        }
+        if (!strcmp(m->route_names[i], route)) return i;
+    }
+    return METRIC_ROUTES - 1;
+}
+
+typedef struct text_buf {
+    char *s;
+    size_t n, cap;
+    int oom;
+} text_buf;
+
+__attribute__((format(printf, 2, 3))) static void put(text_buf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)k < b->cap - b->n) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)k + 256;
+        char *t = realloc(b->s, cap);
+        if (!t) {
+            b->oom = 1;
+            return;
+        }
+        b->s = t;
+        b->cap = cap;
+    }
+}
+
+static void counter(text_buf *b, const char *name, const char *help, const char *type, double v) {
+    put(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+char *metrics_render(server *s) {
+    metrics *m = &s->m;
+    text_buf b = {.s = malloc(4096), .cap = 4096};
+    if (!b.s) return NULL;
+    b.s[0] = 0;
+    put(&b, "# HELP potserve_requests_total HTTP requests by route and status class.\n"
+            "# TYPE potserve_requests_total counter\n");
+    for (int i = 0; i < METRIC_ROUTES && m->route_names[i]; i++)
+        for (int c = 1; c < 6; c++)
+            if (m->requests[i][c])
+                put(&b, "potserve_requests_total{route=\"%s\",status=\"%dxx\"} %lld\n",
+                    m->route_names[i], c, (long long)m->requests[i][c]);
+    counter(&b, "potserve_tokens_ingested_total", "Document tokens read into pots.", "counter",
+            (double)m->tokens_ingested);
+    counter(&b, "potserve_tokens_prompted_total", "Prompt tokens prefilled for generations.",
+            "counter", (double)m->tokens_prompted);
+    counter(&b, "potserve_tokens_generated_total", "Tokens generated.", "counter",
+            (double)m->tokens_generated);
+    counter(&b, "potserve_upload_bytes_total", "Document bytes acknowledged.", "counter",
+            (double)m->bytes_uploaded);
+    counter(&b, "potserve_ingest_tokens_per_second",
+            "Document tokens per second of ingest time, over the server's life.", "gauge",
+            m->ingest_ms > 0 ? m->tokens_ingested / (m->ingest_ms / 1e3) : 0);
+    counter(&b, "potserve_decode_tokens_per_second",
+            "Generated tokens per second of generation time, over the server's life.", "gauge",
+            m->decode_ms > 0 ? m->tokens_generated / (m->decode_ms / 1e3) : 0);
+    counter(&b, "potserve_compressions_total", "Pot compressions.", "counter", (double)m->compressions);
+    counter(&b, "potserve_compression_seconds_total", "Time spent selecting and compacting.",
+            "counter", m->compress_ms / 1e3);
+    int n_sessions = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next) n_sessions++;
+    counter(&b, "potserve_sessions", "Open sessions.", "gauge", n_sessions);
+    counter(&b, "potserve_pot_memory_bytes", "Bytes of all pots.", "gauge", (double)s->pot_memory);
+    counter(&b, "potserve_pot_memory_limit_bytes", "pot_memory_limit.", "gauge",
+            (double)s->cfg.pot_memory_limit);
+    engine_sched_stats st = {0};
+    if (s->sched) engine_sched_get_stats(s->sched, &st);
+    counter(&b, "potserve_queue_depth", "Engine tasks waiting.", "gauge", st.queued_tasks);
+    counter(&b, "potserve_active_generations", "Generations being decoded.", "gauge",
+            st.active_generations);
+    counter(&b, "potserve_decode_steps_total", "Batched decode steps.", "counter",
+            (double)st.decode_steps);
+    counter(&b, "potserve_open_requests", "Requests in progress.", "gauge", s->n_live);
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}

@@ -1,0 +1,462 @@
+/* The access handler: one request's life from its headers to the access-log
+ * line. Routing, authentication, rate limits, bounded JSON bodies, queued
+ * and streamed (SSE) responses with suspend/resume, and the small endpoints
+ * (health, models, metrics, tokenize). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/srv.h"
+
+/* ---- request lifetime --------------------------------------------------------------- */
+
+void request_ref(request *r) { r->refs++; }
+
+void request_unref(request *r) {
+    if (--r->refs > 0) return;
+    server *s = r->srv;
+    for (request **p = &s->live; *p; p = &(*p)->next_live)
+        if (*p == r) {
+            *p = r->next_live;
+            s->n_live--;
+            break;
+        }
+    if (r->pending) MHD_destroy_response(r->pending);
+    if (r->up) upload_free(r->up);
+    if (r->gen) generation_free(r->gen);
+    free(r->url);
+    free(r->body);
+    free(r->out);
+    free(r);
+}
+
+void request_wake(request *r) {
+    if (r->conn && r->suspended) {
+        r->suspended = 0;
+        MHD_resume_connection(r->conn);
+        srv_kick_soon(r->srv); /* MHD runs only when the loop calls it */
+    }
+}
+
+static void queue(request *r, int status, struct MHD_Response *resp) {
+    r->status = status;
+    if (r->conn && MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
+        r->status = 500;
+    MHD_destroy_response(resp);
+}
+
+/* A response built while the connection is suspended waits in r->pending
+ * until the access handler runs again. */
+static void deliver(request *r, int status, struct MHD_Response *resp) {
+    if (r->suspended) {
+        if (r->pending) MHD_destroy_response(r->pending);
+        r->pending = resp;
+        r->pending_status = status;
+        request_wake(r);
+        return;
+    }
+    queue(r, status, resp);
+}
+
+/* The body of every JSON response: compact JSON and a newline. */
+static struct MHD_Response *json_response(request *r, json_t *body) {
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    size_t n = text ? strlen(text) : 0;
+    char *t = text ? realloc(text, n + 2) : NULL;
+    if (!t) {
+        free(text);
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n";
+        return MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+    }
+    t[n++] = '\n';
+    t[n] = 0;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, t, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    r->bytes_out += n;
+    return resp;
+}
+
+void respond_json(request *r, int status, json_t *body) { deliver(r, status, json_response(r, body)); }
+
+void respond_error(request *r, const api_error *e) { respond_json(r, e->status, api_error_json(e)); }
+
+static void respond_retry(request *r, const api_error *e, int seconds) {
+    struct MHD_Response *resp = json_response(r, api_error_json(e));
+    char v[24];
+    snprintf(v, sizeof v, "%d", seconds < 1 ? 1 : seconds);
+    MHD_add_response_header(resp, "Retry-After", v);
+    deliver(r, e->status, resp);
+}
+
+void request_suspend(request *r) {
+    if (r->conn && !r->suspended && !r->srv->stopping) {
+        r->suspended = 1;
+        MHD_suspend_connection(r->conn);
+    }
+}
+
+/* ---- streamed responses ------------------------------------------------------------ */
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    request *r = cls;
+    size_t avail = r->out_len - r->out_pos;
+    if (!avail) {
+        if (r->out_done) return MHD_CONTENT_READER_END_OF_STREAM;
+        request_suspend(r);
+        return 0;
+    }
+    size_t n = avail < max ? avail : max;
+    memcpy(buf, r->out + r->out_pos, n);
+    r->out_pos += n;
+    r->bytes_out += n;
+    if (r->out_pos == r->out_len) r->out_pos = r->out_len = 0;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { request_unref(cls); }
+
+int stream_start(request *r) {
+    request_ref(r); /* the response's reader holds the request */
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, r, stream_free);
+    if (!resp) {
+        request_unref(r);
+        return -1;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    r->last_write_ms = srv_now_ms();
+    deliver(r, 200, resp);
+    return 0;
+}
+
+void stream_write(request *r, const char *data, size_t n) {
+    if (r->out_len + n > r->out_cap) {
+        size_t cap = (r->out_len + n) * 2 + 1024;
+        char *t = realloc(r->out, cap);
+        if (!t) return; /* dropped: the client sees a truncated stream */
+        r->out = t;
+        r->out_cap = cap;
+    }
+    memcpy(r->out + r->out_len, data, n);
+    r->out_len += n;
+    r->last_write_ms = srv_now_ms();
+    request_wake(r);
+}
+
+void stream_end(request *r) {
+    r->out_done = 1;
+    request_wake(r);
+}
+
+/* ---- access log ---------------------------------------------------------------------- */
+
+void srv_access_log(request *r) {
+    server *s = r->srv;
+    int route = metrics_route(&s->m, r->route ? r->route : "other");
+    if (r->status >= 100 && r->status < 600) s->m.requests[route][r->status / 100]++;
+    if (!s->cfg.access_log) return;
+    json_t *line = json_pack("{s:s, s:s, s:s, s:i, s:I, s:f, s:s?, s:I, s:s?}", "method", r->method,
+                             "route", r->route ? r->route : "other", "path", r->url ? r->url : "",
+                             "status", r->status, "bytes", (json_int_t)r->bytes_out, "ms",
+                             srv_now_ms() - r->t0, "session", *r->session_id ? r->session_id : NULL,
+                             "tokens", (json_int_t)r->tokens, "key",
+                             r->key && *r->key->name ? r->key->name : NULL);
+    char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
+    if (text) fprintf(stderr, "%s\n", text);
+    free(text);
+    json_decref(line);
+}
+
+/* ---- small endpoints ----------------------------------------------------------------- */
+
+static void route_health(request *r) {
+    server *s = r->srv;
+    const char *st = s->loading ? "loading" : s->draining ? "draining" : "ok";
+    respond_json(r, s->loading || s->draining ? 503 : 200, json_pack("{s:s}", "status", st));
+}
+
+static void route_models(request *r) {
+    server *s = r->srv;
+    engine_info *in = &s->info;
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:s, s:I, s:s, s:s}}", "id",
+                          s->model_id, "object", "model", "created", (json_int_t)s->started,
+                          "owned_by", "potserve", "meta", "context_length", in->n_ctx_train,
+                          "vocab_size", in->n_vocab, "quantization", in->quant ? in->quant : "",
+                          "parameters", (json_int_t)in->n_params, "architecture",
+                          in->arch ? in->arch : "", "chat_template", in->chat_family ? in->chat_family : "");
+    const char *id = r->url + strlen("/v1/models");
+    if (*id == '/') {
+        if (strcmp(id + 1, s->model_id)) {
+            json_decref(m);
+            api_error e;
+            api_fail(&e, 404, "model_not_found", "model", "no model '%s' (this server has '%s')",
+                     id + 1, s->model_id);
+            return respond_error(r, &e);
+        }
+        return respond_json(r, 200, m);
+    }
+    respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static void route_metrics(request *r) {
+    char *text = metrics_render(r->srv);
+    if (!text) {
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+    r->bytes_out += strlen(text);
+    deliver(r, 200, resp);
+}
+
+static void route_tokenize(request *r) {
+    server *s = r->srv;
+    api_error e;
+    const char *content;
+    int add_special;
+    json_t *root;
+    if (api_parse_tokenize(r->body, r->body_len, &content, &add_special, &root, &e))
+        return respond_error(r, &e);
+    size_t len = strlen(content);
+    int64_t n = engine_tokenize(s->eng, content, len, add_special, 0, NULL, 0);
+    int32_t *ids = n >= 0 ? malloc((size_t)(n ? n : 1) * sizeof *ids) : NULL;
+    if (n < 0 || !ids) {
+        json_decref(root);
+        free(ids);
+        api_fail(&e, 400, "invalid_utf8", "content", "content is not valid UTF-8");
+        return respond_error(r, &e);
+    }
+    engine_tokenize(s->eng, content, len, add_special, 0, ids, n);
+    json_t *arr = json_array();
+    for (int64_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    json_decref(root);
+    r->tokens = n;
+    respond_json(r, 200, json_pack("{s:o}", "tokens", arr));
+}
+
+static void route_detokenize(request *r) {
+    server *s = r->srv;
+    api_error e;
+    int32_t *ids;
+    size_t n;
+    if (api_parse_detokenize(r->body, r->body_len, s->info.n_vocab, &ids, &n, &e))
+        return respond_error(r, &e);
+    size_t cap = n * 32 + 1, len = 0;
+    char *text = malloc(cap);
+    for (size_t i = 0; text && i < n; i++) {
+        int k = engine_token_text(s->eng, ids[i], text + len, cap - len);
+        if (k > 0) len += (size_t)k;
+    }
+    free(ids);
+    if (!text) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    json_t *str = json_stringn(text, len);
+    free(text);
+    if (!str) str = json_string(""); /* pieces of one character split across tokens */
+    respond_json(r, 200, json_pack("{s:o}", "content", str));
+}
+
+/* ---- routing --------------------------------------------------------------------------- */
+
+enum body_kind { BODY_NONE, BODY_JSON, BODY_UPLOAD };
+
+typedef struct route_def {
+    const char *method, *path; /* path prefix when it ends with '/' */
+    const char *name;
+    enum body_kind body;
+} route_def;
+
+static void method_not_allowed(request *r) {
+    api_error e;
+    api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);
+    respond_error(r, &e);
+}
+
+static void not_found(request *r) {
+    api_error e;
+    api_fail(&e, 404, "not_found", NULL, "no route %s %s", r->method, r->url);
+    respond_error(r, &e);
+}
+
+/* Names the route (for logs and metrics) and whether it takes a body. */
+static const char *classify(const char *method, const char *url, enum body_kind *body) {
+    *body = BODY_NONE;
+    int post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) return "/health";
+    if (!strcmp(url, "/metrics")) return "/metrics";
+    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return "/v1/models";
+    if (!strcmp(url, "/v1/chat/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/chat/completions";
+    if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
+    if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
+    if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
+    if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
+    if (!strncmp(url, "/v1/sessions/", 13)) {
+        const char *slash = strchr(url + 13, '/');
+        if (slash && !strcmp(slash, "/chunks")) {
+            *body = post ? BODY_UPLOAD : BODY_NONE;
+            return "/v1/sessions/{id}/chunks";
+        }
+        if (slash && !strcmp(slash, "/retention")) return "/v1/sessions/{id}/retention";
+        return "/v1/sessions/{id}";
+    }
+    return "other";
+}
+
+static void dispatch(request *r, const char *upload, size_t *upload_size) {
+    const char *rt = r->route, *m = r->method;
+    int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
+    if (!strcmp(rt, "/health")) return get ? route_health(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : method_not_allowed(r);
+    if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : method_not_allowed(r);
+    if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : method_not_allowed(r);
+    if (!strncmp(rt, "/v1/sessions", 12))
+        return route_sessions(r, r->url + strlen("/v1/sessions"), upload, upload_size);
+    not_found(r);
+}
+
+/* First call for a request: checks that need only the headers. Returns 0 to
+ * go on, -1 when a response has been queued. */
+static int admit(request *r) {
+    server *s = r->srv;
+    api_error e;
+    if (!strcmp(r->route, "/health")) return 0;
+    if (s->draining) {
+        api_fail(&e, 503, "shutting_down", NULL, "the server is shutting down");
+        respond_error(r, &e);
+        return -1;
+    }
+    r->key = auth_check(s, r->conn);
+    if (!r->key) {
+        api_fail(&e, 401, "invalid_api_key", NULL,
+                 "missing or wrong API key: send Authorization: Bearer <key>");
+        respond_error(r, &e);
+        return -1;
+    }
+    int wait = auth_rate_limit(s, r->key);
+    if (wait) {
+        api_fail(&e, 429, "rate_limited", NULL, "too many requests; retry in %d s", wait);
+        respond_retry(r, &e, wait);
+        return -1;
+    }
+    if (s->loading && strcmp(r->route, "/metrics")) {
+        api_fail(&e, 503, "loading", NULL, "the server is still restoring sessions");
+        respond_error(r, &e);
+        return -1;
+    }
+    if (strcmp(r->route, "other")) return 0;
+    not_found(r);
+    return -1;
+}
+
+/* Accumulates a JSON body up to max_body_bytes. */
+static void take_body(request *r, const char *data, size_t n) {
+    if (r->body_too_large) return;
+    if (r->body_len + n > (size_t)r->srv->cfg.max_body_bytes) {
+        r->body_too_large = 1;
+        return;
+    }
+    if (r->body_len + n + 1 > r->body_cap) {
+        size_t cap = (r->body_len + n + 1) * 2;
+        char *t = realloc(r->body, cap);
+        if (!t) {
+            r->body_too_large = 1;
+            return;
+        }
+        r->body = t;
+        r->body_cap = cap;
+    }
+    memcpy(r->body + r->body_len, data, n);
+    r->body_len += n;
+    r->body[r->body_len] = 0;
+}
+
+enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const char *url,
+                                   const char *method, const char *version,
+                                   const char *upload_data, size_t *upload_data_size,
+                                   void **con_cls) {
+    (void)version;
+    server *s = cls;
+    request *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        r->srv = s;
+        r->conn = c;
+        r->refs = 1;
+        r->t0 = srv_now_ms();
+        snprintf(r->method, sizeof r->method, "%s", method);
+        r->url = strdup(url);
+        enum body_kind body;
+        r->route = classify(method, url, &body);
+        r->next_live = s->live;
+        s->live = r;
+        s->n_live++;
+        *con_cls = r;
+        if (!r->url) return MHD_NO;
+        if (admit(r)) return MHD_YES;
+        if (body == BODY_NONE) {
+            dispatch(r, NULL, upload_data_size);
+            return MHD_YES;
+        }
+        if (body == BODY_UPLOAD) dispatch(r, NULL, upload_data_size); /* headers only: set up */
+        return MHD_YES;
+    }
+    if (r->pending) { /* a response prepared while suspended */
+        struct MHD_Response *resp = r->pending;
+        r->pending = NULL;
+        queue(r, r->pending_status, resp);
+        return MHD_YES;
+    }
+    if (r->status) { /* already answered (an error before the body ended): drop the rest */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->up) { /* streamed upload */
+        upload_receive(r, upload_data, upload_data_size);
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        take_body(r, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->gen || r->suspended || r->refs > 1) return MHD_YES; /* async work under way */
+    if (r->body_too_large) {
+        api_error e;
+        api_fail(&e, 413, "body_too_large", NULL, "the request body exceeds max_body_bytes (%lld)",
+                 (long long)s->cfg.max_body_bytes);
+        respond_error(r, &e);
+        return MHD_YES;
+    }
+    dispatch(r, NULL, upload_data_size);
+    return MHD_YES;
+}
+
+void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                           enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    request *r = *con_cls;
+    if (!r) return;
+    *con_cls = NULL;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->status < 400 && !r->out_done)
+        r->status = r->status ? r->status : 499; /* the client went away */
+    srv_access_log(r);
+    r->conn = NULL;
+    r->suspended = 0;
+    if (r->gen) generation_cancel(r->gen);
+    if (r->up) upload_abandon(r->up);
+    request_unref(r);
+}

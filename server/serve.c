@@ -1,0 +1,303 @@
+/* `potserve serve`: settings, model, engine thread, sessions restored from
+ * disk, then one libuv loop driving libmicrohttpd (no MHD threads): a
+ * uv_poll_t on MHD's epoll descriptor and a uv_timer_t following
+ * MHD_get_timeout both call MHD_run. SIGTERM/SIGINT drain and exit 0. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/server.h"
+#include "server/srv.h"
+
+extern char **environ;
+
+struct srv_event {
+    srv_event_fn fn;
+    void *arg;
+    srv_event *next;
+};
+
+double srv_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void srv_post(server *s, srv_event_fn fn, void *arg) {
+    srv_event *ev = malloc(sizeof *ev);
+    if (!ev) { /* cannot queue: run nothing rather than crash; the caller's work is lost */
+        fprintf(stderr, "potserve: out of memory posting an event\n");
+        abort();
+    }
+    *ev = (srv_event){fn, arg, NULL};
+    pthread_mutex_lock(&s->ev_lock);
+    if (s->ev_tail) s->ev_tail->next = ev;
+    else s->ev_head = ev;
+    s->ev_tail = ev;
+    pthread_mutex_unlock(&s->ev_lock);
+    uv_async_send(&s->wake);
+}
+
+static void on_wake(uv_async_t *h) {
+    server *s = h->data;
+    pthread_mutex_lock(&s->ev_lock);
+    srv_event *ev = s->ev_head;
+    s->ev_head = s->ev_tail = NULL;
+    pthread_mutex_unlock(&s->ev_lock);
+    while (ev) {
+        srv_event *next = ev->next;
+        ev->fn(s, ev->arg);
+        free(ev);
+        ev = next;
+    }
+    srv_kick(s);
+}
+
+/* ---- the engine thread, as seen from the loop: after shutdown began every
+ * call fails cleanly instead of touching a freed scheduler ---------------------- */
+
+int srv_task(server *s, engine_task_fn fn, void *user) {
+    return s->sched ? engine_sched_task(s->sched, fn, user) : -1;
+}
+
+int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
+               engine_ingest_done_fn done, void *user) {
+    return s->sched ? engine_sched_ingest(s->sched, d, bytes, n, final, done, user) : -1;
+}
+
+int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errlen) {
+    if (s->sched) return engine_sched_generate(s->sched, r, err, errlen);
+    snprintf(err, errlen, "the server is shutting down");
+    return -1;
+}
+
+/* ---- libmicrohttpd driven from the loop -------------------------------------------- */
+
+static void on_mhd_timer(uv_timer_t *t);
+
+static void arm_mhd_timer(server *s) {
+    MHD_UNSIGNED_LONG_LONG timeout;
+    uint64_t ms = 1000;
+    if (MHD_get_timeout(s->mhd, &timeout) == MHD_YES) ms = timeout < 1000 ? timeout : 1000;
+    uv_timer_start(&s->mhd_timer, on_mhd_timer, ms, 0);
+}
+
+void srv_kick(server *s) {
+    if (!s->mhd) return;
+    MHD_run(s->mhd);
+    arm_mhd_timer(s);
+}
+
+static void on_mhd_timer(uv_timer_t *t) { srv_kick(t->data); }
+
+void srv_kick_soon(server *s) {
+    if (s->mhd && !uv_is_closing((uv_handle_t *)&s->mhd_timer))
+        uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
+}
+
+static void on_mhd_poll(uv_poll_t *p, int status, int events) {
+    (void)status;
+    (void)events;
+    srv_kick(p->data);
+}
+
+/* ---- housekeeping and shutdown ------------------------------------------------------ */
+
+static void close_handles(server *s) {
+    uv_poll_stop(&s->mhd_poll);
+    uv_timer_stop(&s->mhd_timer);
+    uv_timer_stop(&s->housekeeping);
+    uv_signal_stop(&s->sig_term);
+    uv_signal_stop(&s->sig_int);
+    uv_close((uv_handle_t *)&s->mhd_poll, NULL);
+    uv_close((uv_handle_t *)&s->mhd_timer, NULL);
+    uv_close((uv_handle_t *)&s->housekeeping, NULL);
+    uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->wake, NULL);
+}
+
+/* Requests whose client is still connected. */
+static int open_requests(server *s) {
+    int n = 0;
+    for (request *r = s->live; r; r = r->next_live) n += r->conn != NULL;
+    return n;
+}
+
+static void on_housekeeping(uv_timer_t *t) {
+    server *s = t->data;
+    double now = srv_now_ms();
+    for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
+        if (r->conn && r->out_cap && !r->out_done && now - r->last_write_ms > 15000)
+            stream_write(r, ": ping\n\n", 8);
+    if (!s->draining) {
+        sessions_expire(s);
+        return;
+    }
+    /* draining: wait for open requests and disk work, at most the grace period */
+    int done = open_requests(s) == 0 || srv_now_ms() > s->drain_deadline;
+    if (done) {
+        fprintf(stderr, "potserve: drained, stopping\n");
+        uv_stop(s->loop);
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    server *s = h->data;
+    if (s->draining) return;
+    fprintf(stderr, "potserve: %s: draining (no new connections)\n", strsignal(signum));
+    s->draining = 1;
+    s->drain_deadline = srv_now_ms() + 30000;
+    if (s->mhd) {
+        MHD_socket fd = MHD_quiesce_daemon(s->mhd);
+        if (fd != MHD_INVALID_SOCKET) close(fd);
+    }
+    uv_timer_start(&s->housekeeping, on_housekeeping, 0, 100);
+}
+
+/* ---- startup ------------------------------------------------------------------------ */
+
+extern enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const char *url,
+                                          const char *method, const char *version,
+                                          const char *upload_data, size_t *upload_data_size,
+                                          void **con_cls);
+extern void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                                  enum MHD_RequestTerminationCode toe);
+
+static int start_http(server *s, char *err, size_t errlen) {
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port)};
+    if (inet_pton(AF_INET, s->cfg.host, &addr.sin_addr) != 1) {
+        snprintf(err, errlen, "host: '%s' is not an IPv4 address", s->cfg.host);
+        return -1;
+    }
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)s->cfg.port, NULL, NULL, srv_access_handler, s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, srv_request_completed, s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(s->cfg.max_header_bytes + 64 * 1024),
+        MHD_OPTION_END);
+    if (!s->mhd) {
+        snprintf(err, errlen, "cannot listen on %s:%lld: %s", s->cfg.host, (long long)s->cfg.port,
+                 strerror(errno));
+        return -1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    const union MHD_DaemonInfo *port = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    if (!info || uv_poll_init(s->loop, &s->mhd_poll, info->epoll_fd)) {
+        snprintf(err, errlen, "cannot watch the HTTP daemon's epoll descriptor");
+        return -1;
+    }
+    s->mhd_poll.data = s;
+    uv_poll_start(&s->mhd_poll, UV_READABLE, on_mhd_poll);
+    fprintf(stderr, "potserve: listening on http://%s:%u\n", s->cfg.host,
+            port ? port->port : (unsigned)s->cfg.port);
+    fflush(stderr);
+    return 0;
+}
+
+static int open_engine(server *s, char *err, size_t errlen) {
+    engine_options eo = {.n_threads = (int)s->cfg.threads,
+                         .chat_template = *s->cfg.chat_template ? s->cfg.chat_template : NULL};
+    if (strcmp(s->cfg.backend, "cpu")) {
+        snprintf(err, errlen, "backend: '%s' is not built into this binary (build with make CUDA=1)",
+                 s->cfg.backend);
+        return -1;
+    }
+    s->eng = engine_open(s->cfg.model, &eo, err, errlen);
+    if (!s->eng) return -1;
+    engine_get_info(s->eng, &s->info);
+    const char *base = strrchr(s->cfg.model, '/');
+    snprintf(s->model_id, sizeof s->model_id, "%s", base ? base + 1 : s->cfg.model);
+    char *dot = strstr(s->model_id, ".gguf");
+    if (dot) *dot = 0;
+    s->sched = engine_sched_new(s->eng, err, errlen);
+    return s->sched ? 0 : -1;
+}
+
+static int make_dir(const char *path, char *err, size_t errlen) {
+    if (mkdir(path, 0700) && errno != EEXIST) {
+        snprintf(err, errlen, "data_dir: cannot create %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int cli_serve(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN);
+    server *s = calloc(1, sizeof *s);
+    if (!s) return 1;
+    char err[512] = "";
+    config_defaults(&s->cfg);
+    int rc = config_load(&s->cfg, argc, argv, environ, err, sizeof err);
+    if (rc == 1) {
+        config_print_help(stdout);
+        config_free(&s->cfg);
+        free(s);
+        return 0;
+    }
+    int code = 1;
+    uv_loop_t loop;
+    if (rc) {
+        fprintf(stderr, "potserve serve: %s\n", err);
+        config_free(&s->cfg);
+        free(s);
+        return 2;
+    }
+    pthread_mutex_init(&s->ev_lock, NULL);
+    s->started = (int64_t)time(NULL);
+    s->loading = 1;
+    uv_loop_init(&loop);
+    s->loop = &loop;
+    uv_async_init(&loop, &s->wake, on_wake);
+    uv_timer_init(&loop, &s->mhd_timer);
+    uv_timer_init(&loop, &s->housekeeping);
+    uv_signal_init(&loop, &s->sig_term);
+    uv_signal_init(&loop, &s->sig_int);
+    s->wake.data = s->mhd_timer.data = s->housekeeping.data = s->sig_term.data = s->sig_int.data = s;
+    if (auth_load(s, err, sizeof err) || make_dir(s->cfg.data_dir, err, sizeof err) ||
+        open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
+        fprintf(stderr, "potserve serve: %s\n", err);
+        goto out;
+    }
+    uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&s->sig_int, on_signal, SIGINT);
+    uv_timer_start(&s->housekeeping, on_housekeeping, 1000, 1000);
+    /* sessions are replayed on the engine thread while /health says 503 */
+    if (sessions_restore(s, err, sizeof err)) {
+        fprintf(stderr, "potserve serve: %s\n", err);
+        goto out;
+    }
+    srv_kick(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    code = 0;
+out:
+    if (s->sched) engine_sched_free(s->sched); /* cancels generations, runs queued tasks */
+    s->sched = NULL;
+    on_wake(&s->wake);                          /* deliver what the engine said last */
+    s->stopping = 1; /* nothing suspends any more: MHD refuses to stop with suspended connections */
+    for (request *r = s->live; r; r = r->next_live) request_wake(r);
+    if (s->mhd) {
+        MHD_run(s->mhd);
+        MHD_stop_daemon(s->mhd);
+        s->mhd = NULL;
+    }
+    on_wake(&s->wake);
+    close_handles(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    sessions_free_all(s);
+    uv_loop_close(&loop);
+    engine_close(s->eng);
+    for (size_t i = 0; i < s->n_keys; i++) free(s->keys[i].key);
+    free(s->keys);
+    config_free(&s->cfg);
+    pthread_mutex_destroy(&s->ev_lock);
+    free(s);
+    return code;
+}

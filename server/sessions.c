@@ -1,0 +1,1244 @@
+/* Sessions: the registry, their directories (meta.json + chunks.log), the
+ * sessions API, streamed uploads into the pot with back-pressure and
+ * durability, restore on start, TTL expiry.
+ *
+ * An upload's bytes go: MHD piece -> 64 KiB piece -> log append (thread pool,
+ * one disk operation per session at a time) -> engine ingest (engine thread)
+ * -> done event (loop). At most MAX_IN_FLIGHT pieces are between arrival and
+ * ingest; beyond that the connection is suspended, so memory does not grow
+ * with the body. A chunk is committed (fsync) only after every piece is
+ * ingested, and acknowledged after the commit. A chunk that fails is
+ * truncated out of the log and the pot is rebuilt from the log, so a failed
+ * request changes nothing. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/cache.h" /* crc32c */
+#include "server/srv.h"
+
+enum { PIECE_BYTES = 64 * 1024, MAX_IN_FLIGHT = 4 };
+
+struct piece {
+    piece *next;
+    size_t n;
+    char data[PIECE_BYTES];
+};
+
+enum upload_mode { UPLOAD_RAW, UPLOAD_JSON, UPLOAD_DUPLICATE };
+
+struct upload {
+    request *r;
+    session *ss;
+    enum upload_mode mode;
+    uint64_t seq;
+    int final, wait, sse;
+    const chunk_log_entry *dup;  /* UPLOAD_DUPLICATE: the acknowledged chunk */
+    piece *cur;
+    piece *disk_head, *disk_tail;
+    int disk_running, began;
+    int in_flight;               /* pieces between arrival and ingest */
+    int body_done, failed, finished, committed, final_pushed;
+    api_error err;
+    uint64_t bytes;
+    uint32_t crc;
+    uint32_t utf8_need;          /* continuation bytes still expected */
+    uint32_t utf8_cp, utf8_min;  /* code point so far, and its smallest legal value */
+    double t0;
+    int64_t tokens_before;
+};
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static char *path_join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+static int valid_session_id(const char *id) {
+    size_t n = strlen(id);
+    if (n < 10 || n > 40 || strncmp(id, "sess_", 5)) return 0;
+    for (size_t i = 5; i < n; i++)
+        if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') || (id[i] >= '0' && id[i] <= '9')))
+            return 0;
+    return 1;
+}
+
+/* Incremental UTF-8 check (RFC 3629: no overlongs, surrogates or values
+ * above U+10FFFF); state carries across pieces. 0 or -1. */
+static int utf8_check(upload *u, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = p[i];
+        if (u->utf8_need) {
+            if ((c & 0xC0) != 0x80) return -1;
+            u->utf8_cp = u->utf8_cp << 6 | (c & 0x3F);
+            if (--u->utf8_need == 0 &&
+                (u->utf8_cp < u->utf8_min || u->utf8_cp > 0x10FFFF ||
+                 (u->utf8_cp >= 0xD800 && u->utf8_cp <= 0xDFFF)))
+                return -1;
+            continue;
+        }
+        if (c < 0x80) continue;
+        if ((c & 0xE0) == 0xC0) u->utf8_need = 1, u->utf8_cp = c & 0x1F, u->utf8_min = 0x80;
+        else if ((c & 0xF0) == 0xE0) u->utf8_need = 2, u->utf8_cp = c & 0x0F, u->utf8_min = 0x800;
+        else if ((c & 0xF8) == 0xF0) u->utf8_need = 3, u->utf8_cp = c & 0x07, u->utf8_min = 0x10000;
+        else return -1;
+    }
+    return 0;
+}
+
+/* ---- registry ------------------------------------------------------------------------ */
+
+void session_ref(session *ss) { ss->refs++; }
+
+static void free_session(session *ss) {
+    api_session_settings_free(&ss->settings);
+    chunk_log_close(ss->log);
+    free(ss->dir);
+    free(ss);
+}
+
+typedef struct doc_close_job {
+    session *ss;
+    int remove_files;
+} doc_close_job;
+
+static void remove_dir_work(uv_work_t *w) {
+    session *ss = w->data;
+    DIR *d = opendir(ss->dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                char *p = path_join(ss->dir, e->d_name);
+                if (p) unlink(p);
+                free(p);
+            }
+        closedir(d);
+    }
+    rmdir(ss->dir);
+}
+
+static void remove_dir_done(uv_work_t *w, int status) {
+    (void)status;
+    free_session(w->data);
+    free(w);
+}
+
+static void closed_on_engine(server *s, void *arg) {
+    doc_close_job *j = arg;
+    session *ss = j->ss;
+    s->pot_memory -= ss->memory_bytes;
+    if (j->remove_files) {
+        chunk_log_close(ss->log);
+        ss->log = NULL;
+        uv_work_t *w = malloc(sizeof *w);
+        if (w) {
+            w->data = ss;
+            if (!uv_queue_work(s->loop, w, remove_dir_work, remove_dir_done)) {
+                free(j);
+                return;
+            }
+            free(w);
+        }
+    }
+    free_session(ss);
+    free(j);
+}
+
+static void close_doc_task(engine *e, void *arg) {
+    (void)e;
+    doc_close_job *j = arg;
+    engine_doc_close(j->ss->doc);
+    j->ss->doc = NULL;
+    srv_post(j->ss->srv, closed_on_engine, j);
+}
+
+void session_unref(session *ss) {
+    if (--ss->refs > 0) return;
+    server *s = ss->srv;
+    doc_close_job *j = malloc(sizeof *j);
+    if (!j) abort();
+    *j = (doc_close_job){ss, ss->deleted};
+    if (srv_task(s, close_doc_task, j)) {
+        engine_doc_close(ss->doc); /* the engine thread is gone: close here */
+        ss->doc = NULL;
+        s->pot_memory -= ss->memory_bytes;
+        free_session(ss);
+        free(j);
+    }
+}
+
+session *session_find(server *s, const char *id, const api_key *k) {
+    for (session *ss = s->sessions; ss; ss = ss->next)
+        if (!strcmp(ss->id, id) && (!k || !strcmp(ss->owner, k->owner))) return ss;
+    return NULL;
+}
+
+static void unlink_session(server *s, session *ss) {
+    for (session **p = &s->sessions; *p; p = &(*p)->next)
+        if (*p == ss) {
+            *p = ss->next;
+            return;
+        }
+}
+
+void sessions_free_all(server *s) {
+    while (s->sessions) {
+        session *ss = s->sessions;
+        s->sessions = ss->next;
+        engine_doc_close(ss->doc);
+        ss->doc = NULL;
+        free_session(ss);
+    }
+}
+
+static const char *status_name(const session *ss) {
+    if (ss->status == SESSION_FAILED) return "failed";
+    return ss->busy || ss->rebuilding ? "ingesting" : "ready";
+}
+
+json_t *session_json(server *s, const session *ss) {
+    const engine_pot_settings *p = &ss->settings.pot;
+    const engine_doc_stats *st = &ss->stats;
+    json_t *o = json_pack(
+        "{s:s, s:s, s:I, s:s, s:s, s:i, s:i, s:s, s:s, s:i, s:I, s:I, s:i, s:I, s:I, s:b, s:I, s:o}",
+        "id", ss->id, "object", "session", "created", (json_int_t)ss->created, "model",
+        s->model_id, "status", status_name(ss), "budget_tokens", p->budget_tokens, "keep_tokens",
+        st->keep_tokens ? st->keep_tokens : (p->keep_tokens ? p->keep_tokens : p->budget_tokens / 2),
+        "policy", p->policy ? p->policy : "infinipot", "schedule",
+        p->schedule ? p->schedule : "fixed", "chunk_tokens", p->chunk_tokens, "bytes_received",
+        (json_int_t)st->bytes_read, "tokens_ingested", (json_int_t)st->tokens_read,
+        "tokens_in_pot", st->tokens_in_pot, "compressions", (json_int_t)st->compressions,
+        "last_seq", (json_int_t)ss->last_seq, "final", ss->final, "memory_bytes",
+        (json_int_t)ss->memory_bytes, "metadata",
+        ss->settings.metadata ? json_incref(ss->settings.metadata) : json_object());
+    if (ss->expires) json_object_set_new(o, "expires_at", json_integer(ss->expires));
+    if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));
+    return o;
+}
+
+/* ---- engine work for a session -------------------------------------------------------- */
+
+typedef struct doc_job {
+    session *ss;
+    int rc;
+    char err[256];
+    engine_doc_stats stats;
+    engine_doc *doc;
+    int replay;                    /* open + replay the log (restore, rebuild) */
+    void (*then)(server *, struct doc_job *);
+    request *r;                    /* the request waiting for it, if any */
+} doc_job;
+
+static int replay_data(void *user, uint64_t seq, const char *data, size_t n) {
+    (void)seq;
+    doc_job *j = user;
+    return engine_doc_feed(j->doc, data, n, 0, j->err, sizeof j->err);
+}
+
+static int replay_commit(void *user, const chunk_log_entry *e) {
+    doc_job *j = user;
+    return e->final ? engine_doc_feed(j->doc, "", 0, 1, j->err, sizeof j->err) : 0;
+}
+
+static void doc_job_back(server *s, void *arg) {
+    doc_job *j = arg;
+    j->then(s, j);
+}
+
+/* Engine thread: (re)opens the session's document, replaying its log. The
+ * previous document (a rebuild) is closed first. */
+static void open_doc_task(engine *e, void *arg) {
+    doc_job *j = arg;
+    session *ss = j->ss;
+    engine_doc_close(ss->doc);
+    ss->doc = NULL;
+    j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
+    j->rc = j->doc ? 0 : -1;
+    if (!j->rc && j->replay && ss->log)
+        j->rc = chunk_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err);
+    if (j->doc) engine_doc_get_stats(j->doc, &j->stats);
+    ss->doc = j->doc;
+    srv_post(ss->srv, doc_job_back, j);
+}
+
+static int submit_doc_job(server *s, session *ss, int replay, void (*then)(server *, doc_job *),
+                          request *r) {
+    doc_job *j = calloc(1, sizeof *j);
+    if (!j) return -1;
+    j->ss = ss;
+    j->replay = replay;
+    j->then = then;
+    j->r = r;
+    session_ref(ss);
+    if (r) request_ref(r);
+    if (srv_task(s, open_doc_task, j)) {
+        session_unref(ss);
+        if (r) request_unref(r);
+        free(j);
+        return -1;
+    }
+    return 0;
+}
+
+static void finish_doc_job(doc_job *j) {
+    if (j->r) request_unref(j->r);
+    session_unref(j->ss);
+    free(j);
+}
+
+/* ---- rebuild: after a failed chunk, the pot is re-read from the log --------------------- */
+
+static void rebuilt(server *s, doc_job *j) {
+    (void)s;
+    session *ss = j->ss;
+    ss->rebuilding = 0;
+    ss->busy = 0;
+    if (j->rc) {
+        ss->status = SESSION_FAILED;
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "rebuilding from the log failed: %.200s", j->err);
+    } else {
+        ss->stats = j->stats;
+    }
+    finish_doc_job(j);
+}
+
+static void start_rebuild(server *s, session *ss) {
+    if (ss->gens > 0) return; /* session_generation_done starts it */
+    if (submit_doc_job(s, ss, 1, rebuilt, NULL)) {
+        ss->rebuilding = 0;
+        ss->busy = 0;
+        ss->status = SESSION_FAILED;
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot rebuild: the engine is stopping");
+    }
+}
+
+void session_generation_done(session *ss) {
+    if (--ss->gens == 0 && ss->rebuilding) start_rebuild(ss->srv, ss);
+}
+
+/* ---- disk operations, one at a time per session ------------------------------------------ */
+
+typedef struct disk_op {
+    uv_work_t work;
+    upload *u;
+    piece *p;     /* append */
+    int kind;     /* 0 append, 1 commit, 2 abort */
+    int rc;
+    char err[256];
+} disk_op;
+
+static void upload_step(upload *u);
+
+static void disk_work(uv_work_t *w) {
+    disk_op *op = w->data;
+    upload *u = op->u;
+    chunk_log *log = u->ss->log;
+    if (op->kind == 0) {
+        op->rc = 0;
+        if (!u->began) op->rc = chunk_log_begin(log, u->seq, op->err, sizeof op->err);
+        if (!op->rc) op->rc = chunk_log_append(log, op->p->data, op->p->n, op->err, sizeof op->err);
+    } else if (op->kind == 1) {
+        op->rc = chunk_log_commit(log, u->final, op->err, sizeof op->err);
+    } else {
+        op->rc = u->began ? chunk_log_abort(log, op->err, sizeof op->err) : 0;
+    }
+}
+
+static void piece_ingested(void *user, int rc, const char *err);
+
+typedef struct ingest_ctx {
+    upload *u;
+    piece *p;
+    engine_doc_stats stats;
+    int rc;
+    char err[256];
+} ingest_ctx;
+
+static void fail_upload(upload *u, int status, const char *code, const char *fmt, const char *detail) {
+    if (u->failed) return;
+    u->failed = 1;
+    api_fail(&u->err, status, code, NULL, fmt, detail);
+}
+
+static void disk_done(uv_work_t *w, int status) {
+    (void)status;
+    disk_op *op = w->data;
+    upload *u = op->u;
+    server *s = u->ss->srv;
+    u->disk_running = 0;
+    u->ss->disk_busy = 0;
+    if (op->kind == 0) {
+        if (!op->rc) u->began = 1;
+        if (op->rc) {
+            fail_upload(u, 500, "storage_error", "cannot write the chunk to the log: %s", op->err);
+            u->in_flight--;
+            free(op->p);
+        } else if (u->failed) {
+            u->in_flight--;
+            free(op->p);
+        } else {
+            ingest_ctx *c = calloc(1, sizeof *c);
+            c->u = u;
+            c->p = op->p;
+            request_ref(u->r);
+            if (srv_ingest(s, u->ss->doc, op->p->data, op->p->n, 0, piece_ingested, c)) {
+                request_unref(u->r);
+                fail_upload(u, 503, "unavailable", "%s", "the engine is stopping");
+                u->in_flight--;
+                free(op->p);
+                free(c);
+            }
+        }
+    } else if (op->kind == 1) {
+        if (op->rc) fail_upload(u, 500, "storage_error", "cannot commit the chunk: %s", op->err);
+        else u->committed = 1;
+    } else {
+        u->began = 0;
+    }
+    request *r = u->r;
+    free(op);
+    upload_step(u);
+    request_unref(r);
+}
+
+static void disk_submit(upload *u, int kind, piece *p) {
+    disk_op *op = calloc(1, sizeof *op);
+    if (!op) abort();
+    op->u = u;
+    op->kind = kind;
+    op->p = p;
+    op->work.data = op;
+    u->disk_running = 1;
+    u->ss->disk_busy = 1;
+    request_ref(u->r);
+    if (uv_queue_work(u->ss->srv->loop, &op->work, disk_work, disk_done)) abort();
+}
+
+/* ---- engine ingest of one piece ---------------------------------------------------------- */
+
+static void piece_ingested_loop(server *s, void *arg) {
+    ingest_ctx *c = arg;
+    upload *u = c->u;
+    session *ss = u->ss;
+    int64_t before = ss->stats.tokens_read, comp = ss->stats.compressions;
+    double ims = ss->stats.ingest_ms, cms = ss->stats.compress_ms;
+    ss->stats = c->stats;
+    s->m.tokens_ingested += ss->stats.tokens_read - before;
+    s->m.compressions += ss->stats.compressions - comp;
+    s->m.ingest_ms += ss->stats.ingest_ms - ims;
+    s->m.compress_ms += ss->stats.compress_ms - cms;
+    if (c->p) u->in_flight--;
+    if (c->rc) {
+        int overflow = strstr(c->err, "does not fit") != NULL;
+        fail_upload(u, overflow ? 422 : 500, overflow ? "document_too_long" : "ingest_failed",
+                    "%s", c->err);
+    }
+    if (u->sse && u->body_done && u->r->conn && !u->finished) {
+        char line[256];
+        int n = snprintf(line, sizeof line,
+                         "event: progress\ndata: {\"tokens_ingested\": %lld, \"tokens_in_pot\": %d, "
+                         "\"compressions\": %lld}\n\n",
+                         (long long)ss->stats.tokens_read, ss->stats.tokens_in_pot,
+                         (long long)ss->stats.compressions);
+        stream_write(u->r, line, (size_t)n);
+    }
+    request *r = u->r;
+    free(c->p);
+    free(c);
+    upload_step(u);
+    request_unref(r);
+}
+
+static void piece_ingested(void *user, int rc, const char *err) {
+    ingest_ctx *c = user; /* engine thread: the doc's stats are read here */
+    c->rc = rc;
+    if (err) snprintf(c->err, sizeof c->err, "%s", err);
+    engine_doc_get_stats(c->u->ss->doc, &c->stats);
+    srv_post(c->u->ss->srv, piece_ingested_loop, c);
+}
+
+/* ---- the upload's state machine ------------------------------------------------------------ */
+
+static json_t *chunk_result(upload *u) {
+    session *ss = u->ss;
+    json_t *o = session_json(ss->srv, ss);
+    json_object_set_new(o, "chunk",
+                        json_pack("{s:I, s:I, s:I, s:f}", "seq", (json_int_t)u->seq, "bytes",
+                                  (json_int_t)u->bytes, "tokens",
+                                  (json_int_t)(ss->stats.tokens_read - u->tokens_before), "ms",
+                                  srv_now_ms() - u->t0));
+    return o;
+}
+
+static void respond_upload(upload *u, int status, json_t *body) {
+    request *r = u->r;
+    if (!r->conn) {
+        json_decref(body);
+        return;
+    }
+    if (u->sse) {
+        char *text = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        const char *ev = status >= 400 ? "error" : "done";
+        char head[32];
+        int n = snprintf(head, sizeof head, "event: %s\ndata: ", ev);
+        stream_write(r, head, (size_t)n);
+        if (text) stream_write(r, text, strlen(text));
+        stream_write(r, "\n\n", 2);
+        free(text);
+        stream_end(r);
+        return;
+    }
+    respond_json(r, status, body);
+}
+
+/* Moves the upload on: pieces to disk, then the document's end, the commit,
+ * the answer; or, after a failure, the abort and the rebuild. */
+static void upload_step(upload *u) {
+    session *ss = u->ss;
+    server *s = ss->srv;
+    request *r = u->r;
+    if (u->finished || u->disk_running) return;
+    if (u->failed) {
+        if (u->in_flight > 0) return; /* wait for the engine to hand back every piece */
+        if (u->began && !u->committed) return disk_submit(u, 2, NULL);
+        u->finished = 1;
+        respond_upload(u, u->err.status, api_error_json(&u->err));
+        /* pieces of this chunk may have reached the pot: re-read it from the log */
+        ss->rebuilding = 1;
+        start_rebuild(s, ss);
+        return;
+    }
+    if (u->disk_head) {
+        piece *p = u->disk_head;
+        u->disk_head = p->next;
+        if (!u->disk_head) u->disk_tail = NULL;
+        return disk_submit(u, 0, p);
+    }
+    if (r->suspended && !u->body_done && u->in_flight < MAX_IN_FLIGHT) request_wake(r);
+    if (!u->body_done || u->in_flight > 0) return;
+    if (u->final && !u->final_pushed) {
+        ingest_ctx *c = calloc(1, sizeof *c);
+        if (!c) abort();
+        c->u = u;
+        u->final_pushed = 1;
+        request_ref(r);
+        if (srv_ingest(s, ss->doc, "", 0, 1, piece_ingested, c)) {
+            request_unref(r);
+            free(c);
+            fail_upload(u, 503, "unavailable", "%s", "the engine is stopping");
+            return upload_step(u);
+        }
+        return;
+    }
+    if (!u->began) { /* an empty chunk still gets its record */
+        piece *p = calloc(1, sizeof *p);
+        if (!p) abort();
+        u->in_flight++;
+        return disk_submit(u, 0, p);
+    }
+    if (!u->committed) return disk_submit(u, 1, NULL);
+    u->finished = 1;
+    ss->last_seq = u->seq;
+    ss->final = u->final;
+    ss->busy = 0;
+    s->m.bytes_uploaded += (int64_t)u->bytes;
+    r->tokens = ss->stats.tokens_read - u->tokens_before;
+    respond_upload(u, 200, chunk_result(u));
+}
+
+void upload_free(upload *u) {
+    while (u->disk_head) {
+        piece *p = u->disk_head;
+        u->disk_head = p->next;
+        free(p);
+    }
+    free(u->cur);
+    if (u->ss) {
+        if (!u->finished && u->ss->busy) {
+            /* the client left: the chunk was never acknowledged */
+            u->ss->busy = 0;
+        }
+        session_unref(u->ss);
+    }
+    free(u);
+}
+
+void upload_abandon(upload *u) {
+    if (u->finished) return;
+    fail_upload(u, 400, "client_closed", "%s", "the client closed the connection before the chunk ended");
+    upload_step(u);
+}
+
+static void dispatch_piece(upload *u) {
+    piece *p = u->cur;
+    u->cur = NULL;
+    if (!p || !p->n) {
+        free(p);
+        return;
+    }
+    p->next = NULL;
+    if (u->disk_tail) u->disk_tail->next = p;
+    else u->disk_head = p;
+    u->disk_tail = p;
+    u->in_flight++;
+    upload_step(u);
+}
+
+static void take_bytes(upload *u, const char *data, size_t n) {
+    server *s = u->ss->srv;
+    if (u->bytes + n > (uint64_t)s->cfg.max_chunk_bytes) {
+        char limit[32];
+        snprintf(limit, sizeof limit, "%lld", (long long)s->cfg.max_chunk_bytes);
+        fail_upload(u, 413, "chunk_too_large", "the chunk exceeds max_chunk_bytes (%s)", limit);
+        return;
+    }
+    u->crc = crc32c(u->crc, data, n);
+    u->bytes += n;
+    if (u->mode == UPLOAD_DUPLICATE) return;
+    if (utf8_check(u, (const unsigned char *)data, n)) {
+        fail_upload(u, 400, "invalid_utf8", "%s", "the chunk is not valid UTF-8; nothing of it was kept");
+        return;
+    }
+    while (n) {
+        if (!u->cur) {
+            u->cur = malloc(sizeof *u->cur);
+            if (!u->cur) {
+                fail_upload(u, 500, NULL, "%s", "out of memory");
+                return;
+            }
+            u->cur->n = 0;
+        }
+        size_t k = PIECE_BYTES - u->cur->n < n ? PIECE_BYTES - u->cur->n : n;
+        memcpy(u->cur->data + u->cur->n, data, k);
+        u->cur->n += k;
+        data += k;
+        n -= k;
+        if (u->cur->n == PIECE_BYTES) dispatch_piece(u);
+    }
+}
+
+static void finish_duplicate(upload *u) {
+    u->finished = 1;
+    u->ss->busy = 0;
+    if (u->bytes == u->dup->bytes && u->crc == u->dup->crc) {
+        json_t *o = session_json(u->ss->srv, u->ss);
+        json_object_set_new(o, "duplicate", json_true());
+        json_object_set_new(o, "chunk", json_pack("{s:I, s:I}", "seq", (json_int_t)u->seq, "bytes",
+                                                  (json_int_t)u->bytes));
+        return respond_upload(u, 200, o);
+    }
+    api_error e;
+    api_fail(&e, 409, "seq_conflict", "seq",
+             "chunk %llu was acknowledged with different bytes", (unsigned long long)u->seq);
+    respond_upload(u, 409, api_error_json(&e));
+}
+
+/* JSON body {"text": ..., "seq": N, "final": bool}: fields override the query. */
+static int take_json_body(upload *u, api_error *e) {
+    request *r = u->r;
+    json_t *root = api_parse_object(r->body, r->body_len, e);
+    if (!root) return -1;
+    json_t *text = json_object_get(root, "text"), *seq = json_object_get(root, "seq"),
+           *fin = json_object_get(root, "final");
+    int rc = 0;
+    if (!json_is_string(text)) rc = api_fail(e, 400, "invalid_type", "text", "text must be a string");
+    else if (seq && !json_is_null(seq) && (!json_is_integer(seq) || json_integer_value(seq) < 1))
+        rc = api_fail(e, 400, "invalid_type", "seq", "seq must be a positive integer");
+    else if (fin && !json_is_null(fin) && !json_is_boolean(fin))
+        rc = api_fail(e, 400, "invalid_type", "final", "final must be a boolean");
+    if (!rc) {
+        if (seq && json_is_integer(seq)) {
+            uint64_t want = (uint64_t)json_integer_value(seq);
+            const chunk_log_entry *dup = chunk_log_find(u->ss->log, want);
+            if (dup) {
+                u->mode = UPLOAD_DUPLICATE;
+                u->dup = dup;
+            } else if (want != u->ss->last_seq + 1) {
+                rc = api_fail(e, 409, "seq_gap", "seq", "seq %llu is not the next chunk (last_seq %llu)",
+                              (unsigned long long)want, (unsigned long long)u->ss->last_seq);
+            }
+            u->seq = want;
+        }
+        if (fin && json_is_true(fin)) u->final = 1;
+    }
+    if (!rc) {
+        if (u->mode == UPLOAD_DUPLICATE) u->mode = UPLOAD_DUPLICATE;
+        else u->mode = UPLOAD_RAW;
+        take_bytes(u, json_string_value(text), json_string_length(text));
+    }
+    json_decref(root);
+    return rc;
+}
+
+void upload_receive(request *r, const char *data, size_t *size) {
+    upload *u = r->up;
+    if (*size) {
+        if (u->mode == UPLOAD_JSON) {
+            size_t n = *size;
+            *size = 0;
+            if (r->body_len + n > (size_t)r->srv->cfg.max_body_bytes) {
+                fail_upload(u, 413, "body_too_large", "%s", "the JSON body exceeds max_body_bytes");
+                return;
+            }
+            char *t = realloc(r->body, r->body_len + n + 1);
+            if (!t) return fail_upload(u, 500, NULL, "%s", "out of memory");
+            r->body = t;
+            memcpy(r->body + r->body_len, data, n);
+            r->body_len += n;
+            r->body[r->body_len] = 0;
+            return;
+        }
+        if (!u->failed) take_bytes(u, data, *size);
+        *size = 0;
+        /* back-pressure: stop reading while the engine is behind */
+        if (u->in_flight >= MAX_IN_FLIGHT && !u->failed) request_suspend(r);
+        return;
+    }
+    if (u->body_done) return;
+    /* the body has ended */
+    u->body_done = 1;
+    if (u->mode == UPLOAD_JSON && !u->failed) {
+        api_error e;
+        if (take_json_body(u, &e)) {
+            u->finished = 1;
+            u->ss->busy = 0;
+            return respond_error(r, &e);
+        }
+    }
+    if (u->mode == UPLOAD_DUPLICATE && !u->failed) return finish_duplicate(u);
+    if (!u->failed && u->utf8_need)
+        fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
+    dispatch_piece(u);
+    if (u->sse && !u->failed) stream_start(r);
+    else if (!u->finished) request_suspend(r);
+    upload_step(u);
+}
+
+static int query_flag(request *r, const char *name, int dflt) {
+    const char *v = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+    if (!v) return dflt;
+    return !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes");
+}
+
+/* Headers of POST /v1/sessions/{id}/chunks: everything that can be refused
+ * before the body is read. */
+static void start_upload(request *r, session *ss) {
+    server *s = r->srv;
+    api_error e;
+    struct MHD_Connection *c = r->conn;
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    const char *seq_h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Chunk-Seq");
+    const char *seq_q = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "seq");
+    const char *len_h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
+    int json = ct && !strncasecmp(ct, "application/json", 16);
+    if (ct && !json && strncasecmp(ct, "text/plain", 10) && strncasecmp(ct, "application/octet-stream", 24)) {
+        api_fail(&e, 415, "unsupported_media_type", NULL,
+                 "upload text/plain, application/octet-stream or application/json, not %s", ct);
+        return respond_error(r, &e);
+    }
+    if (len_h && strtoull(len_h, NULL, 10) > (unsigned long long)(json ? s->cfg.max_body_bytes : s->cfg.max_chunk_bytes)) {
+        api_fail(&e, 413, "chunk_too_large", NULL, "the chunk exceeds max_chunk_bytes (%lld)",
+                 (long long)s->cfg.max_chunk_bytes);
+        return respond_error(r, &e);
+    }
+    if (ss->status == SESSION_FAILED) {
+        api_fail(&e, 409, "session_failed", NULL, "the session failed: %s", ss->fail_msg);
+        return respond_error(r, &e);
+    }
+    if (ss->busy || ss->rebuilding || ss->disk_busy) {
+        api_fail(&e, 409, "session_busy", NULL, "the session is still ingesting another upload");
+        return respond_error(r, &e);
+    }
+    upload *u = calloc(1, sizeof *u);
+    if (!u) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    u->r = r;
+    u->ss = ss;
+    session_ref(ss);
+    u->mode = json ? UPLOAD_JSON : UPLOAD_RAW;
+    u->seq = ss->last_seq + 1;
+    u->final = query_flag(r, "final", 0);
+    u->wait = query_flag(r, "wait", 1);
+    u->sse = accept && strstr(accept, "text/event-stream");
+    u->t0 = srv_now_ms();
+    u->tokens_before = ss->stats.tokens_read;
+    r->up = u;
+    const char *seq_text = seq_h ? seq_h : seq_q;
+    if (seq_text) {
+        char *end;
+        unsigned long long v = strtoull(seq_text, &end, 10);
+        if (!*seq_text || *end || v == 0) {
+            api_fail(&e, 400, "invalid_value", "seq", "seq must be a positive integer, not '%s'", seq_text);
+            u->finished = 1;
+            return respond_error(r, &e);
+        }
+        const chunk_log_entry *dup = chunk_log_find(ss->log, v);
+        if (dup) {
+            u->mode = UPLOAD_DUPLICATE;
+            u->dup = dup;
+        } else if (v != ss->last_seq + 1) {
+            api_fail(&e, 409, "seq_gap", "seq", "seq %llu is not the next chunk (last_seq %llu)",
+                     v, (unsigned long long)ss->last_seq);
+            u->finished = 1;
+            return respond_error(r, &e);
+        }
+        u->seq = v;
+    }
+    if (ss->final && u->mode != UPLOAD_DUPLICATE) {
+        api_fail(&e, 409, "document_final", NULL, "the document has already ended (final)");
+        u->finished = 1;
+        return respond_error(r, &e);
+    }
+    ss->busy = 1;
+}
+
+/* ---- session creation --------------------------------------------------------------------- */
+
+typedef struct create_job {
+    uv_work_t work;
+    request *r;
+    session *ss;
+    char *meta;
+    int rc;
+    char err[256];
+} create_job;
+
+static int write_file_synced(const char *path, const char *text, int sync, char *err, size_t errlen) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return snprintf(err, errlen, "cannot create %.200s: %s", tmp, strerror(errno)), -1;
+    size_t n = strlen(text), off = 0;
+    while (off < n) {
+        ssize_t k = write(fd, text + off, n - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            close(fd);
+            return snprintf(err, errlen, "cannot write %.200s: %s", tmp, strerror(errno)), -1;
+        }
+        off += (size_t)k;
+    }
+    if ((sync && fsync(fd)) || close(fd) || rename(tmp, path))
+        return snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno)), -1;
+    return 0;
+}
+
+static void create_work(uv_work_t *w) {
+    create_job *j = w->data;
+    session *ss = j->ss;
+    int sync = !strcmp(ss->srv->cfg.durability, "fsync");
+    if (mkdir(ss->dir, 0700)) {
+        j->rc = -1;
+        snprintf(j->err, sizeof j->err, "cannot create %s: %s", ss->dir, strerror(errno));
+        return;
+    }
+    char *meta = path_join(ss->dir, "meta.json"), *log = path_join(ss->dir, "chunks.log");
+    j->rc = meta && log ? write_file_synced(meta, j->meta, sync, j->err, sizeof j->err) : -1;
+    if (!j->rc) {
+        ss->log = chunk_log_open(log, sync, NULL, j->err, sizeof j->err);
+        j->rc = ss->log ? 0 : -1;
+    }
+    if (!j->rc && sync) { /* the new directory entry itself */
+        int dfd = open(ss->srv->cfg.data_dir, O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) fsync(dfd), close(dfd);
+    }
+    free(meta);
+    free(log);
+}
+
+static void created_doc(server *s, doc_job *j) {
+    session *ss = j->ss;
+    request *r = j->r;
+    if (j->rc) {
+        api_error e;
+        api_fail(&e, 422, "invalid_value", NULL, "%s", j->err);
+        respond_error(r, &e);
+        ss->deleted = 1; /* unref below removes the files */
+        unlink_session(s, ss);
+        finish_doc_job(j);
+        session_unref(ss); /* the registry's reference */
+        return;
+    }
+    ss->stats = j->stats;
+    ss->busy = 0;
+    respond_json(r, 201, session_json(s, ss));
+    finish_doc_job(j);
+}
+
+static void create_done(uv_work_t *w, int status) {
+    (void)status;
+    create_job *j = w->data;
+    server *s = j->ss->srv;
+    request *r = j->r;
+    session *ss = j->ss;
+    free(j->meta);
+    if (j->rc || submit_doc_job(s, ss, 0, created_doc, r)) {
+        api_error e;
+        api_fail(&e, 500, "storage_error", NULL, "%s", j->rc ? j->err : "the engine is stopping");
+        respond_error(r, &e);
+        unlink_session(s, ss);
+        ss->deleted = 1;
+        session_unref(ss);
+    }
+    free(j);
+    request_unref(r);
+}
+
+static int count_sessions(server *s, const api_key *k) {
+    int n = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next) n += !strcmp(ss->owner, k->owner);
+    return n;
+}
+
+static char *sessions_dir(server *s) { return path_join(s->cfg.data_dir, "sessions"); }
+
+static void create_session(request *r) {
+    server *s = r->srv;
+    api_error e;
+    session *ss = calloc(1, sizeof *ss);
+    if (!ss) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    if (api_parse_session_settings(r->body, r->body_len, s->info.n_ctx_train,
+                                   (int32_t)s->cfg.budget_tokens, s->cfg.policy, &ss->settings, &e)) {
+        free(ss);
+        return respond_error(r, &e);
+    }
+    if (count_sessions(s, r->key) >= s->cfg.max_sessions_per_key) {
+        api_session_settings_free(&ss->settings);
+        free(ss);
+        api_fail(&e, 429, "too_many_sessions", NULL, "this key already has %lld sessions (max_sessions_per_key)",
+                 (long long)s->cfg.max_sessions_per_key);
+        return respond_error(r, &e);
+    }
+    ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
+    if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
+        api_fail(&e, 429, "insufficient_memory", "budget_tokens",
+                 "a pot of %zu bytes does not fit: %zu of pot_memory_limit %lld are in use",
+                 ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
+        api_session_settings_free(&ss->settings);
+        free(ss);
+        return respond_error(r, &e);
+    }
+    ss->srv = s;
+    ss->refs = 1; /* the registry */
+    random_id(ss->id, sizeof ss->id, "sess_");
+    memcpy(ss->owner, r->key->owner, sizeof ss->owner);
+    ss->created = (int64_t)time(NULL);
+    ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
+    char *root = sessions_dir(s);
+    ss->dir = root ? path_join(root, ss->id) : NULL;
+    free(root);
+    json_t *meta = json_pack("{s:s, s:s, s:I, s:o, s:s}", "id", ss->id, "owner", ss->owner,
+                             "created", (json_int_t)ss->created, "settings",
+                             api_session_settings_json(&ss->settings), "model", s->model_id);
+    create_job *j = calloc(1, sizeof *j);
+    if (j) j->meta = meta ? json_dumps(meta, JSON_INDENT(1)) : NULL;
+    json_decref(meta);
+    if (!ss->dir || !j || !j->meta) {
+        if (j) free(j->meta);
+        free(j);
+        free_session(ss);
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    snprintf(r->session_id, sizeof r->session_id, "%s", ss->id);
+    s->pot_memory += ss->memory_bytes;
+    ss->next = s->sessions;
+    s->sessions = ss;
+    j->r = r;
+    j->ss = ss;
+    j->work.data = j;
+    request_ref(r);
+    request_suspend(r);
+    ss->busy = 1; /* until the document is open */
+    if (uv_queue_work(s->loop, &j->work, create_work, create_done)) abort();
+}
+
+/* ---- retention ------------------------------------------------------------------------------- */
+
+typedef struct retention_job {
+    request *r;
+    session *ss;
+    int bins;
+    json_t *body;
+} retention_job;
+
+static void retention_back(server *s, void *arg) {
+    (void)s;
+    retention_job *j = arg;
+    respond_json(j->r, 200, j->body);
+    request_unref(j->r);
+    session_unref(j->ss);
+    free(j);
+}
+
+static void retention_task(engine *e, void *arg) {
+    retention_job *j = arg;
+    engine_doc *d = j->ss->doc;
+    engine_info in;
+    engine_get_info(e, &in);
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    int64_t n_doc = st.tokens_read > 0 ? st.tokens_read : 1;
+    int64_t *idx = malloc(sizeof *idx * (size_t)(st.budget_tokens > 0 ? st.budget_tokens : 1));
+    json_t *layers = json_array();
+    double kept_sum = 0;
+    for (int32_t l = 0; idx && l < in.n_layer; l++) {
+        int64_t *hist = calloc((size_t)j->bins, sizeof *hist);
+        for (int32_t h = 0; hist && h < in.n_head_kv; h++) {
+            int32_t n = engine_doc_kept(d, l, h, idx, st.budget_tokens);
+            for (int32_t i = 0; i < n; i++) {
+                if (idx[i] < 0) continue; /* pinned prefix */
+                int b = (int)(idx[i] * j->bins / n_doc);
+                hist[b < j->bins ? b : j->bins - 1]++;
+                kept_sum++;
+            }
+        }
+        json_t *arr = json_array();
+        for (int b = 0; hist && b < j->bins; b++)
+            json_array_append_new(arr, json_real((double)hist[b] / in.n_head_kv));
+        json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", l, "kept_per_bin", arr));
+        free(hist);
+    }
+    free(idx);
+    double coverage = st.tokens_read ? kept_sum / ((double)in.n_layer * in.n_head_kv) / (double)st.tokens_read : 0;
+    j->body = json_pack("{s:s, s:s, s:I, s:i, s:I, s:f, s:o}", "object", "session.retention", "id",
+                        j->ss->id, "tokens_ingested", (json_int_t)st.tokens_read, "bins", j->bins,
+                        "bin_tokens", (json_int_t)((n_doc + j->bins - 1) / j->bins), "coverage",
+                        coverage, "layers", layers);
+    srv_post(j->ss->srv, retention_back, j);
+}
+
+static void session_retention(request *r, session *ss) {
+    api_error e;
+    const char *b = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "bins");
+    int64_t bins = 32;
+    char err[128];
+    if (b && config_parse_int("bins", b, 1, 4096, &bins, err, sizeof err)) {
+        api_fail(&e, 400, "invalid_value", "bins", "%s", err);
+        return respond_error(r, &e);
+    }
+    if (!ss->doc || ss->rebuilding) {
+        api_fail(&e, 409, "session_busy", NULL, "the session is being restored; retry");
+        return respond_error(r, &e);
+    }
+    retention_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    j->r = r;
+    j->ss = ss;
+    j->bins = (int)bins;
+    request_ref(r);
+    session_ref(ss);
+    request_suspend(r);
+    if (srv_task(r->srv, retention_task, j)) {
+        request_unref(r);
+        session_unref(ss);
+        free(j);
+        api_fail(&e, 503, "unavailable", NULL, "the engine is stopping");
+        respond_error(r, &e);
+    }
+}
+
+/* ---- routes ------------------------------------------------------------------------------------- */
+
+static void list_sessions(request *r) {
+    server *s = r->srv;
+    json_t *data = json_array();
+    for (session *ss = s->sessions; ss; ss = ss->next)
+        if (!strcmp(ss->owner, r->key->owner)) json_array_append_new(data, session_json(s, ss));
+    respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+static void delete_session(request *r, session *ss) {
+    server *s = r->srv;
+    api_error e;
+    if (ss->busy) {
+        api_fail(&e, 409, "session_busy", NULL, "the session is ingesting an upload; retry when it ends");
+        return respond_error(r, &e);
+    }
+    unlink_session(s, ss);
+    ss->deleted = 1;
+    respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted",
+                                   "deleted", 1));
+    session_unref(ss); /* files go when the last reader is done */
+}
+
+void route_sessions(request *r, const char *rest, const char *upload, size_t *upload_size) {
+    (void)upload;
+    (void)upload_size;
+    server *s = r->srv;
+    api_error e;
+    int get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST"),
+        del = !strcmp(r->method, "DELETE");
+    if (!*rest) {
+        if (post) return create_session(r);
+        if (get) return list_sessions(r);
+        api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on /v1/sessions", r->method);
+        return respond_error(r, &e);
+    }
+    char id[48];
+    const char *slash = strchr(rest + 1, '/');
+    size_t n = slash ? (size_t)(slash - rest - 1) : strlen(rest + 1);
+    if (n >= sizeof id) n = sizeof id - 1;
+    memcpy(id, rest + 1, n);
+    id[n] = 0;
+    snprintf(r->session_id, sizeof r->session_id, "%s", id);
+    session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
+    if (!ss) {
+        api_fail(&e, 404, "session_not_found", NULL, "no session '%s'", id);
+        return respond_error(r, &e);
+    }
+    if (!slash) {
+        if (get) return respond_json(r, 200, session_json(s, ss));
+        if (del) return delete_session(r, ss);
+    } else if (!strcmp(slash, "/chunks")) {
+        if (post) return start_upload(r, ss);
+    } else if (!strcmp(slash, "/retention")) {
+        if (get) return session_retention(r, ss);
+    }
+    api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);
+    respond_error(r, &e);
+}
+
+/* ---- restore on start and expiry ------------------------------------------------------------------ */
+
+static void restored(server *s, doc_job *j) {
+    session *ss = j->ss;
+    ss->busy = 0;
+    if (j->rc) {
+        ss->status = SESSION_FAILED;
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "restore failed: %.200s", j->err);
+        fprintf(stderr, "potserve: session %s: %s\n", ss->id, ss->fail_msg);
+    } else {
+        ss->stats = j->stats;
+        fprintf(stderr, "potserve: restored session %s (%lld bytes, %lld tokens, last_seq %llu)\n",
+                ss->id, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,
+                (unsigned long long)ss->last_seq);
+    }
+    finish_doc_job(j);
+    if (--s->restores_pending == 0) {
+        s->loading = 0;
+        fprintf(stderr, "potserve: ready\n");
+    }
+}
+
+static session *load_session(server *s, const char *dir, const char *id, char *err, size_t errlen) {
+    char *meta_path = path_join(dir, "meta.json"), *log_path = path_join(dir, "chunks.log");
+    json_error_t je;
+    json_t *meta = meta_path ? json_load_file(meta_path, 0, &je) : NULL;
+    session *ss = calloc(1, sizeof *ss);
+    api_error e;
+    int ok = 0;
+    if (!meta || !ss) {
+        snprintf(err, errlen, "%.60s: unreadable meta.json", id);
+        goto out;
+    }
+    json_t *settings = json_object_get(meta, "settings");
+    const char *owner = json_string_value(json_object_get(meta, "owner"));
+    char *text = settings ? json_dumps(settings, JSON_COMPACT) : NULL;
+    int rc = text ? api_parse_session_settings(text, strlen(text), s->info.n_ctx_train,
+                                               (int32_t)s->cfg.budget_tokens, s->cfg.policy,
+                                               &ss->settings, &e)
+                  : -1;
+    free(text);
+    if (rc || !owner || !*owner || strlen(owner) > 16) {
+        snprintf(err, errlen, "%.60s: bad settings in meta.json%s%.150s", id, rc ? ": " : "", rc ? e.message : "");
+        goto out;
+    }
+    int damaged = 0;
+    ss->log = chunk_log_open(log_path, !strcmp(s->cfg.durability, "fsync"), &damaged, err, errlen);
+    if (!ss->log) goto out;
+    if (damaged) fprintf(stderr, "potserve: session %s: the log was damaged; kept what precedes the damage\n", id);
+    snprintf(ss->id, sizeof ss->id, "%.40s", id);
+    snprintf(ss->owner, sizeof ss->owner, "%s", owner);
+    ss->srv = s;
+    ss->refs = 1;
+    ss->dir = strdup(dir);
+    ss->created = (int64_t)json_integer_value(json_object_get(meta, "created"));
+    ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
+    ss->last_seq = chunk_log_last_seq(ss->log);
+    ss->final = chunk_log_is_final(ss->log);
+    ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
+    ok = ss->dir != NULL;
+out:
+    json_decref(meta);
+    free(meta_path);
+    free(log_path);
+    if (!ok && ss) {
+        api_session_settings_free(&ss->settings);
+        chunk_log_close(ss->log);
+        free(ss->dir);
+        free(ss);
+        ss = NULL;
+    }
+    return ss;
+}
+
+int sessions_restore(server *s, char *err, size_t errlen) {
+    char *root = sessions_dir(s);
+    if (!root) return snprintf(err, errlen, "out of memory"), -1;
+    if (mkdir(root, 0700) && errno != EEXIST) {
+        snprintf(err, errlen, "data_dir: cannot create %s: %s", root, strerror(errno));
+        free(root);
+        return -1;
+    }
+    DIR *d = opendir(root);
+    struct dirent *ent;
+    s->restores_pending = 1; /* held until the scan ends */
+    while (d && (ent = readdir(d))) {
+        if (!valid_session_id(ent->d_name)) continue;
+        char *dir = path_join(root, ent->d_name);
+        char e2[256];
+        session *ss = dir ? load_session(s, dir, ent->d_name, e2, sizeof e2) : NULL;
+        free(dir);
+        if (!ss) {
+            fprintf(stderr, "potserve: skipping session %s: %s\n", ent->d_name, e2);
+            continue;
+        }
+        s->pot_memory += ss->memory_bytes;
+        ss->next = s->sessions;
+        s->sessions = ss;
+        ss->busy = 1;
+        s->restores_pending++;
+        if (submit_doc_job(s, ss, 1, restored, NULL)) s->restores_pending--;
+    }
+    if (d) closedir(d);
+    free(root);
+    if (--s->restores_pending == 0) {
+        s->loading = 0;
+        fprintf(stderr, "potserve: ready\n");
+    }
+    return 0;
+}
+
+void sessions_expire(server *s) {
+    int64_t now = (int64_t)time(NULL);
+    for (session *ss = s->sessions, *next; ss; ss = next) {
+        next = ss->next;
+        if (ss->expires && now >= ss->expires && !ss->busy && !ss->gens) {
+            fprintf(stderr, "potserve: session %s expired\n", ss->id);
+            unlink_session(s, ss);
+            ss->deleted = 1;
+            session_unref(ss);
+        }
+    }
+}

@@ -1,0 +1,209 @@
+/* What the HTTP server's files share (private to server/): the server, a
+ * request, a session, and the loop-thread functions between them.
+ *
+ * Threads: everything here lives on the libuv loop thread except where a
+ * comment says otherwise. The engine thread talks to the loop only through
+ * srv_post (a locked event queue + uv_async_t); disk work runs on libuv's
+ * thread pool, one operation per session at a time. */
+#ifndef POTSERVE_SRV_H
+#define POTSERVE_SRV_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "api/api.h"
+#include "config/config.h"
+#include "engine/engine.h"
+#include "server/chunklog.h"
+
+typedef struct server server;
+typedef struct request request;
+typedef struct session session;
+
+/* ---- API keys (auth.c) ------------------------------------------------------------- */
+typedef struct api_key {
+    char *key;
+    char owner[17]; /* hex tag of the key's SHA-256: sessions on disk name their owner by it */
+    char name[64];
+    /* rate limit bucket */
+    double tokens, last_ms;
+} api_key;
+
+int auth_load(server *s, char *err, size_t errlen);
+/* The key the request's Authorization header names (constant-time compare),
+ * or NULL. With no keys configured every request gets the anonymous key. */
+api_key *auth_check(server *s, struct MHD_Connection *c);
+/* 0 when the key may make another request now, else the seconds to wait. */
+int auth_rate_limit(server *s, api_key *k);
+void sha256_hex(const void *data, size_t n, char out[65]);
+
+/* ---- metrics (metrics.c) ----------------------------------------------------------- */
+enum { METRIC_ROUTES = 16 };
+typedef struct metrics {
+    const char *route_names[METRIC_ROUTES];
+    int64_t requests[METRIC_ROUTES][6]; /* by status class: 1xx..5xx, index status/100 */
+    int64_t tokens_ingested, tokens_prompted, tokens_generated, bytes_uploaded;
+    int64_t compressions;
+    double ingest_ms, decode_ms, compress_ms;
+} metrics;
+int metrics_route(metrics *m, const char *route);
+char *metrics_render(server *s);
+
+/* ---- requests (router.c) ----------------------------------------------------------- */
+typedef struct piece piece;
+typedef struct upload upload;
+typedef struct generation generation;
+
+struct request {
+    server *srv;
+    struct MHD_Connection *conn; /* NULL once MHD has finished with it */
+    int refs;                    /* MHD + outstanding engine/disk work */
+    char method[8];
+    char *url;
+    const char *route;           /* for logs and metrics */
+    double t0;
+    int status;
+    size_t bytes_out;
+    api_key *key;
+    char session_id[48];
+    int64_t tokens;
+    /* JSON body */
+    char *body;
+    size_t body_len, body_cap;
+    int body_too_large;
+    /* a response prepared while suspended, queued on the next access call */
+    struct MHD_Response *pending;
+    int pending_status;
+    int suspended;
+    upload *up;
+    generation *gen;
+    /* streamed response bytes (SSE), read by the content reader */
+    char *out;
+    size_t out_len, out_pos, out_cap;
+    int out_done;
+    double last_write_ms;
+    request *next_live; /* server's list of live requests */
+};
+
+void request_ref(request *r);
+void request_unref(request *r);
+/* Queues (or, while suspended, prepares) a JSON response; takes body. */
+void respond_json(request *r, int status, json_t *body);
+void respond_error(request *r, const api_error *e);
+/* Resumes a suspended request so MHD calls the access handler again. */
+void request_wake(request *r);
+/* Suspends the connection while async work runs (call in the access handler). */
+void request_suspend(request *r);
+/* Appends to the streamed response and wakes the reader. */
+void stream_write(request *r, const char *data, size_t n);
+void stream_end(request *r);
+/* Starts an SSE response (queued now). */
+int stream_start(request *r);
+
+/* ---- sessions (sessions.c) --------------------------------------------------------- */
+enum session_status { SESSION_READY, SESSION_INGESTING, SESSION_FAILED };
+
+struct session {
+    server *srv;
+    char id[48];
+    char owner[17];
+    char *dir;
+    api_session_settings settings;
+    int64_t created, expires;
+    engine_doc *doc;          /* owned by the engine thread once opened */
+    chunk_log *log;           /* used by one disk operation at a time */
+    int disk_busy;
+    enum session_status status;
+    char fail_msg[256];
+    int busy;                 /* an upload is in progress */
+    int rebuilding;
+    int deleted;
+    int refs;
+    int gens;                 /* generations reading the doc */
+    size_t memory_bytes;
+    engine_doc_stats stats;   /* mirror, updated from engine events */
+    uint64_t last_seq;
+    int final;
+    session *next;
+};
+
+int sessions_restore(server *s, char *err, size_t errlen);
+void sessions_free_all(server *s);
+void route_sessions(request *r, const char *rest, const char *upload_data,
+                    size_t *upload_data_size);
+session *session_find(server *s, const char *id, const api_key *k);
+json_t *session_json(server *s, const session *ss);
+void session_ref(session *ss);
+void session_unref(session *ss);
+/* Upload data (called with pieces, then with size 0 at the end). */
+void upload_receive(request *r, const char *data, size_t *size);
+void upload_free(upload *u);
+/* The client left before the upload ended: the chunk is dropped. */
+void upload_abandon(upload *u);
+void sessions_expire(server *s);
+/* A generation over ss ended (a pending rebuild may start). */
+void session_generation_done(session *ss);
+
+/* ---- generation (generate.c) ------------------------------------------------------- */
+void route_generate(request *r, int chat);
+void generation_free(generation *g);
+/* Asks the engine to stop (client gone, server draining). */
+void generation_cancel(generation *g);
+/* Generated ids are random: prefix + 24 alphanumerics. */
+void random_id(char *out, size_t cap, const char *prefix);
+
+/* ---- the server (serve.c) ---------------------------------------------------------- */
+typedef struct srv_event srv_event;
+typedef void (*srv_event_fn)(server *s, void *arg);
+
+struct server {
+    server_config cfg;
+    uv_loop_t *loop;
+    struct MHD_Daemon *mhd;
+    uv_poll_t mhd_poll;
+    uv_timer_t mhd_timer, housekeeping;
+    uv_async_t wake;
+    uv_signal_t sig_term, sig_int;
+    engine *eng;
+    engine_info info;
+    engine_sched *sched;
+    char model_id[128];
+    int64_t started;
+    int loading, draining, stopping;
+    int restores_pending;     /* sessions still being replayed at start */
+    double drain_deadline;
+    /* keys */
+    api_key *keys;
+    size_t n_keys;
+    api_key anonymous;
+    /* sessions */
+    session *sessions;
+    size_t pot_memory;
+    /* live requests */
+    request *live;
+    int n_live;
+    metrics m;
+    /* engine -> loop events */
+    pthread_mutex_t ev_lock;
+    srv_event *ev_head, *ev_tail;
+};
+
+/* From any thread: runs fn(s, arg) on the loop thread soon. */
+void srv_post(server *s, srv_event_fn fn, void *arg);
+/* Runs MHD's event processing now. */
+void srv_kick(server *s);
+/* Runs it on the next loop iteration (after a resume outside MHD's callbacks). */
+void srv_kick_soon(server *s);
+/* The engine scheduler's calls; -1 once shutdown has stopped the engine. */
+int srv_task(server *s, engine_task_fn fn, void *user);
+int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
+               engine_ingest_done_fn done, void *user);
+int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errlen);
+double srv_now_ms(void);
+void srv_access_log(request *r);
+
+#endif

@@ -1,0 +1,101 @@
+"""A real `build/potserve serve` process on a free loopback port, for the
+server tests: start, wait for /health, stop (SIGTERM or SIGKILL), restart on
+the same data directory."""
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from conftest import BIN, MODEL
+
+
+class Server:
+    def __init__(self, data_dir, *flags, env=None):
+        self.data_dir = str(data_dir)
+        self.flags = [str(f) for f in flags]
+        self.env = dict(os.environ, **(env or {}))
+        self.proc = None
+        self.port = None
+        self.log_lines = []
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout=120):
+        cmd = [str(BIN), "serve", "--model", str(MODEL), "--port", "0", "--data-dir", self.data_dir,
+               "--threads", "2", *self.flags]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
+        got_port = threading.Event()
+
+        def read_stderr():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.log_lines.append(line)
+                m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    got_port.set()
+        threading.Thread(target=read_stderr, daemon=True).start()
+        if not got_port.wait(timeout):
+            self.kill()
+            raise AssertionError("server did not start:\n" + "\n".join(self.log_lines))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except urllib.error.HTTPError as e:
+                if e.code != 503:
+                    raise
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise AssertionError("server exited:\n" + "\n".join(self.log_lines))
+            time.sleep(0.1)
+        raise AssertionError("server never became healthy")
+
+    def stop(self, timeout=60):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        return self.proc.returncode if self.proc else None
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def request(self, method, path, body=None, headers=None, raw=None, timeout=300):
+        """Returns (status, parsed JSON or text, headers)."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        h.update(headers or {})
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, text, hdrs = r.status, r.read().decode(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            status, text, hdrs = e.code, e.read().decode(), dict(e.headers)
+        try:
+            return status, json.loads(text), hdrs
+        except ValueError:
+            return status, text, hdrs
+
+    def rss_kb(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0

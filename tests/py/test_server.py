@@ -1,0 +1,480 @@
+"""The HTTP server against real clients: the official `openai` package, curl,
+and plain HTTP; durability under SIGKILL; limits, auth and configuration.
+Every test talks to a real `build/potserve serve` process on loopback."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import openai
+import pytest
+
+from conftest import BIN
+from server_util import Server
+
+KEY = "test-key-0123456789"
+
+
+def document(n_sentences=40, seed=0):
+    """A plain English document with one fact worth asking about."""
+    towns = ["Arden", "Belmont", "Corvale", "Dunmore", "Elston", "Farrow", "Glenrock", "Harlow"]
+    lines = []
+    for i in range(n_sentences):
+        t = towns[(i + seed) % len(towns)]
+        lines.append(f"In the year {1800 + i * 3 + seed}, the town of {t} built a new bridge over the river "
+                     f"and held a market on every {['Monday', 'Tuesday', 'Friday'][i % 3]}.")
+        if i == n_sentences // 2:
+            lines.append("The secret password of the archive is BLUE-HARBOR-42.")
+    return " ".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model):
+    s = Server(tmp_path_factory.mktemp("data"), "--api-key", KEY, "--budget-tokens", "256")
+    s.start()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def auth():
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def new_session(srv, **settings):
+    st, body, _ = srv.request("POST", "/v1/sessions", settings, auth())
+    assert st == 201, body
+    return body
+
+
+def upload(srv, sid, data, seq=None, final=False, extra_headers=None):
+    h = dict(auth(), **{"Content-Type": "text/plain; charset=utf-8"}, **(extra_headers or {}))
+    q = []
+    if seq is not None:
+        q.append(f"seq={seq}")
+    if final:
+        q.append("final=true")
+    path = f"/v1/sessions/{sid}/chunks" + ("?" + "&".join(q) if q else "")
+    return srv.request("POST", path, raw=data if isinstance(data, bytes) else data.encode(), headers=h)
+
+
+# ---- basics --------------------------------------------------------------------------------
+
+def test_health_and_models(srv, client):
+    st, body, _ = srv.request("GET", "/health")
+    assert st == 200 and body == {"status": "ok"}
+    models = client.models.list()
+    assert len(models.data) == 1
+    m = models.data[0]
+    assert m.owned_by == "potserve" and "SmolLM2" in m.id
+    assert m.model_extra["meta"]["context_length"] == 8192
+    assert m.model_extra["meta"]["quantization"] == "Q4_1"
+
+
+def test_chat_matches_cli_greedy(srv, client, model):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model="x", messages=msgs, max_tokens=12, temperature=0)
+    text = r.choices[0].message.content
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
+    # the same prompt through the CLI (a different code path into the engine) agrees
+    cli = subprocess.run([str(BIN), "generate", "-m", str(model), "--chat", "-n", "12", "-t", "2",
+                          "-p", "What is the capital of France?"], capture_output=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.decode().strip() == text.strip()
+
+
+def test_streaming_chat_equals_whole(client):
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    whole = client.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0)
+    chunks = list(client.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_and_logprobs(client):
+    r = client.completions.create(model="x", prompt="The quick brown fox", max_tokens=5, temperature=0,
+                                  logprobs=2)
+    assert r.object == "text_completion" and r.usage.completion_tokens == 5
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 5 and all(v <= 0 for v in lp.token_logprobs)
+    c = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    entries = c.choices[0].logprobs.content
+    assert len(entries) == 3 and all(len(e.top_logprobs) == 3 for e in entries)
+    # greedy: the chosen token is the most likely one
+    assert all(abs(e.logprob - e.top_logprobs[0].logprob) < 1e-4 for e in entries)
+
+
+def test_stop_and_seed(client):
+    kw = dict(model="x", messages=[{"role": "user", "content": "Count from 1 to 20."}], max_tokens=40)
+    a = client.chat.completions.create(**kw, temperature=0.9, seed=7)
+    b = client.chat.completions.create(**kw, temperature=0.9, seed=7)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    s = client.chat.completions.create(**kw, temperature=0, stop=["5"])
+    assert "5" not in s.choices[0].message.content and s.choices[0].finish_reason == "stop"
+
+
+def test_tokenize_roundtrip(srv):
+    st, body, _ = srv.request("POST", "/tokenize", {"content": "Hello world, héllo!"}, auth())
+    assert st == 200 and len(body["tokens"]) > 3
+    st, back, _ = srv.request("POST", "/detokenize", {"tokens": body["tokens"]}, auth())
+    assert st == 200 and back["content"] == "Hello world, héllo!"
+
+
+# ---- errors surface as the right openai exceptions ---------------------------------------------
+
+def test_openai_error_classes(srv, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=7)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="x", messages=[])
+    bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong-key-123456", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"session": "sess_doesnotexist00000000000"})
+    sess = new_session(srv)
+    st, body, _ = upload(srv, sess["id"], "hello ", seq=3)
+    assert st == 409 and body["error"]["type"] == "conflict_error"
+    with pytest.raises(openai.ConflictError):
+        client.post(f"/sessions/{sess['id']}/chunks?seq=5", body={"text": "x"}, cast_to=object)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "word " * 9000}],
+                                       extra_body={"overflow": "error"})
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_garbage_requests_get_clean_errors(srv):
+    for raw in [b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"messages": "x"}', b'{"messages": [{"role": 1}]}',
+                b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+                b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"zz": 1}}',
+                b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}']:
+        st, body, _ = srv.request("POST", "/v1/chat/completions", raw=raw,
+                                  headers=dict(auth(), **{"Content-Type": "application/json"}))
+        assert st == 400, (raw, body)
+        assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
+    st, body, _ = srv.request("GET", "/v1/chat/completions", headers=auth())
+    assert st == 405
+    st, body, _ = srv.request("GET", "/v1/nothing", headers=auth())
+    assert st == 404
+    st, body, _ = srv.request("POST", "/v1/sessions", {"keep_tokens": 300, "budget_tokens": 256}, auth())
+    assert st == 422 and body["error"]["param"] == "keep_tokens"
+    st, body, _ = srv.request("POST", "/v1/sessions", {"policy": "magic"}, auth())
+    assert st == 422 and body["error"]["param"] == "policy"
+    st, body, _ = srv.request("POST", "/v1/sessions", {"budget_tokens": 100000}, auth())
+    assert st == 422 and body["error"]["param"] == "budget_tokens"
+    st, body, _ = srv.request("GET", "/v1/sessions/../../etc/passwd", headers=auth())
+    assert st == 404
+
+
+# ---- sessions ---------------------------------------------------------------------------------
+
+def test_session_upload_and_answer(srv, client):
+    doc = document(30)
+    sess = new_session(srv, budget_tokens=256, keep_tokens=128, chunk_tokens=64, metadata={"title": "towns"})
+    assert sess["status"] == "ready" and sess["metadata"] == {"title": "towns"}
+    half = len(doc) // 2
+    st, a, _ = upload(srv, sess["id"], doc[:half], seq=1)
+    assert st == 200, a
+    assert a["chunk"]["seq"] == 1 and a["chunk"]["bytes"] == half and a["last_seq"] == 1
+    st, b, _ = upload(srv, sess["id"], doc[half:], seq=2, final=True)
+    assert st == 200 and b["final"] is True and b["bytes_received"] == len(doc.encode())
+    assert b["compressions"] > 0 and b["tokens_in_pot"] <= 256
+    # a re-sent acknowledged chunk is a no-op
+    st, d, _ = upload(srv, sess["id"], doc[:half], seq=1)
+    assert st == 200 and d["duplicate"] is True and d["bytes_received"] == b["bytes_received"]
+    st, d, _ = upload(srv, sess["id"], doc[:half] + "x", seq=1)
+    assert st == 409
+    r = client.chat.completions.create(model="x", max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Which town is mentioned?"}],
+                                       extra_body={"session": sess["id"]})
+    assert r.usage.prompt_tokens_details.cached_tokens == b["tokens_in_pot"]
+    assert r.usage.prompt_tokens > b["tokens_in_pot"]
+    st, ret, _ = srv.request("GET", f"/v1/sessions/{sess['id']}/retention?bins=8", headers=auth())
+    assert st == 200 and len(ret["layers"]) == 30 and len(ret["layers"][0]["kept_per_bin"]) == 8
+    assert 0 < ret["coverage"] < 1
+    st, lst, _ = srv.request("GET", "/v1/sessions", headers=auth())
+    assert sess["id"] in [x["id"] for x in lst["data"]]
+    st, gone, _ = srv.request("DELETE", f"/v1/sessions/{sess['id']}", headers=auth())
+    assert st == 200 and gone == {"id": sess["id"], "object": "session.deleted", "deleted": True}
+    st, _, _ = srv.request("GET", f"/v1/sessions/{sess['id']}", headers=auth())
+    assert st == 404
+
+
+def test_split_does_not_matter(srv, client):
+    """The same document uploaded whole or in odd pieces gives the same pot and answer."""
+    doc = document(14, seed=3)
+    answers, stats = [], []
+    for pieces in ([doc], [doc[:7], doc[7:300], doc[300:]]):
+        sess = new_session(srv, budget_tokens=128, keep_tokens=64, chunk_tokens=32)
+        for i, p in enumerate(pieces):
+            st, body, _ = upload(srv, sess["id"], p, final=i == len(pieces) - 1)
+            assert st == 200, body
+        stats.append((body["tokens_ingested"], body["tokens_in_pot"], body["compressions"]))
+        r = client.chat.completions.create(model="x", max_tokens=10, temperature=0, extra_body={"session": sess["id"]},
+                                           messages=[{"role": "user", "content": "Summarize."}])
+        answers.append(r.choices[0].message.content)
+    assert stats[0] == stats[1] and answers[0] == answers[1]
+
+
+def test_bad_utf8_keeps_nothing(srv, client):
+    doc = document(8)
+    sess = new_session(srv, budget_tokens=128, keep_tokens=64, chunk_tokens=32)
+    st, a, _ = upload(srv, sess["id"], doc)
+    assert st == 200
+    ask = dict(model="x", max_tokens=8, temperature=0, extra_body={"session": sess["id"]},
+               messages=[{"role": "user", "content": "What is this about?"}])
+    before = client.chat.completions.create(**ask).choices[0].message.content
+    st, body, _ = upload(srv, sess["id"], b"more text \xc3\x28 broken" * 400)
+    assert st == 400 and body["error"]["code"] == "invalid_utf8"
+    deadline = time.time() + 60
+    while time.time() < deadline:  # the pot is re-read from the log in the background
+        st, now, _ = srv.request("GET", f"/v1/sessions/{sess['id']}", headers=auth())
+        if now["status"] == "ready":
+            break
+        time.sleep(0.2)
+    assert now["bytes_received"] == a["bytes_received"] and now["last_seq"] == 1
+    assert now["tokens_ingested"] == a["tokens_ingested"]
+    assert client.chat.completions.create(**ask).choices[0].message.content == before
+
+
+def test_curl_chunked_upload(srv, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(document(20))
+    sess = new_session(srv, budget_tokens=256, keep_tokens=128, chunk_tokens=64)
+    out = subprocess.run(["curl", "-sS", "-T", str(doc), "-H", "Transfer-Encoding: chunked",
+                          "-H", "Content-Type: text/plain", "-H", f"Authorization: Bearer {KEY}",
+                          "-X", "POST", f"{srv.url}/v1/sessions/{sess['id']}/chunks?final=true"],
+                         capture_output=True, timeout=300, check=True)
+    body = json.loads(out.stdout)
+    assert body["bytes_received"] == doc.stat().st_size and body["final"] is True
+    q = json.dumps({"model": "x", "session": sess["id"], "max_tokens": 6, "temperature": 0,
+                    "messages": [{"role": "user", "content": "What is the secret password?"}]})
+    out = subprocess.run(["curl", "-sS", "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {KEY}",
+                          "-d", q, f"{srv.url}/v1/chat/completions"], capture_output=True, timeout=300, check=True)
+    ans = json.loads(out.stdout)
+    assert ans["choices"][0]["message"]["content"]
+    out = subprocess.run(["curl", "-sS", "-X", "DELETE", "-H", f"Authorization: Bearer {KEY}",
+                          f"{srv.url}/v1/sessions/{sess['id']}"], capture_output=True, timeout=60, check=True)
+    assert json.loads(out.stdout)["deleted"] is True
+
+
+def test_upload_progress_sse(srv):
+    sess = new_session(srv, budget_tokens=128, keep_tokens=64, chunk_tokens=32)
+    out = subprocess.run(["curl", "-sS", "-N", "-H", "Accept: text/event-stream", "-H", "Content-Type: text/plain",
+                          "-H", f"Authorization: Bearer {KEY}", "--data-binary", document(6),
+                          f"{srv.url}/v1/sessions/{sess['id']}/chunks"], capture_output=True, timeout=300, check=True)
+    text = out.stdout.decode()
+    assert "event: done" in text
+    done = json.loads(text.split("event: done\ndata: ")[1].split("\n")[0])
+    assert done["chunk"]["seq"] == 1
+
+
+def test_sessions_belong_to_their_key(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# two tenants\nalpha-key-000001 alice\nbravo-key-000002 bob\n")
+    s = Server(tmp_path / "d", "--api-keys-file", keys, "--budget-tokens", "64").start()
+    try:
+        st, a, _ = s.request("POST", "/v1/sessions", {}, {"Authorization": "Bearer alpha-key-000001"})
+        assert st == 201
+        st, body, _ = s.request("GET", f"/v1/sessions/{a['id']}", headers={"Authorization": "Bearer bravo-key-000002"})
+        assert st == 404
+        st, lst, _ = s.request("GET", "/v1/sessions", headers={"Authorization": "Bearer bravo-key-000002"})
+        assert lst["data"] == []
+        st, body, _ = s.request("GET", "/v1/models")
+        assert st == 401 and body["error"]["type"] == "authentication_error"
+        st, body, _ = s.request("GET", "/health")
+        assert st == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_limits(tmp_path):
+    s = Server(tmp_path / "d", "--max-chunk-bytes", "1K", "--rate-limit", "2", "--rate-burst", "3",
+               "--pot-memory-limit", "4M", "--budget-tokens", "64").start()
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        st, sess, _ = s.request("POST", "/v1/sessions", {})
+        assert st == 201
+        st, body, _ = s.request("POST", f"/v1/sessions/{sess['id']}/chunks", raw=b"a" * 5000,
+                                headers={"Content-Type": "text/plain"})
+        assert st == 413
+        # 64-token pot = 64*30*3*64*2*2 bytes ~ 1.4 MB: a 2048-token one cannot fit in 4 MB
+        st, body, hdr = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
+        assert st == 429 and body["error"]["code"] == "insufficient_memory"
+        time.sleep(2)
+        with pytest.raises(openai.RateLimitError) as e:
+            for _ in range(10):
+                client.models.list()
+        assert int(e.value.response.headers["Retry-After"]) >= 1
+    finally:
+        assert s.stop() == 0
+
+
+def test_metrics_and_access_log(srv, client):
+    client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    st, text, _ = srv.request("GET", "/metrics", headers=auth())
+    assert st == 200
+    assert 'potserve_requests_total{route="/v1/chat/completions",status="2xx"}' in text
+    assert "potserve_tokens_generated_total" in text and "potserve_pot_memory_bytes" in text
+    lines = [json.loads(l) for l in srv.log_lines if l.startswith("{")]
+    assert any(l["route"] == "/v1/chat/completions" and l["status"] == 200 and l["tokens"] > 0 for l in lines)
+
+
+def test_config_layers_and_errors(tmp_path, model):
+    out = subprocess.run([str(BIN), "serve", "--help"], capture_output=True, timeout=30)
+    assert out.returncode == 0
+    for name in ["--budget-tokens", "POTSERVE_RATE_LIMIT", "--api-keys-file", "--durability"]:
+        assert name in out.stdout.decode()
+    out = subprocess.run([str(BIN), "serve", "--port", "99999"], capture_output=True, timeout=30)
+    assert out.returncode != 0 and b"port" in out.stderr
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"policy": "nonsense"}')
+    out = subprocess.run([str(BIN), "serve", "--config", str(cfg)], capture_output=True, timeout=30)
+    assert out.returncode != 0 and b"policy" in out.stderr
+    out = subprocess.run([str(BIN), "serve"], capture_output=True, timeout=30,
+                         env=dict(os.environ, POTSERVE_DURABILITY="sometimes"))
+    assert out.returncode != 0 and b"POTSERVE_DURABILITY" in out.stderr
+
+
+# ---- durability -------------------------------------------------------------------------------
+
+def answer(s, sid, key=None):
+    h = {"Authorization": f"Bearer {key}"} if key else {}
+    st, body, _ = s.request("POST", "/v1/chat/completions", {
+        "model": "x", "session": sid, "max_tokens": 12, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the secret password of the archive?"}]}, h)
+    assert st == 200, body
+    return body["choices"][0]["message"]["content"]
+
+
+def test_sigkill_mid_upload_loses_nothing_acknowledged(tmp_path):
+    doc = document(36, seed=1).encode()
+    pieces = [doc[i:i + 400] for i in range(0, len(doc), 400)]
+    settings = {"budget_tokens": 128, "keep_tokens": 64, "chunk_tokens": 32}
+
+    # reference: an uninterrupted run
+    ref = Server(tmp_path / "ref", "--budget-tokens", "128").start()
+    st, sess, _ = ref.request("POST", "/v1/sessions", settings)
+    for i, p in enumerate(pieces):
+        st, body, _ = ref.request("POST", f"/v1/sessions/{sess['id']}/chunks?seq={i + 1}&final={'true' if i == len(pieces) - 1 else 'false'}",
+                                  raw=p, headers={"Content-Type": "text/plain"})
+        assert st == 200
+    want_stats = (body["tokens_ingested"], body["tokens_in_pot"], body["compressions"])
+    want = answer(ref, sess["id"])
+    assert ref.stop() == 0
+
+    # interrupted: SIGKILL while chunk k is being uploaded
+    data = tmp_path / "kill"
+    s = Server(data, "--budget-tokens", "128").start()
+    st, sess, _ = s.request("POST", "/v1/sessions", settings)
+    sid = sess["id"]
+    k = len(pieces) // 2
+    for i in range(k):
+        st, body, _ = s.request("POST", f"/v1/sessions/{sid}/chunks?seq={i + 1}", raw=pieces[i],
+                                headers={"Content-Type": "text/plain"})
+        assert st == 200
+    acked = body["bytes_received"]
+    # chunk k+1 starts but never finishes: curl sends part of it slowly
+    slow = subprocess.Popen(["curl", "-sS", "-X", "POST", "-H", "Content-Type: text/plain", "-H", "Transfer-Encoding: chunked",
+                             "--limit-rate", "100", "--data-binary", "@-", f"{s.url}/v1/sessions/{sid}/chunks?seq={k + 1}"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    slow.stdin.write(pieces[k])
+    slow.stdin.flush()
+    time.sleep(1.5)
+    s.kill()  # SIGKILL
+    slow.kill()
+    slow.wait()
+
+    s2 = Server(data, "--budget-tokens", "128").start()
+    try:
+        st, now, _ = s2.request("GET", f"/v1/sessions/{sid}")
+        assert st == 200 and now["last_seq"] == k and now["bytes_received"] == acked
+        # an acknowledged chunk re-sent is a duplicate; the interrupted one completes the document
+        st, body, _ = s2.request("POST", f"/v1/sessions/{sid}/chunks?seq={k}", raw=pieces[k - 1],
+                                 headers={"Content-Type": "text/plain"})
+        assert st == 200 and body["duplicate"] is True
+        for i in range(k, len(pieces)):
+            st, body, _ = s2.request("POST", f"/v1/sessions/{sid}/chunks?seq={i + 1}&final={'true' if i == len(pieces) - 1 else 'false'}",
+                                     raw=pieces[i], headers={"Content-Type": "text/plain"})
+            assert st == 200, body
+        assert body["bytes_received"] == len(doc)
+        assert (body["tokens_ingested"], body["tokens_in_pot"], body["compressions"]) == want_stats
+        assert answer(s2, sid) == want
+    finally:
+        assert s2.stop() == 0
+    # and once more after a clean restart
+    s3 = Server(data, "--budget-tokens", "128").start()
+    try:
+        assert answer(s3, sid) == want
+    finally:
+        assert s3.stop() == 0
+
+
+def test_torn_log_tail_is_dropped(tmp_path):
+    s = Server(tmp_path / "d", "--budget-tokens", "64").start()
+    st, sess, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 64, "keep_tokens": 32, "chunk_tokens": 16})
+    st, body, _ = s.request("POST", f"/v1/sessions/{sess['id']}/chunks", raw=b"First part of the text. ",
+                            headers={"Content-Type": "text/plain"})
+    assert st == 200
+    assert s.stop() == 0
+    log = tmp_path / "d" / "sessions" / sess["id"] / "chunks.log"
+    with open(log, "ab") as f:
+        f.write(b"\x01\x02garbage that looks like a torn record")
+    s2 = Server(tmp_path / "d", "--budget-tokens", "64").start()
+    try:
+        st, now, _ = s2.request("GET", f"/v1/sessions/{sess['id']}")
+        assert now["bytes_received"] == body["bytes_received"] and now["last_seq"] == 1
+    finally:
+        assert s2.stop() == 0
+
+
+def test_backpressure_bounds_memory(tmp_path):
+    """A large upload is read only as fast as it is ingested: the server's
+    memory does not grow with the body."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--durability", "none").start()
+    try:
+        st, sess, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 64, "keep_tokens": 32, "chunk_tokens": 16})
+        big = tmp_path / "big.txt"
+        big.write_bytes(document(40).encode() * 1500)  # ~13 MB
+        up = subprocess.Popen(["curl", "-sS", "-T", str(big), "-H", "Transfer-Encoding: chunked", "-H", "Content-Type: text/plain",
+                               "-X", "POST", f"{s.url}/v1/sessions/{sess['id']}/chunks"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(2)  # ingest under way: its buffers exist
+        rss0 = s.rss_kb()
+        time.sleep(5)
+        rss1 = s.rss_kb()
+        log = tmp_path / "d" / "sessions" / sess["id"] / "chunks.log"
+        logged = log.stat().st_size
+        up.kill()
+        up.wait()
+        assert logged < 2_000_000, logged          # read only as fast as ingested
+        assert rss1 - rss0 < 4_000, (rss0, rss1)  # KB
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_ends_open_stream_and_exits_zero(tmp_path):
+    s = Server(tmp_path / "d").start()
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Tell a long story."}],
+                                            max_tokens=60, stream=True)
+    first = next(iter(stream))
+    s.proc.send_signal(signal.SIGTERM)
+    rest = list(stream)  # the stream still ends properly
+    assert first.choices[0].delta.role == "assistant"
+    assert rest and rest[-1].choices[0].finish_reason in ("length", "stop")
+    assert s.proc.wait(60) == 0
