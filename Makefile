@@ -69,8 +69,9 @@ $(MODEL): | $(VENV)/.ok
 	@echo "$(MODEL_SHA256)  $(MODEL)" | sha256sum -c --quiet - || { rm -f $(MODEL); echo "model checksum mismatch"; exit 1; }
 
 # --- main job -----------------------------------------------------------------
+# The server on http://127.0.0.1:8080 (sessions in ./data); SERVE_FLAGS adds settings.
 run: deps $(BUILD)/potserve model
-	$(BUILD)/potserve generate -m $(MODEL) --chat -p "Explain in two sentences what a memory pot is for long documents." -n 64
+	$(BUILD)/potserve serve --model $(MODEL) $(SERVE_FLAGS)
 
 # --- tests ----------------------------------------------------------------------
 fixtures: $(BUILD)/fixtures/.ok
@@ -95,8 +96,9 @@ test: deps all model fixtures
 asan: fixtures model
 	$(MAKE) --no-print-directory BUILD=build/asan CC=gcc \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-	  build/asan/unit_tests
+	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
+	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_server.py
 
 # libFuzzer targets for the GGUF reader and the tokenizer, FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60

@@ -403,6 +403,20 @@ static int next_flag(int argc, char **argv, int *i, flag_token *t, char *err, si
         t->kind = FLAG_HELP;
         return 0;
     }
+    /* the short spellings every other potserve command knows */
+    static const struct { const char *shrt, *name; } aliases[] = {{"-m", "model"}, {"-t", "threads"}};
+    for (size_t a = 0; a < sizeof aliases / sizeof *aliases; a++)
+        if (!strcmp(arg, aliases[a].shrt)) {
+            t->kind = FLAG_SETTING;
+            t->s = find_setting(aliases[a].name, strlen(aliases[a].name));
+            snprintf(t->label, sizeof t->label, "%s", arg);
+            if (*i >= argc) {
+                snprintf(err, errlen, "%s: missing value", arg);
+                return -1;
+            }
+            t->value = argv[(*i)++];
+            return 0;
+        }
     if (strncmp(arg, "--", 2) || !arg[2]) {
         snprintf(err, errlen, "'%s': unexpected argument (settings are given as --name VALUE)",
                  arg);
@@ -554,6 +568,7 @@ void config_print_help(FILE *out) {
     fprintf(out, "  %-*s  %-*s  %s\n", wflag, "--config FILE", wenv, "POTSERVE_CONFIG",
             "JSON object of settings");
     fprintf(out, "  %-*s  %-*s  %s\n", wflag, "--help, -h", wenv, "", "print this help");
+    fprintf(out, "  %-*s  %-*s  %s\n", wflag, "-m PATH, -t N", wenv, "", "short for --model, --threads");
     for (int i = 0; i < N_SETTINGS; i++) {
         const setting *s = &settings[i];
         flag_name(s, flag, sizeof flag);

@@ -589,13 +589,20 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
     const int_vec qv = {.v = (int32_t *)prompt, .n = n_prompt}, *q = &qv;
     engine *e = d->e;
     if (d->failed) return snprintf(err, errlen, "the document failed earlier"), NULL;
-    size_t need = (size_t)d->pot->n + q->n + (size_t)(max_tokens > 0 ? max_tokens : 0);
+    /* tokens read but not yet run (less than an engine chunk, or the lookahead
+       token) are part of what the question is about: they go into the copy */
+    size_t pending = d->queue.n - d->q_pos, base = (size_t)d->pot->n + pending;
+    size_t need = base + q->n + (size_t)(max_tokens > 0 ? max_tokens : 0);
     if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
-    if (need < (size_t)d->pot->n + q->n)
+    if (need < base + q->n)
         return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
     pot *p = new_pot(e, need, err, errlen);
     if (!p) return NULL;
     pot_copy(p, d->pot);
+    if (pending && prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {
+        pot_free(p);
+        return NULL;
+    }
     if (d->policy != POLICY_FINCH || !d->finch_keep || d->finch_keep >= p->n) return p;
 
     /* two-stage FINCH: one question-guided pass over the stored pot (K1 -> K2) */
@@ -654,8 +661,10 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
     pot *p = doc_answer_pot(d, q.v, q.n, 0, err, errlen);
     int rc = p ? prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
     if (!rc && d->record) {
-        /* record the question prompt after the document for the caller's comparison */
-        rc = vec_push(&d->recorded, q.v, q.n);
+        /* record the pending tail and the question prompt after the document for
+           the caller's comparison */
+        rc = vec_push(&d->recorded, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
+        if (!rc) rc = vec_push(&d->recorded, q.v, q.n);
     }
     pot_free(p);
     free(q.v);

@@ -23,7 +23,19 @@ struct generation {
     double deadline_ms;
     engine_gen_result res;
     int finished;
+    /* a prompt longer than the window, read through a temporary pot */
+    engine_doc *tmp_doc;
+    engine_pot_settings tmp_settings;
+    size_t tmp_memory;
+    char *doc_text;       /* what goes into the temporary pot */
+    size_t doc_len;
+    size_t question_at;   /* chat: index of the message asked after the document */
+    const char *tail;     /* completions: the prompt's end, asked after the document */
+    int tmp_rc;
+    char tmp_err[256];
 };
+
+static void release_temporary_pot(server *s, generation *g);
 
 /* What the engine thread sends for each piece of text. */
 typedef struct text_event {
@@ -43,6 +55,7 @@ typedef struct done_event {
 
 void generation_free(generation *g) {
     if (g->ss) session_unref(g->ss);
+    free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
     free(g->text);
@@ -237,6 +250,7 @@ static void on_done_event(server *s, void *arg) {
     g->res = ev->res;
     g->finished = 1;
     if (g->ss) session_generation_done(g->ss);
+    if (g->tmp_doc) release_temporary_pot(s, g);
     s->m.tokens_prompted += ev->res.n_prompt;
     s->m.tokens_generated += ev->res.n_generated;
     s->m.decode_ms += ev->res.decode_ms;
@@ -303,6 +317,144 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
     return 0;
 }
 
+/* Hands the prepared generation to the engine thread. */
+static void submit(server *s, generation *g) {
+    request *r = g->r;
+    api_gen_request *q = &g->req;
+    api_error e;
+    engine_doc *doc = g->ss ? g->ss->doc : g->tmp_doc;
+    engine_gen_request er = {.doc = doc, .prompt = g->prompt, .n_prompt = g->n_prompt,
+                             .params = q->params, .on_text = gen_on_text, .on_done = gen_on_done,
+                             .user = g};
+    char err[256];
+    request_ref(r); /* held by the engine until on_done arrives */
+    if (srv_generate(s, &er, err, sizeof err)) {
+        request_unref(r);
+        api_fail(&e, 503, "unavailable", NULL, "%s", err);
+        return respond_error(r, &e);
+    }
+    if (g->ss) g->ss->gens++; /* the doc must not be replaced until the generation is done */
+    if (q->stream) {
+        if (stream_start(r)) return; /* the engine's done event still completes r */
+        sse_send(r, chunk_json(g, NULL, 0, 1, NULL, NULL));
+    } else {
+        request_suspend(r);
+    }
+}
+
+/* ---- prompts longer than the window: read through a temporary pot ------------------
+ * The conversation before the last user message (or a completion prompt
+ * without its last part) becomes the document of a pot with the server's
+ * default settings; the last message is asked after it, as with a session. */
+
+enum { COMPLETION_TAIL_BYTES = 512 };
+
+static void close_doc_task(engine *e, void *arg) {
+    (void)e;
+    engine_doc_close(arg);
+}
+
+static void release_temporary_pot(server *s, generation *g) {
+    if (srv_task(s, close_doc_task, g->tmp_doc)) engine_doc_close(g->tmp_doc);
+    g->tmp_doc = NULL;
+    s->pot_memory -= g->tmp_memory;
+}
+
+static void temporary_pot_failed(server *s, generation *g, int status, const char *msg) {
+    api_error e;
+    api_fail(&e, status, "overflow_failed", NULL, "reading the prompt through a pot failed: %s", msg);
+    if (g->tmp_doc) release_temporary_pot(s, g);
+    respond_error(g->r, &e);
+    request_unref(g->r);
+}
+
+static void temporary_pot_read(server *s, void *arg) {
+    generation *g = arg;
+    if (g->tmp_rc) return temporary_pot_failed(s, g, 500, g->tmp_err);
+    api_gen_request *q = &g->req;
+    free(g->prompt);
+    g->prompt = engine_doc_prompt(g->tmp_doc, q->messages + g->question_at, q->n_messages - g->question_at,
+                                  q->chat ? NULL : g->tail, &g->n_prompt, g->tmp_err, sizeof g->tmp_err);
+    if (!g->prompt) return temporary_pot_failed(s, g, 400, g->tmp_err);
+    submit(s, g);
+    request_unref(g->r);
+}
+
+static void temporary_pot_ingested(void *user, int rc, const char *err) {
+    generation *g = user; /* engine thread */
+    g->tmp_rc = rc;
+    if (err) snprintf(g->tmp_err, sizeof g->tmp_err, "%s", err);
+    srv_post(g->r->srv, temporary_pot_read, g);
+}
+
+static void temporary_pot_opened(server *s, void *arg) {
+    generation *g = arg;
+    if (!g->tmp_doc) return temporary_pot_failed(s, g, 500, g->tmp_err);
+    if (srv_ingest(s, g->tmp_doc, g->doc_text, g->doc_len, 1, temporary_pot_ingested, g))
+        temporary_pot_failed(s, g, 503, "the server is shutting down");
+}
+
+static void open_temporary_pot(engine *e, void *arg) {
+    generation *g = arg;
+    g->tmp_doc = engine_doc_open(e, &g->tmp_settings, g->tmp_err, sizeof g->tmp_err);
+    srv_post(g->r->srv, temporary_pot_opened, g);
+}
+
+static int append_text(generation *g, const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *t = realloc(g->doc_text, g->doc_len + n + 1);
+    if (!t) return -1;
+    g->doc_text = t;
+    g->doc_len += (size_t)sprintf(t + g->doc_len, "%s%s\n\n", a, b);
+    return 0;
+}
+
+static int start_temporary_pot(server *s, generation *g, api_error *e) {
+    api_gen_request *q = &g->req;
+    engine_pot_settings *ps = &g->tmp_settings;
+    *ps = engine_pot_settings_default();
+    ps->budget_tokens = (int32_t)s->cfg.budget_tokens;
+    ps->policy = s->cfg.policy;
+    ps->plain = !q->chat;
+    if (!strcmp(ps->policy, "none")) ps->policy = "infinipot"; /* none cannot read what does not fit */
+    int rc = 0;
+    if (q->chat) {
+        size_t last = q->n_messages;
+        while (last > 0 && strcmp(q->messages[last - 1].role, "user")) last--;
+        if (last == 0) last = q->n_messages;
+        g->question_at = last - 1;
+        for (size_t i = 0; !rc && i < g->question_at; i++) {
+            if (!strcmp(q->messages[i].role, "system") && !ps->system) {
+                ps->system = q->messages[i].content;
+                continue;
+            }
+            char role[32];
+            snprintf(role, sizeof role, "%s: ", q->messages[i].role);
+            rc = append_text(g, role, q->messages[i].content);
+        }
+    } else {
+        size_t n = strlen(q->prompt), cut = n > COMPLETION_TAIL_BYTES ? n - COMPLETION_TAIL_BYTES : 0;
+        while (cut > 0 && ((unsigned char)q->prompt[cut] & 0xC0) == 0x80) cut--; /* a character boundary */
+        g->doc_text = strndup(q->prompt, cut);
+        g->doc_len = cut;
+        g->tail = q->prompt + cut;
+        rc = g->doc_text ? 0 : -1;
+    }
+    if (rc) return api_fail(e, 500, NULL, NULL, "out of memory");
+    g->tmp_memory = engine_doc_memory(s->eng, ps);
+    if (s->pot_memory + g->tmp_memory > (size_t)s->cfg.pot_memory_limit)
+        return api_fail(e, 429, "insufficient_memory", NULL,
+                        "the prompt exceeds the window and no pot memory is free to read it");
+    s->pot_memory += g->tmp_memory;
+    request_ref(g->r); /* until the generation is submitted */
+    if (srv_task(s, open_temporary_pot, g)) {
+        s->pot_memory -= g->tmp_memory;
+        request_unref(g->r);
+        return api_fail(e, 503, "unavailable", NULL, "the server is shutting down");
+    }
+    return 0;
+}
+
 void route_generate(request *r, int chat) {
     server *s = r->srv;
     api_error e;
@@ -346,38 +498,28 @@ void route_generate(request *r, int chat) {
         return respond_error(r, &e);
     }
     int32_t n_ctx = s->info.n_ctx_train;
+    int overflow = 0;
     if (!g->ss && g->n_prompt + (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1) > (size_t)n_ctx) {
-        if (q->overflow_error || g->n_prompt >= (size_t)n_ctx) {
+        if (q->overflow_error || (!chat && q->prompt_tokens)) {
             api_fail(&e, 400, "context_length_exceeded", chat ? "messages" : "prompt",
                      "the prompt has %zu tokens and max_tokens %d; the model's window is %d tokens "
                      "(create a session and upload long documents to read them through a pot)",
                      g->n_prompt, q->params.max_tokens, n_ctx);
             return respond_error(r, &e);
         }
-        q->params.max_tokens = (int32_t)(n_ctx - (int32_t)g->n_prompt); /* what still fits */
+        overflow = 1;
     }
     random_id(g->id, sizeof g->id, chat ? "chatcmpl-" : "cmpl-");
     g->created = (int64_t)time(NULL);
     g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3;
     if (q->logprobs && !q->stream)
         g->logprobs = chat ? json_array() : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
-    engine_gen_request er = {.doc = g->ss ? g->ss->doc : NULL, .prompt = g->prompt,
-                             .n_prompt = g->n_prompt, .params = q->params, .on_text = gen_on_text,
-                             .on_done = gen_on_done, .user = g};
-    char err[256];
-    request_ref(r); /* held by the engine until on_done arrives */
-    if (srv_generate(s, &er, err, sizeof err)) {
-        request_unref(r);
-        api_fail(&e, 503, "unavailable", NULL, "%s", err);
-        return respond_error(r, &e);
-    }
-    if (g->ss) g->ss->gens++; /* the doc must not be replaced until the generation is done */
-    if (q->stream) {
-        if (stream_start(r)) return; /* the engine's done event still completes r */
-        sse_send(r, chunk_json(g, NULL, 0, 1, NULL, NULL));
-    } else {
+    if (overflow) {
+        if (start_temporary_pot(s, g, &e)) return respond_error(r, &e);
         request_suspend(r);
+        return;
     }
+    submit(s, g);
 }
 
 /* Called when the client disconnects or the server drains. */

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "potserve"
+BIN = pathlib.Path(os.environ.get("POTSERVE_BIN", ROOT / "build" / "potserve"))
 MODEL = pathlib.Path(os.environ.get("POTSERVE_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 FIXTURES = ROOT / "build" / "fixtures"
 REF = ROOT / "tests" / "fixtures"

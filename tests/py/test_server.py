@@ -478,3 +478,19 @@ def test_sigterm_ends_open_stream_and_exits_zero(tmp_path):
     assert first.choices[0].delta.role == "assistant"
     assert rest and rest[-1].choices[0].finish_reason in ("length", "stop")
     assert s.proc.wait(60) == 0
+
+
+def test_prompt_longer_than_window_reads_through_a_pot(client):
+    """Without a session, a prompt beyond the model's window goes through a
+    temporary pot instead of failing (API.md); the last user message is asked
+    after it."""
+    long_text = "The archive keeps old letters. " * 1400  # ~8.4K tokens > the 8192 window
+    r = client.chat.completions.create(model="x", max_tokens=4, temperature=0, messages=[
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": long_text},
+        {"role": "assistant", "content": "I have read it."},
+        {"role": "user", "content": "What does the archive keep?"}])
+    assert r.choices[0].message.content
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached <= 256  # the pot, at the server's budget
+    assert r.usage.prompt_tokens > cached
