@@ -151,6 +151,7 @@ static const setting settings[] = {
     S_BYTES(max_body_bytes, "16M", 1, INT64_MAX, "largest JSON request body (else 413)"),
     S_BYTES(max_header_bytes, "16K", 1, INT64_MAX, "largest request line + headers"),
     S_INT(max_connections, "256", 1, 100000, "open connections at most"),
+    S_INT(max_connections_per_ip, "64", 1, 100000, "open connections from one address at most"),
     S_FLOAT(rate_limit, "0", 0, 1e6, "requests per second per key, 0 = off"),
     S_INT(rate_burst, "20", 1, 1000000, "bucket size of rate_limit"),
     S_INT(max_sessions_per_key, "64", 1, 1000000, "sessions one key may hold"),

@@ -40,6 +40,7 @@ typedef struct server_config {
     int64_t max_body_bytes;   /* largest JSON request body (16M) -> 413 */
     int64_t max_header_bytes; /* request line + headers (16K) */
     int64_t max_connections;  /* open connections (256) */
+    int64_t max_connections_per_ip; /* open connections from one address (64) */
     double rate_limit;        /* requests per second per key, 0 = off (0) */
     int64_t rate_burst;       /* bucket size for rate_limit (20) */
     int64_t max_sessions_per_key; /* (64) */

@@ -382,6 +382,29 @@ static void take_body(request *r, const char *data, size_t n) {
     r->body[r->body_len] = 0;
 }
 
+/* Each connection's start time, for connection_timeout (a connection that
+ * lives too long is closed at its next request or piece of body). */
+void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                           enum MHD_ConnectionNotificationCode toe) {
+    (void)cls;
+    (void)c;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        double *t0 = malloc(sizeof *t0);
+        if (t0) *t0 = srv_now_ms();
+        *socket_context = t0;
+    } else {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static int connection_expired(server *s, struct MHD_Connection *c) {
+    if (!s->cfg.connection_timeout) return 0;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const double *t0 = ci ? ci->socket_context : NULL;
+    return t0 && srv_now_ms() - *t0 > (double)s->cfg.connection_timeout * 1e3;
+}
+
 enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const char *url,
                                    const char *method, const char *version,
                                    const char *upload_data, size_t *upload_data_size,
@@ -389,6 +412,10 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
     (void)version;
     server *s = cls;
     request *r = *con_cls;
+    if (connection_expired(s, c)) {
+        if (r && r->up) upload_abandon(r->up);
+        return MHD_NO; /* closes the connection */
+    }
     if (!r) {
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;

@@ -166,6 +166,8 @@ extern enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, c
                                           const char *method, const char *version,
                                           const char *upload_data, size_t *upload_data_size,
                                           void **con_cls);
+extern void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                                  enum MHD_ConnectionNotificationCode toe);
 extern void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                                   enum MHD_RequestTerminationCode toe);
 
@@ -180,6 +182,8 @@ static int start_http(server *s, char *err, size_t errlen) {
         flags, (uint16_t)s->cfg.port, NULL, NULL, srv_access_handler, s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, srv_request_completed, s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections_per_ip,
+        MHD_OPTION_NOTIFY_CONNECTION, srv_connection_notify, s,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(s->cfg.max_header_bytes + 64 * 1024),
         MHD_OPTION_END);

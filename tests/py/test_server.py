@@ -494,3 +494,43 @@ def test_prompt_longer_than_window_reads_through_a_pot(client):
     cached = r.usage.prompt_tokens_details.cached_tokens
     assert 0 < cached <= 256  # the pot, at the server's budget
     assert r.usage.prompt_tokens > cached
+
+
+def test_slow_and_idle_connections_are_bounded(tmp_path):
+    import socket
+    s = Server(tmp_path / "d", "--idle-timeout", "1", "--max-connections-per-ip", "3",
+               "--max-header-bytes", "2K").start()
+    try:
+        # a client that starts a request and goes silent is closed by the idle timeout
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        c.settimeout(10)
+        t0 = time.time()
+        assert c.recv(100) == b""
+        assert time.time() - t0 < 5
+        c.close()
+        # one address cannot hold more than max_connections_per_ip
+        held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(3)]
+        extra = socket.create_connection(("127.0.0.1", s.port))
+        extra.settimeout(5)
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            got = extra.recv(100)
+        except ConnectionResetError:
+            got = b""
+        assert got == b""
+        for h in held:
+            h.close()
+        # headers beyond max_header_bytes are refused, not buffered
+        big = socket.create_connection(("127.0.0.1", s.port))
+        big.settimeout(10)
+        big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"a" * 200_000 + b"\r\n\r\n")
+        try:
+            reply = big.recv(200)
+        except (ConnectionResetError, BrokenPipeError):
+            reply = b""
+        assert not reply.startswith(b"HTTP/1.1 200"), reply
+        st, body, _ = s.request("GET", "/health")
+        assert st == 200
+    finally:
+        assert s.stop() == 0

@@ -59,6 +59,7 @@ TEST(config_defaults_match_header) {
     CHECK_EQ_INT(c.max_body_bytes, 16LL << 20);
     CHECK_EQ_INT(c.max_header_bytes, 16LL << 10);
     CHECK_EQ_INT(c.max_connections, 256);
+    CHECK_EQ_INT(c.max_connections_per_ip, 64);
     CHECK(c.rate_limit == 0);
     CHECK_EQ_INT(c.rate_burst, 20);
     CHECK_EQ_INT(c.max_sessions_per_key, 64);
