@@ -43,7 +43,9 @@ struct upload {
     piece *cur;
     piece *disk_head, *disk_tail;
     int disk_running, began;
-    int in_flight;               /* pieces between arrival and ingest */
+    int in_flight;               /* pieces (and the end mark) between arrival and ingest */
+    int to_disk;                 /* pieces not yet appended to the log */
+    int acked;                   /* the client has its answer (wait=false: before ingest ends) */
     int body_done, failed, finished, committed, final_pushed;
     api_error err;
     uint64_t bytes;
@@ -378,6 +380,7 @@ static void disk_done(uv_work_t *w, int status) {
     u->disk_running = 0;
     u->ss->disk_busy = 0;
     if (op->kind == 0) {
+        u->to_disk--;
         if (!op->rc) u->began = 1;
         if (op->rc) {
             fail_upload(u, 500, "storage_error", "cannot write the chunk to the log: %s", op->err);
@@ -437,7 +440,7 @@ static void piece_ingested_loop(server *s, void *arg) {
     s->m.compressions += ss->stats.compressions - comp;
     s->m.ingest_ms += ss->stats.ingest_ms - ims;
     s->m.compress_ms += ss->stats.compress_ms - cms;
-    if (c->p) u->in_flight--;
+    u->in_flight--;
     if (c->rc) {
         int overflow = strstr(c->err, "does not fit") != NULL;
         fail_upload(u, overflow ? 422 : 500, overflow ? "document_too_long" : "ingest_failed",
@@ -502,13 +505,29 @@ static void respond_upload(upload *u, int status, json_t *body) {
     respond_json(r, status, body);
 }
 
+/* After the answer (wait=false), a failure can no longer be undone: the
+ * chunk is committed, so the session is marked failed. */
+static void fail_acked(upload *u) {
+    session *ss = u->ss;
+    ss->status = SESSION_FAILED;
+    snprintf(ss->fail_msg, sizeof ss->fail_msg, "ingesting chunk %llu failed: %.200s",
+             (unsigned long long)u->seq, u->err.message);
+}
+
 /* Moves the upload on: pieces to disk, then the document's end, the commit,
- * the answer; or, after a failure, the abort and the rebuild. */
+ * the answer; or, after a failure, the abort and the rebuild. With wait
+ * (the default) the commit follows the ingest of every piece; without, it
+ * follows their append to the log and the answer is 202. */
 static void upload_step(upload *u) {
     session *ss = u->ss;
     server *s = ss->srv;
     request *r = u->r;
     if (u->finished || u->disk_running) return;
+    if (u->failed && u->acked) {
+        if (u->in_flight > 0) return;
+        u->finished = 1;
+        return fail_acked(u);
+    }
     if (u->failed) {
         if (u->in_flight > 0) return; /* wait for the engine to hand back every piece */
         if (u->began && !u->committed) return disk_submit(u, 2, NULL);
@@ -526,35 +545,43 @@ static void upload_step(upload *u) {
         return disk_submit(u, 0, p);
     }
     if (r->suspended && !u->body_done && u->in_flight < MAX_IN_FLIGHT) request_wake(r);
-    if (!u->body_done || u->in_flight > 0) return;
+    if (!u->body_done) return;
+    if (u->acked) {
+        if (u->in_flight == 0) u->finished = 1;
+        return;
+    }
+    if (u->wait ? u->in_flight > 0 : u->to_disk > 0) return;
     if (u->final && !u->final_pushed) {
         ingest_ctx *c = calloc(1, sizeof *c);
         if (!c) abort();
         c->u = u;
         u->final_pushed = 1;
+        u->in_flight++;
         request_ref(r);
         if (srv_ingest(s, ss->doc, "", 0, 1, piece_ingested, c)) {
             request_unref(r);
             free(c);
+            u->in_flight--;
             fail_upload(u, 503, "unavailable", "%s", "the engine is stopping");
-            return upload_step(u);
         }
-        return;
+        return upload_step(u);
     }
     if (!u->began) { /* an empty chunk still gets its record */
         piece *p = calloc(1, sizeof *p);
         if (!p) abort();
         u->in_flight++;
+        u->to_disk++;
         return disk_submit(u, 0, p);
     }
     if (!u->committed) return disk_submit(u, 1, NULL);
-    u->finished = 1;
+    u->acked = 1;
     ss->last_seq = u->seq;
     ss->final = u->final;
     ss->busy = 0;
     s->m.bytes_uploaded += (int64_t)u->bytes;
     r->tokens = ss->stats.tokens_read - u->tokens_before;
-    respond_upload(u, 200, chunk_result(u));
+    if (u->in_flight == 0) u->finished = 1;
+    respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
 }
 
 void upload_free(upload *u) {
@@ -592,6 +619,7 @@ static void dispatch_piece(upload *u) {
     else u->disk_head = p;
     u->disk_tail = p;
     u->in_flight++;
+    u->to_disk++;
     upload_step(u);
 }
 
@@ -774,6 +802,7 @@ static void start_upload(request *r, session *ss) {
     u->final = query_flag(r, "final", 0);
     u->wait = query_flag(r, "wait", 1);
     u->sse = accept && strstr(accept, "text/event-stream");
+    if (u->sse) u->wait = 1; /* progress events need the ingest */
     u->t0 = srv_now_ms();
     u->tokens_before = ss->stats.tokens_read;
     r->up = u;

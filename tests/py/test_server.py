@@ -534,3 +534,24 @@ def test_slow_and_idle_connections_are_bounded(tmp_path):
         assert st == 200
     finally:
         assert s.stop() == 0
+
+
+def test_upload_without_waiting(srv, client):
+    """?wait=false answers 202 once the bytes are durable; the ingest goes on
+    and ends in the same pot as a waited upload."""
+    doc = document(12, seed=5)
+    waited = new_session(srv, budget_tokens=128, keep_tokens=64, chunk_tokens=32)
+    st, a, _ = upload(srv, waited["id"], doc, final=True)
+    assert st == 200
+    sess = new_session(srv, budget_tokens=128, keep_tokens=64, chunk_tokens=32)
+    h = dict(auth(), **{"Content-Type": "text/plain"})
+    st, body, _ = srv.request("POST", f"/v1/sessions/{sess['id']}/chunks?wait=false&final=true", raw=doc.encode(), headers=h)
+    assert st == 202 and body["last_seq"] == 1 and body["chunk"]["bytes"] == len(doc.encode())
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        st, now, _ = srv.request("GET", f"/v1/sessions/{sess['id']}", headers=auth())
+        if now["tokens_ingested"] == a["tokens_ingested"]:
+            break
+        time.sleep(0.2)
+    assert (now["tokens_ingested"], now["tokens_in_pot"], now["compressions"]) == \
+        (a["tokens_ingested"], a["tokens_in_pot"], a["compressions"])
