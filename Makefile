@@ -28,7 +28,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean
+.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch
 all: $(BUILD)/potserve
 
 $(BUILD)/obj/%.o: %.c
@@ -98,7 +98,16 @@ asan: fixtures model
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
-	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_server.py
+	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' tests/py/test_server.py
+
+# Aggregate decode tokens/s of 1, 4, 8 and 16 concurrent greedy generations
+# through the engine thread (not part of `make test`). Links the engine and
+# cache objects only.
+BENCH_OBJ := $(filter $(BUILD)/obj/engine/% $(BUILD)/obj/cache/%,$(LIB_OBJ))
+$(BUILD)/bench_batch: $(BUILD)/obj/tests/bench/bench_batch.o $(BENCH_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread
+bench-batch: $(BUILD)/bench_batch model
+	$(BUILD)/bench_batch $(MODEL) 2
 
 # libFuzzer targets for the GGUF reader and the tokenizer, FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60

@@ -31,3 +31,7 @@ def model():
 def fixtures():
     assert FIXTURES.exists(), "tiny GGUF fixtures missing: run `make fixtures`"
     return FIXTURES
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "heavy: model-heavy; skipped in the sanitizer run (make asan) to keep it short")

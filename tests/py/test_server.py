@@ -116,6 +116,7 @@ def test_completions_and_logprobs(client):
     assert all(abs(e.logprob - e.top_logprobs[0].logprob) < 1e-4 for e in entries)
 
 
+@pytest.mark.heavy
 def test_stop_and_seed(client):
     kw = dict(model="x", messages=[{"role": "user", "content": "Count from 1 to 20."}], max_tokens=40)
     a = client.chat.completions.create(**kw, temperature=0.9, seed=7)
@@ -214,6 +215,7 @@ def test_session_upload_and_answer(srv, client):
     assert st == 404
 
 
+@pytest.mark.heavy
 def test_split_does_not_matter(srv, client):
     """The same document uploaded whole or in odd pieces gives the same pot and answer."""
     doc = document(14, seed=3)
@@ -251,6 +253,7 @@ def test_bad_utf8_keeps_nothing(srv, client):
     assert client.chat.completions.create(**ask).choices[0].message.content == before
 
 
+@pytest.mark.heavy
 def test_curl_chunked_upload(srv, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(document(20))
@@ -361,6 +364,7 @@ def answer(s, sid, key=None):
     return body["choices"][0]["message"]["content"]
 
 
+@pytest.mark.heavy
 def test_sigkill_mid_upload_loses_nothing_acknowledged(tmp_path):
     doc = document(36, seed=1).encode()
     pieces = [doc[i:i + 400] for i in range(0, len(doc), 400)]
@@ -442,6 +446,7 @@ def test_torn_log_tail_is_dropped(tmp_path):
         assert s2.stop() == 0
 
 
+@pytest.mark.heavy
 def test_backpressure_bounds_memory(tmp_path):
     """A large upload is read only as fast as it is ingested: the server's
     memory does not grow with the body."""
@@ -480,6 +485,7 @@ def test_sigterm_ends_open_stream_and_exits_zero(tmp_path):
     assert s.proc.wait(60) == 0
 
 
+@pytest.mark.heavy
 def test_prompt_longer_than_window_reads_through_a_pot(client):
     """Without a session, a prompt beyond the model's window goes through a
     temporary pot instead of failing (API.md); the last user message is asked
