@@ -171,7 +171,8 @@ const char *schedule_kind_name(enum schedule_kind k);
 /* ---- snapshots (cache/snapshot.c) -------------------------------------------------
  * A pot on disk: a versioned header (format version, model fingerprint, the
  * session's settings as text, the byte offset of the session log the pot
- * covers), the pot's valid slots, and a checksum over everything. Written to a
+ * covers), optional extra bytes of the caller's (a document's state beside its
+ * pot), the pot's valid slots, and a checksum over everything. Written to a
  * temporary file, fsynced and renamed, so a crash leaves the old snapshot or
  * the new one, never a torn file. */
 
@@ -189,11 +190,22 @@ typedef struct pot_snapshot_meta {
  * Layout (little-endian, CRC-32C at the end): cache/snapshot.c. */
 int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *meta, char *err,
                        size_t errlen);
+/* pot_snapshot_write that also stores extra[extra_len] (opaque bytes, borrowed,
+ * at most 2^30) under the same checksum and the same atomic replacement. */
+int pot_snapshot_write_extra(const char *path, const pot *p, const pot_snapshot_meta *meta,
+                             const void *extra, size_t extra_len, char *err, size_t errlen);
 /* Reads a snapshot: NULL with one line in err for a missing, truncated,
  * corrupt (checksum), foreign or future-version file. On success the pot
- * (capacity = max(its n, min_capacity, 1)) is the caller's and meta is filled. */
+ * (capacity = max(its n, min_capacity, 1)) is the caller's and meta is filled.
+ * Reads format versions 1 and 2; extra bytes, if any, are checked and dropped. */
 pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
                        size_t errlen);
+/* pot_snapshot_read that also hands out the extra bytes: *extra a malloc'd copy
+ * the caller frees and *extra_len its length (NULL and 0 when there are none:
+ * empty, or a version 1 file; and on failure). extra_len may be NULL; extra
+ * NULL drops them. */
+pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapshot_meta *meta,
+                             void **extra, size_t *extra_len, char *err, size_t errlen);
 /* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start), so
  * crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a b, na + nb). */
 uint32_t crc32c(uint32_t crc, const void *data, size_t len);

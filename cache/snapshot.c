@@ -1,8 +1,9 @@
-/* Pot snapshots: a pot and its session metadata in one self-checking file.
+/* Pot snapshots: a pot, its session metadata and the caller's extra bytes in
+ * one self-checking file.
  *
- * Layout, every integer little-endian, no padding:
+ * Layout of version 2 (written), every integer little-endian, no padding:
  *   0  magic "POTSNAP\0"          8 bytes
- *   8  format version (1)         u32
+ *   8  format version (2)         u32
  *  12  model_fingerprint          u64
  *  20  log_offset                 u64
  *  28  n_layer, n_head_kv,        i32 x 3
@@ -11,12 +12,16 @@
  *  44  n, n_pinned                i32 x 2
  *  52  n_seen                     i64
  *  60  settings_len (< 1024)      u32
- *  64  settings                   settings_len bytes, no NUL
+ *  64  extra_len (<= 2^30)        u64
+ *  72  settings                   settings_len bytes, no NUL
+ *      extra                      extra_len bytes, opaque here (a document's state: ingest.c)
  *  then for each layer, for each KV head, the n valid slots:
  *      K [n][head_dim] and V [n][head_dim] in the pot's dtype (IEEE half or
  *      single, little-endian), token_index i64[n], surprisal f32[n],
  *      score_acc f32[n]
  *  then CRC-32C of every byte before it   u32
+ * Version 1 (still read) is the same without extra_len and extra: a 64-byte
+ * header, then the settings.
  * The reader checks magic, version (a newer one is refused before anything
  * else is trusted), every count against sane bounds, the exact file size those
  * counts imply, and only then allocates; the checksum is verified before the
@@ -33,13 +38,15 @@
 #include <unistd.h>
 
 enum {
-    SNAP_VERSION = 1,
-    SNAP_HEADER_BYTES = 64,
+    SNAP_VERSION = 2,
+    SNAP_V1_HEADER_BYTES = 64,
+    SNAP_HEADER_BYTES = 72, /* version 2: extra_len after the v1 fields */
     SNAP_MAX_LAYERS = 4096,
     SNAP_MAX_HEADS = 4096,
     SNAP_MAX_HEAD_DIM = 65536, /* pot_bytes' limit */
     SNAP_MAX_SLOTS = 1 << 26,
     SNAP_IO_BYTES = 1 << 20,
+    SNAP_MAX_EXTRA = 1 << 30,
 };
 static const char snap_magic[8] = {'P', 'O', 'T', 'S', 'N', 'A', 'P', '\0'};
 
@@ -168,14 +175,16 @@ static uint64_t slots_bytes(uint64_t n, uint64_t head_dim, size_t elem) {
     return n > UINT64_MAX / per_slot ? 0 : n * per_slot;
 }
 
-/* Total file size for a header's counts; 0 when it overflows. */
-static uint64_t snapshot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim,
-                               enum pot_dtype dtype, int32_t n, uint32_t settings_len) {
+/* Total file size for a header's counts (header_bytes: 64 for version 1, 72
+ * for 2, whose extra_len v1 files lack); 0 when it overflows. */
+static uint64_t snapshot_bytes(uint32_t header_bytes, int32_t n_layer, int32_t n_head_kv,
+                               int32_t head_dim, enum pot_dtype dtype, int32_t n,
+                               uint32_t settings_len, uint64_t extra_len) {
     uint64_t per_head = slots_bytes((uint64_t)n, (uint64_t)head_dim, dtype_bytes(dtype));
     uint64_t heads = (uint64_t)n_layer * (uint64_t)n_head_kv, payload;
     if (n > 0 && per_head == 0) return 0;
     if (__builtin_mul_overflow(heads, per_head, &payload)) return 0;
-    uint64_t fixed = SNAP_HEADER_BYTES + (uint64_t)settings_len + 4;
+    uint64_t fixed = header_bytes + (uint64_t)settings_len + extra_len + 4;
     return payload > UINT64_MAX - fixed ? 0 : payload + fixed;
 }
 
@@ -252,7 +261,7 @@ static int pot_shape_ok(const pot *p) {
 
 /* Writes the whole snapshot to fd; 0 or an errno. */
 static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
-                          size_t settings_len) {
+                          size_t settings_len, const void *extra, size_t extra_len) {
     snap_writer w = {fd, 0, malloc(SNAP_IO_BYTES), 0, 0};
     if (!w.buf) return ENOMEM;
     unsigned char h[SNAP_HEADER_BYTES];
@@ -268,8 +277,10 @@ static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
     put_u32(h + 48, (uint32_t)p->n_pinned);
     put_u64(h + 52, (uint64_t)p->n_seen);
     put_u32(h + 60, (uint32_t)settings_len);
+    put_u64(h + 64, (uint64_t)extra_len);
     put_bytes(&w, h, sizeof h);
     put_bytes(&w, meta->settings, settings_len);
+    if (extra_len) put_bytes(&w, extra, extra_len);
     size_t elem = dtype_bytes(p->dtype), n = (size_t)p->n, row = (size_t)p->head_dim;
     for (int32_t l = 0; l < p->n_layer && !w.err; l++)
         for (int32_t hd = 0; hd < p->n_head_kv && !w.err; hd++) {
@@ -302,7 +313,12 @@ static int fsync_parent_dir(const char *path) {
 
 int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *meta, char *err,
                        size_t errlen) {
-    if (!path || !*path || !p || !meta) {
+    return pot_snapshot_write_extra(path, p, meta, NULL, 0, err, errlen);
+}
+
+int pot_snapshot_write_extra(const char *path, const pot *p, const pot_snapshot_meta *meta,
+                             const void *extra, size_t extra_len, char *err, size_t errlen) {
+    if (!path || !*path || !p || !meta || (extra_len && !extra)) {
         snprintf(err, errlen, "snapshot: missing path, pot or metadata");
         return -1;
     }
@@ -315,6 +331,11 @@ int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *
     size_t settings_len = strnlen(meta->settings, sizeof meta->settings);
     if (settings_len == sizeof meta->settings) {
         snprintf(err, errlen, "snapshot %s: settings are not NUL-terminated", path);
+        return -1;
+    }
+    if (extra_len > SNAP_MAX_EXTRA) {
+        snprintf(err, errlen, "snapshot %s: %zu extra bytes exceed the limit of %d", path,
+                 extra_len, SNAP_MAX_EXTRA);
         return -1;
     }
     size_t plen = strlen(path);
@@ -331,7 +352,7 @@ int pot_snapshot_write(const char *path, const pot *p, const pot_snapshot_meta *
         rc = errno;
     } else {
         stage = "write";
-        rc = write_contents(fd, p, meta, settings_len);
+        rc = write_contents(fd, p, meta, settings_len, extra, extra_len);
         if (!rc) {
             stage = "fsync";
             if (fsync(fd) != 0) rc = errno;
@@ -397,8 +418,66 @@ static int get_array(snap_reader *r, void *dst, size_t count, size_t elem) {
     return 0;
 }
 
+/* Reads and checks magic, version and the header's counts against the file
+ * size; 0 with *header_bytes set, or -1 with err. */
+static int read_header(snap_reader *r, const char *path, uint64_t file_bytes, unsigned char *h,
+                       uint32_t *header_bytes, char *err, size_t errlen) {
+    if (file_bytes < 12 || get_bytes(r, h, 12) != 0) {
+        snprintf(err, errlen, "snapshot %s: truncated (%llu bytes)", path,
+                 (unsigned long long)file_bytes);
+        return -1;
+    }
+    if (memcmp(h, snap_magic, 8) != 0) {
+        snprintf(err, errlen, "snapshot %s: not a pot snapshot (bad magic)", path);
+        return -1;
+    }
+    uint32_t version = get_u32(h + 8);
+    if (version > SNAP_VERSION) {
+        snprintf(err, errlen,
+                 "snapshot %s: format version %u is newer than this build reads (%d); "
+                 "rebuild the pot from the session log or upgrade",
+                 path, version, SNAP_VERSION);
+        return -1;
+    }
+    if (version != 1 && version != 2) {
+        snprintf(err, errlen, "snapshot %s: unsupported format version %u", path, version);
+        return -1;
+    }
+    *header_bytes = version == 1 ? SNAP_V1_HEADER_BYTES : SNAP_HEADER_BYTES;
+    if (file_bytes < *header_bytes || get_bytes(r, h + 12, *header_bytes - 12) != 0) {
+        snprintf(err, errlen, "snapshot %s: truncated header (%llu bytes)", path,
+                 (unsigned long long)file_bytes);
+        return -1;
+    }
+    if (version == 1) memset(h + SNAP_V1_HEADER_BYTES, 0, 8); /* no extra bytes */
+    return 0;
+}
+
+/* Reads the extra section (always, so the checksum covers it) into a malloc'd
+ * buffer, handed to the caller through *out when it asks for it. 0 or -1. */
+static int read_extra(snap_reader *r, uint64_t len, void **out) {
+    unsigned char *b = malloc(len ? (size_t)len : 1);
+    if (!b) {
+        r->err = ENOMEM;
+        return -1;
+    }
+    if (get_bytes(r, b, (size_t)len) != 0) {
+        free(b);
+        return -1;
+    }
+    *out = b;
+    return 0;
+}
+
 pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
                        size_t errlen) {
+    return pot_snapshot_read_extra(path, min_capacity, meta, NULL, NULL, err, errlen);
+}
+
+pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapshot_meta *meta,
+                             void **extra, size_t *extra_len, char *err, size_t errlen) {
+    if (extra) *extra = NULL;
+    if (extra_len) *extra_len = 0;
     if (!path || !meta) {
         snprintf(err, errlen, "snapshot: missing path or metadata");
         return NULL;
@@ -409,57 +488,36 @@ pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta
         return NULL;
     }
     pot *p = NULL;
+    void *ex = NULL;
     snap_reader r = {fd, 0, 0, 0};
     struct stat st;
     unsigned char h[SNAP_HEADER_BYTES];
+    uint32_t header_bytes = 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "snapshot %s: not a regular file", path);
         goto fail;
     }
     uint64_t file_bytes = (uint64_t)st.st_size;
-    if (file_bytes < 12 || get_bytes(&r, h, 12) != 0) {
-        snprintf(err, errlen, "snapshot %s: truncated (%llu bytes)", path,
-                 (unsigned long long)file_bytes);
-        goto fail;
-    }
-    if (memcmp(h, snap_magic, 8) != 0) {
-        snprintf(err, errlen, "snapshot %s: not a pot snapshot (bad magic)", path);
-        goto fail;
-    }
-    uint32_t version = get_u32(h + 8);
-    if (version > SNAP_VERSION) {
-        snprintf(err, errlen,
-                 "snapshot %s: format version %u is newer than this build reads (%d); "
-                 "rebuild the pot from the session log or upgrade",
-                 path, version, SNAP_VERSION);
-        goto fail;
-    }
-    if (version != SNAP_VERSION) {
-        snprintf(err, errlen, "snapshot %s: unsupported format version %u", path, version);
-        goto fail;
-    }
-    if (file_bytes < SNAP_HEADER_BYTES || get_bytes(&r, h + 12, SNAP_HEADER_BYTES - 12) != 0) {
-        snprintf(err, errlen, "snapshot %s: truncated header (%llu bytes)", path,
-                 (unsigned long long)file_bytes);
-        goto fail;
-    }
+    if (read_header(&r, path, file_bytes, h, &header_bytes, err, errlen) != 0) goto fail;
     int32_t n_layer = (int32_t)get_u32(h + 28), n_head_kv = (int32_t)get_u32(h + 32);
     int32_t head_dim = (int32_t)get_u32(h + 36), n = (int32_t)get_u32(h + 44);
     int32_t n_pinned = (int32_t)get_u32(h + 48);
     uint32_t dtype = get_u32(h + 40), settings_len = get_u32(h + 60);
     int64_t n_seen = (int64_t)get_u64(h + 52);
+    uint64_t ex_len = get_u64(h + 64);
     if (n_layer < 1 || n_layer > SNAP_MAX_LAYERS || n_head_kv < 1 || n_head_kv > SNAP_MAX_HEADS ||
         head_dim < 1 || head_dim > SNAP_MAX_HEAD_DIM || (dtype != POT_F16 && dtype != POT_F32) ||
         n < 0 || n > SNAP_MAX_SLOTS || n_pinned < 0 || n_pinned > n || n_seen < 0 ||
-        settings_len >= sizeof meta->settings) {
+        settings_len >= sizeof meta->settings || ex_len > SNAP_MAX_EXTRA) {
         snprintf(err, errlen,
                  "snapshot %s: corrupt header (%d layers, %d heads, dim %d, dtype %u, n %d, "
-                 "%d pinned, settings %u bytes)",
-                 path, n_layer, n_head_kv, head_dim, dtype, n, n_pinned, settings_len);
+                 "%d pinned, settings %u bytes, extra %llu bytes)",
+                 path, n_layer, n_head_kv, head_dim, dtype, n, n_pinned, settings_len,
+                 (unsigned long long)ex_len);
         goto fail;
     }
-    uint64_t want = snapshot_bytes(n_layer, n_head_kv, head_dim, (enum pot_dtype)dtype, n,
-                                   settings_len);
+    uint64_t want = snapshot_bytes(header_bytes, n_layer, n_head_kv, head_dim,
+                                   (enum pot_dtype)dtype, n, settings_len, ex_len);
     if (want != file_bytes) {
         snprintf(err, errlen, "snapshot %s: %s (%llu bytes, the header implies %llu)", path,
                  file_bytes < want ? "truncated" : "size mismatch",
@@ -473,6 +531,7 @@ pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta
         snprintf(err, errlen, "snapshot %s: corrupt settings (NUL byte)", path);
         goto fail;
     }
+    if (read_extra(&r, ex_len, &ex) != 0) goto io_fail;
     int32_t capacity = n > min_capacity ? n : min_capacity;
     if (capacity < 1) capacity = 1;
     char perr[160];
@@ -507,6 +566,12 @@ pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta
     meta->model_fingerprint = get_u64(h + 12);
     meta->log_offset = get_u64(h + 20);
     memcpy(meta->settings, settings, settings_len);
+    if (extra && ex_len) {
+        *extra = ex;
+        ex = NULL;
+        if (extra_len) *extra_len = (size_t)ex_len;
+    }
+    free(ex);
     return p;
 
 io_fail:
@@ -515,6 +580,7 @@ io_fail:
     else
         snprintf(err, errlen, "snapshot %s: read failed: %s", path, strerror(r.err));
 fail:
+    free(ex);
     pot_free(p);
     close(fd);
     return NULL;

@@ -178,6 +178,28 @@ int engine_doc_step(engine_doc *d, char *err, size_t errlen);
 int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_msgs,
                            const char *raw, size_t *n, char *err, size_t errlen);
 
+/* Saves everything needed to continue d exactly as if it had never stopped:
+ * the pot, the tokens read but not yet run, the bytes the tokenizer holds
+ * back, the schedule's state, the statistics, NuC's pending surprisal, the
+ * recorded tokens (record_tokens) and the caller's log_offset; the cascade's
+ * state is rebuilt from the pot when loading. One file, written atomically
+ * (temporary file, fsync, rename, fsync of the directory); d stays the
+ * caller's and unchanged, and must not be fed meanwhile (on the engine thread:
+ * engine_sched_doc_task). 0, or -1 + err (a failed document, out of memory, an
+ * I/O error: the old file at path, if any, is then untouched). Layout:
+ * ingest.c and cache/snapshot.c. */
+int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, char *err,
+                    size_t errlen);
+/* Opens a document with settings s from a file engine_doc_save wrote, the
+ * caller's to close; *log_offset := the stored offset (the caller feeds the
+ * log from there). NULL + one line in err when the file is missing,
+ * truncated, damaged (checksum), from another format version, from another
+ * model (fingerprint) or KV type, or saved with different settings
+ * (record_tokens aside, but it needs the file to hold recorded tokens): the
+ * caller then opens the document afresh and re-reads from 0. */
+engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char *path,
+                            uint64_t *log_offset, char *err, size_t errlen);
+
 /* ---- the engine thread (sched.c) ---------------------------------------------------
  * One thread owns the engine, every document and every generation. Work
  * comes through a queue; the thread batches one decode step of every active

@@ -68,6 +68,7 @@ struct engine_doc {
     int failed;
     int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
+    char settings_key[sizeof ((pot_snapshot_meta *)0)->settings]; /* see settings_key() */
 };
 
 engine_pot_settings engine_pot_settings_default(void) {
@@ -446,7 +447,34 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
     return 0;
 }
 
-engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
+/* The canonical text of the settings that change what a document computes
+ * (defaults resolved, free texts as length and CRC-32C), so a snapshot is only
+ * restored under the settings it was saved with. record_tokens is not one. */
+static void settings_key(const engine_doc *d, const engine_pot_settings *s, const char *rows,
+                         char *out, size_t cap) {
+    const char *texts[3] = {rows, s->question, s->system};
+    const char *names[3] = {"rows", "question", "system"};
+    uint32_t share;
+    memcpy(&share, &s->nuc_share, sizeof share);
+    int len = snprintf(out, cap,
+                       "doc policy=%s schedule=%s budget=%d keep=%d chunk=%d nuc_share=%08x "
+                       "score_max=%d plain=%d finch_keep=%d",
+                       pot_policy_name(d->policy), schedule_kind_name(d->sched.kind),
+                       d->sched.budget, d->sched.keep, d->sched.chunk_tokens, share,
+                       !!s->score_max, !!d->plain, s->finch_keep);
+    for (int i = 0; i < 3 && len > 0 && (size_t)len < cap; i++) {
+        const char *t = texts[i];
+        len += t ? snprintf(out + len, cap - (size_t)len, " %s=%zu:%08x", names[i], strlen(t),
+                            crc32c(0, t, strlen(t)))
+                 : snprintf(out + len, cap - (size_t)len, " %s=-", names[i]);
+    }
+}
+
+/* A document of settings s without its pot and token stream: the settings
+ * checked, the scoring rows and the pinned prefix tokenized (the prefix into
+ * *prefix, the caller's), the schedule and the cascade set up. NULL + err. */
+static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *prefix, char *err,
+                           size_t errlen) {
     int32_t keep;
     if (validate(e, s, &keep, err, errlen)) return NULL;
     int policy = pot_policy_from_name(s->policy ? s->policy : "infinipot");
@@ -488,57 +516,69 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     }
 
     /* the pinned prefix: template and system prompt before the document */
-    int_vec prefix = {0};
     if (d->plain) {
-        bad = tokenize_into(e, "", 1, 0, &prefix);
+        bad = tokenize_into(e, "", 1, 0, prefix);
     } else {
         char *before = render_around_document(d, "", NULL, 0, 1, err, errlen);
         if (!before) goto fail;
-        bad = tokenize_into(e, before, 0, 1, &prefix);
+        bad = tokenize_into(e, before, 0, 1, prefix);
         free(before);
     }
-    if (bad || prefix.n >= (size_t)keep) {
-        free(prefix.v);
+    if (bad || prefix->n >= (size_t)keep) {
         snprintf(err, errlen, "system: the pinned prefix (%zu tokens) must be shorter than keep_tokens %d",
-                 prefix.n, keep);
+                 prefix->n, keep);
         goto fail;
     }
-    d->n_prefix = (int32_t)prefix.n;
+    d->n_prefix = (int32_t)prefix->n;
     int32_t chunk = s->chunk_tokens ? s->chunk_tokens
                                     : (s->budget_tokens / 4 < 512 ? s->budget_tokens / 4 : 512);
     if (schedule_init(&d->sched, (enum schedule_kind)kind, s->budget_tokens, keep, chunk,
-                      d->n_prefix, err, errlen)) {
-        free(prefix.v);
+                      d->n_prefix, err, errlen))
         goto fail;
-    }
-    d->pot = new_pot(e, (size_t)s->budget_tokens + d->score_rows.n, err, errlen);
-    d->ts = tok_stream_new(e->m->tok, 0, 0);
-    if (!d->pot || !d->ts) {
-        free(prefix.v);
-        if (!d->ts) snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
-    if (prefix.n) {
-        double t0 = now_ms();
-        bad = prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
-        d->st.ingest_ms += now_ms() - t0;
-        if (!bad && d->record) bad = vec_push(&d->recorded, prefix.v, prefix.n);
-    }
-    free(prefix.v);
-    if (bad) goto fail;
-    d->pot->n_pinned = d->n_prefix;
     if (d->policy == POLICY_CASCADE) {
         int32_t room = keep - d->n_prefix, sinks = room / 4 < CASCADE_SINKS ? room / 4 : CASCADE_SINKS;
         int32_t cap = (room - sinks) / CASCADES * CASCADES;
-        d->casc = cascade_new(d->pot->n_layer, d->pot->n_head_kv, CASCADES, cap, sinks, err, errlen);
+        d->casc = cascade_new(e->m->n_layer, e->m->n_head_kv, CASCADES, cap, sinks, err, errlen);
         if (!d->casc) goto fail;
     }
+    settings_key(d, s, rows, d->settings_key, sizeof d->settings_key);
     return d;
 oom:
     snprintf(err, errlen, "out of memory");
 fail:
+    free(prefix->v);
+    *prefix = (int_vec){0};
     engine_doc_close(d);
     return NULL;
+}
+
+/* Slots of a document's pot: the budget plus room for the scoring rows. */
+static size_t doc_capacity(const engine_doc *d) {
+    return (size_t)d->sched.budget + d->score_rows.n;
+}
+
+engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
+    int_vec prefix = {0};
+    engine_doc *d = doc_new(e, s, &prefix, err, errlen);
+    if (!d) return NULL;
+    d->pot = new_pot(e, doc_capacity(d), err, errlen);
+    d->ts = tok_stream_new(e->m->tok, 0, 0);
+    int bad = !d->pot || !d->ts;
+    if (!d->ts) snprintf(err, errlen, "out of memory");
+    if (!bad && prefix.n) {
+        double t0 = now_ms();
+        bad = prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
+        d->st.ingest_ms += now_ms() - t0;
+        if (!bad && d->record && vec_push(&d->recorded, prefix.v, prefix.n))
+            bad = 1, snprintf(err, errlen, "out of memory");
+    }
+    free(prefix.v);
+    if (bad) {
+        engine_doc_close(d);
+        return NULL;
+    }
+    d->pot->n_pinned = d->n_prefix;
+    return d;
 }
 
 size_t engine_doc_memory(const engine *e, const engine_pot_settings *s) {
@@ -669,4 +709,385 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
     pot_free(p);
     free(q.v);
     return rc;
+}
+
+/* ---- durable snapshots of a document ------------------------------------------------
+ * One file: the pot snapshot (cache/snapshot.c, format 2) with the model's
+ * fingerprint, the settings key and the caller's log offset in its header,
+ * and this document state as its extra bytes, all under one CRC-32C and one
+ * atomic rename. The state, little-endian:
+ *   u32 magic "PDOC", u32 version (1)
+ *   i32 n_prefix, u32 flags (1 ended, 2 have_plan, 4 have_pending,
+ *       8 tokenizer continues a raw fragment, 16 recorded tokens follow)
+ *   i32 schedule step, i64 tokens_planned
+ *   i32 plan chunk_tokens, compress_after, keep_after
+ *   u32 pending_surprisal (f32 bits)
+ *   i64 bytes_read, tokens_read, compressions, chunks
+ *   u64 ingest_ms, compress_ms (f64 bits)
+ *   u64 n + i32[n]: tokens read but not yet run
+ *   u64 n + n bytes: what the tokenizer holds back
+ *   u64 n + i32[n]: the recorded tokens (with flag 16)
+ * Cascade state is not stored: it is rebuilt from the pot (cascade_rebuild). */
+
+enum {
+    DOC_STATE_MAGIC = 0x434f4450u, /* "PDOC" */
+    DOC_STATE_VERSION = 1,
+    DOC_ENDED = 1,
+    DOC_HAVE_PLAN = 2,
+    DOC_HAVE_PENDING = 4,
+    DOC_TOK_CONT = 8,
+    DOC_RECORDED = 16,
+};
+
+typedef struct byte_out {
+    unsigned char *p;
+    size_t n, cap;
+    int oom;
+} byte_out;
+
+static void out_bytes(byte_out *b, const void *src, size_t n) {
+    if (b->oom || !n) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n) cap *= 2;
+        unsigned char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static void out_u64(byte_out *b, uint64_t v) {
+    unsigned char t[8];
+    for (int i = 0; i < 8; i++) t[i] = (unsigned char)(v >> (8 * i));
+    out_bytes(b, t, 8);
+}
+
+static void out_u32(byte_out *b, uint32_t v) {
+    unsigned char t[4];
+    for (int i = 0; i < 4; i++) t[i] = (unsigned char)(v >> (8 * i));
+    out_bytes(b, t, 4);
+}
+
+static void out_f64(byte_out *b, double v) {
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    out_u64(b, u);
+}
+
+/* A token array: u64 count, then i32 each. */
+static void out_tokens(byte_out *b, const int32_t *v, size_t n) {
+    out_u64(b, n);
+    for (size_t i = 0; i < n; i++) out_u32(b, (uint32_t)v[i]);
+}
+
+typedef struct byte_in {
+    const unsigned char *p;
+    size_t n, off;
+    int bad; /* read past the end */
+} byte_in;
+
+static const unsigned char *in_bytes(byte_in *r, size_t n) {
+    if (r->bad || n > r->n - r->off) {
+        r->bad = 1;
+        return NULL;
+    }
+    r->off += n;
+    return r->p + r->off - n;
+}
+
+static uint64_t in_u64(byte_in *r) {
+    const unsigned char *t = in_bytes(r, 8);
+    uint64_t v = 0;
+    for (int i = 0; t && i < 8; i++) v |= (uint64_t)t[i] << (8 * i);
+    return v;
+}
+
+static uint32_t in_u32(byte_in *r) {
+    const unsigned char *t = in_bytes(r, 4);
+    uint32_t v = 0;
+    for (int i = 0; t && i < 4; i++) v |= (uint32_t)t[i] << (8 * i);
+    return v;
+}
+
+static double in_f64(byte_in *r) {
+    uint64_t u = in_u64(r);
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* Appends a token array (see out_tokens) to v, every id below n_vocab. 0 or -1. */
+static int in_tokens(byte_in *r, int32_t n_vocab, int_vec *v) {
+    uint64_t n = in_u64(r);
+    if (r->bad || n > (r->n - r->off) / 4) return r->bad = 1, -1;
+    for (uint64_t i = 0; i < n; i++) {
+        int32_t id = (int32_t)in_u32(r);
+        if (id < 0 || id >= n_vocab || vec_push(v, &id, 1)) return -1;
+    }
+    return 0;
+}
+
+/* CRC-32C of v as 8 little-endian bytes (fingerprints are the same on every host). */
+static uint32_t crc_u64(uint32_t c, uint64_t v) {
+    unsigned char t[8];
+    for (int i = 0; i < 8; i++) t[i] = (unsigned char)(v >> (8 * i));
+    return crc32c(c, t, 8);
+}
+
+static uint32_t crc_f32s(uint32_t c, const float *v, size_t n) {
+    for (size_t i = 0; v && i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof u);
+        c = crc_u64(c, u);
+    }
+    return c;
+}
+
+/* A weight's shape and type into *shape, its first and last bytes into *data. */
+static void crc_weight(uint32_t *shape, uint32_t *data, const weight *w) {
+    *shape = crc_u64(crc_u64(crc_u64(crc_u64(*shape, w->type), (uint64_t)w->cols),
+                             (uint64_t)w->rows), w->row_bytes);
+    size_t total = w->row_bytes * (size_t)w->rows, n = total < 64 ? total : 64;
+    if (!w->data || !n) return;
+    *data = crc32c(*data, w->data, n);
+    *data = crc32c(*data, w->data + total - n, n);
+}
+
+/* Identifies the model cheaply: CRC-32C of its shape, types and
+ * hyper-parameters (high word) and of its norms, samples of every matrix and
+ * the tokenizer's vocabulary (low word). Another file of the same
+ * architecture but other weights (a fine-tune, another quantisation) differs. */
+static uint64_t model_fingerprint(const engine *e) {
+    const model *m = e->m;
+    uint32_t shape = crc32c(0, m->arch, strnlen(m->arch, sizeof m->arch)), data = 0;
+    const int64_t dims[] = {m->n_layer, m->n_embd, m->n_ff, m->n_head, m->n_head_kv, m->head_dim,
+                            m->n_rot, m->n_vocab, m->n_ctx_train, m->rope_layout, m->tied_output,
+                            m->main_type};
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) shape = crc_u64(shape, (uint64_t)dims[i]);
+    shape = crc_f32s(crc_f32s(crc_u64(shape, m->n_params), &m->rope_base, 1), &m->norm_eps, 1);
+    crc_weight(&shape, &data, &m->tok_embd);
+    crc_weight(&shape, &data, &m->output);
+    data = crc_f32s(data, m->output_norm, (size_t)m->n_embd);
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const layer_weights *lw = &m->layers[l];
+        const weight *ws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) crc_weight(&shape, &data, ws[i]);
+        shape = crc_u64(shape, (uint64_t)((lw->bq != NULL) | (lw->bk != NULL) << 1 | (lw->bv != NULL) << 2));
+        data = crc_f32s(crc_f32s(data, lw->attn_norm, (size_t)m->n_embd), lw->ffn_norm, (size_t)m->n_embd);
+    }
+    const tokenizer *t = m->tok;
+    const char *tname = tokenizer_model_name(t);
+    data = crc32c(data, tname, strlen(tname));
+    data = crc_u64(crc_u64(crc_u64(data, (uint64_t)tokenizer_n_vocab(t)), (uint64_t)tokenizer_bos(t)),
+                   (uint64_t)tokenizer_eos(t));
+    char piece[256];
+    for (int32_t id = 0; id < tokenizer_n_vocab(t); id++) {
+        int len = tokenizer_piece(t, id, 1, piece, sizeof piece);
+        data = crc_u64(data, (uint64_t)len);
+        if (len > 0) data = crc32c(data, piece, (size_t)len < sizeof piece ? (size_t)len : sizeof piece);
+    }
+    return (uint64_t)shape << 32 | data;
+}
+
+/* Serialises d's state beside its pot (the layout above) into *b. */
+static void doc_state_encode(const engine_doc *d, const char *held, size_t n_held, int cont,
+                             byte_out *b) {
+    uint32_t flags = (d->ended ? DOC_ENDED : 0) | (d->have_plan ? DOC_HAVE_PLAN : 0) |
+                     (d->have_pending ? DOC_HAVE_PENDING : 0) | (cont ? DOC_TOK_CONT : 0) |
+                     (d->record ? DOC_RECORDED : 0);
+    uint32_t surprisal;
+    memcpy(&surprisal, &d->pending_surprisal, sizeof surprisal);
+    out_u32(b, DOC_STATE_MAGIC);
+    out_u32(b, DOC_STATE_VERSION);
+    out_u32(b, (uint32_t)d->n_prefix);
+    out_u32(b, flags);
+    out_u32(b, (uint32_t)d->sched.step);
+    out_u64(b, (uint64_t)d->sched.tokens_planned);
+    out_u32(b, (uint32_t)d->plan.chunk_tokens);
+    out_u32(b, (uint32_t)d->plan.compress_after);
+    out_u32(b, (uint32_t)d->plan.keep_after);
+    out_u32(b, surprisal);
+    const int64_t counts[] = {d->st.bytes_read, d->st.tokens_read, d->st.compressions, d->st.chunks};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) out_u64(b, (uint64_t)counts[i]);
+    out_f64(b, d->st.ingest_ms);
+    out_f64(b, d->st.compress_ms);
+    out_tokens(b, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
+    out_u64(b, n_held);
+    out_bytes(b, held, n_held);
+    if (d->record) out_tokens(b, d->recorded.v, d->recorded.n);
+}
+
+int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, char *err,
+                    size_t errlen) {
+    if (d->failed) return snprintf(err, errlen, "the document failed earlier: nothing to save"), -1;
+    int cont = 0;
+    size_t n_held = tok_stream_held(d->ts, NULL, 0, &cont);
+    char *held = malloc(n_held ? n_held : 1);
+    if (!held) return snprintf(err, errlen, "out of memory"), -1;
+    tok_stream_held(d->ts, held, n_held, &cont);
+    byte_out b = {0};
+    doc_state_encode(d, held, n_held, cont, &b);
+    free(held);
+    pot_snapshot_meta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.model_fingerprint = model_fingerprint(d->e);
+    meta.log_offset = log_offset;
+    memcpy(meta.settings, d->settings_key, sizeof meta.settings);
+    int rc = b.oom ? (snprintf(err, errlen, "out of memory"), -1)
+                   : pot_snapshot_write_extra(path, d->pot, &meta, b.p, b.n, err, errlen);
+    free(b.p);
+    return rc;
+}
+
+/* The first field where two settings keys differ, as "old (now new)". */
+static void key_difference(const char *saved, const char *now, char *out, size_t cap) {
+    size_t i = 0, field = 0;
+    for (; saved[i] && saved[i] == now[i]; i++)
+        if (saved[i] == ' ') field = i + 1;
+    int a = (int)strcspn(saved + field, " "), b = (int)strcspn(now + field, " ");
+    snprintf(out, cap, "%.*s, now %.*s", a, saved + field, b, now + field);
+}
+
+/* Sets d's state from the bytes doc_state_encode wrote (the pot already in
+ * place); re-feeds what the tokenizer held back. 0, or -1 + err. */
+static int doc_state_decode(engine_doc *d, const unsigned char *p, size_t n, char *err,
+                            size_t errlen) {
+    byte_in r = {p, n, 0, 0};
+    int32_t n_vocab = d->e->m->n_vocab;
+    if (in_u32(&r) != DOC_STATE_MAGIC) return snprintf(err, errlen, "no document state in it (a bare pot snapshot)"), -1;
+    uint32_t version = in_u32(&r);
+    if (version != DOC_STATE_VERSION)
+        return snprintf(err, errlen, "document state format version %u (this build reads %d)",
+                        version, DOC_STATE_VERSION), -1;
+    int32_t n_prefix = (int32_t)in_u32(&r);
+    uint32_t flags = in_u32(&r);
+    d->sched.step = (int32_t)in_u32(&r);
+    d->sched.tokens_planned = (int64_t)in_u64(&r);
+    d->plan.chunk_tokens = (int32_t)in_u32(&r);
+    d->plan.compress_after = (int)in_u32(&r);
+    d->plan.keep_after = (int32_t)in_u32(&r);
+    uint32_t surprisal = in_u32(&r);
+    memcpy(&d->pending_surprisal, &surprisal, sizeof surprisal);
+    int64_t *counts[] = {&d->st.bytes_read, &d->st.tokens_read, &d->st.compressions, &d->st.chunks};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) *counts[i] = (int64_t)in_u64(&r);
+    d->st.ingest_ms = in_f64(&r);
+    d->st.compress_ms = in_f64(&r);
+    d->ended = !!(flags & DOC_ENDED);
+    d->have_plan = !!(flags & DOC_HAVE_PLAN);
+    d->have_pending = !!(flags & DOC_HAVE_PENDING);
+    if (in_tokens(&r, n_vocab, &d->queue)) goto bad;
+    uint64_t n_held = in_u64(&r);
+    const unsigned char *held = r.bad || n_held > r.n - r.off ? NULL : in_bytes(&r, (size_t)n_held);
+    if (!held) goto bad;
+    int_vec recorded = {0};
+    if ((flags & DOC_RECORDED) && in_tokens(&r, n_vocab, &recorded)) {
+        free(recorded.v);
+        goto bad;
+    }
+    if (d->record && !(flags & DOC_RECORDED)) {
+        free(recorded.v);
+        return snprintf(err, errlen, "record_tokens: the snapshot holds no recorded tokens"), -1;
+    }
+    if (d->record) d->recorded = recorded; /* empty until now: doc_new records nothing */
+    else free(recorded.v);
+    const pot *pt = d->pot;
+    if (r.bad || r.off != r.n || n_prefix != d->n_prefix || (flags & ~31u) ||
+        (d->ended && n_held) || d->sched.step < 0 || d->sched.tokens_planned < 0 ||
+        d->plan.chunk_tokens < 0 || d->plan.chunk_tokens > d->sched.chunk_tokens ||
+        d->plan.keep_after < 0 || d->plan.keep_after > d->sched.budget || d->st.bytes_read < 0 ||
+        d->st.tokens_read < 0 || d->st.compressions < 0 || d->st.chunks < 0 ||
+        pt->n_pinned != d->n_prefix || pt->n > d->sched.budget ||
+        pt->n_seen != d->n_prefix + d->st.tokens_read)
+        goto bad;
+    d->ts = tok_stream_resume(d->e->m->tok, 0, 0, !!(flags & DOC_TOK_CONT));
+    if (!d->ts) return snprintf(err, errlen, "out of memory"), -1;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = tok_stream_feed(d->ts, (const char *)held, (size_t)n_held, 0, &ids, &n_ids);
+    if (!rc) rc = vec_push(&d->queue, ids, n_ids);
+    free(ids);
+    if (rc) return snprintf(err, errlen, "the held-back bytes do not tokenize"), -1;
+    return 0;
+bad:
+    return snprintf(err, errlen, "inconsistent document state"), -1;
+}
+
+/* The cascade's state follows from the tokens inserted and the entries kept:
+ * within a (layer, head) each cascade holds its entries oldest first, and
+ * every decision between two tokens that were both kept to the end is
+ * impossible (the loser is dropped for good). So re-inserting every document
+ * token against a view of the pot in which each kept entry outscores every
+ * dropped one (dropped tokens are absent and score -1) takes the same branch
+ * at every step wherever a kept token is involved, and ends with the same
+ * rings holding the same kept tokens; which dropped token a slot held before
+ * it was evicted never mattered. The result must keep exactly the pot. */
+static int cascade_rebuild(engine_doc *d, char *err, size_t errlen) {
+    const pot *p = d->pot;
+    size_t slots = (size_t)p->n_layer * p->n_head_kv * p->capacity;
+    float *ones = malloc(slots * sizeof *ones);
+    int32_t *idx = malloc(slots * sizeof *idx);
+    int ok = ones && idx;
+    if (ok) {
+        for (size_t i = 0; i < slots; i++) ones[i] = 1.0f;
+        pot view = *p;
+        view.score_acc = ones;
+        int32_t kept = cascade_update(d->casc, &view, d->n_prefix, d->st.tokens_read);
+        ok = kept == p->n && !cascade_keep(d->casc, &view, idx, kept);
+        for (size_t lh = 0; ok && lh < (size_t)p->n_layer * p->n_head_kv; lh++)
+            for (int32_t i = 0; ok && i < kept; i++) ok = idx[lh * (size_t)kept + (size_t)i] == i;
+        if (!ok) snprintf(err, errlen, "the cascade's state does not match the pot");
+    } else {
+        snprintf(err, errlen, "out of memory");
+    }
+    free(ones);
+    free(idx);
+    return ok ? 0 : -1;
+}
+
+engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char *path,
+                            uint64_t *log_offset, char *err, size_t errlen) {
+    int_vec prefix = {0};
+    engine_doc *d = doc_new(e, s, &prefix, err, errlen);
+    free(prefix.v); /* the pot holds the prefix, the state its recorded tokens */
+    if (!d) return NULL;
+    char why[256];
+    pot_snapshot_meta meta;
+    void *extra = NULL;
+    size_t extra_len = 0;
+    if (doc_capacity(d) > (size_t)e->m->n_ctx_train) {
+        snprintf(err, errlen, "%zu tokens exceed the model's context of %d tokens",
+                 doc_capacity(d), e->m->n_ctx_train);
+        goto fail;
+    }
+    d->pot = pot_snapshot_read_extra(path, (int32_t)doc_capacity(d), &meta, &extra, &extra_len,
+                                     err, errlen);
+    if (!d->pot) goto fail;
+    if (meta.model_fingerprint != model_fingerprint(e)) {
+        snprintf(why, sizeof why, "written for another model (fingerprint %016llx)",
+                 (unsigned long long)meta.model_fingerprint);
+    } else if (strcmp(meta.settings, d->settings_key)) {
+        char diff[200];
+        key_difference(meta.settings, d->settings_key, diff, sizeof diff);
+        snprintf(why, sizeof why, "saved with other pot settings (%s)", diff);
+    } else if (d->pot->n_layer != e->m->n_layer || d->pot->n_head_kv != e->m->n_head_kv ||
+               d->pot->head_dim != e->m->head_dim || d->pot->dtype != e->kv_dtype) {
+        snprintf(why, sizeof why, "its pot holds %s entries, the engine %s",
+                 d->pot->dtype == POT_F32 ? "f32" : "f16", e->kv_dtype == POT_F32 ? "f32" : "f16");
+    } else if (doc_state_decode(d, extra, extra ? extra_len : 0, why, sizeof why) == 0 &&
+               (d->policy != POLICY_CASCADE || cascade_rebuild(d, why, sizeof why) == 0)) {
+        free(extra);
+        *log_offset = meta.log_offset;
+        return d;
+    }
+    snprintf(err, errlen, "snapshot %s: %s", path, why);
+fail:
+    free(extra);
+    engine_doc_close(d);
+    return NULL;
 }

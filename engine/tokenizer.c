@@ -2311,6 +2311,25 @@ tok_stream *tok_stream_new(const tokenizer *t, int add_special, int parse_specia
     return s;
 }
 
+tok_stream *tok_stream_resume(const tokenizer *t, int add_special, int parse_special, int cont) {
+    tok_stream *s = tok_stream_new(t, add_special, parse_special);
+    if (s) {
+        s->started = 1;
+        s->cont = cont ? 1 : 0;
+    }
+    return s;
+}
+
+size_t tok_stream_held(const tok_stream *s, char *buf, size_t cap, int *cont) {
+    size_t n = s->pend.n + (size_t)s->npart;
+    if (buf && cap >= n) {
+        if (s->pend.n) memcpy(buf, s->pend.p, s->pend.n);
+        memcpy(buf + s->pend.n, s->part, (size_t)s->npart);
+    }
+    if (cont) *cont = s->cont;
+    return n;
+}
+
 void tok_stream_free(tok_stream *s) {
     if (!s) return;
     free(s->pend.p);

@@ -69,5 +69,16 @@ void tok_stream_free(tok_stream *s);
  * Returns 0, or -1 on invalid UTF-8 (the stream is then unusable). */
 int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32_t **ids,
                     size_t *n_ids);
+/* What s holds back until more bytes (or the end) arrive, to save a stream:
+ * returns how many bytes that is (text not yet tokenized, then a cut-short
+ * UTF-8 sequence) and copies them into buf when they fit in cap (buf may be
+ * NULL to ask the size); *cont = 1 when they continue a raw fragment that was
+ * cut (SPM then adds no prefix space). They always start where s last cut, a
+ * boundary no later byte can move, so tok_stream_resume(t, same flags, *cont)
+ * fed these bytes, then the rest, gives the ids s would have given. */
+size_t tok_stream_held(const tok_stream *s, char *buf, size_t cap, int *cont);
+/* A stream continuing one saved with tok_stream_held: already started (no
+ * second BOS), cont as tok_stream_held returned it. Caller owns it. */
+tok_stream *tok_stream_resume(const tokenizer *t, int add_special, int parse_special, int cont);
 
 #endif

@@ -355,7 +355,7 @@ static void close_doc_task(engine *e, void *arg) {
 }
 
 static void release_temporary_pot(server *s, generation *g) {
-    if (srv_task(s, close_doc_task, g->tmp_doc)) engine_doc_close(g->tmp_doc);
+    if (srv_task(s, g->tmp_doc, close_doc_task, g->tmp_doc)) engine_doc_close(g->tmp_doc);
     g->tmp_doc = NULL;
     s->pot_memory -= g->tmp_memory;
 }
@@ -447,7 +447,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
                         "the prompt exceeds the window and no pot memory is free to read it");
     s->pot_memory += g->tmp_memory;
     request_ref(g->r); /* until the generation is submitted */
-    if (srv_task(s, open_temporary_pot, g)) {
+    if (srv_task(s, NULL, open_temporary_pot, g)) {
         s->pot_memory -= g->tmp_memory;
         request_unref(g->r);
         return api_fail(e, 503, "unavailable", NULL, "the server is shutting down");

@@ -61,8 +61,8 @@ static void on_wake(uv_async_t *h) {
 /* ---- the engine thread, as seen from the loop: after shutdown began every
  * call fails cleanly instead of touching a freed scheduler ---------------------- */
 
-int srv_task(server *s, engine_task_fn fn, void *user) {
-    return s->sched ? engine_sched_task(s->sched, fn, user) : -1;
+int srv_task(server *s, engine_doc *d, engine_task_fn fn, void *user) {
+    return s->sched ? engine_sched_doc_task(s->sched, d, fn, user) : -1;
 }
 
 int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
@@ -142,6 +142,8 @@ static void on_housekeeping(uv_timer_t *t) {
     /* draining: wait for open requests and disk work, at most the grace period */
     int done = open_requests(s) == 0 || srv_now_ms() > s->drain_deadline;
     if (done) {
+        /* the engine runs its queued tasks before it stops: these snapshots included */
+        for (session *ss = s->sessions; ss; ss = ss->next) session_snapshot(s, ss);
         fprintf(stderr, "potserve: drained, stopping\n");
         uv_stop(s->loop);
     }

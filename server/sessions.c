@@ -24,6 +24,7 @@
 #include "server/srv.h"
 
 enum { PIECE_BYTES = 64 * 1024, MAX_IN_FLIGHT = 4 };
+#define SNAPSHOT_FILE "pot.snap"
 
 struct piece {
     piece *next;
@@ -170,7 +171,7 @@ void session_unref(session *ss) {
     doc_close_job *j = malloc(sizeof *j);
     if (!j) abort();
     *j = (doc_close_job){ss, ss->deleted};
-    if (srv_task(s, close_doc_task, j)) {
+    if (srv_task(s, ss->doc, close_doc_task, j)) {
         engine_doc_close(ss->doc); /* the engine thread is gone: close here */
         ss->doc = NULL;
         s->pot_memory -= ss->memory_bytes;
@@ -233,6 +234,8 @@ json_t *session_json(server *s, const session *ss) {
 typedef struct doc_job {
     session *ss;
     int rc;
+    uint64_t from;                 /* log offset the snapshot covered (0: none used) */
+    char snap_err[256];            /* why the snapshot was not used */
     char err[256];
     engine_doc_stats stats;
     engine_doc *doc;
@@ -264,10 +267,28 @@ static void open_doc_task(engine *e, void *arg) {
     session *ss = j->ss;
     engine_doc_close(ss->doc);
     ss->doc = NULL;
-    j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
+    char *snap = j->replay ? path_join(ss->dir, SNAPSHOT_FILE) : NULL;
+    if (snap && ss->log) { /* the snapshot, then the log past it */
+        j->doc = engine_doc_load(e, &ss->settings.pot, snap, &j->from, j->snap_err, sizeof j->snap_err);
+        if (j->doc && j->from > chunk_log_committed_size(ss->log)) {
+            snprintf(j->snap_err, sizeof j->snap_err, "it covers more of the log than the log holds");
+            engine_doc_close(j->doc);
+            j->doc = NULL;
+        }
+        if (!j->doc) j->from = 0;
+    }
+    free(snap);
+    if (!j->doc) j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
     j->rc = j->doc ? 0 : -1;
-    if (!j->rc && j->replay && ss->log)
-        j->rc = chunk_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err);
+    if (!j->rc && j->replay && ss->log) {
+        j->rc = chunk_log_replay(ss->log, j->from, replay_data, replay_commit, j, j->err, sizeof j->err);
+        if (j->rc && j->from) { /* a snapshot at an offset the log does not know: start over */
+            engine_doc_close(j->doc);
+            j->from = 0;
+            j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
+            j->rc = j->doc ? chunk_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err) : -1;
+        }
+    }
     if (j->doc) engine_doc_get_stats(j->doc, &j->stats);
     ss->doc = j->doc;
     srv_post(ss->srv, doc_job_back, j);
@@ -283,7 +304,7 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
     j->r = r;
     session_ref(ss);
     if (r) request_ref(r);
-    if (srv_task(s, open_doc_task, j)) {
+    if (srv_task(s, ss->doc, open_doc_task, j)) {
         session_unref(ss);
         if (r) request_unref(r);
         free(j);
@@ -310,6 +331,7 @@ static void rebuilt(server *s, doc_job *j) {
         snprintf(ss->fail_msg, sizeof ss->fail_msg, "rebuilding from the log failed: %.200s", j->err);
     } else {
         ss->stats = j->stats;
+        ss->snap_offset = j->from;
     }
     finish_doc_job(j);
 }
@@ -582,6 +604,8 @@ static void upload_step(upload *u) {
     r->tokens = ss->stats.tokens_read - u->tokens_before;
     if (u->in_flight == 0) u->finished = 1;
     respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
+    if (u->final || chunk_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
+        session_snapshot(s, ss);
 }
 
 void upload_free(upload *u) {
@@ -999,6 +1023,59 @@ static void create_session(request *r) {
     if (uv_queue_work(s->loop, &j->work, create_work, create_done)) abort();
 }
 
+/* ---- snapshots ------------------------------------------------------------------------------- */
+
+typedef struct save_job {
+    session *ss;
+    uint64_t offset;
+    char *path;
+    int rc;
+    char err[256];
+} save_job;
+
+static void snapshot_saved(server *s, void *arg) {
+    (void)s;
+    save_job *j = arg;
+    session *ss = j->ss;
+    ss->snap_saving = 0;
+    if (!j->rc && j->offset > ss->snap_offset) ss->snap_offset = j->offset;
+    if (j->rc) fprintf(stderr, "potserve: session %s: snapshot failed: %s\n", ss->id, j->err);
+    free(j->path);
+    session_unref(ss);
+    free(j);
+}
+
+static void save_task(engine *e, void *arg) {
+    (void)e;
+    save_job *j = arg;
+    j->rc = j->ss->doc ? engine_doc_save(j->ss->doc, j->path, j->offset, j->err, sizeof j->err) : -1;
+    if (!j->ss->doc) snprintf(j->err, sizeof j->err, "no document");
+    srv_post(j->ss->srv, snapshot_saved, j);
+}
+
+void session_snapshot(server *s, session *ss) {
+    if (!ss->log || !ss->doc || ss->busy || ss->disk_busy || ss->rebuilding || ss->snap_saving ||
+        ss->status == SESSION_FAILED || ss->deleted)
+        return;
+    uint64_t offset = chunk_log_committed_size(ss->log);
+    if (offset <= ss->snap_offset) return;
+    save_job *j = calloc(1, sizeof *j);
+    if (!j || !(j->path = path_join(ss->dir, SNAPSHOT_FILE))) {
+        free(j);
+        return;
+    }
+    j->ss = ss;
+    j->offset = offset; /* the document holds exactly the committed bytes once the task's turn comes */
+    session_ref(ss);
+    ss->snap_saving = 1;
+    if (srv_task(s, ss->doc, save_task, j)) {
+        ss->snap_saving = 0;
+        session_unref(ss);
+        free(j->path);
+        free(j);
+    }
+}
+
 /* ---- retention ------------------------------------------------------------------------------- */
 
 typedef struct retention_job {
@@ -1078,7 +1155,7 @@ static void session_retention(request *r, session *ss) {
     request_ref(r);
     session_ref(ss);
     request_suspend(r);
-    if (srv_task(r->srv, retention_task, j)) {
+    if (srv_task(r->srv, ss->doc, retention_task, j)) {
         request_unref(r);
         session_unref(ss);
         free(j);
@@ -1159,9 +1236,13 @@ static void restored(server *s, doc_job *j) {
         fprintf(stderr, "potserve: session %s: %s\n", ss->id, ss->fail_msg);
     } else {
         ss->stats = j->stats;
-        fprintf(stderr, "potserve: restored session %s (%lld bytes, %lld tokens, last_seq %llu)\n",
+        ss->snap_offset = j->from;
+        fprintf(stderr, "potserve: restored session %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n",
                 ss->id, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,
-                (unsigned long long)ss->last_seq);
+                (unsigned long long)ss->last_seq,
+                j->from ? "from its snapshot" : "log replayed from the start");
+        if (!j->from && *j->snap_err && ss->last_seq)
+            fprintf(stderr, "potserve: session %s: snapshot not used: %s\n", ss->id, j->snap_err);
     }
     finish_doc_job(j);
     if (--s->restores_pending == 0) {

@@ -128,6 +128,8 @@ struct session {
     engine_doc_stats stats;   /* mirror, updated from engine events */
     uint64_t last_seq;
     int final;
+    uint64_t snap_offset;     /* log bytes the snapshot on disk covers (0: none) */
+    int snap_saving;
     session *next;
 };
 
@@ -145,6 +147,9 @@ void upload_free(upload *u);
 /* The client left before the upload ended: the chunk is dropped. */
 void upload_abandon(upload *u);
 void sessions_expire(server *s);
+/* Saves ss's pot (and the rest of its document state) when its log has grown
+ * past the last snapshot; skipped while an upload is open. */
+void session_snapshot(server *s, session *ss);
 /* A generation over ss ended (a pending rebuild may start). */
 void session_generation_done(session *ss);
 
@@ -199,7 +204,8 @@ void srv_kick(server *s);
 /* Runs it on the next loop iteration (after a resume outside MHD's callbacks). */
 void srv_kick_soon(server *s);
 /* The engine scheduler's calls; -1 once shutdown has stopped the engine. */
-int srv_task(server *s, engine_task_fn fn, void *user);
+/* fn runs after d's earlier work (d NULL: ordered with nothing). */
+int srv_task(server *s, engine_doc *d, engine_task_fn fn, void *user);
 int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
                engine_ingest_done_fn done, void *user);
 int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errlen);

@@ -561,3 +561,37 @@ def test_upload_without_waiting(srv, client):
         time.sleep(0.2)
     assert (now["tokens_ingested"], now["tokens_in_pot"], now["compressions"]) == \
         (a["tokens_ingested"], a["tokens_in_pot"], a["compressions"])
+
+
+def test_snapshot_restores_and_damage_falls_back_to_the_log(tmp_path):
+    data = tmp_path / "d"
+    doc = document(16, seed=2).encode()
+    s = Server(data, "--budget-tokens", "128", "--snapshot-bytes", "0").start()
+    st, sess, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 128, "keep_tokens": 64, "chunk_tokens": 32})
+    sid = sess["id"]
+    for i, part in enumerate([doc[:333], doc[333:]]):  # the cut falls inside a word
+        st, body, _ = s.request("POST", f"/v1/sessions/{sid}/chunks?seq={i + 1}", raw=part,
+                                headers={"Content-Type": "text/plain"})
+        assert st == 200
+    want = answer(s, sid)
+    assert s.stop() == 0
+    snap = data / "sessions" / sid / "pot.snap"
+    assert snap.exists()
+    s2 = Server(data, "--budget-tokens", "128").start()
+    try:
+        assert any("from its snapshot" in l for l in s2.log_lines), s2.log_lines
+        st, now, _ = s2.request("GET", f"/v1/sessions/{sid}")
+        assert (now["tokens_ingested"], now["tokens_in_pot"], now["compressions"]) == \
+            (body["tokens_ingested"], body["tokens_in_pot"], body["compressions"])
+        assert answer(s2, sid) == want
+    finally:
+        assert s2.stop() == 0
+    raw = bytearray(snap.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    snap.write_bytes(bytes(raw))
+    s3 = Server(data, "--budget-tokens", "128").start()
+    try:
+        assert any("snapshot not used" in l for l in s3.log_lines), s3.log_lines
+        assert answer(s3, sid) == want
+    finally:
+        assert s3.stop() == 0

@@ -1,7 +1,8 @@
-/* Pot snapshots: CRC-32C vectors, exact f16/f32 round trips, every truncation
- * and every single-byte flip of a small snapshot refused, future versions
- * refused by name, clean failures (missing directory, a write cut short by the
- * file size limit), and atomic replacement seen by a concurrent reader. */
+/* Pot snapshots: CRC-32C vectors, exact f16/f32 round trips (with and without
+ * extra bytes), every truncation and every single-byte flip of a small
+ * snapshot refused, version 1 files still read, future versions refused by
+ * name, clean failures (missing directory, a write cut short by the file size
+ * limit), and atomic replacement seen by a concurrent reader. */
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -187,9 +188,9 @@ TEST(snapshot_round_trip_f16_f32) {
         pot *p = random_pot(3, 2, 5, 20, 13, types[t], 7 + t);
         pot_snapshot_meta m = make_meta((1ull << 40) + 5, settings), back;
         CHECK_EQ_INT(pot_snapshot_write(path, p, &m, err, sizeof err), 0);
-        /* the size the documented layout implies: 64-byte header, settings, slots, CRC */
+        /* the size the documented layout implies: 72-byte header, settings, slots, CRC */
         size_t elem = types[t] == POT_F32 ? 4 : 2;
-        CHECK_EQ_INT(file_size(path), 64 + strlen(settings) + 3 * 2 * 13 * (2 * 5 * elem + 16) + 4);
+        CHECK_EQ_INT(file_size(path), 72 + strlen(settings) + 3 * 2 * 13 * (2 * 5 * elem + 16) + 4);
         memset(&back, 0x55, sizeof back);
         pot *q = pot_snapshot_read(path, 0, &back, err, sizeof err);
         CHECK(q != NULL);
@@ -309,7 +310,7 @@ TEST(snapshot_every_byte_flip_refused) {
             b[i] ^= masks[k];
         }
     /* the settings, the payload and the checksum itself are all only caught by the checksum */
-    CHECK(by_checksum >= (int)((len - 64) * sizeof masks));
+    CHECK(by_checksum >= (int)((len - 72) * sizeof masks));
     free(b);
     rm_dir(dir);
 }
@@ -324,13 +325,13 @@ TEST(snapshot_foreign_and_future_files_refused) {
     CHECK(b != NULL);
     if (!b) return;
     pot_snapshot_meta m;
-    /* version 2 with a valid checksum: what a newer potserve would write */
-    b[8] = 2;
+    /* version 3 with a valid checksum: what a newer potserve would write */
+    b[8] = 3;
     uint32_t crc = crc32c(0, b, (size_t)len - 4);
     for (int i = 0; i < 4; i++) b[len - 4 + i] = (unsigned char)(crc >> (8 * i));
     CHECK_EQ_INT(spit(other, b, len), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
-    CHECK(strstr(err, "version 2 is newer") != NULL);
+    CHECK(strstr(err, "version 3 is newer") != NULL);
     /* a newer version with a different layout (here: a short file) is still named as such */
     CHECK_EQ_INT(spit(other, b, 12), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
@@ -349,6 +350,82 @@ TEST(snapshot_foreign_and_future_files_refused) {
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "No such file") != NULL);
     free(b);
+    rm_dir(dir);
+}
+
+/* Rewrites a version 2 snapshot without extra bytes as the version 1 file an
+ * older potserve wrote: no extra_len field, version 1, checksum recomputed. */
+static long as_version_1(unsigned char *b, long len) {
+    memmove(b + 64, b + 72, (size_t)(len - 72));
+    len -= 8;
+    b[8] = 1;
+    uint32_t crc = crc32c(0, b, (size_t)len - 4);
+    for (int i = 0; i < 4; i++) b[len - 4 + i] = (unsigned char)(crc >> (8 * i));
+    return len;
+}
+
+TEST(snapshot_extra_bytes_and_version_1) {
+    char *dir = make_dir();
+    char path[512], other[512], err[256];
+    snprintf(path, sizeof path, "%s/pot.snap", dir);
+    snprintf(other, sizeof other, "%s/other.snap", dir);
+    pot *p = random_pot(2, 3, 4, 9, 7, POT_F16, 31);
+    pot_snapshot_meta m = make_meta(4242, "policy=h2o"), back;
+    unsigned char extra[300];
+    uint64_t seed = 5;
+    random_bytes(extra, sizeof extra, &seed);
+    /* extra bytes round-trip beside the pot; plain readers check and drop them */
+    CHECK_EQ_INT(pot_snapshot_write_extra(path, p, &m, extra, sizeof extra, err, sizeof err), 0);
+    CHECK_EQ_INT(file_size(path), 72 + 10 + (long)sizeof extra + 2 * 3 * 7 * (2 * 4 * 2 + 16) + 4);
+    void *ex = NULL;
+    size_t ex_len = 0;
+    pot *q = pot_snapshot_read_extra(path, 0, &back, &ex, &ex_len, err, sizeof err);
+    CHECK(q && pots_equal(p, q) && back.log_offset == 4242);
+    CHECK(ex && ex_len == sizeof extra && memcmp(ex, extra, sizeof extra) == 0);
+    pot_free(q);
+    free(ex);
+    q = pot_snapshot_read(path, 0, &back, err, sizeof err);
+    CHECK(q && pots_equal(p, q));
+    pot_free(q);
+    /* every flip inside the extra bytes is caught by the checksum */
+    long len = 0;
+    unsigned char *b = slurp(path, &len);
+    CHECK(b != NULL);
+    for (long i = 72 + 10; b && i < 72 + 10 + (long)sizeof extra; i += 7) {
+        b[i] ^= 0x10;
+        CHECK_EQ_INT(spit(other, b, len), 0);
+        ex = (void *)1;
+        CHECK(pot_snapshot_read_extra(other, 0, &back, &ex, &ex_len, err, sizeof err) == NULL);
+        CHECK(strstr(err, "checksum") != NULL && ex == NULL);
+        b[i] ^= 0x10;
+    }
+    free(b);
+    /* no extra bytes: NULL and 0; a version 1 file still reads, with no extra bytes */
+    CHECK_EQ_INT(pot_snapshot_write_extra(path, p, &m, NULL, 0, err, sizeof err), 0);
+    q = pot_snapshot_read_extra(path, 0, &back, &ex, &ex_len, err, sizeof err);
+    CHECK(q && pots_equal(p, q) && ex == NULL && ex_len == 0);
+    pot_free(q);
+    b = slurp(path, &len);
+    CHECK(b != NULL);
+    if (b) {
+        len = as_version_1(b, len);
+        CHECK_EQ_INT(spit(other, b, len), 0);
+        ex_len = 99;
+        q = pot_snapshot_read_extra(other, 0, &back, &ex, &ex_len, err, sizeof err);
+        CHECK(q && pots_equal(p, q) && ex == NULL && ex_len == 0);
+        CHECK(back.log_offset == 4242 && strcmp(back.settings, "policy=h2o") == 0);
+        pot_free(q);
+        /* and a version 1 file is checked as strictly: cut short, or one byte flipped */
+        CHECK_EQ_INT(spit(other, b, len - 1), 0);
+        CHECK(pot_snapshot_read(other, 0, &back, err, sizeof err) == NULL);
+        CHECK(strstr(err, "truncated") != NULL);
+        b[70] ^= 1;
+        CHECK_EQ_INT(spit(other, b, len), 0);
+        CHECK(pot_snapshot_read(other, 0, &back, err, sizeof err) == NULL);
+        CHECK(strstr(err, "checksum") != NULL);
+        free(b);
+    }
+    pot_free(p);
     rm_dir(dir);
 }
 
