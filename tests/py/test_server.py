@@ -595,3 +595,30 @@ def test_snapshot_restores_and_damage_falls_back_to_the_log(tmp_path):
         assert answer(s3, sid) == want
     finally:
         assert s3.stop() == 0
+
+
+@pytest.mark.heavy
+def test_generation_stays_responsive_during_ingest(srv, client):
+    """The engine thread runs one ingest chunk between decode steps: a question
+    is answered while a large upload is still being read."""
+    import threading
+    sess = new_session(srv, budget_tokens=256, keep_tokens=128, chunk_tokens=64)
+    big = (document(40) * 4).encode()  # ~5K tokens: many seconds of ingest
+    result = {}
+
+    def up():
+        result["upload"] = upload(srv, sess["id"], big)
+    t = threading.Thread(target=up)
+    t.start()
+    time.sleep(2)
+    t0 = time.time()
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say hi."}],
+                                       max_tokens=8, temperature=0)
+    took = time.time() - t0
+    still_uploading = t.is_alive()
+    t.join()
+    assert r.usage.completion_tokens > 0
+    assert still_uploading, "the upload ended first: make the document longer"
+    print(f"chat answered in {took:.2f} s during the upload")
+    assert took < 20, took
+    assert result["upload"][0] == 200
