@@ -28,18 +28,48 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch
+# CUDA=1 adds the CUDA backend: the kernels (cuda/**/*.cu, compiled by nvcc
+# for sm_80 and sm_90, warnings as errors) and cuda/*.c, linked with cudart
+# and cuBLAS. Without it nothing below touches the build.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CU_SRC    := $(wildcard cuda/*.cu cuda/kernels/*.cu)
+CU_C_SRC  := $(wildcard cuda/*.c)
+NVCCFLAGS ?= -O3
+override NVCCFLAGS += -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+                      --threads 2 -I. -Xcompiler -Wall,-Wextra,-Werror --Werror all-warnings
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o) $(CU_C_SRC:%.c=$(BUILD)/obj/%.o)
+ifeq ($(CUDA),1)
+LIB_OBJ += $(CUDA_OBJ)
+LDLIBS  += $(CUDA_LIBS)
+endif
+# Relinks when CUDA=1 is switched on or off in the same build directory.
+FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
+
+.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch test-cuda-emu test-cuda cuda-build
 all: $(BUILD)/potserve
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/potserve: $(LIB_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/unit_tests: $(LIB_OBJ) $(TEST_OBJ)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+# C files that include the CUDA runtime's headers
+$(BUILD)/obj/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include
+$(BUILD)/obj/tests/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include
+
+$(FLAVOR_STAMP):
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/.flavor-* && touch $@
+
+$(BUILD)/potserve: $(LIB_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o) $(FLAVOR_STAMP)
+	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS)
+
+$(BUILD)/unit_tests: $(LIB_OBJ) $(TEST_OBJ) $(FLAVOR_STAMP)
+	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
@@ -88,6 +118,8 @@ pytest: $(BUILD)/potserve fixtures model
 	$(VPY) -m pytest -q tests/py
 
 test: deps all model fixtures
+	$(MAKE) --no-print-directory -j2 cuda-build
+	$(MAKE) --no-print-directory -j2 test-cuda-emu
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory pytest
@@ -99,6 +131,45 @@ asan: fixtures model
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
 	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' tests/py/test_server.py
+
+# --- CUDA kernels: tests on the CPU emulator, and on a GPU ------------------------
+# The kernels' tests (tests/cuda/*.c) compare each kernel with its CPU
+# reference. test-cuda-emu compiles the same .cu files as C++ with g++ against
+# the emulator (cuda/emu/: threads as fibers, cuBLAS on the CPU), so they run
+# here; test-cuda compiles them with nvcc and runs them on a GPU. cuda-build is
+# what `make test` checks of `make CUDA=1`: the same objects (the C ones are
+# compiled with the same flags either way, so it shares them with the CPU
+# build) linked into $(BUILD)/cuda/potserve, leaving $(BUILD)/potserve the
+# CPU binary the other tests run.
+CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
+CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
+CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/quant.c engine/cpu/rope.c cache/pot.c cache/policy.c \
+                   tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
+EMU_CXXFLAGS  := -std=c++17 -O2 -g -Wall -Wextra -Werror -I. -I$(CUDA_HOME)/include -pthread
+EMU_OBJ       := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(CU_SRC) $(CUDA_TEST_CU)) \
+                 $(patsubst %.cpp,$(BUILD)/obj/emu/%.o,$(wildcard cuda/emu/*.cpp))
+
+$(BUILD)/obj/emu/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/emu/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/cuda_emu_tests: $(EMU_OBJ) $(CUDA_TEST_REF)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -lm
+test-cuda-emu: $(BUILD)/cuda_emu_tests
+	$(BUILD)/cuda_emu_tests
+
+$(BUILD)/cuda_tests: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC) $(CUDA_TEST_CU)) $(CUDA_TEST_REF)
+	$(CC) $(CFLAGS) $^ -o $@ -lm $(CUDA_LIBS)
+test-cuda: $(BUILD)/cuda_tests
+	$(BUILD)/cuda_tests
+
+$(BUILD)/cuda/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(CUDA_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(filter-out $(CUDA_LIBS),$(LDLIBS)) $(CUDA_LIBS)
+cuda-build: $(BUILD)/cuda/potserve
 
 # Aggregate decode tokens/s of 1, 4, 8 and 16 concurrent greedy generations
 # through the engine thread (not part of `make test`). Links the engine and
@@ -133,6 +204,21 @@ test-reference: all model fixtures
 	$(VPY) tests/reference/record_chat.py --check
 	$(MAKE) --no-print-directory unit
 	$(VPY) -m pytest -q tests/py/test_reference.py
+
+# Side-by-side CPU benchmark of potserve and llama.cpp (not part of `make
+# test`; about 30-60 minutes): installs llama-cpp-python as test-reference
+# does (and matplotlib for the chart, skipped if that fails), then runs
+# tests/bench/bench_cpu.py; BENCH_CPU_FLAGS adds its options (e.g. --quick).
+# Writes build/bench/cpu.md, cpu.json and cpu.png.
+BENCH_TOOLS := matplotlib==3.11.2
+.PHONY: bench-cpu
+$(BUILD)/bench/membw: tests/bench/membw.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@
+bench-cpu: deps all model $(BUILD)/bench/membw
+	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
+	-$(VPY) -m pip install -q --disable-pip-version-check $(BENCH_TOOLS)
+	$(VPY) tests/bench/bench_cpu.py $(BENCH_CPU_FLAGS)
 
 clean:
 	rm -rf $(BUILD)

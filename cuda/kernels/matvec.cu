@@ -1,0 +1,61 @@
+/* Decode-time matrix products: weights stay in their GGUF format and are
+ * decoded in registers; one warp per weight row, up to MATVEC_X activation
+ * rows per pass (the decode batch), a shuffle reduction per output. Prefill
+ * (many activation rows) will go to cuBLAS on dequantised tiles instead. */
+#include "cuda/kernels.h"
+#include "cuda/kernels/quant.cuh"
+
+enum {
+    MATVEC_WARPS = 4, /* weight rows per block */
+    MATVEC_X = 4,     /* activation rows per block (blockIdx.y picks the group) */
+};
+
+__global__ void matvec_kernel(float *y, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
+                              int64_t cols, const float *x, int64_t n_x) {
+    int64_t r = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / 32;
+    if (r >= rows) return; /* whole warps only */
+    int lane = threadIdx.x % 32;
+    int64_t t0 = (int64_t)blockIdx.y * MATVEC_X;
+    int nt = n_x - t0 < MATVEC_X ? (int)(n_x - t0) : MATVEC_X;
+    const float *xs = x + (size_t)t0 * cols;
+    const unsigned char *row = w + (size_t)r * row_bytes;
+    float acc[MATVEC_X] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int bytes = qblock_bytes(type);
+    if (bytes) {
+        for (int64_t b = lane / 4; b < cols / QBLOCK; b += 8) {
+            block_part p = decode_part(type, row + (size_t)b * bytes, lane % 4);
+CU_UNROLL
+            for (int t = 0; t < MATVEC_X; t++) {
+                if (t >= nt) break;
+                const float *xb = xs + (size_t)t * cols + b * QBLOCK;
+                float s = 0.0f;
+                for (int k = 0; k < 4; k++) s = fmaf(p.w[k], xb[p.o0 + k], fmaf(p.w[k + 4], xb[p.o1 + k], s));
+                acc[t] += s;
+            }
+        }
+    } else {
+        for (int64_t i = lane; i < cols; i += 32) {
+            float wi = weight_element(type, row, i);
+CU_UNROLL
+            for (int t = 0; t < MATVEC_X; t++)
+                if (t < nt) acc[t] = fmaf(wi, xs[(size_t)t * cols + i], acc[t]);
+        }
+    }
+CU_UNROLL
+    for (int t = 0; t < MATVEC_X; t++) {
+        float s = warp_sum(acc[t]); /* every lane takes part, even for t >= nt */
+        if (lane == 0 && t < nt) y[(size_t)(t0 + t) * rows + r] = s;
+    }
+}
+
+extern "C" cudaError_t cuda_matvec(float *y, const void *w, uint32_t type, size_t row_bytes, int64_t rows, int64_t cols,
+                                   const float *x, int64_t n_x, cudaStream_t stream) {
+    if (!weight_type_ok(type) || rows < 0 || cols < 0 || n_x < 0 || (qblock_bytes(type) && cols % QBLOCK) ||
+        rows > (int64_t)0x7fffffff * MATVEC_WARPS || n_x > (int64_t)65535 * MATVEC_X)
+        return cudaErrorInvalidValue;
+    if (!rows || !n_x) return cudaSuccess;
+    dim3 grid((unsigned)((rows + MATVEC_WARPS - 1) / MATVEC_WARPS), (unsigned)((n_x + MATVEC_X - 1) / MATVEC_X));
+    CU_LAUNCH(matvec_kernel, grid, dim3(32 * MATVEC_WARPS), 0, stream, y, static_cast<const unsigned char *>(w), type,
+              row_bytes, rows, cols, x, n_x);
+    return cudaGetLastError();
+}
