@@ -166,6 +166,12 @@ int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_
  * (invalid UTF-8: the document is then unusable). */
 int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
                     size_t errlen);
+/* Document tokens pushed so far (run or waiting). */
+int64_t engine_doc_tokens_pushed(const engine_doc *d);
+/* 1 when an engine chunk is ready using only the first `limit` document
+ * tokens (a value engine_doc_tokens_pushed gave): the scheduler's test that
+ * the bytes of one push have all been run, except what waits for more. */
+int engine_doc_ready_within(engine_doc *d, int64_t limit);
 /* Runs at most one engine chunk that the queue can fill (engine_doc_feed is
  * push + step until nothing is ready). 1 when a chunk ran, 0 when none is
  * ready, -1 + err. */
@@ -203,9 +209,10 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
 /* ---- the engine thread (sched.c) ---------------------------------------------------
  * One thread owns the engine, every document and every generation. Work
  * comes through a queue; the thread batches one decode step of every active
- * generation into one forward and runs one ingest chunk between steps, so
- * generations stay responsive while documents stream in. Every callback
- * below runs on the engine thread and must not block. */
+ * generation into one forward (new prompts join it in pieces of up to 256
+ * tokens) and runs one ingest chunk between steps, so generations stay
+ * responsive while documents stream in. Every callback below runs on the
+ * engine thread and must not block; it may submit more work. */
 
 typedef struct engine_sched engine_sched;
 
@@ -231,8 +238,9 @@ int engine_sched_doc_task(engine_sched *s, engine_doc *d, engine_task_fn fn, voi
 
 /* Pushes a copy of bytes into d (see engine_doc_push), then runs d's ready
  * chunks interleaved with decode steps; calls done(user, rc, err) once no
- * chunk of d is ready (rc 0) or on the first error (rc -1). Ingests of one
- * document run in submission order. 0, or -1 when stopping. */
+ * chunk of d is ready (rc 0) or on the first error (rc -1; every pending
+ * ingest of d then fails with it). Ingests of one document push and report
+ * in submission order. 0, or -1 when stopping or out of memory. */
 typedef void (*engine_ingest_done_fn)(void *user, int rc, const char *err);
 int engine_sched_ingest(engine_sched *s, engine_doc *d, const char *bytes, size_t n, int final,
                         engine_ingest_done_fn done, void *user);
@@ -244,7 +252,8 @@ typedef struct engine_gen_request {
     engine_doc *doc;           /* or NULL */
     const int32_t *prompt;     /* copied at submission */
     size_t n_prompt;
-    engine_gen_params params;  /* stop strings copied at submission; tokens_out ignored */
+    engine_gen_params params;  /* stop strings and logit_bias copied at submission;
+                                  tokens_out ignored */
     engine_text_cb on_text;    /* text pieces; nonzero return cancels */
     /* Called once at the end (also on error, with rc -1 and err). */
     void (*on_done)(void *user, int rc, const engine_gen_result *res, const char *err);
@@ -257,7 +266,8 @@ typedef struct engine_gen_request {
 int engine_sched_generate(engine_sched *s, const engine_gen_request *r, char *err, size_t errlen);
 
 typedef struct engine_sched_stats {
-    int active_generations, queued_tasks;
+    int active_generations;
+    int queued_tasks;          /* submitted items (tasks, ingests, generations) not started yet */
     int64_t decode_steps, decoded_tokens, ingest_chunks;
 } engine_sched_stats;
 void engine_sched_get_stats(engine_sched *s, engine_sched_stats *st);

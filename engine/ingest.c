@@ -29,6 +29,7 @@ typedef struct int_vec {
 } int_vec;
 
 static int vec_push(int_vec *a, const int32_t *src, size_t n) {
+    if (!n) return 0; /* src may then be NULL */
     if (a->n + n > a->cap) {
         size_t cap = a->cap ? a->cap : 1024;
         while (cap < a->n + n) cap *= 2;
@@ -385,6 +386,21 @@ static int run_next_chunk(engine_doc *d, char *err, size_t errlen) {
         d->q_pos = 0;
     }
     return 1;
+}
+
+int64_t engine_doc_tokens_pushed(const engine_doc *d) {
+    return d->st.tokens_read + (int64_t)(d->queue.n - d->q_pos);
+}
+
+int engine_doc_ready_within(engine_doc *d, int64_t limit) {
+    int64_t avail = limit - d->st.tokens_read;
+    if (avail <= 0 || d->failed) return 0;
+    if (!d->have_plan) { /* the plan run_next_chunk will use (schedule_next is deterministic) */
+        d->plan = schedule_next(&d->sched, d->pot->n);
+        d->have_plan = 1;
+    }
+    if (avail > d->plan.chunk_tokens) return 1;
+    return d->ended && limit >= engine_doc_tokens_pushed(d);
 }
 
 int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
@@ -945,7 +961,7 @@ int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, 
     return rc;
 }
 
-/* The first field where two settings keys differ, as "old (now new)". */
+/* The first field where two settings keys differ, as "saved, now current". */
 static void key_difference(const char *saved, const char *now, char *out, size_t cap) {
     size_t i = 0, field = 0;
     for (; saved[i] && saved[i] == now[i]; i++)

@@ -41,6 +41,7 @@ typedef struct item {
     size_t n;
     int final;
     engine_ingest_done_fn done;
+    int64_t end_token;    /* the document's pushed-token count right after this ingest's push */
     /* generation */
     gen_seq *seq;
     int32_t *prompt;
@@ -126,6 +127,18 @@ static void complete_doc(engine_sched *s, int i, int rc, const char *err) {
     }
 }
 
+/* Completes, in order, the pending ingests of docs[i] whose own bytes can
+ * form no further chunk (what is left of them waits for later bytes), so an
+ * upload hears back piece by piece rather than when the document idles. */
+static void complete_finished_ingests(engine_sched *s, int i) {
+    active_doc *ad = &s->docs[i];
+    while (ad->head && ad->head->next && !engine_doc_ready_within(ad->doc, ad->head->end_token)) {
+        item *it = ad->head;
+        ad->head = it->next;
+        ingest_done(it, 0, NULL);
+    }
+}
+
 /* Runs one chunk of one active document, round-robin; a document with no
  * ready chunk (or failing) completes its pending ingests instead. */
 static void ingest_one_chunk(engine_sched *s) {
@@ -135,6 +148,7 @@ static void ingest_one_chunk(engine_sched *s) {
         int rc = engine_doc_step(s->docs[s->rr].doc, err, sizeof err);
         if (rc > 0) {
             s->ingest_chunks++;
+            complete_finished_ingests(s, s->rr);
             s->rr++;
             return;
         }
@@ -151,6 +165,7 @@ static void push_ingest(engine_sched *s, item *it) {
                 : (snprintf(err, sizeof err, "out of memory"), -1);
     free(it->bytes);
     it->bytes = NULL;
+    it->end_token = engine_doc_tokens_pushed(it->doc);
     if (!ad) {
         ingest_done(it, -1, err);
         return;

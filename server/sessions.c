@@ -2,7 +2,7 @@
  * sessions API, streamed uploads into the pot with back-pressure and
  * durability, restore on start, TTL expiry.
  *
- * An upload's bytes go: MHD piece -> 64 KiB piece -> log append (thread pool,
+ * An upload's bytes go: MHD piece -> 16 KiB piece -> log append (thread pool,
  * one disk operation per session at a time) -> engine ingest (engine thread)
  * -> done event (loop). At most MAX_IN_FLIGHT pieces are between arrival and
  * ingest; beyond that the connection is suspended, so memory does not grow
@@ -23,7 +23,7 @@
 #include "cache/cache.h" /* crc32c */
 #include "server/srv.h"
 
-enum { PIECE_BYTES = 64 * 1024, MAX_IN_FLIGHT = 4 };
+enum { PIECE_BYTES = 16 * 1024, MAX_IN_FLIGHT = 8 };
 #define SNAPSHOT_FILE "pot.snap"
 
 struct piece {
