@@ -144,7 +144,11 @@ asan: fixtures model
 CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
 CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
 CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/quant.c engine/cpu/rope.c cache/pot.c cache/policy.c \
+                   engine/model.c engine/gguf.c engine/tokenizer.c engine/tokenizer_unicode.c engine/chat.c \
+                   engine/cpu/cpu_backend.c engine/cpu/simd.c engine/cpu/threadpool.c \
                    tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
+# the end-to-end test (tests/cuda/test_backend.c) loads the model and runs the CPU backend
+CUDA_TEST_LIBS := -lpcre2-8 -lm -lpthread
 EMU_CXXFLAGS  := -std=c++17 -O2 -g -Wall -Wextra -Werror -I. -I$(CUDA_HOME)/include -pthread
 EMU_OBJ       := $(patsubst %.cu,$(BUILD)/obj/emu/%.o,$(CU_SRC) $(CUDA_TEST_CU)) \
                  $(patsubst %.cpp,$(BUILD)/obj/emu/%.o,$(wildcard cuda/emu/*.cpp))
@@ -157,12 +161,12 @@ $(BUILD)/obj/emu/%.o: %.cpp
 	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/cuda_emu_tests: $(EMU_OBJ) $(CUDA_TEST_REF)
-	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -lm
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(CUDA_TEST_LIBS)
 test-cuda-emu: $(BUILD)/cuda_emu_tests
 	$(BUILD)/cuda_emu_tests
 
 $(BUILD)/cuda_tests: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC) $(CUDA_TEST_CU)) $(CUDA_TEST_REF)
-	$(CC) $(CFLAGS) $^ -o $@ -lm $(CUDA_LIBS)
+	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_TEST_LIBS) $(CUDA_LIBS)
 test-cuda: $(BUILD)/cuda_tests
 	$(BUILD)/cuda_tests
 

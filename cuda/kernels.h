@@ -109,6 +109,62 @@ cudaError_t cuda_topk_fill(const float *values, int64_t values_stride, uint8_t *
 cudaError_t cuda_kept_to_slots(const uint8_t *kept, int64_t kept_stride, int32_t rows, int32_t n, int32_t n_keep,
                                int32_t *keep, cudaStream_t stream);
 
+/* ---- dequant.cu: weights to f32, K/V into a pot layer on the device ------------------ */
+/* out[r][c] = element c of weight row r, r < rows, c < cols (types as
+ * cuda_embed_rows): the f32 copy cuBLAS multiplies. Bit-identical to
+ * quant_dequantize_row. */
+cudaError_t cuda_dequantize_rows(float *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
+                                 int64_t cols, cudaStream_t stream);
+/* Stores n new slots of one pot layer ([n_head_kv][capacity][head_dim] of
+ * dtype, 0 f16 / 1 f32, K before RoPE): slot slot0 + i of head g gets
+ * k[i][g * head_dim ...] (and v likewise), k and v [n][n_head_kv * head_dim]
+ * f32, converted as pot_write does (f16: round to nearest even). */
+cudaError_t cuda_pot_store(void *k_layer, void *v_layer, int32_t dtype, int32_t capacity, int32_t n_head_kv,
+                           int32_t head_dim, const float *k, const float *v, int32_t slot0, int32_t n,
+                           cudaStream_t stream);
+
+/* ---- attention.cu: attention of a span over [pot keys | span keys] ---------------- */
+/* One span, one layer. Keys: the pot's n_pre attended slots (slots[g][i], or
+ * slot i when slots is NULL), then the span's own n_q tokens at slots n0 ..
+ * n0 + n_q - 1 (already stored in the pot layer: cuda_pot_store). Keys are read
+ * before RoPE and rotated to their slot's position; query t (rotated to
+ * position n0 + t by the caller) sees keys k < n_pre + t + 1 (causal). Query
+ * head h uses KV head h / (n_head / n_head_kv). */
+typedef struct cuda_attn {
+    const float *q;        /* [n_q][n_head][head_dim] */
+    float *out;            /* [n_q][n_head][head_dim]: softmax(scale q.k) . v */
+    float *lse;            /* optional [n_head][n_q]: log sum_k exp(scale q.k), for cuda_attention_scores */
+    const void *k, *v;     /* one pot layer, [n_head_kv][capacity][head_dim] of dtype */
+    int32_t dtype, capacity, n_head, n_head_kv, head_dim;
+    const int32_t *slots;  /* optional [n_head_kv][n_pre], each < n0 (partial attention) */
+    int32_t n_pre, n0, n_q;
+    float scale;           /* 1 / sqrt(head_dim) */
+} cuda_attn;
+/* Splits of the key range cuda_attention_f32 is best given (1 for prefill,
+ * more for a single query over a long pot: split-K decoding). */
+int32_t cuda_attention_splits(int32_t n_q, int32_t n_keys);
+/* Floats of the partial-results scratch for n_split > 1 (0 for 1). */
+size_t cuda_attention_scratch_floats(int32_t n_q, int32_t n_head, int32_t head_dim, int32_t n_split);
+/* Tiled online-softmax attention (flash style: key tiles in shared memory,
+ * running max and sum per query, one warp per (query, head) of a KV group).
+ * With n_split > 1 each split of the key range writes a partial (max, sum,
+ * unnormalised output) to scratch and a second pass combines them. */
+cudaError_t cuda_attention_f32(const cuda_attn *a, const cuda_rope *rope, int32_t n_split, float *scratch,
+                               cudaStream_t stream);
+/* Attention received by each key from query rows [row0, row0 + n_rows): per
+ * query head, the sum over those rows of the exact probabilities
+ * exp(scale q.k - lse) (a->lse from cuda_attention_f32), then combined over the
+ * heads of each KV group in head order (combine 0 sum, 1 max), as
+ * engine/cpu/cpu_backend.c's store_scores: scores [n_head_kv][n_pre + n_q]. */
+cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope *rope, int32_t row0, int32_t n_rows,
+                                  int32_t combine, float *scores, cudaStream_t stream);
+/* The CPU backend's attention for the same arguments on host memory: keys
+ * from a host pot layer rotated with the host rope (rope_rotate's
+ * arithmetic), softmax with a double sum; out, lse as above, and scores
+ * (when not NULL) as cuda_attention_scores. */
+void cuda_attention_ref(const cuda_attn *a, const cuda_rope *host_rope, int32_t row0, int32_t n_rows,
+                        int32_t combine, float *scores);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,8 +66,14 @@ void gemm_one(const gemm_args &g, const void *A, const void *B, void *C) {
     for (int j = 0; j < g.n; j++)
         for (int i = 0; i < g.m; i++) {
             const float *ai = &a[(size_t)i * g.k], *bj = &b[(size_t)j * g.k];
-            float acc = 0.0f;
-            for (int p = 0; p < g.k; p++) acc += ai[p] * bj[p];
+            /* eight partial sums (the compiler vectorises them); cuBLAS does
+             * not promise a summation order either */
+            float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int p = 0;
+            for (; p + 8 <= g.k; p += 8)
+                for (int u = 0; u < 8; u++) part[u] += ai[p + u] * bj[p + u];
+            float acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+            for (; p < g.k; p++) acc += ai[p] * bj[p];
             size_t at = i + (size_t)j * g.ldc;
             float v = g.alpha * acc;
             if (g.beta != 0.0f) v += g.beta * load(g.ct, C, at); /* beta == 0: C may hold garbage, even NaN */

@@ -484,6 +484,23 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     return cudaSuccess;
 }
 
+/* height rows of width bytes, rows dpitch / spitch bytes apart. */
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream) {
+    (void)kind;
+    if (width > dpitch || width > spitch) return cuemu::last_error = cudaErrorInvalidPitchValue;
+    cuemu::enqueue(stream, [=]() {
+        for (size_t r = 0; r < height && width; r++)
+            memmove(static_cast<char *>(dst) + r * dpitch, static_cast<const char *>(src) + r * spitch, width);
+    });
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                         enum cudaMemcpyKind kind) {
+    return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, nullptr);
+}
+
 cudaError_t cudaMemset(void *ptr, int value, size_t count) {
     memset(ptr, value, count);
     return cudaSuccess;

@@ -1,6 +1,7 @@
 /* Decode-time matrix products: weights stay in their GGUF format and are
  * decoded in registers; one warp per weight row, up to MATVEC_X activation
- * rows per pass (the decode batch), a shuffle reduction per output. Prefill
+ * rows per pass (the decode batch), one shared-memory exchange per warp for
+ * the reduction. Prefill
  * (many activation rows) will go to cuBLAS on dequantised tiles instead. */
 #include "cuda/kernels.h"
 #include "cuda/kernels/quant.cuh"
@@ -41,10 +42,24 @@ CU_UNROLL
                 if (t < nt) acc[t] = fmaf(wi, xs[(size_t)t * cols + i], acc[t]);
         }
     }
+    /* One exchange through shared memory instead of a shuffle tree per
+     * activation row: lane t < nt adds up row t's 32 partial sums. */
+    __shared__ float part[MATVEC_WARPS][MATVEC_X][33];
+    int wi = threadIdx.x / 32;
 CU_UNROLL
-    for (int t = 0; t < MATVEC_X; t++) {
-        float s = warp_sum(acc[t]); /* every lane takes part, even for t >= nt */
-        if (lane == 0 && t < nt) y[(size_t)(t0 + t) * rows + r] = s;
+    for (int t = 0; t < MATVEC_X; t++)
+        if (t < nt) part[wi][t][lane] = acc[t];
+    __syncwarp();
+    if (lane < nt) {
+        const float *p = part[wi][lane];
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int i = 0; i < 32; i += 4) {
+            s0 += p[i];
+            s1 += p[i + 1];
+            s2 += p[i + 2];
+            s3 += p[i + 3];
+        }
+        y[(size_t)(t0 + lane) * rows + r] = (s0 + s1) + (s2 + s3);
     }
 }
 

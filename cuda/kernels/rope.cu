@@ -5,41 +5,11 @@
  * One warp per head vector. Also the pot's key/value loader, which rotates
  * pre-RoPE keys to their slot's position as it converts them to f32. */
 #include "cuda/kernels.h"
-#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/rope.cuh"
 
 #include <math.h>
 
 enum { ROPE_ROWS_PER_BLOCK = 4 }; /* warps per block, one head vector each */
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-
-/* cos and sin of pos * inv_freq[i], as rope_rotate takes them. */
-__device__ __forceinline__ void rope_angle(const cuda_rope &r, int64_t pos, int i, float *c, float *s) {
-    int half = r.n_rot / 2;
-    if (pos < r.n_table) {
-        const float *cs = r.cs + ((size_t)pos * half + i) * 2;
-        *c = cs[0];
-        *s = cs[1];
-    } else {
-        double theta = (double)pos * r.inv_freq[i];
-        *c = (float)cos(theta);
-        *s = (float)sin(theta);
-    }
-}
-
-/* Rotates pair i of src into dst (may be src). __fmul_rn/__fadd_rn keep nvcc
- * from contracting to FMAs, which would round differently from the CPU. */
-template <class T>
-__device__ __forceinline__ void rope_pair(const cuda_rope &r, const T *src, float *dst, int64_t pos, int i) {
-    int half = r.n_rot / 2;
-    int a = r.layout == 0 ? 2 * i : i, b = r.layout == 0 ? 2 * i + 1 : i + half;
-    float c, s;
-    rope_angle(r, pos, i, &c, &s);
-    float x0 = to_f32(src[a]), x1 = to_f32(src[b]);
-    dst[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    dst[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-}
 
 __global__ void rope_kernel(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim, const int32_t *pos,
                             int32_t pos0, cuda_rope r) {

@@ -1,0 +1,775 @@
+/* The CUDA backend: engine/backend.h's forward pass on the GPU, step for step
+ * the CPU reference (engine/cpu/cpu_backend.c) with the kernels of
+ * cuda/kernels/ and cuBLAS.
+ *
+ * Per forward: token embeddings for all spans' tokens at once; per layer RMS
+ * norm, the Q/K/V products over all tokens (matvec on the quantised weights
+ * for up to MATVEC_MAX_T tokens, else the weight dequantised to f32 and one
+ * cublasGemmEx), biases; per span the new K/V stored (before RoPE) into the
+ * span's pot mirror, the queries rotated, attention over [pot | span]
+ * (flash-style kernel, split-K for a single query over a long pot) and the
+ * score rows when asked; then the output product, residual, FFN (SwiGLU),
+ * residual. Finally the new K/V slots are copied from the mirrors into the
+ * host pots, logits and label log-probabilities are computed for the rows
+ * asked for and copied to the span's arrays. Everything runs in order on one
+ * stream; the host waits once at the end (and per chunk of label rows).
+ *
+ * Pot mirrors. A pot is a host struct the engine and the policies own; this
+ * backend keeps, per pot address, a device copy of its K/V arrays (same
+ * layout, same dtype) and n_synced, the slots known to equal the host's. The
+ * cache/ module has no generation counter, so before each forward the mirror
+ * checks the host pot: a different K/V array, capacity or dtype reallocates
+ * it; a count below n_synced (pot_compact, pot_truncate) or a changed
+ * fingerprint of the first n_synced slots (pot_copy into the pot, a snapshot
+ * read into a reused address) uploads all valid slots again; slots the host
+ * appended beyond n_synced are uploaded alone. The fingerprint hashes every
+ * valid slot's token_index (compaction moves them) and the K/V bytes of the
+ * first and last valid slot of each (layer, head): O(n_layer * n_head_kv * n)
+ * host reads, small beside a forward. It cannot see a change that keeps
+ * those (another writer rewriting middle slots in place with the same token
+ * indices); nothing in potserve does that. New tokens' K/V are written on the
+ * device and copied back into the host pot, so host and mirror hold the same
+ * bytes (f16 rounding is round-to-nearest-even on both sides). Mirrors are
+ * evicted least recently used beyond MAX_MIRRORS or when device memory runs
+ * short; cuda_backend_forget_pot drops one at once. */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
+#include "engine/backend.h"
+#include "engine/cpu/rope.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+
+enum {
+    MATVEC_MAX_T = 8,    /* up to this many tokens the products read the quantised weights */
+    LOGIT_ROWS = 64,     /* rows of logits computed at once */
+    MAX_MIRRORS = 64,    /* pot mirrors kept before the least recently used goes */
+    WBUF_MIN = 1 << 22,  /* floats of the dequantisation buffer at least (16 MiB) */
+};
+
+typedef struct dev_weight {
+    void *data;
+    uint32_t type;
+    int64_t rows, cols;
+    size_t row_bytes;
+} dev_weight;
+
+typedef struct dev_layer {
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+    dev_weight wq, wk, wv, wo, gate, up, down;
+} dev_layer;
+
+typedef struct pot_mirror {
+    const pot *key;               /* the host pot (compared, never dereferenced when stale) */
+    const void *host_k, *host_v;  /* its arrays when the mirror was made */
+    int32_t capacity, dtype;
+    void *k, *v;                  /* device: [n_layer][n_head_kv][capacity][head_dim] of dtype */
+    int32_t n_synced;             /* slots [0, n_synced) equal the host's */
+    uint64_t fingerprint;         /* pot_fingerprint(host, n_synced) then */
+    uint64_t last_use;
+} pot_mirror;
+
+/* A device buffer that only grows. */
+typedef struct dbuf {
+    void *p;
+    size_t bytes;
+} dbuf;
+
+typedef struct cuda_backend {
+    backend base;
+    const model *m;
+    int exact;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    dev_weight tok_embd, output;
+    float *output_norm;
+    dev_layer *layers;
+    void **allocs; /* every weight allocation, for free */
+    size_t n_allocs, cap_allocs;
+    cuda_rope rope;
+    float *wbuf; /* dequantised weight rows */
+    size_t wbuf_floats;
+    dbuf x, xn, xb, q, k, v, att, hb, hb2, lse, partial, scores, slots, tokens, logits, rows, labels, lp;
+    pot_mirror *mirrors;
+    int n_mirrors;
+    uint64_t clock;
+} cuda_backend;
+
+/* ---- errors --------------------------------------------------------------------- */
+
+#define CK(call)                                                                             \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            snprintf(err, errlen, "cuda backend: %s: %s", #call, cudaGetErrorString(e_));   \
+            goto fail;                                                                       \
+        }                                                                                    \
+    } while (0)
+
+/* ---- device memory ----------------------------------------------------------------- */
+
+static int track(cuda_backend *cb, void *p) {
+    if (cb->n_allocs == cb->cap_allocs) {
+        size_t cap = cb->cap_allocs ? 2 * cb->cap_allocs : 64;
+        void **a = realloc(cb->allocs, cap * sizeof *a);
+        if (!a) return -1;
+        cb->allocs = a;
+        cb->cap_allocs = cap;
+    }
+    cb->allocs[cb->n_allocs++] = p;
+    return 0;
+}
+
+/* A device copy of host bytes, owned by the backend; NULL on failure. */
+static void *upload(cuda_backend *cb, const void *host, size_t bytes) {
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) return NULL;
+    if (track(cb, d) || (bytes && cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess)) return NULL;
+    return d;
+}
+
+static int upload_weight(cuda_backend *cb, const weight *w, dev_weight *dw, char *err, size_t errlen) {
+    if (!cuda_weight_type_supported(w->type)) {
+        snprintf(err, errlen, "cuda backend: weights of type %s are not supported yet", quant_type_name(w->type));
+        return -1;
+    }
+    dw->type = w->type;
+    dw->rows = w->rows;
+    dw->cols = w->cols;
+    dw->row_bytes = w->row_bytes;
+    dw->data = upload(cb, w->data, (size_t)w->rows * w->row_bytes);
+    if (!dw->data) {
+        snprintf(err, errlen, "cuda backend: out of device memory for the weights");
+        return -1;
+    }
+    return 0;
+}
+
+static float *upload_vec(cuda_backend *cb, const float *v, int64_t n) {
+    return v ? upload(cb, v, (size_t)n * sizeof(float)) : NULL;
+}
+
+/* Grows b to at least bytes (contents lost). */
+static cudaError_t dbuf_need(dbuf *b, size_t bytes) {
+    if (b->bytes >= bytes && b->p) return cudaSuccess;
+    cudaFree(b->p);
+    b->p = NULL;
+    b->bytes = 0;
+    size_t want = bytes > 256 ? bytes : 256;
+    cudaError_t e = cudaMalloc(&b->p, want);
+    if (e == cudaSuccess) b->bytes = want;
+    return e;
+}
+
+static void dbuf_free(dbuf *b) {
+    cudaFree(b->p);
+    b->p = NULL;
+    b->bytes = 0;
+}
+
+/* ---- pot mirrors --------------------------------------------------------------------- */
+
+static size_t pot_esize(const pot *p) { return p->dtype == POT_F16 ? 2 : 4; }
+
+static uint64_t mix(uint64_t h, uint64_t w) {
+    h ^= w + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdULL;
+}
+
+static uint64_t mix_bytes(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = mix(h, w);
+    }
+    for (; i < n; i++) h = mix(h, b[i]);
+    return h;
+}
+
+/* The fingerprint of slots [0, n) (see the file comment). */
+static uint64_t pot_fingerprint(const pot *p, int32_t n) {
+    uint64_t h = mix(0x5eed, (uint64_t)n);
+    if (n <= 0) return h;
+    size_t row = (size_t)p->head_dim * pot_esize(p);
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t g = 0; g < p->n_head_kv; g++) {
+            size_t s0 = pot_slot(p, l, g, 0), s1 = pot_slot(p, l, g, n - 1);
+            h = mix_bytes(h, p->token_index + s0, (size_t)n * sizeof(int64_t));
+            h = mix_bytes(h, (const char *)p->k + s0 * row, row);
+            h = mix_bytes(h, (const char *)p->k + s1 * row, row);
+            h = mix_bytes(h, (const char *)p->v + s0 * row, row);
+            h = mix_bytes(h, (const char *)p->v + s1 * row, row);
+        }
+    return h;
+}
+
+static void mirror_release(pot_mirror *mr) {
+    cudaFree(mr->k);
+    cudaFree(mr->v);
+    memset(mr, 0, sizeof *mr);
+}
+
+static void mirror_remove(cuda_backend *cb, int i) {
+    mirror_release(&cb->mirrors[i]);
+    cb->mirrors[i] = cb->mirrors[--cb->n_mirrors];
+}
+
+/* Evicts the least recently used mirror not used since `since`; 0 if one went. */
+static int mirror_evict(cuda_backend *cb, uint64_t since) {
+    int best = -1;
+    for (int i = 0; i < cb->n_mirrors; i++)
+        if (cb->mirrors[i].last_use < since && (best < 0 || cb->mirrors[i].last_use < cb->mirrors[best].last_use))
+            best = i;
+    if (best < 0) return -1;
+    mirror_remove(cb, best);
+    return 0;
+}
+
+static pot_mirror *mirror_find(cuda_backend *cb, const pot *p) {
+    for (int i = 0; i < cb->n_mirrors; i++)
+        if (cb->mirrors[i].key == p) return &cb->mirrors[i];
+    return NULL;
+}
+
+/* Copies slots [s0, s1) of every (layer, head) host -> mirror (dir 0) or
+ * mirror -> host (dir 1), on the stream. */
+static cudaError_t mirror_copy(cuda_backend *cb, pot_mirror *mr, pot *p, int32_t s0, int32_t s1, int dir) {
+    if (s1 <= s0) return cudaSuccess;
+    size_t row = (size_t)p->head_dim * pot_esize(p), pitch = (size_t)p->capacity * row;
+    size_t off = (size_t)s0 * row, width = (size_t)(s1 - s0) * row, height = (size_t)p->n_layer * p->n_head_kv;
+    cudaError_t e;
+    if (dir == 0) {
+        e = cudaMemcpy2DAsync((char *)mr->k + off, pitch, (const char *)p->k + off, pitch, width, height,
+                              cudaMemcpyHostToDevice, cb->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync((char *)mr->v + off, pitch, (const char *)p->v + off, pitch, width, height,
+                                  cudaMemcpyHostToDevice, cb->stream);
+    } else {
+        e = cudaMemcpy2DAsync((char *)p->k + off, pitch, (const char *)mr->k + off, pitch, width, height,
+                              cudaMemcpyDeviceToHost, cb->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync((char *)p->v + off, pitch, (const char *)mr->v + off, pitch, width, height,
+                                  cudaMemcpyDeviceToHost, cb->stream);
+    }
+    return e;
+}
+
+/* The mirror of p, brought up to the host's p->n valid slots (uploads queued
+ * on the stream). NULL + err when device memory is short. */
+static pot_mirror *mirror_sync(cuda_backend *cb, pot *p, uint64_t now, char *err, size_t errlen) {
+    pot_mirror *mr = mirror_find(cb, p);
+    if (mr && (mr->host_k != p->k || mr->host_v != p->v || mr->capacity != p->capacity || mr->dtype != (int32_t)p->dtype)) {
+        mirror_remove(cb, (int)(mr - cb->mirrors));
+        mr = NULL;
+    }
+    if (!mr) {
+        if (cb->n_mirrors == MAX_MIRRORS && mirror_evict(cb, now)) {
+            snprintf(err, errlen, "cuda backend: more than %d pots in one forward", MAX_MIRRORS);
+            return NULL;
+        }
+        mr = &cb->mirrors[cb->n_mirrors];
+        memset(mr, 0, sizeof *mr);
+        size_t bytes = (size_t)p->n_layer * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
+        for (;;) {
+            cudaError_t ek = cudaMalloc(&mr->k, bytes), ev = ek == cudaSuccess ? cudaMalloc(&mr->v, bytes) : ek;
+            if (ev == cudaSuccess) break;
+            cudaFree(mr->k);
+            mr->k = mr->v = NULL;
+            cudaGetLastError(); /* clear the allocation error */
+            if (mirror_evict(cb, now)) {
+                snprintf(err, errlen, "cuda backend: out of device memory for a pot of %d slots", p->capacity);
+                return NULL;
+            }
+            mr = &cb->mirrors[cb->n_mirrors]; /* eviction moved the array's tail */
+            memset(mr, 0, sizeof *mr);
+        }
+        cb->n_mirrors++;
+        mr->key = p;
+        mr->host_k = p->k;
+        mr->host_v = p->v;
+        mr->capacity = p->capacity;
+        mr->dtype = (int32_t)p->dtype;
+        mr->n_synced = 0;
+        mr->fingerprint = pot_fingerprint(p, 0);
+    }
+    mr->last_use = now;
+    if (p->n < mr->n_synced || pot_fingerprint(p, mr->n_synced) != mr->fingerprint) mr->n_synced = 0;
+    if (p->n > mr->n_synced) {
+        cudaError_t e = mirror_copy(cb, mr, p, mr->n_synced, p->n, 0);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "cuda backend: uploading a pot: %s", cudaGetErrorString(e));
+            return NULL;
+        }
+    }
+    /* n_synced and the fingerprint are set once the forward has succeeded */
+    return mr;
+}
+
+/* ---- matrix products ----------------------------------------------------------------- */
+
+/* out[t][r] = dot(W row r, x[t]) for t < T (x [T][cols], out [T][rows]). */
+static int matmul(cuda_backend *cb, const dev_weight *w, const float *x, int64_t T, float *out, char *err,
+                  size_t errlen) {
+    if (T <= MATVEC_MAX_T) {
+        CK(cuda_matvec(out, w->data, w->type, w->row_bytes, w->rows, w->cols, x, T, cb->stream));
+        return 0;
+    }
+    int64_t chunk = (int64_t)(cb->wbuf_floats / (size_t)w->cols);
+    if (chunk > w->rows) chunk = w->rows;
+    const float one = 1.0f, zero = 0.0f;
+    cublasComputeType_t ct = cb->exact ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    for (int64_t r0 = 0; r0 < w->rows; r0 += chunk) {
+        int64_t n = w->rows - r0 < chunk ? w->rows - r0 : chunk;
+        CK(cuda_dequantize_rows(cb->wbuf, (const char *)w->data + (size_t)r0 * w->row_bytes, w->type, w->row_bytes, n,
+                                w->cols, cb->stream));
+        /* column-major: out^T (rows x T, ld rows) = W_chunk^T^T ... i.e. C = op(A) B with
+         * A = W_chunk stored as cols x n (ld cols), op = T; B = x^T, cols x T (ld cols) */
+        cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)w->cols, &one,
+                                        cb->wbuf, CUDA_R_32F, (int)w->cols, x, CUDA_R_32F, (int)w->cols, &zero,
+                                        out + r0, CUDA_R_32F, (int)w->rows, ct, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            snprintf(err, errlen, "cuda backend: cublasGemmEx: %s", cublasGetStatusString(s));
+            return -1;
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* ---- span checks (the CPU backend's rules) --------------------------------------------- */
+
+static int check_spans(const model *m, const backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
+    for (int32_t s = 0; s < n_spans; s++) {
+        const backend_span *sp = &spans[s];
+        const pot *p = sp->kv;
+        if (sp->n_tokens <= 0 || !sp->tokens || !p) {
+            snprintf(err, errlen, "forward: span %d is empty or has no pot", s);
+            return -1;
+        }
+        if (p->n_layer != m->n_layer || p->n_head_kv != m->n_head_kv || p->head_dim != m->head_dim) {
+            snprintf(err, errlen, "forward: span %d's pot does not fit this model", s);
+            return -1;
+        }
+        if ((int64_t)p->n + sp->n_tokens > p->capacity) {
+            snprintf(err, errlen, "forward: %d tokens do not fit the pot (%d of %d slots used)", sp->n_tokens, p->n,
+                     p->capacity);
+            return -1;
+        }
+        for (int32_t i = 0; i < s; i++)
+            if (spans[i].kv == p) {
+                snprintf(err, errlen, "forward: spans %d and %d share a pot", i, s);
+                return -1;
+            }
+        for (int32_t t = 0; t < sp->n_tokens; t++)
+            if (sp->tokens[t] < 0 || sp->tokens[t] >= m->n_vocab) {
+                snprintf(err, errlen, "forward: token id %d is outside the vocabulary (%d)", sp->tokens[t],
+                         m->n_vocab);
+                return -1;
+            }
+        if (sp->scores &&
+            (sp->score_row0 < 0 || sp->n_score_rows < 0 || sp->score_row0 + sp->n_score_rows > sp->n_tokens)) {
+            snprintf(err, errlen, "forward: score rows lie outside span %d", s);
+            return -1;
+        }
+        if (sp->attend_slots) {
+            if (sp->scores || sp->n_attend < 0 || sp->n_attend > p->n) {
+                snprintf(err, errlen, "forward: span %d: bad partial attention (%d of %d slots%s)", s, sp->n_attend,
+                         p->n, sp->scores ? ", with scores" : "");
+                return -1;
+            }
+            for (size_t i = 0; i < (size_t)m->n_layer * m->n_head_kv * sp->n_attend; i++)
+                if (sp->attend_slots[i] < 0 || sp->attend_slots[i] >= p->n) {
+                    snprintf(err, errlen, "forward: span %d: attended slot %d is not in the pot", s,
+                             sp->attend_slots[i]);
+                    return -1;
+                }
+        }
+        if (sp->labels && !sp->label_logprob) {
+            snprintf(err, errlen, "forward: span %d has labels without an output buffer", s);
+            return -1;
+        }
+        if (sp->logits_mode != BACKEND_LOGITS_NONE && !sp->logits) {
+            snprintf(err, errlen, "forward: span %d asks for logits without a buffer", s);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- the forward pass -------------------------------------------------------------------- */
+
+typedef struct span_plan {
+    pot_mirror *mr;
+    int64_t t0;          /* first row of the span in the batch */
+    int32_t n0, n_pre;   /* slots before the span; pot keys attended */
+    int32_t n_split;
+    size_t scores_at;    /* floats into cb->scores */
+    size_t slots_at;     /* ints into cb->slots */
+} span_plan;
+
+#define F(b) ((float *)(b).p)
+
+/* Final norm + LM head for rows [r0, r0 + n) of x into cb->logits ([n][n_vocab]). */
+static int lm_head(cuda_backend *cb, const float *x_rows, int64_t n, char *err, size_t errlen) {
+    const model *m = cb->m;
+    CK(cuda_rmsnorm_f32(F(cb->xn), x_rows, cb->output_norm, n, m->n_embd, m->norm_eps, cb->stream));
+    return matmul(cb, &cb->output, F(cb->xn), n, F(cb->logits), err, errlen);
+fail:
+    return -1;
+}
+
+static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32_t n_spans, span_plan *plan,
+                         int64_t T, char *err, size_t errlen) {
+    const model *m = cb->m;
+    const dev_layer *L = &cb->layers[l];
+    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x), L->attn_norm, T, d, m->norm_eps, cb->stream));
+    if (matmul(cb, &L->wq, F(cb->xn), T, F(cb->q), err, errlen) || matmul(cb, &L->wk, F(cb->xn), T, F(cb->k), err, errlen) ||
+        matmul(cb, &L->wv, F(cb->xn), T, F(cb->v), err, errlen))
+        return -1;
+    if (L->bq) CK(cuda_add_bias_f32(F(cb->q), L->bq, T, dq, cb->stream));
+    if (L->bk) CK(cuda_add_bias_f32(F(cb->k), L->bk, T, dkv, cb->stream));
+    if (L->bv) CK(cuda_add_bias_f32(F(cb->v), L->bv, T, dkv, cb->stream));
+
+    for (int32_t s = 0; s < n_spans; s++) {
+        backend_span *sp = &spans[s];
+        span_plan *pl = &plan[s];
+        pot *p = sp->kv;
+        size_t layer_off = (size_t)l * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
+        void *kl = (char *)pl->mr->k + layer_off, *vl = (char *)pl->mr->v + layer_off;
+        float *q = F(cb->q) + pl->t0 * dq;
+        CK(cuda_pot_store(kl, vl, (int32_t)p->dtype, p->capacity, p->n_head_kv, p->head_dim, F(cb->k) + pl->t0 * dkv,
+                          F(cb->v) + pl->t0 * dkv, pl->n0, sp->n_tokens, cb->stream));
+        CK(cuda_rope_f32(q, sp->n_tokens, m->n_head, m->head_dim, NULL, pl->n0, &cb->rope, cb->stream));
+        cuda_attn a = {q, F(cb->att) + pl->t0 * dq, sp->scores ? F(cb->lse) : NULL, kl, vl, (int32_t)p->dtype,
+                       p->capacity, m->n_head, m->n_head_kv, m->head_dim,
+                       sp->attend_slots ? (const int32_t *)cb->slots.p + pl->slots_at +
+                                              (size_t)l * m->n_head_kv * sp->n_attend
+                                        : NULL,
+                       pl->n_pre, pl->n0, sp->n_tokens, 1.0f / sqrtf((float)m->head_dim)};
+        CK(cuda_attention_f32(&a, &cb->rope, pl->n_split, F(cb->partial), cb->stream));
+        if (sp->scores) {
+            int32_t n_keys = pl->n_pre + sp->n_tokens;
+            float *dst = F(cb->scores) + pl->scores_at + (size_t)l * m->n_head_kv * n_keys;
+            CK(cuda_attention_scores(&a, &cb->rope, sp->score_row0, sp->n_score_rows,
+                                     sp->score_combine == BACKEND_SCORE_MAX, dst, cb->stream));
+        }
+    }
+    if (matmul(cb, &L->wo, F(cb->att), T, F(cb->xb), err, errlen)) return -1;
+    CK(cuda_add_rmsnorm_f32(F(cb->xn), F(cb->x), F(cb->xb), L->ffn_norm, T, d, m->norm_eps, cb->stream));
+    if (matmul(cb, &L->gate, F(cb->xn), T, F(cb->hb), err, errlen) ||
+        matmul(cb, &L->up, F(cb->xn), T, F(cb->hb2), err, errlen))
+        return -1;
+    CK(cuda_swiglu_f32(F(cb->hb), F(cb->hb2), T * m->n_ff, cb->stream));
+    if (matmul(cb, &L->down, F(cb->hb), T, F(cb->xb), err, errlen)) return -1;
+    CK(cuda_add_f32(F(cb->x), F(cb->xb), T * d, cb->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+/* label_logprob for the span's labelled rows, LOGIT_ROWS at a time. */
+static int span_labels(cuda_backend *cb, backend_span *sp, int64_t t0, char *err, size_t errlen) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd, V = m->n_vocab;
+    int32_t rows[LOGIT_ROWS], labels[LOGIT_ROWS];
+    float lp[LOGIT_ROWS];
+    for (int32_t t = 0; t < sp->n_tokens;) {
+        int32_t n = 0;
+        for (; t < sp->n_tokens && n < LOGIT_ROWS; t++)
+            if (sp->labels[t] >= 0 && sp->labels[t] < V) {
+                rows[n] = (int32_t)(t0 + t);
+                labels[n++] = sp->labels[t];
+            }
+        if (!n) continue;
+        CK(cudaMemcpyAsync(cb->rows.p, rows, n * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
+        CK(cudaMemcpyAsync(cb->labels.p, labels, n * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
+        /* gather the rows (an f32 "embedding table" lookup), then the LM head */
+        CK(cuda_embed_rows(F(cb->xb), F(cb->x), GGML_TYPE_F32, (size_t)d * sizeof(float), d, cb->rows.p, n,
+                           cb->stream));
+        if (lm_head(cb, F(cb->xb), n, err, errlen)) return -1;
+        cuda_softmax_rows sr = {F(cb->logits), V, n, V, 1.0f, -1, NULL, 0, NULL, cb->labels.p, F(cb->lp)};
+        CK(cuda_softmax_lse_f32(&sr, cb->stream));
+        CK(cudaMemcpyAsync(lp, cb->lp.p, n * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
+        CK(cudaStreamSynchronize(cb->stream)); /* rows, labels and lp are reused by the next chunk */
+        for (int32_t i = 0; i < n; i++) sp->label_logprob[rows[i] - t0] = lp[i];
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
+    cuda_backend *cb = (cuda_backend *)b;
+    const model *m = cb->m;
+    if (n_spans <= 0) {
+        snprintf(err, errlen, "forward: no spans");
+        return -1;
+    }
+    if (check_spans(m, spans, n_spans, err, errlen)) return -1;
+    span_plan *plan = calloc((size_t)n_spans, sizeof *plan);
+    int32_t *tokens = NULL;
+    if (!plan) {
+        snprintf(err, errlen, "forward: out of memory");
+        return -1;
+    }
+    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    int64_t T = 0, max_q = 0;
+    size_t n_scores = 0, n_slots = 0, n_partial = 0;
+    for (int32_t s = 0; s < n_spans; s++) {
+        backend_span *sp = &spans[s];
+        span_plan *pl = &plan[s];
+        pl->t0 = T;
+        pl->n0 = sp->kv->n;
+        pl->n_pre = sp->attend_slots ? sp->n_attend : pl->n0;
+        pl->n_split = cuda_attention_splits(sp->n_tokens, pl->n_pre + sp->n_tokens);
+        size_t part = cuda_attention_scratch_floats(sp->n_tokens, m->n_head, m->head_dim, pl->n_split);
+        if (part > n_partial) n_partial = part;
+        pl->scores_at = n_scores;
+        if (sp->scores) n_scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
+        pl->slots_at = n_slots;
+        if (sp->attend_slots) n_slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
+        T += sp->n_tokens;
+        if (sp->n_tokens > max_q) max_q = sp->n_tokens;
+    }
+    int64_t wide = d > dq ? d : dq;
+    int64_t lrows = T > LOGIT_ROWS ? T : LOGIT_ROWS;
+    CK(dbuf_need(&cb->x, (size_t)T * d * sizeof(float)));
+    CK(dbuf_need(&cb->xn, (size_t)lrows * wide * sizeof(float)));
+    CK(dbuf_need(&cb->xb, (size_t)lrows * wide * sizeof(float)));
+    CK(dbuf_need(&cb->q, (size_t)T * dq * sizeof(float)));
+    CK(dbuf_need(&cb->k, (size_t)T * dkv * sizeof(float)));
+    CK(dbuf_need(&cb->v, (size_t)T * dkv * sizeof(float)));
+    CK(dbuf_need(&cb->att, (size_t)T * dq * sizeof(float)));
+    CK(dbuf_need(&cb->hb, (size_t)T * m->n_ff * sizeof(float)));
+    CK(dbuf_need(&cb->hb2, (size_t)T * m->n_ff * sizeof(float)));
+    CK(dbuf_need(&cb->lse, (size_t)m->n_head * max_q * sizeof(float)));
+    CK(dbuf_need(&cb->partial, n_partial * sizeof(float)));
+    CK(dbuf_need(&cb->scores, n_scores * sizeof(float)));
+    CK(dbuf_need(&cb->slots, n_slots * sizeof(int32_t)));
+    CK(dbuf_need(&cb->tokens, (size_t)T * sizeof(int32_t)));
+    CK(dbuf_need(&cb->logits, (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float)));
+
+    uint64_t now = ++cb->clock;
+    for (int32_t s = 0; s < n_spans; s++)
+        if (!(plan[s].mr = mirror_sync(cb, spans[s].kv, now, err, errlen))) goto out;
+    /* mirror_sync may have moved the array (an eviction): look them up again */
+    for (int32_t s = 0; s < n_spans; s++) plan[s].mr = mirror_find(cb, spans[s].kv);
+
+    tokens = malloc((size_t)T * sizeof(int32_t));
+    if (!tokens) {
+        snprintf(err, errlen, "forward: out of memory");
+        goto out;
+    }
+    for (int32_t s = 0, t = 0; s < n_spans; s++)
+        for (int32_t i = 0; i < spans[s].n_tokens; i++) tokens[t++] = spans[s].tokens[i];
+    CK(cudaMemcpyAsync(cb->tokens.p, tokens, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
+    for (int32_t s = 0; s < n_spans; s++)
+        if (spans[s].attend_slots)
+            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + plan[s].slots_at, spans[s].attend_slots,
+                               (size_t)m->n_layer * m->n_head_kv * spans[s].n_attend * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, cb->stream));
+    CK(cuda_embed_rows(F(cb->x), cb->tok_embd.data, cb->tok_embd.type, cb->tok_embd.row_bytes, d, cb->tokens.p, T,
+                       cb->stream));
+    for (int32_t l = 0; l < m->n_layer; l++)
+        if (forward_layer(cb, l, spans, n_spans, plan, T, err, errlen)) goto out;
+
+    for (int32_t s = 0; s < n_spans; s++) {
+        backend_span *sp = &spans[s];
+        span_plan *pl = &plan[s];
+        CK(mirror_copy(cb, pl->mr, sp->kv, pl->n0, pl->n0 + sp->n_tokens, 1));
+        if (sp->scores)
+            CK(cudaMemcpyAsync(sp->scores, F(cb->scores) + pl->scores_at,
+                               (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens) * sizeof(float),
+                               cudaMemcpyDeviceToHost, cb->stream));
+        if (sp->logits_mode != BACKEND_LOGITS_NONE) {
+            int64_t first = sp->logits_mode == BACKEND_LOGITS_LAST ? sp->n_tokens - 1 : 0;
+            for (int64_t r = first; r < sp->n_tokens; r += LOGIT_ROWS) {
+                int64_t n = sp->n_tokens - r < LOGIT_ROWS ? sp->n_tokens - r : LOGIT_ROWS;
+                if (lm_head(cb, F(cb->x) + (pl->t0 + r) * d, n, err, errlen)) goto out;
+                CK(cudaMemcpyAsync(sp->logits + (size_t)(r - first) * m->n_vocab, cb->logits.p,
+                                   (size_t)n * m->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
+                CK(cudaStreamSynchronize(cb->stream)); /* the logits buffer is reused */
+            }
+        }
+        if (sp->labels) {
+            CK(dbuf_need(&cb->rows, LOGIT_ROWS * sizeof(int32_t)));
+            CK(dbuf_need(&cb->labels, LOGIT_ROWS * sizeof(int32_t)));
+            CK(dbuf_need(&cb->lp, LOGIT_ROWS * sizeof(float)));
+            if (span_labels(cb, sp, pl->t0, err, errlen)) goto out;
+        }
+    }
+    CK(cudaStreamSynchronize(cb->stream));
+    CK(cudaGetLastError());
+
+    for (int32_t s = 0; s < n_spans; s++) {
+        backend_span *sp = &spans[s];
+        pot *p = sp->kv;
+        for (int32_t l = 0; l < p->n_layer; l++)
+            for (int32_t g = 0; g < p->n_head_kv; g++)
+                for (int32_t i = 0; i < sp->n_tokens; i++) {
+                    size_t at = pot_slot(p, l, g, p->n + i);
+                    p->token_index[at] = p->n_seen + i;
+                    p->surprisal[at] = 0;
+                    p->score_acc[at] = 0;
+                }
+        p->n += sp->n_tokens;
+        p->n_seen += sp->n_tokens;
+        plan[s].mr->n_synced = p->n;
+        plan[s].mr->fingerprint = pot_fingerprint(p, p->n);
+    }
+    free(tokens);
+    free(plan);
+    return 0;
+fail:
+out:
+    cudaStreamSynchronize(cb->stream); /* nothing queued may still write the host's arrays */
+    cudaGetLastError();
+    free(tokens);
+    free(plan);
+    return -1;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------- */
+
+static void cuda_free_backend(backend *b) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (!cb) return;
+    if (cb->stream) cudaStreamSynchronize(cb->stream);
+    for (int i = 0; i < cb->n_mirrors; i++) mirror_release(&cb->mirrors[i]);
+    free(cb->mirrors);
+    dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
+                    &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->tokens,
+                    &cb->logits, &cb->rows, &cb->labels, &cb->lp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
+    for (size_t i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
+    free(cb->allocs);
+    cudaFree(cb->wbuf);
+    free(cb->layers);
+    if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    free(cb);
+}
+
+void cuda_backend_forget_pot(backend *b, const pot *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    for (int i = 0; i < cb->n_mirrors; i++)
+        if (cb->mirrors[i].key == p) {
+            cudaStreamSynchronize(cb->stream);
+            mirror_remove(cb, i);
+            return;
+        }
+}
+
+int cuda_backend_mirror_matches(backend *b, const pot *p) {
+    cuda_backend *cb = (cuda_backend *)b;
+    pot_mirror *mr = mirror_find(cb, p);
+    if (!mr || mr->n_synced != p->n) return 0;
+    size_t row = (size_t)p->head_dim * pot_esize(p), width = (size_t)p->n * row, pitch = (size_t)p->capacity * row;
+    size_t height = (size_t)p->n_layer * p->n_head_kv;
+    char *buf = malloc(width ? width : 1);
+    int ok = buf != NULL;
+    cudaStreamSynchronize(cb->stream);
+    for (size_t r = 0; ok && r < height; r++)
+        for (int kv = 0; kv < 2 && ok; kv++) {
+            const char *dev = (const char *)(kv ? mr->v : mr->k) + r * pitch;
+            const char *host = (const char *)(kv ? p->v : p->k) + r * pitch;
+            ok = cudaMemcpy(buf, dev, width, cudaMemcpyDeviceToHost) == cudaSuccess && !memcmp(buf, host, width);
+        }
+    free(buf);
+    return ok;
+}
+
+backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
+    (void)n_threads;
+    cuda_backend *cb = calloc(1, sizeof *cb);
+    rope r;
+    memset(&r, 0, sizeof r);
+    if (!cb) {
+        snprintf(err, errlen, "cuda backend: out of memory");
+        return NULL;
+    }
+    cb->m = m;
+    cb->exact = exact;
+    cb->base.name = "cuda";
+    cb->base.forward = cuda_forward;
+    cb->base.free = cuda_free_backend;
+    if (m->n_head <= 0 || m->n_head_kv <= 0 || m->n_head % m->n_head_kv || m->head_dim > 256) {
+        snprintf(err, errlen, "cuda backend: unsupported head layout (%d heads, %d KV heads, head_dim %d)", m->n_head,
+                 m->n_head_kv, m->head_dim);
+        goto fail_quiet;
+    }
+    cb->layers = calloc((size_t)m->n_layer, sizeof *cb->layers);
+    cb->mirrors = calloc(MAX_MIRRORS, sizeof *cb->mirrors);
+    if (!cb->layers || !cb->mirrors) {
+        snprintf(err, errlen, "cuda backend: out of memory");
+        goto fail_quiet;
+    }
+    CK(cudaSetDevice(0));
+    CK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    cublasStatus_t bs = cublasCreate(&cb->blas);
+    if (bs != CUBLAS_STATUS_SUCCESS || (bs = cublasSetStream(cb->blas, cb->stream)) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cuda backend: cuBLAS: %s", cublasGetStatusString(bs));
+        goto fail_quiet;
+    }
+    if (upload_weight(cb, &m->tok_embd, &cb->tok_embd, err, errlen)) goto fail_quiet;
+    if (m->output.data == m->tok_embd.data)
+        cb->output = cb->tok_embd;
+    else if (upload_weight(cb, &m->output, &cb->output, err, errlen))
+        goto fail_quiet;
+    size_t wmax = (size_t)WBUF_MIN;
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const layer_weights *lw = &m->layers[l];
+        dev_layer *L = &cb->layers[l];
+        const weight *ws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        dev_weight *ds[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 7; i++) {
+            if (upload_weight(cb, ws[i], ds[i], err, errlen)) goto fail_quiet;
+            if ((size_t)(ws[i]->rows * ws[i]->cols) > wmax) wmax = (size_t)(ws[i]->rows * ws[i]->cols);
+        }
+        int64_t dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
+        L->attn_norm = upload_vec(cb, lw->attn_norm, m->n_embd);
+        L->ffn_norm = upload_vec(cb, lw->ffn_norm, m->n_embd);
+        L->bq = upload_vec(cb, lw->bq, dq);
+        L->bk = upload_vec(cb, lw->bk, dkv);
+        L->bv = upload_vec(cb, lw->bv, dkv);
+        if (!L->attn_norm || !L->ffn_norm || (lw->bq && !L->bq) || (lw->bk && !L->bk) || (lw->bv && !L->bv)) {
+            snprintf(err, errlen, "cuda backend: out of device memory for the weights");
+            goto fail_quiet;
+        }
+    }
+    if (!(cb->output_norm = upload_vec(cb, m->output_norm, m->n_embd))) {
+        snprintf(err, errlen, "cuda backend: out of device memory for the weights");
+        goto fail_quiet;
+    }
+    /* the LM head is dequantised in row chunks of the largest layer matrix */
+    cb->wbuf_floats = wmax;
+    CK(cudaMalloc((void **)&cb->wbuf, wmax * sizeof(float)));
+    if (rope_init(&r, m->n_rot, m->rope_base, m->rope_layout, m->n_ctx_train)) {
+        snprintf(err, errlen, "cuda backend: out of memory");
+        goto fail_quiet;
+    }
+    const void *cs = upload(cb, r.cs, (size_t)r.n_table * r.half * 2 * sizeof(float));
+    const void *inv = upload(cb, r.inv_freq, (size_t)(r.half ? r.half : 1) * sizeof(double));
+    if (!cs || !inv) {
+        snprintf(err, errlen, "cuda backend: out of device memory");
+        goto fail_quiet;
+    }
+    cb->rope = (cuda_rope){r.n_rot, (int32_t)r.layout, r.n_table, cs, inv};
+    rope_free(&r);
+    return &cb->base;
+fail:
+fail_quiet:
+    rope_free(&r);
+    cuda_free_backend(&cb->base);
+    return NULL;
+}

@@ -1,0 +1,87 @@
+/* Whole weight matrices to f32 (the operand of the prefill GEMMs), and new
+ * K/V rows into a pot layer on the device. Grid-stride loops over a bounded
+ * grid: one thread per 32-element group of a weight row. */
+#include "cuda/kernels.h"
+#include "cuda/kernels/quant.cuh"
+
+enum { DQ_THREADS = 256, DQ_MAX_BLOCKS = 4096 };
+
+__global__ void dequantize_kernel(float *out, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
+                                  int64_t cols) {
+    int64_t groups = (cols + QBLOCK - 1) / QBLOCK, n = rows * groups;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / groups, c0 = (i % groups) * QBLOCK;
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        float *o = out + (size_t)r * cols;
+        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
+            /* one block, weight_element's arithmetic with the scales read once */
+            const unsigned char *b = row + (size_t)(c0 / QBLOCK) * qblock_bytes(type);
+            float d = load_f16(b);
+            if (type == GGML_TYPE_Q8_0) {
+                for (int j = 0; j < QBLOCK; j++) o[c0 + j] = __fmul_rn((float)(signed char)b[2 + j], d);
+            } else if (type == GGML_TYPE_Q4_0) {
+                for (int j = 0; j < 16; j++) {
+                    o[c0 + j] = __fmul_rn((float)((b[2 + j] & 0x0f) - 8), d);
+                    o[c0 + j + 16] = __fmul_rn((float)((b[2 + j] >> 4) - 8), d);
+                }
+            } else {
+                float mn = load_f16(b + 2);
+                for (int j = 0; j < 16; j++) {
+                    o[c0 + j] = __fadd_rn(__fmul_rn((float)(b[4 + j] & 0x0f), d), mn);
+                    o[c0 + j + 16] = __fadd_rn(__fmul_rn((float)(b[4 + j] >> 4), d), mn);
+                }
+            }
+            continue;
+        }
+        int64_t c1 = c0 + QBLOCK < cols ? c0 + QBLOCK : cols;
+        for (int64_t c = c0; c < c1; c++) o[c] = weight_element(type, row, c);
+    }
+}
+
+extern "C" cudaError_t cuda_dequantize_rows(float *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
+                                            int64_t cols, cudaStream_t stream) {
+    if (!weight_type_ok(type) || rows < 0 || cols < 0 || (qblock_bytes(type) && cols % QBLOCK))
+        return cudaErrorInvalidValue;
+    if (!rows || !cols) return cudaSuccess;
+    int64_t n = rows * ((cols + QBLOCK - 1) / QBLOCK), blocks = (n + DQ_THREADS - 1) / DQ_THREADS;
+    if (blocks > DQ_MAX_BLOCKS) blocks = DQ_MAX_BLOCKS;
+    CU_LAUNCH(dequantize_kernel, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream, out,
+              static_cast<const unsigned char *>(w), type, row_bytes, rows, cols);
+    return cudaGetLastError();
+}
+
+template <class T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+template <class T>
+__global__ void pot_store_kernel(T *kl, T *vl, int32_t capacity, int32_t n_head_kv, int32_t head_dim,
+                                 const float *k, const float *v, int32_t slot0, int32_t n) {
+    int64_t dkv = (int64_t)n_head_kv * head_dim, total = (int64_t)n * dkv;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / dkv, g = (i % dkv) / head_dim, e = i % head_dim;
+        size_t at = ((size_t)g * capacity + slot0 + t) * head_dim + e;
+        kl[at] = from_f32<T>(k[i]);
+        vl[at] = from_f32<T>(v[i]);
+    }
+}
+
+extern "C" cudaError_t cuda_pot_store(void *k_layer, void *v_layer, int32_t dtype, int32_t capacity, int32_t n_head_kv,
+                                      int32_t head_dim, const float *k, const float *v, int32_t slot0, int32_t n,
+                                      cudaStream_t stream) {
+    if ((dtype != 0 && dtype != 1) || n_head_kv <= 0 || head_dim <= 0 || slot0 < 0 || n < 0 ||
+        (int64_t)slot0 + n > capacity)
+        return cudaErrorInvalidValue;
+    if (!n) return cudaSuccess;
+    int64_t total = (int64_t)n * n_head_kv * head_dim, blocks = (total + DQ_THREADS - 1) / DQ_THREADS;
+    if (blocks > DQ_MAX_BLOCKS) blocks = DQ_MAX_BLOCKS;
+    if (dtype == 0)
+        CU_LAUNCH(pot_store_kernel<__half>, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream,
+                  static_cast<__half *>(k_layer), static_cast<__half *>(v_layer), capacity, n_head_kv, head_dim, k, v,
+                  slot0, n);
+    else
+        CU_LAUNCH(pot_store_kernel<float>, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream,
+                  static_cast<float *>(k_layer), static_cast<float *>(v_layer), capacity, n_head_kv, head_dim, k, v,
+                  slot0, n);
+    return cudaGetLastError();
+}
