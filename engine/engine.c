@@ -18,6 +18,29 @@ double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* The CUDA backend (cuda/cuda_backend.h) is linked only into `make CUDA=1`
+ * builds; in the others these weak references are NULL, so one engine object
+ * serves both. */
+__attribute__((weak)) int cuda_probe(char *msg, size_t msglen);
+__attribute__((weak)) backend *cuda_backend_new(const struct model *m, int n_threads, int exact,
+                                                char *err, size_t errlen);
+
+static backend *open_backend(engine *e, const engine_options *opt, char *err, size_t errlen) {
+    int exact = opt ? opt->exact : 0;
+    const char *name = opt && opt->backend ? opt->backend : "cpu";
+    if (!strcmp(name, "cpu")) return cpu_backend_new(e->m, e->n_threads, exact, err, errlen);
+    if (strcmp(name, "cuda")) {
+        snprintf(err, errlen, "unknown backend '%s' (cpu, cuda)", name);
+        return NULL;
+    }
+    if (!cuda_probe || !cuda_backend_new) {
+        snprintf(err, errlen, "the cuda backend is not built into this binary (build with make CUDA=1)");
+        return NULL;
+    }
+    if (cuda_probe(err, errlen)) return NULL; /* no device, or no driver: err says which */
+    return cuda_backend_new(e->m, e->n_threads, exact, err, errlen);
+}
+
 engine *engine_open(const char *path, const engine_options *opt, char *err, size_t errlen) {
     engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -42,7 +65,7 @@ engine *engine_open(const char *path, const engine_options *opt, char *err, size
         }
     }
     e->kv_dtype = opt && (opt->exact || opt->kv_f32) ? POT_F32 : POT_F16;
-    e->be = cpu_backend_new(e->m, e->n_threads, opt ? opt->exact : 0, err, errlen);
+    e->be = open_backend(e, opt, err, errlen);
     if (!e->be) goto bad;
     return e;
 bad:

@@ -17,6 +17,7 @@ typedef struct engine_options {
     int exact;                  /* 1: f32 activations in every matrix product (see cpu_backend_new)
                                    and f32 KV entries */
     int kv_f32;                 /* 1: f32 KV entries (f16 by default) */
+    const char *backend;        /* "cpu" (NULL) or "cuda" (binaries built with make CUDA=1) */
 } engine_options;
 
 /* Loads the model at path. NULL + one line in err on any problem (bad file,

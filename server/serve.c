@@ -210,14 +210,14 @@ static int start_http(server *s, char *err, size_t errlen) {
 
 static int open_engine(server *s, char *err, size_t errlen) {
     engine_options eo = {.n_threads = (int)s->cfg.threads,
-                         .chat_template = *s->cfg.chat_template ? s->cfg.chat_template : NULL};
-    if (strcmp(s->cfg.backend, "cpu")) {
-        snprintf(err, errlen, "backend: '%s' is not built into this binary (build with make CUDA=1)",
-                 s->cfg.backend);
+                         .chat_template = *s->cfg.chat_template ? s->cfg.chat_template : NULL,
+                         .backend = s->cfg.backend};
+    char why[384];
+    s->eng = engine_open(s->cfg.model, &eo, why, sizeof why);
+    if (!s->eng) {
+        snprintf(err, errlen, "%s", why);
         return -1;
     }
-    s->eng = engine_open(s->cfg.model, &eo, err, errlen);
-    if (!s->eng) return -1;
     engine_get_info(s->eng, &s->info);
     const char *base = strrchr(s->cfg.model, '/');
     snprintf(s->model_id, sizeof s->model_id, "%s", base ? base + 1 : s->cfg.model);

@@ -351,6 +351,10 @@ def test_config_layers_and_errors(tmp_path, model):
     out = subprocess.run([str(BIN), "serve"], capture_output=True, timeout=30,
                          env=dict(os.environ, POTSERVE_DURABILITY="sometimes"))
     assert out.returncode != 0 and b"POTSERVE_DURABILITY" in out.stderr
+    # the CPU build says plainly that the CUDA backend is not in it
+    out = subprocess.run([str(BIN), "serve", "--model", str(model), "--backend", "cuda", "--port", "0"],
+                         capture_output=True, timeout=60)
+    assert out.returncode != 0 and b"cuda" in out.stderr
 
 
 # ---- durability -------------------------------------------------------------------------------
