@@ -51,9 +51,9 @@ typedef struct gen_seq gen_seq;
  * may call it. NULL + err (bad sampling parameters, out of memory). */
 gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, void *user,
                      char *err, size_t errlen);
-/* Attaches p (freed with the sequence when own_pot, else the caller's, and
- * in both cases also on failure) and the prompt (borrowed: it must outlive
- * the sequence), which steps will prefill on top of p. 0 or -1 + err (empty
+/* Attaches p and the prompt, which the steps prefill on top of p. own_pot:
+ * gen_seq_free frees p (also when this fails); else p stays the caller's.
+ * The prompt is borrowed and must outlive the sequence. 0 or -1 + err (empty
  * prompt, no room, a token outside the vocabulary, out of memory). */
 int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t n_prompt,
                   char *err, size_t errlen);

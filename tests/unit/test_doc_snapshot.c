@@ -2,14 +2,17 @@
  * - the streaming tokenizer saved at any byte (inside a UTF-8 sequence, inside
  *   a word) and resumed from what it held back gives the ids of the whole text,
  *   for byte-level BPE (SmolLM2) and SentencePiece (the SPM fixture);
- * - on the real default model, every policy with both schedules: a document
- *   saved at several cuts (inside a word, right after a compression, inside a
- *   multi-byte character, with tokens pushed but not yet run, after the end),
- *   loaded into a new document and fed the rest ends with the stats, the kept
- *   entries of every (layer, head), the recorded tokens and the answer logits
- *   of the document that never stopped, bit for bit;
- * - a missing, truncated or damaged file, another model, other settings, a
- *   future format and a plain pot snapshot are refused with one line. */
+ * - every policy with both schedules, on the tiny fixture model (f32 entries)
+ *   and on the real default model (f16 entries, GQA), plus chat mode with a
+ *   pinned system prompt and two-stage FINCH: a document saved at several cuts
+ *   (inside a word, inside a multi-byte character, right after a compression;
+ *   on the tiny model and in chat mode also with tokens pushed but not yet run
+ *   and after the end), loaded into a new document and fed the rest ends with
+ *   the stats, the kept entries of every (layer, head), the recorded tokens and
+ *   the answer logits of the document that never stopped, bit for bit;
+ * - a missing, truncated or damaged file, another model, another KV type,
+ *   other settings, a future format and a bare pot snapshot are refused with
+ *   one line, a failed save leaves the old file, a failed document is not saved. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -141,7 +144,7 @@ TEST(doc_snapshot_tokenizer_resumes_from_held_bytes) {
     tokenizer_free(spm);
 }
 
-/* ---- documents on the real model ------------------------------------------------- */
+/* ---- documents ------------------------------------------------------------------------ */
 
 static engine *open_model(void) {
     const char *path = test_model_path();
@@ -157,9 +160,8 @@ static engine *open_model(void) {
 }
 
 /* About 1.3 KB with 2-, 3- and 4-byte characters (for the tiny model: ~1100
- * byte-level tokens). The cuts come from markers both documents share: inside
- * the ship emoji, inside "compass", right after the next compression, and
- * "repainted" as the end of a piece pushed without running. */
+ * byte-level tokens). The first cuts come from markers both documents share:
+ * inside "compass", then inside the ship emoji after it (check_restores). */
 static const char long_doc[] =
     "The lighthouse keeper of \xc3\x86r\xc3\xb8sk\xc3\xb8" "bing counted the ships that passed "
     "each night. In M\xc3\xa4rz there were seventeen, in April twenty-two, and in May the fog "
@@ -175,22 +177,21 @@ static const char long_doc[] =
     "then the fishing boats, then a white schooner nobody had seen before, flying a flag with "
     "a green anchor. It stayed for three nights. On the third night the daughter rowed out to "
     "it with her chalk and wrote the number 1 on its hull, because, she explained later, it "
-    "was the first book of a new shelf. The captain \xf0\x9f\x9a\xa2 laughed, gave her a brass "
-    "compass, and sailed at dawn. The inspector returned in August and found the wall "
+    "was the first book of a new shelf. The captain laughed, gave her a brass compass "
+    "\xf0\x9f\x9a\xa2, and sailed at dawn. The inspector returned in August and found the wall "
     "repainted white, with a single line in blue: 17, 22, 0, 1. He asked what the last number "
     "meant. \xe2\x80\x9c" "A schooner,\xe2\x80\x9d she said, \xe2\x80\x9cthat came to be read.\xe2"
     "\x80\x9d He closed his notebook and did not write that down.";
 
-/* The same story in 455 bytes (~120 tokens of the real model). */
+/* The same story in 326 bytes (99 tokens of the real model). */
 static const char short_doc[] =
-    "In March the keeper counted seventeen ships, in April twenty-two; in May the fog \xe2\x80\x94 "
-    "\xe2\x80\x9e" "dichter Nebel\xe2\x80\x9c \xe2\x80\x94 kept every vessel in port. His daughter, "
-    "nine, wrote the numbers on the wall in chalk: 17, 22, 0. \xe7\x81\xaf\xe5\x8f\xb0\xe5\xae"
-    "\x88\xe3\x81\xae\xe5\xa8\x98. Then a white schooner came; she rowed out and wrote 1 on its "
-    "hull, the first book of a new shelf. The captain \xf0\x9f\x9a\xa2 laughed, gave her a brass "
-    "compass and sailed at dawn. The inspector found the wall repainted, with one line in blue.";
+    "In May the fog \xe2\x80\x94 \xe2\x80\x9e" "dichter Nebel\xe2\x80\x9c \xe2\x80\x94 kept every "
+    "ship in port. The keeper's daughter wrote 17, 22, 0 on the wall. \xe7\x81\xaf\xe5\x8f\xb0"
+    "\xe5\xae\x88\xe3\x81\xae\xe5\xa8\x98. A white schooner came; she rowed out and wrote 1 on "
+    "its hull. The captain laughed, gave her a brass compass \xf0\x9f\x9a\xa2 and sailed at dawn; "
+    "the inspector found the wall repainted, one line in blue.";
 
-static const char question[] = "What was written on the hull?";
+static const char question[] = "What is on the hull?";
 
 typedef struct doc_result {
     engine_doc_stats st;
@@ -298,7 +299,7 @@ typedef struct cut {
     const char *why;
 } cut;
 
-/* Byte offset of the n-th byte of marker in doc (the marker must be there). */
+/* Offset in doc of the byte `into` bytes into marker; 0 when it is absent. */
 static size_t at(const char *doc, const char *marker, size_t into) {
     const char *p = strstr(doc, marker);
     return p ? (size_t)(p - doc) + into : 0;
@@ -327,11 +328,13 @@ static int run_ready(engine_doc *d) {
     return rc;
 }
 
-/* Feeds doc to a document with settings set, saving at the cuts (see the
- * file comment), then restores every save into a new document, feeds it the
- * rest and compares the end with the uninterrupted one. */
+/* Feeds doc to a document with settings set, saving at the cuts: inside
+ * "compass", inside the ship emoji after it, right after the next compression
+ * and, with all_cuts, with half the rest pushed but not run and after the end.
+ * Then restores every save into a new document, feeds it the rest and
+ * compares the end with the uninterrupted one. */
 static void check_restores(engine *e, const engine_pot_settings *set, const char *doc,
-                           const char *label) {
+                           int all_cuts, const char *label) {
     char err[512];
     char *dir = make_dir();
     engine_doc *d = dir ? engine_doc_open(e, set, err, sizeof err) : NULL;
@@ -341,43 +344,46 @@ static void check_restores(engine *e, const engine_pot_settings *set, const char
         free(dir);
         return;
     }
-    size_t len = strlen(doc), in_char = at(doc, "\xf0\x9f\x9a\xa2", 2);
-    size_t mid_word = at(doc, "compass", 3), pushed = at(doc, "repainted", 0);
-    CHECK(in_char && mid_word && pushed && in_char < mid_word && mid_word + 9 < pushed);
+    size_t len = strlen(doc), mid_word = at(doc, "compass", 3);
+    size_t in_char = at(doc, "\xf0\x9f\x9a\xa2", 2);
+    CHECK(mid_word && in_char && mid_word < in_char && in_char + 20 < len);
     cut cuts[MAX_CUTS];
     int n_cuts = 0;
-    int ok = !feed_range(d, doc, 0, in_char, 97) &&
-             !save_cut(d, dir, cuts, &n_cuts, in_char, "inside a character") &&
-             !feed_range(d, doc, in_char, mid_word, 101) &&
-             !save_cut(d, dir, cuts, &n_cuts, mid_word, "inside a word");
+    int ok = !feed_range(d, doc, 0, mid_word, 97) &&
+             !save_cut(d, dir, cuts, &n_cuts, mid_word, "inside a word") &&
+             !feed_range(d, doc, mid_word, in_char, 101) &&
+             !save_cut(d, dir, cuts, &n_cuts, in_char, "inside a character");
     /* right after the next compression (a plain cut where there is none) */
     engine_doc_stats st0, st;
     engine_doc_get_stats(d, &st0);
-    size_t off = mid_word;
+    size_t off = in_char;
     do {
         ok = ok && !feed_range(d, doc, off, off + 3, 3);
         off += 3;
         engine_doc_get_stats(d, &st);
-    } while (ok && st.compressions == st0.compressions && off + 3 < pushed);
-    ok = ok && !save_cut(d, dir, cuts, &n_cuts, off,
-                         st.compressions > st0.compressions ? "after a compression" : "plain cut");
-    /* tokens pushed, no chunk run yet */
-    if (ok && engine_doc_push(d, doc + off, pushed - off, 0, err, sizeof err))
-        ok = 0, fprintf(stderr, "  push: %s\n", err);
-    ok = ok && !save_cut(d, dir, cuts, &n_cuts, pushed, "pushed, not run") && !run_ready(d);
-    ok = ok && !feed_range(d, doc, pushed, len, 89) &&
-         !save_cut(d, dir, cuts, &n_cuts, len, "after the end");
+    } while (ok && st.compressions == st0.compressions && off + 3 + 8 < len);
+    int compressed = st.compressions > st0.compressions;
+    ok = ok && !save_cut(d, dir, cuts, &n_cuts, off, compressed ? "after a compression" : "plain cut");
+    if (all_cuts) { /* tokens pushed, no chunk run yet */
+        size_t to = off + (len - off) / 2;
+        if (ok && engine_doc_push(d, doc + off, to - off, 0, err, sizeof err))
+            ok = 0, fprintf(stderr, "  push: %s\n", err);
+        ok = ok && !save_cut(d, dir, cuts, &n_cuts, to, "pushed, not run") && !run_ready(d);
+        off = to;
+    }
+    ok = ok && !feed_range(d, doc, off, len, 89);
+    if (all_cuts) ok = ok && !save_cut(d, dir, cuts, &n_cuts, len, "after the end");
     CHECK(ok);
     doc_result want = {0};
     CHECK(finish(e, d, &want) == 0);
     engine_doc_close(d);
     if (getenv("VERBOSE"))
-        fprintf(stderr, "  %s: %lld tokens, %lld compressions; cuts at %zu, %zu, %zu (%s), %zu\n",
+        fprintf(stderr, "  %s: %lld tokens, %lld compressions; cuts at %zu, %zu, %zu (%s)\n",
                 label, (long long)want.st.tokens_read, (long long)want.st.compressions,
-                cuts[0].offset, cuts[1].offset, cuts[2].offset, cuts[2].why, cuts[3].offset);
+                cuts[0].offset, cuts[1].offset, cuts[2].offset, cuts[2].why);
     if (set->policy && strcmp(set->policy, "none")) {
         CHECK(want.st.compressions >= 3);
-        CHECK(n_cuts > 2 && strcmp(cuts[2].why, "after a compression") == 0);
+        CHECK(compressed);
     }
     for (int i = 0; ok && i < n_cuts; i++) {
         char path[600], what[160];
@@ -403,16 +409,18 @@ static void check_restores(engine *e, const engine_pot_settings *set, const char
     rm_dir(dir, names, MAX_CUTS);
 }
 
+/* A small pot, plain text, every token recorded. */
 static engine_pot_settings small_settings(const char *policy, const char *schedule,
-                                          int32_t budget) {
+                                          int32_t budget, int32_t keep, int32_t chunk) {
     engine_pot_settings s = engine_pot_settings_default();
     s.policy = policy;
     s.schedule = schedule;
     s.budget_tokens = budget;
-    s.keep_tokens = budget / 2;
-    s.chunk_tokens = budget / 4;
+    s.keep_tokens = keep;
+    s.chunk_tokens = chunk;
     s.plain = 1;
     s.record_tokens = 1;
+    s.catalyst = "Key facts."; /* scoring rows are run with every compressing chunk: keep them short */
     if (!strcmp(policy, "finch")) s.question = question;
     return s;
 }
@@ -422,8 +430,29 @@ static const char *const all_policies[] = {"infinipot", "finch", "snapkv", "stre
 enum { N_POLICIES = sizeof all_policies / sizeof *all_policies };
 static const char *const schedules[] = {"fixed", "imdc"};
 
+/* Sanitizer builds (make asan) run the real model some twenty times slower:
+ * there the tiny model's matrix stands in for it, and the real model runs one
+ * configuration of its matrix and skips the chat test. */
+#if defined(__SANITIZE_ADDRESS__)
+enum { SANITIZED = 1 };
+#else
+enum { SANITIZED = 0 };
+#endif
+
+/* Chat mode: a pinned system prompt and two-stage FINCH (no question up
+ * front: CaP while reading, the question's attention at answer time), heads
+ * combined by max. */
+static engine_pot_settings chat_settings(int32_t budget, int32_t keep) {
+    engine_pot_settings s = small_settings("finch", "fixed", budget, keep, 16);
+    s.question = NULL;
+    s.plain = 0;
+    s.system = "Answer from the document.";
+    s.score_max = 1;
+    return s;
+}
+
 /* The tiny fixture model (f32 entries): every compressing policy and schedule,
- * a 64-entry pot over ~1100 tokens. */
+ * a 64-entry pot over ~1100 tokens, and the chat settings. */
 TEST(doc_snapshot_restores_every_policy_tiny) {
     char err[512];
     engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1};
@@ -432,45 +461,44 @@ TEST(doc_snapshot_restores_every_policy_tiny) {
     if (!e) return;
     for (int p = 0; p < N_POLICIES; p++)
         for (int s = 0; s < 2; s++) {
-            engine_pot_settings set = small_settings(all_policies[p], schedules[s], 64);
+            engine_pot_settings set = small_settings(all_policies[p], schedules[s], 64, 32, 16);
             char label[64];
             snprintf(label, sizeof label, "tiny %s/%s", all_policies[p], schedules[s]);
-            check_restores(e, &set, long_doc, label);
+            check_restores(e, &set, long_doc, 1, label);
         }
+    engine_pot_settings set = chat_settings(192, 128);
+    check_restores(e, &set, long_doc, 1, "tiny finch two-stage/chat");
     engine_close(e);
 }
 
 /* The real model (f16 entries, GQA, byte-level BPE): every policy and
- * schedule, a 32-entry pot over ~120 tokens; none with a pot it fits. */
+ * schedule, a 40-entry pot over ~100 tokens; none with a pot it fits. */
 TEST(doc_snapshot_restores_every_policy_default_model) {
     engine *e = open_model();
     CHECK(e != NULL);
     if (!e) return;
     for (int p = 0; p <= N_POLICIES; p++)
         for (int s = 0; s < 2; s++) {
+            if (SANITIZED && (p || s)) continue;
             const char *policy = p < N_POLICIES ? all_policies[p] : "none";
-            engine_pot_settings set = small_settings(policy, schedules[s], p < N_POLICIES ? 32 : 160);
+            /* imdc's chunks shrink to chunk - keep/2 once the memory is full: 8 here */
+            engine_pot_settings set = p < N_POLICIES ? small_settings(policy, schedules[s], 40, 16, 16)
+                                                     : small_settings(policy, schedules[s], 160, 150, 16);
             char label[64];
             snprintf(label, sizeof label, "%s/%s", policy, schedules[s]);
-            check_restores(e, &set, short_doc, label);
+            check_restores(e, &set, short_doc, 0, label);
         }
     engine_close(e);
 }
 
-/* Chat mode: a pinned system prompt and two-stage FINCH (no question up
- * front: CaP while reading, the question's attention at answer time). */
+/* The chat settings on the real model, whose template pins ~30 tokens. */
 TEST(doc_snapshot_restores_chat_two_stage_finch) {
+    if (SANITIZED) return;
     engine *e = open_model();
     CHECK(e != NULL);
     if (!e) return;
-    engine_pot_settings set = small_settings("finch", "fixed", 64);
-    set.question = NULL;
-    set.plain = 0;
-    set.system = "Answer from the document.";
-    set.keep_tokens = 48;
-    set.chunk_tokens = 8;
-    set.score_max = 1;
-    check_restores(e, &set, short_doc, "finch two-stage/chat");
+    engine_pot_settings set = chat_settings(64, 48);
+    check_restores(e, &set, short_doc, 1, "finch two-stage/chat");
     engine_close(e);
 }
 
@@ -500,6 +528,12 @@ static int spit(const char *path, const unsigned char *b, long len) {
     return fclose(f) == 0 && ok ? 0 : -1;
 }
 
+/* Rewrites the checksum at the end of a snapshot's n bytes after an edit. */
+static void reseal(unsigned char *b, long n) {
+    uint32_t crc = crc32c(0, b, (size_t)n - 4);
+    for (int i = 0; i < 4; i++) b[n - 4 + i] = (unsigned char)(crc >> (8 * i));
+}
+
 /* Loads path expecting a refusal whose message names `why`. */
 static void expect_refused(engine *e, const engine_pot_settings *s, const char *path,
                            const char *why) {
@@ -520,14 +554,16 @@ TEST(doc_snapshot_refuses_bad_files) {
     if (!e) return;
     char err[512], path[600], bad[600];
     char *dir = make_dir();
-    CHECK(dir != NULL);
-    if (!dir) return;
+    engine_pot_settings set = small_settings("h2o", "fixed", 16, 8, 4);
+    engine_doc *d = dir ? engine_doc_open(e, &set, err, sizeof err) : NULL;
+    CHECK(d != NULL);
+    if (!d) {
+        free(dir);
+        engine_close(e);
+        return;
+    }
     snprintf(path, sizeof path, "%s/doc.pds", dir);
     snprintf(bad, sizeof bad, "%s/bad.pds", dir);
-    engine_pot_settings set = small_settings("h2o", "fixed", 32);
-    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
-    CHECK(d != NULL);
-    if (!d) return;
     /* a short document stopped inside a word, so every section of the state is in use */
     CHECK_EQ_INT(engine_doc_feed(d, long_doc, 203, 0, err, sizeof err), 0);
     CHECK_EQ_INT(engine_doc_save(d, path, 5, err, sizeof err), 0);
@@ -584,8 +620,8 @@ TEST(doc_snapshot_refuses_bad_files) {
     other.schedule = "imdc";
     expect_refused(e, &other, path, "schedule=fixed, now schedule=imdc");
     other = set;
-    other.keep_tokens = 12;
-    expect_refused(e, &other, path, "keep=16, now keep=12");
+    other.keep_tokens = 6;
+    expect_refused(e, &other, path, "keep=8, now keep=6");
     other = set;
     other.catalyst = "Something else.";
     expect_refused(e, &other, path, "rows=");
@@ -608,26 +644,30 @@ TEST(doc_snapshot_refuses_bad_files) {
         expect_refused(e, &set, bad, "record_tokens");
     }
     engine_doc_close(r);
-    /* a pot snapshot with no document state (what pot_snapshot_write alone writes) */
     if (b) {
-        /* drop the extra bytes: header extra_len := 0, cut them out, re-checksum */
-        size_t settings_len = (size_t)b[60] | (size_t)b[61] << 8;
+        size_t settings_len = (size_t)b[60] | (size_t)b[61] << 8, at_extra = 72 + settings_len;
         uint64_t extra_len = 0;
         for (int i = 0; i < 8; i++) extra_len |= (uint64_t)b[64 + i] << (8 * i);
-        size_t at_extra = 72 + settings_len;
+        /* another model's fingerprint, in a file that is otherwise intact */
+        b[12] ^= 1;
+        reseal(b, len);
+        CHECK_EQ_INT(spit(bad, b, len), 0);
+        expect_refused(e, &set, bad, "another model");
+        b[12] ^= 1;
+        /* a document state of a future version */
+        b[at_extra + 4] = 2;
+        reseal(b, len);
+        CHECK_EQ_INT(spit(bad, b, len), 0);
+        expect_refused(e, &set, bad, "document state format version 2");
+        b[at_extra + 4] = 1;
+        /* a pot snapshot with no document state (what pot_snapshot_write alone writes):
+           extra_len := 0 and the extra bytes cut out */
         memmove(b + at_extra, b + at_extra + extra_len, (size_t)len - at_extra - extra_len);
         long n = len - (long)extra_len;
         memset(b + 64, 0, 8);
-        uint32_t crc = crc32c(0, b, (size_t)n - 4);
-        for (int i = 0; i < 4; i++) b[n - 4 + i] = (unsigned char)(crc >> (8 * i));
+        reseal(b, n);
         CHECK_EQ_INT(spit(bad, b, n), 0);
         expect_refused(e, &set, bad, "no document state");
-        /* and another model's fingerprint (a file otherwise intact) */
-        b[12] ^= 1;
-        crc = crc32c(0, b, (size_t)n - 4);
-        for (int i = 0; i < 4; i++) b[n - 4 + i] = (unsigned char)(crc >> (8 * i));
-        CHECK_EQ_INT(spit(bad, b, n), 0);
-        expect_refused(e, &set, bad, "another model");
     }
     free(b);
     /* a failed save leaves the old file as it was; a failed document is not saved */
@@ -657,10 +697,9 @@ TEST(doc_snapshot_refuses_other_kv_type) {
     CHECK(e != NULL && f != NULL);
     char *dir = make_dir();
     CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/doc.pds", dir);
-    engine_pot_settings set = small_settings("streaming", "fixed", 32);
-    engine_doc *d = e ? engine_doc_open(e, &set, err, sizeof err) : NULL;
+    snprintf(path, sizeof path, "%s/doc.pds", dir ? dir : "/nonexistent");
+    engine_pot_settings set = small_settings("streaming", "fixed", 32, 16, 8);
+    engine_doc *d = e && dir ? engine_doc_open(e, &set, err, sizeof err) : NULL;
     CHECK(d != NULL);
     if (d && f) {
         CHECK_EQ_INT(engine_doc_feed(d, long_doc, 100, 0, err, sizeof err), 0);
@@ -669,7 +708,7 @@ TEST(doc_snapshot_refuses_other_kv_type) {
     }
     engine_doc_close(d);
     const char *names[] = {"doc.pds"};
-    rm_dir(dir, names, 1);
+    if (dir) rm_dir(dir, names, 1);
     engine_close(e);
     engine_close(f);
 }
