@@ -129,24 +129,6 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t len) {
     return ~crc32c_bytes(c, p, len);
 }
 
-/* ---- little-endian encoding -------------------------------------------------------- */
-
-static void put_u32(unsigned char *b, uint32_t v) {
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static void put_u64(unsigned char *b, uint64_t v) {
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *b) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const unsigned char *b) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
 
 static int host_is_little_endian(void) {
     const uint16_t one = 1;
@@ -266,18 +248,18 @@ static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
     if (!w.buf) return ENOMEM;
     unsigned char h[SNAP_HEADER_BYTES];
     memcpy(h, snap_magic, 8);
-    put_u32(h + 8, SNAP_VERSION);
-    put_u64(h + 12, meta->model_fingerprint);
-    put_u64(h + 20, meta->log_offset);
-    put_u32(h + 28, (uint32_t)p->n_layer);
-    put_u32(h + 32, (uint32_t)p->n_head_kv);
-    put_u32(h + 36, (uint32_t)p->head_dim);
-    put_u32(h + 40, (uint32_t)p->dtype);
-    put_u32(h + 44, (uint32_t)p->n);
-    put_u32(h + 48, (uint32_t)p->n_pinned);
-    put_u64(h + 52, (uint64_t)p->n_seen);
-    put_u32(h + 60, (uint32_t)settings_len);
-    put_u64(h + 64, (uint64_t)extra_len);
+    le_put_u32(h + 8, SNAP_VERSION);
+    le_put_u64(h + 12, meta->model_fingerprint);
+    le_put_u64(h + 20, meta->log_offset);
+    le_put_u32(h + 28, (uint32_t)p->n_layer);
+    le_put_u32(h + 32, (uint32_t)p->n_head_kv);
+    le_put_u32(h + 36, (uint32_t)p->head_dim);
+    le_put_u32(h + 40, (uint32_t)p->dtype);
+    le_put_u32(h + 44, (uint32_t)p->n);
+    le_put_u32(h + 48, (uint32_t)p->n_pinned);
+    le_put_u64(h + 52, (uint64_t)p->n_seen);
+    le_put_u32(h + 60, (uint32_t)settings_len);
+    le_put_u64(h + 64, (uint64_t)extra_len);
     put_bytes(&w, h, sizeof h);
     put_bytes(&w, meta->settings, settings_len);
     if (extra_len) put_bytes(&w, extra, extra_len);
@@ -292,7 +274,7 @@ static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
             put_array(&w, p->score_acc + s, n, sizeof *p->score_acc);
         }
     unsigned char crc[4];
-    put_u32(crc, w.crc);
+    le_put_u32(crc, w.crc);
     put_bytes(&w, crc, 4);
     writer_flush(&w);
     free(w.buf);
@@ -431,7 +413,7 @@ static int read_header(snap_reader *r, const char *path, uint64_t file_bytes, un
         snprintf(err, errlen, "snapshot %s: not a pot snapshot (bad magic)", path);
         return -1;
     }
-    uint32_t version = get_u32(h + 8);
+    uint32_t version = le_get_u32(h + 8);
     if (version > SNAP_VERSION) {
         snprintf(err, errlen,
                  "snapshot %s: format version %u is newer than this build reads (%d); "
@@ -499,12 +481,12 @@ pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapsho
     }
     uint64_t file_bytes = (uint64_t)st.st_size;
     if (read_header(&r, path, file_bytes, h, &header_bytes, err, errlen) != 0) goto fail;
-    int32_t n_layer = (int32_t)get_u32(h + 28), n_head_kv = (int32_t)get_u32(h + 32);
-    int32_t head_dim = (int32_t)get_u32(h + 36), n = (int32_t)get_u32(h + 44);
-    int32_t n_pinned = (int32_t)get_u32(h + 48);
-    uint32_t dtype = get_u32(h + 40), settings_len = get_u32(h + 60);
-    int64_t n_seen = (int64_t)get_u64(h + 52);
-    uint64_t ex_len = get_u64(h + 64);
+    int32_t n_layer = (int32_t)le_get_u32(h + 28), n_head_kv = (int32_t)le_get_u32(h + 32);
+    int32_t head_dim = (int32_t)le_get_u32(h + 36), n = (int32_t)le_get_u32(h + 44);
+    int32_t n_pinned = (int32_t)le_get_u32(h + 48);
+    uint32_t dtype = le_get_u32(h + 40), settings_len = le_get_u32(h + 60);
+    int64_t n_seen = (int64_t)le_get_u64(h + 52);
+    uint64_t ex_len = le_get_u64(h + 64);
     if (n_layer < 1 || n_layer > SNAP_MAX_LAYERS || n_head_kv < 1 || n_head_kv > SNAP_MAX_HEADS ||
         head_dim < 1 || head_dim > SNAP_MAX_HEAD_DIM || (dtype != POT_F16 && dtype != POT_F32) ||
         n < 0 || n > SNAP_MAX_SLOTS || n_pinned < 0 || n_pinned > n || n_seen < 0 ||
@@ -554,7 +536,7 @@ pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapsho
     uint32_t computed = r.crc;
     unsigned char stored[4];
     if (get_bytes(&r, stored, 4) != 0) goto io_fail;
-    if (get_u32(stored) != computed) {
+    if (le_get_u32(stored) != computed) {
         snprintf(err, errlen, "snapshot %s: checksum mismatch (corrupt file)", path);
         goto fail;
     }
@@ -563,8 +545,8 @@ pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapsho
     p->n_pinned = n_pinned;
     p->n_seen = n_seen;
     memset(meta, 0, sizeof *meta);
-    meta->model_fingerprint = get_u64(h + 12);
-    meta->log_offset = get_u64(h + 20);
+    meta->model_fingerprint = le_get_u64(h + 12);
+    meta->log_offset = le_get_u64(h + 20);
     memcpy(meta->settings, settings, settings_len);
     if (extra && ex_len) {
         *extra = ex;

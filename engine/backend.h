@@ -62,6 +62,12 @@ struct backend {
     void (*free)(backend *b);
 };
 
+/* Validates a forward's spans against model m (engine/backend.c; every
+ * backend calls it first): 0 with the total tokens in *T and the most keys a
+ * span attends over in *max_keys, or -1 with one line in err. */
+int backend_check_spans(const struct model *m, const backend_span *spans, int32_t n_spans,
+                        int64_t *T, int64_t *max_keys, char *err, size_t errlen);
+
 /* The CPU backend with n_threads worker threads (>= 1); the model must
  * outlive it. exact = 1 multiplies f32 activations with dequantised weights
  * (the plain-math reference); exact = 0 quantises activations per block the

@@ -81,31 +81,13 @@ __attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t errl
     va_end(ap);
 }
 
-/* ---- little-endian encoding ----------------------------------------------------------- */
-
-static void put_u32(unsigned char *b, uint32_t v) {
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static void put_u64(unsigned char *b, uint64_t v) {
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *b) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const unsigned char *b) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
 
 static void put_header(unsigned char *h, int type, uint64_t seq, uint32_t len) {
     memcpy(h, cl_magic, 4);
     h[4] = (unsigned char)type;
     h[5] = h[6] = h[7] = 0;
-    put_u64(h + 8, seq);
-    put_u32(h + 16, len);
+    le_put_u64(h + 8, seq);
+    le_put_u32(h + 16, len);
 }
 
 /* ---- raw I/O ---------------------------------------------------------------------------- */
@@ -155,7 +137,7 @@ static int write_frame(int fd, uint64_t off, int type, uint64_t seq, const void 
                        uint32_t len) {
     unsigned char h[CL_HDR], t[CL_TRAILER];
     put_header(h, type, seq, len);
-    put_u32(t, crc32c(crc32c(0, h, sizeof h), payload, len));
+    le_put_u32(t, crc32c(crc32c(0, h, sizeof h), payload, len));
     struct iovec iov[3] = {{h, sizeof h}, {(void *)payload, len}, {t, sizeof t}};
     return pwritev_full(fd, iov, 3, off);
 }
@@ -193,8 +175,8 @@ typedef struct frame {
 static long header_ok(const unsigned char *h, int *type, uint64_t *seq) {
     if (memcmp(h, cl_magic, 4) != 0 || h[5] || h[6] || h[7]) return -1;
     *type = h[4];
-    *seq = get_u64(h + 8);
-    uint32_t len = get_u32(h + 16);
+    *seq = le_get_u64(h + 8);
+    uint32_t len = le_get_u32(h + 16);
     if (*seq == 0) return -1;
     if (*type == CL_DATA) return len >= 1 && len <= CL_MAX_DATA ? (long)len : -1;
     if (*type == CL_COMMIT) return len == CL_COMMIT_PAYLOAD ? (long)len : -1;
@@ -206,8 +188,8 @@ static int commit_image_ok(const unsigned char *p) {
     int type;
     uint64_t seq;
     if (header_ok(p, &type, &seq) < 0 || type != CL_COMMIT) return 0;
-    if (get_u32(p + CL_HDR + 12) & ~(uint32_t)CL_FLAG_FINAL) return 0;
-    return crc32c(0, p, CL_HDR + CL_COMMIT_PAYLOAD) == get_u32(p + CL_HDR + CL_COMMIT_PAYLOAD);
+    if (le_get_u32(p + CL_HDR + 12) & ~(uint32_t)CL_FLAG_FINAL) return 0;
+    return crc32c(0, p, CL_HDR + CL_COMMIT_PAYLOAD) == le_get_u32(p + CL_HDR + CL_COMMIT_PAYLOAD);
 }
 
 /* Reads the frame at off into buf (CL_BUF bytes), not reading at or past limit.
@@ -226,8 +208,8 @@ static int read_frame(int fd, uint64_t off, uint64_t limit, unsigned char *buf, 
     k = pread_full(fd, buf + CL_HDR, rest, off + CL_HDR);
     if (k < 0) return -1;
     if ((size_t)k < rest) return 0;
-    if (crc32c(0, buf, CL_HDR + (size_t)len) != get_u32(buf + CL_HDR + len)) return 0;
-    if (f->type == CL_COMMIT && (get_u32(buf + CL_HDR + 12) & ~(uint32_t)CL_FLAG_FINAL)) return 0;
+    if (crc32c(0, buf, CL_HDR + (size_t)len) != le_get_u32(buf + CL_HDR + len)) return 0;
+    if (f->type == CL_COMMIT && (le_get_u32(buf + CL_HDR + 12) & ~(uint32_t)CL_FLAG_FINAL)) return 0;
     f->len = (uint32_t)len;
     f->payload = buf + CL_HDR;
     f->total = total;
@@ -290,8 +272,8 @@ static int apply_frame(chunk_state *s, uint64_t last_seq, int final, const frame
         s->crc = crc32c(s->crc, f->payload, f->len);
         return 1;
     }
-    uint64_t bytes = get_u64(f->payload);
-    uint32_t crc = get_u32(f->payload + 8), flags = get_u32(f->payload + 12);
+    uint64_t bytes = le_get_u64(f->payload);
+    uint32_t crc = le_get_u32(f->payload + 8), flags = le_get_u32(f->payload + 12);
     uint64_t have = s->open ? s->bytes : 0;
     uint32_t have_crc = s->open ? s->crc : 0;
     if (bytes != have || crc != have_crc) return 0;
@@ -541,9 +523,9 @@ int chunk_log_commit(chunk_log *l, int final, char *err, size_t errlen) {
         return -1;
     }
     unsigned char payload[CL_COMMIT_PAYLOAD];
-    put_u64(payload, l->open_bytes);
-    put_u32(payload + 8, l->open_crc);
-    put_u32(payload + 12, final ? CL_FLAG_FINAL : 0);
+    le_put_u64(payload, l->open_bytes);
+    le_put_u32(payload + 8, l->open_crc);
+    le_put_u32(payload + 12, final ? CL_FLAG_FINAL : 0);
     const char *stage = "writing";
     int e = write_frame(l->fd, l->write_off, CL_COMMIT, l->open_seq, payload, sizeof payload);
     if (!e && l->fsync_mode) {
