@@ -74,6 +74,9 @@ struct engine_sched {
     active_doc *docs;
     int n_docs, cap_docs, rr; /* rr: the document whose chunk runs next */
     int64_t decode_steps, decoded_tokens, ingest_chunks;
+    /* time sharing while generations run: generation steps since the last
+       ingest chunk have taken gen_ms; that chunk took ingest_ms */
+    double gen_ms, ingest_ms;
 };
 
 static void item_free(item *it) {
@@ -384,8 +387,21 @@ static void *engine_thread(void *arg) {
         }
         append_waiting(s, submitted, n);
         start_ready(s);
-        if (s->n_gens) decode_step(s);
-        ingest_one_chunk(s);
+        if (s->n_gens) {
+            double t0 = now_ms();
+            decode_step(s);
+            s->gen_ms += now_ms() - t0;
+        }
+        /* While generations run, ingest gets at most half of the time: a chunk
+           runs once the generation steps since the last one have taken as long
+           as it did, so a question is answered at about half speed during a
+           long upload instead of one token per chunk. */
+        if (!s->n_gens || s->gen_ms >= s->ingest_ms) {
+            double t0 = now_ms();
+            ingest_one_chunk(s);
+            s->ingest_ms = now_ms() - t0;
+            s->gen_ms = 0;
+        }
     }
     pthread_mutex_lock(&s->mu);
     publish_stats(s);
