@@ -64,4 +64,20 @@ const char *test_fixture(const char *name);
 /* Path of the default model, or NULL when it is absent (tests needing it then fail). */
 const char *test_model_path(void);
 
+/* Whole-file and temporary-directory helpers (tests/unit/test_util.c; not linked
+ * into the CUDA tests). Model helpers are in test_model.h. */
+
+/* A fresh directory /tmp/<prefix>XXXXXX; NULL on failure. The caller frees it with
+ * test_remove_dir. */
+char *test_make_tempdir(const char *prefix);
+/* Removes the files in dir, then dir itself, and frees dir (NULL is a no-op). */
+void test_remove_dir(char *dir);
+/* Size of the file at path in bytes, -1 when it cannot be stat'ed. */
+long test_file_size(const char *path);
+/* The whole file at path (one spare byte allocated), its size in *len; NULL when
+ * it cannot be read. The caller frees it. */
+unsigned char *test_slurp(const char *path, long *len);
+/* Writes len bytes of b to path (created or truncated); 0 or -1. Nothing to free. */
+int test_spit(const char *path, const unsigned char *b, long len);
+
 #endif

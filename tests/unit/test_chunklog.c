@@ -4,12 +4,10 @@
  * the last frame (a torn tail), hundreds of garbage and mutated files (never a
  * crash, never an entry that was not written), misuse refused, replay stopped
  * by either callback, damage after open caught by replay, and the file lock. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache/cache.h"
@@ -26,53 +24,6 @@ static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
 static void random_bytes(void *dst, size_t len, uint64_t *s) {
     unsigned char *p = dst;
     for (size_t i = 0; i < len; i++) p[i] = (unsigned char)(rng_next(s) >> 56);
-}
-
-static char *make_dir(void) {
-    static char tmpl[64];
-    strcpy(tmpl, "/tmp/chunklog-test-XXXXXX");
-    return mkdtemp(tmpl);
-}
-
-static void rm_dir(const char *dir) {
-    if (!dir) return;
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char path[512];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
-static long file_size(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
-
-static unsigned char *slurp(const char *path, long *len) {
-    *len = file_size(path);
-    if (*len < 0) return NULL;
-    unsigned char *b = malloc((size_t)*len + 1);
-    FILE *f = fopen(path, "rb");
-    if (!b || !f || fread(b, 1, (size_t)*len, f) != (size_t)*len) {
-        free(b);
-        b = NULL;
-    }
-    if (f) fclose(f);
-    return b;
-}
-
-static int spit(const char *path, const unsigned char *b, long len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t w = len ? fwrite(b, 1, (size_t)len, f) : 0;
-    return fclose(f) == 0 && w == (size_t)len ? 0 : -1;
 }
 
 /* ---- a model of what was written --------------------------------------------------- */
@@ -229,7 +180,7 @@ static chunk_log *build_standard(const char *path, want_log *w, int final, uint6
 }
 
 TEST(chunklog_roundtrip) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -238,7 +189,7 @@ TEST(chunklog_roundtrip) {
     CHECK(l != NULL);
     if (l) {
         check_entries(l, &w, w.n);
-        CHECK_EQ_INT(file_size(path), (long)chunk_log_committed_size(l));
+        CHECK_EQ_INT(test_file_size(path), (long)chunk_log_committed_size(l));
         CHECK(chunk_log_find(l, 4) == NULL);
         CHECK(chunk_log_find(l, 0) == NULL);
         CHECK(chunk_log_find(l, 8) == NULL);
@@ -255,11 +206,11 @@ TEST(chunklog_roundtrip) {
         chunk_log_close(l);
     }
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_replay_from_each_offset) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -284,25 +235,25 @@ TEST(chunklog_replay_from_each_offset) {
         chunk_log_close(l);
     }
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_reopen_keeps_everything) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
     want_log w = {0};
     chunk_log *l = build_standard(path, &w, 0, 13);
     CHECK(l != NULL);
-    long size = file_size(path);
+    long size = test_file_size(path);
     chunk_log_close(l);
     int damaged = -1;
     l = chunk_log_open(path, 0, &damaged, err, sizeof err);
     CHECK(l != NULL);
     if (l) {
         CHECK_EQ_INT(damaged, 0);
-        CHECK_EQ_INT(file_size(path), size);
+        CHECK_EQ_INT(test_file_size(path), size);
         check_entries(l, &w, w.n);
         check_replay(l, 0, &w, 0, w.n);
         /* and it goes on where it stopped */
@@ -319,11 +270,11 @@ TEST(chunklog_reopen_keeps_everything) {
         }
     }
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_fsync_mode) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -345,11 +296,11 @@ TEST(chunklog_fsync_mode) {
         }
     }
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_abort_leaves_no_trace) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -358,13 +309,13 @@ TEST(chunklog_abort_leaves_no_trace) {
     chunk_log *l = chunk_log_open(path, 0, &damaged, err, sizeof err);
     CHECK(l != NULL);
     if (!l) {
-        rm_dir(dir);
+        test_remove_dir(dir);
         return;
     }
     uint64_t rng = 21;
     CHECK_EQ_INT(add_chunk(l, &w, 1, 100000, 50000, 0, &rng), 0);
     CHECK_EQ_INT(add_chunk(l, &w, 2, 30000, 20000, 0, &rng), 0);
-    long size = file_size(path);
+    long size = test_file_size(path);
     CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0); /* nothing open: a no-op */
     /* an aborted 2.5 MiB upload */
     size_t big = 5 * (1u << 19);
@@ -376,31 +327,31 @@ TEST(chunklog_abort_leaves_no_trace) {
         for (size_t off = 0; off < big; off += 48000)
             CHECK_EQ_INT(chunk_log_append(l, junk + off, big - off < 48000 ? big - off : 48000,
                                           err, sizeof err), 0);
-        CHECK(file_size(path) > size + (long)big);
+        CHECK(test_file_size(path) > size + (long)big);
         CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0);
-        CHECK_EQ_INT(file_size(path), size);
+        CHECK_EQ_INT(test_file_size(path), size);
         check_entries(l, &w, w.n);
         CHECK(chunk_log_find(l, 3) == NULL);
         CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0);
         /* an aborted empty chunk */
         CHECK_EQ_INT(chunk_log_begin(l, 3, err, sizeof err), 0);
         CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0);
-        CHECK_EQ_INT(file_size(path), size);
+        CHECK_EQ_INT(test_file_size(path), size);
         /* the same seq again, different bytes, commits */
         CHECK_EQ_INT(add_chunk(l, &w, 3, 70000, 9000, 0, &rng), 0);
         check_entries(l, &w, w.n);
         check_replay(l, 0, &w, 0, w.n);
-        long size3 = file_size(path);
+        long size3 = test_file_size(path);
         /* close with a chunk open drops it as well */
         CHECK_EQ_INT(chunk_log_begin(l, 4, err, sizeof err), 0);
         CHECK_EQ_INT(chunk_log_append(l, junk, 1000, err, sizeof err), 0);
         chunk_log_close(l);
-        CHECK_EQ_INT(file_size(path), size3);
+        CHECK_EQ_INT(test_file_size(path), size3);
         l = chunk_log_open(path, 0, &damaged, err, sizeof err);
         CHECK(l != NULL);
         if (l) {
             CHECK_EQ_INT(damaged, 0);
-            CHECK_EQ_INT(file_size(path), size3);
+            CHECK_EQ_INT(test_file_size(path), size3);
             check_entries(l, &w, w.n);
             check_replay(l, 0, &w, 0, w.n);
         }
@@ -408,7 +359,7 @@ TEST(chunklog_abort_leaves_no_trace) {
     }
     chunk_log_close(l);
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 /* A small log whose frame layout is easy to walk: chunks of a few hundred bytes
@@ -422,7 +373,7 @@ static long build_small(const char *path, want_log *w, int n_chunks, uint64_t se
     for (int i = 0; i < n_chunks; i++)
         rc |= add_chunk(l, w, (uint64_t)(i + 1), 200 + 100 * (size_t)i, 150, 0, &rng);
     chunk_log_close(l);
-    return rc ? -1 : file_size(path);
+    return rc ? -1 : test_file_size(path);
 }
 
 /* Number of entries of the written log that end at or before off. */
@@ -433,7 +384,7 @@ static int entries_before(const uint64_t *ends, int n, uint64_t off) {
 }
 
 TEST(chunklog_torn_tail_every_offset) {
-    char *dir = make_dir(), path[256], copy[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -449,7 +400,7 @@ TEST(chunklog_torn_tail_every_offset) {
     CHECK(l && chunk_log_append(l, piece, sizeof piece, err, sizeof err) == 0);
     CHECK(l && chunk_log_append(l, piece, 7, err, sizeof err) == 0);
     long len;
-    unsigned char *img = slurp(path, &len); /* taken before close drops chunk 5 */
+    unsigned char *img = test_slurp(path, &len); /* taken before close drops chunk 5 */
     chunk_log_close(l);
     CHECK(img != NULL && len > size);
     l = chunk_log_open(path, 0, NULL, err, sizeof err);
@@ -461,7 +412,7 @@ TEST(chunklog_torn_tail_every_offset) {
     chunk_log_close(l);
     int bad = 0;
     for (long cut = 0; img && n == 4 && cut <= len && bad < 5; cut++) {
-        if (spit(copy, img, cut) != 0) {
+        if (test_spit(copy, img, cut) != 0) {
             CHECK(0);
             break;
         }
@@ -475,7 +426,7 @@ TEST(chunklog_torn_tail_every_offset) {
         int k = entries_before(ends, 4, (uint64_t)cut);
         CHECK_EQ_INT(damaged, 0);
         check_entries(l, &w, k);
-        CHECK_EQ_INT(file_size(copy), k ? (long)ends[k - 1] : 0);
+        CHECK_EQ_INT(test_file_size(copy), k ? (long)ends[k - 1] : 0);
         if (cut % 7 == 0 || cut >= (long)ends[3]) check_replay(l, 0, &w, 0, k);
         /* the torn chunk can be uploaded again */
         CHECK_EQ_INT(chunk_log_begin(l, (uint64_t)k + 1, err, sizeof err), 0);
@@ -490,7 +441,7 @@ TEST(chunklog_torn_tail_every_offset) {
     }
     free(img);
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 /* Opens a copy of img with bit `bit` of byte off flipped; the log or NULL. */
@@ -500,14 +451,14 @@ static chunk_log *open_flipped(const char *copy, const unsigned char *img, long 
     if (!b) return NULL;
     memcpy(b, img, (size_t)len);
     b[off] ^= (unsigned char)(1u << bit);
-    int rc = spit(copy, b, len);
+    int rc = test_spit(copy, b, len);
     free(b);
     char err[256];
     return rc ? NULL : chunk_log_open(copy, 0, damaged, err, sizeof err);
 }
 
 TEST(chunklog_bitflip_middle_is_damage) {
-    char *dir = make_dir(), path[256], copy[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -515,7 +466,7 @@ TEST(chunklog_bitflip_middle_is_damage) {
     want_log w = {0};
     long len = build_small(path, &w, 4, 41);
     CHECK(len > 0);
-    unsigned char *img = slurp(path, &len);
+    unsigned char *img = test_slurp(path, &len);
     chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
     size_t n = 0;
     const chunk_log_entry *e = l ? chunk_log_entries(l, &n) : NULL;
@@ -533,7 +484,7 @@ TEST(chunklog_bitflip_middle_is_damage) {
             int k = entries_before(ends, 4, (uint64_t)off);
             CHECK_EQ_INT(damaged, 1);
             check_entries(l, &w, k);
-            CHECK_EQ_INT(file_size(copy), k ? (long)ends[k - 1] : 0);
+            CHECK_EQ_INT(test_file_size(copy), k ? (long)ends[k - 1] : 0);
             if (off % 11 == 0) check_replay(l, 0, &w, 0, k);
             chunk_log_close(l);
         }
@@ -544,11 +495,11 @@ TEST(chunklog_bitflip_middle_is_damage) {
     }
     free(img);
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_bitflip_last_frame_is_torn) {
-    char *dir = make_dir(), path[256], copy[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -556,7 +507,7 @@ TEST(chunklog_bitflip_last_frame_is_torn) {
     want_log w = {0};
     long len = build_small(path, &w, 3, 51);
     CHECK(len > 40);
-    unsigned char *img = slurp(path, &len);
+    unsigned char *img = test_slurp(path, &len);
     long prev_end = -1;
     { /* end of chunk 2 */
         char err[256];
@@ -574,7 +525,7 @@ TEST(chunklog_bitflip_last_frame_is_torn) {
             if (l) {
                 CHECK_EQ_INT(damaged, 0);
                 check_entries(l, &w, 2);
-                CHECK_EQ_INT(file_size(copy), prev_end);
+                CHECK_EQ_INT(test_file_size(copy), prev_end);
                 chunk_log_close(l);
             }
             if (test_failures != before) {
@@ -584,11 +535,11 @@ TEST(chunklog_bitflip_last_frame_is_torn) {
         }
     free(img);
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_garbage_never_invents_entries) {
-    char *dir = make_dir(), path[256], copy[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -596,7 +547,7 @@ TEST(chunklog_garbage_never_invents_entries) {
     want_log w = {0};
     long vlen = build_small(path, &w, 4, 61);
     CHECK(vlen > 0);
-    unsigned char *valid = slurp(path, &vlen);
+    unsigned char *valid = test_slurp(path, &vlen);
     unsigned char *b = malloc(16384);
     CHECK(valid != NULL && b != NULL);
     uint64_t rng = 0x1234567;
@@ -626,7 +577,7 @@ TEST(chunklog_garbage_never_invents_entries) {
             int k = 1 + (int)(rng_next(&rng) % 5);
             for (int i = 0; i < k; i++) b[rng_next(&rng) % (uint64_t)vlen] = (unsigned char)rng_next(&rng);
         }
-        if (spit(copy, b, len) != 0) {
+        if (test_spit(copy, b, len) != 0) {
             CHECK(0);
             break;
         }
@@ -653,7 +604,7 @@ TEST(chunklog_garbage_never_invents_entries) {
             check_entries(l, &w, (int)n);
             check_replay(l, 0, &w, 0, (int)n);
         }
-        CHECK_EQ_INT(file_size(copy), n ? (long)e[n - 1].end_offset : 0);
+        CHECK_EQ_INT(test_file_size(copy), n ? (long)e[n - 1].end_offset : 0);
         /* and the log is usable */
         uint64_t next = chunk_log_last_seq(l) + 1;
         CHECK_EQ_INT(chunk_log_begin(l, next, err, sizeof err), 0);
@@ -669,11 +620,11 @@ TEST(chunklog_garbage_never_invents_entries) {
     free(b);
     free(valid);
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_misuse_refused) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -724,11 +675,11 @@ TEST(chunklog_misuse_refused) {
     CHECK(chunk_log_open(dir, 0, NULL, err, sizeof err) == NULL);
     CHECK(err[0] != 0);
     chunk_log_close(NULL);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_replay_callback_stops) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -758,11 +709,11 @@ TEST(chunklog_replay_callback_stops) {
         chunk_log_close(l);
     }
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(chunklog_replay_catches_later_damage) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -789,7 +740,7 @@ TEST(chunklog_replay_catches_later_damage) {
         chunk_log_close(l);
     }
     want_free(&w);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 /* ---- the format, encoded independently from the comment in server/chunklog.c ---------- */
@@ -817,7 +768,7 @@ static size_t enc_commit(unsigned char *out, uint64_t seq, uint64_t bytes, uint3
 }
 
 TEST(chunklog_format_matches_doc) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -849,7 +800,7 @@ TEST(chunklog_format_matches_doc) {
         n += enc_commit(want + n, 4, big, crc32c(0, doc, big), 0);
         n += enc_commit(want + n, 9, 0, 0, 1);
         long len;
-        unsigned char *got = slurp(path, &len);
+        unsigned char *got = test_slurp(path, &len);
         CHECK_EQ_INT(len, (long)n);
         CHECK(got && len == (long)n && memcmp(got, want, n) == 0);
         free(got);
@@ -858,12 +809,12 @@ TEST(chunklog_format_matches_doc) {
     }
     free(doc);
     free(want);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 /* Frames with valid CRCs that break the writer's rules end the log where they start. */
 TEST(chunklog_rule_breaking_frames_rejected) {
-    char *dir = make_dir(), path[256], err[256];
+    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
     CHECK(dir != NULL);
     if (!dir) return;
     snprintf(path, sizeof path, "%s/log", dir);
@@ -932,18 +883,18 @@ TEST(chunklog_rule_breaking_frames_rejected) {
             n += enc_commit(f + n, 2, 1, crc_a, 0);
             break;
         }
-        CHECK(spit(path, f, (long)n) == 0);
+        CHECK(test_spit(path, f, (long)n) == 0);
         int damaged = -1, before = test_failures;
         chunk_log *l = chunk_log_open(path, 0, &damaged, err, sizeof err);
         CHECK(l != NULL);
         if (l) {
             CHECK_EQ_INT(chunk_log_committed_size(l), good);
-            CHECK_EQ_INT(file_size(path), (long)good);
+            CHECK_EQ_INT(test_file_size(path), (long)good);
             CHECK_EQ_INT(damaged, tail_commit);
             CHECK(chunk_log_find(l, 1) && chunk_log_find(l, 1)->crc == crc_ab);
             chunk_log_close(l);
         }
         if (test_failures != before) fprintf(stderr, "  (case %d)\n", c);
     }
-    rm_dir(dir);
+    test_remove_dir(dir);
 }

@@ -17,14 +17,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cache/cache.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 #include "test.h"
+#include "test_model.h"
 
 /* ---- the tokenizer: held-back bytes resume exactly ------------------------------- */
 
@@ -146,19 +145,6 @@ TEST(doc_snapshot_tokenizer_resumes_from_held_bytes) {
 
 /* ---- documents ------------------------------------------------------------------------ */
 
-static engine *open_model(void) {
-    const char *path = test_model_path();
-    char err[512];
-    if (!path) {
-        fprintf(stderr, "  model missing (make model)\n");
-        return NULL;
-    }
-    engine_options opt = {.n_threads = 2};
-    engine *e = engine_open(path, &opt, err, sizeof err);
-    if (!e) fprintf(stderr, "  %s\n", err);
-    return e;
-}
-
 /* About 1.3 KB with 2-, 3- and 4-byte characters (for the tiny model: ~1100
  * byte-level tokens). The first cuts come from markers both documents share:
  * inside "compass", then inside the ship emoji after it (check_restores). */
@@ -276,22 +262,6 @@ static int feed_range(engine_doc *d, const char *doc, size_t from, size_t to, si
     return 0;
 }
 
-static char *make_dir(void) {
-    char tmpl[] = "/tmp/potserve_docsnap_XXXXXX";
-    char *d = mkdtemp(tmpl);
-    return d ? strdup(d) : NULL;
-}
-
-static void rm_dir(char *dir, const char *const *names, int n) {
-    char path[600];
-    for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-    free(dir);
-}
-
 enum { MAX_CUTS = 6 };
 
 typedef struct cut {
@@ -336,7 +306,7 @@ static int run_ready(engine_doc *d) {
 static void check_restores(engine *e, const engine_pot_settings *set, const char *doc,
                            int all_cuts, const char *label) {
     char err[512];
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_docsnap_");
     engine_doc *d = dir ? engine_doc_open(e, set, err, sizeof err) : NULL;
     CHECK(d != NULL);
     if (!d) {
@@ -405,8 +375,7 @@ static void check_restores(engine *e, const engine_pot_settings *set, const char
         engine_doc_close(r);
     }
     result_free(&want);
-    const char *names[MAX_CUTS] = {"cut0.pds", "cut1.pds", "cut2.pds", "cut3.pds", "cut4.pds", "cut5.pds"};
-    rm_dir(dir, names, MAX_CUTS);
+    test_remove_dir(dir);
 }
 
 /* A small pot, plain text, every token recorded. */
@@ -474,7 +443,7 @@ TEST(doc_snapshot_restores_every_policy_tiny) {
 /* The real model (f16 entries, GQA, byte-level BPE): every policy and
  * schedule, a 40-entry pot over ~100 tokens; none with a pot it fits. */
 TEST(doc_snapshot_restores_every_policy_default_model) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     for (int p = 0; p <= N_POLICIES; p++)
@@ -494,7 +463,7 @@ TEST(doc_snapshot_restores_every_policy_default_model) {
 /* The chat settings on the real model, whose template pins ~30 tokens. */
 TEST(doc_snapshot_restores_chat_two_stage_finch) {
     if (SANITIZED) return;
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     engine_pot_settings set = chat_settings(64, 48);
@@ -503,30 +472,6 @@ TEST(doc_snapshot_restores_chat_two_stage_finch) {
 }
 
 /* ---- refusals ----------------------------------------------------------------------- */
-
-static long file_size(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
-
-static unsigned char *slurp(const char *path, long *len) {
-    *len = file_size(path);
-    FILE *f = fopen(path, "rb");
-    unsigned char *b = f && *len > 0 ? malloc((size_t)*len) : NULL;
-    if (b && fread(b, 1, (size_t)*len, f) != (size_t)*len) {
-        free(b);
-        b = NULL;
-    }
-    if (f) fclose(f);
-    return b;
-}
-
-static int spit(const char *path, const unsigned char *b, long len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    int ok = fwrite(b, 1, (size_t)len, f) == (size_t)len;
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
 
 /* Rewrites the checksum at the end of a snapshot's n bytes after an edit. */
 static void reseal(unsigned char *b, long n) {
@@ -549,11 +494,11 @@ static void expect_refused(engine *e, const engine_pot_settings *s, const char *
 }
 
 TEST(doc_snapshot_refuses_bad_files) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512], path[600], bad[600];
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_docsnap_");
     engine_pot_settings set = small_settings("h2o", "fixed", 16, 8, 4);
     engine_doc *d = dir ? engine_doc_open(e, &set, err, sizeof err) : NULL;
     CHECK(d != NULL);
@@ -576,7 +521,7 @@ TEST(doc_snapshot_refuses_bad_files) {
     expect_refused(e, &set, bad, "No such file");
     /* every truncation (sampled) and a byte flipped anywhere (sampled) */
     long len = 0;
-    unsigned char *b = slurp(path, &len);
+    unsigned char *b = test_slurp(path, &len);
     CHECK(b != NULL && len > 1000);
     /* every byte up to the end of the document state, then every 4099th of the pot */
     long dense = 0;
@@ -587,13 +532,13 @@ TEST(doc_snapshot_refuses_bad_files) {
         CHECK(extra_len > 100 && dense < len);
     }
     for (long k = 0; b && k < len; k += k < dense ? 1 : 4099) {
-        CHECK_EQ_INT(spit(bad, b, k), 0);
+        CHECK_EQ_INT(test_spit(bad, b, k), 0);
         expect_refused(e, &set, bad, "truncated");
     }
     int flips = 0;
     for (long i = 0; b && i < len; i += i < dense ? 1 : 4099, flips++) {
         b[i] ^= 0x20;
-        CHECK_EQ_INT(spit(bad, b, len), 0);
+        CHECK_EQ_INT(test_spit(bad, b, len), 0);
         char e2[512] = "";
         uint64_t o = 0;
         engine_doc *x = engine_doc_load(e, &set, bad, &o, e2, sizeof e2);
@@ -608,7 +553,7 @@ TEST(doc_snapshot_refuses_bad_files) {
     /* a future snapshot format */
     if (b) {
         b[8] = 3;
-        CHECK_EQ_INT(spit(bad, b, len), 0);
+        CHECK_EQ_INT(test_spit(bad, b, len), 0);
         expect_refused(e, &set, bad, "version 3 is newer");
         b[8] = 2;
     }
@@ -651,13 +596,13 @@ TEST(doc_snapshot_refuses_bad_files) {
         /* another model's fingerprint, in a file that is otherwise intact */
         b[12] ^= 1;
         reseal(b, len);
-        CHECK_EQ_INT(spit(bad, b, len), 0);
+        CHECK_EQ_INT(test_spit(bad, b, len), 0);
         expect_refused(e, &set, bad, "another model");
         b[12] ^= 1;
         /* a document state of a future version */
         b[at_extra + 4] = 2;
         reseal(b, len);
-        CHECK_EQ_INT(spit(bad, b, len), 0);
+        CHECK_EQ_INT(test_spit(bad, b, len), 0);
         expect_refused(e, &set, bad, "document state format version 2");
         b[at_extra + 4] = 1;
         /* a pot snapshot with no document state (what pot_snapshot_write alone writes):
@@ -666,36 +611,35 @@ TEST(doc_snapshot_refuses_bad_files) {
         long n = len - (long)extra_len;
         memset(b + 64, 0, 8);
         reseal(b, n);
-        CHECK_EQ_INT(spit(bad, b, n), 0);
+        CHECK_EQ_INT(test_spit(bad, b, n), 0);
         expect_refused(e, &set, bad, "no document state");
     }
     free(b);
     /* a failed save leaves the old file as it was; a failed document is not saved */
-    long before = file_size(path);
+    long before = test_file_size(path);
     snprintf(bad, sizeof bad, "%s/no/such/dir/doc.pds", dir);
     CHECK_EQ_INT(engine_doc_save(d, bad, 9, err, sizeof err), -1);
-    CHECK(file_size(path) == before);
+    CHECK(test_file_size(path) == before);
     CHECK_EQ_INT(engine_doc_feed(d, "\xff", 1, 0, err, sizeof err), -1);
     CHECK_EQ_INT(engine_doc_save(d, path, 9, err, sizeof err), -1);
-    CHECK(strstr(err, "failed") != NULL && file_size(path) == before);
+    CHECK(strstr(err, "failed") != NULL && test_file_size(path) == before);
     r = engine_doc_load(e, &set, path, &off, err, sizeof err);
     CHECK(r != NULL && off == 5);
     engine_doc_close(r);
     engine_doc_close(d);
-    const char *names[] = {"doc.pds", "bad.pds"};
-    rm_dir(dir, names, 2);
+    test_remove_dir(dir);
     engine_close(e);
 }
 
 /* A kv_f32 engine refuses a snapshot of f16 entries (same model, same settings). */
 TEST(doc_snapshot_refuses_other_kv_type) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     const char *mp = test_model_path();
     engine_options opt = {.n_threads = 2, .kv_f32 = 1};
     char err[512], path[600];
     engine *f = mp ? engine_open(mp, &opt, err, sizeof err) : NULL;
     CHECK(e != NULL && f != NULL);
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_docsnap_");
     CHECK(dir != NULL);
     snprintf(path, sizeof path, "%s/doc.pds", dir ? dir : "/nonexistent");
     engine_pot_settings set = small_settings("streaming", "fixed", 32, 16, 8);
@@ -707,8 +651,7 @@ TEST(doc_snapshot_refuses_other_kv_type) {
         expect_refused(f, &set, path, "f16 entries");
     }
     engine_doc_close(d);
-    const char *names[] = {"doc.pds"};
-    if (dir) rm_dir(dir, names, 1);
+    test_remove_dir(dir);
     engine_close(e);
     engine_close(f);
 }

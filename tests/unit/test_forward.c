@@ -10,21 +10,10 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "test.h"
+#include "test_model.h"
 
 static const int32_t prompt[] = {504, 3575, 282, 4649, 314, 1978, 28, 253, 3654, 1345, 30, 392, 17, 26};
 enum { N_PROMPT = sizeof prompt / sizeof prompt[0] };
-
-static model *load_default(void) {
-    const char *path = test_model_path();
-    char err[512];
-    if (!path) {
-        fprintf(stderr, "  default model missing (make model)\n");
-        return NULL;
-    }
-    model *m = model_load(path, err, sizeof err);
-    if (!m) fprintf(stderr, "  %s\n", err);
-    return m;
-}
 
 static pot *new_pot(const model *m, int32_t cap) {
     char err[256];
@@ -56,7 +45,7 @@ static int run_in_pieces(backend *be, const model *m, int piece, float *logits) 
 }
 
 TEST(forward_split_invariance) {
-    model *m = load_default();
+    model *m = test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
@@ -77,7 +66,7 @@ TEST(forward_split_invariance) {
 }
 
 TEST(forward_batch_of_spans_equals_separate_runs) {
-    model *m = load_default();
+    model *m = test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
@@ -116,7 +105,7 @@ TEST(forward_batch_of_spans_equals_separate_runs) {
 }
 
 TEST(forward_attention_scores_are_probabilities) {
-    model *m = load_default();
+    model *m = test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
@@ -150,7 +139,7 @@ TEST(forward_attention_scores_are_probabilities) {
 }
 
 TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
-    model *m = load_default();
+    model *m = test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
     char err[256];
@@ -174,7 +163,7 @@ TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
 }
 
 TEST(forward_partial_attention_over_every_slot_equals_full) {
-    model *m = load_default();
+    model *m = test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
     char err[256];

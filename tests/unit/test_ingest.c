@@ -12,36 +12,14 @@
 
 #include "engine/engine.h"
 #include "test.h"
+#include "test_model.h"
 
 /* f32 pots; exact (f32) activations for the tiny models. The real model runs
  * its default quantised activations (each token's activations are quantised on
  * their own, so chunking does not change them) to keep the sanitizer run short. */
 static engine *open_engine(const char *path, int exact) {
-    char err[512];
-    if (!path) {
-        fprintf(stderr, "  model missing (make model / make fixtures)\n");
-        return NULL;
-    }
     engine_options opt = {.n_threads = 2, .exact = exact, .kv_f32 = 1};
-    engine *e = engine_open(path, &opt, err, sizeof err);
-    if (!e) fprintf(stderr, "  %s\n", err);
-    return e;
-}
-
-static const char doc_text[] =
-    "The lighthouse keeper counted the ships that passed each night. In March there were "
-    "seventeen, in April twenty-two, and in May the fog kept every vessel in port. The keeper's "
-    "daughter, who was nine, wrote the numbers on the wall in chalk: 17, 22, 0. When the "
-    "inspector came in June he asked why the wall was covered in numbers, and she said that the "
-    "sea was a library and the ships were its books. He wrote that down too. ";
-
-/* The document: doc_text repeated to `len` bytes. */
-static char *make_doc(size_t len) {
-    size_t n = strlen(doc_text);
-    char *d = malloc(len + 1);
-    for (size_t i = 0; i < len; i++) d[i] = doc_text[i % n];
-    d[len] = 0;
-    return d;
+    return test_open_engine(path, &opt);
 }
 
 static double max_rel_diff(const float *a, const float *b, int n) {
@@ -60,7 +38,7 @@ static void check_no_compression_equals_prefill(const char *model_path, size_t d
     if (!e) return;
     engine_info info;
     engine_get_info(e, &info);
-    char *doc = make_doc(doc_bytes);
+    char *doc = test_lighthouse_doc(doc_bytes);
     const char *policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none", "cascade"};
     const char *schedules[] = {"fixed", "imdc"};
     float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
@@ -159,7 +137,7 @@ TEST(ingest_pot_is_independent_of_upload_splits) {
     if (!e) return;
     engine_info info;
     engine_get_info(e, &info);
-    char *doc = make_doc(1500); /* ~1000 byte-level tokens through a 200-entry pot */
+    char *doc = test_lighthouse_doc(1500); /* ~1000 byte-level tokens through a 200-entry pot */
     const char *policies[] = {"infinipot", "snapkv", "h2o", "cascade"};
     for (int p = 0; p < 4; p++) {
         engine_pot_settings set = engine_pot_settings_default();
@@ -235,7 +213,7 @@ TEST(ingest_rejects_bad_settings_and_overflow) {
     engine_doc *d = engine_doc_open(e, &s, err, sizeof err);
     CHECK(d != NULL);
     if (d) {
-        char *doc = make_doc(1000);
+        char *doc = test_lighthouse_doc(1000);
         CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), -1);
         CHECK(strstr(err, "does not fit") != NULL);
         free(doc);

@@ -15,21 +15,9 @@
 
 #include "engine/engine.h"
 #include "test.h"
+#include "test_model.h"
 
 enum { WAIT_S = 600 }; /* a hung engine thread fails the test instead of hanging it */
-
-static engine *open_model(void) {
-    const char *path = test_model_path();
-    char err[512];
-    if (!path) {
-        fprintf(stderr, "  model missing (make model)\n");
-        return NULL;
-    }
-    engine_options opt = {.n_threads = 2};
-    engine *e = engine_open(path, &opt, err, sizeof err);
-    if (!e) fprintf(stderr, "  %s\n", err);
-    return e;
-}
 
 /* What callbacks on the engine thread report to the test thread. */
 typedef struct waiter {
@@ -161,7 +149,7 @@ static void check_same_output(const gen_out *a, const gen_out *b, int i) {
 }
 
 TEST(sched_batched_generations_equal_one_at_a_time) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512];
@@ -215,22 +203,6 @@ TEST(sched_batched_generations_equal_one_at_a_time) {
     for (int i = 0; i < 8; i++) free(toks[i]);
     waiter_destroy(&w);
     engine_close(e);
-}
-
-static const char doc_text[] =
-    "The lighthouse keeper counted the ships that passed each night. In March there were "
-    "seventeen, in April twenty-two, and in May the fog kept every vessel in port. The keeper's "
-    "daughter, who was nine, wrote the numbers on the wall in chalk: 17, 22, 0. When the "
-    "inspector came in June he asked why the wall was covered in numbers, and she said that the "
-    "sea was a library and the ships were its books. He wrote that down too. ";
-
-static char *make_doc(size_t len) {
-    size_t n = strlen(doc_text);
-    char *d = malloc(len + 1);
-    if (!d) return NULL;
-    for (size_t i = 0; i < len; i++) d[i] = doc_text[i % n];
-    d[len] = 0;
-    return d;
 }
 
 static engine_pot_settings small_pot(void) {
@@ -293,13 +265,13 @@ static void sync_task(engine *e, void *user) {
 }
 
 TEST(sched_ingest_in_pieces_equals_doc_feed) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512];
     engine_info info;
     engine_get_info(e, &info);
-    char *doc = make_doc(1000);
+    char *doc = test_lighthouse_doc(1000);
     size_t len = strlen(doc);
 
     /* the reference: one engine_doc_feed, then engine_doc_answer */
@@ -390,7 +362,7 @@ TEST(sched_ingest_in_pieces_equals_doc_feed) {
 }
 
 TEST(sched_generation_runs_while_a_document_streams_in) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512];
@@ -406,7 +378,7 @@ TEST(sched_generation_runs_while_a_document_streams_in) {
     CHECK_EQ_INT(engine_sched_task(s, open_fine_doc_task, &d), 0);
     CHECK_EQ_INT(engine_sched_task(s, sync_task, &w), 0);
     CHECK_EQ_INT(waiter_wait(&w, 1), 0);
-    char *doc = make_doc(800); /* ~180 tokens: ~11 chunks of 16 */
+    char *doc = test_lighthouse_doc(800); /* ~180 tokens: ~11 chunks of 16 */
     static gen_out out;
     memset(&out, 0, sizeof out);
     out.w = &w;
@@ -450,7 +422,7 @@ static void probe_task(engine *e, void *user) {
 }
 
 TEST(sched_free_cancels_active_generations) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512];
@@ -525,7 +497,7 @@ static void order_task(engine *e, void *user) {
 }
 
 TEST(sched_tasks_run_in_order_after_earlier_ingests) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512];
@@ -539,7 +511,7 @@ TEST(sched_tasks_run_in_order_after_earlier_ingests) {
     order_ref refs[40];
     ingest_log ilog = {.w = &w};
     ingest_ref iref = {&ilog, 0};
-    char *doc = make_doc(600);
+    char *doc = test_lighthouse_doc(600);
     CHECK_EQ_INT(engine_sched_task(s, open_doc_task, &d), 0);
     CHECK_EQ_INT(engine_sched_task(s, sync_task, &w), 0);
     CHECK_EQ_INT(waiter_wait(&w, 1), 0);
@@ -569,7 +541,7 @@ TEST(sched_tasks_run_in_order_after_earlier_ingests) {
 }
 
 TEST(sched_generation_errors) {
-    engine *e = open_model();
+    engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;
     char err[512];

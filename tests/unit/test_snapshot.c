@@ -114,13 +114,6 @@ static pot_snapshot_meta make_meta(uint64_t log_offset, const char *settings) {
     return m;
 }
 
-/* A fresh directory under /tmp; rm_dir removes it and what the tests left in it. */
-static char *make_dir(void) {
-    char tmpl[] = "/tmp/potserve_snap_XXXXXX";
-    char *d = mkdtemp(tmpl);
-    return d ? strdup(d) : NULL;
-}
-
 static int count_entries(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return -1;
@@ -132,52 +125,8 @@ static int count_entries(const char *dir) {
     return n;
 }
 
-static void rm_dir(char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char path[4200];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-    free(dir);
-}
-
-static long file_size(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
-
-static unsigned char *slurp(const char *path, long *len) {
-    *len = file_size(path);
-    FILE *f = fopen(path, "rb");
-    if (!f || *len < 0) {
-        if (f) fclose(f);
-        return NULL;
-    }
-    unsigned char *b = malloc((size_t)*len + 1);
-    if (b && fread(b, 1, (size_t)*len, f) != (size_t)*len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    return b;
-}
-
-static int spit(const char *path, const unsigned char *b, long len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    int ok = fwrite(b, 1, (size_t)len, f) == (size_t)len;
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
-
 TEST(snapshot_round_trip_f16_f32) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     CHECK(dir != NULL);
     if (!dir) return;
     char path[512], err[256];
@@ -190,7 +139,7 @@ TEST(snapshot_round_trip_f16_f32) {
         CHECK_EQ_INT(pot_snapshot_write(path, p, &m, err, sizeof err), 0);
         /* the size the documented layout implies: 72-byte header, settings, slots, CRC */
         size_t elem = types[t] == POT_F32 ? 4 : 2;
-        CHECK_EQ_INT(file_size(path), 72 + strlen(settings) + 3 * 2 * 13 * (2 * 5 * elem + 16) + 4);
+        CHECK_EQ_INT(test_file_size(path), 72 + strlen(settings) + 3 * 2 * 13 * (2 * 5 * elem + 16) + 4);
         memset(&back, 0x55, sizeof back);
         pot *q = pot_snapshot_read(path, 0, &back, err, sizeof err);
         CHECK(q != NULL);
@@ -236,7 +185,7 @@ TEST(snapshot_round_trip_f16_f32) {
     CHECK(strstr(err, "out of range") != NULL);
     pot_free(p);
     CHECK_EQ_INT(count_entries(dir), 1);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 /* Writes a small snapshot (a few hundred bytes) and returns its bytes. */
@@ -246,11 +195,11 @@ static unsigned char *small_snapshot(const char *path, long *len) {
     pot_snapshot_meta m = make_meta(777, "policy=snapkv");
     int rc = pot_snapshot_write(path, p, &m, err, sizeof err);
     pot_free(p);
-    return rc == 0 ? slurp(path, len) : NULL;
+    return rc == 0 ? test_slurp(path, len) : NULL;
 }
 
 TEST(snapshot_every_truncation_refused) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     char path[512], cut[512], err[256];
     snprintf(path, sizeof path, "%s/pot.snap", dir);
     snprintf(cut, sizeof cut, "%s/cut.snap", dir);
@@ -260,7 +209,7 @@ TEST(snapshot_every_truncation_refused) {
     if (!b) return;
     pot_snapshot_meta m;
     for (long k = 0; k < len; k++) {
-        CHECK_EQ_INT(spit(cut, b, k), 0);
+        CHECK_EQ_INT(test_spit(cut, b, k), 0);
         err[0] = 0;
         pot *q = pot_snapshot_read(cut, 0, &m, err, sizeof err);
         CHECK(q == NULL && err[0] != 0);
@@ -272,7 +221,7 @@ TEST(snapshot_every_truncation_refused) {
     }
     /* one byte too many is refused as well */
     b[len] = 0;
-    CHECK_EQ_INT(spit(cut, b, len + 1), 0);
+    CHECK_EQ_INT(test_spit(cut, b, len + 1), 0);
     CHECK(pot_snapshot_read(cut, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "size mismatch") != NULL);
     /* the untouched file still reads */
@@ -280,11 +229,11 @@ TEST(snapshot_every_truncation_refused) {
     CHECK(q != NULL);
     pot_free(q);
     free(b);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(snapshot_every_byte_flip_refused) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     char path[512], bad[512], err[256];
     snprintf(path, sizeof path, "%s/pot.snap", dir);
     snprintf(bad, sizeof bad, "%s/bad.snap", dir);
@@ -298,7 +247,7 @@ TEST(snapshot_every_byte_flip_refused) {
     for (long i = 0; i < len; i++)
         for (size_t k = 0; k < sizeof masks; k++) {
             b[i] ^= masks[k];
-            CHECK_EQ_INT(spit(bad, b, len), 0);
+            CHECK_EQ_INT(test_spit(bad, b, len), 0);
             err[0] = 0;
             pot *q = pot_snapshot_read(bad, 0, &m, err, sizeof err);
             if (q || !err[0]) {
@@ -312,11 +261,11 @@ TEST(snapshot_every_byte_flip_refused) {
     /* the settings, the payload and the checksum itself are all only caught by the checksum */
     CHECK(by_checksum >= (int)((len - 72) * sizeof masks));
     free(b);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(snapshot_foreign_and_future_files_refused) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     char path[512], other[512], err[256];
     snprintf(path, sizeof path, "%s/pot.snap", dir);
     snprintf(other, sizeof other, "%s/other.snap", dir);
@@ -329,19 +278,19 @@ TEST(snapshot_foreign_and_future_files_refused) {
     b[8] = 3;
     uint32_t crc = crc32c(0, b, (size_t)len - 4);
     for (int i = 0; i < 4; i++) b[len - 4 + i] = (unsigned char)(crc >> (8 * i));
-    CHECK_EQ_INT(spit(other, b, len), 0);
+    CHECK_EQ_INT(test_spit(other, b, len), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "version 3 is newer") != NULL);
     /* a newer version with a different layout (here: a short file) is still named as such */
-    CHECK_EQ_INT(spit(other, b, 12), 0);
+    CHECK_EQ_INT(test_spit(other, b, 12), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "newer") != NULL);
     b[8] = 0;
-    CHECK_EQ_INT(spit(other, b, len), 0);
+    CHECK_EQ_INT(test_spit(other, b, len), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "unsupported format version 0") != NULL);
     /* something else entirely */
-    CHECK_EQ_INT(spit(other, (const unsigned char *)"GGUF\3\0\0\0\0\0\0\0\0\0\0\0", 16), 0);
+    CHECK_EQ_INT(test_spit(other, (const unsigned char *)"GGUF\3\0\0\0\0\0\0\0\0\0\0\0", 16), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "not a pot snapshot") != NULL);
     CHECK(pot_snapshot_read(dir, 0, &m, err, sizeof err) == NULL);
@@ -350,7 +299,7 @@ TEST(snapshot_foreign_and_future_files_refused) {
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
     CHECK(strstr(err, "No such file") != NULL);
     free(b);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 /* Rewrites a version 2 snapshot without extra bytes as the version 1 file an
@@ -365,7 +314,7 @@ static long as_version_1(unsigned char *b, long len) {
 }
 
 TEST(snapshot_extra_bytes_and_version_1) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     char path[512], other[512], err[256];
     snprintf(path, sizeof path, "%s/pot.snap", dir);
     snprintf(other, sizeof other, "%s/other.snap", dir);
@@ -376,7 +325,7 @@ TEST(snapshot_extra_bytes_and_version_1) {
     random_bytes(extra, sizeof extra, &seed);
     /* extra bytes round-trip beside the pot; plain readers check and drop them */
     CHECK_EQ_INT(pot_snapshot_write_extra(path, p, &m, extra, sizeof extra, err, sizeof err), 0);
-    CHECK_EQ_INT(file_size(path), 72 + 10 + (long)sizeof extra + 2 * 3 * 7 * (2 * 4 * 2 + 16) + 4);
+    CHECK_EQ_INT(test_file_size(path), 72 + 10 + (long)sizeof extra + 2 * 3 * 7 * (2 * 4 * 2 + 16) + 4);
     void *ex = NULL;
     size_t ex_len = 0;
     pot *q = pot_snapshot_read_extra(path, 0, &back, &ex, &ex_len, err, sizeof err);
@@ -389,11 +338,11 @@ TEST(snapshot_extra_bytes_and_version_1) {
     pot_free(q);
     /* every flip inside the extra bytes is caught by the checksum */
     long len = 0;
-    unsigned char *b = slurp(path, &len);
+    unsigned char *b = test_slurp(path, &len);
     CHECK(b != NULL);
     for (long i = 72 + 10; b && i < 72 + 10 + (long)sizeof extra; i += 7) {
         b[i] ^= 0x10;
-        CHECK_EQ_INT(spit(other, b, len), 0);
+        CHECK_EQ_INT(test_spit(other, b, len), 0);
         ex = (void *)1;
         CHECK(pot_snapshot_read_extra(other, 0, &back, &ex, &ex_len, err, sizeof err) == NULL);
         CHECK(strstr(err, "checksum") != NULL && ex == NULL);
@@ -405,32 +354,32 @@ TEST(snapshot_extra_bytes_and_version_1) {
     q = pot_snapshot_read_extra(path, 0, &back, &ex, &ex_len, err, sizeof err);
     CHECK(q && pots_equal(p, q) && ex == NULL && ex_len == 0);
     pot_free(q);
-    b = slurp(path, &len);
+    b = test_slurp(path, &len);
     CHECK(b != NULL);
     if (b) {
         len = as_version_1(b, len);
-        CHECK_EQ_INT(spit(other, b, len), 0);
+        CHECK_EQ_INT(test_spit(other, b, len), 0);
         ex_len = 99;
         q = pot_snapshot_read_extra(other, 0, &back, &ex, &ex_len, err, sizeof err);
         CHECK(q && pots_equal(p, q) && ex == NULL && ex_len == 0);
         CHECK(back.log_offset == 4242 && strcmp(back.settings, "policy=h2o") == 0);
         pot_free(q);
         /* and a version 1 file is checked as strictly: cut short, or one byte flipped */
-        CHECK_EQ_INT(spit(other, b, len - 1), 0);
+        CHECK_EQ_INT(test_spit(other, b, len - 1), 0);
         CHECK(pot_snapshot_read(other, 0, &back, err, sizeof err) == NULL);
         CHECK(strstr(err, "truncated") != NULL);
         b[70] ^= 1;
-        CHECK_EQ_INT(spit(other, b, len), 0);
+        CHECK_EQ_INT(test_spit(other, b, len), 0);
         CHECK(pot_snapshot_read(other, 0, &back, err, sizeof err) == NULL);
         CHECK(strstr(err, "checksum") != NULL);
         free(b);
     }
     pot_free(p);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 TEST(snapshot_write_fails_cleanly) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     char path[512], err[256];
     pot *p = random_pot(2, 2, 8, 16, 16, POT_F32, 5);
     pot_snapshot_meta m = make_meta(1, "a");
@@ -443,7 +392,7 @@ TEST(snapshot_write_fails_cleanly) {
     snprintf(path, sizeof path, "%s/pot.snap", dir);
     p->n = 4;
     CHECK_EQ_INT(pot_snapshot_write(path, p, &m, err, sizeof err), 0);
-    long old_len = file_size(path);
+    long old_len = test_file_size(path);
     struct rlimit saved, lim;
     CHECK_EQ_INT(getrlimit(RLIMIT_FSIZE, &saved), 0);
     void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
@@ -477,7 +426,7 @@ TEST(snapshot_write_fails_cleanly) {
     CHECK(q && pots_equal(p, q) && back.log_offset == 2);
     pot_free(q);
     pot_free(p);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
 
 typedef struct writer_job {
@@ -498,7 +447,7 @@ static void *writer_main(void *arg) {
 }
 
 TEST(snapshot_overwrite_is_atomic) {
-    char *dir = make_dir();
+    char *dir = test_make_tempdir("potserve_snap_");
     char path[512], err[256];
     snprintf(path, sizeof path, "%s/pot.snap", dir);
     pot *old_pot = random_pot(2, 2, 16, 32, 32, POT_F16, 21);
@@ -543,5 +492,5 @@ TEST(snapshot_overwrite_is_atomic) {
         fprintf(stderr, "  atomic overwrite: %d reads, %d old, %d new\n", reads, saw_old, saw_new);
     pot_free(old_pot);
     pot_free(new_pot);
-    rm_dir(dir);
+    test_remove_dir(dir);
 }
