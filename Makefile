@@ -124,13 +124,17 @@ test: deps all model fixtures
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory pytest
 
-# Unit tests under AddressSanitizer + UBSan, in their own build tree.
+# Unit tests under AddressSanitizer + UBSan, in their own build tree, and the
+# server tests that cover every route, upload path and restart against an
+# ASan build of the server (the model-heavy ones run only in `make pytest`).
+ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 or torn or limits \
+                     or belong or slow_and_idle or snapshot_restores or without_waiting or tokenize
 asan: fixtures model
 	$(MAKE) --no-print-directory BUILD=build/asan CC=gcc \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
-	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' tests/py/test_server.py
+	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py
 
 # --- CUDA kernels: tests on the CPU emulator, and on a GPU ------------------------
 # The kernels' tests (tests/cuda/*.c) compare each kernel with its CPU
