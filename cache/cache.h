@@ -47,6 +47,10 @@ void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_
 
 /* Forgets every slot from n on (n <= p->n); used to drop a question's tokens. */
 void pot_truncate(pot *p, int32_t n);
+/* After a backend wrote K/V for n new entries at slots p->n ... p->n + n - 1
+ * of every (layer, head): makes them valid, with the next document token
+ * indices and zero surprisal and score (every backend ends a forward so). */
+void pot_append_done(pot *p, int32_t n);
 /* Copies the valid slots of src into dst (same shape and dtype, dst->capacity >= src->n). */
 int pot_copy(pot *dst, const pot *src);
 
@@ -224,6 +228,11 @@ static inline uint64_t le_get_u64(const unsigned char *b) {
     for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
     return v;
 }
+
+/* fsyncs the directory holding path, so a file created or renamed into it
+ * survives a power loss; 0 or an errno. Shared by snapshots and the server's
+ * chunk log. */
+int fsync_parent_dir(const char *path);
 
 /* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start), so
  * crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a b, na + nb). */

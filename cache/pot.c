@@ -192,3 +192,16 @@ void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
     p->n = n_keep;
     if (p->n_pinned > n_keep) p->n_pinned = n_keep;
 }
+
+void pot_append_done(pot *p, int32_t n) {
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t g = 0; g < p->n_head_kv; g++)
+            for (int32_t i = 0; i < n; i++) {
+                size_t at = pot_slot(p, l, g, p->n + i);
+                p->token_index[at] = p->n_seen + i;
+                p->surprisal[at] = 0;
+                p->score_acc[at] = 0;
+            }
+    p->n += n;
+    p->n_seen += n;
+}

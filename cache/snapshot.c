@@ -281,8 +281,7 @@ static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
     return w.err;
 }
 
-/* fsyncs the directory holding path (so a rename into it is durable); 0 or an errno. */
-static int fsync_parent_dir(const char *path) {
+int fsync_parent_dir(const char *path) {
     const char *slash = strrchr(path, '/');
     char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
     if (!dir) return ENOMEM;

@@ -558,16 +558,7 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
         pot *p = sp->kv;
-        for (int32_t l = 0; l < p->n_layer; l++)
-            for (int32_t g = 0; g < p->n_head_kv; g++)
-                for (int32_t i = 0; i < sp->n_tokens; i++) {
-                    size_t at = pot_slot(p, l, g, p->n + i);
-                    p->token_index[at] = p->n_seen + i;
-                    p->surprisal[at] = 0;
-                    p->score_acc[at] = 0;
-                }
-        p->n += sp->n_tokens;
-        p->n_seen += sp->n_tokens;
+        pot_append_done(p, sp->n_tokens);
         plan[s].mr->n_synced = p->n;
         plan[s].mr->fingerprint = pot_fingerprint(p, p->n);
     }

@@ -149,17 +149,6 @@ static int truncate_to(int fd, uint64_t size) {
     }
 }
 
-/* fsyncs the directory holding path; 0 or an errno. */
-static int fsync_parent_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) return ENOMEM;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
-    if (fd < 0 || fsync(fd) != 0) rc = errno;
-    if (fd >= 0) close(fd);
-    free(dir);
-    return rc;
-}
 
 /* ---- frame parsing ------------------------------------------------------------------------- */
 

@@ -367,16 +367,7 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
         pot *p = sp->kv;
-        for (int32_t l = 0; l < p->n_layer; l++)
-            for (int32_t g = 0; g < p->n_head_kv; g++)
-                for (int32_t i = 0; i < sp->n_tokens; i++) {
-                    size_t s = pot_slot(p, l, g, p->n + i);
-                    p->token_index[s] = p->n_seen + i;
-                    p->surprisal[s] = 0;
-                    p->score_acc[s] = 0;
-                }
-        p->n += sp->n_tokens;
-        p->n_seen += sp->n_tokens;
+        pot_append_done(p, sp->n_tokens);
         if (sp->logits_mode != BACKEND_LOGITS_NONE) span_logits(cb, sp, B.x + t0 * d, &B);
         if (sp->labels && span_label_logprobs(cb, sp, B.x + t0 * d, &B)) rc = -1;
         t0 += sp->n_tokens;
