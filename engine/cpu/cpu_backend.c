@@ -108,18 +108,29 @@ static int32_t key_slot(const attn_job *j, int32_t g, int32_t k) {
     return sp->attend_slots[((size_t)j->layer * j->cb->m->n_head_kv + g) * sp->n_attend + k];
 }
 
-/* Loads keys (rotated to their slot's position) and values of the pot as f32. */
+/* Loads keys (rotated to their slot's position) and values of the pot as f32.
+ * A pot with a rotated-key cache serves slots below n_rot from it, and (when
+ * every slot is loaded) stores the keys it rotates there: cpu_forward then
+ * raises n_rot past this forward's slots. */
 static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
     (void)worker;
     attn_job *j = ctx;
     const model *m = j->cb->m;
+    pot *p = j->sp->kv;
+    int fill = p->k_rot && !j->sp->attend_slots;
     for (int64_t task = a; task < b; task++) {
         int32_t g = (int32_t)(task / j->n_keys), k = (int32_t)(task % j->n_keys);
         int32_t slot = key_slot(j, g, k);
-        size_t at = ((size_t)g * j->n_keys + k) * m->head_dim;
-        pot_read_k(j->sp->kv, j->layer, g, slot, 1, j->krot + at);
-        pot_read_v(j->sp->kv, j->layer, g, slot, 1, j->vals + at);
-        rope_rotate(&j->cb->rope, j->krot + at, slot);
+        float *kr = j->krot + ((size_t)g * j->n_keys + k) * m->head_dim;
+        pot_read_v(p, j->layer, g, slot, 1, j->vals + (kr - j->krot));
+        if (p->k_rot && slot < p->n_rot) {
+            pot_read_k_rotated(p, j->layer, g, slot, 1, kr);
+            continue;
+        }
+        pot_read_k(p, j->layer, g, slot, 1, kr);
+        rope_rotate(&j->cb->rope, kr, slot);
+        pot_round_row(p, kr); /* the value the cache holds: the same bits with or without it */
+        if (fill) pot_write_k_rotated(p, j->layer, g, slot, kr);
     }
 }
 
@@ -297,15 +308,41 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 }
 
-static void span_logits(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
+/* Logits of every row of an ALL-mode span. */
+static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
     const model *m = cb->m;
     int64_t d = m->n_embd;
-    int64_t first = sp->logits_mode == BACKEND_LOGITS_LAST ? sp->n_tokens - 1 : 0;
-    int64_t rows = sp->n_tokens - first;
-    /* xb has room for T >= rows rows of n_embd */
-    for (int64_t r = 0; r < rows; r++)
-        rmsnorm(B->xb + r * d, x + (first + r) * d, m->output_norm, d, m->norm_eps);
-    matmul(cb, &m->output, B->xb, rows, sp->logits, B);
+    for (int64_t r = 0; r < sp->n_tokens; r++) /* xb has room for T >= n_tokens rows */
+        rmsnorm(B->xb + r * d, x + r * d, m->output_norm, d, m->norm_eps);
+    matmul(cb, &m->output, B->xb, sp->n_tokens, sp->logits, B);
+}
+
+/* Logits of the last row of every LAST-mode span, in one matrix product: in
+ * batched decode each span is one token, and the LM head (the largest matrix
+ * of a small model) then streams once per step instead of once per sequence. */
+static int last_row_logits(cpu_backend *cb, backend_span *spans, int32_t n_spans, buffers *B) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd, V = m->n_vocab, n = 0, t0 = 0;
+    for (int32_t s = 0; s < n_spans; s++) {
+        const backend_span *sp = &spans[s];
+        t0 += sp->n_tokens;
+        if (sp->logits_mode == BACKEND_LOGITS_LAST)
+            rmsnorm(B->xb + n++ * d, B->x + (t0 - 1) * d, m->output_norm, d, m->norm_eps);
+    }
+    if (!n) return 0;
+    if (n == 1) { /* straight into the one span's buffer */
+        for (int32_t s = 0; s < n_spans; s++)
+            if (spans[s].logits_mode == BACKEND_LOGITS_LAST) matmul(cb, &m->output, B->xb, 1, spans[s].logits, B);
+        return 0;
+    }
+    float *out = malloc((size_t)n * V * sizeof(float));
+    if (!out) return -1;
+    matmul(cb, &m->output, B->xb, n, out, B);
+    for (int32_t s = 0, i = 0; s < n_spans; s++)
+        if (spans[s].logits_mode == BACKEND_LOGITS_LAST)
+            memcpy(spans[s].logits, out + (size_t)i++ * V, (size_t)V * sizeof(float));
+    free(out);
+    return 0;
 }
 
 enum { LABEL_ROWS = 32 }; /* rows of logits materialised at once for label log-probs */
@@ -366,14 +403,16 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     int64_t t0 = 0;
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
-        pot *p = sp->kv;
-        pot_append_done(p, sp->n_tokens);
-        if (sp->logits_mode != BACKEND_LOGITS_NONE) span_logits(cb, sp, B.x + t0 * d, &B);
+        pot_append_done(sp->kv, sp->n_tokens);
+        if (sp->logits_mode == BACKEND_LOGITS_ALL) span_logits_all(cb, sp, B.x + t0 * d, &B);
         if (sp->labels && span_label_logprobs(cb, sp, B.x + t0 * d, &B)) rc = -1;
         t0 += sp->n_tokens;
     }
+    if (last_row_logits(cb, spans, n_spans, &B)) rc = -1;
+    for (int32_t s = 0; s < n_spans; s++) /* every layer rotated every slot into the cache */
+        if (spans[s].kv->k_rot && !spans[s].attend_slots) spans[s].kv->n_rot = spans[s].kv->n;
     free_buffers(&B);
-    if (rc) snprintf(err, errlen, "forward: out of memory for label log-probabilities");
+    if (rc) snprintf(err, errlen, "forward: out of memory for logits");
     return rc;
 }
 
