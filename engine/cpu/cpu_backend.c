@@ -92,7 +92,8 @@ typedef struct attn_job {
     int32_t n_pre;             /* pot keys attended: n0, or n_attend with a subset */
     const float *q;            /* [n_tokens][n_head * head_dim], rotated */
     float *out;                /* [n_tokens][n_head * head_dim] */
-    float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys */
+    int in_place;              /* keys from the pot's rotated-key cache, values from the pot */
+    float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys (in place: [n_threads][head_dim]) */
     float *vals;               /* [n_head_kv][n_keys][head_dim] values as f32 */
     float *probs;              /* [n_threads][n_keys] */
     float *head_scores;        /* [n_head][n_keys] or NULL */
@@ -108,16 +109,14 @@ static int32_t key_slot(const attn_job *j, int32_t g, int32_t k) {
     return sp->attend_slots[((size_t)j->layer * j->cb->m->n_head_kv + g) * sp->n_attend + k];
 }
 
-/* Loads keys (rotated to their slot's position) and values of the pot as f32.
- * A pot with a rotated-key cache serves slots below n_rot from it, and (when
- * every slot is loaded) stores the keys it rotates there: cpu_forward then
- * raises n_rot past this forward's slots. */
+/* Loads keys (rotated to their slot's position, rounded to the pot's entry
+ * precision) and values of the pot as f32, for pots without a rotated-key
+ * cache and for partial attention; slots the cache holds come from it. */
 static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
     (void)worker;
     attn_job *j = ctx;
     const model *m = j->cb->m;
-    pot *p = j->sp->kv;
-    int fill = p->k_rot && !j->sp->attend_slots;
+    const pot *p = j->sp->kv;
     for (int64_t task = a; task < b; task++) {
         int32_t g = (int32_t)(task / j->n_keys), k = (int32_t)(task % j->n_keys);
         int32_t slot = key_slot(j, g, k);
@@ -129,8 +128,24 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
         }
         pot_read_k(p, j->layer, g, slot, 1, kr);
         rope_rotate(&j->cb->rope, kr, slot);
-        pot_round_row(p, kr); /* the value the cache holds: the same bits with or without it */
-        if (fill) pot_write_k_rotated(p, j->layer, g, slot, kr);
+        pot_round_row(p, kr); /* the value the cache would hold: the same bits with or without it */
+    }
+}
+
+/* Pots with a rotated-key cache: rotates the keys of slots [n_rot, n_keys)
+ * of this layer into it; attention then reads keys and values in place. */
+static void fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
+    attn_job *j = ctx;
+    const model *m = j->cb->m;
+    pot *p = j->sp->kv;
+    int32_t n_new = j->n_keys - p->n_rot;
+    float *kr = j->krot + (size_t)worker * m->head_dim;
+    for (int64_t task = a; task < b; task++) {
+        int32_t g = (int32_t)(task / n_new), slot = p->n_rot + (int32_t)(task % n_new);
+        pot_read_k(p, j->layer, g, slot, 1, kr);
+        rope_rotate(&j->cb->rope, kr, slot);
+        pot_round_row(p, kr);
+        pot_write_k_rotated(p, j->layer, g, slot, kr);
     }
 }
 
@@ -139,17 +154,27 @@ static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     int32_t hd = m->head_dim, g = h / (m->n_head / m->n_head_kv);
     int32_t n_vis = j->n_pre + t + 1; /* causal: keys up to and including this token */
     const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
-    const float *kg = j->krot + (size_t)g * j->n_keys * hd;
-    const float *vg = j->vals + (size_t)g * j->n_keys * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    simd_dot_rows_f32(p, qv, kg, hd, n_vis, hd, scale);
+    const pot *kv = j->sp->kv;
+    size_t row0 = pot_slot(kv, j->layer, g, 0) * hd;
+    if (!j->in_place)
+        simd_dot_rows_f32(p, qv, j->krot + (size_t)g * j->n_keys * hd, hd, n_vis, hd, scale);
+    else if (kv->dtype == POT_F16)
+        simd_dot_rows_f16(p, qv, (const uint16_t *)kv->k_rot + row0, hd, n_vis, hd, scale);
+    else
+        simd_dot_rows_f32(p, qv, (const float *)kv->k_rot + row0, hd, n_vis, hd, scale);
     float mx = simd_max_f32(p, n_vis);
     double sum = simd_exp_sub_sum(p, n_vis, mx);
     float inv = (float)(1.0 / sum);
     for (int32_t k = 0; k < n_vis; k++) p[k] *= inv;
     float *o = j->out + ((size_t)t * m->n_head + h) * hd;
     memset(o, 0, (size_t)hd * sizeof(float));
-    simd_axpy_rows_f32(o, p, vg, hd, n_vis, hd);
+    if (!j->in_place)
+        simd_axpy_rows_f32(o, p, j->vals + (size_t)g * j->n_keys * hd, hd, n_vis, hd);
+    else if (kv->dtype == POT_F16)
+        simd_axpy_rows_f16(o, p, (const uint16_t *)kv->v + row0, hd, n_vis, hd);
+    else
+        simd_axpy_rows_f32(o, p, (const float *)kv->v + row0, hd, n_vis, hd);
     const backend_span *sp = j->sp;
     if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
         float *hs = j->head_scores + (size_t)h * j->n_keys;
@@ -254,7 +279,11 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_pre = n_pre, .n_keys = n_keys, .q = q,
                   .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                   .head_scores = sp->scores ? B->head_scores : NULL, .per_head = sp->scores != NULL};
-    tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
+    j.in_place = sp->kv->k_rot && !sp->attend_slots;
+    if (j.in_place)
+        tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * (n_keys - sp->kv->n_rot), fill_rotated, &j);
+    else
+        tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
     int64_t tasks = j.per_head ? m->n_head : (int64_t)m->n_head * sp->n_tokens;
     tp_parallel_for(cb->tp, tasks, attend_tasks, &j);
