@@ -119,7 +119,7 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
         size_t at = ((size_t)g * j->n_keys + k) * m->head_dim;
         pot_read_k(j->sp->kv, j->layer, g, slot, 1, j->krot + at);
         pot_read_v(j->sp->kv, j->layer, g, slot, 1, j->vals + at);
-        rope_rotate(&j->cb->rope, j->krot + at, slot);
+        rope_rotate(&j->cb->rope, j->krot + at, pot_rope_pos(j->sp->kv, j->layer, g, slot));
     }
 }
 
@@ -278,7 +278,8 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
             int64_t t = t0 + i, slot = (int64_t)p->n + i;
             for (int32_t g = 0; g < m->n_head_kv; g++)
                 pot_write(p, l, g, (int32_t)slot, B->k + t * dkv + g * hd, B->v + t * dkv + g * hd);
-            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, slot);
+            int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
+            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, pos);
         }
         span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
         t0 += sp->n_tokens;

@@ -145,7 +145,7 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work):
         hay_path.write_text(hay.text)
     plan_path.write_text("".join(f"{tid}\t{i}\t{e}\t{key}\t{NEEDLE.format(key=key)}\n"
                                  for i, e, tid, key in plan))
-    args = [str(BIN), "-m", str(a.model), "-t", str(a.threads), "--haystack", str(hay_path), "--plan",
+    args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--haystack", str(hay_path), "--plan",
             str(plan_path), "--work", str(work), "--question", a.question, "--budget", str(budget),
             "-n", "12"]
     keep = a.keep if a.keep else budget // 2
@@ -252,6 +252,7 @@ def heatmap(rows, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--bin", default=str(BIN), help="the longdoc_bench binary")
     ap.add_argument("--haystacks", default="filler,text")
     ap.add_argument("--lengths", default="2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--depths", default="0.1,0.5,0.9")
