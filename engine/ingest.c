@@ -245,20 +245,31 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     return rc;
 }
 
+/* Seed 002's weights of a chunk's c rows in the moving average: row q counts
+ * (1 - g) g^(c-1-q), as if the rows had updated mu one token at a time, so
+ * the newest row weighs most. They sum to 1 - g^c, the weight the chunk
+ * takes from the decayed history. */
+static float *cascade_row_weights(int32_t c) {
+    float *w = malloc((size_t)c * sizeof *w);
+    for (int32_t q = 0; w && q < c; q++)
+        w[q] = (float)((1 - CASCADE_GAMMA) * pow(CASCADE_GAMMA, c - 1 - q));
+    return w;
+}
+
 /* Cascade after a chunk of c tokens (document indices first..first+c-1): the
- * moving average mu <- g^c mu + (1 - g^c) * mean over the chunk's rows of the
- * attention each entry received (seed 002 weights rows geometrically; this
- * weighs them equally with the same total weight), then the cascades'
- * insertions and, when they dropped entries, one compaction. */
+ * moving average mu <- g^c mu + max over the KV group of the chunk rows'
+ * attention, each row weighted by cascade_row_weights (the backend applies
+ * the weights before combining the group, as seed 002's chunked update does),
+ * then the cascades' insertions and, when they dropped entries, one compaction. */
 static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
                         char *err, size_t errlen) {
     double t0 = now_ms();
     pot *p = d->pot;
-    float decay = (float)pow(CASCADE_GAMMA, c), w = (1 - decay) / (float)c;
+    float decay = (float)pow(CASCADE_GAMMA, c);
     for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
         float *mu = p->score_acc + (size_t)lh * p->capacity;
         const float *s = scores + (size_t)lh * stride;
-        for (int32_t j = 0; j < p->n; j++) mu[j] = decay * mu[j] + w * s[j];
+        for (int32_t j = 0; j < p->n; j++) mu[j] = decay * mu[j] + s[j];
     }
     int32_t keep = cascade_update(d->casc, p, first, c);
     int rc = 0;
@@ -317,8 +328,10 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     int32_t *labels = d->needs_surprisal ? malloc((size_t)n_tok * sizeof *labels) : NULL;
     float *label_lp = d->needs_surprisal ? malloc((size_t)n_tok * sizeof *label_lp) : NULL;
     float *scores = n_rows ? calloc((size_t)p->n_layer * p->n_head_kv * n_keys, sizeof *scores) : NULL;
+    float *row_w = d->policy == POLICY_CASCADE ? cascade_row_weights(n_rows) : NULL;
     int rc = -1;
-    if (!tokens || (d->needs_surprisal && (!labels || !label_lp)) || (n_rows && !scores)) {
+    if (!tokens || (d->needs_surprisal && (!labels || !label_lp)) || (n_rows && !scores) ||
+        (d->policy == POLICY_CASCADE && !row_w)) {
         snprintf(err, errlen, "out of memory for a chunk of %d tokens", c);
         goto done;
     }
@@ -332,7 +345,8 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     }
     backend_span sp = {.tokens = tokens, .n_tokens = n_tok, .kv = p,
                        .score_row0 = row0, .n_score_rows = n_rows, .scores = scores,
-                       .score_combine = d->combine, .labels = labels, .label_logprob = label_lp};
+                       .score_combine = d->combine, .labels = labels, .label_logprob = label_lp,
+                       .score_row_weight = row_w};
     int64_t seen = p->n_seen;
     if (d->e->be->forward(d->e->be, &sp, 1, err, errlen)) goto done;
     pot_truncate(p, n0 + c); /* the scoring rows are never kept */
@@ -355,6 +369,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     if (d->policy == POLICY_CASCADE) rc = cascade_step(d, scores, n_keys, seen, c, err, errlen);
     else if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
 done:
+    free(row_w);
     free(tokens);
     free(labels);
     free(label_lp);

@@ -142,7 +142,8 @@ static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     const backend_span *sp = j->sp;
     if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
         float *hs = j->head_scores + (size_t)h * j->n_keys;
-        for (int32_t k = 0; k < n_vis; k++) hs[k] += p[k];
+        float w = sp->score_row_weight ? sp->score_row_weight[t - sp->score_row0] : 1.0f;
+        for (int32_t k = 0; k < n_vis; k++) hs[k] += w * p[k];
     }
 }
 
