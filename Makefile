@@ -114,7 +114,7 @@ $(BUILD)/fixtures/.ok: tests/make_fixtures.py tests/reference/make_spm_vocab.py 
 unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
-pytest: $(BUILD)/potserve fixtures model
+pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model
 	$(VPY) -m pytest -q tests/py
 
 test: deps all model fixtures

@@ -30,6 +30,7 @@ length beyond the model's window is clipped to what fits, and noted.
 import argparse
 import json
 import math
+import os
 import pathlib
 import random
 import subprocess
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import bench_text  # noqa: E402  (natural prose, generated in the repo)
 
 BIN = ROOT / "build" / "longdoc_bench"
-POTSERVE = ROOT / "build" / "potserve"
+POTSERVE = pathlib.Path(os.environ.get("POTSERVE_BIN", ROOT / "build" / "potserve"))  # tokenize, info, memory runs
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there. ")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -84,7 +85,11 @@ class Haystack:
             unit_texts, seps = [FILLER], ""
         else:
             unit_texts, seps = bench_text.PARAGRAPHS, "\n\n"
-        cost = {t: n_tokens(model, t + seps) for t in unit_texts}
+        # a unit's cost in the middle of the haystack: BPE merges across unit
+        # boundaries (the filler alone is 25 tokens, 24 each when repeated)
+        lead = unit_texts[0] + seps
+        base = n_tokens(model, lead)
+        cost = {t: n_tokens(model, lead + t + seps) - base for t in unit_texts}
         intro = INTRO + seps
         self.units = [intro]
         toks = [n_tokens(model, intro)]
@@ -249,6 +254,51 @@ def heatmap(rows, path):
     fig.savefig(path, dpi=110)
 
 
+def memory_runs(a, out):
+    """Peak RSS, ingest tokens/s and compression share of single documents
+    (needle at depth 0.5, filler) read by `potserve ingest` at each length:
+    one process per document, so RSS is the model plus one pot."""
+    lengths = [int(x) for x in a.memory.split(",")]
+    hay = Haystack(a.model, "filler", max(lengths))
+    path = out / "work" / "memory_doc.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for L in lengths:
+        ins, end, toks = hay.cut(L, 0.5)
+        key = key_for(a.seed, "memory", L, 0.5, 0)
+        needle = NEEDLE.format(key=key)
+        hb = hay.text.encode()
+        path.write_bytes(hb[:ins] + needle.encode() + hb[ins:end])
+        budget = int(a.budgets.split(",")[0])
+        pre = n_tokens(a.model, hb[:ins].decode())  # the needle's token range, for --track
+        track = f"{pre}:{pre + n_tokens(a.model, needle)}"
+        args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--budget",
+                str(budget), "--question", a.question, "-n", "12", "--json", "--track", track]
+        t0 = time.time()
+        r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+        r.update(length=L, doc_tokens=toks, key=key, hit=str(key) in r["answer"], wall_s=time.time() - t0)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        append(out / "memory.jsonl", [r])
+        rows.append(r)
+    return rows
+
+
+def memory_report(out, cmdline):
+    path = out / "memory.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    lines = [f"`{cmdline}`", "",
+             "| length | doc tokens | policy | budget | ingest tok/s | compress share | peak RSS MB | pot MB "
+             "| needle kept | key found |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['length']} | {r['tokens_read']} | {r['policy']} | {r['budget_tokens']} | "
+                     f"{r['ingest_tokens_per_s']:.1f} | {100 * r['compress_share']:.2f} % | "
+                     f"{r['peak_rss_bytes'] / 1e6:.1f} | {r['pot_bytes'] / 1e6:.1f} | "
+                     f"{r.get('tracked_kept_share', -1):.2f} | {'yes' if r['hit'] else 'no'} |")
+    text = "\n".join(lines) + "\n"
+    (out / "memory.md").write_text(text)
+    return text
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -266,11 +316,17 @@ def main():
     ap.add_argument("--question", default=QUESTION)
     ap.add_argument("--out", default=str(ROOT / "build" / "longdoc"))
     ap.add_argument("--report", action="store_true", help="only redraw the table and heatmap")
+    ap.add_argument("--memory", default="", help="lengths for the RSS / tokens/s runs (e.g. 8192,32768,131072): "
+                                                "one `potserve ingest` per document at the first budget, nothing else")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     cmdline = " ".join(sys.argv)
+    if a.memory:
+        memory_runs(a, out)
+        print(memory_report(out, cmdline))
+        return
     if not a.report:
         lengths = [int(x) for x in a.lengths.split(",")]
         depths = [float(x) for x in a.depths.split(",")]
