@@ -47,7 +47,7 @@ endif
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch test-cuda-emu test-cuda cuda-build
+.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch longdoc test-cuda-emu test-cuda cuda-build
 all: $(BUILD)/potserve
 
 $(BUILD)/obj/%.o: %.c
@@ -114,7 +114,7 @@ $(BUILD)/fixtures/.ok: tests/make_fixtures.py tests/reference/make_spm_vocab.py 
 unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
-pytest: $(BUILD)/potserve fixtures model
+pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model
 	$(VPY) -m pytest -q tests/py
 
 test: deps all model fixtures
@@ -230,3 +230,9 @@ bench-cpu: deps all model $(BUILD)/bench/membw
 
 clean:
 	rm -rf $(BUILD)
+
+# Needle-in-a-haystack trials through a pot, sharing the pre-needle pot
+# between keys (tests/bench/longdoc/run.py drives it). Engine and cache only.
+$(BUILD)/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BENCH_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
+longdoc: $(BUILD)/longdoc_bench

@@ -34,6 +34,7 @@ typedef struct pot {
      * have it. */
     void *k_rot;
     int32_t n_rot;
+    int original_positions; /* ablation (no context reset): see pot_rope_pos */
 } pot;
 
 /* Allocates an empty pot; NULL + err when sizes are invalid or memory is short.
@@ -68,6 +69,15 @@ void pot_round_row(const pot *p, float *row);
 /* Reads n consecutive slots from slot0 as f32 rows into dst ([n][head_dim]). */
 void pot_read_k(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst);
 void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst);
+
+/* The RoPE position of (layer, head, slot): the slot itself (context-reset
+ * positions, the default). With original_positions (InfiniPot's ablation of
+ * seed 000 Table 4: a plain sliding cache) it is the token's index in the
+ * stream instead, and slots from p->n on (a forward's new tokens) continue
+ * from n_seen, so positions grow past the model's window on long documents.
+ * Without evictions both agree. Every backend that honours the flag rotates
+ * by this and nothing else. */
+int64_t pot_rope_pos(const pot *p, int32_t layer, int32_t head, int32_t slot);
 
 /* Forgets every slot from n on (n <= p->n); used to drop a question's tokens. */
 void pot_truncate(pot *p, int32_t n);

@@ -179,6 +179,12 @@ void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_
     load_rows(p, p->v, pot_slot(p, layer, head, slot0), n, dst);
 }
 
+int64_t pot_rope_pos(const pot *p, int32_t layer, int32_t head, int32_t slot) {
+    if (!p->original_positions) return slot;
+    if (slot >= p->n) return p->n_seen + (slot - p->n);
+    return p->token_index[pot_slot(p, layer, head, slot)];
+}
+
 void pot_truncate(pot *p, int32_t n) {
     if (n >= 0 && n < p->n) p->n = n;
     if (p->n_pinned > p->n) p->n_pinned = p->n;
@@ -205,6 +211,7 @@ int pot_copy(pot *dst, const pot *src) {
     dst->n = src->n;
     dst->n_pinned = src->n_pinned;
     dst->n_seen = src->n_seen;
+    dst->original_positions = src->original_positions;
     return 0;
 }
 

@@ -460,6 +460,14 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     }
     int64_t n_rows, max_keys;
     if (backend_check_spans(m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
+    for (int32_t s = 0; s < n_spans; s++)
+        if (spans[s].kv->original_positions || spans[s].score_row_weight) {
+            /* the kernels rotate by slot (pot_rope_pos) and sum score rows unweighted */
+            snprintf(err, errlen, "forward: %s need the CPU backend",
+                     spans[s].score_row_weight ? "weighted score rows (cascade)"
+                                               : "original positions (no context reset)");
+            return -1;
+        }
     span_plan *plan = calloc((size_t)n_spans, sizeof *plan);
     int32_t *tokens = NULL;
     if (!plan) {

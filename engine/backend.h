@@ -38,6 +38,10 @@ typedef struct backend_span {
     int32_t score_row0, n_score_rows;
     enum backend_score_combine score_combine;
     float *scores;
+    /* Optional [n_score_rows] weight of each score row in that sum (NULL: 1
+     * each): the cascade's geometric row weights (seed 002). The CUDA backend
+     * refuses it for now. */
+    const float *score_row_weight;
     /* Label log-probabilities, when labels != NULL: for each row t with
      * labels[t] >= 0, label_logprob[t] = log p(labels[t] | tokens up to t)
      * from that row's logits (the LM head runs for those rows only; NuC's

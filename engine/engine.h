@@ -120,6 +120,10 @@ typedef struct engine_pot_settings {
     int32_t finch_keep;       /* two-stage FINCH at answer time: refine the pot to this many
                                  entries with the question's attention (0: off) */
     int record_tokens;        /* keep every token read (tests; memory then grows) */
+    /* InfiniPot ablations (seed 000 Table 4); both off by default */
+    int no_catalyst;          /* score with the chunk's own last rows instead of the catalyst */
+    int original_positions;   /* no context reset: entries keep their document positions
+                                 (a plain sliding cache; the CPU backend only) */
 } engine_pot_settings;
 
 /* Fills the defaults above. */

@@ -64,6 +64,8 @@ struct engine_doc {
     float nuc_share;
     enum backend_score_combine combine;
     int plain;
+    int no_catalyst;          /* infinipot ablation: the chunk's last rows score, not the catalyst */
+    int original_positions;   /* ablation: no context-reset positions (pot_rope_pos) */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
@@ -243,20 +245,31 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     return rc;
 }
 
+/* Seed 002's weights of a chunk's c rows in the moving average: row q counts
+ * (1 - g) g^(c-1-q), as if the rows had updated mu one token at a time, so
+ * the newest row weighs most. They sum to 1 - g^c, the weight the chunk
+ * takes from the decayed history. */
+static float *cascade_row_weights(int32_t c) {
+    float *w = malloc((size_t)c * sizeof *w);
+    for (int32_t q = 0; w && q < c; q++)
+        w[q] = (float)((1 - CASCADE_GAMMA) * pow(CASCADE_GAMMA, c - 1 - q));
+    return w;
+}
+
 /* Cascade after a chunk of c tokens (document indices first..first+c-1): the
- * moving average mu <- g^c mu + (1 - g^c) * mean over the chunk's rows of the
- * attention each entry received (seed 002 weights rows geometrically; this
- * weighs them equally with the same total weight), then the cascades'
- * insertions and, when they dropped entries, one compaction. */
+ * moving average mu <- g^c mu + max over the KV group of the chunk rows'
+ * attention, each row weighted by cascade_row_weights (the backend applies
+ * the weights before combining the group, as seed 002's chunked update does),
+ * then the cascades' insertions and, when they dropped entries, one compaction. */
 static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
                         char *err, size_t errlen) {
     double t0 = now_ms();
     pot *p = d->pot;
-    float decay = (float)pow(CASCADE_GAMMA, c), w = (1 - decay) / (float)c;
+    float decay = (float)pow(CASCADE_GAMMA, c);
     for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
         float *mu = p->score_acc + (size_t)lh * p->capacity;
         const float *s = scores + (size_t)lh * stride;
-        for (int32_t j = 0; j < p->n; j++) mu[j] = decay * mu[j] + w * s[j];
+        for (int32_t j = 0; j < p->n; j++) mu[j] = decay * mu[j] + s[j];
     }
     int32_t keep = cascade_update(d->casc, p, first, c);
     int rc = 0;
@@ -281,6 +294,12 @@ static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int com
     case POLICY_INFINIPOT:
     case POLICY_FINCH:
         if (compressing) *row0 = c, *n_rows = n_prompt;
+        /* without the catalyst, as many of the chunk's own last rows (seed
+           000's ablation: the same number of rows, only their source differs) */
+        if (compressing && d->no_catalyst) {
+            *n_rows = c < (int32_t)d->score_rows.n ? c : (int32_t)d->score_rows.n;
+            *row0 = c - *n_rows;
+        }
         break;
     case POLICY_SNAPKV:
         if (compressing) *n_rows = c < SNAPKV_WINDOW ? c : SNAPKV_WINDOW, *row0 = c - *n_rows;
@@ -299,7 +318,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
                      size_t errlen) {
     pot *p = d->pot;
     const int32_t *chunk = d->queue.v + d->q_pos;
-    int uses_prompt = d->policy == POLICY_INFINIPOT || d->policy == POLICY_FINCH;
+    int uses_prompt = (d->policy == POLICY_INFINIPOT && !d->no_catalyst) || d->policy == POLICY_FINCH;
     int32_t n_prompt = compressing && uses_prompt ? (int32_t)d->score_rows.n : 0;
     int32_t n_tok = c + n_prompt, n0 = p->n, row0, n_rows;
     score_rows(d, c, n_prompt, compressing, &row0, &n_rows);
@@ -309,8 +328,10 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     int32_t *labels = d->needs_surprisal ? malloc((size_t)n_tok * sizeof *labels) : NULL;
     float *label_lp = d->needs_surprisal ? malloc((size_t)n_tok * sizeof *label_lp) : NULL;
     float *scores = n_rows ? calloc((size_t)p->n_layer * p->n_head_kv * n_keys, sizeof *scores) : NULL;
+    float *row_w = d->policy == POLICY_CASCADE ? cascade_row_weights(n_rows) : NULL;
     int rc = -1;
-    if (!tokens || (d->needs_surprisal && (!labels || !label_lp)) || (n_rows && !scores)) {
+    if (!tokens || (d->needs_surprisal && (!labels || !label_lp)) || (n_rows && !scores) ||
+        (d->policy == POLICY_CASCADE && !row_w)) {
         snprintf(err, errlen, "out of memory for a chunk of %d tokens", c);
         goto done;
     }
@@ -324,7 +345,8 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     }
     backend_span sp = {.tokens = tokens, .n_tokens = n_tok, .kv = p,
                        .score_row0 = row0, .n_score_rows = n_rows, .scores = scores,
-                       .score_combine = d->combine, .labels = labels, .label_logprob = label_lp};
+                       .score_combine = d->combine, .labels = labels, .label_logprob = label_lp,
+                       .score_row_weight = row_w};
     int64_t seen = p->n_seen;
     if (d->e->be->forward(d->e->be, &sp, 1, err, errlen)) goto done;
     pot_truncate(p, n0 + c); /* the scoring rows are never kept */
@@ -347,6 +369,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     if (d->policy == POLICY_CASCADE) rc = cascade_step(d, scores, n_keys, seen, c, err, errlen);
     else if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
 done:
+    free(row_w);
     free(tokens);
     free(labels);
     free(label_lp);
@@ -460,6 +483,11 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
         return snprintf(err, errlen, "nuc_share: %g must be in [0, 1]", s->nuc_share), -1;
     if (s->finch_keep < 0 || s->finch_keep > s->budget_tokens)
         return snprintf(err, errlen, "finch_keep: %d must be in [0, budget_tokens]", s->finch_keep), -1;
+    if (s->no_catalyst && s->policy && strcmp(s->policy, "infinipot"))
+        return snprintf(err, errlen, "no_catalyst: only for policy infinipot"), -1;
+    if (s->original_positions && strcmp(e->be->name, "cpu"))
+        return snprintf(err, errlen, "original_positions: the %s backend rotates by slot only "
+                        "(the ablation runs on the CPU backend)", e->be->name), -1;
     return 0;
 }
 
@@ -478,6 +506,11 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
                        pot_policy_name(d->policy), schedule_kind_name(d->sched.kind),
                        d->sched.budget, d->sched.keep, d->sched.chunk_tokens, share,
                        !!s->score_max, !!d->plain, s->finch_keep);
+    /* the ablations appear only when on, so snapshots saved before them still load */
+    if (s->no_catalyst && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " no_catalyst=1");
+    if (s->original_positions && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " positions=original");
     for (int i = 0; i < 3 && len > 0 && (size_t)len < cap; i++) {
         const char *t = texts[i];
         len += t ? snprintf(out + len, cap - (size_t)len, " %s=%zu:%08x", names[i], strlen(t),
@@ -511,6 +544,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->record = s->record_tokens;
     d->nuc_share = s->nuc_share;
     d->finch_keep = s->finch_keep;
+    d->no_catalyst = s->no_catalyst;
+    d->original_positions = s->original_positions;
     /* cascade: each KV head decides by the max over its group (seed 002) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;
@@ -578,6 +613,7 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
     d->pot = new_pot(e, doc_capacity(d), err, errlen);
+    if (d->pot) d->pot->original_positions = d->original_positions;
     d->ts = tok_stream_new(e->m->tok, 0, 0);
     int bad = !d->pot || !d->ts;
     if (!d->ts) snprintf(err, errlen, "out of memory");
@@ -1084,6 +1120,7 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
     d->pot = pot_snapshot_read_extra(path, (int32_t)doc_capacity(d), &meta, &extra, &extra_len,
                                      err, errlen);
     if (!d->pot) goto fail;
+    d->pot->original_positions = d->original_positions; /* a setting, checked by the key below */
     if (meta.model_fingerprint != model_fingerprint(e)) {
         snprintf(why, sizeof why, "written for another model (fingerprint %016llx)",
                  (unsigned long long)meta.model_fingerprint);

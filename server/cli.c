@@ -460,7 +460,7 @@ static const flag ingest_flags[] = {
     MODEL_FLAGS,
     {"--budget", NULL, "N", "pot budget |M| in entries (default 2048)"},
     {"--keep", NULL, "N", "entries kept by a compression |C| (default budget/2)"},
-    {"--policy", NULL, "P", "infinipot (default), finch, snapkv, streaming, h2o, truncate, none"},
+    {"--policy", NULL, "P", "infinipot (default), finch, snapkv, streaming, h2o, truncate, cascade, none"},
     {"--schedule", NULL, "S", "engine chunk schedule: fixed (default) or imdc"},
     {"--chunk", NULL, "N", "engine chunk in tokens (default min(512, budget/4))"},
     {"--question", NULL, "TEXT", "question answered after the document (finch: guides compression)"},
@@ -468,6 +468,8 @@ static const flag ingest_flags[] = {
     {"--finch-keep", NULL, "N", "two-stage finch: entries kept by the question pass (default --keep)"},
     {"--catalyst", NULL, "TEXT", "InfiniPot catalyst prompt (default: the paper's general one)"},
     {"--nuc-share", NULL, "A", "share of kept entries chosen by surprisal (default 0.5)"},
+    {"--no-catalyst", NULL, NULL, "infinipot ablation: the chunk's last rows score, not the catalyst"},
+    {"--no-reset-positions", NULL, NULL, "ablation: entries keep their document positions (CPU only)"},
     {"--score-max", NULL, NULL, "combine a KV group's query heads by max (default sum)"},
     {"--system", NULL, "TEXT", "system message pinned before the document"},
     {"--plain", NULL, NULL, "no chat template: plain text document and question"},
@@ -536,6 +538,8 @@ static int ingest_settings(const parsed *p, engine_pot_settings *s, int32_t *n_p
     s->system = flag_val(f, p, "--system");
     s->plain = flag_val(f, p, "--plain") != NULL;
     s->score_max = flag_val(f, p, "--score-max") != NULL;
+    s->no_catalyst = flag_val(f, p, "--no-catalyst") != NULL;
+    s->original_positions = flag_val(f, p, "--no-reset-positions") != NULL;
     if (!flag_val(f, p, "--late-question")) s->question = flag_val(f, p, "--question");
     track[0] = track[1] = -1;
     if ((v = flag_val(f, p, "--track"))) {

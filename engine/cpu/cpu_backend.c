@@ -127,7 +127,7 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
             continue;
         }
         pot_read_k(p, j->layer, g, slot, 1, kr);
-        rope_rotate(&j->cb->rope, kr, slot);
+        rope_rotate(&j->cb->rope, kr, pot_rope_pos(p, j->layer, g, slot));
         pot_round_row(p, kr); /* the value the cache would hold: the same bits with or without it */
     }
 }
@@ -143,7 +143,7 @@ static void fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
     for (int64_t task = a; task < b; task++) {
         int32_t g = (int32_t)(task / n_new), slot = p->n_rot + (int32_t)(task % n_new);
         pot_read_k(p, j->layer, g, slot, 1, kr);
-        rope_rotate(&j->cb->rope, kr, slot);
+        rope_rotate(&j->cb->rope, kr, pot_rope_pos(p, j->layer, g, slot));
         pot_round_row(p, kr);
         pot_write_k_rotated(p, j->layer, g, slot, kr);
     }
@@ -178,7 +178,8 @@ static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     const backend_span *sp = j->sp;
     if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
         float *hs = j->head_scores + (size_t)h * j->n_keys;
-        for (int32_t k = 0; k < n_vis; k++) hs[k] += p[k];
+        float w = sp->score_row_weight ? sp->score_row_weight[t - sp->score_row0] : 1.0f;
+        for (int32_t k = 0; k < n_vis; k++) hs[k] += w * p[k];
     }
 }
 
@@ -318,7 +319,8 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
             int64_t t = t0 + i, slot = (int64_t)p->n + i;
             for (int32_t g = 0; g < m->n_head_kv; g++)
                 pot_write(p, l, g, (int32_t)slot, B->k + t * dkv + g * hd, B->v + t * dkv + g * hd);
-            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, slot);
+            int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
+            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, pos);
         }
         span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
         t0 += sp->n_tokens;

@@ -76,3 +76,15 @@ def test_ingest_errors_are_one_line(model, tmp_path):
         assert err.count("\n") == 1 and needle in err, (args, err)
     p = run("ingest", "-m", model)
     assert p.returncode == 2 and b"FILE is required" in p.stderr
+
+
+def test_ingest_infinipot_ablation_flags(fixtures, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC[:1500])
+    for flags in (["--no-catalyst"], ["--no-reset-positions"], ["--no-catalyst", "--no-reset-positions"]):
+        p = ingest(fixtures / "tiny_llama.gguf", doc, "--budget", "160", "--chunk", "32", "--nuc-share", "0",
+                   *flags, "--question", "key?", "-n", "4", "--json")
+        assert p.returncode == 0, (flags, p.stderr)
+        assert json.loads(p.stdout)["compressions"] >= 1
+    p = ingest(fixtures / "tiny_llama.gguf", doc, "--budget", "160", "--policy", "snapkv", "--no-catalyst")
+    assert p.returncode != 0 and b"no_catalyst" in p.stderr

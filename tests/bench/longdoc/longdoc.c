@@ -1,0 +1,263 @@
+/* Needle-in-a-haystack trials through a memory pot, sharing work between them.
+ *
+ *   longdoc -m MODEL -t N --haystack FILE --plan FILE --work DIR [pot settings]
+ *
+ * The plan (written by run.py) has one trial per line, sorted by insertion
+ * point:  id <TAB> insert_byte <TAB> end_byte <TAB> key <TAB> needle text.
+ * Trial i's document is haystack[0, insert) + needle + haystack[insert, end).
+ * Every policy here is question-agnostic or sees the same question for every
+ * key, so the pot just before a needle is the same for all trials inserting
+ * there: one "main" document reads the haystack once, is saved
+ * (engine_doc_save) at each insertion point, and every trial loads that
+ * snapshot and reads only its needle and the rest of its document. Output:
+ * one JSON object per trial on stdout. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+#include <sys/resource.h>
+
+#include "engine/engine.h"
+
+typedef struct trial {
+    char id[64];
+    long insert, end;
+    char key[32];
+    char needle[512];
+} trial;
+
+typedef struct options {
+    const char *model, *haystack, *plan, *work, *question;
+    int threads, n_predict, late_question;
+    engine_pot_settings set;
+} options;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N]\n"
+            "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
+            "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain]\n");
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    o->set = engine_pot_settings_default();
+    o->threads = 1;
+    o->n_predict = 12;
+    o->question = "What is the pass key?";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = 1; /* consumes v */
+        if (!strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "-t")) o->threads = v ? atoi(v) : 0;
+        else if (!strcmp(a, "-n")) o->n_predict = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--haystack")) o->haystack = v;
+        else if (!strcmp(a, "--plan")) o->plan = v;
+        else if (!strcmp(a, "--work")) o->work = v;
+        else if (!strcmp(a, "--question")) o->question = v;
+        else if (!strcmp(a, "--policy")) o->set.policy = v;
+        else if (!strcmp(a, "--budget")) o->set.budget_tokens = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--keep")) o->set.keep_tokens = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--chunk")) o->set.chunk_tokens = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
+        else {
+            used = 0;
+            if (!strcmp(a, "--no-catalyst")) o->set.no_catalyst = 1;
+            else if (!strcmp(a, "--no-reset-positions")) o->set.original_positions = 1;
+            else if (!strcmp(a, "--late-question")) o->late_question = 1;
+            else if (!strcmp(a, "--plain")) o->set.plain = 1;
+            else return fprintf(stderr, "longdoc: unknown argument %s\n", a), -1;
+        }
+        if (used && !v) return fprintf(stderr, "longdoc: %s needs a value\n", a), -1;
+        i += used;
+    }
+    if (!o->model || !o->haystack || !o->plan || !o->work) return usage(), -1;
+    /* finch up front is guided by the question; finch-late and the others are not */
+    if (!o->late_question) o->set.question = o->question;
+    return 0;
+}
+
+static char *read_file(const char *path, long *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)*len + 1);
+    if (b && fread(b, 1, (size_t)*len, f) != (size_t)*len) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[*len] = 0;
+    fclose(f);
+    return b;
+}
+
+static trial *read_plan(const char *path, int *n) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    trial *t = NULL;
+    int cap = 0;
+    char line[1024];
+    *n = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            trial *nt = realloc(t, (size_t)cap * sizeof *t);
+            if (!nt) break;
+            t = nt;
+        }
+        trial *x = &t[*n];
+        memset(x, 0, sizeof *x);
+        if (sscanf(line, "%63[^\t]\t%ld\t%ld\t%31[^\t]\t%511[^\n]", x->id, &x->insert, &x->end,
+                   x->key, x->needle) == 5)
+            (*n)++;
+    }
+    fclose(f);
+    return t;
+}
+
+/* Share of document tokens [a, b) the pot holds, over every (layer, KV head). */
+static double kept_share(const engine_doc *d, const engine_info *in, int64_t a, int64_t b) {
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    int64_t *idx = malloc((size_t)(st.tokens_in_pot + 1) * sizeof *idx);
+    double hit = 0;
+    for (int32_t l = 0; l < in->n_layer && idx; l++)
+        for (int32_t h = 0; h < in->n_head_kv; h++) {
+            int32_t n = engine_doc_kept(d, l, h, idx, st.tokens_in_pot);
+            for (int32_t i = 0; i < n; i++) hit += idx[i] >= a && idx[i] < b;
+        }
+    free(idx);
+    return b > a ? hit / ((double)(b - a) * in->n_layer * in->n_head_kv) : 0;
+}
+
+typedef struct answer {
+    char text[1024];
+    size_t len;
+} answer;
+
+static int on_text(void *user, const char *text, size_t len, int32_t token, const sample_logprobs *lp) {
+    (void)token;
+    (void)lp;
+    answer *a = user;
+    if (a->len + len < sizeof a->text) {
+        memcpy(a->text + a->len, text, len);
+        a->len += len;
+        a->text[a->len] = 0;
+    }
+    return 0;
+}
+
+static double now_ms_wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* One trial: from the snapshot at its insertion point, the needle, the rest
+ * of the document, the question; prints its JSON line. */
+static int run_trial(engine *e, const options *o, const engine_info *info, const char *hay,
+                     const trial *t, const char *snap, double t_start_ms, char *err, size_t el) {
+    uint64_t off;
+    engine_doc *d = engine_doc_load(e, &o->set, snap, &off, err, el);
+    if (!d) return -1;
+    int rc = -1;
+    int64_t a = engine_doc_tokens_pushed(d);
+    if (engine_doc_push(d, t->needle, strlen(t->needle), 0, err, el)) goto out;
+    int64_t b = engine_doc_tokens_pushed(d);
+    while ((rc = engine_doc_step(d, err, el)) > 0) {
+    }
+    if (rc < 0 || engine_doc_feed(d, hay + t->insert, (size_t)(t->end - t->insert), 1, err, el)) {
+        rc = -1;
+        goto out;
+    }
+    answer ans = {{0}, 0};
+    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict};
+    gp.sampling.temperature = 0;
+    engine_gen_result res = {0};
+    if (engine_doc_answer(d, o->question, &gp, on_text, &ans, &res, err, el)) goto out;
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I}",
+                          "id", t->id, "key", t->key, "answer", ans.text,
+                          "hit", strstr(ans.text, t->key) != NULL, "kept", kept_share(d, info, a, b),
+                          "needle_a", (json_int_t)a, "needle_b", (json_int_t)b,
+                          "tokens_read", (json_int_t)st.tokens_read, "ingest_ms", st.ingest_ms,
+                          "compress_ms", st.compress_ms, "wall_ms", now_ms_wall() - t_start_ms,
+                          "compressions", (json_int_t)st.compressions,
+                          "peak_rss_bytes", (json_int_t)ru.ru_maxrss * 1024);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(j);
+    rc = 0;
+out:
+    engine_doc_close(d);
+    return rc;
+}
+
+/* Reads the haystack through the main document up to each insertion point,
+ * saves it there, and runs the trials inserting at that point. */
+static int run_plan(engine *e, const options *o, const char *hay, long hay_len, const trial *t,
+                    int n) {
+    char err[512], snap[4096];
+    engine_info info;
+    engine_get_info(e, &info);
+    snprintf(snap, sizeof snap, "%s/main.pot", o->work);
+    engine_doc *main_doc = engine_doc_open(e, &o->set, err, sizeof err);
+    if (!main_doc) return fprintf(stderr, "longdoc: %s\n", err), -1;
+    long fed = 0;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (t[i].insert < fed || t[i].end > hay_len || t[i].end < t[i].insert) {
+            fprintf(stderr, "longdoc: trial %s: plan not sorted or beyond the haystack\n", t[i].id);
+            rc = -1;
+            break;
+        }
+        if (i == 0 || t[i].insert != t[i - 1].insert) {
+            if (engine_doc_feed(main_doc, hay + fed, (size_t)(t[i].insert - fed), 0, err, sizeof err) ||
+                engine_doc_save(main_doc, snap, 0, err, sizeof err)) {
+                fprintf(stderr, "longdoc: main document: %s\n", err);
+                rc = -1;
+                break;
+            }
+            fed = t[i].insert;
+        }
+        if (run_trial(e, o, &info, hay, &t[i], snap, now_ms_wall(), err, sizeof err)) {
+            fprintf(stderr, "longdoc: trial %s: %s\n", t[i].id, err);
+            rc = -1;
+        }
+    }
+    engine_doc_close(main_doc);
+    remove(snap);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    memset(&o, 0, sizeof o);
+    if (parse_args(argc, argv, &o)) return 2;
+    long hay_len = 0;
+    char *hay = read_file(o.haystack, &hay_len);
+    int n = 0;
+    trial *t = read_plan(o.plan, &n);
+    if (!hay || !t) {
+        fprintf(stderr, "longdoc: cannot read %s: %s\n", !hay ? o.haystack : o.plan, strerror(errno));
+        return 1;
+    }
+    char err[512];
+    engine_options eo = {.n_threads = o.threads};
+    engine *e = engine_open(o.model, &eo, err, sizeof err);
+    if (!e) return fprintf(stderr, "longdoc: %s\n", err), 1;
+    int rc = run_plan(e, &o, hay, hay_len, t, n);
+    engine_close(e);
+    free(hay);
+    free(t);
+    return rc ? 1 : 0;
+}

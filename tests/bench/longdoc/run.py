@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""Long-document evaluation: passkey retrieval through memory pots (issue 3).
+
+Builds needle-in-a-haystack documents (a 5-digit key at a relative depth in
+repetitive filler or in natural English prose), runs them through
+build/longdoc_bench (tests/bench/longdoc/longdoc.c), which reads each haystack
+once per policy and forks the pot just before each needle for every key, and
+reports exact-match accuracy with a Wilson 95 % interval, the share of the
+needle's tokens still in the pot, ingest tokens/s and peak RSS, as a markdown
+table and a PNG heatmap (accuracy by length x depth, one panel per policy).
+
+    .venv/bin/python tests/bench/longdoc/run.py -m MODEL [--haystacks filler,text]
+        [--lengths 2048,4096,8192,16384,32768,65536,131072] [--depths 0.1,0.5,0.9]
+        [--keys 20] [--policies none,infinipot,-nuc,-nuc-cap,-nuc-cap-reset,finch,
+        finch-late,snapkv,h2o,cascade,streaming,truncate] [--budgets 1024,2048,4096]
+        [--threads N] [--out build/longdoc]
+
+The defaults are the whole grid of issue 3 (far beyond a 2-core machine; pick
+cells with the flags). Results accumulate in OUT/results.jsonl (one line per
+trial); `--report` only redraws the table and heatmap from it.
+
+Policies: the pot policies by name, `finch-late` (FINCH with the question
+arriving after the document), and InfiniPot's ablation ladder as in seed 000
+Table 4: `-nuc` (no novelty-under-compression), `-nuc-cap` (no NuC, and the
+chunk's own last rows score instead of the catalyst), `-nuc-cap-reset` (also
+no context-reset positions: entries keep their document positions). `none`
+reads the whole document without compression (the full-attention ceiling); a
+length beyond the model's window is clipped to what fits, and noted.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+import bench_text  # noqa: E402  (natural prose, generated in the repo)
+
+BIN = ROOT / "build" / "longdoc_bench"
+POTSERVE = pathlib.Path(os.environ.get("POTSERVE_BIN", ROOT / "build" / "potserve"))  # tokenize, info, memory runs
+INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+         "I will quiz you about the important information there. ")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+# Chosen after trying formats with policy none at 2K (README): the plain
+# question alone makes the 135M model answer with filler at depths 0.1/0.5.
+QUESTION = "What is the pass key? Answer with the number only."
+ABLATIONS = {
+    "-nuc": ["--policy", "infinipot", "--nuc-share", "0"],
+    "-nuc-cap": ["--policy", "infinipot", "--nuc-share", "0", "--no-catalyst"],
+    "-nuc-cap-reset": ["--policy", "infinipot", "--nuc-share", "0", "--no-catalyst", "--no-reset-positions"],
+    "finch-late": ["--policy", "finch", "--late-question"],
+}
+N_CTX_MARGIN = 256  # policy none: room for the template, the needle and the question
+
+
+def n_tokens(model, text):
+    p = subprocess.run([str(POTSERVE), "tokenize", "-m", str(model), "--no-special"], input=text.encode(),
+                       capture_output=True, check=True)
+    return len(p.stdout.split())
+
+
+def n_ctx(model):
+    p = subprocess.run([str(POTSERVE), "info", "-m", str(model)], capture_output=True, text=True, check=True)
+    for line in p.stdout.splitlines():
+        if line.startswith("context length"):
+            digits = "".join(c for c in line.split(":")[-1] if c.isdigit())
+            if digits:
+                return int(digits)
+    return 8192
+
+
+class Haystack:
+    """The haystack as units (the intro, then filler sentences or prose
+    paragraphs) with cumulative byte offsets and token counts, so a document
+    of L tokens with the needle at depth d is cut at unit boundaries."""
+
+    def __init__(self, model, kind, max_tokens):
+        if kind == "filler":
+            unit_texts, seps = [FILLER], ""
+        else:
+            unit_texts, seps = bench_text.PARAGRAPHS, "\n\n"
+        # a unit's cost in the middle of the haystack: BPE merges across unit
+        # boundaries (the filler alone is 25 tokens, 24 each when repeated)
+        lead = unit_texts[0] + seps
+        base = n_tokens(model, lead)
+        cost = {t: n_tokens(model, lead + t + seps) - base for t in unit_texts}
+        intro = INTRO + seps
+        self.units = [intro]
+        toks = [n_tokens(model, intro)]
+        rng = random.Random(0)
+        while sum(toks) < max_tokens + 1024:
+            order = list(range(len(unit_texts)))
+            if kind == "text":
+                rng.shuffle(order)
+            for i in order:
+                self.units.append(unit_texts[i] + seps)
+                toks.append(cost[unit_texts[i]])
+        self.text = "".join(self.units)
+        self.cum_tok, self.cum_byte = [0], [0]
+        for u, t in zip(self.units, toks):
+            self.cum_tok.append(self.cum_tok[-1] + t)
+            self.cum_byte.append(self.cum_byte[-1] + len(u.encode()))
+
+    def boundary(self, tokens):
+        """Index of the first unit boundary at or after `tokens`."""
+        lo, hi = 0, len(self.cum_tok) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.cum_tok[mid] >= tokens:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def cut(self, length, depth):
+        """(insert byte, end byte, haystack tokens) for a document of about
+        `length` tokens with the needle at `depth`; the needle never goes
+        before the intro."""
+        end = self.boundary(length)
+        ins = max(1, min(end, self.boundary(depth * length)))
+        return self.cum_byte[ins], self.cum_byte[end], self.cum_tok[end]
+
+
+def key_for(seed, haystack, length, depth, k):
+    """The same keys for every policy, so cells differ only by policy."""
+    return random.Random(f"{seed}:{haystack}:{length}:{depth}:{k}").randint(10000, 99999)
+
+
+def run_cell(a, hay, kind, policy, budget, lengths, depths, work):
+    """All trials of one (haystack, policy, budget) in one longdoc_bench run."""
+    plan = []
+    for L in lengths:
+        for d in depths:
+            ins, end, toks = hay.cut(L, d)
+            for k in range(a.keys):
+                key = key_for(a.seed, kind, L, d, k)
+                plan.append((ins, end, f"{L}:{d}:{k}:{toks}", key))
+    plan.sort()
+    if not plan:
+        return []
+    work.mkdir(parents=True, exist_ok=True)
+    hay_path, plan_path = work / f"haystack_{kind}.txt", work / "plan.tsv"
+    if not hay_path.exists() or hay_path.read_text() != hay.text:
+        hay_path.write_text(hay.text)
+    plan_path.write_text("".join(f"{tid}\t{i}\t{e}\t{key}\t{NEEDLE.format(key=key)}\n"
+                                 for i, e, tid, key in plan))
+    args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--haystack", str(hay_path), "--plan",
+            str(plan_path), "--work", str(work), "--question", a.question, "--budget", str(budget),
+            "-n", "12"]
+    keep = a.keep if a.keep else budget // 2
+    if policy != "none":
+        args += ["--keep", str(keep)]
+    args += ABLATIONS.get(policy, ["--policy", policy])
+    t0 = time.time()
+    rows = []
+    with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
+        for line in p.stdout:
+            r = json.loads(line)
+            L, d, k, toks = r["id"].split(":")
+            r.update(haystack=kind, policy=policy, budget=budget, keep=keep if policy != "none" else budget,
+                     length=int(L), depth=float(d), trial=int(k), doc_tokens=int(toks),
+                     tps=r["tokens_read"] / (r["ingest_ms"] / 1e3 + 1e-9), model=pathlib.Path(a.model).name)
+            rows.append(r)
+            print(json.dumps({x: r[x] for x in ("haystack", "policy", "budget", "length", "depth", "key",
+                                                "hit", "kept", "answer")}), file=sys.stderr, flush=True)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode})")
+    print(f"cell {kind} {policy} {budget}: {len(rows)} trials in {time.time() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+def wilson(k, n, z=1.96):
+    if n == 0:
+        return 0.0, 0.0
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def fmt_acc(cell):
+    k, n = sum(r["hit"] for r in cell), len(cell)
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} ({100 * k / n:.0f} %, {100 * lo:.0f}–{100 * hi:.0f})" if n else "–"
+
+
+def cell_key(r):
+    return (r["haystack"], r["policy"], r["budget"], r["length"])
+
+
+def report(rows, out, cmdline):
+    depths = sorted({r["depth"] for r in rows})
+    lines = [f"`{cmdline}`", "",
+             "Exact match (key found in a greedy 12-token answer): hits/trials (accuracy, Wilson 95 % "
+             "interval). needle kept: share of the needle's tokens in the pot at question time, over all "
+             "layers and KV heads. tok/s: median ingest speed. RSS: the bench process's peak (model + two "
+             "pots). policy none: no compression, pot = the document (lengths beyond the window clipped to "
+             "fit: doc tokens).", "",
+             "| haystack | policy | budget | length | doc tokens | " + " | ".join(f"depth {d}" for d in depths)
+             + " | all depths | needle kept | tok/s | peak RSS MB |",
+             "|---|---|---|---|---|" + "---|" * len(depths) + "---|---|---|---|"]
+    for key in sorted({cell_key(r) for r in rows}, key=lambda x: (x[0], x[3], x[1], x[2])):
+        cell = [r for r in rows if cell_key(r) == key]
+        accs = [fmt_acc([r for r in cell if r["depth"] == d]) for d in depths]
+        kept = sum(r["kept"] for r in cell) / len(cell)
+        tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
+        rss = max(r["peak_rss_bytes"] for r in cell) / 1e6
+        toks = max(r["doc_tokens"] for r in cell)
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {toks} | " + " | ".join(accs)
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {tps:.0f} | {rss:.0f} |")
+    table = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(table)
+    heatmap(rows, out / "heatmap.png")
+    return table
+
+
+def heatmap(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no heatmap", file=sys.stderr)
+        return
+    panels = sorted({(r["haystack"], r["policy"], r["budget"]) for r in rows})
+    cols = min(4, len(panels))
+    nrow = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrow, cols, figsize=(3.6 * cols, 2.8 * nrow), squeeze=False)
+    for ax, (hk, pol, bud) in zip(axes.flat, panels):
+        cell = [r for r in rows if (r["haystack"], r["policy"], r["budget"]) == (hk, pol, bud)]
+        Ls, ds = sorted({r["length"] for r in cell}), sorted({r["depth"] for r in cell})
+        grid = [[float("nan")] * len(Ls) for _ in ds]
+        for i, d in enumerate(ds):
+            for j, L in enumerate(Ls):
+                c = [r for r in cell if r["depth"] == d and r["length"] == L]
+                if c:
+                    grid[i][j] = sum(r["hit"] for r in c) / len(c)
+                    ax.text(j, i, f"{sum(r['hit'] for r in c)}/{len(c)}", ha="center", va="center", fontsize=7)
+        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(Ls)), [f"{L // 1024}K" for L in Ls], fontsize=7)
+        ax.set_yticks(range(len(ds)), [str(d) for d in ds], fontsize=7)
+        ax.set_title(f"{pol} |M|={bud if pol != 'none' else 'doc'} ({hk})", fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.supxlabel("document length (tokens)", fontsize=8)
+    fig.supylabel("needle depth", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def memory_runs(a, out):
+    """Peak RSS, ingest tokens/s and compression share of single documents
+    (needle at depth 0.5, filler) read by `potserve ingest` at each length:
+    one process per document, so RSS is the model plus one pot."""
+    lengths = [int(x) for x in a.memory.split(",")]
+    hay = Haystack(a.model, "filler", max(lengths))
+    path = out / "work" / "memory_doc.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for L in lengths:
+        ins, end, toks = hay.cut(L, 0.5)
+        key = key_for(a.seed, "memory", L, 0.5, 0)
+        needle = NEEDLE.format(key=key)
+        hb = hay.text.encode()
+        path.write_bytes(hb[:ins] + needle.encode() + hb[ins:end])
+        budget = int(a.budgets.split(",")[0])
+        pre = n_tokens(a.model, hb[:ins].decode())  # the needle's token range, for --track
+        track = f"{pre}:{pre + n_tokens(a.model, needle)}"
+        args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--budget",
+                str(budget), "--question", a.question, "-n", "12", "--json", "--track", track]
+        t0 = time.time()
+        r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+        r.update(length=L, doc_tokens=toks, key=key, hit=str(key) in r["answer"], wall_s=time.time() - t0)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        append(out / "memory.jsonl", [r])
+        rows.append(r)
+    return rows
+
+
+def memory_report(out, cmdline):
+    path = out / "memory.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    lines = [f"`{cmdline}`", "",
+             "| length | doc tokens | policy | budget | ingest tok/s | compress share | peak RSS MB | pot MB "
+             "| needle kept | key found |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['length']} | {r['tokens_read']} | {r['policy']} | {r['budget_tokens']} | "
+                     f"{r['ingest_tokens_per_s']:.1f} | {100 * r['compress_share']:.2f} % | "
+                     f"{r['peak_rss_bytes'] / 1e6:.1f} | {r['pot_bytes'] / 1e6:.1f} | "
+                     f"{r.get('tracked_kept_share', -1):.2f} | {'yes' if r['hit'] else 'no'} |")
+    text = "\n".join(lines) + "\n"
+    (out / "memory.md").write_text(text)
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--bin", default=str(BIN), help="the longdoc_bench binary")
+    ap.add_argument("--haystacks", default="filler,text")
+    ap.add_argument("--lengths", default="2048,4096,8192,16384,32768,65536,131072")
+    ap.add_argument("--depths", default="0.1,0.5,0.9")
+    ap.add_argument("--keys", type=int, default=20)
+    ap.add_argument("--policies", default="none,infinipot,-nuc,-nuc-cap,-nuc-cap-reset,finch,finch-late,"
+                                          "snapkv,h2o,cascade,streaming,truncate")
+    ap.add_argument("--budgets", default="1024,2048,4096")
+    ap.add_argument("--keep", type=int, default=0, help="entries kept by a compression (default budget/2)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--question", default=QUESTION)
+    ap.add_argument("--out", default=str(ROOT / "build" / "longdoc"))
+    ap.add_argument("--report", action="store_true", help="only redraw the table and heatmap")
+    ap.add_argument("--memory", default="", help="lengths for the RSS / tokens/s runs (e.g. 8192,32768,131072): "
+                                                "one `potserve ingest` per document at the first budget, nothing else")
+    a = ap.parse_args()
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    cmdline = " ".join(sys.argv)
+    if a.memory:
+        memory_runs(a, out)
+        print(memory_report(out, cmdline))
+        return
+    if not a.report:
+        lengths = [int(x) for x in a.lengths.split(",")]
+        depths = [float(x) for x in a.depths.split(",")]
+        ctx = n_ctx(a.model)
+        for kind in a.haystacks.split(","):
+            hay = Haystack(a.model, kind, max(lengths))
+            for policy in a.policies.split(","):
+                if policy == "none":  # one run per length: the pot is the document
+                    for L in lengths:
+                        eff = min(L, ctx - N_CTX_MARGIN)
+                        rows = run_cell(a, hay, kind, "none", eff + N_CTX_MARGIN, [eff], depths, out / "work")
+                        for r in rows:
+                            r["length"] = L
+                        append(results, rows)
+                    continue
+                for budget in [int(x) for x in a.budgets.split(",")]:
+                    append(results, run_cell(a, hay, kind, policy, budget, lengths, depths, out / "work"))
+    rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    print(report(rows, out, cmdline))
+
+
+def append(path, rows):
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
