@@ -147,7 +147,7 @@ asan: fixtures model
 # CPU binary the other tests run.
 CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
 CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
-CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c cache/policy.c \
+CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c cache/pot_device.c cache/policy.c cache/snapshot.c \
                    engine/model.c engine/gguf.c engine/tokenizer.c engine/tokenizer_unicode.c engine/chat.c \
                    engine/cpu/cpu_backend.c engine/cpu/simd.c engine/cpu/threadpool.c \
                    tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))

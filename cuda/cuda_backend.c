@@ -6,32 +6,17 @@
  * norm, the Q/K/V products over all tokens (matvec on the quantised weights
  * for up to MATVEC_MAX_T tokens, else the weight dequantised to f32 and one
  * cublasGemmEx), biases; per span the new K/V stored (before RoPE) into the
- * span's pot mirror, the queries rotated, attention over [pot | span]
+ * span's pot on the device, the queries rotated, attention over [pot | span]
  * (flash-style kernel, split-K for a single query over a long pot) and the
  * score rows when asked; then the output product, residual, FFN (SwiGLU),
- * residual. Finally the new K/V slots are copied from the mirrors into the
- * host pots, logits and label log-probabilities are computed for the rows
- * asked for and copied to the span's arrays. Everything runs in order on one
- * stream; the host waits once at the end (and per chunk of label rows).
+ * residual. Finally logits and label log-probabilities are computed for the
+ * rows asked for and copied to the span's arrays. Everything runs in order
+ * on one stream; the host waits once at the end (and per chunk of label rows).
  *
- * Pot mirrors. A pot is a host struct the engine and the policies own; this
- * backend keeps, per pot address, a device copy of its K/V arrays (same
- * layout, same dtype) and n_synced, the slots known to equal the host's. The
- * cache/ module has no generation counter, so before each forward the mirror
- * checks the host pot: a different K/V array, capacity or dtype reallocates
- * it; a count below n_synced (pot_compact, pot_truncate) or a changed
- * fingerprint of the first n_synced slots (pot_copy into the pot, a snapshot
- * read into a reused address) uploads all valid slots again; slots the host
- * appended beyond n_synced are uploaded alone. The fingerprint hashes every
- * valid slot's token_index (compaction moves them) and the K/V bytes of the
- * first and last valid slot of each (layer, head): O(n_layer * n_head_kv * n)
- * host reads, small beside a forward. It cannot see a change that keeps
- * those (another writer rewriting middle slots in place with the same token
- * indices); nothing in potserve does that. New tokens' K/V are written on the
- * device and copied back into the host pot, so host and mirror hold the same
- * bytes (f16 rounding is round-to-nearest-even on both sides). Mirrors are
- * evicted least recently used beyond MAX_MIRRORS or when device memory runs
- * short; cuda_backend_forget_pot drops one at once. */
+ * Pots live in device memory (cuda_pots.c): a span's pot is attached on its
+ * first forward (its valid slots uploaded once) and from then on the new
+ * K/V are written on the device only; the host's copy is synced when host
+ * code reads it, compaction gathers on the device. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -40,6 +25,7 @@
 #include <string.h>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_internal.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
 #include "engine/cpu/rope.h"
@@ -49,57 +35,8 @@
 enum {
     MATVEC_MAX_T = 8,    /* up to this many tokens the products read the quantised weights */
     LOGIT_ROWS = 64,     /* rows of logits computed at once */
-    MAX_MIRRORS = 64,    /* pot mirrors kept before the least recently used goes */
     WBUF_MIN = 1 << 22,  /* floats of the dequantisation buffer at least (16 MiB) */
 };
-
-typedef struct dev_weight {
-    void *data;
-    uint32_t type;
-    int64_t rows, cols;
-    size_t row_bytes;
-} dev_weight;
-
-typedef struct dev_layer {
-    float *attn_norm, *ffn_norm, *bq, *bk, *bv;
-    dev_weight wq, wk, wv, wo, gate, up, down;
-} dev_layer;
-
-typedef struct pot_mirror {
-    const pot *key;               /* the host pot (compared, never dereferenced when stale) */
-    const void *host_k, *host_v;  /* its arrays when the mirror was made */
-    int32_t capacity, dtype;
-    void *k, *v;                  /* device: [n_layer][n_head_kv][capacity][head_dim] of dtype */
-    int32_t n_synced;             /* slots [0, n_synced) equal the host's */
-    uint64_t fingerprint;         /* pot_fingerprint(host, n_synced) then */
-    uint64_t last_use;
-} pot_mirror;
-
-/* A device buffer that only grows. */
-typedef struct dbuf {
-    void *p;
-    size_t bytes;
-} dbuf;
-
-typedef struct cuda_backend {
-    backend base;
-    const model *m;
-    int exact;
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    dev_weight tok_embd, output;
-    float *output_norm;
-    dev_layer *layers;
-    void **allocs; /* every weight allocation, for free */
-    size_t n_allocs, cap_allocs;
-    cuda_rope rope;
-    float *wbuf; /* dequantised weight rows */
-    size_t wbuf_floats;
-    dbuf x, xn, xb, q, k, v, att, hb, hb2, lse, partial, scores, slots, tokens, logits, rows, labels, lp;
-    pot_mirror *mirrors;
-    int n_mirrors;
-    uint64_t clock;
-} cuda_backend;
 
 /* ---- errors --------------------------------------------------------------------- */
 
@@ -155,163 +92,7 @@ static float *upload_vec(cuda_backend *cb, const float *v, int64_t n) {
     return v ? upload(cb, v, (size_t)n * sizeof(float)) : NULL;
 }
 
-/* Grows b to at least bytes (contents lost). */
-static cudaError_t dbuf_need(dbuf *b, size_t bytes) {
-    if (b->bytes >= bytes && b->p) return cudaSuccess;
-    cudaFree(b->p);
-    b->p = NULL;
-    b->bytes = 0;
-    size_t want = bytes > 256 ? bytes : 256;
-    cudaError_t e = cudaMalloc(&b->p, want);
-    if (e == cudaSuccess) b->bytes = want;
-    return e;
-}
-
-static void dbuf_free(dbuf *b) {
-    cudaFree(b->p);
-    b->p = NULL;
-    b->bytes = 0;
-}
-
-/* ---- pot mirrors --------------------------------------------------------------------- */
-
 static size_t pot_esize(const pot *p) { return p->dtype == POT_F16 ? 2 : 4; }
-
-static uint64_t mix(uint64_t h, uint64_t w) {
-    h ^= w + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdULL;
-}
-
-static uint64_t mix_bytes(uint64_t h, const void *data, size_t n) {
-    const unsigned char *b = data;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = mix(h, w);
-    }
-    for (; i < n; i++) h = mix(h, b[i]);
-    return h;
-}
-
-/* The fingerprint of slots [0, n) (see the file comment). */
-static uint64_t pot_fingerprint(const pot *p, int32_t n) {
-    uint64_t h = mix(0x5eed, (uint64_t)n);
-    if (n <= 0) return h;
-    size_t row = (size_t)p->head_dim * pot_esize(p);
-    for (int32_t l = 0; l < p->n_layer; l++)
-        for (int32_t g = 0; g < p->n_head_kv; g++) {
-            size_t s0 = pot_slot(p, l, g, 0), s1 = pot_slot(p, l, g, n - 1);
-            h = mix_bytes(h, p->token_index + s0, (size_t)n * sizeof(int64_t));
-            h = mix_bytes(h, (const char *)p->k + s0 * row, row);
-            h = mix_bytes(h, (const char *)p->k + s1 * row, row);
-            h = mix_bytes(h, (const char *)p->v + s0 * row, row);
-            h = mix_bytes(h, (const char *)p->v + s1 * row, row);
-        }
-    return h;
-}
-
-static void mirror_release(pot_mirror *mr) {
-    cudaFree(mr->k);
-    cudaFree(mr->v);
-    memset(mr, 0, sizeof *mr);
-}
-
-static void mirror_remove(cuda_backend *cb, int i) {
-    mirror_release(&cb->mirrors[i]);
-    cb->mirrors[i] = cb->mirrors[--cb->n_mirrors];
-}
-
-/* Evicts the least recently used mirror not used since `since`; 0 if one went. */
-static int mirror_evict(cuda_backend *cb, uint64_t since) {
-    int best = -1;
-    for (int i = 0; i < cb->n_mirrors; i++)
-        if (cb->mirrors[i].last_use < since && (best < 0 || cb->mirrors[i].last_use < cb->mirrors[best].last_use))
-            best = i;
-    if (best < 0) return -1;
-    mirror_remove(cb, best);
-    return 0;
-}
-
-static pot_mirror *mirror_find(cuda_backend *cb, const pot *p) {
-    for (int i = 0; i < cb->n_mirrors; i++)
-        if (cb->mirrors[i].key == p) return &cb->mirrors[i];
-    return NULL;
-}
-
-/* Copies slots [s0, s1) of every (layer, head) host -> mirror (dir 0) or
- * mirror -> host (dir 1), on the stream. */
-static cudaError_t mirror_copy(cuda_backend *cb, pot_mirror *mr, pot *p, int32_t s0, int32_t s1, int dir) {
-    if (s1 <= s0) return cudaSuccess;
-    size_t row = (size_t)p->head_dim * pot_esize(p), pitch = (size_t)p->capacity * row;
-    size_t off = (size_t)s0 * row, width = (size_t)(s1 - s0) * row, height = (size_t)p->n_layer * p->n_head_kv;
-    cudaError_t e;
-    if (dir == 0) {
-        e = cudaMemcpy2DAsync((char *)mr->k + off, pitch, (const char *)p->k + off, pitch, width, height,
-                              cudaMemcpyHostToDevice, cb->stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync((char *)mr->v + off, pitch, (const char *)p->v + off, pitch, width, height,
-                                  cudaMemcpyHostToDevice, cb->stream);
-    } else {
-        e = cudaMemcpy2DAsync((char *)p->k + off, pitch, (const char *)mr->k + off, pitch, width, height,
-                              cudaMemcpyDeviceToHost, cb->stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync((char *)p->v + off, pitch, (const char *)mr->v + off, pitch, width, height,
-                                  cudaMemcpyDeviceToHost, cb->stream);
-    }
-    return e;
-}
-
-/* The mirror of p, brought up to the host's p->n valid slots (uploads queued
- * on the stream). NULL + err when device memory is short. */
-static pot_mirror *mirror_sync(cuda_backend *cb, pot *p, uint64_t now, char *err, size_t errlen) {
-    pot_mirror *mr = mirror_find(cb, p);
-    if (mr && (mr->host_k != p->k || mr->host_v != p->v || mr->capacity != p->capacity || mr->dtype != (int32_t)p->dtype)) {
-        mirror_remove(cb, (int)(mr - cb->mirrors));
-        mr = NULL;
-    }
-    if (!mr) {
-        if (cb->n_mirrors == MAX_MIRRORS && mirror_evict(cb, now)) {
-            snprintf(err, errlen, "cuda backend: more than %d pots in one forward", MAX_MIRRORS);
-            return NULL;
-        }
-        mr = &cb->mirrors[cb->n_mirrors];
-        memset(mr, 0, sizeof *mr);
-        size_t bytes = (size_t)p->n_layer * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
-        for (;;) {
-            cudaError_t ek = cudaMalloc(&mr->k, bytes), ev = ek == cudaSuccess ? cudaMalloc(&mr->v, bytes) : ek;
-            if (ev == cudaSuccess) break;
-            cudaFree(mr->k);
-            mr->k = mr->v = NULL;
-            cudaGetLastError(); /* clear the allocation error */
-            if (mirror_evict(cb, now)) {
-                snprintf(err, errlen, "cuda backend: out of device memory for a pot of %d slots", p->capacity);
-                return NULL;
-            }
-            mr = &cb->mirrors[cb->n_mirrors]; /* eviction moved the array's tail */
-            memset(mr, 0, sizeof *mr);
-        }
-        cb->n_mirrors++;
-        mr->key = p;
-        mr->host_k = p->k;
-        mr->host_v = p->v;
-        mr->capacity = p->capacity;
-        mr->dtype = (int32_t)p->dtype;
-        mr->n_synced = 0;
-        mr->fingerprint = pot_fingerprint(p, 0);
-    }
-    mr->last_use = now;
-    if (p->n < mr->n_synced || pot_fingerprint(p, mr->n_synced) != mr->fingerprint) mr->n_synced = 0;
-    if (p->n > mr->n_synced) {
-        cudaError_t e = mirror_copy(cb, mr, p, mr->n_synced, p->n, 0);
-        if (e != cudaSuccess) {
-            snprintf(err, errlen, "cuda backend: uploading a pot: %s", cudaGetErrorString(e));
-            return NULL;
-        }
-    }
-    /* n_synced and the fingerprint are set once the forward has succeeded */
-    return mr;
-}
 
 /* ---- matrix products ----------------------------------------------------------------- */
 
@@ -351,7 +132,7 @@ fail:
 /* ---- the forward pass -------------------------------------------------------------------- */
 
 typedef struct span_plan {
-    pot_mirror *mr;
+    dev_pot *dp;
     int64_t t0;          /* first row of the span in the batch */
     int32_t n0, n_pre;   /* slots before the span; pot keys attended */
     int32_t n_split;
@@ -388,7 +169,7 @@ static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32
         span_plan *pl = &plan[s];
         pot *p = sp->kv;
         size_t layer_off = (size_t)l * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
-        void *kl = (char *)pl->mr->k + layer_off, *vl = (char *)pl->mr->v + layer_off;
+        void *kl = (char *)pl->dp->k + layer_off, *vl = (char *)pl->dp->v + layer_off;
         float *q = F(cb->q) + pl->t0 * dq;
         CK(cuda_pot_store(kl, vl, (int32_t)p->dtype, p->capacity, p->n_head_kv, p->head_dim, F(cb->k) + pl->t0 * dkv,
                           F(cb->v) + pl->t0 * dkv, pl->n0, sp->n_tokens, cb->stream));
@@ -505,9 +286,13 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
 
     uint64_t now = ++cb->clock;
     for (int32_t s = 0; s < n_spans; s++)
-        if (!(plan[s].mr = mirror_sync(cb, spans[s].kv, now, err, errlen))) goto out;
-    /* mirror_sync may have moved the array (an eviction): look them up again */
-    for (int32_t s = 0; s < n_spans; s++) plan[s].mr = mirror_find(cb, spans[s].kv);
+        if (cuda_pot_is_ours(cb, spans[s].kv)) ((dev_pot *)spans[s].kv->device)->last_use = now;
+    /* (the pots of this forward marked first: making room for one never evicts another) */
+    for (int32_t s = 0; s < n_spans; s++) {
+        if (!(plan[s].dp = cuda_pot_acquire(cb, spans[s].kv, now, err, errlen))) goto out;
+        /* the slots from n0 on are about to change on the device */
+        if (plan[s].dp->n_host > plan[s].n0) plan[s].dp->n_host = plan[s].n0;
+    }
 
     tokens = malloc((size_t)T * sizeof(int32_t));
     if (!tokens) {
@@ -530,7 +315,6 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
         span_plan *pl = &plan[s];
-        CK(mirror_copy(cb, pl->mr, sp->kv, pl->n0, pl->n0 + sp->n_tokens, 1));
         if (sp->scores)
             CK(cudaMemcpyAsync(sp->scores, F(cb->scores) + pl->scores_at,
                                (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens) * sizeof(float),
@@ -559,8 +343,6 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
         backend_span *sp = &spans[s];
         pot *p = sp->kv;
         pot_append_done(p, sp->n_tokens);
-        plan[s].mr->n_synced = p->n;
-        plan[s].mr->fingerprint = pot_fingerprint(p, p->n);
     }
     free(tokens);
     free(plan);
@@ -580,11 +362,10 @@ static void cuda_free_backend(backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream);
-    for (int i = 0; i < cb->n_mirrors; i++) mirror_release(&cb->mirrors[i]);
-    free(cb->mirrors);
+    cuda_pots_return_all(cb); /* the pots outlive the backend, on the host */
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
                     &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->tokens,
-                    &cb->logits, &cb->rows, &cb->labels, &cb->lp};
+                    &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
     for (size_t i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
     free(cb->allocs);
@@ -595,34 +376,30 @@ static void cuda_free_backend(backend *b) {
     free(cb);
 }
 
-void cuda_backend_forget_pot(backend *b, const pot *p) {
-    cuda_backend *cb = (cuda_backend *)b;
-    for (int i = 0; i < cb->n_mirrors; i++)
-        if (cb->mirrors[i].key == p) {
-            cudaStreamSynchronize(cb->stream);
-            mirror_remove(cb, i);
-            return;
-        }
+int cuda_backend_forget_pot(backend *b, pot *p) {
+    return cuda_pot_is_ours((cuda_backend *)b, p) ? pot_host_take(p) : 0;
 }
 
-int cuda_backend_mirror_matches(backend *b, const pot *p) {
-    cuda_backend *cb = (cuda_backend *)b;
-    pot_mirror *mr = mirror_find(cb, p);
-    if (!mr || mr->n_synced != p->n) return 0;
-    size_t row = (size_t)p->head_dim * pot_esize(p), width = (size_t)p->n * row, pitch = (size_t)p->capacity * row;
-    size_t height = (size_t)p->n_layer * p->n_head_kv;
-    char *buf = malloc(width ? width : 1);
-    int ok = buf != NULL;
-    cudaStreamSynchronize(cb->stream);
-    for (size_t r = 0; ok && r < height; r++)
-        for (int kv = 0; kv < 2 && ok; kv++) {
-            const char *dev = (const char *)(kv ? mr->v : mr->k) + r * pitch;
-            const char *host = (const char *)(kv ? p->v : p->k) + r * pitch;
-            ok = cudaMemcpy(buf, dev, width, cudaMemcpyDeviceToHost) == cudaSuccess && !memcmp(buf, host, width);
-        }
-    free(buf);
-    return ok;
+int cuda_backend_holds_pot(backend *b, const pot *p) { return cuda_pot_is_ours((cuda_backend *)b, p); }
+
+size_t cuda_backend_pot_bytes(backend *b) { return ((cuda_backend *)b)->pot_bytes; }
+
+/* Device memory for pots: what is free once the weights are in, less a
+ * reserve for the buffers a forward grows (activations of a prefill chunk
+ * of 4096 tokens, the logits rows, the compaction's second buffers are
+ * counted in the pots' share: they are one pot's size) and 1/16 for the
+ * runtime and fragmentation. An estimate: the pots themselves fall back to
+ * the host (least recently used first) when an allocation fails anyway. */
+static size_t pot_budget(const model *m) {
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+    size_t d = (size_t)m->n_embd, dq = (size_t)m->n_head * m->head_dim, ff = (size_t)m->n_ff;
+    size_t reserve = 4096 * (6 * (d > dq ? d : dq) + 2 * ff) * sizeof(float) +
+                     (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float) + free_b / 16;
+    return free_b > reserve ? free_b - reserve : 0;
 }
+
+static size_t cuda_pot_memory(backend *b) { return ((cuda_backend *)b)->pot_budget; }
 
 backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     (void)n_threads;
@@ -638,14 +415,14 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     cb->base.name = "cuda";
     cb->base.forward = cuda_forward;
     cb->base.free = cuda_free_backend;
+    cb->base.pot_memory = cuda_pot_memory;
     if (m->n_head <= 0 || m->n_head_kv <= 0 || m->n_head % m->n_head_kv || m->head_dim > 256) {
         snprintf(err, errlen, "cuda backend: unsupported head layout (%d heads, %d KV heads, head_dim %d)", m->n_head,
                  m->n_head_kv, m->head_dim);
         goto fail_quiet;
     }
     cb->layers = calloc((size_t)m->n_layer, sizeof *cb->layers);
-    cb->mirrors = calloc(MAX_MIRRORS, sizeof *cb->mirrors);
-    if (!cb->layers || !cb->mirrors) {
+    if (!cb->layers) {
         snprintf(err, errlen, "cuda backend: out of memory");
         goto fail_quiet;
     }
@@ -701,6 +478,7 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     }
     cb->rope = (cuda_rope){r.n_rot, (int32_t)r.layout, r.n_table, cs, inv};
     rope_free(&r);
+    cb->pot_budget = pot_budget(m);
     return &cb->base;
 fail:
 fail_quiet:

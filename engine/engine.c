@@ -80,6 +80,10 @@ void engine_close(engine *e) {
     free(e);
 }
 
+size_t engine_pot_device_memory(const engine *e) {
+    return e->be->pot_memory ? e->be->pot_memory(e->be) : 0;
+}
+
 void engine_get_info(const engine *e, engine_info *info) {
     const model *m = e->m;
     memset(info, 0, sizeof *info);

@@ -151,7 +151,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     CHECK_EQ_INT(pg->n, N_PROMPT);
     CHECK_EQ_INT(pg->n_seen, N_PROMPT);
     CHECK_EQ_INT(pg->token_index[pot_slot(pg, m->n_layer - 1, m->n_head_kv - 1, N_PROMPT - 1)], N_PROMPT - 1);
-    CHECK(cuda_backend_mirror_matches(P.gpu, pg));
+    CHECK(cuda_backend_holds_pot(P.gpu, pg));
 
     /* 2. a decode step on the same pot (matvec path) */
     backend_span s2 = {.tokens = prompt + N_PROMPT, .n_tokens = 1, .logits_mode = BACKEND_LOGITS_LAST};
@@ -206,7 +206,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     fprintf(stderr, "  e2e after pot_compact: logits %.2e [%.1f s]\n", d, now_s() - t_start);
     CHECK(d <= TOL_LOGITS);
     CHECK_EQ_INT(pg->n, n_keep + 1);
-    CHECK(cuda_backend_mirror_matches(P.gpu, pg));
+    CHECK(cuda_backend_holds_pot(P.gpu, pg));
 
     /* 6. partial attention over a subset of the pot */
     int32_t n_att = 5;
@@ -253,7 +253,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     worst_logits = fmax(worst_logits, d2);
     fprintf(stderr, "  e2e batch of two spans: logits %.2e [%.1f s]\n", d2, now_s() - t_start);
     CHECK(d2 <= TOL_LOGITS_F16);
-    CHECK(cuda_backend_mirror_matches(P.gpu, qg));
+    CHECK(cuda_backend_holds_pot(P.gpu, qg));
 
     /* a bad span is refused and leaves the pot alone */
     int32_t bad = m->n_vocab;
@@ -264,7 +264,8 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
 
     fprintf(stderr, "  e2e worst logits diff / range %.2e; %.1f s\n", worst_logits, now_s() - t_start);
     cuda_backend_forget_pot(P.gpu, pg);
-    CHECK(!cuda_backend_mirror_matches(P.gpu, pg));
+    CHECK(!cuda_backend_holds_pot(P.gpu, pg));
+    CHECK(pot_diff(pg, pc) <= TOL_POT); /* taken back to the host intact */
     pot_free(qc), pot_free(qg), pot_free(fresh), pot_free(pc), pot_free(pg);
     free(lc), free(lg), free(lc2), free(lg2), free(sc), free(sg), free(keep), free(att);
 done_model:
