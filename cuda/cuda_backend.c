@@ -33,7 +33,9 @@
 #include "engine/quant.h"
 
 enum {
-    MATVEC_MAX_T = 8,    /* up to this many tokens the products read the quantised weights */
+    MATVEC_MAX_T = 16,   /* up to this many tokens the products read the quantised weights: a
+                            decode batch of 16 reads the weights twice (matvec.cu groups 8 rows)
+                            instead of writing and reading them as f32 for cuBLAS */
     LOGIT_ROWS = 64,     /* rows of logits computed at once */
     WBUF_MIN = 1 << 22,  /* floats of the dequantisation buffer at least (16 MiB) */
 };
@@ -126,9 +128,6 @@ fail:
     return -1;
 }
 
-/* ---- span checks (the CPU backend's rules) --------------------------------------------- */
-
-
 /* ---- the forward pass -------------------------------------------------------------------- */
 
 typedef struct span_plan {
@@ -136,11 +135,32 @@ typedef struct span_plan {
     int64_t t0;          /* first row of the span in the batch */
     int32_t n0, n_pre;   /* slots before the span; pot keys attended */
     int32_t n_split;
+    int batched;         /* a single token in the batched decode launch */
     size_t scores_at;    /* floats into cb->scores */
     size_t slots_at;     /* ints into cb->slots */
 } span_plan;
 
+/* Everything a forward runs, decided before anything is queued. */
+typedef struct fwd_plan {
+    backend_span *spans;
+    span_plan *sp;
+    int32_t n_spans;
+    int64_t T;
+    int32_t n_batched;   /* spans in the batched decode launch (rows of cb->batch's descriptors) */
+    int32_t batch_dtype;
+    int32_t grid_splits; /* of the batched launch: from the key-count bucket */
+    int decode_only;     /* every span batched, no scores or labels: the LM head runs for all rows
+                            inside the body and the logits come back in one copy */
+    int graph;           /* ... and the body runs as a captured CUDA graph */
+} fwd_plan;
+
 #define F(b) ((float *)(b).p)
+
+/* The batched launch's descriptors and every row's position, in cb->batch. */
+static cuda_attn_desc *batch_desc(cuda_backend *cb) { return (cuda_attn_desc *)cb->batch.p; }
+static int32_t *batch_pos(cuda_backend *cb, const fwd_plan *fp) {
+    return (int32_t *)((char *)cb->batch.p + (size_t)fp->n_batched * sizeof(cuda_attn_desc));
+}
 
 /* Final norm + LM head for rows [r0, r0 + n) of x into cb->logits ([n][n_vocab]). */
 static int lm_head(cuda_backend *cb, const float *x_rows, int64_t n, char *err, size_t errlen) {
@@ -151,29 +171,21 @@ fail:
     return -1;
 }
 
-static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32_t n_spans, span_plan *plan,
-                         int64_t T, char *err, size_t errlen) {
+/* The attention of the spans outside the batched launch: K/V stored, then
+ * attention over [pot | span] and the score rows, span by span. */
+static int span_attention(cuda_backend *cb, int32_t l, const fwd_plan *fp, char *err, size_t errlen) {
     const model *m = cb->m;
-    const dev_layer *L = &cb->layers[l];
-    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
-    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x), L->attn_norm, T, d, m->norm_eps, cb->stream));
-    if (matmul(cb, &L->wq, F(cb->xn), T, F(cb->q), err, errlen) || matmul(cb, &L->wk, F(cb->xn), T, F(cb->k), err, errlen) ||
-        matmul(cb, &L->wv, F(cb->xn), T, F(cb->v), err, errlen))
-        return -1;
-    if (L->bq) CK(cuda_add_bias_f32(F(cb->q), L->bq, T, dq, cb->stream));
-    if (L->bk) CK(cuda_add_bias_f32(F(cb->k), L->bk, T, dkv, cb->stream));
-    if (L->bv) CK(cuda_add_bias_f32(F(cb->v), L->bv, T, dkv, cb->stream));
-
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        span_plan *pl = &plan[s];
+    int64_t hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        backend_span *sp = &fp->spans[s];
+        const span_plan *pl = &fp->sp[s];
+        if (pl->batched) continue;
         pot *p = sp->kv;
         size_t layer_off = (size_t)l * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
         void *kl = (char *)pl->dp->k + layer_off, *vl = (char *)pl->dp->v + layer_off;
         float *q = F(cb->q) + pl->t0 * dq;
         CK(cuda_pot_store(kl, vl, (int32_t)p->dtype, p->capacity, p->n_head_kv, p->head_dim, F(cb->k) + pl->t0 * dkv,
                           F(cb->v) + pl->t0 * dkv, pl->n0, sp->n_tokens, cb->stream));
-        CK(cuda_rope_f32(q, sp->n_tokens, m->n_head, m->head_dim, NULL, pl->n0, &cb->rope, cb->stream));
         cuda_attn a = {q, F(cb->att) + pl->t0 * dq, sp->scores ? F(cb->lse) : NULL, kl, vl, (int32_t)p->dtype,
                        p->capacity, m->n_head, m->n_head_kv, m->head_dim,
                        sp->attend_slots ? (const int32_t *)cb->slots.p + pl->slots_at +
@@ -188,6 +200,32 @@ static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32
                                      sp->score_combine == BACKEND_SCORE_MAX, dst, cb->stream));
         }
     }
+    return 0;
+fail:
+    return -1;
+}
+
+static int forward_layer(cuda_backend *cb, int32_t l, const fwd_plan *fp, char *err, size_t errlen) {
+    const model *m = cb->m;
+    const dev_layer *L = &cb->layers[l];
+    int64_t T = fp->T, d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x), L->attn_norm, T, d, m->norm_eps, cb->stream));
+    if (matmul(cb, &L->wq, F(cb->xn), T, F(cb->q), err, errlen) || matmul(cb, &L->wk, F(cb->xn), T, F(cb->k), err, errlen) ||
+        matmul(cb, &L->wv, F(cb->xn), T, F(cb->v), err, errlen))
+        return -1;
+    if (L->bq) CK(cuda_add_bias_f32(F(cb->q), L->bq, T, dq, cb->stream));
+    if (L->bk) CK(cuda_add_bias_f32(F(cb->k), L->bk, T, dkv, cb->stream));
+    if (L->bv) CK(cuda_add_bias_f32(F(cb->v), L->bv, T, dkv, cb->stream));
+    /* every row's query rotated to its slot in one launch (positions in device memory) */
+    CK(cuda_rope_f32(F(cb->q), T, m->n_head, m->head_dim, batch_pos(cb, fp), 0, &cb->rope, cb->stream));
+    if (fp->n_batched) {
+        CK(cuda_pot_store_batch(batch_desc(cb), fp->n_batched, l, fp->batch_dtype, m->n_head_kv, m->head_dim, F(cb->k),
+                                F(cb->v), cb->stream));
+        cuda_attn_batch ab = {batch_desc(cb), fp->n_batched, l, fp->batch_dtype, m->n_head, m->n_head_kv,
+                              m->head_dim, F(cb->q), F(cb->att), 1.0f / sqrtf((float)m->head_dim)};
+        CK(cuda_attention_batch_f32(&ab, &cb->rope, fp->grid_splits, F(cb->partial), cb->stream));
+    }
+    if (span_attention(cb, l, fp, err, errlen)) return -1;
     if (matmul(cb, &L->wo, F(cb->att), T, F(cb->xb), err, errlen)) return -1;
     CK(cuda_add_rmsnorm_f32(F(cb->xn), F(cb->x), F(cb->xb), L->ffn_norm, T, d, m->norm_eps, cb->stream));
     if (matmul(cb, &L->gate, F(cb->xn), T, F(cb->hb), err, errlen) ||
@@ -196,6 +234,21 @@ static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32
     CK(cuda_swiglu_f32(F(cb->hb), F(cb->hb2), T * m->n_ff, cb->stream));
     if (matmul(cb, &L->down, F(cb->hb), T, F(cb->xb), err, errlen)) return -1;
     CK(cuda_add_f32(F(cb->x), F(cb->xb), T * d, cb->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Everything between the inputs' upload and the outputs' download, reading
+ * only device memory: what a decode graph captures. */
+static int forward_body(cuda_backend *cb, void *arg, char *err, size_t errlen) {
+    const fwd_plan *fp = arg;
+    const model *m = cb->m;
+    CK(cuda_embed_rows(F(cb->x), cb->tok_embd.data, cb->tok_embd.type, cb->tok_embd.row_bytes, m->n_embd,
+                       cb->tokens.p, fp->T, cb->stream));
+    for (int32_t l = 0; l < m->n_layer; l++)
+        if (forward_layer(cb, l, fp, err, errlen)) return -1;
+    if (fp->decode_only && lm_head(cb, F(cb->x), fp->T, err, errlen)) return -1;
     return 0;
 fail:
     return -1;
@@ -232,42 +285,59 @@ fail:
     return -1;
 }
 
-static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
-    cuda_backend *cb = (cuda_backend *)b;
+/* The key-count bucket of a batched launch: the next power of two from 512
+ * (each bucket one grid-split count, one graph per batch size). */
+static int32_t key_bucket(int32_t keys) {
+    int32_t b = 512;
+    while (b < keys && b < (1 << 30)) b *= 2;
+    return b;
+}
+
+/* Decides what runs where (fp->sp filled) and the buffer sizes. */
+static void plan_forward(cuda_backend *cb, fwd_plan *fp, size_t *n_partial, size_t *n_scores, size_t *n_slots,
+                         int64_t *max_q) {
     const model *m = cb->m;
-    if (n_spans <= 0) {
-        snprintf(err, errlen, "forward: no spans");
-        return -1;
-    }
-    int64_t n_rows, max_keys;
-    if (backend_check_spans(m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
-    span_plan *plan = calloc((size_t)n_spans, sizeof *plan);
-    int32_t *tokens = NULL;
-    if (!plan) {
-        snprintf(err, errlen, "forward: out of memory");
-        return -1;
-    }
-    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
-    int64_t T = 0, max_q = 0;
-    size_t n_scores = 0, n_slots = 0, n_partial = 0;
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        span_plan *pl = &plan[s];
-        pl->t0 = T;
+    int32_t max_batched_keys = 0;
+    int labels = 0;
+    fp->batch_dtype = -1;
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        backend_span *sp = &fp->spans[s];
+        span_plan *pl = &fp->sp[s];
+        pl->t0 = fp->T;
         pl->n0 = sp->kv->n;
         pl->n_pre = sp->attend_slots ? sp->n_attend : pl->n0;
+        /* a decode token joins the batched launch (one dtype per launch) */
+        pl->batched = sp->n_tokens == 1 && !sp->scores &&
+                      (fp->batch_dtype < 0 || fp->batch_dtype == (int32_t)sp->kv->dtype);
+        if (pl->batched) {
+            fp->batch_dtype = (int32_t)sp->kv->dtype;
+            fp->n_batched++;
+            if (pl->n_pre + 1 > max_batched_keys) max_batched_keys = pl->n_pre + 1;
+        }
         pl->n_split = cuda_attention_splits(sp->n_tokens, pl->n_pre + sp->n_tokens);
         size_t part = cuda_attention_scratch_floats(sp->n_tokens, m->n_head, m->head_dim, pl->n_split);
-        if (part > n_partial) n_partial = part;
-        pl->scores_at = n_scores;
-        if (sp->scores) n_scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
-        pl->slots_at = n_slots;
-        if (sp->attend_slots) n_slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
-        T += sp->n_tokens;
-        if (sp->n_tokens > max_q) max_q = sp->n_tokens;
+        if (part > *n_partial) *n_partial = part;
+        pl->scores_at = *n_scores;
+        if (sp->scores) *n_scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
+        pl->slots_at = *n_slots;
+        if (sp->attend_slots) *n_slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
+        fp->T += sp->n_tokens;
+        if (sp->n_tokens > *max_q) *max_q = sp->n_tokens;
+        labels |= sp->labels != NULL;
     }
-    int64_t wide = d > dq ? d : dq;
-    int64_t lrows = T > LOGIT_ROWS ? T : LOGIT_ROWS;
+    fp->grid_splits = fp->n_batched ? cuda_attention_batch_splits(key_bucket(max_batched_keys)) : 1;
+    size_t part = cuda_attention_batch_scratch_floats(fp->n_batched, m->n_head, m->head_dim, fp->grid_splits);
+    if (part > *n_partial) *n_partial = part;
+    fp->decode_only = fp->n_batched == fp->n_spans && !labels && fp->T <= LOGIT_ROWS;
+    fp->graph = fp->decode_only && cb->use_graphs && fp->T <= MATVEC_MAX_T;
+}
+
+/* The device buffers the plan needs. */
+static int size_buffers(cuda_backend *cb, const fwd_plan *fp, size_t n_partial, size_t n_scores, size_t n_slots,
+                        int64_t max_q, char *err, size_t errlen) {
+    const model *m = cb->m;
+    int64_t T = fp->T, d = m->n_embd, dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
+    int64_t wide = d > dq ? d : dq, lrows = T > LOGIT_ROWS ? T : LOGIT_ROWS;
     CK(dbuf_need(&cb->x, (size_t)T * d * sizeof(float)));
     CK(dbuf_need(&cb->xn, (size_t)lrows * wide * sizeof(float)));
     CK(dbuf_need(&cb->xb, (size_t)lrows * wide * sizeof(float)));
@@ -283,38 +353,65 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     CK(dbuf_need(&cb->slots, n_slots * sizeof(int32_t)));
     CK(dbuf_need(&cb->tokens, (size_t)T * sizeof(int32_t)));
     CK(dbuf_need(&cb->logits, (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float)));
+    CK(dbuf_need(&cb->batch, (size_t)fp->n_batched * sizeof(cuda_attn_desc) + (size_t)T * sizeof(int32_t)));
+    return 0;
+fail:
+    return -1;
+}
 
-    uint64_t now = ++cb->clock;
-    for (int32_t s = 0; s < n_spans; s++)
-        if (cuda_pot_is_ours(cb, spans[s].kv)) ((dev_pot *)spans[s].kv->device)->last_use = now;
-    /* (the pots of this forward marked first: making room for one never evicts another) */
-    for (int32_t s = 0; s < n_spans; s++) {
-        if (!(plan[s].dp = cuda_pot_acquire(cb, spans[s].kv, now, err, errlen))) goto out;
-        /* the slots from n0 on are about to change on the device */
-        if (plan[s].dp->n_host > plan[s].n0) plan[s].dp->n_host = plan[s].n0;
-    }
-
-    tokens = malloc((size_t)T * sizeof(int32_t));
-    if (!tokens) {
+/* Tokens, positions, the batched launch's descriptors and the attended
+ * slots, staged on the host and copied up (before a graph launch: copies
+ * from pageable memory are not captured). */
+static int upload_inputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t errlen) {
+    const model *m = cb->m;
+    size_t desc_bytes = (size_t)fp->n_batched * sizeof(cuda_attn_desc);
+    char *stage = malloc(desc_bytes + (size_t)fp->T * 2 * sizeof(int32_t));
+    if (!stage) {
         snprintf(err, errlen, "forward: out of memory");
-        goto out;
+        return -1;
     }
-    for (int32_t s = 0, t = 0; s < n_spans; s++)
-        for (int32_t i = 0; i < spans[s].n_tokens; i++) tokens[t++] = spans[s].tokens[i];
-    CK(cudaMemcpyAsync(cb->tokens.p, tokens, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
-    for (int32_t s = 0; s < n_spans; s++)
-        if (spans[s].attend_slots)
-            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + plan[s].slots_at, spans[s].attend_slots,
-                               (size_t)m->n_layer * m->n_head_kv * spans[s].n_attend * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, cb->stream));
-    CK(cuda_embed_rows(F(cb->x), cb->tok_embd.data, cb->tok_embd.type, cb->tok_embd.row_bytes, d, cb->tokens.p, T,
+    cuda_attn_desc *desc = (cuda_attn_desc *)stage;
+    int32_t *pos = (int32_t *)(stage + desc_bytes), *tokens = pos + fp->T;
+    for (int32_t s = 0, t = 0, b = 0; s < fp->n_spans; s++) {
+        const backend_span *sp = &fp->spans[s];
+        const span_plan *pl = &fp->sp[s];
+        for (int32_t i = 0; i < sp->n_tokens; i++, t++) {
+            tokens[t] = sp->tokens[i];
+            pos[t] = pl->n0 + i;
+        }
+        if (pl->batched)
+            desc[b++] = (cuda_attn_desc){(int32_t)pl->t0, pl->n0, pl->n_pre, sp->kv->capacity, pl->dp->k, pl->dp->v,
+                                         sp->attend_slots ? (const int32_t *)cb->slots.p + pl->slots_at : NULL};
+    }
+    CK(cudaMemcpyAsync(cb->batch.p, stage, desc_bytes + (size_t)fp->T * sizeof(int32_t), cudaMemcpyHostToDevice,
                        cb->stream));
-    for (int32_t l = 0; l < m->n_layer; l++)
-        if (forward_layer(cb, l, spans, n_spans, plan, T, err, errlen)) goto out;
+    CK(cudaMemcpyAsync(cb->tokens.p, tokens, (size_t)fp->T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
+    for (int32_t s = 0; s < fp->n_spans; s++)
+        if (fp->spans[s].attend_slots)
+            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + fp->sp[s].slots_at, fp->spans[s].attend_slots,
+                               (size_t)m->n_layer * m->n_head_kv * fp->spans[s].n_attend * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, cb->stream));
+    free(stage); /* pageable copies have read their source when they return */
+    return 0;
+fail:
+    free(stage);
+    return -1;
+}
 
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        span_plan *pl = &plan[s];
+/* Scores, logits and label log-probabilities to the spans' arrays. */
+static int download_outputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t errlen) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd;
+    if (fp->decode_only) { /* the body computed every row's logits */
+        for (int32_t s = 0; s < fp->n_spans; s++)
+            if (fp->spans[s].logits_mode != BACKEND_LOGITS_NONE)
+                CK(cudaMemcpyAsync(fp->spans[s].logits, F(cb->logits) + (size_t)fp->sp[s].t0 * m->n_vocab,
+                                   (size_t)m->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
+        return 0;
+    }
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        backend_span *sp = &fp->spans[s];
+        const span_plan *pl = &fp->sp[s];
         if (sp->scores)
             CK(cudaMemcpyAsync(sp->scores, F(cb->scores) + pl->scores_at,
                                (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens) * sizeof(float),
@@ -323,7 +420,7 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
             int64_t first = sp->logits_mode == BACKEND_LOGITS_LAST ? sp->n_tokens - 1 : 0;
             for (int64_t r = first; r < sp->n_tokens; r += LOGIT_ROWS) {
                 int64_t n = sp->n_tokens - r < LOGIT_ROWS ? sp->n_tokens - r : LOGIT_ROWS;
-                if (lm_head(cb, F(cb->x) + (pl->t0 + r) * d, n, err, errlen)) goto out;
+                if (lm_head(cb, F(cb->x) + (pl->t0 + r) * d, n, err, errlen)) return -1;
                 CK(cudaMemcpyAsync(sp->logits + (size_t)(r - first) * m->n_vocab, cb->logits.p,
                                    (size_t)n * m->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
                 CK(cudaStreamSynchronize(cb->stream)); /* the logits buffer is reused */
@@ -333,26 +430,70 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
             CK(dbuf_need(&cb->rows, LOGIT_ROWS * sizeof(int32_t)));
             CK(dbuf_need(&cb->labels, LOGIT_ROWS * sizeof(int32_t)));
             CK(dbuf_need(&cb->lp, LOGIT_ROWS * sizeof(float)));
-            if (span_labels(cb, sp, pl->t0, err, errlen)) goto out;
+            if (span_labels(cb, sp, pl->t0, err, errlen)) return -1;
         }
     }
+    return 0;
+fail:
+    return -1;
+}
+
+/* A signature of the buffers a graph reads and writes: a graph captured with
+ * other addresses is stale. */
+static uint64_t buffers_signature(const cuda_backend *cb) {
+    const void *ps[] = {cb->x.p,  cb->xn.p,    cb->xb.p,     cb->q.p,      cb->k.p,     cb->v.p,
+                        cb->att.p, cb->hb.p,   cb->hb2.p,    cb->partial.p, cb->tokens.p, cb->logits.p,
+                        cb->batch.p, cb->slots.p};
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) h = (h ^ (uint64_t)(uintptr_t)ps[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (n_spans <= 0) {
+        snprintf(err, errlen, "forward: no spans");
+        return -1;
+    }
+    int64_t n_rows, max_keys, max_q = 0;
+    if (backend_check_spans(cb->m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
+    fwd_plan fp = {.spans = spans, .sp = calloc((size_t)n_spans, sizeof(span_plan)), .n_spans = n_spans};
+    if (!fp.sp) {
+        snprintf(err, errlen, "forward: out of memory");
+        return -1;
+    }
+    size_t n_partial = 0, n_scores = 0, n_slots = 0;
+    plan_forward(cb, &fp, &n_partial, &n_scores, &n_slots, &max_q);
+    if (size_buffers(cb, &fp, n_partial, n_scores, n_slots, max_q, err, errlen)) goto out;
+
+    uint64_t now = ++cb->clock;
+    for (int32_t s = 0; s < n_spans; s++)
+        if (cuda_pot_is_ours(cb, spans[s].kv)) ((dev_pot *)spans[s].kv->device)->last_use = now;
+    /* (the pots of this forward marked first: making room for one never evicts another) */
+    for (int32_t s = 0; s < n_spans; s++) {
+        if (!(fp.sp[s].dp = cuda_pot_acquire(cb, spans[s].kv, now, err, errlen))) goto out;
+        /* the slots from n0 on are about to change on the device */
+        if (fp.sp[s].dp->n_host > fp.sp[s].n0) fp.sp[s].dp->n_host = fp.sp[s].n0;
+    }
+    if (upload_inputs(cb, &fp, err, errlen)) goto out;
+    if (fp.graph) {
+        cuda_graph_key key = {(int32_t)fp.T, fp.grid_splits, fp.batch_dtype, buffers_signature(cb)};
+        if (cuda_graph_run(cb, &key, forward_body, &fp, err, errlen)) goto out;
+    } else if (forward_body(cb, &fp, err, errlen)) {
+        goto out;
+    }
+    if (download_outputs(cb, &fp, err, errlen)) goto out;
     CK(cudaStreamSynchronize(cb->stream));
     CK(cudaGetLastError());
 
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        pot *p = sp->kv;
-        pot_append_done(p, sp->n_tokens);
-    }
-    free(tokens);
-    free(plan);
+    for (int32_t s = 0; s < n_spans; s++) pot_append_done(spans[s].kv, spans[s].n_tokens);
+    free(fp.sp);
     return 0;
 fail:
 out:
     cudaStreamSynchronize(cb->stream); /* nothing queued may still write the host's arrays */
     cudaGetLastError();
-    free(tokens);
-    free(plan);
+    free(fp.sp);
     return -1;
 }
 
@@ -363,6 +504,7 @@ static void cuda_free_backend(backend *b) {
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     cuda_pots_return_all(cb); /* the pots outlive the backend, on the host */
+    cuda_graphs_free(cb);
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
                     &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->tokens,
                     &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep};
@@ -383,6 +525,13 @@ int cuda_backend_forget_pot(backend *b, pot *p) {
 int cuda_backend_holds_pot(backend *b, const pot *p) { return cuda_pot_is_ours((cuda_backend *)b, p); }
 
 size_t cuda_backend_pot_bytes(backend *b) { return ((cuda_backend *)b)->pot_bytes; }
+
+void cuda_backend_use_graphs(backend *b, int on) { ((cuda_backend *)b)->use_graphs = on != 0; }
+
+void cuda_backend_graph_counts(backend *b, uint64_t *captures, uint64_t *replays) {
+    *captures = ((cuda_backend *)b)->graph_captures;
+    *replays = ((cuda_backend *)b)->graph_replays;
+}
 
 /* Device memory for pots: what is free once the weights are in, less a
  * reserve for the buffers a forward grows (activations of a prefill chunk
@@ -416,6 +565,8 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     cb->base.forward = cuda_forward;
     cb->base.free = cuda_free_backend;
     cb->base.pot_memory = cuda_pot_memory;
+    const char *graphs = getenv("POTSERVE_CUDA_GRAPHS"); /* "0" turns the decode graphs off */
+    cb->use_graphs = !graphs || strcmp(graphs, "0") != 0;
     if (m->n_head <= 0 || m->n_head_kv <= 0 || m->n_head % m->n_head_kv || m->head_dim > 256) {
         snprintf(err, errlen, "cuda backend: unsupported head layout (%d heads, %d KV heads, head_dim %d)", m->n_head,
                  m->n_head_kv, m->head_dim);

@@ -5,6 +5,7 @@
 #define POTSERVE_CUDA_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/backend.h"
 
@@ -42,5 +43,10 @@ int cuda_backend_forget_pot(backend *b, pot *p);
 int cuda_backend_holds_pot(backend *b, const pot *p);
 /* Device bytes of the pots b holds, K and V together (tests, metrics). */
 size_t cuda_backend_pot_bytes(backend *b);
+/* Decode steps (every span one token, at most 16) run as CUDA graphs unless
+ * turned off here or by POTSERVE_CUDA_GRAPHS=0 (tests, benchmarks). */
+void cuda_backend_use_graphs(backend *b, int on);
+/* Graphs captured and replayed so far. */
+void cuda_backend_graph_counts(backend *b, uint64_t *captures, uint64_t *replays);
 
 #endif

@@ -75,7 +75,10 @@ struct cuda_backend {
     size_t pot_budget;       /* device bytes admission control may give to pots */
     dbuf cmp_k, cmp_v, keep; /* compaction: the second buffers and the keep list */
     uint64_t clock;
+    /* decode graphs (cuda_graph.c) */
+    int use_graphs;
     struct cuda_decode_graphs *graphs;
+    uint64_t graph_captures, graph_replays;
 };
 
 /* The device copy of p for a forward at clock `now`: p's own if this backend
@@ -87,5 +90,24 @@ dev_pot *cuda_pot_acquire(cuda_backend *cb, pot *p, uint64_t now, char *err, siz
 void cuda_pots_return_all(cuda_backend *cb);
 /* 1 when p's K/V are held by cb. */
 int cuda_pot_is_ours(const cuda_backend *cb, const pot *p);
+
+/* ---- decode graphs (cuda_graph.c) ----------------------------------------------
+ * A decode step's kernels (every span one token, the products on the
+ * quantised weights, no cuBLAS) captured once per key and replayed: the
+ * kernels read what changes between steps (tokens, positions, key counts,
+ * pot arrays) from device buffers the host fills before each launch. */
+typedef struct cuda_graph_key {
+    int32_t rows;        /* sequences in the step */
+    int32_t grid_splits; /* the attention's key-count bucket */
+    int32_t dtype;       /* of the pots */
+    uint64_t buffers;    /* signature of the work buffers' addresses */
+} cuda_graph_key;
+typedef int (*cuda_graph_body)(cuda_backend *cb, void *arg, char *err, size_t errlen);
+/* Runs body's work on cb->stream through the graph of key, capturing body
+ * first when there is none (cb->graph_captures, cb->graph_replays count).
+ * 0, or -1 + err. */
+int cuda_graph_run(cuda_backend *cb, const cuda_graph_key *key, cuda_graph_body body, void *arg, char *err,
+                   size_t errlen);
+void cuda_graphs_free(cuda_backend *cb);
 
 #endif

@@ -14,7 +14,7 @@
 #include "tests/cuda/cuda_test.h"
 
 enum { TINY_LAYERS = 2, TINY_EMBD = 64, TINY_HEADS = 4, TINY_KV_HEADS = 2, TINY_FF = 96, TINY_VOCAB = 97,
-       TINY_CTX = 512 };
+       TINY_CTX = 2048 };
 
 static inline weight tiny_weight(test_rng *g, int64_t rows, int64_t cols, float scale) {
     float *w = malloc((size_t)(rows * cols) * sizeof(float));
