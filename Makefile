@@ -179,6 +179,33 @@ $(BUILD)/cuda/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(CUDA_OBJ) $(BUILD
 	$(CC) $(CFLAGS) $^ -o $@ $(filter-out $(CUDA_LIBS),$(LDLIBS)) $(CUDA_LIBS)
 cuda-build: $(BUILD)/cuda/potserve
 
+# The CUDA benchmark (tests/bench/cuda/README.md; not part of `make test`):
+# bench-cuda measures a GPU on the default model and on a synthetic GGUF of
+# Llama-3.2-1B's shapes (random Q4_0 weights, made once into build/bench/);
+# bench-cuda-emu runs the same program against the emulator on a tiny
+# synthetic model, a smoke test whose timings are the CPU's.
+$(BUILD)/obj/tests/bench/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include
+BENCH_CUDA_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c \
+                    cache/pot_device.c cache/policy.c engine/model.c engine/gguf.c engine/tokenizer.c \
+                    engine/tokenizer_unicode.c engine/chat.c tests/bench/cuda/bench_cuda.c $(CU_C_SRC))
+SYNTH_1B := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_0.gguf
+SYNTH_TINY := $(BUILD)/bench/synthetic-tiny.Q4_0.gguf
+$(BUILD)/bench_cuda: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC)) $(BENCH_CUDA_REF)
+	$(CC) $(CFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread $(CUDA_LIBS)
+$(BUILD)/bench_cuda_emu: $(filter-out %/selftest.o,$(EMU_OBJ)) $(BENCH_CUDA_REF)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread
+$(SYNTH_1B): | $(MODEL)
+	@mkdir -p $(dir $@)
+	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape llama-3.2-1b --type q4_0
+$(SYNTH_TINY): | $(MODEL)
+	@mkdir -p $(dir $@)
+	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape tiny --type q4_0
+.PHONY: bench-cuda bench-cuda-emu
+bench-cuda: $(BUILD)/bench_cuda $(SYNTH_1B) model
+	{ $(BUILD)/bench_cuda $(MODEL) && echo && $(BUILD)/bench_cuda $(SYNTH_1B); } | tee $(BUILD)/bench/cuda.md
+bench-cuda-emu: $(BUILD)/bench_cuda_emu $(SYNTH_TINY)
+	$(BUILD)/bench_cuda_emu $(SYNTH_TINY) --quick
+
 # Aggregate decode tokens/s of 1, 4, 8 and 16 concurrent greedy generations
 # through the engine thread (not part of `make test`). Links the engine and
 # cache objects only.
