@@ -145,12 +145,16 @@ asan: fixtures model
 # compiled with the same flags either way, so it shares them with the CPU
 # build) linked into $(BUILD)/cuda/potserve, leaving $(BUILD)/potserve the
 # CPU binary the other tests run.
+# synthetic llama-family GGUFs with random weights (tests/bench/cuda/make_synthetic_gguf.py)
+SYNTH_1B      := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_0.gguf
+SYNTH_TINY    := $(BUILD)/bench/synthetic-tiny.Q4_0.gguf
 CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
 CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
 CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c cache/pot_device.c cache/policy.c cache/snapshot.c \
                    engine/model.c engine/gguf.c engine/tokenizer.c engine/tokenizer_unicode.c engine/chat.c \
                    engine/cpu/cpu_backend.c engine/cpu/simd.c engine/cpu/threadpool.c \
-                   tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
+                   engine/engine.c engine/ingest.c engine/generate.c engine/sample.c engine/sched.c \
+                   cache/cascade.c cache/schedule.c tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
 # the end-to-end test (tests/cuda/test_backend.c) loads the model and runs the CPU backend
 CUDA_TEST_LIBS := -lpcre2-8 -lm -lpthread
 EMU_CXXFLAGS  := -std=c++17 -O2 -g -Wall -Wextra -Werror -I. -I$(CUDA_HOME)/include -pthread
@@ -166,12 +170,13 @@ $(BUILD)/obj/emu/%.o: %.cpp
 
 $(BUILD)/cuda_emu_tests: $(EMU_OBJ) $(CUDA_TEST_REF)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(CUDA_TEST_LIBS)
-test-cuda-emu: $(BUILD)/cuda_emu_tests
+# test_engine.c runs the engine on a tiny synthetic GGUF (bench-cuda's smoke model)
+test-cuda-emu: $(BUILD)/cuda_emu_tests $(SYNTH_TINY)
 	$(BUILD)/cuda_emu_tests
 
 $(BUILD)/cuda_tests: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC) $(CUDA_TEST_CU)) $(CUDA_TEST_REF)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_TEST_LIBS) $(CUDA_LIBS)
-test-cuda: $(BUILD)/cuda_tests
+test-cuda: $(BUILD)/cuda_tests $(SYNTH_TINY)
 	$(BUILD)/cuda_tests
 
 $(BUILD)/cuda/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(CUDA_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
@@ -188,8 +193,6 @@ $(BUILD)/obj/tests/bench/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include
 BENCH_CUDA_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c \
                     cache/pot_device.c cache/policy.c engine/model.c engine/gguf.c engine/tokenizer.c \
                     engine/tokenizer_unicode.c engine/chat.c tests/bench/cuda/bench_cuda.c $(CU_C_SRC))
-SYNTH_1B := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_0.gguf
-SYNTH_TINY := $(BUILD)/bench/synthetic-tiny.Q4_0.gguf
 $(BUILD)/bench_cuda: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC)) $(BENCH_CUDA_REF)
 	$(CC) $(CFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread $(CUDA_LIBS)
 $(BUILD)/bench_cuda_emu: $(filter-out %/selftest.o,$(EMU_OBJ)) $(BENCH_CUDA_REF)

@@ -200,3 +200,62 @@ TEST(cuda_pots_live_on_device) {
     D.cpu->free(D.cpu);
     tiny_model_free(D.m);
 }
+
+/* The emulator's device memory limit (absent from GPU builds: the test is skipped there). */
+__attribute__((weak)) size_t cuemu_memory_in_use(void);
+__attribute__((weak)) void cuemu_set_memory_limit(size_t bytes);
+
+/* Device memory for one and a half pots: attaching a second pot sends the
+ * least recently used one back to the host, which comes back on its next
+ * forward; a forward needing two new pots at once fails cleanly. */
+TEST(cuda_pots_evicted_when_device_memory_is_short) {
+    if (!cuemu_set_memory_limit || !cuemu_memory_in_use) return; /* a GPU: no way to shrink it */
+    char err[256];
+    duo D = {tiny_model_new(12), NULL, NULL, malloc(TINY_VOCAB * 4), malloc(TINY_VOCAB * 4)};
+    D.cpu = cpu_backend_new(D.m, 1, 1, err, sizeof err);
+    D.gpu = cuda_backend_new(D.m, 1, 1, err, sizeof err);
+    CHECK(D.cpu && D.gpu);
+    if (!D.cpu || !D.gpu) return;
+    cuda_backend_use_graphs(D.gpu, 0);
+    enum { CAP = 40, NP = 3 };
+    pot *pc[NP], *pg[NP];
+    for (int i = 0; i < NP; i++) {
+        pc[i] = pot_new(TINY_LAYERS, TINY_KV_HEADS, 16, CAP, POT_F32, err, sizeof err);
+        pg[i] = pot_new(TINY_LAYERS, TINY_KV_HEADS, 16, CAP, POT_F32, err, sizeof err);
+    }
+    test_rng g = {9};
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (int32_t)(rng_u32(&g) % TINY_VOCAB);
+    double worst = step(&D, pc[0], pg[0], toks, 9); /* buffers grown, pot 0 attached */
+    size_t pot_bytes = cuda_backend_pot_bytes(D.gpu);
+    cuemu_set_memory_limit(cuemu_memory_in_use() + pot_bytes / 2);
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < NP; i++) {
+            int32_t n = pc[i]->n ? 1 : 9;
+            worst = fmax(worst, step(&D, pc[i], pg[i], toks + 10 + round * 10 + i, n));
+            CHECK(cuda_backend_holds_pot(D.gpu, pg[i]));
+            CHECK(cuda_backend_pot_bytes(D.gpu) == pot_bytes); /* one pot on the device at a time */
+        }
+    int back_on_host = 0;
+    for (int i = 0; i < NP; i++) back_on_host += pg[i]->device == NULL;
+    CHECK_EQ_INT(back_on_host, NP - 1);
+    /* two pots new to the device in one forward cannot both fit: refused, pots unchanged */
+    backend_span two[2] = {{.tokens = toks, .n_tokens = 1, .kv = pg[0]}, {.tokens = toks, .n_tokens = 1, .kv = pg[1]}};
+    int32_t n0 = pg[0]->n, n1 = pg[1]->n;
+    CHECK(D.gpu->forward(D.gpu, two, 2, err, sizeof err) != 0);
+    CHECK(strstr(err, "out of device memory") != NULL);
+    CHECK_EQ_INT(pg[0]->n, n0);
+    CHECK_EQ_INT(pg[1]->n, n1);
+    cuemu_set_memory_limit(0);
+    worst = fmax(worst, step(&D, pc[1], pg[1], toks + 40, 1));
+    double dkv = 0;
+    for (int i = 0; i < NP; i++) dkv = fmax(dkv, tiny_pot_diff(pg[i], pc[i]));
+    fprintf(stderr, "  eviction: logits %.2e, K/V %.2e\n", worst, dkv);
+    CHECK(worst <= TOL_LOGITS);
+    CHECK(dkv <= TOL_KV);
+    for (int i = 0; i < NP; i++) pot_free(pc[i]), pot_free(pg[i]);
+    free(D.lc), free(D.lg);
+    D.gpu->free(D.gpu);
+    D.cpu->free(D.cpu);
+    tiny_model_free(D.m);
+}
