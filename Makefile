@@ -47,7 +47,7 @@ endif
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch test-cuda-emu test-cuda cuda-build
+.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke
 all: $(BUILD)/potserve
 
 $(BUILD)/obj/%.o: %.c
@@ -183,6 +183,16 @@ $(BUILD)/cuda/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(CUDA_OBJ) $(BUILD
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(filter-out $(CUDA_LIBS),$(LDLIBS)) $(CUDA_LIBS)
 cuda-build: $(BUILD)/cuda/potserve
+# The server with the CUDA backend running on the emulator (the kernels compiled
+# by g++): `potserve serve --backend cuda` end to end on a machine without a GPU,
+# for smoke tests on small models (the emulator is ~1000x slower than a GPU).
+$(BUILD)/cuda_emu/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(patsubst %.c,$(BUILD)/obj/%.o,$(CU_C_SRC)) \
+                            $(filter-out %/selftest.o,$(EMU_OBJ)) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(filter-out $(CUDA_LIBS),$(LDLIBS))
+cuda-emu-build: $(BUILD)/cuda_emu/potserve
+cuda-emu-smoke: $(BUILD)/cuda_emu/potserve $(SYNTH_TINY)
+	$(PYTHON) tests/cuda/serve_smoke.py $(BUILD)/cuda_emu/potserve $(SYNTH_TINY)
 
 # The CUDA benchmark (tests/bench/cuda/README.md; not part of `make test`):
 # bench-cuda measures a GPU on the default model and on a synthetic GGUF of
