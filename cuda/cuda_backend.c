@@ -98,7 +98,13 @@ static size_t pot_esize(const pot *p) { return p->dtype == POT_F16 ? 2 : 4; }
 
 /* ---- matrix products ----------------------------------------------------------------- */
 
-/* out[t][r] = dot(W row r, x[t]) for t < T (x [T][cols], out [T][rows]). */
+/* out[t][r] = dot(W row r, x[t]) for t < T (x [T][cols], out [T][rows]).
+ * Up to MATVEC_MAX_T rows: the quantised weights read directly. More: the
+ * weight dequantised in row chunks into wbuf and one GEMM per chunk; exact
+ * in f32 (the CPU reference's numbers), else f16 operands with f32
+ * accumulation on the tensor cores (half the dequantisation traffic of f32,
+ * twice TF32's rate; activations rounded to f16 as llama.cpp's cuBLAS path
+ * does). */
 static int matmul(cuda_backend *cb, const dev_weight *w, const float *x, int64_t T, float *out, char *err,
                   size_t errlen) {
     if (T <= MATVEC_MAX_T) {
@@ -108,16 +114,24 @@ static int matmul(cuda_backend *cb, const dev_weight *w, const float *x, int64_t
     int64_t chunk = (int64_t)(cb->wbuf_floats / (size_t)w->cols);
     if (chunk > w->rows) chunk = w->rows;
     const float one = 1.0f, zero = 0.0f;
-    cublasComputeType_t ct = cb->exact ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    cudaDataType in_type = cb->exact ? CUDA_R_32F : CUDA_R_16F;
+    const void *xin = x;
+    if (!cb->exact) {
+        CK(cuda_f32_to_f16(cb->xh.p, x, T * w->cols, cb->stream));
+        xin = cb->xh.p;
+    }
     for (int64_t r0 = 0; r0 < w->rows; r0 += chunk) {
         int64_t n = w->rows - r0 < chunk ? w->rows - r0 : chunk;
-        CK(cuda_dequantize_rows(cb->wbuf, (const char *)w->data + (size_t)r0 * w->row_bytes, w->type, w->row_bytes, n,
-                                w->cols, cb->stream));
-        /* column-major: out^T (rows x T, ld rows) = W_chunk^T^T ... i.e. C = op(A) B with
-         * A = W_chunk stored as cols x n (ld cols), op = T; B = x^T, cols x T (ld cols) */
+        const void *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (cb->exact)
+            CK(cuda_dequantize_rows(cb->wbuf, rows, w->type, w->row_bytes, n, w->cols, cb->stream));
+        else
+            CK(cuda_dequantize_rows_f16(cb->wbuf, rows, w->type, w->row_bytes, n, w->cols, cb->stream));
+        /* column-major: out^T (rows x T, ld rows) = op(A) B with A = the weight chunk
+         * stored as cols x n (ld cols), op = T; B = x^T, cols x T (ld cols) */
         cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)w->cols, &one,
-                                        cb->wbuf, CUDA_R_32F, (int)w->cols, x, CUDA_R_32F, (int)w->cols, &zero,
-                                        out + r0, CUDA_R_32F, (int)w->rows, ct, CUBLAS_GEMM_DEFAULT);
+                                        cb->wbuf, in_type, (int)w->cols, xin, in_type, (int)w->cols, &zero,
+                                        out + r0, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
             snprintf(err, errlen, "cuda backend: cublasGemmEx: %s", cublasGetStatusString(s));
             return -1;
@@ -354,6 +368,10 @@ static int size_buffers(cuda_backend *cb, const fwd_plan *fp, size_t n_partial, 
     CK(dbuf_need(&cb->tokens, (size_t)T * sizeof(int32_t)));
     CK(dbuf_need(&cb->logits, (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float)));
     CK(dbuf_need(&cb->batch, (size_t)fp->n_batched * sizeof(cuda_attn_desc) + (size_t)T * sizeof(int32_t)));
+    if (!cb->exact && T > MATVEC_MAX_T) { /* the GEMMs' f16 activations: the widest input is n_ff */
+        int64_t widest = wide > m->n_ff ? wide : m->n_ff;
+        CK(dbuf_need(&cb->xh, (size_t)T * widest * 2));
+    }
     return 0;
 fail:
     return -1;
@@ -507,7 +525,7 @@ static void cuda_free_backend(backend *b) {
     cuda_graphs_free(cb);
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
                     &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->tokens,
-                    &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep};
+                    &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep, &cb->xh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
     for (size_t i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
     free(cb->allocs);

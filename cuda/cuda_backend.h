@@ -21,8 +21,10 @@ int cuda_probe(char *msg, size_t msglen);
  * other types are refused with a message), forward() as engine/backend.h
  * describes, the same results as cpu_backend_new within float rounding.
  * n_threads is unused (the host side is one thread). exact = 1 runs every
- * matrix product in f32; exact = 0 lets cuBLAS use TF32 for prefill products
- * (faster on a GPU, about 1e-3 relative). The model must outlive the backend.
+ * matrix product in f32; exact = 0 runs the products of more than 16 rows
+ * (prefill) with f16 operands and f32 accumulation on the tensor cores
+ * (activations rounded to f16: about 1e-3 relative, as llama.cpp's cuBLAS
+ * path). The model must outlive the backend.
  *
  * Pots live in device memory: a span's pot is attached to this backend on
  * its first forward (cache/cache.h, "pots held by a device"), its K/V are

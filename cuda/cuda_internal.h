@@ -69,6 +69,7 @@ struct cuda_backend {
     size_t wbuf_floats;
     dbuf x, xn, xb, q, k, v, att, hb, hb2, lse, partial, scores, slots, tokens, logits, rows, labels, lp;
     dbuf batch; /* the batched decode attention's per-span arrays */
+    dbuf xh;    /* f16 activations of the fast (exact = 0) GEMMs */
     /* pots held on the device */
     dev_pot *pots;           /* every one, most recently attached first */
     size_t pot_bytes;        /* their K/V bytes together */

@@ -115,6 +115,13 @@ cudaError_t cuda_kept_to_slots(const uint8_t *kept, int64_t kept_stride, int32_t
  * quant_dequantize_row. */
 cudaError_t cuda_dequantize_rows(float *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
                                  int64_t cols, cudaStream_t stream);
+/* The same as IEEE f16 (round to nearest even): the operand of the fast
+ * (exact = 0) prefill GEMMs, f16 inputs with f32 accumulation on tensor
+ * cores. The reference is cuda_dequantize_rows rounded to f16. */
+cudaError_t cuda_dequantize_rows_f16(void *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
+                                     int64_t cols, cudaStream_t stream);
+/* out[i] = x[i] rounded to f16, i < n (the GEMMs' activation operand). */
+cudaError_t cuda_f32_to_f16(void *out, const float *x, int64_t n, cudaStream_t stream);
 /* Stores n new slots of one pot layer ([n_head_kv][capacity][head_dim] of
  * dtype, 0 f16 / 1 f32, K before RoPE): slot slot0 + i of head g gets
  * k[i][g * head_dim ...] (and v likewise), k and v [n][n_head_kv * head_dim]

@@ -3,8 +3,8 @@
  * written by keep entry i and may be read by an earlier one), so the caller
  * gives a destination distinct from the source. The reference is
  * cache/pot.c's pot_compact, which moves the same bytes on the host. */
-#include "cuda/cu.cuh"
 #include "cuda/kernels.h"
+#include "cuda/kernels/common.cuh"
 
 enum { GATHER_THREADS = 256, GATHER_MAX_BLOCKS = 4096 };
 
@@ -48,10 +48,6 @@ extern "C" cudaError_t cuda_pot_gather(void *dst, const void *src, int64_t rows,
 
 /* ---- the batched decode's K/V store ------------------------------------------------- */
 
-template <class T> __device__ __forceinline__ T store_cast(float v);
-template <> __device__ __forceinline__ float store_cast<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half store_cast<__half>(float v) { return __float2half_rn(v); }
-
 /* blockIdx.y = span; threads over its n_head_kv * head_dim values. */
 template <class T>
 __global__ void store_batch_kernel(const cuda_attn_desc *desc, int32_t layer, int32_t n_head_kv, int32_t head_dim,
@@ -62,8 +58,8 @@ __global__ void store_batch_kernel(const cuda_attn_desc *desc, int32_t layer, in
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < dkv; i += gridDim.x * blockDim.x) {
         int32_t g = i / head_dim, e = i % head_dim;
         size_t at = layer_off + ((size_t)g * d.capacity + d.n0) * head_dim + e;
-        static_cast<T *>(const_cast<void *>(d.k))[at] = store_cast<T>(k[(size_t)d.t * dkv + i]);
-        static_cast<T *>(const_cast<void *>(d.v))[at] = store_cast<T>(v[(size_t)d.t * dkv + i]);
+        static_cast<T *>(const_cast<void *>(d.k))[at] = from_f32<T>(k[(size_t)d.t * dkv + i]);
+        static_cast<T *>(const_cast<void *>(d.v))[at] = from_f32<T>(v[(size_t)d.t * dkv + i]);
     }
 }
 
