@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`potserve serve --backend cuda` end to end without a GPU: the server built
 with the CUDA backend running on the emulator (make cuda-emu-build), on the
-tiny synthetic GGUF. A session ingests a document through a compressing pot
+tiny synthetic GGUF. Admission control lowers a pot memory limit above the
+device's to the device's. A session ingests a document through a compressing pot
 (pots on the device, compaction there), six questions decode at once (batched
 decode, decode graphs), the server stops with SIGTERM (snapshots synced from
 the device) and restarts from them, and the same greedy question gives the
@@ -23,14 +24,17 @@ import urllib.request
 
 
 def start(binary, model, data):
+    # a pot memory limit far above the device's: admission control lowers it to the device's
     p = subprocess.Popen([binary, "serve", "--backend", "cuda", "--model", model, "--port", "0",
-                          "--data-dir", data], stderr=subprocess.PIPE, text=True)
-    port = None
+                          "--data-dir", data, "--pot-memory-limit", "1000000G"], stderr=subprocess.PIPE, text=True)
+    port, lowered = None, False
     for line in p.stderr:
         m = re.search(r"listening on http://[\d.]+:(\d+)", line)
         port = port or (m and int(m.group(1)))
+        lowered |= "pot_memory_limit lowered" in line
         if "ready" in line:
             break
+    assert lowered, "pot_memory_limit was not lowered to the device's memory"
     threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
     return p, f"http://127.0.0.1:{port}"
 
