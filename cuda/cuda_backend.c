@@ -4,14 +4,18 @@
  *
  * Per forward: token embeddings for all spans' tokens at once; per layer RMS
  * norm, the Q/K/V products over all tokens (matvec on the quantised weights
- * for up to MATVEC_MAX_T tokens, else the weight dequantised to f32 and one
- * cublasGemmEx), biases; per span the new K/V stored (before RoPE) into the
- * span's pot on the device, the queries rotated, attention over [pot | span]
- * (flash-style kernel, split-K for a single query over a long pot) and the
- * score rows when asked; then the output product, residual, FFN (SwiGLU),
- * residual. Finally logits and label log-probabilities are computed for the
- * rows asked for and copied to the span's arrays. Everything runs in order
- * on one stream; the host waits once at the end (and per chunk of label rows).
+ * for up to MATVEC_MAX_T tokens, else the weight dequantised (f32 exact, f16
+ * fast) and cublasGemmEx), biases, every query rotated to its slot; the
+ * single-token spans (decode) in one batched launch that stores their K/V
+ * and attends each over its own pot; every other span its K/V stored (before
+ * RoPE) into its pot on the device, attention over [pot | span] (flash-style
+ * kernel, split-K for a single query over a long pot) and the score rows
+ * when asked; then the output product, residual, FFN (SwiGLU), residual.
+ * Finally logits and label log-probabilities for the rows asked for, copied
+ * to the spans' arrays. Everything runs in order on one stream; the host
+ * waits once at the end (and per chunk of label rows). A forward of decode
+ * tokens only computes every row's logits in its body and runs that body as
+ * a CUDA graph (cuda_graph.c).
  *
  * Pots live in device memory (cuda_pots.c): a span's pot is attached on its
  * first forward (its valid slots uploaded once) and from then on the new

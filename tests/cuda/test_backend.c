@@ -3,7 +3,8 @@
  * (SmolLM2-135M, Q4_1): prefill logits of every row, a decode step on the
  * same pot, score rows (sum and max over a KV group), label
  * log-probabilities, partial attention, two spans in one batch, and the pot
- * mirror following host-side changes (pot_compact, pot_truncate, pot_copy).
+ * pots held on the device through host-side changes (pot_compact on the
+ * device, pot_truncate, pot_copy).
  * Under the emulator the kernels run on the CPU; on a GPU (make test-cuda)
  * the same checks hold with the same tolerances. */
 #include <math.h>
@@ -192,7 +193,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     CHECK(dl <= TOL_LABELS);
     CHECK(lpg[1] == 42.0f);
 
-    /* 5. compaction on the host (both pots alike), then a decode step: the mirror must notice */
+    /* 5. compaction (both pots alike: on the host for the CPU's, on the device for the GPU's), then a decode step */
     int32_t n_keep = 10; /* of 22 slots: 2i + (0, 1 or 2) per (layer, head) */
     int32_t *keep = malloc(L * G * n_keep * sizeof(int32_t));
     for (size_t lg_i = 0; lg_i < L * G; lg_i++)
