@@ -557,10 +557,10 @@ void cuda_backend_graph_counts(backend *b, uint64_t *captures, uint64_t *replays
 
 /* Device memory for pots: what is free once the weights are in, less a
  * reserve for the buffers a forward grows (activations of a prefill chunk
- * of 4096 tokens, the logits rows, the compaction's second buffers are
- * counted in the pots' share: they are one pot's size) and 1/16 for the
- * runtime and fragmentation. An estimate: the pots themselves fall back to
- * the host (least recently used first) when an allocation fails anyway. */
+ * of 4096 tokens, the logits rows) and 1/16 for the runtime, fragmentation
+ * and the compaction's second buffers (one pot's size). An estimate: when
+ * an allocation fails anyway, the least recently used pots go back to the
+ * host, and a compaction without its second buffers runs on the host. */
 static size_t pot_budget(const model *m) {
     size_t free_b = 0, total = 0;
     if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
