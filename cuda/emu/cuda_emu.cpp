@@ -34,6 +34,7 @@ asm(".text\n"
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -297,7 +298,15 @@ static void run_block(block_run *R) {
     }
 }
 
+/* Kernels run so far, by name (tests count launches: cuemu_kernel_runs). */
+static std::mutex runs_lock;
+static std::unordered_map<std::string, unsigned long long> runs;
+
 static void execute(const char *name, dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+    {
+        std::lock_guard<std::mutex> hold(runs_lock);
+        runs[name]++;
+    }
     int n = (int)(block.x * block.y * block.z);
     if (!memory.reserve(n, shmem)) {
         last_error = cudaErrorMemoryAllocation;
@@ -493,6 +502,17 @@ cudaError_t cudaFree(void *ptr) {
 size_t cuemu_memory_in_use(void) {
     std::lock_guard<std::mutex> hold(device_lock);
     return device_in_use;
+}
+
+/* Emulator only (tests): kernels run so far (directly or by a graph) whose
+ * name (as CU_LAUNCH spells it, template arguments included) starts with prefix. */
+unsigned long long cuemu_kernel_runs(const char *prefix) {
+    std::lock_guard<std::mutex> hold(cuemu::runs_lock);
+    unsigned long long n = 0;
+    size_t len = strlen(prefix);
+    for (const auto &r : cuemu::runs)
+        if (r.first.compare(0, len, prefix) == 0) n += r.second;
+    return n;
 }
 
 void cuemu_set_memory_limit(size_t bytes) {

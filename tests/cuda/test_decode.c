@@ -17,6 +17,9 @@
 #include "engine/backend.h"
 #include "tests/cuda/tiny_model.h"
 
+/* The emulator's kernel counter (absent from GPU builds: those checks are skipped there). */
+__attribute__((weak)) unsigned long long cuemu_kernel_runs(const char *prefix);
+
 #define TOL_F32 1e-5
 #define TOL_F16 1e-3
 
@@ -112,7 +115,14 @@ TEST(cuda_batched_decode_matches_cpu) {
     int32_t len[NSEQ + 1];
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < NSEQ; i++) toks[i] = (int32_t)(rng_u32(&g) % TINY_VOCAB), tp[i] = &toks[i], len[i] = 1;
+        unsigned long long batched0 = cuemu_kernel_runs ? cuemu_kernel_runs("attn_batch_kernel") : 0;
+        unsigned long long single0 = cuemu_kernel_runs ? cuemu_kernel_runs("attn_kernel") : 0;
         worst = fmax(worst, run_both(&F, tp, len, NSEQ, att, 4, step == 1 ? 2 : -1, &worst16));
+        if (cuemu_kernel_runs) {
+            /* per layer one launch for the four f32 pots, one for the f16 pot on its own */
+            CHECK_EQ_INT(cuemu_kernel_runs("attn_batch_kernel") - batched0, TINY_LAYERS);
+            CHECK_EQ_INT(cuemu_kernel_runs("attn_kernel") - single0, TINY_LAYERS);
+        }
     }
     /* a prefill span in the same forward as the decode tokens */
     tp[NSEQ] = prompt + 100, len[NSEQ] = 7;
