@@ -28,6 +28,15 @@ typedef struct pot {
     float *score_acc;     /* same layout: attention received so far (policies that accumulate) */
     int64_t n_seen;       /* tokens of the document seen so far (the next token index) */
     pot_device *device;   /* NULL, or the device whose K/V are authoritative (below) */
+    /* Optional cache of keys rotated to their slot's RoPE position (NULL unless
+     * pot_cache_rotated_keys): same layout and dtype as k, valid for slots
+     * [0, n_rot) of every (layer, head). A decode step otherwise re-rotates every
+     * key of the pot; a backend fills it and advances n_rot, and anything that
+     * changes a key below n_rot (pot_write, pot_compact, pot_truncate) lowers
+     * n_rot. Derived data: never saved, and copied only between pots that both
+     * have it. */
+    void *k_rot;
+    int32_t n_rot;
 } pot;
 
 /* Allocates an empty pot; NULL + err when sizes are invalid or memory is short.
@@ -44,6 +53,21 @@ size_t pot_slot(const pot *p, int32_t layer, int32_t head, int32_t slot);
 /* Stores one slot's pre-RoPE key and value (head_dim floats each), converting
  * to the pot's dtype. */
 void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v);
+/* Allocates p->k_rot (empty: n_rot = 0); 0, or -1 when memory is short. For
+ * pots that decode many steps over many entries (generations, answers). */
+int pot_cache_rotated_keys(pot *p);
+/* Bytes pot_cache_rotated_keys adds to a pot of these sizes. */
+size_t pot_rotated_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                         enum pot_dtype dtype);
+/* Stores / reads rotated keys (head_dim floats a slot) in p->k_rot; the caller
+ * keeps n_rot consistent. */
+void pot_write_k_rotated(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k);
+void pot_read_k_rotated(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst);
+/* Rounds a row of head_dim floats to the pot's entry precision (f16: the
+ * value a store and a load give back; f32: unchanged). Backends round rotated
+ * keys so, whether or not they come from the cache: as llama.cpp, which
+ * stores keys after RoPE in f16. */
+void pot_round_row(const pot *p, float *row);
 /* Reads n consecutive slots from slot0 as f32 rows into dst ([n][head_dim]). */
 void pot_read_k(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst);
 void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst);

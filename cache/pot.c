@@ -100,9 +100,23 @@ pot *pot_new(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capac
     return p;
 }
 
+size_t pot_rotated_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                         enum pot_dtype dtype) {
+    size_t all = pot_bytes(n_layer, n_head_kv, head_dim, capacity, dtype);
+    return all ? (size_t)n_layer * n_head_kv * capacity * head_dim * elem_bytes(dtype) : 0;
+}
+
+int pot_cache_rotated_keys(pot *p) {
+    if (p->k_rot) return 0;
+    p->k_rot = malloc(pot_rotated_bytes(p->n_layer, p->n_head_kv, p->head_dim, p->capacity, p->dtype));
+    p->n_rot = 0;
+    return p->k_rot ? 0 : -1;
+}
+
 void pot_free(pot *p) {
     if (!p) return;
     if (p->device) p->device->release(p->device, p);
+    free(p->k_rot);
     free(p->k);
     free(p->v);
     free(p->token_index);
@@ -142,6 +156,25 @@ void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k
     size_t s = pot_slot(p, layer, head, slot);
     store_row(p, p->k, s, k);
     store_row(p, p->v, s, v);
+    if (slot < p->n_rot) p->n_rot = slot;
+}
+
+void pot_round_row(const pot *p, float *row) {
+    if (p->dtype == POT_F32) return;
+    _Float16 h[64];
+    for (int32_t i = 0; i < p->head_dim; i += 64) {
+        size_t n = p->head_dim - i < 64 ? (size_t)(p->head_dim - i) : 64;
+        f32_to_f16(row + i, h, n);
+        f16_to_f32(h, row + i, n);
+    }
+}
+
+void pot_write_k_rotated(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k) {
+    store_row(p, p->k_rot, pot_slot(p, layer, head, slot), k);
+}
+
+void pot_read_k_rotated(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
+    load_rows(p, p->k_rot, pot_slot(p, layer, head, slot0), n, dst);
 }
 
 void pot_read_k(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
@@ -155,6 +188,7 @@ void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_
 void pot_truncate(pot *p, int32_t n) {
     if (n >= 0 && n < p->n) p->n = n;
     if (p->n_pinned > p->n) p->n_pinned = p->n;
+    if (p->n_rot > p->n) p->n_rot = p->n;
 }
 
 int pot_copy(pot *dst, const pot *src) {
@@ -176,7 +210,10 @@ int pot_copy(pot *dst, const pot *src) {
             memcpy(dst->token_index + d, src->token_index + s, n * sizeof *src->token_index);
             memcpy(dst->surprisal + d, src->surprisal + s, n * sizeof *src->surprisal);
             memcpy(dst->score_acc + d, src->score_acc + s, n * sizeof *src->score_acc);
+            if (dst->k_rot && src->k_rot)
+                memcpy((char *)dst->k_rot + d * row, (const char *)src->k_rot + s * row, (size_t)src->n_rot * row);
         }
+    dst->n_rot = dst->k_rot && src->k_rot ? src->n_rot : 0;
     dst->n = src->n;
     dst->n_pinned = src->n_pinned;
     dst->n_seen = src->n_seen;
@@ -208,6 +245,7 @@ void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
         }
     p->n = n_keep;
     if (p->n_pinned > n_keep) p->n_pinned = n_keep;
+    if (p->n_rot > p->n_pinned) p->n_rot = p->n_pinned; /* kept keys moved: their positions changed */
 }
 
 void pot_append_done(pot *p, int32_t n) {

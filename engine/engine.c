@@ -187,6 +187,16 @@ pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
                    errlen);
 }
 
+pot *new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen) {
+    pot *p = new_pot(e, capacity, err, errlen);
+    if (p && pot_cache_rotated_keys(p)) {
+        pot_free(p);
+        snprintf(err, errlen, "out of memory for a pot of %zu entries", capacity);
+        return NULL;
+    }
+    return p;
+}
+
 int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,
                          size_t errlen) {
     if (n == 0) {

@@ -23,6 +23,8 @@ struct engine {
 double now_ms(void);
 /* An empty pot of `capacity` slots for this model (at most its context). */
 pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen);
+/* new_pot with a rotated-key cache, for pots that decode (cache/cache.h). */
+pot *new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen);
 /* Runs tokens through p in PREFILL_CHUNK pieces; the last token's logits into
  * `logits` when non-NULL. */
 int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,

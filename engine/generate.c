@@ -329,7 +329,7 @@ pot *gen_new_pot(engine *e, size_t n_prompt, int32_t max_tokens, char *err, size
     if (n_prompt >= capacity)
         return snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",
                         n_prompt, m->n_ctx_train), NULL;
-    return new_pot(e, capacity, err, errlen);
+    return new_decode_pot(e, capacity, err, errlen);
 }
 
 int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,

@@ -652,7 +652,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
     if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
     if (need < base + q->n)
         return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
-    pot *p = new_pot(e, need, err, errlen);
+    pot *p = new_decode_pot(e, need, err, errlen);
     if (!p) return NULL;
     pot_copy(p, d->pot);
     if (pending && prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {

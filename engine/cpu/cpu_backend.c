@@ -92,7 +92,8 @@ typedef struct attn_job {
     int32_t n_pre;             /* pot keys attended: n0, or n_attend with a subset */
     const float *q;            /* [n_tokens][n_head * head_dim], rotated */
     float *out;                /* [n_tokens][n_head * head_dim] */
-    float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys */
+    int in_place;              /* keys from the pot's rotated-key cache, values from the pot */
+    float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys (in place: [n_threads][head_dim]) */
     float *vals;               /* [n_head_kv][n_keys][head_dim] values as f32 */
     float *probs;              /* [n_threads][n_keys] */
     float *head_scores;        /* [n_head][n_keys] or NULL */
@@ -108,18 +109,43 @@ static int32_t key_slot(const attn_job *j, int32_t g, int32_t k) {
     return sp->attend_slots[((size_t)j->layer * j->cb->m->n_head_kv + g) * sp->n_attend + k];
 }
 
-/* Loads keys (rotated to their slot's position) and values of the pot as f32. */
+/* Loads keys (rotated to their slot's position, rounded to the pot's entry
+ * precision) and values of the pot as f32, for pots without a rotated-key
+ * cache and for partial attention; slots the cache holds come from it. */
 static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
     (void)worker;
     attn_job *j = ctx;
     const model *m = j->cb->m;
+    const pot *p = j->sp->kv;
     for (int64_t task = a; task < b; task++) {
         int32_t g = (int32_t)(task / j->n_keys), k = (int32_t)(task % j->n_keys);
         int32_t slot = key_slot(j, g, k);
-        size_t at = ((size_t)g * j->n_keys + k) * m->head_dim;
-        pot_read_k(j->sp->kv, j->layer, g, slot, 1, j->krot + at);
-        pot_read_v(j->sp->kv, j->layer, g, slot, 1, j->vals + at);
-        rope_rotate(&j->cb->rope, j->krot + at, slot);
+        float *kr = j->krot + ((size_t)g * j->n_keys + k) * m->head_dim;
+        pot_read_v(p, j->layer, g, slot, 1, j->vals + (kr - j->krot));
+        if (p->k_rot && slot < p->n_rot) {
+            pot_read_k_rotated(p, j->layer, g, slot, 1, kr);
+            continue;
+        }
+        pot_read_k(p, j->layer, g, slot, 1, kr);
+        rope_rotate(&j->cb->rope, kr, slot);
+        pot_round_row(p, kr); /* the value the cache would hold: the same bits with or without it */
+    }
+}
+
+/* Pots with a rotated-key cache: rotates the keys of slots [n_rot, n_keys)
+ * of this layer into it; attention then reads keys and values in place. */
+static void fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
+    attn_job *j = ctx;
+    const model *m = j->cb->m;
+    pot *p = j->sp->kv;
+    int32_t n_new = j->n_keys - p->n_rot;
+    float *kr = j->krot + (size_t)worker * m->head_dim;
+    for (int64_t task = a; task < b; task++) {
+        int32_t g = (int32_t)(task / n_new), slot = p->n_rot + (int32_t)(task % n_new);
+        pot_read_k(p, j->layer, g, slot, 1, kr);
+        rope_rotate(&j->cb->rope, kr, slot);
+        pot_round_row(p, kr);
+        pot_write_k_rotated(p, j->layer, g, slot, kr);
     }
 }
 
@@ -128,17 +154,27 @@ static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
     int32_t hd = m->head_dim, g = h / (m->n_head / m->n_head_kv);
     int32_t n_vis = j->n_pre + t + 1; /* causal: keys up to and including this token */
     const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
-    const float *kg = j->krot + (size_t)g * j->n_keys * hd;
-    const float *vg = j->vals + (size_t)g * j->n_keys * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    simd_dot_rows_f32(p, qv, kg, hd, n_vis, hd, scale);
+    const pot *kv = j->sp->kv;
+    size_t row0 = pot_slot(kv, j->layer, g, 0) * hd;
+    if (!j->in_place)
+        simd_dot_rows_f32(p, qv, j->krot + (size_t)g * j->n_keys * hd, hd, n_vis, hd, scale);
+    else if (kv->dtype == POT_F16)
+        simd_dot_rows_f16(p, qv, (const uint16_t *)kv->k_rot + row0, hd, n_vis, hd, scale);
+    else
+        simd_dot_rows_f32(p, qv, (const float *)kv->k_rot + row0, hd, n_vis, hd, scale);
     float mx = simd_max_f32(p, n_vis);
     double sum = simd_exp_sub_sum(p, n_vis, mx);
     float inv = (float)(1.0 / sum);
     for (int32_t k = 0; k < n_vis; k++) p[k] *= inv;
     float *o = j->out + ((size_t)t * m->n_head + h) * hd;
     memset(o, 0, (size_t)hd * sizeof(float));
-    simd_axpy_rows_f32(o, p, vg, hd, n_vis, hd);
+    if (!j->in_place)
+        simd_axpy_rows_f32(o, p, j->vals + (size_t)g * j->n_keys * hd, hd, n_vis, hd);
+    else if (kv->dtype == POT_F16)
+        simd_axpy_rows_f16(o, p, (const uint16_t *)kv->v + row0, hd, n_vis, hd);
+    else
+        simd_axpy_rows_f32(o, p, (const float *)kv->v + row0, hd, n_vis, hd);
     const backend_span *sp = j->sp;
     if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
         float *hs = j->head_scores + (size_t)h * j->n_keys;
@@ -243,7 +279,11 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_pre = n_pre, .n_keys = n_keys, .q = q,
                   .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                   .head_scores = sp->scores ? B->head_scores : NULL, .per_head = sp->scores != NULL};
-    tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
+    j.in_place = sp->kv->k_rot && !sp->attend_slots;
+    if (j.in_place)
+        tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * (n_keys - sp->kv->n_rot), fill_rotated, &j);
+    else
+        tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
     int64_t tasks = j.per_head ? m->n_head : (int64_t)m->n_head * sp->n_tokens;
     tp_parallel_for(cb->tp, tasks, attend_tasks, &j);
@@ -297,15 +337,41 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 }
 
-static void span_logits(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
+/* Logits of every row of an ALL-mode span. */
+static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
     const model *m = cb->m;
     int64_t d = m->n_embd;
-    int64_t first = sp->logits_mode == BACKEND_LOGITS_LAST ? sp->n_tokens - 1 : 0;
-    int64_t rows = sp->n_tokens - first;
-    /* xb has room for T >= rows rows of n_embd */
-    for (int64_t r = 0; r < rows; r++)
-        rmsnorm(B->xb + r * d, x + (first + r) * d, m->output_norm, d, m->norm_eps);
-    matmul(cb, &m->output, B->xb, rows, sp->logits, B);
+    for (int64_t r = 0; r < sp->n_tokens; r++) /* xb has room for T >= n_tokens rows */
+        rmsnorm(B->xb + r * d, x + r * d, m->output_norm, d, m->norm_eps);
+    matmul(cb, &m->output, B->xb, sp->n_tokens, sp->logits, B);
+}
+
+/* Logits of the last row of every LAST-mode span, in one matrix product: in
+ * batched decode each span is one token, and the LM head (the largest matrix
+ * of a small model) then streams once per step instead of once per sequence. */
+static int last_row_logits(cpu_backend *cb, backend_span *spans, int32_t n_spans, buffers *B) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd, V = m->n_vocab, n = 0, t0 = 0;
+    for (int32_t s = 0; s < n_spans; s++) {
+        const backend_span *sp = &spans[s];
+        t0 += sp->n_tokens;
+        if (sp->logits_mode == BACKEND_LOGITS_LAST)
+            rmsnorm(B->xb + n++ * d, B->x + (t0 - 1) * d, m->output_norm, d, m->norm_eps);
+    }
+    if (!n) return 0;
+    if (n == 1) { /* straight into the one span's buffer */
+        for (int32_t s = 0; s < n_spans; s++)
+            if (spans[s].logits_mode == BACKEND_LOGITS_LAST) matmul(cb, &m->output, B->xb, 1, spans[s].logits, B);
+        return 0;
+    }
+    float *out = malloc((size_t)n * V * sizeof(float));
+    if (!out) return -1;
+    matmul(cb, &m->output, B->xb, n, out, B);
+    for (int32_t s = 0, i = 0; s < n_spans; s++)
+        if (spans[s].logits_mode == BACKEND_LOGITS_LAST)
+            memcpy(spans[s].logits, out + (size_t)i++ * V, (size_t)V * sizeof(float));
+    free(out);
+    return 0;
 }
 
 enum { LABEL_ROWS = 32 }; /* rows of logits materialised at once for label log-probs */
@@ -366,14 +432,16 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     int64_t t0 = 0;
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
-        pot *p = sp->kv;
-        pot_append_done(p, sp->n_tokens);
-        if (sp->logits_mode != BACKEND_LOGITS_NONE) span_logits(cb, sp, B.x + t0 * d, &B);
+        pot_append_done(sp->kv, sp->n_tokens);
+        if (sp->logits_mode == BACKEND_LOGITS_ALL) span_logits_all(cb, sp, B.x + t0 * d, &B);
         if (sp->labels && span_label_logprobs(cb, sp, B.x + t0 * d, &B)) rc = -1;
         t0 += sp->n_tokens;
     }
+    if (last_row_logits(cb, spans, n_spans, &B)) rc = -1;
+    for (int32_t s = 0; s < n_spans; s++) /* every layer rotated every slot into the cache */
+        if (spans[s].kv->k_rot && !spans[s].attend_slots) spans[s].kv->n_rot = spans[s].kv->n;
     free_buffers(&B);
-    if (rc) snprintf(err, errlen, "forward: out of memory for label log-probabilities");
+    if (rc) snprintf(err, errlen, "forward: out of memory for logits");
     return rc;
 }
 

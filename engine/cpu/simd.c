@@ -45,6 +45,39 @@ static void axpy_rows_scalar(float *y, const float *w, const float *x, int64_t x
     for (int64_t k = 0; k < rows; k++) axpy_scalar(y, w[k], x + k * xs, n);
 }
 
+/* The f16 forms: each row converted exactly into a buffer, then as above. */
+enum { F16_ROW_STACK = 256 };
+
+static float *f16_row(const uint16_t *src, int64_t n, float *stack_buf) {
+    float *dst = n <= F16_ROW_STACK ? stack_buf : malloc((size_t)n * sizeof *dst);
+    if (!dst) abort(); /* a row longer than any head */
+    for (int64_t i = 0; i < n; i++) {
+        _Float16 h;
+        memcpy(&h, src + i, sizeof h);
+        dst[i] = (float)h;
+    }
+    return dst;
+}
+
+static void dot_rows_f16_scalar(float *out, const float *a, const uint16_t *b, int64_t bs, int64_t rows, int64_t n,
+                                float scale) {
+    float buf[F16_ROW_STACK];
+    for (int64_t k = 0; k < rows; k++) {
+        float *row = f16_row(b + k * bs, n, buf);
+        out[k] = dot_scalar(a, row, n) * scale;
+        if (row != buf) free(row);
+    }
+}
+
+static void axpy_rows_f16_scalar(float *y, const float *w, const uint16_t *x, int64_t xs, int64_t rows, int64_t n) {
+    float buf[F16_ROW_STACK];
+    for (int64_t k = 0; k < rows; k++) {
+        float *row = f16_row(x + k * xs, n, buf);
+        axpy_scalar(y, w[k], row, n);
+        if (row != buf) free(row);
+    }
+}
+
 static double exp_sub_sum_scalar(float *p, int64_t n, float mx) {
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += (p[i] = expf(p[i] - mx));
@@ -57,7 +90,7 @@ static double exp_sub_sum_scalar(float *p, int64_t n, float mx) {
 #define SIMD_HAVE_AVX2 1
 #include <immintrin.h>
 
-#define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 
 /* hadd: [l0+l1, l2+l3, ., . | l4+l5, l6+l7, ., .], twice: lane 0 (l0+l1)+(l2+l3),
  * lane 4 (l4+l5)+(l6+l7); then lane 0 + lane 4, the scalar order. */
@@ -65,15 +98,6 @@ static inline AVX2_FN float reduce_dot(__m256 acc) {
     const __m256 h = _mm256_hadd_ps(acc, acc);
     const __m256 h2 = _mm256_hadd_ps(h, h);
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
-}
-
-static AVX2_FN float dot_avx2(const float *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-    float s = reduce_dot(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
 }
 
 static AVX2_FN void axpy_avx2(float *y, float a, const float *x, int64_t n) {
@@ -90,70 +114,124 @@ static AVX2_FN void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-static AVX2_FN void dot_rows_avx2(float *out, const float *a, const float *b, int64_t bs, int64_t rows, int64_t n,
-                                  float scale) {
+/* Row kernels over f32 rows (F16 = 0) or IEEE half rows (F16 = 1, converted
+ * exactly by vcvtph2ps, so the same bits as converting the rows first): one
+ * always-inlined body, instantiated for each. */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static ALWAYS_INLINE AVX2_FN __m256 load8(const void *row, int64_t i, const int F16) {
+    if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+static ALWAYS_INLINE float elem(const void *row, int64_t i, const int F16) {
+    if (!F16) return ((const float *)row)[i];
+    _Float16 h;
+    memcpy(&h, (const uint16_t *)row + i, sizeof h);
+    return (float)h;
+}
+
+static ALWAYS_INLINE const void *row_at(const void *base, int64_t k, const int F16) {
+    return F16 ? (const void *)((const uint16_t *)base + k) : (const void *)((const float *)base + k);
+}
+
+static ALWAYS_INLINE AVX2_FN float dot_row(const float *a, const void *b, int64_t n, const int F16) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), load8(b, i, F16)));
+    float s = reduce_dot(acc);
+    for (; i < n; i++) s += a[i] * elem(b, i, F16);
+    return s;
+}
+
+static ALWAYS_INLINE AVX2_FN void dot_rows_body(float *out, const float *a, const void *b, int64_t bs, int64_t rows,
+                                                int64_t n, float scale, const int F16) {
     const int64_t n8 = n & ~(int64_t)7;
     int64_t k = 0;
     for (; k + 4 <= rows; k += 4) { /* four independent rows: their add chains overlap */
-        const float *b0 = b + k * bs, *b1 = b0 + bs, *b2 = b1 + bs, *b3 = b2 + bs;
+        const void *b0 = row_at(b, k * bs, F16), *b1 = row_at(b0, bs, F16), *b2 = row_at(b1, bs, F16),
+                   *b3 = row_at(b2, bs, F16);
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         for (int64_t i = 0; i < n8; i += 8) {
             const __m256 va = _mm256_loadu_ps(a + i);
-            c0 = _mm256_add_ps(c0, _mm256_mul_ps(va, _mm256_loadu_ps(b0 + i)));
-            c1 = _mm256_add_ps(c1, _mm256_mul_ps(va, _mm256_loadu_ps(b1 + i)));
-            c2 = _mm256_add_ps(c2, _mm256_mul_ps(va, _mm256_loadu_ps(b2 + i)));
-            c3 = _mm256_add_ps(c3, _mm256_mul_ps(va, _mm256_loadu_ps(b3 + i)));
+            c0 = _mm256_add_ps(c0, _mm256_mul_ps(va, load8(b0, i, F16)));
+            c1 = _mm256_add_ps(c1, _mm256_mul_ps(va, load8(b1, i, F16)));
+            c2 = _mm256_add_ps(c2, _mm256_mul_ps(va, load8(b2, i, F16)));
+            c3 = _mm256_add_ps(c3, _mm256_mul_ps(va, load8(b3, i, F16)));
         }
         float s0 = reduce_dot(c0), s1 = reduce_dot(c1), s2 = reduce_dot(c2), s3 = reduce_dot(c3);
         for (int64_t i = n8; i < n; i++) {
-            s0 += a[i] * b0[i];
-            s1 += a[i] * b1[i];
-            s2 += a[i] * b2[i];
-            s3 += a[i] * b3[i];
+            s0 += a[i] * elem(b0, i, F16);
+            s1 += a[i] * elem(b1, i, F16);
+            s2 += a[i] * elem(b2, i, F16);
+            s3 += a[i] * elem(b3, i, F16);
         }
         out[k] = s0 * scale;
         out[k + 1] = s1 * scale;
         out[k + 2] = s2 * scale;
         out[k + 3] = s3 * scale;
     }
-    for (; k < rows; k++) out[k] = dot_avx2(a, b + k * bs, n) * scale;
+    for (; k < rows; k++) out[k] = dot_row(a, row_at(b, k * bs, F16), n, F16) * scale;
+}
+
+static AVX2_FN float dot_avx2(const float *a, const float *b, int64_t n) { return dot_row(a, b, n, 0); }
+
+static AVX2_FN void dot_rows_avx2(float *out, const float *a, const float *b, int64_t bs, int64_t rows, int64_t n,
+                                  float scale) {
+    dot_rows_body(out, a, b, bs, rows, n, scale, 0);
+}
+
+static AVX2_FN void dot_rows_f16_avx2(float *out, const float *a, const uint16_t *b, int64_t bs, int64_t rows,
+                                      int64_t n, float scale) {
+    dot_rows_body(out, a, b, bs, rows, n, scale, 1);
 }
 
 /* y (up to 64 floats from y0) kept in registers while the rows go by. */
-static inline __attribute__((always_inline)) AVX2_FN void axpy_rows_block(float *y, const float *w, const float *x,
-                                                                          int64_t xs, int64_t rows, const int nv) {
+static ALWAYS_INLINE AVX2_FN void axpy_rows_block(float *y, const float *w, const void *x, int64_t xs, int64_t rows,
+                                                  const int nv, const int F16) {
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) acc[v] = _mm256_loadu_ps(y + 8 * v);
     for (int64_t k = 0; k < rows; k++) {
         const __m256 wk = _mm256_set1_ps(w[k]);
-        const float *xk = x + k * xs;
+        const void *xk = row_at(x, k * xs, F16);
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wk, _mm256_loadu_ps(xk + 8 * v)));
+        for (int v = 0; v < nv; v++) acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wk, load8(xk, 8 * v, F16)));
     }
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + 8 * v, acc[v]);
 }
 
-static AVX2_FN void axpy_rows_avx2(float *y, const float *w, const float *x, int64_t xs, int64_t rows, int64_t n) {
+static ALWAYS_INLINE AVX2_FN void axpy_rows_body(float *y, const float *w, const void *x, int64_t xs, int64_t rows,
+                                                 int64_t n, const int F16) {
     int64_t i = 0;
-    for (; i + 64 <= n; i += 64) axpy_rows_block(y + i, w, x + i, xs, rows, 8);
+    for (; i + 64 <= n; i += 64) axpy_rows_block(y + i, w, row_at(x, i, F16), xs, rows, 8, F16);
+    const void *xi = row_at(x, i, F16);
     switch ((n - i) / 8) { /* constant counts, so that acc[] stays in registers */
-    case 7: axpy_rows_block(y + i, w, x + i, xs, rows, 7); break;
-    case 6: axpy_rows_block(y + i, w, x + i, xs, rows, 6); break;
-    case 5: axpy_rows_block(y + i, w, x + i, xs, rows, 5); break;
-    case 4: axpy_rows_block(y + i, w, x + i, xs, rows, 4); break;
-    case 3: axpy_rows_block(y + i, w, x + i, xs, rows, 3); break;
-    case 2: axpy_rows_block(y + i, w, x + i, xs, rows, 2); break;
-    case 1: axpy_rows_block(y + i, w, x + i, xs, rows, 1); break;
+    case 7: axpy_rows_block(y + i, w, xi, xs, rows, 7, F16); break;
+    case 6: axpy_rows_block(y + i, w, xi, xs, rows, 6, F16); break;
+    case 5: axpy_rows_block(y + i, w, xi, xs, rows, 5, F16); break;
+    case 4: axpy_rows_block(y + i, w, xi, xs, rows, 4, F16); break;
+    case 3: axpy_rows_block(y + i, w, xi, xs, rows, 3, F16); break;
+    case 2: axpy_rows_block(y + i, w, xi, xs, rows, 2, F16); break;
+    case 1: axpy_rows_block(y + i, w, xi, xs, rows, 1, F16); break;
     default: break;
     }
     i += (n - i) & ~(int64_t)7;
     for (; i < n; i++) { /* the last n % 8 elements, rows in order */
         float v = y[i];
-        for (int64_t k = 0; k < rows; k++) v += w[k] * x[k * xs + i];
+        for (int64_t k = 0; k < rows; k++) v += w[k] * elem(x, k * xs + i, F16);
         y[i] = v;
     }
+}
+
+static AVX2_FN void axpy_rows_avx2(float *y, const float *w, const float *x, int64_t xs, int64_t rows, int64_t n) {
+    axpy_rows_body(y, w, x, xs, rows, n, 0);
+}
+
+static AVX2_FN void axpy_rows_f16_avx2(float *y, const float *w, const uint16_t *x, int64_t xs, int64_t rows,
+                                       int64_t n) {
+    axpy_rows_body(y, w, x, xs, rows, n, 1);
 }
 
 static AVX2_FN float max_avx2(const float *x, int64_t n) {
@@ -244,7 +322,7 @@ static AVX2_FN double exp_sub_sum_avx2(float *p, int64_t n, float mx) {
 
 static int cpu_has_avx2_fma(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 #else
 #define SIMD_HAVE_AVX2 0
@@ -327,6 +405,29 @@ void simd_axpy_rows_f32(float *y, const float *w, const float *x, int64_t x_stri
     }
 #endif
     axpy_rows_scalar(y, w, x, x_stride, n_rows, n);
+}
+
+void simd_dot_rows_f16(float *out, const float *a, const uint16_t *b, int64_t b_stride, int64_t n_rows, int64_t n,
+                       float scale) {
+    if (n_rows <= 0) return;
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) {
+        dot_rows_f16_avx2(out, a, b, b_stride, n_rows, n, scale);
+        return;
+    }
+#endif
+    dot_rows_f16_scalar(out, a, b, b_stride, n_rows, n, scale);
+}
+
+void simd_axpy_rows_f16(float *y, const float *w, const uint16_t *x, int64_t x_stride, int64_t n_rows, int64_t n) {
+    if (n_rows <= 0 || n <= 0) return;
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) {
+        axpy_rows_f16_avx2(y, w, x, x_stride, n_rows, n);
+        return;
+    }
+#endif
+    axpy_rows_f16_scalar(y, w, x, x_stride, n_rows, n);
 }
 
 double simd_exp_sub_sum(float *p, int64_t n, float mx) {

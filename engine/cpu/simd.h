@@ -1,5 +1,5 @@
 /* Vector helpers for the CPU backend's attention loops (private to engine/cpu/).
- * Each has an AVX2+FMA kernel, chosen at run time when the CPU has both and
+ * Each has an AVX2+FMA kernel, chosen at run time when the CPU has AVX2, FMA and F16C and
  * POTSERVE_NO_SIMD is unset or "0" (read once), and a portable scalar one.
  *
  * Numerics: every helper gives the same bits on both paths, and the same bits
@@ -35,7 +35,14 @@ void simd_dot_rows_f32(float *out, const float *a, const float *b, int64_t b_str
 /* for k = 0 .. n_rows-1 in order: simd_axpy_f32(y, w[k], x + k * x_stride, n). */
 void simd_axpy_rows_f32(float *y, const float *w, const float *x, int64_t x_stride, int64_t n_rows, int64_t n);
 
-/* Kernels in use: "avx2" or "scalar". */
+/* The same two with the rows (b, x) in IEEE half precision, as pots store
+ * entries: the same bits as converting the rows to f32 first (the conversion
+ * is exact), without the pass that would do it. */
+void simd_dot_rows_f16(float *out, const float *a, const uint16_t *b, int64_t b_stride, int64_t n_rows, int64_t n,
+                       float scale);
+void simd_axpy_rows_f16(float *y, const float *w, const uint16_t *x, int64_t x_stride, int64_t n_rows, int64_t n);
+
+/* Kernels in use: "avx2" (AVX2, FMA and F16C) or "scalar". */
 const char *simd_name(void);
 /* Test-only: on != 0 forces the scalar kernels, 0 restores the default. */
 void simd_force_scalar(int on);

@@ -325,3 +325,46 @@ TEST(simd_rows) {
     CHECK_EQ_INT(bad, 0);
     if (getenv("VERBOSE")) fprintf(stderr, "  %d (length, rows) cases\n", cases);
 }
+
+/* f16 rows: the same bits as the f32 kernels on the converted rows, on both
+ * paths, for row lengths around the vector width and beyond the scalar
+ * path's stack buffer, 0..9 rows, unaligned. */
+TEST(simd_rows_f16) {
+    static const int64_t lengths[] = {0, 1, 7, 8, 9, 31, 64, 65, 127, 300};
+    enum { ROWS = 9 };
+    int bad = 0;
+    for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+        const int64_t n = lengths[li], stride = n + 5;
+        float *a = malloc((size_t)(n + 1) * sizeof *a), *bf = malloc((size_t)(stride * ROWS + 1) * sizeof *bf);
+        uint16_t *bh = malloc((size_t)(stride * ROWS + 1) * sizeof *bh);
+        float w[ROWS], want[ROWS], got[ROWS], *y0 = malloc((size_t)(n + 1) * sizeof *y0),
+                                              *y1 = malloc((size_t)(n + 1) * sizeof *y1);
+        CHECK(a && bf && bh && y0 && y1);
+        if (!a || !bf || !bh || !y0 || !y1) return;
+        for (int64_t i = 0; i <= n; i++) a[i] = uni();
+        for (int64_t i = 0; i <= stride * ROWS; i++) {
+            _Float16 h = (_Float16)(uni() * 3.0f);
+            memcpy(&bh[i], &h, sizeof h);
+            bf[i] = (float)h;
+        }
+        for (int k = 0; k < ROWS; k++) w[k] = uni();
+        for (int rows = 0; rows <= ROWS; rows++)
+            for (int scalar = 0; scalar <= 1; scalar++) {
+                simd_force_scalar(scalar);
+                simd_dot_rows_f32(want, a + 1, bf + 1, stride, rows, n, 0.125f);
+                simd_dot_rows_f16(got, a + 1, bh + 1, stride, rows, n, 0.125f);
+                bad += memcmp(want, got, (size_t)rows * sizeof *got) != 0;
+                for (int64_t i = 0; i <= n; i++) y0[i] = y1[i] = uni();
+                simd_axpy_rows_f32(y0, w, bf + 1, stride, rows, n);
+                simd_axpy_rows_f16(y1, w, bh + 1, stride, rows, n);
+                bad += memcmp(y0, y1, (size_t)(n + 1) * sizeof *y0) != 0;
+            }
+        simd_force_scalar(0);
+        free(a);
+        free(bf);
+        free(bh);
+        free(y0);
+        free(y1);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
