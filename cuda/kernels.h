@@ -143,7 +143,8 @@ cudaError_t cuda_pot_gather(void *dst, const void *src, int64_t rows, int32_t ca
 /* One span, one layer. Keys: the pot's n_pre attended slots (slots[g][i], or
  * slot i when slots is NULL), then the span's own n_q tokens at slots n0 ..
  * n0 + n_q - 1 (already stored in the pot layer: cuda_pot_store). Keys are read
- * before RoPE and rotated to their slot's position; query t (rotated to
+ * before RoPE and rotated to their slot's position (then rounded to the pot's
+ * entry precision, as the CPU backend attends); query t (rotated to
  * position n0 + t by the caller) sees keys k < n_pre + t + 1 (causal). Query
  * head h uses KV head h / (n_head / n_head_kv). */
 typedef struct cuda_attn {

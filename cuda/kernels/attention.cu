@@ -64,7 +64,7 @@ __device__ __forceinline__ void attn_load_row(const cuda_attn &a, const cuda_rop
     size_t at = ((size_t)g * a.capacity + slot) * hd;
     const T *ksrc = static_cast<const T *>(a.k) + at;
     const T *vsrc = static_cast<const T *>(a.v) + at;
-    for (int i = lane; i < r.n_rot / 2; i += 32) rope_pair(r, ksrc, krow, slot, i);
+    for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, ksrc, krow, slot, i);
     for (int e = r.n_rot + lane; e < hd; e += 32) krow[e] = to_f32(ksrc[e]);
     for (int e = lane; e < hd; e += 32) vrow[e] = to_f32(vsrc[e]);
 }
@@ -311,7 +311,7 @@ __global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_
         if (key >= n_keys) continue; /* whole warp: no collective inside */
         int32_t slot = attn_key_slot(a, g, key);
         const T *src = static_cast<const T *>(a.k) + ((size_t)g * a.capacity + slot) * hd;
-        for (int i = lane; i < r.n_rot / 2; i += 32) rope_pair(r, src, krow, slot, i);
+        for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, src, krow, slot, i);
         for (int e = r.n_rot + lane; e < hd; e += 32) krow[e] = to_f32(src[e]);
     }
     __syncthreads();
@@ -423,6 +423,10 @@ static void ref_key(const cuda_attn *a, const cuda_rope *r, int32_t g, int32_t s
         float x0 = dst[x], x1 = dst[y];
         dst[x] = x0 * c - x1 * s;
         dst[y] = x0 * s + x1 * c;
+        if (a->dtype == 0) { /* rounded to the pot's precision, as the CPU backend attends */
+            dst[x] = __half2float(__float2half_rn(dst[x]));
+            dst[y] = __half2float(__float2half_rn(dst[y]));
+        }
     }
 }
 
