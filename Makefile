@@ -47,7 +47,7 @@ endif
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch longdoc test-cuda-emu test-cuda cuda-build
+.PHONY: all deps venv model run test unit pytest fixtures asan fuzz test-reference clean bench-batch longdoc test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke
 all: $(BUILD)/potserve
 
 $(BUILD)/obj/%.o: %.c
@@ -145,12 +145,16 @@ asan: fixtures model
 # compiled with the same flags either way, so it shares them with the CPU
 # build) linked into $(BUILD)/cuda/potserve, leaving $(BUILD)/potserve the
 # CPU binary the other tests run.
+# synthetic llama-family GGUFs with random weights (tests/bench/cuda/make_synthetic_gguf.py)
+SYNTH_1B      := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_0.gguf
+SYNTH_TINY    := $(BUILD)/bench/synthetic-tiny.Q4_0.gguf
 CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
 CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
-CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c cache/policy.c \
+CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c cache/pot_device.c cache/policy.c cache/snapshot.c \
                    engine/model.c engine/gguf.c engine/tokenizer.c engine/tokenizer_unicode.c engine/chat.c \
                    engine/cpu/cpu_backend.c engine/cpu/simd.c engine/cpu/threadpool.c \
-                   tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
+                   engine/engine.c engine/ingest.c engine/generate.c engine/sample.c engine/sched.c \
+                   cache/cascade.c cache/schedule.c tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
 # the end-to-end test (tests/cuda/test_backend.c) loads the model and runs the CPU backend
 CUDA_TEST_LIBS := -lpcre2-8 -lm -lpthread
 EMU_CXXFLAGS  := -std=c++17 -O2 -g -Wall -Wextra -Werror -I. -I$(CUDA_HOME)/include -pthread
@@ -166,18 +170,54 @@ $(BUILD)/obj/emu/%.o: %.cpp
 
 $(BUILD)/cuda_emu_tests: $(EMU_OBJ) $(CUDA_TEST_REF)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(CUDA_TEST_LIBS)
-test-cuda-emu: $(BUILD)/cuda_emu_tests
+# test_engine.c runs the engine on a tiny synthetic GGUF (bench-cuda's smoke model)
+test-cuda-emu: $(BUILD)/cuda_emu_tests $(SYNTH_TINY)
 	$(BUILD)/cuda_emu_tests
 
 $(BUILD)/cuda_tests: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC) $(CUDA_TEST_CU)) $(CUDA_TEST_REF)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_TEST_LIBS) $(CUDA_LIBS)
-test-cuda: $(BUILD)/cuda_tests
+test-cuda: $(BUILD)/cuda_tests $(SYNTH_TINY)
 	$(BUILD)/cuda_tests
 
 $(BUILD)/cuda/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(CUDA_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(filter-out $(CUDA_LIBS),$(LDLIBS)) $(CUDA_LIBS)
 cuda-build: $(BUILD)/cuda/potserve
+# The server with the CUDA backend running on the emulator (the kernels compiled
+# by g++): `potserve serve --backend cuda` end to end on a machine without a GPU,
+# for smoke tests on small models (the emulator is ~1000x slower than a GPU).
+$(BUILD)/cuda_emu/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(patsubst %.c,$(BUILD)/obj/%.o,$(CU_C_SRC)) \
+                            $(filter-out %/selftest.o,$(EMU_OBJ)) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(filter-out $(CUDA_LIBS),$(LDLIBS))
+cuda-emu-build: $(BUILD)/cuda_emu/potserve
+cuda-emu-smoke: $(BUILD)/cuda_emu/potserve $(SYNTH_TINY)
+	$(PYTHON) tests/cuda/serve_smoke.py $(BUILD)/cuda_emu/potserve $(SYNTH_TINY)
+
+# The CUDA benchmark (tests/bench/cuda/README.md; not part of `make test`):
+# bench-cuda measures a GPU on the default model and on a synthetic GGUF of
+# Llama-3.2-1B's shapes (random Q4_0 weights, made once into build/bench/);
+# bench-cuda-emu runs the same program against the emulator on a tiny
+# synthetic model, a smoke test whose timings are the CPU's.
+$(BUILD)/obj/tests/bench/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include
+BENCH_CUDA_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c \
+                    cache/pot_device.c cache/policy.c engine/model.c engine/gguf.c engine/tokenizer.c \
+                    engine/tokenizer_unicode.c engine/chat.c tests/bench/cuda/bench_cuda.c $(CU_C_SRC))
+$(BUILD)/bench_cuda: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC)) $(BENCH_CUDA_REF)
+	$(CC) $(CFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread $(CUDA_LIBS)
+$(BUILD)/bench_cuda_emu: $(filter-out %/selftest.o,$(EMU_OBJ)) $(BENCH_CUDA_REF)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread
+$(SYNTH_1B): | $(MODEL)
+	@mkdir -p $(dir $@)
+	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape llama-3.2-1b --type q4_0
+$(SYNTH_TINY): | $(MODEL)
+	@mkdir -p $(dir $@)
+	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape tiny --type q4_0
+.PHONY: bench-cuda bench-cuda-emu
+bench-cuda: $(BUILD)/bench_cuda $(SYNTH_1B) model
+	{ $(BUILD)/bench_cuda $(MODEL) && echo && $(BUILD)/bench_cuda $(SYNTH_1B); } | tee $(BUILD)/bench/cuda.md
+bench-cuda-emu: $(BUILD)/bench_cuda_emu $(SYNTH_TINY)
+	$(BUILD)/bench_cuda_emu $(SYNTH_TINY) --quick
 
 # Aggregate decode tokens/s of 1, 4, 8 and 16 concurrent greedy generations
 # through the engine thread (not part of `make test`). Links the engine and

@@ -14,6 +14,8 @@
 
 enum pot_dtype { POT_F16 = 0, POT_F32 = 1 };
 
+typedef struct pot_device pot_device; /* a device holding the pot's K/V (below) */
+
 typedef struct pot {
     int32_t n_layer, n_head_kv, head_dim;
     int32_t capacity;     /* slots per (layer, head) */
@@ -25,6 +27,7 @@ typedef struct pot {
     float *surprisal;     /* same layout: -log p(token | what preceded it when it was read) */
     float *score_acc;     /* same layout: attention received so far (policies that accumulate) */
     int64_t n_seen;       /* tokens of the document seen so far (the next token index) */
+    pot_device *device;   /* NULL, or the device whose K/V are authoritative (below) */
     /* Optional cache of keys rotated to their slot's RoPE position (NULL unless
      * pot_cache_rotated_keys): same layout and dtype as k, valid for slots
      * [0, n_rot) of every (layer, head). A decode step otherwise re-rotates every
@@ -93,6 +96,38 @@ int pot_copy(pot *dst, const pot *src);
  * moving them to slots 0..n_keep-1 in that order; p->n becomes n_keep. Slot
  * index is the RoPE position, so kept keys are re-positioned by this move. */
 void pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
+
+/* ---- pots held by a device (cache/pot_device.c) ---------------------------------
+ * A backend that keeps pots in device memory (cuda/) attaches a pot_device
+ * to the pot. Its K/V are then the authoritative ones: p->k and p->v are a
+ * host copy that is brought up to date (sync) only when host code needs it:
+ * pot_read_k/v, pot_copy from the pot, a snapshot. pot_compact moves the
+ * per-slot metadata (token_index, surprisal, score_acc: always current on
+ * the host, the policies select with them) and lets the device move its K/V;
+ * pot_write takes the pot back to the host (sync, release); pot_free and
+ * pot_copy into the pot release the device's copy. With device == NULL
+ * nothing changes. The callbacks run on the thread that owns the pot. */
+struct pot_device {
+    /* Brings p->k, p->v up to the device's K/V of slots [0, p->n). 0 or -1. */
+    int (*sync)(pot_device *d, pot *p);
+    /* pot_compact's K/V move (same keep list) done on the device. 0, or -1
+     * with the device's copy unchanged (pot_compact then takes the pot back
+     * to the host and compacts it there). */
+    int (*compact)(pot_device *d, pot *p, const int32_t *keep, int32_t n_keep);
+    /* Optional (NULL: none): dst's K/V slots [0, src->n) made on the device
+     * from src's (src->device == d), dst attached to d. 0, or -1 with dst
+     * unchanged (pot_copy then copies through the host). */
+    int (*copy)(pot_device *d, pot *dst, const pot *src);
+    /* Drops the device's copy without syncing; sets p->device = NULL. */
+    void (*release)(pot_device *d, pot *p);
+};
+
+/* Brings the host's K/V of p up to date when a device holds them (the host
+ * copy is a cache, hence const). 0, or -1 when the device failed. */
+int pot_host_sync(const pot *p);
+/* Makes the host authoritative again: sync, then release the device's copy.
+ * 0, or -1 when the sync failed (the device's copy is released anyway). */
+int pot_host_take(pot *p);
 
 /* ---- compression policies (cache/policy.c) -------------------------------------
  * Every policy is one primitive with different inputs: score the pot's slots,

@@ -115,6 +115,7 @@ int pot_cache_rotated_keys(pot *p) {
 
 void pot_free(pot *p) {
     if (!p) return;
+    if (p->device) p->device->release(p->device, p);
     free(p->k_rot);
     free(p->k);
     free(p->v);
@@ -139,6 +140,10 @@ static void store_row(const pot *p, void *base, size_t slot_index, const float *
 
 static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t n, float *dst) {
     size_t count = (size_t)n * p->head_dim;
+    if (pot_host_sync(p)) { /* the device failed: NaN rather than stale values */
+        for (size_t i = 0; i < count; i++) dst[i] = __builtin_nanf("");
+        return;
+    }
     if (p->dtype == POT_F32) {
         memcpy(dst, (const float *)base + slot_index * p->head_dim, count * sizeof(float));
         return;
@@ -147,6 +152,7 @@ static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t
 }
 
 void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v) {
+    pot_host_take(p); /* a host writer: the host holds the K/V from now on */
     size_t s = pot_slot(p, layer, head, slot);
     store_row(p, p->k, s, k);
     store_row(p, p->v, s, v);
@@ -195,12 +201,18 @@ int pot_copy(pot *dst, const pot *src) {
     if (dst->n_layer != src->n_layer || dst->n_head_kv != src->n_head_kv ||
         dst->head_dim != src->head_dim || dst->dtype != src->dtype || dst->capacity < src->n)
         return -1;
+    /* K/V copied on the device that holds src when it can, else through the host */
+    int kv_here = !src->device || !src->device->copy || src->device->copy(src->device, dst, src);
+    if (kv_here && pot_host_sync(src)) return -1;
+    if (kv_here && dst->device) dst->device->release(dst->device, dst);
     size_t row = (size_t)src->head_dim * elem_bytes(src->dtype), n = (size_t)src->n;
     for (int32_t l = 0; l < src->n_layer; l++)
         for (int32_t h = 0; h < src->n_head_kv; h++) {
             size_t s = pot_slot(src, l, h, 0), d = pot_slot(dst, l, h, 0);
-            memcpy((char *)dst->k + d * row, (const char *)src->k + s * row, n * row);
-            memcpy((char *)dst->v + d * row, (const char *)src->v + s * row, n * row);
+            if (kv_here) {
+                memcpy((char *)dst->k + d * row, (const char *)src->k + s * row, n * row);
+                memcpy((char *)dst->v + d * row, (const char *)src->v + s * row, n * row);
+            }
             memcpy(dst->token_index + d, src->token_index + s, n * sizeof *src->token_index);
             memcpy(dst->surprisal + d, src->surprisal + s, n * sizeof *src->surprisal);
             memcpy(dst->score_acc + d, src->score_acc + s, n * sizeof *src->score_acc);
@@ -217,6 +229,9 @@ int pot_copy(pot *dst, const pot *src) {
 
 void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
     size_t row = (size_t)p->head_dim * elem_bytes(p->dtype);
+    /* a device holding the K/V moves them there; the host moves the metadata */
+    int kv_here = !p->device || p->device->compact(p->device, p, keep, n_keep);
+    if (kv_here) pot_host_take(p);
     for (int32_t l = 0; l < p->n_layer; l++)
         for (int32_t h = 0; h < p->n_head_kv; h++) {
             const int32_t *idx = keep + ((size_t)l * p->n_head_kv + h) * n_keep;
@@ -226,8 +241,10 @@ void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
             for (int32_t i = 0; i < n_keep; i++) {
                 size_t from = base + (size_t)idx[i], to = base + (size_t)i;
                 if (from == to) continue;
-                memcpy((char *)p->k + to * row, (const char *)p->k + from * row, row);
-                memcpy((char *)p->v + to * row, (const char *)p->v + from * row, row);
+                if (kv_here) {
+                    memcpy((char *)p->k + to * row, (const char *)p->k + from * row, row);
+                    memcpy((char *)p->v + to * row, (const char *)p->v + from * row, row);
+                }
                 p->token_index[to] = p->token_index[from];
                 p->surprisal[to] = p->surprisal[from];
                 p->score_acc[to] = p->score_acc[from];

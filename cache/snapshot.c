@@ -309,6 +309,10 @@ int pot_snapshot_write_extra(const char *path, const pot *p, const pot_snapshot_
                  p->capacity, p->n_pinned);
         return -1;
     }
+    if (pot_host_sync(p)) { /* a device holds the K/V: the file needs them on the host */
+        snprintf(err, errlen, "snapshot %s: cannot read the pot back from the device", path);
+        return -1;
+    }
     size_t settings_len = strnlen(meta->settings, sizeof meta->settings);
     if (settings_len == sizeof meta->settings) {
         snprintf(err, errlen, "snapshot %s: settings are not NUL-terminated", path);

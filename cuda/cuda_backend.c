@@ -4,34 +4,23 @@
  *
  * Per forward: token embeddings for all spans' tokens at once; per layer RMS
  * norm, the Q/K/V products over all tokens (matvec on the quantised weights
- * for up to MATVEC_MAX_T tokens, else the weight dequantised to f32 and one
- * cublasGemmEx), biases; per span the new K/V stored (before RoPE) into the
- * span's pot mirror, the queries rotated, attention over [pot | span]
- * (flash-style kernel, split-K for a single query over a long pot) and the
- * score rows when asked; then the output product, residual, FFN (SwiGLU),
- * residual. Finally the new K/V slots are copied from the mirrors into the
- * host pots, logits and label log-probabilities are computed for the rows
- * asked for and copied to the span's arrays. Everything runs in order on one
- * stream; the host waits once at the end (and per chunk of label rows).
+ * for up to MATVEC_MAX_T tokens, else the weight dequantised (f32 exact, f16
+ * fast) and cublasGemmEx), biases, every query rotated to its slot; the
+ * single-token spans (decode) in one batched launch that stores their K/V
+ * and attends each over its own pot; every other span its K/V stored (before
+ * RoPE) into its pot on the device, attention over [pot | span] (flash-style
+ * kernel, split-K for a single query over a long pot) and the score rows
+ * when asked; then the output product, residual, FFN (SwiGLU), residual.
+ * Finally logits and label log-probabilities for the rows asked for, copied
+ * to the spans' arrays. Everything runs in order on one stream; the host
+ * waits once at the end (and per chunk of label rows). A forward of decode
+ * tokens only computes every row's logits in its body and runs that body as
+ * a CUDA graph (cuda_graph.c).
  *
- * Pot mirrors. A pot is a host struct the engine and the policies own; this
- * backend keeps, per pot address, a device copy of its K/V arrays (same
- * layout, same dtype) and n_synced, the slots known to equal the host's. The
- * cache/ module has no generation counter, so before each forward the mirror
- * checks the host pot: a different K/V array, capacity or dtype reallocates
- * it; a count below n_synced (pot_compact, pot_truncate) or a changed
- * fingerprint of the first n_synced slots (pot_copy into the pot, a snapshot
- * read into a reused address) uploads all valid slots again; slots the host
- * appended beyond n_synced are uploaded alone. The fingerprint hashes every
- * valid slot's token_index (compaction moves them) and the K/V bytes of the
- * first and last valid slot of each (layer, head): O(n_layer * n_head_kv * n)
- * host reads, small beside a forward. It cannot see a change that keeps
- * those (another writer rewriting middle slots in place with the same token
- * indices); nothing in potserve does that. New tokens' K/V are written on the
- * device and copied back into the host pot, so host and mirror hold the same
- * bytes (f16 rounding is round-to-nearest-even on both sides). Mirrors are
- * evicted least recently used beyond MAX_MIRRORS or when device memory runs
- * short; cuda_backend_forget_pot drops one at once. */
+ * Pots live in device memory (cuda_pots.c): a span's pot is attached on its
+ * first forward (its valid slots uploaded once) and from then on the new
+ * K/V are written on the device only; the host's copy is synced when host
+ * code reads it, compaction gathers on the device. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -40,6 +29,7 @@
 #include <string.h>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_internal.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
 #include "engine/cpu/rope.h"
@@ -47,59 +37,12 @@
 #include "engine/quant.h"
 
 enum {
-    MATVEC_MAX_T = 8,    /* up to this many tokens the products read the quantised weights */
+    MATVEC_MAX_T = 16,   /* up to this many tokens the products read the quantised weights: a
+                            decode batch of 16 reads the weights twice (matvec.cu groups 8 rows)
+                            instead of writing and reading them as f32 for cuBLAS */
     LOGIT_ROWS = 64,     /* rows of logits computed at once */
-    MAX_MIRRORS = 64,    /* pot mirrors kept before the least recently used goes */
     WBUF_MIN = 1 << 22,  /* floats of the dequantisation buffer at least (16 MiB) */
 };
-
-typedef struct dev_weight {
-    void *data;
-    uint32_t type;
-    int64_t rows, cols;
-    size_t row_bytes;
-} dev_weight;
-
-typedef struct dev_layer {
-    float *attn_norm, *ffn_norm, *bq, *bk, *bv;
-    dev_weight wq, wk, wv, wo, gate, up, down;
-} dev_layer;
-
-typedef struct pot_mirror {
-    const pot *key;               /* the host pot (compared, never dereferenced when stale) */
-    const void *host_k, *host_v;  /* its arrays when the mirror was made */
-    int32_t capacity, dtype;
-    void *k, *v;                  /* device: [n_layer][n_head_kv][capacity][head_dim] of dtype */
-    int32_t n_synced;             /* slots [0, n_synced) equal the host's */
-    uint64_t fingerprint;         /* pot_fingerprint(host, n_synced) then */
-    uint64_t last_use;
-} pot_mirror;
-
-/* A device buffer that only grows. */
-typedef struct dbuf {
-    void *p;
-    size_t bytes;
-} dbuf;
-
-typedef struct cuda_backend {
-    backend base;
-    const model *m;
-    int exact;
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    dev_weight tok_embd, output;
-    float *output_norm;
-    dev_layer *layers;
-    void **allocs; /* every weight allocation, for free */
-    size_t n_allocs, cap_allocs;
-    cuda_rope rope;
-    float *wbuf; /* dequantised weight rows */
-    size_t wbuf_floats;
-    dbuf x, xn, xb, q, k, v, att, hb, hb2, lse, partial, scores, slots, tokens, logits, rows, labels, lp;
-    pot_mirror *mirrors;
-    int n_mirrors;
-    uint64_t clock;
-} cuda_backend;
 
 /* ---- errors --------------------------------------------------------------------- */
 
@@ -155,167 +98,17 @@ static float *upload_vec(cuda_backend *cb, const float *v, int64_t n) {
     return v ? upload(cb, v, (size_t)n * sizeof(float)) : NULL;
 }
 
-/* Grows b to at least bytes (contents lost). */
-static cudaError_t dbuf_need(dbuf *b, size_t bytes) {
-    if (b->bytes >= bytes && b->p) return cudaSuccess;
-    cudaFree(b->p);
-    b->p = NULL;
-    b->bytes = 0;
-    size_t want = bytes > 256 ? bytes : 256;
-    cudaError_t e = cudaMalloc(&b->p, want);
-    if (e == cudaSuccess) b->bytes = want;
-    return e;
-}
-
-static void dbuf_free(dbuf *b) {
-    cudaFree(b->p);
-    b->p = NULL;
-    b->bytes = 0;
-}
-
-/* ---- pot mirrors --------------------------------------------------------------------- */
-
 static size_t pot_esize(const pot *p) { return p->dtype == POT_F16 ? 2 : 4; }
-
-static uint64_t mix(uint64_t h, uint64_t w) {
-    h ^= w + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdULL;
-}
-
-static uint64_t mix_bytes(uint64_t h, const void *data, size_t n) {
-    const unsigned char *b = data;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = mix(h, w);
-    }
-    for (; i < n; i++) h = mix(h, b[i]);
-    return h;
-}
-
-/* The fingerprint of slots [0, n) (see the file comment). */
-static uint64_t pot_fingerprint(const pot *p, int32_t n) {
-    uint64_t h = mix(0x5eed, (uint64_t)n);
-    if (n <= 0) return h;
-    size_t row = (size_t)p->head_dim * pot_esize(p);
-    for (int32_t l = 0; l < p->n_layer; l++)
-        for (int32_t g = 0; g < p->n_head_kv; g++) {
-            size_t s0 = pot_slot(p, l, g, 0), s1 = pot_slot(p, l, g, n - 1);
-            h = mix_bytes(h, p->token_index + s0, (size_t)n * sizeof(int64_t));
-            h = mix_bytes(h, (const char *)p->k + s0 * row, row);
-            h = mix_bytes(h, (const char *)p->k + s1 * row, row);
-            h = mix_bytes(h, (const char *)p->v + s0 * row, row);
-            h = mix_bytes(h, (const char *)p->v + s1 * row, row);
-        }
-    return h;
-}
-
-static void mirror_release(pot_mirror *mr) {
-    cudaFree(mr->k);
-    cudaFree(mr->v);
-    memset(mr, 0, sizeof *mr);
-}
-
-static void mirror_remove(cuda_backend *cb, int i) {
-    mirror_release(&cb->mirrors[i]);
-    cb->mirrors[i] = cb->mirrors[--cb->n_mirrors];
-}
-
-/* Evicts the least recently used mirror not used since `since`; 0 if one went. */
-static int mirror_evict(cuda_backend *cb, uint64_t since) {
-    int best = -1;
-    for (int i = 0; i < cb->n_mirrors; i++)
-        if (cb->mirrors[i].last_use < since && (best < 0 || cb->mirrors[i].last_use < cb->mirrors[best].last_use))
-            best = i;
-    if (best < 0) return -1;
-    mirror_remove(cb, best);
-    return 0;
-}
-
-static pot_mirror *mirror_find(cuda_backend *cb, const pot *p) {
-    for (int i = 0; i < cb->n_mirrors; i++)
-        if (cb->mirrors[i].key == p) return &cb->mirrors[i];
-    return NULL;
-}
-
-/* Copies slots [s0, s1) of every (layer, head) host -> mirror (dir 0) or
- * mirror -> host (dir 1), on the stream. */
-static cudaError_t mirror_copy(cuda_backend *cb, pot_mirror *mr, pot *p, int32_t s0, int32_t s1, int dir) {
-    if (s1 <= s0) return cudaSuccess;
-    size_t row = (size_t)p->head_dim * pot_esize(p), pitch = (size_t)p->capacity * row;
-    size_t off = (size_t)s0 * row, width = (size_t)(s1 - s0) * row, height = (size_t)p->n_layer * p->n_head_kv;
-    cudaError_t e;
-    if (dir == 0) {
-        e = cudaMemcpy2DAsync((char *)mr->k + off, pitch, (const char *)p->k + off, pitch, width, height,
-                              cudaMemcpyHostToDevice, cb->stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync((char *)mr->v + off, pitch, (const char *)p->v + off, pitch, width, height,
-                                  cudaMemcpyHostToDevice, cb->stream);
-    } else {
-        e = cudaMemcpy2DAsync((char *)p->k + off, pitch, (const char *)mr->k + off, pitch, width, height,
-                              cudaMemcpyDeviceToHost, cb->stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync((char *)p->v + off, pitch, (const char *)mr->v + off, pitch, width, height,
-                                  cudaMemcpyDeviceToHost, cb->stream);
-    }
-    return e;
-}
-
-/* The mirror of p, brought up to the host's p->n valid slots (uploads queued
- * on the stream). NULL + err when device memory is short. */
-static pot_mirror *mirror_sync(cuda_backend *cb, pot *p, uint64_t now, char *err, size_t errlen) {
-    pot_mirror *mr = mirror_find(cb, p);
-    if (mr && (mr->host_k != p->k || mr->host_v != p->v || mr->capacity != p->capacity || mr->dtype != (int32_t)p->dtype)) {
-        mirror_remove(cb, (int)(mr - cb->mirrors));
-        mr = NULL;
-    }
-    if (!mr) {
-        if (cb->n_mirrors == MAX_MIRRORS && mirror_evict(cb, now)) {
-            snprintf(err, errlen, "cuda backend: more than %d pots in one forward", MAX_MIRRORS);
-            return NULL;
-        }
-        mr = &cb->mirrors[cb->n_mirrors];
-        memset(mr, 0, sizeof *mr);
-        size_t bytes = (size_t)p->n_layer * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
-        for (;;) {
-            cudaError_t ek = cudaMalloc(&mr->k, bytes), ev = ek == cudaSuccess ? cudaMalloc(&mr->v, bytes) : ek;
-            if (ev == cudaSuccess) break;
-            cudaFree(mr->k);
-            mr->k = mr->v = NULL;
-            cudaGetLastError(); /* clear the allocation error */
-            if (mirror_evict(cb, now)) {
-                snprintf(err, errlen, "cuda backend: out of device memory for a pot of %d slots", p->capacity);
-                return NULL;
-            }
-            mr = &cb->mirrors[cb->n_mirrors]; /* eviction moved the array's tail */
-            memset(mr, 0, sizeof *mr);
-        }
-        cb->n_mirrors++;
-        mr->key = p;
-        mr->host_k = p->k;
-        mr->host_v = p->v;
-        mr->capacity = p->capacity;
-        mr->dtype = (int32_t)p->dtype;
-        mr->n_synced = 0;
-        mr->fingerprint = pot_fingerprint(p, 0);
-    }
-    mr->last_use = now;
-    if (p->n < mr->n_synced || pot_fingerprint(p, mr->n_synced) != mr->fingerprint) mr->n_synced = 0;
-    if (p->n > mr->n_synced) {
-        cudaError_t e = mirror_copy(cb, mr, p, mr->n_synced, p->n, 0);
-        if (e != cudaSuccess) {
-            snprintf(err, errlen, "cuda backend: uploading a pot: %s", cudaGetErrorString(e));
-            return NULL;
-        }
-    }
-    /* n_synced and the fingerprint are set once the forward has succeeded */
-    return mr;
-}
 
 /* ---- matrix products ----------------------------------------------------------------- */
 
-/* out[t][r] = dot(W row r, x[t]) for t < T (x [T][cols], out [T][rows]). */
+/* out[t][r] = dot(W row r, x[t]) for t < T (x [T][cols], out [T][rows]).
+ * Up to MATVEC_MAX_T rows: the quantised weights read directly. More: the
+ * weight dequantised in row chunks into wbuf and one GEMM per chunk; exact
+ * in f32 (the CPU reference's numbers), else f16 operands with f32
+ * accumulation on the tensor cores (half the dequantisation traffic of f32,
+ * twice TF32's rate; activations rounded to f16 as llama.cpp's cuBLAS path
+ * does). */
 static int matmul(cuda_backend *cb, const dev_weight *w, const float *x, int64_t T, float *out, char *err,
                   size_t errlen) {
     if (T <= MATVEC_MAX_T) {
@@ -325,16 +118,24 @@ static int matmul(cuda_backend *cb, const dev_weight *w, const float *x, int64_t
     int64_t chunk = (int64_t)(cb->wbuf_floats / (size_t)w->cols);
     if (chunk > w->rows) chunk = w->rows;
     const float one = 1.0f, zero = 0.0f;
-    cublasComputeType_t ct = cb->exact ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    cudaDataType in_type = cb->exact ? CUDA_R_32F : CUDA_R_16F;
+    const void *xin = x;
+    if (!cb->exact) {
+        CK(cuda_f32_to_f16(cb->xh.p, x, T * w->cols, cb->stream));
+        xin = cb->xh.p;
+    }
     for (int64_t r0 = 0; r0 < w->rows; r0 += chunk) {
         int64_t n = w->rows - r0 < chunk ? w->rows - r0 : chunk;
-        CK(cuda_dequantize_rows(cb->wbuf, (const char *)w->data + (size_t)r0 * w->row_bytes, w->type, w->row_bytes, n,
-                                w->cols, cb->stream));
-        /* column-major: out^T (rows x T, ld rows) = W_chunk^T^T ... i.e. C = op(A) B with
-         * A = W_chunk stored as cols x n (ld cols), op = T; B = x^T, cols x T (ld cols) */
+        const void *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (cb->exact)
+            CK(cuda_dequantize_rows(cb->wbuf, rows, w->type, w->row_bytes, n, w->cols, cb->stream));
+        else
+            CK(cuda_dequantize_rows_f16(cb->wbuf, rows, w->type, w->row_bytes, n, w->cols, cb->stream));
+        /* column-major: out^T (rows x T, ld rows) = op(A) B with A = the weight chunk
+         * stored as cols x n (ld cols), op = T; B = x^T, cols x T (ld cols) */
         cublasStatus_t s = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)w->cols, &one,
-                                        cb->wbuf, CUDA_R_32F, (int)w->cols, x, CUDA_R_32F, (int)w->cols, &zero,
-                                        out + r0, CUDA_R_32F, (int)w->rows, ct, CUBLAS_GEMM_DEFAULT);
+                                        cb->wbuf, in_type, (int)w->cols, xin, in_type, (int)w->cols, &zero,
+                                        out + r0, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
             snprintf(err, errlen, "cuda backend: cublasGemmEx: %s", cublasGetStatusString(s));
             return -1;
@@ -345,21 +146,39 @@ fail:
     return -1;
 }
 
-/* ---- span checks (the CPU backend's rules) --------------------------------------------- */
-
-
 /* ---- the forward pass -------------------------------------------------------------------- */
 
 typedef struct span_plan {
-    pot_mirror *mr;
+    dev_pot *dp;
     int64_t t0;          /* first row of the span in the batch */
     int32_t n0, n_pre;   /* slots before the span; pot keys attended */
     int32_t n_split;
+    int batched;         /* a single token in the batched decode launch */
     size_t scores_at;    /* floats into cb->scores */
     size_t slots_at;     /* ints into cb->slots */
 } span_plan;
 
+/* Everything a forward runs, decided before anything is queued. */
+typedef struct fwd_plan {
+    backend_span *spans;
+    span_plan *sp;
+    int32_t n_spans;
+    int64_t T;
+    int32_t n_batched;   /* spans in the batched decode launch (rows of cb->batch's descriptors) */
+    int32_t batch_dtype;
+    int32_t grid_splits; /* of the batched launch: from the key-count bucket */
+    int decode_only;     /* every span batched, no scores or labels: the LM head runs for all rows
+                            inside the body and the logits come back in one copy */
+    int graph;           /* ... and the body runs as a captured CUDA graph */
+} fwd_plan;
+
 #define F(b) ((float *)(b).p)
+
+/* The batched launch's descriptors and every row's position, in cb->batch. */
+static cuda_attn_desc *batch_desc(cuda_backend *cb) { return (cuda_attn_desc *)cb->batch.p; }
+static int32_t *batch_pos(cuda_backend *cb, const fwd_plan *fp) {
+    return (int32_t *)((char *)cb->batch.p + (size_t)fp->n_batched * sizeof(cuda_attn_desc));
+}
 
 /* Final norm + LM head for rows [r0, r0 + n) of x into cb->logits ([n][n_vocab]). */
 static int lm_head(cuda_backend *cb, const float *x_rows, int64_t n, char *err, size_t errlen) {
@@ -370,29 +189,21 @@ fail:
     return -1;
 }
 
-static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32_t n_spans, span_plan *plan,
-                         int64_t T, char *err, size_t errlen) {
+/* The attention of the spans outside the batched launch: K/V stored, then
+ * attention over [pot | span] and the score rows, span by span. */
+static int span_attention(cuda_backend *cb, int32_t l, const fwd_plan *fp, char *err, size_t errlen) {
     const model *m = cb->m;
-    const dev_layer *L = &cb->layers[l];
-    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
-    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x), L->attn_norm, T, d, m->norm_eps, cb->stream));
-    if (matmul(cb, &L->wq, F(cb->xn), T, F(cb->q), err, errlen) || matmul(cb, &L->wk, F(cb->xn), T, F(cb->k), err, errlen) ||
-        matmul(cb, &L->wv, F(cb->xn), T, F(cb->v), err, errlen))
-        return -1;
-    if (L->bq) CK(cuda_add_bias_f32(F(cb->q), L->bq, T, dq, cb->stream));
-    if (L->bk) CK(cuda_add_bias_f32(F(cb->k), L->bk, T, dkv, cb->stream));
-    if (L->bv) CK(cuda_add_bias_f32(F(cb->v), L->bv, T, dkv, cb->stream));
-
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        span_plan *pl = &plan[s];
+    int64_t hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        backend_span *sp = &fp->spans[s];
+        const span_plan *pl = &fp->sp[s];
+        if (pl->batched) continue;
         pot *p = sp->kv;
         size_t layer_off = (size_t)l * p->n_head_kv * p->capacity * p->head_dim * pot_esize(p);
-        void *kl = (char *)pl->mr->k + layer_off, *vl = (char *)pl->mr->v + layer_off;
+        void *kl = (char *)pl->dp->k + layer_off, *vl = (char *)pl->dp->v + layer_off;
         float *q = F(cb->q) + pl->t0 * dq;
         CK(cuda_pot_store(kl, vl, (int32_t)p->dtype, p->capacity, p->n_head_kv, p->head_dim, F(cb->k) + pl->t0 * dkv,
                           F(cb->v) + pl->t0 * dkv, pl->n0, sp->n_tokens, cb->stream));
-        CK(cuda_rope_f32(q, sp->n_tokens, m->n_head, m->head_dim, NULL, pl->n0, &cb->rope, cb->stream));
         cuda_attn a = {q, F(cb->att) + pl->t0 * dq, sp->scores ? F(cb->lse) : NULL, kl, vl, (int32_t)p->dtype,
                        p->capacity, m->n_head, m->n_head_kv, m->head_dim,
                        sp->attend_slots ? (const int32_t *)cb->slots.p + pl->slots_at +
@@ -407,6 +218,32 @@ static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32
                                      sp->score_combine == BACKEND_SCORE_MAX, dst, cb->stream));
         }
     }
+    return 0;
+fail:
+    return -1;
+}
+
+static int forward_layer(cuda_backend *cb, int32_t l, const fwd_plan *fp, char *err, size_t errlen) {
+    const model *m = cb->m;
+    const dev_layer *L = &cb->layers[l];
+    int64_t T = fp->T, d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x), L->attn_norm, T, d, m->norm_eps, cb->stream));
+    if (matmul(cb, &L->wq, F(cb->xn), T, F(cb->q), err, errlen) || matmul(cb, &L->wk, F(cb->xn), T, F(cb->k), err, errlen) ||
+        matmul(cb, &L->wv, F(cb->xn), T, F(cb->v), err, errlen))
+        return -1;
+    if (L->bq) CK(cuda_add_bias_f32(F(cb->q), L->bq, T, dq, cb->stream));
+    if (L->bk) CK(cuda_add_bias_f32(F(cb->k), L->bk, T, dkv, cb->stream));
+    if (L->bv) CK(cuda_add_bias_f32(F(cb->v), L->bv, T, dkv, cb->stream));
+    /* every row's query rotated to its slot in one launch (positions in device memory) */
+    CK(cuda_rope_f32(F(cb->q), T, m->n_head, m->head_dim, batch_pos(cb, fp), 0, &cb->rope, cb->stream));
+    if (fp->n_batched) {
+        CK(cuda_pot_store_batch(batch_desc(cb), fp->n_batched, l, fp->batch_dtype, m->n_head_kv, m->head_dim, F(cb->k),
+                                F(cb->v), cb->stream));
+        cuda_attn_batch ab = {batch_desc(cb), fp->n_batched, l, fp->batch_dtype, m->n_head, m->n_head_kv,
+                              m->head_dim, F(cb->q), F(cb->att), 1.0f / sqrtf((float)m->head_dim)};
+        CK(cuda_attention_batch_f32(&ab, &cb->rope, fp->grid_splits, F(cb->partial), cb->stream));
+    }
+    if (span_attention(cb, l, fp, err, errlen)) return -1;
     if (matmul(cb, &L->wo, F(cb->att), T, F(cb->xb), err, errlen)) return -1;
     CK(cuda_add_rmsnorm_f32(F(cb->xn), F(cb->x), F(cb->xb), L->ffn_norm, T, d, m->norm_eps, cb->stream));
     if (matmul(cb, &L->gate, F(cb->xn), T, F(cb->hb), err, errlen) ||
@@ -415,6 +252,21 @@ static int forward_layer(cuda_backend *cb, int32_t l, backend_span *spans, int32
     CK(cuda_swiglu_f32(F(cb->hb), F(cb->hb2), T * m->n_ff, cb->stream));
     if (matmul(cb, &L->down, F(cb->hb), T, F(cb->xb), err, errlen)) return -1;
     CK(cuda_add_f32(F(cb->x), F(cb->xb), T * d, cb->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Everything between the inputs' upload and the outputs' download, reading
+ * only device memory: what a decode graph captures. */
+static int forward_body(cuda_backend *cb, void *arg, char *err, size_t errlen) {
+    const fwd_plan *fp = arg;
+    const model *m = cb->m;
+    CK(cuda_embed_rows(F(cb->x), cb->tok_embd.data, cb->tok_embd.type, cb->tok_embd.row_bytes, m->n_embd,
+                       cb->tokens.p, fp->T, cb->stream));
+    for (int32_t l = 0; l < m->n_layer; l++)
+        if (forward_layer(cb, l, fp, err, errlen)) return -1;
+    if (fp->decode_only && lm_head(cb, F(cb->x), fp->T, err, errlen)) return -1;
     return 0;
 fail:
     return -1;
@@ -451,50 +303,59 @@ fail:
     return -1;
 }
 
-static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
-    cuda_backend *cb = (cuda_backend *)b;
+/* The key-count bucket of a batched launch: the next power of two from 512
+ * (each bucket one grid-split count, one graph per batch size). */
+static int32_t key_bucket(int32_t keys) {
+    int32_t b = 512;
+    while (b < keys && b < (1 << 30)) b *= 2;
+    return b;
+}
+
+/* Decides what runs where (fp->sp filled) and the buffer sizes. */
+static void plan_forward(cuda_backend *cb, fwd_plan *fp, size_t *n_partial, size_t *n_scores, size_t *n_slots,
+                         int64_t *max_q) {
     const model *m = cb->m;
-    if (n_spans <= 0) {
-        snprintf(err, errlen, "forward: no spans");
-        return -1;
-    }
-    int64_t n_rows, max_keys;
-    if (backend_check_spans(m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
-    for (int32_t s = 0; s < n_spans; s++)
-        if (spans[s].kv->original_positions || spans[s].score_row_weight) {
-            /* the kernels rotate by slot (pot_rope_pos) and sum score rows unweighted */
-            snprintf(err, errlen, "forward: %s need the CPU backend",
-                     spans[s].score_row_weight ? "weighted score rows (cascade)"
-                                               : "original positions (no context reset)");
-            return -1;
-        }
-    span_plan *plan = calloc((size_t)n_spans, sizeof *plan);
-    int32_t *tokens = NULL;
-    if (!plan) {
-        snprintf(err, errlen, "forward: out of memory");
-        return -1;
-    }
-    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
-    int64_t T = 0, max_q = 0;
-    size_t n_scores = 0, n_slots = 0, n_partial = 0;
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        span_plan *pl = &plan[s];
-        pl->t0 = T;
+    int32_t max_batched_keys = 0;
+    int labels = 0;
+    fp->batch_dtype = -1;
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        backend_span *sp = &fp->spans[s];
+        span_plan *pl = &fp->sp[s];
+        pl->t0 = fp->T;
         pl->n0 = sp->kv->n;
         pl->n_pre = sp->attend_slots ? sp->n_attend : pl->n0;
+        /* a decode token joins the batched launch (one dtype per launch) */
+        pl->batched = sp->n_tokens == 1 && !sp->scores &&
+                      (fp->batch_dtype < 0 || fp->batch_dtype == (int32_t)sp->kv->dtype);
+        if (pl->batched) {
+            fp->batch_dtype = (int32_t)sp->kv->dtype;
+            fp->n_batched++;
+            if (pl->n_pre + 1 > max_batched_keys) max_batched_keys = pl->n_pre + 1;
+        }
         pl->n_split = cuda_attention_splits(sp->n_tokens, pl->n_pre + sp->n_tokens);
         size_t part = cuda_attention_scratch_floats(sp->n_tokens, m->n_head, m->head_dim, pl->n_split);
-        if (part > n_partial) n_partial = part;
-        pl->scores_at = n_scores;
-        if (sp->scores) n_scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
-        pl->slots_at = n_slots;
-        if (sp->attend_slots) n_slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
-        T += sp->n_tokens;
-        if (sp->n_tokens > max_q) max_q = sp->n_tokens;
+        if (part > *n_partial) *n_partial = part;
+        pl->scores_at = *n_scores;
+        if (sp->scores) *n_scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
+        pl->slots_at = *n_slots;
+        if (sp->attend_slots) *n_slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
+        fp->T += sp->n_tokens;
+        if (sp->n_tokens > *max_q) *max_q = sp->n_tokens;
+        labels |= sp->labels != NULL;
     }
-    int64_t wide = d > dq ? d : dq;
-    int64_t lrows = T > LOGIT_ROWS ? T : LOGIT_ROWS;
+    fp->grid_splits = fp->n_batched ? cuda_attention_batch_splits(key_bucket(max_batched_keys)) : 1;
+    size_t part = cuda_attention_batch_scratch_floats(fp->n_batched, m->n_head, m->head_dim, fp->grid_splits);
+    if (part > *n_partial) *n_partial = part;
+    fp->decode_only = fp->n_batched == fp->n_spans && !labels && fp->T <= LOGIT_ROWS;
+    fp->graph = fp->decode_only && cb->use_graphs && fp->T <= MATVEC_MAX_T;
+}
+
+/* The device buffers the plan needs. */
+static int size_buffers(cuda_backend *cb, const fwd_plan *fp, size_t n_partial, size_t n_scores, size_t n_slots,
+                        int64_t max_q, char *err, size_t errlen) {
+    const model *m = cb->m;
+    int64_t T = fp->T, d = m->n_embd, dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
+    int64_t wide = d > dq ? d : dq, lrows = T > LOGIT_ROWS ? T : LOGIT_ROWS;
     CK(dbuf_need(&cb->x, (size_t)T * d * sizeof(float)));
     CK(dbuf_need(&cb->xn, (size_t)lrows * wide * sizeof(float)));
     CK(dbuf_need(&cb->xb, (size_t)lrows * wide * sizeof(float)));
@@ -510,35 +371,69 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     CK(dbuf_need(&cb->slots, n_slots * sizeof(int32_t)));
     CK(dbuf_need(&cb->tokens, (size_t)T * sizeof(int32_t)));
     CK(dbuf_need(&cb->logits, (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float)));
-
-    uint64_t now = ++cb->clock;
-    for (int32_t s = 0; s < n_spans; s++)
-        if (!(plan[s].mr = mirror_sync(cb, spans[s].kv, now, err, errlen))) goto out;
-    /* mirror_sync may have moved the array (an eviction): look them up again */
-    for (int32_t s = 0; s < n_spans; s++) plan[s].mr = mirror_find(cb, spans[s].kv);
-
-    tokens = malloc((size_t)T * sizeof(int32_t));
-    if (!tokens) {
-        snprintf(err, errlen, "forward: out of memory");
-        goto out;
+    CK(dbuf_need(&cb->batch, (size_t)fp->n_batched * sizeof(cuda_attn_desc) + (size_t)T * sizeof(int32_t)));
+    if (!cb->exact && T > MATVEC_MAX_T) { /* the GEMMs' f16 activations: the widest input is n_ff */
+        int64_t widest = wide > m->n_ff ? wide : m->n_ff;
+        CK(dbuf_need(&cb->xh, (size_t)T * widest * 2));
     }
-    for (int32_t s = 0, t = 0; s < n_spans; s++)
-        for (int32_t i = 0; i < spans[s].n_tokens; i++) tokens[t++] = spans[s].tokens[i];
-    CK(cudaMemcpyAsync(cb->tokens.p, tokens, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
-    for (int32_t s = 0; s < n_spans; s++)
-        if (spans[s].attend_slots)
-            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + plan[s].slots_at, spans[s].attend_slots,
-                               (size_t)m->n_layer * m->n_head_kv * spans[s].n_attend * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, cb->stream));
-    CK(cuda_embed_rows(F(cb->x), cb->tok_embd.data, cb->tok_embd.type, cb->tok_embd.row_bytes, d, cb->tokens.p, T,
-                       cb->stream));
-    for (int32_t l = 0; l < m->n_layer; l++)
-        if (forward_layer(cb, l, spans, n_spans, plan, T, err, errlen)) goto out;
+    return 0;
+fail:
+    return -1;
+}
 
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        span_plan *pl = &plan[s];
-        CK(mirror_copy(cb, pl->mr, sp->kv, pl->n0, pl->n0 + sp->n_tokens, 1));
+/* Tokens, positions, the batched launch's descriptors and the attended
+ * slots, staged on the host and copied up (before a graph launch: copies
+ * from pageable memory are not captured). */
+static int upload_inputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t errlen) {
+    const model *m = cb->m;
+    size_t desc_bytes = (size_t)fp->n_batched * sizeof(cuda_attn_desc);
+    char *stage = malloc(desc_bytes + (size_t)fp->T * 2 * sizeof(int32_t));
+    if (!stage) {
+        snprintf(err, errlen, "forward: out of memory");
+        return -1;
+    }
+    cuda_attn_desc *desc = (cuda_attn_desc *)stage;
+    int32_t *pos = (int32_t *)(stage + desc_bytes), *tokens = pos + fp->T;
+    for (int32_t s = 0, t = 0, b = 0; s < fp->n_spans; s++) {
+        const backend_span *sp = &fp->spans[s];
+        const span_plan *pl = &fp->sp[s];
+        for (int32_t i = 0; i < sp->n_tokens; i++, t++) {
+            tokens[t] = sp->tokens[i];
+            pos[t] = pl->n0 + i;
+        }
+        if (pl->batched)
+            desc[b++] = (cuda_attn_desc){(int32_t)pl->t0, pl->n0, pl->n_pre, sp->kv->capacity, pl->dp->k, pl->dp->v,
+                                         sp->attend_slots ? (const int32_t *)cb->slots.p + pl->slots_at : NULL};
+    }
+    CK(cudaMemcpyAsync(cb->batch.p, stage, desc_bytes + (size_t)fp->T * sizeof(int32_t), cudaMemcpyHostToDevice,
+                       cb->stream));
+    CK(cudaMemcpyAsync(cb->tokens.p, tokens, (size_t)fp->T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
+    for (int32_t s = 0; s < fp->n_spans; s++)
+        if (fp->spans[s].attend_slots)
+            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + fp->sp[s].slots_at, fp->spans[s].attend_slots,
+                               (size_t)m->n_layer * m->n_head_kv * fp->spans[s].n_attend * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, cb->stream));
+    free(stage); /* pageable copies have read their source when they return */
+    return 0;
+fail:
+    free(stage);
+    return -1;
+}
+
+/* Scores, logits and label log-probabilities to the spans' arrays. */
+static int download_outputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t errlen) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd;
+    if (fp->decode_only) { /* the body computed every row's logits */
+        for (int32_t s = 0; s < fp->n_spans; s++)
+            if (fp->spans[s].logits_mode != BACKEND_LOGITS_NONE)
+                CK(cudaMemcpyAsync(fp->spans[s].logits, F(cb->logits) + (size_t)fp->sp[s].t0 * m->n_vocab,
+                                   (size_t)m->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
+        return 0;
+    }
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        backend_span *sp = &fp->spans[s];
+        const span_plan *pl = &fp->sp[s];
         if (sp->scores)
             CK(cudaMemcpyAsync(sp->scores, F(cb->scores) + pl->scores_at,
                                (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens) * sizeof(float),
@@ -547,7 +442,7 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
             int64_t first = sp->logits_mode == BACKEND_LOGITS_LAST ? sp->n_tokens - 1 : 0;
             for (int64_t r = first; r < sp->n_tokens; r += LOGIT_ROWS) {
                 int64_t n = sp->n_tokens - r < LOGIT_ROWS ? sp->n_tokens - r : LOGIT_ROWS;
-                if (lm_head(cb, F(cb->x) + (pl->t0 + r) * d, n, err, errlen)) goto out;
+                if (lm_head(cb, F(cb->x) + (pl->t0 + r) * d, n, err, errlen)) return -1;
                 CK(cudaMemcpyAsync(sp->logits + (size_t)(r - first) * m->n_vocab, cb->logits.p,
                                    (size_t)n * m->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
                 CK(cudaStreamSynchronize(cb->stream)); /* the logits buffer is reused */
@@ -557,28 +452,78 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
             CK(dbuf_need(&cb->rows, LOGIT_ROWS * sizeof(int32_t)));
             CK(dbuf_need(&cb->labels, LOGIT_ROWS * sizeof(int32_t)));
             CK(dbuf_need(&cb->lp, LOGIT_ROWS * sizeof(float)));
-            if (span_labels(cb, sp, pl->t0, err, errlen)) goto out;
+            if (span_labels(cb, sp, pl->t0, err, errlen)) return -1;
         }
     }
+    return 0;
+fail:
+    return -1;
+}
+
+/* A signature of the buffers a graph reads and writes: a graph captured with
+ * other addresses is stale. */
+static uint64_t buffers_signature(const cuda_backend *cb) {
+    const void *ps[] = {cb->x.p,  cb->xn.p,    cb->xb.p,     cb->q.p,      cb->k.p,     cb->v.p,
+                        cb->att.p, cb->hb.p,   cb->hb2.p,    cb->partial.p, cb->tokens.p, cb->logits.p,
+                        cb->batch.p, cb->slots.p};
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) h = (h ^ (uint64_t)(uintptr_t)ps[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (n_spans <= 0) {
+        snprintf(err, errlen, "forward: no spans");
+        return -1;
+    }
+    int64_t n_rows, max_keys, max_q = 0;
+    if (backend_check_spans(cb->m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
+    for (int32_t s = 0; s < n_spans; s++)
+        if (spans[s].kv->original_positions || spans[s].score_row_weight) {
+            /* the kernels rotate by slot (pot_rope_pos) and sum score rows unweighted */
+            snprintf(err, errlen, "forward: %s need the CPU backend",
+                     spans[s].score_row_weight ? "weighted score rows (cascade)"
+                                               : "original positions (no context reset)");
+            return -1;
+        }
+    fwd_plan fp = {.spans = spans, .sp = calloc((size_t)n_spans, sizeof(span_plan)), .n_spans = n_spans};
+    if (!fp.sp) {
+        snprintf(err, errlen, "forward: out of memory");
+        return -1;
+    }
+    size_t n_partial = 0, n_scores = 0, n_slots = 0;
+    plan_forward(cb, &fp, &n_partial, &n_scores, &n_slots, &max_q);
+    if (size_buffers(cb, &fp, n_partial, n_scores, n_slots, max_q, err, errlen)) goto out;
+
+    uint64_t now = ++cb->clock;
+    for (int32_t s = 0; s < n_spans; s++)
+        if (cuda_pot_is_ours(cb, spans[s].kv)) ((dev_pot *)spans[s].kv->device)->last_use = now;
+    /* (the pots of this forward marked first: making room for one never evicts another) */
+    for (int32_t s = 0; s < n_spans; s++) {
+        if (!(fp.sp[s].dp = cuda_pot_acquire(cb, spans[s].kv, now, err, errlen))) goto out;
+        /* the slots from n0 on are about to change on the device */
+        if (fp.sp[s].dp->n_host > fp.sp[s].n0) fp.sp[s].dp->n_host = fp.sp[s].n0;
+    }
+    if (upload_inputs(cb, &fp, err, errlen)) goto out;
+    if (fp.graph) {
+        cuda_graph_key key = {(int32_t)fp.T, fp.grid_splits, fp.batch_dtype, buffers_signature(cb)};
+        if (cuda_graph_run(cb, &key, forward_body, &fp, err, errlen)) goto out;
+    } else if (forward_body(cb, &fp, err, errlen)) {
+        goto out;
+    }
+    if (download_outputs(cb, &fp, err, errlen)) goto out;
     CK(cudaStreamSynchronize(cb->stream));
     CK(cudaGetLastError());
 
-    for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        pot *p = sp->kv;
-        pot_append_done(p, sp->n_tokens);
-        plan[s].mr->n_synced = p->n;
-        plan[s].mr->fingerprint = pot_fingerprint(p, p->n);
-    }
-    free(tokens);
-    free(plan);
+    for (int32_t s = 0; s < n_spans; s++) pot_append_done(spans[s].kv, spans[s].n_tokens);
+    free(fp.sp);
     return 0;
 fail:
 out:
     cudaStreamSynchronize(cb->stream); /* nothing queued may still write the host's arrays */
     cudaGetLastError();
-    free(tokens);
-    free(plan);
+    free(fp.sp);
     return -1;
 }
 
@@ -588,11 +533,11 @@ static void cuda_free_backend(backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream);
-    for (int i = 0; i < cb->n_mirrors; i++) mirror_release(&cb->mirrors[i]);
-    free(cb->mirrors);
+    cuda_pots_return_all(cb); /* the pots outlive the backend, on the host */
+    cuda_graphs_free(cb);
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
                     &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->tokens,
-                    &cb->logits, &cb->rows, &cb->labels, &cb->lp};
+                    &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep, &cb->xh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
     for (size_t i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
     free(cb->allocs);
@@ -603,34 +548,37 @@ static void cuda_free_backend(backend *b) {
     free(cb);
 }
 
-void cuda_backend_forget_pot(backend *b, const pot *p) {
-    cuda_backend *cb = (cuda_backend *)b;
-    for (int i = 0; i < cb->n_mirrors; i++)
-        if (cb->mirrors[i].key == p) {
-            cudaStreamSynchronize(cb->stream);
-            mirror_remove(cb, i);
-            return;
-        }
+int cuda_backend_forget_pot(backend *b, pot *p) {
+    return cuda_pot_is_ours((cuda_backend *)b, p) ? pot_host_take(p) : 0;
 }
 
-int cuda_backend_mirror_matches(backend *b, const pot *p) {
-    cuda_backend *cb = (cuda_backend *)b;
-    pot_mirror *mr = mirror_find(cb, p);
-    if (!mr || mr->n_synced != p->n) return 0;
-    size_t row = (size_t)p->head_dim * pot_esize(p), width = (size_t)p->n * row, pitch = (size_t)p->capacity * row;
-    size_t height = (size_t)p->n_layer * p->n_head_kv;
-    char *buf = malloc(width ? width : 1);
-    int ok = buf != NULL;
-    cudaStreamSynchronize(cb->stream);
-    for (size_t r = 0; ok && r < height; r++)
-        for (int kv = 0; kv < 2 && ok; kv++) {
-            const char *dev = (const char *)(kv ? mr->v : mr->k) + r * pitch;
-            const char *host = (const char *)(kv ? p->v : p->k) + r * pitch;
-            ok = cudaMemcpy(buf, dev, width, cudaMemcpyDeviceToHost) == cudaSuccess && !memcmp(buf, host, width);
-        }
-    free(buf);
-    return ok;
+int cuda_backend_holds_pot(backend *b, const pot *p) { return cuda_pot_is_ours((cuda_backend *)b, p); }
+
+size_t cuda_backend_pot_bytes(backend *b) { return ((cuda_backend *)b)->pot_bytes; }
+
+void cuda_backend_use_graphs(backend *b, int on) { ((cuda_backend *)b)->use_graphs = on != 0; }
+
+void cuda_backend_graph_counts(backend *b, uint64_t *captures, uint64_t *replays) {
+    *captures = ((cuda_backend *)b)->graph_captures;
+    *replays = ((cuda_backend *)b)->graph_replays;
 }
+
+/* Device memory for pots: what is free once the weights are in, less a
+ * reserve for the buffers a forward grows (activations of a prefill chunk
+ * of 4096 tokens, the logits rows) and 1/16 for the runtime, fragmentation
+ * and the compaction's second buffers (one pot's size). An estimate: when
+ * an allocation fails anyway, the least recently used pots go back to the
+ * host, and a compaction without its second buffers runs on the host. */
+static size_t pot_budget(const model *m) {
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+    size_t d = (size_t)m->n_embd, dq = (size_t)m->n_head * m->head_dim, ff = (size_t)m->n_ff;
+    size_t reserve = 4096 * (6 * (d > dq ? d : dq) + 2 * ff) * sizeof(float) +
+                     (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float) + free_b / 16;
+    return free_b > reserve ? free_b - reserve : 0;
+}
+
+static size_t cuda_pot_memory(backend *b) { return ((cuda_backend *)b)->pot_budget; }
 
 backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     (void)n_threads;
@@ -646,14 +594,16 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     cb->base.name = "cuda";
     cb->base.forward = cuda_forward;
     cb->base.free = cuda_free_backend;
+    cb->base.pot_memory = cuda_pot_memory;
+    const char *graphs = getenv("POTSERVE_CUDA_GRAPHS"); /* "0" turns the decode graphs off */
+    cb->use_graphs = !graphs || strcmp(graphs, "0") != 0;
     if (m->n_head <= 0 || m->n_head_kv <= 0 || m->n_head % m->n_head_kv || m->head_dim > 256) {
         snprintf(err, errlen, "cuda backend: unsupported head layout (%d heads, %d KV heads, head_dim %d)", m->n_head,
                  m->n_head_kv, m->head_dim);
         goto fail_quiet;
     }
     cb->layers = calloc((size_t)m->n_layer, sizeof *cb->layers);
-    cb->mirrors = calloc(MAX_MIRRORS, sizeof *cb->mirrors);
-    if (!cb->layers || !cb->mirrors) {
+    if (!cb->layers) {
         snprintf(err, errlen, "cuda backend: out of memory");
         goto fail_quiet;
     }
@@ -709,6 +659,7 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     }
     cb->rope = (cuda_rope){r.n_rot, (int32_t)r.layout, r.n_table, cs, inv};
     rope_free(&r);
+    cb->pot_budget = pot_budget(m);
     return &cb->base;
 fail:
 fail_quiet:

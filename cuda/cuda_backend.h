@@ -5,6 +5,7 @@
 #define POTSERVE_CUDA_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/backend.h"
 
@@ -20,26 +21,34 @@ int cuda_probe(char *msg, size_t msglen);
  * other types are refused with a message), forward() as engine/backend.h
  * describes, the same results as cpu_backend_new within float rounding.
  * n_threads is unused (the host side is one thread). exact = 1 runs every
- * matrix product in f32; exact = 0 lets cuBLAS use TF32 for prefill products
- * (faster on a GPU, about 1e-3 relative). The model must outlive the backend.
+ * matrix product in f32; exact = 0 runs the products of more than 16 rows
+ * (prefill) with f16 operands and f32 accumulation on the tensor cores
+ * (activations rounded to f16: about 1e-3 relative, as llama.cpp's cuBLAS
+ * path). The model must outlive the backend.
  *
- * Pots stay host structs (cache/cache.h); the backend keeps a device mirror of
- * each pot it has seen, keyed by the pot's address, and writes the K/V of
- * every forwarded token back into the host pot, so the CPU-side policies keep
- * working. Between forwards the host may change a pot (pot_compact,
- * pot_truncate, pot_copy, a snapshot read into a reused address): the mirror
- * notices a shrunk count or a changed fingerprint and uploads the pot again
- * (see cuda_backend.c, "pot mirrors"). NULL + err on failure (no device, out
- * of device memory, unsupported weight type). */
+ * Pots live in device memory: a span's pot is attached to this backend on
+ * its first forward (cache/cache.h, "pots held by a device"), its K/V are
+ * written on the device only, and cache/pot.c calls back to sync them to
+ * the host when host code reads them, to compact them on the device, to
+ * copy them device to device and to free them. Pots may outlive the
+ * backend: freeing it syncs every pot it holds back to the host and
+ * detaches it. base.pot_memory reports the device memory pots may take
+ * (what was free after the weights, less a reserve for the forward's
+ * buffers). NULL + err on
+ * failure (no device, out of device memory, unsupported weight type). */
 backend *cuda_backend_new(const struct model *m, int n_threads, int exact, char *err, size_t errlen);
 
-/* Drops the device mirror of p, if any (call before pot_free to return the
- * device memory at once; otherwise mirrors are evicted least recently used).
- * b must come from cuda_backend_new. */
-void cuda_backend_forget_pot(backend *b, const pot *p);
-
-/* For tests: 1 when the device mirror of p exists and its valid slots hold
- * exactly the bytes of the host pot's valid slots, 0 otherwise. */
-int cuda_backend_mirror_matches(backend *b, const pot *p);
+/* Takes p back to the host if b holds it (pot_host_take): 0, or -1 when
+ * reading it back failed. */
+int cuda_backend_forget_pot(backend *b, pot *p);
+/* 1 when b holds p's K/V on its device (tests). */
+int cuda_backend_holds_pot(backend *b, const pot *p);
+/* Device bytes of the pots b holds, K and V together (tests, metrics). */
+size_t cuda_backend_pot_bytes(backend *b);
+/* Decode steps (every span one token, at most 16) run as CUDA graphs unless
+ * turned off here or by POTSERVE_CUDA_GRAPHS=0 (tests, benchmarks). */
+void cuda_backend_use_graphs(backend *b, int on);
+/* Graphs captured and replayed so far. */
+void cuda_backend_graph_counts(backend *b, uint64_t *captures, uint64_t *replays);
 
 #endif

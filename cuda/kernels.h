@@ -115,6 +115,13 @@ cudaError_t cuda_kept_to_slots(const uint8_t *kept, int64_t kept_stride, int32_t
  * quant_dequantize_row. */
 cudaError_t cuda_dequantize_rows(float *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
                                  int64_t cols, cudaStream_t stream);
+/* The same as IEEE f16 (round to nearest even): the operand of the fast
+ * (exact = 0) prefill GEMMs, f16 inputs with f32 accumulation on tensor
+ * cores. The reference is cuda_dequantize_rows rounded to f16. */
+cudaError_t cuda_dequantize_rows_f16(void *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
+                                     int64_t cols, cudaStream_t stream);
+/* out[i] = x[i] rounded to f16, i < n (the GEMMs' activation operand). */
+cudaError_t cuda_f32_to_f16(void *out, const float *x, int64_t n, cudaStream_t stream);
 /* Stores n new slots of one pot layer ([n_head_kv][capacity][head_dim] of
  * dtype, 0 f16 / 1 f32, K before RoPE): slot slot0 + i of head g gets
  * k[i][g * head_dim ...] (and v likewise), k and v [n][n_head_kv * head_dim]
@@ -123,11 +130,21 @@ cudaError_t cuda_pot_store(void *k_layer, void *v_layer, int32_t dtype, int32_t 
                            int32_t head_dim, const float *k, const float *v, int32_t slot0, int32_t n,
                            cudaStream_t stream);
 
+/* ---- potops.cu: pot compaction on the device ------------------------------------- */
+/* dst row r, slot i = src row r, slot keep[r * n_keep + i] for i < n_keep and
+ * r < rows: rows (layer, KV head) of capacity slots of slot_bytes (even)
+ * each, the layout of a pot's K or V array. dst must not be src (the gather
+ * is parallel); keep holds device ints < capacity. cache/pot.c's
+ * pot_compact is the reference (the same bytes moved on the host). */
+cudaError_t cuda_pot_gather(void *dst, const void *src, int64_t rows, int32_t capacity, size_t slot_bytes,
+                            const int32_t *keep, int32_t n_keep, cudaStream_t stream);
+
 /* ---- attention.cu: attention of a span over [pot keys | span keys] ---------------- */
 /* One span, one layer. Keys: the pot's n_pre attended slots (slots[g][i], or
  * slot i when slots is NULL), then the span's own n_q tokens at slots n0 ..
  * n0 + n_q - 1 (already stored in the pot layer: cuda_pot_store). Keys are read
- * before RoPE and rotated to their slot's position; query t (rotated to
+ * before RoPE and rotated to their slot's position (then rounded to the pot's
+ * entry precision, as the CPU backend attends); query t (rotated to
  * position n0 + t by the caller) sees keys k < n_pre + t + 1 (causal). Query
  * head h uses KV head h / (n_head / n_head_kv). */
 typedef struct cuda_attn {
@@ -158,6 +175,39 @@ cudaError_t cuda_attention_f32(const cuda_attn *a, const cuda_rope *rope, int32_
  * engine/cpu/cpu_backend.c's store_scores: scores [n_head_kv][n_pre + n_q]. */
 cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope *rope, int32_t row0, int32_t n_rows,
                                   int32_t combine, float *scores, cudaStream_t stream);
+/* Batched decode: one launch for many single-token spans, each over its own
+ * pot (the same dtype for all). Per span, in device memory, so that a
+ * captured CUDA graph replays with the values of the step: */
+typedef struct cuda_attn_desc {
+    int32_t t;            /* the span's row in q and out */
+    int32_t n0;           /* its token's slot (= position; its K/V already stored there) */
+    int32_t n_pre;        /* pot keys before it: slots 0..n_pre-1, or slots[] */
+    int32_t capacity;     /* of the pot */
+    const void *k, *v;    /* the pot's whole K and V arrays, [n_layer][n_head_kv][capacity][head_dim] */
+    const int32_t *slots; /* optional [n_layer][n_head_kv][n_pre], each < n0 (partial attention) */
+} cuda_attn_desc;
+typedef struct cuda_attn_batch {
+    const cuda_attn_desc *desc; /* device [n_spans] */
+    int32_t n_spans, layer, dtype, n_head, n_head_kv, head_dim;
+    const float *q; /* [rows][n_head][head_dim], rotated */
+    float *out;     /* same layout */
+    float scale;
+} cuda_attn_batch;
+/* The grid splits for spans of at most max_keys keys (each span uses
+ * ceil(keys / 256) of them, at most this many; a graph is captured per
+ * value, so the caller may round max_keys up to a bucket). */
+int32_t cuda_attention_batch_splits(int32_t max_keys);
+size_t cuda_attention_batch_scratch_floats(int32_t n_spans, int32_t n_head, int32_t head_dim, int32_t grid_splits);
+/* Attention of every span's token over its pot keys and itself, as
+ * cuda_attention_f32 with n_q = 1 per span (the same kernel body). */
+cudaError_t cuda_attention_batch_f32(const cuda_attn_batch *b, const cuda_rope *rope, int32_t grid_splits,
+                                     float *scratch, cudaStream_t stream);
+/* Stores the new K/V row of every span of a batch into its pot at slot n0 of
+ * layer `layer` (as cuda_pot_store: k and v rows [rows][n_head_kv * head_dim]
+ * f32, row desc[s].t for span s). */
+cudaError_t cuda_pot_store_batch(const cuda_attn_desc *desc, int32_t n_spans, int32_t layer, int32_t dtype,
+                                 int32_t n_head_kv, int32_t head_dim, const float *k, const float *v,
+                                 cudaStream_t stream);
 /* The CPU backend's attention for the same arguments on host memory: keys
  * from a host pot layer rotated with the host rope (rope_rotate's
  * arithmetic), softmax with a double sum; out, lse as above, and scores

@@ -64,6 +64,9 @@ struct backend {
      * Returns 0, or -1 with one line in err (pots unchanged then). */
     int (*forward)(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen);
     void (*free)(backend *b);
+    /* NULL when pots live in host memory; else the bytes of device memory
+     * pots may take in all (admission control counts pot_bytes against it). */
+    size_t (*pot_memory)(backend *b);
 };
 
 /* Validates a forward's spans against model m (engine/backend.c; every

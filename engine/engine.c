@@ -80,6 +80,10 @@ void engine_close(engine *e) {
     free(e);
 }
 
+size_t engine_pot_device_memory(const engine *e) {
+    return e->be->pot_memory ? e->be->pot_memory(e->be) : 0;
+}
+
 void engine_get_info(const engine *e, engine_info *info) {
     const model *m = e->m;
     memset(info, 0, sizeof *info);
@@ -185,7 +189,9 @@ pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
 
 pot *new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen) {
     pot *p = new_pot(e, capacity, err, errlen);
-    if (p && pot_cache_rotated_keys(p)) {
+    /* the rotated-key cache serves the CPU backend; a backend that keeps pots on its
+       device (pot_memory) rotates keys as it reads them there */
+    if (p && !e->be->pot_memory && pot_cache_rotated_keys(p)) {
         pot_free(p);
         snprintf(err, errlen, "out of memory for a pot of %zu entries", capacity);
         return NULL;

@@ -140,6 +140,11 @@ typedef struct engine_doc_stats {
 /* Bytes the pot of a document with these settings holds (for admission
  * control before opening it). */
 size_t engine_doc_memory(const engine *e, const engine_pot_settings *s);
+/* Bytes of device memory all pots together may take when the backend keeps
+ * pots on a device (cuda); 0 when pots live in host memory. Admission
+ * control counts engine_doc_memory against the smaller of this and its own
+ * limit. */
+size_t engine_pot_device_memory(const engine *e);
 
 /* Starts a document: validates the settings (one line naming the bad one) and
  * ingests the pinned prefix. NULL + err on failure. Caller owns it. */

@@ -219,6 +219,13 @@ static int open_engine(server *s, char *err, size_t errlen) {
         return -1;
     }
     engine_get_info(s->eng, &s->info);
+    /* pots in device memory: admission control counts them against the device too */
+    size_t dev = engine_pot_device_memory(s->eng);
+    if (dev && (int64_t)dev < s->cfg.pot_memory_limit) {
+        fprintf(stderr, "potserve: pot_memory_limit lowered to %zu MiB: what the device holds for pots\n",
+                dev >> 20);
+        s->cfg.pot_memory_limit = (int64_t)dev;
+    }
     const char *base = strrchr(s->cfg.model, '/');
     snprintf(s->model_id, sizeof s->model_id, "%s", base ? base + 1 : s->cfg.model);
     char *dot = strstr(s->model_id, ".gguf");

@@ -33,6 +33,9 @@ asm(".text\n"
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace cuemu {
@@ -295,7 +298,15 @@ static void run_block(block_run *R) {
     }
 }
 
+/* Kernels run so far, by name (tests count launches: cuemu_kernel_runs). */
+static std::mutex runs_lock;
+static std::unordered_map<std::string, unsigned long long> runs;
+
 static void execute(const char *name, dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+    {
+        std::lock_guard<std::mutex> hold(runs_lock);
+        runs[name]++;
+    }
     int n = (int)(block.x * block.y * block.z);
     if (!memory.reserve(n, shmem)) {
         last_error = cudaErrorMemoryAllocation;
@@ -436,10 +447,20 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
     return cudaSuccess;
 }
 
+/* Device memory accounting, for a test's memory limit (cuemu_set_memory_limit). */
+static std::mutex device_lock;
+static std::unordered_map<void *, size_t> device_sizes;
+static size_t device_in_use, device_limit;
+
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
     long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     *total = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
     *free_bytes = avail > 0 && page > 0 ? (size_t)avail * (size_t)page : 0;
+    std::lock_guard<std::mutex> hold(device_lock);
+    if (device_limit) {
+        *total = device_limit;
+        *free_bytes = device_limit > device_in_use ? device_limit - device_in_use : 0;
+    }
     return cudaSuccess;
 }
 
@@ -447,17 +468,56 @@ cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
 /* Device memory is host memory, filled with 0xff (NaN as floats) since
  * cudaMalloc does not clear it either: a kernel reading what nobody wrote
- * shows up in the results. */
+ * shows up in the results. Beyond the limit a test set, it fails as a full
+ * GPU does. */
 cudaError_t cudaMalloc(void **ptr, size_t size) {
-    *ptr = aligned_alloc(256, (size ? size + 255 : 256) / 256 * 256);
+    size_t bytes = (size ? size + 255 : 256) / 256 * 256;
+    std::lock_guard<std::mutex> hold(device_lock);
+    if (device_limit && device_in_use + bytes > device_limit) {
+        *ptr = nullptr;
+        return cuemu::last_error = cudaErrorMemoryAllocation;
+    }
+    *ptr = aligned_alloc(256, bytes);
     if (!*ptr) return cuemu::last_error = cudaErrorMemoryAllocation;
     memset(*ptr, 0xff, size);
+    device_sizes[*ptr] = bytes;
+    device_in_use += bytes;
     return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *ptr) {
+    if (!ptr) return cudaSuccess;
+    std::lock_guard<std::mutex> hold(device_lock);
+    auto it = device_sizes.find(ptr);
+    if (it != device_sizes.end()) {
+        device_in_use -= it->second;
+        device_sizes.erase(it);
+    }
     free(ptr);
     return cudaSuccess;
+}
+
+/* Emulator only (tests; declare them weak, a GPU build lacks them): bytes
+ * cudaMalloc holds, and a limit on them (0: none). */
+size_t cuemu_memory_in_use(void) {
+    std::lock_guard<std::mutex> hold(device_lock);
+    return device_in_use;
+}
+
+/* Emulator only (tests): kernels run so far (directly or by a graph) whose
+ * name (as CU_LAUNCH spells it, template arguments included) starts with prefix. */
+unsigned long long cuemu_kernel_runs(const char *prefix) {
+    std::lock_guard<std::mutex> hold(cuemu::runs_lock);
+    unsigned long long n = 0;
+    size_t len = strlen(prefix);
+    for (const auto &r : cuemu::runs)
+        if (r.first.compare(0, len, prefix) == 0) n += r.second;
+    return n;
+}
+
+void cuemu_set_memory_limit(size_t bytes) {
+    std::lock_guard<std::mutex> hold(device_lock);
+    device_limit = bytes;
 }
 
 cudaError_t cudaMallocHost(void **ptr, size_t size) {

@@ -64,15 +64,20 @@ __device__ __forceinline__ void attn_load_row(const cuda_attn &a, const cuda_rop
     size_t at = ((size_t)g * a.capacity + slot) * hd;
     const T *ksrc = static_cast<const T *>(a.k) + at;
     const T *vsrc = static_cast<const T *>(a.v) + at;
-    for (int i = lane; i < r.n_rot / 2; i += 32) rope_pair(r, ksrc, krow, slot, i);
+    for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, ksrc, krow, slot, i);
     for (int e = r.n_rot + lane; e < hd; e += 32) krow[e] = to_f32(ksrc[e]);
     for (int e = lane; e < hd; e += 32) vrow[e] = to_f32(vsrc[e]);
 }
 
+/* One block's work: KV head g, (query, head) items [item_block * ATTN_NW,
+ * + ATTN_NW), keys [split * split_keys, + split_keys); partial NULL writes
+ * the normalised output, else this split's partial results go to
+ * partial[split][t][h]. */
 template <class T>
-__global__ void attn_kernel(cuda_attn a, cuda_rope r, int32_t bk, int32_t split_keys, float *partial) {
+__device__ void attn_block(const cuda_attn &a, const cuda_rope &r, int32_t bk, int32_t split_keys, float *partial,
+                           int32_t g, int32_t item_block, int32_t split) {
     CU_DYNAMIC_SHARED(float, smem);
-    const int32_t hd = a.head_dim, group = a.n_head / a.n_head_kv, g = blockIdx.x;
+    const int32_t hd = a.head_dim, group = a.n_head / a.n_head_kv;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *ks = smem;                              /* [bk][hd + 1] */
     float *vs = ks + (size_t)bk * (hd + 1);        /* [bk][hd] */
@@ -80,13 +85,13 @@ __global__ void attn_kernel(cuda_attn a, cuda_rope r, int32_t bk, int32_t split_
     float *ps = qs + (size_t)ATTN_NW * hd;         /* [ATTN_NW][32] */
 
     const int32_t n_items = a.n_q * group, n_keys = a.n_pre + a.n_q;
-    const int32_t item = blockIdx.y * ATTN_NW + warp;
+    const int32_t item = item_block * ATTN_NW + warp;
     const bool active = item < n_items;
     const int32_t t = active ? item / group : 0, h = g * group + (active ? item % group : 0);
     /* the block's last query sees the most keys */
-    int32_t last_item = imin(n_items - 1, (int32_t)(blockIdx.y * ATTN_NW + ATTN_NW - 1));
+    int32_t last_item = imin(n_items - 1, item_block * ATTN_NW + ATTN_NW - 1);
     int32_t block_keys = a.n_pre + last_item / group + 1;
-    int32_t k_begin = blockIdx.z * split_keys, k_end = imin(n_keys, k_begin + split_keys);
+    int32_t k_begin = split * split_keys, k_end = imin(n_keys, k_begin + split_keys);
     int32_t tile_end = imin(k_end, block_keys);
     int32_t n_vis = a.n_pre + t + 1; /* this warp's causal limit */
 
@@ -142,7 +147,7 @@ CU_UNROLL
         return;
     }
     /* partial[split][t][h]: max, sum, then head_dim unnormalised outputs */
-    float *pr = partial + (((size_t)blockIdx.z * a.n_q + t) * a.n_head + h) * (hd + 2);
+    float *pr = partial + (((size_t)split * a.n_q + t) * a.n_head + h) * (hd + 2);
     if (lane == 0) {
         pr[0] = m;
         pr[1] = l;
@@ -150,6 +155,11 @@ CU_UNROLL
 CU_UNROLL
     for (int i = 0; i < ATTN_MAX_DIM / 32; i++)
         if (lane + 32 * i < hd) pr[2 + lane + 32 * i] = o[i];
+}
+
+template <class T>
+__global__ void attn_kernel(cuda_attn a, cuda_rope r, int32_t bk, int32_t split_keys, float *partial) {
+    attn_block<T>(a, r, bk, split_keys, partial, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 /* One warp per (query, head): merges the splits' partial results. */
@@ -178,6 +188,109 @@ __global__ void combine_kernel(cuda_attn a, int32_t n_split, const float *partia
     if (a.lse && lane == 0) a.lse[(size_t)h * a.n_q + t] = m + logf(l);
 }
 
+/* ---- batched decode: one launch for the single-token spans of a forward ---------- */
+
+/* Splits of a span with n_keys keys in a batch launched with grid_splits. */
+__host__ __device__ __forceinline__ int32_t batch_splits(int32_t n_keys, int32_t grid_splits) {
+    int32_t s = (n_keys + ATTN_SPLIT_KEYS - 1) / ATTN_SPLIT_KEYS;
+    return s < 1 ? 1 : s > grid_splits ? grid_splits : s;
+}
+
+/* The span's arguments in cuda_attn form, for layer b.layer. */
+__device__ __forceinline__ cuda_attn batch_span(const cuda_attn_batch &b, const cuda_attn_desc &d) {
+    size_t layer_off = (size_t)b.layer * b.n_head_kv * d.capacity * b.head_dim * (b.dtype == 0 ? 2 : 4);
+    cuda_attn a;
+    a.q = b.q + (size_t)d.t * b.n_head * b.head_dim;
+    a.out = b.out + (size_t)d.t * b.n_head * b.head_dim;
+    a.lse = nullptr;
+    a.k = static_cast<const char *>(d.k) + layer_off;
+    a.v = static_cast<const char *>(d.v) + layer_off;
+    a.dtype = b.dtype, a.capacity = d.capacity, a.n_head = b.n_head, a.n_head_kv = b.n_head_kv;
+    a.head_dim = b.head_dim;
+    a.slots = d.slots ? d.slots + (size_t)b.layer * b.n_head_kv * d.n_pre : nullptr;
+    a.n_pre = d.n_pre, a.n0 = d.n0, a.n_q = 1, a.scale = b.scale;
+    return a;
+}
+
+/* grid (n_head_kv * item blocks of a group, n_spans, grid splits). Everything
+ * that changes from step to step (positions, key counts, pot arrays) is read
+ * from b.desc in device memory, so a captured graph replays with new values. */
+template <class T>
+__global__ void attn_batch_kernel(cuda_attn_batch b, cuda_rope r, int32_t bk, float *partial) {
+    const cuda_attn_desc d = b.desc[blockIdx.y];
+    const int32_t group = b.n_head / b.n_head_kv, item_blocks = (group + ATTN_NW - 1) / ATTN_NW;
+    const int32_t n_keys = d.n_pre + 1, n_split = batch_splits(n_keys, gridDim.z);
+    if ((int32_t)blockIdx.z >= n_split) return; /* uniform across the block */
+    int32_t split_keys = (n_keys + n_split - 1) / n_split;
+    split_keys = (split_keys + bk - 1) / bk * bk;
+    cuda_attn a = batch_span(b, d);
+    float *pr = gridDim.z > 1 ? partial + (size_t)blockIdx.y * gridDim.z * b.n_head * (b.head_dim + 2) : nullptr;
+    attn_block<T>(a, r, bk, split_keys, pr, blockIdx.x / item_blocks, blockIdx.x % item_blocks, blockIdx.z);
+}
+
+/* One warp per (span, head): merges that span's splits. */
+__global__ void combine_batch_kernel(cuda_attn_batch b, int32_t grid_splits, const float *partial) {
+    int32_t row = blockIdx.x * ATTN_NW + threadIdx.x / 32, lane = threadIdx.x % 32, hd = b.head_dim;
+    if (row >= b.n_spans * b.n_head) return;
+    int32_t s = row / b.n_head, h = row % b.n_head;
+    const cuda_attn_desc d = b.desc[s];
+    int32_t n_split = batch_splits(d.n_pre + 1, grid_splits);
+    size_t stride = (size_t)b.n_head * (hd + 2);
+    const float *p0 = partial + ((size_t)s * grid_splits * b.n_head + h) * (hd + 2);
+    float m = -INFINITY;
+    for (int32_t i = 0; i < n_split; i++) m = fmaxf(m, p0[i * stride]);
+    float l = 0.0f;
+    for (int32_t i = 0; i < n_split; i++) {
+        float mi = p0[i * stride];
+        if (mi != -INFINITY) l += p0[i * stride + 1] * expf(mi - m);
+    }
+    float inv = 1.0f / l;
+    float *out = b.out + ((size_t)d.t * b.n_head + h) * hd;
+    for (int32_t e = lane; e < hd; e += 32) {
+        float acc = 0.0f;
+        for (int32_t i = 0; i < n_split; i++) {
+            float mi = p0[i * stride];
+            if (mi != -INFINITY) acc += p0[i * stride + 2 + e] * expf(mi - m);
+        }
+        out[e] = acc * inv;
+    }
+}
+
+extern "C" int32_t cuda_attention_batch_splits(int32_t max_keys) {
+    if (max_keys <= 2 * ATTN_SPLIT_KEYS) return 1;
+    return batch_splits(max_keys, ATTN_MAX_SPLITS);
+}
+
+extern "C" size_t cuda_attention_batch_scratch_floats(int32_t n_spans, int32_t n_head, int32_t head_dim,
+                                                      int32_t grid_splits) {
+    return grid_splits > 1 ? (size_t)n_spans * grid_splits * n_head * (head_dim + 2) : 0;
+}
+
+extern "C" cudaError_t cuda_attention_batch_f32(const cuda_attn_batch *b, const cuda_rope *rope, int32_t grid_splits,
+                                                float *scratch, cudaStream_t stream) {
+    if (!b || !rope || !b->desc || !b->q || !b->out || (b->dtype != 0 && b->dtype != 1) || b->n_spans < 0 ||
+        b->n_spans > 65535 || b->n_head <= 0 || b->n_head_kv <= 0 || b->n_head % b->n_head_kv ||
+        b->head_dim <= 0 || b->head_dim > ATTN_MAX_DIM || b->layer < 0 || grid_splits < 1 ||
+        grid_splits > ATTN_MAX_SPLITS || (grid_splits > 1 && !scratch) || rope->n_rot > b->head_dim)
+        return cudaErrorInvalidValue;
+    if (!b->n_spans) return cudaSuccess;
+    int32_t group = b->n_head / b->n_head_kv, item_blocks = (group + ATTN_NW - 1) / ATTN_NW;
+    int32_t bk = attn_tile_keys(b->head_dim);
+    dim3 grid((unsigned)(b->n_head_kv * item_blocks), (unsigned)b->n_spans, (unsigned)grid_splits);
+    size_t shmem = attn_shared_bytes(b->head_dim);
+    float *partial = grid_splits > 1 ? scratch : nullptr;
+    if (b->dtype == 0)
+        CU_LAUNCH(attn_batch_kernel<__half>, grid, dim3(32 * ATTN_NW), shmem, stream, *b, *rope, bk, partial);
+    else
+        CU_LAUNCH(attn_batch_kernel<float>, grid, dim3(32 * ATTN_NW), shmem, stream, *b, *rope, bk, partial);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || grid_splits == 1) return e;
+    int32_t rows = b->n_spans * b->n_head;
+    CU_LAUNCH(combine_batch_kernel, dim3((unsigned)((rows + ATTN_NW - 1) / ATTN_NW)), dim3(32 * ATTN_NW), 0, stream,
+              *b, grid_splits, (const float *)scratch);
+    return cudaGetLastError();
+}
+
 /* Keys per block of scores_kernel (one thread each; their rotated rows in
  * shared memory). */
 static int scores_block_keys(int32_t head_dim) { return head_dim <= 128 ? 64 : 32; }
@@ -198,7 +311,7 @@ __global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_
         if (key >= n_keys) continue; /* whole warp: no collective inside */
         int32_t slot = attn_key_slot(a, g, key);
         const T *src = static_cast<const T *>(a.k) + ((size_t)g * a.capacity + slot) * hd;
-        for (int i = lane; i < r.n_rot / 2; i += 32) rope_pair(r, src, krow, slot, i);
+        for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, src, krow, slot, i);
         for (int e = r.n_rot + lane; e < hd; e += 32) krow[e] = to_f32(src[e]);
     }
     __syncthreads();
@@ -310,6 +423,10 @@ static void ref_key(const cuda_attn *a, const cuda_rope *r, int32_t g, int32_t s
         float x0 = dst[x], x1 = dst[y];
         dst[x] = x0 * c - x1 * s;
         dst[y] = x0 * s + x1 * c;
+        if (a->dtype == 0) { /* rounded to the pot's precision, as the CPU backend attends */
+            dst[x] = __half2float(__float2half_rn(dst[x]));
+            dst[y] = __half2float(__float2half_rn(dst[y]));
+        }
     }
 }
 

@@ -8,6 +8,11 @@
 
 #define CU_FULL_MASK 0xffffffffu
 
+/* An f32 value stored as T (f16: round to nearest even, as pot_write does). */
+template <class T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(CU_FULL_MASK, v, off);
     return v;

@@ -6,53 +6,76 @@
 
 enum { DQ_THREADS = 256, DQ_MAX_BLOCKS = 4096 };
 
-__global__ void dequantize_kernel(float *out, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
+template <class T>
+__global__ void dequantize_kernel(T *out, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
                                   int64_t cols) {
     int64_t groups = (cols + QBLOCK - 1) / QBLOCK, n = rows * groups;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / groups, c0 = (i % groups) * QBLOCK;
         const unsigned char *row = w + (size_t)r * row_bytes;
-        float *o = out + (size_t)r * cols;
+        T *o = out + (size_t)r * cols;
         if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
             /* one block, weight_element's arithmetic with the scales read once */
             const unsigned char *b = row + (size_t)(c0 / QBLOCK) * qblock_bytes(type);
             float d = load_f16(b);
             if (type == GGML_TYPE_Q8_0) {
-                for (int j = 0; j < QBLOCK; j++) o[c0 + j] = __fmul_rn((float)(signed char)b[2 + j], d);
+                for (int j = 0; j < QBLOCK; j++) o[c0 + j] = from_f32<T>(__fmul_rn((float)(signed char)b[2 + j], d));
             } else if (type == GGML_TYPE_Q4_0) {
                 for (int j = 0; j < 16; j++) {
-                    o[c0 + j] = __fmul_rn((float)((b[2 + j] & 0x0f) - 8), d);
-                    o[c0 + j + 16] = __fmul_rn((float)((b[2 + j] >> 4) - 8), d);
+                    o[c0 + j] = from_f32<T>(__fmul_rn((float)((b[2 + j] & 0x0f) - 8), d));
+                    o[c0 + j + 16] = from_f32<T>(__fmul_rn((float)((b[2 + j] >> 4) - 8), d));
                 }
             } else {
                 float mn = load_f16(b + 2);
                 for (int j = 0; j < 16; j++) {
-                    o[c0 + j] = __fadd_rn(__fmul_rn((float)(b[4 + j] & 0x0f), d), mn);
-                    o[c0 + j + 16] = __fadd_rn(__fmul_rn((float)(b[4 + j] >> 4), d), mn);
+                    o[c0 + j] = from_f32<T>(__fadd_rn(__fmul_rn((float)(b[4 + j] & 0x0f), d), mn));
+                    o[c0 + j + 16] = from_f32<T>(__fadd_rn(__fmul_rn((float)(b[4 + j] >> 4), d), mn));
                 }
             }
             continue;
         }
         int64_t c1 = c0 + QBLOCK < cols ? c0 + QBLOCK : cols;
-        for (int64_t c = c0; c < c1; c++) o[c] = weight_element(type, row, c);
+        for (int64_t c = c0; c < c1; c++) o[c] = from_f32<T>(weight_element(type, row, c));
     }
 }
 
-extern "C" cudaError_t cuda_dequantize_rows(float *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
-                                            int64_t cols, cudaStream_t stream) {
+template <class T>
+static cudaError_t dequantize(T *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows, int64_t cols,
+                              cudaStream_t stream) {
     if (!weight_type_ok(type) || rows < 0 || cols < 0 || (qblock_bytes(type) && cols % QBLOCK))
         return cudaErrorInvalidValue;
     if (!rows || !cols) return cudaSuccess;
     int64_t n = rows * ((cols + QBLOCK - 1) / QBLOCK), blocks = (n + DQ_THREADS - 1) / DQ_THREADS;
     if (blocks > DQ_MAX_BLOCKS) blocks = DQ_MAX_BLOCKS;
-    CU_LAUNCH(dequantize_kernel, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream, out,
+    CU_LAUNCH(dequantize_kernel<T>, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream, out,
               static_cast<const unsigned char *>(w), type, row_bytes, rows, cols);
     return cudaGetLastError();
 }
 
-template <class T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+extern "C" cudaError_t cuda_dequantize_rows(float *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows,
+                                            int64_t cols, cudaStream_t stream) {
+    return dequantize<float>(out, w, type, row_bytes, rows, cols, stream);
+}
+
+extern "C" cudaError_t cuda_dequantize_rows_f16(void *out, const void *w, uint32_t type, size_t row_bytes,
+                                                int64_t rows, int64_t cols, cudaStream_t stream) {
+    return dequantize<__half>(static_cast<__half *>(out), w, type, row_bytes, rows, cols, stream);
+}
+
+/* f32 to f16, grid-stride. */
+__global__ void to_f16_kernel(__half *out, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2half_rn(x[i]);
+}
+
+extern "C" cudaError_t cuda_f32_to_f16(void *out, const float *x, int64_t n, cudaStream_t stream) {
+    if (n < 0) return cudaErrorInvalidValue;
+    if (!n) return cudaSuccess;
+    int64_t blocks = (n + DQ_THREADS - 1) / DQ_THREADS;
+    if (blocks > DQ_MAX_BLOCKS) blocks = DQ_MAX_BLOCKS;
+    CU_LAUNCH(to_f16_kernel, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream, static_cast<__half *>(out), x, n);
+    return cudaGetLastError();
+}
 
 template <class T>
 __global__ void pot_store_kernel(T *kl, T *vl, int32_t capacity, int32_t n_head_kv, int32_t head_dim,

@@ -8,7 +8,8 @@
 
 enum {
     MATVEC_WARPS = 4, /* weight rows per block */
-    MATVEC_X = 4,     /* activation rows per block (blockIdx.y picks the group) */
+    MATVEC_X = 8,     /* activation rows per block (blockIdx.y picks the group): a batched decode
+                         step of 16 sequences reads each weight block twice, not four times */
 };
 
 __global__ void matvec_kernel(float *y, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
@@ -20,7 +21,9 @@ __global__ void matvec_kernel(float *y, const unsigned char *w, uint32_t type, s
     int nt = n_x - t0 < MATVEC_X ? (int)(n_x - t0) : MATVEC_X;
     const float *xs = x + (size_t)t0 * cols;
     const unsigned char *row = w + (size_t)r * row_bytes;
-    float acc[MATVEC_X] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[MATVEC_X];
+CU_UNROLL
+    for (int t = 0; t < MATVEC_X; t++) acc[t] = 0.0f;
     int bytes = qblock_bytes(type);
     if (bytes) {
         for (int64_t b = lane / 4; b < cols / QBLOCK; b += 8) {

@@ -40,4 +40,21 @@ __device__ __forceinline__ void rope_pair(const cuda_rope &r, const T *src, floa
     dst[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
+/* v rounded to the precision of a pot entry of type T. */
+__device__ __forceinline__ float round_as(float v, const float *) { return v; }
+__device__ __forceinline__ float round_as(float v, const __half *) { return __half2float(__float2half_rn(v)); }
+
+/* Pair i of a pot key rotated to position pos, then rounded to the pot's
+ * entry precision: the value the CPU backend attends with (its rotated-key
+ * cache holds keys in the pot's dtype, and it rounds the same way without
+ * the cache), so f16 pots agree to the bit before the dot products. */
+template <class T>
+__device__ __forceinline__ void rope_key_pair(const cuda_rope &r, const T *src, float *dst, int64_t pos, int i) {
+    rope_pair(r, src, dst, pos, i);
+    int half = r.n_rot / 2;
+    int a = r.layout == 0 ? 2 * i : i, b = r.layout == 0 ? 2 * i + 1 : i + half;
+    dst[a] = round_as(dst[a], src);
+    dst[b] = round_as(dst[b], src);
+}
+
 #endif

@@ -69,7 +69,7 @@ TEST(cuda_matvec_matches_quant_dot_row) {
     test_rng g = {22};
     struct {
         int64_t rows, cols, n_x;
-    } cases[] = {{1, 32, 1}, {5, 96, 3}, {67, 576, 4}, {13, 1536, 5}, {3, 64, 9}, {129, 160, 2}};
+    } cases[] = {{1, 32, 1}, {5, 96, 3}, {67, 576, 4}, {13, 1536, 5}, {3, 64, 9}, {129, 160, 2}, {7, 128, 17}};
     for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++)
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
             for (int odd = 0; odd < 2; odd++) {
