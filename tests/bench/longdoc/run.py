@@ -337,7 +337,9 @@ def main():
                 if policy == "none":  # one run per length: the pot is the document
                     for L in lengths:
                         eff = min(L, ctx - N_CTX_MARGIN)
-                        rows = run_cell(a, hay, kind, "none", eff + N_CTX_MARGIN, [eff], depths, out / "work")
+                        # the pot also reserves room for the (unused) catalyst rows
+                        budget = min(eff + N_CTX_MARGIN, ctx - 32)
+                        rows = run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work")
                         for r in rows:
                             r["length"] = L
                         append(results, rows)
