@@ -228,12 +228,18 @@ def heatmap(rows, path):
     except ImportError:
         print("matplotlib missing: no heatmap", file=sys.stderr)
         return
-    panels = sorted({(r["haystack"], r["policy"], r["budget"]) for r in rows})
+    def panel(r):  # policy none: one panel whatever the (per-length) budget
+        return (r["haystack"], r["policy"], 0 if r["policy"] == "none" else r["budget"])
+
+    order = ["none", "infinipot", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-late", "snapkv", "h2o",
+             "cascade", "streaming", "truncate"]
+    panels = sorted({panel(r) for r in rows},
+                    key=lambda x: (x[0], order.index(x[1]) if x[1] in order else len(order), x[1], x[2]))
     cols = min(4, len(panels))
     nrow = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(nrow, cols, figsize=(3.6 * cols, 2.8 * nrow), squeeze=False)
     for ax, (hk, pol, bud) in zip(axes.flat, panels):
-        cell = [r for r in rows if (r["haystack"], r["policy"], r["budget"]) == (hk, pol, bud)]
+        cell = [r for r in rows if panel(r) == (hk, pol, bud)]
         Ls, ds = sorted({r["length"] for r in cell}), sorted({r["depth"] for r in cell})
         grid = [[float("nan")] * len(Ls) for _ in ds]
         for i, d in enumerate(ds):
@@ -245,7 +251,7 @@ def heatmap(rows, path):
         ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(Ls)), [f"{L // 1024}K" for L in Ls], fontsize=7)
         ax.set_yticks(range(len(ds)), [str(d) for d in ds], fontsize=7)
-        ax.set_title(f"{pol} |M|={bud if pol != 'none' else 'doc'} ({hk})", fontsize=8)
+        ax.set_title(f"{pol} |M|={bud if pol != 'none' else 'document'} ({hk})", fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.supxlabel("document length (tokens)", fontsize=8)
@@ -337,7 +343,9 @@ def main():
                 if policy == "none":  # one run per length: the pot is the document
                     for L in lengths:
                         eff = min(L, ctx - N_CTX_MARGIN)
-                        rows = run_cell(a, hay, kind, "none", eff + N_CTX_MARGIN, [eff], depths, out / "work")
+                        # the pot also reserves room for the (unused) catalyst rows
+                        budget = min(eff + N_CTX_MARGIN, ctx - 32)
+                        rows = run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work")
                         for r in rows:
                             r["length"] = L
                         append(results, rows)
