@@ -17,6 +17,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "tests/cuda/cuda_test.h"
+#include "tests/cuda/tiny_model.h"
 
 static const int32_t prompt[] = {504, 3575, 282, 4649, 314, 1978, 28, 253, 3654, 1345, 30, 392, 17, 26,
                                  2438, 28, 314, 1345, 30, 392, 17, 26, 253, 3654};
@@ -55,27 +56,6 @@ static double max_abs(const float *a, const float *b, size_t n) {
         if (!(d <= mx)) mx = d;
     }
     return mx;
-}
-
-/* Largest difference of the valid K/V slots of two pots over the largest |K|, |V|. */
-static double pot_diff(const pot *a, const pot *b) {
-    float *x = malloc((size_t)a->head_dim * sizeof(float)), *y = malloc((size_t)a->head_dim * sizeof(float));
-    double d = 0, scale = 0;
-    for (int32_t l = 0; l < a->n_layer; l++)
-        for (int32_t g = 0; g < a->n_head_kv; g++)
-            for (int32_t s = 0; s < a->n; s++)
-                for (int kv = 0; kv < 2; kv++) {
-                    (kv ? pot_read_v : pot_read_k)(a, l, g, s, 1, x);
-                    (kv ? pot_read_v : pot_read_k)(b, l, g, s, 1, y);
-                    for (int32_t e = 0; e < a->head_dim; e++) {
-                        double dd = fabs((double)x[e] - y[e]);
-                        if (!(dd <= d)) d = dd;
-                        scale = fmax(scale, fabs(y[e]));
-                    }
-                }
-    free(x);
-    free(y);
-    return d / (scale > 0 ? scale : 1);
 }
 
 typedef struct pair {
@@ -146,9 +126,9 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     double d = rel_to_range(lg, lc, N_PROMPT * V);
     worst_logits = fmax(worst_logits, d);
     fprintf(stderr, "  e2e prefill %d tokens: logits max |diff| / range %.2e, pot K/V %.2e [%.1f s]\n",
-            N_PROMPT, d, pot_diff(pg, pc), now_s() - t_start);
+            N_PROMPT, d, tiny_pot_diff(pg, pc), now_s() - t_start);
     CHECK(d <= TOL_LOGITS);
-    CHECK(pot_diff(pg, pc) <= TOL_POT);
+    CHECK(tiny_pot_diff(pg, pc) <= TOL_POT);
     CHECK_EQ_INT(pg->n, N_PROMPT);
     CHECK_EQ_INT(pg->n_seen, N_PROMPT);
     CHECK_EQ_INT(pg->token_index[pot_slot(pg, m->n_layer - 1, m->n_head_kv - 1, N_PROMPT - 1)], N_PROMPT - 1);
@@ -266,7 +246,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     fprintf(stderr, "  e2e worst logits diff / range %.2e; %.1f s\n", worst_logits, now_s() - t_start);
     cuda_backend_forget_pot(P.gpu, pg);
     CHECK(!cuda_backend_holds_pot(P.gpu, pg));
-    CHECK(pot_diff(pg, pc) <= TOL_POT); /* taken back to the host intact */
+    CHECK(tiny_pot_diff(pg, pc) <= TOL_POT); /* taken back to the host intact */
     pot_free(qc), pot_free(qg), pot_free(fresh), pot_free(pc), pot_free(pg);
     free(lc), free(lg), free(lc2), free(lg2), free(sc), free(sg), free(keep), free(att);
 done_model:
