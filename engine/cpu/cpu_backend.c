@@ -95,10 +95,19 @@ typedef struct attn_job {
     int in_place;              /* keys from the pot's rotated-key cache, values from the pot */
     float *krot;               /* [n_head_kv][n_keys][head_dim] rotated keys (in place: [n_threads][head_dim]) */
     float *vals;               /* [n_head_kv][n_keys][head_dim] values as f32 */
-    float *probs;              /* [n_threads][n_keys] */
+    float *probs;              /* [n_threads][ATTN_TILE_QUERIES][n_keys] */
     float *head_scores;        /* [n_head][n_keys] or NULL */
-    int per_head;              /* 1: one task per head (scores), else per (head, token) */
+    const struct attn_task *tasks;
 } attn_job;
+
+/* Queries attended together: heads [h0, h0 + n_heads) of one KV group, for
+ * tokens [t0, t0 + n_tok), taken ATTN_TILE_QUERIES at most at a time, so each
+ * key and value row is read once for all of them. */
+typedef struct attn_task {
+    int32_t h0, n_heads, t0, n_tok;
+} attn_task;
+
+enum { ATTN_TILE_QUERIES = 16 };
 
 /* Pot slot of attended key k of KV head g: the pot's keys (all, or the
  * span's subset), then the span's own tokens. */
@@ -149,50 +158,104 @@ static void fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
     }
 }
 
-static void attend_one(attn_job *j, int32_t h, int32_t t, float *p) {
+/* Tokens attended together with n_heads heads: as many as fit the tile,
+ * in whole multiples of 4 queries where one exists (the kernels' tiles). */
+static int32_t tokens_per_tile(int32_t n_heads) {
+    int32_t nt = ATTN_TILE_QUERIES / n_heads;
+    for (int32_t b = nt; b > 0; b--)
+        if (n_heads * b % 4 == 0) return b;
+    return nt > 0 ? nt : 1;
+}
+
+/* Heads [h0, h0+nh) x tokens [t0, t0+nt), nh * nt <= ATTN_TILE_QUERIES:
+ * scores against every key the last token sees (earlier tokens' extra keys
+ * get probability 0: causal), a softmax per query, then the values. */
+static void attend_tile(attn_job *j, int32_t h0, int32_t nh, int32_t t0, int32_t nt, float *P) {
     const model *m = j->cb->m;
-    int32_t hd = m->head_dim, g = h / (m->n_head / m->n_head_kv);
-    int32_t n_vis = j->n_pre + t + 1; /* causal: keys up to and including this token */
-    const float *qv = j->q + ((size_t)t * m->n_head + h) * hd;
+    int32_t hd = m->head_dim, g = h0 / (m->n_head / m->n_head_kv), nq = nh * nt, n_keys = j->n_keys;
+    int32_t n_vis_max = j->n_pre + t0 + nt; /* causal: keys up to and including the token */
+    const float *qs[ATTN_TILE_QUERIES];
+    float *ys[ATTN_TILE_QUERIES];
+    for (int32_t ti = 0; ti < nt; ti++)
+        for (int32_t hi = 0; hi < nh; hi++) {
+            size_t at = ((size_t)(t0 + ti) * m->n_head + h0 + hi) * hd;
+            qs[ti * nh + hi] = j->q + at;
+            ys[ti * nh + hi] = j->out + at;
+            memset(j->out + at, 0, (size_t)hd * sizeof(float));
+        }
     float scale = 1.0f / sqrtf((float)hd);
     const pot *kv = j->sp->kv;
     size_t row0 = pot_slot(kv, j->layer, g, 0) * hd;
     if (!j->in_place)
-        simd_dot_rows_f32(p, qv, j->krot + (size_t)g * j->n_keys * hd, hd, n_vis, hd, scale);
+        simd_dot_rows_f32(P, n_keys, qs, nq, j->krot + (size_t)g * n_keys * hd, hd, n_vis_max, hd, scale);
     else if (kv->dtype == POT_F16)
-        simd_dot_rows_f16(p, qv, (const uint16_t *)kv->k_rot + row0, hd, n_vis, hd, scale);
+        simd_dot_rows_f16(P, n_keys, qs, nq, (const uint16_t *)kv->k_rot + row0, hd, n_vis_max, hd, scale);
     else
-        simd_dot_rows_f32(p, qv, (const float *)kv->k_rot + row0, hd, n_vis, hd, scale);
-    float mx = simd_max_f32(p, n_vis);
-    double sum = simd_exp_sub_sum(p, n_vis, mx);
-    float inv = (float)(1.0 / sum);
-    for (int32_t k = 0; k < n_vis; k++) p[k] *= inv;
-    float *o = j->out + ((size_t)t * m->n_head + h) * hd;
-    memset(o, 0, (size_t)hd * sizeof(float));
-    if (!j->in_place)
-        simd_axpy_rows_f32(o, p, j->vals + (size_t)g * j->n_keys * hd, hd, n_vis, hd);
-    else if (kv->dtype == POT_F16)
-        simd_axpy_rows_f16(o, p, (const uint16_t *)kv->v + row0, hd, n_vis, hd);
-    else
-        simd_axpy_rows_f32(o, p, (const float *)kv->v + row0, hd, n_vis, hd);
+        simd_dot_rows_f32(P, n_keys, qs, nq, (const float *)kv->k_rot + row0, hd, n_vis_max, hd, scale);
     const backend_span *sp = j->sp;
-    if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
-        float *hs = j->head_scores + (size_t)h * j->n_keys;
-        float w = sp->score_row_weight ? sp->score_row_weight[t - sp->score_row0] : 1.0f;
-        for (int32_t k = 0; k < n_vis; k++) hs[k] += w * p[k];
+    for (int32_t ti = 0; ti < nt; ti++) {
+        int32_t t = t0 + ti, n_vis = j->n_pre + t + 1;
+        for (int32_t hi = 0; hi < nh; hi++) {
+            float *p = P + (size_t)(ti * nh + hi) * n_keys;
+            float mx = simd_max_f32(p, n_vis);
+            double sum = simd_exp_sub_sum(p, n_vis, mx);
+            float inv = (float)(1.0 / sum);
+            for (int32_t k = 0; k < n_vis; k++) p[k] *= inv;
+            for (int32_t k = n_vis; k < n_vis_max; k++) p[k] = 0;
+            if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
+                float *hs = j->head_scores + (size_t)(h0 + hi) * n_keys;
+                float w = sp->score_row_weight ? sp->score_row_weight[t - sp->score_row0] : 1.0f;
+                for (int32_t k = 0; k < n_vis; k++) hs[k] += w * p[k];
+            }
+        }
+    }
+    if (!j->in_place)
+        simd_axpy_rows_f32(ys, nq, P, n_keys, j->vals + (size_t)g * n_keys * hd, hd, n_vis_max, hd);
+    else if (kv->dtype == POT_F16)
+        simd_axpy_rows_f16(ys, nq, P, n_keys, (const uint16_t *)kv->v + row0, hd, n_vis_max, hd);
+    else
+        simd_axpy_rows_f32(ys, nq, P, n_keys, (const float *)kv->v + row0, hd, n_vis_max, hd);
+}
+
+/* A task's tokens in order (a head's score rows accumulate in token order:
+ * the same bits however many threads run). */
+static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
+    attn_job *j = ctx;
+    float *P = j->probs + (size_t)worker * ATTN_TILE_QUERIES * j->n_keys;
+    for (int64_t i = a; i < b; i++) {
+        const attn_task *tk = &j->tasks[i];
+        int32_t step = tokens_per_tile(tk->n_heads);
+        for (int32_t t = tk->t0; t < tk->t0 + tk->n_tok; t += step) {
+            int32_t nt = tk->t0 + tk->n_tok - t < step ? tk->t0 + tk->n_tok - t : step;
+            attend_tile(j, tk->h0, tk->n_heads, t, nt, P);
+        }
     }
 }
 
-static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
-    attn_job *j = ctx;
-    float *p = j->probs + (size_t)worker * j->n_keys;
-    int32_t n_tok = j->sp->n_tokens;
-    for (int64_t task = a; task < b; task++) {
-        if (j->per_head)
-            for (int32_t t = 0; t < n_tok; t++) attend_one(j, (int32_t)task, t, p);
-        else
-            attend_one(j, (int32_t)(task / n_tok), (int32_t)(task % n_tok), p);
-    }
+/* Splits a span's queries into tasks: rows that score attention one task
+ * per head (each head's sums owned by one task), the other rows by KV group
+ * and token block; groups split into single heads when that is too few
+ * tasks to keep the threads busy (decode). */
+static int32_t plan_attention(const model *m, const backend_span *sp, int has_scores, int n_threads,
+                              attn_task *out) {
+    int32_t group = m->n_head / m->n_head_kv, n = 0;
+    int32_t s0 = has_scores ? sp->score_row0 : sp->n_tokens, s1 = has_scores ? s0 + sp->n_score_rows : s0;
+    int32_t nh = group < ATTN_TILE_QUERIES ? group : ATTN_TILE_QUERIES;
+    int32_t block = tokens_per_tile(nh);
+    int32_t free_rows = sp->n_tokens - (s1 - s0);
+    int64_t n_blocks = (free_rows + block - 1) / block;
+    if (n_blocks * m->n_head_kv * ((group + nh - 1) / nh) < 2 * n_threads) nh = 1, block = tokens_per_tile(1);
+    for (int32_t h = 0; h < m->n_head; h++) /* scoring rows */
+        if (s1 > s0) out[n++] = (attn_task){h, 1, s0, s1 - s0};
+    int32_t ranges[2][2] = {{0, s0}, {s1, sp->n_tokens}};
+    for (int r = 0; r < 2; r++)
+        for (int32_t t = ranges[r][0]; t < ranges[r][1]; t += block)
+            for (int32_t h = 0; h < m->n_head; h += nh) {
+                int32_t heads = (h / group + 1) * group - h; /* to the end of h's group */
+                out[n++] = (attn_task){h, heads < nh ? heads : nh, t,
+                                       ranges[r][1] - t < block ? ranges[r][1] - t : block};
+            }
+    return n;
 }
 
 /* Combines per-head scores into the span's [layer][kv head][key] output. */
@@ -261,7 +324,7 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->act = malloc((size_t)T * max_cols * sizeof(float));
     B->krot = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
     B->vals = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
-    B->probs = malloc((size_t)n_threads * max_keys * sizeof(float));
+    B->probs = malloc((size_t)n_threads * ATTN_TILE_QUERIES * max_keys * sizeof(float));
     B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
         !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores) {
@@ -279,15 +342,20 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     int32_t n_keys = n_pre + sp->n_tokens;
     attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_pre = n_pre, .n_keys = n_keys, .q = q,
                   .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
-                  .head_scores = sp->scores ? B->head_scores : NULL, .per_head = sp->scores != NULL};
+                  .head_scores = sp->scores ? B->head_scores : NULL};
     j.in_place = sp->kv->k_rot && !sp->attend_slots;
     if (j.in_place)
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * (n_keys - sp->kv->n_rot), fill_rotated, &j);
     else
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
-    int64_t tasks = j.per_head ? m->n_head : (int64_t)m->n_head * sp->n_tokens;
-    tp_parallel_for(cb->tp, tasks, attend_tasks, &j);
+    /* at most one task per head per token, plus the heads' scoring tasks */
+    attn_task *tasks = malloc(((size_t)m->n_head * (sp->n_tokens + 1)) * sizeof *tasks);
+    if (!tasks) abort(); /* a few KB per span; the activations took far more */
+    j.tasks = tasks;
+    int32_t n_tasks = plan_attention(m, sp, j.head_scores != NULL, tp_threads(cb->tp), tasks);
+    tp_parallel_for(cb->tp, n_tasks, attend_tasks, &j);
+    free(tasks);
     if (j.head_scores) store_scores(m, sp, layer, n_keys, j.head_scores);
 }
 

@@ -36,13 +36,16 @@ static float max_scalar(const float *x, int64_t n) {
     return m;
 }
 
-static void dot_rows_scalar(float *out, const float *a, const float *b, int64_t bs, int64_t rows, int64_t n,
-                            float scale) {
-    for (int64_t k = 0; k < rows; k++) out[k] = dot_scalar(a, b + k * bs, n) * scale;
+static void dot_rows_scalar(float *out, int64_t os, const float *const *a, int na, const float *b, int64_t bs,
+                            int64_t rows, int64_t n, float scale) {
+    for (int q = 0; q < na; q++)
+        for (int64_t k = 0; k < rows; k++) out[q * os + k] = dot_scalar(a[q], b + k * bs, n) * scale;
 }
 
-static void axpy_rows_scalar(float *y, const float *w, const float *x, int64_t xs, int64_t rows, int64_t n) {
-    for (int64_t k = 0; k < rows; k++) axpy_scalar(y, w[k], x + k * xs, n);
+static void axpy_rows_scalar(float *const *y, int ny, const float *w, int64_t ws, const float *x, int64_t xs,
+                             int64_t rows, int64_t n) {
+    for (int q = 0; q < ny; q++)
+        for (int64_t k = 0; k < rows; k++) axpy_scalar(y[q], w[q * ws + k], x + k * xs, n);
 }
 
 /* The f16 forms: each row converted exactly into a buffer, then as above. */
@@ -59,29 +62,38 @@ static float *f16_row(const uint16_t *src, int64_t n, float *stack_buf) {
     return dst;
 }
 
-static void dot_rows_f16_scalar(float *out, const float *a, const uint16_t *b, int64_t bs, int64_t rows, int64_t n,
-                                float scale) {
+static void dot_rows_f16_scalar(float *out, int64_t os, const float *const *a, int na, const uint16_t *b,
+                                int64_t bs, int64_t rows, int64_t n, float scale) {
     float buf[F16_ROW_STACK];
     for (int64_t k = 0; k < rows; k++) {
         float *row = f16_row(b + k * bs, n, buf);
-        out[k] = dot_scalar(a, row, n) * scale;
+        for (int q = 0; q < na; q++) out[q * os + k] = dot_scalar(a[q], row, n) * scale;
         if (row != buf) free(row);
     }
 }
 
-static void axpy_rows_f16_scalar(float *y, const float *w, const uint16_t *x, int64_t xs, int64_t rows, int64_t n) {
+static void axpy_rows_f16_scalar(float *const *y, int ny, const float *w, int64_t ws, const uint16_t *x, int64_t xs,
+                                 int64_t rows, int64_t n) {
     float buf[F16_ROW_STACK];
-    for (int64_t k = 0; k < rows; k++) {
+    for (int64_t k = 0; k < rows; k++) { /* k outermost: each y[q] still gets its rows in order */
         float *row = f16_row(x + k * xs, n, buf);
-        axpy_scalar(y, w[k], row, n);
+        for (int q = 0; q < ny; q++) axpy_scalar(y[q], w[q * ws + k], row, n);
         if (row != buf) free(row);
     }
+}
+
+/* The softmax sum: eight double partial sums, lane i % 8, combined as the
+ * dot's lanes are (one long dependent chain of double additions had cost
+ * as much as the exponentials). */
+static double sum8_scalar(const float *p, int64_t n) {
+    double acc[8] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % 8] += p[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 static double exp_sub_sum_scalar(float *p, int64_t n, float mx) {
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (p[i] = expf(p[i] - mx));
-    return sum;
+    for (int64_t i = 0; i < n; i++) p[i] = expf(p[i] - mx);
+    return sum8_scalar(p, n);
 }
 
 /* ---- AVX2 + FMA kernels ---------------------------------------------------------- */
@@ -98,6 +110,13 @@ static inline AVX2_FN float reduce_dot(__m256 acc) {
     const __m256 h = _mm256_hadd_ps(acc, acc);
     const __m256 h2 = _mm256_hadd_ps(h, h);
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
+
+/* reduce_dot of four accumulators at once, lane k the sum of c_k (the same
+ * additions in the same order: hadd pairs, pairs of pairs, then the halves). */
+static inline AVX2_FN __m128 reduce4(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(c0, c1), _mm256_hadd_ps(c2, c3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 static AVX2_FN void axpy_avx2(float *y, float a, const float *x, int64_t n) {
@@ -135,103 +154,152 @@ static ALWAYS_INLINE const void *row_at(const void *base, int64_t k, const int F
     return F16 ? (const void *)((const uint16_t *)base + k) : (const void *)((const float *)base + k);
 }
 
-static ALWAYS_INLINE AVX2_FN float dot_row(const float *a, const void *b, int64_t n, const int F16) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), load8(b, i, F16)));
-    float s = reduce_dot(acc);
-    for (; i < n; i++) s += a[i] * elem(b, i, F16);
+
+/* A tile of NQ queries x NK rows (constant counts, so the NQ*NK accumulators
+ * stay in registers): each row's eight lanes are loaded once for all NQ
+ * queries. Per (query, row) the operations are those of the scalar dot. */
+static ALWAYS_INLINE AVX2_FN void dot_tile(float *out, int64_t os, const float *const *a, const int NQ,
+                                           const void *const *b, const int NK, int64_t n, float scale, const int F16) {
+    __m256 c[4][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; q++)
+        for (int r = 0; r < NK; r++) c[q][r] = _mm256_setzero_ps();
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 vb[2];
+        for (int r = 0; r < NK; r++) vb[r] = load8(b[r], i, F16);
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; q++) {
+            const __m256 va = _mm256_loadu_ps(a[q] + i);
+            for (int r = 0; r < NK; r++) c[q][r] = _mm256_add_ps(c[q][r], _mm256_mul_ps(va, vb[r]));
+        }
+    }
+    int q0 = 0;
+    if (NK == 2 && n8 == n) { /* two queries' four reductions in three operations */
+        const __m128 vs = _mm_set1_ps(scale);
+#pragma GCC unroll 2
+        for (int q = 0; q + 2 <= NQ; q += 2) {
+            const __m128 s = _mm_mul_ps(reduce4(c[q][0], c[q][1], c[q + 1][0], c[q + 1][1]), vs);
+            _mm_storel_pi((__m64 *)(void *)(out + q * os), s);
+            _mm_storeh_pi((__m64 *)(void *)(out + (q + 1) * os), s);
+        }
+        q0 = NQ & ~1;
+    }
+    for (int q = q0; q < NQ; q++)
+        for (int r = 0; r < NK; r++) {
+            float s = reduce_dot(c[q][r]);
+            for (int64_t i = n8; i < n; i++) s += a[q][i] * elem(b[r], i, F16);
+            out[q * os + r] = s * scale;
+        }
+}
+
+static ALWAYS_INLINE AVX2_FN void dot_tiles(float *out, int64_t os, const float *const *a, int na,
+                                            const void *const *b, const int NK, int64_t n, float scale, const int F16) {
+    int q = 0;
+    for (; q + 4 <= na; q += 4) dot_tile(out + q * os, os, a + q, 4, b, NK, n, scale, F16);
+    switch (na - q) {
+    case 3: dot_tile(out + q * os, os, a + q, 3, b, NK, n, scale, F16); break;
+    case 2: dot_tile(out + q * os, os, a + q, 2, b, NK, n, scale, F16); break;
+    case 1: dot_tile(out + q * os, os, a + q, 1, b, NK, n, scale, F16); break;
+    default: break;
+    }
+}
+
+/* Rows two at a time, every query against them while they sit in L1: the
+ * rows stream from memory once for all the queries. */
+static ALWAYS_INLINE AVX2_FN void dot_rows_body(float *out, int64_t os, const float *const *a, int na, const void *b,
+                                                int64_t bs, int64_t rows, int64_t n, float scale, const int F16) {
+    int64_t k = 0;
+    for (; k + 2 <= rows; k += 2) {
+        const void *bk[2] = {row_at(b, k * bs, F16), row_at(b, (k + 1) * bs, F16)};
+        dot_tiles(out + k, os, a, na, bk, 2, n, scale, F16);
+    }
+    if (k < rows) {
+        const void *bk[1] = {row_at(b, k * bs, F16)};
+        dot_tiles(out + k, os, a, na, bk, 1, n, scale, F16);
+    }
+}
+
+static AVX2_FN float dot_avx2(const float *a, const float *b, int64_t n) {
+    float s;
+    const void *bk[1] = {b};
+    dot_tile(&s, 1, &a, 1, bk, 1, n, 1.0f, 0);
     return s;
 }
 
-static ALWAYS_INLINE AVX2_FN void dot_rows_body(float *out, const float *a, const void *b, int64_t bs, int64_t rows,
-                                                int64_t n, float scale, const int F16) {
-    const int64_t n8 = n & ~(int64_t)7;
-    int64_t k = 0;
-    for (; k + 4 <= rows; k += 4) { /* four independent rows: their add chains overlap */
-        const void *b0 = row_at(b, k * bs, F16), *b1 = row_at(b0, bs, F16), *b2 = row_at(b1, bs, F16),
-                   *b3 = row_at(b2, bs, F16);
-        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        for (int64_t i = 0; i < n8; i += 8) {
-            const __m256 va = _mm256_loadu_ps(a + i);
-            c0 = _mm256_add_ps(c0, _mm256_mul_ps(va, load8(b0, i, F16)));
-            c1 = _mm256_add_ps(c1, _mm256_mul_ps(va, load8(b1, i, F16)));
-            c2 = _mm256_add_ps(c2, _mm256_mul_ps(va, load8(b2, i, F16)));
-            c3 = _mm256_add_ps(c3, _mm256_mul_ps(va, load8(b3, i, F16)));
-        }
-        float s0 = reduce_dot(c0), s1 = reduce_dot(c1), s2 = reduce_dot(c2), s3 = reduce_dot(c3);
-        for (int64_t i = n8; i < n; i++) {
-            s0 += a[i] * elem(b0, i, F16);
-            s1 += a[i] * elem(b1, i, F16);
-            s2 += a[i] * elem(b2, i, F16);
-            s3 += a[i] * elem(b3, i, F16);
-        }
-        out[k] = s0 * scale;
-        out[k + 1] = s1 * scale;
-        out[k + 2] = s2 * scale;
-        out[k + 3] = s3 * scale;
-    }
-    for (; k < rows; k++) out[k] = dot_row(a, row_at(b, k * bs, F16), n, F16) * scale;
+static AVX2_FN void dot_rows_avx2(float *out, int64_t os, const float *const *a, int na, const float *b, int64_t bs,
+                                  int64_t rows, int64_t n, float scale) {
+    dot_rows_body(out, os, a, na, b, bs, rows, n, scale, 0);
 }
 
-static AVX2_FN float dot_avx2(const float *a, const float *b, int64_t n) { return dot_row(a, b, n, 0); }
-
-static AVX2_FN void dot_rows_avx2(float *out, const float *a, const float *b, int64_t bs, int64_t rows, int64_t n,
-                                  float scale) {
-    dot_rows_body(out, a, b, bs, rows, n, scale, 0);
+static AVX2_FN void dot_rows_f16_avx2(float *out, int64_t os, const float *const *a, int na, const uint16_t *b,
+                                      int64_t bs, int64_t rows, int64_t n, float scale) {
+    dot_rows_body(out, os, a, na, b, bs, rows, n, scale, 1);
 }
 
-static AVX2_FN void dot_rows_f16_avx2(float *out, const float *a, const uint16_t *b, int64_t bs, int64_t rows,
-                                      int64_t n, float scale) {
-    dot_rows_body(out, a, b, bs, rows, n, scale, 1);
-}
-
-/* y (up to 64 floats from y0) kept in registers while the rows go by. */
-static ALWAYS_INLINE AVX2_FN void axpy_rows_block(float *y, const float *w, const void *x, int64_t xs, int64_t rows,
-                                                  const int nv, const int F16) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int v = 0; v < nv; v++) acc[v] = _mm256_loadu_ps(y + 8 * v);
+/* Columns [c, c + 8*NV) of NQ outputs kept in registers while `rows` rows go
+ * by; per (output, column) the additions come in row order, as in the scalar
+ * axpy loop. */
+static ALWAYS_INLINE AVX2_FN void axpy_tile(float *const *y, int64_t c, const float *w, int64_t ws, const int NQ,
+                                            const void *x, int64_t xs, int64_t rows, const int NV, const int F16) {
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; q++)
+        for (int v = 0; v < NV; v++) acc[q][v] = _mm256_loadu_ps(y[q] + c + 8 * v);
     for (int64_t k = 0; k < rows; k++) {
-        const __m256 wk = _mm256_set1_ps(w[k]);
-        const void *xk = row_at(x, k * xs, F16);
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wk, load8(xk, 8 * v, F16)));
+        __m256 vx[2];
+        for (int v = 0; v < NV; v++) vx[v] = load8(x, k * xs + c + 8 * v, F16);
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; q++) {
+            const __m256 wk = _mm256_set1_ps(w[q * ws + k]);
+            for (int v = 0; v < NV; v++) acc[q][v] = _mm256_add_ps(acc[q][v], _mm256_mul_ps(wk, vx[v]));
+        }
     }
-#pragma GCC unroll 8
-    for (int v = 0; v < nv; v++) _mm256_storeu_ps(y + 8 * v, acc[v]);
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; q++)
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(y[q] + c + 8 * v, acc[q][v]);
 }
 
-static ALWAYS_INLINE AVX2_FN void axpy_rows_body(float *y, const float *w, const void *x, int64_t xs, int64_t rows,
-                                                 int64_t n, const int F16) {
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) axpy_rows_block(y + i, w, row_at(x, i, F16), xs, rows, 8, F16);
-    const void *xi = row_at(x, i, F16);
-    switch ((n - i) / 8) { /* constant counts, so that acc[] stays in registers */
-    case 7: axpy_rows_block(y + i, w, xi, xs, rows, 7, F16); break;
-    case 6: axpy_rows_block(y + i, w, xi, xs, rows, 6, F16); break;
-    case 5: axpy_rows_block(y + i, w, xi, xs, rows, 5, F16); break;
-    case 4: axpy_rows_block(y + i, w, xi, xs, rows, 4, F16); break;
-    case 3: axpy_rows_block(y + i, w, xi, xs, rows, 3, F16); break;
-    case 2: axpy_rows_block(y + i, w, xi, xs, rows, 2, F16); break;
-    case 1: axpy_rows_block(y + i, w, xi, xs, rows, 1, F16); break;
+static ALWAYS_INLINE AVX2_FN void axpy_tiles(float *const *y, int ny, int64_t c, const float *w, int64_t ws,
+                                             const void *x, int64_t xs, int64_t rows, const int NV, const int F16) {
+    int q = 0;
+    for (; q + 4 <= ny; q += 4) axpy_tile(y + q, c, w + q * ws, ws, 4, x, xs, rows, NV, F16);
+    switch (ny - q) {
+    case 3: axpy_tile(y + q, c, w + q * ws, ws, 3, x, xs, rows, NV, F16); break;
+    case 2: axpy_tile(y + q, c, w + q * ws, ws, 2, x, xs, rows, NV, F16); break;
+    case 1: axpy_tile(y + q, c, w + q * ws, ws, 1, x, xs, rows, NV, F16); break;
     default: break;
     }
-    i += (n - i) & ~(int64_t)7;
-    for (; i < n; i++) { /* the last n % 8 elements, rows in order */
-        float v = y[i];
-        for (int64_t k = 0; k < rows; k++) v += w[k] * elem(x, k * xs + i, F16);
-        y[i] = v;
+}
+
+enum { AXPY_BLOCK_ROWS = 64 }; /* 64 rows of a 64-wide f32 head: 16 KB, in L1 for every output */
+
+static ALWAYS_INLINE AVX2_FN void axpy_rows_body(float *const *y, int ny, const float *w, int64_t ws, const void *x,
+                                                 int64_t xs, int64_t rows, int64_t n, const int F16) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t k0 = 0; k0 < rows; k0 += AXPY_BLOCK_ROWS) {
+        const int64_t kn = rows - k0 < AXPY_BLOCK_ROWS ? rows - k0 : AXPY_BLOCK_ROWS;
+        const void *xb = row_at(x, k0 * xs, F16);
+        int64_t c = 0;
+        for (; c + 16 <= n8; c += 16) axpy_tiles(y, ny, c, w + k0, ws, xb, xs, kn, 2, F16);
+        if (c < n8) axpy_tiles(y, ny, c, w + k0, ws, xb, xs, kn, 1, F16);
+        for (int q = 0; q < ny; q++)
+            for (int64_t i = n8; i < n; i++) { /* the last n % 8 columns, rows in order */
+                float v = y[q][i];
+                for (int64_t k = 0; k < kn; k++) v += w[q * ws + k0 + k] * elem(xb, k * xs + i, F16);
+                y[q][i] = v;
+            }
     }
 }
 
-static AVX2_FN void axpy_rows_avx2(float *y, const float *w, const float *x, int64_t xs, int64_t rows, int64_t n) {
-    axpy_rows_body(y, w, x, xs, rows, n, 0);
+static AVX2_FN void axpy_rows_avx2(float *const *y, int ny, const float *w, int64_t ws, const float *x, int64_t xs,
+                                   int64_t rows, int64_t n) {
+    axpy_rows_body(y, ny, w, ws, x, xs, rows, n, 0);
 }
 
-static AVX2_FN void axpy_rows_f16_avx2(float *y, const float *w, const uint16_t *x, int64_t xs, int64_t rows,
-                                       int64_t n) {
-    axpy_rows_body(y, w, x, xs, rows, n, 1);
+static AVX2_FN void axpy_rows_f16_avx2(float *const *y, int ny, const float *w, int64_t ws, const uint16_t *x,
+                                       int64_t xs, int64_t rows, int64_t n) {
+    axpy_rows_body(y, ny, w, ws, x, xs, rows, n, 1);
 }
 
 static AVX2_FN float max_avx2(const float *x, int64_t n) {
@@ -314,10 +382,18 @@ static AVX2_FN double exp_sub_sum_avx2(float *p, int64_t n, float mx) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) expf8_store(p + i, vm);
     for (; i < n; i++) p[i] = expf(p[i] - mx);
-    /* the sum in the scalar loop's order, so that it has the same bits */
-    double sum = 0;
-    for (i = 0; i < n; i++) sum += p[i];
-    return sum;
+    /* sum8_scalar's order: lanes 0-3 and 4-7 in two vectors of doubles */
+    __m256d lo = _mm256_setzero_pd(), hi = lo;
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    }
+    double acc[8];
+    _mm256_storeu_pd(acc, lo);
+    _mm256_storeu_pd(acc + 4, hi);
+    for (; i < n; i++) acc[i % 8] += p[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 static int cpu_has_avx2_fma(void) {
@@ -384,50 +460,52 @@ float simd_max_f32(const float *x, int64_t n) {
     return max_scalar(x, n);
 }
 
-void simd_dot_rows_f32(float *out, const float *a, const float *b, int64_t b_stride, int64_t n_rows, int64_t n,
-                       float scale) {
-    if (n_rows <= 0) return;
+void simd_dot_rows_f32(float *out, int64_t out_stride, const float *const *a, int n_a, const float *b,
+                       int64_t b_stride, int64_t n_rows, int64_t n, float scale) {
+    if (n_rows <= 0 || n_a <= 0) return;
 #if SIMD_HAVE_AVX2
     if (use_avx2()) {
-        dot_rows_avx2(out, a, b, b_stride, n_rows, n, scale);
+        dot_rows_avx2(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale);
         return;
     }
 #endif
-    dot_rows_scalar(out, a, b, b_stride, n_rows, n, scale);
+    dot_rows_scalar(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale);
 }
 
-void simd_axpy_rows_f32(float *y, const float *w, const float *x, int64_t x_stride, int64_t n_rows, int64_t n) {
-    if (n_rows <= 0 || n <= 0) return;
+void simd_axpy_rows_f32(float *const *y, int n_y, const float *w, int64_t w_stride, const float *x, int64_t x_stride,
+                        int64_t n_rows, int64_t n) {
+    if (n_rows <= 0 || n <= 0 || n_y <= 0) return;
 #if SIMD_HAVE_AVX2
     if (use_avx2()) {
-        axpy_rows_avx2(y, w, x, x_stride, n_rows, n);
+        axpy_rows_avx2(y, n_y, w, w_stride, x, x_stride, n_rows, n);
         return;
     }
 #endif
-    axpy_rows_scalar(y, w, x, x_stride, n_rows, n);
+    axpy_rows_scalar(y, n_y, w, w_stride, x, x_stride, n_rows, n);
 }
 
-void simd_dot_rows_f16(float *out, const float *a, const uint16_t *b, int64_t b_stride, int64_t n_rows, int64_t n,
-                       float scale) {
-    if (n_rows <= 0) return;
+void simd_dot_rows_f16(float *out, int64_t out_stride, const float *const *a, int n_a, const uint16_t *b,
+                       int64_t b_stride, int64_t n_rows, int64_t n, float scale) {
+    if (n_rows <= 0 || n_a <= 0) return;
 #if SIMD_HAVE_AVX2
     if (use_avx2()) {
-        dot_rows_f16_avx2(out, a, b, b_stride, n_rows, n, scale);
+        dot_rows_f16_avx2(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale);
         return;
     }
 #endif
-    dot_rows_f16_scalar(out, a, b, b_stride, n_rows, n, scale);
+    dot_rows_f16_scalar(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale);
 }
 
-void simd_axpy_rows_f16(float *y, const float *w, const uint16_t *x, int64_t x_stride, int64_t n_rows, int64_t n) {
-    if (n_rows <= 0 || n <= 0) return;
+void simd_axpy_rows_f16(float *const *y, int n_y, const float *w, int64_t w_stride, const uint16_t *x,
+                        int64_t x_stride, int64_t n_rows, int64_t n) {
+    if (n_rows <= 0 || n <= 0 || n_y <= 0) return;
 #if SIMD_HAVE_AVX2
     if (use_avx2()) {
-        axpy_rows_f16_avx2(y, w, x, x_stride, n_rows, n);
+        axpy_rows_f16_avx2(y, n_y, w, w_stride, x, x_stride, n_rows, n);
         return;
     }
 #endif
-    axpy_rows_f16_scalar(y, w, x, x_stride, n_rows, n);
+    axpy_rows_f16_scalar(y, n_y, w, w_stride, x, x_stride, n_rows, n);
 }
 
 double simd_exp_sub_sum(float *p, int64_t n, float mx) {

@@ -6,11 +6,11 @@
  * as the backend's original scalar loops (dot: eight lanes of mul-then-add,
  * lane i%8, reduced as ((l0+l1) + (l2+l3)) + ((l4+l5) + (l6+l7)), then the
  * n%8 tail added in order; axpy: y + a*x with two roundings, no FMA; max:
- * NaNs skipped). simd_exp_sub_sum's scalar path is libm's expf and a
- * sequential double sum; its AVX2 path computes glibc's expf algorithm
+ * NaNs skipped). simd_exp_sub_sum's scalar path is libm's expf and a double
+ * sum in eight partial sums (lane i%8, combined as the dot's lanes); its AVX2 path computes glibc's expf algorithm
  * (x86-64 FMA variant) in vectors, bit-identical to glibc >= 2.28's expf on
  * the CPUs it runs on (with another libm: within its expf's error, about 1
- * ulp), and sums in the same sequential order. */
+ * ulp), and sums in the same order. */
 #ifndef POTSERVE_SIMD_H
 #define POTSERVE_SIMD_H
 
@@ -23,24 +23,29 @@ void simd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* The largest x[i], i < n, ignoring NaNs; -INFINITY for n <= 0 or all NaN. */
 float simd_max_f32(const float *x, int64_t n);
 /* p[i] = expf(p[i] - mx), i < n; returns the sum of the new p[i] (in double,
- * as the softmax loops accumulate it). */
+ * eight partial sums as above). */
 double simd_exp_sub_sum(float *p, int64_t n, float mx);
 
-/* Batched forms for the attention loops, bit for bit equal to calling the
- * above row by row (one call instead of one per key; the AVX2 kernels keep
- * y in registers across the rows):
- * out[k] = simd_dot_f32(a, b + k * b_stride, n) * scale, k < n_rows. */
-void simd_dot_rows_f32(float *out, const float *a, const float *b, int64_t b_stride, int64_t n_rows, int64_t n,
-                       float scale);
-/* for k = 0 .. n_rows-1 in order: simd_axpy_f32(y, w[k], x + k * x_stride, n). */
-void simd_axpy_rows_f32(float *y, const float *w, const float *x, int64_t x_stride, int64_t n_rows, int64_t n);
+/* Batched forms for the attention loops: several queries (the query heads of
+ * a KV group, several tokens) against the same rows, each result bit for bit
+ * what the one-row helpers above give; the AVX2 kernels read every row once
+ * for all the queries (tiles of 4 queries x 2 rows, outputs in registers).
+ * out[i * out_stride + k] = simd_dot_f32(a[i], b + k * b_stride, n) * scale,
+ * i < n_a, k < n_rows. */
+void simd_dot_rows_f32(float *out, int64_t out_stride, const float *const *a, int n_a, const float *b,
+                       int64_t b_stride, int64_t n_rows, int64_t n, float scale);
+/* for i < n_y, for k = 0 .. n_rows-1 in order:
+ * simd_axpy_f32(y[i], w[i * w_stride + k], x + k * x_stride, n). */
+void simd_axpy_rows_f32(float *const *y, int n_y, const float *w, int64_t w_stride, const float *x, int64_t x_stride,
+                        int64_t n_rows, int64_t n);
 
 /* The same two with the rows (b, x) in IEEE half precision, as pots store
  * entries: the same bits as converting the rows to f32 first (the conversion
  * is exact), without the pass that would do it. */
-void simd_dot_rows_f16(float *out, const float *a, const uint16_t *b, int64_t b_stride, int64_t n_rows, int64_t n,
-                       float scale);
-void simd_axpy_rows_f16(float *y, const float *w, const uint16_t *x, int64_t x_stride, int64_t n_rows, int64_t n);
+void simd_dot_rows_f16(float *out, int64_t out_stride, const float *const *a, int n_a, const uint16_t *b,
+                       int64_t b_stride, int64_t n_rows, int64_t n, float scale);
+void simd_axpy_rows_f16(float *const *y, int n_y, const float *w, int64_t w_stride, const uint16_t *x,
+                        int64_t x_stride, int64_t n_rows, int64_t n);
 
 /* Kernels in use: "avx2" (AVX2, FMA and F16C) or "scalar". */
 const char *simd_name(void);

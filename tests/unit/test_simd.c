@@ -5,10 +5,11 @@
  *    and as the original loops (also with NaNs and infinities for max);
  *  - simd_exp_sub_sum: each p[i] the bits of expf(p[i] - mx) (glibc; with
  *    another libm within 1 ulp), also for differences beyond +-88,
- *    infinities and NaN; the sum the bits of the scalar path's sum; plus a
+ *    infinities and NaN; the sum the bits of eight partial sums (lane i%8) of
+ *    the stored values, as the scalar path adds them; plus a
  *    sweep over [-104, 89] in steps of 2^-12;
  *  - simd_dot_rows_f32 / simd_axpy_rows_f32: the same bits as the row-by-row
- *    loops, 0..37 rows. */
+ *    loops for each of 1..9 queries, 0..130 rows. */
 #include "test.h"
 
 #include "engine/cpu/simd.h"
@@ -190,12 +191,13 @@ static int check_exp(const float *in, int64_t n, float mx, float *p, double *sum
     memcpy(p, in, (size_t)n * sizeof *p);
     const double sum = simd_exp_sub_sum(p, n, mx);
     int bad = 0;
-    double s2 = 0;
+    double acc[8] = {0};
     for (int64_t i = 0; i < n; i++) {
         const float x = in[i] - mx, want = expf(x);
         if (!exp_close(p[i], want) && bad++ < 5) fprintf(stderr, "  exp(%.9g) = %.9g, expf %.9g\n", x, p[i], want);
-        s2 += p[i];
+        acc[i % 8] += p[i];
     }
+    const double s2 = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     if (memcmp(&sum, &s2, sizeof sum) != 0 && !(isnan(sum) && isnan(s2))) {
         fprintf(stderr, "  sum %.17g, stored values add to %.17g\n", sum, s2);
         bad++;
@@ -273,57 +275,77 @@ TEST(simd_exp_sweep) {
     CHECK_EQ_INT(bad, 0);
 }
 
-/* The batched forms equal the row-by-row loops bit for bit: rows 0..9 and 37,
- * every length 0..67 and some long ones, strides wider than a row. */
+/* The batched forms equal the row-by-row loops bit for bit, for every query
+ * of a batch: rows 0..9 and 37 (odd counts: the two-row tiles' tail; more
+ * than 64: the value blocks), queries 1..6 and 9 (the four-query tiles and
+ * their tails), every length 0..67 and some long ones, strides wider than a
+ * row, unaligned. */
 TEST(simd_rows) {
     init_lengths();
-    static const int64_t row_counts[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 37};
-    enum { MAX_ROWS = 37 };
+    static const int64_t row_counts[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 37, 130};
+    static const int query_counts[] = {1, 2, 3, 4, 5, 6, 9};
+    enum { MAX_ROWS = 130, MAX_Q = 9 };
     int bad = 0, cases = 0;
     for (int li = 0; li < n_lengths; li++) {
         const int64_t n = lengths[li];
         if (n > 1040) continue;
-        const int64_t stride = n + 3;
-        float *a = malloc((size_t)(n + 1) * sizeof *a), *b = malloc((size_t)(stride * MAX_ROWS + 1) * sizeof *b);
-        float *w = malloc(MAX_ROWS * sizeof *w), *y0 = malloc((size_t)(n + 2) * sizeof *y0),
-              *y1 = malloc((size_t)(n + 2) * sizeof *y1), *y2 = malloc((size_t)(n + 2) * sizeof *y2);
-        float want[MAX_ROWS + 1], got[MAX_ROWS + 1], got_s[MAX_ROWS + 1];
-        CHECK(a && b && w && y0 && y1 && y2);
-        if (!a || !b || !w || !y0 || !y1 || !y2) return;
-        for (int64_t i = 0; i <= n; i++) a[i] = uni();
+        const int64_t stride = n + 3, ys = n + 2;
+        float *a = malloc((size_t)(MAX_Q * stride + 1) * sizeof *a), *b = malloc((size_t)(stride * MAX_ROWS + 1) * sizeof *b);
+        float *w = malloc(MAX_Q * MAX_ROWS * sizeof *w), *y0 = malloc((size_t)(MAX_Q * ys) * sizeof *y0),
+              *y1 = malloc((size_t)(MAX_Q * ys) * sizeof *y1), *y2 = malloc((size_t)(MAX_Q * ys) * sizeof *y2);
+        float *want = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *want), *got = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *got),
+              *got_s = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *got_s);
+        CHECK(a && b && w && y0 && y1 && y2 && want && got && got_s);
+        if (!a || !b || !w || !y0 || !y1 || !y2 || !want || !got || !got_s) return;
+        for (int64_t i = 0; i <= MAX_Q * stride; i++) a[i] = uni();
         for (int64_t i = 0; i <= stride * MAX_ROWS; i++) b[i] = uni() * 4.0f;
-        for (int k = 0; k < MAX_ROWS; k++) w[k] = uni();
-        const float scale = 0.125f + uni() * 0.01f;
-        for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++, cases++) {
-            const int64_t rows = row_counts[ri];
-            for (int64_t k = 0; k < rows; k++) want[k] = ref_dot(a + 1, b + 1 + k * stride, n) * scale;
-            want[rows] = got[rows] = got_s[rows] = -7.0f;
-            simd_dot_rows_f32(got, a + 1, b + 1, stride, rows, n, scale);
-            simd_force_scalar(1);
-            simd_dot_rows_f32(got_s, a + 1, b + 1, stride, rows, n, scale);
-            simd_force_scalar(0);
-            bad += memcmp(got, want, (size_t)(rows + 1) * sizeof *got) != 0;
-            bad += memcmp(got_s, want, (size_t)(rows + 1) * sizeof *got) != 0;
-
-            for (int64_t i = 0; i < n + 2; i++) y0[i] = y1[i] = y2[i] = uni();
-            for (int64_t k = 0; k < rows; k++) /* the original loop, key by key */
-                for (int64_t i = 0; i < n; i++) y0[i + 1] += w[k] * b[1 + k * stride + i];
-            simd_axpy_rows_f32(y1 + 1, w, b + 1, stride, rows, n);
-            simd_force_scalar(1);
-            simd_axpy_rows_f32(y2 + 1, w, b + 1, stride, rows, n);
-            simd_force_scalar(0);
-            bad += memcmp(y0, y1, (size_t)(n + 2) * sizeof *y0) != 0;
-            bad += memcmp(y0, y2, (size_t)(n + 2) * sizeof *y0) != 0;
+        for (int k = 0; k < MAX_Q * MAX_ROWS; k++) w[k] = uni();
+        const float *qs[MAX_Q];
+        float *y1s[MAX_Q], *y2s[MAX_Q];
+        for (int q = 0; q < MAX_Q; q++) {
+            qs[q] = a + 1 + q * stride;
+            y1s[q] = y1 + q * ys + 1;
+            y2s[q] = y2 + q * ys + 1;
         }
+        const float scale = 0.125f + uni() * 0.01f;
+        for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++)
+            for (size_t qi = 0; qi < sizeof query_counts / sizeof query_counts[0]; qi++, cases++) {
+                const int64_t rows = row_counts[ri], os = rows + 1;
+                const int nq = query_counts[qi];
+                for (int q = 0; q < nq; q++) {
+                    for (int64_t k = 0; k < rows; k++) want[q * os + k] = ref_dot(qs[q], b + 1 + k * stride, n) * scale;
+                    want[q * os + rows] = got[q * os + rows] = got_s[q * os + rows] = -7.0f;
+                }
+                simd_dot_rows_f32(got, os, qs, nq, b + 1, stride, rows, n, scale);
+                simd_force_scalar(1);
+                simd_dot_rows_f32(got_s, os, qs, nq, b + 1, stride, rows, n, scale);
+                simd_force_scalar(0);
+                bad += memcmp(got, want, (size_t)(nq * os) * sizeof *got) != 0;
+                bad += memcmp(got_s, want, (size_t)(nq * os) * sizeof *got) != 0;
+
+                for (int64_t i = 0; i < MAX_Q * ys; i++) y0[i] = y1[i] = y2[i] = uni();
+                for (int q = 0; q < nq; q++) /* the original loop, key by key */
+                    for (int64_t k = 0; k < rows; k++)
+                        for (int64_t i = 0; i < n; i++) y0[q * ys + i + 1] += w[q * MAX_ROWS + k] * b[1 + k * stride + i];
+                simd_axpy_rows_f32(y1s, nq, w, MAX_ROWS, b + 1, stride, rows, n);
+                simd_force_scalar(1);
+                simd_axpy_rows_f32(y2s, nq, w, MAX_ROWS, b + 1, stride, rows, n);
+                simd_force_scalar(0);
+                bad += memcmp(y0, y1, (size_t)(MAX_Q * ys) * sizeof *y0) != 0;
+                bad += memcmp(y0, y2, (size_t)(MAX_Q * ys) * sizeof *y0) != 0;
+            }
         free(a);
         free(b);
         free(w);
         free(y0);
         free(y1);
         free(y2);
+        free(want);
+        free(got);
+        free(got_s);
     }
     CHECK_EQ_INT(bad, 0);
-    if (getenv("VERBOSE")) fprintf(stderr, "  %d (length, rows) cases\n", cases);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d (length, rows, queries) cases\n", cases);
 }
 
 /* f16 rows: the same bits as the f32 kernels on the converted rows, on both
@@ -337,8 +359,9 @@ TEST(simd_rows_f16) {
         const int64_t n = lengths[li], stride = n + 5;
         float *a = malloc((size_t)(n + 1) * sizeof *a), *bf = malloc((size_t)(stride * ROWS + 1) * sizeof *bf);
         uint16_t *bh = malloc((size_t)(stride * ROWS + 1) * sizeof *bh);
-        float w[ROWS], want[ROWS], got[ROWS], *y0 = malloc((size_t)(n + 1) * sizeof *y0),
-                                              *y1 = malloc((size_t)(n + 1) * sizeof *y1);
+        enum { NQ = 3 };
+        float w[NQ * ROWS], want[NQ * ROWS], got[NQ * ROWS], *y0 = malloc((size_t)NQ * (n + 1) * sizeof *y0),
+                                                            *y1 = malloc((size_t)NQ * (n + 1) * sizeof *y1);
         CHECK(a && bf && bh && y0 && y1);
         if (!a || !bf || !bh || !y0 || !y1) return;
         for (int64_t i = 0; i <= n; i++) a[i] = uni();
@@ -347,17 +370,19 @@ TEST(simd_rows_f16) {
             memcpy(&bh[i], &h, sizeof h);
             bf[i] = (float)h;
         }
-        for (int k = 0; k < ROWS; k++) w[k] = uni();
+        for (int k = 0; k < NQ * ROWS; k++) w[k] = uni();
+        const float *qs[NQ] = {a + 1, a + 1, a}; /* the same query twice: each output its own */
+        float *y0s[NQ] = {y0, y0 + (n + 1), y0 + 2 * (n + 1)}, *y1s[NQ] = {y1, y1 + (n + 1), y1 + 2 * (n + 1)};
         for (int rows = 0; rows <= ROWS; rows++)
             for (int scalar = 0; scalar <= 1; scalar++) {
                 simd_force_scalar(scalar);
-                simd_dot_rows_f32(want, a + 1, bf + 1, stride, rows, n, 0.125f);
-                simd_dot_rows_f16(got, a + 1, bh + 1, stride, rows, n, 0.125f);
-                bad += memcmp(want, got, (size_t)rows * sizeof *got) != 0;
-                for (int64_t i = 0; i <= n; i++) y0[i] = y1[i] = uni();
-                simd_axpy_rows_f32(y0, w, bf + 1, stride, rows, n);
-                simd_axpy_rows_f16(y1, w, bh + 1, stride, rows, n);
-                bad += memcmp(y0, y1, (size_t)(n + 1) * sizeof *y0) != 0;
+                simd_dot_rows_f32(want, ROWS, qs, NQ, bf + 1, stride, rows, n, 0.125f);
+                simd_dot_rows_f16(got, ROWS, qs, NQ, bh + 1, stride, rows, n, 0.125f);
+                for (int q = 0; q < NQ; q++) bad += memcmp(want + q * ROWS, got + q * ROWS, (size_t)rows * sizeof *got) != 0;
+                for (int64_t i = 0; i < NQ * (n + 1); i++) y0[i] = y1[i] = uni();
+                simd_axpy_rows_f32(y0s, NQ, w, ROWS, bf + 1, stride, rows, n);
+                simd_axpy_rows_f16(y1s, NQ, w, ROWS, bh + 1, stride, rows, n);
+                bad += memcmp(y0, y1, (size_t)NQ * (n + 1) * sizeof *y0) != 0;
             }
         simd_force_scalar(0);
         free(a);

@@ -132,13 +132,16 @@ def key_for(seed, haystack, length, depth, k):
     return random.Random(f"{seed}:{haystack}:{length}:{depth}:{k}").randint(10000, 99999)
 
 
-def run_cell(a, hay, kind, policy, budget, lengths, depths, work):
-    """All trials of one (haystack, policy, budget) in one longdoc_bench run."""
+def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset()):
+    """All trials of one (haystack, policy, budget) in one longdoc_bench run,
+    less those already in `done` (cell_key + trial), so a grid resumes."""
     plan = []
     for L in lengths:
         for d in depths:
             ins, end, toks = hay.cut(L, d)
             for k in range(a.keys):
+                if (kind, policy, budget, L, d, k) in done:
+                    continue
                 key = key_for(a.seed, kind, L, d, k)
                 plan.append((ins, end, f"{L}:{d}:{k}:{toks}", key))
     plan.sort()
@@ -334,6 +337,8 @@ def main():
         print(memory_report(out, cmdline))
         return
     if not a.report:
+        old = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+        done = {(r["haystack"], r["policy"], r["budget"], r["length"], r["depth"], r["trial"]) for r in old}
         lengths = [int(x) for x in a.lengths.split(",")]
         depths = [float(x) for x in a.depths.split(",")]
         ctx = n_ctx(a.model)
@@ -345,13 +350,14 @@ def main():
                         eff = min(L, ctx - N_CTX_MARGIN)
                         # the pot also reserves room for the (unused) catalyst rows
                         budget = min(eff + N_CTX_MARGIN, ctx - 32)
-                        rows = run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work")
+                        rows = run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work",
+                                        {(h, p, b, eff, d, k) for h, p, b, l, d, k in done if l == L})
                         for r in rows:
                             r["length"] = L
                         append(results, rows)
                     continue
                 for budget in [int(x) for x in a.budgets.split(",")]:
-                    append(results, run_cell(a, hay, kind, policy, budget, lengths, depths, out / "work"))
+                    append(results, run_cell(a, hay, kind, policy, budget, lengths, depths, out / "work", done))
     rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
     print(report(rows, out, cmdline))
 
