@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "engine/engine.h"
@@ -476,8 +477,32 @@ static const flag ingest_flags[] = {
     {"--n-predict", "-n", "N", "answer tokens (default 64, greedy)"},
     {"--track", NULL, "A:B", "report how much of document tokens [A, B) the pot keeps"},
     {"--json", NULL, NULL, "print the answer and the measurements as one JSON object"},
+    {"--progress", NULL, "N", "every N tokens read, a JSON line on stderr: tokens, seconds, RSS"},
     {NULL, NULL, NULL, NULL},
 };
+
+/* The process's resident set now (not its peak), in bytes; -1 if unknown. */
+static long long current_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long pages, resident;
+    int ok = f && fscanf(f, "%lld %lld", &pages, &resident) == 2;
+    if (f) fclose(f);
+    return ok ? resident * sysconf(_SC_PAGESIZE) : -1;
+}
+
+/* --progress: one line per N tokens read, so a long run can be followed
+ * (and its memory curve drawn) while it goes. */
+static void report_progress(engine_doc *d, long long every, long long *next, double t0) {
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    if (every <= 0 || st.tokens_read < *next) return;
+    *next = (st.tokens_read / every + 1) * every;
+    fprintf(stderr,
+            "{\"tokens_read\": %lld, \"seconds\": %.1f, \"rss_bytes\": %lld, \"compressions\": %lld, "
+            "\"tokens_in_pot\": %d}\n",
+            (long long)st.tokens_read, (now_wall_ms() - t0) / 1e3, current_rss_bytes(),
+            (long long)st.compressions, st.tokens_in_pot);
+}
 
 typedef struct answer_buf {
     char *text;
@@ -613,6 +638,13 @@ int cli_ingest(int argc, char **argv) {
     }
     int json = flag_val(ingest_flags, &p, "--json") != NULL;
     const char *question = flag_val(ingest_flags, &p, "--question");
+    const char *pv = flag_val(ingest_flags, &p, "--progress");
+    char *pv_end = NULL;
+    long long every = pv ? strtoll(pv, &pv_end, 10) : 0, next_report = every;
+    if (pv && (every <= 0 || *pv_end)) {
+        fprintf(stderr, "potserve ingest: --progress: '%s' is not a positive token count\n", pv);
+        return 2;
+    }
     FILE *in = strcmp(file, "-") ? fopen(file, "rb") : stdin;
     if (!in) {
         fprintf(stderr, "potserve ingest: cannot open %s: %s\n", file, strerror(errno));
@@ -628,6 +660,7 @@ int cli_ingest(int argc, char **argv) {
         if (e) fprintf(stderr, "potserve ingest: %s\n", err);
         goto out;
     }
+    double t_start = now_wall_ms();
     static char buf[1 << 16];
     for (;;) {
         size_t got = fread(buf, 1, sizeof buf, in);
@@ -640,6 +673,7 @@ int cli_ingest(int argc, char **argv) {
             fprintf(stderr, "potserve ingest: %s\n", err);
             goto out;
         }
+        report_progress(d, every, &next_report, t_start);
         if (final) break;
     }
     if (question) {

@@ -88,3 +88,22 @@ def test_ingest_infinipot_ablation_flags(fixtures, tmp_path):
         assert json.loads(p.stdout)["compressions"] >= 1
     p = ingest(fixtures / "tiny_llama.gguf", doc, "--budget", "160", "--policy", "snapkv", "--no-catalyst")
     assert p.returncode != 0 and b"no_catalyst" in p.stderr
+
+
+def test_ingest_progress_lines(fixtures, tmp_path):
+    """--progress: JSON lines on stderr while reading, the last one at the
+    whole document; a bad count is a usage error."""
+    model = fixtures / "tiny_llama.gguf"
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC * 20)  # > 64 KB: several reads, several lines
+    p = ingest(model, doc, "--budget", "160", "--keep", "80", "--chunk", "32", "--progress", "1000", "--json")
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(x) for x in p.stderr.decode().splitlines() if x.startswith("{")]
+    final = json.loads(p.stdout)
+    assert len(lines) >= 2
+    assert [x["tokens_read"] for x in lines] == sorted(x["tokens_read"] for x in lines)
+    assert lines[-1]["tokens_read"] == final["tokens_read"]
+    assert all(x["rss_bytes"] > 0 and x["tokens_in_pot"] <= 160 and x["seconds"] >= 0 for x in lines)
+    for bad in ("0", "-5", "12x"):
+        p = ingest(model, doc, "--progress", bad)
+        assert p.returncode == 2 and b"--progress" in p.stderr

@@ -93,14 +93,16 @@ class Haystack:
         intro = INTRO + seps
         self.units = [intro]
         toks = [n_tokens(model, intro)]
+        total = toks[0]
         rng = random.Random(0)
-        while sum(toks) < max_tokens + 1024:
+        while total < max_tokens + 1024:
             order = list(range(len(unit_texts)))
             if kind == "text":
                 rng.shuffle(order)
             for i in order:
                 self.units.append(unit_texts[i] + seps)
                 toks.append(cost[unit_texts[i]])
+                total += toks[-1]
         self.text = "".join(self.units)
         self.cum_tok, self.cum_byte = [0], [0]
         for u, t in zip(self.units, toks):
@@ -292,6 +294,75 @@ def memory_runs(a, out):
     return rows
 
 
+def showcase(a, out, length):
+    """One document of `length` tokens (filler, needle at depth 0.5) through
+    a pot by `potserve ingest --progress`: its time, its RSS curve (sampled
+    every 16K tokens read) and whether the key is found; showcase.md,
+    showcase.jsonl and showcase.png in OUT."""
+    hay = Haystack(a.model, "filler", length)
+    ins, end, toks = hay.cut(length, 0.5)
+    key = key_for(a.seed, "showcase", length, 0.5, 0)
+    path = out / "work" / "showcase_doc.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hb = hay.text.encode()
+    path.write_bytes(hb[:ins] + NEEDLE.format(key=key).encode() + hb[ins:end])
+    budget = int(a.budgets.split(",")[0])
+    args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--budget", str(budget),
+            "--question", a.question, "-n", "12", "--json", "--progress", "16384"]
+    curve, t0 = [], time.time()
+    log = open(out / "showcase.jsonl", "w")
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        for line in p.stderr:  # progress lines while it reads
+            if line.startswith("{"):
+                curve.append(json.loads(line))
+                log.write(line)
+                log.flush()
+        result = json.loads(p.stdout.read())
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode})")
+    result.update(length=length, doc_tokens=toks, key=key, hit=str(key) in result["answer"],
+                  wall_s=time.time() - t0, final=True)
+    log.write(json.dumps(result) + "\n")
+    log.close()
+    rss = [c["rss_bytes"] / 1e6 for c in curve]
+    first = next((c for c in curve if c["tokens_read"] >= 8192), curve[0])
+    text = "\n".join([
+        f"`{' '.join(sys.argv)}`", "",
+        f"{result['tokens_read']:,} tokens ({result['bytes_read'] / 1e6:.1f} MB of text) through a "
+        f"{budget}-entry pot ({result['policy']}, keep {result['keep_tokens']}, {a.threads} thread(s)): "
+        f"{result['wall_s'] / 60:.1f} min, {result['ingest_tokens_per_s']:.1f} tokens/s, "
+        f"{result['compressions']:,} compressions ({100 * result['compress_share']:.2f} % of ingest time); "
+        f"key {key} {'found' if result['hit'] else 'NOT found'} (answer: {result['answer']!r}).", "",
+        f"Resident memory while reading (sampled every 16K tokens): {min(rss):.1f}-{max(rss):.1f} MB; "
+        f"{rss[0]:.1f} MB at {curve[0]['tokens_read']:,} tokens, {rss[-1]:.1f} MB at "
+        f"{curve[-1]['tokens_read']:,} ({100 * (rss[-1] / (first['rss_bytes'] / 1e6) - 1):+.1f} % from "
+        f"{first['tokens_read']:,} tokens); peak RSS {result['peak_rss_bytes'] / 1e6:.1f} MB; "
+        f"pot {result['pot_bytes'] / 1e6:.1f} MB.", ""])
+    (out / "showcase.md").write_text(text)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 3))
+        xs = [c["tokens_read"] / 1e3 for c in curve]
+        ax.plot(xs, rss, label="resident memory (MB)")
+        ax.set_ylim(0, max(rss) * 1.3)
+        ax.set_xlabel("document tokens read (thousands)")
+        ax.set_ylabel("MB")
+        ax2 = ax.twinx()
+        tps = [(b["tokens_read"] - a_["tokens_read"]) / max(1e-9, b["seconds"] - a_["seconds"])
+               for a_, b in zip(curve, curve[1:])]
+        ax2.plot(xs[1:], tps, color="tab:orange", label="tokens/s")
+        ax2.set_ylim(0, max(tps + [1]) * 1.3)
+        ax2.set_ylabel("tokens/s")
+        fig.legend(loc="lower right", fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "showcase.png", dpi=110)
+    except ImportError:
+        print("matplotlib missing: no chart", file=sys.stderr)
+    return text
+
+
 def memory_report(out, cmdline):
     path = out / "memory.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
@@ -327,11 +398,16 @@ def main():
     ap.add_argument("--report", action="store_true", help="only redraw the table and heatmap")
     ap.add_argument("--memory", default="", help="lengths for the RSS / tokens/s runs (e.g. 8192,32768,131072): "
                                                 "one `potserve ingest` per document at the first budget, nothing else")
+    ap.add_argument("--showcase", type=int, default=0, help="one document of this many tokens (e.g. 1048576) "
+                                                              "with its memory curve, nothing else")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     cmdline = " ".join(sys.argv)
+    if a.showcase:
+        print(showcase(a, out, a.showcase))
+        return
     if a.memory:
         memory_runs(a, out)
         print(memory_report(out, cmdline))
