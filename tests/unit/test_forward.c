@@ -207,3 +207,51 @@ TEST(forward_partial_attention_over_every_slot_equals_full) {
     be->free(be);
     model_free(m);
 }
+
+/* Attention is split into tasks by thread count (small spans by head, large
+ * ones by KV group and token block, scoring rows by head): every split must
+ * give the same bits. 60 tokens after a 14-token prefix, scoring rows in the
+ * middle, then 7 more (few enough that 5 threads split by head where 1 does
+ * not); f32 and f16 pots, with and without the rotated-key cache. */
+TEST(forward_same_bits_on_any_thread_count) {
+    model *m = test_load_default_model();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    enum { N = 60, ROW0 = 20, ROWS = 9, TAIL = 7 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = prompt[(i * 5) % N_PROMPT];
+    size_t V = (size_t)m->n_vocab, n_scores = (size_t)m->n_layer * m->n_head_kv * (N_PROMPT + N);
+    float *logits[3], *scores[3];
+    static const int threads[3] = {1, 2, 5};
+    for (int dt = 0; dt < 2; dt++)
+        for (int cached = 0; cached < 2; cached++) {
+            for (int k = 0; k < 3; k++) {
+                backend *be = cpu_backend_new(m, threads[k], 0, err, sizeof err);
+                pot *p = pot_new(m->n_layer, m->n_head_kv, m->head_dim, 128, dt ? POT_F16 : POT_F32, err, sizeof err);
+                if (cached) CHECK_EQ_INT(pot_cache_rotated_keys(p), 0);
+                logits[k] = malloc(V * (N + TAIL) * sizeof(float));
+                scores[k] = calloc(n_scores, sizeof(float));
+                backend_span pre = {.tokens = prompt, .n_tokens = N_PROMPT, .kv = p};
+                backend_span sp = {.tokens = toks, .n_tokens = N, .kv = p, .logits_mode = BACKEND_LOGITS_ALL,
+                                   .logits = logits[k], .score_row0 = ROW0, .n_score_rows = ROWS,
+                                   .scores = scores[k]};
+                CHECK_EQ_INT(be->forward(be, &pre, 1, err, sizeof err), 0);
+                CHECK_EQ_INT(be->forward(be, &sp, 1, err, sizeof err), 0);
+                backend_span tail = {.tokens = toks + 3, .n_tokens = TAIL, .kv = p,
+                                     .logits_mode = BACKEND_LOGITS_ALL, .logits = logits[k] + V * N};
+                CHECK_EQ_INT(be->forward(be, &tail, 1, err, sizeof err), 0);
+                pot_free(p);
+                be->free(be);
+            }
+            for (int k = 1; k < 3; k++) {
+                CHECK(memcmp(logits[0], logits[k], V * (N + TAIL) * sizeof(float)) == 0);
+                CHECK(memcmp(scores[0], scores[k], n_scores * sizeof(float)) == 0);
+            }
+            for (int k = 0; k < 3; k++) {
+                free(logits[k]);
+                free(scores[k]);
+            }
+        }
+    model_free(m);
+}
