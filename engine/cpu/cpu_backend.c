@@ -282,6 +282,7 @@ struct buffers {
     float *scratch;                             /* [n_threads][max cols] */
     uint8_t *act;                               /* [T][max cols] quantised activations (f32 worst case) */
     float *krot, *vals, *probs, *head_scores;   /* attention, sized for the largest span */
+    attn_task *tasks; /* [n_head][T + 1]: at most one per head and token, plus each head's scoring task */
 };
 
 static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
@@ -304,7 +305,9 @@ static void free_buffers(buffers *B) {
         *all[i] = NULL;
     }
     free(B->act);
+    free(B->tasks);
     B->act = NULL;
+    B->tasks = NULL;
 }
 
 static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int n_threads) {
@@ -326,8 +329,9 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->vals = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
     B->probs = malloc((size_t)n_threads * ATTN_TILE_QUERIES * max_keys * sizeof(float));
     B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
+    B->tasks = malloc((size_t)m->n_head * (T + 1) * sizeof *B->tasks);
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
-        !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores) {
+        !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores || !B->tasks) {
         free_buffers(B);
         return -1;
     }
@@ -349,13 +353,9 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     else
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
-    /* at most one task per head per token, plus the heads' scoring tasks */
-    attn_task *tasks = malloc(((size_t)m->n_head * (sp->n_tokens + 1)) * sizeof *tasks);
-    if (!tasks) abort(); /* a few KB per span; the activations took far more */
-    j.tasks = tasks;
-    int32_t n_tasks = plan_attention(m, sp, j.head_scores != NULL, tp_threads(cb->tp), tasks);
+    j.tasks = B->tasks;
+    int32_t n_tasks = plan_attention(m, sp, j.head_scores != NULL, tp_threads(cb->tp), B->tasks);
     tp_parallel_for(cb->tp, n_tasks, attend_tasks, &j);
-    free(tasks);
     if (j.head_scores) store_scores(m, sp, layer, n_keys, j.head_scores);
 }
 
