@@ -146,7 +146,7 @@ asan: fixtures model
 # build) linked into $(BUILD)/cuda/potserve, leaving $(BUILD)/potserve the
 # CPU binary the other tests run.
 # synthetic llama-family GGUFs with random weights (tests/bench/cuda/make_synthetic_gguf.py)
-SYNTH_1B      := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_0.gguf
+SYNTH_1B      := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_K_M.gguf
 SYNTH_TINY    := $(BUILD)/bench/synthetic-tiny.Q4_0.gguf
 CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
 CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
@@ -171,12 +171,12 @@ $(BUILD)/obj/emu/%.o: %.cpp
 $(BUILD)/cuda_emu_tests: $(EMU_OBJ) $(CUDA_TEST_REF)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(CUDA_TEST_LIBS)
 # test_engine.c runs the engine on a tiny synthetic GGUF (bench-cuda's smoke model)
-test-cuda-emu: $(BUILD)/cuda_emu_tests $(SYNTH_TINY)
+test-cuda-emu: $(BUILD)/cuda_emu_tests $(SYNTH_TINY) fixtures
 	$(BUILD)/cuda_emu_tests
 
 $(BUILD)/cuda_tests: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC) $(CUDA_TEST_CU)) $(CUDA_TEST_REF)
 	$(CC) $(CFLAGS) $^ -o $@ $(CUDA_TEST_LIBS) $(CUDA_LIBS)
-test-cuda: $(BUILD)/cuda_tests $(SYNTH_TINY)
+test-cuda: $(BUILD)/cuda_tests $(SYNTH_TINY) fixtures
 	$(BUILD)/cuda_tests
 
 $(BUILD)/cuda/potserve: $(filter-out $(CUDA_OBJ),$(LIB_OBJ)) $(CUDA_OBJ) $(BUILD)/obj/$(MAIN_SRC:.c=.o)
@@ -209,7 +209,7 @@ $(BUILD)/bench_cuda_emu: $(filter-out %/selftest.o,$(EMU_OBJ)) $(BENCH_CUDA_REF)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread
 $(SYNTH_1B): | $(MODEL)
 	@mkdir -p $(dir $@)
-	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape llama-3.2-1b --type q4_0
+	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape llama-3.2-1b --type q4_k_m
 $(SYNTH_TINY): | $(MODEL)
 	@mkdir -p $(dir $@)
 	$(VPY) tests/bench/cuda/make_synthetic_gguf.py $(MODEL) $@ --shape tiny --type q4_0

@@ -79,7 +79,7 @@ static void *upload(cuda_backend *cb, const void *host, size_t bytes) {
 
 static int upload_weight(cuda_backend *cb, const weight *w, dev_weight *dw, char *err, size_t errlen) {
     if (!cuda_weight_type_supported(w->type)) {
-        snprintf(err, errlen, "cuda backend: weights of type %s are not supported yet", quant_type_name(w->type));
+        snprintf(err, errlen, "cuda backend: weights of type %s are not supported", quant_type_name(w->type));
         return -1;
     }
     dw->type = w->type;

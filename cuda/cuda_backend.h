@@ -17,8 +17,9 @@ struct model;
 int cuda_probe(char *msg, size_t msglen);
 
 /* The CUDA backend for a llama-family model (llama, qwen2 biases included):
- * weights uploaded once in their file types (F32, F16, BF16, Q4_0, Q4_1, Q8_0;
- * other types are refused with a message), forward() as engine/backend.h
+ * weights uploaded once in their file types (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0 and the K-quants Q2_K..Q6_K: every type the CPU backend reads;
+ * any other is refused with a message), forward() as engine/backend.h
  * describes, the same results as cpu_backend_new within float rounding.
  * n_threads is unused (the host side is one thread). exact = 1 runs every
  * matrix product in f32; exact = 0 runs the products of more than 16 rows

@@ -64,8 +64,10 @@ cudaError_t cuda_pot_load_f32(float *out, const void *pot_layer, int32_t dtype, 
 
 /* ---- embed.cu: token embeddings ---------------------------------------------------- */
 /* out[t] = dequantised row tokens[t] of a [n_vocab][n_embd] table of type (F32,
- * F16, BF16, Q4_0, Q4_1, Q8_0; rows row_bytes apart); the caller checks
- * tokens against n_vocab. Bit-identical to quant_dequantize_row. */
+ * F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: every
+ * type engine/quant.c dequantises; rows row_bytes apart, whole blocks of 32
+ * or 256); the caller checks tokens against n_vocab. Bit-identical to
+ * quant_dequantize_row. */
 cudaError_t cuda_embed_rows(float *out, const void *table, uint32_t type, size_t row_bytes, int64_t n_embd,
                             const int32_t *tokens, int64_t n_tokens, cudaStream_t stream);
 /* 1 if cuda_embed_rows and cuda_matvec take weights of this ggml type. */
@@ -73,7 +75,7 @@ int cuda_weight_type_supported(uint32_t type);
 
 /* ---- matvec.cu: quantised matrix times a few activation rows (decode) ------------- */
 /* y[t][r] = dot(weight row r, x[t]) for r < rows, t < n_x; weights [rows][cols]
- * of type (as cuda_embed_rows; quantised types need cols % 32 == 0), f32
+ * of type (as cuda_embed_rows), f32
  * activations x [n_x][cols]. Agrees with quant_dot_row (the exact CPU path)
  * to float rounding. */
 cudaError_t cuda_matvec(float *y, const void *w, uint32_t type, size_t row_bytes, int64_t rows, int64_t cols,

@@ -1,51 +1,36 @@
 /* Whole weight matrices to f32 (the operand of the prefill GEMMs), and new
  * K/V rows into a pot layer on the device. Grid-stride loops over a bounded
- * grid: one thread per 32-element group of a weight row. */
+ * grid: one thread per 8-element group of a weight row. */
 #include "cuda/kernels.h"
 #include "cuda/kernels/quant.cuh"
 
-enum { DQ_THREADS = 256, DQ_MAX_BLOCKS = 4096 };
+enum { DQ_THREADS = 256, DQ_MAX_BLOCKS = 4096, DQ_GROUP = 8 /* elements a thread decodes at once */ };
 
 template <class T>
 __global__ void dequantize_kernel(T *out, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
                                   int64_t cols) {
-    int64_t groups = (cols + QBLOCK - 1) / QBLOCK, n = rows * groups;
+    int64_t groups = (cols + DQ_GROUP - 1) / DQ_GROUP, n = rows * groups;
+    bool quantised = qblock_bytes(type) != 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / groups, c0 = (i % groups) * QBLOCK;
+        int64_t r = i / groups, c0 = (i % groups) * DQ_GROUP;
         const unsigned char *row = w + (size_t)r * row_bytes;
-        T *o = out + (size_t)r * cols;
-        if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0) {
-            /* one block, weight_element's arithmetic with the scales read once */
-            const unsigned char *b = row + (size_t)(c0 / QBLOCK) * qblock_bytes(type);
-            float d = load_f16(b);
-            if (type == GGML_TYPE_Q8_0) {
-                for (int j = 0; j < QBLOCK; j++) o[c0 + j] = from_f32<T>(__fmul_rn((float)(signed char)b[2 + j], d));
-            } else if (type == GGML_TYPE_Q4_0) {
-                for (int j = 0; j < 16; j++) {
-                    o[c0 + j] = from_f32<T>(__fmul_rn((float)((b[2 + j] & 0x0f) - 8), d));
-                    o[c0 + j + 16] = from_f32<T>(__fmul_rn((float)((b[2 + j] >> 4) - 8), d));
-                }
-            } else {
-                float mn = load_f16(b + 2);
-                for (int j = 0; j < 16; j++) {
-                    o[c0 + j] = from_f32<T>(__fadd_rn(__fmul_rn((float)(b[4 + j] & 0x0f), d), mn));
-                    o[c0 + j + 16] = from_f32<T>(__fadd_rn(__fmul_rn((float)(b[4 + j] >> 4), d), mn));
-                }
-            }
-            continue;
-        }
-        int64_t c1 = c0 + QBLOCK < cols ? c0 + QBLOCK : cols;
-        for (int64_t c = c0; c < c1; c++) o[c] = from_f32<T>(weight_element(type, row, c));
+        T *o = out + (size_t)r * cols + c0;
+        float v[DQ_GROUP];
+        int m = cols - c0 < DQ_GROUP ? (int)(cols - c0) : DQ_GROUP; /* a float row's tail */
+        if (quantised)
+            decode8_row(type, row, c0, v);
+        else
+            for (int k = 0; k < m; k++) v[k] = float_element(type, row, c0 + k);
+        for (int k = 0; k < m; k++) o[k] = from_f32<T>(v[k]);
     }
 }
 
 template <class T>
 static cudaError_t dequantize(T *out, const void *w, uint32_t type, size_t row_bytes, int64_t rows, int64_t cols,
                               cudaStream_t stream) {
-    if (!weight_type_ok(type) || rows < 0 || cols < 0 || (qblock_bytes(type) && cols % QBLOCK))
-        return cudaErrorInvalidValue;
+    if (!weight_type_ok(type) || rows < 0 || !weight_cols_ok(type, cols)) return cudaErrorInvalidValue;
     if (!rows || !cols) return cudaSuccess;
-    int64_t n = rows * ((cols + QBLOCK - 1) / QBLOCK), blocks = (n + DQ_THREADS - 1) / DQ_THREADS;
+    int64_t n = rows * ((cols + DQ_GROUP - 1) / DQ_GROUP), blocks = (n + DQ_THREADS - 1) / DQ_THREADS;
     if (blocks > DQ_MAX_BLOCKS) blocks = DQ_MAX_BLOCKS;
     CU_LAUNCH(dequantize_kernel<T>, dim3((unsigned)blocks), dim3(DQ_THREADS), 0, stream, out,
               static_cast<const unsigned char *>(w), type, row_bytes, rows, cols);

@@ -24,22 +24,24 @@ __global__ void matvec_kernel(float *y, const unsigned char *w, uint32_t type, s
     float acc[MATVEC_X];
 CU_UNROLL
     for (int t = 0; t < MATVEC_X; t++) acc[t] = 0.0f;
-    int bytes = qblock_bytes(type);
-    if (bytes) {
-        for (int64_t b = lane / 4; b < cols / QBLOCK; b += 8) {
-            block_part p = decode_part(type, row + (size_t)b * bytes, lane % 4);
+    if (qblock_bytes(type)) {
+        /* lane l decodes elements 8l..8l+7 of each 256: for 32-element blocks
+         * four lanes a block, for K-quants a warp a super-block */
+        for (int64_t i0 = 8 * lane; i0 < cols; i0 += 256) {
+            float wk[8];
+            decode8_row(type, row, i0, wk);
 CU_UNROLL
             for (int t = 0; t < MATVEC_X; t++) {
                 if (t >= nt) break;
-                const float *xb = xs + (size_t)t * cols + b * QBLOCK;
+                const float *xb = xs + (size_t)t * cols + i0;
                 float s = 0.0f;
-                for (int k = 0; k < 4; k++) s = fmaf(p.w[k], xb[p.o0 + k], fmaf(p.w[k + 4], xb[p.o1 + k], s));
+                for (int k = 0; k < 8; k++) s = fmaf(wk[k], xb[k], s);
                 acc[t] += s;
             }
         }
     } else {
         for (int64_t i = lane; i < cols; i += 32) {
-            float wi = weight_element(type, row, i);
+            float wi = float_element(type, row, i);
 CU_UNROLL
             for (int t = 0; t < MATVEC_X; t++)
                 if (t < nt) acc[t] = fmaf(wi, xs[(size_t)t * cols + i], acc[t]);
@@ -68,7 +70,7 @@ CU_UNROLL
 
 extern "C" cudaError_t cuda_matvec(float *y, const void *w, uint32_t type, size_t row_bytes, int64_t rows, int64_t cols,
                                    const float *x, int64_t n_x, cudaStream_t stream) {
-    if (!weight_type_ok(type) || rows < 0 || cols < 0 || n_x < 0 || (qblock_bytes(type) && cols % QBLOCK) ||
+    if (!weight_type_ok(type) || rows < 0 || !weight_cols_ok(type, cols) || n_x < 0 ||
         rows > (int64_t)0x7fffffff * MATVEC_WARPS || n_x > (int64_t)65535 * MATVEC_X)
         return cudaErrorInvalidValue;
     if (!rows || !n_x) return cudaSuccess;

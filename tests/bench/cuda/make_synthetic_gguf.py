@@ -2,18 +2,19 @@
 """Writes a llama-family GGUF with random weights in the shapes of a real model,
 for the CUDA benchmark (no model hub is reachable from here).
 
-    python tests/bench/cuda/make_synthetic_gguf.py TOKENIZER.gguf OUT.gguf [--shape llama-3.2-1b|tiny] [--type q4_0|q8_0]
+    python tests/bench/cuda/make_synthetic_gguf.py TOKENIZER.gguf OUT.gguf [--shape llama-3.2-1b|tiny] [--type q4_k_m|q4_0|q8_0]
 
 Speed does not depend on the weight values: the kernels read and multiply
-every weight the same way whatever it holds, so a model with random Q4_0 or
-Q8_0 blocks of Llama-3.2-1B's shapes decodes and prefills exactly as fast as
-the real one in that type would. The text it produces is noise. Blocks are
-random bytes with a fixed small f16 scale (activations stay finite through
-the layers). The tokenizer is copied from TOKENIZER.gguf (the default model,
-a gpt2-style BPE) and padded with unused tokens up to the shape's vocabulary,
-so the LM head has the real model's size. Q4_K (the usual 1B download) is not
-among the CUDA backend's types yet; Q4_0 has the same 4.5 bits per weight.
-Writes OUT.tmp, then renames.
+every weight the same way whatever it holds, so a model with random blocks
+of Llama-3.2-1B's shapes decodes and prefills exactly as fast as the real one
+in that type mix would. The text it produces is noise. Blocks are random
+bytes with fixed small f16 scales (activations stay finite through the
+layers). q4_k_m mixes types as llama.cpp's Q4_K_M (the usual 1B download):
+Q4_K, with Q6_K for the embeddings and for attn_v / ffn_down of the layers
+llama.cpp gives more bits (the first and last eighth, every third between).
+The tokenizer is copied from TOKENIZER.gguf (the default model, a gpt2-style
+BPE) and padded with unused tokens up to the shape's vocabulary, so the LM
+head has the real model's size. Writes OUT.tmp, then renames.
 """
 import argparse
 import os
@@ -29,17 +30,32 @@ SHAPES = {
     # a smoke-test model: runs in seconds under the CUDA emulator
     "tiny": dict(n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_vocab=0, ctx=4096, rope_base=10000.0),
 }
-TYPES = {"q4_0": QT.Q4_0, "q8_0": QT.Q8_0}
+TYPES = {"q4_0": QT.Q4_0, "q8_0": QT.Q8_0, "q4_k_m": QT.Q4_K}
+FILE_TYPES = {QT.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0, QT.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+              QT.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M}
+# Where a block keeps its f16 scales, and what each is set to relative to the
+# Q4_0 scale s (so a weight's magnitude is about the same in every type):
+# Q4_K multiplies 6-bit sub-scales (up to 63) by 4-bit quants, Q6_K int8
+# sub-scales (up to 127) by 6-bit ones.
+SCALES = {QT.Q4_0: [(0, 1.0)], QT.Q8_0: [(0, 0.0625)], QT.Q4_K: [(0, 1 / 32), (2, 1 / 32)], QT.Q6_K: [(208, 1 / 256)]}
 
 
 def random_blocks(rng, rows, cols, qtype):
-    """rows x cols weights as random blocks with scale 0.01 / sqrt(cols / 256)."""
+    """rows x cols weights as random blocks, scaled by 0.02 / sqrt(cols / 256)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
+    if cols % block:
+        raise SystemExit(f"{qtype.name} rows hold {block}-element blocks; this shape has rows of {cols}")
     n_blocks = rows * cols // block
     raw = np.frombuffer(rng.bytes(n_blocks * size), np.uint8).reshape(n_blocks, size).copy()
-    scale = np.float16(0.02 / np.sqrt(cols / 256.0))
-    raw[:, 0:2] = np.frombuffer(scale.tobytes(), np.uint8)
+    s = 0.02 / np.sqrt(cols / 256.0)
+    for at, k in SCALES[qtype]:
+        raw[:, at:at + 2] = np.frombuffer(np.float16(s * k).tobytes(), np.uint8)
     return raw.reshape(rows, cols // block * size)
+
+
+def more_bits(layer, n_layer):
+    """llama.cpp's use_more_bits: the layers whose attn_v / ffn_down Q4_K_M keeps in Q6_K."""
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
 def copy_tokenizer(r, w, n_vocab):
@@ -88,9 +104,11 @@ def main():
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(s["rope_base"])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_0 if qtype == QT.Q4_0 else gguf.LlamaFileType.MOSTLY_Q8_0))
+    w.add_file_type(int(FILE_TYPES[qtype]))
     ones = np.ones(d, np.float32)
-    w.add_tensor("token_embd.weight", random_blocks(rng, n_vocab, d, qtype), raw_dtype=qtype)
+    k_mix = qtype == QT.Q4_K
+    etype = QT.Q6_K if k_mix else qtype
+    w.add_tensor("token_embd.weight", random_blocks(rng, n_vocab, d, etype), raw_dtype=etype)
     w.add_tensor("output_norm.weight", ones)
     dkv = s["n_head_kv"] * hd
     for l in range(s["n_layer"]):
@@ -99,7 +117,8 @@ def main():
         w.add_tensor(p + "ffn_norm.weight", ones)
         for name, rows, cols in (("attn_q", d, d), ("attn_k", dkv, d), ("attn_v", dkv, d), ("attn_output", d, d),
                                  ("ffn_gate", s["n_ff"], d), ("ffn_up", s["n_ff"], d), ("ffn_down", d, s["n_ff"])):
-            w.add_tensor(p + name + ".weight", random_blocks(rng, rows, cols, qtype), raw_dtype=qtype)
+            t = QT.Q6_K if k_mix and name in ("attn_v", "ffn_down") and more_bits(l, s["n_layer"]) else qtype
+            w.add_tensor(p + name + ".weight", random_blocks(rng, rows, cols, t), raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
