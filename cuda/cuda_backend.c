@@ -156,7 +156,14 @@ typedef struct span_plan {
     int batched;         /* a single token in the batched decode launch */
     size_t scores_at;    /* floats into cb->scores */
     size_t slots_at;     /* ints into cb->slots */
+    size_t weights_at;   /* floats into cb->row_w: the score rows' weights, when the span has them */
 } span_plan;
+
+/* Device buffer sizes a forward needs beyond the per-row ones. */
+typedef struct fwd_sizes {
+    size_t partial, scores, slots, weights; /* floats, floats, ints, floats */
+    int64_t max_q;                          /* the longest span */
+} fwd_sizes;
 
 /* Everything a forward runs, decided before anything is queued. */
 typedef struct fwd_plan {
@@ -214,7 +221,8 @@ static int span_attention(cuda_backend *cb, int32_t l, const fwd_plan *fp, char 
         if (sp->scores) {
             int32_t n_keys = pl->n_pre + sp->n_tokens;
             float *dst = F(cb->scores) + pl->scores_at + (size_t)l * m->n_head_kv * n_keys;
-            CK(cuda_attention_scores(&a, &cb->rope, sp->score_row0, sp->n_score_rows,
+            const float *row_w = sp->score_row_weight ? F(cb->row_w) + pl->weights_at : NULL;
+            CK(cuda_attention_scores(&a, &cb->rope, sp->score_row0, sp->n_score_rows, row_w,
                                      sp->score_combine == BACKEND_SCORE_MAX, dst, cb->stream));
         }
     }
@@ -312,8 +320,7 @@ static int32_t key_bucket(int32_t keys) {
 }
 
 /* Decides what runs where (fp->sp filled) and the buffer sizes. */
-static void plan_forward(cuda_backend *cb, fwd_plan *fp, size_t *n_partial, size_t *n_scores, size_t *n_slots,
-                         int64_t *max_q) {
+static void plan_forward(cuda_backend *cb, fwd_plan *fp, fwd_sizes *z) {
     const model *m = cb->m;
     int32_t max_batched_keys = 0;
     int labels = 0;
@@ -334,25 +341,26 @@ static void plan_forward(cuda_backend *cb, fwd_plan *fp, size_t *n_partial, size
         }
         pl->n_split = cuda_attention_splits(sp->n_tokens, pl->n_pre + sp->n_tokens);
         size_t part = cuda_attention_scratch_floats(sp->n_tokens, m->n_head, m->head_dim, pl->n_split);
-        if (part > *n_partial) *n_partial = part;
-        pl->scores_at = *n_scores;
-        if (sp->scores) *n_scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
-        pl->slots_at = *n_slots;
-        if (sp->attend_slots) *n_slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
+        if (part > z->partial) z->partial = part;
+        pl->scores_at = z->scores;
+        if (sp->scores) z->scores += (size_t)m->n_layer * m->n_head_kv * (pl->n_pre + sp->n_tokens);
+        pl->slots_at = z->slots;
+        if (sp->attend_slots) z->slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
+        pl->weights_at = z->weights;
+        if (sp->scores && sp->score_row_weight) z->weights += (size_t)sp->n_score_rows;
         fp->T += sp->n_tokens;
-        if (sp->n_tokens > *max_q) *max_q = sp->n_tokens;
+        if (sp->n_tokens > z->max_q) z->max_q = sp->n_tokens;
         labels |= sp->labels != NULL;
     }
     fp->grid_splits = fp->n_batched ? cuda_attention_batch_splits(key_bucket(max_batched_keys)) : 1;
     size_t part = cuda_attention_batch_scratch_floats(fp->n_batched, m->n_head, m->head_dim, fp->grid_splits);
-    if (part > *n_partial) *n_partial = part;
+    if (part > z->partial) z->partial = part;
     fp->decode_only = fp->n_batched == fp->n_spans && !labels && fp->T <= LOGIT_ROWS;
     fp->graph = fp->decode_only && cb->use_graphs && fp->T <= MATVEC_MAX_T;
 }
 
 /* The device buffers the plan needs. */
-static int size_buffers(cuda_backend *cb, const fwd_plan *fp, size_t n_partial, size_t n_scores, size_t n_slots,
-                        int64_t max_q, char *err, size_t errlen) {
+static int size_buffers(cuda_backend *cb, const fwd_plan *fp, const fwd_sizes *z, char *err, size_t errlen) {
     const model *m = cb->m;
     int64_t T = fp->T, d = m->n_embd, dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
     int64_t wide = d > dq ? d : dq, lrows = T > LOGIT_ROWS ? T : LOGIT_ROWS;
@@ -365,10 +373,11 @@ static int size_buffers(cuda_backend *cb, const fwd_plan *fp, size_t n_partial, 
     CK(dbuf_need(&cb->att, (size_t)T * dq * sizeof(float)));
     CK(dbuf_need(&cb->hb, (size_t)T * m->n_ff * sizeof(float)));
     CK(dbuf_need(&cb->hb2, (size_t)T * m->n_ff * sizeof(float)));
-    CK(dbuf_need(&cb->lse, (size_t)m->n_head * max_q * sizeof(float)));
-    CK(dbuf_need(&cb->partial, n_partial * sizeof(float)));
-    CK(dbuf_need(&cb->scores, n_scores * sizeof(float)));
-    CK(dbuf_need(&cb->slots, n_slots * sizeof(int32_t)));
+    CK(dbuf_need(&cb->lse, (size_t)m->n_head * z->max_q * sizeof(float)));
+    CK(dbuf_need(&cb->partial, z->partial * sizeof(float)));
+    CK(dbuf_need(&cb->scores, z->scores * sizeof(float)));
+    CK(dbuf_need(&cb->slots, z->slots * sizeof(int32_t)));
+    CK(dbuf_need(&cb->row_w, z->weights * sizeof(float)));
     CK(dbuf_need(&cb->tokens, (size_t)T * sizeof(int32_t)));
     CK(dbuf_need(&cb->logits, (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float)));
     CK(dbuf_need(&cb->batch, (size_t)fp->n_batched * sizeof(cuda_attn_desc) + (size_t)T * sizeof(int32_t)));
@@ -408,11 +417,16 @@ static int upload_inputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t
     CK(cudaMemcpyAsync(cb->batch.p, stage, desc_bytes + (size_t)fp->T * sizeof(int32_t), cudaMemcpyHostToDevice,
                        cb->stream));
     CK(cudaMemcpyAsync(cb->tokens.p, tokens, (size_t)fp->T * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
-    for (int32_t s = 0; s < fp->n_spans; s++)
-        if (fp->spans[s].attend_slots)
-            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + fp->sp[s].slots_at, fp->spans[s].attend_slots,
-                               (size_t)m->n_layer * m->n_head_kv * fp->spans[s].n_attend * sizeof(int32_t),
+    for (int32_t s = 0; s < fp->n_spans; s++) {
+        const backend_span *sp = &fp->spans[s];
+        if (sp->attend_slots)
+            CK(cudaMemcpyAsync((int32_t *)cb->slots.p + fp->sp[s].slots_at, sp->attend_slots,
+                               (size_t)m->n_layer * m->n_head_kv * sp->n_attend * sizeof(int32_t),
                                cudaMemcpyHostToDevice, cb->stream));
+        if (sp->scores && sp->score_row_weight)
+            CK(cudaMemcpyAsync(F(cb->row_w) + fp->sp[s].weights_at, sp->score_row_weight,
+                               (size_t)sp->n_score_rows * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
+    }
     free(stage); /* pageable copies have read their source when they return */
     return 0;
 fail:
@@ -477,14 +491,12 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
         snprintf(err, errlen, "forward: no spans");
         return -1;
     }
-    int64_t n_rows, max_keys, max_q = 0;
+    int64_t n_rows, max_keys;
     if (backend_check_spans(cb->m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
     for (int32_t s = 0; s < n_spans; s++)
-        if (spans[s].kv->original_positions || spans[s].score_row_weight) {
-            /* the kernels rotate by slot (pot_rope_pos) and sum score rows unweighted */
-            snprintf(err, errlen, "forward: %s need the CPU backend",
-                     spans[s].score_row_weight ? "weighted score rows (cascade)"
-                                               : "original positions (no context reset)");
+        if (spans[s].kv->original_positions) {
+            /* the kernels rotate keys by slot: pot_rope_pos's default */
+            snprintf(err, errlen, "forward: original positions (no context reset) need the CPU backend");
             return -1;
         }
     fwd_plan fp = {.spans = spans, .sp = calloc((size_t)n_spans, sizeof(span_plan)), .n_spans = n_spans};
@@ -492,9 +504,9 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
         snprintf(err, errlen, "forward: out of memory");
         return -1;
     }
-    size_t n_partial = 0, n_scores = 0, n_slots = 0;
-    plan_forward(cb, &fp, &n_partial, &n_scores, &n_slots, &max_q);
-    if (size_buffers(cb, &fp, n_partial, n_scores, n_slots, max_q, err, errlen)) goto out;
+    fwd_sizes z = {0};
+    plan_forward(cb, &fp, &z);
+    if (size_buffers(cb, &fp, &z, err, errlen)) goto out;
 
     uint64_t now = ++cb->clock;
     for (int32_t s = 0; s < n_spans; s++)
@@ -536,8 +548,8 @@ static void cuda_free_backend(backend *b) {
     cuda_pots_return_all(cb); /* the pots outlive the backend, on the host */
     cuda_graphs_free(cb);
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
-                    &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->tokens,
-                    &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep, &cb->xh};
+                    &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->row_w,
+                    &cb->tokens, &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep, &cb->xh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
     for (size_t i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
     free(cb->allocs);

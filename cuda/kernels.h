@@ -172,11 +172,13 @@ cudaError_t cuda_attention_f32(const cuda_attn *a, const cuda_rope *rope, int32_
                                cudaStream_t stream);
 /* Attention received by each key from query rows [row0, row0 + n_rows): per
  * query head, the sum over those rows of the exact probabilities
- * exp(scale q.k - lse) (a->lse from cuda_attention_f32), then combined over the
- * heads of each KV group in head order (combine 0 sum, 1 max), as
+ * exp(scale q.k - lse) (a->lse from cuda_attention_f32), row r's weighted by
+ * row_weight[r - row0] when row_weight (device memory, [n_rows]: the
+ * cascade's row weights) is not NULL, then combined over the heads of each
+ * KV group in head order (combine 0 sum, 1 max), as
  * engine/cpu/cpu_backend.c's store_scores: scores [n_head_kv][n_pre + n_q]. */
 cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope *rope, int32_t row0, int32_t n_rows,
-                                  int32_t combine, float *scores, cudaStream_t stream);
+                                  const float *row_weight, int32_t combine, float *scores, cudaStream_t stream);
 /* Batched decode: one launch for many single-token spans, each over its own
  * pot (the same dtype for all). Per span, in device memory, so that a
  * captured CUDA graph replays with the values of the step: */
@@ -215,7 +217,7 @@ cudaError_t cuda_pot_store_batch(const cuda_attn_desc *desc, int32_t n_spans, in
  * arithmetic), softmax with a double sum; out, lse as above, and scores
  * (when not NULL) as cuda_attention_scores. */
 void cuda_attention_ref(const cuda_attn *a, const cuda_rope *host_rope, int32_t row0, int32_t n_rows,
-                        int32_t combine, float *scores);
+                        const float *row_weight, int32_t combine, float *scores);
 
 #ifdef __cplusplus
 }

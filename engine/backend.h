@@ -39,8 +39,7 @@ typedef struct backend_span {
     enum backend_score_combine score_combine;
     float *scores;
     /* Optional [n_score_rows] weight of each score row in that sum (NULL: 1
-     * each): the cascade's geometric row weights (seed 002). The CUDA backend
-     * refuses it for now. */
+     * each): the cascade's geometric row weights (seed 002). */
     const float *score_row_weight;
     /* Label log-probabilities, when labels != NULL: for each row t with
      * labels[t] >= 0, label_logprob[t] = log p(labels[t] | tokens up to t)

@@ -297,8 +297,8 @@ static int scores_block_keys(int32_t head_dim) { return head_dim <= 128 ? 64 : 3
 
 /* One thread per key of head g (blockIdx.x); rotated keys in shared memory. */
 template <class T>
-__global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_rows, int32_t combine,
-                              float *scores) {
+__global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_rows, const float *row_weight,
+                              int32_t combine, float *scores) {
     CU_DYNAMIC_SHARED(float, ks); /* [blockDim.x][hd] */
     const int32_t hd = a.head_dim, group = a.n_head / a.n_head_kv, g = blockIdx.x;
     const int32_t n_keys = a.n_pre + a.n_q;
@@ -327,7 +327,8 @@ __global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_
             const float *q = a.q + ((size_t)t * a.n_head + h) * hd;
             float dot = 0.0f;
             for (int e = 0; e < hd; e++) dot = fmaf(__ldg(q + e), kr[e], dot);
-            sum += expf(dot * a.scale - a.lse[(size_t)h * a.n_q + t]);
+            float p = expf(dot * a.scale - a.lse[(size_t)h * a.n_q + t]);
+            sum += row_weight ? row_weight[t - row0] * p : p;
         }
         acc = i == 0 ? sum : combine == 1 ? fmaxf(acc, sum) : acc + sum;
     }
@@ -379,7 +380,8 @@ extern "C" cudaError_t cuda_attention_f32(const cuda_attn *a, const cuda_rope *r
 }
 
 extern "C" cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope *rope, int32_t row0, int32_t n_rows,
-                                             int32_t combine, float *scores, cudaStream_t stream) {
+                                             const float *row_weight, int32_t combine, float *scores,
+                                             cudaStream_t stream) {
     if (!attn_valid(a, rope) || !a->lse || !scores || row0 < 0 || n_rows < 0 || row0 + n_rows > a->n_q ||
         (combine != 0 && combine != 1))
         return cudaErrorInvalidValue;
@@ -388,9 +390,11 @@ extern "C" cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope
     dim3 grid((unsigned)a->n_head_kv, (unsigned)((n_keys + kb - 1) / kb));
     size_t shmem = (size_t)kb * a->head_dim * sizeof(float);
     if (a->dtype == 0)
-        CU_LAUNCH(scores_kernel<__half>, grid, dim3(kb), shmem, stream, *a, *rope, row0, n_rows, combine, scores);
+        CU_LAUNCH(scores_kernel<__half>, grid, dim3(kb), shmem, stream, *a, *rope, row0, n_rows, row_weight, combine,
+                  scores);
     else
-        CU_LAUNCH(scores_kernel<float>, grid, dim3(kb), shmem, stream, *a, *rope, row0, n_rows, combine, scores);
+        CU_LAUNCH(scores_kernel<float>, grid, dim3(kb), shmem, stream, *a, *rope, row0, n_rows, row_weight, combine,
+                  scores);
     return cudaGetLastError();
 }
 
@@ -431,7 +435,7 @@ static void ref_key(const cuda_attn *a, const cuda_rope *r, int32_t g, int32_t s
 }
 
 extern "C" void cuda_attention_ref(const cuda_attn *a, const cuda_rope *r, int32_t row0, int32_t n_rows,
-                                   int32_t combine, float *scores) {
+                                   const float *row_weight, int32_t combine, float *scores) {
     int32_t hd = a->head_dim, group = a->n_head / a->n_head_kv, n_keys = a->n_pre + a->n_q;
     float *krot = (float *)malloc(sizeof(float) * ((size_t)n_keys * hd * 2 + n_keys + (size_t)group * n_keys + 1));
     float *vals = krot + (size_t)n_keys * hd, *p = vals + (size_t)n_keys * hd, *hs = p + n_keys;
@@ -466,8 +470,10 @@ extern "C" void cuda_attention_ref(const cuda_attn *a, const cuda_rope *r, int32
                     for (int32_t e = 0; e < hd; e++) o[e] += p[k] * vals[(size_t)k * hd + e];
                 }
                 if (a->lse) a->lse[(size_t)h * a->n_q + t] = (float)((double)mx + log(sum));
-                if (scores && t >= row0 && t < row0 + n_rows)
-                    for (int32_t k = 0; k < n_vis; k++) hs[(size_t)i * n_keys + k] += p[k];
+                if (scores && t >= row0 && t < row0 + n_rows) {
+                    float w = row_weight ? row_weight[t - row0] : 1.0f;
+                    for (int32_t k = 0; k < n_vis; k++) hs[(size_t)i * n_keys + k] += w * p[k];
+                }
             }
         }
         if (scores)

@@ -1,7 +1,8 @@
 /* The attention kernels against cuda_attention_ref (engine/cpu/cpu_backend.c's
  * arithmetic): flash-style prefill over [pot | span] with the causal mask,
  * split-K decoding, partial attention over chosen slots, and the score rows
- * (sum and max over a KV group) — on pots of f16 and f32 keys stored before
+ * (sum and max over a KV group, rows weighted as the cascade weighs them or
+ * not) — on pots of f16 and f32 keys stored before
  * RoPE, odd head sizes, GQA ratios 1 and 3, key counts that are not a whole
  * number of tiles, positions inside and beyond the angle table. */
 #include "cache/cache.h"
@@ -64,9 +65,16 @@ static void run_case(const attn_case *c, test_rng *g) {
     cuda_attn dev = {dq, dout, dlse, dk, dv, c->dtype, cap, nh, nkv, hd, dslots, n_pre, c->n0, c->n_q, host.scale};
     int32_t row0 = c->n_q > 2 ? c->n_q / 3 : 0, n_rows = c->n_q - row0;
 
+    /* row weights like the cascade's: geometric, the last row heaviest */
+    float *row_w = malloc((size_t)n_rows * sizeof(float) + 1);
+    for (int32_t i = 0; i < n_rows; i++) row_w[i] = powf(0.7f, (float)(n_rows - 1 - i));
+    float *drow_w = dev_from(row_w, (size_t)n_rows * sizeof(float));
+
     int32_t splits[] = {1, cuda_attention_splits(c->n_q, n_keys), 3, 7};
-    for (int combine = 0; combine < 2; combine++) {
-        cuda_attention_ref(&host, &host_rope, row0, n_rows, combine, slots ? NULL : sc_want);
+    for (int mode = 0; mode < 3; mode++) { /* sum, max, weighted sum */
+        int combine = mode == 1;
+        const float *w_host = mode == 2 ? row_w : NULL, *w_dev = mode == 2 ? drow_w : NULL;
+        cuda_attention_ref(&host, &host_rope, row0, n_rows, w_host, combine, slots ? NULL : sc_want);
         for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
             int32_t ns = splits[si];
             size_t scratch_n = cuda_attention_scratch_floats(c->n_q, nh, hd, ns);
@@ -78,14 +86,14 @@ static void run_case(const attn_case *c, test_rng *g) {
             double e_lse = worst_error(lse_got, lse_want, (size_t)nh * c->n_q, 1e-5, 1e-5);
             double e_sc = 0;
             if (!slots) {
-                CHECK_CUDA(cuda_attention_scores(&dev, &dev_rope, row0, n_rows, combine, dsc, 0));
+                CHECK_CUDA(cuda_attention_scores(&dev, &dev_rope, row0, n_rows, w_dev, combine, dsc, 0));
                 host_from(sc_got, dsc, n_scores * sizeof(float));
                 e_sc = worst_error(sc_got, sc_want, n_scores, 1e-5, 1e-4);
             }
             if (getenv("ATTN_VERBOSE") || !(e_out <= 1 && e_lse <= 1 && e_sc <= 1))
-                fprintf(stderr, "  hd %d heads %d/%d n0 %d n_q %d attend %d dtype %d split %d combine %d: "
+                fprintf(stderr, "  hd %d heads %d/%d n0 %d n_q %d attend %d dtype %d split %d scores mode %d: "
                         "out %g lse %g scores %g\n", hd, nh, nkv, c->n0, c->n_q, c->n_attend, c->dtype, ns,
-                        combine, e_out, e_lse, e_sc);
+                        mode, e_out, e_lse, e_sc);
             CHECK(e_out <= 1);
             CHECK(e_lse <= 1);
             CHECK(e_sc <= 1);
@@ -93,7 +101,8 @@ static void run_case(const attn_case *c, test_rng *g) {
         }
     }
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dlse), cudaFree(dsc), cudaFree(dslots);
-    cudaFree(dcs), cudaFree(dinv);
+    cudaFree(dcs), cudaFree(dinv), cudaFree(drow_w);
+    free(row_w);
     free(q), free(want), free(got), free(lse_want), free(lse_got), free(sc_want), free(sc_got), free(slots);
     rope_free(&r);
     pot_free(p);
@@ -140,5 +149,5 @@ TEST(cuda_attention_rejects_bad_arguments) {
     CHECK(cuda_attention_f32(&a, &r, 1, NULL, 0) == cudaErrorInvalidValue);
     a.n_q = 1;
     CHECK(cuda_attention_f32(&a, &r, 2, NULL, 0) == cudaErrorInvalidValue); /* split without scratch */
-    CHECK(cuda_attention_scores(&a, &r, 0, 1, 0, &dummy, 0) == cudaErrorInvalidValue); /* no lse */
+    CHECK(cuda_attention_scores(&a, &r, 0, 1, NULL, 0, &dummy, 0) == cudaErrorInvalidValue); /* no lse */
 }
