@@ -157,11 +157,13 @@ typedef struct span_plan {
     size_t scores_at;    /* floats into cb->scores */
     size_t slots_at;     /* ints into cb->slots */
     size_t weights_at;   /* floats into cb->row_w: the score rows' weights, when the span has them */
+    size_t pos_at;       /* ints into cb->slot_pos: every slot's RoPE position, for a pot with
+                            original positions ([n_layer][n_head_kv][capacity]) */
 } span_plan;
 
 /* Device buffer sizes a forward needs beyond the per-row ones. */
 typedef struct fwd_sizes {
-    size_t partial, scores, slots, weights; /* floats, floats, ints, floats */
+    size_t partial, scores, slots, weights, positions; /* floats, floats, ints, floats, ints */
     int64_t max_q;                          /* the longest span */
 } fwd_sizes;
 
@@ -216,7 +218,10 @@ static int span_attention(cuda_backend *cb, int32_t l, const fwd_plan *fp, char 
                        sp->attend_slots ? (const int32_t *)cb->slots.p + pl->slots_at +
                                               (size_t)l * m->n_head_kv * sp->n_attend
                                         : NULL,
-                       pl->n_pre, pl->n0, sp->n_tokens, 1.0f / sqrtf((float)m->head_dim)};
+                       pl->n_pre, pl->n0, sp->n_tokens, 1.0f / sqrtf((float)m->head_dim),
+                       p->original_positions ? (const int32_t *)cb->slot_pos.p + pl->pos_at +
+                                                   (size_t)l * p->n_head_kv * p->capacity
+                                             : NULL};
         CK(cuda_attention_f32(&a, &cb->rope, pl->n_split, F(cb->partial), cb->stream));
         if (sp->scores) {
             int32_t n_keys = pl->n_pre + sp->n_tokens;
@@ -331,8 +336,8 @@ static void plan_forward(cuda_backend *cb, fwd_plan *fp, fwd_sizes *z) {
         pl->t0 = fp->T;
         pl->n0 = sp->kv->n;
         pl->n_pre = sp->attend_slots ? sp->n_attend : pl->n0;
-        /* a decode token joins the batched launch (one dtype per launch) */
-        pl->batched = sp->n_tokens == 1 && !sp->scores &&
+        /* a decode token joins the batched launch (one dtype per launch; keys rotated by slot) */
+        pl->batched = sp->n_tokens == 1 && !sp->scores && !sp->kv->original_positions &&
                       (fp->batch_dtype < 0 || fp->batch_dtype == (int32_t)sp->kv->dtype);
         if (pl->batched) {
             fp->batch_dtype = (int32_t)sp->kv->dtype;
@@ -348,6 +353,8 @@ static void plan_forward(cuda_backend *cb, fwd_plan *fp, fwd_sizes *z) {
         if (sp->attend_slots) z->slots += (size_t)m->n_layer * m->n_head_kv * sp->n_attend;
         pl->weights_at = z->weights;
         if (sp->scores && sp->score_row_weight) z->weights += (size_t)sp->n_score_rows;
+        pl->pos_at = z->positions;
+        if (sp->kv->original_positions) z->positions += (size_t)m->n_layer * m->n_head_kv * sp->kv->capacity;
         fp->T += sp->n_tokens;
         if (sp->n_tokens > z->max_q) z->max_q = sp->n_tokens;
         labels |= sp->labels != NULL;
@@ -378,6 +385,7 @@ static int size_buffers(cuda_backend *cb, const fwd_plan *fp, const fwd_sizes *z
     CK(dbuf_need(&cb->scores, z->scores * sizeof(float)));
     CK(dbuf_need(&cb->slots, z->slots * sizeof(int32_t)));
     CK(dbuf_need(&cb->row_w, z->weights * sizeof(float)));
+    CK(dbuf_need(&cb->slot_pos, z->positions * sizeof(int32_t)));
     CK(dbuf_need(&cb->tokens, (size_t)T * sizeof(int32_t)));
     CK(dbuf_need(&cb->logits, (size_t)LOGIT_ROWS * m->n_vocab * sizeof(float)));
     CK(dbuf_need(&cb->batch, (size_t)fp->n_batched * sizeof(cuda_attn_desc) + (size_t)T * sizeof(int32_t)));
@@ -388,6 +396,24 @@ static int size_buffers(cuda_backend *cb, const fwd_plan *fp, const fwd_sizes *z
     return 0;
 fail:
     return -1;
+}
+
+/* Without context reset (the ablation) keys rotate to their tokens' stream
+ * positions: pot_rope_pos of every slot the forward attends (the pot's
+ * entries and the span's new tokens), [n_layer][n_head_kv][capacity], copied
+ * to dst in device memory (a synchronous copy: the host array is freed). */
+static int upload_slot_positions(cuda_backend *cb, const backend_span *sp, int32_t *dst) {
+    const pot *p = sp->kv;
+    size_t n = (size_t)p->n_layer * p->n_head_kv * p->capacity;
+    int32_t *pos = calloc(n, sizeof *pos);
+    if (!pos) return -1;
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t g = 0; g < p->n_head_kv; g++)
+            for (int32_t s = 0; s < p->n + sp->n_tokens; s++)
+                pos[((size_t)l * p->n_head_kv + g) * p->capacity + s] = (int32_t)pot_rope_pos(p, l, g, s);
+    cudaError_t e = cudaMemcpyAsync(dst, pos, n * sizeof *pos, cudaMemcpyHostToDevice, cb->stream);
+    free(pos);
+    return e == cudaSuccess ? 0 : -1;
 }
 
 /* Tokens, positions, the batched launch's descriptors and the attended
@@ -408,7 +434,7 @@ static int upload_inputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t
         const span_plan *pl = &fp->sp[s];
         for (int32_t i = 0; i < sp->n_tokens; i++, t++) {
             tokens[t] = sp->tokens[i];
-            pos[t] = pl->n0 + i;
+            pos[t] = (int32_t)pot_rope_pos(sp->kv, 0, 0, pl->n0 + i);
         }
         if (pl->batched)
             desc[b++] = (cuda_attn_desc){(int32_t)pl->t0, pl->n0, pl->n_pre, sp->kv->capacity, pl->dp->k, pl->dp->v,
@@ -426,6 +452,10 @@ static int upload_inputs(cuda_backend *cb, const fwd_plan *fp, char *err, size_t
         if (sp->scores && sp->score_row_weight)
             CK(cudaMemcpyAsync(F(cb->row_w) + fp->sp[s].weights_at, sp->score_row_weight,
                                (size_t)sp->n_score_rows * sizeof(float), cudaMemcpyHostToDevice, cb->stream));
+        if (sp->kv->original_positions && upload_slot_positions(cb, sp, (int32_t *)cb->slot_pos.p + fp->sp[s].pos_at)) {
+            snprintf(err, errlen, "forward: uploading slot positions failed");
+            goto fail;
+        }
     }
     free(stage); /* pageable copies have read their source when they return */
     return 0;
@@ -493,12 +523,6 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     }
     int64_t n_rows, max_keys;
     if (backend_check_spans(cb->m, spans, n_spans, &n_rows, &max_keys, err, errlen)) return -1;
-    for (int32_t s = 0; s < n_spans; s++)
-        if (spans[s].kv->original_positions) {
-            /* the kernels rotate keys by slot: pot_rope_pos's default */
-            snprintf(err, errlen, "forward: original positions (no context reset) need the CPU backend");
-            return -1;
-        }
     fwd_plan fp = {.spans = spans, .sp = calloc((size_t)n_spans, sizeof(span_plan)), .n_spans = n_spans};
     if (!fp.sp) {
         snprintf(err, errlen, "forward: out of memory");
@@ -548,7 +572,7 @@ static void cuda_free_backend(backend *b) {
     cuda_pots_return_all(cb); /* the pots outlive the backend, on the host */
     cuda_graphs_free(cb);
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
-                    &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->row_w,
+                    &cb->hb,  &cb->hb2, &cb->lse,     &cb->partial, &cb->scores, &cb->slots, &cb->row_w, &cb->slot_pos,
                     &cb->tokens, &cb->logits, &cb->rows, &cb->labels, &cb->lp, &cb->batch, &cb->cmp_k, &cb->cmp_v, &cb->keep, &cb->xh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
     for (size_t i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);

@@ -67,7 +67,7 @@ struct cuda_backend {
     cuda_rope rope;
     float *wbuf; /* dequantised weight rows */
     size_t wbuf_floats;
-    dbuf x, xn, xb, q, k, v, att, hb, hb2, lse, partial, scores, slots, row_w, tokens, logits, rows, labels, lp;
+    dbuf x, xn, xb, q, k, v, att, hb, hb2, lse, partial, scores, slots, row_w, slot_pos, tokens, logits, rows, labels, lp;
     dbuf batch; /* the batched decode attention's per-span arrays */
     dbuf xh;    /* f16 activations of the fast (exact = 0) GEMMs */
     /* pots held on the device */

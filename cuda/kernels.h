@@ -158,6 +158,8 @@ typedef struct cuda_attn {
     const int32_t *slots;  /* optional [n_head_kv][n_pre], each < n0 (partial attention) */
     int32_t n_pre, n0, n_q;
     float scale;           /* 1 / sqrt(head_dim) */
+    const int32_t *slot_pos; /* optional [n_head_kv][capacity]: the RoPE position of each slot (slots
+                                below n0 + n_q), pot_rope_pos's; NULL: the slot itself (context reset) */
 } cuda_attn;
 /* Splits of the key range cuda_attention_f32 is best given (1 for prefill,
  * more for a single query over a long pot: split-K decoding). */

@@ -123,7 +123,7 @@ typedef struct engine_pot_settings {
     /* InfiniPot ablations (seed 000 Table 4); both off by default */
     int no_catalyst;          /* score with the chunk's own last rows instead of the catalyst */
     int original_positions;   /* no context reset: entries keep their document positions
-                                 (a plain sliding cache; the CPU backend only) */
+                                 (a plain sliding cache) */
 } engine_pot_settings;
 
 /* Fills the defaults above. */

@@ -485,9 +485,6 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
         return snprintf(err, errlen, "finch_keep: %d must be in [0, budget_tokens]", s->finch_keep), -1;
     if (s->no_catalyst && s->policy && strcmp(s->policy, "infinipot"))
         return snprintf(err, errlen, "no_catalyst: only for policy infinipot"), -1;
-    if (s->original_positions && strcmp(e->be->name, "cpu"))
-        return snprintf(err, errlen, "original_positions: the %s backend rotates by slot only "
-                        "(the ablation runs on the CPU backend)", e->be->name), -1;
     return 0;
 }
 

@@ -50,6 +50,11 @@ __device__ __forceinline__ int32_t attn_key_slot(const cuda_attn &a, int32_t g, 
     return a.slots ? a.slots[(size_t)g * a.n_pre + k] : k;
 }
 
+/* RoPE position of a slot of KV head g: pot_rope_pos's value. */
+__host__ __device__ __forceinline__ int64_t attn_slot_pos(const cuda_attn &a, int32_t g, int32_t slot) {
+    return a.slot_pos ? a.slot_pos[(size_t)g * a.capacity + slot] : slot;
+}
+
 /* Row k of the tile: key k0 + k of head g rotated into ks (stride head_dim + 1)
  * and its value into vs; zeros past n_keys. Called by one warp per row. */
 template <class T>
@@ -64,7 +69,8 @@ __device__ __forceinline__ void attn_load_row(const cuda_attn &a, const cuda_rop
     size_t at = ((size_t)g * a.capacity + slot) * hd;
     const T *ksrc = static_cast<const T *>(a.k) + at;
     const T *vsrc = static_cast<const T *>(a.v) + at;
-    for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, ksrc, krow, slot, i);
+    int64_t pos = attn_slot_pos(a, g, slot);
+    for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, ksrc, krow, pos, i);
     for (int e = r.n_rot + lane; e < hd; e += 32) krow[e] = to_f32(ksrc[e]);
     for (int e = lane; e < hd; e += 32) vrow[e] = to_f32(vsrc[e]);
 }
@@ -209,6 +215,7 @@ __device__ __forceinline__ cuda_attn batch_span(const cuda_attn_batch &b, const 
     a.head_dim = b.head_dim;
     a.slots = d.slots ? d.slots + (size_t)b.layer * b.n_head_kv * d.n_pre : nullptr;
     a.n_pre = d.n_pre, a.n0 = d.n0, a.n_q = 1, a.scale = b.scale;
+    a.slot_pos = nullptr; /* spans with original positions are not batched */
     return a;
 }
 
@@ -311,7 +318,8 @@ __global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_
         if (key >= n_keys) continue; /* whole warp: no collective inside */
         int32_t slot = attn_key_slot(a, g, key);
         const T *src = static_cast<const T *>(a.k) + ((size_t)g * a.capacity + slot) * hd;
-        for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, src, krow, slot, i);
+        int64_t pos = attn_slot_pos(a, g, slot);
+        for (int i = lane; i < r.n_rot / 2; i += 32) rope_key_pair(r, src, krow, pos, i);
         for (int e = r.n_rot + lane; e < hd; e += 32) krow[e] = to_f32(src[e]);
     }
     __syncthreads();
@@ -413,13 +421,14 @@ static void ref_key(const cuda_attn *a, const cuda_rope *r, int32_t g, int32_t s
         val[e] = ref_load(a, a->v, at + e);
     }
     int32_t half = r->n_rot / 2;
+    int64_t pos = attn_slot_pos(*a, g, slot);
     for (int32_t i = 0; i < half; i++) {
         float c, s;
-        if (slot < r->n_table) {
-            c = r->cs[((size_t)slot * half + i) * 2];
-            s = r->cs[((size_t)slot * half + i) * 2 + 1];
+        if (pos < r->n_table) {
+            c = r->cs[((size_t)pos * half + i) * 2];
+            s = r->cs[((size_t)pos * half + i) * 2 + 1];
         } else {
-            double theta = (double)slot * r->inv_freq[i];
+            double theta = (double)pos * r->inv_freq[i];
             c = (float)cos(theta);
             s = (float)sin(theta);
         }

@@ -2,7 +2,8 @@
  * arithmetic): flash-style prefill over [pot | span] with the causal mask,
  * split-K decoding, partial attention over chosen slots, and the score rows
  * (sum and max over a KV group, rows weighted as the cascade weighs them or
- * not) — on pots of f16 and f32 keys stored before
+ * not), keys rotated by slot or by positions of their own (the no-reset
+ * ablation's stream positions) — on pots of f16 and f32 keys stored before
  * RoPE, odd head sizes, GQA ratios 1 and 3, key counts that are not a whole
  * number of tiles, positions inside and beyond the angle table. */
 #include "cache/cache.h"
@@ -17,7 +18,9 @@ typedef struct attn_case {
     int64_t n_table;
 } attn_case;
 
-static void run_case(const attn_case *c, test_rng *g) {
+/* stream_positions: every slot rotates to a position of its own (increasing
+ * with gaps, past the angle table for the later slots), not to the slot. */
+static void run_case(const attn_case *c, test_rng *g, int stream_positions) {
     int32_t hd = c->head_dim, cap = c->n0 + c->n_q + 3, nkv = c->n_head_kv, nh = c->n_head;
     char err[128];
     pot *p = pot_new(1, nkv, hd, cap, c->dtype, err, sizeof err);
@@ -60,9 +63,17 @@ static void run_case(const attn_case *c, test_rng *g) {
     float *dlse = dev_alloc((size_t)nh * c->n_q * sizeof(float)), *dsc = dev_alloc(n_scores * sizeof(float));
     int32_t *dslots = slots ? dev_from(slots, (size_t)nkv * n_pre * sizeof(int32_t)) : NULL;
 
+    int32_t *pos = NULL, *dpos = NULL;
+    if (stream_positions) {
+        pos = malloc((size_t)nkv * cap * sizeof(int32_t));
+        for (int32_t h = 0; h < nkv; h++)
+            for (int32_t s = 0, at = 5 * h; s < cap; s++) pos[(size_t)h * cap + s] = at += 1 + (int32_t)(rng_u32(g) % 40);
+        dpos = dev_from(pos, (size_t)nkv * cap * sizeof(int32_t));
+    }
     cuda_attn host = {q, want, lse_want, p->k, p->v, c->dtype, cap, nh, nkv, hd, slots, n_pre, c->n0, c->n_q,
-                      1.0f / sqrtf((float)hd)};
-    cuda_attn dev = {dq, dout, dlse, dk, dv, c->dtype, cap, nh, nkv, hd, dslots, n_pre, c->n0, c->n_q, host.scale};
+                      1.0f / sqrtf((float)hd), pos};
+    cuda_attn dev = {dq, dout, dlse, dk, dv, c->dtype, cap, nh, nkv, hd, dslots, n_pre, c->n0, c->n_q, host.scale,
+                     dpos};
     int32_t row0 = c->n_q > 2 ? c->n_q / 3 : 0, n_rows = c->n_q - row0;
 
     /* row weights like the cascade's: geometric, the last row heaviest */
@@ -101,8 +112,8 @@ static void run_case(const attn_case *c, test_rng *g) {
         }
     }
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dlse), cudaFree(dsc), cudaFree(dslots);
-    cudaFree(dcs), cudaFree(dinv), cudaFree(drow_w);
-    free(row_w);
+    cudaFree(dcs), cudaFree(dinv), cudaFree(drow_w), cudaFree(dpos);
+    free(row_w), free(pos);
     free(q), free(want), free(got), free(lse_want), free(lse_got), free(sc_want), free(sc_got), free(slots);
     rope_free(&r);
     pot_free(p);
@@ -117,7 +128,7 @@ TEST(cuda_attention_prefill_matches_cpu) {
         {256, 256, 2, 1, 33, 3, 0, POT_F16, 1, 4096}, /* large head_dim: smaller tiles */
         {96, 96, 3, 1, 0, 1, 0, POT_F16, 0, 4096},    /* one token, empty pot */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g, 0);
 }
 
 TEST(cuda_attention_split_k_decode_matches_cpu) {
@@ -127,7 +138,7 @@ TEST(cuda_attention_split_k_decode_matches_cpu) {
         {128, 128, 2, 2, 777, 1, 0, POT_F32, 1, 600}, /* slots beyond the angle table */
         {64, 64, 3, 1, 130, 2, 0, POT_F16, 0, 4096},  /* two queries over a split range */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g, 0);
 }
 
 TEST(cuda_attention_partial_slots_match_cpu) {
@@ -136,13 +147,23 @@ TEST(cuda_attention_partial_slots_match_cpu) {
         {64, 64, 6, 2, 50, 7, 20, POT_F16, 0, 4096},
         {64, 64, 3, 3, 600, 1, 333, POT_F32, 1, 4096},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g, 0);
+}
+
+TEST(cuda_attention_stream_positions_match_cpu) {
+    test_rng g = {24};
+    attn_case cases[] = {
+        {64, 64, 9, 3, 45, 12, 0, POT_F16, 0, 100},   /* prefill; positions run past the table */
+        {64, 64, 3, 1, 700, 1, 0, POT_F32, 1, 4096},  /* split-K decoding */
+        {32, 16, 4, 2, 60, 3, 20, POT_F16, 0, 4096},  /* partial attention, partial rotary */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &g, 1);
 }
 
 TEST(cuda_attention_rejects_bad_arguments) {
     float dummy = 0;
     cuda_rope r = {0, 0, 0, NULL, NULL};
-    cuda_attn a = {&dummy, &dummy, NULL, &dummy, &dummy, 1, 4, 3, 2, 8, NULL, 0, 0, 1, 1.0f};
+    cuda_attn a = {&dummy, &dummy, NULL, &dummy, &dummy, 1, 4, 3, 2, 8, NULL, 0, 0, 1, 1.0f, NULL};
     CHECK(cuda_attention_f32(&a, &r, 1, NULL, 0) == cudaErrorInvalidValue); /* 3 heads over 2 KV heads */
     a.n_head = 4;
     a.n_q = 5; /* beyond capacity */

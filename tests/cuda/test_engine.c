@@ -157,6 +157,7 @@ out:
  * same kept entries, and answers within TOL_LOGITS. cascade's score rows are
  * weighted (the scores kernel's row weights); finch scores each chunk with
  * the question, two-stage FINCH refines at answer time; h2o accumulates;
+ * InfiniPot without context reset rotates keys to their stream positions;
  * then a greedy answer decoded with recycled attention. */
 TEST(cuda_engine_every_policy_matches_cpu) {
     char err[256];
@@ -170,10 +171,11 @@ TEST(cuda_engine_every_policy_matches_cpu) {
     static const struct {
         const char *policy, *schedule, *question;
         int32_t finch_keep;
-    } runs[] = {{"cascade", NULL, NULL, 0},         {"finch", NULL, "What is the pass key?", 0},
-                {"infinipot", NULL, NULL, 24},      {"snapkv", "imdc", NULL, 0},
-                {"h2o", NULL, NULL, 0},             {"streaming", NULL, NULL, 0},
-                {"truncate", NULL, NULL, 0}};
+        int no_reset; /* InfiniPot's ablation: entries keep their stream positions */
+    } runs[] = {{"cascade", NULL, NULL, 0, 0},    {"finch", NULL, "What is the pass key?", 0, 0},
+                {"infinipot", NULL, NULL, 24, 0}, {"snapkv", "imdc", NULL, 0, 0},
+                {"h2o", NULL, NULL, 0, 0},        {"streaming", NULL, NULL, 0, 0},
+                {"truncate", NULL, NULL, 0, 0},   {"infinipot", NULL, NULL, 0, 1}};
     char *text = document(300);
     engine_info info;
     if (ec && eg) engine_get_info(eg, &info);
@@ -181,7 +183,7 @@ TEST(cuda_engine_every_policy_matches_cpu) {
         engine_pot_settings s = engine_pot_settings_default();
         s.budget_tokens = 96, s.keep_tokens = 48, s.chunk_tokens = 24;
         s.policy = runs[r].policy, s.schedule = runs[r].schedule, s.question = runs[r].question;
-        s.finch_keep = runs[r].finch_keep;
+        s.finch_keep = runs[r].finch_keep, s.original_positions = runs[r].no_reset;
         engine_doc *dc = ingest(ec, &s, text, err, sizeof err);
         if (!dc) fprintf(stderr, "  %s on cpu: %s\n", runs[r].policy, err);
         engine_doc *dg = ingest(eg, &s, text, err, sizeof err);
@@ -204,9 +206,9 @@ TEST(cuda_engine_every_policy_matches_cpu) {
             CHECK_EQ_INT(engine_doc_answer_logits(dc, "What is the pass key?", lc, err, sizeof err), 0);
             CHECK_EQ_INT(engine_doc_answer_logits(dg, "What is the pass key?", lg, err, sizeof err), 0);
             double d = rel_to_range(lg, lc, (size_t)info.n_vocab);
-            fprintf(stderr, "  %s%s%s: %lld compressions, %d kept sets differ, answer logits %.2e\n", runs[r].policy,
-                    runs[r].schedule ? " + imdc" : "", runs[r].finch_keep ? " + two-stage finch" : "",
-                    (long long)sg.compressions, differ, d);
+            fprintf(stderr, "  %s%s%s%s: %lld compressions, %d kept sets differ, answer logits %.2e\n",
+                    runs[r].policy, runs[r].schedule ? " + imdc" : "", runs[r].finch_keep ? " + two-stage finch" : "",
+                    runs[r].no_reset ? " without context reset" : "", (long long)sg.compressions, differ, d);
             CHECK_EQ_INT(differ, 0);
             CHECK(d <= TOL_LOGITS);
             /* a greedy answer with recycled attention (partial steps over the
