@@ -97,17 +97,26 @@ typedef struct attn_job {
     float *vals;               /* [n_head_kv][n_keys][head_dim] values as f32 */
     float *probs;              /* [n_threads][ATTN_TILE_QUERIES][n_keys] */
     float *head_scores;        /* [n_head][n_keys] or NULL */
+    float *partial;            /* key-split decoding: [split][n_head][2 + head_dim] (max, sum, output) */
     const struct attn_task *tasks;
 } attn_job;
 
 /* Queries attended together: heads [h0, h0 + n_heads) of one KV group, for
  * tokens [t0, t0 + n_tok), taken ATTN_TILE_QUERIES at most at a time, so each
- * key and value row is read once for all of them. */
+ * key and value row is read once for all of them. split >= 0: a decoding
+ * token's heads over keys [split * ATTN_SPLIT_KEYS, + ATTN_SPLIT_KEYS) only,
+ * merged afterwards (merge_splits). */
 typedef struct attn_task {
-    int32_t h0, n_heads, t0, n_tok;
+    int32_t h0, n_heads, t0, n_tok, split;
 } attn_task;
 
-enum { ATTN_TILE_QUERIES = 16 };
+/* ATTN_SPLIT_KEYS: a decoding token over more keys than this attends in key
+ * ranges of this size, one task per (KV group, range), so two threads share
+ * a long pot evenly instead of one taking two of three groups. The ranges
+ * depend on the key count only: the same bits on any number of threads. */
+enum { ATTN_TILE_QUERIES = 16, ATTN_SPLIT_KEYS = 256 };
+
+static int32_t attn_splits(int32_t n_keys) { return (n_keys + ATTN_SPLIT_KEYS - 1) / ATTN_SPLIT_KEYS; }
 
 /* Pot slot of attended key k of KV head g: the pot's keys (all, or the
  * span's subset), then the span's own tokens. */
@@ -217,6 +226,64 @@ static void attend_tile(attn_job *j, int32_t h0, int32_t nh, int32_t t0, int32_t
         simd_axpy_rows_f32(ys, nq, P, n_keys, (const float *)kv->v + row0, hd, n_vis_max, hd);
 }
 
+/* A decoding token's heads [h0, h0 + nh) over one key range: softmax
+ * numerators against the range's own max, their sum, and the unnormalised
+ * output, into j->partial for merge_splits. */
+static void attend_split(attn_job *j, const attn_task *tk, float *P) {
+    const model *m = j->cb->m;
+    int32_t hd = m->head_dim, g = tk->h0 / (m->n_head / m->n_head_kv), nq = tk->n_heads;
+    int32_t k0 = tk->split * ATTN_SPLIT_KEYS, n = j->n_keys - k0 < ATTN_SPLIT_KEYS ? j->n_keys - k0 : ATTN_SPLIT_KEYS;
+    const float *qs[ATTN_TILE_QUERIES];
+    float *ys[ATTN_TILE_QUERIES];
+    for (int32_t hi = 0; hi < nq; hi++) {
+        qs[hi] = j->q + ((size_t)tk->t0 * m->n_head + tk->h0 + hi) * hd;
+        ys[hi] = j->partial + ((size_t)tk->split * m->n_head + tk->h0 + hi) * (2 + hd) + 2;
+        memset(ys[hi], 0, (size_t)hd * sizeof(float));
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    const pot *kv = j->sp->kv;
+    size_t row0 = (pot_slot(kv, j->layer, g, 0) + (size_t)k0) * hd;
+    if (!j->in_place)
+        simd_dot_rows_f32(P, n, qs, nq, j->krot + ((size_t)g * j->n_keys + k0) * hd, hd, n, hd, scale);
+    else if (kv->dtype == POT_F16)
+        simd_dot_rows_f16(P, n, qs, nq, (const uint16_t *)kv->k_rot + row0, hd, n, hd, scale);
+    else
+        simd_dot_rows_f32(P, n, qs, nq, (const float *)kv->k_rot + row0, hd, n, hd, scale);
+    for (int32_t hi = 0; hi < nq; hi++) {
+        float *p = P + (size_t)hi * n, mx = simd_max_f32(p, n);
+        ys[hi][-2] = mx;
+        ys[hi][-1] = (float)simd_exp_sub_sum(p, n, mx);
+    }
+    if (!j->in_place)
+        simd_axpy_rows_f32(ys, nq, P, n, j->vals + ((size_t)g * j->n_keys + k0) * hd, hd, n, hd);
+    else if (kv->dtype == POT_F16)
+        simd_axpy_rows_f16(ys, nq, P, n, (const uint16_t *)kv->v + row0, hd, n, hd);
+    else
+        simd_axpy_rows_f32(ys, nq, P, n, (const float *)kv->v + row0, hd, n, hd);
+}
+
+/* Every head of a key-split decoding token: out = sum over ranges of
+ * exp(max_r - max) * output_r / sum over ranges of exp(max_r - max) * sum_r. */
+static void merge_splits(const attn_job *j, int32_t n_split) {
+    const model *m = j->cb->m;
+    int32_t hd = m->head_dim;
+    for (int32_t h = 0; h < m->n_head; h++) {
+        float mx = -INFINITY;
+        for (int32_t s = 0; s < n_split; s++) mx = fmaxf(mx, j->partial[((size_t)s * m->n_head + h) * (2 + hd)]);
+        float *out = j->out + (size_t)h * hd;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        double sum = 0;
+        for (int32_t s = 0; s < n_split; s++) {
+            const float *pr = j->partial + ((size_t)s * m->n_head + h) * (2 + hd);
+            float w = expf(pr[0] - mx);
+            sum += (double)w * pr[1];
+            for (int32_t e = 0; e < hd; e++) out[e] += w * pr[2 + e];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int32_t e = 0; e < hd; e++) out[e] *= inv;
+    }
+}
+
 /* A task's tokens in order (a head's score rows accumulate in token order:
  * the same bits however many threads run). */
 static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
@@ -224,6 +291,10 @@ static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
     float *P = j->probs + (size_t)worker * ATTN_TILE_QUERIES * j->n_keys;
     for (int64_t i = a; i < b; i++) {
         const attn_task *tk = &j->tasks[i];
+        if (tk->split >= 0) {
+            attend_split(j, tk, P);
+            continue;
+        }
         int32_t step = tokens_per_tile(tk->n_heads);
         for (int32_t t = tk->t0; t < tk->t0 + tk->n_tok; t += step) {
             int32_t nt = tk->t0 + tk->n_tok - t < step ? tk->t0 + tk->n_tok - t : step;
@@ -239,9 +310,14 @@ static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
  * each key and value row once for all its heads, which beats balancing the
  * threads exactly (2 threads, 3 groups: +5 % decode at context 128 and 2048
  * over 9 single-head tasks, A/B on SmolLM2-135M). */
-static int32_t plan_attention(const model *m, const backend_span *sp, int has_scores, int n_threads,
-                              attn_task *out) {
+static int32_t plan_attention(const model *m, const backend_span *sp, int32_t n_keys, int has_scores,
+                              int n_threads, attn_task *out) {
     int32_t group = m->n_head / m->n_head_kv, n = 0;
+    if (sp->n_tokens == 1 && !has_scores && attn_splits(n_keys) > 1 && group <= ATTN_TILE_QUERIES) {
+        for (int32_t g = 0; g < m->n_head_kv; g++) /* a decoding token over a long pot */
+            for (int32_t s = 0; s < attn_splits(n_keys); s++) out[n++] = (attn_task){g * group, group, 0, 1, s};
+        return n;
+    }
     int32_t s0 = has_scores ? sp->score_row0 : sp->n_tokens, s1 = has_scores ? s0 + sp->n_score_rows : s0;
     int32_t nh = group < ATTN_TILE_QUERIES ? group : ATTN_TILE_QUERIES;
     int32_t block = tokens_per_tile(nh);
@@ -249,14 +325,14 @@ static int32_t plan_attention(const model *m, const backend_span *sp, int has_sc
     int64_t n_blocks = (free_rows + block - 1) / block;
     if (n_blocks * m->n_head_kv * ((group + nh - 1) / nh) < n_threads) nh = 1, block = tokens_per_tile(1);
     for (int32_t h = 0; h < m->n_head; h++) /* scoring rows */
-        if (s1 > s0) out[n++] = (attn_task){h, 1, s0, s1 - s0};
+        if (s1 > s0) out[n++] = (attn_task){h, 1, s0, s1 - s0, -1};
     int32_t ranges[2][2] = {{0, s0}, {s1, sp->n_tokens}};
     for (int r = 0; r < 2; r++)
         for (int32_t t = ranges[r][0]; t < ranges[r][1]; t += block)
             for (int32_t h = 0; h < m->n_head; h += nh) {
                 int32_t heads = (h / group + 1) * group - h; /* to the end of h's group */
                 out[n++] = (attn_task){h, heads < nh ? heads : nh, t,
-                                       ranges[r][1] - t < block ? ranges[r][1] - t : block};
+                                       ranges[r][1] - t < block ? ranges[r][1] - t : block, -1};
             }
     return n;
 }
@@ -285,7 +361,9 @@ struct buffers {
     float *scratch;                             /* [n_threads][max cols] */
     uint8_t *act;                               /* [T][max cols] quantised activations (f32 worst case) */
     float *krot, *vals, *probs, *head_scores;   /* attention, sized for the largest span */
-    attn_task *tasks; /* [n_head][T + 1]: at most one per head and token, plus each head's scoring task */
+    float *partial;                             /* key-split decoding: [splits][n_head][2 + head_dim] */
+    attn_task *tasks; /* [n_head][T + 1] (at most one per head and token, plus each head's scoring
+                         task) or [n_head_kv][splits], whichever is more */
 };
 
 static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
@@ -302,7 +380,7 @@ static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, 
 
 static void free_buffers(buffers *B) {
     float **all[] = {&B->x, &B->xb, &B->q, &B->k, &B->v, &B->att, &B->hb, &B->hb2,
-                     &B->scratch, &B->krot, &B->vals, &B->probs, &B->head_scores};
+                     &B->scratch, &B->krot, &B->vals, &B->probs, &B->head_scores, &B->partial};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         free(*all[i]);
         *all[i] = NULL;
@@ -332,9 +410,12 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->vals = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
     B->probs = malloc((size_t)n_threads * ATTN_TILE_QUERIES * max_keys * sizeof(float));
     B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
-    B->tasks = malloc((size_t)m->n_head * (T + 1) * sizeof *B->tasks);
+    int64_t n_tasks = (int64_t)m->n_head * (T + 1), n_split_tasks = (int64_t)m->n_head_kv * attn_splits((int32_t)max_keys);
+    B->tasks = malloc((size_t)(n_tasks > n_split_tasks ? n_tasks : n_split_tasks) * sizeof *B->tasks);
+    B->partial = malloc((size_t)attn_splits((int32_t)max_keys) * m->n_head * (2 + m->head_dim) * sizeof(float));
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
-        !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores || !B->tasks) {
+        !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores || !B->tasks ||
+        !B->partial) {
         free_buffers(B);
         return -1;
     }
@@ -349,7 +430,7 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     int32_t n_keys = n_pre + sp->n_tokens;
     attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_pre = n_pre, .n_keys = n_keys, .q = q,
                   .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
-                  .head_scores = sp->scores ? B->head_scores : NULL};
+                  .head_scores = sp->scores ? B->head_scores : NULL, .partial = B->partial};
     j.in_place = sp->kv->k_rot && !sp->attend_slots;
     if (j.in_place)
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * (n_keys - sp->kv->n_rot), fill_rotated, &j);
@@ -357,8 +438,9 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
     j.tasks = B->tasks;
-    int32_t n_tasks = plan_attention(m, sp, j.head_scores != NULL, tp_threads(cb->tp), B->tasks);
+    int32_t n_tasks = plan_attention(m, sp, n_keys, j.head_scores != NULL, tp_threads(cb->tp), B->tasks);
     tp_parallel_for(cb->tp, n_tasks, attend_tasks, &j);
+    if (n_tasks && B->tasks[0].split >= 0) merge_splits(&j, attn_splits(n_keys));
     if (j.head_scores) store_scores(m, sp, layer, n_keys, j.head_scores);
 }
 
