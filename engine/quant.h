@@ -89,10 +89,13 @@ void quant_vec_dot_multi(uint32_t type, const void *row, const void *acts, size_
  * activations) across threads. */
 void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, const void *acts,
                   size_t act_stride, int64_t n_acts, int64_t n, float *out, size_t out_stride);
-/* Kernels quant_vec_dot uses now: "avx2" or "scalar". AVX2 is chosen at run
+/* Kernels quant_vec_dot uses now: "avx2+vnni", "avx2" or "scalar". AVX2 is chosen at run
  * time when the CPU has AVX2, FMA and F16C, unless POTSERVE_NO_SIMD=1 (read once). */
 const char *quant_simd_name(void);
 /* Test-only: on != 0 forces the portable scalar kernels, 0 restores the default. */
 void quant_force_scalar(int on);
+/* Test-only: on != 0 keeps the AVX2 kernels off AVX512-VNNI's vpdpbusd (which
+ * gives the same bits, one instruction instead of two), 0 restores the default. */
+void quant_force_no_vnni(int on);
 
 #endif

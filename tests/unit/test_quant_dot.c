@@ -176,11 +176,14 @@ TEST(quant_dot_types) {
     CHECK(quant_vec_dot(GGML_TYPE_Q8_K, blk, blk, 256) == 0.0f);
     CHECK(quant_vec_dot(GGML_TYPE_Q4_0, blk, blk, 48) == 0.0f);
     const char *name = quant_simd_name();
-    CHECK(strcmp(name, "avx2") == 0 || strcmp(name, "scalar") == 0);
+    CHECK(strcmp(name, "avx2+vnni") == 0 || strcmp(name, "avx2") == 0 || strcmp(name, "scalar") == 0);
     quant_force_scalar(1);
     CHECK_STR(quant_simd_name(), "scalar");
     quant_force_scalar(0);
     CHECK_STR(quant_simd_name(), name);
+    quant_force_no_vnni(1);
+    CHECK_STR(quant_simd_name(), strcmp(name, "avx2+vnni") == 0 ? "avx2" : name);
+    quant_force_no_vnni(0);
     if (getenv("VERBOSE")) fprintf(stderr, "  quant_vec_dot kernels: %s\n", name);
 }
 

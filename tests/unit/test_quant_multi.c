@@ -115,13 +115,17 @@ static int check_multi(uint32_t type, const uint8_t *row, const uint8_t *acts, s
     return bad;
 }
 
-/* Both paths: the default (AVX2 where available) and the forced scalar one. */
+/* Every path: the default (AVX2, with VNNI where available), the forced
+ * scalar one, and AVX2 without VNNI. */
 static int check_multi_paths(uint32_t type, const uint8_t *row, const uint8_t *acts, size_t stride, int64_t n_acts,
                              int64_t n) {
     int bad = check_multi(type, row, acts, stride, n_acts, n);
     quant_force_scalar(1);
     bad += check_multi(type, row, acts, stride, n_acts, n);
     quant_force_scalar(0);
+    quant_force_no_vnni(1);
+    bad += check_multi(type, row, acts, stride, n_acts, n);
+    quant_force_no_vnni(0);
     return bad;
 }
 
@@ -262,8 +266,9 @@ TEST(quant_multi_matmul) {
             if (!w || !a) return;
             for (int64_t r = 0; r < max_rows; r++) gen_weights(type, w + (size_t)r * ws, rb);
             gen_acts(type, a, as, max_acts, n, shape);
-            for (int path = 0; path < 2; path++) {
-                quant_force_scalar(path);
+            for (int path = 0; path < 3; path++) { /* default, scalar, AVX2 without VNNI */
+                quant_force_scalar(path == 1);
+                quant_force_no_vnni(path == 2);
                 if (shape == 0) {
                     for (int64_t rows = 1; rows <= max_rows; rows++)
                         for (int64_t acts = 1; acts <= max_acts; acts++, cases++)
@@ -275,6 +280,7 @@ TEST(quant_multi_matmul) {
                 }
             }
             quant_force_scalar(0);
+            quant_force_no_vnni(0);
             free(w);
             free(a);
         }
