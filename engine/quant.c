@@ -1018,8 +1018,21 @@ static AVX2_FN float vd_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb
     return hsum8_avx(acc) + _mm_cvtss_f32(summs);
 }
 
-static AVX2_FN float vd_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+/* The 6-bit quants (0..63, unsigned) of half n of a Q6_K block as four
+ * 32-byte vectors: low nibbles from ql, the two high bits from qh. */
+static inline AVX2_FN void q6_k_quants(const uint8_t *x, int n, __m256i q[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    const __m256i ql0 = load256(x + 64 * n), ql1 = load256(x + 64 * n + 32);
+    const __m256i qh = load256(x + 128 + 32 * n);
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+}
+
+static AVX2_FN float vd_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, a += Q8_K_BYTES) {
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -1027,16 +1040,8 @@ static AVX2_FN float vd_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb
         const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(load256(a + 4 + QK_K), sc16), 5);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
-            const __m256i ql0 = load256(w + 64 * n), ql1 = load256(w + 64 * n + 32);
-            const __m256i qh = load256(w + 128 + 32 * n);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6_k_quants(w, n, q);
             for (int g = 0; g < 4; g++) {
                 const __m256i p = _mm256_maddubs_epi16(q[g], load256(a + 4 + 128 * n + 32 * g));
                 const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * g + 1]), _mm_set1_epi16(sc[8 * n + 2 * g]));
@@ -1397,7 +1402,6 @@ static QUANT_INLINE AVX2_FN void tile_k45(const uint32_t type, const uint8_t *w,
 /* Q6_K (one row), as vd_q6_k_avx2 for A activations at once. */
 static QUANT_INLINE AVX2_FN void tile_q6_k(const uint8_t *w, const uint8_t *a, size_t as, int64_t nb, float *out,
                                            size_t os, const int A) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
     __m256 acc[8];
     UNROLL for (int t = 0; t < A; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -1406,16 +1410,8 @@ static QUANT_INLINE AVX2_FN void tile_q6_k(const uint8_t *w, const uint8_t *a, s
         __m256i sumi[8];
         UNROLL for (int t = 0; t < A; t++) sumi[t] = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
-            const __m256i ql0 = load256(x + 64 * n), ql1 = load256(x + 64 * n + 32);
-            const __m256i qh = load256(x + 128 + 32 * n);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6_k_quants(x, n, q);
             for (int g = 0; g < 4; g++) {
                 const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * g + 1]), _mm_set1_epi16(sc[8 * n + 2 * g]));
                 UNROLL for (int t = 0; t < A; t++) {

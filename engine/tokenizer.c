@@ -56,6 +56,19 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 static void *xrealloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
 
+/* Room for `need` elements of `elem` bytes in *data (capacity *cap),
+ * doubling from `first`; -1 when out of memory (the old block is kept). */
+static int grow(void **data, size_t *cap, size_t need, size_t elem, size_t first) {
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : first;
+    while (nc < need) nc *= 2;
+    void *nd = xrealloc(*data, nc * elem);
+    if (!nd) return -1;
+    *data = nd;
+    *cap = nc;
+    return 0;
+}
+
 /* growable int32 vector */
 typedef struct {
     int32_t *v;
@@ -63,13 +76,7 @@ typedef struct {
 } ivec;
 
 static int ivec_push(ivec *a, int32_t x) {
-    if (a->n == a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 64;
-        int32_t *nv = xrealloc(a->v, nc * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = nc;
-    }
+    if (grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 64)) return -1;
     a->v[a->n++] = x;
     return 0;
 }
@@ -81,13 +88,7 @@ typedef struct {
 } zvec;
 
 static int zvec_push(zvec *a, size_t x) {
-    if (a->n == a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 64;
-        size_t *nv = xrealloc(a->v, nc * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = nc;
-    }
+    if (grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 64)) return -1;
     a->v[a->n++] = x;
     return 0;
 }
@@ -98,16 +99,7 @@ typedef struct {
     size_t n, cap;
 } bbuf;
 
-static int bbuf_reserve(bbuf *b, size_t extra) {
-    if (b->n + extra <= b->cap) return 0;
-    size_t nc = b->cap ? b->cap : 256;
-    while (nc < b->n + extra) nc *= 2;
-    char *np = xrealloc(b->p, nc);
-    if (!np) return -1;
-    b->p = np;
-    b->cap = nc;
-    return 0;
-}
+static int bbuf_reserve(bbuf *b, size_t extra) { return grow((void **)&b->p, &b->cap, b->n + extra, 1, 256); }
 
 static int bbuf_add(bbuf *b, const void *s, size_t n) {
     if (bbuf_reserve(b, n)) return -1;

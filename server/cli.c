@@ -223,16 +223,20 @@ static double now_wall_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* generate and logits take the prompt as text (-p) or as token ids (--tokens), not both. */
+static int one_prompt_source(const char *cmd, const char *prompt, const char *toks) {
+    if (!prompt != !toks) return 1;
+    fprintf(stderr, "potserve %s: give exactly one of -p PROMPT and --tokens IDS\n", cmd);
+    return 0;
+}
+
 int cli_generate(int argc, char **argv) {
     parsed p;
     int r = parse_flags(argc, argv, "-m MODEL (-p PROMPT | --tokens IDS) [options]", generate_flags, &p);
     if (r) return r > 0 ? 0 : 2;
     const char *prompt = flag_val(generate_flags, &p, "--prompt"),
                *toks = flag_val(generate_flags, &p, "--tokens");
-    if (!prompt == !toks) {
-        fprintf(stderr, "potserve generate: give exactly one of -p PROMPT and --tokens IDS\n");
-        return 2;
-    }
+    if (!one_prompt_source("generate", prompt, toks)) return 2;
     engine_gen_params gp = {0};
     if (sampling_from_flags(&p, &gp)) return 2;
     int print_ids = flag_val(generate_flags, &p, "--print-ids") != NULL;
@@ -421,10 +425,7 @@ int cli_logits(int argc, char **argv) {
     if (r) return r > 0 ? 0 : 2;
     const char *prompt = flag_val(logits_flags, &p, "--prompt"),
                *toks = flag_val(logits_flags, &p, "--tokens"), *out = flag_val(logits_flags, &p, "--out");
-    if (!prompt == !toks) {
-        fprintf(stderr, "potserve logits: give exactly one of -p PROMPT and --tokens IDS\n");
-        return 2;
-    }
+    if (!one_prompt_source("logits", prompt, toks)) return 2;
     engine *e = open_model("logits", logits_flags, &p);
     if (!e) return 1;
     char err[512] = "";

@@ -77,6 +77,14 @@ def test_generate_rejects_bad_flags(model):
     assert p.returncode == 1 and b"chatml" in p.stderr
 
 
+@pytest.mark.parametrize("cmd", ["generate", "logits"])
+def test_prompt_as_text_or_ids_not_both(model, cmd):
+    for args in ([], ["-p", "x", "--tokens", "1 2"]):
+        p = run(cmd, "-m", model, *args)
+        assert p.returncode == 2, args
+        assert p.stderr == f"potserve {cmd}: give exactly one of -p PROMPT and --tokens IDS\n".encode()
+
+
 def test_tiny_models_of_every_type_generate(fixtures):
     for f in sorted(FIXTURES.glob("tiny_*.gguf")):
         p = run("generate", "-m", f, "-p", "hello", "-n", "8", "--print-ids")
