@@ -110,6 +110,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
         }
         opt.n_threads = (int)v;
     }
+    opt.backend = flag_val(flags, p, "--backend");
     opt.chat_template = flag_val(flags, p, "--chat-template");
     opt.exact = flag_val(flags, p, "--exact") != NULL;
     opt.kv_f32 = flag_val(flags, p, "--kv-f32") != NULL;
@@ -121,6 +122,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
 #define MODEL_FLAGS                                                                    \
     {"--model", "-m", "PATH", "GGUF model file (required)"},                           \
     {"--threads", "-t", "N", "worker threads (default: all CPUs)"},                    \
+    {"--backend", NULL, "B", "cpu (default) or cuda (binaries built with make CUDA=1)"}, \
     {"--exact", NULL, NULL, "f32 activations and KV (reference numerics, slower)"}, \
     {"--kv-f32", NULL, NULL, "f32 KV entries (f16 by default)"}, \
     {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \

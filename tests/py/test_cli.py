@@ -85,6 +85,15 @@ def test_prompt_as_text_or_ids_not_both(model, cmd):
         assert p.stderr == f"potserve {cmd}: give exactly one of -p PROMPT and --tokens IDS\n".encode()
 
 
+def test_backend_flag(model):
+    p = run("generate", "-m", model, "-p", "1, 2,", "-n", "2", "--backend", "cpu", check=True)
+    assert p.stdout.strip()
+    p = run("generate", "-m", model, "-p", "x", "--backend", "nosuch")
+    assert p.returncode == 1 and b"unknown backend 'nosuch' (cpu, cuda)" in p.stderr
+    p = run("ingest", "-m", model, "/dev/null", "--backend", "cuda")
+    assert p.returncode == 1 and b"not built into this binary" in p.stderr
+
+
 def test_tiny_models_of_every_type_generate(fixtures):
     for f in sorted(FIXTURES.glob("tiny_*.gguf")):
         p = run("generate", "-m", f, "-p", "hello", "-n", "8", "--print-ids")

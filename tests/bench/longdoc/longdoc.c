@@ -30,14 +30,14 @@ typedef struct trial {
 } trial;
 
 typedef struct options {
-    const char *model, *haystack, *plan, *work, *question;
+    const char *model, *haystack, *plan, *work, *question, *backend;
     int threads, n_predict, late_question;
     engine_pot_settings set;
 } options;
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N]\n"
+            "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N] [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain]\n");
 }
@@ -53,6 +53,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "-m")) o->model = v;
         else if (!strcmp(a, "-t")) o->threads = v ? atoi(v) : 0;
         else if (!strcmp(a, "-n")) o->n_predict = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--haystack")) o->haystack = v;
         else if (!strcmp(a, "--plan")) o->plan = v;
         else if (!strcmp(a, "--work")) o->work = v;
@@ -252,7 +253,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char err[512];
-    engine_options eo = {.n_threads = o.threads};
+    engine_options eo = {.n_threads = o.threads, .backend = o.backend};
     engine *e = engine_open(o.model, &eo, err, sizeof err);
     if (!e) return fprintf(stderr, "longdoc: %s\n", err), 1;
     int rc = run_plan(e, &o, hay, hay_len, t, n);

@@ -13,7 +13,7 @@ table and a PNG heatmap (accuracy by length x depth, one panel per policy).
         [--lengths 2048,4096,8192,16384,32768,65536,131072] [--depths 0.1,0.5,0.9]
         [--keys 20] [--policies none,infinipot,-nuc,-nuc-cap,-nuc-cap-reset,finch,
         finch-late,snapkv,h2o,cascade,streaming,truncate] [--budgets 1024,2048,4096]
-        [--threads N] [--out build/longdoc]
+        [--threads N] [--backend cpu|cuda] [--out build/longdoc]
 
 The defaults are the whole grid of issue 3 (far beyond a 2-core machine; pick
 cells with the flags). Results accumulate in OUT/results.jsonl (one line per
@@ -155,8 +155,8 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
         hay_path.write_text(hay.text)
     plan_path.write_text("".join(f"{tid}\t{i}\t{e}\t{key}\t{NEEDLE.format(key=key)}\n"
                                  for i, e, tid, key in plan))
-    args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--haystack", str(hay_path), "--plan",
-            str(plan_path), "--work", str(work), "--question", a.question, "--budget", str(budget),
+    args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--backend", a.backend, "--haystack", str(hay_path),
+            "--plan", str(plan_path), "--work", str(work), "--question", a.question, "--budget", str(budget),
             "-n", "12"]
     keep = a.keep if a.keep else budget // 2
     if policy != "none":
@@ -283,8 +283,8 @@ def memory_runs(a, out):
         budget = int(a.budgets.split(",")[0])
         pre = n_tokens(a.model, hb[:ins].decode())  # the needle's token range, for --track
         track = f"{pre}:{pre + n_tokens(a.model, needle)}"
-        args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--budget",
-                str(budget), "--question", a.question, "-n", "12", "--json", "--track", track]
+        args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--backend",
+                a.backend, "--budget", str(budget), "--question", a.question, "-n", "12", "--json", "--track", track]
         t0 = time.time()
         r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
         r.update(length=L, doc_tokens=toks, key=key, hit=str(key) in r["answer"], wall_s=time.time() - t0)
@@ -307,7 +307,8 @@ def showcase(a, out, length):
     hb = hay.text.encode()
     path.write_bytes(hb[:ins] + NEEDLE.format(key=key).encode() + hb[ins:end])
     budget = int(a.budgets.split(",")[0])
-    args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--budget", str(budget),
+    args = [str(POTSERVE), "ingest", "-m", str(a.model), str(path), "-t", str(a.threads), "--backend", a.backend,
+            "--budget", str(budget),
             "--question", a.question, "-n", "12", "--json", "--progress", "16384"]
     curve, t0 = [], time.time()
     log = open(out / "showcase.jsonl", "w")
@@ -392,6 +393,7 @@ def main():
     ap.add_argument("--budgets", default="1024,2048,4096")
     ap.add_argument("--keep", type=int, default=0, help="entries kept by a compression (default budget/2)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--backend", default="cpu", help="cpu, or cuda with binaries built by make CUDA=1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--question", default=QUESTION)
     ap.add_argument("--out", default=str(ROOT / "build" / "longdoc"))
