@@ -901,10 +901,11 @@ static inline AVX2_FN __m256i dot_u8_vnni(__m256i x, __m256i y) {
     return acc;
 }
 
-/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles. */
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles (the
+ * bytes in both halves, the upper half shifted by 4: three instructions). */
 static inline AVX2_FN __m256i nibbles32(const uint8_t *p) {
-    const __m128i t = load128(p), m4 = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m4), _mm_and_si128(t, m4));
+    const __m256i t = _mm256_broadcastsi128_si256(load128(p));
+    return _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0f));
 }
 
 /* Byte j = 0x10 where bit j of the little-endian u32 at p is set, else 0. */
@@ -1321,7 +1322,8 @@ static QUANT_INLINE AVX2_FN void tile_u8(const uint32_t type, const uint8_t *w, 
             xq[r] = type == GGML_TYPE_Q4_1 ? nibbles32(x + 4) : _mm256_or_si256(nibbles32(x + 8), bit4_bytes(x + 4));
             /* [dx mx dx mx ...] against [d0 s0 d1 s1 ...]: the even lanes of the
              * product are d = dx * dy, the odd lanes of the fma the summs */
-            const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32((int)u32_le(x)));
+            const __m128i dmh = A == 1 ? _mm_cvtsi32_si128((int)u32_le(x)) : _mm_set1_epi32((int)u32_le(x));
+            const __m256 dm = _mm256_cvtph_ps(dmh); /* one activation: lanes 0-1 suffice */
             UNROLL for (int g = 0; g < G; g++) {
                 dd[r][g] = _mm256_mul_ps(dm, ds[g]);
                 sm[r][g] = _mm256_fmadd_ps(dm, ds[g], sm[r][g]);
