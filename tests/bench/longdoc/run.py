@@ -136,7 +136,9 @@ def key_for(seed, haystack, length, depth, k):
 
 def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset()):
     """All trials of one (haystack, policy, budget) in one longdoc_bench run,
-    less those already in `done` (cell_key + trial), so a grid resumes."""
+    less those already in `done` (cell_key + trial), so a grid resumes.
+    Yields each trial's row as the bench reports it, so that an interrupted
+    run keeps the trials it finished."""
     plan = []
     for L in lengths:
         for d in depths:
@@ -148,7 +150,7 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
                 plan.append((ins, end, f"{L}:{d}:{k}:{toks}", key))
     plan.sort()
     if not plan:
-        return []
+        return
     work.mkdir(parents=True, exist_ok=True)
     hay_path, plan_path = work / f"haystack_{kind}.txt", work / "plan.tsv"
     if not hay_path.exists() or hay_path.read_text() != hay.text:
@@ -162,8 +164,7 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
     if policy != "none":
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(policy, ["--policy", policy])
-    t0 = time.time()
-    rows = []
+    t0, n = time.time(), 0
     with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
         for line in p.stdout:
             r = json.loads(line)
@@ -171,13 +172,13 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
             r.update(haystack=kind, policy=policy, budget=budget, keep=keep if policy != "none" else budget,
                      length=int(L), depth=float(d), trial=int(k), doc_tokens=int(toks),
                      tps=r["tokens_read"] / (r["ingest_ms"] / 1e3 + 1e-9), model=pathlib.Path(a.model).name)
-            rows.append(r)
+            n += 1
             print(json.dumps({x: r[x] for x in ("haystack", "policy", "budget", "length", "depth", "key",
                                                 "hit", "kept", "answer")}), file=sys.stderr, flush=True)
+            yield r
     if p.returncode:
         raise RuntimeError(f"{' '.join(args)} failed ({p.returncode})")
-    print(f"cell {kind} {policy} {budget}: {len(rows)} trials in {time.time() - t0:.0f} s", file=sys.stderr)
-    return rows
+    print(f"cell {kind} {policy} {budget}: {n} trials in {time.time() - t0:.0f} s", file=sys.stderr)
 
 
 def wilson(k, n, z=1.96):
@@ -428,14 +429,14 @@ def main():
                         eff = min(L, ctx - N_CTX_MARGIN)
                         # the pot also reserves room for the (unused) catalyst rows
                         budget = min(eff + N_CTX_MARGIN, ctx - 32)
-                        rows = run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work",
-                                        {(h, p, b, eff, d, k) for h, p, b, l, d, k in done if l == L})
-                        for r in rows:
+                        for r in run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work",
+                                          {(h, p, b, eff, d, k) for h, p, b, l, d, k in done if l == L}):
                             r["length"] = L
-                        append(results, rows)
+                            append(results, [r])
                     continue
                 for budget in [int(x) for x in a.budgets.split(",")]:
-                    append(results, run_cell(a, hay, kind, policy, budget, lengths, depths, out / "work", done))
+                    for r in run_cell(a, hay, kind, policy, budget, lengths, depths, out / "work", done):
+                        append(results, [r])
     rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
     print(report(rows, out, cmdline))
 
