@@ -215,8 +215,10 @@ def report(rows, out, cmdline):
         cell = [r for r in rows if cell_key(r) == key]
         accs = [fmt_acc([r for r in cell if r["depth"] == d]) for d in depths]
         kept = sum(r["kept"] for r in cell) / len(cell)
-        tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
-        rss = max(r["peak_rss_bytes"] for r in cell) / 1e6
+        # trials recovered from an interrupted run's log have no speed or RSS
+        timed = [r for r in cell if "tps" in r]
+        tps = sorted(r["tps"] for r in timed)[len(timed) // 2]
+        rss = max(r["peak_rss_bytes"] for r in timed) / 1e6
         toks = max(r["doc_tokens"] for r in cell)
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {toks} | " + " | ".join(accs)
                      + f" | {fmt_acc(cell)} | {kept:.2f} | {tps:.0f} | {rss:.0f} |")
