@@ -455,7 +455,8 @@ FILE_TYPES = {
 
 def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2, n_head=4,
                 n_head_kv=2, n_vocab=300, n_ctx=256, tied=True, bias=False, rope_base=10000.0,
-                seed=1234):
+                seed=1234, mix=None):
+    """mix: tensor kind ("attn_k", "ffn_up", ...) -> a type other than qtype."""
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
     n_kv = n_head_kv * head_dim
@@ -480,7 +481,8 @@ def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2,
         # numpy shape (n_out, n_in) == gguf ne [n_in, n_out]
         s = np.float32(std if std is not None else 1.0 / np.sqrt(n_in))
         x = rng.standard_normal((n_out, n_in)).astype(f32) * s
-        add_quant_tensor(w, name, quantize(x, qtype), qtype)
+        t = (mix or {}).get(name.split(".")[-2], qtype)
+        add_quant_tensor(w, name, quantize(x, t), t)
 
     def vec(name, n, mean=1.0, std=0.1):
         w.add_tensor(name, (np.float32(mean) + rng.standard_normal(n).astype(f32) * np.float32(std)))
@@ -523,6 +525,12 @@ def main():
                 seed=4321)
     for qt in (T.Q8_0, T.Q4_0, T.Q4_1, T.F16, T.BF16):
         write_model(os.path.join(out, f"tiny_llama_{qt.name.lower()}.gguf"), qtype=qt)
+    # one model of several types whose activation formats differ inside a
+    # layer (Q8_1 for Q4_1 / Q5_1, Q8_0 for Q8_0 / Q4_0 / Q5_0, f16 for F16):
+    # the products that share an input are fused only where the formats agree
+    write_model(os.path.join(out, "tiny_llama_mixed.gguf"), qtype=T.Q4_1, seed=2468,
+                mix={"attn_k": T.Q8_0, "attn_v": T.Q4_0, "attn_output": T.F16, "ffn_gate": T.Q5_1,
+                     "ffn_up": T.Q5_0, "ffn_down": T.Q8_0})
     for qt in (T.Q4_K, T.Q5_K, T.Q6_K):
         write_model(os.path.join(out, f"tiny_llama_{qt.name.lower()}.gguf"), qtype=qt,
                     n_embd=256, n_ff=256)

@@ -35,48 +35,75 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
 
 /* ---- matrix product: out[t][r] = dot(W row r, x[t]) ------------------------ */
 
+enum { MATMUL_MAX_WEIGHTS = 3 };
+
+/* One input against up to three weights (q, k, v; gate, up) in one parallel
+ * loop over their rows laid end to end: one quantisation of the input and
+ * one barrier instead of three, which a decode step (one token, thirty
+ * layers) feels. Every output element is computed as by a single product. */
 typedef struct matmul_job {
-    const weight *w;
+    const weight *w[MATMUL_MAX_WEIGHTS];
+    float *out[MATMUL_MAX_WEIGHTS]; /* [T][rows of w[i]] */
+    int n_w;
     const float *x;   /* [T][cols] */
     int64_t T;
-    float *out;       /* [T][rows] */
     float *scratch;   /* exact: [n_threads][cols] dequantised rows */
-    uint8_t *act;     /* quantised: [T][act_bytes] activations in the weight's vec_dot format */
+    uint8_t *act;     /* quantised: [T][act_bytes] activations in the weights' vec_dot format */
     size_t act_bytes;
 } matmul_job;
 
+typedef void (*rows_fn)(const matmul_job *j, const weight *w, float *out, int64_t r0, int64_t r1, int worker);
+
+/* Rows [r0, r1) of the weights laid end to end, handed out weight by weight. */
+static void for_rows(const matmul_job *j, int64_t r0, int64_t r1, int worker, rows_fn fn) {
+    int64_t base = 0;
+    for (int i = 0; i < j->n_w && r0 < r1; i++) {
+        const int64_t rows = j->w[i]->rows;
+        if (r0 < base + rows) {
+            const int64_t e = r1 < base + rows ? r1 : base + rows;
+            fn(j, j->w[i], j->out[i], r0 - base, e - base, worker);
+            r0 = e;
+        }
+        base += rows;
+    }
+}
+
 enum { MATMUL_DEQUANT_MIN_T = 3 }; /* exact path: from this batch size on, dequantise a row once */
 
-static void matmul_rows_exact(void *ctx, int64_t r0, int64_t r1, int worker) {
-    const matmul_job *j = ctx;
-    const weight *w = j->w;
+static void rows_exact(const matmul_job *j, const weight *w, float *out, int64_t r0, int64_t r1, int worker) {
     float *buf = j->scratch + (size_t)worker * w->cols;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = w->data + (size_t)r * w->row_bytes;
         if (j->T < MATMUL_DEQUANT_MIN_T) {
             for (int64_t t = 0; t < j->T; t++)
-                j->out[t * w->rows + r] = quant_dot_row(w->type, row, j->x + t * w->cols, w->cols);
+                out[t * w->rows + r] = quant_dot_row(w->type, row, j->x + t * w->cols, w->cols);
         } else {
             quant_dequantize_row(w->type, row, buf, w->cols);
             for (int64_t t = 0; t < j->T; t++)
-                j->out[t * w->rows + r] = simd_dot_f32(buf, j->x + t * w->cols, w->cols);
+                out[t * w->rows + r] = simd_dot_f32(buf, j->x + t * w->cols, w->cols);
         }
     }
+}
+
+static void rows_quant(const matmul_job *j, const weight *w, float *out, int64_t r0, int64_t r1, int worker) {
+    (void)worker;
+    quant_matmul(w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, j->act, j->act_bytes, j->T,
+                 w->cols, out + r0, (size_t)w->rows);
+}
+
+static void matmul_rows_exact(void *ctx, int64_t r0, int64_t r1, int worker) {
+    for_rows(ctx, r0, r1, worker, rows_exact);
+}
+
+static void matmul_rows_quant(void *ctx, int64_t r0, int64_t r1, int worker) {
+    for_rows(ctx, r0, r1, worker, rows_quant);
 }
 
 static void quantize_acts(void *ctx, int64_t t0, int64_t t1, int worker) {
     (void)worker;
     const matmul_job *j = ctx;
     for (int64_t t = t0; t < t1; t++)
-        quant_quantize_act(j->w->type, j->x + t * j->w->cols, j->act + t * j->act_bytes, j->w->cols);
-}
-
-static void matmul_rows_quant(void *ctx, int64_t r0, int64_t r1, int worker) {
-    (void)worker;
-    const matmul_job *j = ctx;
-    const weight *w = j->w;
-    quant_matmul(w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, j->act,
-                 j->act_bytes, j->T, w->cols, j->out + r0, (size_t)w->rows);
+        quant_quantize_act(j->w[0]->type, j->x + t * j->w[0]->cols, j->act + t * j->act_bytes, j->w[0]->cols);
 }
 
 typedef struct buffers buffers;
@@ -366,16 +393,30 @@ struct buffers {
                          task) or [n_head_kv][splits], whichever is more */
 };
 
-static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
-                   buffers *B) {
-    matmul_job j = {w, x, T, out, B->scratch, B->act, 0};
-    if (cb->exact) {
-        tp_parallel_for(cb->tp, w->rows, matmul_rows_exact, &j);
-        return;
+/* out_i = x W_i^T for the n weights (same input width), fused into one loop
+ * while they share an activation format. */
+static void matmul_n(cpu_backend *cb, int n, const weight *const *w, const float *x, int64_t T, float *const *out,
+                     buffers *B) {
+    matmul_job j = {.x = x, .T = T, .scratch = B->scratch, .act = B->act};
+    int64_t rows = 0;
+    while (j.n_w < n && j.n_w < MATMUL_MAX_WEIGHTS &&
+           (cb->exact || quant_vec_dot_type(w[j.n_w]->type) == quant_vec_dot_type(w[0]->type))) {
+        j.w[j.n_w] = w[j.n_w];
+        j.out[j.n_w] = out[j.n_w];
+        rows += w[j.n_w++]->rows;
     }
-    j.act_bytes = quant_act_row_bytes(w->type, w->cols);
-    tp_parallel_for(cb->tp, T, quantize_acts, &j);
-    tp_parallel_for(cb->tp, w->rows, matmul_rows_quant, &j);
+    if (cb->exact) {
+        tp_parallel_for(cb->tp, rows, matmul_rows_exact, &j);
+    } else {
+        j.act_bytes = quant_act_row_bytes(w[0]->type, w[0]->cols);
+        tp_parallel_for(cb->tp, T, quantize_acts, &j);
+        tp_parallel_for(cb->tp, rows, matmul_rows_quant, &j);
+    }
+    if (j.n_w < n) matmul_n(cb, n - j.n_w, w + j.n_w, x, T, out + j.n_w, B);
+}
+
+static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out, buffers *B) {
+    matmul_n(cb, 1, &w, x, T, &out, B);
 }
 
 static void free_buffers(buffers *B) {
@@ -457,9 +498,7 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd,
             dkv = (int64_t)m->n_head_kv * hd;
     for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->attn_norm, d, m->norm_eps);
-    matmul(cb, &lw->wq, B->xb, T, B->q, B);
-    matmul(cb, &lw->wk, B->xb, T, B->k, B);
-    matmul(cb, &lw->wv, B->xb, T, B->v, B);
+    matmul_n(cb, 3, (const weight *[]){&lw->wq, &lw->wk, &lw->wv}, B->xb, T, (float *[]){B->q, B->k, B->v}, B);
     add_bias(B->q, lw->bq, T, dq);
     add_bias(B->k, lw->bk, T, dkv);
     add_bias(B->v, lw->bv, T, dkv);
@@ -482,8 +521,7 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 
     for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->ffn_norm, d, m->norm_eps);
-    matmul(cb, &lw->w_gate, B->xb, T, B->hb, B);
-    matmul(cb, &lw->w_up, B->xb, T, B->hb2, B);
+    matmul_n(cb, 2, (const weight *[]){&lw->w_gate, &lw->w_up}, B->xb, T, (float *[]){B->hb, B->hb2}, B);
     for (int64_t i = 0; i < T * m->n_ff; i++) {
         float g = B->hb[i];
         B->hb[i] = g / (1.0f + expf(-g)) * B->hb2[i];

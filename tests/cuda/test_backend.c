@@ -256,14 +256,16 @@ done_model:
 }
 
 /* Every weight type end to end: the tiny models of tests/make_fixtures.py
- * (F32, F16, BF16, Q4_0, Q4_1, Q8_0 at n_embd 64; Q4_K, Q5_K, Q6_K at 256),
+ * (F32, F16, BF16, Q4_0, Q4_1, Q8_0 at n_embd 64; Q4_K, Q5_K, Q6_K at 256;
+ * one that mixes Q4_1, Q8_0, Q4_0, F16, Q5_1 and Q5_0 inside each layer),
  * a 20-token prefill (more rows than the matvec takes: dequantisation and
  * GEMM) and a decode step (the matvec reading the blocks), every row's
  * logits against the CPU backend's exact path. */
 TEST(cuda_backend_every_weight_type_matches_cpu) {
     static const char *const files[] = {"tiny_llama.gguf",      "tiny_llama_f16.gguf",  "tiny_llama_bf16.gguf",
                                         "tiny_llama_q4_0.gguf", "tiny_llama_q4_1.gguf", "tiny_llama_q8_0.gguf",
-                                        "tiny_llama_q4_k.gguf", "tiny_llama_q5_k.gguf", "tiny_llama_q6_k.gguf"};
+                                        "tiny_llama_q4_k.gguf", "tiny_llama_q5_k.gguf", "tiny_llama_q6_k.gguf",
+                                        "tiny_llama_mixed.gguf"};
     enum { N = 20 };
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         char err[256];

@@ -27,7 +27,7 @@ def ours(path, ids, tmp_path, *flags):
 def test_fixture_set_is_complete():
     for name in ("tiny_llama", "tiny_llama_untied", "tiny_qwen2", "tiny_llama_q8_0", "tiny_llama_q4_0",
                  "tiny_llama_q4_1", "tiny_llama_q4_k", "tiny_llama_q5_k", "tiny_llama_q6_k",
-                 "tiny_llama_f16", "tiny_llama_bf16"):
+                 "tiny_llama_f16", "tiny_llama_bf16", "tiny_llama_mixed"):
         assert name in MODELS
 
 

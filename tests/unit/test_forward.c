@@ -306,3 +306,42 @@ TEST(forward_key_split_decode_matches_prefill) {
     free(toks);
     model_free(m);
 }
+
+/* Products that share an input (q, k, v; gate, up) run as one loop over their
+ * rows laid end to end, fused only while their activation formats agree. On
+ * a model whose layers mix formats (tests/make_fixtures.py tiny_llama_mixed:
+ * q Q4_1 / k Q8_0 / v Q4_0, gate Q5_1 / up Q5_0), thread counts that cut the
+ * rows at different places, across weight boundaries, give the same bits,
+ * prefill and decode. (Agreement with llama.cpp: tests/py/test_tiny_models.py.) */
+TEST(forward_fused_products_same_bits_on_any_thread_count) {
+    char err[256];
+    model *m = model_load(test_fixture("tiny_llama_mixed.gguf"), err, sizeof err);
+    if (!m) fprintf(stderr, "  %s (make fixtures)\n", err);
+    CHECK(m != NULL);
+    if (!m) return;
+    CHECK(m->layers[0].wq.type != m->layers[0].wk.type && m->layers[0].w_gate.type != m->layers[0].w_up.type);
+    enum { N = 20, RUNS = 4 };
+    static const int threads[RUNS] = {1, 2, 3, 7};
+    const size_t V = (size_t)m->n_vocab;
+    int32_t toks[N + 1];
+    for (int i = 0; i <= N; i++) toks[i] = (int32_t)((i * 37 + 5) % m->n_vocab);
+    float *logits[RUNS];
+    for (int k = 0; k < RUNS; k++) {
+        logits[k] = malloc((N + 1) * V * sizeof(float));
+        backend *be = cpu_backend_new(m, threads[k], 0, err, sizeof err);
+        pot *p = new_pot(m, N + 1);
+        CHECK(be && p && logits[k]);
+        if (!be || !p || !logits[k]) return;
+        backend_span pre = {.tokens = toks, .n_tokens = N, .kv = p, .logits_mode = BACKEND_LOGITS_ALL,
+                            .logits = logits[k]};
+        backend_span step = {.tokens = toks + N, .n_tokens = 1, .kv = p, .logits_mode = BACKEND_LOGITS_LAST,
+                             .logits = logits[k] + N * V};
+        CHECK_EQ_INT(be->forward(be, &pre, 1, err, sizeof err), 0);
+        CHECK_EQ_INT(be->forward(be, &step, 1, err, sizeof err), 0);
+        pot_free(p);
+        be->free(be);
+    }
+    for (int k = 1; k < RUNS; k++) CHECK(memcmp(logits[0], logits[k], (N + 1) * V * sizeof(float)) == 0);
+    for (int k = 0; k < RUNS; k++) free(logits[k]);
+    model_free(m);
+}

@@ -525,7 +525,7 @@ TEST(quant_tiny_models_dequantize) {
     static const char *files[] = {
         "tiny_llama.gguf",      "tiny_llama_untied.gguf", "tiny_qwen2.gguf",      "tiny_llama_q8_0.gguf",
         "tiny_llama_q4_0.gguf", "tiny_llama_q4_1.gguf",   "tiny_llama_q4_k.gguf", "tiny_llama_q5_k.gguf",
-        "tiny_llama_q6_k.gguf", "tiny_llama_f16.gguf",    "tiny_llama_bf16.gguf",
+        "tiny_llama_q6_k.gguf", "tiny_llama_f16.gguf",    "tiny_llama_bf16.gguf",   "tiny_llama_mixed.gguf",
     };
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char err[256];
