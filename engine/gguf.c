@@ -199,6 +199,13 @@ static int check_unique(reader *r, const gguf_str *first, size_t stride, uint64_
     return rc;
 }
 
+void gguf_release(const gguf_file *f, const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, e = a + n;
+    const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = e & ~(page - 1);
+    if (!f || !f->mapped || a < (uintptr_t)f->base || e > (uintptr_t)f->base + f->size || hi <= lo) return;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void gguf_close(gguf_file *f) {
     if (!f) return;
     if (f->kv)

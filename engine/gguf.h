@@ -67,6 +67,11 @@ gguf_file *gguf_open(const char *path, char *err, size_t errlen);
  * `data` must outlive the result; the result does not free it. */
 gguf_file *gguf_parse(const void *data, size_t size, char *err, size_t errlen);
 
+/* Tells a mapped file that bytes [p, p + n) will not be read again soon: the
+ * whole pages among them leave resident memory (they are read back from the
+ * file if touched). Nothing happens for an image the caller owns. */
+void gguf_release(const gguf_file *f, const void *p, size_t n);
+
 /* Releases everything gguf_open/gguf_parse returned (NULL is fine). */
 void gguf_close(gguf_file *f);
 

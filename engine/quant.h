@@ -89,6 +89,32 @@ void quant_vec_dot_multi(uint32_t type, const void *row, const void *acts, size_
  * activations) across threads. */
 void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, const void *acts,
                   size_t act_stride, int64_t n_acts, int64_t n, float *out, size_t out_stride);
+/* ---- eight rows interleaved ("packed") ------------------------------------------
+ * A Q4_0, Q4_1 or Q8_0 matrix whose row count is a multiple of 8 can be packed
+ * in groups of eight rows, so that one SIMD instruction takes a product for all
+ * eight: per 32-element block, the eight rows' scales (halves; for Q4_1 then
+ * their mins), then their quants interleaved four bytes at a time (Q8_0's as
+ * unsigned bytes, plus 128). The packed matrix has the bytes of the rows.
+ *
+ * Its arithmetic is not quant_vec_dot's (llama.cpp's eight float lanes per
+ * row and block): each block's integer dot isum is summed exactly, then
+ *     acc = fma(dx * dy, (float)isum, acc)   and, for Q4_1,   acc = fma(mx, sy, acc)
+ * block after block, one float per (row, activation), so one conversion and
+ * one multiply-add serve eight rows. It differs from quant_vec_dot in float
+ * rounding only; the scalar and SIMD kernels give the same bits. */
+
+/* 1 if quant_pack_rows takes this matrix (a multiple of 8 rows of a packable
+ * type, whole blocks, at most 65,536 columns). */
+int quant_packable(uint32_t type, int64_t n_rows, int64_t n);
+/* Packs n_rows rows of n elements (row_stride bytes apart) into dst, which
+ * has n_rows * quant_row_bytes(type, n) bytes. */
+void quant_pack_rows(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, int64_t n, void *dst);
+/* out[t * out_stride + 8 * g + r] = the product of row r of group g (the
+ * groups packed by quant_pack_rows, from `groups` on) with activation t
+ * (quant_quantize_act's format), for g < n_groups and t < n_acts. */
+void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, const void *acts, size_t act_stride,
+                         int64_t n_acts, int64_t n, float *out, size_t out_stride);
+
 /* Kernels quant_vec_dot uses now: "avx2+vnni", "avx2" or "scalar". AVX2 is chosen at run
  * time when the CPU has AVX2, FMA and F16C, unless POTSERVE_NO_SIMD=1 (read once). */
 const char *quant_simd_name(void);

@@ -15,12 +15,23 @@
 #include "simd.h"
 #include "threadpool.h"
 
+/* A matrix as this backend multiplies it: the model's weight and, for the
+ * types quant_pack_rows takes, its rows packed eight at a time (quant.h),
+ * which the products then read instead (NULL: the rows as in the file). */
+typedef struct cpu_weight {
+    const weight *w;
+    uint8_t *packed;
+} cpu_weight;
+
+enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_PER_LAYER };
+
 typedef struct cpu_backend {
     backend base;
     const model *m;
     threadpool *tp;
     rope rope;        /* angles for every position of the model's context */
     int exact;        /* f32 activations (see cpu_backend_new) */
+    cpu_weight *mats; /* [n_layer][W_PER_LAYER], then the output matrix */
 } cpu_backend;
 
 /* ---- small vector ops ---------------------------------------------------- */
@@ -42,7 +53,7 @@ enum { MATMUL_MAX_WEIGHTS = 3 };
  * one barrier instead of three, which a decode step (one token, thirty
  * layers) feels. Every output element is computed as by a single product. */
 typedef struct matmul_job {
-    const weight *w[MATMUL_MAX_WEIGHTS];
+    const cpu_weight *w[MATMUL_MAX_WEIGHTS];
     float *out[MATMUL_MAX_WEIGHTS]; /* [T][rows of w[i]] */
     int n_w;
     const float *x;   /* [T][cols] */
@@ -52,13 +63,19 @@ typedef struct matmul_job {
     size_t act_bytes;
 } matmul_job;
 
-typedef void (*rows_fn)(const matmul_job *j, const weight *w, float *out, int64_t r0, int64_t r1, int worker);
+typedef void (*rows_fn)(const matmul_job *j, const cpu_weight *w, float *out, int64_t r0, int64_t r1, int worker);
 
-/* Rows [r0, r1) of the weights laid end to end, handed out weight by weight. */
+/* The parallel loop's units of a matrix: groups of eight rows when packed
+ * (a group is never split), else rows. */
+static int64_t units_of(const cpu_weight *cw) {
+    return cw->packed ? cw->w->rows / 8 : cw->w->rows;
+}
+
+/* Units [r0, r1) of the weights laid end to end, handed out weight by weight. */
 static void for_rows(const matmul_job *j, int64_t r0, int64_t r1, int worker, rows_fn fn) {
     int64_t base = 0;
     for (int i = 0; i < j->n_w && r0 < r1; i++) {
-        const int64_t rows = j->w[i]->rows;
+        const int64_t rows = units_of(j->w[i]);
         if (r0 < base + rows) {
             const int64_t e = r1 < base + rows ? r1 : base + rows;
             fn(j, j->w[i], j->out[i], r0 - base, e - base, worker);
@@ -70,7 +87,8 @@ static void for_rows(const matmul_job *j, int64_t r0, int64_t r1, int worker, ro
 
 enum { MATMUL_DEQUANT_MIN_T = 3 }; /* exact path: from this batch size on, dequantise a row once */
 
-static void rows_exact(const matmul_job *j, const weight *w, float *out, int64_t r0, int64_t r1, int worker) {
+static void rows_exact(const matmul_job *j, const cpu_weight *cw, float *out, int64_t r0, int64_t r1, int worker) {
+    const weight *w = cw->w; /* never packed: units are rows */
     float *buf = j->scratch + (size_t)worker * w->cols;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = w->data + (size_t)r * w->row_bytes;
@@ -85,8 +103,14 @@ static void rows_exact(const matmul_job *j, const weight *w, float *out, int64_t
     }
 }
 
-static void rows_quant(const matmul_job *j, const weight *w, float *out, int64_t r0, int64_t r1, int worker) {
+static void rows_quant(const matmul_job *j, const cpu_weight *cw, float *out, int64_t r0, int64_t r1, int worker) {
     (void)worker;
+    const weight *w = cw->w;
+    if (cw->packed) {
+        quant_matmul_packed(w->type, cw->packed + (size_t)r0 * 8 * w->row_bytes, r1 - r0, j->act, j->act_bytes, j->T,
+                            w->cols, out + r0 * 8, (size_t)w->rows);
+        return;
+    }
     quant_matmul(w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0, j->act, j->act_bytes, j->T,
                  w->cols, out + r0, (size_t)w->rows);
 }
@@ -103,11 +127,11 @@ static void quantize_acts(void *ctx, int64_t t0, int64_t t1, int worker) {
     (void)worker;
     const matmul_job *j = ctx;
     for (int64_t t = t0; t < t1; t++)
-        quant_quantize_act(j->w[0]->type, j->x + t * j->w[0]->cols, j->act + t * j->act_bytes, j->w[0]->cols);
+        quant_quantize_act(j->w[0]->w->type, j->x + t * j->w[0]->w->cols, j->act + t * j->act_bytes, j->w[0]->w->cols);
 }
 
 typedef struct buffers buffers;
-static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out,
+static void matmul(cpu_backend *cb, const cpu_weight *w, const float *x, int64_t T, float *out,
                    buffers *B);
 
 /* ---- attention over one span's pot ---------------------------------------------- */
@@ -395,27 +419,27 @@ struct buffers {
 
 /* out_i = x W_i^T for the n weights (same input width), fused into one loop
  * while they share an activation format. */
-static void matmul_n(cpu_backend *cb, int n, const weight *const *w, const float *x, int64_t T, float *const *out,
-                     buffers *B) {
+static void matmul_n(cpu_backend *cb, int n, const cpu_weight *const *w, const float *x, int64_t T,
+                     float *const *out, buffers *B) {
     matmul_job j = {.x = x, .T = T, .scratch = B->scratch, .act = B->act};
-    int64_t rows = 0;
+    int64_t units = 0;
     while (j.n_w < n && j.n_w < MATMUL_MAX_WEIGHTS &&
-           (cb->exact || quant_vec_dot_type(w[j.n_w]->type) == quant_vec_dot_type(w[0]->type))) {
+           (cb->exact || quant_vec_dot_type(w[j.n_w]->w->type) == quant_vec_dot_type(w[0]->w->type))) {
         j.w[j.n_w] = w[j.n_w];
         j.out[j.n_w] = out[j.n_w];
-        rows += w[j.n_w++]->rows;
+        units += units_of(w[j.n_w++]);
     }
     if (cb->exact) {
-        tp_parallel_for(cb->tp, rows, matmul_rows_exact, &j);
+        tp_parallel_for(cb->tp, units, matmul_rows_exact, &j);
     } else {
-        j.act_bytes = quant_act_row_bytes(w[0]->type, w[0]->cols);
+        j.act_bytes = quant_act_row_bytes(w[0]->w->type, w[0]->w->cols);
         tp_parallel_for(cb->tp, T, quantize_acts, &j);
-        tp_parallel_for(cb->tp, rows, matmul_rows_quant, &j);
+        tp_parallel_for(cb->tp, units, matmul_rows_quant, &j);
     }
     if (j.n_w < n) matmul_n(cb, n - j.n_w, w + j.n_w, x, T, out + j.n_w, B);
 }
 
-static void matmul(cpu_backend *cb, const weight *w, const float *x, int64_t T, float *out, buffers *B) {
+static void matmul(cpu_backend *cb, const cpu_weight *w, const float *x, int64_t T, float *out, buffers *B) {
     matmul_n(cb, 1, &w, x, T, &out, B);
 }
 
@@ -495,10 +519,11 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
                           int64_t T, buffers *B) {
     const model *m = cb->m;
     const layer_weights *lw = &m->layers[l];
+    const cpu_weight *W = cb->mats + (size_t)l * W_PER_LAYER;
     int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd,
             dkv = (int64_t)m->n_head_kv * hd;
     for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->attn_norm, d, m->norm_eps);
-    matmul_n(cb, 3, (const weight *[]){&lw->wq, &lw->wk, &lw->wv}, B->xb, T, (float *[]){B->q, B->k, B->v}, B);
+    matmul_n(cb, 3, (const cpu_weight *[]){&W[W_Q], &W[W_K], &W[W_V]}, B->xb, T, (float *[]){B->q, B->k, B->v}, B);
     add_bias(B->q, lw->bq, T, dq);
     add_bias(B->k, lw->bk, T, dkv);
     add_bias(B->v, lw->bv, T, dkv);
@@ -517,17 +542,21 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
         span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
         t0 += sp->n_tokens;
     }
-    matmul(cb, &lw->wo, B->att, T, B->xb, B);
+    matmul(cb, &W[W_O], B->att, T, B->xb, B);
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 
     for (int64_t t = 0; t < T; t++) rmsnorm(B->xb + t * d, B->x + t * d, lw->ffn_norm, d, m->norm_eps);
-    matmul_n(cb, 2, (const weight *[]){&lw->w_gate, &lw->w_up}, B->xb, T, (float *[]){B->hb, B->hb2}, B);
+    matmul_n(cb, 2, (const cpu_weight *[]){&W[W_GATE], &W[W_UP]}, B->xb, T, (float *[]){B->hb, B->hb2}, B);
     for (int64_t i = 0; i < T * m->n_ff; i++) {
         float g = B->hb[i];
         B->hb[i] = g / (1.0f + expf(-g)) * B->hb2[i];
     }
-    matmul(cb, &lw->w_down, B->hb, T, B->xb, B);
+    matmul(cb, &W[W_DOWN], B->hb, T, B->xb, B);
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
+}
+
+static const cpu_weight *output_of(const cpu_backend *cb) {
+    return cb->mats + (size_t)cb->m->n_layer * W_PER_LAYER;
 }
 
 /* Logits of every row of an ALL-mode span. */
@@ -536,7 +565,7 @@ static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, b
     int64_t d = m->n_embd;
     for (int64_t r = 0; r < sp->n_tokens; r++) /* xb has room for T >= n_tokens rows */
         rmsnorm(B->xb + r * d, x + r * d, m->output_norm, d, m->norm_eps);
-    matmul(cb, &m->output, B->xb, sp->n_tokens, sp->logits, B);
+    matmul(cb, output_of(cb), B->xb, sp->n_tokens, sp->logits, B);
 }
 
 /* Logits of the last row of every LAST-mode span, in one matrix product: in
@@ -554,12 +583,12 @@ static int last_row_logits(cpu_backend *cb, backend_span *spans, int32_t n_spans
     if (!n) return 0;
     if (n == 1) { /* straight into the one span's buffer */
         for (int32_t s = 0; s < n_spans; s++)
-            if (spans[s].logits_mode == BACKEND_LOGITS_LAST) matmul(cb, &m->output, B->xb, 1, spans[s].logits, B);
+            if (spans[s].logits_mode == BACKEND_LOGITS_LAST) matmul(cb, output_of(cb), B->xb, 1, spans[s].logits, B);
         return 0;
     }
     float *out = malloc((size_t)n * V * sizeof(float));
     if (!out) return -1;
-    matmul(cb, &m->output, B->xb, n, out, B);
+    matmul(cb, output_of(cb), B->xb, n, out, B);
     for (int32_t s = 0, i = 0; s < n_spans; s++)
         if (spans[s].logits_mode == BACKEND_LOGITS_LAST)
             memcpy(spans[s].logits, out + (size_t)i++ * V, (size_t)V * sizeof(float));
@@ -585,7 +614,7 @@ static int span_label_logprobs(cpu_backend *cb, backend_span *sp, const float *x
                 rows[n++] = t;
             }
         if (!n) continue;
-        matmul(cb, &m->output, B->xb, n, logits, B);
+        matmul(cb, output_of(cb), B->xb, n, logits, B);
         for (int32_t i = 0; i < n; i++) {
             const float *l = logits + (size_t)i * V;
             float mx = l[0];
@@ -638,11 +667,40 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     return rc;
 }
 
+/* The matrices, packed where quant_pack_rows takes them (not in exact mode,
+ * which multiplies in f32). The file's copy of a packed matrix is then
+ * dropped from memory (gguf_release): the products never read it again, so
+ * packing costs no resident memory (token embeddings tied to the output are
+ * read back from the file a row at a time). */
+static int setup_matrices(cpu_backend *cb) {
+    const model *m = cb->m;
+    const int64_t n = (int64_t)m->n_layer * W_PER_LAYER + 1;
+    if (!(cb->mats = calloc((size_t)n, sizeof *cb->mats))) return -1;
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const layer_weights *lw = &m->layers[l];
+        const weight *ws[W_PER_LAYER] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        for (int k = 0; k < W_PER_LAYER; k++) cb->mats[(size_t)l * W_PER_LAYER + k].w = ws[k];
+    }
+    cb->mats[n - 1].w = &m->output;
+    for (int64_t i = 0; i < n && !cb->exact; i++) {
+        const weight *w = cb->mats[i].w;
+        if (!quant_packable(w->type, w->rows, w->cols)) continue;
+        const size_t bytes = (size_t)w->rows * w->row_bytes;
+        if (!(cb->mats[i].packed = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) return -1;
+        quant_pack_rows(w->type, w->data, w->row_bytes, w->rows, w->cols, cb->mats[i].packed);
+        gguf_release(m->file, w->data, bytes);
+    }
+    return 0;
+}
+
 static void cpu_free(backend *b) {
     cpu_backend *cb = (cpu_backend *)b;
     if (!cb) return;
     tp_free(cb->tp);
     rope_free(&cb->rope);
+    if (cb->mats)
+        for (int64_t i = 0; i <= (int64_t)cb->m->n_layer * W_PER_LAYER; i++) free(cb->mats[i].packed);
+    free(cb->mats);
     free(cb);
 }
 
@@ -656,6 +714,11 @@ backend *cpu_backend_new(const model *m, int n_threads, int exact, char *err, si
     }
     cb->m = m;
     cb->exact = exact;
+    if (setup_matrices(cb)) {
+        cpu_free(&cb->base);
+        snprintf(err, errlen, "cpu backend: out of memory");
+        return NULL;
+    }
     cb->base.name = "cpu";
     cb->base.forward = cpu_forward;
     cb->base.free = cpu_free;

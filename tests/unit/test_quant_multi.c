@@ -343,3 +343,135 @@ TEST(quant_multi_quantize_simd) {
     CHECK_EQ_INT(bad, 0);
     if (getenv("VERBOSE")) fprintf(stderr, "  %d quantisation cases, kernels %s\n", cases, quant_simd_name());
 }
+
+/* ---- packed matrices (quant_pack_rows, quant_matmul_packed) -------------------------
+ * Their arithmetic (quant.h) is computed here by a plain loop over the rows as
+ * they are in the file: each block's integer dot from the unpacked quants,
+ * then acc = fma(dx * dy, isum, acc) (and fma(mx, sy, acc) for Q4_1). Every
+ * kernel (scalar, AVX2, AVX2 with VNNI) must give exactly these bits, which
+ * also proves the interleaved layout; and they must agree with quant_vec_dot
+ * (llama.cpp's arithmetic) to float rounding. */
+
+static float half_le(const uint8_t *p) {
+    return quant_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* The signed quant j of a Q4_0 / Q4_1 / Q8_0 block. */
+static int block_quant(uint32_t type, const uint8_t *x, int j) {
+    switch (type) {
+    case GGML_TYPE_Q4_0: return (j < 16 ? x[2 + j] & 0x0f : x[2 + j - 16] >> 4) - 8;
+    case GGML_TYPE_Q4_1: return j < 16 ? x[4 + j] & 0x0f : x[4 + j - 16] >> 4;
+    default: return (int8_t)x[2 + j];
+    }
+}
+
+static float packed_reference(uint32_t type, const uint8_t *row, const uint8_t *act, int64_t n) {
+    const size_t bb = quant_block_bytes(type), ab = type == GGML_TYPE_Q4_1 ? 36 : 34;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *x = row + (size_t)b * bb, *y = act + (size_t)b * ab;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += block_quant(type, x, j) * (int8_t)y[ab - 32 + j];
+        acc = fmaf(half_le(x) * half_le(y), (float)isum, acc);
+        if (type == GGML_TYPE_Q4_1) acc = fmaf(half_le(x + 2), half_le(y + 2), acc);
+    }
+    return acc;
+}
+
+/* rows x acts through quant_matmul_packed on every path, against the
+ * reference loop (bits) and quant_vec_dot (rounding); returns the number of
+ * results that differ. Quants span their whole range, Q8_0's -128 included. */
+static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, double *worst) {
+    const size_t rb = quant_row_bytes(type, (uint64_t)n), ab = quant_act_row_bytes(type, n), os = (size_t)rows + 5;
+    uint8_t *w = malloc(rb * (size_t)rows), *p = malloc(rb * (size_t)rows), *a = malloc(ab * (size_t)acts);
+    float *want = malloc(sizeof(float) * os * (size_t)acts), *got = malloc(sizeof(float) * os * (size_t)acts);
+    float *deq = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    int bad = 0;
+    if (!w || !p || !a || !want || !got || !deq || !y) bad = 1;
+    if (!bad) {
+        gen_weights(type, w, rb * (size_t)rows);
+        gen_acts(type, a, ab, acts, n, (int)rows);
+        quant_pack_rows(type, w, rb, rows, n, p);
+        for (size_t i = 0; i < os * (size_t)acts; i++) want[i] = -99.0f;
+        for (int64_t t = 0; t < acts; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                const uint8_t *row = w + (size_t)r * rb, *act = a + (size_t)t * ab;
+                const float ref = packed_reference(type, row, act, n), llama = quant_vec_dot(type, row, act, n);
+                want[(size_t)t * os + r] = ref;
+                /* both round a sum of |terms| <= mag; 1e-5 relative to it is ~100 ulps */
+                double mag = 0;
+                quant_dequantize_row(type, row, deq, n);
+                quant_dequantize_act(type, act, y, n);
+                for (int64_t i = 0; i < n; i++) mag += fabs((double)deq[i] * y[i]);
+                if (type == GGML_TYPE_Q4_1)
+                    for (int64_t b = 0; b < n / 32; b++)
+                        mag += fabs((double)half_le(row + (size_t)b * rb / (size_t)(n / 32) + 2) *
+                                    half_le(act + (size_t)b * 36 + 2));
+                const double diff = fabs((double)ref - llama), rel = mag > 0 ? diff / mag : diff;
+                if (rel > *worst) *worst = rel;
+                if (!(rel <= 1e-5)) {
+                    bad++;
+                    fprintf(stderr, "  packed %s: %g vs quant_vec_dot %g (sum of |terms| %g)\n", quant_type_name(type),
+                            ref, llama, mag);
+                }
+            }
+        for (int path = 0; path < 3; path++) { /* VNNI where the CPU has it, AVX2, scalar */
+            quant_force_no_vnni(path >= 1);
+            quant_force_scalar(path == 2);
+            for (size_t i = 0; i < os * (size_t)acts; i++) got[i] = -99.0f;
+            quant_matmul_packed(type, p, rows / 8, a, ab, acts, n, got, os);
+            const int d = n_differ(got, want, (int64_t)(os * (size_t)acts));
+            if (d) fprintf(stderr, "  packed %s n=%lld %lldx%lld path %d (%s): %d differ\n", quant_type_name(type),
+                           (long long)n, (long long)rows, (long long)acts, path, quant_simd_name(), d);
+            bad += d;
+        }
+        quant_force_no_vnni(0);
+        quant_force_scalar(0);
+    }
+    free(w);
+    free(p);
+    free(a);
+    free(want);
+    free(got);
+    free(deq);
+    free(y);
+    return bad;
+}
+
+TEST(quant_packed_matches_reference_and_llama) {
+    static const uint32_t packable[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0};
+    int bad = 0, cases = 0;
+    double worst = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int64_t rows = 8; rows <= 24; rows += 8)
+            for (int64_t acts = 1; acts <= 9; acts++)
+                for (int64_t nb = 1; nb <= 64; nb = nb * 3 + 1) { /* 1, 4, 13, 40 blocks */
+                    bad += check_packed(packable[ti], rows, acts, 32 * nb, &worst);
+                    cases++;
+                }
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d packed cases, worst |packed - llama| / sum|terms| %.2e\n", cases, worst);
+    CHECK_EQ_INT(bad, 0);
+}
+
+TEST(quant_packed_shapes) {
+    CHECK(quant_packable(GGML_TYPE_Q4_0, 8, 32));
+    CHECK(quant_packable(GGML_TYPE_Q4_1, 49152, 576));
+    CHECK(quant_packable(GGML_TYPE_Q8_0, 16, 65536));
+    CHECK(!quant_packable(GGML_TYPE_Q8_0, 16, 65536 + 32)); /* more blocks than a kernel prepares */
+    CHECK(!quant_packable(GGML_TYPE_Q4_1, 12, 64));         /* not whole groups of eight */
+    CHECK(!quant_packable(GGML_TYPE_Q4_1, 0, 64));
+    CHECK(!quant_packable(GGML_TYPE_Q4_1, 8, 48));          /* not whole blocks */
+    CHECK(!quant_packable(GGML_TYPE_Q5_0, 8, 32));
+    CHECK(!quant_packable(GGML_TYPE_Q4_K, 8, 256));
+    CHECK(!quant_packable(GGML_TYPE_F32, 8, 32));
+    /* nothing is written for empty or unpackable products */
+    uint8_t blk[34 * 8] = {0}, act[34] = {0};
+    float out[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+    quant_matmul_packed(GGML_TYPE_Q8_0, blk, 0, act, 34, 1, 32, out, 8);
+    quant_matmul_packed(GGML_TYPE_Q8_0, blk, 1, act, 34, 0, 32, out, 8);
+    quant_matmul_packed(GGML_TYPE_Q5_0, blk, 1, act, 22, 1, 32, out, 8);
+    for (int i = 0; i < 8; i++) CHECK(out[i] == 7.0f);
+    /* a long row: activation chunks of fewer rows (PACK_PRE / blocks) */
+    double worst = 0;
+    CHECK_EQ_INT(check_packed(GGML_TYPE_Q4_1, 8, 11, 32 * 700, &worst), 0);
+}
