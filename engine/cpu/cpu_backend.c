@@ -337,21 +337,22 @@ static void merge_splits(const attn_job *j, int32_t n_split) {
 
 /* A task's tokens in order (a head's score rows accumulate in token order:
  * the same bits however many threads run). */
+static void run_task(attn_job *j, const attn_task *tk, float *P) {
+    if (tk->split >= 0) {
+        attend_split(j, tk, P);
+        return;
+    }
+    int32_t step = tokens_per_tile(tk->n_heads);
+    for (int32_t t = tk->t0; t < tk->t0 + tk->n_tok; t += step) {
+        int32_t nt = tk->t0 + tk->n_tok - t < step ? tk->t0 + tk->n_tok - t : step;
+        attend_tile(j, tk->h0, tk->n_heads, t, nt, P);
+    }
+}
+
 static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
     attn_job *j = ctx;
     float *P = j->probs + (size_t)worker * ATTN_TILE_QUERIES * j->n_keys;
-    for (int64_t i = a; i < b; i++) {
-        const attn_task *tk = &j->tasks[i];
-        if (tk->split >= 0) {
-            attend_split(j, tk, P);
-            continue;
-        }
-        int32_t step = tokens_per_tile(tk->n_heads);
-        for (int32_t t = tk->t0; t < tk->t0 + tk->n_tok; t += step) {
-            int32_t nt = tk->t0 + tk->n_tok - t < step ? tk->t0 + tk->n_tok - t : step;
-            attend_tile(j, tk->h0, tk->n_heads, t, nt, P);
-        }
-    }
+    for (int64_t i = a; i < b; i++) run_task(j, &j->tasks[i], P);
 }
 
 /* Splits a span's queries into tasks: rows that score attention one task
@@ -415,6 +416,12 @@ struct buffers {
     float *partial;                             /* key-split decoding: [splits][n_head][2 + head_dim] */
     attn_task *tasks; /* [n_head][T + 1] (at most one per head and token, plus each head's scoring
                          task) or [n_head_kv][splits], whichever is more */
+    /* decoding spans attended together (batch_attention): their jobs, and
+     * for each task the job it belongs to; partial above has room for each */
+    struct attn_job *jobs;
+    int32_t *task_job;
+    int32_t *batch_which; /* [n_decode] the spans */
+    int64_t *batch_t;     /* [n_decode] their token's row */
 };
 
 /* out_i = x W_i^T for the n weights (same input width), fused into one loop
@@ -452,11 +459,27 @@ static void free_buffers(buffers *B) {
     }
     free(B->act);
     free(B->tasks);
+    free(B->jobs);
+    free(B->task_job);
+    free(B->batch_which);
+    free(B->batch_t);
+    B->batch_which = NULL;
+    B->batch_t = NULL;
     B->act = NULL;
     B->tasks = NULL;
+    B->jobs = NULL;
+    B->task_job = NULL;
 }
 
-static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int n_threads) {
+/* Tasks of one decoding token's attention (plan_attention): one per head
+ * at most, or one per KV group and key range. */
+static int64_t decode_tasks(const model *m, int64_t max_keys) {
+    int64_t split = (int64_t)m->n_head_kv * attn_splits((int32_t)max_keys);
+    return split > m->n_head ? split : m->n_head;
+}
+
+/* n_decode: spans of one token (batch_attention's room). */
+static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int64_t n_decode, int n_threads) {
     int64_t dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
     int64_t max_cols = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
     if (dq > max_cols) max_cols = dq;
@@ -475,12 +498,18 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->vals = malloc((size_t)m->n_head_kv * max_keys * m->head_dim * sizeof(float));
     B->probs = malloc((size_t)n_threads * ATTN_TILE_QUERIES * max_keys * sizeof(float));
     B->head_scores = malloc((size_t)m->n_head * max_keys * sizeof(float));
-    int64_t n_tasks = (int64_t)m->n_head * (T + 1), n_split_tasks = (int64_t)m->n_head_kv * attn_splits((int32_t)max_keys);
-    B->tasks = malloc((size_t)(n_tasks > n_split_tasks ? n_tasks : n_split_tasks) * sizeof *B->tasks);
-    B->partial = malloc((size_t)attn_splits((int32_t)max_keys) * m->n_head * (2 + m->head_dim) * sizeof(float));
+    if (n_decode < 1) n_decode = 1;
+    int64_t n_tasks = (int64_t)m->n_head * (T + 1), n_batch_tasks = n_decode * decode_tasks(m, max_keys);
+    if (n_batch_tasks > n_tasks) n_tasks = n_batch_tasks;
+    B->tasks = malloc((size_t)n_tasks * sizeof *B->tasks);
+    B->task_job = malloc((size_t)n_tasks * sizeof *B->task_job);
+    B->jobs = malloc((size_t)n_decode * sizeof *B->jobs);
+    B->batch_which = malloc((size_t)n_decode * sizeof *B->batch_which);
+    B->batch_t = malloc((size_t)n_decode * sizeof *B->batch_t);
+    B->partial = malloc((size_t)n_decode * attn_splits((int32_t)max_keys) * m->n_head * (2 + m->head_dim) * sizeof(float));
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
         !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores || !B->tasks ||
-        !B->partial) {
+        !B->partial || !B->task_job || !B->jobs || !B->batch_which || !B->batch_t) {
         free_buffers(B);
         return -1;
     }
@@ -509,6 +538,78 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     if (j.head_scores) store_scores(m, sp, layer, n_keys, j.head_scores);
 }
 
+/* Decoding spans (one token each, a rotated-key cache, every slot, no
+ * scores) of one layer attend in two parallel loops for all of them, not two
+ * per span: a batched step of 8 sequences had 16 thread-pool barriers per
+ * layer, with 3 tasks (KV groups) in each for 2 threads. Every task and its
+ * arithmetic are span_attention's: the same bits. */
+static int batchable(const backend_span *sp) {
+    return sp->n_tokens == 1 && sp->kv->k_rot && !sp->attend_slots && !sp->scores;
+}
+
+typedef struct batch_job {
+    attn_job *jobs;
+    int32_t n_jobs;
+    const int32_t *task_job;
+    const attn_task *tasks;
+    float *probs;
+    size_t probs_stride; /* per worker: tiles of the longest span's keys */
+} batch_job;
+
+static void batch_fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
+    batch_job *bj = ctx;
+    int64_t base = 0;
+    for (int32_t i = 0; i < bj->n_jobs && a < b; i++) {
+        attn_job *j = &bj->jobs[i];
+        const int64_t n = (int64_t)j->cb->m->n_head_kv * (j->n_keys - j->sp->kv->n_rot);
+        if (a < base + n) {
+            const int64_t e = b < base + n ? b : base + n;
+            fill_rotated(j, a - base, e - base, worker);
+            a = e;
+        }
+        base += n;
+    }
+}
+
+static void batch_tasks(void *ctx, int64_t a, int64_t b, int worker) {
+    batch_job *bj = ctx;
+    float *P = bj->probs + (size_t)worker * bj->probs_stride;
+    for (int64_t i = a; i < b; i++) run_task(&bj->jobs[bj->task_job[i]], &bj->tasks[i], P);
+}
+
+/* The spans `which[0..n)`, whose token is row t_of[i] of q and out. */
+static void batch_attention(cpu_backend *cb, const backend_span *spans, const int32_t *which, const int64_t *t_of,
+                            int32_t n, int32_t layer, buffers *B) {
+    const model *m = cb->m;
+    const int64_t dq = (int64_t)m->n_head * m->head_dim;
+    int64_t fill = 0, n_tasks = 0;
+    int32_t max_keys = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const backend_span *sp = &spans[which[i]];
+        const int32_t n_keys = sp->kv->n + 1;
+        if (n_keys > max_keys) max_keys = n_keys;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const backend_span *sp = &spans[which[i]];
+        attn_job *j = &B->jobs[i];
+        *j = (attn_job){.cb = cb, .sp = sp, .layer = layer, .n0 = sp->kv->n, .n_pre = sp->kv->n,
+                        .n_keys = sp->kv->n + 1, .q = B->q + t_of[i] * dq, .out = B->att + t_of[i] * dq,
+                        .in_place = 1, .krot = B->krot, .vals = B->vals, .probs = B->probs,
+                        .partial = B->partial + (size_t)i * attn_splits(max_keys) * m->n_head * (2 + m->head_dim)};
+        fill += (int64_t)m->n_head_kv * (j->n_keys - sp->kv->n_rot);
+        j->tasks = B->tasks + n_tasks;
+        const int32_t k = plan_attention(m, sp, j->n_keys, 0, tp_threads(cb->tp), B->tasks + n_tasks);
+        for (int32_t x = 0; x < k; x++) B->task_job[n_tasks + x] = i;
+        n_tasks += k;
+    }
+    batch_job bj = {.jobs = B->jobs, .n_jobs = n, .task_job = B->task_job, .tasks = B->tasks, .probs = B->probs,
+                    .probs_stride = (size_t)ATTN_TILE_QUERIES * max_keys};
+    tp_parallel_for(cb->tp, fill, batch_fill_rotated, &bj);
+    tp_parallel_for(cb->tp, n_tasks, batch_tasks, &bj);
+    for (int32_t i = 0; i < n; i++)
+        if (B->jobs[i].tasks[0].split >= 0) merge_splits(&B->jobs[i], attn_splits(B->jobs[i].n_keys));
+}
+
 static void add_bias(float *y, const float *b, int64_t T, int64_t n) {
     if (!b) return;
     for (int64_t t = 0; t < T; t++)
@@ -528,7 +629,12 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     add_bias(B->k, lw->bk, T, dkv);
     add_bias(B->v, lw->bv, T, dkv);
 
-    int64_t t0 = 0;
+    int64_t t0 = 0, n_batch = 0;
+    for (int32_t s = 0; s < n_spans; s++) n_batch += batchable(&spans[s]);
+    if (n_batch < 2) n_batch = 0; /* one decoding span: span_attention */
+    int32_t *which = n_batch ? B->batch_which : NULL;
+    int64_t *t_of = n_batch ? B->batch_t : NULL;
+    n_batch = 0;
     for (int32_t s = 0; s < n_spans; s++) {
         backend_span *sp = &spans[s];
         pot *p = sp->kv;
@@ -539,9 +645,15 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
             int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
             for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, pos);
         }
-        span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
+        if (which && batchable(sp)) {
+            which[n_batch] = s;
+            t_of[n_batch++] = t0;
+        } else {
+            span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
+        }
         t0 += sp->n_tokens;
     }
+    if (n_batch) batch_attention(cb, spans, which, t_of, (int32_t)n_batch, l, B);
     matmul(cb, &W[W_O], B->att, T, B->xb, B);
     for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
 
@@ -638,7 +750,9 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     }
     if (backend_check_spans(m, spans, n_spans, &T, &max_keys, err, errlen)) return -1;
     buffers B;
-    if (alloc_buffers(&B, m, T, max_keys, tp_threads(cb->tp))) {
+    int64_t n_decode = 0;
+    for (int32_t s = 0; s < n_spans; s++) n_decode += spans[s].n_tokens == 1;
+    if (alloc_buffers(&B, m, T, max_keys, n_decode, tp_threads(cb->tp))) {
         snprintf(err, errlen, "forward: out of memory for %lld tokens", (long long)T);
         return -1;
     }
