@@ -796,7 +796,7 @@ static int setup_matrices(cpu_backend *cb) {
         for (int k = 0; k < W_PER_LAYER; k++) cb->mats[(size_t)l * W_PER_LAYER + k].w = ws[k];
     }
     cb->mats[n - 1].w = &m->output;
-    for (int64_t i = 0; i < n && !cb->exact; i++) {
+    for (int64_t i = n - 1; i >= 0 && !cb->exact; i--) { /* the largest (output) first: a lower peak */
         const weight *w = cb->mats[i].w;
         if (!quant_packable(w->type, w->rows, w->cols)) continue;
         const size_t bytes = (size_t)w->rows * w->row_bytes;
