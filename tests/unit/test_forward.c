@@ -345,3 +345,46 @@ TEST(forward_fused_products_same_bits_on_any_thread_count) {
     for (int k = 0; k < RUNS; k++) free(logits[k]);
     model_free(m);
 }
+
+/* Label log-probabilities (NuC's surprisal) against a float64 log-softmax of
+ * the same rows' logits; a negative label leaves its row alone. 40 rows: more
+ * than one batch of the backend's label rows. */
+TEST(forward_label_logprobs_are_log_softmax_of_the_logits) {
+    model *m = test_load_default_model();
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    backend *be = cpu_backend_new(m, 2, 0, err, sizeof err);
+    enum { N = 40 };
+    const int64_t V = m->n_vocab;
+    int32_t toks[N], labels[N];
+    for (int i = 0; i < N; i++) {
+        toks[i] = prompt[i % N_PROMPT] + i;
+        labels[i] = i == 7 ? -1 : (int32_t)((i * 7919) % V);
+    }
+    float *logits = malloc((size_t)N * V * sizeof(float)), lp[N];
+    for (int i = 0; i < N; i++) lp[i] = 99.0f;
+    pot *p = new_pot(m, 64);
+    backend_span s = {.tokens = toks, .n_tokens = N, .kv = p, .logits_mode = BACKEND_LOGITS_ALL,
+                      .logits = logits, .labels = labels, .label_logprob = lp};
+    CHECK_EQ_INT(be->forward(be, &s, 1, err, sizeof err), 0);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        if (labels[i] < 0) {
+            CHECK(lp[i] == 99.0f);
+            continue;
+        }
+        const float *l = logits + (size_t)i * V;
+        double mx = l[0], sum = 0;
+        for (int64_t v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+        for (int64_t v = 0; v < V; v++) sum += exp((double)l[v] - mx);
+        const double want = (double)l[labels[i]] - mx - log(sum), d = fabs(lp[i] - want);
+        worst = d > worst ? d : worst;
+        CHECK(d <= 1e-5 * (1 + fabs(want)));
+    }
+    if (getenv("VERBOSE")) fprintf(stderr, "  label log-probs: worst |diff| %.2e\n", worst);
+    pot_free(p);
+    free(logits);
+    be->free(be);
+    model_free(m);
+}
