@@ -5,7 +5,10 @@
  * sequence. Not part of `make test`. From the repository root:
  *
  *   make bench-batch            (builds build/bench_batch and runs it)
- *   build/bench_batch [MODEL] [THREADS]
+ *   build/bench_batch [MODEL] [THREADS] [COUNTS]
+ *
+ * COUNTS is a comma-separated list of sequence counts (default 1,4,8,16),
+ * e.g. "8" alone for a profile of the 8-sequence step.
  *
  * Columns: sequences, tokens generated in all, the decode wall time (from the
  * end of the prompts' prefill to the last token; the prompts are short and
@@ -117,9 +120,20 @@ int main(int argc, char **argv) {
            info.quant, info.n_threads, N_TOKENS, REPEATS);
     printf("| sequences | tokens | decode s | tokens/s | vs 1 | ms/step |\n");
     printf("|---:|---:|---:|---:|---:|---:|\n");
-    const int counts[] = {1, 4, 8, 16};
+    int counts[8] = {1, 4, 8, 16}, n_counts = 4;
+    if (argc > 3) {
+        n_counts = 0;
+        for (char *tok = strtok(argv[3], ","); tok && n_counts < 8; tok = strtok(NULL, ",")) {
+            int n = atoi(tok);
+            if (n < 1 || n > MAX_SEQS) {
+                fprintf(stderr, "sequence counts must be 1..%d: %s\n", MAX_SEQS, tok);
+                return 2;
+            }
+            counts[n_counts++] = n;
+        }
+    }
     double base = 0;
-    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    for (int c = 0; c < n_counts; c++) {
         int n = counts[c];
         double best = 0, best_s = 0;
         int64_t best_tok = 0;
