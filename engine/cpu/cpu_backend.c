@@ -149,12 +149,7 @@ static void prep_row(const row_prep *p, float *x, int64_t t, int64_t n) {
         for (int64_t i = 0; i < n; i++) p->res[t * n + i] += in[i];
         /* fall through */
     case PREP_NORM: rmsnorm(in, p->res + t * n, p->w, n, p->eps); return;
-    case PREP_SWIGLU:
-        for (int64_t i = 0; i < n; i++) {
-            float g = in[i];
-            in[i] = g / (1.0f + expf(-g)) * p->up[t * n + i];
-        }
-        return;
+    case PREP_SWIGLU: simd_swiglu(in, p->up + t * n, n); return;
     }
 }
 
@@ -463,8 +458,10 @@ struct buffers {
      * for each task the job it belongs to; partial above has room for each */
     struct attn_job *jobs;
     int32_t *task_job;
-    int32_t *batch_which; /* [n_decode] the spans */
+    int32_t *batch_which; /* [n_spans] the spans of batch_attention, or of last_row_logits */
     int64_t *batch_t;     /* [n_decode] their token's row */
+    int64_t *span_t0;     /* [n_spans] each span's first row */
+    uint8_t *span_batched; /* [n_spans] attends in batch_attention */
 };
 
 /* out_i = x W_i^T for the n weights (same input width), fused into one loop
@@ -509,8 +506,12 @@ static void free_buffers(buffers *B) {
     free(B->task_job);
     free(B->batch_which);
     free(B->batch_t);
+    free(B->span_t0);
+    free(B->span_batched);
     B->batch_which = NULL;
     B->batch_t = NULL;
+    B->span_t0 = NULL;
+    B->span_batched = NULL;
     B->act = NULL;
     B->tasks = NULL;
     B->jobs = NULL;
@@ -525,7 +526,8 @@ static int64_t decode_tasks(const model *m, int64_t max_keys) {
 }
 
 /* n_decode: spans of one token (batch_attention's room). */
-static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int64_t n_decode, int n_threads) {
+static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys, int32_t n_spans, int64_t n_decode,
+                         int n_threads) {
     int64_t dq = (int64_t)m->n_head * m->head_dim, dkv = (int64_t)m->n_head_kv * m->head_dim;
     int64_t max_cols = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
     if (dq > max_cols) max_cols = dq;
@@ -550,12 +552,15 @@ static int alloc_buffers(buffers *B, const model *m, int64_t T, int64_t max_keys
     B->tasks = malloc((size_t)n_tasks * sizeof *B->tasks);
     B->task_job = malloc((size_t)n_tasks * sizeof *B->task_job);
     B->jobs = malloc((size_t)n_decode * sizeof *B->jobs);
-    B->batch_which = malloc((size_t)n_decode * sizeof *B->batch_which);
+    B->batch_which = malloc((size_t)n_spans * sizeof *B->batch_which);
     B->batch_t = malloc((size_t)n_decode * sizeof *B->batch_t);
+    B->span_t0 = malloc((size_t)n_spans * sizeof *B->span_t0);
+    B->span_batched = malloc((size_t)n_spans);
     B->partial = malloc((size_t)n_decode * attn_splits((int32_t)max_keys) * m->n_head * (2 + m->head_dim) * sizeof(float));
     if (!B->x || !B->xb || !B->q || !B->k || !B->v || !B->att || !B->hb || !B->hb2 ||
         !B->scratch || !B->act || !B->krot || !B->vals || !B->probs || !B->head_scores || !B->tasks ||
-        !B->partial || !B->task_job || !B->jobs || !B->batch_which || !B->batch_t) {
+        !B->partial || !B->task_job || !B->jobs || !B->batch_which || !B->batch_t ||
+        !B->span_t0 || !B->span_batched) {
         free_buffers(B);
         return -1;
     }
@@ -602,33 +607,19 @@ typedef struct batch_job {
     size_t probs_stride; /* per worker: tiles of the longest span's keys */
 } batch_job;
 
-static void batch_fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
-    batch_job *bj = ctx;
-    int64_t base = 0;
-    for (int32_t i = 0; i < bj->n_jobs && a < b; i++) {
-        attn_job *j = &bj->jobs[i];
-        const int64_t n = (int64_t)j->cb->m->n_head_kv * (j->n_keys - j->sp->kv->n_rot);
-        if (a < base + n) {
-            const int64_t e = b < base + n ? b : base + n;
-            fill_rotated(j, a - base, e - base, worker);
-            a = e;
-        }
-        base += n;
-    }
-}
-
 static void batch_tasks(void *ctx, int64_t a, int64_t b, int worker) {
     batch_job *bj = ctx;
     float *P = bj->probs + (size_t)worker * bj->probs_stride;
     for (int64_t i = a; i < b; i++) run_task(&bj->jobs[bj->task_job[i]], &bj->tasks[i], P);
 }
 
-/* The spans `which[0..n)`, whose token is row t_of[i] of q and out. */
+/* The spans `which[0..n)`, whose token is row t_of[i] of q and out, and
+ * whose new keys are in their rotated-key caches (store_spans). */
 static void batch_attention(cpu_backend *cb, const backend_span *spans, const int32_t *which, const int64_t *t_of,
                             int32_t n, int32_t layer, buffers *B) {
     const model *m = cb->m;
     const int64_t dq = (int64_t)m->n_head * m->head_dim;
-    int64_t fill = 0, n_tasks = 0;
+    int64_t n_tasks = 0;
     int32_t max_keys = 0;
     for (int32_t i = 0; i < n; i++) {
         const backend_span *sp = &spans[which[i]];
@@ -642,7 +633,6 @@ static void batch_attention(cpu_backend *cb, const backend_span *spans, const in
                         .n_keys = sp->kv->n + 1, .q = B->q + t_of[i] * dq, .out = B->att + t_of[i] * dq,
                         .in_place = 1, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                         .partial = B->partial + (size_t)i * attn_splits(max_keys) * m->n_head * (2 + m->head_dim)};
-        fill += (int64_t)m->n_head_kv * (j->n_keys - sp->kv->n_rot);
         j->tasks = B->tasks + n_tasks;
         const int32_t k = plan_attention(m, sp, j->n_keys, 0, tp_threads(cb->tp), B->tasks + n_tasks);
         for (int32_t x = 0; x < k; x++) B->task_job[n_tasks + x] = i;
@@ -650,7 +640,6 @@ static void batch_attention(cpu_backend *cb, const backend_span *spans, const in
     }
     batch_job bj = {.jobs = B->jobs, .n_jobs = n, .task_job = B->task_job, .tasks = B->tasks, .probs = B->probs,
                     .probs_stride = (size_t)ATTN_TILE_QUERIES * max_keys};
-    tp_parallel_for(cb->tp, fill, batch_fill_rotated, &bj);
     tp_parallel_for(cb->tp, n_tasks, batch_tasks, &bj);
     for (int32_t i = 0; i < n; i++)
         if (B->jobs[i].tasks[0].split >= 0) merge_splits(&B->jobs[i], attn_splits(B->jobs[i].n_keys));
@@ -660,6 +649,42 @@ static void add_bias(float *y, const float *b, int64_t T, int64_t n) {
     if (!b) return;
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
+}
+
+/* Each span's new keys and values into its pot and its queries rotated; a
+ * batched decoding span's new keys also into its rotated-key cache (what
+ * fill_rotated does for the others). Spans are handed out whole (their pots
+ * are distinct), so a batched decode step does this on all threads, without
+ * a barrier of its own for the cache. */
+typedef struct store_job {
+    cpu_backend *cb;
+    backend_span *spans;
+    const int64_t *t0;     /* [n_spans] the span's first row */
+    const uint8_t *batched;
+    int32_t layer;
+    buffers *B;
+} store_job;
+
+static void store_spans(void *ctx, int64_t a, int64_t b, int worker) {
+    const store_job *sj = ctx;
+    const model *m = sj->cb->m;
+    const int64_t hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    const int32_t l = sj->layer;
+    for (int64_t s = a; s < b; s++) {
+        backend_span *sp = &sj->spans[s];
+        pot *p = sp->kv;
+        for (int32_t i = 0; i < sp->n_tokens; i++) {
+            int64_t t = sj->t0[s] + i, slot = (int64_t)p->n + i;
+            for (int32_t g = 0; g < m->n_head_kv; g++)
+                pot_write(p, l, g, (int32_t)slot, sj->B->k + t * dkv + g * hd, sj->B->v + t * dkv + g * hd);
+            int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
+            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&sj->cb->rope, sj->B->q + t * dq + h * hd, pos);
+        }
+        if (!sj->batched[s]) continue;
+        attn_job j = {.cb = sj->cb, .sp = sp, .layer = l, .n_keys = p->n + 1, .krot = sj->B->scratch};
+        const int64_t n_new = j.n_keys - p->n_rot;
+        fill_rotated(&j, 0, (int64_t)m->n_head_kv * n_new, worker);
+    }
 }
 
 static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32_t n_spans,
@@ -677,30 +702,26 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     add_bias(B->v, lw->bv, T, dkv);
 
     int64_t t0 = 0, n_batch = 0;
-    for (int32_t s = 0; s < n_spans; s++) n_batch += batchable(&spans[s]);
+    for (int32_t s = 0; s < n_spans; s++) {
+        B->span_t0[s] = t0;
+        t0 += spans[s].n_tokens;
+        n_batch += batchable(&spans[s]);
+    }
     if (n_batch < 2) n_batch = 0; /* one decoding span: span_attention */
-    int32_t *which = n_batch ? B->batch_which : NULL;
-    int64_t *t_of = n_batch ? B->batch_t : NULL;
+    for (int32_t s = 0; s < n_spans; s++) B->span_batched[s] = n_batch && batchable(&spans[s]);
+    store_job sj = {.cb = cb, .spans = spans, .t0 = B->span_t0, .batched = B->span_batched, .layer = l, .B = B};
+    tp_parallel_for(cb->tp, n_spans, store_spans, &sj);
     n_batch = 0;
     for (int32_t s = 0; s < n_spans; s++) {
-        backend_span *sp = &spans[s];
-        pot *p = sp->kv;
-        for (int32_t i = 0; i < sp->n_tokens; i++) {
-            int64_t t = t0 + i, slot = (int64_t)p->n + i;
-            for (int32_t g = 0; g < m->n_head_kv; g++)
-                pot_write(p, l, g, (int32_t)slot, B->k + t * dkv + g * hd, B->v + t * dkv + g * hd);
-            int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
-            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&cb->rope, B->q + t * dq + h * hd, pos);
-        }
-        if (which && batchable(sp)) {
-            which[n_batch] = s;
-            t_of[n_batch++] = t0;
+        const int64_t ts = B->span_t0[s];
+        if (B->span_batched[s]) {
+            B->batch_which[n_batch] = s;
+            B->batch_t[n_batch++] = ts;
         } else {
-            span_attention(cb, sp, l, B->q + t0 * dq, B->att + t0 * dq, B);
+            span_attention(cb, &spans[s], l, B->q + ts * dq, B->att + ts * dq, B);
         }
-        t0 += sp->n_tokens;
     }
-    if (n_batch) batch_attention(cb, spans, which, t_of, (int32_t)n_batch, l, B);
+    if (n_batch) batch_attention(cb, spans, B->batch_which, B->batch_t, (int32_t)n_batch, l, B);
     matmul(cb, &W[W_O], B->att, T, B->xb, B);
 
     /* x += attention's output, then the FFN's norm of it */
@@ -724,6 +745,20 @@ static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, b
     matmul(cb, output_of(cb), B->xb, sp->n_tokens, sp->logits, B);
 }
 
+typedef struct logits_job {
+    backend_span *spans;
+    const int32_t *which; /* row i of `all` is span which[i]'s */
+    const float *all;
+    int64_t V;
+} logits_job;
+
+static void copy_logits(void *ctx, int64_t a, int64_t b, int worker) {
+    (void)worker;
+    const logits_job *lj = ctx;
+    for (int64_t i = a; i < b; i++)
+        memcpy(lj->spans[lj->which[i]].logits, lj->all + (size_t)i * lj->V, (size_t)lj->V * sizeof(float));
+}
+
 /* Logits of the last row of every LAST-mode span, in one matrix product: in
  * batched decode each span is one token, and the LM head (the largest matrix
  * of a small model) then streams once per step instead of once per sequence. */
@@ -745,9 +780,12 @@ static int last_row_logits(cpu_backend *cb, backend_span *spans, int32_t n_spans
     float *out = malloc((size_t)n * V * sizeof(float));
     if (!out) return -1;
     matmul(cb, output_of(cb), B->xb, n, out, B);
-    for (int32_t s = 0, i = 0; s < n_spans; s++)
-        if (spans[s].logits_mode == BACKEND_LOGITS_LAST)
-            memcpy(spans[s].logits, out + (size_t)i++ * V, (size_t)V * sizeof(float));
+    int32_t i = 0;
+    for (int32_t s = 0; s < n_spans; s++)
+        if (spans[s].logits_mode == BACKEND_LOGITS_LAST) B->batch_which[i++] = s;
+    /* the copies (8 x 196 KB for SmolLM2) on all threads */
+    logits_job lj = {.spans = spans, .which = B->batch_which, .all = out, .V = V};
+    tp_parallel_for(cb->tp, n, copy_logits, &lj);
     free(out);
     return 0;
 }
@@ -811,7 +849,7 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     buffers B;
     int64_t n_decode = 0;
     for (int32_t s = 0; s < n_spans; s++) n_decode += spans[s].n_tokens == 1;
-    if (alloc_buffers(&B, m, T, max_keys, n_decode, tp_threads(cb->tp))) {
+    if (alloc_buffers(&B, m, T, max_keys, n_spans, n_decode, tp_threads(cb->tp))) {
         snprintf(err, errlen, "forward: out of memory for %lld tokens", (long long)T);
         return -1;
     }

@@ -91,6 +91,10 @@ static double sum8_scalar(const float *p, int64_t n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+static void swiglu_scalar(float *g, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
+}
+
 static double exp_sub_sum_scalar(float *p, int64_t n, float mx) {
     for (int64_t i = 0; i < n; i++) p[i] = expf(p[i] - mx);
     return sum8_scalar(p, n);
@@ -360,21 +364,38 @@ static inline AVX2_FN __m128 expf4(__m128 x) {
     return _mm256_cvtpd_ps(_mm256_mul_pd(y, sc));
 }
 
-/* p[i] = expf(p[i] - mx) for eight lanes. */
-static inline AVX2_FN void expf8_store(float *p, __m256 vm) {
-    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(p), vm);
-    const __m256 e = _mm256_set_m128(expf4(_mm256_extractf128_ps(x, 1)), expf4(_mm256_castps256_ps128(x)));
+/* expf of eight lanes. */
+static inline AVX2_FN __m256 expf8(__m256 x) {
+    __m256 e = _mm256_set_m128(expf4(_mm256_extractf128_ps(x, 1)), expf4(_mm256_castps256_ps128(x)));
     /* |x| >= 88 (bits of |x| >= those of 88.0f) or NaN */
     const __m256i ax = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
     const __m256i special = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x42afffff));
-    _mm256_storeu_ps(p, e);
     if (!_mm256_testz_si256(special, special)) {
-        float xs[8];
+        float xs[8], es[8];
         _mm256_storeu_ps(xs, x);
+        _mm256_storeu_ps(es, e);
         const int m = _mm256_movemask_ps(_mm256_castsi256_ps(special));
         for (int k = 0; k < 8; k++)
-            if (m >> k & 1) p[k] = expf(xs[k]);
+            if (m >> k & 1) es[k] = expf(xs[k]);
+        e = _mm256_loadu_ps(es);
     }
+    return e;
+}
+
+/* p[i] = expf(p[i] - mx) for eight lanes. */
+static inline AVX2_FN void expf8_store(float *p, __m256 vm) {
+    _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), vm)));
+}
+
+static AVX2_FN void swiglu_avx2(float *g, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = expf8(_mm256_xor_ps(x, sign));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
 }
 
 static AVX2_FN double exp_sub_sum_avx2(float *p, int64_t n, float mx) {
@@ -514,4 +535,15 @@ double simd_exp_sub_sum(float *p, int64_t n, float mx) {
     if (use_avx2()) return exp_sub_sum_avx2(p, n, mx);
 #endif
     return exp_sub_sum_scalar(p, n, mx);
+}
+
+void simd_swiglu(float *g, const float *up, int64_t n) {
+    if (n <= 0) return;
+#if SIMD_HAVE_AVX2
+    if (use_avx2()) {
+        swiglu_avx2(g, up, n);
+        return;
+    }
+#endif
+    swiglu_scalar(g, up, n);
 }

@@ -22,6 +22,9 @@ float simd_dot_f32(const float *a, const float *b, int64_t n);
 void simd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* The largest x[i], i < n, ignoring NaNs; -INFINITY for n <= 0 or all NaN. */
 float simd_max_f32(const float *x, int64_t n);
+/* g[i] = silu(g[i]) * up[i] = g[i] / (1 + expf(-g[i])) * up[i], i < n, with
+ * expf as simd_exp_sub_sum computes it. */
+void simd_swiglu(float *g, const float *up, int64_t n);
 /* p[i] = expf(p[i] - mx), i < n; returns the sum of the new p[i] (in double,
  * eight partial sums as above). */
 double simd_exp_sub_sum(float *p, int64_t n, float mx);

@@ -8,6 +8,7 @@
  *    infinities and NaN; the sum the bits of eight partial sums (lane i%8) of
  *    the stored values, as the scalar path adds them; plus a
  *    sweep over [-104, 89] in steps of 2^-12;
+ *  - simd_swiglu: the bits of the backend's original SwiGLU loop (libm expf);
  *  - simd_dot_rows_f32 / simd_axpy_rows_f32: the same bits as the row-by-row
  *    loops for each of 1..9 queries, 0..130 rows. */
 #include "test.h"
@@ -273,6 +274,50 @@ TEST(simd_exp_sweep) {
         fprintf(stderr, "  %s exp: %lld points, %lld off, worst %lld ulp at %.9g\n", simd_name(), (long long)count,
                 (long long)bad, (long long)worst, worst_x);
     CHECK_EQ_INT(bad, 0);
+}
+
+/* simd_swiglu against the backend's original loop (g / (1 + expf(-g)) * up,
+ * libm's expf): gate values of activations (|g| < 12), beyond +-88 where expf
+ * over- and underflows, infinities and NaN, every length, unaligned; within
+ * EXP_ULP of the loop (0: bit for bit) on both paths. */
+TEST(simd_swiglu_matches_the_loop) {
+    init_lengths();
+    float *g = malloc((MAX_N + 1) * sizeof *g), *up = malloc(MAX_N * sizeof *up), *in = malloc(MAX_N * sizeof *in);
+    CHECK(g && up && in);
+    if (!g || !up || !in) return;
+    int bad = 0;
+    for (int path = 0; path < 2; path++) {
+        simd_force_scalar(path);
+        for (int mode = 0; mode < 2; mode++)
+            for (int li = 0; li < n_lengths; li++) {
+                const int64_t n = lengths[li];
+                for (int64_t i = 0; i < n; i++) in[i] = uni() * 12.0f, up[i] = uni() * 3.0f;
+                if (mode == 1 && n > 0) {
+                    in[rnd() % (uint32_t)n] = 95.0f;
+                    in[rnd() % (uint32_t)n] = -95.0f;
+                    in[rnd() % (uint32_t)n] = -88.5f;
+                    in[rnd() % (uint32_t)n] = INFINITY;
+                    in[rnd() % (uint32_t)n] = -INFINITY;
+                    in[rnd() % (uint32_t)n] = NAN;
+                }
+                memcpy(g + 1, in, (size_t)n * sizeof *g);
+                simd_swiglu(g + 1, up, n);
+                for (int64_t i = 0; i < n; i++) {
+                    const float want = in[i] / (1.0f + expf(-in[i])) * up[i], got = g[1 + i];
+                    const int ok = isnan(want) ? isnan(got)
+                                   : EXP_ULP == 0 || isinf(want) || want == 0.0f ? same_bits(got, want)
+                                                                                   : ulp_diff(got, want) <= 2 * EXP_ULP;
+                    if (!ok && bad++ < 5)
+                        fprintf(stderr, "  %s swiglu(%.9g, %.9g) = %.9g, loop %.9g\n", simd_name(), in[i], up[i], got,
+                                want);
+                }
+            }
+    }
+    simd_force_scalar(0);
+    CHECK_EQ_INT(bad, 0);
+    free(g);
+    free(up);
+    free(in);
 }
 
 /* The batched forms equal the row-by-row loops bit for bit, for every query
