@@ -530,30 +530,21 @@ typedef int32_t lanes_i __attribute__((vector_size(4 * LANES)));
 /* mask ? a : b, lane by lane (a macro: vector arguments would change the ABI) */
 #define SELECT_F(mask, a, b) ((lanes_f)(((lanes_i)(a) & (mask)) | ((lanes_i)(b) & ~(mask))))
 
-static void sanitize_all(float *l, int32_t n) {
+/* Sanitises l[0..n) (sanitize above) and returns the largest value and the
+ * lowest index holding it, in one pass. */
+static float sanitize_max(float *l, int32_t n, int32_t *at) {
     const lanes_f zero = {0}, ninf = zero - INFINITY, big = zero + FLT_MAX;
+    const lanes_i izero = {0};
+    lanes_f m = ninf;
+    lanes_i idx = izero - 1, lane_i = {0, 1, 2, 3};
     int32_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
+    for (; i + LANES <= n; i += LANES, lane_i += LANES) {
         lanes_f x;
         memcpy(&x, l + i, sizeof x);
         x = SELECT_F(x != x, ninf, x);
         x = SELECT_F(x > big, big, x);
         x = x + 0.0f;
         memcpy(l + i, &x, sizeof x);
-    }
-    for (; i < n; i++) l[i] = sanitize(l[i]);
-}
-
-/* The largest value of l[0..n) (no NaNs) and the lowest index holding it. */
-static float max_and_argmax(const float *l, int32_t n, int32_t *at) {
-    const lanes_f zero = {0};
-    const lanes_i izero = {0};
-    lanes_f m = zero - INFINITY;
-    lanes_i idx = izero - 1, lane_i = {0, 1, 2, 3};
-    int32_t i = 0;
-    for (; i + LANES <= n; i += LANES, lane_i += LANES) {
-        lanes_f x;
-        memcpy(&x, l + i, sizeof x);
         const lanes_i gt = x > m; /* strictly greater: each lane keeps its first maximum */
         m = SELECT_F(gt, x, m);
         idx = (lane_i & gt) | (idx & ~gt);
@@ -562,23 +553,40 @@ static float max_and_argmax(const float *l, int32_t n, int32_t *at) {
     int32_t best_i = -1;
     for (int k = 0; k < LANES; k++)
         if (m[k] > best || (m[k] == best && idx[k] < best_i)) best = m[k], best_i = idx[k];
-    for (; i < n; i++)
+    for (; i < n; i++) {
+        l[i] = sanitize(l[i]);
         if (l[i] > best) best = l[i], best_i = i;
+    }
     *at = best_i;
     return best;
 }
 
+/* The maximum after logit_bias and penalties changed a few tokens: only they
+ * can have risen above it; a full pass only when the old best itself
+ * changed. */
+static float max_after_changes(const sampler *s, float *l, float lmax, int32_t *best) {
+    if (*best < 0 || l[*best] != lmax) return sanitize_max(l, s->n_vocab, best); /* no NaNs left: only finds the maximum */
+    for (size_t i = 0; i < s->p.n_bias; i++) {
+        const int32_t t = s->bias[i].token;
+        if (l[t] > lmax || (l[t] == lmax && t < *best)) lmax = l[t], *best = t;
+    }
+    for (size_t i = 0; s->penalties && i < s->hist_len; i++) {
+        const int32_t t = s->hist[i];
+        if (l[t] > lmax || (l[t] == lmax && t < *best)) lmax = l[t], *best = t;
+    }
+    return lmax;
+}
+
 int32_t sampler_sample(sampler *s, float *logits, sample_logprobs *lp) {
     const int32_t nv = s->n_vocab;
-    sanitize_all(logits, nv);
+    int32_t best; /* the lowest id with the maximum */
+    float lmax = sanitize_max(logits, nv, &best);
     for (size_t i = 0; i < s->p.n_bias; i++) {
         float x = logits[s->bias[i].token] + s->bias[i].bias;
         logits[s->bias[i].token] = (x > FLT_MAX ? FLT_MAX : x) + 0.0f;
     }
     if (s->penalties) apply_penalties(s, logits);
-
-    int32_t best;
-    const float lmax = max_and_argmax(logits, nv, &best); /* the lowest id with the maximum */
+    if (s->p.n_bias || s->penalties) lmax = max_after_changes(s, logits, lmax, &best);
     if (!(lmax > -INFINITY)) { /* every token banned */
         if (lp) {
             memset(lp, 0, sizeof *lp);

@@ -37,12 +37,6 @@ typedef struct cpu_backend {
 /* ---- small vector ops ---------------------------------------------------- */
 
 
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
 
 /* ---- matrix product: out[t][r] = dot(W row r, x[t]) ------------------------ */
 
@@ -148,7 +142,7 @@ static void prep_row(const row_prep *p, float *x, int64_t t, int64_t n) {
     case PREP_ADD_NORM:
         for (int64_t i = 0; i < n; i++) p->res[t * n + i] += in[i];
         /* fall through */
-    case PREP_NORM: rmsnorm(in, p->res + t * n, p->w, n, p->eps); return;
+    case PREP_NORM: simd_rmsnorm(in, p->res + t * n, p->w, n, p->eps); return;
     case PREP_SWIGLU: simd_swiglu(in, p->up + t * n, n); return;
     }
 }
@@ -741,7 +735,7 @@ static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, b
     const model *m = cb->m;
     int64_t d = m->n_embd;
     for (int64_t r = 0; r < sp->n_tokens; r++) /* xb has room for T >= n_tokens rows */
-        rmsnorm(B->xb + r * d, x + r * d, m->output_norm, d, m->norm_eps);
+        simd_rmsnorm(B->xb + r * d, x + r * d, m->output_norm, d, m->norm_eps);
     matmul(cb, output_of(cb), B->xb, sp->n_tokens, sp->logits, B);
 }
 
@@ -769,7 +763,7 @@ static int last_row_logits(cpu_backend *cb, backend_span *spans, int32_t n_spans
         const backend_span *sp = &spans[s];
         t0 += sp->n_tokens;
         if (sp->logits_mode == BACKEND_LOGITS_LAST)
-            rmsnorm(B->xb + n++ * d, B->x + (t0 - 1) * d, m->output_norm, d, m->norm_eps);
+            simd_rmsnorm(B->xb + n++ * d, B->x + (t0 - 1) * d, m->output_norm, d, m->norm_eps);
     }
     if (!n) return 0;
     if (n == 1) { /* straight into the one span's buffer */
@@ -825,7 +819,7 @@ static int span_label_logprobs(cpu_backend *cb, backend_span *sp, const float *x
         int32_t n = 0;
         for (; t < sp->n_tokens && n < LABEL_ROWS; t++)
             if (sp->labels[t] >= 0 && sp->labels[t] < V) {
-                rmsnorm(B->xb + n * d, x + (int64_t)t * d, m->output_norm, d, m->norm_eps);
+                simd_rmsnorm(B->xb + n * d, x + (int64_t)t * d, m->output_norm, d, m->norm_eps);
                 rows[n++] = t;
             }
         if (!n) continue;

@@ -91,6 +91,17 @@ static double sum8_scalar(const float *p, int64_t n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* The sum of squares in double, lane i % 8, combined as the dot's lanes. */
+static double sum_squares_scalar(const float *x, int64_t n) {
+    double acc[8] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % 8] += (double)x[i] * x[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void scale_mul_scalar(float *out, const float *x, float scale, const float *w, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
 static void swiglu_scalar(float *g, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
 }
@@ -387,6 +398,30 @@ static inline AVX2_FN void expf8_store(float *p, __m256 vm) {
     _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), vm)));
 }
 
+static AVX2_FN double sum_squares_avx2(const float *x, int64_t n) {
+    __m256d lo = _mm256_setzero_pd(), hi = lo;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) { /* (double)x * x is exact: mul then add, as the scalar lanes */
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), b = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+    }
+    double acc[8];
+    _mm256_storeu_pd(acc, lo);
+    _mm256_storeu_pd(acc + 4, hi);
+    for (; i < n; i++) acc[i % 8] += (double)x[i] * x[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static AVX2_FN void scale_mul_avx2(float *out, const float *x, float scale, const float *w, int64_t n) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
 static AVX2_FN void swiglu_avx2(float *g, const float *up, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
@@ -546,4 +581,23 @@ void simd_swiglu(float *g, const float *up, int64_t n) {
     }
 #endif
     swiglu_scalar(g, up, n);
+}
+
+void simd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    if (n <= 0) return;
+    double ss;
+#if SIMD_HAVE_AVX2
+    const int avx2 = use_avx2();
+    ss = avx2 ? sum_squares_avx2(x, n) : sum_squares_scalar(x, n);
+#else
+    ss = sum_squares_scalar(x, n);
+#endif
+    const float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+#if SIMD_HAVE_AVX2
+    if (avx2) {
+        scale_mul_avx2(out, x, scale, w, n);
+        return;
+    }
+#endif
+    scale_mul_scalar(out, x, scale, w, n);
 }

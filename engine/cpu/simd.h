@@ -22,6 +22,10 @@ float simd_dot_f32(const float *a, const float *b, int64_t n);
 void simd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* The largest x[i], i < n, ignoring NaNs; -INFINITY for n <= 0 or all NaN. */
 float simd_max_f32(const float *x, int64_t n);
+/* out[i] = x[i] * scale * w[i], i < n, scale = 1 / sqrt(mean of x[i]^2 + eps):
+ * the squares summed in double in eight partial sums (lane i % 8, combined as
+ * the dot's lanes), the same bits on both paths. out may not overlap x. */
+void simd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* g[i] = silu(g[i]) * up[i] = g[i] / (1 + expf(-g[i])) * up[i], i < n, with
  * expf as simd_exp_sub_sum computes it. */
 void simd_swiglu(float *g, const float *up, int64_t n);

@@ -86,6 +86,65 @@ TEST(sample_greedy_is_argmax) {
     sampler_free(s);
 }
 
+/* Greedy with logit_bias and penalties against a plain reference (apply
+ * them to a copy, then the lowest id with the largest value): vocabularies
+ * of 1..37 and 1000..1003 tokens, many ties (logits on a coarse grid), biases
+ * that ban, raise or lower the best token, penalty windows over recent
+ * tokens; the sampler finds the maximum once and then looks only at the
+ * tokens these changed. */
+TEST(sample_greedy_with_bias_and_penalties_matches_reference) {
+    lcg_state = 99;
+    int bad = 0;
+    for (int rep = 0; rep < 3000; rep++) {
+        const int32_t nv = rep % 3 ? 1 + (int32_t)(lcg() % 37) : 1000 + (int32_t)(lcg() % 4);
+        float l[1003], ref[1003];
+        for (int32_t i = 0; i < nv; i++) l[i] = (float)(int)(lcg() % 9) - 4.0f; /* ties */
+        sample_params p = sample_params_default();
+        p.temperature = 0;
+        logit_bias bias[4];
+        p.n_bias = lcg() % 5;
+        for (size_t i = 0; i < p.n_bias; i++) {
+            const float kinds[] = {-INFINITY, 3.0f, -2.0f, 0.5f, 9.0f};
+            bias[i] = (logit_bias){(int32_t)(lcg() % (uint32_t)nv), kinds[lcg() % 5]};
+            if (lcg() % 3 == 0) bias[i].token = argmax(l, nv); /* hit the best */
+        }
+        p.bias = bias;
+        const int pen = lcg() % 2;
+        const int raise = lcg() % 2; /* penalties below 1 / negative raise logits */
+        const float rp = raise ? 0.75f : 1.5f, pp = raise ? -0.5f : 0.5f, fp = raise ? -1.0f : 0.25f;
+        if (pen) {
+            p.repeat_penalty = rp;
+            p.presence_penalty = pp;
+            p.frequency_penalty = fp;
+            p.repeat_last_n = 8;
+        }
+        sampler *smp = mk(&p, nv);
+        if (!smp) return;
+        int32_t hist[12], n_hist = pen ? (int32_t)(lcg() % 12) : 0;
+        for (int32_t i = 0; i < n_hist; i++) {
+            hist[i] = lcg() % 2 ? argmax(l, nv) : (int32_t)(lcg() % (uint32_t)nv);
+            sampler_accept(smp, hist[i]);
+        }
+        /* the reference: bias, then the penalties over the last 8 accepted tokens */
+        memcpy(ref, l, (size_t)nv * sizeof *ref);
+        for (size_t i = 0; i < p.n_bias; i++) ref[bias[i].token] += bias[i].bias;
+        int32_t count[1003] = {0};
+        for (int32_t i = n_hist > 8 ? n_hist - 8 : 0; i < n_hist; i++) count[hist[i]]++;
+        for (int32_t t = 0; t < nv; t++)
+            if (count[t]) {
+                float x = ref[t] <= 0.0f ? ref[t] * rp : ref[t] / rp;
+                ref[t] = x - ((float)count[t] * fp + pp);
+            }
+        int32_t want = -1;
+        for (int32_t t = 0; t < nv; t++)
+            if (ref[t] > -INFINITY && (want < 0 || ref[t] > ref[want])) want = t;
+        const int32_t got = draw(smp, l, nv, NULL);
+        if (got != want && bad++ < 5) fprintf(stderr, "  rep %d: nv %d got %d want %d\n", rep, nv, got, want);
+        sampler_free(smp);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 TEST(sample_seed_determinism) {
     enum { V = 50, N = 1000 };
     float l[V];

@@ -9,6 +9,7 @@
  *    the stored values, as the scalar path adds them; plus a
  *    sweep over [-104, 89] in steps of 2^-12;
  *  - simd_swiglu: the bits of the backend's original SwiGLU loop (libm expf);
+ *  - simd_rmsnorm: the same bits on both paths, within 1 ulp of a sequential sum;
  *  - simd_dot_rows_f32 / simd_axpy_rows_f32: the same bits as the row-by-row
  *    loops for each of 1..9 queries, 0..130 rows. */
 #include "test.h"
@@ -274,6 +275,40 @@ TEST(simd_exp_sweep) {
         fprintf(stderr, "  %s exp: %lld points, %lld off, worst %lld ulp at %.9g\n", simd_name(), (long long)count,
                 (long long)bad, (long long)worst, worst_x);
     CHECK_EQ_INT(bad, 0);
+}
+
+/* simd_rmsnorm: the same bits on both paths, and within 1 ulp of the
+ * norm computed with one sequential double sum (the backend's loop before
+ * the eight partial sums), every length, unaligned, with eps. */
+TEST(simd_rmsnorm_paths_agree) {
+    init_lengths();
+    float *x = malloc((MAX_N + 1) * sizeof *x), *w = malloc(MAX_N * sizeof *w);
+    float *a = malloc(MAX_N * sizeof *a), *b = malloc(MAX_N * sizeof *b);
+    CHECK(x && w && a && b);
+    if (!x || !w || !a || !b) return;
+    int bad = 0;
+    for (int li = 0; li < n_lengths; li++) {
+        const int64_t n = lengths[li];
+        for (int64_t i = 0; i < n; i++) x[1 + i] = uni() * (i % 7 ? 3.0f : 40.0f), w[i] = 0.5f + uni();
+        simd_rmsnorm(a, x + 1, w, n, 1e-5f);
+        simd_force_scalar(1);
+        simd_rmsnorm(b, x + 1, w, n, 1e-5f);
+        simd_force_scalar(0);
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[1 + i] * x[1 + i];
+        const float scale = (float)(1.0 / sqrt(ss / (double)n + 1e-5f));
+        for (int64_t i = 0; i < n; i++) {
+            const float want = x[1 + i] * scale * w[i];
+            if ((!same_bits(a[i], b[i]) || ulp_diff(a[i], want) > 1) && bad++ < 5)
+                fprintf(stderr, "  n=%lld i=%lld: %.9g, scalar %.9g, sequential sum %.9g\n", (long long)n, (long long)i,
+                        a[i], b[i], want);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    free(x);
+    free(w);
+    free(a);
+    free(b);
 }
 
 /* simd_swiglu against the backend's original loop (g / (1 + expf(-g)) * up,
