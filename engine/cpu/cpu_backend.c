@@ -686,9 +686,10 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     const model *m = cb->m;
     const layer_weights *lw = &m->layers[l];
     const cpu_weight *W = cb->mats + (size_t)l * W_PER_LAYER;
-    int64_t d = m->n_embd, hd = m->head_dim, dq = (int64_t)m->n_head * hd,
-            dkv = (int64_t)m->n_head_kv * hd;
-    const row_prep attn_in = {.kind = PREP_NORM, .res = B->x, .w = lw->attn_norm, .eps = m->norm_eps};
+    int64_t hd = m->head_dim, dq = (int64_t)m->n_head * hd, dkv = (int64_t)m->n_head_kv * hd;
+    /* after layer 0, xb holds the previous layer's FFN output, added here */
+    const row_prep attn_in = {.kind = l ? PREP_ADD_NORM : PREP_NORM, .res = B->x, .w = lw->attn_norm,
+                              .eps = m->norm_eps};
     matmul_n(cb, 3, (const cpu_weight *[]){&W[W_Q], &W[W_K], &W[W_V]}, B->xb, T, (float *[]){B->q, B->k, B->v},
              &attn_in, B);
     add_bias(B->q, lw->bq, T, dq);
@@ -723,7 +724,7 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     matmul_n(cb, 2, (const cpu_weight *[]){&W[W_GATE], &W[W_UP]}, B->xb, T, (float *[]){B->hb, B->hb2}, &ffn_in, B);
     const row_prep swiglu = {.kind = PREP_SWIGLU, .up = B->hb2};
     matmul_n(cb, 1, (const cpu_weight *[]){&W[W_DOWN]}, B->hb, T, (float *[]){B->xb}, &swiglu, B);
-    for (int64_t i = 0; i < T * d; i++) B->x[i] += B->xb[i];
+    /* x += xb: in the next layer's first product, or after the last layer */
 }
 
 static const cpu_weight *output_of(const cpu_backend *cb) {
@@ -855,6 +856,7 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
                                  m->tok_embd.data + (size_t)spans[s].tokens[i] * m->tok_embd.row_bytes,
                                  B.x + t * d, d);
     for (int32_t l = 0; l < m->n_layer; l++) forward_layer(cb, l, spans, n_spans, T, &B);
+    for (int64_t i = 0; i < T * d; i++) B.x[i] += B.xb[i]; /* the last layer's FFN output */
 
     int64_t t0 = 0;
     for (int32_t s = 0; s < n_spans; s++) {
