@@ -34,18 +34,10 @@ typedef struct cpu_backend {
     cpu_weight *mats; /* [n_layer][W_PER_LAYER], then the output matrix */
 } cpu_backend;
 
-/* ---- small vector ops ---------------------------------------------------- */
-
-
-
 /* ---- matrix product: out[t][r] = dot(W row r, x[t]) ------------------------ */
 
 enum { MATMUL_MAX_WEIGHTS = 3 };
 
-/* One input against up to three weights (q, k, v; gate, up) in one parallel
- * loop over their rows laid end to end: one quantisation of the input and
- * one barrier instead of three, which a decode step (one token, thirty
- * layers) feels. Every output element is computed as by a single product. */
 /* An elementwise step that makes a product's input rows, run token by token
  * inside the product's parallel loop (before quantising them), so that it
  * does not leave the other threads waiting at a barrier (SwiGLU alone was a
@@ -53,8 +45,7 @@ enum { MATMUL_MAX_WEIGHTS = 3 };
  *   PREP_NORM      in[t] = rmsnorm(res[t]) * w
  *   PREP_ADD_NORM  res[t] += in[t], then in[t] = rmsnorm(res[t]) * w
  *   PREP_SWIGLU    in[t] = silu(in[t]) * up[t]
- * where in is the product's input x. Each row's arithmetic is the serial
- * loop's: the same bits. */
+ * where in is the product's input x (simd.h: rmsnorm and SwiGLU on vectors). */
 typedef struct row_prep {
     enum { PREP_NONE, PREP_NORM, PREP_ADD_NORM, PREP_SWIGLU } kind;
     float *res;      /* NORM, ADD_NORM: the residual stream [T][cols] */
@@ -63,6 +54,10 @@ typedef struct row_prep {
     float eps;
 } row_prep;
 
+/* One input against up to three weights (q, k, v; gate, up) in one parallel
+ * loop over their rows laid end to end: one quantisation of the input and
+ * one barrier instead of three, which a decode step (one token, thirty
+ * layers) feels. Every output element is computed as by a single product. */
 typedef struct matmul_job {
     const cpu_weight *w[MATMUL_MAX_WEIGHTS];
     float *out[MATMUL_MAX_WEIGHTS]; /* [T][rows of w[i]] */
