@@ -123,12 +123,13 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
     *s = engine_pot_settings_default();
     s->budget_tokens = default_budget;
     s->policy = default_policy;
-    int64_t budget = s->budget_tokens, keep = 0, chunk = 0, ttl = 0;
+    int64_t budget = s->budget_tokens, keep = 0, chunk = 0, ttl = 0, pool = 0;
     double nuc = s->nuc_share;
     if (get_int(root, "budget_tokens", 1, INT32_MAX, &budget, e) ||
         get_int(root, "keep_tokens", 1, INT32_MAX, &keep, e) ||
         get_int(root, "chunk_tokens", 1, INT32_MAX, &chunk, e) ||
         get_int(root, "ttl_seconds", 0, INT32_MAX, &ttl, e) ||
+        get_int(root, "pool_width", 1, 255, &pool, e) ||
         get_float(root, "nuc_share", 0, 1, &nuc, e) || get_string(root, "policy", &s->policy, e) ||
         get_string(root, "schedule", &s->schedule, e) ||
         get_string(root, "catalyst", &s->catalyst, e) ||
@@ -169,8 +170,13 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
                  (long long)budget);
         goto fail;
     }
+    if (pool % 2 == 0 && pool) {
+        api_fail(e, 422, "invalid_value", "pool_width", "pool_width %lld must be odd", (long long)pool);
+        goto fail;
+    }
     s->budget_tokens = (int32_t)budget;
     s->keep_tokens = (int32_t)keep;
+    s->pool_width = (int32_t)pool;
     s->chunk_tokens = (int32_t)chunk;
     s->nuc_share = (float)nuc;
     out->ttl_seconds = ttl;
@@ -193,6 +199,7 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (!o) return NULL;
     if (p->keep_tokens) json_object_set_new(o, "keep_tokens", json_integer(p->keep_tokens));
     if (p->chunk_tokens) json_object_set_new(o, "chunk_tokens", json_integer(p->chunk_tokens));
+    if (p->pool_width) json_object_set_new(o, "pool_width", json_integer(p->pool_width));
     if (p->catalyst) json_object_set_new(o, "catalyst", json_string(p->catalyst));
     if (p->question) json_object_set_new(o, "question", json_string(p->question));
     if (p->system) json_object_set_new(o, "system", json_string(p->system));

@@ -162,7 +162,10 @@ typedef struct select_params {
     float nuc_share;      /* infinipot: share of the unpinned kept slots chosen by surprisal (alpha) */
     int32_t window;       /* snapkv: newest entries always kept; h2o/streaming: see policy.c */
     int32_t n_sinks;      /* streaming: oldest unpinned entries always kept */
-    int32_t pool;         /* snapkv: width of the average pooling over slots (odd, 1 = none) */
+    int32_t pool;         /* width of the pooling of scores over neighbouring slots before the
+                             top-k (odd; 0 or 1: none): snapkv the mean (its paper); infinipot
+                             (CaP scores and NuC surprisal) and finch the max, so that a kept
+                             token keeps its neighbours: spans survive, not scattered tokens */
 } select_params;
 
 /* Chooses, for every (layer, head), n_keep of p's valid slots into

@@ -56,15 +56,20 @@ static int32_t count_kept(const uint8_t *kept, int32_t n) {
     return c;
 }
 
-/* Average pooling of width w (odd) over slots [0, n). */
-static void pool_scores(const float *in, int32_t n, int32_t w, float *out) {
-    int32_t r = w / 2;
+/* Pooling of width w (odd; 1 or less: a copy) over slots [0, n): the mean
+ * (SnapKV), or the max, under which a slot scores as its best neighbour and
+ * a chosen token brings the tokens around it. */
+static void pool_scores(const float *in, int32_t n, int32_t w, int use_max, float *out) {
+    int32_t r = w > 1 ? w / 2 : 0;
     for (int32_t s = 0; s < n; s++) {
         double sum = 0;
-        int32_t c = 0;
-        for (int32_t j = s - r; j <= s + r; j++)
-            if (j >= 0 && j < n) sum += in[j], c++;
-        out[s] = (float)(sum / c);
+        float mx = -INFINITY;
+        int32_t lo = s - r > 0 ? s - r : 0, hi = s + r < n - 1 ? s + r : n - 1;
+        for (int32_t j = lo; j <= hi; j++) {
+            sum += in[j];
+            if (in[j] > mx) mx = in[j]; /* NaN never wins */
+        }
+        out[s] = use_max ? mx : (float)(sum / (hi - lo + 1));
     }
 }
 
@@ -112,17 +117,20 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
             case POLICY_INFINIPOT: {
                 /* NuC first: the most surprising tokens, then CaP attention */
                 int32_t t = (int32_t)floorf(sp->nuc_share * (float)free_slots);
-                take_best(p->surprisal + base, pinned, n, t, kept, tmp);
-                take_best(score, pinned, n, k - count_kept(kept, n), kept, tmp);
+                pool_scores(p->surprisal + base, n, sp->pool, 1, work);
+                take_best(work, pinned, n, t, kept, tmp);
+                pool_scores(score, n, sp->pool, 1, work);
+                take_best(work, pinned, n, k - count_kept(kept, n), kept, tmp);
                 break;
             }
             case POLICY_FINCH:
-                take_best(score, pinned, n, free_slots, kept, tmp);
+                pool_scores(score, n, sp->pool, 1, work);
+                take_best(work, pinned, n, free_slots, kept, tmp);
                 break;
             case POLICY_SNAPKV: {
                 int32_t w = sp->window < free_slots ? sp->window : free_slots;
                 for (int32_t s = n - w; s < n; s++) kept[s] = 1;
-                pool_scores(score, n, sp->pool > 0 ? sp->pool : 1, work);
+                pool_scores(score, n, sp->pool, 0, work);
                 take_best(work, pinned, n, k - count_kept(kept, n), kept, tmp);
                 break;
             }

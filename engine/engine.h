@@ -115,6 +115,10 @@ typedef struct engine_pot_settings {
     const char *question;     /* known up front: finch scores every chunk with it */
     const char *system;       /* system message, pinned before the document (chat mode) */
     float nuc_share;          /* InfiniPot's alpha: share of kept entries chosen by surprisal (0.5) */
+    int32_t pool_width;       /* max pooling of infinipot's and finch's scores over this many
+                                 neighbouring slots, so that kept tokens come as spans (odd; 1: the
+                                 papers' per-token choice; 0: the default, 15; snapkv: its mean
+                                 pooling, default 5) */
     int score_max;            /* combine the query heads of a KV group by max, not sum */
     int plain;                /* no chat template: the document and question as plain text */
     int32_t finch_keep;       /* two-stage FINCH at answer time: refine the pot to this many

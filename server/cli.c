@@ -472,6 +472,7 @@ static const flag ingest_flags[] = {
     {"--finch-keep", NULL, "N", "two-stage finch: entries kept by the question pass (default --keep)"},
     {"--catalyst", NULL, "TEXT", "InfiniPot catalyst prompt (default: the paper's general one)"},
     {"--nuc-share", NULL, "A", "share of kept entries chosen by surprisal (default 0.5)"},
+    {"--pool-width", NULL, "N", "max-pool infinipot/finch scores over N slots (odd; 1: per token; default 15)"},
     {"--no-catalyst", NULL, NULL, "infinipot ablation: the chunk's last rows score, not the catalyst"},
     {"--no-reset-positions", NULL, NULL, "ablation: entries keep their document positions (CPU only)"},
     {"--score-max", NULL, NULL, "combine a KV group's query heads by max (default sum)"},
@@ -552,6 +553,7 @@ static int ingest_settings(const parsed *p, engine_pot_settings *s, int32_t *n_p
         int_flag(f, p, "--keep", 1, 1 << 24, &s->keep_tokens, err, errlen) ||
         int_flag(f, p, "--chunk", 1, 1 << 24, &s->chunk_tokens, err, errlen) ||
         int_flag(f, p, "--finch-keep", 1, 1 << 24, &s->finch_keep, err, errlen) ||
+        int_flag(f, p, "--pool-width", 1, 1 << 24, &s->pool_width, err, errlen) ||
         int_flag(f, p, "--n-predict", 0, 1 << 20, n_predict, err, errlen))
         return -1;
     const char *v = flag_val(f, p, "--nuc-share");

@@ -68,6 +68,7 @@ def test_ingest_errors_are_one_line(model, tmp_path):
         ((bad,), "UTF-8"),
         ((doc, "--track", "9:3"), "--track"),
         ((doc, "--nuc-share", "2"), "--nuc-share"),
+        ((doc, "--pool-width", "4"), "pool_width"),
     ]
     for args, needle in cases:
         p = ingest(model, *args)

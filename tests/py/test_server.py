@@ -177,6 +177,10 @@ def test_garbage_requests_get_clean_errors(srv):
     assert st == 422 and body["error"]["param"] == "policy"
     st, body, _ = srv.request("POST", "/v1/sessions", {"budget_tokens": 100000}, auth())
     assert st == 422 and body["error"]["param"] == "budget_tokens"
+    for width in (4, 0, 999, "15"):
+        st, body, _ = srv.request("POST", "/v1/sessions", {"pool_width": width}, auth())
+        assert st in (400, 422) and body["error"]["param"] == "pool_width", (width, body)
+    assert new_session(srv, pool_width=1, budget_tokens=64)["status"] == "ready"
     st, body, _ = srv.request("GET", "/v1/sessions/../../etc/passwd", headers=auth())
     assert st == 404
 

@@ -574,6 +574,9 @@ TEST(doc_snapshot_refuses_bad_files) {
     other.nuc_share = 0.25f;
     expect_refused(e, &other, path, "nuc_share");
     other = set;
+    other.pool_width = 3;
+    expect_refused(e, &other, path, "pool=3");
+    other = set;
     other.score_max = 1;
     expect_refused(e, &other, path, "score_max=0, now score_max=1");
     other = set;

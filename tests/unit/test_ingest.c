@@ -185,8 +185,8 @@ TEST(ingest_rejects_bad_settings_and_overflow) {
     struct {
         const char *field;
         engine_pot_settings s;
-    } bad[6];
-    for (int i = 0; i < 6; i++) {
+    } bad[8];
+    for (int i = 0; i < 8; i++) {
         bad[i].s = engine_pot_settings_default();
         bad[i].s.budget_tokens = 180; /* the tiny model's context is 256 */
     }
@@ -196,7 +196,9 @@ TEST(ingest_rejects_bad_settings_and_overflow) {
     bad[3].field = "schedule", bad[3].s.schedule = "weekly";
     bad[4].field = "chunk_tokens", bad[4].s.chunk_tokens = -5;  /* 0 means automatic */
     bad[5].field = "nuc_share", bad[5].s.nuc_share = 2;
-    for (int i = 0; i < 6; i++) {
+    bad[6].field = "pool_width", bad[6].s.pool_width = 4;  /* even: no centre */
+    bad[7].field = "pool_width", bad[7].s.pool_width = 257;
+    for (int i = 0; i < 8; i++) {
         engine_doc *d = engine_doc_open(e, &bad[i].s, err, sizeof err);
         CHECK(d == NULL);
         if (!strstr(err, bad[i].field)) {

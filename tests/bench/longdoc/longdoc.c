@@ -39,6 +39,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N] [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
+            "  [--pool-width N]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain]\n");
 }
 
@@ -63,6 +64,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--keep")) o->set.keep_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--chunk")) o->set.chunk_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
+        else if (!strcmp(a, "--pool-width")) o->set.pool_width = v ? atoi(v) : -1;
         else {
             used = 0;
             if (!strcmp(a, "--no-catalyst")) o->set.no_catalyst = 1;

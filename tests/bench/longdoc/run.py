@@ -11,8 +11,9 @@ table and a PNG heatmap (accuracy by length x depth, one panel per policy).
 
     .venv/bin/python tests/bench/longdoc/run.py -m MODEL [--haystacks filler,text]
         [--lengths 2048,4096,8192,16384,32768,65536,131072] [--depths 0.1,0.5,0.9]
-        [--keys 20] [--policies none,infinipot,-nuc,-nuc-cap,-nuc-cap-reset,finch,
-        finch-late,snapkv,h2o,cascade,streaming,truncate] [--budgets 1024,2048,4096]
+        [--keys 20] [--policies none,infinipot,infinipot-w1,-nuc,-nuc-cap,-nuc-cap-reset,
+        finch,finch-w1,finch-late,finch-late-w1,snapkv,h2o,cascade,streaming,truncate]
+        [--budgets 1024,2048,4096]
         [--threads N] [--backend cpu|cuda] [--out build/longdoc]
 
 The defaults are the whole grid of issue 3 (far beyond a 2-core machine; pick
@@ -20,10 +21,14 @@ cells with the flags). Results accumulate in OUT/results.jsonl (one line per
 trial); `--report` only redraws the table and heatmap from it.
 
 Policies: the pot policies by name, `finch-late` (FINCH with the question
-arriving after the document), and InfiniPot's ablation ladder as in seed 000
-Table 4: `-nuc` (no novelty-under-compression), `-nuc-cap` (no NuC, and the
-chunk's own last rows score instead of the catalyst), `-nuc-cap-reset` (also
-no context-reset positions: entries keep their document positions). `none`
+arriving after the document), `-w1` variants of infinipot, finch and
+finch-late (no pooling: each token chosen on its own score, as in the
+papers; the defaults max-pool scores over 15 slots), and InfiniPot's
+ablation ladder as in seed 000 Table 4, all without pooling:
+`infinipot-w1` (the paper's full method), `-nuc` (no
+novelty-under-compression), `-nuc-cap` (no NuC, and the chunk's own last
+rows score instead of the catalyst), `-nuc-cap-reset` (also no context-reset
+positions: entries keep their document positions). `none`
 reads the whole document without compression (the full-attention ceiling); a
 length beyond the model's window is clipped to what fits, and noted.
 """
@@ -50,11 +55,18 @@ NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 # Chosen after trying formats with policy none at 2K (README): the plain
 # question alone makes the 135M model answer with filler at depths 0.1/0.5.
 QUESTION = "What is the pass key? Answer with the number only."
+# `-w1`: the papers' per-token choice (no pooling of scores; the default
+# max-pools infinipot's and finch's scores over 15 slots). The ladder below
+# is seed 000's, so it is measured without pooling too.
+W1 = ["--pool-width", "1"]
 ABLATIONS = {
-    "-nuc": ["--policy", "infinipot", "--nuc-share", "0"],
-    "-nuc-cap": ["--policy", "infinipot", "--nuc-share", "0", "--no-catalyst"],
-    "-nuc-cap-reset": ["--policy", "infinipot", "--nuc-share", "0", "--no-catalyst", "--no-reset-positions"],
+    "infinipot-w1": ["--policy", "infinipot"] + W1,
+    "-nuc": ["--policy", "infinipot", "--nuc-share", "0"] + W1,
+    "-nuc-cap": ["--policy", "infinipot", "--nuc-share", "0", "--no-catalyst"] + W1,
+    "-nuc-cap-reset": ["--policy", "infinipot", "--nuc-share", "0", "--no-catalyst", "--no-reset-positions"] + W1,
+    "finch-w1": ["--policy", "finch"] + W1,
     "finch-late": ["--policy", "finch", "--late-question"],
+    "finch-late-w1": ["--policy", "finch", "--late-question"] + W1,
 }
 N_CTX_MARGIN = 256  # policy none: room for the template, the needle and the question
 
@@ -239,8 +251,8 @@ def heatmap(rows, path):
     def panel(r):  # policy none: one panel whatever the (per-length) budget
         return (r["haystack"], r["policy"], 0 if r["policy"] == "none" else r["budget"])
 
-    order = ["none", "infinipot", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-late", "snapkv", "h2o",
-             "cascade", "streaming", "truncate"]
+    order = ["none", "infinipot", "infinipot-w1", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-w1",
+             "finch-late", "finch-late-w1", "snapkv", "h2o", "cascade", "streaming", "truncate"]
     panels = sorted({panel(r) for r in rows},
                     key=lambda x: (x[0], order.index(x[1]) if x[1] in order else len(order), x[1], x[2]))
     cols = min(4, len(panels))
@@ -391,8 +403,9 @@ def main():
     ap.add_argument("--lengths", default="2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--depths", default="0.1,0.5,0.9")
     ap.add_argument("--keys", type=int, default=20)
-    ap.add_argument("--policies", default="none,infinipot,-nuc,-nuc-cap,-nuc-cap-reset,finch,finch-late,"
-                                          "snapkv,h2o,cascade,streaming,truncate")
+    ap.add_argument("--policies", default="none,infinipot,infinipot-w1,-nuc,-nuc-cap,-nuc-cap-reset,finch,"
+                                          "finch-w1,finch-late,finch-late-w1,snapkv,h2o,cascade,streaming,"
+                                          "truncate")
     ap.add_argument("--budgets", default="1024,2048,4096")
     ap.add_argument("--keep", type=int, default=0, help="entries kept by a compression (default budget/2)")
     ap.add_argument("--threads", type=int, default=1)

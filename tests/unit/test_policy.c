@@ -1,0 +1,194 @@
+/* cache/policy.c's pot_select against a plain reference: for every policy,
+ * with and without pooling, on random pots with ties, NaN and infinities;
+ * the reference picks one slot at a time by a linear scan (best value, then
+ * the older slot) over plainly pooled values. And what max pooling is for:
+ * one outstanding token keeps the span around it. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+
+/* Continuous values, a few levels (ties), or NaN / -inf / +inf. */
+static float tricky(void) {
+    uint32_t u = rnd() % 100;
+    if (u < 3) return NAN;
+    if (u < 5) return -INFINITY;
+    if (u < 6) return INFINITY;
+    if (u < 40) return (float)(rnd() % 4);
+    return (float)(rnd() % 100000) / 1000.0f;
+}
+
+/* in[j] for j within w/2 of s: their max (NaN never wins), or their mean. */
+static float pooled(const float *in, int32_t n, int32_t s, int32_t w, int use_max) {
+    int32_t r = w > 1 ? w / 2 : 0, c = 0;
+    double sum = 0;
+    float mx = -INFINITY;
+    for (int32_t j = s - r; j <= s + r; j++) {
+        if (j < 0 || j >= n) continue;
+        sum += in[j];
+        c++;
+        if (!isnan(in[j]) && in[j] > mx) mx = in[j];
+    }
+    return use_max ? mx : (float)(sum / c);
+}
+
+/* Marks `count` more slots of [pinned, n): each time the best unmarked one. */
+static void ref_take(const float *v, int32_t pinned, int32_t n, int32_t count, uint8_t *kept) {
+    for (int32_t c = 0; c < count; c++) {
+        int32_t best = -1;
+        for (int32_t s = pinned; s < n; s++) {
+            if (kept[s]) continue;
+            float x = isnan(v[s]) ? -INFINITY : v[s];
+            float b = best < 0 ? 0 : isnan(v[best]) ? -INFINITY : v[best];
+            if (best < 0 || x > b) best = s;
+        }
+        if (best < 0) return;
+        kept[best] = 1;
+    }
+}
+
+static int32_t n_kept(const uint8_t *kept, int32_t n) {
+    int32_t c = 0;
+    for (int32_t s = 0; s < n; s++) c += kept[s];
+    return c;
+}
+
+static void ref_select(const pot *p, const select_params *sp, int32_t *keep) {
+    int32_t n = p->n, k = sp->n_keep, pinned = p->n_pinned, free_slots = k - pinned;
+    uint8_t *kept = malloc((size_t)n);
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            size_t base = pot_slot(p, l, h, 0);
+            const float *score = sp->scores ? sp->scores + ((size_t)l * p->n_head_kv + h) * sp->scores_stride : NULL;
+            memset(kept, 0, (size_t)n);
+            for (int32_t s = 0; s < pinned; s++) kept[s] = 1;
+            switch (sp->policy) {
+            case POLICY_INFINIPOT:
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(p->surprisal + base, n, s, sp->pool, 1);
+                ref_take(v, pinned, n, (int32_t)floorf(sp->nuc_share * (float)free_slots), kept);
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, sp->pool, 1);
+                ref_take(v, pinned, n, k - n_kept(kept, n), kept);
+                break;
+            case POLICY_FINCH:
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, sp->pool, 1);
+                ref_take(v, pinned, n, free_slots, kept);
+                break;
+            case POLICY_SNAPKV:
+                for (int32_t s = n - (sp->window < free_slots ? sp->window : free_slots); s < n; s++) kept[s] = 1;
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, sp->pool, 0);
+                ref_take(v, pinned, n, k - n_kept(kept, n), kept);
+                break;
+            case POLICY_H2O:
+                for (int32_t s = n - free_slots / 2; s < n; s++) kept[s] = 1;
+                ref_take(p->score_acc + base, pinned, n, k - n_kept(kept, n), kept);
+                break;
+            case POLICY_STREAMING:
+            case POLICY_TRUNCATE: {
+                int32_t head = sp->policy == POLICY_TRUNCATE ? free_slots / 2
+                               : sp->n_sinks < free_slots    ? sp->n_sinks
+                                                             : free_slots;
+                for (int32_t s = pinned; s < pinned + head; s++) kept[s] = 1;
+                for (int32_t s = n - 1; n_kept(kept, n) < k; s--) kept[s] = 1;
+                break;
+            }
+            default:
+                break;
+            }
+            int32_t *out = keep + ((size_t)l * p->n_head_kv + h) * k, m = 0;
+            for (int32_t s = 0; s < n; s++)
+                if (kept[s]) out[m++] = s;
+        }
+    free(kept);
+    free(v);
+}
+
+TEST(policy_select_matches_plain_reference) {
+    const enum pot_policy policies[] = {POLICY_INFINIPOT, POLICY_FINCH, POLICY_SNAPKV,
+                                        POLICY_H2O, POLICY_STREAMING, POLICY_TRUNCATE};
+    const int32_t pools[] = {0, 1, 3, 15};
+    const int32_t sizes[] = {1, 5, 40, 333};
+    char err[160];
+    int mismatches = 0, cases = 0;
+    for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+        int32_t n = sizes[c], stride = n + 3;
+        pot *p = pot_new(2, 3, 4, n, POT_F16, err, sizeof err);
+        CHECK(p != NULL);
+        if (!p) return;
+        p->n = n;
+        float *scores = malloc((size_t)2 * 3 * stride * sizeof *scores);
+        for (int32_t i = 0; i < 2 * 3 * stride; i++) scores[i] = tricky();
+        for (int32_t lh = 0; lh < 2 * 3; lh++)
+            for (int32_t s = 0; s < n; s++) {
+                p->surprisal[(size_t)lh * p->capacity + s] = tricky();
+                p->score_acc[(size_t)lh * p->capacity + s] = tricky();
+            }
+        for (int32_t pinned = 0; pinned <= (n > 3 ? 3 : 0); pinned += 3) {
+            p->n_pinned = pinned;
+            for (int32_t k = pinned > 0 ? pinned : 1; k <= n; k += 1 + n / 7) {
+                for (size_t q = 0; q < sizeof policies / sizeof *policies; q++)
+                    for (size_t w = 0; w < sizeof pools / sizeof *pools; w++) {
+                        select_params sp = {.policy = policies[q], .n_keep = k, .scores = scores,
+                                            .scores_stride = stride, .nuc_share = 0.5f, .window = 4,
+                                            .n_sinks = 2, .pool = pools[w]};
+                        int32_t *got = malloc((size_t)6 * k * sizeof *got), *want = malloc((size_t)6 * k * sizeof *want);
+                        CHECK_EQ_INT(pot_select(p, &sp, got, err, sizeof err), 0);
+                        ref_select(p, &sp, want);
+                        cases++;
+                        if (memcmp(got, want, (size_t)6 * k * sizeof *got)) {
+                            if (!mismatches++)
+                                fprintf(stderr, "  %s n %d k %d pinned %d pool %d differs\n",
+                                        pot_policy_name(policies[q]), n, k, pinned, pools[w]);
+                        }
+                        free(got);
+                        free(want);
+                    }
+            }
+        }
+        free(scores);
+        pot_free(p);
+    }
+    CHECK_EQ_INT(mismatches, 0);
+    CHECK(cases > 500);
+}
+
+/* One outstanding slot among equal ones: without pooling the ties go to the
+ * oldest slots; max pooling of width w keeps the w slots centred on it. */
+TEST(policy_max_pooling_keeps_the_span_around_a_peak) {
+    char err[160];
+    int32_t n = 200, k = 15, peak = 120;
+    pot *p = pot_new(1, 1, 4, n, POT_F32, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    p->n = n;
+    float *scores = calloc((size_t)n, sizeof *scores);
+    scores[peak] = 1;
+    int32_t keep[15];
+    select_params sp = {.policy = POLICY_FINCH, .n_keep = k, .scores = scores, .scores_stride = n, .pool = 15};
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < k; i++) CHECK_EQ_INT(keep[i], peak - 7 + i);
+    sp.pool = 1;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    CHECK_EQ_INT(keep[0], 0);          /* the oldest of the ties */
+    CHECK_EQ_INT(keep[k - 1], peak);   /* and the peak itself */
+    /* infinipot pools the surprisal too: a surprising token keeps its neighbours */
+    memset(scores, 0, (size_t)n * sizeof *scores);
+    p->surprisal[40] = 9;
+    sp = (select_params){.policy = POLICY_INFINIPOT, .n_keep = 10, .scores = scores, .scores_stride = n,
+                         .nuc_share = 0.5f, .pool = 5};
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    /* five by surprisal (38..42), five by the flat scores (the oldest: 0..4) */
+    const int32_t want[10] = {0, 1, 2, 3, 4, 38, 39, 40, 41, 42};
+    CHECK(memcmp(keep, want, sizeof want) == 0);
+    free(scores);
+    pot_free(p);
+}
