@@ -66,6 +66,11 @@ struct backend {
     /* NULL when pots live in host memory; else the bytes of device memory
      * pots may take in all (admission control counts pot_bytes against it). */
     size_t (*pot_memory)(backend *b);
+    /* NULL, or runs fn over [0, n) split across the backend's host threads
+     * and waits (the engine's per-sequence work between forwards, e.g.
+     * sampling, then does not run on one thread while the others wait). */
+    void (*parallel_for)(backend *b, int64_t n, void (*fn)(void *ctx, int64_t begin, int64_t end, int worker),
+                         void *ctx);
 };
 
 /* Validates a forward's spans against model m (engine/backend.c; every

@@ -42,6 +42,9 @@ struct gen_seq {
     size_t n_prompt, n_prefilled;
     int32_t span_len;        /* prefill tokens in the forward under way */
     int32_t tok;             /* the token of the decode span under way */
+    int presampled;          /* next_tok / next_lp hold this step's sample (sample_all) */
+    int32_t next_tok;
+    sample_logprobs next_lp;
     int full_pending;        /* recycled attention: a full step's scores await selection */
     int32_t full_keys;
     enum seq_state state;
@@ -190,12 +193,16 @@ void gen_seq_cancel(gen_seq *q) {
 
 /* Samples the next token from the current logits and emits its text. 1 when
  * the sequence goes on (q->tok is to be decoded), 0 when it ended. */
+static int at_max_tokens(const gen_seq *q) {
+    return q->max_tokens > 0 && q->res.n_generated >= q->max_tokens;
+}
+
 static int seq_sample(gen_seq *q) {
     const tokenizer *tk = q->e->m->tok;
-    if (q->max_tokens > 0 && q->res.n_generated >= q->max_tokens)
-        return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
-    sample_logprobs lp, *lpp = q->want_logprobs ? &lp : NULL;
-    int32_t tok = sampler_sample(q->smp, q->logits, lpp);
+    if (at_max_tokens(q)) return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
+    sample_logprobs *lpp = q->want_logprobs ? &q->next_lp : NULL;
+    int32_t tok = q->presampled ? q->next_tok : sampler_sample(q->smp, q->logits, lpp);
+    q->presampled = 0;
     if (q->tokens_out && q->max_tokens > 0) q->tokens_out[q->res.n_generated] = tok;
     q->res.n_generated++;
     if (tok < 0) return seq_fail(q, "logit_bias bans every token"), 0;
@@ -277,6 +284,28 @@ static void after_forward(gen_seq *q) {
     r->full_n = q->p->n;
 }
 
+static void sample_range(void *ctx, int64_t a, int64_t b, int worker) {
+    (void)worker;
+    gen_seq *const *qs = ctx;
+    for (int64_t i = a; i < b; i++) {
+        gen_seq *q = qs[i];
+        q->next_tok = sampler_sample(q->smp, q->logits, q->want_logprobs ? &q->next_lp : NULL);
+        q->presampled = 1;
+    }
+}
+
+/* Samples every decoding sequence's next token on the backend's threads:
+ * each sequence's sampler, logits and logprobs are its own, so the tokens are
+ * those of sampling one by one (seq_sample then takes them); the greedy
+ * passes over the vocabulary of 8 sequences, and with logprobs or a
+ * temperature much more, no longer run on one thread while the rest wait. */
+static void sample_all(engine *e, gen_seq **seqs, int n, gen_seq **tmp) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (seqs[i]->state == SEQ_DECODE && !at_max_tokens(seqs[i])) tmp[m++] = seqs[i];
+    if (m > 1 && e->be->parallel_for) e->be->parallel_for(e->be, m, sample_range, tmp);
+}
+
 int gen_seq_step(engine *e, gen_seq **seqs, int n, gen_step_info *info) {
     gen_step_info st = {0};
     backend_span *spans = malloc((size_t)(n > 0 ? n : 1) * sizeof *spans);
@@ -290,6 +319,7 @@ int gen_seq_step(engine *e, gen_seq **seqs, int n, gen_step_info *info) {
        a step, so a long prompt delays the others' next token by one chunk only */
     int32_t budget = PREFILL_CHUNK;
     int m = 0;
+    if (n && in) sample_all(e, seqs, n, in);
     for (int i = 0; i < n; i++) {
         gen_seq *q = seqs[i];
         if (q->state == SEQ_PREFILL) {

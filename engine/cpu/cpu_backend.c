@@ -906,6 +906,10 @@ static void cpu_free(backend *b) {
     free(cb);
 }
 
+static void cpu_parallel_for(backend *b, int64_t n, tp_fn fn, void *ctx) {
+    tp_parallel_for(((cpu_backend *)b)->tp, n, fn, ctx);
+}
+
 backend *cpu_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb || !(cb->tp = tp_new(n_threads)) ||
@@ -924,5 +928,6 @@ backend *cpu_backend_new(const model *m, int n_threads, int exact, char *err, si
     cb->base.name = "cpu";
     cb->base.forward = cpu_forward;
     cb->base.free = cpu_free;
+    cb->base.parallel_for = cpu_parallel_for;
     return &cb->base;
 }

@@ -63,6 +63,8 @@ typedef struct gen_out {
     char text[4096];
     size_t len;
     int32_t tokens[256]; /* the token of each text piece */
+    float logprobs[256]; /* with logprobs: the piece's token's logprob, then its top one's */
+    int32_t top[256];
     int n_pieces;
     int rc, n_done;
     engine_gen_result res;
@@ -73,8 +75,11 @@ typedef struct gen_out {
 } gen_out;
 
 static int on_text(void *user, const char *text, size_t len, int32_t token, const sample_logprobs *lp) {
-    (void)lp;
     gen_out *o = user;
+    if (lp && o->n_pieces < 256) {
+        o->logprobs[o->n_pieces] = lp->logprob;
+        o->top[o->n_pieces] = lp->n_top ? lp->top_tokens[0] : -1;
+    }
     if (o->len + len < sizeof o->text) {
         memcpy(o->text + o->len, text, len);
         o->len += len;
@@ -131,6 +136,7 @@ static engine_gen_params request_params(int i) {
     gp.sampling.temperature = 0;
     if (i == 3) gp.sampling.temperature = 0.8f, gp.sampling.seed = 42;
     if (i == 2) gp.stop = stop, gp.n_stop = 1;
+    if (i == 4 || i == 6) gp.want_logprobs = 1, gp.sampling.n_top_logprobs = 3;
     gp.max_tokens = 3 + i;
     return gp;
 }
@@ -146,6 +152,8 @@ static void check_same_output(const gen_out *a, const gen_out *b, int i) {
     }
     int n = a->n_pieces < 256 ? a->n_pieces : 256;
     CHECK(memcmp(a->tokens, b->tokens, (size_t)n * sizeof *a->tokens) == 0);
+    CHECK(memcmp(a->logprobs, b->logprobs, (size_t)n * sizeof *a->logprobs) == 0);
+    CHECK(memcmp(a->top, b->top, (size_t)n * sizeof *a->top) == 0);
 }
 
 TEST(sched_batched_generations_equal_one_at_a_time) {
