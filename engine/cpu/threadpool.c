@@ -5,7 +5,13 @@
  * third of decode time in futex wake-ups). Workers and the caller therefore
  * spin on an atomic job counter for a short while before sleeping on the
  * condition variable; the spin is bounded (SPIN_NS) so idle workers, and a
- * machine shared with other jobs, do not lose a core to polling. */
+ * machine shared with other jobs, do not lose a core to polling. The mutex is
+ * taken only around sleeping: the caller and the last worker each announce
+ * (sleepers, caller_waiting) and then check, or change and then look, in
+ * sequentially consistent atomics, so one of the two always sees the other
+ * and no wake-up is lost. Taking it for every job made the worker that
+ * finished a job and the caller starting the next one meet on it: a futex
+ * sleep at every handover. */
 #include "threadpool.h"
 
 #include <pthread.h>
@@ -24,8 +30,8 @@ struct threadpool {
     _Atomic uint64_t generation; /* bumped per job (under mu); workers run each once */
     atomic_int pending;          /* workers still running the current job */
     atomic_int stop;
-    int sleepers;                /* workers waiting on `start` (under mu) */
-    int caller_waiting;          /* the caller waits on `done` (under mu) */
+    atomic_int sleepers;         /* workers about to wait or waiting on `start` (changed under mu) */
+    atomic_int caller_waiting;   /* the caller is about to wait or waits on `done` (changed under mu) */
     tp_fn fn;                    /* the job: written before generation is bumped */
     void *ctx;
     int64_t n_tasks;
@@ -66,14 +72,15 @@ static int spin_until(int (*done)(threadpool *, uint64_t), threadpool *tp, uint6
     }
 }
 
+/* Both checks load in sequentially consistent order: they are the second
+ * half of the announce-then-check handshakes (see the top). */
 static int new_job(threadpool *tp, uint64_t seen) {
-    return atomic_load_explicit(&tp->generation, memory_order_acquire) != seen ||
-           atomic_load_explicit(&tp->stop, memory_order_relaxed);
+    return atomic_load(&tp->generation) != seen || atomic_load(&tp->stop);
 }
 
 static int job_finished(threadpool *tp, uint64_t unused) {
     (void)unused;
-    return atomic_load_explicit(&tp->pending, memory_order_acquire) == 0;
+    return atomic_load(&tp->pending) == 0;
 }
 
 static void run_share(threadpool *tp, int w) {
@@ -92,17 +99,18 @@ static void *worker_main(void *p) {
     for (;;) {
         if (!spin_until(new_job, tp, seen)) {
             pthread_mutex_lock(&tp->mu);
-            tp->sleepers++;
+            atomic_fetch_add(&tp->sleepers, 1); /* announces, then checks */
             while (!new_job(tp, seen)) pthread_cond_wait(&tp->start, &tp->mu);
-            tp->sleepers--;
+            atomic_fetch_sub(&tp->sleepers, 1);
             pthread_mutex_unlock(&tp->mu);
         }
         if (atomic_load(&tp->stop)) break;
-        seen = atomic_load_explicit(&tp->generation, memory_order_acquire);
+        seen = atomic_load(&tp->generation);
         run_share(tp, w);
-        if (atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&tp->mu); /* the caller may be about to sleep */
-            if (tp->caller_waiting) pthread_cond_signal(&tp->done);
+        /* the last one out wakes the caller if it sleeps or is about to */
+        if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->caller_waiting)) {
+            pthread_mutex_lock(&tp->mu);
+            pthread_cond_signal(&tp->done);
             pthread_mutex_unlock(&tp->mu);
         }
     }
@@ -163,15 +171,17 @@ void tp_parallel_for(threadpool *tp, int64_t n, tp_fn fn, void *ctx) {
     tp->ctx = ctx;
     tp->n_tasks = n;
     atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
-    pthread_mutex_lock(&tp->mu); /* a worker checks `generation` under mu before it sleeps */
-    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_release);
-    if (tp->sleepers) pthread_cond_broadcast(&tp->start);
-    pthread_mutex_unlock(&tp->mu);
+    atomic_fetch_add(&tp->generation, 1); /* publishes the job, then looks for sleepers */
+    if (atomic_load(&tp->sleepers)) {
+        pthread_mutex_lock(&tp->mu); /* a sleeper holds mu from its check until it waits */
+        pthread_cond_broadcast(&tp->start);
+        pthread_mutex_unlock(&tp->mu);
+    }
     run_share(tp, 0);
     if (spin_until(job_finished, tp, 0)) return;
     pthread_mutex_lock(&tp->mu);
-    tp->caller_waiting = 1;
+    atomic_store(&tp->caller_waiting, 1);
     while (!job_finished(tp, 0)) pthread_cond_wait(&tp->done, &tp->mu);
-    tp->caller_waiting = 0;
+    atomic_store(&tp->caller_waiting, 0);
     pthread_mutex_unlock(&tp->mu);
 }
