@@ -191,12 +191,13 @@ void gen_seq_cancel(gen_seq *q) {
     q->state = SEQ_DONE;
 }
 
-/* Samples the next token from the current logits and emits its text. 1 when
- * the sequence goes on (q->tok is to be decoded), 0 when it ended. */
 static int at_max_tokens(const gen_seq *q) {
     return q->max_tokens > 0 && q->res.n_generated >= q->max_tokens;
 }
 
+/* Samples the next token from the current logits (or takes sample_all's) and
+ * emits its text. 1 when the sequence goes on (q->tok is to be decoded), 0
+ * when it ended. */
 static int seq_sample(gen_seq *q) {
     const tokenizer *tk = q->e->m->tok;
     if (at_max_tokens(q)) return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
