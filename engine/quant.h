@@ -101,7 +101,8 @@ void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_
  *     acc = fma(dx * dy, (float)isum, acc)   and, for Q4_1,   acc = fma(mx, sy, acc)
  * block after block, one float per (row, activation), so one conversion and
  * one multiply-add serve eight rows. It differs from quant_vec_dot in float
- * rounding only; the scalar and SIMD kernels give the same bits. */
+ * rounding only; the scalar and SIMD kernels give the same bits (with
+ * AVX512-VNNI, two groups per 512-bit register for two or more activations). */
 
 /* 1 if quant_pack_rows takes this matrix (a multiple of 8 rows of a packable
  * type, whole blocks, at most 65,536 columns). */
