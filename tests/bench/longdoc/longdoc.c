@@ -22,6 +22,8 @@
 
 #include "engine/engine.h"
 
+enum { TRACE_BYTES = 8192 }; /* about 2K tokens of English */
+
 typedef struct trial {
     char id[64];
     long insert, end;
@@ -31,7 +33,7 @@ typedef struct trial {
 
 typedef struct options {
     const char *model, *haystack, *plan, *work, *question, *backend;
-    int threads, n_predict, late_question;
+    int threads, n_predict, late_question, trace;
     engine_pot_settings set;
 } options;
 
@@ -40,7 +42,8 @@ static void usage(void) {
             "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N] [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
             "  [--pool-width N]\n"
-            "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain]\n");
+            "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
+            "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -71,6 +74,7 @@ static int parse_args(int argc, char **argv, options *o) {
             else if (!strcmp(a, "--no-reset-positions")) o->set.original_positions = 1;
             else if (!strcmp(a, "--late-question")) o->late_question = 1;
             else if (!strcmp(a, "--plain")) o->set.plain = 1;
+            else if (!strcmp(a, "--trace")) o->trace = 1;
             else return fprintf(stderr, "longdoc: unknown argument %s\n", a), -1;
         }
         if (used && !v) return fprintf(stderr, "longdoc: %s needs a value\n", a), -1;
@@ -173,9 +177,20 @@ static int run_trial(engine *e, const options *o, const engine_info *info, const
     int64_t b = engine_doc_tokens_pushed(d);
     while ((rc = engine_doc_step(d, err, el)) > 0) {
     }
-    if (rc < 0 || engine_doc_feed(d, hay + t->insert, (size_t)(t->end - t->insert), 1, err, el)) {
-        rc = -1;
-        goto out;
+    if (rc < 0) goto out;
+    /* the rest of the document; with --trace in slices (a pot does not
+     * depend on how its document is split), reporting the needle's share */
+    const size_t rest = (size_t)(t->end - t->insert), slice = o->trace ? TRACE_BYTES : rest;
+    for (size_t at = 0; at < rest || (at == 0 && rest == 0); at += slice) {
+        const size_t n = rest - at < slice ? rest - at : slice;
+        if (engine_doc_feed(d, hay + t->insert + at, n, at + n == rest, err, el)) {
+            rc = -1;
+            goto out;
+        }
+        if (o->trace)
+            fprintf(stderr, "trace %s tokens %lld kept %.3f\n", t->id, (long long)engine_doc_tokens_pushed(d),
+                    kept_share(d, info, a, b));
+        if (rest == 0) break;
     }
     answer ans = {{0}, 0};
     engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict};
