@@ -181,17 +181,18 @@ static int run_trial(engine *e, const options *o, const engine_info *info, const
     /* the rest of the document; with --trace in slices (a pot does not
      * depend on how its document is split), reporting the needle's share */
     const size_t rest = (size_t)(t->end - t->insert), slice = o->trace ? TRACE_BYTES : rest;
-    for (size_t at = 0; at < rest || (at == 0 && rest == 0); at += slice) {
+    size_t at = 0;
+    do { /* once for an empty rest too: the final feed ends the document */
         const size_t n = rest - at < slice ? rest - at : slice;
         if (engine_doc_feed(d, hay + t->insert + at, n, at + n == rest, err, el)) {
             rc = -1;
             goto out;
         }
+        at += n;
         if (o->trace)
             fprintf(stderr, "trace %s tokens %lld kept %.3f\n", t->id, (long long)engine_doc_tokens_pushed(d),
                     kept_share(d, info, a, b));
-        if (rest == 0) break;
-    }
+    } while (at < rest);
     answer ans = {{0}, 0};
     engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict};
     gp.sampling.temperature = 0;
