@@ -165,9 +165,13 @@ typedef struct select_params {
     int32_t pool;         /* width of the pooling of scores over neighbouring slots before the
                              top-k (odd; 0 or 1: none): snapkv the mean (its paper); infinipot
                              (CaP scores and NuC surprisal) and finch the max, so that a kept
-                             token keeps its neighbours: spans survive, not scattered tokens */
+                             token keeps its neighbours: spans survive, not scattered tokens.
+                             Centred, except NuC's: from pool/4 slots before a surprising
+                             token to the rest after it (pot_nuc_lead) */
 } select_params;
 
+/* Slots before a surprising token in NuC's span of `width` (the rest follow it). */
+int32_t pot_nuc_lead(int32_t width);
 /* Chooses, for every (layer, head), n_keep of p's valid slots into
  * keep[(layer * n_head_kv + head) * n_keep + i], strictly increasing: the
  * pinned slots, then what the policy prefers (ties go to the older slot).

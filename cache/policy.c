@@ -56,15 +56,16 @@ static int32_t count_kept(const uint8_t *kept, int32_t n) {
     return c;
 }
 
-/* Pooling of width w (odd; 1 or less: a copy) over slots [0, n): the mean
- * (SnapKV), or the max, under which a slot scores as its best neighbour and
- * a chosen token brings the tokens around it. */
-static void pool_scores(const float *in, int32_t n, int32_t w, int use_max, float *out) {
-    int32_t r = w > 1 ? w / 2 : 0;
+/* Pooling over slots [0, n) in which each value reaches `lead` slots before
+ * it and `trail` slots after it: out[s] pools in[s - trail .. s + lead], by
+ * the mean (SnapKV) or by the max, under which a chosen token brings the
+ * tokens around it. Symmetric (lead = trail = w/2) except for NuC. */
+static void pool_scores(const float *in, int32_t n, int32_t lead, int32_t trail, int use_max,
+                        float *out) {
     for (int32_t s = 0; s < n; s++) {
         double sum = 0;
         float mx = -INFINITY;
-        int32_t lo = s - r > 0 ? s - r : 0, hi = s + r < n - 1 ? s + r : n - 1;
+        int32_t lo = s - trail > 0 ? s - trail : 0, hi = s + lead < n - 1 ? s + lead : n - 1;
         for (int32_t j = lo; j <= hi; j++) {
             sum += in[j];
             if (in[j] > mx) mx = in[j]; /* NaN never wins */
@@ -72,6 +73,12 @@ static void pool_scores(const float *in, int32_t n, int32_t w, int use_max, floa
         out[s] = use_max ? mx : (float)(sum / (hi - lo + 1));
     }
 }
+
+/* NuC's span of w slots around a surprising token starts w/4 slots before
+ * it: surprisal peaks where a new phrase begins (the needle's " key", not its
+ * digits), and what makes the phrase new follows the peak. README "Memory
+ * pots": 32K prose needles 45/45 found against 33/60 with centred spans. */
+int32_t pot_nuc_lead(int32_t width) { return width > 1 ? width / 4 : 0; }
 
 static int uses_scores(enum pot_policy p) {
     return p == POLICY_INFINIPOT || p == POLICY_FINCH || p == POLICY_SNAPKV;
@@ -106,6 +113,7 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
         return -1;
     }
     int32_t free_slots = k - pinned; /* what the policy chooses beyond the pinned slots */
+    int32_t width = sp->pool > 1 ? sp->pool : 1; /* of the pooling */
     for (int32_t l = 0; l < p->n_layer; l++)
         for (int32_t h = 0; h < p->n_head_kv; h++) {
             size_t base = pot_slot(p, l, h, 0);
@@ -117,20 +125,21 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
             case POLICY_INFINIPOT: {
                 /* NuC first: the most surprising tokens, then CaP attention */
                 int32_t t = (int32_t)floorf(sp->nuc_share * (float)free_slots);
-                pool_scores(p->surprisal + base, n, sp->pool, 1, work);
+                int32_t lead = pot_nuc_lead(width);
+                pool_scores(p->surprisal + base, n, lead, width - 1 - lead, 1, work);
                 take_best(work, pinned, n, t, kept, tmp);
-                pool_scores(score, n, sp->pool, 1, work);
+                pool_scores(score, n, width / 2, width / 2, 1, work);
                 take_best(work, pinned, n, k - count_kept(kept, n), kept, tmp);
                 break;
             }
             case POLICY_FINCH:
-                pool_scores(score, n, sp->pool, 1, work);
+                pool_scores(score, n, width / 2, width / 2, 1, work);
                 take_best(work, pinned, n, free_slots, kept, tmp);
                 break;
             case POLICY_SNAPKV: {
                 int32_t w = sp->window < free_slots ? sp->window : free_slots;
                 for (int32_t s = n - w; s < n; s++) kept[s] = 1;
-                pool_scores(score, n, sp->pool, 0, work);
+                pool_scores(score, n, width / 2, width / 2, 0, work);
                 take_best(work, pinned, n, k - count_kept(kept, n), kept, tmp);
                 break;
             }

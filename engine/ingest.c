@@ -519,6 +519,10 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
     /* likewise the pooling when it differs from what came before it */
     if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
+    /* NuC's spans, once centred, now mostly after their peak: a pot saved under
+       centred spans does not continue under the others */
+    if (d->policy == POLICY_INFINIPOT && d->pool > 1 && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " nuc_lead=%d", pot_nuc_lead(d->pool));
     for (int i = 0; i < 3 && len > 0 && (size_t)len < cap; i++) {
         const char *t = texts[i];
         len += t ? snprintf(out + len, cap - (size_t)len, " %s=%zu:%08x", names[i], strlen(t),

@@ -2,7 +2,8 @@
  * with and without pooling, on random pots with ties, NaN and infinities;
  * the reference picks one slot at a time by a linear scan (best value, then
  * the older slot) over plainly pooled values. And what max pooling is for:
- * one outstanding token keeps the span around it. */
+ * one outstanding token keeps the span around it (centred for attention
+ * scores, mostly after it for NuC's surprisal). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +28,13 @@ static float tricky(void) {
     return (float)(rnd() % 100000) / 1000.0f;
 }
 
-/* in[j] for j within w/2 of s: their max (NaN never wins), or their mean. */
-static float pooled(const float *in, int32_t n, int32_t s, int32_t w, int use_max) {
-    int32_t r = w > 1 ? w / 2 : 0, c = 0;
+/* in[j] for j from s - trail to s + lead (a value reaches `lead` slots before
+ * it and `trail` after): their max (NaN never wins), or their mean. */
+static float pooled(const float *in, int32_t n, int32_t s, int32_t lead, int32_t trail, int use_max) {
+    int32_t c = 0;
     double sum = 0;
     float mx = -INFINITY;
-    for (int32_t j = s - r; j <= s + r; j++) {
+    for (int32_t j = s - trail; j <= s + lead; j++) {
         if (j < 0 || j >= n) continue;
         sum += in[j];
         c++;
@@ -64,6 +66,8 @@ static int32_t n_kept(const uint8_t *kept, int32_t n) {
 
 static void ref_select(const pot *p, const select_params *sp, int32_t *keep) {
     int32_t n = p->n, k = sp->n_keep, pinned = p->n_pinned, free_slots = k - pinned;
+    /* centred spans of w slots, except NuC's: w/4 before a peak, the rest after it */
+    int32_t w = sp->pool > 1 ? sp->pool : 1, r = w / 2, nuc_before = w / 4;
     uint8_t *kept = malloc((size_t)n);
     float *v = malloc((size_t)n * sizeof *v);
     for (int32_t l = 0; l < p->n_layer; l++)
@@ -74,18 +78,18 @@ static void ref_select(const pot *p, const select_params *sp, int32_t *keep) {
             for (int32_t s = 0; s < pinned; s++) kept[s] = 1;
             switch (sp->policy) {
             case POLICY_INFINIPOT:
-                for (int32_t s = 0; s < n; s++) v[s] = pooled(p->surprisal + base, n, s, sp->pool, 1);
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(p->surprisal + base, n, s, nuc_before, w - 1 - nuc_before, 1);
                 ref_take(v, pinned, n, (int32_t)floorf(sp->nuc_share * (float)free_slots), kept);
-                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, sp->pool, 1);
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, r, r, 1);
                 ref_take(v, pinned, n, k - n_kept(kept, n), kept);
                 break;
             case POLICY_FINCH:
-                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, sp->pool, 1);
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, r, r, 1);
                 ref_take(v, pinned, n, free_slots, kept);
                 break;
             case POLICY_SNAPKV:
                 for (int32_t s = n - (sp->window < free_slots ? sp->window : free_slots); s < n; s++) kept[s] = 1;
-                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, sp->pool, 0);
+                for (int32_t s = 0; s < n; s++) v[s] = pooled(score, n, s, r, r, 0);
                 ref_take(v, pinned, n, k - n_kept(kept, n), kept);
                 break;
             case POLICY_H2O:
@@ -162,7 +166,8 @@ TEST(policy_select_matches_plain_reference) {
 }
 
 /* One outstanding slot among equal ones: without pooling the ties go to the
- * oldest slots; max pooling of width w keeps the w slots centred on it. */
+ * oldest slots; max pooling of width w keeps the w slots centred on it
+ * (NuC's surprisal: w/4 slots before it, the rest after). */
 TEST(policy_max_pooling_keeps_the_span_around_a_peak) {
     char err[160];
     int32_t n = 200, k = 15, peak = 120;
@@ -172,7 +177,7 @@ TEST(policy_max_pooling_keeps_the_span_around_a_peak) {
     p->n = n;
     float *scores = calloc((size_t)n, sizeof *scores);
     scores[peak] = 1;
-    int32_t keep[15];
+    int32_t keep[30];
     select_params sp = {.policy = POLICY_FINCH, .n_keep = k, .scores = scores, .scores_stride = n, .pool = 15};
     CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
     for (int32_t i = 0; i < k; i++) CHECK_EQ_INT(keep[i], peak - 7 + i);
@@ -186,9 +191,16 @@ TEST(policy_max_pooling_keeps_the_span_around_a_peak) {
     sp = (select_params){.policy = POLICY_INFINIPOT, .n_keep = 10, .scores = scores, .scores_stride = n,
                          .nuc_share = 0.5f, .pool = 5};
     CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
-    /* five by surprisal (38..42), five by the flat scores (the oldest: 0..4) */
-    const int32_t want[10] = {0, 1, 2, 3, 4, 38, 39, 40, 41, 42};
+    /* five by surprisal (from 5/4 = 1 before to 3 after: 39..43), five by the
+       flat scores (the oldest: 0..4) */
+    const int32_t want[10] = {0, 1, 2, 3, 4, 39, 40, 41, 42, 43};
     CHECK(memcmp(keep, want, sizeof want) == 0);
+    /* at the default width, 15: the surprising token, 3 before it and 11 after */
+    sp.n_keep = 30;
+    sp.pool = 15;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < 15; i++) CHECK_EQ_INT(keep[i], i);
+    for (int32_t i = 0; i < 15; i++) CHECK_EQ_INT(keep[15 + i], 37 + i);
     free(scores);
     pot_free(p);
 }
