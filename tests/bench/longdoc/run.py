@@ -28,7 +28,10 @@ ablation ladder as in seed 000 Table 4, all without pooling:
 `infinipot-w1` (the paper's full method), `-nuc` (no
 novelty-under-compression), `-nuc-cap` (no NuC, and the chunk's own last
 rows score instead of the catalyst), `-nuc-cap-reset` (also no context-reset
-positions: entries keep their document positions). `none`
+positions: entries keep their document positions). `infinipot-sym` names
+the rows measured with the default up to commit c619bdb, when NuC's spans
+were centred on their surprising token (now 3 slots before it, 11 after; not
+runnable at this commit: check out c619bdb). `none`
 reads the whole document without compression (the full-attention ceiling); a
 length beyond the model's window is clipped to what fits, and noted.
 """
@@ -260,7 +263,7 @@ def heatmap(rows, path):
     def panel(r):  # policy none: one panel whatever the (per-length) budget
         return (r["haystack"], r["policy"], 0 if r["policy"] == "none" else r["budget"])
 
-    order = ["none", "infinipot", "infinipot-w1", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-w1",
+    order = ["none", "infinipot", "infinipot-sym", "infinipot-w1", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-w1",
              "finch-late", "finch-late-w1", "snapkv", "h2o", "cascade", "streaming", "truncate"]
     panels = sorted({panel(r) for r in rows},
                     key=lambda x: (x[0], order.index(x[1]) if x[1] in order else len(order), x[1], x[2]))
