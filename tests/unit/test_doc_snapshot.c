@@ -658,3 +658,36 @@ TEST(doc_snapshot_refuses_other_kv_type) {
     engine_close(e);
     engine_close(f);
 }
+
+/* The settings key names NuC's span (pot_nuc_lead) when infinipot pools, so a
+ * pot saved while NuC's spans were centred ("pool=15" alone) is refused by
+ * this build rather than continued under other spans; unpooled pots keep the
+ * key they always had. */
+TEST(doc_snapshot_names_nuc_span) {
+    engine *e = test_open_default_engine(2);
+    char err[512], path[600];
+    char *dir = test_make_tempdir("potserve_docsnap_");
+    CHECK(e != NULL && dir != NULL);
+    const int32_t widths[2] = {0, 1};
+    const char *want[2] = {" pool=15 nuc_lead=3 ", NULL};
+    for (int i = 0; e && dir && i < 2; i++) {
+        snprintf(path, sizeof path, "%s/doc%d.pds", dir, i);
+        engine_pot_settings set = small_settings("infinipot", "fixed", 32, 16, 8);
+        set.pool_width = widths[i];
+        engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+        CHECK(d != NULL);
+        if (!d) break;
+        CHECK_EQ_INT(engine_doc_feed(d, long_doc, 100, 0, err, sizeof err), 0);
+        CHECK_EQ_INT(engine_doc_save(d, path, 1, err, sizeof err), 0);
+        engine_doc_close(d);
+        long len = 0;
+        unsigned char *b = test_slurp(path, &len);
+        CHECK(b != NULL);
+        int has_lead = b && memmem(b, (size_t)len, "nuc_lead=", 9) != NULL;
+        CHECK_EQ_INT(has_lead, want[i] != NULL);
+        if (b && want[i]) CHECK(memmem(b, (size_t)len, want[i], strlen(want[i])) != NULL);
+        free(b);
+    }
+    test_remove_dir(dir);
+    engine_close(e);
+}
