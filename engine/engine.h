@@ -72,8 +72,10 @@ typedef struct engine_gen_params {
      * attention step every recycle_stride steps picks, per (layer, KV head),
      * the recycle_keep entries the new token attends to most (max over the
      * group's query heads); the steps in between attend only to those plus the
-     * tokens generated since. */
-    int32_t recycle_stride, recycle_keep;
+     * tokens generated since. The full step's scores are max-pooled over
+     * recycle_pool neighbouring slots before the top-K (odd; 0: 7, seed 003's
+     * kernel, its largest quality effect; 1: each slot on its own score). */
+    int32_t recycle_stride, recycle_keep, recycle_pool;
 } engine_gen_params;
 
 enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2 };

@@ -12,9 +12,12 @@
 
 enum seq_state { SEQ_NEW, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
 
+/* Seed 003's "kernel 7": max-pooling the full step's scores over 7 slots */
+#define RECYCLE_POOL_DEFAULT 7
+
 /* Recycled attention's state during one generation. */
 typedef struct recycler {
-    int32_t stride, keep, step;
+    int32_t stride, keep, pool, step;
     int32_t *chosen;   /* [n_layer][n_head_kv][keep] slots picked at the last full step */
     int32_t *attend;   /* [n_layer][n_head_kv][keep + stride] what a partial step reads */
     float *scores;     /* [n_layer][n_head_kv][capacity] */
@@ -28,7 +31,7 @@ struct gen_seq {
     void *user;
     /* what generation keeps of engine_gen_params (stop strings and the logit
        bias live on in the matcher and the sampler, which copied them) */
-    int32_t max_tokens, recycle_stride, recycle_keep;
+    int32_t max_tokens, recycle_stride, recycle_keep, recycle_pool;
     int want_logprobs;
     int32_t *tokens_out;
     sampler *smp;
@@ -61,13 +64,14 @@ static void recycler_free(recycler *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int recycler_init(recycler *r, const pot *p, int32_t stride, int32_t keep, char *err,
-                         size_t errlen) {
+static int recycler_init(recycler *r, const pot *p, int32_t stride, int32_t keep, int32_t pool,
+                         char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     if (stride <= 1) return 0;
     size_t lh = (size_t)p->n_layer * p->n_head_kv;
     r->stride = stride;
     r->keep = keep;
+    r->pool = pool;
     r->chosen = malloc(lh * r->keep * sizeof *r->chosen);
     r->attend = malloc(lh * ((size_t)r->keep + r->stride) * sizeof *r->attend);
     r->scores = malloc(lh * (size_t)p->capacity * sizeof *r->scores);
@@ -83,6 +87,8 @@ gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, 
                      char *err, size_t errlen) {
     if (gp->recycle_stride > 1 && gp->recycle_keep <= 0)
         return snprintf(err, errlen, "recycle_keep must be positive"), NULL;
+    if (gp->recycle_pool < 0 || (gp->recycle_pool > 0 && gp->recycle_pool % 2 == 0))
+        return snprintf(err, errlen, "recycle_pool must be odd (or 0 for %d)", RECYCLE_POOL_DEFAULT), NULL;
     gen_seq *q = calloc(1, sizeof *q);
     if (!q) return snprintf(err, errlen, "out of memory"), NULL;
     q->e = e;
@@ -91,6 +97,7 @@ gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, 
     q->max_tokens = gp->max_tokens;
     q->recycle_stride = gp->recycle_stride;
     q->recycle_keep = gp->recycle_keep;
+    q->recycle_pool = gp->recycle_pool ? gp->recycle_pool : RECYCLE_POOL_DEFAULT;
     q->want_logprobs = gp->want_logprobs;
     q->tokens_out = gp->tokens_out;
     q->logits = malloc((size_t)e->m->n_vocab * sizeof(float));
@@ -120,7 +127,7 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
         if (prompt[i] < 0 || prompt[i] >= q->e->m->n_vocab)
             return snprintf(err, errlen, "token id %d is outside the vocabulary (%d)", prompt[i],
                             q->e->m->n_vocab), -1;
-    if (recycler_init(&q->rec, p, q->recycle_stride, q->recycle_keep, err, errlen)) return -1;
+    if (recycler_init(&q->rec, p, q->recycle_stride, q->recycle_keep, q->recycle_pool, err, errlen)) return -1;
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(q->smp, prompt[i]);
     q->prompt = prompt;
     q->n_prompt = n_prompt;
@@ -276,7 +283,7 @@ static void after_forward(gen_seq *q) {
     if (!q->full_pending) return;
     recycler *r = &q->rec;
     select_params sel = {.policy = POLICY_FINCH, .n_keep = r->keep, .scores = r->scores,
-                         .scores_stride = q->full_keys};
+                         .scores_stride = q->full_keys, .pool = r->pool};
     if (pot_select(q->p, &sel, r->chosen, q->err, sizeof q->err)) {
         q->rc = -1;
         q->state = SEQ_DONE;

@@ -149,6 +149,7 @@ static const flag generate_flags[] = {
     {"--stop", NULL, "TEXT", "stop string (repeatable)"},
     {"--recycle-stride", NULL, "S", "recycled attention: a full attention step every S steps (off)"},
     {"--recycle-keep", NULL, "K", "recycled attention: entries attended between full steps"},
+    {"--recycle-pool", NULL, "W", "recycled attention: max-pool width of the full step's scores (odd, default 7)"},
     {"--verbose", "-v", NULL, "print token counts and speed to stderr"},
     {NULL, NULL, NULL, NULL},
 };
@@ -187,12 +188,13 @@ static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
             goto bad;
     }
     const flag *gf = generate_flags;
-    int64_t rs = 0, rk = 0;
+    int64_t rs = 0, rk = 0, rw = 0; /* rw 0: the engine's default width */
     if (int64_flag(gf, p, "--n-predict", 1, 1 << 24, &n, err, sizeof err) ||
         int64_flag(gf, p, "--top-k", 0, 1 << 24, &k, err, sizeof err) ||
         int64_flag(gf, p, "--seed", 0, INT64_MAX, &seed, err, sizeof err) ||
         int64_flag(gf, p, "--recycle-stride", 1, 1 << 20, &rs, err, sizeof err) ||
-        int64_flag(gf, p, "--recycle-keep", 1, 1 << 24, &rk, err, sizeof err))
+        int64_flag(gf, p, "--recycle-keep", 1, 1 << 24, &rk, err, sizeof err) ||
+        int64_flag(gf, p, "--recycle-pool", 1, 1 << 10, &rw, err, sizeof err))
         goto bad;
     gp->sampling.temperature = (float)f[0];
     gp->sampling.top_p = (float)f[1];
@@ -207,8 +209,13 @@ static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
         snprintf(err, sizeof err, "--recycle-stride needs --recycle-keep");
         goto bad;
     }
+    if (rw % 2 == 0 && rw) {
+        snprintf(err, sizeof err, "--recycle-pool must be odd");
+        goto bad;
+    }
     gp->recycle_stride = (int32_t)rs;
     gp->recycle_keep = (int32_t)rk;
+    gp->recycle_pool = (int32_t)rw;
     gp->stop = p->stops;
     gp->n_stop = (size_t)p->n_stops;
     return 0;

@@ -171,12 +171,19 @@ def test_corrupted_tiny_model_bytes(fixtures, tmp_path):
 
 def test_recycled_attention(model):
     """Stride 1 is full attention; a recycled set as large as the context is too;
-    a small set still generates (its quality is measured in tests/bench)."""
+    a small set still generates (its quality is measured in tests/bench), and
+    its choice depends on the pooling of the full step's scores (7 by default,
+    1: none); an even width is refused."""
     base = ("generate", "-m", model, "-p", "Once upon a time, in a small village by the sea,", "-n", "24", "--print-ids")
     full = run(*base, check=True).stdout
     assert run(*base, "--recycle-stride", "1", "--recycle-keep", "4", check=True).stdout == full
     assert run(*base, "--recycle-stride", "4", "--recycle-keep", "64", check=True).stdout == full
     small = run(*base, "--recycle-stride", "4", "--recycle-keep", "8", check=True).stdout
     assert len(small.split()) == 24
+    unpooled = run(*base, "--recycle-stride", "4", "--recycle-keep", "8", "--recycle-pool", "1", check=True).stdout
+    assert len(unpooled.split()) == 24 and unpooled != small
+    assert run(*base, "--recycle-stride", "4", "--recycle-keep", "8", "--recycle-pool", "7", check=True).stdout == small
+    even = run(*base, "--recycle-stride", "4", "--recycle-keep", "8", "--recycle-pool", "4")
+    assert even.returncode == 2 and b"--recycle-pool must be odd" in even.stderr
     bad = run(*base, "--recycle-stride", "4")
     assert bad.returncode == 2 and b"--recycle-keep" in bad.stderr

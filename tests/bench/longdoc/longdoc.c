@@ -34,6 +34,7 @@ typedef struct trial {
 typedef struct options {
     const char *model, *haystack, *plan, *work, *question, *backend;
     int threads, n_predict, late_question, trace;
+    int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     engine_pot_settings set;
 } options;
 
@@ -41,7 +42,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N] [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
-            "  [--pool-width N]\n"
+            "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n");
 }
@@ -68,6 +69,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--chunk")) o->set.chunk_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
         else if (!strcmp(a, "--pool-width")) o->set.pool_width = v ? atoi(v) : -1;
+        else if (!strcmp(a, "--recycle-stride")) o->recycle_stride = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--recycle-keep")) o->recycle_keep = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
         else {
             used = 0;
             if (!strcmp(a, "--no-catalyst")) o->set.no_catalyst = 1;
@@ -194,7 +198,9 @@ static int run_trial(engine *e, const options *o, const engine_info *info, const
                     kept_share(d, info, a, b));
     } while (at < rest);
     answer ans = {{0}, 0};
-    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict};
+    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict,
+                            .recycle_stride = o->recycle_stride, .recycle_keep = o->recycle_keep,
+                            .recycle_pool = o->recycle_pool};
     gp.sampling.temperature = 0;
     engine_gen_result res = {0};
     if (engine_doc_answer(d, o->question, &gp, on_text, &ans, &res, err, el)) goto out;

@@ -31,7 +31,9 @@ rows score instead of the catalyst), `-nuc-cap-reset` (also no context-reset
 positions: entries keep their document positions). `infinipot-sym` names
 the rows measured with the default up to commit c619bdb, when NuC's spans
 were centred on their surprising token (now 3 slots before it, 11 after; not
-runnable at this commit: check out c619bdb). `none`
+runnable at this commit: check out c619bdb). A `+ra` suffix answers with
+recycled attention (`none+ra`, `infinipot+ra`; `+ra-w1` without pooling).
+`none`
 reads the whole document without compression (the full-attention ceiling); a
 length beyond the model's window is clipped to what fits, and noted.
 """
@@ -72,6 +74,13 @@ ABLATIONS = {
     "finch-late": ["--policy", "finch", "--late-question"],
     "finch-late-w1": ["--policy", "finch", "--late-question"] + W1,
 }
+# A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
+# attention (seed 003): a full step every 16, the 1024 entries each KV head
+# attended to most in between, scores max-pooled over 7 slots (`+ra-w1`: not
+# pooled), the configuration of research/recycled.md section 4.
+RECYCLED = {"": [],
+            "ra": ["--recycle-stride", "16", "--recycle-keep", "1024"],
+            "ra-w1": ["--recycle-stride", "16", "--recycle-keep", "1024", "--recycle-pool", "1"]}
 N_CTX_MARGIN = 256  # policy none: room for the template, the needle and the question
 
 
@@ -157,6 +166,11 @@ def key_for(seed, haystack, length, depth, k):
     return random.Random(f"{seed}:{haystack}:{length}:{depth}:{k}").randint(10000, 99999)
 
 
+def uncompressed(policy):
+    """`none` and its decoding variants (`none+ra`): the pot is the document."""
+    return policy.partition("+")[0] == "none"
+
+
 def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset()):
     """All trials of one (haystack, policy, budget) in one longdoc_bench run,
     less those already in `done` (cell_key + trial), so a grid resumes.
@@ -184,16 +198,17 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
             "--plan", str(plan_path), "--work", str(work), "--question", a.question, "--budget", str(budget),
             "-n", "12"]
     keep = a.keep if a.keep else budget // 2
-    if policy != "none":
+    base, _, decoding = policy.partition("+")
+    if not uncompressed(base):
         args += ["--keep", str(keep)]
-    args += ABLATIONS.get(policy, ["--policy", policy])
+    args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
     t0, n = time.time(), 0
     with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
         for line in p.stdout:
             r = json.loads(line)
             L, d, k, toks = r["id"].split(":")
             r.update(hit=exact_match(r["answer"], r["key"]),
-                     haystack=kind, policy=policy, budget=budget, keep=keep if policy != "none" else budget,
+                     haystack=kind, policy=policy, budget=budget, keep=budget if uncompressed(base) else keep,
                      length=int(L), depth=float(d), trial=int(k), doc_tokens=int(toks),
                      tps=r["tokens_read"] / (r["ingest_ms"] / 1e3 + 1e-9), model=pathlib.Path(a.model).name)
             n += 1
@@ -261,9 +276,10 @@ def heatmap(rows, path):
         print("matplotlib missing: no heatmap", file=sys.stderr)
         return
     def panel(r):  # policy none: one panel whatever the (per-length) budget
-        return (r["haystack"], r["policy"], 0 if r["policy"] == "none" else r["budget"])
+        return (r["haystack"], r["policy"], 0 if uncompressed(r["policy"]) else r["budget"])
 
-    order = ["none", "infinipot", "infinipot-sym", "infinipot-w1", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-w1",
+    order = ["none", "none+ra", "none+ra-w1", "infinipot", "infinipot+ra", "infinipot+ra-w1", "infinipot-sym",
+             "infinipot-w1", "-nuc", "-nuc-cap", "-nuc-cap-reset", "finch", "finch-w1",
              "finch-late", "finch-late-w1", "snapkv", "h2o", "cascade", "streaming", "truncate"]
     panels = sorted({panel(r) for r in rows},
                     key=lambda x: (x[0], order.index(x[1]) if x[1] in order else len(order), x[1], x[2]))
@@ -283,7 +299,7 @@ def heatmap(rows, path):
         ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(Ls)), [f"{L // 1024}K" for L in Ls], fontsize=7)
         ax.set_yticks(range(len(ds)), [str(d) for d in ds], fontsize=7)
-        ax.set_title(f"{pol} |M|={bud if pol != 'none' else 'document'} ({hk})", fontsize=8)
+        ax.set_title(f"{pol} |M|={'document' if uncompressed(pol) else bud} ({hk})", fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.supxlabel("document length (tokens)", fontsize=8)
@@ -451,12 +467,12 @@ def main():
         for kind in a.haystacks.split(","):
             hay = Haystack(a.model, kind, max(lengths))
             for policy in a.policies.split(","):
-                if policy == "none":  # one run per length: the pot is the document
+                if uncompressed(policy):  # one run per length: the pot is the document
                     for L in lengths:
                         eff = min(L, ctx - N_CTX_MARGIN)
                         # the pot also reserves room for the (unused) catalyst rows
                         budget = min(eff + N_CTX_MARGIN, ctx - 32)
-                        for r in run_cell(a, hay, kind, "none", budget, [eff], depths, out / "work",
+                        for r in run_cell(a, hay, kind, policy, budget, [eff], depths, out / "work",
                                           {(h, p, b, eff, d, k) for h, p, b, l, d, k in done if l == L}):
                             r["length"] = L
                             append(results, [r])
