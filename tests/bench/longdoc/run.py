@@ -447,6 +447,10 @@ def main():
     ap.add_argument("--showcase", type=int, default=0, help="one document of this many tokens (e.g. 1048576) "
                                                               "with its memory curve, nothing else")
     a = ap.parse_args()
+    for policy in a.policies.split(","):
+        if policy.partition("+")[2] not in RECYCLED:
+            ap.error(f"policy {policy}: unknown decoding suffix (known: "
+                     + ", ".join("+" + k for k in RECYCLED if k) + ")")
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
