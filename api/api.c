@@ -1,4 +1,4 @@
-/* Request parsing and validation for the HTTP API (API.md). Every field is
+/* Request parsing and validation for the HTTP API (docs/api.md). Every field is
  * checked for type and range; the first problem becomes one api_error that
  * names the field. */
 #include "api.h"

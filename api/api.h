@@ -1,4 +1,4 @@
-/* api/: the HTTP contract's JSON (API.md) with jansson: parsing and
+/* api/: the HTTP contract's JSON (docs/api.md) with jansson: parsing and
  * validating requests into engine terms, building responses and OpenAI-shaped
  * errors. Knows nothing of sockets; the server calls it with whole bodies. */
 #ifndef POTSERVE_API_H
@@ -10,7 +10,7 @@
 
 #include "engine/engine.h"
 
-/* An error as API.md shapes it; type follows from status. */
+/* An error as docs/api.md shapes it; type follows from status. */
 typedef struct api_error {
     int status;
     const char *code;  /* static string or NULL */
@@ -24,7 +24,7 @@ int api_fail(api_error *e, int status, const char *code, const char *param, cons
     __attribute__((format(printf, 5, 6)));
 /* {"error": {...}} for e; the caller owns it. */
 json_t *api_error_json(const api_error *e);
-/* The error type API.md names for a status. */
+/* The error type docs/api.md names for a status. */
 const char *api_error_type(int status);
 
 /* Parses a JSON object body; NULL + e (400) for anything else. */

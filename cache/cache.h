@@ -75,7 +75,7 @@ void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_
 
 /* The RoPE position of (layer, head, slot): the slot itself (context-reset
  * positions, the default). With original_positions (InfiniPot's ablation of
- * seed 000 Table 4: a plain sliding cache) it is the token's index in the
+ * the InfiniPot paper's Table 4: a plain sliding cache) it is the token's index in the
  * stream instead, and slots from p->n on (a forward's new tokens) continue
  * from n_seen, so positions grow past the model's window on long documents.
  * Without evictions both agree. Every backend that honours the flag rotates
@@ -181,7 +181,7 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
 void pot_accumulate_scores(pot *p, const float *scores, int32_t stride);
 
 /* ---- the cascading policy (cache/cascade.c) ----------------------------------
- * Seed 002: sinks, then N cascades of C/N entries per (layer, KV head); state
+ * Cascading KV Cache (Willette et al.): sinks, then N cascades of C/N entries per (layer, KV head); state
  * lives beside the pot. The caller keeps p->score_acc as each entry's moving
  * average of attention, then after each chunk calls cascade_update with the
  * chunk's document token indices and, when that returns fewer than p->n,
@@ -204,8 +204,8 @@ int cascade_keep(const cascade *c, const pot *p, int32_t *keep, int32_t n_keep);
 
 enum schedule_kind {
     SCHEDULE_FIXED = 0, /* chunks of chunk_tokens; compress to keep when the pot is full */
-    SCHEDULE_IMDC = 1,  /* incremental memory, decremental chunks (seed 004), without knowing
-                           the document length in advance (research/imdc.md section 5) */
+    SCHEDULE_IMDC = 1,  /* incremental memory, decremental chunks ("Memorize Step by Step"), without knowing
+                           the document length in advance (docs/methods.md, "IMDC") */
 };
 
 typedef struct chunk_schedule {

@@ -1,4 +1,5 @@
-/* Cascading KV cache (seed 002, research/cascade.md) as a pot policy. Per
+/* Cascading KV cache (docs/methods.md; the paper "Training-free Exponential
+ * Context Extension via Cascading KV Cache", Willette et al.) as a pot policy. Per
  * (layer, KV head): sinks that are never evicted, then N cascades of W = C/N
  * entries each, kept as rings of document token indices. Cascade i accepts
  * a token when t mod 2^i == 0 (and every cascade accepts while t <= C, the

@@ -4,7 +4,7 @@
  * fixed: chunks of c = chunk_tokens until the pot is full (budget), then
  * compress to keep. The working set before a compression is the whole budget.
  *
- * imdc (research/imdc.md sections 1 and 5), in the form that needs no document
+ * imdc (docs/methods.md, "IMDC"; "Memorize Step by Step", Zeng et al.), in the form that needs no document
  * length: a fixed working set W, a memory target that grows with the tokens
  * seen, and chunks that shrink as memory grows so that memory + chunk <= W.
  *   T_i   document tokens planned up to and including step i (T_-1 = 0)

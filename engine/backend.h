@@ -39,7 +39,7 @@ typedef struct backend_span {
     enum backend_score_combine score_combine;
     float *scores;
     /* Optional [n_score_rows] weight of each score row in that sum (NULL: 1
-     * each): the cascade's geometric row weights (seed 002). */
+     * each): the cascade's geometric row weights (Cascading KV Cache). */
     const float *score_row_weight;
     /* Label log-probabilities, when labels != NULL: for each row t with
      * labels[t] >= 0, label_logprob[t] = log p(labels[t] | tokens up to t)
@@ -47,7 +47,7 @@ typedef struct backend_span {
      * surprisal is its negation). Rows with labels[t] < 0 are left alone. */
     const int32_t *labels;
     float *label_logprob;
-    /* Partial attention (recycled attention, seed 003), when attend_slots !=
+    /* Partial attention (the Recycled Attention paper), when attend_slots !=
      * NULL: every (layer, KV head) attends only over the pot slots
      * attend_slots[(layer * n_head_kv + head) * n_attend + i], i < n_attend
      * (increasing, < kv->n), plus this span's own tokens. Not combinable with

@@ -68,12 +68,12 @@ typedef struct engine_gen_params {
     size_t n_stop;
     int want_logprobs;
     int32_t *tokens_out;         /* when non-NULL, receives the generated ids (room for max_tokens) */
-    /* Recycled attention (seed 003), off when recycle_stride <= 1: a full
+    /* Recycled attention ("Recycled Attention" paper), off when recycle_stride <= 1: a full
      * attention step every recycle_stride steps picks, per (layer, KV head),
      * the recycle_keep entries the new token attends to most (max over the
      * group's query heads); the steps in between attend only to those plus the
      * tokens generated since. The full step's scores are max-pooled over
-     * recycle_pool neighbouring slots before the top-K (odd; 0: 7, seed 003's
+     * recycle_pool neighbouring slots before the top-K (odd; 0: 7, the Recycled Attention paper's
      * kernel, its largest quality effect; 1: each slot on its own score). */
     int32_t recycle_stride, recycle_keep, recycle_pool;
 } engine_gen_params;
@@ -126,7 +126,7 @@ typedef struct engine_pot_settings {
     int32_t finch_keep;       /* two-stage FINCH at answer time: refine the pot to this many
                                  entries with the question's attention (0: off) */
     int record_tokens;        /* keep every token read (tests; memory then grows) */
-    /* InfiniPot ablations (seed 000 Table 4); both off by default */
+    /* InfiniPot ablations (the InfiniPot paper's Table 4); both off by default */
     int no_catalyst;          /* score with the chunk's own last rows instead of the catalyst */
     int original_positions;   /* no context reset: entries keep their document positions
                                  (a plain sliding cache) */

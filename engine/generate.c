@@ -12,7 +12,7 @@
 
 enum seq_state { SEQ_NEW, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
 
-/* Seed 003's "kernel 7": max-pooling the full step's scores over 7 slots */
+/* The Recycled Attention paper's "kernel 7": max-pooling the full step's scores over 7 slots */
 #define RECYCLE_POOL_DEFAULT 7
 
 /* Recycled attention's state during one generation. */

@@ -21,10 +21,10 @@ enum {
     DEFAULT_POOL_WIDTH = 15,
     MAX_POOL_WIDTH = 255,
     STREAMING_SINKS = 4, /* attention sinks kept by streaming (StreamingLLM's default) */
-    CASCADES = 4,        /* cascade: sub-caches (seed 002's default) */
-    CASCADE_SINKS = 64   /* cascade: sinks (seed 002), at most a quarter of the kept entries */
+    CASCADES = 4,        /* cascade: sub-caches (the Cascading KV Cache paper's default) */
+    CASCADE_SINKS = 64   /* cascade: sinks (Cascading KV Cache), at most a quarter of the kept entries */
 };
-/* cascade: per-token decay of the attention average (seed 002's gamma) */
+/* cascade: per-token decay of the attention average (the Cascading KV Cache paper's gamma) */
 #define CASCADE_GAMMA 0.9999
 
 typedef struct int_vec {
@@ -250,7 +250,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     return rc;
 }
 
-/* Seed 002's weights of a chunk's c rows in the moving average: row q counts
+/* Cascading KV Cache's weights of a chunk's c rows in the moving average: row q counts
  * (1 - g) g^(c-1-q), as if the rows had updated mu one token at a time, so
  * the newest row weighs most. They sum to 1 - g^c, the weight the chunk
  * takes from the decayed history. */
@@ -264,7 +264,7 @@ static float *cascade_row_weights(int32_t c) {
 /* Cascade after a chunk of c tokens (document indices first..first+c-1): the
  * moving average mu <- g^c mu + max over the KV group of the chunk rows'
  * attention, each row weighted by cascade_row_weights (the backend applies
- * the weights before combining the group, as seed 002's chunked update does),
+ * the weights before combining the group, as the Cascading KV Cache's chunked update does),
  * then the cascades' insertions and, when they dropped entries, one compaction. */
 static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
                         char *err, size_t errlen) {
@@ -562,7 +562,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->finch_keep = s->finch_keep;
     d->no_catalyst = s->no_catalyst;
     d->original_positions = s->original_positions;
-    /* cascade: each KV head decides by the max over its group (seed 002) */
+    /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;
 

@@ -1,5 +1,5 @@
-"""Recycled attention's decode speed against full attention (seed 003;
-research/recycled.md section 4).
+"""Recycled attention's decode speed against full attention (the Recycled
+Attention paper; docs/methods.md, "Recycled attention").
 
 For each prompt length, one prompt of English prose (tests/bench/bench_text.py)
 cut to that many tokens; `potserve generate` greedily decodes 256 tokens with

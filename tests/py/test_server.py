@@ -496,7 +496,7 @@ def test_sigterm_ends_open_stream_and_exits_zero(tmp_path):
 @pytest.mark.heavy
 def test_prompt_longer_than_window_reads_through_a_pot(client):
     """Without a session, a prompt beyond the model's window goes through a
-    temporary pot instead of failing (API.md); the last user message is asked
+    temporary pot instead of failing (docs/api.md); the last user message is asked
     after it."""
     long_text = "The archive keeps old letters. " * 1400  # ~8.4K tokens > the 8192 window
     r = client.chat.completions.create(model="x", max_tokens=4, temperature=0, messages=[

@@ -1,4 +1,4 @@
-/* InfiniPot's ablations (seed 000 Table 4):
+/* InfiniPot's ablations (the InfiniPot paper's Table 4):
  * - original positions (no context reset): pot_rope_pos maps a slot to its
  *   token's stream index; off, it is the slot, so default pots compute the same
  *   bits as before; on without evictions, the same bits as off (positions

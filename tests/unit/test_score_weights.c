@@ -1,5 +1,5 @@
 /* Weighted score rows (backend_span.score_row_weight, the cascade's geometric
- * row weights of seed 002) on the real default model: weights of 1 give the
+ * row weights of the Cascading KV Cache paper) on the real default model: weights of 1 give the
  * unweighted bits, weights of 2 exactly twice them, and a weight of 0 drops
  * a row exactly. Each case runs the same span over a copy of the same pot. */
 #include <stdlib.h>

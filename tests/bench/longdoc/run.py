@@ -24,7 +24,7 @@ Policies: the pot policies by name, `finch-late` (FINCH with the question
 arriving after the document), `-w1` variants of infinipot, finch and
 finch-late (no pooling: each token chosen on its own score, as in the
 papers; the defaults max-pool scores over 15 slots), and InfiniPot's
-ablation ladder as in seed 000 Table 4, all without pooling:
+ablation ladder as in the InfiniPot paper's Table 4, all without pooling:
 `infinipot-w1` (the paper's full method), `-nuc` (no
 novelty-under-compression), `-nuc-cap` (no NuC, and the chunk's own last
 rows score instead of the catalyst), `-nuc-cap-reset` (also no context-reset
@@ -63,7 +63,7 @@ NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? Answer with the number only."
 # `-w1`: the papers' per-token choice (no pooling of scores; the default
 # max-pools infinipot's and finch's scores over 15 slots). The ladder below
-# is seed 000's, so it is measured without pooling too.
+# is the InfiniPot paper's, so it is measured without pooling too.
 W1 = ["--pool-width", "1"]
 ABLATIONS = {
     "infinipot-w1": ["--policy", "infinipot"] + W1,
@@ -75,9 +75,9 @@ ABLATIONS = {
     "finch-late-w1": ["--policy", "finch", "--late-question"] + W1,
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
-# attention (seed 003): a full step every 16, the 1024 entries each KV head
+# attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
 # attended to most in between, scores max-pooled over 7 slots (`+ra-w1`: not
-# pooled), the configuration of research/recycled.md section 4.
+# pooled), the configuration of docs/methods.md, "Recycled attention".
 RECYCLED = {"": [],
             "ra": ["--recycle-stride", "16", "--recycle-keep", "1024"],
             "ra-w1": ["--recycle-stride", "16", "--recycle-keep", "1024", "--recycle-pool", "1"]}
