@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Long-document evaluation: passkey retrieval through memory pots (issue 3).
+"""Long-document evaluation: passkey retrieval through memory pots (docs/results/longdoc.md).
 
 Builds needle-in-a-haystack documents (a 5-digit key at a relative depth in
 repetitive filler or in natural English prose), runs them through
@@ -16,7 +16,7 @@ table and a PNG heatmap (accuracy by length x depth, one panel per policy).
         [--budgets 1024,2048,4096]
         [--threads N] [--backend cpu|cuda] [--out build/longdoc]
 
-The defaults are the whole grid of issue 3 (far beyond a 2-core machine; pick
+The defaults are the whole grid of docs/results/longdoc.md (far beyond a 2-core machine; pick
 cells with the flags). Results accumulate in OUT/results.jsonl (one line per
 trial); `--report` only redraws the table and heatmap from it.
 
