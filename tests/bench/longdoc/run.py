@@ -58,7 +58,7 @@ INTRO = ("There is an important info hidden inside a lot of irrelevant text. Fin
          "I will quiz you about the important information there. ")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
-# Chosen after trying formats with policy none at 2K (README): the plain
+# Chosen after trying formats with policy none at 2K (docs/results/longdoc.md): the plain
 # question alone makes the 135M model answer with filler at depths 0.1/0.5.
 QUESTION = "What is the pass key? Answer with the number only."
 # `-w1`: the papers' per-token choice (no pooling of scores; the default
