@@ -76,8 +76,8 @@ static void pool_scores(const float *in, int32_t n, int32_t lead, int32_t trail,
 
 /* NuC's span of w slots around a surprising token starts w/4 slots before
  * it: surprisal peaks where a new phrase begins (the needle's " key", not its
- * digits), and what makes the phrase new follows the peak. README "Memory
- * pots": the 32K prose needles, 60/60 found against 33/60 with centred spans. */
+ * digits), and what makes the phrase new follows the peak. docs/results/longdoc.md,
+ * "Span pooling": the 32K prose needles, 60/60 found against 33/60 with centred spans. */
 int32_t pot_nuc_lead(int32_t width) { return width > 1 ? width / 4 : 0; }
 
 static int uses_scores(enum pot_policy p) {

@@ -16,7 +16,7 @@
 enum {
     SNAPKV_WINDOW = 32, /* observation rows at the end of a chunk (SnapKV's default) */
     SNAPKV_POOL = 5,    /* pooling width over slots (SnapKV's default) */
-    /* infinipot, finch: max pooling width (README "Memory pots": the prose
+    /* infinipot, finch: max pooling width (docs/results/longdoc.md, "Span pooling": the prose
        needle at 16K, 0/15 found choosing token by token, 15/15 with 15) */
     DEFAULT_POOL_WIDTH = 15,
     MAX_POOL_WIDTH = 255,

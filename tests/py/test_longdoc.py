@@ -2,7 +2,7 @@
 passkey document per policy through the harness, which must run, write a
 table and per-trial results that parse, and, with no compression (policy
 none, the pot holds the whole 1K document), find every key: the default model
-does at 2K-8K (README), so a miss here means the harness broke."""
+does at 2K-8K (docs/results/longdoc.md), so a miss here means the harness broke."""
 import json
 import os
 import re
