@@ -299,8 +299,8 @@ static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int com
     case POLICY_INFINIPOT:
     case POLICY_FINCH:
         if (compressing) *row0 = c, *n_rows = n_prompt;
-        /* without the catalyst, as many of the chunk's own last rows (seed
-           000's ablation: the same number of rows, only their source differs) */
+        /* without the catalyst, as many of the chunk's own last rows (the InfiniPot
+           paper's ablation: the same number of rows, only their source differs) */
         if (compressing && d->no_catalyst) {
             *n_rows = c < (int32_t)d->score_rows.n ? c : (int32_t)d->score_rows.n;
             *row0 = c - *n_rows;
