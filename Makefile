@@ -13,7 +13,7 @@ MODEL         := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
-                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl
+                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd
 PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0
 
 WARN    := -Wall -Wextra -Werror
@@ -44,6 +44,20 @@ ifeq ($(CUDA),1)
 LIB_OBJ += $(CUDA_OBJ)
 LDLIBS  += $(CUDA_LIBS)
 endif
+# --- the web page (server/web/), compiled into the binary -------------------------
+# Each file becomes a C array named after it (xxd -i); server/web.c serves them.
+WEB_FILES := index.html app.js style.css favicon.svg
+WEB_GEN   := $(BUILD)/gen/web_assets.c
+LIB_OBJ   += $(BUILD)/obj/gen/web_assets.o
+$(WEB_GEN): $(addprefix server/web/,$(WEB_FILES))
+	@mkdir -p $(dir $@)
+	cd server/web && for f in $(WEB_FILES); do xxd -i $$f; done > $(CURDIR)/$@.tmp
+	mv $@.tmp $@
+$(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+# --- end of the web page ----------------------------------------------------------
+
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
