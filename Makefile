@@ -128,8 +128,18 @@ $(BUILD)/fixtures/.ok: tests/make_fixtures.py tests/reference/make_spm_vocab.py 
 unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
-pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model
+pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model $(BUILD)/.web-test-deps
 	$(VPY) -m pytest -q tests/py
+
+# The page's browser test (tests/py/test_web.py) drives Debian's Chromium
+# through Playwright (its own browser download is not used); only the tests
+# need them.
+WEB_TEST_TOOLS := playwright==1.65.2
+$(BUILD)/.web-test-deps: $(VENV)/.ok
+	@dpkg -s chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	$(VPY) -m pip install -q --disable-pip-version-check $(WEB_TEST_TOOLS)
+	@mkdir -p $(BUILD) && touch $@
 
 test: deps all model fixtures
 	$(MAKE) --no-print-directory -j2 cuda-build

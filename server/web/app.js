@@ -209,7 +209,7 @@
           s.status + (s.final ? '' : s.bytes_received ? ', open' : ''), ago(s.created)].join(' · ') }));
       pick.addEventListener('click', () => select(s.id));
       const del = el('button', { type: 'button', class: 'ghost del', 'aria-label': 'Delete ' + title(s), title: 'Delete' });
-      del.textContent = '🗑';
+      del.textContent = '×';
       del.addEventListener('click', () => removeSession(s));
       const li = el('li', { 'data-id': s.id }, pick, del);
       if (s.id === state.selected) li.classList.add('selected');
@@ -316,7 +316,7 @@
 
   async function startUpload(ev) {
     ev.preventDefault();
-    if (state.upload) return say('An upload is already running; cancel it first.');
+    if (state.upload && !state.upload.finished) return say('An upload is already running; cancel it first.');
     let blob = $('file').files[0] || null, name = blob ? blob.name : '';
     const pasted = $('paste').value;
     if (!blob && pasted.trim()) {
@@ -381,7 +381,12 @@
       for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset);
       if (seq && session.status === 'ready' && offset !== session.bytes_received)
         throw new Error('this document does not match what the session has read (' + bytes(session.bytes_received) + ')');
-      if (seq) $('upload-note').textContent = 'Resumed after chunk ' + seq + ' (' + bytes(offset) + ' already read).';
+      if (seq) {
+        $('upload-note').textContent = 'Resumed after chunk ' + seq + ' (' + bytes(offset) + ' already read).';
+        $('upload').dataset.resumedAfter = seq;
+      } else {
+        delete $('upload').dataset.resumedAfter;
+      }
       while (!u.cancelled) {
         const end = await chunkEnd(blob, offset);
         const final = end === blob.size;
@@ -740,6 +745,7 @@
   async function loadMap() {
     const s = state.sessions.find((x) => x.id === state.selected);
     $('map-empty').hidden = !!(s && s.tokens_ingested);
+    if (!s || !s.tokens_ingested) { $('map').hidden = true; $('map-stats').replaceChildren(); }
     if (!s || mapBusy) return;
     const wrap = document.querySelector('.map-wrap');
     const bins = Math.max(16, Math.min(256, Math.floor(wrap.clientWidth / 5)));
@@ -771,6 +777,7 @@
     const { ret } = m;
     const canvas = $('map'), n = ret.tokens_ingested, L = ret.layers.length, bins = ret.bins;
     $('map-empty').hidden = n > 0;
+    canvas.hidden = n === 0;
     const cssW = canvas.parentElement.clientWidth;
     const cellH = Math.max(4, Math.min(10, Math.floor(300 / L)));
     const dpr = window.devicePixelRatio || 1;
