@@ -1228,10 +1228,12 @@ static void text_fail(text_job *j, int status, const char *code, const char *msg
     text_job_free(j);
 }
 
-/* Takes the reader's ids: the text of those inside the range. 1 once past it. */
+/* Takes the reader's ids: the text of those inside the range, and of up to
+ * TEXT_TAIL after it (the rest of a character cut at its end). 1 once past. */
+enum { TEXT_TAIL = 3 };
 static int text_take_ids(text_job *j, const int32_t *ids, size_t n) {
     const engine *e = j->ss->srv->eng;
-    for (size_t i = 0; i < n && j->next < j->end; i++, j->next++) {
+    for (size_t i = 0; i < n && j->next < j->end + TEXT_TAIL; i++, j->next++) {
         if (j->next < j->start) continue;
         for (;;) {
             int k = engine_token_text(e, ids[i], j->text + j->text_len, j->text_cap - j->text_len);
@@ -1246,9 +1248,9 @@ static int text_take_ids(text_job *j, const int32_t *ids, size_t n) {
             j->text = t;
             j->text_cap = cap;
         }
-        j->tok_end[j->next - j->start] = j->text_len;
+        if (j->next < j->end) j->tok_end[j->next - j->start] = j->text_len;
     }
-    return j->next >= j->end;
+    return j->next >= j->end + TEXT_TAIL;
 }
 
 static int text_feed(text_job *j, const char *data, size_t n, int final) {
@@ -1303,8 +1305,10 @@ static size_t utf8_whole(const char *p, size_t n) {
     return n;
 }
 
-/* Spans of tokens held by the same number of (layer, head) pairs; a
- * character cut between tokens goes to the span where it starts. */
+/* Spans of tokens held by the same number of (layer, head) pairs, with their
+ * token counts; a character cut between tokens goes whole to the span (and
+ * the range) where it starts, so a span may have no text of its own and
+ * consecutive ranges join into the document. */
 static json_t *text_spans(text_job *j) {
     json_t *spans = json_array();
     int64_t got = j->next > j->start ? (j->next < j->end ? j->next : j->end) - j->start : 0;
@@ -1314,12 +1318,12 @@ static json_t *text_spans(text_job *j) {
         while (u < got && j->kept[u] == j->kept[t]) u++;
         size_t b1 = j->tok_end[u - 1];
         b1 += continuation(j->text + b1, j->text_len - b1);
-        if (u == got) b1 = b0 + utf8_whole(j->text + b0, b1 - b0); /* cut at the range's end */
-        if (b1 > b0) {
-            json_t *str = json_stringn(j->text + b0, b1 - b0);
-            if (str) json_array_append_new(spans, json_pack("{s:o, s:i}", "text", str, "kept", j->kept[t]));
-            b0 = b1;
-        }
+        if (u == got) b1 = utf8_whole(j->text, b1); /* the tail not read yet */
+        if (b1 < b0) b1 = b0;
+        json_t *str = json_stringn(j->text + b0, b1 - b0);
+        json_array_append_new(spans, json_pack("{s:o, s:i, s:I}", "text", str ? str : json_string(""),
+                                               "kept", j->kept[t], "tokens", (json_int_t)(u - t)));
+        b0 = b1;
         t = u;
     }
     return spans;

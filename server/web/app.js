@@ -352,7 +352,7 @@
   function showUpload(u) {
     $('upload').hidden = !u;
     if (!u) return;
-    $('upload-title').textContent = 'Reading ' + u.name;
+    $('upload-title').textContent = (u.finished ? 'Read ' : 'Reading ') + u.name;
     const frac = Math.min(1, u.doneFraction);
     $('upload-fill').style.width = (frac * 100).toFixed(1) + '%';
     $('upload-bar').setAttribute('aria-valuenow', Math.round(frac * 100));
@@ -723,8 +723,9 @@
 
   // Colour of a kept share v in [0, 1]: pale paper to deep ink through warm tones.
   const STOPS = [[247, 244, 236], [250, 205, 145], [233, 134, 86], [178, 60, 86], [92, 24, 96], [30, 12, 50]];
+  // The square root spreads the small shares a long document leaves (a pot of 2K tokens over 100K).
   function colorFor(v) {
-    v = Math.max(0, Math.min(1, v)) * (STOPS.length - 1);
+    v = Math.sqrt(Math.max(0, Math.min(1, v))) * (STOPS.length - 1);
     const i = Math.min(STOPS.length - 2, Math.floor(v)), f = v - i;
     return STOPS[i].map((c, k) => Math.round(c + (STOPS[i + 1][k] - c) * f));
   }

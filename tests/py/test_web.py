@@ -259,7 +259,132 @@ def test_page_long_upload_reload_resume_chat_and_map(browser, tiny, big_doc):
     assert not page.errors, page.errors
 
 
-def get_tokens(srv, text):
-    st, body, _ = srv.request("POST", "/tokenize", {"content": text}, auth())
+
+# ---- the endpoints the page added, over plain HTTP ------------------------------------------------
+
+def test_page_files_headers_and_no_key_needed(tiny):
+    for path, ctype in (("/", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css"),
+                        ("/favicon.svg", "image/svg+xml")):
+        st, body, h = tiny.request("GET", path)  # no key: the page asks for one itself
+        assert st == 200 and h["Content-Type"].startswith(ctype), (path, h)
+        assert "script-src 'self'" in h["Content-Security-Policy"] and "unsafe-inline" not in h["Content-Security-Policy"]
+        assert h["X-Content-Type-Options"] == "nosniff" and h["Cache-Control"] == "no-cache"
+        st, _, h2 = tiny.request("GET", path, headers={"If-None-Match": h["ETag"]})
+        assert st == 304 and h2["ETag"] == h["ETag"]
+    with open(ROOT / "server" / "web" / "app.js", encoding="utf-8") as f:
+        assert tiny.request("GET", "/app.js")[1] == f.read()  # the file as it is, compiled in
+    st, html, _ = tiny.request("GET", "/")
+    assert "<script" in html and "<script>" not in html  # no inline script
+    assert tiny.request("POST", "/", raw=b"x")[0] == 405
+    assert tiny.request("GET", "/v1/server")[0] == 401  # the API still needs the key
+
+
+def test_server_defaults(tiny):
+    d = get(tiny, "/v1/server")
+    assert d["object"] == "server" and d["model"] == "tiny_llama" and d["context_length"] == 256
+    assert d["session_defaults"] == {"budget_tokens": 128, "keep_tokens": 64, "policy": "infinipot",
+                                     "schedule": "fixed"}
+    assert "infinipot" in d["policies"] and "none" in d["policies"] and d["schedules"] == ["fixed", "imdc"]
+    # what a session made with no settings gets
+    st, s, _ = tiny.request("POST", "/v1/sessions", {}, auth())
+    assert st == 201 and s["budget_tokens"] == 128 and s["keep_tokens"] == 64 and s["policy"] == "infinipot"
+    tiny.request("DELETE", f"/v1/sessions/{s['id']}", headers=auth())
+
+
+def test_session_text_maps_tokens_back_to_the_document(tiny):
+    words = "river café naïve 東京 résumé 🌍 the of mountain quietly sings".split()
+    doc = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(2500)) + "\n"
+    st, s, _ = tiny.request("POST", "/v1/sessions", {}, auth())
+    sid = s["id"]
+    half = len(doc.encode()) // 2
+    while (doc.encode()[half] & 0xC0) == 0x80:
+        half -= 1
+    for seq, part, final in ((1, doc.encode()[:half], False), (2, doc.encode()[half:], True)):
+        st, r, _ = tiny.request("POST", f"/v1/sessions/{sid}/chunks?seq={seq}" + ("&final=true" if final else ""),
+                                raw=part, headers=dict(auth(), **{"Content-Type": "text/plain"}))
+        assert st == 200, r
+    n = r["tokens_ingested"]
+    assert n == len(get_tokens(tiny, doc))
+    # consecutive ranges of odd sizes give back the document exactly
+    text, kept, step, start = [], [], 997, 0
+    while start < n:
+        t = get(tiny, f"/v1/sessions/{sid}/text?start={start}&end={start + step}")
+        assert t["object"] == "session.text" and t["start"] == start and t["end"] == min(n, start + step)
+        assert t["tokens_ingested"] == n and t["heads"] == 2 * 2
+        text += [sp["text"] for sp in t["spans"]]
+        assert all(0 <= sp["kept"] <= t["heads"] for sp in t["spans"])
+        start = t["end"]
+    assert "".join(text) == doc
+    # the kept counts agree with the retention histogram, bin by bin
+    ret = get(tiny, f"/v1/sessions/{sid}/retention?bins=8")
+    held = 0
+    for b in range(8):
+        lo, hi = bin_range(b, 8, n)
+        t = get(tiny, f"/v1/sessions/{sid}/text?start={lo}&end={hi}")
+        assert sum(sp["tokens"] for sp in t["spans"]) == hi - lo
+        pairs = sum(l["kept_per_bin"][b] for l in ret["layers"]) * 2  # the histogram is per KV head
+        assert round(pairs) == sum(sp["kept"] * sp["tokens"] for sp in t["spans"]), b
+        held += round(pairs)
+    assert held > 0
+    # errors name the field; another key cannot read it
+    for q, field in (("", "start"), ("?start=x", "start"), ("?start=5&end=2", "end"),
+                     ("?start=0&end=9000", "end"), ("?start=-1", "start")):
+        st, e, _ = tiny.request("GET", f"/v1/sessions/{sid}/text{q}", headers=auth())
+        assert st == 400 and e["error"]["param"] == field, (q, e)
+    assert get(tiny, f"/v1/sessions/{sid}/text?start={n + 10}")["spans"] == []
+    assert tiny.request("GET", f"/v1/sessions/{sid}/text?start=0", headers=auth("nope"))[0] == 401
+    tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())
+
+
+# ---- the pass key on the default model, and the screenshots ------------------------------------------
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory, model):
+    s = Server(tmp_path_factory.mktemp("web-real"))
+    s.start()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.mark.heavy
+def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
+    text, before = passkey_doc(24 * 1024, depth=0.35)
+    path = tmp_path / "passkey-24k.txt"
+    path.write_text(text)
+    page = open_page(browser, real)
+    page.wait_for_selector("#model:not(:empty)", timeout=30000)  # no keys: no prompt
+    assert not page.is_visible("#key-dialog")
+    upload_through_page(page, path, budget=1024)
+    wait_done(page, 900)
+    s = get(real, "/v1/sessions")["data"][0]
+    assert s["budget_tokens"] == 1024 and s["final"] and s["compressions"] > 0
+    answer, paints, deltas = ask(page, s["id"], "What is the pass key?", 24)
+    assert "71432" in answer, answer
+    lengths = [n for n in paints if n]
+    assert len(set(lengths)) >= 2 and lengths == sorted(lengths), paints  # painted as it streamed
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "chat-desktop.png"))
+    page.click("#tab-map")
+    page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=60000)
+    bins = int(page.get_attribute("#map", "data-bins"))
+    col = len(get_tokens(real, before)) * bins // s["tokens_ingested"]
+    page.focus("#map")  # the keyboard reaches the needle's column too
+    page.keyboard.press("Home")
+    for _ in range(col):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.getElementById('region-text').textContent.includes('71432')",
+                           timeout=60000)
+    page.screenshot(path=str(SHOTS / "map-desktop.png"))
+    page.set_viewport_size({"width": 360, "height": 780})
+    page.wait_for_timeout(800)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360  # nothing runs off the side
+    page.screenshot(path=str(SHOTS / "map-360.png"), full_page=True)
+    page.click("#tab-chat")
+    page.screenshot(path=str(SHOTS / "chat-360.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+def get_tokens(srv, text, key=KEY):
+    st, body, _ = srv.request("POST", "/tokenize", {"content": text}, auth(key))
     assert st == 200, body
     return body["tokens"]
