@@ -1151,6 +1151,30 @@ static void retention_task(engine *e, void *arg) {
     srv_post(j->ss->srv, retention_back, j);
 }
 
+/* Runs fn(job) on the engine thread after ss's earlier work, for request r
+ * (suspended meanwhile; r and ss are held until the job lets them go). 0, or
+ * -1 once an error has been answered (409 while the pot is being restored;
+ * the job is then not taken). */
+static int start_doc_read(request *r, session *ss, engine_task_fn fn, void *job) {
+    api_error e;
+    if (!ss->doc || ss->rebuilding) {
+        api_fail(&e, 409, "session_busy", NULL, "the session is being restored; retry");
+        respond_error(r, &e);
+        return -1;
+    }
+    request_ref(r);
+    session_ref(ss);
+    request_suspend(r);
+    if (srv_task(r->srv, ss->doc, fn, job)) {
+        request_unref(r);
+        session_unref(ss);
+        api_fail(&e, 503, "unavailable", NULL, "the engine is stopping");
+        respond_error(r, &e);
+        return -1;
+    }
+    return 0;
+}
+
 static void session_retention(request *r, session *ss) {
     api_error e;
     const char *b = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "bins");
@@ -1158,10 +1182,6 @@ static void session_retention(request *r, session *ss) {
     char err[128];
     if (b && config_parse_int("bins", b, 1, 4096, &bins, err, sizeof err)) {
         api_fail(&e, 400, "invalid_value", "bins", "%s", err);
-        return respond_error(r, &e);
-    }
-    if (!ss->doc || ss->rebuilding) {
-        api_fail(&e, 409, "session_busy", NULL, "the session is being restored; retry");
         return respond_error(r, &e);
     }
     retention_job *j = calloc(1, sizeof *j);
@@ -1172,16 +1192,7 @@ static void session_retention(request *r, session *ss) {
     j->r = r;
     j->ss = ss;
     j->bins = (int)bins;
-    request_ref(r);
-    session_ref(ss);
-    request_suspend(r);
-    if (srv_task(r->srv, ss->doc, retention_task, j)) {
-        request_unref(r);
-        session_unref(ss);
-        free(j);
-        api_fail(&e, 503, "unavailable", NULL, "the engine is stopping");
-        respond_error(r, &e);
-    }
+    if (start_doc_read(r, ss, retention_task, j)) free(j);
 }
 
 /* ---- the text of a token range ------------------------------------------------------------------ */
@@ -1400,10 +1411,6 @@ static void session_text(request *r, session *ss) {
         api_fail(&e, 400, "invalid_value", "end", "end must be in [start, start + %d]", TEXT_MAX_TOKENS);
         return respond_error(r, &e);
     }
-    if (!ss->doc || ss->rebuilding) {
-        api_fail(&e, 409, "session_busy", NULL, "the session is being restored; retry");
-        return respond_error(r, &e);
-    }
     text_job *j = calloc(1, sizeof *j);
     if (!j) {
         api_fail(&e, 500, NULL, NULL, "out of memory");
@@ -1413,16 +1420,7 @@ static void session_text(request *r, session *ss) {
     j->ss = ss;
     j->start = start;
     j->end = end;
-    request_ref(r);
-    session_ref(ss);
-    request_suspend(r);
-    if (srv_task(r->srv, ss->doc, text_kept_task, j)) {
-        api_fail(&e, 503, "unavailable", NULL, "the engine is stopping");
-        respond_error(r, &e);
-        request_unref(r);
-        session_unref(ss);
-        free(j);
-    }
+    if (start_doc_read(r, ss, text_kept_task, j)) free(j);
 }
 
 /* ---- routes ------------------------------------------------------------------------------------- */

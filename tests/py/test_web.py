@@ -364,6 +364,9 @@ def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
     assert len(set(lengths)) >= 2 and lengths == sorted(lengths), paints  # painted as it streamed
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "chat-desktop.png"))
+    page.click("#upload-cancel")  # "Close" once done
+    assert page.is_hidden("#upload")
+    page.evaluate("() => document.getElementById('messages').replaceChildren()")
     page.click("#tab-map")
     page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=60000)
     bins = int(page.get_attribute("#map", "data-bins"))
@@ -377,7 +380,7 @@ def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
         page.wait_for_function("() => document.getElementById('region-text').textContent.includes('pass key is 7')",
                                timeout=60000)
     finally:
-        page.screenshot(path=str(SHOTS / "map-desktop.png"), full_page=True)
+        page.screenshot(path=str(SHOTS / "map-desktop.png"))
     page.set_viewport_size({"width": 360, "height": 780})
     page.wait_for_timeout(800)
     assert page.evaluate("document.documentElement.scrollWidth") <= 360  # nothing runs off the side
