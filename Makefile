@@ -159,6 +159,7 @@ asan: fixtures model
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
 	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py
+	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
 
 # --- CUDA kernels: tests on the CPU emulator, and on a GPU ------------------------
 # The kernels' tests (tests/cuda/*.c) compare each kernel with its CPU
