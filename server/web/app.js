@@ -859,7 +859,8 @@
       box.replaceChildren(...t.spans.map((sp) => {
         const span = el('span', { text: sp.text });
         const a = sp.kept / t.heads;
-        if (a > 0) span.style.backgroundColor = 'rgba(' + colorFor(0.25 + 0.5 * a).join(',') + ',' + (0.15 + 0.75 * a).toFixed(2) + ')';
+        // the warm, light end of the map's colours, so that the text stays readable
+        if (a > 0) span.style.backgroundColor = 'rgba(' + colorFor(0.02 + 0.2 * a).join(',') + ',' + (0.25 + 0.6 * a).toFixed(2) + ')';
         span.title = sp.kept + ' of ' + t.heads + ' layer·heads hold this';
         return span;
       }));

@@ -56,9 +56,12 @@ def chunk_count(data, chunk=256 * 1024):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is installed by `make pytest`")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright missing: `make pytest` installs it")
     assert os.path.exists(CHROMIUM), f"{CHROMIUM} missing: `make pytest` installs Debian's chromium"
-    with sync_api.sync_playwright() as p:
+    with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield b
         b.close()
