@@ -51,7 +51,7 @@ WEB_GEN   := $(BUILD)/gen/web_assets.c
 LIB_OBJ   += $(BUILD)/obj/gen/web_assets.o
 $(WEB_GEN): $(addprefix server/web/,$(WEB_FILES))
 	@mkdir -p $(dir $@)
-	cd server/web && for f in $(WEB_FILES); do xxd -i $$f; done > $(CURDIR)/$@.tmp
+	cd server/web && for f in $(WEB_FILES); do xxd -i $$f; done > $(abspath $@).tmp
 	mv $@.tmp $@
 $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 	@mkdir -p $(dir $@)
