@@ -13,7 +13,7 @@ MODEL         := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
-                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl
+                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd
 PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0
 
 WARN    := -Wall -Wextra -Werror
@@ -44,6 +44,20 @@ ifeq ($(CUDA),1)
 LIB_OBJ += $(CUDA_OBJ)
 LDLIBS  += $(CUDA_LIBS)
 endif
+# --- the web page (server/web/), compiled into the binary -------------------------
+# Each file becomes a C array named after it (xxd -i); server/web.c serves them.
+WEB_FILES := index.html app.js style.css favicon.svg
+WEB_GEN   := $(BUILD)/gen/web_assets.c
+LIB_OBJ   += $(BUILD)/obj/gen/web_assets.o
+$(WEB_GEN): $(addprefix server/web/,$(WEB_FILES))
+	@mkdir -p $(dir $@)
+	cd server/web && for f in $(WEB_FILES); do xxd -i $$f; done > $(abspath $@).tmp
+	mv $@.tmp $@
+$(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+# --- end of the web page ----------------------------------------------------------
+
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
@@ -114,8 +128,18 @@ $(BUILD)/fixtures/.ok: tests/make_fixtures.py tests/reference/make_spm_vocab.py 
 unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
-pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model
+pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model $(BUILD)/.web-test-deps
 	$(VPY) -m pytest -q tests/py
+
+# The page's browser test (tests/py/test_web.py) drives Debian's Chromium
+# through Playwright (its own browser download is not used); only the tests
+# need them.
+WEB_TEST_TOOLS := playwright==1.65.2
+$(BUILD)/.web-test-deps: $(VENV)/.ok
+	@dpkg -s chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	$(VPY) -m pip install -q --disable-pip-version-check $(WEB_TEST_TOOLS)
+	@mkdir -p $(BUILD) && touch $@
 
 test: deps all model fixtures
 	$(MAKE) --no-print-directory -j2 cuda-build
@@ -135,6 +159,7 @@ asan: fixtures model
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
 	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py
+	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
 
 # --- CUDA kernels: tests on the CPU emulator, and on a GPU ------------------------
 # The kernels' tests (tests/cuda/*.c) compare each kernel with its CPU

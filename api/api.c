@@ -106,13 +106,15 @@ static int one_of(const char *v, const char *const *names) {
     return 0;
 }
 
+const char *const api_policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o",
+                                    "cascade", "truncate", "none", NULL};
+const char *const api_schedules[] = {"fixed", "imdc", NULL};
+
 int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_t default_budget,
                                const char *default_policy, api_session_settings *out,
                                api_error *e) {
     memset(out, 0, sizeof *out);
-    static const char *const policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o",
-                                           "cascade", "truncate", "none", NULL};
-    static const char *const schedules[] = {"fixed", "imdc", NULL};
+    const char *const *policies = api_policies, *const *schedules = api_schedules;
     int blank = 1;
     for (size_t i = 0; i < n; i++)
         if (!strchr(" \t\r\n", body[i])) blank = 0;

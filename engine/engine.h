@@ -177,6 +177,19 @@ const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n);
 int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_t *out,
                         int32_t cap);
 
+/* A document's tokens again from its text, fed in pieces: the ids a
+ * document of these bytes reads (engine_doc_push's tokenizer: the same ids
+ * however the text is split), so that document token indices (engine_doc_kept)
+ * can be mapped back to text. Caller owns it (engine_doc_text_reader_free). */
+typedef struct engine_doc_text_reader engine_doc_text_reader;
+engine_doc_text_reader *engine_doc_text_reader_new(const engine *e);
+void engine_doc_text_reader_free(engine_doc_text_reader *r);
+/* Feeds n bytes (final = 1 at the document's end); appends the ids now
+ * certain to *ids (realloc'd; caller frees) and *n_ids. 0, or -1 for invalid
+ * UTF-8. */
+int engine_doc_text_reader_feed(engine_doc_text_reader *r, const char *bytes, size_t n, int final,
+                                int32_t **ids, size_t *n_ids);
+
 /* Pushes n bytes of the document into its token queue without running the
  * model (tokenizing only); final = 1 with the last piece. 0 or -1 + err
  * (invalid UTF-8: the document is then unusable). */

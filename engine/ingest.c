@@ -431,6 +431,35 @@ int engine_doc_ready_within(engine_doc *d, int64_t limit) {
     return d->ended && limit >= engine_doc_tokens_pushed(d);
 }
 
+/* A document's tokenizer: a plain stream, no special tokens (a document's
+ * text is never read as control tokens). */
+static tok_stream *doc_tok_stream(const engine *e) { return tok_stream_new(e->m->tok, 0, 0); }
+
+/* A reader is the stream a document's bytes go through. */
+struct engine_doc_text_reader {
+    tok_stream *ts;
+};
+
+engine_doc_text_reader *engine_doc_text_reader_new(const engine *e) {
+    engine_doc_text_reader *r = calloc(1, sizeof *r);
+    if (r && !(r->ts = doc_tok_stream(e))) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void engine_doc_text_reader_free(engine_doc_text_reader *r) {
+    if (!r) return;
+    tok_stream_free(r->ts);
+    free(r);
+}
+
+int engine_doc_text_reader_feed(engine_doc_text_reader *r, const char *bytes, size_t n, int final,
+                                int32_t **ids, size_t *n_ids) {
+    return tok_stream_feed(r->ts, bytes, n, final, ids, n_ids);
+}
+
 int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
                     size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
@@ -630,7 +659,7 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     if (!d) return NULL;
     d->pot = new_pot(e, doc_capacity(d), err, errlen);
     if (d->pot) d->pot->original_positions = d->original_positions;
-    d->ts = tok_stream_new(e->m->tok, 0, 0);
+    d->ts = doc_tok_stream(e);
     int bad = !d->pot || !d->ts;
     if (!d->ts) snprintf(err, errlen, "out of memory");
     if (!bad && prefix.n) {

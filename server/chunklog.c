@@ -376,6 +376,30 @@ fail:
     return NULL;
 }
 
+chunk_log *chunk_log_reader(const chunk_log *l, char *err, size_t errlen) {
+    chunk_log *r = calloc(1, sizeof *r);
+    if (!r || !(r->path = strdup(l->path)) || !(r->ents = malloc((l->n ? l->n : 1) * sizeof *r->ents))) {
+        if (r) free(r->path);
+        free(r);
+        set_err(err, errlen, "chunk log %s: out of memory", l->path);
+        return NULL;
+    }
+    memcpy(r->ents, l->ents, l->n * sizeof *r->ents);
+    r->n = r->cap = l->n;
+    r->end = l->end;
+    r->final = l->final;
+    r->broken = 1; /* refuses chunk_log_begin */
+    r->fd = open(l->path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) {
+        set_err(err, errlen, "chunk log %s: open: %s", l->path, strerror(errno));
+        free(r->ents);
+        free(r->path);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
 void chunk_log_close(chunk_log *l) {
     if (!l) return;
     if (l->open && !l->broken) (void)truncate_to(l->fd, l->end);

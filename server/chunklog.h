@@ -39,6 +39,11 @@ typedef struct chunk_log chunk_log;
  * non-regular file, or a file already held by another chunk_log. */
 chunk_log *chunk_log_open(const char *path, int fsync_mode, int *damaged, char *err,
                           size_t errlen);
+/* A read-only copy of l for chunk_log_replay on another thread while l goes
+ * on (appends and aborts never touch committed bytes): its own descriptor of
+ * the file and a copy of the committed chunks as they are now. The caller owns
+ * it (chunk_log_close). NULL + err. */
+chunk_log *chunk_log_reader(const chunk_log *l, char *err, size_t errlen);
 /* Frees l (NULL is fine); an open chunk is dropped (truncated, best effort). */
 void chunk_log_close(chunk_log *l);
 /* Committed chunks in log order, *n of them (owned by l, valid until the next commit). */

@@ -48,7 +48,7 @@ static void queue(request *r, int status, struct MHD_Response *resp) {
 
 /* A response built while the connection is suspended waits in r->pending
  * until the access handler runs again. */
-static void deliver(request *r, int status, struct MHD_Response *resp) {
+void respond_raw(request *r, int status, struct MHD_Response *resp) {
     if (r->suspended) {
         if (r->pending) MHD_destroy_response(r->pending);
         r->pending = resp;
@@ -78,7 +78,7 @@ static struct MHD_Response *json_response(request *r, json_t *body) {
     return resp;
 }
 
-void respond_json(request *r, int status, json_t *body) { deliver(r, status, json_response(r, body)); }
+void respond_json(request *r, int status, json_t *body) { respond_raw(r, status, json_response(r, body)); }
 
 void respond_error(request *r, const api_error *e) { respond_json(r, e->status, api_error_json(e)); }
 
@@ -87,7 +87,7 @@ static void respond_retry(request *r, const api_error *e, int seconds) {
     char v[24];
     snprintf(v, sizeof v, "%d", seconds < 1 ? 1 : seconds);
     MHD_add_response_header(resp, "Retry-After", v);
-    deliver(r, e->status, resp);
+    respond_raw(r, e->status, resp);
 }
 
 void request_suspend(request *r) {
@@ -129,7 +129,7 @@ int stream_start(request *r) {
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     r->last_write_ms = srv_now_ms();
-    deliver(r, 200, resp);
+    respond_raw(r, 200, resp);
     return 0;
 }
 
@@ -202,6 +202,24 @@ static void route_models(request *r) {
     respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
+/* What a client (the web page) needs to offer session settings: the
+ * defaults a session gets, the names it may choose, and the upload limit. */
+static void route_server(request *r) {
+    server *s = r->srv;
+    json_t *policies = json_array(), *schedules = json_array();
+    for (const char *const *p = api_policies; *p; p++) json_array_append_new(policies, json_string(*p));
+    for (const char *const *p = api_schedules; *p; p++) json_array_append_new(schedules, json_string(*p));
+    int32_t budget = (int32_t)s->cfg.budget_tokens;
+    respond_json(r, 200,
+                 json_pack("{s:s, s:s, s:i, s:{s:i, s:i, s:s, s:s}, s:o, s:o, s:I, s:I}", "object",
+                           "server", "model", s->model_id, "context_length", s->info.n_ctx_train,
+                           "session_defaults", "budget_tokens", budget, "keep_tokens", budget / 2,
+                           "policy", s->cfg.policy, "schedule", "fixed", "policies", policies,
+                           "schedules", schedules, "max_chunk_bytes",
+                           (json_int_t)s->cfg.max_chunk_bytes, "max_sessions_per_key",
+                           (json_int_t)s->cfg.max_sessions_per_key));
+}
+
 static void route_metrics(request *r) {
     char *text = metrics_render(r->srv);
     if (!text) {
@@ -212,7 +230,7 @@ static void route_metrics(request *r) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
     r->bytes_out += strlen(text);
-    deliver(r, 200, resp);
+    respond_raw(r, 200, resp);
 }
 
 static void route_tokenize(request *r) {
@@ -292,10 +310,12 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     *body = BODY_NONE;
     int post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return "/health";
+    if (web_is_page(url)) return "/ (page)";
     if (!strcmp(url, "/metrics")) return "/metrics";
     if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return "/v1/models";
     if (!strcmp(url, "/v1/chat/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/chat/completions";
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
+    if (!strcmp(url, "/v1/server")) return "/v1/server";
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
@@ -306,6 +326,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
             return "/v1/sessions/{id}/chunks";
         }
         if (slash && !strcmp(slash, "/retention")) return "/v1/sessions/{id}/retention";
+        if (slash && !strcmp(slash, "/text")) return "/v1/sessions/{id}/text";
         return "/v1/sessions/{id}";
     }
     return "other";
@@ -314,7 +335,10 @@ static const char *classify(const char *method, const char *url, enum body_kind 
 static void dispatch(request *r, const char *upload, size_t *upload_size) {
     const char *rt = r->route, *m = r->method;
     int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
+    int head = !strcmp(m, "HEAD");
     if (!strcmp(rt, "/health")) return get ? route_health(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/ (page)")) return get || head ? route_web(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/v1/server")) return get ? route_server(r) : method_not_allowed(r);
     if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : method_not_allowed(r);
@@ -332,6 +356,7 @@ static int admit(request *r) {
     server *s = r->srv;
     api_error e;
     if (!strcmp(r->route, "/health")) return 0;
+    if (!strcmp(r->route, "/ (page)")) return 0; /* public: the page asks for a key itself */
     if (s->draining) {
         api_fail(&e, 503, "shutting_down", NULL, "the server is shutting down");
         respond_error(r, &e);

@@ -91,6 +91,8 @@ struct request {
 
 void request_ref(request *r);
 void request_unref(request *r);
+/* Queues (or, while suspended, prepares) resp; takes it. */
+void respond_raw(request *r, int status, struct MHD_Response *resp);
 /* Queues (or, while suspended, prepares) a JSON response; takes body. */
 void respond_json(request *r, int status, json_t *body);
 void respond_error(request *r, const api_error *e);
@@ -152,6 +154,12 @@ void sessions_expire(server *s);
 void session_snapshot(server *s, session *ss);
 /* A generation over ss ended (a pending rebuild may start). */
 void session_generation_done(session *ss);
+
+/* ---- the web page (web.c) ----------------------------------------------------------- */
+/* 1 when path is one of the page's files. */
+int web_is_page(const char *path);
+/* GET of a page file (r->url must be one: web_is_page). */
+void route_web(request *r);
 
 /* ---- generation (generate.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);

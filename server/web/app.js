@@ -1,0 +1,920 @@
+/* potserve's page: documents into sessions (streamed in numbered chunks,
+ * resumable), chat over them, and the map of what each session's memory pot
+ * keeps. Plain DOM; model output only ever reaches the page as text nodes. */
+'use strict';
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const CHUNK_BYTES = 256 * 1024;          // upload chunk size (cut back to a UTF-8 boundary)
+  const KEY_STORE = 'potserve.key';        // sessionStorage: this tab only
+  const UPLOAD_STORE = 'potserve.upload';  // localStorage: the session an upload is filling
+  const nf = new Intl.NumberFormat();
+
+  const state = {
+    server: null,        // GET /v1/server
+    sessions: [],
+    selected: null,      // session id
+    upload: null,        // the running upload (see startUpload)
+    chat: [],            // {role, content}
+    chatAbort: null,
+    map: null,           // last retention answer and its geometry
+  };
+
+  // ---- messages -------------------------------------------------------------------------
+
+  function say(text, kind) {
+    const box = document.createElement('div');
+    box.className = 'msg ' + (kind || 'error');
+    box.setAttribute('role', kind === 'info' ? 'status' : 'alert');
+    const span = document.createElement('span');
+    span.textContent = text;
+    const close = document.createElement('button');
+    close.type = 'button';
+    close.className = 'ghost';
+    close.textContent = '×';
+    close.setAttribute('aria-label', 'Dismiss');
+    close.addEventListener('click', () => box.remove());
+    box.append(span, close);
+    $('messages').append(box);
+    if (kind === 'info') setTimeout(() => box.remove(), 6000);
+    while ($('messages').children.length > 4) $('messages').firstChild.remove();
+  }
+
+  // ---- the API ------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      const e = body && body.error ? body.error : {};
+      super(e.message || ('HTTP ' + status));
+      this.status = status;
+      this.code = e.code || null;
+    }
+  }
+
+  function headers(extra) {
+    const h = Object.assign({}, extra || {});
+    const key = sessionStorage.getItem(KEY_STORE);
+    if (key) h.Authorization = 'Bearer ' + key;
+    return h;
+  }
+
+  let keyWaiters = [];
+  function askKey(message) {
+    $('key-error').hidden = !message;
+    $('key-error').textContent = message || '';
+    $('key-button').hidden = false;
+    if (!$('key-dialog').open) $('key-dialog').showModal();
+    return new Promise((resolve) => keyWaiters.push(resolve));
+  }
+
+  // fetch with the key; 401 asks for a key and tries again; other errors throw ApiError.
+  async function api(path, opts) {
+    opts = opts || {};
+    for (;;) {
+      const init = Object.assign({}, opts, { headers: headers(opts.headers) });
+      if (opts.json !== undefined) {
+        init.body = JSON.stringify(opts.json);
+        init.headers['Content-Type'] = 'application/json';
+      }
+      const r = await fetch(path, init);
+      if (r.status === 401) {
+        const had = sessionStorage.getItem(KEY_STORE);
+        await askKey(had ? 'The server refused that key.' : '');
+        continue;
+      }
+      if (opts.raw && r.ok) return r;
+      const text = await r.text();
+      let body = null;
+      try { body = text ? JSON.parse(text) : null; } catch (e) { body = null; }
+      if (!r.ok) throw new ApiError(r.status, body || { error: { message: text.trim() || r.statusText } });
+      return body;
+    }
+  }
+
+  // Server-sent events of a fetch response: onEvent(name, data) per event.
+  async function readEvents(response, onEvent) {
+    const reader = response.body.getReader();
+    const dec = new TextDecoder();
+    let buf = '', name = 'message', data = [];
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl).replace(/\r$/, '');
+        buf = buf.slice(nl + 1);
+        if (line === '') {
+          if (data.length) onEvent(name, data.join('\n'));
+          name = 'message';
+          data = [];
+        } else if (line.startsWith(':')) {
+          continue; // keep-alive comment
+        } else if (line.startsWith('event:')) {
+          name = line.slice(6).trim();
+        } else if (line.startsWith('data:')) {
+          data.push(line.slice(5).replace(/^ /, ''));
+        }
+      }
+    }
+    if (data.length) onEvent(name, data.join('\n'));
+  }
+
+  // ---- formatting -----------------------------------------------------------------------------
+
+  function bytes(n) {
+    if (n < 1024) return n + ' B';
+    const u = ['KiB', 'MiB', 'GiB'];
+    let i = -1;
+    do { n /= 1024; i++; } while (n >= 1024 && i < u.length - 1);
+    return n.toFixed(n < 10 ? 1 : 0) + ' ' + u[i];
+  }
+
+  function duration(s) {
+    if (!isFinite(s) || s < 0) return '–';
+    if (s < 60) return Math.ceil(s) + ' s';
+    if (s < 3600) return Math.floor(s / 60) + ' min ' + Math.round(s % 60) + ' s';
+    return Math.floor(s / 3600) + ' h ' + Math.round((s % 3600) / 60) + ' min';
+  }
+
+  function ago(t) {
+    const s = Date.now() / 1000 - t;
+    if (s < 60) return 'just now';
+    if (s < 3600) return Math.floor(s / 60) + ' min ago';
+    if (s < 86400) return Math.floor(s / 3600) + ' h ago';
+    return new Date(t * 1000).toLocaleDateString();
+  }
+
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === 'class') e.className = v;
+      else if (k === 'text') e.textContent = v;
+      else e.setAttribute(k, v);
+    }
+    for (const k of kids) if (k != null) e.append(k);
+    return e;
+  }
+
+  function fillStats(dl, pairs) {
+    dl.replaceChildren(...pairs.map(([k, v, id]) => {
+      const dd = el('dd', { text: v });
+      if (id) dd.id = id;
+      return el('div', null, el('dt', { text: k }), dd);
+    }));
+  }
+
+  const title = (s) => (s.metadata && s.metadata.title) || s.id;
+
+  // ---- tabs ------------------------------------------------------------------------------------
+
+  const tabs = ['doc', 'chat', 'map'];
+  function showTab(name, focus) {
+    for (const t of tabs) {
+      const on = t === name;
+      $('tab-' + t).setAttribute('aria-selected', on);
+      $('tab-' + t).tabIndex = on ? 0 : -1;
+      $('panel-' + t).hidden = !on;
+    }
+    if (focus) $('tab-' + name).focus();
+    if (name === 'map') loadMap();
+  }
+  for (const t of tabs) {
+    $('tab-' + t).addEventListener('click', () => showTab(t));
+    $('tab-' + t).addEventListener('keydown', (ev) => {
+      const i = tabs.indexOf(t);
+      if (ev.key === 'ArrowRight') showTab(tabs[(i + 1) % tabs.length], true);
+      else if (ev.key === 'ArrowLeft') showTab(tabs[(i + tabs.length - 1) % tabs.length], true);
+      else return;
+      ev.preventDefault();
+    });
+  }
+  const currentTab = () => tabs.find((t) => !$('panel-' + t).hidden);
+
+  // ---- sessions ------------------------------------------------------------------------------------
+
+  async function loadSessions() {
+    const list = await api('/v1/sessions');
+    state.sessions = list.data.sort((a, b) => b.created - a.created);
+    if (state.selected && !state.sessions.some((s) => s.id === state.selected)) state.selected = null;
+    renderSessions();
+  }
+
+  function renderSessions() {
+    const ul = $('sessions');
+    ul.replaceChildren(...state.sessions.map((s) => {
+      const pick = el('button', { type: 'button', class: 'pick', 'aria-pressed': s.id === state.selected },
+        el('span', { class: 'name', text: title(s) }),
+        el('span', { class: 'meta', text: [bytes(s.bytes_received), nf.format(s.tokens_ingested) + ' tokens',
+          s.status + (s.final ? '' : s.bytes_received ? ', open' : ''), ago(s.created)].join(' · ') }));
+      pick.addEventListener('click', () => select(s.id));
+      const del = el('button', { type: 'button', class: 'ghost del', 'aria-label': 'Delete ' + title(s), title: 'Delete' });
+      del.textContent = '×';
+      del.addEventListener('click', () => removeSession(s));
+      const li = el('li', { 'data-id': s.id }, pick, del);
+      if (s.id === state.selected) li.classList.add('selected');
+      return li;
+    }));
+    $('sessions-empty').hidden = state.sessions.length > 0;
+    renderCurrent();
+    renderChatOver();
+  }
+
+  function select(id) {
+    state.selected = id;
+    state.map = null;
+    $('region').hidden = true;
+    renderSessions();
+    if (currentTab() === 'map') loadMap();
+  }
+
+  function renderCurrent() {
+    const s = state.sessions.find((x) => x.id === state.selected);
+    $('current').hidden = !s;
+    if (!s) return;
+    $('current-title').textContent = title(s);
+    $('current-status').textContent = s.status + (s.final ? '' : ' (document open)');
+    $('current-status').dataset.status = s.status;
+    const pairs = [
+      ['Tokens read', nf.format(s.tokens_ingested)], ['In the pot', nf.format(s.tokens_in_pot) + ' of ' + nf.format(s.budget_tokens)],
+      ['Compressions', nf.format(s.compressions)], ['Bytes', bytes(s.bytes_received)],
+      ['Policy', s.policy + ' · ' + s.schedule], ['Keep', nf.format(s.keep_tokens)],
+      ['Chunks', nf.format(s.last_seq)], ['Created', new Date(s.created * 1000).toLocaleString()],
+    ];
+    if (s.error) pairs.push(['Error', s.error]);
+    fillStats($('current-stats'), pairs);
+  }
+
+  async function removeSession(s) {
+    if (!confirm('Delete "' + title(s) + '"? Its document and memory pot are removed.')) return;
+    try {
+      await api('/v1/sessions/' + s.id, { method: 'DELETE' });
+      if (state.selected === s.id) state.selected = null;
+      say('Deleted ' + title(s) + '.', 'info');
+      await loadSessions();
+    } catch (e) { say(e.message); }
+  }
+
+  // ---- the server's defaults -----------------------------------------------------------------------
+
+  function renderDefaults() {
+    const d = state.server.session_defaults;
+    const opts = (sel, names, dflt) => sel.replaceChildren(...names.map((n) =>
+      el('option', { value: n, text: n + (n === dflt ? ' (default)' : '') })));
+    opts($('set-policy'), state.server.policies, d.policy);
+    opts($('set-schedule'), state.server.schedules, d.schedule);
+    $('set-policy').value = d.policy;
+    $('set-schedule').value = d.schedule;
+    $('set-budget').placeholder = d.budget_tokens;
+    $('set-budget').max = state.server.context_length;
+    $('set-keep').placeholder = 'budget / 2';
+    $('defaults-note').textContent = 'Server defaults: ' + d.policy + ', budget ' + nf.format(d.budget_tokens) +
+      ' tokens, keep half after each compression, ' + d.schedule + ' schedule. Empty fields take the default.';
+    $('model').textContent = state.server.model;
+  }
+
+  // ---- uploads ------------------------------------------------------------------------------------------
+  // A document goes up in chunks of about CHUNK_BYTES, each cut back to a
+  // UTF-8 character boundary, numbered 1, 2, ... (X-Chunk-Seq). The cut points
+  // depend only on the bytes, so after a reload or a lost connection the page
+  // recomputes them and continues after the session's last_seq; a chunk the
+  // server had already acknowledged is answered as a duplicate.
+
+  // The document itself survives a reload in IndexedDB (Blobs are kept as they are).
+  function idb() {
+    return new Promise((resolve, reject) => {
+      const rq = indexedDB.open('potserve', 1);
+      rq.onupgradeneeded = () => rq.result.createObjectStore('uploads');
+      rq.onsuccess = () => resolve(rq.result);
+      rq.onerror = () => reject(rq.error);
+    });
+  }
+  async function idbDo(mode, fn) {
+    const db = await idb();
+    return new Promise((resolve, reject) => {
+      const tx = db.transaction('uploads', mode);
+      const rq = fn(tx.objectStore('uploads'));
+      tx.oncomplete = () => resolve(rq && rq.result);
+      tx.onerror = () => reject(tx.error);
+    });
+  }
+  const saveDoc = (id, rec) => idbDo('readwrite', (s) => s.put(rec, id)).catch(() => null);
+  const loadDoc = (id) => idbDo('readonly', (s) => s.get(id)).catch(() => null);
+  const dropDoc = (id) => idbDo('readwrite', (s) => s.delete(id)).catch(() => null);
+
+  // End of the chunk starting at `start`: start + CHUNK_BYTES, moved back off UTF-8 continuation bytes.
+  async function chunkEnd(blob, start) {
+    let end = Math.min(blob.size, start + CHUNK_BYTES);
+    if (end === blob.size) return end;
+    const b = new Uint8Array(await blob.slice(end - 3, end + 1).arrayBuffer());
+    let i = 3;
+    while (i > 0 && (b[i] & 0xC0) === 0x80) i--, end--;
+    return end;
+  }
+
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+  async function startUpload(ev) {
+    ev.preventDefault();
+    if (state.upload && !state.upload.finished) return say('An upload is already running; cancel it first.');
+    let blob = $('file').files[0] || null, name = blob ? blob.name : '';
+    const pasted = $('paste').value;
+    if (!blob && pasted.trim()) {
+      blob = new Blob([pasted], { type: 'text/plain' });
+      name = pasted.trim().split('\n')[0].slice(0, 40) || 'Pasted text';
+    }
+    if (!blob) return say('Choose a file or paste some text first.');
+    if (blob.size === 0) return say('That document is empty.');
+    const settings = { metadata: { title: name, bytes: blob.size } };
+    const d = state.server.session_defaults;
+    if ($('set-policy').value !== d.policy) settings.policy = $('set-policy').value;
+    if ($('set-schedule').value !== d.schedule) settings.schedule = $('set-schedule').value;
+    if ($('set-budget').value) settings.budget_tokens = Number($('set-budget').value);
+    if ($('set-keep').value) settings.keep_tokens = Number($('set-keep').value);
+    $('start').disabled = true;
+    try {
+      const s = await api('/v1/sessions', { method: 'POST', json: settings });
+      localStorage.setItem(UPLOAD_STORE, s.id);
+      await saveDoc(s.id, { blob, name });
+      $('file').value = '';
+      $('paste').value = '';
+      $('drop-text').replaceChildren(el('strong', { text: 'Drop a text file here' }), ' or press to choose one');
+      state.selected = s.id;
+      await loadSessions();
+      runUpload(s, blob, name);
+    } catch (e) {
+      say('Could not start: ' + e.message);
+    } finally {
+      $('start').disabled = false;
+    }
+  }
+
+  function showUpload(u) {
+    $('upload').hidden = !u;
+    if (!u) return;
+    $('upload-title').textContent = (u.finished ? 'Read ' : 'Reading ') + u.name;
+    const frac = Math.min(1, u.doneFraction);
+    $('upload-fill').style.width = (frac * 100).toFixed(1) + '%';
+    $('upload-bar').setAttribute('aria-valuenow', Math.round(frac * 100));
+    $('upload').dataset.done = u.finished ? 'true' : 'false';
+    $('up-tokens').textContent = nf.format(u.tokens) + (u.finished ? '' : ' of ~' + nf.format(Math.round(u.estTotal)));
+    $('up-pot').textContent = nf.format(u.pot);
+    $('up-comp').textContent = nf.format(u.comp);
+    $('up-rate').textContent = u.rate ? nf.format(Math.round(u.rate)) + ' tokens/s' : '–';
+    $('up-eta').textContent = u.finished ? 'done' : u.rate ? duration((u.estTotal - u.tokens) / u.rate) : '–';
+    $('upload-cancel').textContent = u.finished ? 'Close' : 'Cancel';
+  }
+
+  // Sends the document from where the session stands; retries after network errors.
+  async function runUpload(session, blob, name) {
+    const u = {
+      id: session.id, name, blob, abort: null, cancelled: false, finished: false,
+      tokens: session.tokens_ingested, pot: session.tokens_in_pot, comp: session.compressions,
+      rate: 0, estTotal: blob.size / 4, doneFraction: 0, t0: performance.now(),
+    };
+    state.upload = u;
+    showUpload(u);
+    let failures = 0;
+    let seq = session.last_seq, offset = 0;
+    try {
+      // the cut points of the chunks the server already has
+      for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset);
+      if (seq && session.status === 'ready' && offset !== session.bytes_received)
+        throw new Error('this document does not match what the session has read (' + bytes(session.bytes_received) + ')');
+      if (seq) {
+        $('upload-note').textContent = 'Resumed after chunk ' + seq + ' (' + bytes(offset) + ' already read).';
+        $('upload').dataset.resumedAfter = seq;
+      } else {
+        delete $('upload').dataset.resumedAfter;
+      }
+      while (!u.cancelled) {
+        const end = await chunkEnd(blob, offset);
+        const final = end === blob.size;
+        try {
+          const res = await sendChunk(u, seq + 1, blob.slice(offset, end), final, offset);
+          failures = 0;
+          seq = res.last_seq;
+          offset = end;
+          if (res.final || final) break;
+        } catch (e) {
+          if (u.cancelled) break;
+          if (e instanceof ApiError && e.code === 'seq_gap') { // someone else moved on: resync
+            const s = await api('/v1/sessions/' + u.id);
+            seq = s.last_seq;
+            offset = 0;
+            for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset);
+            continue;
+          }
+          const transient = !(e instanceof ApiError) || e.status === 409 && e.code === 'session_busy' ||
+            e.status === 503 || e.status === 429 || e.code === 'client_closed';
+          if (!transient) throw e;
+          failures++;
+          const wait = Math.min(15000, 500 * 2 ** Math.min(failures, 5));
+          $('upload-note').textContent = (e instanceof ApiError ? e.message : 'Connection lost') +
+            ' — retrying in ' + Math.round(wait / 1000) + ' s…';
+          await sleep(wait);
+        }
+      }
+      if (!u.cancelled) {
+        u.finished = true;
+        u.doneFraction = 1;
+        const secs = (performance.now() - u.t0) / 1000;
+        $('upload-note').textContent = 'Done: ' + nf.format(u.tokens) + ' tokens read in ' + duration(secs) +
+          '; the pot holds ' + nf.format(u.pot) + ' of them.';
+        say('Finished reading ' + name + '.', 'info');
+      }
+    } catch (e) {
+      say('Upload of ' + name + ' stopped: ' + e.message);
+      $('upload-note').textContent = 'Stopped: ' + e.message;
+    } finally {
+      if (!u.cancelled) showUpload(u);
+      if (u.finished || !u.cancelled) {
+        localStorage.removeItem(UPLOAD_STORE);
+        dropDoc(u.id);
+      }
+      if (state.upload === u) state.upload = u.finished ? u : null;
+      loadSessions().catch((e) => say(e.message));
+      if (currentTab() === 'map' && state.selected === u.id) loadMap();
+    }
+  }
+
+  // One chunk with its progress events; resolves with the session after it.
+  async function sendChunk(u, seq, body, final, offset) {
+    u.abort = new AbortController();
+    const tokens0 = u.tokens, t0 = performance.now();
+    let last = { t: t0, tokens: u.tokens }, result = null, error = null;
+    const perByte = u.tokensPerByte || 0.25;
+    const r = await api('/v1/sessions/' + u.id + '/chunks' + (final ? '?final=true' : ''), {
+      method: 'POST', raw: true, signal: u.abort.signal, body,
+      headers: { 'Content-Type': 'text/plain; charset=utf-8', 'X-Chunk-Seq': String(seq), Accept: 'text/event-stream' },
+    });
+    if (!(r.headers.get('Content-Type') || '').startsWith('text/event-stream')) {
+      result = await r.json(); // a duplicate, answered at once
+    } else {
+      await readEvents(r, (name, data) => {
+        const d = JSON.parse(data);
+        if (name === 'error') { error = new ApiError(400, d); return; }
+        if (name === 'done') { result = d; return; }
+        const now = performance.now();
+        if (now > last.t && d.tokens_ingested > last.tokens) {
+          const inst = (d.tokens_ingested - last.tokens) / ((now - last.t) / 1000);
+          u.rate = u.rate ? 0.7 * u.rate + 0.3 * inst : inst;
+        }
+        last = { t: now, tokens: d.tokens_ingested };
+        u.tokens = d.tokens_ingested; u.pot = d.tokens_in_pot; u.comp = d.compressions;
+        const within = Math.min(1, (u.tokens - tokens0) / (body.size * perByte));
+        u.estTotal = Math.max(u.tokens, u.tokens + (u.blob.size - offset - body.size * within) * perByte);
+        u.doneFraction = (offset + body.size * within) / u.blob.size;
+        showUpload(u);
+        liveMap(u.id);
+      });
+    }
+    if (error) throw error;
+    if (!result) throw new Error('the connection closed before the chunk was acknowledged');
+    if (result.bytes_received) u.tokensPerByte = result.tokens_ingested / result.bytes_received;
+    u.tokens = result.tokens_ingested; u.pot = result.tokens_in_pot; u.comp = result.compressions;
+    u.doneFraction = (offset + body.size) / u.blob.size;
+    u.estTotal = Math.max(u.tokens, u.tokens + (u.blob.size - offset - body.size) * (u.tokensPerByte || perByte));
+    $('upload-note').textContent = 'Chunk ' + seq + ' stored (' + bytes(offset + body.size) + ' of ' + bytes(u.blob.size) + ').';
+    showUpload(u);
+    updateSession(result);
+    liveMap(u.id);
+    return result;
+  }
+
+  function updateSession(s) {
+    const i = state.sessions.findIndex((x) => x.id === s.id);
+    if (i < 0) return;
+    state.sessions[i] = Object.assign({}, state.sessions[i], s);
+    renderSessions();
+  }
+
+  function cancelUpload() {
+    const u = state.upload;
+    if (!u) return showUpload(null);
+    if (u.finished) { state.upload = null; return showUpload(null); }
+    u.cancelled = true;
+    if (u.abort) u.abort.abort();
+    localStorage.removeItem(UPLOAD_STORE);
+    dropDoc(u.id);
+    state.upload = null;
+    showUpload(null);
+    say('Upload cancelled; the session keeps what it had read.', 'info');
+  }
+
+  // After a reload: carry on with the upload this browser left unfinished.
+  async function resumeUpload() {
+    const id = localStorage.getItem(UPLOAD_STORE);
+    if (!id) return;
+    const rec = await loadDoc(id);
+    let s = null;
+    try { s = await api('/v1/sessions/' + id); } catch (e) { if (e.status !== 404) throw e; }
+    if (!s || !rec || s.final) {
+      localStorage.removeItem(UPLOAD_STORE);
+      dropDoc(id);
+      if (s && !rec) say('An upload to ' + title(s) + ' was interrupted and its file is no longer here; the session keeps what it read.');
+      return;
+    }
+    for (let i = 0; s.status === 'ingesting' && i < 60; i++) { // the interrupted chunk is being undone
+      await sleep(500);
+      s = await api('/v1/sessions/' + id);
+    }
+    state.selected = id;
+    renderSessions();
+    say('Resuming the upload of ' + rec.name + ' after chunk ' + s.last_seq + '.', 'info');
+    runUpload(s, rec.blob, rec.name);
+  }
+
+  // drag and drop
+  const drop = $('drop');
+  drop.addEventListener('dragover', (ev) => { ev.preventDefault(); drop.classList.add('over'); });
+  drop.addEventListener('dragleave', () => drop.classList.remove('over'));
+  drop.addEventListener('drop', (ev) => {
+    ev.preventDefault();
+    drop.classList.remove('over');
+    if (ev.dataTransfer.files.length) {
+      $('file').files = ev.dataTransfer.files;
+      pickedFile();
+    }
+  });
+  function pickedFile() {
+    const f = $('file').files[0];
+    if (f) $('drop-text').replaceChildren(el('strong', { text: f.name }), ' · ' + bytes(f.size));
+  }
+  $('file').addEventListener('change', pickedFile);
+  $('doc-form').addEventListener('submit', startUpload);
+  $('upload-cancel').addEventListener('click', cancelUpload);
+  $('new-doc').addEventListener('click', () => { showTab('doc'); $('file').focus(); });
+
+  // ---- markdown, rendered as DOM nodes (no HTML from the model is ever parsed) ----------------------------
+
+  function inline(text, parent) {
+    const re = /(`[^`\n]+`)|(\*\*[^*\n]+\*\*)|(\*[^*\n]+\*|_[^_\n]+_)|(\[[^\]\n]+\]\((https?:\/\/[^)\s]+)\))/;
+    let rest = text;
+    while (rest) {
+      const m = re.exec(rest);
+      if (!m) { parent.append(rest); break; }
+      if (m.index) parent.append(rest.slice(0, m.index));
+      const t = m[0];
+      if (m[1]) parent.append(el('code', { text: t.slice(1, -1) }));
+      else if (m[2]) parent.append(inline(t.slice(2, -2), el('strong')));
+      else if (m[3]) parent.append(inline(t.slice(1, -1), el('em')));
+      else {
+        const a = el('a', { href: m[5], rel: 'noopener noreferrer nofollow', target: '_blank' });
+        a.textContent = t.slice(1, t.indexOf(']('));
+        parent.append(a);
+      }
+      rest = rest.slice(m.index + t.length);
+    }
+    return parent;
+  }
+
+  function markdown(src) {
+    const out = document.createDocumentFragment();
+    const lines = src.split('\n');
+    let para = [], list = null;
+    const flush = () => {
+      if (para.length) out.append(inline(para.join(' '), el('p')));
+      para = [];
+      list = null;
+    };
+    for (let i = 0; i < lines.length; i++) {
+      const line = lines[i];
+      let m;
+      if (/^\s*```/.test(line)) {
+        flush();
+        const code = [];
+        for (i++; i < lines.length && !/^\s*```/.test(lines[i]); i++) code.push(lines[i]);
+        out.append(el('pre', null, el('code', { text: code.join('\n') })));
+      } else if ((m = /^(#{1,6})\s+(.*)$/.exec(line))) {
+        flush();
+        out.append(inline(m[2], el('h' + Math.min(6, m[1].length + 2))));
+      } else if ((m = /^\s*([-*+]|\d+[.)])\s+(.*)$/.exec(line))) {
+        const ordered = /\d/.test(m[1]);
+        if (para.length) { out.append(inline(para.join(' '), el('p'))); para = []; }
+        if (!list || list.ordered !== ordered) {
+          list = { node: el(ordered ? 'ol' : 'ul'), ordered };
+          out.append(list.node);
+        }
+        list.node.append(inline(m[2], el('li')));
+      } else if ((m = /^>\s?(.*)$/.exec(line))) {
+        flush();
+        out.append(inline(m[1], el('blockquote')));
+      } else if (!line.trim()) {
+        flush();
+      } else {
+        list = null;
+        para.push(line.trim());
+      }
+    }
+    flush();
+    return out;
+  }
+
+  // ---- chat ------------------------------------------------------------------------------------------------
+
+  function renderChatOver() {
+    const sel = $('chat-over');
+    const keep = sel.value || state.selected || '';
+    const ready = state.sessions.filter((s) => s.tokens_ingested > 0 || s.id === state.selected);
+    sel.replaceChildren(el('option', { value: '', text: 'no document (plain chat)' }),
+      ...ready.map((s) => el('option', { value: s.id, text: title(s) })));
+    sel.value = [...sel.options].some((o) => o.value === keep) ? keep : '';
+  }
+
+  function addTurn(role, text) {
+    const body = el('div', { class: 'body' });
+    const turn = el('div', { class: 'turn ' + role }, el('div', { class: 'who', text: role === 'user' ? 'You' : 'potserve' }), body);
+    if (role === 'user') body.textContent = text;
+    $('chat-log').append(turn);
+    turn.scrollIntoView({ block: 'end' });
+    return { turn, body };
+  }
+
+  async function copyText(text, button) {
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch (e) { // not a secure context: select it for Ctrl+C instead
+      const ta = el('textarea');
+      ta.value = text;
+      document.body.append(ta);
+      ta.select();
+      document.execCommand('copy');
+      ta.remove();
+    }
+    button.textContent = 'Copied';
+    setTimeout(() => { button.textContent = 'Copy'; }, 1500);
+  }
+
+  async function sendChat(ev) {
+    ev.preventDefault();
+    const q = $('chat-input').value.trim();
+    if (!q || state.chatAbort) return;
+    const over = $('chat-over').value;
+    const temperature = Number($('chat-temp').value), maxTokens = Number($('chat-max').value);
+    if (!(temperature >= 0 && temperature <= 2)) return say('Temperature must be between 0 and 2.');
+    if (!(maxTokens >= 1)) return say('Max tokens must be at least 1.');
+    $('chat-input').value = '';
+    state.chat.push({ role: 'user', content: q });
+    addTurn('user', q);
+    const { turn, body } = addTurn('assistant', '');
+    turn.classList.add('streaming');
+    const req = { model: state.server.model, messages: state.chat.slice(), stream: true,
+      stream_options: { include_usage: true }, temperature, max_tokens: maxTokens };
+    if (over) req.session = over;
+    state.chatAbort = new AbortController();
+    $('chat-stop').disabled = false;
+    $('chat-send').disabled = true;
+    let text = '', usage = null, finish = null, pending = false;
+    const paint = () => {
+      pending = false;
+      body.replaceChildren(markdown(text));
+      turn.scrollIntoView({ block: 'end' });
+    };
+    try {
+      const r = await api('/v1/chat/completions', { method: 'POST', json: req, raw: true, signal: state.chatAbort.signal });
+      await readEvents(r, (name, data) => {
+        if (data === '[DONE]') return;
+        const d = JSON.parse(data);
+        if (d.error) throw new ApiError(500, d);
+        if (d.usage) usage = d.usage;
+        const c = d.choices && d.choices[0];
+        if (!c) return;
+        if (c.delta && c.delta.content) {
+          text += c.delta.content;
+          if (!pending) { pending = true; requestAnimationFrame(paint); }
+        }
+        if (c.finish_reason) finish = c.finish_reason;
+      });
+    } catch (e) {
+      if (e.name !== 'AbortError') say('The answer failed: ' + e.message);
+      else finish = 'stopped';
+    } finally {
+      paint();
+      turn.classList.remove('streaming');
+      state.chat.push({ role: 'assistant', content: text });
+      const notes = [];
+      if (finish === 'length') notes.push('cut at max tokens');
+      if (finish === 'stopped') notes.push('stopped');
+      if (usage) {
+        notes.push(nf.format(usage.completion_tokens) + ' tokens');
+        const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;
+        if (cached) notes.push('read after ' + nf.format(cached) + ' pot entries');
+      }
+      const copy = el('button', { type: 'button', class: 'ghost small', text: 'Copy' });
+      copy.addEventListener('click', () => copyText(text, copy));
+      turn.append(el('div', { class: 'foot' }, el('span', { class: 'muted small', text: notes.join(' · ') }), copy));
+      turn.dataset.done = 'true';
+      state.chatAbort = null;
+      $('chat-stop').disabled = true;
+      $('chat-send').disabled = false;
+    }
+  }
+
+  $('chat-form').addEventListener('submit', sendChat);
+  $('chat-input').addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $('chat-form').requestSubmit(); }
+  });
+  $('chat-stop').addEventListener('click', () => state.chatAbort && state.chatAbort.abort());
+  $('chat-clear').addEventListener('click', () => { state.chat = []; $('chat-log').replaceChildren(); });
+  $('chat-over').addEventListener('change', () => { state.chat = []; $('chat-log').replaceChildren(); });
+
+  // ---- the retention map ----------------------------------------------------------------------------------
+
+  // Colour of a kept share v in [0, 1]: pale paper to deep ink through warm tones.
+  const STOPS = [[247, 244, 236], [250, 205, 145], [233, 134, 86], [178, 60, 86], [92, 24, 96], [30, 12, 50]];
+  // The square root spreads the small shares a long document leaves (a pot of 2K tokens over 100K).
+  function colorFor(v) {
+    v = Math.sqrt(Math.max(0, Math.min(1, v))) * (STOPS.length - 1);
+    const i = Math.min(STOPS.length - 2, Math.floor(v)), f = v - i;
+    return STOPS[i].map((c, k) => Math.round(c + (STOPS[i + 1][k] - c) * f));
+  }
+  window.potserve = { colorFor };   // for tests and the curious
+
+  function drawLegend() {
+    const c = $('legend'), g = c.getContext('2d');
+    for (let x = 0; x < c.width; x++) {
+      g.fillStyle = 'rgb(' + colorFor(x / (c.width - 1)).join(',') + ')';
+      g.fillRect(x, 0, 1, c.height);
+    }
+  }
+
+  // Tokens [start, end) of bin b: the server puts token i in bin floor(i * bins / n).
+  const binStart = (b, bins, n) => Math.ceil(b * n / bins);
+
+  let mapBusy = false, mapNext = 0;
+  async function loadMap() {
+    const s = state.sessions.find((x) => x.id === state.selected);
+    $('map-empty').hidden = !!(s && s.tokens_ingested);
+    if (!s || !s.tokens_ingested) { $('map').hidden = true; $('map-stats').replaceChildren(); }
+    if (!s || mapBusy) return;
+    const wrap = document.querySelector('.map-wrap');
+    const bins = Math.max(16, Math.min(256, Math.floor(wrap.clientWidth / 5)));
+    mapBusy = true;
+    try {
+      const ret = await api('/v1/sessions/' + s.id + '/retention?bins=' + bins);
+      if (ret.id !== state.selected) return;
+      state.map = { ret, col: state.map && state.map.ret.id === ret.id ? state.map.col : -1 };
+      drawMap();
+    } catch (e) {
+      if (e.code !== 'session_busy') say('Retention map: ' + e.message);
+    } finally {
+      mapBusy = false;
+    }
+  }
+
+  // While a document streams in, the open map follows it (at most every 1.5 s).
+  function liveMap(id) {
+    if (currentTab() !== 'map' || state.selected !== id) return;
+    const now = performance.now();
+    if (now < mapNext) return;
+    mapNext = now + 1500;
+    loadMap();
+  }
+
+  function drawMap() {
+    const m = state.map;
+    if (!m) return;
+    const { ret } = m;
+    const canvas = $('map'), n = ret.tokens_ingested, L = ret.layers.length, bins = ret.bins;
+    $('map-empty').hidden = n > 0;
+    canvas.hidden = n === 0;
+    const cssW = canvas.parentElement.clientWidth;
+    const cellH = Math.max(4, Math.min(10, Math.floor(300 / L)));
+    const dpr = window.devicePixelRatio || 1;
+    canvas.style.width = cssW + 'px';
+    canvas.style.height = (cellH * L) + 'px';
+    canvas.width = Math.round(cssW * dpr);
+    canvas.height = Math.round(cellH * L * dpr);
+    canvas.dataset.bins = bins;
+    canvas.dataset.layers = L;
+    const g = canvas.getContext('2d');
+    g.imageSmoothingEnabled = false;
+    const W = canvas.width, H = canvas.height;
+    m.values = [];
+    for (let l = 0; l < L; l++) {
+      const row = ret.layers[l].kept_per_bin;
+      m.values.push([]);
+      for (let b = 0; b < bins; b++) {
+        const size = binStart(b + 1, bins, n) - binStart(b, bins, n);
+        const v = size > 0 ? row[b] / size : 0;
+        m.values[l].push(v);
+        g.fillStyle = 'rgb(' + colorFor(v).join(',') + ')';
+        const x0 = Math.round(b * W / bins), x1 = Math.round((b + 1) * W / bins);
+        const y0 = Math.round(l * H / L), y1 = Math.round((l + 1) * H / L);
+        g.fillRect(x0, y0, x1 - x0, y1 - y0);
+      }
+    }
+    if (m.col >= 0) {
+      g.strokeStyle = '#1f6feb';
+      g.lineWidth = Math.max(2, dpr * 2);
+      const x0 = Math.round(m.col * W / bins), x1 = Math.round((m.col + 1) * W / bins);
+      g.strokeRect(x0 + 1, 1, Math.max(2, x1 - x0 - 2), H - 2);
+    }
+    const s = state.sessions.find((x) => x.id === ret.id);
+    const pot = s ? s.tokens_in_pot : 0;
+    // share of the pot's document entries in the last tenth of the document
+    let recent = 0, all = 0;
+    for (const layer of ret.layers) layer.kept_per_bin.forEach((k, b) => { all += k; if (b >= bins * 0.9) recent += k; });
+    fillStats($('map-stats'), [
+      ['Document', nf.format(n) + ' tokens', 'map-tokens'],
+      ['Coverage', (ret.coverage * 100).toFixed(2) + ' %', 'map-coverage'],
+      ['Pot', s ? nf.format(pot) + ' of ' + nf.format(s.budget_tokens) : '–'],
+      ['Last tenth of the text', all ? (recent / all * 100).toFixed(0) + ' % of the pot' : '–'],
+    ]);
+    canvas.setAttribute('aria-label', 'Retention map: ' + L + ' layers by ' + bins + ' stretches of the document; ' +
+      (ret.coverage * 100).toFixed(1) + ' percent of the document is kept on average.');
+  }
+
+  function columnAt(ev) {
+    const m = state.map;
+    if (!m) return -1;
+    const r = $('map').getBoundingClientRect();
+    return Math.max(0, Math.min(m.ret.bins - 1, Math.floor((ev.clientX - r.left) / r.width * m.ret.bins)));
+  }
+
+  let regionTimer = 0, regionSeq = 0;
+  function pickColumn(col, now) {
+    const m = state.map;
+    if (!m || col < 0 || col === m.col && !now) return;
+    m.col = col;
+    drawMap();
+    clearTimeout(regionTimer);
+    regionTimer = setTimeout(() => loadRegion(col), now ? 0 : 200);
+  }
+
+  async function loadRegion(col) {
+    const m = state.map;
+    const { ret } = m, n = ret.tokens_ingested;
+    const start = binStart(col, ret.bins, n), end = Math.min(binStart(col + 1, ret.bins, n), start + 8192);
+    const my = ++regionSeq;
+    $('region').hidden = false;
+    $('region-title').textContent = 'Tokens ' + nf.format(start) + '–' + nf.format(end) + ' of ' + nf.format(n);
+    const mean = m.values ? m.values.reduce((a, row) => a + row[col], 0) / m.values.length : 0;
+    $('region-share').textContent = (mean * 100).toFixed(1) + ' % kept (mean over layers)';
+    try {
+      const t = await api('/v1/sessions/' + ret.id + '/text?start=' + start + '&end=' + end);
+      if (my !== regionSeq) return;
+      const box = $('region-text');
+      box.replaceChildren(...t.spans.map((sp) => {
+        const span = el('span', { text: sp.text });
+        const a = sp.kept / t.heads;
+        // the warm, light end of the map's colours, so that the text stays readable
+        if (a > 0) span.style.backgroundColor = 'rgba(' + colorFor(0.02 + 0.2 * a).join(',') + ',' + (0.25 + 0.6 * a).toFixed(2) + ')';
+        span.title = sp.kept + ' of ' + t.heads + ' layer·heads hold this';
+        return span;
+      }));
+      if (!t.spans.length) box.textContent = t.end <= t.start ? '(the text of this stretch is still being stored)' : '';
+      box.scrollTop = 0;
+    } catch (e) {
+      say('Document text: ' + e.message);
+    }
+  }
+
+  $('map').addEventListener('mousemove', (ev) => pickColumn(columnAt(ev)));
+  $('map').addEventListener('click', (ev) => pickColumn(columnAt(ev), true));
+  $('map').addEventListener('keydown', (ev) => {
+    const m = state.map;
+    if (!m) return;
+    const d = { ArrowRight: 1, ArrowLeft: -1, End: 1e9, Home: -1e9 }[ev.key];
+    if (d === undefined) return;
+    ev.preventDefault();
+    pickColumn(Math.max(0, Math.min(m.ret.bins - 1, (m.col < 0 ? 0 : m.col) + d)));
+  });
+  $('map-refresh').addEventListener('click', () => { loadSessions().then(loadMap).catch((e) => say(e.message)); });
+  let resizeTimer = 0;
+  window.addEventListener('resize', () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(() => { if (currentTab() === 'map') loadMap(); }, 300); });
+
+  // ---- keys ----------------------------------------------------------------------------------------------
+
+  $('key-form').addEventListener('submit', (ev) => {
+    const v = $('key-input').value.trim();
+    if (!v) { ev.preventDefault(); return; }
+    sessionStorage.setItem(KEY_STORE, v);
+    $('key-input').value = '';
+    const w = keyWaiters;
+    keyWaiters = [];
+    w.forEach((f) => f());
+  });
+  $('key-forget').addEventListener('click', () => { sessionStorage.removeItem(KEY_STORE); $('key-input').value = ''; });
+  $('key-dialog').addEventListener('cancel', (ev) => { if (keyWaiters.length) ev.preventDefault(); });
+  $('key-button').addEventListener('click', () => { $('key-error').hidden = true; $('key-dialog').showModal(); });
+
+  // ---- start ---------------------------------------------------------------------------------------------
+
+  async function start() {
+    drawLegend();
+    try {
+      state.server = await api('/v1/server');
+      if (sessionStorage.getItem(KEY_STORE)) $('key-button').hidden = false;
+      renderDefaults();
+      await loadSessions();
+      if (!state.selected && state.sessions.length) select(state.sessions[0].id);
+      await resumeUpload();
+    } catch (e) {
+      say('Cannot reach the server: ' + e.message);
+    }
+    setInterval(() => { if (!document.hidden && !state.upload) loadSessions().catch(() => {}); }, 10000);
+  }
+  start();
+})();

@@ -1,0 +1,411 @@
+"""The web page at / in a real browser (Debian's Chromium driven by
+Playwright), against a real server; and the endpoints the page added
+(GET /v1/server, GET /v1/sessions/{id}/text) over plain HTTP.
+
+The long-document part (several hundred KiB, a reload mid-upload) runs on
+the tiny fixture model, whose ingest is fast enough for `make test`; the pass
+key is asked of the default model over a shorter document through the same
+page. Screenshots go to build/web/."""
+import json
+import os
+import pathlib
+import time
+import urllib.request
+
+import pytest
+
+from conftest import FIXTURES, ROOT
+from server_util import Server
+
+CHROMIUM = os.environ.get("POTSERVE_CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "build" / "web"
+KEY = "web-test-key"
+INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+         "I will quiz you about the important information there. ")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE = "The pass key is 71432. Remember it. 71432 is the pass key. "
+# the region shown holds the key's first token (the column may start right at it)
+HAS_KEY = "() => /(is |^\\s?)7/.test(document.getElementById('region-text').textContent)"
+
+
+def passkey_doc(n_bytes, depth=0.4):
+    reps = (n_bytes - len(INTRO) - len(NEEDLE)) // len(FILLER)
+    cut = int(reps * depth)
+    before = INTRO + FILLER * cut
+    return before + NEEDLE + FILLER * (reps - cut), before
+
+
+def auth(key=KEY):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def get(srv, path, key=KEY):
+    st, body, _ = srv.request("GET", path, headers=auth(key))
+    assert st == 200, body
+    return body
+
+
+def chunk_count(data, chunk=256 * 1024):
+    """Chunks the page cuts data into: 256 KiB each, moved back to a UTF-8 boundary."""
+    n, off = 0, 0
+    while off < len(data):
+        end = min(len(data), off + chunk)
+        while end < len(data) and (data[end] & 0xC0) == 0x80:
+            end -= 1
+        off, n = end, n + 1
+    return n
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright missing: `make pytest` installs it")
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} missing: `make pytest` installs Debian's chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def open_page(browser, srv, width=1280, height=860):
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+    page = ctx.new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    # the browser logs every 4xx (the key prompt's 401, a busy session's 409): those are expected
+    page.on("console", lambda m: page.errors.append(m.text)
+            if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
+    page.goto(srv.url + "/")
+    return page
+
+
+def enter_key(page, key=KEY):
+    page.wait_for_selector("#key-dialog[open]", timeout=10000)
+    page.fill("#key-input", key)
+    page.press("#key-input", "Enter")
+    page.wait_for_selector("#model:not(:empty)", timeout=10000)
+
+
+def upload_through_page(page, path, budget=None):
+    page.click("#tab-doc")
+    page.set_input_files("#file", str(path))
+    if budget:
+        page.fill("#set-budget", str(budget))
+    page.click("#start")
+    page.wait_for_selector("#upload:not([hidden])", timeout=10000)
+
+
+def wait_done(page, timeout_s):
+    page.wait_for_selector('#upload[data-done="true"]', timeout=timeout_s * 1000)
+    assert page.get_attribute("#upload-bar", "aria-valuenow") == "100"
+    assert page.evaluate("document.getElementById('upload-fill').style.width") == "100%"
+
+
+def ask(page, session_id, question, max_tokens):
+    page.click("#tab-chat")
+    page.select_option("#chat-over", session_id)
+    if not page.is_visible("#chat-max"):
+        page.click(".chat-settings summary")
+    page.fill("#chat-max", str(max_tokens))
+    page.fill("#chat-temp", "0")
+    # counts the repaints of the answer while it streams in
+    page.evaluate("""() => {
+        window.paints = [];
+        new MutationObserver(() => {
+            const b = document.querySelector('.turn.assistant:last-child .body');
+            if (b) window.paints.push(b.textContent.length);
+        }).observe(document.getElementById('chat-log'), {subtree: true, childList: true, characterData: true});
+    }""")
+    page.fill("#chat-input", question)
+    with page.expect_response("**/v1/chat/completions", timeout=300000) as resp:
+        page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=300000)
+    answer = page.inner_text(".turn.assistant:last-child .body")
+    paints = page.evaluate("window.paints")
+    r = resp.value
+    assert r.headers["content-type"].startswith("text/event-stream")
+    deltas = []
+    for line in r.text().splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            ch = json.loads(line[6:])["choices"]
+            if ch and ch[0]["delta"].get("content"):
+                deltas.append(ch[0]["delta"]["content"])
+    return answer, paints, deltas
+
+
+def map_pixels(page):
+    """The colour at the centre of every cell of the drawn map: [layer][bin] -> [r, g, b]."""
+    return page.evaluate("""() => {
+        const c = document.getElementById('map'), g = c.getContext('2d');
+        const bins = +c.dataset.bins, layers = +c.dataset.layers, out = [];
+        for (let l = 0; l < layers; l++) {
+            const row = [];
+            for (let b = 0; b < bins; b++) {
+                const x = Math.floor((b + 0.5) * c.width / bins), y = Math.floor((l + 0.5) * c.height / layers);
+                row.push(Array.from(g.getImageData(x, y, 1, 1).data.slice(0, 3)));
+            }
+            out.push(row);
+        }
+        return out;
+    }""")
+
+
+def bin_range(b, bins, n):
+    """Token range of bin b: the server puts token i in bin i * bins // n."""
+    return -(-b * n // bins), -(-(b + 1) * n // bins)
+
+
+# ---- the long document on the tiny model --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, fixtures):
+    # the later --model wins over the default one server_util passes
+    s = Server(tmp_path_factory.mktemp("web"), "--model", FIXTURES / "tiny_llama.gguf", "--api-key", KEY,
+               "--budget-tokens", "128")
+    s.start()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def big_doc(tmp_path_factory):
+    text, before = passkey_doc(700 * 1024)
+    path = tmp_path_factory.mktemp("doc") / "passkey-700k.txt"
+    path.write_text(text)
+    return path, text, before
+
+
+def test_page_long_upload_reload_resume_chat_and_map(browser, tiny, big_doc):
+    path, text, before = big_doc
+    data = text.encode()
+    n_chunks = chunk_count(data)
+    assert n_chunks == 3
+    page = open_page(browser, tiny)
+    enter_key(page)  # the server has keys: the page asks for one
+
+    # 1. an uninterrupted upload: the bar moves and reaches the end
+    upload_through_page(page, path)
+    seen = set()
+    deadline = time.time() + 600
+    while time.time() < deadline and page.get_attribute("#upload", "data-done") != "true":
+        seen.add(page.inner_text("#up-tokens"))
+        time.sleep(0.2)
+    wait_done(page, 5)
+    assert len(seen) >= 3, f"the progress never moved: {seen}"
+    sessions = get(tiny, "/v1/sessions")["data"]
+    assert len(sessions) == 1
+    first = sessions[0]
+    assert first["final"] and first["bytes_received"] == len(data) and first["last_seq"] == n_chunks
+    assert first["metadata"]["title"] == path.name
+    assert page.inner_text("#up-tokens") == f"{first['tokens_ingested']:,}"
+    assert page.inner_text("#up-comp") == f"{first['compressions']:,}"
+
+    # 2. the pass key question: the answer streams in
+    answer, _, deltas = ask(page, first["id"], "What is the pass key?", 24)
+    assert answer.strip() and len(deltas) >= 3  # streamed: one event per piece
+    assert " ".join(answer.split()) == " ".join("".join(deltas).split())
+
+    # 3. the same document again, with the network gone for a while after the first chunk and the
+    # page reloaded after the second: nothing lost
+    upload_through_page(page, path)
+
+    def second_session(min_seq):
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            ids = [s["id"] for s in get(tiny, "/v1/sessions")["data"] if s["id"] != first["id"]]
+            s = get(tiny, f"/v1/sessions/{ids[0]}") if ids else None
+            if s and s["last_seq"] >= min_seq:
+                return s
+            time.sleep(0.2)
+        raise AssertionError("the second upload did not move")
+
+    second = second_session(1)
+    page.context.set_offline(True)
+    page.wait_for_function("() => document.getElementById('upload-note').textContent.includes('retrying')",
+                           timeout=60000)
+    time.sleep(2)
+    page.context.set_offline(False)
+    second = second_session(2)
+    assert not second["final"], "the upload ended before the reload"
+    page.reload()  # the key stays (sessionStorage); the upload carries on by itself
+    page.wait_for_selector("#upload[data-resumed-after]", timeout=60000)
+    assert int(page.get_attribute("#upload", "data-resumed-after")) >= 2
+    wait_done(page, 600)
+    assert not page.is_visible("#key-dialog")
+    after = get(tiny, f"/v1/sessions/{second['id']}")
+    for k in ("bytes_received", "tokens_ingested", "tokens_in_pot", "compressions", "last_seq", "final"):
+        assert after[k] == first[k], (k, after[k], first[k])
+    r1 = get(tiny, f"/v1/sessions/{first['id']}/retention?bins=64")
+    r2 = get(tiny, f"/v1/sessions/{second['id']}/retention?bins=64")
+    assert r1["layers"] == r2["layers"] and r1["coverage"] == r2["coverage"]
+
+    # 4. the retention map is drawn from the API's numbers
+    page.click(f'#sessions li[data-id="{first["id"]}"] .pick')
+    page.click("#tab-map")
+    page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=30000)
+    bins = int(page.get_attribute("#map", "data-bins"))
+    ret = get(tiny, f"/v1/sessions/{first['id']}/retention?bins={bins}")
+    n = ret["tokens_ingested"]
+    assert n == first["tokens_ingested"]
+    assert page.inner_text("#map-coverage") == f"{ret['coverage'] * 100:.2f} %"
+    pixels = map_pixels(page)
+    assert len(pixels) == len(ret["layers"]) and len(pixels[0]) == bins
+    values = [[row["kept_per_bin"][b] / (bin_range(b, bins, n)[1] - bin_range(b, bins, n)[0])
+               for b in range(bins)] for row in ret["layers"]]
+    want = page.evaluate("(vs) => vs.map((row) => row.map((v) => window.potserve.colorFor(v)))", values)
+    assert pixels == want
+    assert len({tuple(p) for row in pixels for p in row}) > 3  # not one flat colour
+
+    # 5. the column holding the pass key shows its text, as the API gives it
+    key_at = len(get_tokens(tiny, before + "The pass key is 7")) - 1  # the key's first token
+    col = key_at * bins // n
+    box = page.locator("#map").bounding_box()
+    page.mouse.click(box["x"] + (col + 0.5) * box["width"] / bins, box["y"] + box["height"] / 2)
+    page.wait_for_function(HAS_KEY, timeout=60000)
+    start, end = bin_range(col, bins, n)
+    t = get(tiny, f"/v1/sessions/{first['id']}/text?start={start}&end={end}")
+    assert page.inner_text("#region-title").startswith(f"Tokens {start:,}")
+    assert page.evaluate("document.getElementById('region-text').textContent") == "".join(s["text"] for s in t["spans"])
+    assert "".join(s["text"] for s in t["spans"]) in text
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "tiny-map-desktop.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+
+# ---- the endpoints the page added, over plain HTTP ------------------------------------------------
+
+def test_page_files_headers_and_no_key_needed(tiny):
+    for path, ctype in (("/", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css"),
+                        ("/favicon.svg", "image/svg+xml")):
+        st, body, h = tiny.request("GET", path)  # no key: the page asks for one itself
+        assert st == 200 and h["Content-Type"].startswith(ctype), (path, h)
+        assert "script-src 'self'" in h["Content-Security-Policy"] and "unsafe-inline" not in h["Content-Security-Policy"]
+        assert h["X-Content-Type-Options"] == "nosniff" and h["Cache-Control"] == "no-cache"
+        st, _, h2 = tiny.request("GET", path, headers={"If-None-Match": h["ETag"]})
+        assert st == 304 and h2["ETag"] == h["ETag"]
+    with open(ROOT / "server" / "web" / "app.js", encoding="utf-8") as f:
+        assert tiny.request("GET", "/app.js")[1] == f.read()  # the file as it is, compiled in
+    st, html, _ = tiny.request("GET", "/")
+    assert "<script" in html and "<script>" not in html  # no inline script
+    assert tiny.request("POST", "/", raw=b"x")[0] == 405
+    assert tiny.request("GET", "/v1/server")[0] == 401  # the API still needs the key
+
+
+def test_server_defaults(tiny):
+    d = get(tiny, "/v1/server")
+    assert d["object"] == "server" and d["model"] == "tiny_llama" and d["context_length"] == 256
+    assert d["session_defaults"] == {"budget_tokens": 128, "keep_tokens": 64, "policy": "infinipot",
+                                     "schedule": "fixed"}
+    assert "infinipot" in d["policies"] and "none" in d["policies"] and d["schedules"] == ["fixed", "imdc"]
+    # what a session made with no settings gets
+    st, s, _ = tiny.request("POST", "/v1/sessions", {}, auth())
+    assert st == 201 and s["budget_tokens"] == 128 and s["keep_tokens"] == 64 and s["policy"] == "infinipot"
+    tiny.request("DELETE", f"/v1/sessions/{s['id']}", headers=auth())
+
+
+def test_session_text_maps_tokens_back_to_the_document(tiny):
+    words = "river café naïve 東京 résumé 🌍 the of mountain quietly sings".split()
+    doc = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(2500)) + "\n"
+    st, s, _ = tiny.request("POST", "/v1/sessions", {}, auth())
+    sid = s["id"]
+    half = len(doc.encode()) // 2
+    while (doc.encode()[half] & 0xC0) == 0x80:
+        half -= 1
+    for seq, part, final in ((1, doc.encode()[:half], False), (2, doc.encode()[half:], True)):
+        st, r, _ = tiny.request("POST", f"/v1/sessions/{sid}/chunks?seq={seq}" + ("&final=true" if final else ""),
+                                raw=part, headers=dict(auth(), **{"Content-Type": "text/plain"}))
+        assert st == 200, r
+    n = r["tokens_ingested"]
+    assert n == len(get_tokens(tiny, doc))
+    # consecutive ranges of odd sizes give back the document exactly
+    text, kept, step, start = [], [], 997, 0
+    while start < n:
+        t = get(tiny, f"/v1/sessions/{sid}/text?start={start}&end={start + step}")
+        assert t["object"] == "session.text" and t["start"] == start and t["end"] == min(n, start + step)
+        assert t["tokens_ingested"] == n and t["heads"] == 2 * 2
+        text += [sp["text"] for sp in t["spans"]]
+        assert all(0 <= sp["kept"] <= t["heads"] for sp in t["spans"])
+        start = t["end"]
+    assert "".join(text) == doc
+    # the kept counts agree with the retention histogram, bin by bin
+    ret = get(tiny, f"/v1/sessions/{sid}/retention?bins=8")
+    held = 0
+    for b in range(8):
+        lo, hi = bin_range(b, 8, n)
+        t = get(tiny, f"/v1/sessions/{sid}/text?start={lo}&end={hi}")
+        assert sum(sp["tokens"] for sp in t["spans"]) == hi - lo
+        pairs = sum(l["kept_per_bin"][b] for l in ret["layers"]) * 2  # the histogram is per KV head
+        assert round(pairs) == sum(sp["kept"] * sp["tokens"] for sp in t["spans"]), b
+        held += round(pairs)
+    assert held > 0
+    # errors name the field; another key cannot read it
+    for q, field in (("", "start"), ("?start=x", "start"), ("?start=5&end=2", "end"),
+                     ("?start=0&end=9000", "end"), ("?start=-1", "start")):
+        st, e, _ = tiny.request("GET", f"/v1/sessions/{sid}/text{q}", headers=auth())
+        assert st == 400 and e["error"]["param"] == field, (q, e)
+    assert get(tiny, f"/v1/sessions/{sid}/text?start={n + 10}")["spans"] == []
+    assert tiny.request("GET", f"/v1/sessions/{sid}/text?start=0", headers=auth("nope"))[0] == 401
+    tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())
+
+
+# ---- the pass key on the default model, and the screenshots ------------------------------------------
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory, model):
+    s = Server(tmp_path_factory.mktemp("web-real"))
+    s.start()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.mark.heavy
+def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
+    text, before = passkey_doc(12 * 1024, depth=0.4)
+    path = tmp_path / "passkey-12k.txt"
+    path.write_text(text)
+    page = open_page(browser, real)
+    page.wait_for_selector("#model:not(:empty)", timeout=30000)  # no keys: no prompt
+    assert not page.is_visible("#key-dialog")
+    upload_through_page(page, path, budget=512)
+    wait_done(page, 900)
+    s = get(real, "/v1/sessions")["data"][0]
+    assert s["budget_tokens"] == 512 and s["final"] and s["compressions"] > 0
+    answer, paints, deltas = ask(page, s["id"], "What is the pass key?", 24)
+    assert "71432" in answer, answer
+    lengths = [n for n in paints if n]
+    assert len(set(lengths)) >= 2 and lengths == sorted(lengths), paints  # painted as it streamed
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "chat-desktop.png"))
+    page.click("#upload-cancel")  # "Close" once done
+    assert page.is_hidden("#upload")
+    page.evaluate("() => document.getElementById('messages').replaceChildren()")
+    page.click("#tab-map")
+    page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=60000)
+    bins = int(page.get_attribute("#map", "data-bins"))
+    key_at = len(get_tokens(real, before + "The pass key is 7")) - 1  # the key's first token
+    col = key_at * bins // s["tokens_ingested"]
+    page.focus("#map")  # the keyboard reaches the needle's column too
+    page.keyboard.press("Home")
+    for _ in range(col):
+        page.keyboard.press("ArrowRight")
+    try:
+        page.wait_for_function(HAS_KEY, timeout=60000)
+    finally:
+        page.screenshot(path=str(SHOTS / "map-desktop.png"))
+    page.set_viewport_size({"width": 360, "height": 780})
+    page.wait_for_timeout(800)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360  # nothing runs off the side
+    page.screenshot(path=str(SHOTS / "map-360.png"), full_page=True)
+    page.click("#tab-chat")
+    page.screenshot(path=str(SHOTS / "chat-360.png"), full_page=True)
+    assert not page.errors, page.errors
+
+
+def get_tokens(srv, text, key=KEY):
+    st, body, _ = srv.request("POST", "/tokenize", {"content": text}, auth(key))
+    assert st == 200, body
+    return body["tokens"]
