@@ -52,8 +52,10 @@ size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t c
 size_t pot_slot(const pot *p, int32_t layer, int32_t head, int32_t slot);
 
 /* Stores one slot's pre-RoPE key and value (head_dim floats each), converting
- * to the pot's dtype. */
-void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v);
+ * to the pot's dtype. 0, or -1 with nothing written when a device held the
+ * pot and reading its K/V back failed (pot_host_take): the host copy is then
+ * stale and the pot lost. */
+int pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v);
 /* Allocates p->k_rot (empty: n_rot = 0); 0, or -1 when memory is short. For
  * pots that decode many steps over many entries (generations, answers). */
 int pot_cache_rotated_keys(pot *p);
@@ -94,8 +96,10 @@ int pot_copy(pot *dst, const pot *src);
 /* Keeps, in every (layer, head), the n_keep slots listed in
  * keep[(layer * n_head_kv + head) * n_keep + i] (strictly increasing, < p->n),
  * moving them to slots 0..n_keep-1 in that order; p->n becomes n_keep. Slot
- * index is the RoPE position, so kept keys are re-positioned by this move. */
-void pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
+ * index is the RoPE position, so kept keys are re-positioned by this move.
+ * 0, or -1 with nothing moved when the K/V had to come back from a device
+ * and could not (pot_host_take): the pot is then lost. */
+int pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
 
 /* ---- pots held by a device (cache/pot_device.c) ---------------------------------
  * A backend that keeps pots in device memory (cuda/) attaches a pot_device

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda/cuda_backend.h"
 #include "engine_internal.h"
 #include "quant.h"
 
@@ -18,12 +19,11 @@ double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* The CUDA backend (cuda/cuda_backend.h) is linked only into `make CUDA=1`
- * builds; in the others these weak references are NULL, so one engine object
- * serves both. */
-__attribute__((weak)) int cuda_probe(char *msg, size_t msglen);
-__attribute__((weak)) backend *cuda_backend_new(const struct model *m, int n_threads, int exact,
-                                                char *err, size_t errlen);
+/* The CUDA backend is linked only into `make CUDA=1` builds; in the others
+ * these weak references (the header's own prototypes, so a signature change
+ * fails to compile here) are NULL, so one engine object serves both. */
+#pragma weak cuda_probe
+#pragma weak cuda_backend_new
 
 static backend *open_backend(engine *e, const engine_options *opt, char *err, size_t errlen) {
     int exact = opt ? opt->exact : 0;

@@ -232,6 +232,13 @@ static void set_surprisal(pot *p, int32_t slot, float value) {
         for (int32_t h = 0; h < p->n_head_kv; h++) p->surprisal[pot_slot(p, l, h, slot)] = value;
 }
 
+/* pot_compact, with err set when it failed (a device's K/V not read back). */
+static int compact_pot(pot *p, const int32_t *keep, int32_t n_keep, char *err, size_t errlen) {
+    if (!pot_compact(p, keep, n_keep)) return 0;
+    snprintf(err, errlen, "compaction: the pot's K/V could not be read back from the device");
+    return -1;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
     double t0 = now_ms();
@@ -243,7 +250,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
     if (!idx) return snprintf(err, errlen, "out of memory"), -1;
     int rc = pot_select(p, &sp, idx, err, errlen);
-    if (!rc) pot_compact(p, idx, keep);
+    if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
     d->st.compressions += !rc;
     d->st.compress_ms += now_ms() - t0;
@@ -282,7 +289,7 @@ static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int6
         int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
         rc = !idx ? (snprintf(err, errlen, "out of memory"), -1)
                   : cascade_keep(d->casc, p, idx, keep) ? (snprintf(err, errlen, "cascade: state lost"), -1) : 0;
-        if (!rc) pot_compact(p, idx, keep);
+        if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
         free(idx);
         d->st.compressions += !rc;
     }
@@ -706,7 +713,10 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
         return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
     pot *p = new_decode_pot(e, need, err, errlen);
     if (!p) return NULL;
-    pot_copy(p, d->pot);
+    if (pot_copy(p, d->pot)) {
+        pot_free(p);
+        return snprintf(err, errlen, "the document's pot could not be copied (device read-back failed)"), NULL;
+    }
     if (pending && prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {
         pot_free(p);
         return NULL;
@@ -727,7 +737,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
         select_params sel = {.policy = POLICY_FINCH, .n_keep = d->finch_keep, .scores = scores,
                              .scores_stride = n_keys, .pool = d->pool};
         rc = pot_select(p, &sel, idx, err, errlen);
-        if (!rc) pot_compact(p, idx, d->finch_keep);
+        if (!rc) rc = compact_pot(p, idx, d->finch_keep, err, errlen);
     }
     free(scores);
     free(idx);
@@ -1145,7 +1155,12 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
         key_difference(meta.settings, d->settings_key, diff, sizeof diff);
         snprintf(why, sizeof why, "saved with other pot settings (%s)", diff);
     } else if (d->pot->n_layer != e->m->n_layer || d->pot->n_head_kv != e->m->n_head_kv ||
-               d->pot->head_dim != e->m->head_dim || d->pot->dtype != e->kv_dtype) {
+               d->pot->head_dim != e->m->head_dim) {
+        snprintf(why, sizeof why,
+                 "its pot has %d layers x %d KV heads x head size %d, the model %d x %d x %d",
+                 d->pot->n_layer, d->pot->n_head_kv, d->pot->head_dim, e->m->n_layer,
+                 e->m->n_head_kv, e->m->head_dim);
+    } else if (d->pot->dtype != e->kv_dtype) {
         snprintf(why, sizeof why, "its pot holds %s entries, the engine %s",
                  d->pot->dtype == POT_F32 ? "f32" : "f16", e->kv_dtype == POT_F32 ? "f32" : "f16");
     } else if (doc_state_decode(d, extra, extra ? extra_len : 0, why, sizeof why) == 0 &&

@@ -15,7 +15,7 @@
 #include "engine/engine.h"
 #include "server/server.h"
 
-enum { MAX_STOPS = 8 };
+enum { MAX_STOPS = 8, MAX_FLAGS = 32 };
 
 typedef struct flag {
     const char *name;  /* "--temp" */
@@ -26,8 +26,12 @@ typedef struct flag {
 
 /* Parsed command line: value per flag (NULL when absent, "1" for switches),
  * repeated --stop values collected. */
+/* Each flag table below is checked against parsed.val's size. */
+#define FLAGS_FIT(table) \
+    _Static_assert(sizeof(table) / sizeof(table)[0] - 1 <= MAX_FLAGS, #table " has more flags than MAX_FLAGS")
+
 typedef struct parsed {
-    const char *val[32];
+    const char *val[MAX_FLAGS]; /* indexed by the flag's position in its table */
     const char *stops[MAX_STOPS];
     int n_stops;
 } parsed;
@@ -153,6 +157,7 @@ static const flag generate_flags[] = {
     {"--verbose", "-v", NULL, "print token counts and speed to stderr"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(generate_flags);
 
 static int print_text(void *user, const char *text, size_t len, int32_t token,
                       const sample_logprobs *lp) {
@@ -311,6 +316,7 @@ static const flag tokenize_flags[] = {
     {"--parse-special", NULL, NULL, "turn special-token text (e.g. <|im_end|>) into those tokens"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(tokenize_flags);
 
 /* Reads all of stdin into a malloc'd buffer. */
 static char *read_stdin(size_t *len) {
@@ -365,6 +371,7 @@ int cli_tokenize(int argc, char **argv) {
 /* ---- info ------------------------------------------------------------------- */
 
 static const flag info_flags[] = {MODEL_FLAGS, {NULL, NULL, NULL, NULL}};
+FLAGS_FIT(info_flags);
 
 int cli_info(int argc, char **argv) {
     parsed p;
@@ -401,6 +408,7 @@ static const flag logits_flags[] = {
     {"--out", "-o", "FILE", "write the raw float32 logits to FILE instead of stdout text"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(logits_flags);
 
 static int32_t *parse_ids(const char *s, size_t *n) {
     size_t cap = 16;
@@ -491,6 +499,7 @@ static const flag ingest_flags[] = {
     {"--progress", NULL, "N", "every N tokens read, a JSON line on stderr: tokens, seconds, RSS"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(ingest_flags);
 
 /* The process's resident set now (not its peak), in bytes; -1 if unknown. */
 static long long current_rss_bytes(void) {
