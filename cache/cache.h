@@ -140,21 +140,31 @@ int pot_host_take(pot *p);
  * catalyst rows (infinipot), question rows (finch), the chunk's last rows
  * (snapkv), every row (h2o); streaming and truncate need no scores. */
 
-enum pot_policy {
-    POLICY_INFINIPOT = 0, /* catalyst-prompt attention (CaP) + novelty under compression (NuC) */
-    POLICY_FINCH,         /* question-row attention */
-    POLICY_SNAPKV,        /* observation window (last rows of the chunk), pooled */
-    POLICY_STREAMING,     /* attention sinks + most recent entries */
-    POLICY_H2O,           /* accumulated attention (heavy hitters) + recent entries */
-    POLICY_TRUNCATE,      /* head + tail of the document */
-    POLICY_NONE,          /* never compress: a document that does not fit is refused */
-    POLICY_CASCADE,       /* cascading sub-caches with EMA attention scores (cache/cascade.c) */
-    POLICY_COUNT_
-};
+/* The policies, the one list their enum, names and messages derive from:
+ * X(ID, "name") per policy, SEP between two. */
+#define POT_POLICIES(X, SEP)                                                                  \
+    X(INFINIPOT, "infinipot") SEP /* catalyst-prompt attention (CaP) + novelty under          \
+                                     compression (NuC) */                                     \
+    X(FINCH, "finch") SEP         /* question-row attention */                               \
+    X(SNAPKV, "snapkv") SEP       /* observation window (last rows of the chunk), pooled */  \
+    X(STREAMING, "streaming") SEP /* attention sinks + most recent entries */                \
+    X(H2O, "h2o") SEP             /* accumulated attention (heavy hitters) + recent entries */ \
+    X(CASCADE, "cascade") SEP     /* cascading sub-caches with EMA attention scores          \
+                                     (cache/cascade.c) */                                     \
+    X(TRUNCATE, "truncate") SEP   /* head + tail of the document */                          \
+    X(NONE, "none")               /* never compress: a document that does not fit is refused */
+
+/* X's of the name lists: the name alone, and the name with a comma */
+#define POT_NAME_STRING_(id, name) name
+#define POT_NAME_ENTRY_(id, name) name,
+#define POT_POLICY_ENUM_(id, name) POLICY_##id,
+enum pot_policy { POT_POLICIES(POT_POLICY_ENUM_, ) POLICY_COUNT_ };
+/* "infinipot, finch, ..." (a string literal): for messages and help texts */
+#define POT_POLICY_LIST POT_POLICIES(POT_NAME_STRING_, ", ")
 
 int pot_policy_from_name(const char *name); /* -1 for an unknown name */
 const char *pot_policy_name(enum pot_policy p);
-/* "infinipot, finch, ..." for messages */
+/* POT_POLICY_LIST, for messages */
 const char *pot_policy_list(void);
 
 typedef struct select_params {
@@ -206,11 +216,15 @@ int cascade_keep(const cascade *c, const pot *p, int32_t *keep, int32_t n_keep);
  * many tokens (fewer only at the end of the document), then compresses the pot
  * to keep_after entries when compress_after is set. */
 
-enum schedule_kind {
-    SCHEDULE_FIXED = 0, /* chunks of chunk_tokens; compress to keep when the pot is full */
-    SCHEDULE_IMDC = 1,  /* incremental memory, decremental chunks (seed 004), without knowing
-                           the document length in advance (research/imdc.md section 5) */
-};
+/* The schedules, as POT_POLICIES: X(ID, "name"). */
+#define SCHEDULE_KINDS(X, SEP)                                                                \
+    X(FIXED, "fixed") SEP /* chunks of chunk_tokens; compress to keep when the pot is full */ \
+    X(IMDC, "imdc")       /* incremental memory, decremental chunks (seed 004), without knowing \
+                             the document length in advance (research/imdc.md section 5) */
+#define SCHEDULE_KIND_ENUM_(id, name) SCHEDULE_##id,
+enum schedule_kind { SCHEDULE_KINDS(SCHEDULE_KIND_ENUM_, ) };
+/* "fixed, imdc" (a string literal) */
+#define SCHEDULE_KIND_LIST SCHEDULE_KINDS(POT_NAME_STRING_, ", ")
 
 typedef struct chunk_schedule {
     enum schedule_kind kind;

@@ -30,25 +30,23 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 /* ---- names ------------------------------------------------------------------ */
 
-static const char *const family_names[] = {
-    [CHAT_UNKNOWN] = "unknown", [CHAT_CHATML] = "chatml",   [CHAT_LLAMA2] = "llama2",
-    [CHAT_LLAMA3] = "llama3",   [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr",
-    [CHAT_GEMMA] = "gemma",
-};
+#define CHAT_FAMILY_ENTRY_(id, name) [CHAT_##id] = name,
+static const char *const family_names[] = {[CHAT_UNKNOWN] = "unknown", ENGINE_CHAT_FAMILIES(CHAT_FAMILY_ENTRY_, )};
+enum { N_FAMILIES = sizeof family_names / sizeof family_names[0] };
 
 enum chat_family chat_family_from_name(const char *name) {
     if (!name) return CHAT_UNKNOWN;
-    for (int f = CHAT_CHATML; f <= CHAT_GEMMA; f++)
+    for (int f = CHAT_UNKNOWN + 1; f < N_FAMILIES; f++)
         if (strcmp(name, family_names[f]) == 0) return (enum chat_family)f;
     return CHAT_UNKNOWN;
 }
 
 const char *chat_family_name(enum chat_family f) {
-    if ((int)f < CHAT_UNKNOWN || (int)f > CHAT_GEMMA) return family_names[CHAT_UNKNOWN];
+    if ((int)f < CHAT_UNKNOWN || (int)f >= N_FAMILIES) return family_names[CHAT_UNKNOWN];
     return family_names[f];
 }
 
-const char *chat_family_list(void) { return "chatml, llama2, llama3, mistral, zephyr, gemma"; }
+const char *chat_family_list(void) { return ENGINE_CHAT_TEMPLATE_LIST; }
 
 /* ---- detection ------------------------------------------------------------------ */
 

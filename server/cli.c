@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "cache/cache.h" /* the policies' and schedules' names */
 #include "config/config.h"
 #include "engine/engine.h"
 #include "server/server.h"
@@ -129,8 +130,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
     {"--backend", NULL, "B", "cpu (default) or cuda (binaries built with make CUDA=1)"}, \
     {"--exact", NULL, NULL, "f32 activations and KV (reference numerics, slower)"}, \
     {"--kv-f32", NULL, NULL, "f32 KV entries (f16 by default)"}, \
-    {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \
-                                      "llama3, mistral, zephyr, gemma"}
+    {"--chat-template", NULL, "NAME", "override the chat template family: " ENGINE_CHAT_TEMPLATE_LIST}
 
 /* ---- generate ------------------------------------------------------------- */
 
@@ -479,8 +479,8 @@ static const flag ingest_flags[] = {
     MODEL_FLAGS,
     {"--budget", NULL, "N", "pot budget |M| in entries (default 2048)"},
     {"--keep", NULL, "N", "entries kept by a compression |C| (default budget/2)"},
-    {"--policy", NULL, "P", "infinipot (default), finch, snapkv, streaming, h2o, truncate, cascade, none"},
-    {"--schedule", NULL, "S", "engine chunk schedule: fixed (default) or imdc"},
+    {"--policy", NULL, "P", POT_POLICY_LIST " (default: infinipot)"},
+    {"--schedule", NULL, "S", "engine chunk schedule: " SCHEDULE_KIND_LIST " (default: fixed)"},
     {"--chunk", NULL, "N", "engine chunk in tokens (default min(512, budget/4))"},
     {"--question", NULL, "TEXT", "question answered after the document (finch: guides compression)"},
     {"--late-question", NULL, NULL, "finch: the question is not known while reading (two-stage)"},
