@@ -304,32 +304,5 @@ pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta
  * NULL drops them. */
 pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapshot_meta *meta,
                              void **extra, size_t *extra_len, char *err, size_t errlen);
-/* Little-endian integers, as every on-disk format here stores them
- * (snapshots, the server's chunk log). */
-static inline void le_put_u32(unsigned char *b, uint32_t v) {
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static inline void le_put_u64(unsigned char *b, uint64_t v) {
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static inline uint32_t le_get_u32(const unsigned char *b) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-static inline uint64_t le_get_u64(const unsigned char *b) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
-/* fsyncs the directory holding path, so a file created or renamed into it
- * survives a power loss; 0 or an errno. Shared by snapshots and the server's
- * chunk log. */
-int fsync_parent_dir(const char *path);
-
-/* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start), so
- * crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a b, na + nb). */
-uint32_t crc32c(uint32_t crc, const void *data, size_t len);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "engine_internal.h"
 
 #define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
@@ -27,25 +28,7 @@ enum {
 /* cascade: per-token decay of the attention average (seed 002's gamma) */
 #define CASCADE_GAMMA 0.9999
 
-typedef struct int_vec {
-    int32_t *v;
-    size_t n, cap;
-} int_vec;
-
-static int vec_push(int_vec *a, const int32_t *src, size_t n) {
-    if (!n) return 0; /* src may then be NULL */
-    if (a->n + n > a->cap) {
-        size_t cap = a->cap ? a->cap : 1024;
-        while (cap < a->n + n) cap *= 2;
-        int32_t *nv = realloc(a->v, cap * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = cap;
-    }
-    memcpy(a->v + a->n, src, n * sizeof *src);
-    a->n += n;
-    return 0;
-}
+typedef VEC(int32_t) int_vec; /* common/common.h's vec_append */
 
 struct engine_doc {
     engine *e;
@@ -97,7 +80,7 @@ static int tokenize_into(const engine *e, const char *text, int add_special, int
     int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
     if (!ids) return -1;
     tokenizer_encode(e->m->tok, text, len, add_special, parse_special, ids, n);
-    int rc = vec_push(v, ids, (size_t)n);
+    int rc = vec_append(v, ids, (size_t)n);
     free(ids);
     return rc;
 }
@@ -369,7 +352,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
         d->have_pending = labels[c - 1] >= 0;
         d->pending_surprisal = d->have_pending ? -label_lp[c - 1] : 0;
     }
-    if (d->record && vec_push(&d->recorded, chunk, (size_t)c)) {
+    if (d->record && vec_append(&d->recorded, chunk, (size_t)c)) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -450,7 +433,7 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
         doc_fail(d);
         return snprintf(err, errlen, "the document is not valid UTF-8"), -1;
     }
-    int rc = vec_push(&d->queue, ids, n_ids);
+    int rc = vec_append(&d->queue, ids, n_ids);
     free(ids);
     if (rc) {
         doc_fail(d);
@@ -644,7 +627,7 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
         double t0 = now_ms();
         bad = prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
         d->st.ingest_ms += now_ms() - t0;
-        if (!bad && d->record && vec_push(&d->recorded, prefix.v, prefix.n))
+        if (!bad && d->record && vec_append(&d->recorded, prefix.v, prefix.n))
             bad = 1, snprintf(err, errlen, "out of memory");
     }
     free(prefix.v);
@@ -781,8 +764,8 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
     if (!rc && d->record) {
         /* record the pending tail and the question prompt after the document for
            the caller's comparison */
-        rc = vec_push(&d->recorded, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
-        if (!rc) rc = vec_push(&d->recorded, q.v, q.n);
+        rc = vec_append(&d->recorded, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
+        if (!rc) rc = vec_append(&d->recorded, q.v, q.n);
     }
     pot_free(p);
     free(q.v);
@@ -824,31 +807,18 @@ typedef struct byte_out {
 } byte_out;
 
 static void out_bytes(byte_out *b, const void *src, size_t n) {
-    if (b->oom || !n) return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n) cap *= 2;
-        unsigned char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
+    if (!b->oom && vec_append_((void **)&b->p, &b->n, &b->cap, src, n, 1)) b->oom = 1;
 }
 
 static void out_u64(byte_out *b, uint64_t v) {
     unsigned char t[8];
-    for (int i = 0; i < 8; i++) t[i] = (unsigned char)(v >> (8 * i));
+    le_put_u64(t, v);
     out_bytes(b, t, 8);
 }
 
 static void out_u32(byte_out *b, uint32_t v) {
     unsigned char t[4];
-    for (int i = 0; i < 4; i++) t[i] = (unsigned char)(v >> (8 * i));
+    le_put_u32(t, v);
     out_bytes(b, t, 4);
 }
 
@@ -881,16 +851,12 @@ static const unsigned char *in_bytes(byte_in *r, size_t n) {
 
 static uint64_t in_u64(byte_in *r) {
     const unsigned char *t = in_bytes(r, 8);
-    uint64_t v = 0;
-    for (int i = 0; t && i < 8; i++) v |= (uint64_t)t[i] << (8 * i);
-    return v;
+    return t ? le_get_u64(t) : 0;
 }
 
 static uint32_t in_u32(byte_in *r) {
     const unsigned char *t = in_bytes(r, 4);
-    uint32_t v = 0;
-    for (int i = 0; t && i < 4; i++) v |= (uint32_t)t[i] << (8 * i);
-    return v;
+    return t ? le_get_u32(t) : 0;
 }
 
 static double in_f64(byte_in *r) {
@@ -906,7 +872,7 @@ static int in_tokens(byte_in *r, int32_t n_vocab, int_vec *v) {
     if (r->bad || n > (r->n - r->off) / 4) return r->bad = 1, -1;
     for (uint64_t i = 0; i < n; i++) {
         int32_t id = (int32_t)in_u32(r);
-        if (id < 0 || id >= n_vocab || vec_push(v, &id, 1)) return -1;
+        if (id < 0 || id >= n_vocab || vec_append(v, &id, 1)) return -1;
     }
     return 0;
 }
@@ -1088,7 +1054,7 @@ static int doc_state_decode(engine_doc *d, const unsigned char *p, size_t n, cha
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int rc = tok_stream_feed(d->ts, (const char *)held, (size_t)n_held, 0, &ids, &n_ids);
-    if (!rc) rc = vec_push(&d->queue, ids, n_ids);
+    if (!rc) rc = vec_append(&d->queue, ids, n_ids);
     free(ids);
     if (rc) return snprintf(err, errlen, "the held-back bytes do not tokenize"), -1;
     return 0;

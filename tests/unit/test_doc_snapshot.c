@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
+#include "common/common.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
