@@ -224,7 +224,7 @@ static int compact_pot(pot *p, const int32_t *keep, int32_t n_keep, char *err, s
 
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     pot *p = d->pot;
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
@@ -236,7 +236,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
     d->st.compressions += !rc;
-    d->st.compress_ms += now_ms() - t0;
+    d->st.compress_ms += engine_now_ms() - t0;
     return rc;
 }
 
@@ -258,7 +258,7 @@ static float *cascade_row_weights(int32_t c) {
  * then the cascades' insertions and, when they dropped entries, one compaction. */
 static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
                         char *err, size_t errlen) {
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     pot *p = d->pot;
     float decay = (float)pow(CASCADE_GAMMA, c);
     for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
@@ -276,7 +276,7 @@ static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int6
         free(idx);
         d->st.compressions += !rc;
     }
-    d->st.compress_ms += now_ms() - t0;
+    d->st.compress_ms += engine_now_ms() - t0;
     return rc;
 }
 
@@ -425,7 +425,7 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
                     size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
     if (d->ended) return snprintf(err, errlen, "the document has already ended"), -1;
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (tok_stream_feed(d->ts, bytes, n, final, &ids, &n_ids)) {
@@ -441,16 +441,16 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
     }
     d->ended = final;
     d->st.bytes_read += (int64_t)n;
-    d->st.ingest_ms += now_ms() - t0;
+    d->st.ingest_ms += engine_now_ms() - t0;
     return 0;
 }
 
 int engine_doc_step(engine_doc *d, char *err, size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     int rc = run_next_chunk(d, err, errlen);
     if (rc < 0) doc_fail(d);
-    d->st.ingest_ms += now_ms() - t0;
+    d->st.ingest_ms += engine_now_ms() - t0;
     return rc;
 }
 
@@ -618,15 +618,15 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     int_vec prefix = {0};
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
-    d->pot = new_pot(e, doc_capacity(d), err, errlen);
+    d->pot = engine_new_pot(e, doc_capacity(d), err, errlen);
     if (d->pot) d->pot->original_positions = d->original_positions;
     d->ts = tok_stream_new(e->m->tok, 0, 0);
     int bad = !d->pot || !d->ts;
     if (!d->ts) snprintf(err, errlen, "out of memory");
     if (!bad && prefix.n) {
-        double t0 = now_ms();
-        bad = prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
-        d->st.ingest_ms += now_ms() - t0;
+        double t0 = engine_now_ms();
+        bad = engine_prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
+        d->st.ingest_ms += engine_now_ms() - t0;
         if (!bad && d->record && vec_append(&d->recorded, prefix.v, prefix.n))
             bad = 1, snprintf(err, errlen, "out of memory");
     }
@@ -694,13 +694,13 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
     if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
     if (need < base + q->n)
         return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
-    pot *p = new_decode_pot(e, need, err, errlen);
+    pot *p = engine_new_decode_pot(e, need, err, errlen);
     if (!p) return NULL;
     if (pot_copy(p, d->pot)) {
         pot_free(p);
         return snprintf(err, errlen, "the document's pot could not be copied (device read-back failed)"), NULL;
     }
-    if (pending && prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {
+    if (pending && engine_prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {
         pot_free(p);
         return NULL;
     }
@@ -760,7 +760,7 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
         return -1;
     }
     pot *p = doc_answer_pot(d, q.v, q.n, 0, err, errlen);
-    int rc = p ? prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
+    int rc = p ? engine_prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
     if (!rc && d->record) {
         /* record the pending tail and the question prompt after the document for
            the caller's comparison */
