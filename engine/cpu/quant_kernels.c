@@ -984,24 +984,18 @@ static QUANT_INLINE AVX2_FN void tile_q6_k(const uint8_t *w, const uint8_t *a, s
  * (Q4_1 and Q8_0, see avx2_tiles). */
 typedef void (*tile_fn)(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, float *out, size_t os);
 
-#define TILE_S8(T, R, A)                                                                                       \
+/* the 32-element block types: one kernel (tile_s8 or tile_u8), with and without VNNI */
+#define TILE_32(kernel, T, R, A)                                                                               \
     static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
                                              float *out, size_t os) {                                          \
-        tile_s8(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A, 0);                                            \
+        kernel(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A, 0);                                             \
     }                                                                                                          \
     static AVX2_FN void tile_##T##_##R##x##A##_vnni(const uint8_t *w, size_t ws, const uint8_t *a, size_t as,  \
                                                     int64_t nb, float *out, size_t os) {                       \
-        tile_s8(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A, 1);                                            \
+        kernel(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A, 1);                                             \
     }
-#define TILE_U8(T, R, A)                                                                                       \
-    static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
-                                             float *out, size_t os) {                                          \
-        tile_u8(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A, 0);                                            \
-    }                                                                                                          \
-    static AVX2_FN void tile_##T##_##R##x##A##_vnni(const uint8_t *w, size_t ws, const uint8_t *a, size_t as,  \
-                                                    int64_t nb, float *out, size_t os) {                       \
-        tile_u8(GGML_TYPE_##T, w, ws, a, as, nb, out, os, R, A, 1);                                            \
-    }
+#define TILE_S8(T, R, A) TILE_32(tile_s8, T, R, A)
+#define TILE_U8(T, R, A) TILE_32(tile_u8, T, R, A)
 #define TILE_K45(T, R, A)                                                                                      \
     static AVX2_FN void tile_##T##_##R##x##A(const uint8_t *w, size_t ws, const uint8_t *a, size_t as, int64_t nb, \
                                              float *out, size_t os) {                                          \
@@ -1075,6 +1069,7 @@ static void tiles_one_row(const tile_set *ts, const uint8_t *w, const uint8_t *a
 #undef TILES
 #undef TILES_1ROW
 #undef TILE_S8
+#undef TILE_32
 #undef TILE_U8
 #undef TILE_K45
 #undef TILE_Q6K
