@@ -21,10 +21,13 @@ CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing
 LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -luv -lm -lpthread
 
-SRC      := $(wildcard engine/*.c engine/cpu/*.c cache/*.c config/*.c api/*.c server/*.c)
+SRC      := $(wildcard common/*.c engine/*.c engine/cpu/*.c cache/*.c config/*.c api/*.c server/*.c)
 MAIN_SRC := server/main.c
 LIB_SRC  := $(filter-out $(MAIN_SRC),$(SRC))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+# the engine and the modules below it (no config, api or server): what the
+# CUDA tests, the benchmarks and the fuzzers link
+ENGINE_OBJ := $(filter $(BUILD)/obj/common/% $(BUILD)/obj/engine/% $(BUILD)/obj/cache/%,$(LIB_OBJ))
 TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -175,11 +178,7 @@ SYNTH_1B      := $(BUILD)/bench/synthetic-llama-3.2-1b.Q4_K_M.gguf
 SYNTH_TINY    := $(BUILD)/bench/synthetic-tiny.Q4_0.gguf
 CUDA_TEST_C   := $(wildcard tests/cuda/*.c)
 CUDA_TEST_CU  := $(wildcard tests/cuda/*.cu)
-CUDA_TEST_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c cache/pot_device.c cache/policy.c cache/snapshot.c \
-                   engine/model.c engine/gguf.c engine/tokenizer.c engine/tokenizer_unicode.c engine/chat.c \
-                   engine/cpu/cpu_backend.c engine/cpu/simd.c engine/cpu/threadpool.c \
-                   engine/engine.c engine/ingest.c engine/generate.c engine/sample.c engine/sched.c \
-                   cache/cascade.c cache/schedule.c tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
+CUDA_TEST_REF := $(ENGINE_OBJ) $(patsubst %.c,$(BUILD)/obj/%.o,tests/unit/main.c $(CU_C_SRC) $(CUDA_TEST_C))
 # the end-to-end test (tests/cuda/test_backend.c) loads the model and runs the CPU backend
 CUDA_TEST_LIBS := -lpcre2-8 -lm -lpthread
 EMU_CXXFLAGS  := -std=c++17 -O2 -g -Wall -Wextra -Werror -I. -I$(CUDA_HOME)/include -pthread
@@ -225,9 +224,7 @@ cuda-emu-smoke: $(BUILD)/cuda_emu/potserve $(SYNTH_TINY)
 # bench-cuda-emu runs the same program against the emulator on a tiny
 # synthetic model, a smoke test whose timings are the CPU's.
 $(BUILD)/obj/tests/bench/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include
-BENCH_CUDA_REF := $(patsubst %.c,$(BUILD)/obj/%.o,engine/backend.c engine/quant.c engine/cpu/rope.c cache/pot.c \
-                    cache/pot_device.c cache/policy.c engine/model.c engine/gguf.c engine/tokenizer.c \
-                    engine/tokenizer_unicode.c engine/chat.c tests/bench/cuda/bench_cuda.c $(CU_C_SRC))
+BENCH_CUDA_REF := $(ENGINE_OBJ) $(patsubst %.c,$(BUILD)/obj/%.o,tests/bench/cuda/bench_cuda.c $(CU_C_SRC))
 $(BUILD)/bench_cuda: $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC)) $(BENCH_CUDA_REF)
 	$(CC) $(CFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread $(CUDA_LIBS)
 $(BUILD)/bench_cuda_emu: $(filter-out %/selftest.o,$(EMU_OBJ)) $(BENCH_CUDA_REF)
@@ -247,7 +244,7 @@ bench-cuda-emu: $(BUILD)/bench_cuda_emu $(SYNTH_TINY)
 # Aggregate decode tokens/s of 1, 4, 8 and 16 concurrent greedy generations
 # through the engine thread (not part of `make test`). Links the engine and
 # cache objects only.
-BENCH_OBJ := $(filter $(BUILD)/obj/engine/% $(BUILD)/obj/cache/%,$(LIB_OBJ))
+BENCH_OBJ := $(ENGINE_OBJ)
 $(BUILD)/bench_batch: $(BUILD)/obj/tests/bench/bench_batch.o $(BENCH_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ -lpcre2-8 -lm -lpthread
 bench-batch: $(BUILD)/bench_batch model
@@ -255,7 +252,7 @@ bench-batch: $(BUILD)/bench_batch model
 
 # libFuzzer targets for the GGUF reader and the tokenizer, FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
-FUZZ_SRC := engine/gguf.c engine/quant.c $(wildcard engine/tokenizer*.c)
+FUZZ_SRC := common/common.c engine/gguf.c engine/quant.c $(wildcard engine/tokenizer*.c)
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz: model
 	@mkdir -p $(BUILD)/fuzz/corpus_gguf $(BUILD)/fuzz/corpus_tok

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h" /* the policies' and schedules' names */
+
 int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;
     e->code = code;
@@ -106,15 +108,10 @@ static int one_of(const char *v, const char *const *names) {
     return 0;
 }
 
-const char *const api_policies[] = {"infinipot", "finch", "snapkv", "streaming", "h2o",
-                                    "cascade", "truncate", "none", NULL};
-const char *const api_schedules[] = {"fixed", "imdc", NULL};
-
 int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_t default_budget,
                                const char *default_policy, api_session_settings *out,
                                api_error *e) {
     memset(out, 0, sizeof *out);
-    const char *const *policies = api_policies, *const *schedules = api_schedules;
     int blank = 1;
     for (size_t i = 0; i < n; i++)
         if (!strchr(" \t\r\n", body[i])) blank = 0;
@@ -144,13 +141,13 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         goto fail;
     }
     out->metadata = md && json_is_object(md) ? md : NULL;
-    if (!one_of(s->policy, policies)) {
-        api_fail(e, 422, "invalid_value", "policy", "policy '%s' is not one of infinipot, finch, "
-                 "snapkv, streaming, h2o, cascade, truncate, none", s->policy);
+    if (pot_policy_from_name(s->policy) < 0) {
+        api_fail(e, 422, "invalid_value", "policy", "policy '%s' is not one of %s", s->policy,
+                 pot_policy_list());
         goto fail;
     }
-    if (s->schedule && !one_of(s->schedule, schedules)) {
-        api_fail(e, 422, "invalid_value", "schedule", "schedule '%s' is not one of fixed, imdc",
+    if (s->schedule && schedule_kind_from_name(s->schedule) < 0) {
+        api_fail(e, 422, "invalid_value", "schedule", "schedule '%s' is not one of " SCHEDULE_KIND_LIST,
                  s->schedule);
         goto fail;
     }

@@ -39,10 +39,6 @@ typedef struct api_session_settings {
     json_t *root;            /* owns everything above */
 } api_session_settings;
 
-/* The accepted policy and schedule names, NULL-terminated (static). */
-extern const char *const api_policies[];
-extern const char *const api_schedules[];
-
 /* Validates a session-creation body (empty = every default) against the
  * model's window: 400 for wrong types, 422 naming the field for settings that
  * cannot work. default_budget / default_policy come from the server's config. */

@@ -52,8 +52,10 @@ size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t c
 size_t pot_slot(const pot *p, int32_t layer, int32_t head, int32_t slot);
 
 /* Stores one slot's pre-RoPE key and value (head_dim floats each), converting
- * to the pot's dtype. */
-void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v);
+ * to the pot's dtype. 0, or -1 with nothing written when a device held the
+ * pot and reading its K/V back failed (pot_host_take): the host copy is then
+ * stale and the pot lost. */
+int pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v);
 /* Allocates p->k_rot (empty: n_rot = 0); 0, or -1 when memory is short. For
  * pots that decode many steps over many entries (generations, answers). */
 int pot_cache_rotated_keys(pot *p);
@@ -94,8 +96,10 @@ int pot_copy(pot *dst, const pot *src);
 /* Keeps, in every (layer, head), the n_keep slots listed in
  * keep[(layer * n_head_kv + head) * n_keep + i] (strictly increasing, < p->n),
  * moving them to slots 0..n_keep-1 in that order; p->n becomes n_keep. Slot
- * index is the RoPE position, so kept keys are re-positioned by this move. */
-void pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
+ * index is the RoPE position, so kept keys are re-positioned by this move.
+ * 0, or -1 with nothing moved when the K/V had to come back from a device
+ * and could not (pot_host_take): the pot is then lost. */
+int pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
 
 /* ---- pots held by a device (cache/pot_device.c) ---------------------------------
  * A backend that keeps pots in device memory (cuda/) attaches a pot_device
@@ -136,21 +140,31 @@ int pot_host_take(pot *p);
  * catalyst rows (infinipot), question rows (finch), the chunk's last rows
  * (snapkv), every row (h2o); streaming and truncate need no scores. */
 
-enum pot_policy {
-    POLICY_INFINIPOT = 0, /* catalyst-prompt attention (CaP) + novelty under compression (NuC) */
-    POLICY_FINCH,         /* question-row attention */
-    POLICY_SNAPKV,        /* observation window (last rows of the chunk), pooled */
-    POLICY_STREAMING,     /* attention sinks + most recent entries */
-    POLICY_H2O,           /* accumulated attention (heavy hitters) + recent entries */
-    POLICY_TRUNCATE,      /* head + tail of the document */
-    POLICY_NONE,          /* never compress: a document that does not fit is refused */
-    POLICY_CASCADE,       /* cascading sub-caches with EMA attention scores (cache/cascade.c) */
-    POLICY_COUNT_
-};
+/* The policies, the one list their enum, names and messages derive from:
+ * X(ID, "name") per policy, SEP between two. */
+#define POT_POLICIES(X, SEP)                                                                  \
+    X(INFINIPOT, "infinipot") SEP /* catalyst-prompt attention (CaP) + novelty under          \
+                                     compression (NuC) */                                     \
+    X(FINCH, "finch") SEP         /* question-row attention */                               \
+    X(SNAPKV, "snapkv") SEP       /* observation window (last rows of the chunk), pooled */  \
+    X(STREAMING, "streaming") SEP /* attention sinks + most recent entries */                \
+    X(H2O, "h2o") SEP             /* accumulated attention (heavy hitters) + recent entries */ \
+    X(CASCADE, "cascade") SEP     /* cascading sub-caches with EMA attention scores          \
+                                     (cache/cascade.c) */                                     \
+    X(TRUNCATE, "truncate") SEP   /* head + tail of the document */                          \
+    X(NONE, "none")               /* never compress: a document that does not fit is refused */
+
+/* X's of the name lists: the name alone, and the name with a comma */
+#define POT_NAME_STRING_(id, name) name
+#define POT_NAME_ENTRY_(id, name) name,
+#define POT_POLICY_ENUM_(id, name) POLICY_##id,
+enum pot_policy { POT_POLICIES(POT_POLICY_ENUM_, ) POLICY_COUNT_ };
+/* "infinipot, finch, ..." (a string literal): for messages and help texts */
+#define POT_POLICY_LIST POT_POLICIES(POT_NAME_STRING_, ", ")
 
 int pot_policy_from_name(const char *name); /* -1 for an unknown name */
 const char *pot_policy_name(enum pot_policy p);
-/* "infinipot, finch, ..." for messages */
+/* POT_POLICY_LIST, for messages */
 const char *pot_policy_list(void);
 
 typedef struct select_params {
@@ -202,11 +216,15 @@ int cascade_keep(const cascade *c, const pot *p, int32_t *keep, int32_t n_keep);
  * many tokens (fewer only at the end of the document), then compresses the pot
  * to keep_after entries when compress_after is set. */
 
-enum schedule_kind {
-    SCHEDULE_FIXED = 0, /* chunks of chunk_tokens; compress to keep when the pot is full */
-    SCHEDULE_IMDC = 1,  /* incremental memory, decremental chunks ("Memorize Step by Step"), without knowing
-                           the document length in advance (docs/methods.md, "IMDC") */
-};
+/* The schedules, as POT_POLICIES: X(ID, "name"). */
+#define SCHEDULE_KINDS(X, SEP)                                                                \
+    X(FIXED, "fixed") SEP /* chunks of chunk_tokens; compress to keep when the pot is full */ \
+    X(IMDC, "imdc")       /* incremental memory, decremental chunks ("Memorize Step by Step"), \
+                             without knowing the document length (docs/methods.md, "IMDC") */
+#define SCHEDULE_KIND_ENUM_(id, name) SCHEDULE_##id,
+enum schedule_kind { SCHEDULE_KINDS(SCHEDULE_KIND_ENUM_, ) SCHEDULE_COUNT_ };
+/* "fixed, imdc" (a string literal) */
+#define SCHEDULE_KIND_LIST SCHEDULE_KINDS(POT_NAME_STRING_, ", ")
 
 typedef struct chunk_schedule {
     enum schedule_kind kind;
@@ -286,32 +304,5 @@ pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta
  * NULL drops them. */
 pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapshot_meta *meta,
                              void **extra, size_t *extra_len, char *err, size_t errlen);
-/* Little-endian integers, as every on-disk format here stores them
- * (snapshots, the server's chunk log). */
-static inline void le_put_u32(unsigned char *b, uint32_t v) {
-    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static inline void le_put_u64(unsigned char *b, uint64_t v) {
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-}
-static inline uint32_t le_get_u32(const unsigned char *b) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-static inline uint64_t le_get_u64(const unsigned char *b) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
-/* fsyncs the directory holding path, so a file created or renamed into it
- * survives a power loss; 0 or an errno. Shared by snapshots and the server's
- * chunk log. */
-int fsync_parent_dir(const char *path);
-
-/* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start), so
- * crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a b, na + nb). */
-uint32_t crc32c(uint32_t crc, const void *data, size_t len);
 
 #endif

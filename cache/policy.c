@@ -9,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const policy_names[POLICY_COUNT_] = {
-    "infinipot", "finch", "snapkv", "streaming", "h2o", "truncate", "none", "cascade",
-};
+static const char *const policy_names[POLICY_COUNT_] = {POT_POLICIES(POT_NAME_ENTRY_, )};
 
 int pot_policy_from_name(const char *name) {
     for (int i = 0; i < POLICY_COUNT_; i++)
@@ -23,9 +21,7 @@ const char *pot_policy_name(enum pot_policy p) {
     return (unsigned)p < POLICY_COUNT_ ? policy_names[p] : "unknown";
 }
 
-const char *pot_policy_list(void) {
-    return "infinipot, finch, snapkv, streaming, h2o, truncate, none, cascade";
-}
+const char *pot_policy_list(void) { return POT_POLICY_LIST; }
 
 typedef struct ranked {
     float value;

@@ -151,12 +151,13 @@ static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t
     f16_to_f32((const _Float16 *)base + slot_index * p->head_dim, dst, count);
 }
 
-void pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v) {
-    pot_host_take(p); /* a host writer: the host holds the K/V from now on */
+int pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v) {
+    if (pot_host_take(p)) return -1; /* a host writer: the host holds the K/V from now on */
     size_t s = pot_slot(p, layer, head, slot);
     store_row(p, p->k, s, k);
     store_row(p, p->v, s, v);
     if (slot < p->n_rot) p->n_rot = slot;
+    return 0;
 }
 
 void pot_round_row(const pot *p, float *row) {
@@ -227,11 +228,11 @@ int pot_copy(pot *dst, const pot *src) {
     return 0;
 }
 
-void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
+int pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
     size_t row = (size_t)p->head_dim * elem_bytes(p->dtype);
     /* a device holding the K/V moves them there; the host moves the metadata */
     int kv_here = !p->device || p->device->compact(p->device, p, keep, n_keep);
-    if (kv_here) pot_host_take(p);
+    if (kv_here && pot_host_take(p)) return -1;
     for (int32_t l = 0; l < p->n_layer; l++)
         for (int32_t h = 0; h < p->n_head_kv; h++) {
             const int32_t *idx = keep + ((size_t)l * p->n_head_kv + h) * n_keep;
@@ -253,6 +254,7 @@ void pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
     p->n = n_keep;
     if (p->n_pinned > n_keep) p->n_pinned = n_keep;
     if (p->n_rot > p->n_pinned) p->n_rot = p->n_pinned; /* kept keys moved: their positions changed */
+    return 0;
 }
 
 void pot_append_done(pot *p, int32_t n) {

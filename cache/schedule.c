@@ -132,17 +132,15 @@ chunk_plan schedule_next(chunk_schedule *s, int32_t n) {
     return plan;
 }
 
+static const char *const schedule_names[] = {SCHEDULE_KINDS(POT_NAME_ENTRY_, )};
+enum { N_SCHEDULES = sizeof schedule_names / sizeof schedule_names[0] };
+
 int schedule_kind_from_name(const char *name) {
-    if (!name) return -1;
-    if (strcmp(name, "fixed") == 0) return SCHEDULE_FIXED;
-    if (strcmp(name, "imdc") == 0) return SCHEDULE_IMDC;
+    for (int i = 0; name && i < N_SCHEDULES; i++)
+        if (strcmp(name, schedule_names[i]) == 0) return i;
     return -1;
 }
 
 const char *schedule_kind_name(enum schedule_kind k) {
-    switch (k) {
-    case SCHEDULE_FIXED: return "fixed";
-    case SCHEDULE_IMDC: return "imdc";
-    }
-    return "unknown";
+    return (unsigned)k < N_SCHEDULES ? schedule_names[k] : "unknown";
 }

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h" /* the policies' names */
+
 int config_parse_int(const char *name, const char *text, int64_t lo, int64_t hi, int64_t *out,
                      char *err, size_t errlen) {
     char *end;
@@ -133,8 +135,7 @@ typedef struct {
 
 static const char *const backend_values[] = {"cpu", "cuda", NULL};
 static const char *const durability_values[] = {"fsync", "none", NULL};
-static const char *const policy_values[] = {"infinipot", "finch",   "snapkv",   "streaming", "h2o",
-                                            "cascade",   "truncate", "none",    NULL};
+static const char *const policy_values[] = {POT_POLICIES(POT_NAME_ENTRY_, ) NULL}; /* cache/'s list */
 
 static const setting settings[] = {
     S_STRING(host, "127.0.0.1", "listen address"),

@@ -13,42 +13,33 @@
  *   - an empty message list is rejected (most templates index messages[0]). */
 #include "chat.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "common/common.h"
 
 /* ---- names ------------------------------------------------------------------ */
 
-static const char *const family_names[] = {
-    [CHAT_UNKNOWN] = "unknown", [CHAT_CHATML] = "chatml",   [CHAT_LLAMA2] = "llama2",
-    [CHAT_LLAMA3] = "llama3",   [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr",
-    [CHAT_GEMMA] = "gemma",
-};
+#define CHAT_FAMILY_ENTRY_(id, name) [CHAT_##id] = name,
+static const char *const family_names[] = {[CHAT_UNKNOWN] = "unknown", ENGINE_CHAT_FAMILIES(CHAT_FAMILY_ENTRY_, )};
+enum { N_FAMILIES = sizeof family_names / sizeof family_names[0] };
 
 enum chat_family chat_family_from_name(const char *name) {
     if (!name) return CHAT_UNKNOWN;
-    for (int f = CHAT_CHATML; f <= CHAT_GEMMA; f++)
+    for (int f = CHAT_UNKNOWN + 1; f < N_FAMILIES; f++)
         if (strcmp(name, family_names[f]) == 0) return (enum chat_family)f;
     return CHAT_UNKNOWN;
 }
 
 const char *chat_family_name(enum chat_family f) {
-    if ((int)f < CHAT_UNKNOWN || (int)f > CHAT_GEMMA) return family_names[CHAT_UNKNOWN];
+    if ((int)f < CHAT_UNKNOWN || (int)f >= N_FAMILIES) return family_names[CHAT_UNKNOWN];
     return family_names[f];
 }
 
-const char *chat_family_list(void) { return "chatml, llama2, llama3, mistral, zephyr, gemma"; }
+const char *chat_family_list(void) { return ENGINE_CHAT_TEMPLATE_LIST; }
 
 /* ---- detection ------------------------------------------------------------------ */
 
@@ -193,17 +184,9 @@ typedef struct {
 } sbuf;
 
 static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+    if (b->oom || vec_reserve_((void **)&b->p, &b->cap, b->len + n + 1, 1)) {
+        b->oom = 1;
+        return;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;

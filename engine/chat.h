@@ -7,15 +7,10 @@
 
 #include <stddef.h>
 
-enum chat_family {
-    CHAT_UNKNOWN = 0,
-    CHAT_CHATML,  /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen2) */
-    CHAT_LLAMA2,  /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s> */
-    CHAT_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    CHAT_MISTRAL, /* [INST] ... [/INST] without <<SYS>> */
-    CHAT_ZEPHYR,  /* <|user|>\n...</s>\n<|assistant|>\n */
-    CHAT_GEMMA,   /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */
-};
+#include "engine/engine.h" /* ENGINE_CHAT_FAMILIES */
+
+#define CHAT_FAMILY_ENUM_(id, name) CHAT_##id,
+enum chat_family { CHAT_UNKNOWN = 0, ENGINE_CHAT_FAMILIES(CHAT_FAMILY_ENUM_, ) };
 
 typedef struct chat_message {
     const char *role;    /* "system", "user", "assistant" */
@@ -60,7 +55,7 @@ int chat_template_detect(const char *template_text, const char *bos, const char 
  * "gemma"); CHAT_UNKNOWN if no such name. */
 enum chat_family chat_family_from_name(const char *name);
 const char *chat_family_name(enum chat_family f);
-/* "chatml, llama2, llama3, mistral, zephyr, gemma" — for error messages. */
+/* ENGINE_CHAT_TEMPLATE_LIST, for error messages. */
 const char *chat_family_list(void);
 
 /* (Added detail: n == 0 is an error; user/assistant alternation is not

@@ -8,22 +8,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda/cuda_backend.h"
 #include "engine_internal.h"
 #include "quant.h"
 
 
-double now_ms(void) {
+double engine_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* The CUDA backend (cuda/cuda_backend.h) is linked only into `make CUDA=1`
- * builds; in the others these weak references are NULL, so one engine object
- * serves both. */
-__attribute__((weak)) int cuda_probe(char *msg, size_t msglen);
-__attribute__((weak)) backend *cuda_backend_new(const struct model *m, int n_threads, int exact,
-                                                char *err, size_t errlen);
+/* The CUDA backend is linked only into `make CUDA=1` builds; in the others
+ * these weak references (the header's own prototypes, so a signature change
+ * fails to compile here) are NULL, so one engine object serves both. */
+#pragma weak cuda_probe
+#pragma weak cuda_backend_new
 
 static backend *open_backend(engine *e, const engine_options *opt, char *err, size_t errlen) {
     int exact = opt ? opt->exact : 0;
@@ -163,7 +163,7 @@ int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, s
 
 /* Runs tokens through the pot in PREFILL_CHUNK pieces; logits of the last
  * token into `logits` when non-NULL. */
-int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
+int engine_prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
                    size_t errlen) {
     for (size_t i = 0; i < n; i += PREFILL_CHUNK) {
         size_t len = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
@@ -176,7 +176,7 @@ int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, c
     return 0;
 }
 
-pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
+pot *engine_new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
     const model *m = e->m;
     if (capacity > (size_t)m->n_ctx_train) {
         snprintf(err, errlen, "%zu tokens exceed the model's context of %d tokens", capacity,
@@ -187,8 +187,8 @@ pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
                    errlen);
 }
 
-pot *new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen) {
-    pot *p = new_pot(e, capacity, err, errlen);
+pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen) {
+    pot *p = engine_new_pot(e, capacity, err, errlen);
     /* the rotated-key cache serves the CPU backend; a backend that keeps pots on its
        device (pot_memory) rotates keys as it reads them there */
     if (p && !e->be->pot_memory && pot_cache_rotated_keys(p)) {
@@ -205,9 +205,9 @@ int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logi
         snprintf(err, errlen, "empty prompt");
         return -1;
     }
-    pot *p = new_pot(e, n, err, errlen);
+    pot *p = engine_new_pot(e, n, err, errlen);
     if (!p) return -1;
-    int rc = prefill(e, p, tokens, n, logits, err, errlen);
+    int rc = engine_prefill(e, p, tokens, n, logits, err, errlen);
     pot_free(p);
     return rc;
 }

@@ -11,9 +11,23 @@
 
 typedef struct engine engine;
 
+/* The chat template families (rendered by engine/chat.c), the one list their
+ * enum, names and messages derive from: X(ID, "name") per family, SEP between two. */
+#define ENGINE_CHAT_FAMILIES(X, SEP)                                                            \
+    X(CHATML, "chatml") SEP   /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen2) */         \
+    X(LLAMA2, "llama2") SEP   /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s> */    \
+    X(LLAMA3, "llama3") SEP   /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */ \
+    X(MISTRAL, "mistral") SEP /* [INST] ... [/INST] without <<SYS>> */                        \
+    X(ZEPHYR, "zephyr") SEP   /* <|user|>\n...</s>\n<|assistant|>\n */                         \
+    X(GEMMA, "gemma")         /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */
+#define ENGINE_NAME_STRING_(id, name) name
+/* "chatml, llama2, ..." (a string literal) */
+#define ENGINE_CHAT_TEMPLATE_LIST ENGINE_CHAT_FAMILIES(ENGINE_NAME_STRING_, ", ")
+
 typedef struct engine_options {
     int n_threads;              /* <= 0: all online CPUs */
-    const char *chat_template;  /* family name overriding the GGUF's template, or NULL */
+    const char *chat_template;  /* family name (ENGINE_CHAT_FAMILIES) overriding the GGUF's
+                                   template, or NULL */
     int exact;                  /* 1: f32 activations in every matrix product (see cpu_backend_new)
                                    and f32 KV entries */
     int kv_f32;                 /* 1: f32 KV entries (f16 by default) */
@@ -108,7 +122,7 @@ int engine_generate(engine *e, const int32_t *prompt, size_t n_prompt, const eng
 typedef struct engine_doc engine_doc;
 
 typedef struct engine_pot_settings {
-    const char *policy;       /* infinipot (NULL), finch, snapkv, streaming, h2o, truncate, none */
+    const char *policy;       /* a name of cache/cache.h's POT_POLICIES; NULL: infinipot */
     int32_t budget_tokens;    /* |M|: entries the pot holds at most (default 2048) */
     int32_t keep_tokens;      /* |C|: entries kept by a compression (default budget/2) */
     const char *schedule;     /* fixed (NULL) or imdc */

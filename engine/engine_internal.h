@@ -20,15 +20,16 @@ struct engine {
     enum pot_dtype kv_dtype; /* f16, or f32 with --exact */
 };
 
-double now_ms(void);
+/* Monotonic clock in milliseconds (stats). */
+double engine_now_ms(void);
 /* An empty pot of `capacity` slots for this model (at most its context). */
-pot *new_pot(engine *e, size_t capacity, char *err, size_t errlen);
-/* new_pot with a rotated-key cache, for pots that decode (cache/cache.h). */
-pot *new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen);
+pot *engine_new_pot(engine *e, size_t capacity, char *err, size_t errlen);
+/* engine_new_pot with a rotated-key cache, for pots that decode (cache/cache.h). */
+pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen);
 /* Runs tokens through p in PREFILL_CHUNK pieces; the last token's logits into
  * `logits` when non-NULL. */
-int prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
-            size_t errlen);
+int engine_prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,
+                   size_t errlen);
 /* Prefills prompt on top of what p holds (p stays the caller's), then samples
  * and decodes into p until a stop (see engine_generate): one gen_seq stepped
  * until it ends. */

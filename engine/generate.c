@@ -134,7 +134,7 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
     q->n_prefilled = 0;
     q->res.finish = ENGINE_FINISH_LENGTH;
     q->state = SEQ_PREFILL;
-    q->t_start = now_ms();
+    q->t_start = engine_now_ms();
     return 0;
 }
 
@@ -187,7 +187,7 @@ static void seq_finish(gen_seq *q, enum engine_finish finish, int flush) {
         stop_matcher_flush(q->sm, &out, &n_out);
         if (n_out && q->cb) q->cb(q->user, out, n_out, -1, NULL);
     }
-    q->res.decode_ms = now_ms() - q->t_decode;
+    q->res.decode_ms = engine_now_ms() - q->t_decode;
     q->state = SEQ_DONE;
 }
 
@@ -275,7 +275,7 @@ static void after_forward(gen_seq *q) {
         q->n_prefilled += (size_t)q->span_len;
         if (q->n_prefilled < q->n_prompt) return;
         q->res.n_prompt = (int64_t)q->n_prompt;
-        q->t_decode = now_ms();
+        q->t_decode = engine_now_ms();
         q->res.prefill_ms = q->t_decode - q->t_start;
         q->state = SEQ_DECODE;
         return;
@@ -367,7 +367,7 @@ pot *gen_new_pot(engine *e, size_t n_prompt, int32_t max_tokens, char *err, size
     if (n_prompt >= capacity)
         return snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",
                         n_prompt, m->n_ctx_train), NULL;
-    return new_decode_pot(e, capacity, err, errlen);
+    return engine_new_decode_pot(e, capacity, err, errlen);
 }
 
 int engine_continue(engine *e, pot *p, const int32_t *prompt, size_t n_prompt,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "engine_internal.h"
 
 #define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
@@ -27,25 +28,7 @@ enum {
 /* cascade: per-token decay of the attention average (the Cascading KV Cache paper's gamma) */
 #define CASCADE_GAMMA 0.9999
 
-typedef struct int_vec {
-    int32_t *v;
-    size_t n, cap;
-} int_vec;
-
-static int vec_push(int_vec *a, const int32_t *src, size_t n) {
-    if (!n) return 0; /* src may then be NULL */
-    if (a->n + n > a->cap) {
-        size_t cap = a->cap ? a->cap : 1024;
-        while (cap < a->n + n) cap *= 2;
-        int32_t *nv = realloc(a->v, cap * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = cap;
-    }
-    memcpy(a->v + a->n, src, n * sizeof *src);
-    a->n += n;
-    return 0;
-}
+typedef VEC(int32_t) int_vec; /* common/common.h's vec_append */
 
 struct engine_doc {
     engine *e;
@@ -97,7 +80,7 @@ static int tokenize_into(const engine *e, const char *text, int add_special, int
     int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
     if (!ids) return -1;
     tokenizer_encode(e->m->tok, text, len, add_special, parse_special, ids, n);
-    int rc = vec_push(v, ids, (size_t)n);
+    int rc = vec_append(v, ids, (size_t)n);
     free(ids);
     return rc;
 }
@@ -232,9 +215,16 @@ static void set_surprisal(pot *p, int32_t slot, float value) {
         for (int32_t h = 0; h < p->n_head_kv; h++) p->surprisal[pot_slot(p, l, h, slot)] = value;
 }
 
+/* pot_compact, with err set when it failed (a device's K/V not read back). */
+static int compact_pot(pot *p, const int32_t *keep, int32_t n_keep, char *err, size_t errlen) {
+    if (!pot_compact(p, keep, n_keep)) return 0;
+    snprintf(err, errlen, "compaction: the pot's K/V could not be read back from the device");
+    return -1;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     pot *p = d->pot;
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
@@ -243,10 +233,10 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
     if (!idx) return snprintf(err, errlen, "out of memory"), -1;
     int rc = pot_select(p, &sp, idx, err, errlen);
-    if (!rc) pot_compact(p, idx, keep);
+    if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
     d->st.compressions += !rc;
-    d->st.compress_ms += now_ms() - t0;
+    d->st.compress_ms += engine_now_ms() - t0;
     return rc;
 }
 
@@ -268,7 +258,7 @@ static float *cascade_row_weights(int32_t c) {
  * then the cascades' insertions and, when they dropped entries, one compaction. */
 static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
                         char *err, size_t errlen) {
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     pot *p = d->pot;
     float decay = (float)pow(CASCADE_GAMMA, c);
     for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
@@ -282,11 +272,11 @@ static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int6
         int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
         rc = !idx ? (snprintf(err, errlen, "out of memory"), -1)
                   : cascade_keep(d->casc, p, idx, keep) ? (snprintf(err, errlen, "cascade: state lost"), -1) : 0;
-        if (!rc) pot_compact(p, idx, keep);
+        if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
         free(idx);
         d->st.compressions += !rc;
     }
-    d->st.compress_ms += now_ms() - t0;
+    d->st.compress_ms += engine_now_ms() - t0;
     return rc;
 }
 
@@ -362,7 +352,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
         d->have_pending = labels[c - 1] >= 0;
         d->pending_surprisal = d->have_pending ? -label_lp[c - 1] : 0;
     }
-    if (d->record && vec_push(&d->recorded, chunk, (size_t)c)) {
+    if (d->record && vec_append(&d->recorded, chunk, (size_t)c)) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -464,7 +454,7 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
                     size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
     if (d->ended) return snprintf(err, errlen, "the document has already ended"), -1;
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (tok_stream_feed(d->ts, bytes, n, final, &ids, &n_ids)) {
@@ -472,7 +462,7 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
         doc_fail(d);
         return snprintf(err, errlen, "the document is not valid UTF-8"), -1;
     }
-    int rc = vec_push(&d->queue, ids, n_ids);
+    int rc = vec_append(&d->queue, ids, n_ids);
     free(ids);
     if (rc) {
         doc_fail(d);
@@ -480,16 +470,16 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
     }
     d->ended = final;
     d->st.bytes_read += (int64_t)n;
-    d->st.ingest_ms += now_ms() - t0;
+    d->st.ingest_ms += engine_now_ms() - t0;
     return 0;
 }
 
 int engine_doc_step(engine_doc *d, char *err, size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
-    double t0 = now_ms();
+    double t0 = engine_now_ms();
     int rc = run_next_chunk(d, err, errlen);
     if (rc < 0) doc_fail(d);
-    d->st.ingest_ms += now_ms() - t0;
+    d->st.ingest_ms += engine_now_ms() - t0;
     return rc;
 }
 
@@ -657,16 +647,16 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     int_vec prefix = {0};
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
-    d->pot = new_pot(e, doc_capacity(d), err, errlen);
+    d->pot = engine_new_pot(e, doc_capacity(d), err, errlen);
     if (d->pot) d->pot->original_positions = d->original_positions;
     d->ts = doc_tok_stream(e);
     int bad = !d->pot || !d->ts;
     if (!d->ts) snprintf(err, errlen, "out of memory");
     if (!bad && prefix.n) {
-        double t0 = now_ms();
-        bad = prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
-        d->st.ingest_ms += now_ms() - t0;
-        if (!bad && d->record && vec_push(&d->recorded, prefix.v, prefix.n))
+        double t0 = engine_now_ms();
+        bad = engine_prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
+        d->st.ingest_ms += engine_now_ms() - t0;
+        if (!bad && d->record && vec_append(&d->recorded, prefix.v, prefix.n))
             bad = 1, snprintf(err, errlen, "out of memory");
     }
     free(prefix.v);
@@ -733,10 +723,13 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
     if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
     if (need < base + q->n)
         return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
-    pot *p = new_decode_pot(e, need, err, errlen);
+    pot *p = engine_new_decode_pot(e, need, err, errlen);
     if (!p) return NULL;
-    pot_copy(p, d->pot);
-    if (pending && prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {
+    if (pot_copy(p, d->pot)) {
+        pot_free(p);
+        return snprintf(err, errlen, "the document's pot could not be copied (device read-back failed)"), NULL;
+    }
+    if (pending && engine_prefill(e, p, d->queue.v + d->q_pos, pending, NULL, err, errlen)) {
         pot_free(p);
         return NULL;
     }
@@ -756,7 +749,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
         select_params sel = {.policy = POLICY_FINCH, .n_keep = d->finch_keep, .scores = scores,
                              .scores_stride = n_keys, .pool = d->pool};
         rc = pot_select(p, &sel, idx, err, errlen);
-        if (!rc) pot_compact(p, idx, d->finch_keep);
+        if (!rc) rc = compact_pot(p, idx, d->finch_keep, err, errlen);
     }
     free(scores);
     free(idx);
@@ -796,12 +789,12 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
         return -1;
     }
     pot *p = doc_answer_pot(d, q.v, q.n, 0, err, errlen);
-    int rc = p ? prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
+    int rc = p ? engine_prefill(d->e, p, q.v, q.n, logits, err, errlen) : -1;
     if (!rc && d->record) {
         /* record the pending tail and the question prompt after the document for
            the caller's comparison */
-        rc = vec_push(&d->recorded, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
-        if (!rc) rc = vec_push(&d->recorded, q.v, q.n);
+        rc = vec_append(&d->recorded, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
+        if (!rc) rc = vec_append(&d->recorded, q.v, q.n);
     }
     pot_free(p);
     free(q.v);
@@ -843,31 +836,18 @@ typedef struct byte_out {
 } byte_out;
 
 static void out_bytes(byte_out *b, const void *src, size_t n) {
-    if (b->oom || !n) return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n) cap *= 2;
-        unsigned char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
+    if (!b->oom && vec_append_((void **)&b->p, &b->n, &b->cap, src, n, 1)) b->oom = 1;
 }
 
 static void out_u64(byte_out *b, uint64_t v) {
     unsigned char t[8];
-    for (int i = 0; i < 8; i++) t[i] = (unsigned char)(v >> (8 * i));
+    le_put_u64(t, v);
     out_bytes(b, t, 8);
 }
 
 static void out_u32(byte_out *b, uint32_t v) {
     unsigned char t[4];
-    for (int i = 0; i < 4; i++) t[i] = (unsigned char)(v >> (8 * i));
+    le_put_u32(t, v);
     out_bytes(b, t, 4);
 }
 
@@ -900,16 +880,12 @@ static const unsigned char *in_bytes(byte_in *r, size_t n) {
 
 static uint64_t in_u64(byte_in *r) {
     const unsigned char *t = in_bytes(r, 8);
-    uint64_t v = 0;
-    for (int i = 0; t && i < 8; i++) v |= (uint64_t)t[i] << (8 * i);
-    return v;
+    return t ? le_get_u64(t) : 0;
 }
 
 static uint32_t in_u32(byte_in *r) {
     const unsigned char *t = in_bytes(r, 4);
-    uint32_t v = 0;
-    for (int i = 0; t && i < 4; i++) v |= (uint32_t)t[i] << (8 * i);
-    return v;
+    return t ? le_get_u32(t) : 0;
 }
 
 static double in_f64(byte_in *r) {
@@ -925,7 +901,7 @@ static int in_tokens(byte_in *r, int32_t n_vocab, int_vec *v) {
     if (r->bad || n > (r->n - r->off) / 4) return r->bad = 1, -1;
     for (uint64_t i = 0; i < n; i++) {
         int32_t id = (int32_t)in_u32(r);
-        if (id < 0 || id >= n_vocab || vec_push(v, &id, 1)) return -1;
+        if (id < 0 || id >= n_vocab || vec_append(v, &id, 1)) return -1;
     }
     return 0;
 }
@@ -1107,7 +1083,7 @@ static int doc_state_decode(engine_doc *d, const unsigned char *p, size_t n, cha
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int rc = tok_stream_feed(d->ts, (const char *)held, (size_t)n_held, 0, &ids, &n_ids);
-    if (!rc) rc = vec_push(&d->queue, ids, n_ids);
+    if (!rc) rc = vec_append(&d->queue, ids, n_ids);
     free(ids);
     if (rc) return snprintf(err, errlen, "the held-back bytes do not tokenize"), -1;
     return 0;
@@ -1174,7 +1150,12 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
         key_difference(meta.settings, d->settings_key, diff, sizeof diff);
         snprintf(why, sizeof why, "saved with other pot settings (%s)", diff);
     } else if (d->pot->n_layer != e->m->n_layer || d->pot->n_head_kv != e->m->n_head_kv ||
-               d->pot->head_dim != e->m->head_dim || d->pot->dtype != e->kv_dtype) {
+               d->pot->head_dim != e->m->head_dim) {
+        snprintf(why, sizeof why,
+                 "its pot has %d layers x %d KV heads x head size %d, the model %d x %d x %d",
+                 d->pot->n_layer, d->pot->n_head_kv, d->pot->head_dim, e->m->n_layer,
+                 e->m->n_head_kv, e->m->head_dim);
+    } else if (d->pot->dtype != e->kv_dtype) {
         snprintf(why, sizeof why, "its pot holds %s entries, the engine %s",
                  d->pot->dtype == POT_F32 ? "f32" : "f16", e->kv_dtype == POT_F32 ? "f32" : "f16");
     } else if (doc_state_decode(d, extra, extra ? extra_len : 0, why, sizeof why) == 0 &&

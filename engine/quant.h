@@ -1,6 +1,9 @@
 /* Tensor element types of the GGUF format and their (de)quantisation
  * (private to engine/). Block layouts follow the GGUF specification; each type
- * packs `quant_block_elems` elements into `quant_block_bytes` bytes. */
+ * packs `quant_block_elems` elements into `quant_block_bytes` bytes. The
+ * formats are engine/quant.c; the CPU kernels that multiply with them (from
+ * quant_quantize_act on below) are engine/cpu/quant_kernels.c and, for the
+ * packed rows, engine/cpu/quant_pack.c. */
 #ifndef POTSERVE_QUANT_H
 #define POTSERVE_QUANT_H
 
@@ -54,7 +57,8 @@ uint16_t quant_f32_to_bf16(float f);
  * product it converts the activation row to the weight type's "vec_dot_type"
  * (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16,
  * BF16 or F32 for those weights) and takes integer (f16, bf16) dot products.
- * These functions reproduce that arithmetic (see quant.c for the details). */
+ * These functions reproduce that arithmetic (engine/cpu/quant_kernels.c has
+ * the details). */
 
 /* The activation format llama.cpp pairs with weights of `type`; GGML_TYPE_COUNT_
  * for a type with no dot product (unknown types, Q8_1, Q8_K). */

@@ -388,18 +388,18 @@ static void *engine_thread(void *arg) {
         append_waiting(s, submitted, n);
         start_ready(s);
         if (s->n_gens) {
-            double t0 = now_ms();
+            double t0 = engine_now_ms();
             decode_step(s);
-            s->gen_ms += now_ms() - t0;
+            s->gen_ms += engine_now_ms() - t0;
         }
         /* While generations run, ingest gets at most half of the time: a chunk
            runs once the generation steps since the last one have taken as long
            as it did, so a question is answered at about half speed during a
            long upload instead of one token per chunk. */
         if (!s->n_gens || s->gen_ms >= s->ingest_ms) {
-            double t0 = now_ms();
+            double t0 = engine_now_ms();
             ingest_one_chunk(s);
-            s->ingest_ms = now_ms() - t0;
+            s->ingest_ms = engine_now_ms() - t0;
             s->gen_ms = 0;
         }
     }

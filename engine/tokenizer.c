@@ -23,10 +23,11 @@
 #include <ctype.h>
 #include <pcre2.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/common.h"
 
 /* ------------------------------------------------------------------------- */
 /* small helpers                                                             */
@@ -46,52 +47,11 @@ enum { // llama.cpp's llama_token_attr bits
 
 enum { MODEL_BPE = 1, MODEL_SPM = 2 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static void *xrealloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
 
-/* Room for `need` elements of `elem` bytes in *data (capacity *cap),
- * doubling from `first`; -1 when out of memory (the old block is kept). */
-static int grow(void **data, size_t *cap, size_t need, size_t elem, size_t first) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : first;
-    while (nc < need) nc *= 2;
-    void *nd = xrealloc(*data, nc * elem);
-    if (!nd) return -1;
-    *data = nd;
-    *cap = nc;
-    return 0;
-}
-
-/* growable int32 vector */
-typedef struct {
-    int32_t *v;
-    size_t n, cap;
-} ivec;
-
-static int ivec_push(ivec *a, int32_t x) {
-    if (grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 64)) return -1;
-    a->v[a->n++] = x;
-    return 0;
-}
-
-/* growable size_t vector */
-typedef struct {
-    size_t *v;
-    size_t n, cap;
-} zvec;
-
-static int zvec_push(zvec *a, size_t x) {
-    if (grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 64)) return -1;
-    a->v[a->n++] = x;
-    return 0;
-}
+/* growable vectors (common/common.h): int32 and size_t */
+typedef VEC(int32_t) ivec;
+typedef VEC(size_t) zvec;
 
 /* growable byte buffer */
 typedef struct {
@@ -99,14 +59,9 @@ typedef struct {
     size_t n, cap;
 } bbuf;
 
-static int bbuf_reserve(bbuf *b, size_t extra) { return grow((void **)&b->p, &b->cap, b->n + extra, 1, 256); }
+static int bbuf_reserve(bbuf *b, size_t extra) { return vec_reserve_((void **)&b->p, &b->cap, b->n + extra, 1); }
 
-static int bbuf_add(bbuf *b, const void *s, size_t n) {
-    if (bbuf_reserve(b, n)) return -1;
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return 0;
-}
+static int bbuf_add(bbuf *b, const void *s, size_t n) { return vec_append_((void **)&b->p, &b->n, &b->cap, s, n, 1); }
 
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
     const unsigned char *s = p;
@@ -1259,22 +1214,7 @@ typedef struct {
     size_t off, len;
 } frag;
 
-typedef struct {
-    frag *v;
-    size_t n, cap;
-} fvec;
-
-static int fvec_push(fvec *a, frag f) {
-    if (a->n == a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 16;
-        frag *nv = xrealloc(a->v, nc * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = nc;
-    }
-    a->v[a->n++] = f;
-    return 0;
-}
+typedef VEC(frag) fvec;
 
 static int special_active(const tokenizer *t, int32_t id, int parse_special) {
     return parse_special || !(t->attr[id] & (ATTR_CONTROL | ATTR_UNKNOWN));
@@ -1284,7 +1224,7 @@ static int partition(const tokenizer *t, const char *text, size_t len, int parse
                      fvec *tmp) {
     out->n = 0;
     if (len == 0) return 0;
-    if (fvec_push(out, (frag){TOK_NULL, 0, len})) return -1;
+    if (vec_push(out, (frag){TOK_NULL, 0, len})) return -1;
     for (int32_t si = 0; si < t->n_special; si++) {
         int32_t id = t->special[si];
         if (!special_active(t, id, parse_special)) continue;
@@ -1302,22 +1242,22 @@ static int partition(const tokenizer *t, const char *text, size_t len, int parse
         for (size_t k = 0; k < out->n; k++) {
             frag fr = out->v[k];
             if (fr.id != TOK_NULL) {
-                if (fvec_push(tmp, fr)) return -1;
+                if (vec_push(tmp, fr)) return -1;
                 continue;
             }
             size_t base = fr.off, blen = fr.len;
             for (;;) {
                 const char *m = blen >= sl ? memmem(text + base, blen, st, sl) : NULL;
                 if (!m) {
-                    if (blen > 0 && fvec_push(tmp, (frag){TOK_NULL, base, blen})) return -1;
+                    if (blen > 0 && vec_push(tmp, (frag){TOK_NULL, base, blen})) return -1;
                     break;
                 }
                 size_t mo = (size_t)(m - text);
                 size_t ll = mo - base;
                 if (attr & ATTR_LSTRIP)
                     while (ll > 0 && isspace((unsigned char)text[base + ll - 1])) ll--;
-                if (ll > 0 && fvec_push(tmp, (frag){TOK_NULL, base, ll})) return -1;
-                if (fvec_push(tmp, (frag){id, mo, sl})) return -1;
+                if (ll > 0 && vec_push(tmp, (frag){TOK_NULL, base, ll})) return -1;
+                if (vec_push(tmp, (frag){id, mo, sl})) return -1;
                 size_t ro = mo + sl, rl = base + blen - ro;
                 if (attr & ATTR_RSTRIP)
                     while (rl > 0 && isspace((unsigned char)text[ro])) ro++, rl--;
@@ -1461,11 +1401,11 @@ static size_t sc_emit(scan *S, size_t end) {
     size_t len = end - S->prev_end;
     if (len > 0) {
         if (!S->unstable && S->maxpos < S->e) {
-            if (zvec_push(S->out, end)) S->oom = 1;
+            if (vec_push(S->out, end)) S->oom = 1;
             S->stable = end;
         } else {
             S->unstable = 1;
-            if (!S->open && zvec_push(S->out, end)) S->oom = 1;
+            if (!S->open && vec_push(S->out, end)) S->oom = 1;
         }
     }
     S->prev_end = end;
@@ -1617,7 +1557,7 @@ static void scan_digits(scan *S) {
     /* the text after the last number runs to the fragment end, which may move */
     if (S->prev_end < S->e) {
         if (S->open) S->unstable = 1;
-        else if (zvec_push(S->out, S->e)) S->oom = 1;
+        else if (vec_push(S->out, S->e)) S->oom = 1;
         S->prev_end = S->e;
     }
 }
@@ -1685,7 +1625,7 @@ static int run_stage(const pre_stage *st, cpbuf *c, size_t s, size_t e, int open
                  * partial match starts (or to the end) */
                 *open_start = subj_to_cpt(c, st, s, e, last);
                 *open_limit = rc == PCRE2_ERROR_PARTIAL ? subj_to_cpt(c, st, s, e, ov[0]) : e;
-            } else if (zvec_push(out, e)) {
+            } else if (vec_push(out, e)) {
                 return -1;
             }
             return 0;
@@ -1698,8 +1638,8 @@ static int run_stage(const pre_stage *st, cpbuf *c, size_t s, size_t e, int open
                 while (pos < slen && ((unsigned char)subj[pos] & 0xC0) == 0x80) pos++;
             continue;
         }
-        if (ms > last && zvec_push(out, subj_to_cpt(c, st, s, e, ms))) return -1;
-        if (zvec_push(out, subj_to_cpt(c, st, s, e, me))) return -1;
+        if (ms > last && vec_push(out, subj_to_cpt(c, st, s, e, ms))) return -1;
+        if (vec_push(out, subj_to_cpt(c, st, s, e, me))) return -1;
         pos = last = me;
     }
 }
@@ -1714,7 +1654,7 @@ static int pretokenize(const tokenizer *t, cpbuf *c, int open, zvec *out, zvec *
         if (cut) *cut = 0;
         return 0;
     }
-    if (zvec_push(out, n)) return -1;
+    if (vec_push(out, n)) return -1;
     size_t ostart = 0, olimit = n; /* open fragment [ostart, ...) trusted below olimit */
     int has_open = open;
     if (open) out->n = 0;
@@ -1882,7 +1822,7 @@ static int bpe_word(const tokenizer *t, work *w, const char *s, size_t n, ivec *
     }
     if (t->ignore_merges) {
         int32_t id = vocab_find(t, w->enc.p, w->enc.n);
-        if (id != TOK_NULL) return ivec_push(out, id);
+        if (id != TOK_NULL) return vec_push(out, id);
     }
     w->nsym = n;
     w->nheap = 0;
@@ -1905,12 +1845,12 @@ static int bpe_word(const tokenizer *t, work *w, const char *s, size_t n, ivec *
         if (S->n == 0) continue;
         int32_t id = S->id;
         if (id != TOK_NULL) {
-            if (ivec_push(out, id)) return -1;
+            if (vec_push(out, id)) return -1;
             continue;
         }
         for (uint32_t k = 0; k < S->n; k++) { /* llama.cpp looks up each single byte */
             int32_t bid = vocab_find(t, w->enc.p + S->off + k, 1);
-            if (bid != TOK_NULL && ivec_push(out, bid)) return -1;
+            if (bid != TOK_NULL && vec_push(out, bid)) return -1;
         }
     }
     return 0;
@@ -1971,13 +1911,13 @@ static int spm_run(const tokenizer *t, work *w, ivec *out) {
         const sym *S = &w->syms[i];
         int32_t id = vocab_find(t, w->enc.p + S->off, S->n);
         if (id != TOK_NULL) {
-            if (ivec_push(out, id)) return -1;
+            if (vec_push(out, id)) return -1;
             continue;
         }
         /* every merged symbol is a token, so this is one character: bytes */
         for (uint32_t j = 0; j < S->n; j++) {
             int32_t bid = spm_byte_token(t, (unsigned char)w->enc.p[S->off + j]);
-            if (bid != TOK_NULL && ivec_push(out, bid)) return -1;
+            if (bid != TOK_NULL && vec_push(out, bid)) return -1;
         }
     }
     return 0;
@@ -2135,7 +2075,7 @@ static int encode_core(const tokenizer *t, work *w, const char *p, size_t n, int
         frag fr = w->frags.v[k];
         if (fr.id != TOK_NULL) {
             if (fr.off + fr.len > L0) break;
-            if (ivec_push(out, fr.id)) return -1;
+            if (vec_push(out, fr.id)) return -1;
             done = fr.off + fr.len;
             continue;
         }
@@ -2172,9 +2112,9 @@ int64_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, int a
     work w = {0};
     ivec ids = {0};
     int rc = 0;
-    if (add_special && t->add_bos && t->bos != TOK_NULL) rc |= ivec_push(&ids, t->bos);
+    if (add_special && t->add_bos && t->bos != TOK_NULL) rc |= vec_push(&ids, t->bos);
     if (!rc) rc = encode_core(t, &w, text ? text : "", len, parse_special, 0, 0, &ids, NULL, NULL);
-    if (!rc && add_special && t->add_eos && t->eos != TOK_NULL) rc = ivec_push(&ids, t->eos);
+    if (!rc && add_special && t->add_eos && t->eos != TOK_NULL) rc = vec_push(&ids, t->eos);
     work_free(&w);
     if (rc) {
         free(ids.v);
@@ -2370,7 +2310,7 @@ int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32
     ivec out = {0};
     if (!s->started) {
         s->started = 1;
-        if (s->add_special && t->add_bos && t->bos != TOK_NULL && ivec_push(&out, t->bos)) goto oom;
+        if (s->add_special && t->add_bos && t->bos != TOK_NULL && vec_push(&out, t->bos)) goto oom;
     }
     size_t cut = 0;
     int in_raw = 0;
@@ -2390,7 +2330,7 @@ int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32
     }
     if (final) {
         s->finished = 1;
-        if (s->add_special && t->add_eos && t->eos != TOK_NULL && ivec_push(&out, t->eos)) goto oom;
+        if (s->add_special && t->add_eos && t->eos != TOK_NULL && vec_push(&out, t->eos)) goto oom;
     }
     if (append_ids(&out, ids, n_ids)) goto oom;
     free(out.v);

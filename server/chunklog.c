@@ -31,7 +31,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +39,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "cache/cache.h"
+#include "common/common.h"
 
 enum {
     CL_HDR = 20,
@@ -71,15 +70,6 @@ struct chunk_log {
     uint64_t open_seq, open_bytes, write_off;
     uint32_t open_crc;
 };
-
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t errlen,
-                                                          const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 
 static void put_header(unsigned char *h, int type, uint64_t seq, uint32_t len) {
@@ -227,17 +217,7 @@ static int find_commit_after(int fd, uint64_t start, uint64_t size, unsigned cha
 
 /* Makes room for one more entry; 0 or ENOMEM. */
 static int reserve_entry(chunk_log *l) {
-    if (l->n < l->cap) return 0;
-    size_t cap = l->cap ? l->cap : 16;
-    if (l->cap) {
-        if (cap > SIZE_MAX / 2 / sizeof *l->ents) return ENOMEM;
-        cap *= 2;
-    }
-    chunk_log_entry *e = realloc(l->ents, cap * sizeof *e);
-    if (!e) return ENOMEM;
-    l->ents = e;
-    l->cap = cap;
-    return 0;
+    return vec_reserve_((void **)&l->ents, &l->cap, l->n + 1, sizeof *l->ents) ? ENOMEM : 0;
 }
 
 /* Chunk-assembly state of the open-time scan and of replay. */

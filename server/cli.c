@@ -11,11 +11,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "cache/cache.h" /* the policies' and schedules' names */
 #include "config/config.h"
 #include "engine/engine.h"
 #include "server/server.h"
 
-enum { MAX_STOPS = 8 };
+enum { MAX_STOPS = 8, MAX_FLAGS = 32 };
 
 typedef struct flag {
     const char *name;  /* "--temp" */
@@ -26,8 +27,12 @@ typedef struct flag {
 
 /* Parsed command line: value per flag (NULL when absent, "1" for switches),
  * repeated --stop values collected. */
+/* Each flag table below is checked against parsed.val's size. */
+#define FLAGS_FIT(table) \
+    _Static_assert(sizeof(table) / sizeof(table)[0] - 1 <= MAX_FLAGS, #table " has more flags than MAX_FLAGS")
+
 typedef struct parsed {
-    const char *val[32];
+    const char *val[MAX_FLAGS]; /* indexed by the flag's position in its table */
     const char *stops[MAX_STOPS];
     int n_stops;
 } parsed;
@@ -125,8 +130,7 @@ static engine *open_model(const char *cmd, const flag *flags, const parsed *p) {
     {"--backend", NULL, "B", "cpu (default) or cuda (binaries built with make CUDA=1)"}, \
     {"--exact", NULL, NULL, "f32 activations and KV (reference numerics, slower)"}, \
     {"--kv-f32", NULL, NULL, "f32 KV entries (f16 by default)"}, \
-    {"--chat-template", NULL, "NAME", "override the chat template family: chatml, llama2, " \
-                                      "llama3, mistral, zephyr, gemma"}
+    {"--chat-template", NULL, "NAME", "override the chat template family: " ENGINE_CHAT_TEMPLATE_LIST}
 
 /* ---- generate ------------------------------------------------------------- */
 
@@ -153,6 +157,7 @@ static const flag generate_flags[] = {
     {"--verbose", "-v", NULL, "print token counts and speed to stderr"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(generate_flags);
 
 static int print_text(void *user, const char *text, size_t len, int32_t token,
                       const sample_logprobs *lp) {
@@ -311,6 +316,7 @@ static const flag tokenize_flags[] = {
     {"--parse-special", NULL, NULL, "turn special-token text (e.g. <|im_end|>) into those tokens"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(tokenize_flags);
 
 /* Reads all of stdin into a malloc'd buffer. */
 static char *read_stdin(size_t *len) {
@@ -365,6 +371,7 @@ int cli_tokenize(int argc, char **argv) {
 /* ---- info ------------------------------------------------------------------- */
 
 static const flag info_flags[] = {MODEL_FLAGS, {NULL, NULL, NULL, NULL}};
+FLAGS_FIT(info_flags);
 
 int cli_info(int argc, char **argv) {
     parsed p;
@@ -401,6 +408,7 @@ static const flag logits_flags[] = {
     {"--out", "-o", "FILE", "write the raw float32 logits to FILE instead of stdout text"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(logits_flags);
 
 static int32_t *parse_ids(const char *s, size_t *n) {
     size_t cap = 16;
@@ -471,8 +479,8 @@ static const flag ingest_flags[] = {
     MODEL_FLAGS,
     {"--budget", NULL, "N", "pot budget |M| in entries (default 2048)"},
     {"--keep", NULL, "N", "entries kept by a compression |C| (default budget/2)"},
-    {"--policy", NULL, "P", "infinipot (default), finch, snapkv, streaming, h2o, truncate, cascade, none"},
-    {"--schedule", NULL, "S", "engine chunk schedule: fixed (default) or imdc"},
+    {"--policy", NULL, "P", POT_POLICY_LIST " (default: infinipot)"},
+    {"--schedule", NULL, "S", "engine chunk schedule: " SCHEDULE_KIND_LIST " (default: fixed)"},
     {"--chunk", NULL, "N", "engine chunk in tokens (default min(512, budget/4))"},
     {"--question", NULL, "TEXT", "question answered after the document (finch: guides compression)"},
     {"--late-question", NULL, NULL, "finch: the question is not known while reading (two-stage)"},
@@ -491,6 +499,7 @@ static const flag ingest_flags[] = {
     {"--progress", NULL, "N", "every N tokens read, a JSON line on stderr: tokens, seconds, RSS"},
     {NULL, NULL, NULL, NULL},
 };
+FLAGS_FIT(ingest_flags);
 
 /* The process's resident set now (not its peak), in bytes; -1 if unknown. */
 static long long current_rss_bytes(void) {

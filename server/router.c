@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/cache.h" /* policy and schedule names */
 #include "server/srv.h"
 
 /* ---- request lifetime --------------------------------------------------------------- */
@@ -207,8 +208,10 @@ static void route_models(request *r) {
 static void route_server(request *r) {
     server *s = r->srv;
     json_t *policies = json_array(), *schedules = json_array();
-    for (const char *const *p = api_policies; *p; p++) json_array_append_new(policies, json_string(*p));
-    for (const char *const *p = api_schedules; *p; p++) json_array_append_new(schedules, json_string(*p));
+    for (int p = 0; p < POLICY_COUNT_; p++)
+        json_array_append_new(policies, json_string(pot_policy_name((enum pot_policy)p)));
+    for (int k = 0; k < SCHEDULE_COUNT_; k++)
+        json_array_append_new(schedules, json_string(schedule_kind_name((enum schedule_kind)k)));
     int32_t budget = (int32_t)s->cfg.budget_tokens;
     respond_json(r, 200,
                  json_pack("{s:s, s:s, s:i, s:{s:i, s:i, s:s, s:s}, s:o, s:o, s:I, s:I}", "object",

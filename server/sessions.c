@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/cache.h" /* crc32c */
+#include "common/common.h"
 #include "server/srv.h"
 
 enum { PIECE_BYTES = 16 * 1024, MAX_IN_FLIGHT = 8 };

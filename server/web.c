@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cache/cache.h" /* crc32c */
+#include "common/common.h" /* crc32c */
 #include "server/srv.h"
 
 /* The arrays xxd -i writes (named after each file). */

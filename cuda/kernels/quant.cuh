@@ -61,7 +61,7 @@ __device__ __forceinline__ float float_element(uint32_t type, const unsigned cha
     }
 }
 
-/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (quant.c scale_min_k4). */
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (engine/quant_blocks.h scale_min_k4). */
 __device__ __forceinline__ void scale_min_k4(int j, const unsigned char *s, int *sc, int *mn) {
     if (j < 4) {
         *sc = s[j] & 63;

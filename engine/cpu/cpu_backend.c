@@ -664,8 +664,8 @@ static void store_spans(void *ctx, int64_t a, int64_t b, int worker) {
         pot *p = sp->kv;
         for (int32_t i = 0; i < sp->n_tokens; i++) {
             int64_t t = sj->t0[s] + i, slot = (int64_t)p->n + i;
-            for (int32_t g = 0; g < m->n_head_kv; g++)
-                pot_write(p, l, g, (int32_t)slot, sj->B->k + t * dkv + g * hd, sj->B->v + t * dkv + g * hd);
+            for (int32_t g = 0; g < m->n_head_kv; g++) /* on the host already (cpu_forward): cannot fail */
+                (void)pot_write(p, l, g, (int32_t)slot, sj->B->k + t * dkv + g * hd, sj->B->v + t * dkv + g * hd);
             int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
             for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&sj->cb->rope, sj->B->q + t * dq + h * hd, pos);
         }
@@ -845,6 +845,13 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     }
     int64_t d = m->n_embd, t = 0;
     int rc = 0;
+    /* the host writes these pots' K/V (pot_write): a device's copy comes back first */
+    for (int32_t s = 0; s < n_spans; s++)
+        if (pot_host_take(spans[s].kv)) {
+            free_buffers(&B);
+            snprintf(err, errlen, "forward: the pot's K/V could not be read back from the device");
+            return -1;
+        }
     for (int32_t s = 0; s < n_spans; s++)
         for (int32_t i = 0; i < spans[s].n_tokens; i++, t++)
             quant_dequantize_row(m->tok_embd.type,

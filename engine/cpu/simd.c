@@ -456,9 +456,28 @@ static int cpu_has_avx2_fma(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+
+/* vpdpbusd on 256- and 512-bit registers, with the byte operations of
+ * AVX512BW (libgcc also checks that the OS saves the AVX-512 state). */
+static int cpu_has_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw");
+}
 #else
 #define SIMD_HAVE_AVX2 0
 #endif
+
+int simd_cpu_probe(void) {
+    const char *e = getenv("POTSERVE_NO_SIMD");
+    int m = 0;
+#if SIMD_HAVE_AVX2
+    if (!(e && *e && strcmp(e, "0") != 0)) m = cpu_has_avx2_fma() ? 1 + cpu_has_vnni() : 0;
+#else
+    (void)e;
+#endif
+    return m;
+}
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
@@ -466,13 +485,7 @@ static atomic_int simd_mode = -1; /* -1 not yet known, 0 scalar, 1 AVX2 */
 static atomic_int forced_scalar = 0;
 
 static __attribute__((noinline, cold)) int detect_mode(void) {
-    const char *e = getenv("POTSERVE_NO_SIMD");
-    int m = 0;
-#if SIMD_HAVE_AVX2
-    if (!(e && *e && strcmp(e, "0") != 0)) m = cpu_has_avx2_fma();
-#else
-    (void)e;
-#endif
+    const int m = simd_cpu_probe() > 0;
     atomic_store_explicit(&simd_mode, m, memory_order_relaxed);
     return m;
 }

@@ -54,6 +54,12 @@ void simd_dot_rows_f16(float *out, int64_t out_stride, const float *const *a, in
 void simd_axpy_rows_f16(float *const *y, int n_y, const float *w, int64_t w_stride, const uint16_t *x,
                         int64_t x_stride, int64_t n_rows, int64_t n);
 
+/* The CPU's vector features, the one probe of the CPU backend (these helpers
+ * and the quantised kernels, engine/cpu/quant_kernels.c, cache its result):
+ * 0 when POTSERVE_NO_SIMD is set to anything but "" or "0", or the CPU lacks
+ * AVX2, FMA or F16C; 1 with them; 2 when it also has AVX512-VNNI, VL and BW. */
+int simd_cpu_probe(void);
+
 /* Kernels in use: "avx2" (AVX2, FMA and F16C) or "scalar". */
 const char *simd_name(void);
 /* Test-only: on != 0 forces the scalar kernels, 0 restores the default. */

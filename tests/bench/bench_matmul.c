@@ -11,7 +11,7 @@
  * whole 256-element blocks, so they use the ffn_down shape, 576 rows of 1536).
  * Not part of `make test`. Build and run from the repository root:
  *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_matmul.c engine/quant.c -lm \
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_matmul.c engine/quant.c engine/cpu/quant_*.c engine/cpu/simd.c -lm \
  *       -o build/bench_matmul && build/bench_matmul
  *
  * Columns: milliseconds for the 512 activations (best of several passes),

@@ -4,7 +4,7 @@
  * activation row (a decode step). Also shows the f32-activation quant_dot_row.
  * Not part of `make test`. Build and run from the repository root:
  *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_quant_dot.c engine/quant.c -lm \
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_quant_dot.c engine/quant.c engine/cpu/quant_*.c engine/cpu/simd.c -lm \
  *       -o build/bench_quant_dot && build/bench_quant_dot
  *
  * Prints GB/s of weight bytes read (best of several passes over the matrix). */

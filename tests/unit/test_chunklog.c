@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/cache.h"
+#include "common/common.h"
 #include "server/chunklog.h"
 #include "test.h"
 

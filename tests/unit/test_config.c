@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "config/config.h"
 #include "test.h"
 
@@ -309,15 +310,13 @@ TEST(config_json_values) {
     CHECK_STR(c.data_dir, "d");
     config_free(&c);
     unlink(path);
-    /* Every policy name is accepted. */
-    static const char *const policies[] = {"infinipot", "finch",   "snapkv",   "streaming",
-                                           "h2o",       "cascade", "truncate", "none"};
-    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+    /* Every policy name cache/ knows is accepted. */
+    for (int i = 0; i < POLICY_COUNT_; i++) {
         char var[64];
-        snprintf(var, sizeof var, "POTSERVE_POLICY=%s", policies[i]);
+        snprintf(var, sizeof var, "POTSERVE_POLICY=%s", pot_policy_name((enum pot_policy)i));
         const char *env[] = {var, NULL};
         CHECK_EQ_INT(load(&c, NULL, env, err, sizeof err), 0);
-        CHECK_STR(c.policy, policies[i]);
+        CHECK_STR(c.policy, pot_policy_name((enum pot_policy)i));
         config_free(&c);
     }
 }

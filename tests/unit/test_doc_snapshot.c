@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
+#include "common/common.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
@@ -634,7 +635,8 @@ TEST(doc_snapshot_refuses_bad_files) {
     engine_close(e);
 }
 
-/* A kv_f32 engine refuses a snapshot of f16 entries (same model, same settings). */
+/* A kv_f32 engine refuses a snapshot of f16 entries (same model, same settings),
+ * and a pot of another shape is refused as such. */
 TEST(doc_snapshot_refuses_other_kv_type) {
     engine *e = test_open_default_engine(2);
     const char *mp = test_model_path();
@@ -652,6 +654,24 @@ TEST(doc_snapshot_refuses_other_kv_type) {
         CHECK_EQ_INT(engine_doc_feed(d, long_doc, 100, 0, err, sizeof err), 0);
         CHECK_EQ_INT(engine_doc_save(d, path, 1, err, sizeof err), 0);
         expect_refused(f, &set, path, "f16 entries");
+        /* the same file with a pot of one layer less (same model, settings, state):
+           refused for its shape, not its entry type */
+        pot_snapshot_meta meta;
+        void *extra = NULL;
+        size_t extra_len = 0;
+        pot *p = pot_snapshot_read_extra(path, 0, &meta, &extra, &extra_len, err, sizeof err);
+        pot *q = p ? pot_new(p->n_layer - 1, p->n_head_kv, p->head_dim, p->capacity, p->dtype, err,
+                             sizeof err)
+                   : NULL;
+        CHECK(q != NULL && extra != NULL);
+        if (q) {
+            q->n = p->n, q->n_seen = p->n_seen, q->n_pinned = p->n_pinned;
+            CHECK_EQ_INT(pot_snapshot_write_extra(path, q, &meta, extra, extra_len, err, sizeof err), 0);
+            expect_refused(e, &set, path, "its pot has 29 layers x 3 KV heads x head size 64, the model 30");
+        }
+        pot_free(p);
+        pot_free(q);
+        free(extra);
     }
     engine_doc_close(d);
     test_remove_dir(dir);

@@ -138,6 +138,13 @@ TEST(forward_attention_scores_are_probabilities) {
     model_free(m);
 }
 
+/* A device that lost the pot's K/V: nothing can be read back. */
+static int lost_sync(pot_device *d, pot *p) { return (void)d, (void)p, -1; }
+static int lost_compact(pot_device *d, pot *p, const int32_t *keep, int32_t n_keep) {
+    return (void)d, (void)p, (void)keep, (void)n_keep, -1;
+}
+static void lost_release(pot_device *d, pot *p) { (void)d, p->device = NULL; }
+
 TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
     model *m = test_load_default_model();
     CHECK(m != NULL);
@@ -157,6 +164,13 @@ TEST(forward_rejects_bad_spans_and_keeps_the_pot) {
     backend_span twice[2] = {ok, ok};
     CHECK_EQ_INT(be->forward(be, twice, 2, err, sizeof err), -1);
     CHECK_EQ_INT(p->n, 4);
+    /* a pot whose device cannot give its K/V back is refused, not extended over stale ones */
+    pot_device lost = {lost_sync, lost_compact, NULL, lost_release};
+    p->device = &lost;
+    backend_span more = {.tokens = prompt + 4, .n_tokens = 2, .kv = p};
+    CHECK_EQ_INT(be->forward(be, &more, 1, err, sizeof err), -1);
+    CHECK(strstr(err, "read back") != NULL);
+    CHECK(p->n == 4 && p->device == NULL);
     pot_free(p);
     be->free(be);
     model_free(m);

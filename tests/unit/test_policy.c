@@ -116,6 +116,24 @@ static void ref_select(const pot *p, const select_params *sp, int32_t *keep) {
     free(v);
 }
 
+/* Names and the list of them come from one table (cache/cache.h's POT_POLICIES). */
+TEST(policy_names_round_trip_and_list_in_order) {
+    const char *list = pot_policy_list(), *at = list;
+    for (int i = 0; i < POLICY_COUNT_; i++) {
+        const char *name = pot_policy_name((enum pot_policy)i);
+        CHECK_EQ_INT(pot_policy_from_name(name), i);
+        const char *found = strstr(at, name);
+        CHECK(found != NULL);
+        if (found) at = found + strlen(name);
+    }
+    CHECK_STR(at, "");
+    CHECK_STR(pot_policy_name(POLICY_CASCADE), "cascade");
+    CHECK_STR(pot_policy_name(POLICY_COUNT_), "unknown");
+    CHECK_EQ_INT(pot_policy_from_name("lru"), -1);
+    CHECK_EQ_INT(pot_policy_from_name(NULL), -1);
+    CHECK_STR(list, "infinipot, finch, snapkv, streaming, h2o, cascade, truncate, none");
+}
+
 TEST(policy_select_matches_plain_reference) {
     const enum pot_policy policies[] = {POLICY_INFINIPOT, POLICY_FINCH, POLICY_SNAPKV,
                                         POLICY_H2O, POLICY_STREAMING, POLICY_TRUNCATE};

@@ -16,7 +16,7 @@ typedef struct fake_dev {
     pot_device hooks; /* first */
     void *k, *v;      /* the "device" K/V, the pot's layout */
     size_t bytes;
-    int syncs, compacts, copies, releases, fail_compact, fail_copy;
+    int syncs, compacts, copies, releases, fail_compact, fail_copy, fail_sync;
 } fake_dev;
 
 static size_t kv_bytes(const pot *p) {
@@ -26,6 +26,7 @@ static size_t kv_bytes(const pot *p) {
 static int fd_sync(pot_device *d, pot *p) {
     fake_dev *f = (fake_dev *)d;
     f->syncs++;
+    if (f->fail_sync) return -1;
     memcpy(p->k, f->k, f->bytes);
     memcpy(p->v, f->v, f->bytes);
     return 0;
@@ -180,4 +181,39 @@ TEST(pot_device_copy_write_free_snapshot) {
     CHECK(row[0] == 5 + 3.0f);
     pot_free(p);
     CHECK(f.releases == 1);
+}
+
+/* A device whose K/V cannot be read back: pot_write and pot_compact report it
+ * and change nothing, instead of going on with the stale host copy. */
+TEST(pot_device_failed_read_back_is_an_error) {
+    fake_dev f = {0};
+    pot *p = filled_pot(6, 0);
+    CHECK_EQ_INT(fd_attach(&f, p), 0);
+    device_shift(&f, 1.0f);
+    f.fail_sync = 1;
+    float k[4] = {9, 9, 9, 9}, *host = (float *)p->k + pot_slot(p, 0, 0, 6) * 4;
+    *host = -1.0f;
+    CHECK_EQ_INT(pot_write(p, 0, 0, 6, k, k), -1);
+    CHECK(*host == -1.0f); /* nothing written */
+    pot_free(p);
+
+    fake_dev g = {0};
+    p = filled_pot(6, 0);
+    CHECK_EQ_INT(fd_attach(&g, p), 0);
+    g.fail_sync = g.fail_compact = 1;
+    int32_t keep[4 * 2];
+    for (int lh = 0; lh < 4; lh++) keep[lh * 2] = 0, keep[lh * 2 + 1] = 5;
+    CHECK_EQ_INT(pot_compact(p, keep, 2), -1);
+    CHECK_EQ_INT(p->n, 6); /* nothing moved */
+    CHECK_EQ_INT(p->token_index[pot_slot(p, 0, 0, 1)], 1);
+    pot_free(p);
+
+    /* and the same device working: both succeed */
+    fake_dev h = {0};
+    p = filled_pot(6, 0);
+    CHECK_EQ_INT(fd_attach(&h, p), 0);
+    CHECK_EQ_INT(pot_compact(p, keep, 2), 0);
+    CHECK_EQ_INT(pot_write(p, 0, 0, 2, k, k), 0);
+    CHECK(p->n == 2 && p->device == NULL);
+    pot_free(p);
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "common/common.h"
 #include "test.h"
 
 static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
