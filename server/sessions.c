@@ -40,6 +40,8 @@ struct upload {
     enum upload_mode mode;
     uint64_t seq;
     int final, wait, sse;
+    int streaming;               /* sse and the event stream has started */
+    int answered;                /* the error or result has been sent (or the client is gone) */
     const chunk_log_entry *dup;  /* UPLOAD_DUPLICATE: the acknowledged chunk */
     piece *cur;
     piece *disk_head, *disk_tail;
@@ -49,6 +51,7 @@ struct upload {
     int acked;                   /* the client has its answer (wait=false: before ingest ends) */
     int body_done, failed, finished, committed, final_pushed;
     int engine_touched;          /* a piece or the end mark went to the engine: a failure rebuilds */
+    int cancelled;               /* after a failure: the document's queued ingests were cancelled */
     api_error err;
     uint64_t bytes;
     uint32_t crc;
@@ -485,7 +488,7 @@ static void piece_ingested_loop(server *s, void *arg) {
         fail_upload(u, overflow ? 422 : 500, overflow ? "document_too_long" : "ingest_failed",
                     "%s", c->err);
     }
-    if (u->sse && u->body_done && u->r->conn && !u->finished) {
+    if (u->streaming && u->r->conn && !u->answered) {
         char line[256];
         int n = snprintf(line, sizeof line,
                          "event: progress\ndata: {\"tokens_ingested\": %lld, \"tokens_in_pot\": %d, "
@@ -524,11 +527,12 @@ static json_t *chunk_result(upload *u) {
 
 static void respond_upload(upload *u, int status, json_t *body) {
     request *r = u->r;
+    u->answered = 1;
     if (!r->conn) {
         json_decref(body);
         return;
     }
-    if (u->sse) {
+    if (u->streaming) {
         char *text = json_dumps(body, JSON_COMPACT);
         json_decref(body);
         const char *ev = status >= 400 ? "error" : "done";
@@ -582,10 +586,19 @@ static void upload_step(upload *u) {
     }
     if (u->failed) {
         drop_queued_pieces(u); /* nothing more goes to the log or the engine */
+        /* the answer goes out once the body has been read (and dropped), not
+         * after the pieces already in the engine: those can take a while */
+        if (r->suspended && !u->body_done) request_wake(r);
+        if (u->body_done && !u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
+        /* the pot is re-read after this chunk anyway: its queued pieces fail at once */
+        if (u->in_flight > 0 && u->engine_touched && !u->cancelled) {
+            u->cancelled = 1;
+            engine_doc_cancel(ss->doc);
+        }
         if (u->in_flight > 0) return; /* wait for the engine to hand back every piece */
         if (u->began && !u->committed) return disk_submit(u, 2, NULL);
         u->finished = 1;
-        respond_upload(u, u->err.status, api_error_json(&u->err));
+        if (!u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
         if (!u->engine_touched) { /* the pot never saw this chunk: it holds the pre-chunk state */
             ss->busy = 0;
             return;
@@ -810,7 +823,7 @@ void upload_receive(request *r, const char *data, size_t *size) {
     if (!u->failed && u->utf8_need)
         fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
     dispatch_piece(u);
-    if (u->sse && !u->failed) stream_start(r);
+    if (u->sse && !u->failed) u->streaming = !stream_start(r);
     else if (!u->finished) request_suspend(r);
     upload_step(u);
 }
