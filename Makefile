@@ -148,7 +148,7 @@ asan: fixtures model
 TSAN_FLAGS   := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
 TSAN_OPTS    := halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp
 TSAN_SERVER_TESTS := $(ASAN_SERVER_TESTS) or sigterm
-TSAN_QUICK   := upload_and_answer or bad_utf8 or without_waiting or hangup or small_failed or full_disk or draining
+TSAN_QUICK   := hangup or full_disk or draining
 tsan-build: fixtures model
 	$(MAKE) --no-print-directory BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" build/tsan/unit_tests build/tsan/potserve
 tsan: tsan-build

@@ -376,6 +376,7 @@ static void disk_work(uv_work_t *w) {
     disk_op *op = w->data;
     upload *u = op->u;
     chunk_log *log = u->ss->log;
+    errno = 0; /* a refusal that is no I/O error leaves it 0: not a full disk */
     if (op->kind == 0) {
         op->rc = 0;
         if (!u->began) op->rc = chunk_log_begin(log, u->seq, op->err, sizeof op->err);
@@ -387,7 +388,6 @@ static void disk_work(uv_work_t *w) {
     }
     op->full = op->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
 }
-
 
 static void piece_ingested(void *user, int rc, const char *err);
 
@@ -570,6 +570,12 @@ static void drop_queued_pieces(upload *u) {
     u->disk_tail = NULL;
 }
 
+/* An acknowledged upload's last piece is back from the engine. */
+static void acked_ingest_ended(upload *u) {
+    u->finished = 1;
+    u->ss->acked_ingests--;
+}
+
 /* Moves the upload on: pieces to disk, then the document's end, the commit,
  * the answer; or, after a failure, the abort and the rebuild. With wait
  * (the default) the commit follows the ingest of every piece; without, it
@@ -581,7 +587,7 @@ static void upload_step(upload *u) {
     if (u->finished || u->disk_running) return;
     if (u->failed && u->acked) {
         if (u->in_flight > 0) return;
-        u->finished = 1;
+        acked_ingest_ended(u);
         return fail_acked(u);
     }
     if (u->failed) {
@@ -590,8 +596,9 @@ static void upload_step(upload *u) {
          * after the pieces already in the engine: those can take a while */
         if (r->suspended && !u->body_done) request_wake(r);
         if (u->body_done && !u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
-        /* the pot is re-read after this chunk anyway: its queued pieces fail at once */
-        if (u->in_flight > 0 && u->engine_touched && !u->cancelled) {
+        /* the pot is re-read after this chunk anyway: its queued pieces fail at
+         * once (unless an acknowledged chunk's pieces are queued before them) */
+        if (u->in_flight > 0 && u->engine_touched && !u->cancelled && !ss->acked_ingests) {
             u->cancelled = 1;
             engine_doc_cancel(ss->doc);
         }
@@ -617,7 +624,7 @@ static void upload_step(upload *u) {
     if (r->suspended && !u->body_done && u->in_flight < MAX_IN_FLIGHT) request_wake(r);
     if (!u->body_done) return;
     if (u->acked) {
-        if (u->in_flight == 0) u->finished = 1;
+        if (u->in_flight == 0) acked_ingest_ended(u);
         return;
     }
     if (u->wait ? u->in_flight > 0 : u->to_disk > 0) return;
@@ -653,6 +660,7 @@ static void upload_step(upload *u) {
     s->m.bytes_uploaded += (int64_t)u->bytes;
     r->tokens = ss->stats.tokens_read - u->tokens_before;
     if (u->in_flight == 0) u->finished = 1;
+    else ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
     respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
     if (u->final || chunk_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
         session_snapshot(s, ss);

@@ -127,6 +127,7 @@ struct session {
     int deleted;
     int refs;
     int gens;                 /* generations reading the doc */
+    int acked_ingests;        /* acknowledged (wait=false) chunks still being ingested */
     size_t memory_bytes;
     engine_doc_stats stats;   /* mirror, updated from engine events */
     uint64_t last_seq;
