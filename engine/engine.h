@@ -209,6 +209,10 @@ int engine_doc_text_reader_feed(engine_doc_text_reader *r, const char *bytes, si
  * (invalid UTF-8: the document is then unusable). */
 int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
                     size_t errlen);
+/* From any thread: d fails at its next push or chunk (the chunk under way
+ * finishes), so the queued ingests of a document that is about to be
+ * replaced end at once instead of running. d stays its owner's to close. */
+void engine_doc_cancel(engine_doc *d);
 /* Document tokens pushed so far (run or waiting). */
 int64_t engine_doc_tokens_pushed(const engine_doc *d);
 /* 1 when an engine chunk is ready using only the first `limit` document

@@ -4,6 +4,7 @@
  * selection and in-order compaction. Questions are answered over a copy of
  * the pot, so the pot itself never changes after a question. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,7 @@ struct engine_doc {
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
+    atomic_int cancelled;     /* engine_doc_cancel: set by another thread */
     int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
     char settings_key[sizeof ((pot_snapshot_meta *)0)->settings]; /* see settings_key() */
@@ -450,8 +452,21 @@ int engine_doc_text_reader_feed(engine_doc_text_reader *r, const char *bytes, si
     return tok_stream_feed(r->ts, bytes, n, final, ids, n_ids);
 }
 
+void engine_doc_cancel(engine_doc *d) {
+    if (d) atomic_store(&d->cancelled, 1);
+}
+
+/* A cancelled document fails at the next push or chunk, on the engine thread. */
+static int doc_cancelled(engine_doc *d, char *err, size_t errlen) {
+    if (!atomic_load(&d->cancelled)) return 0;
+    doc_fail(d);
+    snprintf(err, errlen, "the document's ingest was cancelled");
+    return -1;
+}
+
 int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char *err,
                     size_t errlen) {
+    if (doc_cancelled(d, err, errlen)) return -1;
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
     if (d->ended) return snprintf(err, errlen, "the document has already ended"), -1;
     double t0 = engine_now_ms();
@@ -475,6 +490,7 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
 }
 
 int engine_doc_step(engine_doc *d, char *err, size_t errlen) {
+    if (doc_cancelled(d, err, errlen)) return -1;
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
     double t0 = engine_now_ms();
     int rc = run_next_chunk(d, err, errlen);

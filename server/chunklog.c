@@ -487,6 +487,7 @@ int chunk_log_append(chunk_log *l, const void *data, size_t n, char *err, size_t
             set_err(err, errlen, "chunk log %s: writing chunk %llu at %llu: %s", l->path,
                     (unsigned long long)l->open_seq, (unsigned long long)l->write_off,
                     strerror(e));
+            errno = e;
             return -1;
         }
         l->write_off += (uint64_t)CL_HDR + k + CL_TRAILER;
@@ -536,6 +537,7 @@ int chunk_log_commit(chunk_log *l, int final, char *err, size_t errlen) {
         (void)drop_open(l);
         set_err(err, errlen, "chunk log %s: %s commit of chunk %llu: %s", l->path, stage,
                 (unsigned long long)seq, strerror(e));
+        errno = e;
         return -1;
     }
     l->end = l->write_off + CL_COMMIT_FRAME;

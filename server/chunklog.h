@@ -61,11 +61,12 @@ int chunk_log_is_final(const chunk_log *l);
  * I/O error left the log needing a reopen. Writes nothing yet. */
 int chunk_log_begin(chunk_log *l, uint64_t seq, char *err, size_t errlen);
 /* Appends n bytes (copied at once; data stays the caller's) to the open chunk as
- * DATA frames of at most 1 MiB each. -1 + err on I/O errors: the chunk is then
- * spoiled (append and commit refuse it) and must be aborted. n == 0 does nothing. */
+ * DATA frames of at most 1 MiB each. -1 + err on I/O errors (errno says which, e.g.
+ * ENOSPC): the chunk is then spoiled (append and commit refuse it) and must be aborted. n == 0 does nothing. */
 int chunk_log_append(chunk_log *l, const void *data, size_t n, char *err, size_t errlen);
 /* Writes the open chunk's COMMIT frame (final = 1: it ends the document), fsyncs
- * in fsync mode; on 0 the chunk is durable and listed. On -1 the chunk is dropped
+ * in fsync mode; on 0 the chunk is durable and listed. On -1 (errno set after an I/O
+ * error) the chunk is dropped
  * as if aborted (a later chunk_log_abort is a harmless no-op); after a failed
  * fsync the log refuses new chunks until it is reopened. */
 int chunk_log_commit(chunk_log *l, int final, char *err, size_t errlen);

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "cache/cache.h" /* policy and schedule names */
@@ -42,6 +44,8 @@ void request_wake(request *r) {
 
 static void queue(request *r, int status, struct MHD_Response *resp) {
     r->status = status;
+    /* framing that cannot be trusted, or a drain: the connection ends with this answer */
+    if (r->close_conn || r->srv->draining) MHD_add_response_header(resp, "Connection", "close");
     if (r->conn && MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
         r->status = 500;
     MHD_destroy_response(resp);
@@ -83,7 +87,7 @@ void respond_json(request *r, int status, json_t *body) { respond_raw(r, status,
 
 void respond_error(request *r, const api_error *e) { respond_json(r, e->status, api_error_json(e)); }
 
-static void respond_retry(request *r, const api_error *e, int seconds) {
+void respond_retry(request *r, const api_error *e, int seconds) {
     struct MHD_Response *resp = json_response(r, api_error_json(e));
     char v[24];
     snprintf(v, sizeof v, "%d", seconds < 1 ? 1 : seconds);
@@ -324,8 +328,8 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
     if (!strncmp(url, "/v1/sessions/", 13)) {
         const char *slash = strchr(url + 13, '/');
-        if (slash && !strcmp(slash, "/chunks")) {
-            *body = post ? BODY_UPLOAD : BODY_NONE;
+        if (slash && !strcmp(slash, "/chunks")) { /* PUT too: what `curl -T` sends */
+            *body = post || !strcmp(method, "PUT") ? BODY_UPLOAD : BODY_NONE;
             return "/v1/sessions/{id}/chunks";
         }
         if (slash && !strcmp(slash, "/retention")) return "/v1/sessions/{id}/retention";
@@ -410,27 +414,130 @@ static void take_body(request *r, const char *data, size_t n) {
     r->body[r->body_len] = 0;
 }
 
-/* Each connection's start time, for connection_timeout (a connection that
- * lives too long is closed at its next request or piece of body). */
+/* ---- connection deadlines ---------------------------------------------------------
+ * MHD's own timeout (idle_timeout) restarts with every byte, so a client that
+ * trickles its headers a byte at a time would hold a connection forever, and
+ * the access handler (where connection_timeout used to be checked) runs only
+ * once the headers are complete. Each connection is therefore tracked from
+ * accept: its request line and headers must arrive within idle_timeout of the
+ * moment it began waiting for them (accept, or the end of the previous
+ * request), and it may live connection_timeout in all. srv_sweep_connections
+ * (once a second) cuts those past a deadline with shutdown(2), which MHD sees
+ * as the peer going away and cleans up like any other close. */
+struct conn_track {
+    struct MHD_Connection *conn;
+    double opened_ms;       /* accept */
+    double waiting_since_ms; /* when it began waiting for a request's headers */
+    int in_request;         /* the headers are complete: a request is being served */
+    int cut;
+    conn_track *next, **prev;
+};
+
+static conn_track *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                            enum MHD_ConnectionNotificationCode toe) {
-    (void)cls;
-    (void)c;
+    server *s = cls;
+    conn_track *t = *socket_context;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        double *t0 = malloc(sizeof *t0);
-        if (t0) *t0 = srv_now_ms();
-        *socket_context = t0;
-    } else {
-        free(*socket_context);
+        t = calloc(1, sizeof *t);
+        if (t) {
+            t->conn = c;
+            t->opened_ms = t->waiting_since_ms = srv_now_ms();
+            t->next = s->conns;
+            if (s->conns) s->conns->prev = &t->next;
+            t->prev = &s->conns;
+            s->conns = t;
+        }
+        *socket_context = t;
+    } else if (t) {
+        *t->prev = t->next;
+        if (t->next) t->next->prev = t->prev;
+        free(t);
         *socket_context = NULL;
     }
 }
 
+void srv_sweep_connections(server *s) {
+    double now = srv_now_ms(), header_ms = (double)s->cfg.idle_timeout * 1e3,
+           life_ms = (double)s->cfg.connection_timeout * 1e3;
+    int cut = 0;
+    for (conn_track *t = s->conns; t; t = t->next) {
+        if (t->cut) continue;
+        int slow_headers = !t->in_request && now - t->waiting_since_ms > header_ms;
+        int too_old = life_ms > 0 && now - t->opened_ms > life_ms;
+        if (!slow_headers && !too_old) continue;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(t->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci) shutdown(ci->connect_fd, SHUT_RDWR);
+        t->cut = 1;
+        cut = 1;
+    }
+    if (cut) srv_kick(s);
+}
+
 static int connection_expired(server *s, struct MHD_Connection *c) {
     if (!s->cfg.connection_timeout) return 0;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    const double *t0 = ci ? ci->socket_context : NULL;
-    return t0 && srv_now_ms() - *t0 > (double)s->cfg.connection_timeout * 1e3;
+    const conn_track *t = conn_of(c);
+    return t && srv_now_ms() - t->opened_ms > (double)s->cfg.connection_timeout * 1e3;
+}
+
+/* ---- header checks MHD leaves to the application -------------------------------------
+ * MHD refuses headers only when they overflow its memory pool
+ * (max_header_bytes plus room for the body's buffers), in HTML; the
+ * max_header_bytes limit itself is checked here, in the API's JSON.
+ * MHD also frames the body by the first Content-Length it sees and reads a body
+ * of any Transfer-Encoding other than chunked until the peer closes. Behind
+ * a proxy that frames differently that is request smuggling, so such
+ * requests are refused before their body is read. */
+typedef struct framing {
+    size_t header_bytes; /* as sent: "Key: value\r\n" each */
+    int n_length, lengths_differ, n_encoding;
+    const char *length, *encoding;
+} framing;
+
+static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    f->header_bytes += strlen(key) + strlen(value) + 4;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->length && strcmp(f->length, value)) f->lengths_differ = 1;
+        f->length = value;
+        f->n_length++;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->encoding = value;
+        f->n_encoding++;
+    }
+    return MHD_YES;
+}
+
+/* 0, or -1 with an error queued (the connection then closes). body_limit:
+ * the most bytes the route reads. */
+static int check_framing(request *r, uint64_t body_limit) {
+    framing f = {0};
+    api_error e;
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, scan_framing, &f);
+    size_t line_bytes = strlen(r->method) + strlen(r->url) + 12; /* " HTTP/1.1\r\n" */
+    if (line_bytes + f.header_bytes > (size_t)r->srv->cfg.max_header_bytes)
+        api_fail(&e, line_bytes > (size_t)r->srv->cfg.max_header_bytes ? 414 : 431, "headers_too_large", NULL,
+                 "the request line and headers exceed max_header_bytes (%lld)", (long long)r->srv->cfg.max_header_bytes);
+    else if (f.lengths_differ)
+        api_fail(&e, 400, "invalid_framing", NULL, "the request has Content-Length headers that disagree");
+    else if (f.n_encoding && f.n_length)
+        api_fail(&e, 400, "invalid_framing", NULL, "the request has both Transfer-Encoding and Content-Length");
+    else if (f.n_encoding > 1 || (f.encoding && strcasecmp(f.encoding, "chunked")))
+        api_fail(&e, 400, "unsupported_transfer_encoding", NULL,
+                 "Transfer-Encoding must be chunked (or absent), not '%.60s'", f.encoding);
+    else if (f.length && strtoull(f.length, NULL, 10) > body_limit)
+        api_fail(&e, 413, "body_too_large", NULL, "Content-Length %.24s exceeds this route's limit (%llu bytes)",
+                 f.length, (unsigned long long)body_limit);
+    else
+        return 0;
+    r->close_conn = 1;
+    respond_error(r, &e);
+    return -1;
 }
 
 enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const char *url,
@@ -459,7 +566,12 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         s->live = r;
         s->n_live++;
         *con_cls = r;
+        conn_track *t = conn_of(c);
+        if (t) t->in_request = 1;
         if (!r->url) return MHD_NO;
+        /* uploads check their own (larger) limit once the route knows the body's type */
+        uint64_t limit = body == BODY_UPLOAD ? UINT64_MAX : (uint64_t)s->cfg.max_body_bytes;
+        if (check_framing(r, limit)) return MHD_YES;
         if (admit(r)) return MHD_YES;
         if (body == BODY_NONE) {
             dispatch(r, NULL, upload_data_size);
@@ -502,7 +614,11 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
 void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                            enum MHD_RequestTerminationCode toe) {
     (void)cls;
-    (void)c;
+    conn_track *t = conn_of(c);
+    if (t) { /* the next request's headers are timed from now */
+        t->in_request = 0;
+        t->waiting_since_ms = srv_now_ms();
+    }
     request *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;

@@ -132,6 +132,7 @@ static int open_requests(server *s) {
 static void on_housekeeping(uv_timer_t *t) {
     server *s = t->data;
     double now = srv_now_ms();
+    srv_sweep_connections(s);
     for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
         if (r->conn && r->out_cap && !r->out_done && now - r->last_write_ms > 15000)
             stream_write(r, ": ping\n\n", 8);
@@ -152,13 +153,11 @@ static void on_housekeeping(uv_timer_t *t) {
 static void on_signal(uv_signal_t *h, int signum) {
     server *s = h->data;
     if (s->draining) return;
-    fprintf(stderr, "potserve: %s: draining (no new connections)\n", strsignal(signum));
+    /* still listening: /health answers 503 "draining" and every other request
+     * 503 shutting_down, each with Connection: close, until the drain ends */
+    fprintf(stderr, "potserve: %s: draining (new requests get 503)\n", strsignal(signum));
     s->draining = 1;
     s->drain_deadline = srv_now_ms() + 30000;
-    if (s->mhd) {
-        MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-        if (fd != MHD_INVALID_SOCKET) close(fd);
-    }
     uv_timer_start(&s->housekeeping, on_housekeeping, 0, 100);
 }
 
@@ -244,6 +243,7 @@ static int make_dir(const char *path, char *err, size_t errlen) {
 
 int cli_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file size limit is a write error (EFBIG, answered 507), not death */
     server *s = calloc(1, sizeof *s);
     if (!s) return 1;
     char err[512] = "";

@@ -40,6 +40,8 @@ struct upload {
     enum upload_mode mode;
     uint64_t seq;
     int final, wait, sse;
+    int streaming;               /* sse and the event stream has started */
+    int answered;                /* the error or result has been sent (or the client is gone) */
     const chunk_log_entry *dup;  /* UPLOAD_DUPLICATE: the acknowledged chunk */
     piece *cur;
     piece *disk_head, *disk_tail;
@@ -48,6 +50,8 @@ struct upload {
     int to_disk;                 /* pieces not yet appended to the log */
     int acked;                   /* the client has its answer (wait=false: before ingest ends) */
     int body_done, failed, finished, committed, final_pushed;
+    int engine_touched;          /* a piece or the end mark went to the engine: a failure rebuilds */
+    int cancelled;               /* after a failure: the document's queued ingests were cancelled */
     api_error err;
     uint64_t bytes;
     uint32_t crc;
@@ -111,6 +115,7 @@ static void free_session(session *ss) {
 
 typedef struct doc_close_job {
     session *ss;
+    engine_doc *doc; /* ss->doc, taken on the loop thread */
     int remove_files;
 } doc_close_job;
 
@@ -160,8 +165,7 @@ static void closed_on_engine(server *s, void *arg) {
 static void close_doc_task(engine *e, void *arg) {
     (void)e;
     doc_close_job *j = arg;
-    engine_doc_close(j->ss->doc);
-    j->ss->doc = NULL;
+    engine_doc_close(j->doc);
     srv_post(j->ss->srv, closed_on_engine, j);
 }
 
@@ -170,10 +174,10 @@ void session_unref(session *ss) {
     server *s = ss->srv;
     doc_close_job *j = malloc(sizeof *j);
     if (!j) abort();
-    *j = (doc_close_job){ss, ss->deleted};
-    if (srv_task(s, ss->doc, close_doc_task, j)) {
-        engine_doc_close(ss->doc); /* the engine thread is gone: close here */
-        ss->doc = NULL;
+    *j = (doc_close_job){ss, ss->doc, ss->deleted};
+    ss->doc = NULL;
+    if (srv_task(s, j->doc, close_doc_task, j)) {
+        engine_doc_close(j->doc); /* the engine thread is gone: close here */
         s->pot_memory -= ss->memory_bytes;
         free_session(ss);
         free(j);
@@ -238,7 +242,8 @@ typedef struct doc_job {
     char snap_err[256];            /* why the snapshot was not used */
     char err[256];
     engine_doc_stats stats;
-    engine_doc *doc;
+    engine_doc *old_doc;           /* the document it replaces (closed on the engine thread) */
+    engine_doc *doc;               /* the new one, handed to ss->doc back on the loop */
     int replay;                    /* open + replay the log (restore, rebuild) */
     void (*then)(server *, struct doc_job *);
     request *r;                    /* the request waiting for it, if any */
@@ -257,16 +262,18 @@ static int replay_commit(void *user, const chunk_log_entry *e) {
 
 static void doc_job_back(server *s, void *arg) {
     doc_job *j = arg;
+    j->ss->doc = j->doc;
     j->then(s, j);
 }
 
 /* Engine thread: (re)opens the session's document, replaying its log. The
- * previous document (a rebuild) is closed first. */
+ * previous document (a rebuild) is closed first. ss->doc itself belongs to
+ * the loop thread: the new document goes back in the job. */
 static void open_doc_task(engine *e, void *arg) {
     doc_job *j = arg;
     session *ss = j->ss;
-    engine_doc_close(ss->doc);
-    ss->doc = NULL;
+    engine_doc_close(j->old_doc);
+    j->old_doc = NULL;
     char *snap = j->replay ? path_join(ss->dir, SNAPSHOT_FILE) : NULL;
     if (snap && ss->log) { /* the snapshot, then the log past it */
         j->doc = engine_doc_load(e, &ss->settings.pot, snap, &j->from, j->snap_err, sizeof j->snap_err);
@@ -290,7 +297,6 @@ static void open_doc_task(engine *e, void *arg) {
         }
     }
     if (j->doc) engine_doc_get_stats(j->doc, &j->stats);
-    ss->doc = j->doc;
     srv_post(ss->srv, doc_job_back, j);
 }
 
@@ -302,14 +308,16 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
     j->replay = replay;
     j->then = then;
     j->r = r;
+    j->old_doc = ss->doc;
     session_ref(ss);
     if (r) request_ref(r);
-    if (srv_task(s, ss->doc, open_doc_task, j)) {
+    if (srv_task(s, j->old_doc, open_doc_task, j)) {
         session_unref(ss);
         if (r) request_unref(r);
         free(j);
         return -1;
     }
+    ss->doc = NULL; /* the engine closes it; doc_job_back sets the new one */
     return 0;
 }
 
@@ -358,6 +366,7 @@ typedef struct disk_op {
     piece *p;     /* append */
     int kind;     /* 0 append, 1 commit, 2 abort */
     int rc;
+    int full;     /* the failure was a full disk or a file size limit */
     char err[256];
 } disk_op;
 
@@ -367,6 +376,7 @@ static void disk_work(uv_work_t *w) {
     disk_op *op = w->data;
     upload *u = op->u;
     chunk_log *log = u->ss->log;
+    errno = 0; /* a refusal that is no I/O error leaves it 0: not a full disk */
     if (op->kind == 0) {
         op->rc = 0;
         if (!u->began) op->rc = chunk_log_begin(log, u->seq, op->err, sizeof op->err);
@@ -376,12 +386,14 @@ static void disk_work(uv_work_t *w) {
     } else {
         op->rc = u->began ? chunk_log_abort(log, op->err, sizeof op->err) : 0;
     }
+    op->full = op->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
 }
 
 static void piece_ingested(void *user, int rc, const char *err);
 
 typedef struct ingest_ctx {
     upload *u;
+    engine_doc *doc; /* the session's, read on the engine thread */
     piece *p;
     engine_doc_stats stats;
     int rc;
@@ -392,6 +404,12 @@ static void fail_upload(upload *u, int status, const char *code, const char *fmt
     if (u->failed) return;
     u->failed = 1;
     api_fail(&u->err, status, code, NULL, fmt, detail);
+}
+
+/* A write that failed: 507 when storage ran out (the client may retry once
+ * space is freed), else 500. */
+static void fail_storage(upload *u, const disk_op *op, const char *what) {
+    fail_upload(u, op->full ? 507 : 500, op->full ? "insufficient_storage" : "storage_error", what, op->err);
 }
 
 static void disk_done(uv_work_t *w, int status) {
@@ -405,7 +423,7 @@ static void disk_done(uv_work_t *w, int status) {
         u->to_disk--;
         if (!op->rc) u->began = 1;
         if (op->rc) {
-            fail_upload(u, 500, "storage_error", "cannot write the chunk to the log: %s", op->err);
+            fail_storage(u, op, "cannot write the chunk to the log: %s");
             u->in_flight--;
             free(op->p);
         } else if (u->failed) {
@@ -414,7 +432,9 @@ static void disk_done(uv_work_t *w, int status) {
         } else {
             ingest_ctx *c = calloc(1, sizeof *c);
             c->u = u;
+            c->doc = u->ss->doc;
             c->p = op->p;
+            u->engine_touched = 1;
             request_ref(u->r);
             if (srv_ingest(s, u->ss->doc, op->p->data, op->p->n, 0, piece_ingested, c)) {
                 request_unref(u->r);
@@ -425,7 +445,7 @@ static void disk_done(uv_work_t *w, int status) {
             }
         }
     } else if (op->kind == 1) {
-        if (op->rc) fail_upload(u, 500, "storage_error", "cannot commit the chunk: %s", op->err);
+        if (op->rc) fail_storage(u, op, "cannot commit the chunk: %s");
         else u->committed = 1;
     } else {
         u->began = 0;
@@ -468,7 +488,7 @@ static void piece_ingested_loop(server *s, void *arg) {
         fail_upload(u, overflow ? 422 : 500, overflow ? "document_too_long" : "ingest_failed",
                     "%s", c->err);
     }
-    if (u->sse && u->body_done && u->r->conn && !u->finished) {
+    if (u->streaming && u->r->conn && !u->answered) {
         char line[256];
         int n = snprintf(line, sizeof line,
                          "event: progress\ndata: {\"tokens_ingested\": %lld, \"tokens_in_pot\": %d, "
@@ -488,7 +508,7 @@ static void piece_ingested(void *user, int rc, const char *err) {
     ingest_ctx *c = user; /* engine thread: the doc's stats are read here */
     c->rc = rc;
     if (err) snprintf(c->err, sizeof c->err, "%s", err);
-    engine_doc_get_stats(c->u->ss->doc, &c->stats);
+    engine_doc_get_stats(c->doc, &c->stats);
     srv_post(c->u->ss->srv, piece_ingested_loop, c);
 }
 
@@ -507,11 +527,12 @@ static json_t *chunk_result(upload *u) {
 
 static void respond_upload(upload *u, int status, json_t *body) {
     request *r = u->r;
+    u->answered = 1;
     if (!r->conn) {
         json_decref(body);
         return;
     }
-    if (u->sse) {
+    if (u->streaming) {
         char *text = json_dumps(body, JSON_COMPACT);
         json_decref(body);
         const char *ev = status >= 400 ? "error" : "done";
@@ -536,6 +557,25 @@ static void fail_acked(upload *u) {
              (unsigned long long)u->seq, u->err.message);
 }
 
+/* After a failure: the pieces still waiting for the log are dropped (each
+ * was counted in flight when it was dispatched). */
+static void drop_queued_pieces(upload *u) {
+    while (u->disk_head) {
+        piece *p = u->disk_head;
+        u->disk_head = p->next;
+        free(p);
+        u->in_flight--;
+        u->to_disk--;
+    }
+    u->disk_tail = NULL;
+}
+
+/* An acknowledged upload's last piece is back from the engine. */
+static void acked_ingest_ended(upload *u) {
+    u->finished = 1;
+    u->ss->acked_ingests--;
+}
+
 /* Moves the upload on: pieces to disk, then the document's end, the commit,
  * the answer; or, after a failure, the abort and the rebuild. With wait
  * (the default) the commit follows the ingest of every piece; without, it
@@ -547,15 +587,30 @@ static void upload_step(upload *u) {
     if (u->finished || u->disk_running) return;
     if (u->failed && u->acked) {
         if (u->in_flight > 0) return;
-        u->finished = 1;
+        acked_ingest_ended(u);
         return fail_acked(u);
     }
     if (u->failed) {
+        drop_queued_pieces(u); /* nothing more goes to the log or the engine */
+        /* the answer goes out once the body has been read (and dropped), not
+         * after the pieces already in the engine: those can take a while */
+        if (r->suspended && !u->body_done) request_wake(r);
+        if (u->body_done && !u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
+        /* the pot is re-read after this chunk anyway: its queued pieces fail at
+         * once (unless an acknowledged chunk's pieces are queued before them) */
+        if (u->in_flight > 0 && u->engine_touched && !u->cancelled && !ss->acked_ingests) {
+            u->cancelled = 1;
+            engine_doc_cancel(ss->doc);
+        }
         if (u->in_flight > 0) return; /* wait for the engine to hand back every piece */
         if (u->began && !u->committed) return disk_submit(u, 2, NULL);
         u->finished = 1;
-        respond_upload(u, u->err.status, api_error_json(&u->err));
-        /* pieces of this chunk may have reached the pot: re-read it from the log */
+        if (!u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
+        if (!u->engine_touched) { /* the pot never saw this chunk: it holds the pre-chunk state */
+            ss->busy = 0;
+            return;
+        }
+        /* pieces of this chunk reached the pot: re-read it (last snapshot + the log past it) */
         ss->rebuilding = 1;
         start_rebuild(s, ss);
         return;
@@ -569,7 +624,7 @@ static void upload_step(upload *u) {
     if (r->suspended && !u->body_done && u->in_flight < MAX_IN_FLIGHT) request_wake(r);
     if (!u->body_done) return;
     if (u->acked) {
-        if (u->in_flight == 0) u->finished = 1;
+        if (u->in_flight == 0) acked_ingest_ended(u);
         return;
     }
     if (u->wait ? u->in_flight > 0 : u->to_disk > 0) return;
@@ -577,7 +632,9 @@ static void upload_step(upload *u) {
         ingest_ctx *c = calloc(1, sizeof *c);
         if (!c) abort();
         c->u = u;
+        c->doc = ss->doc;
         u->final_pushed = 1;
+        u->engine_touched = 1;
         u->in_flight++;
         request_ref(r);
         if (srv_ingest(s, ss->doc, "", 0, 1, piece_ingested, c)) {
@@ -603,6 +660,7 @@ static void upload_step(upload *u) {
     s->m.bytes_uploaded += (int64_t)u->bytes;
     r->tokens = ss->stats.tokens_read - u->tokens_before;
     if (u->in_flight == 0) u->finished = 1;
+    else ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
     respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
     if (u->final || chunk_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
         session_snapshot(s, ss);
@@ -626,7 +684,8 @@ void upload_free(upload *u) {
 }
 
 void upload_abandon(upload *u) {
-    if (u->finished) return;
+    /* once acknowledged (202 of wait=false) the chunk is durable: the ingest goes on */
+    if (u->finished || u->acked) return;
     fail_upload(u, 400, "client_closed", "%s", "the client closed the connection before the chunk ended");
     upload_step(u);
 }
@@ -634,7 +693,7 @@ void upload_abandon(upload *u) {
 static void dispatch_piece(upload *u) {
     piece *p = u->cur;
     u->cur = NULL;
-    if (!p || !p->n) {
+    if (!p || !p->n || u->failed) { /* a failed chunk's bytes go nowhere */
         free(p);
         return;
     }
@@ -772,9 +831,23 @@ void upload_receive(request *r, const char *data, size_t *size) {
     if (!u->failed && u->utf8_need)
         fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
     dispatch_piece(u);
-    if (u->sse && !u->failed) stream_start(r);
+    if (u->sse && !u->failed) u->streaming = !stream_start(r);
     else if (!u->finished) request_suspend(r);
     upload_step(u);
+}
+
+/* A chunk number as the JSON body's seq takes it: decimal digits only (no
+ * sign, no spaces), 1 .. INT64_MAX. 0, or -1 for anything else. */
+static int parse_seq(const char *text, uint64_t *out) {
+    uint64_t v = 0;
+    if (!*text) return -1;
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9' || v > ((uint64_t)INT64_MAX - (uint64_t)(*p - '0')) / 10) return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v == 0) return -1;
+    *out = v;
+    return 0;
 }
 
 static int query_flag(request *r, const char *name, int dflt) {
@@ -830,22 +903,28 @@ static void start_upload(request *r, session *ss) {
     u->t0 = srv_now_ms();
     u->tokens_before = ss->stats.tokens_read;
     r->up = u;
-    const char *seq_text = seq_h ? seq_h : seq_q;
-    if (seq_text) {
-        char *end;
-        unsigned long long v = strtoull(seq_text, &end, 10);
-        if (!*seq_text || *end || v == 0) {
-            api_fail(&e, 400, "invalid_value", "seq", "seq must be a positive integer, not '%s'", seq_text);
-            u->finished = 1;
-            return respond_error(r, &e);
-        }
+    uint64_t v = 0, vq = 0;
+    const char *bad = seq_h && parse_seq(seq_h, &v) ? seq_h : seq_q && parse_seq(seq_q, &vq) ? seq_q : NULL;
+    if (bad) {
+        api_fail(&e, 400, "invalid_value", "seq", "seq must be an integer in [1, 2^63-1], not '%.40s'", bad);
+        u->finished = 1;
+        return respond_error(r, &e);
+    }
+    if (!seq_h) v = vq;
+    if (seq_h && seq_q && v != vq) { /* no guessing which one the client meant */
+        api_fail(&e, 400, "invalid_value", "seq", "X-Chunk-Seq (%llu) and ?seq= (%llu) disagree",
+                 (unsigned long long)v, (unsigned long long)vq);
+        u->finished = 1;
+        return respond_error(r, &e);
+    }
+    if (v) {
         const chunk_log_entry *dup = chunk_log_find(ss->log, v);
         if (dup) {
             u->mode = UPLOAD_DUPLICATE;
             u->dup = dup;
         } else if (v != ss->last_seq + 1) {
             api_fail(&e, 409, "seq_gap", "seq", "seq %llu is not the next chunk (last_seq %llu)",
-                     v, (unsigned long long)ss->last_seq);
+                     (unsigned long long)v, (unsigned long long)ss->last_seq);
             u->finished = 1;
             return respond_error(r, &e);
         }
@@ -957,6 +1036,18 @@ static int count_sessions(server *s, const api_key *k) {
     return n;
 }
 
+/* Retry-After of a 429 that waits for sessions to go: the seconds until the
+ * first of them (k's, or anyone's with k NULL) expires; a minute when none
+ * has a TTL (they go only when deleted). */
+static int seconds_to_next_expiry(server *s, const api_key *k) {
+    int64_t now = (int64_t)time(NULL), best = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next)
+        if (ss->expires && (!k || !strcmp(ss->owner, k->owner)) && (!best || ss->expires < best))
+            best = ss->expires;
+    if (!best) return 60;
+    return best - now < 1 ? 1 : best - now > 3600 ? 3600 : (int)(best - now);
+}
+
 static char *sessions_dir(server *s) { return path_join(s->cfg.data_dir, "sessions"); }
 
 static void create_session(request *r) {
@@ -977,7 +1068,7 @@ static void create_session(request *r) {
         free(ss);
         api_fail(&e, 429, "too_many_sessions", NULL, "this key already has %lld sessions (max_sessions_per_key)",
                  (long long)s->cfg.max_sessions_per_key);
-        return respond_error(r, &e);
+        return respond_retry(r, &e, seconds_to_next_expiry(s, r->key));
     }
     ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
     if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
@@ -986,7 +1077,7 @@ static void create_session(request *r) {
                  ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
         api_session_settings_free(&ss->settings);
         free(ss);
-        return respond_error(r, &e);
+        return respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
     }
     ss->srv = s;
     ss->refs = 1; /* the registry */
@@ -1027,6 +1118,7 @@ static void create_session(request *r) {
 
 typedef struct save_job {
     session *ss;
+    engine_doc *doc;    /* ss->doc when it was queued (the engine thread does not read ss) */
     uint64_t offset;
     char *path;
     int rc;
@@ -1048,8 +1140,8 @@ static void snapshot_saved(server *s, void *arg) {
 static void save_task(engine *e, void *arg) {
     (void)e;
     save_job *j = arg;
-    j->rc = j->ss->doc ? engine_doc_save(j->ss->doc, j->path, j->offset, j->err, sizeof j->err) : -1;
-    if (!j->ss->doc) snprintf(j->err, sizeof j->err, "no document");
+    j->rc = j->doc ? engine_doc_save(j->doc, j->path, j->offset, j->err, sizeof j->err) : -1;
+    if (!j->doc) snprintf(j->err, sizeof j->err, "no document");
     srv_post(j->ss->srv, snapshot_saved, j);
 }
 
@@ -1065,6 +1157,7 @@ void session_snapshot(server *s, session *ss) {
         return;
     }
     j->ss = ss;
+    j->doc = ss->doc;
     j->offset = offset; /* the document holds exactly the committed bytes once the task's turn comes */
     session_ref(ss);
     ss->snap_saving = 1;
@@ -1081,6 +1174,7 @@ void session_snapshot(server *s, session *ss) {
 typedef struct retention_job {
     request *r;
     session *ss;
+    engine_doc *doc;
     int bins;
     json_t *body;
 } retention_job;
@@ -1127,7 +1221,7 @@ static void retention_add(void *user, int32_t layer, const int64_t *idx, int32_t
 
 static void retention_task(engine *e, void *arg) {
     retention_job *j = arg;
-    engine_doc *d = j->ss->doc;
+    engine_doc *d = j->doc;
     engine_info in;
     engine_get_info(e, &in);
     engine_doc_stats st;
@@ -1191,6 +1285,7 @@ static void session_retention(request *r, session *ss) {
     }
     j->r = r;
     j->ss = ss;
+    j->doc = ss->doc;
     j->bins = (int)bins;
     if (start_doc_read(r, ss, retention_task, j)) free(j);
 }
@@ -1476,7 +1571,7 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
         if (get) return respond_json(r, 200, session_json(s, ss));
         if (del) return delete_session(r, ss);
     } else if (!strcmp(slash, "/chunks")) {
-        if (post) return start_upload(r, ss);
+        if (post || !strcmp(r->method, "PUT")) return start_upload(r, ss);
     } else if (!strcmp(slash, "/retention")) {
         if (get) return session_retention(r, ss);
     } else if (!strcmp(slash, "/text")) {

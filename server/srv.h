@@ -75,6 +75,7 @@ struct request {
     char *body;
     size_t body_len, body_cap;
     int body_too_large;
+    int close_conn;              /* its framing is not trusted: close after the answer */
     /* a response prepared while suspended, queued on the next access call */
     struct MHD_Response *pending;
     int pending_status;
@@ -96,6 +97,8 @@ void respond_raw(request *r, int status, struct MHD_Response *resp);
 /* Queues (or, while suspended, prepares) a JSON response; takes body. */
 void respond_json(request *r, int status, json_t *body);
 void respond_error(request *r, const api_error *e);
+/* respond_error with a Retry-After header (seconds, at least 1). */
+void respond_retry(request *r, const api_error *e, int seconds);
 /* Resumes a suspended request so MHD calls the access handler again. */
 void request_wake(request *r);
 /* Suspends the connection while async work runs (call in the access handler). */
@@ -126,6 +129,7 @@ struct session {
     int deleted;
     int refs;
     int gens;                 /* generations reading the doc */
+    int acked_ingests;        /* acknowledged (wait=false) chunks still being ingested */
     size_t memory_bytes;
     engine_doc_stats stats;   /* mirror, updated from engine events */
     uint64_t last_seq;
@@ -171,6 +175,7 @@ void random_id(char *out, size_t cap, const char *prefix);
 
 /* ---- the server (serve.c) ---------------------------------------------------------- */
 typedef struct srv_event srv_event;
+typedef struct conn_track conn_track;
 typedef void (*srv_event_fn)(server *s, void *arg);
 
 struct server {
@@ -196,9 +201,10 @@ struct server {
     /* sessions */
     session *sessions;
     size_t pot_memory;
-    /* live requests */
+    /* live requests, and every open connection (router.c) */
     request *live;
     int n_live;
+    conn_track *conns;
     metrics m;
     /* engine -> loop events */
     pthread_mutex_t ev_lock;
@@ -219,5 +225,8 @@ int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
 int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errlen);
 double srv_now_ms(void);
 void srv_access_log(request *r);
+/* Closes connections past their deadlines: headers not complete within
+ * idle_timeout, or open longer than connection_timeout (router.c). */
+void srv_sweep_connections(server *s);
 
 #endif

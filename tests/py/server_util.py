@@ -15,7 +15,8 @@ from conftest import BIN, MODEL
 
 
 class Server:
-    def __init__(self, data_dir, *flags, env=None):
+    def __init__(self, data_dir, *flags, env=None, preexec_fn=None):
+        self.preexec_fn = preexec_fn  # runs in the child before exec (e.g. resource limits)
         self.data_dir = str(data_dir)
         self.flags = [str(f) for f in flags]
         self.env = dict(os.environ, **(env or {}))
@@ -30,7 +31,8 @@ class Server:
     def start(self, timeout=120):
         cmd = [str(BIN), "serve", "--model", str(MODEL), "--port", "0", "--data-dir", self.data_dir,
                "--threads", "2", *self.flags]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
+                                     preexec_fn=self.preexec_fn)
         got_port = threading.Event()
 
         def read_stderr():

@@ -230,3 +230,30 @@ TEST(ingest_rejects_bad_settings_and_overflow) {
     }
     engine_close(e);
 }
+
+/* engine_doc_cancel (set by the server's loop thread when a chunk failed):
+ * the chunk under way finishes, then the next step and every push fail. */
+TEST(ingest_cancel_fails_the_next_step_and_push) {
+    engine *e = open_engine(test_fixture("tiny_llama.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    char err[256];
+    engine_doc *d = engine_doc_open(e, &(engine_pot_settings){.budget_tokens = 180, .chunk_tokens = 16, .nuc_share = 0.5f},
+                                    err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        char *doc = test_lighthouse_doc(2000);
+        CHECK_EQ_INT(engine_doc_push(d, doc, strlen(doc), 0, err, sizeof err), 0);
+        CHECK_EQ_INT(engine_doc_step(d, err, sizeof err), 1); /* chunks are ready */
+        engine_doc_cancel(d);
+        CHECK_EQ_INT(engine_doc_step(d, err, sizeof err), -1);
+        CHECK(strstr(err, "cancelled") != NULL);
+        CHECK_EQ_INT(engine_doc_push(d, "more", 4, 0, err, sizeof err), -1);
+        engine_doc_stats st;
+        engine_doc_get_stats(d, &st);
+        CHECK(st.chunks == 1);
+        free(doc);
+        engine_doc_close(d);
+    }
+    engine_close(e);
+}

@@ -1,0 +1,325 @@
+"""Reliability regressions (issue 21): uploads that fail part-way are always
+answered and leave the session usable, a client hanging up after a 202 does
+not fail the session, slow headers are cut at a deadline, a full disk is a
+507, and the HTTP edge answers malformed framing in the API's JSON. Raw
+sockets where TCP segment boundaries or half-sent requests matter; every
+test runs against a real `potserve serve` process on loopback."""
+import json
+import resource
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from server_util import Server
+
+SETTINGS = {"budget_tokens": 64, "keep_tokens": 32, "chunk_tokens": 16}
+
+
+def text(n_sentences, seed=0):
+    words = ["river", "bridge", "market", "archive", "harbor", "lantern", "meadow", "orchard"]
+    return " ".join(f"Sentence {i + seed} speaks of the {words[(i + seed) % 8]} and the {words[(i * 3) % 8]}."
+                    for i in range(n_sentences)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model):
+    # 4 connections per address: uploads that leak their connection lock it out quickly
+    s = Server(tmp_path_factory.mktemp("rel"), "--budget-tokens", "64", "--max-connections-per-ip", "4",
+               "--durability", "none").start()
+    yield s
+    assert s.stop() == 0
+
+
+def new_session(s):
+    st, body, _ = s.request("POST", "/v1/sessions", SETTINGS)
+    assert st == 201, body
+    return body["id"]
+
+
+def upload(s, sid, data, query="", headers=None, timeout=30):
+    h = {"Content-Type": "text/plain"}
+    h.update(headers or {})
+    return s.request("POST", f"/v1/sessions/{sid}/chunks{query}", raw=data, headers=h, timeout=timeout)
+
+
+def session(s, sid):
+    st, body, _ = s.request("GET", f"/v1/sessions/{sid}")
+    assert st == 200, body
+    return body
+
+
+def wait_ready(s, sid, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        now = session(s, sid)
+        if now["status"] != "ingesting":
+            return now
+        time.sleep(0.1)
+    raise AssertionError(f"session {sid} still ingesting after {timeout} s")
+
+
+def raw_request(port, head, segments, timeout=15, gap=0.3):
+    """Sends head, then each segment as its own TCP segment (a pause between,
+    TCP_NODELAY); returns (status, parsed body or bytes, seconds)."""
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c.settimeout(timeout)
+    t0 = time.time()
+    c.sendall(head)
+    for seg in segments:
+        time.sleep(gap)
+        c.sendall(seg)
+    out = b""
+    try:
+        while b"\r\n\r\n" not in out or len(out.split(b"\r\n\r\n", 1)[1]) < content_length(out):
+            k = c.recv(65536)
+            if not k:
+                break
+            out += k
+    except socket.timeout:
+        pass
+    finally:
+        c.close()
+    took = time.time() - t0
+    if not out:
+        return None, b"", took
+    status = int(out.split(b" ", 2)[1])
+    body = out.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in out else b""
+    try:
+        return status, json.loads(body), took
+    except ValueError:
+        return status, body, took
+
+
+def content_length(out):
+    for line in out.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            return int(v)
+    return 1 << 30
+
+
+def chunk_head(port, sid, n, query=""):
+    return (f"POST /v1/sessions/{sid}/chunks{query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: text/plain\r\nContent-Length: {n}\r\n\r\n").encode()
+
+
+# ---- item 1: a failing chunk is always answered, and the session stays usable -----------------------
+
+def test_incomplete_utf8_at_the_end_is_answered(srv):
+    sid = new_session(srv)
+    st, body, _ = upload(srv, sid, b"abc \xe2\x82", timeout=10)
+    assert st == 400 and body["error"]["code"] == "invalid_utf8", body
+    assert wait_ready(srv, sid, 10)["status"] == "ready"
+    st, body, _ = upload(srv, sid, b"Hello world. ", timeout=30)
+    assert st == 200 and body["last_seq"] == 1, body
+
+
+def test_bad_byte_in_a_later_segment_is_answered(srv):
+    sid = new_session(srv)
+    first, bad = b"Hello world. ", b"\xff"
+    st, body, took = raw_request(srv.port, chunk_head(srv.port, sid, len(first) + len(bad)) + first, [bad])
+    assert st == 400 and body["error"]["code"] == "invalid_utf8", (st, body, took)
+    # and a valid character cut across two segments is fine
+    st, body, _ = raw_request(srv.port, chunk_head(srv.port, sid, 8) + b"caf\xc3", [b"\xa9 ok."])
+    assert st == 200 and body["bytes_received"] == 8, body
+
+
+def test_failed_uploads_do_not_leak_connections(srv):
+    """Four bad uploads with --max-connections-per-ip 4 used to leave four
+    connections in CLOSE-WAIT, and the address could not reach /health."""
+    sid = new_session(srv)
+    for _ in range(4):
+        st, body, _ = upload(srv, sid, b"abc \xe2\x82", timeout=10)
+        assert st == 400, body
+    time.sleep(0.3)  # the server notices the closes
+    st, body, _ = srv.request("GET", "/health", timeout=5)
+    assert st == 200, body
+    st, body, _ = upload(srv, sid, b"Still usable. ", timeout=30)
+    assert st == 200, body
+
+
+def test_small_failed_chunk_leaves_the_pot_untouched(srv):
+    """A failed chunk whose bytes never reached the engine needs no re-read
+    of the document: the session is ready as soon as the error is answered."""
+    sid = new_session(srv)
+    st, a, _ = upload(srv, sid, text(40).encode(), timeout=120)  # ~1K tokens: seconds to re-read
+    assert st == 200, a
+    st, body, _ = upload(srv, sid, b"tail \xc3\x28", timeout=10)
+    assert st == 400
+    now = session(srv, sid)
+    assert now["status"] == "ready", now
+    assert (now["tokens_ingested"], now["tokens_in_pot"], now["last_seq"]) == \
+        (a["tokens_ingested"], a["tokens_in_pot"], 1)
+
+
+# ---- item 2: after the 202 the client may hang up --------------------------------------------------
+
+def test_hangup_after_202_does_not_fail_the_session(srv):
+    sid = new_session(srv)
+    doc = text(40).encode()  # seconds of ingest after the answer
+    c = socket.create_connection(("127.0.0.1", srv.port))
+    c.settimeout(30)
+    c.sendall(chunk_head(srv.port, sid, len(doc), "?wait=false") + doc)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += c.recv(4096)
+    assert got.startswith(b"HTTP/1.1 202"), got
+    c.close()  # while the chunk is still being ingested
+    mid = session(srv, sid)
+    now = wait_ready(srv, sid, 120)
+    deadline = time.time() + 120
+    while now["tokens_ingested"] == mid["tokens_ingested"] and time.time() < deadline:
+        time.sleep(0.2)  # (the session is ready for uploads before its ingest ends)
+        now = session(srv, sid)
+    assert now["status"] == "ready" and "error" not in now, now
+    assert mid["tokens_ingested"] < now["tokens_ingested"], "the ingest ended before the hang-up: lengthen doc"
+    st, body, _ = upload(srv, sid, b"More text. ", timeout=60)
+    assert st == 200 and body["last_seq"] == 2, body
+
+
+# ---- item 3: slow headers ----------------------------------------------------------------------
+
+def test_slow_headers_are_cut_at_the_idle_timeout(tmp_path):
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--idle-timeout", "3", "--connection-timeout", "6").start()
+    try:
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.settimeout(0.5)
+        head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+        t0, cut = time.time(), None
+        for i in range(len(head)):  # one byte every half second, for up to 50 s
+            try:
+                c.send(head[i:i + 1])
+                if c.recv(1) == b"":
+                    cut = time.time() - t0
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                cut = time.time() - t0
+                break
+        c.close()
+        print(f"slow header sender cut after {cut} s (idle_timeout 3 s)")
+        assert cut is not None and 2.5 < cut < 5.0, cut
+        st, body, _ = s.request("GET", "/health")
+        assert st == 200
+    finally:
+        assert s.stop() == 0
+
+
+# ---- item 4 ---------------------------------------------------------------------------------------
+
+def limit_file_size(limit):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_full_disk_answers_507_and_the_session_recovers(tmp_path):
+    """A file size limit stands in for a full disk (EFBIG, like ENOSPC): the
+    multi-piece chunk that hits it is answered 507 at once, and the session
+    takes the next chunk."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", preexec_fn=limit_file_size(96 * 1024)).start()
+    try:
+        sid = new_session(s)
+        st, a, _ = upload(s, sid, text(30).encode(), timeout=120)
+        assert st == 200, a
+        t0 = time.time()
+        st, body, _ = upload(s, sid, text(2000, seed=7).encode(), timeout=60)  # ~150 KB: past the limit
+        print(f"full disk answered {st} after {time.time() - t0:.1f} s")
+        assert st == 507 and body["error"]["code"] == "insufficient_storage", body
+        now = wait_ready(s, sid, 120)
+        assert now["status"] == "ready" and now["last_seq"] == 1, now
+        assert now["tokens_ingested"] == a["tokens_ingested"]
+        st, body, _ = upload(s, sid, b"A short sentence. ", timeout=60)
+        assert st == 200 and body["last_seq"] == 2, body
+    finally:
+        assert s.stop() == 0
+
+
+def test_chunk_seq_is_a_strict_positive_integer(srv):
+    sid = new_session(srv)
+    for bad in ["-1", "18446744073709551615", "99999999999999999999", "+1", "1x", "0", ""]:
+        st, body, _ = upload(srv, sid, b"x ", headers={"X-Chunk-Seq": bad})
+        assert st == 400 and body["error"]["param"] == "seq", (bad, st, body)
+    st, body, _ = upload(srv, sid, b"x ", query="?seq=-1")
+    assert st == 400, body
+    st, body, _ = upload(srv, sid, b"x ", query="?seq=2", headers={"X-Chunk-Seq": "1"})
+    assert st == 400 and "disagree" in body["error"]["message"], body
+    st, body, _ = upload(srv, sid, b"x ", query="?seq=1", headers={"X-Chunk-Seq": "1"})
+    assert st == 200 and body["last_seq"] == 1, body
+
+
+def test_429s_carry_retry_after(tmp_path):
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--max-sessions-per-key", "1",
+               "--pot-memory-limit", "4M").start()
+    try:
+        st, body, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
+        assert st == 429 and body["error"]["code"] == "insufficient_memory", body
+        st, body, h = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
+        assert int(h["Retry-After"]) >= 1, h
+        st, body, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 30})
+        assert st == 201
+        st, body, h = s.request("POST", "/v1/sessions", {})
+        assert st == 429 and body["error"]["code"] == "too_many_sessions", body
+        assert 1 <= int(h["Retry-After"]) <= 30, h  # when the session with the TTL goes
+    finally:
+        assert s.stop() == 0
+
+
+def test_framing_errors_are_json_and_immediate(srv):
+    port, sid = srv.port, new_session(srv)
+    cases = {
+        "disagreeing Content-Length": (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                       b"Content-Length: 2\r\nContent-Length: 20\r\n\r\n{}", 400),
+        "Transfer-Encoding gzip": (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc", 400),
+        "Transfer-Encoding and Content-Length": (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                                                 b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+        "huge Content-Length": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: 9223372036854775807\r\n\r\n{", 413),
+        "huge upload Content-Length": (f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\n".encode() +
+                                       b"Content-Length: 9223372036854775807\r\n\r\nabc", 413),
+        "headers beyond max_header_bytes": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 431),
+    }
+    for name, (req, want) in cases.items():
+        st, body, took = raw_request(port, req, [], timeout=4)
+        assert st == want, (name, st, body, took)
+        assert isinstance(body, dict) and body["error"]["message"], (name, body)
+        assert took < 2, (name, took)
+
+
+def test_health_answers_503_while_draining(tmp_path):
+    s = Server(tmp_path / "d", "--budget-tokens", "64").start()
+    try:
+        st, sess, _ = s.request("POST", "/v1/sessions", SETTINGS)
+        # a half-sent upload keeps the drain open
+        hold = socket.create_connection(("127.0.0.1", s.port))
+        hold.sendall(chunk_head(s.port, sess["id"], 100) + b"part of the body ")
+        time.sleep(0.3)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        st, body, h = s.request("GET", "/health", timeout=5)
+        assert st == 503 and body == {"status": "draining"}, (st, body)
+        assert h.get("Connection") == "close"
+        st, body, _ = s.request("POST", "/v1/sessions", SETTINGS, timeout=5)
+        assert st == 503 and body["error"]["code"] == "shutting_down", body
+        hold.close()
+        assert s.proc.wait(30) == 0
+    finally:
+        s.kill()
+
+
+def test_curl_T_uploads_with_put(srv, tmp_path):
+    """`curl -T file` sends PUT: the chunks route takes it like POST."""
+    sid = new_session(srv)
+    f = tmp_path / "doc.txt"
+    f.write_text(text(10))
+    out = subprocess.run(["curl", "-sS", "-T", str(f), "-H", "Transfer-Encoding: chunked", "-H",
+                          "Content-Type: text/plain", f"{srv.url}/v1/sessions/{sid}/chunks?final=true"],
+                         capture_output=True, timeout=120, check=True)
+    body = json.loads(out.stdout)
+    assert body["bytes_received"] == f.stat().st_size and body["final"] is True, body
