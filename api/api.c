@@ -361,8 +361,8 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     json_t *lp = json_object_get(r->root, "logprobs");
     if ((chat ? parse_messages(r, e) : parse_prompt(r, n_vocab, e)) ||
         get_string(r->root, "model", &r->model, e) ||
-        get_int(r->root, "max_tokens", 0, INT32_MAX, &max_tokens, e) ||
-        get_int(r->root, "max_completion_tokens", 0, INT32_MAX, &max_tokens, e) ||
+        get_int(r->root, "max_tokens", 1, INT32_MAX, &max_tokens, e) ||
+        get_int(r->root, "max_completion_tokens", 1, INT32_MAX, &max_tokens, e) ||
         get_float(r->root, "temperature", 0, 2, &temp, e) ||
         get_float(r->root, "top_p", 0, 1, &top_p, e) ||
         get_int(r->root, "top_k", 0, INT32_MAX, &top_k, e) ||
@@ -397,7 +397,6 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     }
     r->overflow_error = overflow && !strcmp(overflow, "error");
     gp->max_tokens = (int32_t)max_tokens;
-    if (json_object_get(r->root, "max_tokens") && max_tokens == 0 && !chat) gp->max_tokens = 16;
     sp->temperature = (float)temp;
     sp->top_p = (float)top_p;
     sp->top_k = (int32_t)top_k;

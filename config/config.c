@@ -163,6 +163,7 @@ static const setting settings[] = {
     S_ENUM(policy, "infinipot", policy_values, "policy of new sessions"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
+    S_STRING(cors_origins, "", "CORS: allowed origins, comma-separated, * = any, \"\" = off"),
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
 

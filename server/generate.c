@@ -1,9 +1,11 @@
 /* /v1/chat/completions and /v1/completions: validate, build the prompt (after
  * a session's pot or alone), hand it to the engine thread, and turn the text
  * it streams back into one OpenAI response or SSE chunks. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "server/srv.h"
@@ -20,6 +22,7 @@ struct generation {
     size_t len, cap;
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     atomic_int cancel;
+    atomic_int timed_out; /* request_timeout cut it: finish_reason "length" */
     double deadline_ms;
     engine_gen_result res;
     int finished;
@@ -121,6 +124,30 @@ static const char *model_name(const generation *g) {
     return g->r->srv->model_id;
 }
 
+/* system_fingerprint: this build (compile time of this file) and the model
+ * (name, parameter count, vocabulary, quantization), hashed (FNV-1a) once. */
+static const char *system_fingerprint(server *s) {
+    static char fp[32];
+    if (*fp) return fp;
+    char text[512];
+    snprintf(text, sizeof text, "%s %s|%s|%llu|%d|%s|%s", __DATE__, __TIME__, s->model_id,
+             (unsigned long long)s->info.n_params, s->info.n_vocab, s->info.quant ? s->info.quant : "",
+             s->info.arch ? s->info.arch : "");
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    snprintf(fp, sizeof fp, "fp_%012llx", (unsigned long long)(h & 0xffffffffffffull));
+    return fp;
+}
+
+/* The finish_reason of the finished generation. */
+static const char *finish_reason(const generation *g) {
+    if (atomic_load(&g->timed_out)) return "length";
+    return api_finish_reason(g->res.finish);
+}
+
+/* Where a request error about the prompt points. */
+static const char *prompt_param(const generation *g) { return g->req.chat ? "messages" : "prompt"; }
+
 /* One SSE chunk: a text delta (text != NULL), the role opener, or the finish. */
 static json_t *chunk_json(const generation *g, const char *text, size_t n, int role,
                           const char *finish, json_t *logprobs) {
@@ -140,9 +167,10 @@ static json_t *chunk_json(const generation *g, const char *text, size_t n, int r
                            "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object",
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o]}", "id", g->id, "object",
                      g->req.chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)g->created, "model", model_name(g), "choices", choice);
+                     (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
+                     system_fingerprint(g->r->srv), "choices", choice);
 }
 
 static void sse_send(request *r, json_t *j) {
@@ -156,6 +184,19 @@ static void sse_send(request *r, json_t *j) {
 }
 
 /* ---- engine thread -> loop ----------------------------------------------------------- */
+
+/* A suspended connection is not polled by MHD, so a client that leaves while
+ * its non-streamed answer is generated goes unnoticed until the answer is
+ * written. Peeking at the socket with each piece of text notices the close
+ * (EOF) within one engine step. */
+static int client_gone(request *r) {
+    if (!r->conn) return 1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 static void on_text_event(server *s, void *arg) {
     text_event *ev = arg;
@@ -173,6 +214,7 @@ static void on_text_event(server *s, void *arg) {
         if (r->conn) sse_send(r, chunk_json(g, ev->text, ev->n, 0, NULL, lp));
         else json_decref(lp);
     } else {
+        if (client_gone(r)) generation_cancel(g);
         if (g->len + ev->n + 1 > g->cap) {
             size_t cap = (g->len + ev->n + 1) * 2;
             char *t = realloc(g->text, cap);
@@ -198,14 +240,15 @@ static void finish_stream(generation *g, const done_event *ev) {
     request *r = g->r;
     if (ev->rc) {
         api_error e;
-        api_fail(&e, 500, "generation_failed", NULL, "%s", ev->err);
+        api_fail(&e, 500, "generation_failed", prompt_param(g), "%s", ev->err);
         sse_send(r, api_error_json(&e));
     } else {
-        sse_send(r, chunk_json(g, NULL, 0, 0, api_finish_reason(ev->res.finish), NULL));
+        sse_send(r, chunk_json(g, NULL, 0, 0, finish_reason(g), NULL));
         if (g->req.include_usage) {
-            json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
+            json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[], s:o}", "id", g->id, "object",
                                   g->req.chat ? "chat.completion.chunk" : "text_completion",
                                   "created", (json_int_t)g->created, "model", model_name(g),
+                                  "system_fingerprint", system_fingerprint(g->r->srv),
                                   "choices", "usage", usage_json(g));
             sse_send(r, j);
         }
@@ -218,13 +261,13 @@ static void finish_whole(generation *g, const done_event *ev) {
     request *r = g->r;
     if (ev->rc) {
         api_error e;
-        api_fail(&e, 400, "generation_failed", NULL, "%s", ev->err);
+        api_fail(&e, 400, "generation_failed", prompt_param(g), "%s", ev->err);
         return respond_error(r, &e);
     }
     json_t *str = json_stringn(g->text ? g->text : "", g->len);
     if (!str) str = json_string("");
     json_t *choice;
-    const char *finish = api_finish_reason(ev->res.finish);
+    const char *finish = finish_reason(g);
     if (g->req.chat) {
         choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
                            "assistant", "content", str, "logprobs",
@@ -235,10 +278,10 @@ static void finish_whole(generation *g, const done_event *ev) {
                            g->logprobs, "finish_reason", finish);
         if (!g->logprobs) json_object_set_new(choice, "logprobs", json_null());
     }
-    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:o}", "id", g->id, "object",
                              g->req.chat ? "chat.completion" : "text_completion", "created",
-                             (json_int_t)g->created, "model", model_name(g), "choices", choice,
-                             "usage", usage_json(g));
+                             (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
+                             system_fingerprint(g->r->srv), "choices", choice, "usage", usage_json(g));
     if (g->ss) json_object_set_new(body, "session", json_string(g->ss->id));
     respond_json(r, 200, body);
 }
@@ -269,6 +312,7 @@ static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
     generation *g = user;
     if (atomic_load(&g->cancel)) return 1;
     if (srv_now_ms() > g->deadline_ms) {
+        atomic_store(&g->timed_out, 1);
         atomic_store(&g->cancel, 1);
         return 1;
     }
@@ -362,7 +406,7 @@ static void release_temporary_pot(server *s, generation *g) {
 
 static void temporary_pot_failed(server *s, generation *g, int status, const char *msg) {
     api_error e;
-    api_fail(&e, status, "overflow_failed", NULL, "reading the prompt through a pot failed: %s", msg);
+    api_fail(&e, status, "overflow_failed", prompt_param(g), "reading the prompt through a pot failed: %s", msg);
     if (g->tmp_doc) release_temporary_pot(s, g);
     respond_error(g->r, &e);
     request_unref(g->r);
@@ -443,7 +487,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     if (rc) return api_fail(e, 500, NULL, NULL, "out of memory");
     g->tmp_memory = engine_doc_memory(s->eng, ps);
     if (s->pot_memory + g->tmp_memory > (size_t)s->cfg.pot_memory_limit)
-        return api_fail(e, 429, "insufficient_memory", NULL,
+        return api_fail(e, 429, "insufficient_memory", prompt_param(g),
                         "the prompt exceeds the window and no pot memory is free to read it");
     s->pot_memory += g->tmp_memory;
     request_ref(g->r); /* until the generation is submitted */

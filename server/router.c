@@ -41,6 +41,7 @@ void request_wake(request *r) {
 
 static void queue(request *r, int status, struct MHD_Response *resp) {
     r->status = status;
+    cors_add_headers(r, resp); /* CORS (cors.c): every response, errors and SSE included */
     if (r->conn && MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
         r->status = 500;
     MHD_destroy_response(resp);
@@ -77,6 +78,8 @@ static struct MHD_Response *json_response(request *r, json_t *body) {
     r->bytes_out += n;
     return resp;
 }
+
+void srv_queue_response(request *r, int status, struct MHD_Response *resp) { deliver(r, status, resp); }
 
 void respond_json(request *r, int status, json_t *body) { deliver(r, status, json_response(r, body)); }
 
@@ -432,6 +435,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         s->n_live++;
         *con_cls = r;
         if (!r->url) return MHD_NO;
+        if (cors_preflight(r)) return MHD_YES; /* before auth: browsers send no credentials */
         if (admit(r)) return MHD_YES;
         if (body == BODY_NONE) {
             dispatch(r, NULL, upload_data_size);

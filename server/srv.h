@@ -103,6 +103,15 @@ void stream_write(request *r, const char *data, size_t n);
 void stream_end(request *r);
 /* Starts an SSE response (queued now). */
 int stream_start(request *r);
+/* Queues (or, while suspended, prepares) any response; takes resp. */
+void srv_queue_response(request *r, int status, struct MHD_Response *resp);
+
+/* ---- CORS (cors.c) ----------------------------------------------------------------- */
+int cors_enabled(const server *s);
+/* Adds Access-Control-Allow-Origin (and Vary) when the request's Origin is allowed. */
+void cors_add_headers(request *r, struct MHD_Response *resp);
+/* Answers an OPTIONS preflight when CORS is on; 1 when it did. */
+int cors_preflight(request *r);
 
 /* ---- sessions (sessions.c) --------------------------------------------------------- */
 enum session_status { SESSION_READY, SESSION_INGESTING, SESSION_FAILED };
