@@ -374,8 +374,9 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
         get_string(r->root, "overflow", &overflow, e) || parse_stop(r, e) ||
-        parse_bias(r, n_vocab, e))
+        parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e))
         return -1;
+    gp->grammar = r->grammar;
     /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
     if (chat) {
         if (get_bool(r->root, "logprobs", &lp_bool, e) ||
@@ -417,6 +418,7 @@ void api_gen_request_free(api_gen_request *r) {
     free(r->prompt_tokens);
     free(r->stops);
     free(r->bias);
+    grammar_unref(r->grammar);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
 }

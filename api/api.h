@@ -67,6 +67,7 @@ typedef struct api_gen_request {
     json_t *root;
     const char **stops;
     logit_bias *bias;
+    grammar *grammar;          /* response_format's constraint (owned) or NULL */
 } api_gen_request;
 
 /* Validates a chat (chat = 1) or completions request. n_vocab bounds token
@@ -80,6 +81,15 @@ int api_parse_tokenize(const char *body, size_t n, const char **content, int *ad
                        json_t **root, api_error *e);
 int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **tokens,
                          size_t *n_tokens, api_error *e);
+
+/* ---- structured outputs (schema.c) ------------------------------------------------- */
+
+/* Compiles a JSON Schema into a grammar (the subset schema.c lists); NULL +
+ * a 400 naming param and the unsupported keyword. Caller owns the grammar. */
+grammar *api_schema_grammar(json_t *schema, const char *param, api_error *e);
+/* body's response_format: *out = NULL for none or text, else the grammar
+ * (caller owns). 0, or -1 + a 400 with param "response_format". */
+int api_parse_response_format(json_t *body, grammar **out, api_error *e);
 
 /* OpenAI finish_reason of an engine finish. */
 const char *api_finish_reason(enum engine_finish f);

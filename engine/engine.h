@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/sample.h"
 
 typedef struct engine engine;
@@ -76,6 +77,10 @@ typedef struct engine_gen_params {
      * recycle_pool neighbouring slots before the top-K (odd; 0: 7, seed 003's
      * kernel, its largest quality effect; 1: each slot on its own score). */
     int32_t recycle_stride, recycle_keep, recycle_pool;
+    /* Constrained decoding: only tokens the grammar accepts are sampled, and
+     * the generation stops when the value is complete (NULL: off). Each
+     * generation takes its own reference. */
+    grammar *grammar;
 } engine_gen_params;
 
 enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2 };

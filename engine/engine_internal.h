@@ -18,7 +18,11 @@ struct engine {
     backend *be;
     int n_threads;
     enum pot_dtype kv_dtype; /* f16, or f32 with --exact */
+    vocab_trie *trie;        /* token pieces for grammar masks; built at the first use */
 };
+
+/* e->trie, built on first use (engine thread). NULL when out of memory. */
+const vocab_trie *engine_vocab_trie(engine *e);
 
 double now_ms(void);
 /* An empty pot of `capacity` slots for this model (at most its context). */
