@@ -374,7 +374,8 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
         get_string(r->root, "overflow", &overflow, e) || parse_stop(r, e) ||
-        parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e))
+        parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
+        (chat && api_parse_tools(r, e)))
         return -1;
     gp->grammar = r->grammar;
     /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
@@ -469,6 +470,18 @@ int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **
     }
     json_decref(root);
     return rc;
+}
+
+void api_random_id(char *out, size_t cap, const char *prefix) {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    unsigned char rnd[24];
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(rnd, 1, sizeof rnd, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = got; i < sizeof rnd; i++) rnd[i] = (unsigned char)rand();
+    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof rnd && n + 1 < cap; i++) out[n++] = alphabet[rnd[i] % 62];
+    out[n] = 0;
 }
 
 const char *api_finish_reason(enum engine_finish f) {

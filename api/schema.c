@@ -299,20 +299,24 @@ out:
     return node;
 }
 
+int api_schema_node(grammar *g, json_t *schema, const char *param, api_error *e) {
+    compiler c = {.g = g, .root = schema, .param = param, .e = e};
+    return compile(&c, schema, "schema");
+}
+
 grammar *api_schema_grammar(json_t *schema, const char *param, api_error *e) {
-    compiler c = {.root = schema, .param = param, .e = e};
-    c.g = grammar_new();
-    if (!c.g) {
+    grammar *g = grammar_new();
+    if (!g) {
         api_fail(e, 500, NULL, NULL, "out of memory");
         return NULL;
     }
-    int root = compile(&c, schema, "schema");
+    int root = api_schema_node(g, schema, param, e);
     if (root < 0) {
-        grammar_unref(c.g);
+        grammar_unref(g);
         return NULL;
     }
-    grammar_set_root(c.g, root);
-    return c.g;
+    grammar_set_root(g, root);
+    return g;
 }
 
 int api_parse_response_format(json_t *body, grammar **out, api_error *e) {

@@ -22,7 +22,7 @@
 
 enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 3 };
 
-enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF };
+enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED };
 
 typedef struct gnode {
     enum kind kind;
@@ -66,6 +66,8 @@ enum {
     N_SIGN, N_ZERO, N_INT, N_DOT, N_FRAC, N_EXP, N_EXP_SIGN, N_EXP_DIG,
     /* literals */
     L_MATCH,
+    /* tagged: prefix text, the value, suffix text */
+    T_PREFIX, T_VALUE, T_SUFFIX,
     ST_DONE,
 };
 
@@ -220,6 +222,31 @@ int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errl
     return id;
 }
 
+int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, size_t n,
+                   const char *suffix, char *err, size_t errlen) {
+    if (n == 0 || n > GRAMMAR_MAX_LITERALS)
+        return snprintf(err, errlen, "1 to %d tagged values", GRAMMAR_MAX_LITERALS), -1;
+    int id = add_node(g, K_TAGGED);
+    if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].first = g->n_texts;
+    uint32_t best = UINT32_MAX;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(prefixes[i]);
+        if (!len || len > 0xffff || nodes[i] < 0 || nodes[i] >= g->n_nodes)
+            return snprintf(err, errlen, "bad tagged value"), -1;
+        for (size_t j = 0; j < i; j++)
+            if (!strncmp(prefixes[i], prefixes[j], len < strlen(prefixes[j]) ? len : strlen(prefixes[j])))
+                return snprintf(err, errlen, "tagged prefixes must not be prefixes of one another"), -1;
+        if (add_text(g, prefixes[i], len, nodes[i], 0) < 0) return snprintf(err, errlen, "out of memory"), -1;
+        set_start(&g->nodes[id], (unsigned char)prefixes[i][0]);
+        if ((uint32_t)len + g->nodes[nodes[i]].min_len < best) best = (uint32_t)len + g->nodes[nodes[i]].min_len;
+    }
+    if (add_text(g, suffix, strlen(suffix), -1, 0) < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].n = (int32_t)n; /* the suffix is texts[first + n] */
+    g->nodes[id].min_len = best + (uint32_t)strlen(suffix);
+    return id;
+}
+
 int grammar_any(grammar *g) { return g->any; }
 
 void grammar_set_root(grammar *g, int node) {
@@ -331,9 +358,10 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
             f->st = c == '-' ? N_SIGN : c == '0' ? N_ZERO : N_INT;
             return ACCEPT;
         case K_LITERALS:
+        case K_TAGGED:
             f->cand = narrow(g, nd, all_bits(nd->n), 0, c);
             f->pos = 1;
-            f->st = L_MATCH;
+            f->st = nd->kind == K_TAGGED ? T_PREFIX : L_MATCH;
             return f->cand ? ACCEPT : REJECT;
         default: return REJECT;
         }
@@ -475,14 +503,39 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         }
         return ended(g, nd, f->cand, f->pos) >= 0 ? POP : REJECT;
     }
+    /* ---- tagged ---- */
+    case T_PREFIX: {
+        int i = ended(g, nd, f->cand, f->pos);
+        if (i >= 0) { /* the prefix is written: its value starts with c */
+            f->count = (uint32_t)i;
+            f->st = T_VALUE;
+            *child = g->texts[nd->first + i].node;
+            return PUSH;
+        }
+        uint64_t cand = narrow(g, nd, f->cand, f->pos, c);
+        if (!cand) return REJECT;
+        f->cand = cand;
+        f->pos++;
+        return ACCEPT;
+    }
+    case T_SUFFIX: {
+        const gtext *sfx = &g->texts[nd->first + nd->n];
+        if (f->pos >= sfx->len || (unsigned char)sfx->s[f->pos] != c) return REJECT;
+        if (++f->pos == sfx->len) f->st = ST_DONE;
+        return ACCEPT;
+    }
     case ST_DONE: return POP;
-    default: return REJECT; /* O_KEY_CHILD, O_VALUE, A_VALUE: a child is open above */
+    default: return REJECT; /* O_KEY_CHILD, O_VALUE, A_VALUE, T_VALUE: a child is open above */
     }
 }
 
 /* The parent's state once its child value ended. */
-static void child_ended(grammar_frame *f) {
-    if (f->st == O_KEY_CHILD) f->st = O_COLON;
+static void child_ended(const grammar *g, grammar_frame *f) {
+    if (f->st == T_VALUE) {
+        const gnode *nd = &g->nodes[f->node];
+        f->pos = 0;
+        f->st = g->texts[nd->first + nd->n].len ? T_SUFFIX : ST_DONE;
+    } else if (f->st == O_KEY_CHILD) f->st = O_COLON;
     else if (f->st == O_VALUE) f->st = O_AFTER;
     else if (f->st == A_VALUE) f->st = A_AFTER, f->count++;
 }
@@ -505,7 +558,7 @@ static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {
         if (r == ACCEPT) break;
         if (r == POP) {
             if (--s->depth == 0) return 0;
-            child_ended(&s->f[s->depth - 1]);
+            child_ended(g, &s->f[s->depth - 1]);
             continue;
         }
         if (s->depth == GRAMMAR_MAX_DEPTH) return 0;
@@ -617,6 +670,16 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
                 if (c < best) best = c;
             }
         return best;
+    case T_PREFIX:
+        for (int i = 0; i < nd->n; i++)
+            if (f->cand >> i & 1) {
+                const gtext *t = &g->texts[nd->first + i];
+                uint32_t c = (uint32_t)t->len - f->pos + g->nodes[t->node].min_len;
+                if (c < best) best = c;
+            }
+        return best + (uint32_t)g->texts[nd->first + nd->n].len;
+    case T_VALUE: return (uint32_t)g->texts[nd->first + nd->n].len;
+    case T_SUFFIX: return (uint32_t)g->texts[nd->first + nd->n].len - f->pos;
     default: return 0;
     }
 }

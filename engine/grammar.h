@@ -38,6 +38,11 @@ int grammar_object(grammar *g, const char *const *names, const int *nodes, const
 /* One of the alternatives; they must start with different bytes (a string
  * and an object, not two objects), else -1 + err. */
 int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
+/* A value written inside fixed text: prefixes[i] then a value of nodes[i],
+ * then suffix (a tool call: `{"name": "f", "arguments": ` args `}`). The
+ * prefixes must not be prefixes of one another. */
+int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, size_t n,
+                   const char *suffix, char *err, size_t errlen);
 void grammar_set_root(grammar *g, int node);
 
 /* The automaton's state (plain data: copy it freely). */

@@ -66,17 +66,7 @@ void generation_free(generation *g) {
     free(g);
 }
 
-void random_id(char *out, size_t cap, const char *prefix) {
-    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    unsigned char rnd[24];
-    FILE *f = fopen("/dev/urandom", "rb");
-    size_t got = f ? fread(rnd, 1, sizeof rnd, f) : 0;
-    if (f) fclose(f);
-    for (size_t i = got; i < sizeof rnd; i++) rnd[i] = (unsigned char)rand();
-    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
-    for (size_t i = 0; i < sizeof rnd && n + 1 < cap; i++) out[n++] = alphabet[rnd[i] % 62];
-    out[n] = 0;
-}
+void random_id(char *out, size_t cap, const char *prefix) { api_random_id(out, cap, prefix); }
 
 static json_t *token_json(server *s, int32_t tok, float logprob) {
     char buf[256];
@@ -198,11 +188,15 @@ static int client_gone(request *r) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* Tool calls are parsed from the whole text, so a request that may call a
+ * tool streams its answer only once it is complete. */
+static int tools_active(const generation *g) { return g->req.tools && g->req.tool_choice != TOOL_CHOICE_NONE; }
+
 static void on_text_event(server *s, void *arg) {
     text_event *ev = arg;
     generation *g = ev->g;
     request *r = g->r;
-    if (g->req.stream) {
+    if (g->req.stream && !tools_active(g)) {
         json_t *lp = NULL;
         if (ev->has_lp && g->req.chat) {
             lp = json_array();
@@ -236,6 +230,40 @@ static void on_text_event(server *s, void *arg) {
     free(ev);
 }
 
+/* A chunk whose delta is the given object. */
+static json_t *delta_chunk(const generation *g, json_t *delta) {
+    json_t *c = chunk_json(g, NULL, 0, 0, NULL, NULL);
+    json_object_set_new(json_array_get(json_object_get(c, "choices"), 0), "delta", delta);
+    return c;
+}
+
+/* Streams the buffered answer of a request with tools: its calls as
+ * OpenAI streams them (each call's id and name with empty arguments, then
+ * its arguments) or its text. Returns the finish_reason. */
+static const char *stream_tool_answer(generation *g, const char *finish) {
+    request *r = g->r;
+    char *content = NULL;
+    json_t *calls = api_find_tool_calls(&g->req, g->text ? g->text : "", g->len, &content);
+    if (!calls) {
+        if (g->len) sse_send(r, chunk_json(g, g->text, g->len, 0, NULL, NULL));
+        return finish;
+    }
+    if (content) sse_send(r, delta_chunk(g, json_pack("{s:s}", "content", content)));
+    free(content);
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        json_t *fn = json_object_get(call, "function");
+        sse_send(r, delta_chunk(g, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index", (int)i,
+                                             "id", json_object_get(call, "id"), "type", "function", "function",
+                                             "name", json_object_get(fn, "name"), "arguments", "")));
+        sse_send(r, delta_chunk(g, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", (int)i, "function",
+                                             "arguments", json_object_get(fn, "arguments"))));
+    }
+    json_decref(calls);
+    return "tool_calls";
+}
+
 static void finish_stream(generation *g, const done_event *ev) {
     request *r = g->r;
     if (ev->rc) {
@@ -243,7 +271,9 @@ static void finish_stream(generation *g, const done_event *ev) {
         api_fail(&e, 500, "generation_failed", prompt_param(g), "%s", ev->err);
         sse_send(r, api_error_json(&e));
     } else {
-        sse_send(r, chunk_json(g, NULL, 0, 0, finish_reason(g), NULL));
+        const char *finish = finish_reason(g);
+        if (tools_active(g)) finish = stream_tool_answer(g, finish);
+        sse_send(r, chunk_json(g, NULL, 0, 0, finish, NULL));
         if (g->req.include_usage) {
             json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[], s:o}", "id", g->id, "object",
                                   g->req.chat ? "chat.completion.chunk" : "text_completion",
@@ -269,10 +299,20 @@ static void finish_whole(generation *g, const done_event *ev) {
     json_t *choice;
     const char *finish = finish_reason(g);
     if (g->req.chat) {
+        char *content = NULL;
+        json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, g->text ? g->text : "", g->len, &content) : NULL;
+        if (calls) {
+            json_decref(str);
+            str = content ? json_string(content) : json_null();
+            if (!str) str = json_null();
+            free(content);
+            finish = "tool_calls";
+        }
         choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
                            "assistant", "content", str, "logprobs",
                            g->logprobs ? json_pack("{s:O}", "content", g->logprobs) : json_null(),
                            "finish_reason", finish);
+        if (calls) json_object_set_new(json_object_get(choice, "message"), "tool_calls", calls);
     } else {
         choice = json_pack("{s:i, s:o, s:O?, s:s}", "index", 0, "text", str, "logprobs",
                            g->logprobs, "finish_reason", finish);
@@ -512,6 +552,7 @@ void route_generate(request *r, int chat) {
     if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e))
         return respond_error(r, &e);
     api_gen_request *q = &g->req;
+    if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session;
     if (!sid) sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
     if (sid) {
@@ -540,6 +581,12 @@ void route_generate(request *r, int chat) {
         }
     } else if (plain_prompt(s, g, &e)) {
         return respond_error(r, &e);
+    }
+    if (q->tool_choice == TOOL_CHOICE_REQUIRED || q->tool_choice == TOOL_CHOICE_NAMED) {
+        grammar *forced = api_tool_call_grammar(q, &e); /* replaces any response_format */
+        if (!forced) return respond_error(r, &e);
+        grammar_unref(q->grammar);
+        q->grammar = q->params.grammar = forced;
     }
     int32_t n_ctx = s->info.n_ctx_train;
     int overflow = 0;
