@@ -74,7 +74,17 @@ typedef struct api_gen_request {
     const char *tool_name;     /* TOOL_CHOICE_NAMED */
     int parallel_tool_calls;
     const char *tool_format;   /* "chatml" or "llama3" once api_render_tools ran with tools */
+    int n_choices;             /* "n": answers per prompt (1..API_MAX_N) */
+    /* completions with a list of prompts: prompt i is batch_texts[i] or
+     * batch_tokens[i][0..batch_counts[i]); the first is also prompt /
+     * prompt_tokens. n_batch is 1 for one prompt. */
+    size_t n_batch;
+    const char **batch_texts;
+    int32_t **batch_tokens;
+    size_t *batch_counts;
 } api_gen_request;
+
+enum { API_MAX_N = 16, API_MAX_BATCH = 64 };
 
 /* Validates a chat (chat = 1) or completions request. n_vocab bounds token
  * ids and logit_bias keys. */

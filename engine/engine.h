@@ -279,6 +279,11 @@ typedef struct engine_gen_request {
     /* Called once at the end (also on error, with rc -1 and err). */
     void (*on_done)(void *user, int rc, const engine_gen_result *res, const char *err);
     void *user;
+    /* n > 1: n sequences from ONE prefill of the prompt (OpenAI's n): sequence
+     * i samples with seed params.sampling.seed + i and reports through
+     * on_text / on_done with users[i] (user is then unused). */
+    int n;
+    void *const *users;
 } engine_gen_request;
 /* Queues a generation; 0, or -1 + err (stopping, out of memory, invalid
  * sampling parameters: those are checked here), and on_done is then never

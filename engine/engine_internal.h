@@ -65,6 +65,12 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
                   char *err, size_t errlen);
 /* Frees q and, when it owns it, its pot. */
 void gen_seq_free(gen_seq *q);
+/* 1 when src has read its whole prompt and not sampled yet: the moment to fork. */
+int gen_seq_forkable(const gen_seq *src);
+/* Starts dst (new, not started) where src stands after its prefill: a copy of
+ * src's pot (dst owns it), its last logits, the prompt's penalties history;
+ * dst then decodes with its own sampler. 0 or -1 + err. */
+int gen_seq_fork(const gen_seq *src, gen_seq *dst, char *err, size_t errlen);
 /* 1 once the sequence ended (or never started). */
 int gen_seq_done(const gen_seq *q);
 /* Ends a sequence that has not: finish CANCELLED, nothing more emitted. */

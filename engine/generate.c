@@ -157,6 +157,34 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
     return 0;
 }
 
+int gen_seq_forkable(const gen_seq *src) {
+    return src->state == SEQ_DECODE && src->res.n_generated == 0 && !src->presampled;
+}
+
+int gen_seq_fork(const gen_seq *src, gen_seq *dst, char *err, size_t errlen) {
+    engine *e = src->e;
+    pot *p = new_decode_pot(e, (size_t)src->p->capacity, err, errlen);
+    if (!p) return -1;
+    if (pot_copy(p, src->p)) {
+        pot_free(p);
+        return snprintf(err, errlen, "out of memory copying the prompt's cache"), -1;
+    }
+    dst->p = p;
+    dst->own_pot = 1;
+    if (recycler_init(&dst->rec, p, dst->recycle_stride, dst->recycle_keep, dst->recycle_pool, err, errlen)) return -1;
+    if (dst->gram && !(dst->trie = engine_vocab_trie(e))) return snprintf(err, errlen, "out of memory"), -1;
+    for (size_t i = 0; i < src->n_prompt; i++) sampler_accept(dst->smp, src->prompt[i]);
+    memcpy(dst->logits, src->logits, (size_t)e->m->n_vocab * sizeof(float));
+    dst->res = src->res;
+    dst->res.finish = ENGINE_FINISH_LENGTH;
+    dst->n_prompt = src->n_prompt;
+    dst->n_prefilled = src->n_prefilled;
+    dst->t_start = src->t_start;
+    dst->t_decode = src->t_decode;
+    dst->state = SEQ_DECODE;
+    return 0;
+}
+
 void gen_seq_free(gen_seq *q) {
     if (!q) return;
     recycler_free(&q->rec);

@@ -10,22 +10,39 @@
 
 #include "server/srv.h"
 
+/* One of the answers (OpenAI's choices: n per prompt, prompts of a batch). */
+typedef struct choice {
+    generation *g;
+    int index;
+    char *text;
+    size_t len, cap;
+    json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
+    engine_gen_result res;
+    int done, rc;
+    char err[256];
+} choice;
+
+/* A prompt of a batch (/v1/completions with a list of prompts) after the first. */
+typedef struct batch_prompt {
+    int32_t *ids;
+    size_t n;
+} batch_prompt;
+
 struct generation {
     request *r;
     session *ss;
     api_gen_request req;
-    int32_t *prompt;
+    int32_t *prompt; /* the (first) prompt */
     size_t n_prompt;
+    batch_prompt *batch; /* prompts 1.. of a batch */
+    size_t n_batch;      /* prompts in all (1 without a batch) */
     char id[48];
     int64_t created;
-    char *text;
-    size_t len, cap;
-    json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
+    choice *choices;     /* n_batch * n, prompt-major */
+    int n_choices, n_done, n_submitted;
     atomic_int cancel;
     atomic_int timed_out; /* request_timeout cut it: finish_reason "length" */
     double deadline_ms;
-    engine_gen_result res;
-    int finished;
     /* a prompt longer than the window, read through a temporary pot */
     engine_doc *tmp_doc;
     engine_pot_settings tmp_settings;
@@ -42,7 +59,7 @@ static void release_temporary_pot(server *s, generation *g);
 
 /* What the engine thread sends for each piece of text. */
 typedef struct text_event {
-    generation *g;
+    choice *c;
     int has_lp;
     sample_logprobs lp;
     size_t n;
@@ -50,7 +67,7 @@ typedef struct text_event {
 } text_event;
 
 typedef struct done_event {
-    generation *g;
+    choice *c;
     int rc;
     engine_gen_result res;
     char err[256];
@@ -61,8 +78,13 @@ void generation_free(generation *g) {
     free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
-    free(g->text);
-    json_decref(g->logprobs);
+    for (size_t i = 1; i < g->n_batch; i++) free(g->batch[i].ids);
+    free(g->batch);
+    for (int i = 0; i < g->n_choices; i++) {
+        free(g->choices[i].text);
+        json_decref(g->choices[i].logprobs);
+    }
+    free(g->choices);
     free(g);
 }
 
@@ -102,12 +124,19 @@ static void completion_logprob_add(server *s, json_t *acc, const sample_logprobs
     json_decref(t);
 }
 
+/* Usage over every choice: each prompt counted once (its n answers share it). */
 static json_t *usage_json(const generation *g) {
-    int64_t prompt = g->res.n_prompt + g->res.n_cached;
+    int64_t prompt = 0, generated = 0, cached = 0;
+    int n = g->req.n_choices;
+    for (int i = 0; i < g->n_choices; i++) {
+        const engine_gen_result *res = &g->choices[i].res;
+        if (i % n == 0) prompt += res->n_prompt + res->n_cached, cached += res->n_cached;
+        generated += res->n_generated;
+    }
     return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt,
-                     "completion_tokens", (json_int_t)g->res.n_generated, "total_tokens",
-                     (json_int_t)(prompt + g->res.n_generated), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)g->res.n_cached);
+                     "completion_tokens", (json_int_t)generated, "total_tokens",
+                     (json_int_t)(prompt + generated), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)cached);
 }
 
 static const char *model_name(const generation *g) {
@@ -129,17 +158,18 @@ static const char *system_fingerprint(server *s) {
     return fp;
 }
 
-/* The finish_reason of the finished generation. */
-static const char *finish_reason(const generation *g) {
-    if (atomic_load(&g->timed_out)) return "length";
-    return api_finish_reason(g->res.finish);
+/* The finish_reason of a finished choice. */
+static const char *finish_reason(const choice *c) {
+    if (atomic_load(&c->g->timed_out) && c->res.finish != ENGINE_FINISH_STOP) return "length";
+    return api_finish_reason(c->res.finish);
 }
 
 /* Where a request error about the prompt points. */
 static const char *prompt_param(const generation *g) { return g->req.chat ? "messages" : "prompt"; }
 
-/* One SSE chunk: a text delta (text != NULL), the role opener, or the finish. */
-static json_t *chunk_json(const generation *g, const char *text, size_t n, int role,
+/* One SSE chunk of choice `index`: a text delta (text != NULL), the role
+ * opener, or the finish. */
+static json_t *chunk_json(const generation *g, int index, const char *text, size_t n, int role,
                           const char *finish, json_t *logprobs) {
     json_t *choice;
     json_t *str = text ? json_stringn(text, n) : NULL;
@@ -149,11 +179,11 @@ static json_t *chunk_json(const generation *g, const char *text, size_t n, int r
         if (role) json_object_set_new(delta, "role", json_string("assistant"));
         if (role && !text) json_object_set_new(delta, "content", json_string(""));
         if (str) json_object_set_new(delta, "content", str);
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
                            logprobs ? json_pack("{s:o}", "content", logprobs) : json_null(),
                            "finish_reason", finish ? json_string(finish) : json_null());
     } else {
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "text", str ? str : json_string(""),
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "text", str ? str : json_string(""),
                            "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
@@ -192,9 +222,23 @@ static int client_gone(request *r) {
  * tool streams its answer only once it is complete. */
 static int tools_active(const generation *g) { return g->req.tools && g->req.tool_choice != TOOL_CHOICE_NONE; }
 
+static void append_text(choice *c, const char *text, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *t = realloc(c->text, cap);
+        if (!t) return; /* dropped: the answer is cut short */
+        c->text = t;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, text, n);
+    c->len += n;
+    c->text[c->len] = 0;
+}
+
 static void on_text_event(server *s, void *arg) {
     text_event *ev = arg;
-    generation *g = ev->g;
+    choice *c = ev->c;
+    generation *g = c->g;
     request *r = g->r;
     if (g->req.stream && !tools_active(g)) {
         json_t *lp = NULL;
@@ -205,102 +249,93 @@ static void on_text_event(server *s, void *arg) {
             lp = json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
             completion_logprob_add(s, lp, &ev->lp);
         }
-        if (r->conn) sse_send(r, chunk_json(g, ev->text, ev->n, 0, NULL, lp));
+        if (r->conn) sse_send(r, chunk_json(g, c->index, ev->text, ev->n, 0, NULL, lp));
         else json_decref(lp);
     } else {
-        if (client_gone(r)) generation_cancel(g);
-        if (g->len + ev->n + 1 > g->cap) {
-            size_t cap = (g->len + ev->n + 1) * 2;
-            char *t = realloc(g->text, cap);
-            if (t) {
-                g->text = t;
-                g->cap = cap;
-            }
-        }
-        if (g->len + ev->n + 1 <= g->cap) {
-            memcpy(g->text + g->len, ev->text, ev->n);
-            g->len += ev->n;
-            g->text[g->len] = 0;
-        }
-        if (ev->has_lp && g->logprobs) {
-            if (g->req.chat) json_array_append_new(g->logprobs, chat_logprob_entry(s, &ev->lp));
-            else completion_logprob_add(s, g->logprobs, &ev->lp);
+        if (!g->req.stream && client_gone(r)) generation_cancel(g);
+        append_text(c, ev->text, ev->n);
+        if (ev->has_lp && c->logprobs) {
+            if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
+            else completion_logprob_add(s, c->logprobs, &ev->lp);
         }
     }
     free(ev);
 }
 
-/* A chunk whose delta is the given object. */
-static json_t *delta_chunk(const generation *g, json_t *delta) {
-    json_t *c = chunk_json(g, NULL, 0, 0, NULL, NULL);
-    json_object_set_new(json_array_get(json_object_get(c, "choices"), 0), "delta", delta);
-    return c;
+/* A chunk of choice `index` whose delta is the given object. */
+static json_t *delta_chunk(const generation *g, int index, json_t *delta) {
+    json_t *ch = chunk_json(g, index, NULL, 0, 0, NULL, NULL);
+    json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0), "delta", delta);
+    return ch;
 }
 
 /* Streams the buffered answer of a request with tools: its calls as
  * OpenAI streams them (each call's id and name with empty arguments, then
  * its arguments) or its text. Returns the finish_reason. */
-static const char *stream_tool_answer(generation *g, const char *finish) {
+static const char *stream_tool_answer(choice *c, const char *finish) {
+    generation *g = c->g;
     request *r = g->r;
     char *content = NULL;
-    json_t *calls = api_find_tool_calls(&g->req, g->text ? g->text : "", g->len, &content);
+    json_t *calls = api_find_tool_calls(&g->req, c->text ? c->text : "", c->len, &content);
     if (!calls) {
-        if (g->len) sse_send(r, chunk_json(g, g->text, g->len, 0, NULL, NULL));
+        if (c->len) sse_send(r, chunk_json(g, c->index, c->text, c->len, 0, NULL, NULL));
         return finish;
     }
-    if (content) sse_send(r, delta_chunk(g, json_pack("{s:s}", "content", content)));
+    if (content) sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content)));
     free(content);
     size_t i;
     json_t *call;
     json_array_foreach(calls, i, call) {
         json_t *fn = json_object_get(call, "function");
-        sse_send(r, delta_chunk(g, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index", (int)i,
-                                             "id", json_object_get(call, "id"), "type", "function", "function",
-                                             "name", json_object_get(fn, "name"), "arguments", "")));
-        sse_send(r, delta_chunk(g, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", (int)i, "function",
-                                             "arguments", json_object_get(fn, "arguments"))));
+        sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index",
+                                                       (int)i, "id", json_object_get(call, "id"), "type", "function",
+                                                       "function", "name", json_object_get(fn, "name"), "arguments", "")));
+        sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", (int)i,
+                                                       "function", "arguments", json_object_get(fn, "arguments"))));
     }
     json_decref(calls);
     return "tool_calls";
 }
 
-static void finish_stream(generation *g, const done_event *ev) {
+/* A choice of a stream ended: its last chunk (or the error). */
+static void stream_choice_done(choice *c) {
+    generation *g = c->g;
     request *r = g->r;
-    if (ev->rc) {
+    if (c->rc) {
         api_error e;
-        api_fail(&e, 500, "generation_failed", prompt_param(g), "%s", ev->err);
-        sse_send(r, api_error_json(&e));
-    } else {
-        const char *finish = finish_reason(g);
-        if (tools_active(g)) finish = stream_tool_answer(g, finish);
-        sse_send(r, chunk_json(g, NULL, 0, 0, finish, NULL));
-        if (g->req.include_usage) {
-            json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[], s:o}", "id", g->id, "object",
-                                  g->req.chat ? "chat.completion.chunk" : "text_completion",
-                                  "created", (json_int_t)g->created, "model", model_name(g),
-                                  "system_fingerprint", system_fingerprint(g->r->srv),
-                                  "choices", "usage", usage_json(g));
-            sse_send(r, j);
-        }
+        api_fail(&e, 500, "generation_failed", prompt_param(g), "%s", c->err);
+        return sse_send(r, api_error_json(&e));
+    }
+    const char *finish = finish_reason(c);
+    if (tools_active(g)) finish = stream_tool_answer(c, finish);
+    sse_send(r, chunk_json(g, c->index, NULL, 0, 0, finish, NULL));
+}
+
+static void finish_stream(generation *g) {
+    request *r = g->r;
+    int failed = 0;
+    for (int i = 0; i < g->n_choices; i++) failed |= g->choices[i].rc;
+    if (g->req.include_usage && !failed) {
+        json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[], s:o}", "id", g->id, "object",
+                              g->req.chat ? "chat.completion.chunk" : "text_completion",
+                              "created", (json_int_t)g->created, "model", model_name(g),
+                              "system_fingerprint", system_fingerprint(g->r->srv),
+                              "choices", "usage", usage_json(g));
+        sse_send(r, j);
     }
     stream_write(r, "data: [DONE]\n\n", 14);
     stream_end(r);
 }
 
-static void finish_whole(generation *g, const done_event *ev) {
-    request *r = g->r;
-    if (ev->rc) {
-        api_error e;
-        api_fail(&e, 400, "generation_failed", prompt_param(g), "%s", ev->err);
-        return respond_error(r, &e);
-    }
-    json_t *str = json_stringn(g->text ? g->text : "", g->len);
+static json_t *choice_json(choice *c) {
+    generation *g = c->g;
+    json_t *str = json_stringn(c->text ? c->text : "", c->len);
     if (!str) str = json_string("");
-    json_t *choice;
-    const char *finish = finish_reason(g);
+    const char *finish = finish_reason(c);
+    json_t *out;
     if (g->req.chat) {
         char *content = NULL;
-        json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, g->text ? g->text : "", g->len, &content) : NULL;
+        json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, c->text ? c->text : "", c->len, &content) : NULL;
         if (calls) {
             json_decref(str);
             str = content ? json_string(content) : json_null();
@@ -308,48 +343,69 @@ static void finish_whole(generation *g, const done_event *ev) {
             free(content);
             finish = "tool_calls";
         }
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
-                           "assistant", "content", str, "logprobs",
-                           g->logprobs ? json_pack("{s:O}", "content", g->logprobs) : json_null(),
-                           "finish_reason", finish);
-        if (calls) json_object_set_new(json_object_get(choice, "message"), "tool_calls", calls);
+        out = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", c->index, "message", "role",
+                        "assistant", "content", str, "logprobs",
+                        c->logprobs ? json_pack("{s:O}", "content", c->logprobs) : json_null(),
+                        "finish_reason", finish);
+        if (calls) json_object_set_new(json_object_get(out, "message"), "tool_calls", calls);
     } else {
-        choice = json_pack("{s:i, s:o, s:O?, s:s}", "index", 0, "text", str, "logprobs",
-                           g->logprobs, "finish_reason", finish);
-        if (!g->logprobs) json_object_set_new(choice, "logprobs", json_null());
+        out = json_pack("{s:i, s:o, s:O?, s:s}", "index", c->index, "text", str, "logprobs",
+                        c->logprobs, "finish_reason", finish);
+        if (!c->logprobs) json_object_set_new(out, "logprobs", json_null());
     }
-    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:o}", "id", g->id, "object",
+    return out;
+}
+
+static void finish_whole(generation *g) {
+    request *r = g->r;
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->choices[i].rc) {
+            api_error e;
+            api_fail(&e, 400, "generation_failed", prompt_param(g), "%s", g->choices[i].err);
+            return respond_error(r, &e);
+        }
+    json_t *choices = json_array();
+    for (int i = 0; i < g->n_choices; i++) json_array_append_new(choices, choice_json(&g->choices[i]));
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
                              g->req.chat ? "chat.completion" : "text_completion", "created",
                              (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
-                             system_fingerprint(g->r->srv), "choices", choice, "usage", usage_json(g));
+                             system_fingerprint(g->r->srv), "choices", choices, "usage", usage_json(g));
     if (g->ss) json_object_set_new(body, "session", json_string(g->ss->id));
     respond_json(r, 200, body);
 }
 
 static void on_done_event(server *s, void *arg) {
     done_event *ev = arg;
-    generation *g = ev->g;
+    choice *c = ev->c;
+    generation *g = c->g;
     request *r = g->r;
-    g->res = ev->res;
-    g->finished = 1;
-    if (g->ss) session_generation_done(g->ss);
-    if (g->tmp_doc) release_temporary_pot(s, g);
-    s->m.tokens_prompted += ev->res.n_prompt;
-    s->m.tokens_generated += ev->res.n_generated;
-    s->m.decode_ms += ev->res.decode_ms;
-    r->tokens = ev->res.n_prompt + ev->res.n_generated;
-    if (r->conn) {
-        if (g->req.stream) finish_stream(g, ev);
-        else finish_whole(g, ev);
-    }
+    c->res = ev->res;
+    c->rc = ev->rc;
+    snprintf(c->err, sizeof c->err, "%s", ev->err);
+    c->done = 1;
+    g->n_done++;
     free(ev);
-    request_unref(r); /* the engine's reference */
+    if (g->ss) session_generation_done(g->ss);
+    s->m.tokens_prompted += c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0;
+    s->m.tokens_generated += c->res.n_generated;
+    s->m.decode_ms += c->res.decode_ms;
+    r->tokens += (c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0) + c->res.n_generated;
+    if (r->conn && g->req.stream) stream_choice_done(c);
+    if (g->n_done == g->n_submitted) {
+        if (g->tmp_doc) release_temporary_pot(s, g);
+        if (r->conn) {
+            if (g->req.stream) finish_stream(g);
+            else finish_whole(g);
+        }
+    }
+    request_unref(r); /* the engine's reference for this choice */
 }
 
 static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
                        const sample_logprobs *lp) {
     (void)token;
-    generation *g = user;
+    choice *c = user;
+    generation *g = c->g;
     if (atomic_load(&g->cancel)) return 1;
     if (srv_now_ms() > g->deadline_ms) {
         atomic_store(&g->timed_out, 1);
@@ -358,7 +414,7 @@ static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
     }
     text_event *ev = malloc(sizeof *ev + len + 1);
     if (!ev) return 1;
-    ev->g = g;
+    ev->c = c;
     ev->has_lp = lp != NULL;
     if (lp) ev->lp = *lp;
     ev->n = len;
@@ -369,14 +425,14 @@ static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
 }
 
 static void gen_on_done(void *user, int rc, const engine_gen_result *res, const char *err) {
-    generation *g = user;
+    choice *c = user;
     done_event *ev = calloc(1, sizeof *ev);
     if (!ev) abort(); /* the request would never complete */
-    ev->g = g;
+    ev->c = c;
     ev->rc = rc;
     if (res) ev->res = *res;
     if (err) snprintf(ev->err, sizeof ev->err, "%s", err);
-    srv_post(g->r->srv, on_done_event, ev);
+    srv_post(c->g->r->srv, on_done_event, ev);
 }
 
 /* ---- the route ------------------------------------------------------------------------ */
@@ -401,26 +457,74 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
     return 0;
 }
 
-/* Hands the prepared generation to the engine thread. */
+/* The token ids of the prompts after the first in a batch; each must fit
+ * the window (a batch is not read through a pot). */
+static int batch_prompts(server *s, generation *g, api_error *e) {
+    api_gen_request *q = &g->req;
+    if (q->n_batch <= 1) return 0;
+    g->batch = calloc(q->n_batch, sizeof *g->batch);
+    if (!g->batch) return api_fail(e, 500, NULL, NULL, "out of memory");
+    g->n_batch = q->n_batch;
+    size_t room = (size_t)s->info.n_ctx_train - (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1);
+    for (size_t p = 0; p < q->n_batch; p++) {
+        size_t n = p ? 0 : g->n_prompt;
+        if (p && q->batch_tokens[p]) {
+            n = q->batch_counts[p];
+            g->batch[p].ids = malloc(n * sizeof *g->batch[p].ids);
+            if (!g->batch[p].ids) return api_fail(e, 500, NULL, NULL, "out of memory");
+            memcpy(g->batch[p].ids, q->batch_tokens[p], n * sizeof *g->batch[p].ids);
+        } else if (p) {
+            char err[256];
+            g->batch[p].ids = engine_tokenize_prompt(s->eng, q->batch_texts[p], 0, &n, err, sizeof err);
+            if (!g->batch[p].ids) return api_fail(e, 400, "invalid_value", "prompt", "prompt[%zu]: %s", p, err);
+        }
+        g->batch[p].n = n;
+        if (n > room)
+            return api_fail(e, 400, "context_length_exceeded", "prompt",
+                            "prompt[%zu] has %zu tokens; with max_tokens it exceeds the model's window of %d "
+                            "(prompts of a batch are not read through a pot)", p, n, s->info.n_ctx_train);
+    }
+    return 0;
+}
+
+/* Hands the prepared generation to the engine thread: each prompt once,
+ * with n answers from its one prefill. */
 static void submit(server *s, generation *g) {
     request *r = g->r;
     api_gen_request *q = &g->req;
     api_error e;
     engine_doc *doc = g->ss ? g->ss->doc : g->tmp_doc;
-    engine_gen_request er = {.doc = doc, .prompt = g->prompt, .n_prompt = g->n_prompt,
-                             .params = q->params, .on_text = gen_on_text, .on_done = gen_on_done,
-                             .user = g};
-    char err[256];
-    request_ref(r); /* held by the engine until on_done arrives */
-    if (srv_generate(s, &er, err, sizeof err)) {
-        request_unref(r);
-        api_fail(&e, 503, "unavailable", NULL, "%s", err);
+    int n = q->n_choices;
+    void **users = malloc((size_t)n * sizeof *users);
+    if (!users) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    if (g->ss) g->ss->gens++; /* the doc must not be replaced until the generation is done */
+    for (size_t p = 0; p < g->n_batch; p++) {
+        for (int i = 0; i < n; i++) users[i] = &g->choices[p * (size_t)n + (size_t)i];
+        engine_gen_request er = {.doc = doc, .prompt = p ? g->batch[p].ids : g->prompt,
+                                 .n_prompt = p ? g->batch[p].n : g->n_prompt, .params = q->params,
+                                 .on_text = gen_on_text, .on_done = gen_on_done, .user = users[0],
+                                 .n = n, .users = users};
+        char err[256];
+        for (int i = 0; i < n; i++) request_ref(r); /* held by the engine until on_done arrives */
+        if (srv_generate(s, &er, err, sizeof err)) {
+            for (int i = 0; i < n; i++) request_unref(r);
+            free(users);
+            if (g->n_submitted) { /* the earlier prompts complete the request, cut short */
+                generation_cancel(g);
+                return;
+            }
+            api_fail(&e, 503, "unavailable", NULL, "%s", err);
+            return respond_error(r, &e);
+        }
+        g->n_submitted += n;
+        if (g->ss) g->ss->gens += n; /* the doc must not be replaced until the generations are done */
+    }
+    free(users);
     if (q->stream) {
-        if (stream_start(r)) return; /* the engine's done event still completes r */
-        sse_send(r, chunk_json(g, NULL, 0, 1, NULL, NULL));
+        if (stream_start(r)) return; /* the engine's done events still complete r */
+        for (int i = 0; i < g->n_choices; i++) sse_send(r, chunk_json(g, i, NULL, 0, 1, NULL, NULL));
     } else {
         request_suspend(r);
     }
@@ -484,7 +588,7 @@ static void open_temporary_pot(engine *e, void *arg) {
     srv_post(g->r->srv, temporary_pot_opened, g);
 }
 
-static int append_text(generation *g, const char *a, const char *b) {
+static int append_doc_text(generation *g, const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
     char *t = realloc(g->doc_text, g->doc_len + n + 1);
     if (!t) return -1;
@@ -514,7 +618,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
             }
             char role[32];
             snprintf(role, sizeof role, "%s: ", q->messages[i].role);
-            rc = append_text(g, role, q->messages[i].content);
+            rc = append_doc_text(g, role, q->messages[i].content);
         }
     } else {
         size_t n = strlen(q->prompt), cut = n > COMPLETION_TAIL_BYTES ? n - COMPLETION_TAIL_BYTES : 0;
@@ -555,6 +659,10 @@ void route_generate(request *r, int chat) {
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session;
     if (!sid) sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
+    if (sid && q->n_batch > 1) {
+        api_fail(&e, 400, "invalid_value", "prompt", "a list of prompts cannot be asked over a session");
+        return respond_error(r, &e);
+    }
     if (sid) {
         snprintf(r->session_id, sizeof r->session_id, "%s", sid);
         g->ss = session_find(s, sid, r->key);
@@ -579,7 +687,7 @@ void route_generate(request *r, int chat) {
             api_fail(&e, 400, "invalid_value", chat ? "messages" : "prompt", "%s", err);
             return respond_error(r, &e);
         }
-    } else if (plain_prompt(s, g, &e)) {
+    } else if (plain_prompt(s, g, &e) || batch_prompts(s, g, &e)) {
         return respond_error(r, &e);
     }
     if (q->tool_choice == TOOL_CHOICE_REQUIRED || q->tool_choice == TOOL_CHOICE_NAMED) {
@@ -591,7 +699,7 @@ void route_generate(request *r, int chat) {
     int32_t n_ctx = s->info.n_ctx_train;
     int overflow = 0;
     if (!g->ss && g->n_prompt + (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1) > (size_t)n_ctx) {
-        if (q->overflow_error || (!chat && q->prompt_tokens)) {
+        if (q->overflow_error || (!chat && q->prompt_tokens) || q->n_batch > 1) {
             api_fail(&e, 400, "context_length_exceeded", chat ? "messages" : "prompt",
                      "the prompt has %zu tokens and max_tokens %d; the model's window is %d tokens "
                      "(create a session and upload long documents to read them through a pot)",
@@ -603,8 +711,19 @@ void route_generate(request *r, int chat) {
     random_id(g->id, sizeof g->id, chat ? "chatcmpl-" : "cmpl-");
     g->created = (int64_t)time(NULL);
     g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3;
-    if (q->logprobs && !q->stream)
-        g->logprobs = chat ? json_array() : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
+    g->n_batch = q->n_batch ? q->n_batch : 1;
+    g->n_choices = (int)g->n_batch * q->n_choices;
+    g->choices = calloc((size_t)g->n_choices, sizeof *g->choices);
+    if (!g->choices) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    for (int i = 0; i < g->n_choices; i++) {
+        g->choices[i] = (choice){.g = g, .index = i};
+        if (q->logprobs && !q->stream)
+            g->choices[i].logprobs = chat ? json_array()
+                                          : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
+    }
     if (overflow) {
         if (start_temporary_pot(s, g, &e)) return respond_error(r, &e);
         request_suspend(r);

@@ -141,3 +141,61 @@ def test_non_streamed_generation_stops_when_the_client_leaves(srv, client):
     # the engine is free for the next request
     r = client.completions.create(model="x", prompt="Hello", max_tokens=3, temperature=0)
     assert r.choices[0].text
+
+
+# ---- n and batch prompts ----------------------------------------------------------------------
+
+def test_n_choices_share_one_prefill_and_have_their_own_seeds(client):
+    msgs = [{"role": "user", "content": "Name a color and say why."}]
+    r = client.chat.completions.create(model="x", messages=msgs, n=3, seed=7, temperature=1.0, max_tokens=12)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    # choice i is what a single request with seed + i gives
+    singles = [client.chat.completions.create(model="x", messages=msgs, seed=7 + i, temperature=1.0, max_tokens=12)
+               for i in range(3)]
+    for i, one in enumerate(singles):
+        assert one.choices[0].message.content == r.choices[i].message.content
+    assert len({c.message.content for c in r.choices}) > 1
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt is counted once
+    assert r.usage.completion_tokens == sum(one.usage.completion_tokens for one in singles)
+
+
+def test_n_streams_carry_their_choice_index(client):
+    msgs = [{"role": "user", "content": "Say something."}]
+    chunks = list(client.chat.completions.create(model="x", messages=msgs, n=3, seed=3, temperature=1.0,
+                                                 max_tokens=10, stream=True, stream_options={"include_usage": True}))
+    texts, finishes = {}, {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert sorted(texts) == [0, 1, 2] and sorted(finishes) == [0, 1, 2]
+    whole = client.chat.completions.create(model="x", messages=msgs, n=3, seed=3, temperature=1.0, max_tokens=10)
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_n_out_of_range_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], n=17)
+    assert ei.value.body["param"] == "n"
+
+
+def test_batch_completions_in_order(client):
+    prompts = ["Hello", "The sky is", "Once upon a time"]
+    r = client.completions.create(model="x", prompt=prompts, n=2, temperature=0, max_tokens=6)
+    assert [c.index for c in r.choices] == list(range(6))
+    singles = [client.completions.create(model="x", prompt=p, temperature=0, max_tokens=6) for p in prompts]
+    for i, s in enumerate(singles):
+        assert r.choices[2 * i].text == s.choices[0].text == r.choices[2 * i + 1].text  # greedy: n alike
+    assert r.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert r.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in singles)
+    # token-id prompts
+    ids = [[1, 2, 3], [9, 8]]
+    r = client.completions.create(model="x", prompt=ids, temperature=0, max_tokens=4)
+    for i, p in enumerate(ids):
+        s = client.completions.create(model="x", prompt=p, temperature=0, max_tokens=4)
+        assert r.choices[i].text == s.choices[0].text
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="x", prompt=["a", [1, 2]], max_tokens=2)
+    assert ei.value.body["param"] == "prompt"
