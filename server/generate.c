@@ -40,6 +40,11 @@ struct generation {
     int64_t created;
     choice *choices;     /* n_batch * n, prompt-major */
     int n_choices, n_done, n_submitted;
+    /* /v1/responses: the original body (echoed), the output message's id, the
+       stream's event count */
+    json_t *responses;
+    char msg_id[48];
+    int seq_no;
     atomic_int cancel;
     atomic_int timed_out; /* request_timeout cut it: finish_reason "length" */
     double deadline_ms;
@@ -75,6 +80,7 @@ typedef struct done_event {
 
 void generation_free(generation *g) {
     if (g->ss) session_unref(g->ss);
+    json_decref(g->responses);
     free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
@@ -235,12 +241,34 @@ static void append_text(choice *c, const char *text, size_t n) {
     c->text[c->len] = 0;
 }
 
+/* One event of a /v1/responses stream (takes data; adds its type and number). */
+static void responses_event(generation *g, const char *type, json_t *data) {
+    request *r = g->r;
+    json_object_set_new(data, "type", json_string(type));
+    json_object_set_new(data, "sequence_number", json_integer(g->seq_no++));
+    stream_write(r, "event: ", 7);
+    stream_write(r, type, strlen(type));
+    stream_write(r, "\n", 1);
+    sse_send(r, data);
+}
+
+/* The response object as it stands (status given; output and usage once done). */
+static json_t *responses_now(generation *g, const char *status, int with_output);
+
 static void on_text_event(server *s, void *arg) {
     text_event *ev = arg;
     choice *c = ev->c;
     generation *g = c->g;
     request *r = g->r;
-    if (g->req.stream && !tools_active(g)) {
+    if (g->responses && g->req.stream) {
+        append_text(c, ev->text, ev->n);
+        json_t *d = json_stringn(ev->text, ev->n);
+        if (r->conn && d)
+            responses_event(g, "response.output_text.delta",
+                            json_pack("{s:s, s:i, s:i, s:o}", "item_id", g->msg_id, "output_index", 0,
+                                      "content_index", 0, "delta", d));
+        else json_decref(d);
+    } else if (g->req.stream && !tools_active(g)) {
         json_t *lp = NULL;
         if (ev->has_lp && g->req.chat) {
             lp = json_array();
@@ -311,8 +339,61 @@ static void stream_choice_done(choice *c) {
     sse_send(r, chunk_json(g, c->index, NULL, 0, 0, finish, NULL));
 }
 
+static json_t *responses_now(generation *g, const char *status, int with_output) {
+    json_t *output = NULL, *usage = NULL;
+    if (with_output) {
+        choice *c = &g->choices[0];
+        json_t *text = json_stringn(c->text ? c->text : "", c->len);
+        output = json_pack("[o]", responses_message(g->msg_id, "completed", text ? text : json_string("")));
+        json_decref(text);
+        json_t *chat_usage = usage_json(g);
+        usage = responses_usage(chat_usage);
+        json_decref(chat_usage);
+    }
+    json_t *o = responses_object(g->id, g->created, model_name(g), status, output, usage, g->responses);
+    if (g->ss) json_object_set_new(o, "session", json_string(g->ss->id));
+    return o;
+}
+
+/* The status of a finished /v1/responses generation. */
+static const char *responses_status(generation *g) {
+    return strcmp(finish_reason(&g->choices[0]), "length") ? "completed" : "incomplete";
+}
+
+/* The events that open a /v1/responses stream. */
+static void responses_stream_start(generation *g) {
+    responses_event(g, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    responses_event(g, "response.in_progress", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    responses_event(g, "response.output_item.added",
+                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, "in_progress", NULL)));
+    responses_event(g, "response.content_part.added",
+                    json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", g->msg_id, "output_index", 0,
+                              "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
+}
+
+/* The events that close it. */
+static void responses_stream_end(generation *g) {
+    choice *c = &g->choices[0];
+    json_t *text = json_stringn(c->text ? c->text : "", c->len);
+    if (!text) text = json_string("");
+    responses_event(g, "response.output_text.done",
+                    json_pack("{s:s, s:i, s:i, s:O}", "item_id", g->msg_id, "output_index", 0, "content_index", 0,
+                              "text", text));
+    responses_event(g, "response.content_part.done",
+                    json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[]}}", "item_id", g->msg_id, "output_index", 0,
+                              "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+    responses_event(g, "response.output_item.done",
+                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, "completed", text)));
+    const char *status = responses_status(g);
+    responses_event(g, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
+                    json_pack("{s:o}", "response", responses_now(g, status, 1)));
+    json_decref(text);
+    stream_end(g->r);
+}
+
 static void finish_stream(generation *g) {
     request *r = g->r;
+    if (g->responses && !g->choices[0].rc) return responses_stream_end(g);
     int failed = 0;
     for (int i = 0; i < g->n_choices; i++) failed |= g->choices[i].rc;
     if (g->req.include_usage && !failed) {
@@ -361,9 +442,10 @@ static void finish_whole(generation *g) {
     for (int i = 0; i < g->n_choices; i++)
         if (g->choices[i].rc) {
             api_error e;
-            api_fail(&e, 400, "generation_failed", prompt_param(g), "%s", g->choices[i].err);
+            api_fail(&e, 400, "generation_failed", g->responses ? "input" : prompt_param(g), "%s", g->choices[i].err);
             return respond_error(r, &e);
         }
+    if (g->responses) return respond_json(r, 200, responses_now(g, responses_status(g), 1));
     json_t *choices = json_array();
     for (int i = 0; i < g->n_choices; i++) json_array_append_new(choices, choice_json(&g->choices[i]));
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
@@ -390,7 +472,12 @@ static void on_done_event(server *s, void *arg) {
     s->m.tokens_generated += c->res.n_generated;
     s->m.decode_ms += c->res.decode_ms;
     r->tokens += (c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0) + c->res.n_generated;
-    if (r->conn && g->req.stream) stream_choice_done(c);
+    if (r->conn && g->req.stream && !g->responses) stream_choice_done(c);
+    if (r->conn && g->req.stream && g->responses && c->rc) {
+        api_error e;
+        api_fail(&e, 500, "generation_failed", "input", "%s", c->err);
+        responses_event(g, "error", api_error_json(&e));
+    }
     if (g->n_done == g->n_submitted) {
         if (g->tmp_doc) release_temporary_pot(s, g);
         if (r->conn) {
@@ -524,7 +611,8 @@ static void submit(server *s, generation *g) {
     free(users);
     if (q->stream) {
         if (stream_start(r)) return; /* the engine's done events still complete r */
-        for (int i = 0; i < g->n_choices; i++) sse_send(r, chunk_json(g, i, NULL, 0, 1, NULL, NULL));
+        if (g->responses) responses_stream_start(g);
+        else for (int i = 0; i < g->n_choices; i++) sse_send(r, chunk_json(g, i, NULL, 0, 1, NULL, NULL));
     } else {
         request_suspend(r);
     }
@@ -643,18 +731,28 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     return 0;
 }
 
-void route_generate(request *r, int chat) {
+static void start_generation(request *r, int chat, json_t *responses) {
     server *s = r->srv;
     api_error e;
     generation *g = calloc(1, sizeof *g);
     if (!g) {
+        json_decref(responses);
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
     g->r = r;
     r->gen = g;
-    if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e))
+    g->responses = responses;
+    if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e)) {
+        if (responses && e.param && !strcmp(e.param, "max_tokens")) {
+            e.param = "max_output_tokens";
+            char *at = strstr(e.message, "max_tokens");
+            if (at) snprintf(e.message, sizeof e.message, "max_output_tokens must be a positive integer");
+        } else if (responses && e.param && !strcmp(e.param, "messages")) {
+            e.param = "input";
+        }
         return respond_error(r, &e);
+    }
     api_gen_request *q = &g->req;
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session;
@@ -708,7 +806,8 @@ void route_generate(request *r, int chat) {
         }
         overflow = 1;
     }
-    random_id(g->id, sizeof g->id, chat ? "chatcmpl-" : "cmpl-");
+    random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
+    random_id(g->msg_id, sizeof g->msg_id, "msg_");
     g->created = (int64_t)time(NULL);
     g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3;
     g->n_batch = q->n_batch ? q->n_batch : 1;
@@ -731,6 +830,10 @@ void route_generate(request *r, int chat) {
     }
     submit(s, g);
 }
+
+void route_generate(request *r, int chat) { start_generation(r, chat, NULL); }
+
+void route_generate_responses(request *r, json_t *responses) { start_generation(r, 1, responses); }
 
 /* Called when the client disconnects or the server drains. */
 void generation_cancel(generation *g) { atomic_store(&g->cancel, 1); }

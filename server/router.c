@@ -299,6 +299,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return "/v1/models";
     if (!strcmp(url, "/v1/chat/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/chat/completions";
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
+    if (!strcmp(url, "/v1/responses")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/responses";
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
@@ -322,6 +323,7 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : method_not_allowed(r);
+    if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : method_not_allowed(r);
     if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : method_not_allowed(r);
     if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : method_not_allowed(r);
     if (!strncmp(rt, "/v1/sessions", 12))

@@ -164,6 +164,19 @@ void session_generation_done(session *ss);
 
 /* ---- generation (generate.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
+/* /v1/responses once responses.c has turned r->body into a chat body;
+ * takes `responses` (the original body, echoed in the answer). */
+void route_generate_responses(request *r, json_t *responses);
+
+/* ---- /v1/responses (responses.c) --------------------------------------------------- */
+void route_responses(request *r);
+/* The Responses API's usage from a chat usage object (borrowed); new reference. */
+json_t *responses_usage(json_t *chat_usage);
+/* An output message item with one output_text part (text borrowed; NULL: no part yet). */
+json_t *responses_message(const char *msg_id, const char *status, json_t *text);
+/* A response object; takes output and usage (either may be NULL), echoes request's fields. */
+json_t *responses_object(const char *id, int64_t created, const char *model, const char *status,
+                         json_t *output, json_t *usage, json_t *request);
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);

@@ -199,3 +199,58 @@ def test_batch_completions_in_order(client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model="x", prompt=["a", [1, 2]], max_tokens=2)
     assert ei.value.body["param"] == "prompt"
+
+
+# ---- /v1/responses ---------------------------------------------------------------------------
+
+def test_responses_create(client):
+    r = client.responses.create(model="x", input="What is the capital of France?", instructions="Be brief.",
+                                max_output_tokens=12, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.status in ("completed", "incomplete") and r.output_text
+    assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 12
+    # the same as the chat route with the same conversation
+    c = client.chat.completions.create(model="x", max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}])
+    assert r.output_text == c.choices[0].message.content
+    assert (r.status == "incomplete") == (c.choices[0].finish_reason == "length")
+    # message items, with parts
+    r2 = client.responses.create(model="x", max_output_tokens=12, temperature=0, instructions="Be brief.", input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is the capital of France?"}]}])
+    assert r2.output_text == r.output_text
+
+
+def test_responses_stream_events(client):
+    events = list(client.responses.create(model="x", input="Say hello.", max_output_tokens=10, temperature=0,
+                                          stream=True))
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert types[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert types[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-4].text == events[-1].response.output_text
+    whole = client.responses.create(model="x", input="Say hello.", max_output_tokens=10, temperature=0)
+    assert whole.output_text == text
+
+
+def test_responses_structured_text_format(client):
+    import jsonschema
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    r = client.responses.create(model="x", input="A big city, as JSON.", max_output_tokens=60, temperature=0.7, extra_body={"seed": 1},
+                                text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_responses_errors(client):
+    for kw, param in [({"previous_response_id": "resp_123"}, "previous_response_id"),
+                      ({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"text": {"format": {"type": "sound"}}}, "response_format")]:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.responses.create(model="x", input="Hi", **kw)
+        assert ei.value.body["param"] == param, ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
+    assert ei.value.body["param"] == "input"
