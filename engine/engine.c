@@ -77,6 +77,7 @@ void engine_close(engine *e) {
     if (!e) return;
     if (e->be) e->be->free(e->be);
     vocab_trie_free(e->trie);
+    prompt_cache_free(e->pc);
     model_free(e->m);
     free(e);
 }
@@ -115,6 +116,12 @@ int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_s
 
 int engine_token_text(const engine *e, int32_t id, char *buf, size_t cap) {
     return tokenizer_piece(e->m->tok, id, 1, buf, cap);
+}
+
+int engine_set_prompt_cache(engine *e, int entries, size_t max_bytes) {
+    prompt_cache_free(e->pc);
+    e->pc = entries > 0 ? prompt_cache_new(entries, max_bytes) : NULL;
+    return entries > 0 && !e->pc ? -1 : 0;
 }
 
 const vocab_trie *engine_vocab_trie(engine *e) {

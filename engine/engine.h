@@ -140,6 +140,12 @@ typedef struct engine_pot_settings {
 /* Fills the defaults above. */
 engine_pot_settings engine_pot_settings_default(void);
 
+/* The prompt cache of generations without a document (engine_sched): the
+ * KV entries of up to `entries` recent prompts, max_bytes in all, reused for
+ * the longest shared prefix of a later prompt (its res.n_cached). 0 entries
+ * turn it off (the default). Call before the scheduler starts. 0 or -1. */
+int engine_set_prompt_cache(engine *e, int entries, size_t max_bytes);
+
 typedef struct engine_doc_stats {
     int64_t bytes_read, tokens_read;  /* document tokens (the pinned prefix not counted) */
     int32_t tokens_in_pot, pinned_tokens, budget_tokens, keep_tokens;

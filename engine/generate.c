@@ -157,6 +157,18 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
     return 0;
 }
 
+void gen_seq_history(gen_seq *q, const int32_t *tokens, size_t n) {
+    for (size_t i = 0; i < n; i++) sampler_accept(q->smp, tokens[i]);
+}
+
+pot *gen_seq_take_pot(gen_seq *q) {
+    if (!q->own_pot || q->state != SEQ_DONE) return NULL;
+    pot *p = q->p;
+    q->p = NULL;
+    q->own_pot = 0;
+    return p;
+}
+
 int gen_seq_forkable(const gen_seq *src) {
     return src->state == SEQ_DECODE && src->res.n_generated == 0 && !src->presampled;
 }

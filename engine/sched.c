@@ -213,12 +213,58 @@ static void fail_gen(item *it, const char *err) {
     item_free(it);
 }
 
-static void gen_done(item *it) {
+static void cache_prompt(engine *e, item *it);
+
+static void gen_done(engine *e, item *it) {
     engine_gen_result res;
     char err[256];
     int rc = gen_seq_result(it->seq, &res, err, sizeof err);
+    if (!rc) cache_prompt(e, it);
     it->on_done(it->user, rc, &res, rc ? err : NULL);
     item_free(it);
+}
+
+enum { MIN_CACHED_PREFIX = 8 }; /* shorter shared prefixes are read again */
+
+/* A generation without a document: copies the longest prefix of its prompt
+ * that the prompt cache holds into p (always leaving one token to read, for
+ * the logits) and tells the penalties about it. Returns its length. */
+static size_t cached_prefix(engine *e, item *it, pot **pp) {
+    size_t lcp;
+    const pot *hit = prompt_cache_find(e->pc, it->prompt, it->n_prompt, &lcp);
+    if (lcp >= it->n_prompt) lcp = it->n_prompt - 1;
+    if (!hit || lcp < MIN_CACHED_PREFIX) return 0;
+    if (hit->n > (*pp)->capacity) { /* the copy needs room for the whole entry before it is cut */
+        char err[128];
+        pot *big = new_decode_pot(e, (size_t)hit->n, err, sizeof err);
+        if (!big) return 0;
+        pot_free(*pp);
+        *pp = big;
+    }
+    pot *p = *pp;
+    if (pot_copy(p, hit)) {
+        if (p->n) pot_truncate(p, 0);
+        return 0;
+    }
+    pot_truncate(p, (int32_t)lcp);
+    gen_seq_history(it->seq, it->prompt, lcp);
+    return lcp;
+}
+
+/* After a generation without a document: its prompt's entries go into the
+ * prompt cache (a compact copy of the pot cut after the prompt). */
+static void cache_prompt(engine *e, item *it) {
+    if (!e->pc || it->doc || !it->prompt || it->n_prompt < MIN_CACHED_PREFIX) return;
+    pot *p = gen_seq_take_pot(it->seq);
+    if (!p) return;
+    if ((size_t)p->n >= it->n_prompt) {
+        char err[128];
+        pot_truncate(p, (int32_t)it->n_prompt);
+        pot *compact = new_pot(e, it->n_prompt, err, sizeof err);
+        if (compact && !pot_copy(compact, p)) prompt_cache_put(e->pc, compact, it->prompt, it->n_prompt);
+        else pot_free(compact);
+    }
+    pot_free(p);
 }
 
 /* Gives the generation its pot (a copy of the document's, or a new one);
@@ -227,7 +273,8 @@ static void start_gen(engine_sched *s, item *it) {
     char err[256];
     pot *p = it->doc ? doc_answer_pot(it->doc, it->prompt, it->n_prompt, it->max_tokens, err, sizeof err)
                      : gen_new_pot(s->e, it->n_prompt, it->max_tokens, err, sizeof err);
-    int rc = p ? gen_seq_start(it->seq, p, 1, it->prompt, it->n_prompt, err, sizeof err) : -1;
+    size_t cached = p && !it->doc ? cached_prefix(s->e, it, &p) : 0;
+    int rc = p ? gen_seq_start(it->seq, p, 1, it->prompt + cached, it->n_prompt - cached, err, sizeof err) : -1;
     if (!rc && add_gen(s, it)) rc = (snprintf(err, sizeof err, "out of memory"), -1);
     if (!rc) return;
     engine_gen_result res = {0};
@@ -354,7 +401,7 @@ static void decode_step(engine_sched *s) {
     pthread_mutex_unlock(&s->mu);
     while (finished) {
         item *next = finished->next;
-        gen_done(finished);
+        gen_done(s->e, finished);
         finished = next;
     }
 }
@@ -384,7 +431,7 @@ static void publish_stats(engine_sched *s) {
 static void shut_down(engine_sched *s, item *submitted, int n_submitted) {
     for (int i = 0; i < s->n_gens; i++) {
         gen_seq_cancel(s->seqs[i]);
-        gen_done(s->gens[i]);
+        gen_done(s->e, s->gens[i]);
     }
     s->n_gens = 0;
     while (s->n_docs > 0) complete_doc(s, 0, -1, "shutting down");
@@ -400,7 +447,7 @@ static void shut_down(engine_sched *s, item *submitted, int n_submitted) {
             ingest_done(it, -1, "shutting down");
         } else {
             gen_seq_cancel(it->seq);
-            gen_done(it);
+            gen_done(s->e, it);
         }
     }
 }

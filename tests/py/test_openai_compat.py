@@ -254,3 +254,43 @@ def test_responses_errors(client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     assert ei.value.body["param"] == "input"
+
+
+# ---- prompt cache -------------------------------------------------------------------------------
+
+def test_prompt_cache_reuses_prefixes_and_changes_no_output(srv, client, tmp_path):
+    cold_srv = Server(tmp_path, "--prompt-cache-entries", "0")
+    cold_srv.start()
+    try:
+        cold = openai.OpenAI(base_url=cold_srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        system = {"role": "system", "content": "You are a careful assistant who answers questions about geography."}
+        convs = [[system, {"role": "user", "content": "What is the capital of France?"}],
+                 [system, {"role": "user", "content": "What is the capital of France?"}],
+                 [system, {"role": "user", "content": "Name three rivers of Europe."}],
+                 [system, {"role": "user", "content": "What is the capital of France?"},
+                  {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Spain?"}]]
+        kw = dict(model="x", max_tokens=24, temperature=0.8, seed=11, frequency_penalty=0.5)
+        cached = []
+        for msgs in convs:
+            warm = client.chat.completions.create(messages=msgs, **kw)
+            ref = cold.chat.completions.create(messages=msgs, **kw)
+            assert warm.choices[0].message.content == ref.choices[0].message.content
+            assert warm.usage.prompt_tokens == ref.usage.prompt_tokens
+            assert ref.usage.prompt_tokens_details.cached_tokens == 0
+            cached.append(warm.usage.prompt_tokens_details.cached_tokens)
+        # the repeat reads all but its last token from the cache; the others share the system message
+        assert cached[1] == warm_len(client, convs[1]) - 1
+        assert cached[2] >= 15 and cached[3] >= cached[1]
+        # completions (token prompts) too
+        ids = list(range(100, 140))
+        a = client.completions.create(model="x", prompt=ids, max_tokens=8, temperature=0)
+        b = client.completions.create(model="x", prompt=ids + [7, 8], max_tokens=8, temperature=0)
+        c = cold.completions.create(model="x", prompt=ids + [7, 8], max_tokens=8, temperature=0)
+        assert b.usage.prompt_tokens_details.cached_tokens == 40 and b.choices[0].text == c.choices[0].text
+        assert a.choices[0].text
+    finally:
+        cold_srv.stop()
+
+
+def warm_len(client, msgs):
+    return client.chat.completions.create(model="x", messages=msgs, max_tokens=1).usage.prompt_tokens
