@@ -6,16 +6,14 @@ import pytest
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from server_util import Server
+from server_util import serve
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"))
-    s.start()
-    yield ChatOpenAI(base_url=s.url + "/v1", api_key="none", model="x", temperature=0, max_tokens=80,
-                     max_retries=0, timeout=300)
-    assert s.stop() == 0
+    for s in serve(tmp_path_factory):
+        yield ChatOpenAI(base_url=s.url + "/v1", api_key="none", model="x", temperature=0, max_tokens=80,
+                         max_retries=0, timeout=300)
 
 
 class City(pydantic.BaseModel):

@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from server_util import Server
+from server_util import Server, openai_client, serve
 
 KEY = "compat-key-0123456789"
 ORIGIN = "https://app.example"
@@ -19,16 +19,12 @@ ORIGIN = "https://app.example"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"), "--api-key", KEY, "--cors-origins",
-               f"{ORIGIN}, https://other.example")
-    s.start()
-    yield s
-    assert s.stop() == 0
+    yield from serve(tmp_path_factory, "--api-key", KEY, "--cors-origins", f"{ORIGIN}, https://other.example")
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    return openai_client(srv, KEY)
 
 
 def auth(**extra):
@@ -262,7 +258,7 @@ def test_prompt_cache_reuses_prefixes_and_changes_no_output(srv, client, tmp_pat
     cold_srv = Server(tmp_path, "--prompt-cache-entries", "0")
     cold_srv.start()
     try:
-        cold = openai.OpenAI(base_url=cold_srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        cold = openai_client(cold_srv)
         system = {"role": "system", "content": "You are a careful assistant who answers questions about geography."}
         convs = [[system, {"role": "user", "content": "What is the capital of France?"}],
                  [system, {"role": "user", "content": "What is the capital of France?"}],

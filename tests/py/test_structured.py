@@ -13,7 +13,6 @@ import openai
 import pydantic
 import pytest
 
-from server_util import Server
 
 SCHEMAS = {
     "person": {
@@ -57,16 +56,8 @@ SCHEMAS = {
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"))
-    s.start()
-    yield s
-    assert s.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+def client(plain_client):
+    return plain_client
 
 
 def ask(client, schema, seed, max_tokens=160):

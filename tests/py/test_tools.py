@@ -24,16 +24,8 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"))
-    s.start()
-    yield s
-    assert s.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+def client(plain_client):
+    return plain_client
 
 
 def check_calls(calls, only=None):
