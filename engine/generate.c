@@ -280,8 +280,9 @@ static int64_t sat_left(int64_t max, int64_t used) { return max > used ? max - u
 
 /* The next token from q->logits (scratch). With a grammar, the sampler first
  * draws from all tokens; a token the grammar takes is kept (for greedy that
- * is the masked argmax; for a draw, rejection sampling gives the masked
- * distribution without the mask), else the mask is built and the sampler
+ * is the masked argmax; for a draw without top_k / top_p / min_p this
+ * rejection step gives exactly the masked distribution, with them the draw
+ * is from the truncated one first), else the mask is built and the sampler
  * draws again from the logits with every other token at -inf. Only this
  * second draw walks the vocabulary trie. */
 static int32_t seq_pick(gen_seq *q, sample_logprobs *lpp) {
