@@ -90,6 +90,7 @@ typedef struct engine_gen_result {
     int64_t n_cached;            /* pot entries the prompt was read after (documents) */
     enum engine_finish finish;
     double prefill_ms, decode_ms;
+    int64_t n_masked;            /* constrained decoding: steps that built the token mask */
 } engine_gen_result;
 
 /* Called with each piece of text that is safe to emit (complete UTF-8, no

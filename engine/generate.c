@@ -295,6 +295,7 @@ static int32_t seq_pick(gen_seq *q, sample_logprobs *lpp) {
     memcpy(q->logits_copy, q->logits, (size_t)n_vocab * sizeof(float));
     int32_t tok = sampler_sample(q->smp, q->logits, lpp);
     if (tok >= 0 && grammar_takes(q, tok, budget)) return tok;
+    q->res.n_masked++;
     if (!grammar_mask(q->gram, &q->gst, q->trie, budget, q->allowed) && budget != UINT32_MAX)
         grammar_mask(q->gram, &q->gst, q->trie, UINT32_MAX, q->allowed); /* too short anyway */
     int can_end = grammar_can_end(q->gram, &q->gst);

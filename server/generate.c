@@ -470,6 +470,8 @@ static void on_done_event(server *s, void *arg) {
     if (g->ss) session_generation_done(g->ss);
     s->m.tokens_prompted += c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0;
     s->m.tokens_generated += c->res.n_generated;
+    if (g->req.grammar) s->m.constrained_tokens += c->res.n_generated;
+    s->m.masked_steps += c->res.n_masked;
     s->m.decode_ms += c->res.decode_ms;
     r->tokens += (c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0) + c->res.n_generated;
     if (r->conn && g->req.stream && !g->responses) stream_choice_done(c);

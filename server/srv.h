@@ -49,6 +49,7 @@ typedef struct metrics {
     int64_t tokens_ingested, tokens_prompted, tokens_generated, bytes_uploaded;
     int64_t compressions;
     double ingest_ms, decode_ms, compress_ms;
+    int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */
 } metrics;
 int metrics_route(metrics *m, const char *route);
 char *metrics_render(server *s);

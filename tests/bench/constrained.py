@@ -6,7 +6,7 @@ prompt: unconstrained, response_format json_object, and a json_schema with
 nested objects, arrays, enums and free strings. Decode tokens/s of a request
 = (completion tokens - 1) / (time from its first content chunk to its last),
 so the prefill is left out; reports the median of each kind and its ratio to
-unconstrained. The constrained runs pay the sampler's check of each token
+unconstrained, and how often the mask had to be built. The constrained runs pay the sampler's check of each token
 against the automaton and, when the model's choice is not allowed, the
 vocabulary-trie walk that builds the mask.
 
@@ -92,6 +92,12 @@ def one(url, rf, max_tokens, seed):
     return (tokens - 1) / (last - first), tokens
 
 
+def metric(url, name):
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        m = re.search(rf"^{name} (\S+)$", r.read().decode(), re.M)
+    return float(m.group(1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -110,11 +116,15 @@ def main():
                 if got:
                     rates[kind].append(got[0])
                     lengths[kind].append(got[1])
+        masked = metric(url, "potserve_grammar_masked_steps_total")
+        constrained = metric(url, "potserve_constrained_tokens_total")
         base = statistics.median(rates["unconstrained"])
         for kind in KINDS:
             med = statistics.median(rates[kind])
             print(f"{kind:14s} decode {med:7.1f} tok/s  ratio {med / base:5.3f}  "
                   f"(runs {len(rates[kind])}, tokens/run median {statistics.median(lengths[kind]):.0f})")
+        print(f"constrained tokens {constrained:.0f}, of which the sampler's first draw was refused "
+              f"(mask built) {masked:.0f} ({100 * masked / max(constrained, 1):.1f} %)")
     finally:
         p.terminate()
         p.wait()
