@@ -274,10 +274,60 @@ static int parse_messages(api_gen_request *r, api_error *e) {
     return 0;
 }
 
+/* The token ids of array a into a malloc'd array; 400 naming prompt[where]. */
+static int token_list(json_t *a, int32_t n_vocab, const char *where, int32_t **out, size_t *n, api_error *e) {
+    *n = json_array_size(a);
+    if (!*n) return api_fail(e, 400, "invalid_value", "prompt", "%s must not be empty", where);
+    *out = malloc(*n * sizeof **out);
+    if (!*out) return api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < *n; i++) {
+        json_t *t = json_array_get(a, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
+            return api_fail(e, 400, "invalid_value", "prompt", "%s[%zu] must be a token id in [0, %d)", where, i, n_vocab);
+        (*out)[i] = (int32_t)json_integer_value(t);
+    }
+    return 0;
+}
+
+/* A list of prompts: strings, or token-id arrays (batch completions). */
+static int parse_batch(api_gen_request *r, json_t *p, int32_t n_vocab, api_error *e) {
+    size_t n = json_array_size(p);
+    int strings = json_is_string(json_array_get(p, 0));
+    if (n > API_MAX_BATCH)
+        return api_fail(e, 400, "invalid_value", "prompt", "a batch has at most %d prompts", API_MAX_BATCH);
+    r->batch_texts = calloc(n, sizeof *r->batch_texts);
+    r->batch_tokens = calloc(n, sizeof *r->batch_tokens);
+    r->batch_counts = calloc(n, sizeof *r->batch_counts);
+    if (!r->batch_texts || !r->batch_tokens || !r->batch_counts) return api_fail(e, 500, NULL, NULL, "out of memory");
+    r->n_batch = n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(p, i);
+        char where[32];
+        snprintf(where, sizeof where, "prompt[%zu]", i);
+        if (strings && json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)) {
+            r->batch_texts[i] = json_string_value(v);
+        } else if (!strings && json_is_array(v)) {
+            if (token_list(v, n_vocab, where, &r->batch_tokens[i], &r->batch_counts[i], e)) return -1;
+        } else {
+            return api_fail(e, 400, "invalid_value", "prompt", "%s must be a %s like the first prompt", where,
+                            strings ? "string" : "token-id array");
+        }
+    }
+    r->prompt = r->batch_texts[0];
+    r->prompt_tokens = r->batch_tokens[0];
+    r->n_prompt_tokens = r->batch_counts[0];
+    return 0;
+}
+
 static int parse_prompt(api_gen_request *r, int32_t n_vocab, api_error *e) {
     json_t *p = json_object_get(r->root, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+    r->n_batch = 1;
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
         p = json_array_get(p, 0); /* the openai client sends [prompt] for one prompt */
+    if (json_is_array(p) && json_array_size(p) > 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        return parse_batch(r, p, n_vocab, e);
     if (json_is_string(p)) {
         r->prompt = json_string_value(p);
         if (strlen(r->prompt) != json_string_length(p))
@@ -286,18 +336,8 @@ static int parse_prompt(api_gen_request *r, int32_t n_vocab, api_error *e) {
     }
     if (!json_is_array(p) || json_array_size(p) == 0)
         return api_fail(e, 400, "invalid_value", "prompt",
-                        "prompt must be a string or a non-empty array of token ids");
-    r->n_prompt_tokens = json_array_size(p);
-    r->prompt_tokens = malloc(r->n_prompt_tokens * sizeof *r->prompt_tokens);
-    if (!r->prompt_tokens) return api_fail(e, 500, NULL, NULL, "out of memory");
-    for (size_t i = 0; i < r->n_prompt_tokens; i++) {
-        json_t *t = json_array_get(p, i);
-        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
-            return api_fail(e, 400, "invalid_value", "prompt",
-                            "prompt[%zu] must be a token id in [0, %d)", i, n_vocab);
-        r->prompt_tokens[i] = (int32_t)json_integer_value(t);
-    }
-    return 0;
+                        "prompt must be a string, an array of token ids, or a list of either");
+    return token_list(p, n_vocab, "prompt", &r->prompt_tokens, &r->n_prompt_tokens, e);
 }
 
 static int parse_stop(api_gen_request *r, api_error *e) {
@@ -360,21 +400,23 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     json_t *lp = json_object_get(r->root, "logprobs");
     if ((chat ? parse_messages(r, e) : parse_prompt(r, n_vocab, e)) ||
         get_string(r->root, "model", &r->model, e) ||
-        get_int(r->root, "max_tokens", 0, INT32_MAX, &max_tokens, e) ||
-        get_int(r->root, "max_completion_tokens", 0, INT32_MAX, &max_tokens, e) ||
+        get_int(r->root, "max_tokens", 1, INT32_MAX, &max_tokens, e) ||
+        get_int(r->root, "max_completion_tokens", 1, INT32_MAX, &max_tokens, e) ||
         get_float(r->root, "temperature", 0, 2, &temp, e) ||
         get_float(r->root, "top_p", 0, 1, &top_p, e) ||
         get_int(r->root, "top_k", 0, INT32_MAX, &top_k, e) ||
         get_float(r->root, "min_p", 0, 1, &min_p, e) ||
         get_int(r->root, "seed", INT64_MIN, INT64_MAX, &seed, e) ||
-        get_int(r->root, "n", 1, 1, &n_choices, e) || get_bool(r->root, "stream", &r->stream, e) ||
+        get_int(r->root, "n", 1, API_MAX_N, &n_choices, e) || get_bool(r->root, "stream", &r->stream, e) ||
         get_float(r->root, "presence_penalty", -2, 2, &pres, e) ||
         get_float(r->root, "frequency_penalty", -2, 2, &freq, e) ||
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
         get_string(r->root, "overflow", &overflow, e) || parse_stop(r, e) ||
-        parse_bias(r, n_vocab, e))
+        parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
+        (chat && api_parse_tools(r, e)))
         return -1;
+    gp->grammar = r->grammar;
     /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
     if (chat) {
         if (get_bool(r->root, "logprobs", &lp_bool, e) ||
@@ -395,8 +437,9 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     }
     r->overflow_error = overflow && !strcmp(overflow, "error");
+    r->n_choices = (int)n_choices;
+    if (chat) r->n_batch = 1;
     gp->max_tokens = (int32_t)max_tokens;
-    if (json_object_get(r->root, "max_tokens") && max_tokens == 0 && !chat) gp->max_tokens = 16;
     sp->temperature = (float)temp;
     sp->top_p = (float)top_p;
     sp->top_k = (int32_t)top_k;
@@ -414,9 +457,15 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
 
 void api_gen_request_free(api_gen_request *r) {
     free(r->messages);
-    free(r->prompt_tokens);
+    if (r->batch_tokens)
+        for (size_t i = 0; i < r->n_batch; i++) free(r->batch_tokens[i]); /* [0] is prompt_tokens */
+    else free(r->prompt_tokens);
+    free(r->batch_tokens);
+    free(r->batch_texts);
+    free(r->batch_counts);
     free(r->stops);
     free(r->bias);
+    grammar_unref(r->grammar);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
 }
@@ -467,6 +516,18 @@ int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **
     }
     json_decref(root);
     return rc;
+}
+
+void api_random_id(char *out, size_t cap, const char *prefix) {
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    unsigned char rnd[24];
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(rnd, 1, sizeof rnd, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = got; i < sizeof rnd; i++) rnd[i] = (unsigned char)rand();
+    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof rnd && n + 1 < cap; i++) out[n++] = alphabet[rnd[i] % 62];
+    out[n] = 0;
 }
 
 const char *api_finish_reason(enum engine_finish f) {

@@ -67,7 +67,24 @@ typedef struct api_gen_request {
     json_t *root;
     const char **stops;
     logit_bias *bias;
+    grammar *grammar;          /* response_format's or a forced tool call's constraint (owned) */
+    /* tools (tools.c) */
+    json_t *tools;             /* the non-empty "tools" array (borrowed from root) or NULL */
+    enum { TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED, TOOL_CHOICE_NAMED } tool_choice;
+    const char *tool_name;     /* TOOL_CHOICE_NAMED */
+    int parallel_tool_calls;
+    const char *tool_format;   /* "chatml" or "llama3" once api_render_tools ran with tools */
+    int n_choices;             /* "n": answers per prompt (1..API_MAX_N) */
+    /* completions with a list of prompts: prompt i is batch_texts[i] or
+     * batch_tokens[i][0..batch_counts[i]); the first is also prompt /
+     * prompt_tokens. n_batch is 1 for one prompt. */
+    size_t n_batch;
+    const char **batch_texts;
+    int32_t **batch_tokens;
+    size_t *batch_counts;
 } api_gen_request;
+
+enum { API_MAX_N = 16, API_MAX_BATCH = 64 };
 
 /* Validates a chat (chat = 1) or completions request. n_vocab bounds token
  * ids and logit_bias keys. */
@@ -80,6 +97,38 @@ int api_parse_tokenize(const char *body, size_t n, const char **content, int *ad
                        json_t **root, api_error *e);
 int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **tokens,
                          size_t *n_tokens, api_error *e);
+
+/* ---- structured outputs (schema.c) ------------------------------------------------- */
+
+/* Compiles a JSON Schema into a grammar (the subset schema.c lists); NULL +
+ * a 400 naming param and the unsupported keyword. Caller owns the grammar. */
+grammar *api_schema_grammar(json_t *schema, const char *param, api_error *e);
+/* body's response_format: *out = NULL for none or text, else the grammar
+ * (caller owns). 0, or -1 + a 400 with param "response_format". */
+int api_parse_response_format(json_t *body, grammar **out, api_error *e);
+
+/* Compiles schema into g (its $refs resolve against schema); the node id,
+ * or -1 + a 400 naming param. */
+int api_schema_node(grammar *g, json_t *schema, const char *param, api_error *e);
+
+/* ---- tool calls (tools.c) ------------------------------------------------------------ */
+
+/* tools, tool_choice and parallel_tool_calls of a chat request. */
+int api_parse_tools(api_gen_request *r, api_error *e);
+/* Rewrites r->messages for the chat template family: the tool definitions,
+ * assistant tool calls and tool results in the family's format. 400 when
+ * the family has none and the request has tools or tool turns. */
+int api_render_tools(api_gen_request *r, const char *family, api_error *e);
+/* The grammar that makes the output one call of a tool (tool_choice
+ * required: any tool; named: that one), its arguments valid against the
+ * tool's parameters. Caller owns it; NULL + e. */
+grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e);
+/* The tool calls in generated text as OpenAI's message.tool_calls (caller
+ * owns), or NULL when there are none; *content: the text around them
+ * (malloc'd, NULL when empty). */
+json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content);
+/* prefix + 24 random alphanumerics. */
+void api_random_id(char *out, size_t cap, const char *prefix);
 
 /* OpenAI finish_reason of an engine finish. */
 const char *api_finish_reason(enum engine_finish f);

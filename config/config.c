@@ -164,6 +164,9 @@ static const setting settings[] = {
     S_ENUM(policy, "infinipot", policy_values, "policy of new sessions"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
+    S_INT(prompt_cache_entries, "4", 0, 64, "recent sessionless prompts whose KV is reused, 0 = off"),
+    S_BYTES(prompt_cache_bytes, "64M", 0, INT64_MAX, "prompt cache budget, part of pot_memory_limit"),
+    S_STRING(cors_origins, "", "CORS: allowed origins, comma-separated, * = any, \"\" = off"),
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
 

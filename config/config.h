@@ -53,6 +53,10 @@ typedef struct server_config {
     int64_t snapshot_bytes;   /* snapshot a session's pot after this many new ingested bytes
                                  (4M); always on shutdown */
     int access_log;           /* one JSON line per request on stderr (true) */
+    int64_t prompt_cache_entries; /* recent sessionless prompts whose KV is reused (4; 0 = off) */
+    int64_t prompt_cache_bytes;   /* their budget, held within pot_memory_limit (64M) */
+    char *cors_origins;       /* browser origins allowed by CORS: comma-separated, "*" = any,
+                                 "" = CORS off ("") */
 } server_config;
 
 /* Fills the defaults (strings allocated). Overwrites all of *c without freeing

@@ -450,8 +450,10 @@ char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
             set_err(err, errlen, "message %zu has no role or content", i);
             return NULL;
         }
+        /* ipython: tool results in Llama 3.1's template (api/tools.c) */
+        int tool_result = tpl->family == CHAT_LLAMA3 && is_role(&msgs[i], "ipython");
         if (!is_role(&msgs[i], "system") && !is_role(&msgs[i], "user") &&
-            !is_role(&msgs[i], "assistant")) {
+            !is_role(&msgs[i], "assistant") && !tool_result) {
             set_err(err, errlen, "message %zu: unsupported role \"%.32s\" (system, user, assistant)",
                     i, msgs[i].role);
             return NULL;

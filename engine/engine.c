@@ -76,6 +76,8 @@ bad:
 void engine_close(engine *e) {
     if (!e) return;
     if (e->be) e->be->free(e->be);
+    vocab_trie_free(e->trie);
+    prompt_cache_free(e->pc);
     model_free(e->m);
     free(e);
 }
@@ -114,6 +116,45 @@ int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_s
 
 int engine_token_text(const engine *e, int32_t id, char *buf, size_t cap) {
     return tokenizer_piece(e->m->tok, id, 1, buf, cap);
+}
+
+int engine_set_prompt_cache(engine *e, int entries, size_t max_bytes) {
+    prompt_cache_free(e->pc);
+    e->pc = entries > 0 ? prompt_cache_new(entries, max_bytes) : NULL;
+    return entries > 0 && !e->pc ? -1 : 0;
+}
+
+const vocab_trie *engine_vocab_trie(engine *e) {
+    if (e->trie) return e->trie;
+    const tokenizer *tk = e->m->tok;
+    int32_t n = tokenizer_n_vocab(tk);
+    uint32_t *off = malloc(((size_t)n + 1) * sizeof *off);
+    size_t cap = (size_t)n * 8 + 256, len = 0;
+    char *bytes = malloc(cap);
+    int ok = off && bytes;
+    for (int32_t id = 0; ok && id < n; id++) {
+        off[id] = (uint32_t)len;
+        if (tokenizer_is_eog(tk, id)) continue; /* the end is the grammar's to allow */
+        int k = tokenizer_piece(tk, id, 0, bytes + len, cap - len);
+        if (k > 0 && (size_t)k > cap - len) {
+            cap = (cap + (size_t)k) * 2;
+            char *t = realloc(bytes, cap);
+            if (!t) {
+                ok = 0;
+                break;
+            }
+            bytes = t;
+            k = tokenizer_piece(tk, id, 0, bytes + len, cap - len);
+        }
+        if (k > 0) len += (size_t)k;
+    }
+    if (ok) {
+        off[n] = (uint32_t)len;
+        e->trie = vocab_trie_new(bytes, off, n);
+    }
+    free(off);
+    free(bytes);
+    return e->trie;
 }
 
 int32_t engine_eos(const engine *e) { return tokenizer_eos(e->m->tok); }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/sample.h"
 
 typedef struct engine engine;
@@ -90,6 +91,10 @@ typedef struct engine_gen_params {
      * recycle_pool neighbouring slots before the top-K (odd; 0: 7, the Recycled Attention paper's
      * kernel, its largest quality effect; 1: each slot on its own score). */
     int32_t recycle_stride, recycle_keep, recycle_pool;
+    /* Constrained decoding: only tokens the grammar accepts are sampled, and
+     * the generation stops when the value is complete (NULL: off). Each
+     * generation takes its own reference. */
+    grammar *grammar;
 } engine_gen_params;
 
 enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2 };
@@ -99,6 +104,7 @@ typedef struct engine_gen_result {
     int64_t n_cached;            /* pot entries the prompt was read after (documents) */
     enum engine_finish finish;
     double prefill_ms, decode_ms;
+    int64_t n_masked;            /* constrained decoding: steps that built the token mask */
 } engine_gen_result;
 
 /* Called with each piece of text that is safe to emit (complete UTF-8, no
@@ -148,6 +154,12 @@ typedef struct engine_pot_settings {
 
 /* Fills the defaults above. */
 engine_pot_settings engine_pot_settings_default(void);
+
+/* The prompt cache of generations without a document (engine_sched): the
+ * KV entries of up to `entries` recent prompts, max_bytes in all, reused for
+ * the longest shared prefix of a later prompt (its res.n_cached). 0 entries
+ * turn it off (the default). Call before the scheduler starts. 0 or -1. */
+int engine_set_prompt_cache(engine *e, int entries, size_t max_bytes);
 
 typedef struct engine_doc_stats {
     int64_t bytes_read, tokens_read;  /* document tokens (the pinned prefix not counted) */
@@ -305,6 +317,11 @@ typedef struct engine_gen_request {
     /* Called once at the end (also on error, with rc -1 and err). */
     void (*on_done)(void *user, int rc, const engine_gen_result *res, const char *err);
     void *user;
+    /* n > 1: n sequences from ONE prefill of the prompt (OpenAI's n): sequence
+     * i samples with seed params.sampling.seed + i and reports through
+     * on_text / on_done with users[i] (user is then unused). */
+    int n;
+    void *const *users;
 } engine_gen_request;
 /* Queues a generation; 0, or -1 + err (stopping, out of memory, invalid
  * sampling parameters: those are checked here), and on_done is then never

@@ -11,6 +11,8 @@
 #include "model.h"
 #include "tokenizer.h"
 
+typedef struct prompt_cache prompt_cache;
+
 enum { PREFILL_CHUNK = 256 }; /* tokens per forward while reading a prompt */
 
 struct engine {
@@ -18,7 +20,21 @@ struct engine {
     backend *be;
     int n_threads;
     enum pot_dtype kv_dtype; /* f16, or f32 with --exact */
+    vocab_trie *trie;        /* token pieces for grammar masks; built at the first use */
+    prompt_cache *pc;        /* sessionless prompts' KV (NULL: off) */
 };
+
+/* ---- the prompt cache (prompt_cache.c), engine thread ------------------------------ */
+prompt_cache *prompt_cache_new(int max_entries, size_t max_bytes);
+void prompt_cache_free(prompt_cache *c);
+/* The entry sharing the longest prefix with tokens (borrowed; *lcp its
+ * length), or NULL. */
+const pot *prompt_cache_find(prompt_cache *c, const int32_t *tokens, size_t n, size_t *lcp);
+/* Keeps p (exactly the entries of tokens[n]; taken) and a copy of tokens. */
+void prompt_cache_put(prompt_cache *c, pot *p, const int32_t *tokens, size_t n);
+
+/* e->trie, built on first use (engine thread). NULL when out of memory. */
+const vocab_trie *engine_vocab_trie(engine *e);
 
 /* Monotonic clock in milliseconds (stats). */
 double engine_now_ms(void);
@@ -62,6 +78,16 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
                   char *err, size_t errlen);
 /* Frees q and, when it owns it, its pot. */
 void gen_seq_free(gen_seq *q);
+/* Tokens before the prompt that the penalties must see (a cached prefix). */
+void gen_seq_history(gen_seq *q, const int32_t *tokens, size_t n);
+/* The pot q owns once it is done, handed to the caller (NULL if none). */
+pot *gen_seq_take_pot(gen_seq *q);
+/* 1 when src has read its whole prompt and not sampled yet: the moment to fork. */
+int gen_seq_forkable(const gen_seq *src);
+/* Starts dst (new, not started) where src stands after its prefill: a copy of
+ * src's pot (dst owns it), its last logits, the prompt's penalties history;
+ * dst then decodes with its own sampler. 0 or -1 + err. */
+int gen_seq_fork(const gen_seq *src, gen_seq *dst, char *err, size_t errlen);
 /* 1 once the sequence ended (or never started). */
 int gen_seq_done(const gen_seq *q);
 /* Ends a sequence that has not: finish CANCELLED, nothing more emitted. */

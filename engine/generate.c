@@ -4,6 +4,7 @@
  * so the engine thread (sched.c) decodes every active request together, and
  * engine_generate / engine_doc_answer are the one-sequence case of the same
  * loop. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,12 @@ struct gen_seq {
     float *logits;           /* [n_vocab]: the last forward's, then sampler scratch */
     recycler rec;
     detok_state ds;
+    /* constrained decoding (grammar != NULL) */
+    grammar *gram;
+    grammar_state gst;       /* after the tokens sampled so far */
+    const vocab_trie *trie;
+    float *logits_copy;      /* [n_vocab]: the logits again for a masked second draw */
+    uint8_t *allowed;        /* [n_vocab]: the mask */
     pot *p;
     int own_pot;
     const int32_t *prompt;   /* borrowed until the prefill is done */
@@ -108,6 +115,17 @@ gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, 
         gen_seq_free(q);
         return NULL;
     }
+    if (gp->grammar) {
+        q->gram = grammar_ref(gp->grammar);
+        grammar_start(q->gram, &q->gst);
+        q->logits_copy = malloc((size_t)e->m->n_vocab * sizeof(float));
+        q->allowed = malloc((size_t)e->m->n_vocab);
+        if (!q->logits_copy || !q->allowed) {
+            snprintf(err, errlen, "out of memory");
+            gen_seq_free(q);
+            return NULL;
+        }
+    }
     q->ds.leading_space_done = 1; /* generated text keeps its first space */
     return q;
 }
@@ -128,6 +146,7 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
             return snprintf(err, errlen, "token id %d is outside the vocabulary (%d)", prompt[i],
                             q->e->m->n_vocab), -1;
     if (recycler_init(&q->rec, p, q->recycle_stride, q->recycle_keep, q->recycle_pool, err, errlen)) return -1;
+    if (q->gram && !(q->trie = engine_vocab_trie(q->e))) return snprintf(err, errlen, "out of memory"), -1;
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(q->smp, prompt[i]);
     q->prompt = prompt;
     q->n_prompt = n_prompt;
@@ -138,9 +157,52 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
     return 0;
 }
 
+void gen_seq_history(gen_seq *q, const int32_t *tokens, size_t n) {
+    for (size_t i = 0; i < n; i++) sampler_accept(q->smp, tokens[i]);
+}
+
+pot *gen_seq_take_pot(gen_seq *q) {
+    if (!q->own_pot || q->state != SEQ_DONE) return NULL;
+    pot *p = q->p;
+    q->p = NULL;
+    q->own_pot = 0;
+    return p;
+}
+
+int gen_seq_forkable(const gen_seq *src) {
+    return src->state == SEQ_DECODE && src->res.n_generated == 0 && !src->presampled;
+}
+
+int gen_seq_fork(const gen_seq *src, gen_seq *dst, char *err, size_t errlen) {
+    engine *e = src->e;
+    pot *p = engine_new_decode_pot(e, (size_t)src->p->capacity, err, errlen);
+    if (!p) return -1;
+    if (pot_copy(p, src->p)) {
+        pot_free(p);
+        return snprintf(err, errlen, "out of memory copying the prompt's cache"), -1;
+    }
+    dst->p = p;
+    dst->own_pot = 1;
+    if (recycler_init(&dst->rec, p, dst->recycle_stride, dst->recycle_keep, dst->recycle_pool, err, errlen)) return -1;
+    if (dst->gram && !(dst->trie = engine_vocab_trie(e))) return snprintf(err, errlen, "out of memory"), -1;
+    for (size_t i = 0; i < src->n_prompt; i++) sampler_accept(dst->smp, src->prompt[i]);
+    memcpy(dst->logits, src->logits, (size_t)e->m->n_vocab * sizeof(float));
+    dst->res = src->res;
+    dst->res.finish = ENGINE_FINISH_LENGTH;
+    dst->n_prompt = src->n_prompt;
+    dst->n_prefilled = src->n_prefilled;
+    dst->t_start = src->t_start;
+    dst->t_decode = src->t_decode;
+    dst->state = SEQ_DECODE;
+    return 0;
+}
+
 void gen_seq_free(gen_seq *q) {
     if (!q) return;
     recycler_free(&q->rec);
+    grammar_unref(q->gram);
+    free(q->logits_copy);
+    free(q->allowed);
     stop_matcher_free(q->sm);
     sampler_free(q->smp);
     free(q->logits);
@@ -202,6 +264,46 @@ static int at_max_tokens(const gen_seq *q) {
     return q->max_tokens > 0 && q->res.n_generated >= q->max_tokens;
 }
 
+/* Whether the grammar's state takes tok next (an end-of-generation token:
+ * when the value is complete) leaving a value that `budget` more tokens can
+ * still finish. */
+static int grammar_takes(const gen_seq *q, int32_t tok, uint32_t budget) {
+    if (tokenizer_is_eog(q->e->m->tok, tok)) return grammar_can_end(q->gram, &q->gst);
+    size_t n;
+    const char *piece = vocab_trie_piece(q->trie, tok, &n);
+    grammar_state st = q->gst;
+    return n && grammar_feed(q->gram, &st, piece, n) &&
+           (budget == UINT32_MAX || grammar_cost(q->gram, &st) <= budget);
+}
+
+static int64_t sat_left(int64_t max, int64_t used) { return max > used ? max - used : 0; }
+
+/* The next token from q->logits (scratch). With a grammar, the sampler first
+ * draws from all tokens; a token the grammar takes is kept (for greedy that
+ * is the masked argmax; for a draw without top_k / top_p / min_p this
+ * rejection step gives exactly the masked distribution, with them the draw
+ * is from the truncated one first), else the mask is built and the sampler
+ * draws again from the logits with every other token at -inf. Only this
+ * second draw walks the vocabulary trie. */
+static int32_t seq_pick(gen_seq *q, sample_logprobs *lpp) {
+    if (!q->gram) return sampler_sample(q->smp, q->logits, lpp);
+    int32_t n_vocab = q->e->m->n_vocab;
+    /* max_tokens: after this token, the rest must still fit the value's end
+       (one token per byte at worst), so a rambling string is closed in time */
+    uint32_t budget = UINT32_MAX;
+    if (q->max_tokens > 0) budget = (uint32_t)sat_left(q->max_tokens, q->res.n_generated + 1);
+    memcpy(q->logits_copy, q->logits, (size_t)n_vocab * sizeof(float));
+    int32_t tok = sampler_sample(q->smp, q->logits, lpp);
+    if (tok >= 0 && grammar_takes(q, tok, budget)) return tok;
+    q->res.n_masked++;
+    if (!grammar_mask(q->gram, &q->gst, q->trie, budget, q->allowed) && budget != UINT32_MAX)
+        grammar_mask(q->gram, &q->gst, q->trie, UINT32_MAX, q->allowed); /* too short anyway */
+    int can_end = grammar_can_end(q->gram, &q->gst);
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (!q->allowed[i] && !(can_end && tokenizer_is_eog(q->e->m->tok, i))) q->logits_copy[i] = -INFINITY;
+    return sampler_sample(q->smp, q->logits_copy, lpp);
+}
+
 /* Samples the next token from the current logits (or takes sample_all's) and
  * emits its text. 1 when the sequence goes on (q->tok is to be decoded), 0
  * when it ended. */
@@ -209,18 +311,24 @@ static int seq_sample(gen_seq *q) {
     const tokenizer *tk = q->e->m->tok;
     if (at_max_tokens(q)) return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
     sample_logprobs *lpp = q->want_logprobs ? &q->next_lp : NULL;
-    int32_t tok = q->presampled ? q->next_tok : sampler_sample(q->smp, q->logits, lpp);
+    int32_t tok = q->presampled ? q->next_tok : seq_pick(q, lpp);
     q->presampled = 0;
     if (q->tokens_out && q->max_tokens > 0) q->tokens_out[q->res.n_generated] = tok;
     q->res.n_generated++;
-    if (tok < 0) return seq_fail(q, "logit_bias bans every token"), 0;
+    if (tok < 0) return seq_fail(q, q->gram ? "the grammar and logit_bias leave no token" : "logit_bias bans every token"), 0;
     if (tokenizer_is_eog(tk, tok)) return seq_finish(q, ENGINE_FINISH_STOP, 1), 0;
+    if (q->gram) {
+        size_t n_piece;
+        const char *piece = vocab_trie_piece(q->trie, tok, &n_piece);
+        grammar_feed(q->gram, &q->gst, piece, n_piece); /* seq_pick chose a token it takes */
+    }
     sampler_accept(q->smp, tok);
     char text[256];
     size_t n = detok_push(tk, &q->ds, tok, 0, text, sizeof text);
     int cancelled = 0;
     if (emit_text(q, text, n, tok, lpp, &cancelled))
         return seq_finish(q, cancelled ? ENGINE_FINISH_CANCELLED : ENGINE_FINISH_STOP, 0), 0;
+    if (q->gram && grammar_must_end(q->gram, &q->gst)) return seq_finish(q, ENGINE_FINISH_STOP, 1), 0;
     /* the last token is never decoded: nothing would read its logits */
     if (q->max_tokens > 0 && q->res.n_generated >= q->max_tokens)
         return seq_finish(q, ENGINE_FINISH_LENGTH, 1), 0;
@@ -297,7 +405,7 @@ static void sample_range(void *ctx, int64_t a, int64_t b, int worker) {
     gen_seq *const *qs = ctx;
     for (int64_t i = a; i < b; i++) {
         gen_seq *q = qs[i];
-        q->next_tok = sampler_sample(q->smp, q->logits, q->want_logprobs ? &q->next_lp : NULL);
+        q->next_tok = seq_pick(q, q->want_logprobs ? &q->next_lp : NULL);
         q->presampled = 1;
     }
 }

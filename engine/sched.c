@@ -48,6 +48,10 @@ typedef struct item {
     size_t n_prompt;
     int32_t max_tokens;
     void (*on_done)(void *user, int rc, const engine_gen_result *res, const char *err);
+    /* n > 1: the other sequences, started from this one's prefill (their
+       items are in no list until then) */
+    struct item **forks;
+    int n_forks;
 } item;
 
 /* A document with ingests whose chunks have not all run. */
@@ -79,8 +83,13 @@ struct engine_sched {
     double gen_ms, ingest_ms;
 };
 
+static void fail_gen(item *it, const char *err);
+static void discard(item *it);
+
 static void item_free(item *it) {
     if (!it) return;
+    for (int i = 0; i < it->n_forks; i++) fail_gen(it->forks[i], "the shared prompt failed");
+    free(it->forks);
     free(it->bytes);
     gen_seq_free(it->seq);
     free(it->prompt);
@@ -196,12 +205,66 @@ static int add_gen(engine_sched *s, item *it) {
     return 0;
 }
 
-static void gen_done(item *it) {
+/* Reports a generation that never ran (or is abandoned) and frees it. */
+static void fail_gen(item *it, const char *err) {
+    engine_gen_result res = {0};
+    res.finish = ENGINE_FINISH_CANCELLED;
+    it->on_done(it->user, -1, &res, err);
+    item_free(it);
+}
+
+static void cache_prompt(engine *e, item *it);
+
+static void gen_done(engine *e, item *it) {
     engine_gen_result res;
     char err[256];
     int rc = gen_seq_result(it->seq, &res, err, sizeof err);
+    if (!rc) cache_prompt(e, it);
     it->on_done(it->user, rc, &res, rc ? err : NULL);
     item_free(it);
+}
+
+enum { MIN_CACHED_PREFIX = 8 }; /* shorter shared prefixes are read again */
+
+/* A generation without a document: copies the longest prefix of its prompt
+ * that the prompt cache holds into p (always leaving one token to read, for
+ * the logits) and tells the penalties about it. Returns its length. */
+static size_t cached_prefix(engine *e, item *it, pot **pp) {
+    size_t lcp;
+    const pot *hit = prompt_cache_find(e->pc, it->prompt, it->n_prompt, &lcp);
+    if (lcp >= it->n_prompt) lcp = it->n_prompt - 1;
+    if (!hit || lcp < MIN_CACHED_PREFIX) return 0;
+    if (hit->n > (*pp)->capacity) { /* the copy needs room for the whole entry before it is cut */
+        char err[128];
+        pot *big = engine_new_decode_pot(e, (size_t)hit->n, err, sizeof err);
+        if (!big) return 0;
+        pot_free(*pp);
+        *pp = big;
+    }
+    pot *p = *pp;
+    if (pot_copy(p, hit)) {
+        if (p->n) pot_truncate(p, 0);
+        return 0;
+    }
+    pot_truncate(p, (int32_t)lcp);
+    gen_seq_history(it->seq, it->prompt, lcp);
+    return lcp;
+}
+
+/* After a generation without a document: its prompt's entries go into the
+ * prompt cache (a compact copy of the pot cut after the prompt). */
+static void cache_prompt(engine *e, item *it) {
+    if (!e->pc || it->doc || !it->prompt || it->n_prompt < MIN_CACHED_PREFIX) return;
+    pot *p = gen_seq_take_pot(it->seq);
+    if (!p) return;
+    if ((size_t)p->n >= it->n_prompt) {
+        char err[128];
+        pot_truncate(p, (int32_t)it->n_prompt);
+        pot *compact = engine_new_pot(e, it->n_prompt, err, sizeof err);
+        if (compact && !pot_copy(compact, p)) prompt_cache_put(e->pc, compact, it->prompt, it->n_prompt);
+        else pot_free(compact);
+    }
+    pot_free(p);
 }
 
 /* Gives the generation its pot (a copy of the document's, or a new one);
@@ -210,7 +273,8 @@ static void start_gen(engine_sched *s, item *it) {
     char err[256];
     pot *p = it->doc ? doc_answer_pot(it->doc, it->prompt, it->n_prompt, it->max_tokens, err, sizeof err)
                      : gen_new_pot(s->e, it->n_prompt, it->max_tokens, err, sizeof err);
-    int rc = p ? gen_seq_start(it->seq, p, 1, it->prompt, it->n_prompt, err, sizeof err) : -1;
+    size_t cached = p && !it->doc ? cached_prefix(s->e, it, &p) : 0;
+    int rc = p ? gen_seq_start(it->seq, p, 1, it->prompt + cached, it->n_prompt - cached, err, sizeof err) : -1;
     if (!rc && add_gen(s, it)) rc = (snprintf(err, sizeof err, "out of memory"), -1);
     if (!rc) return;
     engine_gen_result res = {0};
@@ -292,9 +356,31 @@ static void publish_stats(engine_sched *s);
 /* One batched step of every active generation; the finished ones leave the
  * active set, the stats say so, then they report (so that a caller woken by
  * on_done reads stats without them). */
+/* Starts the forks of every generation whose prompt has just been read: they
+ * decode from a copy of its pot. */
+static void start_forks(engine_sched *s) {
+    int n = s->n_gens;
+    for (int i = 0; i < n; i++) {
+        item *it = s->gens[i];
+        if (!it->n_forks || !gen_seq_forkable(it->seq)) continue;
+        for (int k = 0; k < it->n_forks; k++) {
+            item *f = it->forks[k];
+            char err[256];
+            if (gen_seq_fork(it->seq, f->seq, err, sizeof err) || add_gen(s, f)) {
+                fail_gen(f, "out of memory");
+                continue;
+            }
+        }
+        free(it->forks);
+        it->forks = NULL;
+        it->n_forks = 0;
+    }
+}
+
 static void decode_step(engine_sched *s) {
     gen_step_info info;
     gen_seq_step(s->e, s->seqs, s->n_gens, &info);
+    start_forks(s);
     s->decode_steps += info.decode_tokens > 0;
     s->decoded_tokens += info.decode_tokens;
     item *finished = NULL, **tail = &finished;
@@ -315,7 +401,7 @@ static void decode_step(engine_sched *s) {
     pthread_mutex_unlock(&s->mu);
     while (finished) {
         item *next = finished->next;
-        gen_done(finished);
+        gen_done(s->e, finished);
         finished = next;
     }
 }
@@ -345,7 +431,7 @@ static void publish_stats(engine_sched *s) {
 static void shut_down(engine_sched *s, item *submitted, int n_submitted) {
     for (int i = 0; i < s->n_gens; i++) {
         gen_seq_cancel(s->seqs[i]);
-        gen_done(s->gens[i]);
+        gen_done(s->e, s->gens[i]);
     }
     s->n_gens = 0;
     while (s->n_docs > 0) complete_doc(s, 0, -1, "shutting down");
@@ -361,7 +447,7 @@ static void shut_down(engine_sched *s, item *submitted, int n_submitted) {
             ingest_done(it, -1, "shutting down");
         } else {
             gen_seq_cancel(it->seq);
-            gen_done(it);
+            gen_done(s->e, it);
         }
     }
 }
@@ -459,7 +545,7 @@ static int submit(engine_sched *s, item *it) {
         pthread_cond_signal(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
-    if (stopping) item_free(it);
+    if (stopping) discard(it); /* its forks must not report either */
     return stopping ? -1 : 0;
 }
 
@@ -495,14 +581,44 @@ int engine_sched_ingest(engine_sched *s, engine_doc *d, const char *bytes, size_
     return submit(s, it);
 }
 
+/* The forks of a request with n > 1: sequences 1..n-1, each with its seed. */
+static int make_forks(engine_sched *s, const engine_gen_request *r, item *first, char *err, size_t errlen) {
+    first->forks = calloc((size_t)r->n - 1, sizeof *first->forks);
+    if (!first->forks) return snprintf(err, errlen, "out of memory"), -1;
+    for (int i = 1; i < r->n; i++) {
+        engine_gen_params gp = r->params;
+        gp.tokens_out = NULL;
+        gp.sampling.seed += (uint64_t)i;
+        item *f = calloc(1, sizeof *f);
+        gen_seq *q = f ? gen_seq_new(s->e, &gp, r->on_text, r->users[i], err, errlen) : NULL;
+        if (!q) {
+            if (!f) snprintf(err, errlen, "out of memory");
+            free(f);
+            return -1;
+        }
+        *f = (item){.kind = ITEM_GEN, .user = r->users[i], .seq = q, .n_prompt = r->n_prompt,
+                    .max_tokens = r->params.max_tokens, .on_done = r->on_done};
+        first->forks[first->n_forks++] = f;
+    }
+    return 0;
+}
+
+/* Frees an item that was never submitted, its forks silently. */
+static void discard(item *it) {
+    for (int i = 0; i < it->n_forks; i++) item_free(it->forks[i]);
+    it->n_forks = 0;
+    item_free(it);
+}
+
 int engine_sched_generate(engine_sched *s, const engine_gen_request *r, char *err, size_t errlen) {
     if (!r->on_done) return snprintf(err, errlen, "a generation needs on_done"), -1;
+    if (r->n > 1 && !r->users) return snprintf(err, errlen, "n > 1 needs users"), -1;
     if (r->n_prompt && !r->prompt) return snprintf(err, errlen, "no prompt"), -1;
     engine_gen_params gp = r->params;
     gp.tokens_out = NULL;
     item *it = calloc(1, sizeof *it);
     int32_t *prompt = malloc((r->n_prompt ? r->n_prompt : 1) * sizeof *prompt);
-    gen_seq *q = it && prompt ? gen_seq_new(s->e, &gp, r->on_text, r->user, err, errlen) : NULL;
+    gen_seq *q = it && prompt ? gen_seq_new(s->e, &gp, r->on_text, r->n > 1 ? r->users[0] : r->user, err, errlen) : NULL;
     if (!q) {
         if (!it || !prompt) snprintf(err, errlen, "out of memory");
         free(it);
@@ -510,8 +626,13 @@ int engine_sched_generate(engine_sched *s, const engine_gen_request *r, char *er
         return -1;
     }
     if (r->n_prompt) memcpy(prompt, r->prompt, r->n_prompt * sizeof *prompt);
-    *it = (item){.kind = ITEM_GEN, .doc = r->doc, .user = r->user, .seq = q, .prompt = prompt,
-                 .n_prompt = r->n_prompt, .max_tokens = r->params.max_tokens, .on_done = r->on_done};
+    *it = (item){.kind = ITEM_GEN, .doc = r->doc, .user = r->n > 1 ? r->users[0] : r->user, .seq = q,
+                 .prompt = prompt, .n_prompt = r->n_prompt, .max_tokens = r->params.max_tokens,
+                 .on_done = r->on_done};
+    if (r->n > 1 && make_forks(s, r, it, err, errlen)) {
+        discard(it);
+        return -1;
+    }
     if (submit(s, it)) return snprintf(err, errlen, "the engine is shutting down"), -1;
     return 0;
 }

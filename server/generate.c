@@ -1,28 +1,53 @@
 /* /v1/chat/completions and /v1/completions: validate, build the prompt (after
  * a session's pot or alone), hand it to the engine thread, and turn the text
  * it streams back into one OpenAI response or SSE chunks. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "server/srv.h"
+
+/* One of the answers (OpenAI's choices: n per prompt, prompts of a batch). */
+typedef struct choice {
+    generation *g;
+    int index;
+    char *text;
+    size_t len, cap;
+    json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
+    engine_gen_result res;
+    int done, rc;
+    char err[256];
+} choice;
+
+/* A prompt of a batch (/v1/completions with a list of prompts) after the first. */
+typedef struct batch_prompt {
+    int32_t *ids;
+    size_t n;
+} batch_prompt;
 
 struct generation {
     request *r;
     session *ss;
     api_gen_request req;
-    int32_t *prompt;
+    int32_t *prompt; /* the (first) prompt */
     size_t n_prompt;
+    batch_prompt *batch; /* prompts 1.. of a batch */
+    size_t n_batch;      /* prompts in all (1 without a batch) */
     char id[48];
     int64_t created;
-    char *text;
-    size_t len, cap;
-    json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
+    choice *choices;     /* n_batch * n, prompt-major */
+    int n_choices, n_done, n_submitted;
+    /* /v1/responses: the original body (echoed), the output message's id, the
+       stream's event count */
+    json_t *responses;
+    char msg_id[48];
+    int seq_no;
     atomic_int cancel;
+    atomic_int timed_out; /* request_timeout cut it: finish_reason "length" */
     double deadline_ms;
-    engine_gen_result res;
-    int finished;
     /* a prompt longer than the window, read through a temporary pot */
     engine_doc *tmp_doc;
     engine_pot_settings tmp_settings;
@@ -39,7 +64,7 @@ static void release_temporary_pot(server *s, generation *g);
 
 /* What the engine thread sends for each piece of text. */
 typedef struct text_event {
-    generation *g;
+    choice *c;
     int has_lp;
     sample_logprobs lp;
     size_t n;
@@ -47,7 +72,7 @@ typedef struct text_event {
 } text_event;
 
 typedef struct done_event {
-    generation *g;
+    choice *c;
     int rc;
     engine_gen_result res;
     char err[256];
@@ -55,25 +80,21 @@ typedef struct done_event {
 
 void generation_free(generation *g) {
     if (g->ss) session_unref(g->ss);
+    json_decref(g->responses);
     free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
-    free(g->text);
-    json_decref(g->logprobs);
+    for (size_t i = 1; i < g->n_batch; i++) free(g->batch[i].ids);
+    free(g->batch);
+    for (int i = 0; i < g->n_choices; i++) {
+        free(g->choices[i].text);
+        json_decref(g->choices[i].logprobs);
+    }
+    free(g->choices);
     free(g);
 }
 
-void random_id(char *out, size_t cap, const char *prefix) {
-    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    unsigned char rnd[24];
-    FILE *f = fopen("/dev/urandom", "rb");
-    size_t got = f ? fread(rnd, 1, sizeof rnd, f) : 0;
-    if (f) fclose(f);
-    for (size_t i = got; i < sizeof rnd; i++) rnd[i] = (unsigned char)rand();
-    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
-    for (size_t i = 0; i < sizeof rnd && n + 1 < cap; i++) out[n++] = alphabet[rnd[i] % 62];
-    out[n] = 0;
-}
+void random_id(char *out, size_t cap, const char *prefix) { api_random_id(out, cap, prefix); }
 
 static json_t *token_json(server *s, int32_t tok, float logprob) {
     char buf[256];
@@ -109,20 +130,52 @@ static void completion_logprob_add(server *s, json_t *acc, const sample_logprobs
     json_decref(t);
 }
 
+/* Usage over every choice: each prompt counted once (its n answers share it). */
 static json_t *usage_json(const generation *g) {
-    int64_t prompt = g->res.n_prompt + g->res.n_cached;
+    int64_t prompt = 0, generated = 0, cached = 0;
+    int n = g->req.n_choices;
+    for (int i = 0; i < g->n_choices; i++) {
+        const engine_gen_result *res = &g->choices[i].res;
+        if (i % n == 0) prompt += res->n_prompt + res->n_cached, cached += res->n_cached;
+        generated += res->n_generated;
+    }
     return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt,
-                     "completion_tokens", (json_int_t)g->res.n_generated, "total_tokens",
-                     (json_int_t)(prompt + g->res.n_generated), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)g->res.n_cached);
+                     "completion_tokens", (json_int_t)generated, "total_tokens",
+                     (json_int_t)(prompt + generated), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)cached);
 }
 
 static const char *model_name(const generation *g) {
     return g->r->srv->model_id;
 }
 
-/* One SSE chunk: a text delta (text != NULL), the role opener, or the finish. */
-static json_t *chunk_json(const generation *g, const char *text, size_t n, int role,
+/* system_fingerprint: this build (compile time of this file) and the model
+ * (name, parameter count, vocabulary, quantization), hashed (FNV-1a) once. */
+static const char *system_fingerprint(server *s) {
+    static char fp[32];
+    if (*fp) return fp;
+    char text[512];
+    snprintf(text, sizeof text, "%s %s|%s|%llu|%d|%s|%s", __DATE__, __TIME__, s->model_id,
+             (unsigned long long)s->info.n_params, s->info.n_vocab, s->info.quant ? s->info.quant : "",
+             s->info.arch ? s->info.arch : "");
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    snprintf(fp, sizeof fp, "fp_%012llx", (unsigned long long)(h & 0xffffffffffffull));
+    return fp;
+}
+
+/* The finish_reason of a finished choice. */
+static const char *finish_reason(const choice *c) {
+    if (atomic_load(&c->g->timed_out) && c->res.finish != ENGINE_FINISH_STOP) return "length";
+    return api_finish_reason(c->res.finish);
+}
+
+/* Where a request error about the prompt points. */
+static const char *prompt_param(const generation *g) { return g->req.chat ? "messages" : "prompt"; }
+
+/* One SSE chunk of choice `index`: a text delta (text != NULL), the role
+ * opener, or the finish. */
+static json_t *chunk_json(const generation *g, int index, const char *text, size_t n, int role,
                           const char *finish, json_t *logprobs) {
     json_t *choice;
     json_t *str = text ? json_stringn(text, n) : NULL;
@@ -132,17 +185,18 @@ static json_t *chunk_json(const generation *g, const char *text, size_t n, int r
         if (role) json_object_set_new(delta, "role", json_string("assistant"));
         if (role && !text) json_object_set_new(delta, "content", json_string(""));
         if (str) json_object_set_new(delta, "content", str);
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
                            logprobs ? json_pack("{s:o}", "content", logprobs) : json_null(),
                            "finish_reason", finish ? json_string(finish) : json_null());
     } else {
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "text", str ? str : json_string(""),
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "text", str ? str : json_string(""),
                            "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object",
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o]}", "id", g->id, "object",
                      g->req.chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)g->created, "model", model_name(g), "choices", choice);
+                     (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
+                     system_fingerprint(g->r->srv), "choices", choice);
 }
 
 static void sse_send(request *r, json_t *j) {
@@ -157,11 +211,64 @@ static void sse_send(request *r, json_t *j) {
 
 /* ---- engine thread -> loop ----------------------------------------------------------- */
 
+/* A suspended connection is not polled by MHD, so a client that leaves while
+ * its non-streamed answer is generated goes unnoticed until the answer is
+ * written. Peeking at the socket with each piece of text notices the close
+ * (EOF) within one engine step. */
+static int client_gone(request *r) {
+    if (!r->conn) return 1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Tool calls are parsed from the whole text, so a request that may call a
+ * tool streams its answer only once it is complete. */
+static int tools_active(const generation *g) { return g->req.tools && g->req.tool_choice != TOOL_CHOICE_NONE; }
+
+static void append_text(choice *c, const char *text, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *t = realloc(c->text, cap);
+        if (!t) return; /* dropped: the answer is cut short */
+        c->text = t;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, text, n);
+    c->len += n;
+    c->text[c->len] = 0;
+}
+
+/* One event of a /v1/responses stream (takes data; adds its type and number). */
+static void responses_event(generation *g, const char *type, json_t *data) {
+    request *r = g->r;
+    json_object_set_new(data, "type", json_string(type));
+    json_object_set_new(data, "sequence_number", json_integer(g->seq_no++));
+    stream_write(r, "event: ", 7);
+    stream_write(r, type, strlen(type));
+    stream_write(r, "\n", 1);
+    sse_send(r, data);
+}
+
+/* The response object as it stands (status given; output and usage once done). */
+static json_t *responses_now(generation *g, const char *status, int with_output);
+
 static void on_text_event(server *s, void *arg) {
     text_event *ev = arg;
-    generation *g = ev->g;
+    choice *c = ev->c;
+    generation *g = c->g;
     request *r = g->r;
-    if (g->req.stream) {
+    if (g->responses && g->req.stream) {
+        append_text(c, ev->text, ev->n);
+        json_t *d = json_stringn(ev->text, ev->n);
+        if (r->conn && d)
+            responses_event(g, "response.output_text.delta",
+                            json_pack("{s:s, s:i, s:i, s:o}", "item_id", g->msg_id, "output_index", 0,
+                                      "content_index", 0, "delta", d));
+        else json_decref(d);
+    } else if (g->req.stream && !tools_active(g)) {
         json_t *lp = NULL;
         if (ev->has_lp && g->req.chat) {
             lp = json_array();
@@ -170,111 +277,233 @@ static void on_text_event(server *s, void *arg) {
             lp = json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
             completion_logprob_add(s, lp, &ev->lp);
         }
-        if (r->conn) sse_send(r, chunk_json(g, ev->text, ev->n, 0, NULL, lp));
+        if (r->conn) sse_send(r, chunk_json(g, c->index, ev->text, ev->n, 0, NULL, lp));
         else json_decref(lp);
     } else {
-        if (g->len + ev->n + 1 > g->cap) {
-            size_t cap = (g->len + ev->n + 1) * 2;
-            char *t = realloc(g->text, cap);
-            if (t) {
-                g->text = t;
-                g->cap = cap;
-            }
-        }
-        if (g->len + ev->n + 1 <= g->cap) {
-            memcpy(g->text + g->len, ev->text, ev->n);
-            g->len += ev->n;
-            g->text[g->len] = 0;
-        }
-        if (ev->has_lp && g->logprobs) {
-            if (g->req.chat) json_array_append_new(g->logprobs, chat_logprob_entry(s, &ev->lp));
-            else completion_logprob_add(s, g->logprobs, &ev->lp);
+        if (!g->req.stream && client_gone(r)) generation_cancel(g);
+        append_text(c, ev->text, ev->n);
+        if (ev->has_lp && c->logprobs) {
+            if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
+            else completion_logprob_add(s, c->logprobs, &ev->lp);
         }
     }
     free(ev);
 }
 
-static void finish_stream(generation *g, const done_event *ev) {
+/* A chunk of choice `index` whose delta is the given object. */
+static json_t *delta_chunk(const generation *g, int index, json_t *delta) {
+    json_t *ch = chunk_json(g, index, NULL, 0, 0, NULL, NULL);
+    json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0), "delta", delta);
+    return ch;
+}
+
+/* Streams the buffered answer of a request with tools: its calls as
+ * OpenAI streams them (each call's id and name with empty arguments, then
+ * its arguments) or its text. Returns the finish_reason. */
+static const char *stream_tool_answer(choice *c, const char *finish) {
+    generation *g = c->g;
     request *r = g->r;
-    if (ev->rc) {
+    char *content = NULL;
+    json_t *calls = api_find_tool_calls(&g->req, c->text ? c->text : "", c->len, &content);
+    if (!calls) {
+        if (c->len) sse_send(r, chunk_json(g, c->index, c->text, c->len, 0, NULL, NULL));
+        return finish;
+    }
+    if (content) sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content)));
+    free(content);
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        json_t *fn = json_object_get(call, "function");
+        sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index",
+                                                       (int)i, "id", json_object_get(call, "id"), "type", "function",
+                                                       "function", "name", json_object_get(fn, "name"), "arguments", "")));
+        sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", (int)i,
+                                                       "function", "arguments", json_object_get(fn, "arguments"))));
+    }
+    json_decref(calls);
+    return "tool_calls";
+}
+
+/* A choice of a stream ended: its last chunk (or the error). */
+static void stream_choice_done(choice *c) {
+    generation *g = c->g;
+    request *r = g->r;
+    if (c->rc) {
         api_error e;
-        api_fail(&e, 500, "generation_failed", NULL, "%s", ev->err);
-        sse_send(r, api_error_json(&e));
-    } else {
-        sse_send(r, chunk_json(g, NULL, 0, 0, api_finish_reason(ev->res.finish), NULL));
-        if (g->req.include_usage) {
-            json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->id, "object",
-                                  g->req.chat ? "chat.completion.chunk" : "text_completion",
-                                  "created", (json_int_t)g->created, "model", model_name(g),
-                                  "choices", "usage", usage_json(g));
-            sse_send(r, j);
-        }
+        api_fail(&e, 500, "generation_failed", prompt_param(g), "%s", c->err);
+        return sse_send(r, api_error_json(&e));
+    }
+    const char *finish = finish_reason(c);
+    if (tools_active(g)) finish = stream_tool_answer(c, finish);
+    sse_send(r, chunk_json(g, c->index, NULL, 0, 0, finish, NULL));
+}
+
+static json_t *responses_now(generation *g, const char *status, int with_output) {
+    json_t *output = NULL, *usage = NULL;
+    if (with_output) {
+        choice *c = &g->choices[0];
+        json_t *text = json_stringn(c->text ? c->text : "", c->len);
+        output = json_pack("[o]", responses_message(g->msg_id, "completed", text ? text : json_string("")));
+        json_decref(text);
+        json_t *chat_usage = usage_json(g);
+        usage = responses_usage(chat_usage);
+        json_decref(chat_usage);
+    }
+    json_t *o = responses_object(g->id, g->created, model_name(g), status, output, usage, g->responses);
+    if (g->ss) json_object_set_new(o, "session", json_string(g->ss->id));
+    return o;
+}
+
+/* The status of a finished /v1/responses generation. */
+static const char *responses_status(generation *g) {
+    return strcmp(finish_reason(&g->choices[0]), "length") ? "completed" : "incomplete";
+}
+
+/* The events that open a /v1/responses stream. */
+static void responses_stream_start(generation *g) {
+    responses_event(g, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    responses_event(g, "response.in_progress", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    responses_event(g, "response.output_item.added",
+                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, "in_progress", NULL)));
+    responses_event(g, "response.content_part.added",
+                    json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", g->msg_id, "output_index", 0,
+                              "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
+}
+
+/* The events that close it. */
+static void responses_stream_end(generation *g) {
+    choice *c = &g->choices[0];
+    json_t *text = json_stringn(c->text ? c->text : "", c->len);
+    if (!text) text = json_string("");
+    responses_event(g, "response.output_text.done",
+                    json_pack("{s:s, s:i, s:i, s:O}", "item_id", g->msg_id, "output_index", 0, "content_index", 0,
+                              "text", text));
+    responses_event(g, "response.content_part.done",
+                    json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[]}}", "item_id", g->msg_id, "output_index", 0,
+                              "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+    responses_event(g, "response.output_item.done",
+                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, "completed", text)));
+    const char *status = responses_status(g);
+    responses_event(g, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
+                    json_pack("{s:o}", "response", responses_now(g, status, 1)));
+    json_decref(text);
+    stream_end(g->r);
+}
+
+static void finish_stream(generation *g) {
+    request *r = g->r;
+    if (g->responses && !g->choices[0].rc) return responses_stream_end(g);
+    int failed = 0;
+    for (int i = 0; i < g->n_choices; i++) failed |= g->choices[i].rc;
+    if (g->req.include_usage && !failed) {
+        json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[], s:o}", "id", g->id, "object",
+                              g->req.chat ? "chat.completion.chunk" : "text_completion",
+                              "created", (json_int_t)g->created, "model", model_name(g),
+                              "system_fingerprint", system_fingerprint(g->r->srv),
+                              "choices", "usage", usage_json(g));
+        sse_send(r, j);
     }
     stream_write(r, "data: [DONE]\n\n", 14);
     stream_end(r);
 }
 
-static void finish_whole(generation *g, const done_event *ev) {
-    request *r = g->r;
-    if (ev->rc) {
-        api_error e;
-        api_fail(&e, 400, "generation_failed", NULL, "%s", ev->err);
-        return respond_error(r, &e);
-    }
-    json_t *str = json_stringn(g->text ? g->text : "", g->len);
+static json_t *choice_json(choice *c) {
+    generation *g = c->g;
+    json_t *str = json_stringn(c->text ? c->text : "", c->len);
     if (!str) str = json_string("");
-    json_t *choice;
-    const char *finish = api_finish_reason(ev->res.finish);
+    const char *finish = finish_reason(c);
+    json_t *out;
     if (g->req.chat) {
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
-                           "assistant", "content", str, "logprobs",
-                           g->logprobs ? json_pack("{s:O}", "content", g->logprobs) : json_null(),
-                           "finish_reason", finish);
+        char *content = NULL;
+        json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, c->text ? c->text : "", c->len, &content) : NULL;
+        if (calls) {
+            json_decref(str);
+            str = content ? json_string(content) : json_null();
+            if (!str) str = json_null();
+            free(content);
+            finish = "tool_calls";
+        }
+        out = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", c->index, "message", "role",
+                        "assistant", "content", str, "logprobs",
+                        c->logprobs ? json_pack("{s:O}", "content", c->logprobs) : json_null(),
+                        "finish_reason", finish);
+        if (calls) json_object_set_new(json_object_get(out, "message"), "tool_calls", calls);
     } else {
-        choice = json_pack("{s:i, s:o, s:O?, s:s}", "index", 0, "text", str, "logprobs",
-                           g->logprobs, "finish_reason", finish);
-        if (!g->logprobs) json_object_set_new(choice, "logprobs", json_null());
+        out = json_pack("{s:i, s:o, s:O?, s:s}", "index", c->index, "text", str, "logprobs",
+                        c->logprobs, "finish_reason", finish);
+        if (!c->logprobs) json_object_set_new(out, "logprobs", json_null());
     }
-    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
+    return out;
+}
+
+static void finish_whole(generation *g) {
+    request *r = g->r;
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->choices[i].rc) {
+            api_error e;
+            api_fail(&e, 400, "generation_failed", g->responses ? "input" : prompt_param(g), "%s", g->choices[i].err);
+            return respond_error(r, &e);
+        }
+    if (g->responses) return respond_json(r, 200, responses_now(g, responses_status(g), 1));
+    json_t *choices = json_array();
+    for (int i = 0; i < g->n_choices; i++) json_array_append_new(choices, choice_json(&g->choices[i]));
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
                              g->req.chat ? "chat.completion" : "text_completion", "created",
-                             (json_int_t)g->created, "model", model_name(g), "choices", choice,
-                             "usage", usage_json(g));
+                             (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
+                             system_fingerprint(g->r->srv), "choices", choices, "usage", usage_json(g));
     if (g->ss) json_object_set_new(body, "session", json_string(g->ss->id));
     respond_json(r, 200, body);
 }
 
 static void on_done_event(server *s, void *arg) {
     done_event *ev = arg;
-    generation *g = ev->g;
+    choice *c = ev->c;
+    generation *g = c->g;
     request *r = g->r;
-    g->res = ev->res;
-    g->finished = 1;
-    if (g->ss) session_generation_done(g->ss);
-    if (g->tmp_doc) release_temporary_pot(s, g);
-    s->m.tokens_prompted += ev->res.n_prompt;
-    s->m.tokens_generated += ev->res.n_generated;
-    s->m.decode_ms += ev->res.decode_ms;
-    r->tokens = ev->res.n_prompt + ev->res.n_generated;
-    if (r->conn) {
-        if (g->req.stream) finish_stream(g, ev);
-        else finish_whole(g, ev);
-    }
+    c->res = ev->res;
+    c->rc = ev->rc;
+    snprintf(c->err, sizeof c->err, "%s", ev->err);
+    c->done = 1;
+    g->n_done++;
     free(ev);
-    request_unref(r); /* the engine's reference */
+    if (g->ss) session_generation_done(g->ss);
+    s->m.tokens_prompted += c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0;
+    s->m.tokens_generated += c->res.n_generated;
+    if (g->req.grammar) s->m.constrained_tokens += c->res.n_generated;
+    s->m.masked_steps += c->res.n_masked;
+    s->m.decode_ms += c->res.decode_ms;
+    r->tokens += (c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0) + c->res.n_generated;
+    if (r->conn && g->req.stream && !g->responses) stream_choice_done(c);
+    if (r->conn && g->req.stream && g->responses && c->rc) {
+        api_error e;
+        api_fail(&e, 500, "generation_failed", "input", "%s", c->err);
+        responses_event(g, "error", api_error_json(&e));
+    }
+    if (g->n_done == g->n_submitted) {
+        if (g->tmp_doc) release_temporary_pot(s, g);
+        if (r->conn) {
+            if (g->req.stream) finish_stream(g);
+            else finish_whole(g);
+        }
+    }
+    request_unref(r); /* the engine's reference for this choice */
 }
 
 static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
                        const sample_logprobs *lp) {
     (void)token;
-    generation *g = user;
+    choice *c = user;
+    generation *g = c->g;
     if (atomic_load(&g->cancel)) return 1;
     if (srv_now_ms() > g->deadline_ms) {
+        atomic_store(&g->timed_out, 1);
         atomic_store(&g->cancel, 1);
         return 1;
     }
     text_event *ev = malloc(sizeof *ev + len + 1);
     if (!ev) return 1;
-    ev->g = g;
+    ev->c = c;
     ev->has_lp = lp != NULL;
     if (lp) ev->lp = *lp;
     ev->n = len;
@@ -285,14 +514,14 @@ static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
 }
 
 static void gen_on_done(void *user, int rc, const engine_gen_result *res, const char *err) {
-    generation *g = user;
+    choice *c = user;
     done_event *ev = calloc(1, sizeof *ev);
     if (!ev) abort(); /* the request would never complete */
-    ev->g = g;
+    ev->c = c;
     ev->rc = rc;
     if (res) ev->res = *res;
     if (err) snprintf(ev->err, sizeof ev->err, "%s", err);
-    srv_post(g->r->srv, on_done_event, ev);
+    srv_post(c->g->r->srv, on_done_event, ev);
 }
 
 /* ---- the route ------------------------------------------------------------------------ */
@@ -317,26 +546,75 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
     return 0;
 }
 
-/* Hands the prepared generation to the engine thread. */
+/* The token ids of the prompts after the first in a batch; each must fit
+ * the window (a batch is not read through a pot). */
+static int batch_prompts(server *s, generation *g, api_error *e) {
+    api_gen_request *q = &g->req;
+    if (q->n_batch <= 1) return 0;
+    g->batch = calloc(q->n_batch, sizeof *g->batch);
+    if (!g->batch) return api_fail(e, 500, NULL, NULL, "out of memory");
+    g->n_batch = q->n_batch;
+    size_t room = (size_t)s->info.n_ctx_train - (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1);
+    for (size_t p = 0; p < q->n_batch; p++) {
+        size_t n = p ? 0 : g->n_prompt;
+        if (p && q->batch_tokens[p]) {
+            n = q->batch_counts[p];
+            g->batch[p].ids = malloc(n * sizeof *g->batch[p].ids);
+            if (!g->batch[p].ids) return api_fail(e, 500, NULL, NULL, "out of memory");
+            memcpy(g->batch[p].ids, q->batch_tokens[p], n * sizeof *g->batch[p].ids);
+        } else if (p) {
+            char err[256];
+            g->batch[p].ids = engine_tokenize_prompt(s->eng, q->batch_texts[p], 0, &n, err, sizeof err);
+            if (!g->batch[p].ids) return api_fail(e, 400, "invalid_value", "prompt", "prompt[%zu]: %s", p, err);
+        }
+        g->batch[p].n = n;
+        if (n > room)
+            return api_fail(e, 400, "context_length_exceeded", "prompt",
+                            "prompt[%zu] has %zu tokens; with max_tokens it exceeds the model's window of %d "
+                            "(prompts of a batch are not read through a pot)", p, n, s->info.n_ctx_train);
+    }
+    return 0;
+}
+
+/* Hands the prepared generation to the engine thread: each prompt once,
+ * with n answers from its one prefill. */
 static void submit(server *s, generation *g) {
     request *r = g->r;
     api_gen_request *q = &g->req;
     api_error e;
     engine_doc *doc = g->ss ? g->ss->doc : g->tmp_doc;
-    engine_gen_request er = {.doc = doc, .prompt = g->prompt, .n_prompt = g->n_prompt,
-                             .params = q->params, .on_text = gen_on_text, .on_done = gen_on_done,
-                             .user = g};
-    char err[256];
-    request_ref(r); /* held by the engine until on_done arrives */
-    if (srv_generate(s, &er, err, sizeof err)) {
-        request_unref(r);
-        api_fail(&e, 503, "unavailable", NULL, "%s", err);
+    int n = q->n_choices;
+    void **users = malloc((size_t)n * sizeof *users);
+    if (!users) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    if (g->ss) g->ss->gens++; /* the doc must not be replaced until the generation is done */
+    for (size_t p = 0; p < g->n_batch; p++) {
+        for (int i = 0; i < n; i++) users[i] = &g->choices[p * (size_t)n + (size_t)i];
+        engine_gen_request er = {.doc = doc, .prompt = p ? g->batch[p].ids : g->prompt,
+                                 .n_prompt = p ? g->batch[p].n : g->n_prompt, .params = q->params,
+                                 .on_text = gen_on_text, .on_done = gen_on_done, .user = users[0],
+                                 .n = n, .users = users};
+        char err[256];
+        for (int i = 0; i < n; i++) request_ref(r); /* held by the engine until on_done arrives */
+        if (srv_generate(s, &er, err, sizeof err)) {
+            for (int i = 0; i < n; i++) request_unref(r);
+            free(users);
+            if (g->n_submitted) { /* the earlier prompts complete the request, cut short */
+                generation_cancel(g);
+                return;
+            }
+            api_fail(&e, 503, "unavailable", NULL, "%s", err);
+            return respond_error(r, &e);
+        }
+        g->n_submitted += n;
+        if (g->ss) g->ss->gens += n; /* the doc must not be replaced until the generations are done */
+    }
+    free(users);
     if (q->stream) {
-        if (stream_start(r)) return; /* the engine's done event still completes r */
-        sse_send(r, chunk_json(g, NULL, 0, 1, NULL, NULL));
+        if (stream_start(r)) return; /* the engine's done events still complete r */
+        if (g->responses) responses_stream_start(g);
+        else for (int i = 0; i < g->n_choices; i++) sse_send(r, chunk_json(g, i, NULL, 0, 1, NULL, NULL));
     } else {
         request_suspend(r);
     }
@@ -362,7 +640,7 @@ static void release_temporary_pot(server *s, generation *g) {
 
 static void temporary_pot_failed(server *s, generation *g, int status, const char *msg) {
     api_error e;
-    api_fail(&e, status, "overflow_failed", NULL, "reading the prompt through a pot failed: %s", msg);
+    api_fail(&e, status, "overflow_failed", prompt_param(g), "reading the prompt through a pot failed: %s", msg);
     if (g->tmp_doc) release_temporary_pot(s, g);
     respond_error(g->r, &e);
     request_unref(g->r);
@@ -400,7 +678,7 @@ static void open_temporary_pot(engine *e, void *arg) {
     srv_post(g->r->srv, temporary_pot_opened, g);
 }
 
-static int append_text(generation *g, const char *a, const char *b) {
+static int append_doc_text(generation *g, const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
     char *t = realloc(g->doc_text, g->doc_len + n + 1);
     if (!t) return -1;
@@ -430,7 +708,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
             }
             char role[32];
             snprintf(role, sizeof role, "%s: ", q->messages[i].role);
-            rc = append_text(g, role, q->messages[i].content);
+            rc = append_doc_text(g, role, q->messages[i].content);
         }
     } else {
         size_t n = strlen(q->prompt), cut = n > COMPLETION_TAIL_BYTES ? n - COMPLETION_TAIL_BYTES : 0;
@@ -443,7 +721,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     if (rc) return api_fail(e, 500, NULL, NULL, "out of memory");
     g->tmp_memory = engine_doc_memory(s->eng, ps);
     if (s->pot_memory + g->tmp_memory > (size_t)s->cfg.pot_memory_limit)
-        return api_fail(e, 429, "insufficient_memory", NULL,
+        return api_fail(e, 429, "insufficient_memory", prompt_param(g),
                         "the prompt exceeds the window and no pot memory is free to read it");
     s->pot_memory += g->tmp_memory;
     request_ref(g->r); /* until the generation is submitted */
@@ -455,21 +733,36 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     return 0;
 }
 
-void route_generate(request *r, int chat) {
+static void start_generation(request *r, int chat, json_t *responses) {
     server *s = r->srv;
     api_error e;
     generation *g = calloc(1, sizeof *g);
     if (!g) {
+        json_decref(responses);
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
     g->r = r;
     r->gen = g;
-    if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e))
+    g->responses = responses;
+    if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e)) {
+        if (responses && e.param && !strcmp(e.param, "max_tokens")) {
+            e.param = "max_output_tokens";
+            char *at = strstr(e.message, "max_tokens");
+            if (at) snprintf(e.message, sizeof e.message, "max_output_tokens must be a positive integer");
+        } else if (responses && e.param && !strcmp(e.param, "messages")) {
+            e.param = "input";
+        }
         return respond_error(r, &e);
+    }
     api_gen_request *q = &g->req;
+    if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session;
     if (!sid) sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
+    if (sid && q->n_batch > 1) {
+        api_fail(&e, 400, "invalid_value", "prompt", "a list of prompts cannot be asked over a session");
+        return respond_error(r, &e);
+    }
     if (sid) {
         snprintf(r->session_id, sizeof r->session_id, "%s", sid);
         g->ss = session_find(s, sid, r->key);
@@ -494,13 +787,19 @@ void route_generate(request *r, int chat) {
             api_fail(&e, 400, "invalid_value", chat ? "messages" : "prompt", "%s", err);
             return respond_error(r, &e);
         }
-    } else if (plain_prompt(s, g, &e)) {
+    } else if (plain_prompt(s, g, &e) || batch_prompts(s, g, &e)) {
         return respond_error(r, &e);
+    }
+    if (q->tool_choice == TOOL_CHOICE_REQUIRED || q->tool_choice == TOOL_CHOICE_NAMED) {
+        grammar *forced = api_tool_call_grammar(q, &e); /* replaces any response_format */
+        if (!forced) return respond_error(r, &e);
+        grammar_unref(q->grammar);
+        q->grammar = q->params.grammar = forced;
     }
     int32_t n_ctx = s->info.n_ctx_train;
     int overflow = 0;
     if (!g->ss && g->n_prompt + (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1) > (size_t)n_ctx) {
-        if (q->overflow_error || (!chat && q->prompt_tokens)) {
+        if (q->overflow_error || (!chat && q->prompt_tokens) || q->n_batch > 1) {
             api_fail(&e, 400, "context_length_exceeded", chat ? "messages" : "prompt",
                      "the prompt has %zu tokens and max_tokens %d; the model's window is %d tokens "
                      "(create a session and upload long documents to read them through a pot)",
@@ -509,11 +808,23 @@ void route_generate(request *r, int chat) {
         }
         overflow = 1;
     }
-    random_id(g->id, sizeof g->id, chat ? "chatcmpl-" : "cmpl-");
+    random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
+    random_id(g->msg_id, sizeof g->msg_id, "msg_");
     g->created = (int64_t)time(NULL);
     g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3;
-    if (q->logprobs && !q->stream)
-        g->logprobs = chat ? json_array() : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
+    g->n_batch = q->n_batch ? q->n_batch : 1;
+    g->n_choices = (int)g->n_batch * q->n_choices;
+    g->choices = calloc((size_t)g->n_choices, sizeof *g->choices);
+    if (!g->choices) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    for (int i = 0; i < g->n_choices; i++) {
+        g->choices[i] = (choice){.g = g, .index = i};
+        if (q->logprobs && !q->stream)
+            g->choices[i].logprobs = chat ? json_array()
+                                          : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
+    }
     if (overflow) {
         if (start_temporary_pot(s, g, &e)) return respond_error(r, &e);
         request_suspend(r);
@@ -521,6 +832,10 @@ void route_generate(request *r, int chat) {
     }
     submit(s, g);
 }
+
+void route_generate(request *r, int chat) { start_generation(r, chat, NULL); }
+
+void route_generate_responses(request *r, json_t *responses) { start_generation(r, 1, responses); }
 
 /* Called when the client disconnects or the server drains. */
 void generation_cancel(generation *g) { atomic_store(&g->cancel, 1); }

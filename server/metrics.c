@@ -81,6 +81,11 @@ char *metrics_render(server *s) {
             "Generated tokens per second of generation time, over the server's life.", "gauge",
             m->decode_ms > 0 ? m->tokens_generated / (m->decode_ms / 1e3) : 0);
     counter(&b, "potserve_compressions_total", "Pot compressions.", "counter", (double)m->compressions);
+    counter(&b, "potserve_constrained_tokens_total", "Tokens generated under a grammar (structured outputs).",
+            "counter", (double)m->constrained_tokens);
+    counter(&b, "potserve_grammar_masked_steps_total",
+            "Constrained steps whose first draw the grammar refused, so the token mask was built.", "counter",
+            (double)m->masked_steps);
     counter(&b, "potserve_compression_seconds_total", "Time spent selecting and compacting.",
             "counter", m->compress_ms / 1e3);
     int n_sessions = 0;

@@ -46,6 +46,7 @@ static void queue(request *r, int status, struct MHD_Response *resp) {
     r->status = status;
     /* framing that cannot be trusted, or a drain: the connection ends with this answer */
     if (r->close_conn || r->srv->draining) MHD_add_response_header(resp, "Connection", "close");
+    cors_add_headers(r, resp); /* CORS (cors.c): every response, errors and SSE included */
     if (r->conn && MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
         r->status = 500;
     MHD_destroy_response(resp);
@@ -323,6 +324,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/v1/chat/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/chat/completions";
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
     if (!strcmp(url, "/v1/server")) return "/v1/server";
+    if (!strcmp(url, "/v1/responses")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/responses";
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
@@ -350,6 +352,7 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : method_not_allowed(r);
+    if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : method_not_allowed(r);
     if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : method_not_allowed(r);
     if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : method_not_allowed(r);
     if (!strncmp(rt, "/v1/sessions", 12))
@@ -572,6 +575,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         /* uploads check their own (larger) limit once the route knows the body's type */
         uint64_t limit = body == BODY_UPLOAD ? UINT64_MAX : (uint64_t)s->cfg.max_body_bytes;
         if (check_framing(r, limit)) return MHD_YES;
+        if (cors_preflight(r)) return MHD_YES; /* before auth: browsers send no credentials */
         if (admit(r)) return MHD_YES;
         if (body == BODY_NONE) {
             dispatch(r, NULL, upload_data_size);

@@ -229,6 +229,14 @@ static int open_engine(server *s, char *err, size_t errlen) {
     snprintf(s->model_id, sizeof s->model_id, "%s", base ? base + 1 : s->cfg.model);
     char *dot = strstr(s->model_id, ".gguf");
     if (dot) *dot = 0;
+    /* the prompt cache's budget is part of pot_memory_limit, held from the start */
+    int64_t pc_bytes = s->cfg.prompt_cache_entries ? s->cfg.prompt_cache_bytes : 0;
+    if (pc_bytes > s->cfg.pot_memory_limit / 2) pc_bytes = s->cfg.pot_memory_limit / 2;
+    if (pc_bytes && engine_set_prompt_cache(s->eng, (int)s->cfg.prompt_cache_entries, (size_t)pc_bytes)) {
+        snprintf(err, errlen, "out of memory for the prompt cache");
+        return -1;
+    }
+    s->pot_memory += (size_t)pc_bytes;
     s->sched = engine_sched_new(s->eng, err, errlen);
     return s->sched ? 0 : -1;
 }

@@ -49,6 +49,7 @@ typedef struct metrics {
     int64_t tokens_ingested, tokens_prompted, tokens_generated, bytes_uploaded;
     int64_t compressions;
     double ingest_ms, decode_ms, compress_ms;
+    int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */
 } metrics;
 int metrics_route(metrics *m, const char *route);
 char *metrics_render(server *s);
@@ -108,6 +109,12 @@ void stream_write(request *r, const char *data, size_t n);
 void stream_end(request *r);
 /* Starts an SSE response (queued now). */
 int stream_start(request *r);
+/* ---- CORS (cors.c) ----------------------------------------------------------------- */
+int cors_enabled(const server *s);
+/* Adds Access-Control-Allow-Origin (and Vary) when the request's Origin is allowed. */
+void cors_add_headers(request *r, struct MHD_Response *resp);
+/* Answers an OPTIONS preflight when CORS is on; 1 when it did. */
+int cors_preflight(request *r);
 
 /* ---- sessions (sessions.c) --------------------------------------------------------- */
 enum session_status { SESSION_READY, SESSION_INGESTING, SESSION_FAILED };
@@ -167,6 +174,19 @@ void route_web(request *r);
 
 /* ---- generation (generate.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
+/* /v1/responses once responses.c has turned r->body into a chat body;
+ * takes `responses` (the original body, echoed in the answer). */
+void route_generate_responses(request *r, json_t *responses);
+
+/* ---- /v1/responses (responses.c) --------------------------------------------------- */
+void route_responses(request *r);
+/* The Responses API's usage from a chat usage object (borrowed); new reference. */
+json_t *responses_usage(json_t *chat_usage);
+/* An output message item with one output_text part (text borrowed; NULL: no part yet). */
+json_t *responses_message(const char *msg_id, const char *status, json_t *text);
+/* A response object; takes output and usage (either may be NULL), echoes request's fields. */
+json_t *responses_object(const char *id, int64_t created, const char *model, const char *status,
+                         json_t *output, json_t *usage, json_t *request);
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);

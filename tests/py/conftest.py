@@ -35,3 +35,17 @@ def fixtures():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "heavy: model-heavy; skipped in the sanitizer run (make asan) to keep it short")
+
+
+@pytest.fixture(scope="module")
+def plain_srv(tmp_path_factory, model):
+    """A server with the default settings, one per test module."""
+    from server_util import serve
+    yield from serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def plain_client(plain_srv):
+    """The official openai client on plain_srv."""
+    from server_util import openai_client
+    return openai_client(plain_srv)

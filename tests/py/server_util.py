@@ -101,3 +101,16 @@ class Server:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
         return 0
+
+
+def serve(tmp_path_factory, *flags):
+    """Yields a started server on a fresh data directory (a fixture's body); checks a clean exit."""
+    s = Server(tmp_path_factory.mktemp("data"), *flags)
+    s.start()
+    yield s
+    assert s.stop() == 0
+
+
+def openai_client(server, key="none"):
+    import openai
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=300)

@@ -1,0 +1,398 @@
+/* Tool calls (chat): tools, tool_choice and parallel_tool_calls; the
+ * conversation's tool definitions, assistant tool calls and tool results
+ * written the way the chat template of the model's family writes them; the
+ * grammar that forces a call; and the parser that finds calls in the text.
+ *
+ * Formats:
+ *   chatml (Qwen2.5's template): the tools as JSON lines inside <tools></tools>
+ *     in the system message; a call is
+ *     <tool_call>\n{"name": N, "arguments": A}\n</tool_call>; results go into
+ *     a user turn as <tool_response>\n...\n</tool_response>.
+ *   llama3 (Llama 3.1's template, tools in the first user message): a call is
+ *     {"name": N, "parameters": A}; results are turns of the ipython role.
+ * Other families have no tool format: a request with tools is a 400. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+
+enum tool_format { FORMAT_NONE, FORMAT_CHATML, FORMAT_LLAMA3 };
+
+static enum tool_format format_of(const char *family) {
+    if (family && !strcmp(family, "chatml")) return FORMAT_CHATML;
+    if (family && !strcmp(family, "llama3")) return FORMAT_LLAMA3;
+    return FORMAT_NONE;
+}
+
+static const char *args_key(enum tool_format f) { return f == FORMAT_LLAMA3 ? "parameters" : "arguments"; }
+
+int api_parse_tools(api_gen_request *r, api_error *e) {
+    json_t *tools = json_object_get(r->root, "tools");
+    json_t *choice = json_object_get(r->root, "tool_choice");
+    json_t *parallel = json_object_get(r->root, "parallel_tool_calls");
+    r->parallel_tool_calls = 1;
+    if (parallel && !json_is_null(parallel)) {
+        if (!json_is_boolean(parallel))
+            return api_fail(e, 400, "invalid_type", "parallel_tool_calls", "parallel_tool_calls must be a boolean");
+        r->parallel_tool_calls = json_is_true(parallel);
+    }
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools) || json_array_size(tools) > 128)
+            return api_fail(e, 400, "invalid_type", "tools", "tools must be an array of up to 128 tools");
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            json_t *type = json_object_get(t, "type"), *name = json_object_get(fn, "name");
+            json_t *params = json_object_get(fn, "parameters");
+            if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
+                !json_is_object(fn) || !json_is_string(name) || !json_string_length(name))
+                return api_fail(e, 400, "invalid_value", "tools",
+                                "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+            if (params && !json_is_null(params) && !json_is_object(params))
+                return api_fail(e, 400, "invalid_type", "tools", "tools[%zu].function.parameters must be a JSON Schema", i);
+            for (size_t j = 0; j < i; j++)
+                if (!strcmp(json_string_value(name),
+                            json_string_value(json_object_get(json_object_get(json_array_get(tools, j), "function"), "name"))))
+                    return api_fail(e, 400, "invalid_value", "tools", "two tools are named '%s'", json_string_value(name));
+        }
+        if (json_array_size(tools)) r->tools = tools;
+    }
+    r->tool_choice = r->tools ? TOOL_CHOICE_AUTO : TOOL_CHOICE_NONE;
+    if (!choice || json_is_null(choice)) return 0;
+    if (json_is_string(choice)) {
+        const char *c = json_string_value(choice);
+        if (!strcmp(c, "none")) r->tool_choice = TOOL_CHOICE_NONE;
+        else if (!strcmp(c, "auto")) r->tool_choice = r->tools ? TOOL_CHOICE_AUTO : TOOL_CHOICE_NONE;
+        else if (!strcmp(c, "required")) r->tool_choice = TOOL_CHOICE_REQUIRED;
+        else return api_fail(e, 400, "invalid_value", "tool_choice",
+                             "tool_choice must be none, auto, required or {\"type\": \"function\", ...}");
+    } else {
+        json_t *name = json_object_get(json_object_get(choice, "function"), "name");
+        if (!json_is_object(choice) || !json_is_string(name))
+            return api_fail(e, 400, "invalid_value", "tool_choice",
+                            "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        r->tool_choice = TOOL_CHOICE_NAMED;
+        r->tool_name = json_string_value(name);
+    }
+    if (r->tool_choice != TOOL_CHOICE_NONE && !r->tools)
+        return api_fail(e, 400, "invalid_value", "tool_choice", "tool_choice needs tools");
+    if (r->tool_choice == TOOL_CHOICE_NAMED) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(r->tools, i, t)
+            if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), r->tool_name))
+                return 0;
+        return api_fail(e, 400, "invalid_value", "tool_choice", "tool_choice names '%s', which is not in tools",
+                        r->tool_name);
+    }
+    return 0;
+}
+
+/* ---- rendering the conversation --------------------------------------------------- */
+
+typedef struct textbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} textbuf;
+
+static void put(textbuf *t, const char *s, size_t n) {
+    if (t->oom) return;
+    if (t->n + n + 1 > t->cap) {
+        size_t cap = (t->n + n + 1) * 2;
+        char *p = realloc(t->p, cap);
+        if (!p) {
+            t->oom = 1;
+            return;
+        }
+        t->p = p;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->n, s, n);
+    t->n += n;
+    t->p[t->n] = 0;
+}
+
+static void puts_(textbuf *t, const char *s) { put(t, s, strlen(s)); }
+
+static void put_json(textbuf *t, json_t *v, size_t flags) {
+    char *s = json_dumps(v, flags | JSON_ENCODE_ANY);
+    if (!s) {
+        t->oom = 1;
+        return;
+    }
+    puts_(t, s);
+    free(s);
+}
+
+/* Keeps s alive in root and returns it. */
+static const char *keep(json_t *root, size_t idx, textbuf *t) {
+    char key[48];
+    snprintf(key, sizeof key, "\x01tools%zu", idx);
+    json_t *v = json_stringn_nocheck(t->p ? t->p : "", t->n);
+    free(t->p);
+    memset(t, 0, sizeof *t);
+    if (!v) return NULL;
+    json_object_set_new(root, key, v);
+    return json_string_value(v);
+}
+
+/* A call's arguments as JSON: OpenAI sends them as a string of JSON. */
+static json_t *call_arguments(json_t *fn) {
+    json_t *a = json_object_get(fn, "arguments");
+    if (json_is_string(a)) {
+        json_t *v = json_loads(json_string_value(a), JSON_DECODE_ANY, NULL);
+        return v ? v : json_object();
+    }
+    return a ? json_incref(a) : json_object();
+}
+
+static void put_call(textbuf *t, enum tool_format f, json_t *call) {
+    json_t *fn = json_object_get(call, "function");
+    json_t *args = call_arguments(fn);
+    json_t *obj = json_pack("{s:O?, s:o}", "name", json_object_get(fn, "name"), args_key(f), args);
+    if (!obj) {
+        t->oom = 1;
+        return;
+    }
+    if (f == FORMAT_CHATML) puts_(t, "<tool_call>\n");
+    put_json(t, obj, 0); /* ", " and ": " separators, as the templates' tojson writes them */
+    json_decref(obj);
+    if (f == FORMAT_CHATML) puts_(t, "\n</tool_call>");
+}
+
+static void put_tools(textbuf *t, json_t *tools, enum tool_format f) {
+    size_t i;
+    json_t *tool;
+    if (f == FORMAT_CHATML) {
+        puts_(t, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+        json_array_foreach(tools, i, tool) {
+            puts_(t, "\n");
+            put_json(t, tool, 0);
+        }
+        puts_(t, "\n</tools>\n\nFor each function call, return a json object with function name and "
+                 "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                 "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+    } else {
+        puts_(t, "Given the following functions, please respond with a JSON for a function call with "
+                 "its proper arguments that best answers the given prompt.\n\nRespond in the format "
+                 "{\"name\": function name, \"parameters\": dictionary of argument name and its value}."
+                 "Do not use variables.\n\n");
+        json_array_foreach(tools, i, tool) {
+            put_json(t, tool, JSON_INDENT(4));
+            puts_(t, "\n\n");
+        }
+    }
+}
+
+int api_render_tools(api_gen_request *r, const char *family, api_error *e) {
+    json_t *msgs = json_object_get(r->root, "messages");
+    int has_tool_turns = 0;
+    for (size_t i = 0; i < r->n_messages; i++) {
+        json_t *m = json_array_get(msgs, i);
+        if (!strcmp(r->messages[i].role, "tool") || json_array_size(json_object_get(m, "tool_calls")))
+            has_tool_turns = 1;
+    }
+    if (!r->tools && !has_tool_turns) return 0;
+    enum tool_format f = format_of(family);
+    if (f == FORMAT_NONE)
+        return api_fail(e, 400, "unsupported_value", r->tools ? "tools" : "messages",
+                        "the model's chat template (%s) has no tool-call format; tools work with the "
+                        "chatml (Qwen) and llama3 templates", family ? family : "unknown");
+    r->tool_format = f == FORMAT_CHATML ? "chatml" : "llama3";
+    /* the rewritten list: at most one more message (a system message for the tools) */
+    engine_message *out = calloc(r->n_messages + 1, sizeof *out);
+    if (!out) return api_fail(e, 500, NULL, NULL, "out of memory");
+    size_t n = 0, k = 0, start = 0;
+    textbuf t = {0};
+    int tools_placed = !r->tools || r->tool_choice == TOOL_CHOICE_NONE;
+    if (!tools_placed && f == FORMAT_CHATML) {
+        const char *sys = r->n_messages && !strcmp(r->messages[0].role, "system") ? r->messages[0].content : NULL;
+        if (sys) {
+            puts_(&t, sys);
+            puts_(&t, "\n\n");
+        }
+        put_tools(&t, r->tools, f);
+        out[n++] = (engine_message){"system", keep(r->root, k++, &t)};
+        if (sys) start = 1; /* the original system message is in it */
+        tools_placed = 1;
+    }
+    for (size_t i = start; i < r->n_messages; i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = r->messages[i].role, *content = r->messages[i].content;
+        json_t *calls = json_object_get(m, "tool_calls");
+        if (!strcmp(role, "assistant") && json_array_size(calls)) {
+            puts_(&t, content);
+            size_t j;
+            json_t *call;
+            json_array_foreach(calls, j, call) {
+                if (t.n) puts_(&t, "\n");
+                put_call(&t, f, call);
+            }
+            out[n++] = (engine_message){"assistant", keep(r->root, 100 + i, &t)};
+        } else if (!strcmp(role, "tool")) {
+            if (f == FORMAT_CHATML) {
+                /* consecutive results share one user turn */
+                int joins = n && i && !strcmp(r->messages[i - 1].role, "tool");
+                if (joins) puts_(&t, out[--n].content), puts_(&t, "\n");
+                puts_(&t, "<tool_response>\n");
+                puts_(&t, content);
+                puts_(&t, "\n</tool_response>");
+                out[n++] = (engine_message){"user", keep(r->root, 100 + i, &t)};
+            } else {
+                out[n++] = (engine_message){"ipython", content};
+            }
+        } else if (!tools_placed && !strcmp(role, "user")) {
+            put_tools(&t, r->tools, f); /* llama3: in the first user message */
+            puts_(&t, content);
+            out[n++] = (engine_message){"user", keep(r->root, 100 + i, &t)};
+            tools_placed = 1;
+        } else {
+            out[n++] = r->messages[i];
+        }
+        if (t.oom || (n && !out[n - 1].content)) {
+            free(out);
+            free(t.p);
+            return api_fail(e, 500, NULL, NULL, "out of memory");
+        }
+    }
+    free(r->messages);
+    r->messages = out;
+    r->n_messages = n;
+    return 0;
+}
+
+/* ---- forcing and finding calls ------------------------------------------------------ */
+
+/* `"name"` as JSON (quoted, escaped); caller frees. */
+static char *quoted_name(const char *name) {
+    json_t *s = json_string(name);
+    char *q = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
+    json_decref(s);
+    return q;
+}
+
+grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
+    enum tool_format f = format_of(r->tool_format);
+    grammar *g = grammar_new();
+    if (!g) return api_fail(e, 500, NULL, NULL, "out of memory"), NULL;
+    char *prefixes[GRAMMAR_MAX_LITERALS] = {0};
+    int nodes[GRAMMAR_MAX_LITERALS];
+    size_t n = 0, i;
+    json_t *tool;
+    int rc = 0;
+    json_array_foreach(r->tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (r->tool_choice == TOOL_CHOICE_NAMED && strcmp(name, r->tool_name)) continue;
+        if (n == GRAMMAR_MAX_LITERALS) {
+            rc = api_fail(e, 400, "invalid_value", "tools", "tool_choice required works with up to %d tools",
+                          GRAMMAR_MAX_LITERALS);
+            break;
+        }
+        json_t *params = json_object_get(fn, "parameters");
+        json_t *empty = json_pack("{s:s}", "type", "object");
+        /* the arguments' schema compiles into this grammar */
+        nodes[n] = api_schema_node(g, params && json_is_object(params) ? params : empty, "tools", e);
+        json_decref(empty);
+        char *q = quoted_name(name);
+        size_t len = (q ? strlen(q) : 0) + 64;
+        prefixes[n] = q ? malloc(len) : NULL;
+        if (prefixes[n])
+            snprintf(prefixes[n], len, "%s{\"name\": %s, \"%s\": ", f == FORMAT_CHATML ? "<tool_call>\n" : "", q,
+                     args_key(f));
+        free(q);
+        n++;
+        if (nodes[n - 1] < 0) {
+            rc = -1;
+            break;
+        }
+        if (!prefixes[n - 1]) {
+            rc = api_fail(e, 500, NULL, NULL, "out of memory");
+            break;
+        }
+    }
+    if (!rc) {
+        char err[200];
+        int root = grammar_tagged(g, (const char *const *)prefixes, nodes, n,
+                                  f == FORMAT_CHATML ? "}\n</tool_call>" : "}", err, sizeof err);
+        if (root < 0) rc = api_fail(e, 400, "invalid_value", "tools", "%s", err);
+        else grammar_set_root(g, root);
+    }
+    for (size_t k = 0; k < n; k++) free(prefixes[k]);
+    if (rc) {
+        grammar_unref(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* The call in one JSON text, or NULL when it is not one of the tools. */
+static json_t *one_call(const api_gen_request *r, const char *s, size_t n) {
+    json_t *v = json_loadb(s, n, 0, NULL);
+    json_t *name = json_object_get(v, "name"), *args = json_object_get(v, "arguments");
+    if (!args) args = json_object_get(v, "parameters");
+    json_t *call = NULL;
+    size_t i;
+    json_t *tool;
+    if (json_is_string(name) && json_is_object(args))
+        json_array_foreach(r->tools, i, tool)
+            if (!strcmp(json_string_value(json_object_get(json_object_get(tool, "function"), "name")),
+                        json_string_value(name))) {
+                char *a = json_dumps(args, JSON_COMPACT);
+                char id[40];
+                api_random_id(id, sizeof id, "call_");
+                call = a ? json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
+                                     "name", name, "arguments", a)
+                         : NULL;
+                free(a);
+                break;
+            }
+    json_decref(v);
+    return call;
+}
+
+json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content) {
+    *content = NULL;
+    if (!r->tools || r->tool_choice == TOOL_CHOICE_NONE) return NULL;
+    json_t *calls = json_array();
+    textbuf rest = {0};
+    if (format_of(r->tool_format) == FORMAT_CHATML) {
+        static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+        const char *p = text, *end = text + len;
+        while (p < end) {
+            const char *a = strstr(p, OPEN);
+            if (!a || a >= end) {
+                put(&rest, p, (size_t)(end - p));
+                break;
+            }
+            put(&rest, p, (size_t)(a - p));
+            const char *body = a + sizeof OPEN - 1, *b = strstr(body, CLOSE);
+            if (!b || b > end) b = end;
+            json_t *call = one_call(r, body, (size_t)(b - body));
+            if (call) json_array_append_new(calls, call);
+            else put(&rest, a, (size_t)(b - a)); /* not a call after all: it stays text */
+            p = b < end ? b + sizeof CLOSE - 1 : end;
+        }
+    } else {
+        json_t *call = one_call(r, text, len);
+        if (call) json_array_append_new(calls, call);
+        else put(&rest, text, len);
+    }
+    if (!json_array_size(calls)) {
+        free(rest.p);
+        json_decref(calls);
+        return NULL;
+    }
+    while (json_array_size(calls) > 1 && !r->parallel_tool_calls) json_array_remove(calls, json_array_size(calls) - 1);
+    /* what is left around the calls, without surrounding whitespace */
+    size_t a = 0, b = rest.n;
+    while (a < b && strchr(" \t\r\n", rest.p[a])) a++;
+    while (b > a && strchr(" \t\r\n", rest.p[b - 1])) b--;
+    if (b > a) *content = strndup(rest.p + a, b - a);
+    free(rest.p);
+    return calls;
+}

@@ -1,0 +1,816 @@
+/* A JSON grammar as a deterministic pushdown automaton over bytes.
+ *
+ * Nodes (any value, string, number, literal set, array, object, anyOf) are
+ * built by the schema compiler. The state is a stack of frames, one per open
+ * value; a frame steps on a byte by its node's kind. A value that may end
+ * (a number, a literal that is a prefix of a longer one, a closed string)
+ * ends lazily: the byte it cannot take pops it and goes to its parent.
+ * Parents own the whitespace between values; at most MAX_WS bytes of it in a
+ * row (a small model would otherwise pad forever). anyOf is decided by the
+ * value's first byte, so the automaton never keeps alternatives.
+ *
+ * The token mask walks a byte trie of the vocabulary depth-first with the
+ * state, so a prefix the grammar rejects cuts off every token below it: in
+ * structure (after '{' only '"', '}' and whitespace) almost the whole trie is
+ * cut at its first level; inside a free string most of it is walked. */
+#include "grammar.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 3 };
+
+enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED };
+
+typedef struct gnode {
+    enum kind kind;
+    int32_t min, max;   /* string length, array items (max < 0: none) */
+    int32_t child;      /* array items; object values when it has no properties */
+    int32_t first, n;   /* object: props[first..+n); literals: lits; anyOf: alts */
+    uint32_t min_len;   /* bytes of the shortest value */
+    uint8_t starts[32]; /* bitmask of the bytes a value of this node can start with */
+} gnode;
+
+typedef struct gtext {
+    char *s;
+    size_t len;
+    int node;     /* property value */
+    int required;
+} gtext;
+
+struct grammar {
+    atomic_int refs;
+    gnode *nodes;
+    int n_nodes, cap_nodes;
+    gtext *texts; /* property names and literals */
+    int n_texts, cap_texts;
+    int *alts;
+    int n_alts, cap_alts;
+    int root;
+    /* the pieces of "any value" */
+    int any, any_object, any_array, any_string, any_number, any_literal;
+};
+
+/* frame states */
+enum {
+    ST_START = 0,
+    /* object */
+    O_OPEN, O_KEY, O_KEY_CHILD, O_COLON, O_VALUE_WS, O_VALUE, O_AFTER, O_NEXT,
+    /* array */
+    A_OPEN, A_VALUE, A_AFTER, A_NEXT,
+    /* string */
+    S_BODY, S_ESC, S_HEX,
+    /* number */
+    N_SIGN, N_ZERO, N_INT, N_DOT, N_FRAC, N_EXP, N_EXP_SIGN, N_EXP_DIG,
+    /* literals */
+    L_MATCH,
+    /* tagged: prefix text, the value, suffix text */
+    T_PREFIX, T_VALUE, T_SUFFIX,
+    ST_DONE,
+};
+
+/* ---- building ----------------------------------------------------------------------- */
+
+static int grow(void **v, int *cap, int need, size_t size) {
+    if (need <= *cap) return 0;
+    int cap2 = *cap ? *cap * 2 : 16;
+    while (cap2 < need) cap2 *= 2;
+    void *t = realloc(*v, (size_t)cap2 * size);
+    if (!t) return -1;
+    *v = t;
+    *cap = cap2;
+    return 0;
+}
+
+static void set_start(gnode *n, unsigned char c) { n->starts[c >> 3] |= (uint8_t)(1u << (c & 7)); }
+static int has_start(const gnode *n, unsigned char c) { return n->starts[c >> 3] >> (c & 7) & 1; }
+
+/* Bytes the required properties not in `used` (nor `except`) still need,
+ * each with the comma before it; with none, 0. An object's own shortest
+ * form is '{' + this - 1 + '}' (its first property has no comma). */
+static uint32_t rest_required(const grammar *g, const gnode *nd, uint64_t used, int except) {
+    uint32_t sum = 0;
+    for (int i = 0; i < nd->n; i++) {
+        const gtext *t = &g->texts[nd->first + i];
+        if (t->required && !(used >> i & 1) && i != except)
+            sum += 1 + (uint32_t)t->len + 3 + g->nodes[t->node].min_len;
+    }
+    return sum;
+}
+
+static int add_node(grammar *g, enum kind k) {
+    if (grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes)) return -1;
+    gnode *n = &g->nodes[g->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->kind = k;
+    n->child = -1;
+    n->max = -1;
+    return g->n_nodes++;
+}
+
+static int add_text(grammar *g, const char *s, size_t len, int node, int required) {
+    if (grow((void **)&g->texts, &g->cap_texts, g->n_texts + 1, sizeof *g->texts)) return -1;
+    char *copy = malloc(len + 1);
+    if (!copy) return -1;
+    memcpy(copy, s, len);
+    copy[len] = 0;
+    g->texts[g->n_texts] = (gtext){copy, len, node, required};
+    return g->n_texts++;
+}
+
+int grammar_string(grammar *g, int32_t min_len, int32_t max_len) {
+    int id = add_node(g, K_STRING);
+    if (id < 0) return -1;
+    g->nodes[id].min_len = 2 + (uint32_t)min_len;
+    g->nodes[id].min = min_len;
+    g->nodes[id].max = max_len;
+    set_start(&g->nodes[id], '"');
+    return id;
+}
+
+int grammar_number(grammar *g, int integer) {
+    int id = add_node(g, integer ? K_INTEGER : K_NUMBER);
+    if (id < 0) return -1;
+    g->nodes[id].min_len = 1;
+    for (const char *c = "-0123456789"; *c; c++) set_start(&g->nodes[id], (unsigned char)*c);
+    return id;
+}
+
+int grammar_literals(grammar *g, const char *const *texts, size_t n, char *err, size_t errlen) {
+    if (n == 0 || n > GRAMMAR_MAX_LITERALS)
+        return snprintf(err, errlen, "enum must have 1 to %d values", GRAMMAR_MAX_LITERALS), -1;
+    int id = add_node(g, K_LITERALS);
+    if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].first = g->n_texts;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(texts[i]);
+        if (!len || len > 0xffff) return snprintf(err, errlen, "an enum value is too long"), -1;
+        if (add_text(g, texts[i], len, -1, 0) < 0) return snprintf(err, errlen, "out of memory"), -1;
+        set_start(&g->nodes[id], (unsigned char)texts[i][0]);
+        if (i == 0 || len < g->nodes[id].min_len) g->nodes[id].min_len = (uint32_t)len;
+    }
+    g->nodes[id].n = (int32_t)n;
+    return id;
+}
+
+int grammar_array(grammar *g, int items, int32_t min_items, int32_t max_items, char *err,
+                  size_t errlen) {
+    if (items < 0 || items >= g->n_nodes) return snprintf(err, errlen, "bad items node"), -1;
+    if (max_items >= 0 && min_items > max_items)
+        return snprintf(err, errlen, "minItems %d exceeds maxItems %d", min_items, max_items), -1;
+    int id = add_node(g, K_ARRAY);
+    if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].child = items;
+    g->nodes[id].min_len = 2 + (min_items ? (uint32_t)min_items * (g->nodes[items].min_len + 1) - 1 : 0);
+    g->nodes[id].min = min_items;
+    g->nodes[id].max = max_items;
+    set_start(&g->nodes[id], '[');
+    return id;
+}
+
+int grammar_object(grammar *g, const char *const *names, const int *nodes, const int *required,
+                   size_t n, int values, char *err, size_t errlen) {
+    if (n > GRAMMAR_MAX_PROPS)
+        return snprintf(err, errlen, "an object may have at most %d properties", GRAMMAR_MAX_PROPS), -1;
+    if (values >= g->n_nodes) return snprintf(err, errlen, "bad value node"), -1;
+    int id = add_node(g, K_OBJECT);
+    if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].first = g->n_texts;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        if (len > 0xffff) return snprintf(err, errlen, "a property name is too long"), -1;
+        if (nodes[i] < 0 || nodes[i] >= g->n_nodes) return snprintf(err, errlen, "bad property node"), -1;
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j]))
+                return snprintf(err, errlen, "property '%s' is listed twice", names[i]), -1;
+        if (add_text(g, names[i], len, nodes[i], required[i]) < 0)
+            return snprintf(err, errlen, "out of memory"), -1;
+    }
+    g->nodes[id].n = (int32_t)n;
+    g->nodes[id].child = n ? -1 : values;
+    uint32_t rest = rest_required(g, &g->nodes[id], 0, -1);
+    g->nodes[id].min_len = 2 + (rest ? rest - 1 : 0);
+    set_start(&g->nodes[id], '{');
+    return id;
+}
+
+int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
+    if (n == 0) return snprintf(err, errlen, "anyOf needs at least one alternative"), -1;
+    uint8_t seen[32] = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (alts[i] < 0 || alts[i] >= g->n_nodes) return snprintf(err, errlen, "bad alternative"), -1;
+        for (int b = 0; b < 32; b++) {
+            if (seen[b] & g->nodes[alts[i]].starts[b])
+                return snprintf(err, errlen, "anyOf alternatives that can start alike (two objects, "
+                                "two arrays, two kinds of string or of number) are not supported"), -1;
+            seen[b] |= g->nodes[alts[i]].starts[b];
+        }
+    }
+    if (n == 1) return alts[0];
+    int id = add_node(g, K_ANY_OF);
+    if (id < 0 || grow((void **)&g->alts, &g->cap_alts, g->n_alts + (int)n, sizeof *g->alts))
+        return snprintf(err, errlen, "out of memory"), -1;
+    memcpy(g->alts + g->n_alts, alts, n * sizeof *alts);
+    g->nodes[id].first = g->n_alts;
+    g->nodes[id].n = (int32_t)n;
+    g->n_alts += (int)n;
+    memcpy(g->nodes[id].starts, seen, sizeof seen);
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || g->nodes[alts[i]].min_len < g->nodes[id].min_len) g->nodes[id].min_len = g->nodes[alts[i]].min_len;
+    return id;
+}
+
+int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, size_t n,
+                   const char *suffix, char *err, size_t errlen) {
+    if (n == 0 || n > GRAMMAR_MAX_LITERALS)
+        return snprintf(err, errlen, "1 to %d tagged values", GRAMMAR_MAX_LITERALS), -1;
+    int id = add_node(g, K_TAGGED);
+    if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].first = g->n_texts;
+    uint32_t best = UINT32_MAX;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(prefixes[i]);
+        if (!len || len > 0xffff || nodes[i] < 0 || nodes[i] >= g->n_nodes)
+            return snprintf(err, errlen, "bad tagged value"), -1;
+        for (size_t j = 0; j < i; j++)
+            if (!strncmp(prefixes[i], prefixes[j], len < strlen(prefixes[j]) ? len : strlen(prefixes[j])))
+                return snprintf(err, errlen, "tagged prefixes must not be prefixes of one another"), -1;
+        if (add_text(g, prefixes[i], len, nodes[i], 0) < 0) return snprintf(err, errlen, "out of memory"), -1;
+        set_start(&g->nodes[id], (unsigned char)prefixes[i][0]);
+        if ((uint32_t)len + g->nodes[nodes[i]].min_len < best) best = (uint32_t)len + g->nodes[nodes[i]].min_len;
+    }
+    if (add_text(g, suffix, strlen(suffix), -1, 0) < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].n = (int32_t)n; /* the suffix is texts[first + n] */
+    g->nodes[id].min_len = best + (uint32_t)strlen(suffix);
+    return id;
+}
+
+int grammar_any(grammar *g) { return g->any; }
+
+void grammar_set_root(grammar *g, int node) {
+    if (node >= 0 && node < g->n_nodes) g->root = node;
+}
+
+grammar *grammar_new(void) {
+    grammar *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    atomic_init(&g->refs, 1);
+    char err[64];
+    static const char *const tfn[] = {"true", "false", "null"};
+    g->any = add_node(g, K_ANY);
+    g->any_string = grammar_string(g, 0, -1);
+    g->any_number = grammar_number(g, 0);
+    g->any_literal = grammar_literals(g, tfn, 3, err, sizeof err);
+    g->any_array = grammar_array(g, g->any, 0, -1, err, sizeof err);
+    g->any_object = grammar_object(g, NULL, NULL, NULL, 0, g->any, err, sizeof err);
+    if (g->any < 0 || g->any_string < 0 || g->any_number < 0 || g->any_literal < 0 ||
+        g->any_array < 0 || g->any_object < 0) {
+        grammar_unref(g);
+        return NULL;
+    }
+    for (int k = 1; k < g->n_nodes; k++)
+        for (int b = 0; b < 32; b++) g->nodes[g->any].starts[b] |= g->nodes[k].starts[b];
+    g->nodes[g->any].min_len = 1;
+    g->root = g->any;
+    return g;
+}
+
+grammar *grammar_ref(grammar *g) {
+    if (g) atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
+void grammar_unref(grammar *g) {
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
+    for (int i = 0; i < g->n_texts; i++) free(g->texts[i].s);
+    free(g->texts);
+    free(g->nodes);
+    free(g->alts);
+    free(g);
+}
+
+/* ---- running ------------------------------------------------------------------------- */
+
+enum step { REJECT, ACCEPT, POP, PUSH };
+
+static int is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static int is_hex(unsigned char c) {
+    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* Candidates among texts[first..first+n) (bits of cand) whose byte at pos is c. */
+static uint64_t narrow(const grammar *g, const gnode *nd, uint64_t cand, uint32_t pos, unsigned char c) {
+    uint64_t out = 0;
+    for (int i = 0; i < nd->n; i++)
+        if (cand >> i & 1) {
+            const gtext *t = &g->texts[nd->first + i];
+            if (t->len > pos && (unsigned char)t->s[pos] == c) out |= 1ull << i;
+        }
+    return out;
+}
+
+/* The candidate of cand that ends exactly at pos, or -1. */
+static int ended(const grammar *g, const gnode *nd, uint64_t cand, uint32_t pos) {
+    for (int i = 0; i < nd->n; i++)
+        if ((cand >> i & 1) && g->texts[nd->first + i].len == pos) return i;
+    return -1;
+}
+
+static uint64_t all_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+static int required_met(const grammar *g, const gnode *nd, uint64_t used) {
+    for (int i = 0; i < nd->n; i++)
+        if (g->texts[nd->first + i].required && !(used >> i & 1)) return 0;
+    return 1;
+}
+
+/* Steps frame f of node nd on c. PUSH: *child is the node of a value that
+ * starts with c (the caller pushes it and feeds c to it). */
+static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c, int *child) {
+    const gnode *nd = &g->nodes[f->node];
+    if (f->st == ST_START) {
+        /* a value's first byte: settle which kind of value it is */
+        while (nd->kind == K_ANY || nd->kind == K_ANY_OF) {
+            int next = -1;
+            if (nd->kind == K_ANY) {
+                const int kinds[] = {g->any_object, g->any_array, g->any_string, g->any_number, g->any_literal};
+                for (int i = 0; i < 5 && next < 0; i++)
+                    if (has_start(&g->nodes[kinds[i]], c)) next = kinds[i];
+            } else {
+                for (int i = 0; i < nd->n && next < 0; i++)
+                    if (has_start(&g->nodes[g->alts[nd->first + i]], c)) next = g->alts[nd->first + i];
+            }
+            if (next < 0) return REJECT;
+            f->node = next;
+            nd = &g->nodes[next];
+        }
+        if (!has_start(nd, c)) return REJECT;
+        switch (nd->kind) {
+        case K_OBJECT: f->st = O_OPEN; f->used = 0; return ACCEPT;
+        case K_ARRAY: f->st = A_OPEN; f->count = 0; return ACCEPT;
+        case K_STRING: f->st = S_BODY; f->count = 0; f->aux = 0; return ACCEPT;
+        case K_NUMBER:
+        case K_INTEGER:
+            f->count = c == '-' ? 0 : 1;
+            f->st = c == '-' ? N_SIGN : c == '0' ? N_ZERO : N_INT;
+            return ACCEPT;
+        case K_LITERALS:
+        case K_TAGGED:
+            f->cand = narrow(g, nd, all_bits(nd->n), 0, c);
+            f->pos = 1;
+            f->st = nd->kind == K_TAGGED ? T_PREFIX : L_MATCH;
+            return f->cand ? ACCEPT : REJECT;
+        default: return REJECT;
+        }
+    }
+    int is_int = nd->kind == K_INTEGER;
+    switch (f->st) {
+    /* ---- object ---- */
+    case O_OPEN:
+    case O_NEXT:
+        if (is_ws(c)) return ACCEPT;
+        if (c == '}' && f->st == O_OPEN && required_met(g, nd, f->used)) return f->st = ST_DONE, ACCEPT;
+        if (c != '"') return REJECT;
+        if (nd->n == 0) {
+            if (nd->child < 0) return REJECT; /* additionalProperties false: only {} */
+            f->st = O_KEY_CHILD;
+            *child = g->any_string;
+            return PUSH;
+        }
+        f->cand = all_bits(nd->n) & ~f->used;
+        if (!f->cand) return REJECT;
+        f->pos = 0;
+        f->st = O_KEY;
+        return ACCEPT;
+    case O_KEY: {
+        if (c == '"') {
+            int i = ended(g, nd, f->cand, f->pos);
+            if (i < 0) return REJECT;
+            f->used |= 1ull << i;
+            f->count = (uint32_t)i;
+            f->st = O_COLON;
+            return ACCEPT;
+        }
+        uint64_t cand = narrow(g, nd, f->cand, f->pos, c);
+        if (!cand) return REJECT;
+        f->cand = cand;
+        f->pos++;
+        return ACCEPT;
+    }
+    case O_COLON:
+        if (is_ws(c)) return ACCEPT;
+        if (c != ':') return REJECT;
+        f->st = O_VALUE_WS;
+        return ACCEPT;
+    case O_VALUE_WS:
+        if (is_ws(c)) return ACCEPT;
+        f->st = O_VALUE;
+        *child = nd->n ? g->texts[nd->first + f->count].node : nd->child;
+        return PUSH;
+    case O_AFTER:
+        if (is_ws(c)) return ACCEPT;
+        if (c == '}') return required_met(g, nd, f->used) ? (f->st = ST_DONE, ACCEPT) : REJECT;
+        if (c != ',') return REJECT;
+        if (nd->n && !(all_bits(nd->n) & ~f->used)) return REJECT;
+        f->st = O_NEXT;
+        return ACCEPT;
+    /* ---- array ---- */
+    case A_OPEN:
+    case A_NEXT:
+        if (is_ws(c)) return ACCEPT;
+        if (c == ']' && f->st == A_OPEN && nd->min == 0) return f->st = ST_DONE, ACCEPT;
+        if (nd->max >= 0 && f->count >= (uint32_t)nd->max) return REJECT;
+        f->st = A_VALUE;
+        *child = nd->child;
+        return PUSH;
+    case A_AFTER:
+        if (is_ws(c)) return ACCEPT;
+        if (c == ']') return f->count >= (uint32_t)nd->min ? (f->st = ST_DONE, ACCEPT) : REJECT;
+        if (c != ',' || (nd->max >= 0 && f->count >= (uint32_t)nd->max)) return REJECT;
+        f->st = A_NEXT;
+        return ACCEPT;
+    /* ---- string ---- */
+    case S_BODY: {
+        int room = nd->max < 0 || f->count < (uint32_t)nd->max;
+        if (f->aux) { /* inside a UTF-8 sequence */
+            if ((c & 0xC0) != 0x80) return REJECT;
+            f->aux--;
+            return ACCEPT;
+        }
+        if (c == '"') return f->count >= (uint32_t)nd->min ? (f->st = ST_DONE, ACCEPT) : REJECT;
+        if (c < 0x20 || !room) return REJECT;
+        if (c == '\\') return f->st = S_ESC, f->count++, ACCEPT;
+        if (c < 0x80) return f->count++, ACCEPT;
+        if (c >= 0xC2 && c <= 0xDF) f->aux = 1;
+        else if (c >= 0xE0 && c <= 0xEF) f->aux = 2;
+        else if (c >= 0xF0 && c <= 0xF4) f->aux = 3;
+        else return REJECT;
+        f->count++;
+        return ACCEPT;
+    }
+    case S_ESC:
+        if (c == 'u') return f->st = S_HEX, f->aux = 4, ACCEPT;
+        if (!strchr("\"\\/bfnrt", c) || !c) return REJECT;
+        f->st = S_BODY;
+        return ACCEPT;
+    case S_HEX:
+        if (!is_hex(c)) return REJECT;
+        if (--f->aux == 0) f->st = S_BODY;
+        return ACCEPT;
+    /* ---- number ---- */
+    case N_SIGN:
+        if (!is_digit(c)) return REJECT;
+        f->st = c == '0' ? N_ZERO : N_INT;
+        f->count = 1;
+        return ACCEPT;
+    case N_ZERO:
+    case N_INT:
+        if (f->st == N_INT && is_digit(c)) return f->count < MAX_INT_DIGITS ? (f->count++, ACCEPT) : REJECT;
+        if (is_int) return POP;
+        if (c == '.') return f->st = N_DOT, ACCEPT;
+        if (c == 'e' || c == 'E') return f->st = N_EXP, ACCEPT;
+        return POP;
+    case N_DOT:
+        if (!is_digit(c)) return REJECT;
+        f->st = N_FRAC;
+        f->count = 1;
+        return ACCEPT;
+    case N_FRAC:
+        if (is_digit(c)) return f->count < MAX_FRAC_DIGITS ? (f->count++, ACCEPT) : REJECT;
+        if (c == 'e' || c == 'E') return f->st = N_EXP, ACCEPT;
+        return POP;
+    case N_EXP:
+        if (c == '+' || c == '-') return f->st = N_EXP_SIGN, ACCEPT;
+        /* fall through */
+    case N_EXP_SIGN:
+        if (!is_digit(c)) return REJECT;
+        f->st = N_EXP_DIG;
+        f->count = 1;
+        return ACCEPT;
+    case N_EXP_DIG:
+        if (is_digit(c)) return f->count < MAX_EXP_DIGITS ? (f->count++, ACCEPT) : REJECT;
+        return POP;
+    /* ---- literals ---- */
+    case L_MATCH: {
+        uint64_t cand = narrow(g, nd, f->cand, f->pos, c);
+        if (cand) {
+            f->cand = cand;
+            f->pos++;
+            return ACCEPT;
+        }
+        return ended(g, nd, f->cand, f->pos) >= 0 ? POP : REJECT;
+    }
+    /* ---- tagged ---- */
+    case T_PREFIX: {
+        int i = ended(g, nd, f->cand, f->pos);
+        if (i >= 0) { /* the prefix is written: its value starts with c */
+            f->count = (uint32_t)i;
+            f->st = T_VALUE;
+            *child = g->texts[nd->first + i].node;
+            return PUSH;
+        }
+        uint64_t cand = narrow(g, nd, f->cand, f->pos, c);
+        if (!cand) return REJECT;
+        f->cand = cand;
+        f->pos++;
+        return ACCEPT;
+    }
+    case T_SUFFIX: {
+        const gtext *sfx = &g->texts[nd->first + nd->n];
+        if (f->pos >= sfx->len || (unsigned char)sfx->s[f->pos] != c) return REJECT;
+        if (++f->pos == sfx->len) f->st = ST_DONE;
+        return ACCEPT;
+    }
+    case ST_DONE: return POP;
+    default: return REJECT; /* O_KEY_CHILD, O_VALUE, A_VALUE, T_VALUE: a child is open above */
+    }
+}
+
+/* The parent's state once its child value ended. */
+static void child_ended(const grammar *g, grammar_frame *f) {
+    if (f->st == T_VALUE) {
+        const gnode *nd = &g->nodes[f->node];
+        f->pos = 0;
+        f->st = g->texts[nd->first + nd->n].len ? T_SUFFIX : ST_DONE;
+    } else if (f->st == O_KEY_CHILD) f->st = O_COLON;
+    else if (f->st == O_VALUE) f->st = O_AFTER;
+    else if (f->st == A_VALUE) f->st = A_AFTER, f->count++;
+}
+
+static int in_text(const grammar_state *s) {
+    if (!s->depth) return 0;
+    uint8_t st = s->f[s->depth - 1].st;
+    return st == S_BODY || st == S_ESC || st == S_HEX;
+}
+
+static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {
+    int padding = is_ws(c) && !in_text(s); /* whitespace inside a string is text */
+    if (padding && s->ws >= MAX_WS) return 0;
+    for (;;) {
+        if (s->depth == 0) return 0; /* the value ended: nothing may follow */
+        grammar_frame *f = &s->f[s->depth - 1];
+        int child = -1;
+        enum step r = step_frame(g, f, c, &child);
+        if (r == REJECT) return 0;
+        if (r == ACCEPT) break;
+        if (r == POP) {
+            if (--s->depth == 0) return 0;
+            child_ended(g, &s->f[s->depth - 1]);
+            continue;
+        }
+        if (s->depth == GRAMMAR_MAX_DEPTH) return 0;
+        s->f[s->depth++] = (grammar_frame){.node = child, .st = ST_START};
+    }
+    s->ws = padding ? (uint8_t)(s->ws + 1) : 0;
+    return 1;
+}
+
+void grammar_start(const grammar *g, grammar_state *st) {
+    st->depth = 1;
+    st->ws = MAX_WS; /* no whitespace before the value */
+    st->f[0] = (grammar_frame){.node = g->root, .st = ST_START};
+}
+
+int grammar_feed(const grammar *g, grammar_state *st, const char *bytes, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!feed_byte(g, st, (unsigned char)bytes[i])) return 0;
+    return 1;
+}
+
+/* Whether frame f could end its value now. */
+static int frame_complete(const grammar *g, const grammar_frame *f) {
+    const gnode *nd = &g->nodes[f->node];
+    switch (f->st) {
+    case ST_DONE: return 1;
+    case N_ZERO:
+    case N_INT:
+    case N_FRAC:
+    case N_EXP_DIG: return 1;
+    case L_MATCH: return ended(g, nd, f->cand, f->pos) >= 0;
+    default: return 0;
+    }
+}
+
+int grammar_can_end(const grammar *g, const grammar_state *st) {
+    return st->depth == 0 || (st->depth == 1 && frame_complete(g, &st->f[0]));
+}
+
+int grammar_must_end(const grammar *g, const grammar_state *st) {
+    if (st->depth == 0) return 1;
+    if (st->depth > 1) return 0;
+    const grammar_frame *f = &st->f[0];
+    if (f->st == ST_DONE) return 1;
+    if (f->st != L_MATCH || !frame_complete(g, f)) return 0;
+    const gnode *nd = &g->nodes[f->node];
+    for (int i = 0; i < nd->n; i++) /* a longer literal could still follow */
+        if ((f->cand >> i & 1) && g->texts[nd->first + i].len > f->pos) return 0;
+    return 1;
+}
+
+/* ---- the shortest way to finish --------------------------------------------------------
+ * The bytes a frame still needs to end its value once the frames above it
+ * have ended theirs (what a child adds is counted by the child's frame). */
+
+static uint32_t sat_sub(uint32_t a, uint32_t b) { return a > b ? a - b : 0; }
+
+static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
+    const gnode *nd = &g->nodes[f->node];
+    if (f->st == ST_START) return nd->min_len;
+    uint32_t item = nd->child >= 0 ? g->nodes[nd->child].min_len : 0, rest, best = UINT32_MAX;
+    switch (f->st) {
+    case O_OPEN:
+    case O_NEXT:
+        if (nd->n == 0) return f->st == O_OPEN ? 1 : 4 + item;
+        rest = rest_required(g, nd, f->used, -1);
+        if (rest) return rest; /* the first needs no comma, the '}' ends it */
+        if (f->st == O_OPEN) return 1;
+        for (int i = 0; i < nd->n; i++) /* after a comma some property must follow */
+            if (!(f->used >> i & 1)) {
+                const gtext *t = &g->texts[nd->first + i];
+                uint32_t c = (uint32_t)t->len + 3 + g->nodes[t->node].min_len + 1;
+                if (c < best) best = c;
+            }
+        return best;
+    case O_KEY:
+        for (int i = 0; i < nd->n; i++)
+            if (f->cand >> i & 1) {
+                const gtext *t = &g->texts[nd->first + i];
+                uint32_t c = (uint32_t)t->len - f->pos + 2 + g->nodes[t->node].min_len +
+                             rest_required(g, nd, f->used, i) + 1;
+                if (c < best) best = c;
+            }
+        return best;
+    case O_KEY_CHILD: return 1 + item + 1;
+    case O_COLON:
+    case O_VALUE_WS: {
+        uint32_t v = nd->n ? g->nodes[g->texts[nd->first + f->count].node].min_len : item;
+        return (f->st == O_COLON) + v + rest_required(g, nd, f->used, -1) + 1;
+    }
+    case O_VALUE:
+    case O_AFTER:
+        return (nd->n ? rest_required(g, nd, f->used, -1) : 0) + 1;
+    case A_OPEN: return nd->min ? (uint32_t)nd->min * (item + 1) : 1;
+    case A_NEXT: return item + sat_sub((uint32_t)nd->min, f->count + 1) * (item + 1) + 1;
+    case A_VALUE: return sat_sub((uint32_t)nd->min, f->count + 1) * (item + 1) + 1;
+    case A_AFTER: return sat_sub((uint32_t)nd->min, f->count) * (item + 1) + 1;
+    case S_BODY: return sat_sub((uint32_t)nd->min, f->count) + 1 + f->aux;
+    case S_ESC: return 1 + sat_sub((uint32_t)nd->min, f->count) + 1;
+    case S_HEX: return f->aux + sat_sub((uint32_t)nd->min, f->count) + 1;
+    case N_SIGN:
+    case N_DOT:
+    case N_EXP:
+    case N_EXP_SIGN: return 1;
+    case L_MATCH:
+        for (int i = 0; i < nd->n; i++)
+            if (f->cand >> i & 1) {
+                uint32_t c = (uint32_t)g->texts[nd->first + i].len - f->pos;
+                if (c < best) best = c;
+            }
+        return best;
+    case T_PREFIX:
+        for (int i = 0; i < nd->n; i++)
+            if (f->cand >> i & 1) {
+                const gtext *t = &g->texts[nd->first + i];
+                uint32_t c = (uint32_t)t->len - f->pos + g->nodes[t->node].min_len;
+                if (c < best) best = c;
+            }
+        return best + (uint32_t)g->texts[nd->first + nd->n].len;
+    case T_VALUE: return (uint32_t)g->texts[nd->first + nd->n].len;
+    case T_SUFFIX: return (uint32_t)g->texts[nd->first + nd->n].len - f->pos;
+    default: return 0;
+    }
+}
+
+uint32_t grammar_cost(const grammar *g, const grammar_state *st) {
+    uint64_t sum = 0;
+    for (int i = 0; i < st->depth; i++) sum += frame_cost(g, &st->f[i]);
+    return sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+/* ---- the vocabulary trie --------------------------------------------------------------- */
+
+typedef struct trie_node {
+    int32_t first_child, next_sibling;
+    int32_t first_token; /* tokens whose piece ends here, chained by next_token */
+    uint8_t byte;
+} trie_node;
+
+struct vocab_trie {
+    trie_node *nodes;
+    int32_t n_nodes, cap_nodes;
+    int32_t *next_token;
+    char *bytes;
+    uint32_t *off;
+    int32_t n_vocab;
+    int32_t max_len;
+};
+
+static int32_t trie_child(vocab_trie *t, int32_t parent, uint8_t b) {
+    for (int32_t c = t->nodes[parent].first_child; c >= 0; c = t->nodes[c].next_sibling)
+        if (t->nodes[c].byte == b) return c;
+    if (t->n_nodes == t->cap_nodes) {
+        int32_t cap = t->cap_nodes * 2;
+        trie_node *v = realloc(t->nodes, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        t->nodes = v;
+        t->cap_nodes = cap;
+    }
+    int32_t id = t->n_nodes++;
+    t->nodes[id] = (trie_node){.first_child = -1, .next_sibling = t->nodes[parent].first_child,
+                               .first_token = -1, .byte = b};
+    t->nodes[parent].first_child = id;
+    return id;
+}
+
+vocab_trie *vocab_trie_new(const char *bytes, const uint32_t *off, int32_t n_vocab) {
+    vocab_trie *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->n_vocab = n_vocab;
+    t->cap_nodes = 1024;
+    t->nodes = malloc((size_t)t->cap_nodes * sizeof *t->nodes);
+    t->next_token = malloc((size_t)(n_vocab ? n_vocab : 1) * sizeof *t->next_token);
+    t->off = malloc(((size_t)n_vocab + 1) * sizeof *t->off);
+    t->bytes = malloc(off[n_vocab] ? off[n_vocab] : 1);
+    if (!t->nodes || !t->next_token || !t->off || !t->bytes) goto fail;
+    memcpy(t->off, off, ((size_t)n_vocab + 1) * sizeof *t->off);
+    memcpy(t->bytes, bytes, off[n_vocab]);
+    t->nodes[0] = (trie_node){.first_child = -1, .next_sibling = -1, .first_token = -1};
+    t->n_nodes = 1;
+    for (int32_t id = 0; id < n_vocab; id++) {
+        t->next_token[id] = -1;
+        uint32_t len = off[id + 1] - off[id];
+        if (!len) continue;
+        if ((int32_t)len > t->max_len) t->max_len = (int32_t)len;
+        int32_t node = 0;
+        for (uint32_t i = 0; i < len && node >= 0; i++) node = trie_child(t, node, (uint8_t)bytes[off[id] + i]);
+        if (node < 0) goto fail;
+        t->next_token[id] = t->nodes[node].first_token;
+        t->nodes[node].first_token = id;
+    }
+    return t;
+fail:
+    vocab_trie_free(t);
+    return NULL;
+}
+
+void vocab_trie_free(vocab_trie *t) {
+    if (!t) return;
+    free(t->nodes);
+    free(t->next_token);
+    free(t->off);
+    free(t->bytes);
+    free(t);
+}
+
+const char *vocab_trie_piece(const vocab_trie *t, int32_t id, size_t *n) {
+    if (id < 0 || id >= t->n_vocab) return *n = 0, "";
+    *n = t->off[id + 1] - t->off[id];
+    return t->bytes + t->off[id];
+}
+
+/* Copies the live part of a state (the frames in use). */
+static void copy_state(grammar_state *dst, const grammar_state *src) {
+    dst->depth = src->depth;
+    dst->ws = src->ws;
+    memcpy(dst->f, src->f, (size_t)src->depth * sizeof *src->f);
+}
+
+typedef struct walk_ctx {
+    const grammar *g;
+    const vocab_trie *t;
+    uint8_t *allowed;
+    uint32_t budget;       /* most bytes the state after a token may still need */
+    int64_t n_allowed;
+    grammar_state *states; /* one per depth of the trie */
+} walk_ctx;
+
+static void walk(walk_ctx *w, int32_t node, int depth) {
+    const trie_node *nodes = w->t->nodes;
+    for (int32_t c = nodes[node].first_child; c >= 0; c = nodes[c].next_sibling) {
+        grammar_state *st = &w->states[depth + 1];
+        copy_state(st, &w->states[depth]);
+        /* the copy grows to the frames a byte may push */
+        if (!feed_byte(w->g, st, nodes[c].byte)) continue;
+        if (nodes[c].first_token >= 0 && (w->budget == UINT32_MAX || grammar_cost(w->g, st) <= w->budget))
+            for (int32_t tok = nodes[c].first_token; tok >= 0; tok = w->t->next_token[tok]) {
+                w->allowed[tok] = 1;
+                w->n_allowed++;
+            }
+        if (nodes[c].first_child >= 0) walk(w, c, depth + 1);
+    }
+}
+
+int64_t grammar_mask(const grammar *g, const grammar_state *st, const vocab_trie *t, uint32_t budget,
+                     uint8_t *allowed) {
+    memset(allowed, 0, (size_t)t->n_vocab);
+    grammar_state *states = malloc(((size_t)t->max_len + 1) * sizeof *states);
+    if (!states) return 0; /* nothing allowed: the caller fails the sequence */
+    copy_state(&states[0], st);
+    walk_ctx w = {.g = g, .t = t, .allowed = allowed, .budget = budget, .states = states};
+    walk(&w, 0, 0);
+    free(states);
+    return w.n_allowed;
+}

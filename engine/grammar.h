@@ -1,0 +1,90 @@
+/* Constrained decoding: a JSON grammar built node by node (api/schema.c
+ * compiles JSON Schema into it) and run as a pushdown automaton over bytes.
+ * Generation keeps one automaton state per sequence and lets the sampler
+ * pick only tokens whose bytes the automaton accepts (engine/generate.c).
+ * Re-exported by engine.h. */
+#ifndef POTSERVE_GRAMMAR_H
+#define POTSERVE_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct grammar grammar;
+
+enum { GRAMMAR_MAX_PROPS = 64, GRAMMAR_MAX_LITERALS = 64, GRAMMAR_MAX_DEPTH = 32 };
+
+/* An empty grammar; its root is any JSON value until grammar_set_root.
+ * Caller owns it (grammar_unref). NULL when out of memory. */
+grammar *grammar_new(void);
+/* Grammars are immutable once handed to generation; each holder takes a reference. */
+grammar *grammar_ref(grammar *g);
+void grammar_unref(grammar *g);
+
+/* Node builders: each returns the new node's id (>= 0), or -1 with one line
+ * in err. Children must exist already (no recursion). */
+int grammar_any(grammar *g);                              /* any JSON value */
+int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
+int grammar_number(grammar *g, int integer);
+/* Exactly one of the given JSON texts (compact: what enum and const allow). */
+int grammar_literals(grammar *g, const char *const *texts, size_t n, char *err, size_t errlen);
+/* items: node of every item; max_items < 0: no limit. */
+int grammar_array(grammar *g, int items, int32_t min_items, int32_t max_items, char *err,
+                  size_t errlen);
+/* An object of the named properties only (names JSON-escaped, without quotes),
+ * in any order, each at most once, every required one present. With n == 0,
+ * any keys, each value of node `values` (-1: only {}). */
+int grammar_object(grammar *g, const char *const *names, const int *nodes, const int *required,
+                   size_t n, int values, char *err, size_t errlen);
+/* One of the alternatives; they must start with different bytes (a string
+ * and an object, not two objects), else -1 + err. */
+int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
+/* A value written inside fixed text: prefixes[i] then a value of nodes[i],
+ * then suffix (a tool call: `{"name": "f", "arguments": ` args `}`). The
+ * prefixes must not be prefixes of one another. */
+int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, size_t n,
+                   const char *suffix, char *err, size_t errlen);
+void grammar_set_root(grammar *g, int node);
+
+/* The automaton's state (plain data: copy it freely). */
+typedef struct grammar_frame {
+    int32_t node;
+    uint8_t st, aux;
+    uint16_t pos;
+    uint32_t count;
+    uint64_t cand, used;
+} grammar_frame;
+
+typedef struct grammar_state {
+    int16_t depth;
+    uint8_t ws; /* whitespace bytes in a row */
+    grammar_frame f[GRAMMAR_MAX_DEPTH];
+} grammar_state;
+
+/* The state before the first byte. */
+void grammar_start(const grammar *g, grammar_state *st);
+/* Advances st over n bytes; 1 when every byte was accepted, else 0 (st then
+ * undefined). */
+int grammar_feed(const grammar *g, grammar_state *st, const char *bytes, size_t n);
+/* 1 when the text so far is a complete value (the end may come now). */
+int grammar_can_end(const grammar *g, const grammar_state *st);
+/* 1 when it is complete and no byte may follow. */
+int grammar_must_end(const grammar *g, const grammar_state *st);
+
+/* The model's token pieces as a byte trie, walked once per masked step. */
+typedef struct vocab_trie vocab_trie;
+/* pieces: token i's bytes are bytes[off[i] .. off[i+1]); empty pieces
+ * (control tokens) are never allowed. Caller owns it. */
+vocab_trie *vocab_trie_new(const char *bytes, const uint32_t *off, int32_t n_vocab);
+void vocab_trie_free(vocab_trie *t);
+/* Token i's bytes and their length. */
+const char *vocab_trie_piece(const vocab_trie *t, int32_t id, size_t *n);
+/* Bytes the shortest completion of the value still needs from st (so at
+ * most that many tokens: every byte is a token of byte-level vocabularies). */
+uint32_t grammar_cost(const grammar *g, const grammar_state *st);
+/* allowed[i] = 1 for every token whose whole piece st accepts and after
+ * which grammar_cost is at most budget (UINT32_MAX: no limit), else 0 (EOG
+ * tokens are the caller's: they have empty pieces here). Returns how many. */
+int64_t grammar_mask(const grammar *g, const grammar_state *st, const vocab_trie *t, uint32_t budget,
+                     uint8_t *allowed);
+
+#endif

@@ -1,0 +1,56 @@
+/* CORS for browser clients (setting cors_origins): a preflight OPTIONS is
+ * answered before authentication (browsers send it without credentials), and
+ * every response to an allowed origin, errors and SSE streams included,
+ * carries Access-Control-Allow-Origin. With cors_origins "" nothing here
+ * changes a response. */
+#include <string.h>
+
+#include "server/srv.h"
+
+static const char CORS_METHODS[] = "GET, POST, DELETE, OPTIONS";
+static const char CORS_HEADERS[] = "Authorization, Content-Type, X-Session-Id, X-Chunk-Seq";
+
+/* The value of Access-Control-Allow-Origin for this request's Origin, or
+ * NULL when CORS is off, the request has no Origin or it is not allowed. */
+static const char *allowed_origin(request *r) {
+    const char *list = r->srv->cfg.cors_origins;
+    if (!list || !*list || !r->conn) return NULL;
+    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    if (!origin || !*origin) return NULL;
+    size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *end = p;
+        while (*end && *end != ',') end++;
+        const char *last = end;
+        while (last > p && last[-1] == ' ') last--;
+        size_t len = (size_t)(last - p);
+        if (len == 1 && *p == '*') return "*";
+        if (len == n && !strncmp(p, origin, n)) return origin;
+        p = end;
+    }
+    return NULL;
+}
+
+int cors_enabled(const server *s) { return s->cfg.cors_origins && *s->cfg.cors_origins; }
+
+void cors_add_headers(request *r, struct MHD_Response *resp) {
+    const char *origin = allowed_origin(r);
+    if (!origin) return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+    if (strcmp(origin, "*")) MHD_add_response_header(resp, "Vary", "Origin");
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Retry-After, X-Session-Id");
+}
+
+int cors_preflight(request *r) {
+    if (strcmp(r->method, "OPTIONS") || !cors_enabled(r->srv)) return 0;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return 0;
+    if (allowed_origin(r)) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", CORS_METHODS);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", CORS_HEADERS);
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
+    respond_raw(r, 204, resp); /* adds Allow-Origin through cors_add_headers */
+    return 1;
+}

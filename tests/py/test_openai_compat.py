@@ -1,0 +1,294 @@
+"""OpenAI-compatibility details against a real server: the official `openai`
+client's exception classes for the new 400s, system_fingerprint, CORS
+preflight and headers, and cancellation of a non-streamed generation whose
+client disconnects. Structured outputs (response_format) are tested in
+test_structured.py."""
+import json
+import re
+import socket
+import time
+
+import openai
+import pytest
+
+from server_util import Server, openai_client, serve
+
+KEY = "compat-key-0123456789"
+ORIGIN = "https://app.example"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, model):
+    yield from serve(tmp_path_factory, "--api-key", KEY, "--cors-origins", f"{ORIGIN}, https://other.example")
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai_client(srv, KEY)
+
+
+def auth(**extra):
+    return dict({"Authorization": f"Bearer {KEY}"}, **extra)
+
+
+def metric(srv, name):
+    st, text, _ = srv.request("GET", "/metrics", headers=auth())
+    assert st == 200
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1))
+
+
+def test_max_tokens_zero_or_negative_is_a_400_naming_the_field(client):
+    msgs = [{"role": "user", "content": "Hi"}]
+    for field in ("max_tokens", "max_completion_tokens"):
+        for v in (0, -3):
+            with pytest.raises(openai.BadRequestError) as ei:
+                client.chat.completions.create(model="x", messages=msgs, **{field: v})
+            assert ei.value.body["param"] == field, ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="x", prompt="Hi", max_tokens=0)
+    assert ei.value.body["param"] == "max_tokens"
+
+
+def test_system_fingerprint_on_completions_and_chunks(client):
+    msgs = [{"role": "user", "content": "Say hi"}]
+    a = client.chat.completions.create(model="x", messages=msgs, max_tokens=3, temperature=0)
+    assert re.fullmatch(r"fp_[0-9a-f]{12}", a.system_fingerprint)
+    b = client.completions.create(model="x", prompt="Hello", max_tokens=3, temperature=0)
+    assert b.system_fingerprint == a.system_fingerprint
+    chunks = list(client.chat.completions.create(model="x", messages=msgs, max_tokens=3, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks and all(c.system_fingerprint == a.system_fingerprint for c in chunks)
+
+
+def test_request_timeout_finishes_with_length(tmp_path):
+    s = Server(tmp_path, "--request-timeout", "1")
+    s.start()
+    try:
+        st, body, _ = s.request("POST", "/v1/completions",
+                                {"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0,
+                                 "logit_bias": {"2": -100, "0": -100}})
+        assert st == 200, body
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] < 4000
+    finally:
+        s.stop()
+
+
+def test_cors_preflight_before_auth(srv):
+    h = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+         "Access-Control-Request-Headers": "authorization, content-type"}
+    st, _, hdrs = srv.request("OPTIONS", "/v1/chat/completions", headers=h)
+    assert st == 204
+    assert hdrs["Access-Control-Allow-Origin"] == ORIGIN
+    assert "POST" in hdrs["Access-Control-Allow-Methods"]
+    allowed = {x.strip().lower() for x in hdrs["Access-Control-Allow-Headers"].split(",")}
+    assert {"authorization", "content-type", "x-session-id", "x-chunk-seq"} <= allowed
+    # an origin that is not listed gets no permission
+    st, _, hdrs = srv.request("OPTIONS", "/v1/chat/completions", headers=dict(h, Origin="https://evil.example"))
+    assert "Access-Control-Allow-Origin" not in hdrs
+
+
+def test_cors_headers_on_answers_errors_and_streams(srv):
+    o = {"Origin": ORIGIN}
+    st, _, hdrs = srv.request("GET", "/v1/models", headers=auth(**o))
+    assert st == 200 and hdrs["Access-Control-Allow-Origin"] == ORIGIN
+    st, _, hdrs = srv.request("GET", "/v1/models", headers=o)  # no key: 401, still readable
+    assert st == 401 and hdrs["Access-Control-Allow-Origin"] == ORIGIN
+    st, _, hdrs = srv.request("POST", "/v1/chat/completions", {"messages": []}, auth(**o))
+    assert st == 400 and hdrs["Access-Control-Allow-Origin"] == ORIGIN
+    st, text, hdrs = srv.request("POST", "/v1/completions",
+                                 {"prompt": "Hi", "max_tokens": 2, "stream": True}, auth(**o))
+    assert st == 200 and "[DONE]" in text and hdrs["Access-Control-Allow-Origin"] == ORIGIN
+    st, _, hdrs = srv.request("GET", "/v1/models", headers=auth())  # no Origin: no CORS headers
+    assert "Access-Control-Allow-Origin" not in hdrs
+
+
+def test_cors_off_by_default(tmp_path):
+    s = Server(tmp_path)
+    s.start()
+    try:
+        st, _, hdrs = s.request("OPTIONS", "/v1/models", headers={"Origin": ORIGIN})
+        assert st == 405 and "Access-Control-Allow-Origin" not in hdrs
+    finally:
+        s.stop()
+
+
+def test_non_streamed_generation_stops_when_the_client_leaves(srv, client):
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0,
+                       "logit_bias": {"2": -100, "0": -100}}).encode()
+    req = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    steps0 = metric(srv, "potserve_decode_steps_total")
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    sock.sendall(req)
+    deadline = time.time() + 60  # a loaded machine or a sanitizer build starts slowly
+    while time.time() < deadline and not (metric(srv, "potserve_active_generations") == 1 and
+                                          metric(srv, "potserve_decode_steps_total") > steps0 + 5):
+        time.sleep(0.2)
+    assert metric(srv, "potserve_active_generations") == 1  # it is generating
+    sock.close()
+    deadline = time.time() + 10
+    while metric(srv, "potserve_active_generations") and time.time() < deadline:
+        time.sleep(0.1)
+    assert metric(srv, "potserve_active_generations") == 0
+    stopped = metric(srv, "potserve_decode_steps_total")
+    time.sleep(1.0)
+    assert metric(srv, "potserve_decode_steps_total") == stopped
+    assert stopped - steps0 < 500  # far from the 3000 asked for
+    # the engine is free for the next request
+    r = client.completions.create(model="x", prompt="Hello", max_tokens=3, temperature=0)
+    assert r.choices[0].text
+
+
+# ---- n and batch prompts ----------------------------------------------------------------------
+
+def test_n_choices_share_one_prefill_and_have_their_own_seeds(client):
+    msgs = [{"role": "user", "content": "Name a color and say why."}]
+    r = client.chat.completions.create(model="x", messages=msgs, n=3, seed=7, temperature=1.0, max_tokens=12)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    # choice i is what a single request with seed + i gives
+    singles = [client.chat.completions.create(model="x", messages=msgs, seed=7 + i, temperature=1.0, max_tokens=12)
+               for i in range(3)]
+    for i, one in enumerate(singles):
+        assert one.choices[0].message.content == r.choices[i].message.content
+    assert len({c.message.content for c in r.choices}) > 1
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt is counted once
+    assert r.usage.completion_tokens == sum(one.usage.completion_tokens for one in singles)
+
+
+def test_n_streams_carry_their_choice_index(client):
+    msgs = [{"role": "user", "content": "Say something."}]
+    chunks = list(client.chat.completions.create(model="x", messages=msgs, n=3, seed=3, temperature=1.0,
+                                                 max_tokens=10, stream=True, stream_options={"include_usage": True}))
+    texts, finishes = {}, {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert sorted(texts) == [0, 1, 2] and sorted(finishes) == [0, 1, 2]
+    whole = client.chat.completions.create(model="x", messages=msgs, n=3, seed=3, temperature=1.0, max_tokens=10)
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_n_out_of_range_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], n=17)
+    assert ei.value.body["param"] == "n"
+
+
+def test_batch_completions_in_order(client):
+    prompts = ["Hello", "The sky is", "Once upon a time"]
+    r = client.completions.create(model="x", prompt=prompts, n=2, temperature=0, max_tokens=6)
+    assert [c.index for c in r.choices] == list(range(6))
+    singles = [client.completions.create(model="x", prompt=p, temperature=0, max_tokens=6) for p in prompts]
+    for i, s in enumerate(singles):
+        assert r.choices[2 * i].text == s.choices[0].text == r.choices[2 * i + 1].text  # greedy: n alike
+    assert r.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert r.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in singles)
+    # token-id prompts
+    ids = [[1, 2, 3], [9, 8]]
+    r = client.completions.create(model="x", prompt=ids, temperature=0, max_tokens=4)
+    for i, p in enumerate(ids):
+        s = client.completions.create(model="x", prompt=p, temperature=0, max_tokens=4)
+        assert r.choices[i].text == s.choices[0].text
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="x", prompt=["a", [1, 2]], max_tokens=2)
+    assert ei.value.body["param"] == "prompt"
+
+
+# ---- /v1/responses ---------------------------------------------------------------------------
+
+def test_responses_create(client):
+    r = client.responses.create(model="x", input="What is the capital of France?", instructions="Be brief.",
+                                max_output_tokens=12, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.status in ("completed", "incomplete") and r.output_text
+    assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 12
+    # the same as the chat route with the same conversation
+    c = client.chat.completions.create(model="x", max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}])
+    assert r.output_text == c.choices[0].message.content
+    assert (r.status == "incomplete") == (c.choices[0].finish_reason == "length")
+    # message items, with parts
+    r2 = client.responses.create(model="x", max_output_tokens=12, temperature=0, instructions="Be brief.", input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is the capital of France?"}]}])
+    assert r2.output_text == r.output_text
+
+
+def test_responses_stream_events(client):
+    events = list(client.responses.create(model="x", input="Say hello.", max_output_tokens=10, temperature=0,
+                                          stream=True))
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert types[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert types[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-4].text == events[-1].response.output_text
+    whole = client.responses.create(model="x", input="Say hello.", max_output_tokens=10, temperature=0)
+    assert whole.output_text == text
+
+
+def test_responses_structured_text_format(client):
+    import jsonschema
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    r = client.responses.create(model="x", input="A big city, as JSON.", max_output_tokens=60, temperature=0.7, extra_body={"seed": 1},
+                                text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_responses_errors(client):
+    for kw, param in [({"previous_response_id": "resp_123"}, "previous_response_id"),
+                      ({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"text": {"format": {"type": "sound"}}}, "response_format")]:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.responses.create(model="x", input="Hi", **kw)
+        assert ei.value.body["param"] == param, ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
+    assert ei.value.body["param"] == "input"
+
+
+# ---- prompt cache -------------------------------------------------------------------------------
+
+def test_prompt_cache_reuses_prefixes_and_changes_no_output(srv, client, tmp_path):
+    cold_srv = Server(tmp_path, "--prompt-cache-entries", "0")
+    cold_srv.start()
+    try:
+        cold = openai_client(cold_srv)
+        system = {"role": "system", "content": "You are a careful assistant who answers questions about geography."}
+        convs = [[system, {"role": "user", "content": "What is the capital of France?"}],
+                 [system, {"role": "user", "content": "What is the capital of France?"}],
+                 [system, {"role": "user", "content": "Name three rivers of Europe."}],
+                 [system, {"role": "user", "content": "What is the capital of France?"},
+                  {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Spain?"}]]
+        kw = dict(model="x", max_tokens=24, temperature=0.8, seed=11, frequency_penalty=0.5)
+        cached = []
+        for msgs in convs:
+            warm = client.chat.completions.create(messages=msgs, **kw)
+            ref = cold.chat.completions.create(messages=msgs, **kw)
+            assert warm.choices[0].message.content == ref.choices[0].message.content
+            assert warm.usage.prompt_tokens == ref.usage.prompt_tokens
+            assert ref.usage.prompt_tokens_details.cached_tokens == 0
+            cached.append(warm.usage.prompt_tokens_details.cached_tokens)
+        # the repeat reads all but its last token from the cache; the others share the system message
+        assert cached[1] == warm_len(client, convs[1]) - 1
+        assert cached[2] >= 15 and cached[3] >= cached[1]
+        # completions (token prompts) too
+        ids = list(range(100, 140))
+        a = client.completions.create(model="x", prompt=ids, max_tokens=8, temperature=0)
+        b = client.completions.create(model="x", prompt=ids + [7, 8], max_tokens=8, temperature=0)
+        c = cold.completions.create(model="x", prompt=ids + [7, 8], max_tokens=8, temperature=0)
+        assert b.usage.prompt_tokens_details.cached_tokens == 40 and b.choices[0].text == c.choices[0].text
+        assert a.choices[0].text
+    finally:
+        cold_srv.stop()
+
+
+def warm_len(client, msgs):
+    return client.chat.completions.create(model="x", messages=msgs, max_tokens=1).usage.prompt_tokens

@@ -1,0 +1,173 @@
+"""Structured outputs against a real server on the default 135M model:
+response_format json_object and json_schema, every output parsed and
+validated with the `jsonschema` package over many schemas and seeds (the
+model's own outputs would not validate), the official client's
+chat.completions.parse with a Pydantic model, and 400s that name the
+unsupported keyword."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Literal, Optional
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+
+SCHEMAS = {
+    "person": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                       "email": {"type": "string", "maxLength": 40}},
+        "required": ["name", "age", "email"], "additionalProperties": False},
+    "enum_and_const": {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]}, "version": {"const": 2},
+                       "ok": {"type": "boolean"}, "nothing": {"type": "null"}},
+        "required": ["color", "version", "ok", "nothing"], "additionalProperties": False},
+    "array_bounds": {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                                "minItems": 2, "maxItems": 4},
+                       "scores": {"type": "array", "items": {"type": "number"}, "maxItems": 3}},
+        "required": ["tags", "scores"], "additionalProperties": False},
+    "nested_refs": {
+        "type": "object",
+        "$defs": {"Address": {"type": "object",
+                              "properties": {"city": {"type": "string"}, "zip": {"type": "string", "minLength": 5, "maxLength": 5}},
+                              "required": ["city", "zip"], "additionalProperties": False}},
+        "properties": {"home": {"$ref": "#/$defs/Address"},
+                       "work": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}]}},
+        "required": ["home", "work"], "additionalProperties": False},
+    "optional_fields": {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "year": {"type": ["integer", "null"]},
+                       "rating": {"type": "number"}},
+        "required": ["title"]},
+    "top_level_array": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 5},
+    "free_object": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "list_of_objects": {
+        "type": "object",
+        "properties": {"steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+            "type": "object", "properties": {"n": {"type": "integer"}, "text": {"type": "string"}},
+            "required": ["n", "text"], "additionalProperties": False}}},
+        "required": ["steps"], "additionalProperties": False},
+}
+
+
+@pytest.fixture(scope="module")
+def client(plain_client):
+    return plain_client
+
+
+def ask(client, schema, seed, max_tokens=160):
+    return client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Answer in JSON: describe something."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}},
+        temperature=1.0, seed=seed, max_tokens=max_tokens)
+
+
+def test_unconstrained_outputs_would_not_validate(client):
+    """The reference point: without response_format the model writes prose."""
+    bad = 0
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Answer in JSON: describe something."}],
+            temperature=1.0, seed=seed, max_tokens=60)
+        try:
+            jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS["person"])
+        except (ValueError, jsonschema.ValidationError):
+            bad += 1
+    assert bad >= 2
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_outputs_validate(client, name):
+    schema = SCHEMAS[name]
+    with ThreadPoolExecutor(4) as pool:  # the engine batches them
+        results = list(pool.map(lambda seed: ask(client, schema, seed), range(4)))
+    for r in results:
+        text = r.choices[0].message.content
+        value = json.loads(text)
+        jsonschema.validate(value, schema)
+        assert r.choices[0].finish_reason == "stop", text
+
+
+def test_short_max_tokens_still_closes_the_value(client):
+    for seed in range(3):
+        r = ask(client, SCHEMAS["list_of_objects"], seed, max_tokens=30)
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS["list_of_objects"])
+        assert r.usage.completion_tokens <= 30
+
+
+def test_greedy_is_deterministic_and_valid(client):
+    a = ask(client, SCHEMAS["person"], 0).choices[0].message.content
+    b = ask(client, SCHEMAS["person"], 1).choices[0].message.content
+    r = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Give me a person."}], temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["person"]}},
+        max_tokens=120)
+    r2 = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Give me a person."}], temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["person"]}},
+        max_tokens=120)
+    assert r.choices[0].message.content == r2.choices[0].message.content
+    for t in (a, b, r.choices[0].message.content):
+        jsonschema.validate(json.loads(t), SCHEMAS["person"])
+
+
+def test_json_object_gives_an_object(client):
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Tell me about cats."}],
+            response_format={"type": "json_object"}, temperature=1.0, seed=seed, max_tokens=120)
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_streamed_structured_output(client):
+    chunks = list(client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "A person please."}], stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["person"]}},
+        temperature=0.7, seed=5, max_tokens=120))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    jsonschema.validate(json.loads(text), SCHEMAS["person"])
+
+
+class Step(pydantic.BaseModel):
+    explanation: str
+    output: str
+
+
+class MathReasoning(pydantic.BaseModel):
+    steps: List[Step]
+    final_answer: str
+    confidence: Optional[int]
+    kind: Literal["arithmetic", "algebra"]
+
+
+def test_parse_with_a_pydantic_model(client):
+    for seed in range(2):
+        r = client.chat.completions.parse(
+            model="x", messages=[{"role": "user", "content": "Solve 8x + 7 = -23"}],
+            response_format=MathReasoning, temperature=0.8, seed=seed, max_tokens=200)
+        parsed = r.choices[0].message.parsed
+        assert isinstance(parsed, MathReasoning)
+        assert parsed.kind in ("arithmetic", "algebra")
+
+
+def test_bad_response_formats_are_400s(client):
+    msgs = [{"role": "user", "content": "Hi"}]
+    cases = [({"type": "sound"}, "sound"),
+             ("json", "response_format"),
+             ({"type": "json_schema"}, "json_schema"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}}, "'pattern'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "date-time"}}}, "'format'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}}, "'minimum'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                 "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+                 "$ref": "#/$defs/N"}}}, "recursive")]
+    for rf, needle in cases:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.chat.completions.create(model="x", messages=msgs, response_format=rf, max_tokens=5)
+        assert ei.value.body["param"] == "response_format", ei.value.body
+        assert needle in ei.value.body["message"], ei.value.body

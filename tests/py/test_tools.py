@@ -1,0 +1,119 @@
+"""Tool calls with the official `openai` client against a real server on the
+default model (chatml): tool_choice required / named / auto / none,
+streamed and not, arguments validated against the tool's schema with
+`jsonschema`, a conversation with tool results, and the 400s."""
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from server_util import Server
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 30}},
+        "required": ["timezone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": WEATHER, "strict": True}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time in a timezone",
+                                           "parameters": TIME}}]
+SCHEMA_OF = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def client(plain_client):
+    return plain_client
+
+
+def check_calls(calls, only=None):
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_")
+        assert c.function.name in SCHEMA_OF and (only is None or c.function.name == only)
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMA_OF[c.function.name])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_makes_a_valid_call(client, seed):
+    r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
+                                       temperature=0.9, seed=seed, max_tokens=80)
+    assert r.choices[0].finish_reason == "tool_calls"
+    check_calls(r.choices[0].message.tool_calls)
+
+
+def test_named_function_is_the_one_called(client):
+    for seed in range(2):
+        r = client.chat.completions.create(
+            model="x", messages=ASK, tools=TOOLS, temperature=0.9, seed=seed, max_tokens=80,
+            tool_choice={"type": "function", "function": {"name": "get_time"}})
+        check_calls(r.choices[0].message.tool_calls, only="get_time")
+
+
+def test_streamed_tool_call_chunks(client):
+    chunks = list(client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, stream=True,
+                                                 tool_choice="required", temperature=0, max_tokens=80))
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    args = "".join(d.function.arguments or "" for d in deltas)
+    jsonschema.validate(json.loads(args), WEATHER)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the same as the whole answer
+    whole = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=80)
+    assert json.loads(whole.choices[0].message.tool_calls[0].function.arguments) == json.loads(args)
+
+
+def test_auto_and_none_answer_with_text_or_calls(client):
+    for choice in ("auto", "none"):
+        r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                           temperature=0, max_tokens=30)
+        m = r.choices[0].message
+        if m.tool_calls:
+            assert choice == "auto"
+            check_calls(m.tool_calls)
+            assert r.choices[0].finish_reason == "tool_calls"
+        else:
+            assert m.content and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tool_results_continue_the_conversation(client):
+    first = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=80)
+    call = first.choices[0].message.tool_calls[0]
+    msgs = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "clear"}'}]
+    r = client.chat.completions.create(model="x", messages=msgs, tools=TOOLS, temperature=0, max_tokens=30)
+    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+    # the call and its result are part of the prompt
+    assert r.usage.prompt_tokens > first.usage.prompt_tokens + 20
+
+
+def test_tool_errors_are_400s(client):
+    cases = [({"tools": [{"type": "function"}]}, "tools"),
+             ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+             ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+             ({"tool_choice": "required"}, "tool_choice"),
+             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                 "type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}}],
+               "tool_choice": "required"}, "tools")]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.chat.completions.create(model="x", messages=ASK, max_tokens=5, **extra)
+        assert ei.value.body["param"] == param, (extra, ei.value.body)
+
+
+def test_template_without_a_tool_format_is_a_400(tmp_path):
+    s = Server(tmp_path, "--chat-template", "zephyr")
+    s.start()
+    try:
+        st, body, _ = s.request("POST", "/v1/chat/completions",
+                                {"messages": ASK, "tools": TOOLS, "max_tokens": 5})
+        assert st == 400 and body["error"]["param"] == "tools"
+        assert "zephyr" in body["error"]["message"] and "chatml" in body["error"]["message"]
+        st, body, _ = s.request("POST", "/v1/chat/completions", {"messages": ASK, "max_tokens": 2})
+        assert st == 200  # without tools the template still works
+    finally:
+        s.stop()

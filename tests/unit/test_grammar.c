@@ -1,0 +1,168 @@
+/* The JSON grammar automaton (engine/grammar.c) compiled from schemas by
+ * api/schema.c: which texts it accepts whole, that the trie mask equals
+ * feeding every token on its own, and that the shortest-completion cost
+ * always leads to a finished value. */
+#include <stdlib.h>
+
+#include "api/api.h"
+#include "test.h"
+
+static grammar *compile(const char *schema_text) {
+    json_error_t je;
+    json_t *s = json_loads(schema_text, 0, &je);
+    api_error e;
+    grammar *g = s ? api_schema_grammar(s, "response_format", &e) : NULL;
+    if (!g) fprintf(stderr, "  compile failed: %s\n", s ? e.message : je.text);
+    json_decref(s);
+    return g;
+}
+
+/* 1 when text is a whole value of g. */
+static int accepts(const grammar *g, const char *text) {
+    grammar_state st;
+    grammar_start(g, &st);
+    return grammar_feed(g, &st, text, strlen(text)) && grammar_can_end(g, &st);
+}
+
+static const char PERSON[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"bb\"]},"
+    "\"minItems\":1,\"maxItems\":2},\"pet\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}]}},"
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false,"
+    "\"$defs\":{\"Pet\":{\"type\":\"object\",\"properties\":{\"legs\":{\"type\":\"number\"}},\"required\":[\"legs\"]}}}";
+
+TEST(grammar_accepts_exactly_the_schema) {
+    grammar *g = compile(PERSON);
+    CHECK(g != NULL);
+    if (!g) return;
+    CHECK(accepts(g, "{\"name\":\"Al\",\"age\":3}"));
+    CHECK(accepts(g, "{ \"age\": -12 ,\n \"name\" : \"\\u00e9x\", \"tags\": [\"a\",\"bb\"], \"pet\": null}"));
+    CHECK(accepts(g, "{\"pet\":{\"legs\":4.5e+1},\"name\":\"\",\"age\":0}"));
+    CHECK(!accepts(g, "{\"name\":\"Al\"}"));                      /* age is required */
+    CHECK(!accepts(g, "{\"name\":\"Alfred\",\"age\":3}"));        /* maxLength 5 */
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3.5}"));          /* integer */
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3,\"x\":1}"));    /* no other keys */
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3,\"tags\":[]}")); /* minItems 1 */
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3,\"tags\":[\"c\"]}"));
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3,\"tags\":[\"a\",\"a\",\"a\"]}"));
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3,\"name\":\"B\"}")); /* twice */
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":03}"));
+    CHECK(!accepts(g, " {\"name\":\"Al\",\"age\":3}"));           /* nothing before */
+    CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3} "));           /* nor after */
+    CHECK(!accepts(g, "{\"name\":\"A\nl\",\"age\":3}"));          /* raw control character */
+    grammar_unref(g);
+}
+
+TEST(grammar_unsupported_keywords_are_named) {
+    const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"a\"}", "'pattern'"},
+                            {"{\"type\":\"integer\",\"minimum\":3}", "'minimum'"},
+                            {"{\"allOf\":[{}]}", "'allOf'"},
+                            {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "anyOf"},
+                            {"{\"$ref\":\"#\"}", "recursive"},
+                            {"{\"type\":\"sound\"}", "'sound'"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *s = json_loads(bad[i][0], 0, NULL);
+        api_error e;
+        grammar *g = api_schema_grammar(s, "response_format", &e);
+        CHECK(g == NULL);
+        if (!g) {
+            CHECK(strstr(e.message, bad[i][1]) != NULL);
+            CHECK_STR(e.param, "response_format");
+            CHECK_EQ_INT(e.status, 400);
+        }
+        grammar_unref(g);
+        json_decref(s);
+    }
+}
+
+/* A toy vocabulary: single bytes and some multi-byte pieces. */
+static vocab_trie *toy_vocab(int32_t *n_out, const char ***pieces_out) {
+    static const char *extra[] = {"{\"", "\":", "\",", "name", "age", "\"}", "true", "null", "12",
+                                  " \"", "ab", "\"a", "]}", "},", "\\u", "é", "\n  "};
+    static const char *pieces[128 + sizeof extra / sizeof *extra];
+    static char singles[128][2];
+    int32_t n = 0;
+    for (int c = 0; c < 128; c++) {
+        singles[c][0] = (char)c;
+        pieces[n++] = c ? singles[c] : ""; /* token 0: a control token, empty piece */
+    }
+    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) pieces[n++] = extra[i];
+    uint32_t *off = malloc(((size_t)n + 1) * sizeof *off);
+    char *bytes = malloc(4096);
+    uint32_t len = 0;
+    for (int32_t i = 0; i < n; i++) {
+        off[i] = len;
+        memcpy(bytes + len, pieces[i], strlen(pieces[i]));
+        len += (uint32_t)strlen(pieces[i]);
+    }
+    off[n] = len;
+    vocab_trie *t = vocab_trie_new(bytes, off, n);
+    free(off);
+    free(bytes);
+    *n_out = n;
+    *pieces_out = pieces;
+    return t;
+}
+
+TEST(grammar_mask_equals_feeding_each_token) {
+    grammar *g = compile(PERSON);
+    int32_t n;
+    const char **pieces;
+    vocab_trie *t = toy_vocab(&n, &pieces);
+    CHECK(g && t);
+    if (!g || !t) return;
+    const char *prefixes[] = {"", "{", "{\"na", "{\"name\":\"A", "{\"name\":\"Al\",\"age\":1",
+                              "{\"age\":1,\"tags\":[", "{\"age\":1,\"pet\":{\"legs\":2"};
+    uint8_t *allowed = malloc((size_t)n);
+    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
+        grammar_state st;
+        grammar_start(g, &st);
+        CHECK(grammar_feed(g, &st, prefixes[p], strlen(prefixes[p])));
+        for (int budget_kind = 0; budget_kind < 2; budget_kind++) {
+            uint32_t budget = budget_kind ? grammar_cost(g, &st) : UINT32_MAX;
+            grammar_mask(g, &st, t, budget, allowed);
+            for (int32_t i = 0; i < n; i++) {
+                grammar_state s2 = st;
+                size_t len = strlen(pieces[i]);
+                int ok = len && grammar_feed(g, &s2, pieces[i], len) &&
+                         (budget == UINT32_MAX || grammar_cost(g, &s2) <= budget);
+                if (ok != allowed[i]) fprintf(stderr, "  prefix '%s' token '%s'\n", prefixes[p], pieces[i]);
+                CHECK_EQ_INT(allowed[i], ok);
+            }
+        }
+    }
+    free(allowed);
+    vocab_trie_free(t);
+    grammar_unref(g);
+}
+
+TEST(grammar_cost_always_reaches_the_end) {
+    /* from many prefixes, taking any single byte that lowers the cost by
+       one must end in a complete value after exactly `cost` bytes */
+    grammar *g = compile(PERSON);
+    CHECK(g != NULL);
+    if (!g) return;
+    const char *prefixes[] = {"", "{\"pet\":{", "{\"name\":\"Alf", "{\"tags\":[\"a\",", "{\"age\":-",
+                              "{\"pet\":nu", "{\"pet\":{\"legs\":1e", "{\"name\":\"\\u00"};
+    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
+        grammar_state st;
+        grammar_start(g, &st);
+        CHECK(grammar_feed(g, &st, prefixes[p], strlen(prefixes[p])));
+        uint32_t cost = grammar_cost(g, &st);
+        for (uint32_t step = 0; step < cost; step++) {
+            int moved = 0;
+            for (int c = 1; c < 128 && !moved; c++) {
+                grammar_state s2 = st;
+                char b = (char)c;
+                if (grammar_feed(g, &s2, &b, 1) && grammar_cost(g, &s2) == cost - step - 1) {
+                    st = s2;
+                    moved = 1;
+                }
+            }
+            CHECK(moved);
+            if (!moved) break;
+        }
+        CHECK(grammar_can_end(g, &st));
+    }
+    grammar_unref(g);
+}

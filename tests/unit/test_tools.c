@@ -1,0 +1,95 @@
+/* api/tools.c: the tool formats of chatml (Qwen2.5's template) and llama3
+ * (Llama 3.1's), and finding calls in generated text (tool_choice auto). */
+#include <stdlib.h>
+
+#include "api/api.h"
+#include "test.h"
+
+static const char REQUEST[] =
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+    "{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"21C\"},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"sunny\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]%s}";
+
+static int parse(api_gen_request *r, const char *extra) {
+    char body[2048];
+    snprintf(body, sizeof body, REQUEST, extra);
+    api_error e;
+    int rc = api_parse_gen_request(body, strlen(body), 1, 1000, r, &e);
+    if (rc) fprintf(stderr, "  %s\n", e.message);
+    return rc;
+}
+
+TEST(tools_chatml_format) {
+    api_gen_request r;
+    api_error e;
+    CHECK_EQ_INT(parse(&r, ""), 0);
+    CHECK_EQ_INT(api_render_tools(&r, "chatml", &e), 0);
+    CHECK_EQ_INT(r.n_messages, 4); /* system (with tools), user, assistant, one user turn of results */
+    CHECK_STR(r.messages[0].role, "system");
+    CHECK(!strncmp(r.messages[0].content, "Be brief.\n\n# Tools\n", 19));
+    CHECK(strstr(r.messages[0].content, "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"") != NULL);
+    CHECK_STR(r.messages[2].content,
+              "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+    CHECK_STR(r.messages[3].role, "user");
+    CHECK_STR(r.messages[3].content, "<tool_response>\n21C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>");
+    api_gen_request_free(&r);
+}
+
+TEST(tools_llama3_format) {
+    api_gen_request r;
+    api_error e;
+    CHECK_EQ_INT(parse(&r, ""), 0);
+    CHECK_EQ_INT(api_render_tools(&r, "llama3", &e), 0);
+    CHECK_EQ_INT(r.n_messages, 5);
+    CHECK_STR(r.messages[0].content, "Be brief.");
+    CHECK(!strncmp(r.messages[1].content, "Given the following functions", 29));
+    CHECK(strstr(r.messages[1].content, "Weather in Paris?") != NULL);
+    CHECK_STR(r.messages[2].content, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}");
+    CHECK_STR(r.messages[3].role, "ipython");
+    CHECK_STR(r.messages[3].content, "21C");
+    api_gen_request_free(&r);
+}
+
+TEST(tools_other_families_refuse) {
+    api_gen_request r;
+    api_error e;
+    CHECK_EQ_INT(parse(&r, ""), 0);
+    CHECK_EQ_INT(api_render_tools(&r, "gemma", &e), -1);
+    CHECK_EQ_INT(e.status, 400);
+    CHECK_STR(e.param, "tools");
+    api_gen_request_free(&r);
+}
+
+TEST(tools_found_in_generated_text) {
+    api_gen_request r;
+    api_error e;
+    CHECK_EQ_INT(parse(&r, ""), 0);
+    CHECK_EQ_INT(api_render_tools(&r, "chatml", &e), 0);
+    const char *text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+                       "</tool_call>\n<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>\n"
+                       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}";
+    char *content;
+    json_t *calls = api_find_tool_calls(&r, text, strlen(text), &content);
+    CHECK_EQ_INT(json_array_size(calls), 2); /* the unknown tool stays text; the unclosed last one counts */
+    json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+    CHECK_STR(json_string_value(json_object_get(fn, "name")), "get_weather");
+    CHECK_STR(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Rome\"}");
+    CHECK(content && !strncmp(content, "Let me check.", 13) && strstr(content, "nope"));
+    free(content);
+    json_decref(calls);
+    calls = api_find_tool_calls(&r, "no calls here", 13, &content);
+    CHECK(calls == NULL && content == NULL);
+    api_gen_request_free(&r);
+    CHECK_EQ_INT(parse(&r, ",\"parallel_tool_calls\":false"), 0);
+    CHECK_EQ_INT(api_render_tools(&r, "chatml", &e), 0);
+    calls = api_find_tool_calls(&r, text, strlen(text), &content);
+    CHECK_EQ_INT(json_array_size(calls), 1);
+    free(content);
+    json_decref(calls);
+    api_gen_request_free(&r);
+}
