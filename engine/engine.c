@@ -102,6 +102,10 @@ void engine_get_info(const engine *e, engine_info *info) {
     info->n_ctx_train = m->n_ctx_train;
     info->rope_base = m->rope_base;
     info->norm_eps = m->norm_eps;
+    info->rope_scaling = m->rope_scaling;
+    info->rope_factor = 1.0f / m->rope[0].freq_scale;
+    info->sliding_window = m->n_swa;
+    info->n_sliding_layers = m->n_swa_layers;
     info->n_params = m->n_params;
     info->tied_output = m->tied_output;
     info->n_threads = e->n_threads;

@@ -29,6 +29,9 @@ typedef struct engine_info {
     const char *arch, *name, *quant, *tokenizer, *chat_family; /* owned by the engine */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     float rope_base, norm_eps;
+    const char *rope_scaling;        /* "none", "linear", "yarn", "llama3" */
+    float rope_factor;               /* 1 / freq_scale */
+    int32_t sliding_window, n_sliding_layers; /* 0, 0: every layer attends to everything */
     uint64_t n_params;
     int tied_output;
     int n_threads;

@@ -939,6 +939,11 @@ static uint64_t model_fingerprint(const engine *e) {
                             m->main_type};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) shape = crc_u64(shape, (uint64_t)dims[i]);
     shape = crc_f32s(crc_f32s(crc_u64(shape, m->n_params), &m->rope_base, 1), &m->norm_eps, 1);
+    const float rope_shape[] = {m->rope[0].freq_scale, m->rope[0].ext_factor, m->rope[0].mscale, m->rope[1].base,
+                                (float)m->rope[0].n_ctx_orig, (float)m->n_swa, (float)m->n_swa_layers};
+    if (model_is_extended(m, NULL)) /* (llama/qwen2 files keep the fingerprints their snapshots carry) */
+        shape = crc_f32s(shape, rope_shape, sizeof rope_shape / sizeof *rope_shape);
+    if (m->rope_freqs) data = crc_f32s(data, m->rope_freqs, (size_t)m->n_rot / 2);
     crc_weight(&shape, &data, &m->tok_embd);
     crc_weight(&shape, &data, &m->output);
     data = crc_f32s(data, m->output_norm, (size_t)m->n_embd);
@@ -948,6 +953,9 @@ static uint64_t model_fingerprint(const engine *e) {
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) crc_weight(&shape, &data, ws[i]);
         shape = crc_u64(shape, (uint64_t)((lw->bq != NULL) | (lw->bk != NULL) << 1 | (lw->bv != NULL) << 2));
         data = crc_f32s(crc_f32s(data, lw->attn_norm, (size_t)m->n_embd), lw->ffn_norm, (size_t)m->n_embd);
+        if (lw->q_norm) data = crc_f32s(crc_f32s(data, lw->q_norm, (size_t)m->head_dim), lw->k_norm, (size_t)m->head_dim);
+        if (lw->attn_post_norm)
+            data = crc_f32s(crc_f32s(data, lw->attn_post_norm, (size_t)m->n_embd), lw->ffn_post_norm, (size_t)m->n_embd);
     }
     const tokenizer *t = m->tok;
     const char *tname = tokenizer_model_name(t);

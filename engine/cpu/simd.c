@@ -583,6 +583,14 @@ void simd_swiglu(float *g, const float *up, int64_t n) {
     swiglu_scalar(g, up, n);
 }
 
+void simd_geglu(float *g, const float *up, int64_t n) {
+    const float sqrt_2_over_pi = 0.79788456080286535588f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + 0.044715f * x * x))) * up[i];
+    }
+}
+
 void simd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     if (n <= 0) return;
     double ss;
