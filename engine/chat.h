@@ -15,7 +15,10 @@ enum chat_family {
     CHAT_MISTRAL, /* [INST] ... [/INST] without <<SYS>> */
     CHAT_ZEPHYR,  /* <|user|>\n...</s>\n<|assistant|>\n */
     CHAT_GEMMA,   /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */
+    CHAT_QWEN3,   /* ChatML with <think>...</think> blocks on the turns after the last query */
+    CHAT_PHI3,    /* <|user|>\n...<|end|>\n<|assistant|>\n (Phi-3.5-mini) */
 };
+enum { CHAT_FAMILY_LAST = CHAT_PHI3 };
 
 typedef struct chat_message {
     const char *role;    /* "system", "user", "assistant" */
@@ -57,10 +60,10 @@ enum { CHAT_LLAMA3_PLAIN = 0, CHAT_LLAMA3_DATED = 1 };
 int chat_template_detect(const char *template_text, const char *bos, const char *eos,
                          chat_template *tpl);
 /* Family from its name ("chatml", "llama2", "llama3", "mistral", "zephyr",
- * "gemma"); CHAT_UNKNOWN if no such name. */
+ * "gemma", "qwen3", "phi3"); CHAT_UNKNOWN if no such name. */
 enum chat_family chat_family_from_name(const char *name);
 const char *chat_family_name(enum chat_family f);
-/* "chatml, llama2, llama3, mistral, zephyr, gemma" — for error messages. */
+/* "chatml, llama2, llama3, mistral, zephyr, gemma, qwen3, phi3" — for error messages. */
 const char *chat_family_list(void);
 
 /* (Added detail: n == 0 is an error; user/assistant alternation is not
@@ -72,5 +75,13 @@ const char *chat_family_list(void);
  * tokenized with parse_special=1 and add_special=0. NULL + err on failure. */
 char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
                   int add_generation_prompt, char *err, size_t errlen);
+
+/* Per-request switches of the templates that have them (zero: the template's defaults). */
+typedef struct chat_options {
+    int no_thinking; /* Qwen3's enable_thinking=false: an empty think block after the assistant header */
+} chat_options;
+/* chat_render with options (NULL: none); the same ownership. */
+char *chat_render_opts(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
+                       const chat_options *opt, char *err, size_t errlen);
 
 #endif
