@@ -54,6 +54,9 @@ typedef struct engine_message {
  * recognised (the message lists the families and --chat-template NAME). */
 char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, char *err,
                          size_t errlen);
+/* The same with the template's thinking switch (Qwen3's enable_thinking; other templates ignore it). */
+char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                                  char *err, size_t errlen);
 /* Tokenizes a rendered chat prompt (special-token text parsed, BOS per the
  * metadata). Returns a malloc'd array and its length in *n, NULL on error. */
 int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, size_t *n,

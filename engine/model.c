@@ -221,9 +221,6 @@ static int load_rope(loader *L) {
     r->ext_factor = yarn ? 1.0f : 0.0f;
     /* llama.cpp: attn_factor * (1 + 0.1 ln factor) for YaRN beyond a factor of 1 */
     r->mscale = attn_factor * (yarn && factor > 1.0f ? 1.0f + 0.1f * logf(factor) : 1.0f);
-    r->beta_fast = 32.0f;
-    r->beta_slow = 1.0f;
-    r->n_ctx_orig = m->n_ctx_train;
     if (get_hparam(L, "rope.scaling.original_context_length", 0, 1, 1 << 24, &r->n_ctx_orig)) return -1;
     snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s",
              yarn ? "yarn" : r->freq_scale != 1.0f ? "linear" : "none");
@@ -322,11 +319,9 @@ static int load_hparams(loader *L) {
     if (gguf_get_f64(m->file, key, &v)) return lfail(L, "model: missing %s", key);
     m->norm_eps = (float)v;
     if (!(m->norm_eps > 0) || m->norm_eps > 1) return lfail(L, "model: invalid rms epsilon %g", m->norm_eps);
+    model_set_llama_defaults(m); /* then what the file says otherwise */
     if (load_rope(L)) return -1;
     m->rope_base = m->rope[0].base;
-    m->embd_scale = 1.0f;
-    m->attn_scale = 1.0f / sqrtf((float)m->head_dim);
-    m->ffn_act = FFN_SILU;
     if (m->arch_id == ARCH_GEMMA3) {
         float softcap;
         if (get_float(L, "final_logit_softcapping", 0.0f, &softcap)) return -1;
@@ -337,6 +332,16 @@ static int load_hparams(loader *L) {
             m->attn_scale = 1.0f / sqrtf((float)(m->n_embd / m->n_head));
     }
     return 0;
+}
+
+void model_set_llama_defaults(model *m) {
+    m->rope[0] = (rope_params){.base = m->rope_base, .freq_scale = 1.0f, .mscale = 1.0f, .beta_fast = 32.0f,
+                               .beta_slow = 1.0f, .n_ctx_orig = m->n_ctx_train};
+    m->n_rope = 1;
+    snprintf(m->rope_scaling, sizeof m->rope_scaling, "none");
+    m->embd_scale = 1.0f;
+    m->attn_scale = 1.0f / sqrtf((float)m->head_dim);
+    m->ffn_act = FFN_SILU;
 }
 
 int model_is_extended(const model *m, const char **reason) {

@@ -88,6 +88,11 @@ typedef struct model {
  * that only has that one refuses such models); reason names what. */
 int model_is_extended(const model *m, const char **reason);
 
+/* The llama family's values of the fields beyond its hyper-parameters (one
+ * unscaled RoPE from rope_base, no embedding scale, 1/sqrt(head_dim), SiLU),
+ * for a model built in code once head_dim and rope_base are set. */
+void model_set_llama_defaults(model *m);
+
 /* Loads and validates everything the forward pass needs. NULL + one line in
  * err on any problem. The caller owns the result (model_free). */
 model *model_load(const char *path, char *err, size_t errlen);

@@ -427,7 +427,7 @@ def make_tokenizer(n_vocab):
     return tokens, types, merges
 
 
-def add_tokenizer(w, n_vocab):
+def add_tokenizer(w, n_vocab, chat_template=CHAT_TEMPLATE):
     tokens, types, merges = make_tokenizer(n_vocab)
     assert len(tokens) == n_vocab
     w.add_tokenizer_model("gpt2")
@@ -439,7 +439,7 @@ def add_tokenizer(w, n_vocab):
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
 
 
 # ---------------------------------------------------------------------------
@@ -458,7 +458,7 @@ FILE_TYPES = {
 def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2, n_head=4,
                 n_head_kv=2, n_vocab=300, n_ctx=256, tied=True, bias=False, rope_base=10000.0,
                 seed=1234, mix=None, head_dim=None, qk_norm=False, post_norms=False, fused=False,
-                keys=None, rope_freqs=None, name=None):
+                keys=None, rope_freqs=None, name=None, chat_template=CHAT_TEMPLATE):
     """mix: tensor kind ("attn_k", "ffn_up", ...) -> a type other than qtype.
     head_dim: other than n_embd / n_head (written as key/value_length);
     qk_norm: attn_q_norm / attn_k_norm per head (qwen3, gemma3); post_norms:
@@ -490,7 +490,7 @@ def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2,
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for method, value in (keys or {}).items():
         getattr(w, method)(value)
-    add_tokenizer(w, n_vocab)
+    add_tokenizer(w, n_vocab, chat_template)
 
     def mat(name, n_in, n_out, std=None):
         # numpy shape (n_out, n_in) == gguf ne [n_in, n_out]

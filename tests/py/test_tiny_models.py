@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from gguf import RopeScalingType
 
 from conftest import FIXTURES, REF, ROOT, run
 
@@ -72,3 +73,24 @@ def test_families_agree_closely_with_llama_cpp(name, tmp_path):
         cos = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
         rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
         assert cos >= 0.99999 and rel <= 2e-3, f"{name}/{j}: cosine {cos:.7f}, max relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("kind, kwargs, message", [
+    ("arch", dict(arch="mamba"), "model: architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
+                                  "gemma3, phi3)"),
+    ("longrope", dict(keys={"add_rope_scaling_type": RopeScalingType.LONGROPE, "add_rope_scaling_factor": 4.0}),
+     "model: RoPE scaling 'longrope' is not supported (supported: none, linear, yarn, llama3 rope_freqs)"),
+    ("yarn log multiplier", dict(keys={"add_rope_scaling_type": RopeScalingType.YARN, "add_rope_scaling_factor": 4.0,
+                                       "add_rope_scaling_yarn_log_mul": 0.1}),
+     "model: RoPE scaling 'yarn' with yarn_log_multiplier is not supported"),
+    ("qwen3 without QK-norm", dict(arch="qwen3"), "model: missing tensor blk.0.attn_q_norm.weight"),
+])
+def test_unsupported_model_is_a_one_line_error(kind, kwargs, message, tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    import make_fixtures
+    path = tmp_path / f"{kind.replace(' ', '_')}.gguf"
+    make_fixtures.write_model(str(path), **kwargs)
+    p = run("info", "-m", path)
+    assert p.returncode != 0
+    err = p.stderr.decode().strip()
+    assert message in err and len(err.splitlines()) == 1, err
