@@ -232,6 +232,18 @@ static void set_surprisal(pot *p, int32_t slot, float value) {
         for (int32_t h = 0; h < p->n_head_kv; h++) p->surprisal[pot_slot(p, l, h, slot)] = value;
 }
 
+/* Sliding-window layers keep the newest n_keep slots, whatever the policy
+ * chose for the others: a window only ever sees the latest positions, so the
+ * tail is what full attention shows such a layer (while n_keep >= window - 1;
+ * relative positions survive the context reset), and the policy's choice
+ * matters for the global layers alone. */
+static void keep_window_tails(const engine_doc *d, const pot *p, int32_t *idx, int32_t n_keep) {
+    const model *m = d->e->m;
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t g = 0; m->layers[l].window && g < p->n_head_kv; g++)
+            for (int32_t i = 0; i < n_keep; i++) idx[((size_t)l * p->n_head_kv + g) * n_keep + i] = p->n - n_keep + i;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
     double t0 = now_ms();
@@ -243,6 +255,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
     if (!idx) return snprintf(err, errlen, "out of memory"), -1;
     int rc = pot_select(p, &sp, idx, err, errlen);
+    if (!rc) keep_window_tails(d, p, idx, keep);
     if (!rc) pot_compact(p, idx, keep);
     free(idx);
     d->st.compressions += !rc;
@@ -282,6 +295,7 @@ static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int6
         int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
         rc = !idx ? (snprintf(err, errlen, "out of memory"), -1)
                   : cascade_keep(d->casc, p, idx, keep) ? (snprintf(err, errlen, "cascade: state lost"), -1) : 0;
+        if (!rc) keep_window_tails(d, p, idx, keep);
         if (!rc) pot_compact(p, idx, keep);
         free(idx);
         d->st.compressions += !rc;
@@ -727,6 +741,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
         select_params sel = {.policy = POLICY_FINCH, .n_keep = d->finch_keep, .scores = scores,
                              .scores_stride = n_keys, .pool = d->pool};
         rc = pot_select(p, &sel, idx, err, errlen);
+        if (!rc) keep_window_tails(d, p, idx, d->finch_keep);
         if (!rc) pot_compact(p, idx, d->finch_keep);
     }
     free(scores);

@@ -583,6 +583,11 @@ def write_tiny_families(out):
                 keys={"add_sliding_window": 4, "add_rope_freq_base_swa": 10000.0}, **gemma)
     write_model(os.path.join(out, "tiny_gemma3_pattern3.gguf"), n_layer=3, n_head_kv=1, seed=6162,
                 qtype=T.Q8_0, keys={"add_sliding_window": 5, "add_sliding_window_pattern": 3}, **gemma)
+    # gemma3 with every layer a sliding one (pattern 0): a pot that keeps each
+    # window's tail answers exactly as full attention (tests/unit/test_ingest.c);
+    # not tiny_*: it has no llama.cpp recording
+    write_model(os.path.join(out, "swa_gemma3_local.gguf"), n_layer=2, n_ctx=1024, seed=6163,
+                keys={"add_sliding_window": 32, "add_sliding_window_pattern": 0}, **gemma)
     # phi3: fused QKV and gate-up (named without "phi3": llama.cpp then looks up
     # Phi-3's <s> </s> <unk> tokens, which the tiny vocabulary lacks)
     write_model(os.path.join(out, "tiny_phi3.gguf"), arch="phi3", fused=True, n_head_kv=4, seed=7171,
