@@ -45,10 +45,10 @@ enum { MATMUL_MAX_WEIGHTS = 3 };
  *   PREP_NORM      in[t] = rmsnorm(res[t]) * w
  *   PREP_ADD_NORM  res[t] += in[t], then in[t] = rmsnorm(res[t]) * w
  *   PREP_SWIGLU    in[t] = silu(in[t]) * up[t]
- *   PREP_GEGLU     in[t] = gelu(in[t]) * up[t]
+ *   PREP_GEGLU     in[t] = gelu(in[t]) * up[t] (PREP_GEGLU_F16: in f16 steps, as llama.cpp)
  * where in is the product's input x (simd.h: rmsnorm and SwiGLU on vectors). */
 typedef struct row_prep {
-    enum { PREP_NONE, PREP_NORM, PREP_ADD_NORM, PREP_SWIGLU, PREP_GEGLU } kind;
+    enum { PREP_NONE, PREP_NORM, PREP_ADD_NORM, PREP_SWIGLU, PREP_GEGLU, PREP_GEGLU_F16 } kind;
     float *res;      /* NORM, ADD_NORM: the residual stream [T][cols] */
     const float *w;  /* NORM, ADD_NORM: the norm's weights */
     const float *up; /* SWIGLU, GEGLU: [T][cols] */
@@ -141,6 +141,7 @@ static void prep_row(const row_prep *p, float *x, int64_t t, int64_t n) {
     case PREP_NORM: simd_rmsnorm(in, p->res + t * n, p->w, n, p->eps); return;
     case PREP_SWIGLU: simd_swiglu(in, p->up + t * n, n); return;
     case PREP_GEGLU: simd_geglu(in, p->up + t * n, n); return;
+    case PREP_GEGLU_F16: simd_geglu_f16(in, p->up + t * n, n); return;
     }
 }
 
@@ -761,7 +762,9 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     /* x += attention's output, then the FFN's norm of it */
     const row_prep ffn_in = {.kind = PREP_ADD_NORM, .res = B->x, .w = lw->ffn_norm, .eps = m->norm_eps};
     matmul_n(cb, 2, (const cpu_weight *[]){&W[W_GATE], &W[W_UP]}, B->xb, T, (float *[]){B->hb, B->hb2}, &ffn_in, B);
-    const row_prep glu = {.kind = m->ffn_act == FFN_GELU_TANH ? PREP_GEGLU : PREP_SWIGLU, .up = B->hb2};
+    /* the default path rounds GELU through f16 as llama.cpp does; --exact keeps f32 */
+    const row_prep glu = {.kind = m->ffn_act != FFN_GELU_TANH ? PREP_SWIGLU : cb->exact ? PREP_GEGLU : PREP_GEGLU_F16,
+                          .up = B->hb2};
     matmul_n(cb, 1, (const cpu_weight *[]){&W[W_DOWN]}, B->hb, T, (float *[]){B->xb}, &glu, B);
     if (lw->ffn_post_norm) norm_rows(cb, B->xb, T, m->n_embd, lw->ffn_post_norm, m->norm_eps);
     /* x += xb: in the next layer's first product, or after the last layer */
