@@ -48,14 +48,18 @@ def test_exact_path_equals_numpy_reference(name, tmp_path):
         assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_default_path_agrees_with_llama_cpp(name, tmp_path):
+def against_llama_cpp(name, tmp_path):
+    """(j, our logits, llama.cpp's, their cosine) for each test string."""
     ref = np.load(REF / "ref_tiny_logits.npz")
-    path = FIXTURES / f"{name}.gguf"
     for j, ids in enumerate(IDS):
         want = ref[f"{name}/{j}"]
-        got = ours(path, ids, tmp_path)
-        cos = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+        got = ours(FIXTURES / f"{name}.gguf", ids, tmp_path)
+        yield j, got, want, float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_default_path_agrees_with_llama_cpp(name, tmp_path):
+    for j, got, want, cos in against_llama_cpp(name, tmp_path):
         assert cos >= 0.999, f"{name}/{j}: cosine {cos:.6f}"
         assert int(np.argmax(got)) == int(np.argmax(want)), f"{name}/{j}: argmax differs"
 
@@ -65,12 +69,7 @@ def test_families_agree_closely_with_llama_cpp(name, tmp_path):
     """With F32 weights only the activation rounding differs from llama.cpp:
     a closer bound than the cosine above, which a feature slightly off (a
     sliding layer's RoPE base, the window by one) would still pass."""
-    ref = np.load(REF / "ref_tiny_logits.npz")
-    path = FIXTURES / f"{name}.gguf"
-    for j, ids in enumerate(IDS):
-        want = ref[f"{name}/{j}"]
-        got = ours(path, ids, tmp_path)
-        cos = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+    for j, got, want, cos in against_llama_cpp(name, tmp_path):
         rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
         assert cos >= 0.99999 and rel <= 2e-3, f"{name}/{j}: cosine {cos:.7f}, max relative error {rel:.2e}"
 

@@ -29,6 +29,21 @@ static double max_rel_diff(const float *a, const float *b, int n) {
     return mx / (scale > 0 ? scale : 1);
 }
 
+/* The answer's logits from the pot (into a) equal a full prefill of every
+ * token the document's reading recorded (into b); more than min_tokens of them. */
+static void answer_equals_prefill(engine *e, engine_doc *d, int32_t n_vocab, size_t min_tokens, float *a, float *b,
+                                  const char *label) {
+    char err[512];
+    CHECK_EQ_INT(engine_doc_answer_logits(d, "How many ships passed in April?", a, err, sizeof err), 0);
+    size_t n_tok;
+    const int32_t *toks = engine_doc_tokens(d, &n_tok);
+    CHECK(toks != NULL && n_tok > min_tokens);
+    CHECK_EQ_INT(engine_prompt_logits(e, toks, n_tok, b, err, sizeof err), 0);
+    double rel = max_rel_diff(a, b, n_vocab);
+    if (rel > 1e-4) fprintf(stderr, "  %s: max relative error %g\n", label, rel);
+    CHECK(rel <= 1e-4);
+}
+
 /* Every policy and schedule, budget >= document: logits equal a full prefill. */
 static void check_no_compression_equals_prefill(const char *model_path, size_t doc_bytes,
                                                 int32_t budget, int32_t chunk, int n_policies,
@@ -74,14 +89,7 @@ static void check_no_compression_equals_prefill(const char *model_path, size_t d
             engine_doc_get_stats(d, &st);
             CHECK_EQ_INT(st.compressions, 0);
             CHECK(st.chunks >= 4);
-            CHECK_EQ_INT(engine_doc_answer_logits(d, "How many ships passed in April?", a, err, sizeof err), 0);
-            size_t n_tok;
-            const int32_t *toks = engine_doc_tokens(d, &n_tok);
-            CHECK(toks != NULL && n_tok > (size_t)(3 * chunk));
-            CHECK_EQ_INT(engine_prompt_logits(e, toks, n_tok, b, err, sizeof err), 0);
-            double rel = max_rel_diff(a, b, info.n_vocab);
-            if (rel > 1e-4) fprintf(stderr, "  %s/%s: max relative error %g\n", policies[p], schedules[s], rel);
-            CHECK(rel <= 1e-4);
+            answer_equals_prefill(e, d, info.n_vocab, (size_t)(3 * chunk), a, b, policies[p]);
             engine_doc_close(d);
         }
     free(a);
@@ -145,14 +153,7 @@ TEST(ingest_sliding_layers_keep_their_window_exactly) {
         engine_doc_stats st;
         engine_doc_get_stats(d, &st);
         CHECK(st.compressions >= 3);
-        CHECK_EQ_INT(engine_doc_answer_logits(d, "How many ships passed in April?", a, err, sizeof err), 0);
-        size_t n_tok;
-        const int32_t *toks = engine_doc_tokens(d, &n_tok);
-        CHECK(toks != NULL && n_tok > 100);
-        CHECK_EQ_INT(engine_prompt_logits(e, toks, n_tok, b, err, sizeof err), 0);
-        double rel = max_rel_diff(a, b, info.n_vocab);
-        if (rel > 1e-4) fprintf(stderr, "  %s: max relative error %g\n", policies[p], rel);
-        CHECK(rel <= 1e-4);
+        answer_equals_prefill(e, d, info.n_vocab, 100, a, b, policies[p]);
         engine_doc_close(d);
     }
     free(a);
