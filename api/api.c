@@ -418,6 +418,13 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         return -1;
     gp->grammar = r->grammar;
     /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
+    r->enable_thinking = 1;
+    json_t *kw = json_object_get(r->root, "chat_template_kwargs"); /* llama-server's and vLLM's spelling */
+    if (kw && !json_is_null(kw) && !json_is_object(kw))
+        return api_fail(e, 400, "invalid_type", "chat_template_kwargs", "chat_template_kwargs must be an object");
+    if (get_bool(r->root, "enable_thinking", &r->enable_thinking, e) ||
+        (kw && get_bool(kw, "enable_thinking", &r->enable_thinking, e)))
+        return -1;
     if (chat) {
         if (get_bool(r->root, "logprobs", &lp_bool, e) ||
             get_int(r->root, "top_logprobs", 0, SAMPLE_MAX_TOP_LOGPROBS, &top_lp, e))

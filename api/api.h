@@ -63,6 +63,7 @@ typedef struct api_gen_request {
     int stream, include_usage, logprobs, top_logprobs;
     const char *session;       /* "session" field or NULL */
     int overflow_error;        /* "overflow": "error" */
+    int enable_thinking;       /* chat: "enable_thinking" (or chat_template_kwargs'), default 1 (Qwen3) */
     const char *model;
     json_t *root;
     const char **stops;

@@ -618,6 +618,11 @@ static size_t cuda_pot_memory(backend *b) { return ((cuda_backend *)b)->pot_budg
 
 backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     (void)n_threads;
+    const char *unsupported;
+    if (model_is_extended(m, &unsupported)) { /* its kernels run the llama/qwen2 forward pass only */
+        snprintf(err, errlen, "cuda backend: %s is not supported (use --backend cpu)", unsupported);
+        return NULL;
+    }
     cuda_backend *cb = calloc(1, sizeof *cb);
     rope r;
     memset(&r, 0, sizeof r);

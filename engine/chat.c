@@ -132,7 +132,12 @@ int chat_template_detect(const char *t, const char *bos, const char *eos, chat_t
     int variant = 0;
     if (has(t, "<|im_start|>")) {
         /* phi-4 (<|im_sep|>) and SmolVLM (<end_of_utterance>) look alike but differ */
-        if (!has(t, "<|im_sep|>") && !has(t, "<end_of_utterance>")) f = CHAT_CHATML;
+        if (has(t, "<think>") || has(t, "reasoning_content")) {
+            /* Qwen3 (hybrid thinking); QwQ and the other reasoning ChatMLs differ in detail */
+            if (has(t, "enable_thinking") && has(t, "last_query_index")) f = CHAT_QWEN3;
+        } else if (!has(t, "<|im_sep|>") && !has(t, "<end_of_utterance>")) {
+            f = CHAT_CHATML;
+        }
     } else if (has(t, "[INST]")) {
         if (has(t, "<<SYS>>")) {
             /* Llama 2 chat: bos_token + '[INST] ' per user turn, content.strip() */
@@ -159,6 +164,9 @@ int chat_template_detect(const char *t, const char *bos, const char *eos, chat_t
         f = CHAT_GEMMA;
     } else if (has(t, "<|user|>") && has(t, "<|assistant|>") && !has(t, "<|end|>")) {
         f = CHAT_ZEPHYR; /* Phi-3 (<|end|>) looks alike but differs */
+    } else if (has(t, "<|user|>") && has(t, "<|assistant|>") && has(t, "<|end|>") &&
+               has(t, "message['role'] == 'system' and message['content']")) {
+        f = CHAT_PHI3; /* Phi-3.5-mini; Phi-3-mini's older template (no system turn) is not this one */
     }
     if (f == CHAT_UNKNOWN) return -1;
 
@@ -435,9 +443,105 @@ static int render_gemma(const chat_template *t, const chat_message *m, size_t n,
     return 0;
 }
 
+/* Python's str.split(sep)[0] / [-1] and strip(chars) on one set of characters, as Qwen3's
+ * template uses them: bounds [*b, *e) inside s[0..n). */
+static const char *find_last(const char *s, size_t n, const char *sep) {
+    const char *last = NULL;
+    size_t k = strlen(sep);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(s + i, sep, k)) last = s + i;
+    return last;
+}
+
+static void strip_newlines(const char *s, size_t *b, size_t *e, int left, int right) {
+    while (left && *b < *e && s[*b] == '\n') (*b)++;
+    while (right && *e > *b && s[*e - 1] == '\n') (*e)--;
+}
+
+/* Qwen3 (Qwen/Qwen3-*: the hybrid-thinking template, without tools): ChatML
+ * whose assistant turns after the last user query show their reasoning (the
+ * text before </think>) in a <think> block; earlier turns drop it. */
+static void render_qwen3(const chat_message *m, size_t n, int agp, const chat_options *opt, sbuf *b) {
+    if (is_role(&m[0], "system")) {
+        sb_str(b, "<|im_start|>system\n");
+        sb_str(b, m[0].content);
+        sb_str(b, "<|im_end|>\n");
+    }
+    size_t last_query = n - 1;
+    for (size_t k = n; k-- > 0;) { /* the last user message that is not a tool response */
+        const char *c = m[k].content;
+        size_t len = strlen(c);
+        int tool = len >= 15 && !strncmp(c, "<tool_response>", 15) && len >= 16 &&
+                   !strcmp(c + len - 16, "</tool_response>");
+        if (is_role(&m[k], "user") && !tool) {
+            last_query = k;
+            break;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *c = m[i].content;
+        size_t len = strlen(c);
+        if (is_role(&m[i], "user") || (is_role(&m[i], "system") && i > 0)) {
+            sb_str(b, "<|im_start|>");
+            sb_str(b, m[i].role);
+            sb_str(b, "\n");
+            sb_str(b, c);
+            sb_str(b, "<|im_end|>\n");
+            continue;
+        }
+        if (!is_role(&m[i], "assistant")) continue;
+        size_t cb = 0, ce = len, rb = 0, re = 0; /* content and reasoning bounds */
+        const char *close = find_last(c, len, "</think>");
+        if (close) {
+            cb = (size_t)(close - c) + 8; /* split('</think>')[-1].lstrip('\n') */
+            strip_newlines(c, &cb, &ce, 1, 0);
+            const char *first_close = strstr(c, "</think>");
+            re = (size_t)(first_close - c); /* split('</think>')[0].rstrip('\n') */
+            strip_newlines(c, &rb, &re, 0, 1);
+            const char *open = find_last(c, re, "<think>"); /* .split('<think>')[-1].lstrip('\n') */
+            if (open) rb = (size_t)(open - c) + 7;
+            strip_newlines(c, &rb, &re, 1, 0);
+        }
+        sb_str(b, "<|im_start|>assistant\n");
+        if (i > last_query && (i == n - 1 || re > rb)) {
+            size_t sb0 = rb, se = re;
+            strip_newlines(c, &sb0, &se, 1, 1);
+            sb_str(b, "<think>\n");
+            sb_add(b, c + sb0, se - sb0);
+            sb_str(b, "\n</think>\n\n");
+            strip_newlines(c, &cb, &ce, 1, 0);
+        }
+        sb_add(b, c + cb, ce - cb);
+        sb_str(b, "<|im_end|>\n");
+    }
+    if (agp) {
+        sb_str(b, "<|im_start|>assistant\n");
+        if (opt && opt->no_thinking) sb_str(b, "<think>\n\n</think>\n\n");
+    }
+}
+
+/* microsoft/Phi-3.5-mini-instruct: an empty system message renders nothing;
+ * without add_generation_prompt the text ends with EOS. */
+static void render_phi3(const chat_template *t, const chat_message *m, size_t n, int agp, sbuf *b) {
+    for (size_t i = 0; i < n; i++) {
+        if (is_role(&m[i], "system") && !m[i].content[0]) continue;
+        sb_str(b, "<|");
+        sb_str(b, m[i].role);
+        sb_str(b, "|>\n");
+        sb_str(b, m[i].content);
+        sb_str(b, "<|end|>\n");
+    }
+    sb_str(b, agp ? "<|assistant|>\n" : t->eos_text);
+}
+
 char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
                   int add_generation_prompt, char *err, size_t errlen) {
-    if (!tpl || tpl->family == CHAT_UNKNOWN || (int)tpl->family > CHAT_GEMMA) {
+    return chat_render_opts(tpl, msgs, n, add_generation_prompt, NULL, err, errlen);
+}
+
+char *chat_render_opts(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
+                       const chat_options *opt, char *err, size_t errlen) {
+    if (!tpl || tpl->family == CHAT_UNKNOWN || (int)tpl->family > CHAT_FAMILY_LAST) {
         set_err(err, errlen, "unknown chat template (supported: %s)", chat_family_list());
         return NULL;
     }
@@ -469,6 +573,8 @@ char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
     case CHAT_MISTRAL: rc = render_mistral(tpl, msgs, n, &b, err, errlen); break;
     case CHAT_ZEPHYR: render_zephyr(tpl, msgs, n, add_generation_prompt, &b); break;
     case CHAT_GEMMA: rc = render_gemma(tpl, msgs, n, add_generation_prompt, &b, err, errlen); break;
+    case CHAT_QWEN3: render_qwen3(msgs, n, add_generation_prompt, opt, &b); break;
+    case CHAT_PHI3: render_phi3(tpl, msgs, n, add_generation_prompt, &b); break;
     default: rc = -1; break;
     }
     if (rc == 0 && b.oom) {

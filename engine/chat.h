@@ -10,7 +10,8 @@
 #include "engine/engine.h" /* ENGINE_CHAT_FAMILIES */
 
 #define CHAT_FAMILY_ENUM_(id, name) CHAT_##id,
-enum chat_family { CHAT_UNKNOWN = 0, ENGINE_CHAT_FAMILIES(CHAT_FAMILY_ENUM_, ) };
+enum chat_family { CHAT_UNKNOWN = 0, ENGINE_CHAT_FAMILIES(CHAT_FAMILY_ENUM_, ) CHAT_FAMILY_END_ };
+enum { CHAT_FAMILY_LAST = CHAT_FAMILY_END_ - 1 };
 
 typedef struct chat_message {
     const char *role;    /* "system", "user", "assistant" */
@@ -52,7 +53,7 @@ enum { CHAT_LLAMA3_PLAIN = 0, CHAT_LLAMA3_DATED = 1 };
 int chat_template_detect(const char *template_text, const char *bos, const char *eos,
                          chat_template *tpl);
 /* Family from its name ("chatml", "llama2", "llama3", "mistral", "zephyr",
- * "gemma"); CHAT_UNKNOWN if no such name. */
+ * "gemma", "qwen3", "phi3"); CHAT_UNKNOWN if no such name. */
 enum chat_family chat_family_from_name(const char *name);
 const char *chat_family_name(enum chat_family f);
 /* ENGINE_CHAT_TEMPLATE_LIST, for error messages. */
@@ -67,5 +68,13 @@ const char *chat_family_list(void);
  * tokenized with parse_special=1 and add_special=0. NULL + err on failure. */
 char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
                   int add_generation_prompt, char *err, size_t errlen);
+
+/* Per-request switches of the templates that have them (zero: the template's defaults). */
+typedef struct chat_options {
+    int no_thinking; /* Qwen3's enable_thinking=false: an empty think block after the assistant header */
+} chat_options;
+/* chat_render with options (NULL: none); the same ownership. */
+char *chat_render_opts(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
+                       const chat_options *opt, char *err, size_t errlen);
 
 #endif

@@ -104,6 +104,10 @@ void engine_get_info(const engine *e, engine_info *info) {
     info->n_ctx_train = m->n_ctx_train;
     info->rope_base = m->rope_base;
     info->norm_eps = m->norm_eps;
+    info->rope_scaling = m->rope_scaling;
+    info->rope_factor = 1.0f / m->rope[0].freq_scale;
+    info->sliding_window = m->n_swa;
+    info->n_sliding_layers = m->n_swa_layers;
     info->n_params = m->n_params;
     info->tied_output = m->tied_output;
     info->n_threads = e->n_threads;
@@ -161,6 +165,11 @@ int32_t engine_eos(const engine *e) { return tokenizer_eos(e->m->tok); }
 
 char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, char *err,
                          size_t errlen) {
+    return engine_render_chat_thinking(e, msgs, n, 1, err, errlen);
+}
+
+char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                                  char *err, size_t errlen) {
     if (e->m->chat.family == CHAT_UNKNOWN) {
         snprintf(err, errlen,
                  "the model's chat template is not recognised; choose one of %s with "
@@ -177,7 +186,8 @@ char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, 
         cm[i].role = msgs[i].role;
         cm[i].content = msgs[i].content;
     }
-    char *out = chat_render(&e->m->chat, cm, n, 1, err, errlen);
+    const chat_options opt = {.no_thinking = !enable_thinking};
+    char *out = chat_render_opts(&e->m->chat, cm, n, 1, &opt, err, errlen);
     free(cm);
     return out;
 }

@@ -20,7 +20,9 @@ typedef struct engine engine;
     X(LLAMA3, "llama3") SEP   /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */ \
     X(MISTRAL, "mistral") SEP /* [INST] ... [/INST] without <<SYS>> */                        \
     X(ZEPHYR, "zephyr") SEP   /* <|user|>\n...</s>\n<|assistant|>\n */                         \
-    X(GEMMA, "gemma")         /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */
+    X(GEMMA, "gemma") SEP     /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */ \
+    X(QWEN3, "qwen3") SEP     /* ChatML with <think>...</think> blocks after the last query */ \
+    X(PHI3, "phi3")           /* <|user|>\n...<|end|>\n<|assistant|>\n (Phi-3.5-mini) */
 #define ENGINE_NAME_STRING_(id, name) name
 /* "chatml, llama2, ..." (a string literal) */
 #define ENGINE_CHAT_TEMPLATE_LIST ENGINE_CHAT_FAMILIES(ENGINE_NAME_STRING_, ", ")
@@ -44,6 +46,9 @@ typedef struct engine_info {
     const char *arch, *name, *quant, *tokenizer, *chat_family; /* owned by the engine */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     float rope_base, norm_eps;
+    const char *rope_scaling;        /* "none", "linear", "yarn", "llama3" */
+    float rope_factor;               /* 1 / freq_scale */
+    int32_t sliding_window, n_sliding_layers; /* 0, 0: every layer attends to everything */
     uint64_t n_params;
     int tied_output;
     int n_threads;
@@ -66,6 +71,9 @@ typedef struct engine_message {
  * recognised (the message lists the families and --chat-template NAME). */
 char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, char *err,
                          size_t errlen);
+/* The same with the template's thinking switch (Qwen3's enable_thinking; other templates ignore it). */
+char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                                  char *err, size_t errlen);
 /* Tokenizes a rendered chat prompt (special-token text parsed, BOS per the
  * metadata). Returns a malloc'd array and its length in *n, NULL on error. */
 int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, size_t *n,

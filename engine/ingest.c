@@ -224,6 +224,18 @@ static int compact_pot(pot *p, const int32_t *keep, int32_t n_keep, char *err, s
     return -1;
 }
 
+/* Sliding-window layers keep the newest n_keep slots, whatever the policy
+ * chose for the others: a window only ever sees the latest positions, so the
+ * tail is what full attention shows such a layer (while n_keep >= window - 1;
+ * relative positions survive the context reset), and the policy's choice
+ * matters for the global layers alone. */
+static void keep_window_tails(const engine_doc *d, const pot *p, int32_t *idx, int32_t n_keep) {
+    const model *m = d->e->m;
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t g = 0; m->layers[l].window && g < p->n_head_kv; g++)
+            for (int32_t i = 0; i < n_keep; i++) idx[((size_t)l * p->n_head_kv + g) * n_keep + i] = p->n - n_keep + i;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
     double t0 = engine_now_ms();
@@ -235,6 +247,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
     if (!idx) return snprintf(err, errlen, "out of memory"), -1;
     int rc = pot_select(p, &sp, idx, err, errlen);
+    if (!rc) keep_window_tails(d, p, idx, keep);
     if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
     d->st.compressions += !rc;
@@ -274,6 +287,7 @@ static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int6
         int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
         rc = !idx ? (snprintf(err, errlen, "out of memory"), -1)
                   : cascade_keep(d->casc, p, idx, keep) ? (snprintf(err, errlen, "cascade: state lost"), -1) : 0;
+        if (!rc) keep_window_tails(d, p, idx, keep);
         if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
         free(idx);
         d->st.compressions += !rc;
@@ -765,6 +779,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
         select_params sel = {.policy = POLICY_FINCH, .n_keep = d->finch_keep, .scores = scores,
                              .scores_stride = n_keys, .pool = d->pool};
         rc = pot_select(p, &sel, idx, err, errlen);
+        if (!rc) keep_window_tails(d, p, idx, d->finch_keep);
         if (!rc) rc = compact_pot(p, idx, d->finch_keep, err, errlen);
     }
     free(scores);
@@ -960,6 +975,11 @@ static uint64_t model_fingerprint(const engine *e) {
                             m->main_type};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) shape = crc_u64(shape, (uint64_t)dims[i]);
     shape = crc_f32s(crc_f32s(crc_u64(shape, m->n_params), &m->rope_base, 1), &m->norm_eps, 1);
+    const float rope_shape[] = {m->rope[0].freq_scale, m->rope[0].ext_factor, m->rope[0].mscale, m->rope[1].base,
+                                (float)m->rope[0].n_ctx_orig, (float)m->n_swa, (float)m->n_swa_layers};
+    if (model_is_extended(m, NULL)) /* (llama/qwen2 files keep the fingerprints their snapshots carry) */
+        shape = crc_f32s(shape, rope_shape, sizeof rope_shape / sizeof *rope_shape);
+    if (m->rope_freqs) data = crc_f32s(data, m->rope_freqs, (size_t)m->n_rot / 2);
     crc_weight(&shape, &data, &m->tok_embd);
     crc_weight(&shape, &data, &m->output);
     data = crc_f32s(data, m->output_norm, (size_t)m->n_embd);
@@ -969,6 +989,9 @@ static uint64_t model_fingerprint(const engine *e) {
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) crc_weight(&shape, &data, ws[i]);
         shape = crc_u64(shape, (uint64_t)((lw->bq != NULL) | (lw->bk != NULL) << 1 | (lw->bv != NULL) << 2));
         data = crc_f32s(crc_f32s(data, lw->attn_norm, (size_t)m->n_embd), lw->ffn_norm, (size_t)m->n_embd);
+        if (lw->q_norm) data = crc_f32s(crc_f32s(data, lw->q_norm, (size_t)m->head_dim), lw->k_norm, (size_t)m->head_dim);
+        if (lw->attn_post_norm)
+            data = crc_f32s(crc_f32s(data, lw->attn_post_norm, (size_t)m->n_embd), lw->ffn_post_norm, (size_t)m->n_embd);
     }
     const tokenizer *t = m->tok;
     const char *tname = tokenizer_model_name(t);

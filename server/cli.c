@@ -392,6 +392,11 @@ int cli_info(int argc, char **argv) {
     printf("heads:           %d (kv %d, dim %d)\n", in.n_head, in.n_head_kv, in.head_dim);
     printf("vocabulary:      %d (%s)\n", in.n_vocab, in.tokenizer);
     printf("rope base:       %g\n", in.rope_base);
+    printf("rope scaling:    %s", in.rope_scaling);
+    if (!strcmp(in.rope_scaling, "linear") || !strcmp(in.rope_scaling, "yarn")) printf(" (factor %g)", in.rope_factor);
+    printf("\n");
+    if (in.n_sliding_layers)
+        printf("sliding window:  %d tokens on %d of %d layers\n", in.sliding_window, in.n_sliding_layers, in.n_layer);
     printf("rms epsilon:     %g\n", in.norm_eps);
     printf("output:          %s\n", in.tied_output ? "tied to token embeddings" : "separate");
     printf("chat template:   %s\n", in.chat_family);

@@ -537,7 +537,8 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
         memcpy(g->prompt, q->prompt_tokens, g->n_prompt * sizeof *g->prompt);
         return 0;
     }
-    char *text = q->chat ? engine_render_chat(s->eng, q->messages, q->n_messages, err, sizeof err)
+    char *text = q->chat ? engine_render_chat_thinking(s->eng, q->messages, q->n_messages, q->enable_thinking, err,
+                                                       sizeof err)
                          : strdup(q->prompt);
     if (!text) return api_fail(e, 400, "invalid_value", "messages", "%s", err);
     g->prompt = engine_tokenize_prompt(s->eng, text, q->chat, &g->n_prompt, err, sizeof err);

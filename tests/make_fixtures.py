@@ -26,6 +26,8 @@ and as the reference dequantiser.
                                 n_embd 64; q4_k q5_k q6_k with n_embd 256 and
                                 n_ff 256, as K-quant rows need 256 elements);
                                 norms stay F32.
+      tiny_qwen3*, tiny_gemma3*, tiny_phi3*, tiny_llama_rope_*: the other
+                                families and RoPE scalings (write_tiny_families).
 """
 import os
 import re
@@ -425,7 +427,7 @@ def make_tokenizer(n_vocab):
     return tokens, types, merges
 
 
-def add_tokenizer(w, n_vocab):
+def add_tokenizer(w, n_vocab, chat_template=CHAT_TEMPLATE):
     tokens, types, merges = make_tokenizer(n_vocab)
     assert len(tokens) == n_vocab
     w.add_tokenizer_model("gpt2")
@@ -437,7 +439,7 @@ def add_tokenizer(w, n_vocab):
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
 
 
 # ---------------------------------------------------------------------------
@@ -455,13 +457,24 @@ FILE_TYPES = {
 
 def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2, n_head=4,
                 n_head_kv=2, n_vocab=300, n_ctx=256, tied=True, bias=False, rope_base=10000.0,
-                seed=1234, mix=None):
-    """mix: tensor kind ("attn_k", "ffn_up", ...) -> a type other than qtype."""
+                seed=1234, mix=None, head_dim=None, qk_norm=False, post_norms=False, fused=False,
+                keys=None, rope_freqs=None, name=None, chat_template=CHAT_TEMPLATE):
+    """mix: tensor kind ("attn_k", "ffn_up", ...) -> a type other than qtype.
+    head_dim: other than n_embd / n_head (written as key/value_length);
+    qk_norm: attn_q_norm / attn_k_norm per head (qwen3, gemma3); post_norms:
+    post_attention_norm / post_ffw_norm (gemma3); fused: attn_qkv and a
+    double-height ffn_up (phi3); keys: name -> method of GGUFWriter and its
+    argument (e.g. {"add_sliding_window": 4}); rope_freqs: the llama3
+    per-pair factors tensor; name: general.name (default: the file's stem)."""
     rng = np.random.default_rng(seed)
-    head_dim = n_embd // n_head
+    if head_dim is None:
+        head_dim = n_embd // n_head
+    else:
+        keys = dict(keys or {}, add_key_length=head_dim, add_value_length=head_dim)
+    n_q = n_head * head_dim
     n_kv = n_head_kv * head_dim
     w = new_writer(path, arch)
-    w.add_name(os.path.splitext(os.path.basename(path))[0])
+    w.add_name(name or os.path.splitext(os.path.basename(path))[0])
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
@@ -475,7 +488,9 @@ def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2,
     w.add_file_type(int(FILE_TYPES[qtype]))
     if qtype != T.F32:
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_tokenizer(w, n_vocab)
+    for method, value in (keys or {}).items():
+        getattr(w, method)(value)
+    add_tokenizer(w, n_vocab, chat_template)
 
     def mat(name, n_in, n_out, std=None):
         # numpy shape (n_out, n_in) == gguf ne [n_in, n_out]
@@ -488,21 +503,36 @@ def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2,
         w.add_tensor(name, (np.float32(mean) + rng.standard_normal(n).astype(f32) * np.float32(std)))
 
     mat("token_embd.weight", n_embd, n_vocab, std=0.5)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, f32))
     for i in range(n_layer):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", n_embd)
-        mat(p + "attn_q.weight", n_embd, n_embd)
-        mat(p + "attn_k.weight", n_embd, n_kv)
-        mat(p + "attn_v.weight", n_embd, n_kv)
+        if fused:
+            mat(p + "attn_qkv.weight", n_embd, n_q + 2 * n_kv)
+        else:
+            mat(p + "attn_q.weight", n_embd, n_q)
+            mat(p + "attn_k.weight", n_embd, n_kv)
+            mat(p + "attn_v.weight", n_embd, n_kv)
         if bias:
-            vec(p + "attn_q.bias", n_embd, 0.0, 0.1)
+            vec(p + "attn_q.bias", n_q, 0.0, 0.1)
             vec(p + "attn_k.bias", n_kv, 0.0, 0.1)
             vec(p + "attn_v.bias", n_kv, 0.0, 0.1)
-        mat(p + "attn_output.weight", n_embd, n_embd)
+        if qk_norm:
+            vec(p + "attn_q_norm.weight", head_dim)
+            vec(p + "attn_k_norm.weight", head_dim)
+        mat(p + "attn_output.weight", n_q, n_embd)
+        if post_norms:
+            vec(p + "post_attention_norm.weight", n_embd)
         vec(p + "ffn_norm.weight", n_embd)
-        mat(p + "ffn_gate.weight", n_embd, n_ff)
-        mat(p + "ffn_up.weight", n_embd, n_ff)
+        if fused:
+            mat(p + "ffn_up.weight", n_embd, 2 * n_ff)
+        else:
+            mat(p + "ffn_gate.weight", n_embd, n_ff)
+            mat(p + "ffn_up.weight", n_embd, n_ff)
         mat(p + "ffn_down.weight", n_ff, n_embd)
+        if post_norms:
+            vec(p + "post_ffw_norm.weight", n_embd)
     vec("output_norm.weight", n_embd)
     if not tied:
         mat("output.weight", n_embd, n_vocab)
@@ -534,6 +564,44 @@ def main():
     for qt in (T.Q4_K, T.Q5_K, T.Q6_K):
         write_model(os.path.join(out, f"tiny_llama_{qt.name.lower()}.gguf"), qtype=qt,
                     n_embd=256, n_ff=256)
+    write_tiny_families(out)
+
+
+def write_tiny_families(out):
+    """The other architectures and RoPE variants (issue 24), each on its own
+    tiny file; shapes small, but every feature that changes the arithmetic on."""
+    # qwen3: QK-norm, no biases, a head size other than n_embd / n_head
+    write_model(os.path.join(out, "tiny_qwen3.gguf"), arch="qwen3", head_dim=32, qk_norm=True,
+                rope_base=1000000.0, seed=5151)
+    write_model(os.path.join(out, "tiny_qwen3_q8_0.gguf"), arch="qwen3", qtype=T.Q8_0, head_dim=32,
+                qk_norm=True, rope_base=1000000.0, seed=5152)
+    # gemma3: 6 layers (5 sliding : 1 global by default), window 4 so that
+    # the test strings (7 and 12 tokens) cross it; the sliding layers' own
+    # RoPE base; a second file with a pattern key of 3 and one KV head
+    gemma = dict(arch="gemma3", head_dim=32, qk_norm=True, post_norms=True, rope_base=1000000.0)
+    write_model(os.path.join(out, "tiny_gemma3.gguf"), n_layer=6, seed=6161,
+                keys={"add_sliding_window": 4, "add_rope_freq_base_swa": 10000.0}, **gemma)
+    write_model(os.path.join(out, "tiny_gemma3_pattern3.gguf"), n_layer=3, n_head_kv=1, seed=6162,
+                qtype=T.Q8_0, keys={"add_sliding_window": 5, "add_sliding_window_pattern": 3}, **gemma)
+    # gemma3 with every layer a sliding one (pattern 0): a pot that keeps each
+    # window's tail answers exactly as full attention (tests/unit/test_ingest.c);
+    # not tiny_*: it has no llama.cpp recording
+    write_model(os.path.join(out, "swa_gemma3_local.gguf"), n_layer=2, n_ctx=1024, seed=6163,
+                keys={"add_sliding_window": 32, "add_sliding_window_pattern": 0}, **gemma)
+    # phi3: fused QKV and gate-up (named without "phi3": llama.cpp then looks up
+    # Phi-3's <s> </s> <unk> tokens, which the tiny vocabulary lacks)
+    write_model(os.path.join(out, "tiny_phi3.gguf"), arch="phi3", fused=True, n_head_kv=4, seed=7171,
+                name="tiny fused-qkv model")
+    write_model(os.path.join(out, "tiny_phi3_q4_0.gguf"), arch="phi3", fused=True, qtype=T.Q4_0, seed=7172,
+                name="tiny fused-qkv model, q4_0")
+    # llama RoPE scaling: linear, YaRN (original context 64), llama3's rope_freqs
+    write_model(os.path.join(out, "tiny_llama_rope_linear.gguf"), seed=8181,
+                keys={"add_rope_scaling_type": gguf.RopeScalingType.LINEAR, "add_rope_scaling_factor": 4.0})
+    write_model(os.path.join(out, "tiny_llama_rope_yarn.gguf"), seed=8182,
+                keys={"add_rope_scaling_type": gguf.RopeScalingType.YARN, "add_rope_scaling_factor": 4.0,
+                      "add_rope_scaling_orig_ctx_len": 64})
+    write_model(os.path.join(out, "tiny_llama_rope_freqs.gguf"), seed=8183,
+                rope_freqs=[1.0, 1.0, 1.0, 1.5, 2.5, 4.0, 8.0, 8.0])
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ typedef struct cpu_backend {
     backend base;
     const model *m;
     threadpool *tp;
-    rope rope;        /* angles for every position of the model's context */
+    rope rope[2];     /* angles for every position of the model's context, per model.rope */
     int exact;        /* f32 activations (see cpu_backend_new) */
     cpu_weight *mats; /* [n_layer][W_PER_LAYER], then the output matrix */
 } cpu_backend;
@@ -45,12 +45,13 @@ enum { MATMUL_MAX_WEIGHTS = 3 };
  *   PREP_NORM      in[t] = rmsnorm(res[t]) * w
  *   PREP_ADD_NORM  res[t] += in[t], then in[t] = rmsnorm(res[t]) * w
  *   PREP_SWIGLU    in[t] = silu(in[t]) * up[t]
+ *   PREP_GEGLU     in[t] = gelu(in[t]) * up[t] (PREP_GEGLU_F16: in f16 steps, as llama.cpp)
  * where in is the product's input x (simd.h: rmsnorm and SwiGLU on vectors). */
 typedef struct row_prep {
-    enum { PREP_NONE, PREP_NORM, PREP_ADD_NORM, PREP_SWIGLU } kind;
+    enum { PREP_NONE, PREP_NORM, PREP_ADD_NORM, PREP_SWIGLU, PREP_GEGLU, PREP_GEGLU_F16 } kind;
     float *res;      /* NORM, ADD_NORM: the residual stream [T][cols] */
     const float *w;  /* NORM, ADD_NORM: the norm's weights */
-    const float *up; /* SWIGLU: [T][cols] */
+    const float *up; /* SWIGLU, GEGLU: [T][cols] */
     float eps;
 } row_prep;
 
@@ -139,6 +140,8 @@ static void prep_row(const row_prep *p, float *x, int64_t t, int64_t n) {
         /* fall through */
     case PREP_NORM: simd_rmsnorm(in, p->res + t * n, p->w, n, p->eps); return;
     case PREP_SWIGLU: simd_swiglu(in, p->up + t * n, n); return;
+    case PREP_GEGLU: simd_geglu(in, p->up + t * n, n); return;
+    case PREP_GEGLU_F16: simd_geglu_f16(in, p->up + t * n, n); return;
     }
 }
 
@@ -156,6 +159,10 @@ static void prep_quantize_acts(void *ctx, int64_t t0, int64_t t1, int worker) {
         prep_row(&j->prep, j->x, t, n);
         quant_quantize_act(j->w[0]->w->type, j->x + t * n, j->act + t * j->act_bytes, n);
     }
+}
+
+static const rope *layer_rope(const cpu_backend *cb, int32_t layer) {
+    return &cb->rope[cb->m->layers[layer].rope_id];
 }
 
 typedef struct buffers buffers;
@@ -223,7 +230,7 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
             continue;
         }
         pot_read_k(p, j->layer, g, slot, 1, kr);
-        rope_rotate(&j->cb->rope, kr, pot_rope_pos(p, j->layer, g, slot));
+        rope_rotate(layer_rope(j->cb, j->layer), kr, pot_rope_pos(p, j->layer, g, slot));
         pot_round_row(p, kr); /* the value the cache would hold: the same bits with or without it */
     }
 }
@@ -239,7 +246,7 @@ static void fill_rotated(void *ctx, int64_t a, int64_t b, int worker) {
     for (int64_t task = a; task < b; task++) {
         int32_t g = (int32_t)(task / n_new), slot = p->n_rot + (int32_t)(task % n_new);
         pot_read_k(p, j->layer, g, slot, 1, kr);
-        rope_rotate(&j->cb->rope, kr, pot_rope_pos(p, j->layer, g, slot));
+        rope_rotate(layer_rope(j->cb, j->layer), kr, pot_rope_pos(p, j->layer, g, slot));
         pot_round_row(p, kr);
         pot_write_k_rotated(p, j->layer, g, slot, kr);
     }
@@ -252,6 +259,16 @@ static int32_t tokens_per_tile(int32_t n_heads) {
     for (int32_t b = nt; b > 0; b--)
         if (n_heads * b % 4 == 0) return b;
     return nt > 0 ? nt : 1;
+}
+
+/* Scores of token t's query against keys [0, n_vis) whose RoPE position lies
+ * `window` or more before the query's become -inf (llama.cpp's standard
+ * sliding-window mask: a query sees itself and the window - 1 before it). */
+static void mask_outside_window(const attn_job *j, int32_t g, int32_t t, int32_t window, float *p, int32_t n_vis) {
+    const pot *kv = j->sp->kv;
+    const int64_t qpos = pot_rope_pos(kv, j->layer, g, j->n0 + t);
+    for (int32_t k = 0; k < n_vis; k++)
+        if (qpos - pot_rope_pos(kv, j->layer, g, key_slot(j, g, k)) >= window) p[k] = -INFINITY;
 }
 
 /* Heads [h0, h0+nh) x tokens [t0, t0+nt), nh * nt <= ATTN_TILE_QUERIES:
@@ -270,7 +287,7 @@ static void attend_tile(attn_job *j, int32_t h0, int32_t nh, int32_t t0, int32_t
             ys[ti * nh + hi] = j->out + at;
             memset(j->out + at, 0, (size_t)hd * sizeof(float));
         }
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = m->attn_scale;
     const pot *kv = j->sp->kv;
     size_t row0 = pot_slot(kv, j->layer, g, 0) * hd;
     if (!j->in_place)
@@ -280,8 +297,11 @@ static void attend_tile(attn_job *j, int32_t h0, int32_t nh, int32_t t0, int32_t
     else
         simd_dot_rows_f32(P, n_keys, qs, nq, (const float *)kv->k_rot + row0, hd, n_vis_max, hd, scale);
     const backend_span *sp = j->sp;
+    const int32_t window = m->layers[j->layer].window;
     for (int32_t ti = 0; ti < nt; ti++) {
         int32_t t = t0 + ti, n_vis = j->n_pre + t + 1;
+        if (window) /* a sliding-window layer: keys `window` or more positions back are out of sight */
+            for (int32_t hi = 0; hi < nh; hi++) mask_outside_window(j, g, t, window, P + (size_t)(ti * nh + hi) * n_keys, n_vis);
         for (int32_t hi = 0; hi < nh; hi++) {
             float *p = P + (size_t)(ti * nh + hi) * n_keys;
             float mx = simd_max_f32(p, n_vis);
@@ -318,7 +338,7 @@ static void attend_split(attn_job *j, const attn_task *tk, float *P) {
         ys[hi] = j->partial + ((size_t)tk->split * m->n_head + tk->h0 + hi) * (2 + hd) + 2;
         memset(ys[hi], 0, (size_t)hd * sizeof(float));
     }
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = m->attn_scale;
     const pot *kv = j->sp->kv;
     size_t row0 = (pot_slot(kv, j->layer, g, 0) + (size_t)k0) * hd;
     if (!j->in_place)
@@ -389,10 +409,11 @@ static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
  * each key and value row once for all its heads, which beats balancing the
  * threads exactly (2 threads, 3 groups: +5 % decode at context 128 and 2048
  * over 9 single-head tasks, A/B on SmolLM2-135M). */
-static int32_t plan_attention(const model *m, const backend_span *sp, int32_t n_keys, int has_scores,
+static int32_t plan_attention(const model *m, const backend_span *sp, int32_t layer, int32_t n_keys, int has_scores,
                               int n_threads, attn_task *out) {
     int32_t group = m->n_head / m->n_head_kv, n = 0;
-    if (sp->n_tokens == 1 && !has_scores && attn_splits(n_keys) > 1 && group <= ATTN_TILE_QUERIES) {
+    if (sp->n_tokens == 1 && !has_scores && attn_splits(n_keys) > 1 && group <= ATTN_TILE_QUERIES &&
+        !m->layers[layer].window) { /* (key ranges are not masked: attend_tile does that) */
         for (int32_t g = 0; g < m->n_head_kv; g++) /* a decoding token over a long pot */
             for (int32_t s = 0; s < attn_splits(n_keys); s++) out[n++] = (attn_task){g * group, group, 0, 1, s};
         return n;
@@ -572,7 +593,7 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * n_keys, load_keys_values, &j);
     if (j.head_scores) memset(j.head_scores, 0, (size_t)m->n_head * n_keys * sizeof(float));
     j.tasks = B->tasks;
-    int32_t n_tasks = plan_attention(m, sp, n_keys, j.head_scores != NULL, tp_threads(cb->tp), B->tasks);
+    int32_t n_tasks = plan_attention(m, sp, layer, n_keys, j.head_scores != NULL, tp_threads(cb->tp), B->tasks);
     tp_parallel_for(cb->tp, n_tasks, attend_tasks, &j);
     if (n_tasks && B->tasks[0].split >= 0) merge_splits(&j, attn_splits(n_keys));
     if (j.head_scores) store_scores(m, sp, layer, n_keys, j.head_scores);
@@ -623,7 +644,7 @@ static void batch_attention(cpu_backend *cb, const backend_span *spans, const in
                         .in_place = 1, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                         .partial = B->partial + (size_t)i * attn_splits(max_keys) * m->n_head * (2 + m->head_dim)};
         j->tasks = B->tasks + n_tasks;
-        const int32_t k = plan_attention(m, sp, j->n_keys, 0, tp_threads(cb->tp), B->tasks + n_tasks);
+        const int32_t k = plan_attention(m, sp, layer, j->n_keys, 0, tp_threads(cb->tp), B->tasks + n_tasks);
         for (int32_t x = 0; x < k; x++) B->task_job[n_tasks + x] = i;
         n_tasks += k;
     }
@@ -667,13 +688,32 @@ static void store_spans(void *ctx, int64_t a, int64_t b, int worker) {
             for (int32_t g = 0; g < m->n_head_kv; g++) /* on the host already (cpu_forward): cannot fail */
                 (void)pot_write(p, l, g, (int32_t)slot, sj->B->k + t * dkv + g * hd, sj->B->v + t * dkv + g * hd);
             int64_t pos = pot_rope_pos(p, l, 0, (int32_t)slot);
-            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(&sj->cb->rope, sj->B->q + t * dq + h * hd, pos);
+            for (int32_t h = 0; h < m->n_head; h++) rope_rotate(layer_rope(sj->cb, l), sj->B->q + t * dq + h * hd, pos);
         }
         if (!sj->batched[s]) continue;
         attn_job j = {.cb = sj->cb, .sp = sp, .layer = l, .n_keys = p->n + 1, .krot = sj->B->scratch};
         const int64_t n_new = j.n_keys - p->n_rot;
         fill_rotated(&j, 0, (int64_t)m->n_head_kv * n_new, worker);
     }
+}
+
+typedef struct norm_job {
+    float *x; /* [rows][n], normed in place */
+    int64_t n;
+    const float *w;
+    float eps;
+} norm_job;
+
+static void norm_rows_range(void *ctx, int64_t a, int64_t b, int worker) {
+    (void)worker;
+    const norm_job *nj = ctx;
+    for (int64_t r = a; r < b; r++) simd_rmsnorm(nj->x + r * nj->n, nj->x + r * nj->n, nj->w, nj->n, nj->eps);
+}
+
+/* rows of n elements of x := rmsnorm(row) * w, in place (QK-norm per head, gemma3's post-norms) */
+static void norm_rows(cpu_backend *cb, float *x, int64_t rows, int64_t n, const float *w, float eps) {
+    norm_job nj = {.x = x, .n = n, .w = w, .eps = eps};
+    tp_parallel_for(cb->tp, rows, norm_rows_range, &nj);
 }
 
 static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32_t n_spans,
@@ -690,6 +730,10 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     add_bias(B->q, lw->bq, T, dq);
     add_bias(B->k, lw->bk, T, dkv);
     add_bias(B->v, lw->bv, T, dkv);
+    if (lw->q_norm) { /* QK-norm: each head's query and key, before RoPE (the pot keeps them normed) */
+        norm_rows(cb, B->q, T * m->n_head, hd, lw->q_norm, m->norm_eps);
+        norm_rows(cb, B->k, T * m->n_head_kv, hd, lw->k_norm, m->norm_eps);
+    }
 
     int64_t t0 = 0, n_batch = 0;
     for (int32_t s = 0; s < n_spans; s++) {
@@ -713,12 +757,16 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     }
     if (n_batch) batch_attention(cb, spans, B->batch_which, B->batch_t, (int32_t)n_batch, l, B);
     matmul(cb, &W[W_O], B->att, T, B->xb, B);
+    if (lw->attn_post_norm) norm_rows(cb, B->xb, T, m->n_embd, lw->attn_post_norm, m->norm_eps);
 
     /* x += attention's output, then the FFN's norm of it */
     const row_prep ffn_in = {.kind = PREP_ADD_NORM, .res = B->x, .w = lw->ffn_norm, .eps = m->norm_eps};
     matmul_n(cb, 2, (const cpu_weight *[]){&W[W_GATE], &W[W_UP]}, B->xb, T, (float *[]){B->hb, B->hb2}, &ffn_in, B);
-    const row_prep swiglu = {.kind = PREP_SWIGLU, .up = B->hb2};
-    matmul_n(cb, 1, (const cpu_weight *[]){&W[W_DOWN]}, B->hb, T, (float *[]){B->xb}, &swiglu, B);
+    /* the default path rounds GELU through f16 as llama.cpp does; --exact keeps f32 */
+    const row_prep glu = {.kind = m->ffn_act != FFN_GELU_TANH ? PREP_SWIGLU : cb->exact ? PREP_GEGLU : PREP_GEGLU_F16,
+                          .up = B->hb2};
+    matmul_n(cb, 1, (const cpu_weight *[]){&W[W_DOWN]}, B->hb, T, (float *[]){B->xb}, &glu, B);
+    if (lw->ffn_post_norm) norm_rows(cb, B->xb, T, m->n_embd, lw->ffn_post_norm, m->norm_eps);
     /* x += xb: in the next layer's first product, or after the last layer */
 }
 
@@ -857,6 +905,8 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
             quant_dequantize_row(m->tok_embd.type,
                                  m->tok_embd.data + (size_t)spans[s].tokens[i] * m->tok_embd.row_bytes,
                                  B.x + t * d, d);
+    if (m->embd_scale != 1.0f)
+        for (int64_t i = 0; i < T * d; i++) B.x[i] *= m->embd_scale;
     for (int32_t l = 0; l < m->n_layer; l++) forward_layer(cb, l, spans, n_spans, T, &B);
     for (int64_t i = 0; i < T * d; i++) B.x[i] += B.xb[i]; /* the last layer's FFN output */
 
@@ -906,7 +956,8 @@ static void cpu_free(backend *b) {
     cpu_backend *cb = (cpu_backend *)b;
     if (!cb) return;
     tp_free(cb->tp);
-    rope_free(&cb->rope);
+    rope_free(&cb->rope[0]);
+    rope_free(&cb->rope[1]);
     if (cb->mats)
         for (int64_t i = 0; i <= (int64_t)cb->m->n_layer * W_PER_LAYER; i++) free(cb->mats[i].packed);
     free(cb->mats);
@@ -919,8 +970,10 @@ static void cpu_parallel_for(backend *b, int64_t n, tp_fn fn, void *ctx) {
 
 backend *cpu_backend_new(const model *m, int n_threads, int exact, char *err, size_t errlen) {
     cpu_backend *cb = calloc(1, sizeof *cb);
-    if (!cb || !(cb->tp = tp_new(n_threads)) ||
-        rope_init(&cb->rope, m->n_rot, m->rope_base, m->rope_layout, m->n_ctx_train)) {
+    int rope_failed = 0;
+    for (int32_t i = 0; cb && i < m->n_rope; i++)
+        rope_failed |= rope_init_params(&cb->rope[i], m->n_rot, &m->rope[i], m->rope_layout, m->n_ctx_train);
+    if (!cb || rope_failed || !(cb->tp = tp_new(n_threads))) {
         if (cb) cpu_free(&cb->base);
         snprintf(err, errlen, "cpu backend: out of memory");
         return NULL;

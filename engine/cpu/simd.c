@@ -596,6 +596,29 @@ void simd_swiglu(float *g, const float *up, int64_t n) {
     swiglu_scalar(g, up, n);
 }
 
+void simd_geglu(float *g, const float *up, int64_t n) {
+    const float sqrt_2_over_pi = 0.79788456080286535588f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + 0.044715f * x * x))) * up[i];
+    }
+}
+
+void simd_geglu_f16(float *g, const float *up, int64_t n) {
+    const float sqrt_2_over_pi = 0.79788456080286535588f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        if (x <= -10.0f) {
+            g[i] = 0.0f;
+        } else if (x >= 10.0f) {
+            g[i] = x * up[i];
+        } else {
+            const float h = (float)(_Float16)x;
+            g[i] = (float)(_Float16)(0.5f * h * (1.0f + tanhf(sqrt_2_over_pi * h * (1.0f + 0.044715f * h * h)))) * up[i];
+        }
+    }
+}
+
 void simd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     if (n <= 0) return;
     double ss;

@@ -29,6 +29,11 @@ void simd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float e
 /* g[i] = silu(g[i]) * up[i] = g[i] / (1 + expf(-g[i])) * up[i], i < n, with
  * expf as simd_exp_sub_sum computes it. */
 void simd_swiglu(float *g, const float *up, int64_t n);
+/* g = gelu(g) * up, GELU in its tanh form (gemma3's gated FFN). */
+void simd_geglu(float *g, const float *up, int64_t n);
+/* The same as ggml computes it on CPUs: GELU of x rounded to f16, the result
+ * rounded to f16 (its lookup table), 0 below -10 and x above 10. */
+void simd_geglu_f16(float *g, const float *up, int64_t n);
 /* p[i] = expf(p[i] - mx), i < n; returns the sum of the new p[i] (in double,
  * eight partial sums as above). */
 double simd_exp_sub_sum(float *p, int64_t n, float mx);

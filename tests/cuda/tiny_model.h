@@ -36,6 +36,7 @@ static inline model *tiny_model_new(uint64_t seed) {
     m->n_head_kv = TINY_KV_HEADS, m->head_dim = TINY_EMBD / TINY_HEADS, m->n_rot = m->head_dim;
     m->n_vocab = TINY_VOCAB, m->n_ctx_train = TINY_CTX, m->rope_base = 10000.0f, m->norm_eps = 1e-5f;
     m->rope_layout = ROPE_PAIRS_ADJACENT;
+    model_set_llama_defaults(m);
     int64_t d = m->n_embd, dkv = (int64_t)m->n_head_kv * m->head_dim;
     m->tok_embd = tiny_weight(&g, m->n_vocab, d, 1.0f);
     m->output = tiny_weight(&g, m->n_vocab, d, 0.3f);

@@ -593,6 +593,21 @@ TEMPLATES = [
             '{%- endif -%}\n'
         ),
     },
+    {
+        'name': 'Qwen3 (Qwen/Qwen3-0.6B)',
+        'family': 'qwen3',
+        'bos': '',
+        'eos': '<|im_end|>',
+        'options': [{}, {'enable_thinking': False}],
+        'template': '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0].role == \'system\' %}\n        {{- messages[0].content + \'\\n\\n\' }}\n    {%- endif %}\n    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0].role == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0].content + \'<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n    {%- if ns.multi_step_tool and message.role == "user" and not(message.content.startswith(\'<tool_response>\') and message.content.endswith(\'</tool_response>\')) %}\n        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {%- set content = message.content %}\n        {%- set reasoning_content = \'\' %}\n        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}\n            {%- set reasoning_content = message.reasoning_content %}\n        {%- else %}\n            {%- if \'</think>\' in message.content %}\n                {%- set content = message.content.split(\'</think>\')[-1].lstrip(\'\\n\') %}\n                {%- set reasoning_content = message.content.split(\'</think>\')[0].rstrip(\'\\n\').split(\'<think>\')[-1].lstrip(\'\\n\') %}\n            {%- endif %}\n        {%- endif %}\n        {%- if loop.index0 > ns.last_query_index %}\n            {%- if loop.last or (not loop.last and reasoning_content) %}\n                {{- \'<|im_start|>\' + message.role + \'\\n<think>\\n\' + reasoning_content.strip(\'\\n\') + \'\\n</think>\\n\\n\' + content.lstrip(\'\\n\') }}\n            {%- else %}\n                {{- \'<|im_start|>\' + message.role + \'\\n\' + content }}\n            {%- endif %}\n        {%- else %}\n            {{- \'<|im_start|>\' + message.role + \'\\n\' + content }}\n        {%- endif %}\n        {%- if message.tool_calls %}\n            {%- for tool_call in message.tool_calls %}\n                {%- if (loop.first and content) or (not loop.first) %}\n                    {{- \'\\n\' }}\n                {%- endif %}\n                {%- if tool_call.function %}\n                    {%- set tool_call = tool_call.function %}\n                {%- endif %}\n                {{- \'<tool_call>\\n{"name": "\' }}\n                {{- tool_call.name }}\n                {{- \'", "arguments": \' }}\n                {%- if tool_call.arguments is string %}\n                    {{- tool_call.arguments }}\n                {%- else %}\n                    {{- tool_call.arguments | tojson }}\n                {%- endif %}\n                {{- \'}\\n</tool_call>\' }}\n            {%- endfor %}\n        {%- endif %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- \'<think>\\n\\n</think>\\n\\n\' }}\n    {%- endif %}\n{%- endif %}',
+    },
+    {
+        'name': 'Phi-3.5-mini-instruct',
+        'family': 'phi3',
+        'bos': '<s>',
+        'eos': '<|endoftext|>',
+        'template': "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+    },
 ]
 
 SYS = 'You are a helpful assistant.'
@@ -639,6 +654,38 @@ CASES = [
         {'role': 'user', 'content': "{{ not jinja }} {% raw %} 'single' \"double\" \\back\\slash"}]),
 ]
 
+# Reasoning turns for the templates that show or drop <think> blocks (Qwen3).
+THINKING_CASES = [
+    ('thinking in history', [
+        {'role': 'user', 'content': 'What is 2+2?'},
+        {'role': 'assistant', 'content': '<think>\nAdd them.\n</think>\n\n4'},
+        {'role': 'user', 'content': 'And 3+3?'}]),
+    ('thinking after the last query', [
+        {'role': 'system', 'content': SYS},
+        {'role': 'user', 'content': 'Say hi'},
+        {'role': 'assistant', 'content': '<think>\n\nA greeting.\n\n</think>\n\nhi'}]),
+    ('two replies after the last query', [
+        {'role': 'user', 'content': 'Q'},
+        {'role': 'assistant', 'content': 'first, no reasoning'},
+        {'role': 'assistant', 'content': 'second'}]),
+    ('reasoning on an earlier reply after the query', [
+        {'role': 'user', 'content': 'Q'},
+        {'role': 'assistant', 'content': '<think>r1</think>a1'},
+        {'role': 'assistant', 'content': 'a2\n'}]),
+    ('tool response is not a query', [
+        {'role': 'user', 'content': 'look it up'},
+        {'role': 'assistant', 'content': '<think>need a tool</think>calling'},
+        {'role': 'user', 'content': '<tool_response>42</tool_response>'},
+        {'role': 'assistant', 'content': '<think>got it</think>\nIt is 42.'}]),
+    ('nested think markers', [
+        {'role': 'user', 'content': 'x'},
+        {'role': 'assistant', 'content': 'pre<think>\n\nA<think>B\n</think>\nmid</think>\n\ntail'}]),
+    ('later system message', [
+        {'role': 'user', 'content': 'a'},
+        {'role': 'system', 'content': 'be brief'},
+        {'role': 'user', 'content': 'b'}]),
+]
+
 # For templates without a system role: the family whose template merges it.
 LENIENT_SOURCE = {
     'Gemma-2-it': 'Gemma-3-it',
@@ -661,10 +708,10 @@ def make_env():
     return env
 
 
-def render(env, tpl, messages, agp):
+def render(env, tpl, messages, agp, options=None):
     return env.from_string(tpl['template']).render(
         messages=messages, add_generation_prompt=agp,
-        bos_token=tpl['bos'], eos_token=tpl['eos'])
+        bos_token=tpl['bos'], eos_token=tpl['eos'], **(options or {}))
 
 
 def merge_system(messages):
@@ -687,24 +734,25 @@ def build():
     for tpl in TEMPLATES:
         entry = {k: tpl[k] for k in ('name', 'family', 'bos', 'eos', 'template')}
         entry['cases'] = []
-        for case_name, messages in CASES:
-            for agp in (False, True):
-                case = {'name': case_name, 'add_generation_prompt': agp, 'messages': messages}
-                try:
-                    case['expected'] = render(env, tpl, messages, agp)
-                    n_exact += 1
-                except TemplateError as e:
-                    case['jinja_error'] = str(e)
-                    src = LENIENT_SOURCE.get(tpl['name'])
-                    if src:  # the merging template of the family, with this one's BOS use
-                        bos = tpl['bos'] if 'bos_token' in tpl['template'] else ''
-                        other = dict(by_name[src], bos=bos, eos=tpl['eos'])
-                        case['expected'] = render(env, other, messages, agp)
-                    else:
-                        case['expected'] = render(env, tpl, merge_system(messages), agp)
-                    case['lenient'] = True
-                    n_lenient += 1
-                entry['cases'].append(case)
+        cases = CASES + (THINKING_CASES if tpl['family'] == 'qwen3' else [])
+        for (case_name, messages), options, agp in [(c, o, a) for c in cases for o in tpl.get('options', [{}])
+                                                    for a in (False, True)]:
+            case = {'name': case_name, 'add_generation_prompt': agp, 'messages': messages, **options}
+            try:
+                case['expected'] = render(env, tpl, messages, agp, options)
+                n_exact += 1
+            except TemplateError as e:
+                case['jinja_error'] = str(e)
+                src = LENIENT_SOURCE.get(tpl['name'])
+                if src:  # the merging template of the family, with this one's BOS use
+                    bos = tpl['bos'] if 'bos_token' in tpl['template'] else ''
+                    other = dict(by_name[src], bos=bos, eos=tpl['eos'])
+                    case['expected'] = render(env, other, messages, agp)
+                else:
+                    case['expected'] = render(env, tpl, merge_system(messages), agp)
+                case['lenient'] = True
+                n_lenient += 1
+            entry['cases'].append(case)
         result['templates'].append(entry)
     return result, n_exact, n_lenient
 

@@ -15,7 +15,7 @@ IDS = [[5, 77, 130, 200, 250, 12, 9], [297, 40, 41, 42, 298, 120, 33, 7, 7, 7, 1
 
 
 def record(fixture_dir):
-    from llama_cpp import Llama
+    from lcpp import Llama
 
     out = {}
     for f in sorted(pathlib.Path(fixture_dir).glob("tiny_*.gguf")):

@@ -33,7 +33,8 @@ static int check_case(const chat_template *tpl, const char *tname, json_t *c) {
         m[i].content = json_string_value(json_object_get(o, "content"));
     }
     char err[256] = "";
-    char *out = chat_render(tpl, m, n, agp, err, sizeof err);
+    const chat_options opt = {.no_thinking = json_is_false(json_object_get(c, "enable_thinking"))};
+    char *out = chat_render_opts(tpl, m, n, agp, &opt, err, sizeof err);
     int ok = out && strcmp(out, expected) == 0;
     if (!ok) {
         test_failures++;
@@ -55,7 +56,7 @@ TEST(chat_matches_jinja_reference) {
     }
     json_t *tpls = json_object_get(root, "templates");
     CHECK(json_array_size(tpls) >= 7);
-    int seen[CHAT_GEMMA + 1] = {0};
+    int seen[CHAT_FAMILY_LAST + 1] = {0};
     size_t total = 0, matched = 0, lenient = 0, lenient_matched = 0;
     for (size_t i = 0; i < json_array_size(tpls); i++) {
         json_t *t = json_array_get(tpls, i);
@@ -87,7 +88,7 @@ TEST(chat_matches_jinja_reference) {
         if (getenv("VERBOSE"))
             fprintf(stderr, "       %-48s %-8s %zu/%zu\n", name, family, t_ok, t_total);
     }
-    for (int f = CHAT_CHATML; f <= CHAT_GEMMA; f++) {
+    for (int f = CHAT_CHATML; f <= CHAT_FAMILY_LAST; f++) {
         if (!seen[f]) fprintf(stderr, "  no reference template for %s\n", chat_family_name(f));
         CHECK(seen[f]);
     }
@@ -101,7 +102,7 @@ TEST(chat_matches_jinja_reference) {
 
 TEST(chat_family_names) {
     const char *list = chat_family_list();
-    const char *names[] = {"chatml", "llama2", "llama3", "mistral", "zephyr", "gemma"};
+    const char *names[] = {"chatml", "llama2", "llama3", "mistral", "zephyr", "gemma", "qwen3", "phi3"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         CHECK(strstr(list, names[i]) != NULL);
         enum chat_family f = chat_family_from_name(names[i]);
@@ -132,6 +133,11 @@ TEST(chat_unknown_templates_fail) {
         "{% for message in messages %}{% if (message['role'] == 'system') "
         "%}{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}{% endif %}{% "
         "endfor %}",
+        /* a reasoning ChatML other than Qwen3's (QwQ-style: drops <think> from history, no switch) */
+        "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = "
+        "message.content.split('</think>')[-1] %}{{ '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}"
+        "{%- else %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+        "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n' }}{%- endif %}",
         /* mistral v7 */
         "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] "
         "' + message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ "

@@ -29,6 +29,21 @@ static double max_rel_diff(const float *a, const float *b, int n) {
     return mx / (scale > 0 ? scale : 1);
 }
 
+/* The answer's logits from the pot (into a) equal a full prefill of every
+ * token the document's reading recorded (into b); more than min_tokens of them. */
+static void answer_equals_prefill(engine *e, engine_doc *d, int32_t n_vocab, size_t min_tokens, float *a, float *b,
+                                  const char *label) {
+    char err[512];
+    CHECK_EQ_INT(engine_doc_answer_logits(d, "How many ships passed in April?", a, err, sizeof err), 0);
+    size_t n_tok;
+    const int32_t *toks = engine_doc_tokens(d, &n_tok);
+    CHECK(toks != NULL && n_tok > min_tokens);
+    CHECK_EQ_INT(engine_prompt_logits(e, toks, n_tok, b, err, sizeof err), 0);
+    double rel = max_rel_diff(a, b, n_vocab);
+    if (rel > 1e-4) fprintf(stderr, "  %s: max relative error %g\n", label, rel);
+    CHECK(rel <= 1e-4);
+}
+
 /* Every policy and schedule, budget >= document: logits equal a full prefill. */
 static void check_no_compression_equals_prefill(const char *model_path, size_t doc_bytes,
                                                 int32_t budget, int32_t chunk, int n_policies,
@@ -74,14 +89,7 @@ static void check_no_compression_equals_prefill(const char *model_path, size_t d
             engine_doc_get_stats(d, &st);
             CHECK_EQ_INT(st.compressions, 0);
             CHECK(st.chunks >= 4);
-            CHECK_EQ_INT(engine_doc_answer_logits(d, "How many ships passed in April?", a, err, sizeof err), 0);
-            size_t n_tok;
-            const int32_t *toks = engine_doc_tokens(d, &n_tok);
-            CHECK(toks != NULL && n_tok > (size_t)(3 * chunk));
-            CHECK_EQ_INT(engine_prompt_logits(e, toks, n_tok, b, err, sizeof err), 0);
-            double rel = max_rel_diff(a, b, info.n_vocab);
-            if (rel > 1e-4) fprintf(stderr, "  %s/%s: max relative error %g\n", policies[p], schedules[s], rel);
-            CHECK(rel <= 1e-4);
+            answer_equals_prefill(e, d, info.n_vocab, (size_t)(3 * chunk), a, b, policies[p]);
             engine_doc_close(d);
         }
     free(a);
@@ -95,9 +103,63 @@ TEST(ingest_without_compression_equals_full_prefill_tiny) {
     check_no_compression_equals_prefill(test_fixture("tiny_qwen2.gguf"), 150, 180, 32, 8, 1);
 }
 
+/* The other families through a pot read in chunks: gemma3's sliding-window
+ * layers (window 4, so every chunk's queries mask keys of the chunks before)
+ * and global layers, qwen3's QK-norm, phi3's fused matrices, YaRN's angles. */
+TEST(ingest_without_compression_equals_full_prefill_families) {
+    const char *files[] = {"tiny_gemma3.gguf", "tiny_gemma3_pattern3.gguf", "tiny_qwen3.gguf", "tiny_phi3.gguf",
+                           "tiny_llama_rope_yarn.gguf"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        check_no_compression_equals_prefill(test_fixture(files[i]), 150, 180, 32, 3, 1);
+}
+
 TEST(ingest_without_compression_equals_full_prefill_default_model) {
     /* the real model, for its chat template and GQA shape: the two policies that score */
     check_no_compression_equals_prefill(test_model_path(), 600, 256, 24, 2, 0);
+}
+
+/* A model whose layers all slide (window 32) through a pot far smaller than
+ * the document: each layer keeps its window's tail, so the answer's logits
+ * equal a full prefill of every token (what the pot lost was out of every
+ * window's sight). Attention-scored policies would keep the tail anyway
+ * (nothing outside a window gets attention), so InfiniPot also runs on
+ * surprisal alone (nuc_share 1), which would drop recent entries. */
+TEST(ingest_sliding_layers_keep_their_window_exactly) {
+    engine *e = open_engine(test_fixture("swa_gemma3_local.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    CHECK_EQ_INT(info.n_sliding_layers, 2);
+    char *doc = test_lighthouse_doc(400);
+    const char *policies[] = {"infinipot", "infinipot", "snapkv", "h2o", "streaming", "truncate"};
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
+        engine_pot_settings set = engine_pot_settings_default();
+        set.policy = policies[p];
+        if (p == 0) set.nuc_share = 1.0f;
+        set.budget_tokens = 64;
+        set.keep_tokens = 40;
+        set.chunk_tokens = 12;
+        set.record_tokens = 1;
+        engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+        CHECK(d != NULL);
+        if (!d) {
+            fprintf(stderr, "  %s: %s\n", policies[p], err);
+            continue;
+        }
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_stats st;
+        engine_doc_get_stats(d, &st);
+        CHECK(st.compressions >= 3);
+        answer_equals_prefill(e, d, info.n_vocab, 100, a, b, policies[p]);
+        engine_doc_close(d);
+    }
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
 }
 
 /* Ingests doc with the given feed sizes; returns the answer logits and the
