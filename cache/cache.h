@@ -210,7 +210,7 @@ int32_t cascade_update(cascade *c, const pot *p, int64_t first, int64_t n);
  * cascade_update returned). 0, or -1 if the state and the pot disagree. */
 int cascade_keep(const cascade *c, const pot *p, int32_t *keep, int32_t n_keep);
 
-/* ---- chunk schedules (cache/schedule.c) ---------------------------------------
+/* ---- chunk schedules (cache/chunk_schedule.c) ---------------------------------------
  * Engine chunks are chosen here, never by how a client split its upload. The
  * engine asks for the next plan with the pot's current fill, forwards that
  * many tokens (fewer only at the end of the document), then compresses the pot
@@ -260,7 +260,7 @@ int schedule_init(chunk_schedule *s, enum schedule_kind kind, int32_t budget, in
  * (a document that fits in keep is never compressed), working set
  * W = max(chunk + keep/2, keep + c_min) <= budget, chunks W - memory within
  * [c_min, chunk], c_min = max(1, min(chunk/4, budget - keep)) (the rule and
- * its reasons: schedule.c). */
+ * its reasons: chunk_schedule.c). */
 chunk_plan schedule_next(chunk_schedule *s, int32_t n);
 /* Name <-> kind ("fixed", "imdc"); -1 for an unknown name. */
 int schedule_kind_from_name(const char *name);

@@ -32,7 +32,7 @@
 #include "cuda/cuda_internal.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
-#include "engine/cpu/rope.h"
+#include "engine/rope.h"
 #include "engine/model.h"
 #include "engine/quant.h"
 

@@ -38,7 +38,7 @@ cudaError_t cuda_add_bias_f32(float *y, const float *bias, int64_t rows, int64_t
 void cuda_swiglu_ref(float *gate, const float *up, int64_t n);
 
 /* ---- rope.cu: rotary embedding by position ----------------------------------------- */
-/* The angles, as engine/cpu/rope.c computes them (rope_init): cs[pos][i] =
+/* The angles, as engine/rope.c computes them (rope_init): cs[pos][i] =
  * (cos, sin) of pos * inv_freq[i] rounded to f32 for pos < n_table; beyond the
  * table the kernels compute them in double from inv_freq, as rope_rotate does.
  * layout: 0 rotates pairs (2i, 2i+1) (llama), 1 pairs (i, i + n_rot/2) (neox,

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 /* ---- SHA-256 (FIPS 180-4) ----------------------------------------------------------- */
 

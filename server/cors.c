@@ -5,7 +5,7 @@
  * changes a response. */
 #include <string.h>
 
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 static const char CORS_METHODS[] = "GET, POST, DELETE, OPTIONS";
 static const char CORS_HEADERS[] = "Authorization, Content-Type, X-Session-Id, X-Chunk-Seq";

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 int metrics_route(metrics *m, const char *route) {
     for (int i = 0; i < METRIC_ROUTES; i++) {

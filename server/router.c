@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "cache/cache.h" /* policy and schedule names */
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 /* ---- request lifetime --------------------------------------------------------------- */
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "server/server.h"
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 extern char **environ;
 

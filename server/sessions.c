@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 enum { PIECE_BYTES = 16 * 1024, MAX_IN_FLIGHT = 8 };
 #define SNAPSHOT_FILE "pot.snap"

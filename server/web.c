@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/common.h" /* crc32c */
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 /* The arrays xxd -i writes (named after each file). */
 extern unsigned char index_html[], app_js[], style_css[], favicon_svg[];

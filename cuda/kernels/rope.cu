@@ -1,4 +1,4 @@
-/* Rotary position embedding on the GPU, the arithmetic of engine/cpu/rope.c:
+/* Rotary position embedding on the GPU, the arithmetic of engine/rope.c:
  * the same f32 angle table (built by rope_init on the host and uploaded),
  * angles beyond it in double, and the rotation without fused multiply-adds,
  * so a rotated vector is bit-identical to rope_rotate's inside the table.

@@ -1,7 +1,7 @@
 /* RoPE's device arithmetic (private to cuda/kernels/), shared by rope.cu and
  * attention.cu: the angle of (position, pair) from the f32 table or, beyond
  * it, in double, and the rotation of one pair without fused multiply-adds,
- * which makes it bit-identical to engine/cpu/rope.c's rope_rotate. */
+ * which makes it bit-identical to engine/rope.c's rope_rotate. */
 #ifndef POTSERVE_CUDA_ROPE_CUH
 #define POTSERVE_CUDA_ROPE_CUH
 

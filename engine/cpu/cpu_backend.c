@@ -11,7 +11,7 @@
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/quant.h"
-#include "rope.h"
+#include "engine/rope.h"
 #include "simd.h"
 #include "threadpool.h"
 

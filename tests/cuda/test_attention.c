@@ -8,7 +8,7 @@
  * number of tiles, positions inside and beyond the angle table. */
 #include "cache/cache.h"
 #include "cuda/kernels.h"
-#include "engine/cpu/rope.h"
+#include "engine/rope.h"
 #include "tests/cuda/cuda_test.h"
 
 typedef struct attn_case {

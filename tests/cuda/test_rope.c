@@ -1,10 +1,10 @@
-/* RoPE on the GPU against engine/cpu/rope.c: query rows rotated in place,
+/* RoPE on the GPU against engine/rope.c: query rows rotated in place,
  * and pot keys (f16 and f32, pre-RoPE) loaded and rotated by slot. Inside the
  * angle table the results must be bit-identical; beyond it (angles computed
  * in double on each side) within an ulp or so. */
 #include "cache/cache.h"
 #include "cuda/kernels.h"
-#include "engine/cpu/rope.h"
+#include "engine/rope.h"
 #include "tests/cuda/cuda_test.h"
 
 /* The rope's tables uploaded to the device; *dev owns the two arrays. */

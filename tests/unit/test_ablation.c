@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
-#include "engine/cpu/rope.h"
+#include "engine/rope.h"
 #include "engine/engine.h"
 #include "test.h"
 #include "test_model.h"

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/cpu/rope.h"
+#include "engine/rope.h"
 #include "test.h"
 
 static double max_abs_diff(const float *a, const float *b, int n) {

@@ -5,8 +5,8 @@
  * comment says otherwise. The engine thread talks to the loop only through
  * srv_post (a locked event queue + uv_async_t); disk work runs on libuv's
  * thread pool, one operation per session at a time. */
-#ifndef POTSERVE_SRV_H
-#define POTSERVE_SRV_H
+#ifndef POTSERVE_SERVER_INTERNAL_H
+#define POTSERVE_SERVER_INTERNAL_H
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -172,7 +172,7 @@ int web_is_page(const char *path);
 /* GET of a page file (r->url must be one: web_is_page). */
 void route_web(request *r);
 
-/* ---- generation (generate.c) ------------------------------------------------------- */
+/* ---- generation (completions.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
 /* /v1/responses once responses.c has turned r->body into a chat body;
  * takes `responses` (the original body, echoed in the answer). */

@@ -1,7 +1,7 @@
 /* RoPE: a table of cos/sin per (position, pair) so rotating a key costs a few
  * multiplies (the CPU backend rotates every pot key by its slot on each
  * forward, since pots keep keys before RoPE). */
-#include "rope.h"
+#include "engine/rope.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "server/srv.h"
+#include "server/server_internal.h"
 
 /* One of the answers (OpenAI's choices: n per prompt, prompts of a batch). */
 typedef struct choice {

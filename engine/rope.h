@@ -1,4 +1,4 @@
-/* Rotary position embedding (private to engine/cpu/): rotates the first n_rot
+/* Rotary position embedding (shared by the CPU and CUDA backends): rotates the first n_rot
  * elements of a head vector to a position, with the pair layout the model's
  * architecture uses. Angles come from a table for positions inside the
  * model's context and are computed beyond it. */
