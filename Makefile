@@ -72,6 +72,8 @@ $(BUILD)/unit_tests: $(LIB_OBJ) $(TEST_OBJ) $(FLAVOR_STAMP)
 	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+# the OpenAPI document is assembled into this object (.incbin), which -MMD does not see
+$(BUILD)/obj/api/openapi_doc.o: api/openapi.json
 
 # --- set-up -----------------------------------------------------------------
 # Debian packages, installed only when one is missing.

@@ -215,6 +215,15 @@ static void route_metrics(request *r) {
     deliver(r, 200, resp);
 }
 
+static void route_openapi(request *r) {
+    size_t n;
+    const char *doc = api_openapi_json(&n);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, (void *)doc, MHD_RESPMEM_PERSISTENT);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    r->bytes_out += n;
+    deliver(r, 200, resp);
+}
+
 static void route_tokenize(request *r) {
     server *s = r->srv;
     api_error e;
@@ -293,6 +302,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     int post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return "/health";
     if (!strcmp(url, "/metrics")) return "/metrics";
+    if (!strcmp(url, "/openapi.json")) return "/openapi.json";
     if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return "/v1/models";
     if (!strcmp(url, "/v1/chat/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/chat/completions";
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
@@ -316,6 +326,7 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
     if (!strcmp(rt, "/health")) return get ? route_health(r) : method_not_allowed(r);
     if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/openapi.json")) return get ? route_openapi(r) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : method_not_allowed(r);
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : method_not_allowed(r);
