@@ -40,6 +40,7 @@ struct upload {
     enum upload_mode mode;
     uint64_t seq;
     int final, wait, sse;
+    int streaming;               /* sse: the event stream has begun (else errors go as JSON) */
     const chunk_log_entry *dup;  /* UPLOAD_DUPLICATE: the acknowledged chunk */
     piece *cur;
     piece *disk_head, *disk_tail;
@@ -468,7 +469,7 @@ static void piece_ingested_loop(server *s, void *arg) {
         fail_upload(u, overflow ? 422 : 500, overflow ? "document_too_long" : "ingest_failed",
                     "%s", c->err);
     }
-    if (u->sse && u->body_done && u->r->conn && !u->finished) {
+    if (u->streaming && u->r->conn && !u->finished) {
         char line[256];
         int n = snprintf(line, sizeof line,
                          "event: progress\ndata: {\"tokens_ingested\": %lld, \"tokens_in_pot\": %d, "
@@ -511,7 +512,7 @@ static void respond_upload(upload *u, int status, json_t *body) {
         json_decref(body);
         return;
     }
-    if (u->sse) {
+    if (u->streaming) {
         char *text = json_dumps(body, JSON_COMPACT);
         json_decref(body);
         const char *ev = status >= 400 ? "error" : "done";
@@ -553,6 +554,10 @@ static void upload_step(upload *u) {
     if (u->failed) {
         if (u->in_flight > 0) return; /* wait for the engine to hand back every piece */
         if (u->began && !u->committed) return disk_submit(u, 2, NULL);
+        if (u->committed) { /* the failure came during the commit: the log holds the chunk, so it stands */
+            ss->last_seq = u->seq;
+            ss->final = u->final;
+        }
         u->finished = 1;
         respond_upload(u, u->err.status, api_error_json(&u->err));
         /* pieces of this chunk may have reached the pot: re-read it from the log */
@@ -772,7 +777,7 @@ void upload_receive(request *r, const char *data, size_t *size) {
     if (!u->failed && u->utf8_need)
         fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
     dispatch_piece(u);
-    if (u->sse && !u->failed) stream_start(r);
+    if (u->sse && !u->failed && !stream_start(r)) u->streaming = 1;
     else if (!u->finished) request_suspend(r);
     upload_step(u);
 }
