@@ -910,9 +910,9 @@ static void create_work(uv_work_t *w) {
         ss->log = chunk_log_open(log, sync, NULL, j->err, sizeof j->err);
         j->rc = ss->log ? 0 : -1;
     }
-    if (!j->rc && sync) { /* the new directory entry itself */
-        int dfd = open(ss->srv->cfg.data_dir, O_RDONLY | O_DIRECTORY);
-        if (dfd >= 0) fsync(dfd), close(dfd);
+    if (!j->rc && sync) { /* the new directory's entry, in data_dir/sessions */
+        int e = fsync_parent_dir(ss->dir);
+        if (e) j->rc = -1, snprintf(j->err, sizeof j->err, "cannot sync the directory of %s: %s", ss->dir, strerror(e));
     }
     free(meta);
     free(log);
