@@ -409,7 +409,7 @@ static void disk_done(uv_work_t *w, int status) {
             fail_upload(u, 500, "storage_error", "cannot write the chunk to the log: %s", op->err);
             u->in_flight--;
             free(op->p);
-        } else if (u->failed) {
+        } else if (u->failed || !op->p->n) { /* an empty chunk's record: nothing to ingest */
             u->in_flight--;
             free(op->p);
         } else {
@@ -782,10 +782,12 @@ void upload_receive(request *r, const char *data, size_t *size) {
     upload_step(u);
 }
 
+/* A boolean query parameter: dflt when absent, -1 when neither true/1/yes nor false/0/no. */
 static int query_flag(request *r, const char *name, int dflt) {
     const char *v = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
     if (!v) return dflt;
-    return !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes");
+    if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes")) return 1;
+    return !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no") ? 0 : -1;
 }
 
 /* Headers of POST /v1/sessions/{id}/chunks: everything that can be refused
@@ -835,6 +837,12 @@ static void start_upload(request *r, session *ss) {
     u->t0 = srv_now_ms();
     u->tokens_before = ss->stats.tokens_read;
     r->up = u;
+    if (u->final < 0 || u->wait < 0) {
+        api_fail(&e, 400, "invalid_value", u->final < 0 ? "final" : "wait", "%s must be true or false",
+                 u->final < 0 ? "final" : "wait");
+        u->finished = 1;
+        return respond_error(r, &e);
+    }
     const char *seq_text = seq_h ? seq_h : seq_q;
     if (seq_text) {
         char *end;
@@ -1203,8 +1211,7 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     if (!*rest) {
         if (post) return create_session(r);
         if (get) return list_sessions(r);
-        api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on /v1/sessions", r->method);
-        return respond_error(r, &e);
+        return respond_method_not_allowed(r, "GET, POST");
     }
     char id[48];
     const char *slash = strchr(rest + 1, '/');
@@ -1221,12 +1228,15 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     if (!slash) {
         if (get) return respond_json(r, 200, session_json(s, ss));
         if (del) return delete_session(r, ss);
+        return respond_method_not_allowed(r, "GET, DELETE");
     } else if (!strcmp(slash, "/chunks")) {
         if (post) return start_upload(r, ss);
+        return respond_method_not_allowed(r, "POST");
     } else if (!strcmp(slash, "/retention")) {
         if (get) return session_retention(r, ss);
+        return respond_method_not_allowed(r, "GET");
     }
-    api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);
+    api_fail(&e, 404, "not_found", NULL, "no route %s %s", r->method, r->url);
     respond_error(r, &e);
 }
 

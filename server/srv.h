@@ -94,6 +94,8 @@ void request_unref(request *r);
 /* Queues (or, while suspended, prepares) a JSON response; takes body. */
 void respond_json(request *r, int status, json_t *body);
 void respond_error(request *r, const api_error *e);
+/* 405 for r's method, with Allow listing the methods the route takes (e.g. "GET, POST"). */
+void respond_method_not_allowed(request *r, const char *allow);
 /* Resumes a suspended request so MHD calls the access handler again. */
 void request_wake(request *r);
 /* Suspends the connection while async work runs (call in the access handler). */
