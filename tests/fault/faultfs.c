@@ -212,35 +212,31 @@ static int open_common(int dfd, const char *path, int flags, mode_t mode, int at
     return at ? real_openat(dfd, path, flags, mode) : real_open(path, flags, mode);
 }
 
+/* The mode argument of an open, there only with O_CREAT or O_TMPFILE. */
+#define TAKE_MODE(flags, mode)                                                                   \
+    do {                                                                                         \
+        if ((flags) & (O_CREAT | O_TMPFILE)) {                                                   \
+            va_list ap;                                                                          \
+            va_start(ap, flags);                                                                 \
+            mode = (mode_t)va_arg(ap, int);                                                      \
+            va_end(ap);                                                                          \
+        }                                                                                        \
+    } while (0)
+
 int open(const char *path, int flags, ...) {
     mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
+    TAKE_MODE(flags, mode);
     return open_common(AT_FDCWD, path, flags, mode, 0);
 }
 
 int open64(const char *path, int flags, ...) {
     mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
+    TAKE_MODE(flags, mode);
     return open_common(AT_FDCWD, path, flags, mode, 0);
 }
 
 int openat(int dfd, const char *path, int flags, ...) {
     mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
+    TAKE_MODE(flags, mode);
     return open_common(dfd, path, flags, mode, 1);
 }

@@ -28,7 +28,7 @@ SCHEMATHESIS_EXCLUDED = "positive_data_acceptance"
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, model):
     s = Server(tmp_path_factory.mktemp("data"), "--api-key", KEY, "--budget-tokens", "64",
-               "--request-timeout", "5", "--access-log", "false", "--max-sessions-per-key", "1000")
+               "--request-timeout", "2", "--access-log", "false", "--max-sessions-per-key", "1000")
     s.start()
     yield s
     assert s.stop() == 0
