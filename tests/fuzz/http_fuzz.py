@@ -44,6 +44,7 @@ KEY = "fuzz-key-0123456789"
 IDLE_TIMEOUT = 3       # --idle-timeout given to the server
 REQUEST_TIMEOUT = 5    # --request-timeout (bounds one generation)
 SLACK = 12             # seconds of scheduling noise allowed on a shared 2-core machine
+WORKERS = 4            # concurrent clients (--workers)
 
 # Kinds of finding that are known bugs of issue 21 (fixed on branch relfix):
 # reported under the bug's name, not counted as new.
@@ -710,8 +711,10 @@ def parse_json(b):
 
 
 def exchange(port, req, rng, stats):
-    if req.generation:
-        limit = REQUEST_TIMEOUT + SLACK + 10
+    if req.generation or (req.upload and req.complete):
+        # queued behind other work on the one engine thread: items of one document
+        # keep their order, so an upload can wait for a generation per worker
+        limit = REQUEST_TIMEOUT * WORKERS + SLACK + 30
     elif req.complete:
         limit = SLACK + 10
     else:
@@ -774,6 +777,8 @@ def main():
     ap.add_argument("--json-out")
     ap.add_argument("--server-flag", action="append", default=[], help="extra serve flag (repeatable)")
     a = ap.parse_args()
+    global WORKERS
+    WORKERS = a.workers
 
     tmp = tempfile.mkdtemp(prefix="potserve-fuzz-")
     srv = Server(a.bin, a.model, os.path.join(tmp, "data"), os.path.join(tmp, "server.log"), a.server_flag)

@@ -82,3 +82,38 @@ def test_sse_upload_refused_before_its_stream_gets_a_json_error(tmp_path):
         assert s.stop() == 0
     finally:
         s.kill()
+
+
+def test_schemathesis_findings_stay_fixed(tmp_path):
+    """What Schemathesis and the fuzzer found, one request each: an empty final
+    chunk (was 500), top_p 0 (was 503), a body of NULs (created a session),
+    405 without Allow, a misspelt ?wait (was taken as false)."""
+    s = Server(tmp_path / "data", "--budget-tokens", "64").start()
+    try:
+        st, ses, _ = s.request("POST", "/v1/sessions", {})
+        sid = ses["id"]
+        st, body, _ = s.request("POST", f"/v1/sessions/{sid}/chunks", raw=b"Some text.",
+                                headers={"Content-Type": "text/plain"})
+        assert st == 200, body
+        st, body, _ = s.request("POST", f"/v1/sessions/{sid}/chunks?final=true", raw=b"",
+                                headers={"Content-Type": "text/plain"})
+        assert st == 200 and body["final"] is True and body["last_seq"] == 2, body
+        st, body, _ = s.request("POST", "/v1/completions", {"prompt": "The", "max_tokens": 2, "top_p": 0})
+        assert st == 200, body
+        st, body, _ = s.request("POST", "/v1/sessions", raw=b"\x00\x00", headers={"Content-Type": "application/json"})
+        assert st == 400 and body["error"]["code"] == "invalid_json", body
+        for method, path, allow in (("PUT", f"/v1/sessions/{sid}", "GET, DELETE"), ("GET", f"/v1/sessions/{sid}/chunks", "POST"),
+                                    ("DELETE", "/v1/sessions", "GET, POST"), ("POST", "/health", "GET")):
+            st, body, hdrs = s.request(method, path)
+            assert st == 405 and hdrs.get("Allow") == allow, (method, path, st, hdrs)
+        st, body, _ = s.request("GET", f"/v1/sessions/{sid}/nothing")
+        assert st == 404, body
+        st, ses2, _ = s.request("POST", "/v1/sessions", {})
+        st, body, _ = s.request("POST", f"/v1/sessions/{ses2['id']}/chunks?wait=ture", raw=b"x",
+                                headers={"Content-Type": "text/plain"})
+        assert st == 400 and body["error"]["param"] == "wait", body
+        st, after, _ = s.request("GET", f"/v1/sessions/{ses2['id']}")
+        assert after["last_seq"] == 0, after
+        assert s.stop() == 0
+    finally:
+        s.kill()
