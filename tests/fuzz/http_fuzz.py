@@ -388,8 +388,8 @@ def upload_body(rng):
         return b[:i] + rng.choice([b"\xff", b"\x80", b"\xc3(", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]) + b[i:], True
     if r < 0.25:
         return b + rng.choice([b"\xc3", b"\xe6\x97", b"\xf0\x9f\x99"]), True
-    if r < 0.3 and len(b) > 20000:
-        return b[:16384 - 1] + "é".encode() + b[16384:], False  # a character across the 16 KiB piece edge
+    if r < 0.3 and len(b) > 20000:  # a character across the server's 16 KiB piece edge
+        return b"x" * 16383 + "é".encode() + b, False
     return b, False
 
 
@@ -711,9 +711,12 @@ def parse_json(b):
 
 
 def exchange(port, req, rng, stats):
-    if req.generation or (req.upload and req.complete):
-        # queued behind other work on the one engine thread: items of one document
-        # keep their order, so an upload can wait for a generation per worker
+    line = req.data.split(b"\r\n", 1)[0]
+    engine_work = req.generation or req.upload or b"/retention" in line or line.startswith(b"POST /v1/sessions ")
+    if engine_work and req.complete:
+        # queued behind other work on the one engine thread (generations, uploads,
+        # a new session's pot, retention): items of one document keep their order,
+        # so such a request can wait for a generation per worker
         limit = REQUEST_TIMEOUT * WORKERS + SLACK + 30
     elif req.complete:
         limit = SLACK + 10

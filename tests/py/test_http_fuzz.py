@@ -61,8 +61,8 @@ def test_sse_upload_refused_before_its_stream_gets_a_json_error(tmp_path):
     to get no answer at all (the error went into an event stream never begun)."""
     s = Server(tmp_path / "data", "--budget-tokens", "64").start()
     try:
-        st, ses, _ = s.request("POST", "/v1/sessions", {})
         for body in (b"\x80", b"valid text then \xff"):
+            st, ses, _ = s.request("POST", "/v1/sessions", {})  # a new one: the last is rebuilt after the 400
             c = socket.create_connection(("127.0.0.1", s.port), timeout=20)
             c.sendall((f"POST /v1/sessions/{ses['id']}/chunks HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
                        f"Content-Type: text/plain\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode()
