@@ -58,6 +58,11 @@ KNOWN = {
     "seq_header_query_disagree": "header/?seq disagreement",
     "seq_wraps": "X-Chunk-Seq wrap",
     "status_500_storage": "full-disk 500->507",
+    # not on the list, not yet understood: seen once in ~5 runs, a chat over a
+    # session that had ?wait=false uploads (and was then failed) answered only at
+    # shutdown (99 s, 0 tokens; request_timeout is checked per generated token).
+    # Suspected to follow from "?wait=false hang-up failing the session".
+    "hang_generation_over_session": "open: generation over a session waits past request_timeout",
 }
 
 # ---- the server ------------------------------------------------------------------------
@@ -656,6 +661,8 @@ def judge(req, status, hdrs, body, how, elapsed, stats):
             kind = "hang_upload_invalid_utf8"
         elif "huge_cl" in req.tags:
             kind = "huge_content_length"
+        elif req.generation and b'"session"' in req.data:
+            kind = "hang_generation_over_session"
         else:
             kind = "hang"
         stats.find(kind, f"{req.gen}: no answer and no close after {elapsed:.1f}s: {req.summary()}", req)

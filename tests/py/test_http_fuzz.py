@@ -38,7 +38,9 @@ def test_http_fuzz_finds_nothing_new(fuzz_run):
 
 @pytest.mark.xfail(reason="known bugs of issue 21, fixed on branch relfix: MHD HTML error bodies, hung upload on "
                           "split invalid UTF-8, Retry-After on 429, duplicate/huge Content-Length, "
-                          "Transfer-Encoding gzip, X-Chunk-Seq wrap, header/?seq disagreement", strict=False)
+                          "Transfer-Encoding gzip, X-Chunk-Seq wrap, header/?seq disagreement; and one open finding, "
+                          "a generation over a session that waits past request_timeout (see KNOWN in http_fuzz.py)",
+                   strict=False)
 def test_http_fuzz_known_bugs_are_gone(fuzz_run):
     rc, res = fuzz_run
     assert not res["known"], json.dumps(res["known"], indent=1)
