@@ -661,6 +661,10 @@ def judge(req, status, hdrs, body, how, elapsed, stats):
             kind = "hang_upload_invalid_utf8"
         elif "huge_cl" in req.tags:
             kind = "huge_content_length"
+        elif "dup_cl" in req.tags:
+            kind = "duplicate_content_length_accepted"
+        elif "te_other" in req.tags:
+            kind = "transfer_encoding_gzip_accepted"
         elif req.generation and b'"session"' in req.data:
             kind = "hang_generation_over_session"
         else:
@@ -720,7 +724,8 @@ def parse_json(b):
 def exchange(port, req, rng, stats):
     line = req.data.split(b"\r\n", 1)[0]
     engine_work = req.generation or req.upload or b"/retention" in line or line.startswith(b"POST /v1/sessions ")
-    if engine_work and req.complete:
+    ambiguous = bool(req.tags & {"dup_cl", "cl_te", "te_other"})  # the server may take it as complete
+    if engine_work and (req.complete or ambiguous):
         # queued behind other work on the one engine thread (generations, uploads,
         # a new session's pot, retention): items of one document keep their order,
         # so such a request can wait for a generation per worker
