@@ -14,7 +14,7 @@ MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db5
 
 DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
                  libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd
-PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0 jsonschema==4.26.0 langchain-openai==1.7.4
+PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0 jsonschema==4.26.0 langchain-openai==1.7.4 schemathesis==4.32.5
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
@@ -64,7 +64,8 @@ $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke
+.PHONY: all deps venv model run test unit pytest fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
+        fuzz-http test-faults soak
 all: $(BUILD)/potserve
 
 $(BUILD)/obj/%.o: %.c
@@ -89,6 +90,8 @@ $(BUILD)/unit_tests: $(LIB_OBJ) $(TEST_OBJ) $(FLAVOR_STAMP)
 	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+# the OpenAPI document is assembled into this object (.incbin), which -MMD does not see
+$(BUILD)/obj/api/openapi_doc.o: api/openapi.json
 
 # --- set-up -----------------------------------------------------------------
 # Debian packages, installed only when one is missing.
@@ -148,7 +151,7 @@ $(BUILD)/fixtures/.ok: tests/make_fixtures.py tests/reference/make_spm_vocab.py 
 unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
-pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench fixtures model $(BUILD)/.web-test-deps
+pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench $(BUILD)/faultfs.so fixtures model $(BUILD)/.web-test-deps
 	$(VPY) -m pytest -q tests/py
 
 # The page's browser test (tests/py/test_web.py) drives Debian's Chromium
@@ -303,6 +306,28 @@ fuzz: model
 	@ls $(BUILD)/fixtures/*.gguf >/dev/null 2>&1 && cp $(BUILD)/fixtures/tiny_llama.gguf $(BUILD)/fuzz/corpus_gguf/ || true
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus_gguf
 	$(BUILD)/fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus_tok
+	$(MAKE) --no-print-directory fuzz-http
+
+# --- reliability harness (docs/reliability.md) -----------------------------------
+# fuzz-http: the grammar/JSON fuzzer of the live server for FUZZ_SECONDS
+# (tests/py/test_http_fuzz.py runs 40 s of it in `make pytest`).
+fuzz-http: $(BUILD)/potserve model
+	@mkdir -p $(BUILD)/fuzz
+	$(VPY) tests/fuzz/http_fuzz.py --bin $(BUILD)/potserve --model $(MODEL) --seconds $(FUZZ_SECONDS) \
+	  --json-out $(BUILD)/fuzz/http_fuzz.json
+# The LD_PRELOAD storage-fault shim of tests/py/test_faults.py; test-faults runs
+# every fault site in every mode (`make pytest` runs a spread subset of 14 cases).
+$(BUILD)/faultfs.so: tests/fault/faultfs.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -shared -fPIC $< -o $@ -ldl
+test-faults: $(BUILD)/potserve $(BUILD)/faultfs.so fixtures
+	FAULT_SITES_MAX=0 $(VPY) -m pytest -q -rxX tests/py/test_faults.py
+# Soak: many sessions uploading and asking at once with random disconnects for
+# SOAK_SECONDS (at most 600), reporting errors, RSS over time, fds and connections.
+SOAK_SECONDS ?= 300
+soak: $(BUILD)/potserve model
+	$(VPY) tests/bench/soak.py --bin $(BUILD)/potserve --model $(MODEL) --seconds $(SOAK_SECONDS) \
+	  --json-out $(BUILD)/soak.json
 
 # The live reference: builds llama-cpp-python (llama.cpp from source) into the
 # venv, checks that the recorded fixtures still equal what llama.cpp computes

@@ -3,6 +3,7 @@
  * names the field. */
 #include "api.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -114,7 +115,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
     memset(out, 0, sizeof *out);
     int blank = 1;
     for (size_t i = 0; i < n; i++)
-        if (!strchr(" \t\r\n", body[i])) blank = 0;
+        if (!body[i] || !strchr(" \t\r\n", body[i])) blank = 0; /* strchr finds a NUL too */
     json_t *root = blank ? json_object() : api_parse_object(body, n, e);
     if (!root) return -1;
     out->root = root;
@@ -448,7 +449,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     if (chat) r->n_batch = 1;
     gp->max_tokens = (int32_t)max_tokens;
     sp->temperature = (float)temp;
-    sp->top_p = (float)top_p;
+    sp->top_p = (float)top_p > 0 ? (float)top_p : FLT_MIN; /* 0, as OpenAI allows: the likeliest token */
     sp->top_k = (int32_t)top_k;
     sp->min_p = (float)min_p;
     sp->seed = (uint64_t)seed;

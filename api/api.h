@@ -27,6 +27,9 @@ json_t *api_error_json(const api_error *e);
 /* The error type docs/api.md names for a status. */
 const char *api_error_type(int status);
 
+/* The OpenAPI document of this API (api/openapi.json, embedded; static, NUL-terminated). */
+const char *api_openapi_json(size_t *len);
+
 /* Parses a JSON object body; NULL + e (400) for anything else. */
 json_t *api_parse_object(const char *body, size_t n, api_error *e);
 

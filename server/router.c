@@ -241,6 +241,15 @@ static void route_metrics(request *r) {
     respond_raw(r, 200, resp);
 }
 
+static void route_openapi(request *r) {
+    size_t n;
+    const char *doc = api_openapi_json(&n);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, (void *)doc, MHD_RESPMEM_PERSISTENT);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    r->bytes_out += n;
+    respond_raw(r, 200, resp);
+}
+
 static void route_tokenize(request *r) {
     server *s = r->srv;
     api_error e;
@@ -301,10 +310,12 @@ typedef struct route_def {
     enum body_kind body;
 } route_def;
 
-static void method_not_allowed(request *r) {
+void respond_method_not_allowed(request *r, const char *allow) {
     api_error e;
     api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);
-    respond_error(r, &e);
+    struct MHD_Response *resp = json_response(r, api_error_json(&e));
+    MHD_add_response_header(resp, "Allow", allow); /* RFC 9110: a 405 lists what is allowed */
+    respond_raw(r, 405, resp);
 }
 
 static void not_found(request *r) {
@@ -320,6 +331,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/health")) return "/health";
     if (web_is_page(url)) return "/ (page)";
     if (!strcmp(url, "/metrics")) return "/metrics";
+    if (!strcmp(url, "/openapi.json")) return "/openapi.json";
     if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return "/v1/models";
     if (!strcmp(url, "/v1/chat/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/chat/completions";
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
@@ -345,16 +357,17 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     const char *rt = r->route, *m = r->method;
     int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
     int head = !strcmp(m, "HEAD");
-    if (!strcmp(rt, "/health")) return get ? route_health(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/ (page)")) return get || head ? route_web(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/v1/server")) return get ? route_server(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : method_not_allowed(r);
-    if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : method_not_allowed(r);
-    if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : method_not_allowed(r);
-    if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : method_not_allowed(r);
+    if (!strcmp(rt, "/health")) return get ? route_health(r) : respond_method_not_allowed(r, "GET");
+    if (!strcmp(rt, "/ (page)")) return get || head ? route_web(r) : respond_method_not_allowed(r, "GET, HEAD");
+    if (!strcmp(rt, "/v1/server")) return get ? route_server(r) : respond_method_not_allowed(r, "GET");
+    if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : respond_method_not_allowed(r, "GET");
+    if (!strcmp(rt, "/openapi.json")) return get ? route_openapi(r) : respond_method_not_allowed(r, "GET");
+    if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : respond_method_not_allowed(r, "GET");
+    if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/sessions", 12))
         return route_sessions(r, r->url + strlen("/v1/sessions"), upload, upload_size);
     not_found(r);

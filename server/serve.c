@@ -109,12 +109,14 @@ static void on_mhd_poll(uv_poll_t *p, int status, int events) {
 /* ---- housekeeping and shutdown ------------------------------------------------------ */
 
 static void close_handles(server *s) {
-    uv_poll_stop(&s->mhd_poll);
+    if (s->mhd_poll.loop) { /* only once start_http got that far: a start-up error comes here too */
+        uv_poll_stop(&s->mhd_poll);
+        uv_close((uv_handle_t *)&s->mhd_poll, NULL);
+    }
     uv_timer_stop(&s->mhd_timer);
     uv_timer_stop(&s->housekeeping);
     uv_signal_stop(&s->sig_term);
     uv_signal_stop(&s->sig_int);
-    uv_close((uv_handle_t *)&s->mhd_poll, NULL);
     uv_close((uv_handle_t *)&s->mhd_timer, NULL);
     uv_close((uv_handle_t *)&s->housekeeping, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);

@@ -100,6 +100,8 @@ void respond_json(request *r, int status, json_t *body);
 void respond_error(request *r, const api_error *e);
 /* respond_error with a Retry-After header (seconds, at least 1). */
 void respond_retry(request *r, const api_error *e, int seconds);
+/* 405 for r's method, with Allow listing the methods the route takes (e.g. "GET, POST"). */
+void respond_method_not_allowed(request *r, const char *allow);
 /* Resumes a suspended request so MHD calls the access handler again. */
 void request_wake(request *r);
 /* Suspends the connection while async work runs (call in the access handler). */

@@ -426,7 +426,7 @@ static void disk_done(uv_work_t *w, int status) {
             fail_storage(u, op, "cannot write the chunk to the log: %s");
             u->in_flight--;
             free(op->p);
-        } else if (u->failed) {
+        } else if (u->failed || !op->p->n) { /* an empty chunk's record: nothing to ingest */
             u->in_flight--;
             free(op->p);
         } else {
@@ -604,6 +604,10 @@ static void upload_step(upload *u) {
         }
         if (u->in_flight > 0) return; /* wait for the engine to hand back every piece */
         if (u->began && !u->committed) return disk_submit(u, 2, NULL);
+        if (u->committed) { /* the failure came during the commit: the log holds the chunk, so it stands */
+            ss->last_seq = u->seq;
+            ss->final = u->final;
+        }
         u->finished = 1;
         if (!u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
         if (!u->engine_touched) { /* the pot never saw this chunk: it holds the pre-chunk state */
@@ -850,10 +854,12 @@ static int parse_seq(const char *text, uint64_t *out) {
     return 0;
 }
 
+/* A boolean query parameter: dflt when absent, -1 when neither true/1/yes nor false/0/no. */
 static int query_flag(request *r, const char *name, int dflt) {
     const char *v = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
     if (!v) return dflt;
-    return !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes");
+    if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes")) return 1;
+    return !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no") ? 0 : -1;
 }
 
 /* Headers of POST /v1/sessions/{id}/chunks: everything that can be refused
@@ -903,6 +909,12 @@ static void start_upload(request *r, session *ss) {
     u->t0 = srv_now_ms();
     u->tokens_before = ss->stats.tokens_read;
     r->up = u;
+    if (u->final < 0 || u->wait < 0) {
+        api_fail(&e, 400, "invalid_value", u->final < 0 ? "final" : "wait", "%s must be true or false",
+                 u->final < 0 ? "final" : "wait");
+        u->finished = 1;
+        return respond_error(r, &e);
+    }
     uint64_t v = 0, vq = 0;
     const char *bad = seq_h && parse_seq(seq_h, &v) ? seq_h : seq_q && parse_seq(seq_q, &vq) ? seq_q : NULL;
     if (bad) {
@@ -984,9 +996,9 @@ static void create_work(uv_work_t *w) {
         ss->log = chunk_log_open(log, sync, NULL, j->err, sizeof j->err);
         j->rc = ss->log ? 0 : -1;
     }
-    if (!j->rc && sync) { /* the new directory entry itself */
-        int dfd = open(ss->srv->cfg.data_dir, O_RDONLY | O_DIRECTORY);
-        if (dfd >= 0) fsync(dfd), close(dfd);
+    if (!j->rc && sync) { /* the new directory's entry, in data_dir/sessions */
+        int e = fsync_parent_dir(ss->dir);
+        if (e) j->rc = -1, snprintf(j->err, sizeof j->err, "cannot sync the directory of %s: %s", ss->dir, strerror(e));
     }
     free(meta);
     free(log);
@@ -1552,8 +1564,7 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     if (!*rest) {
         if (post) return create_session(r);
         if (get) return list_sessions(r);
-        api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on /v1/sessions", r->method);
-        return respond_error(r, &e);
+        return respond_method_not_allowed(r, "GET, POST");
     }
     char id[48];
     const char *slash = strchr(rest + 1, '/');
@@ -1570,14 +1581,18 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     if (!slash) {
         if (get) return respond_json(r, 200, session_json(s, ss));
         if (del) return delete_session(r, ss);
+        return respond_method_not_allowed(r, "GET, DELETE");
     } else if (!strcmp(slash, "/chunks")) {
         if (post || !strcmp(r->method, "PUT")) return start_upload(r, ss);
+        return respond_method_not_allowed(r, "POST, PUT");
     } else if (!strcmp(slash, "/retention")) {
         if (get) return session_retention(r, ss);
+        return respond_method_not_allowed(r, "GET");
     } else if (!strcmp(slash, "/text")) {
         if (get) return session_text(r, ss);
+        return respond_method_not_allowed(r, "GET");
     }
-    api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);
+    api_fail(&e, 404, "not_found", NULL, "no route %s %s", r->method, r->url);
     respond_error(r, &e);
 }
 
