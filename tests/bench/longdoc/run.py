@@ -51,6 +51,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import bench_text  # noqa: E402  (natural prose, generated in the repo)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import corpus  # noqa: E402  (non-repetitive haystacks from Debian packages)
+import tasks  # noqa: E402  (the five RULER-style tasks)
 
 BIN = ROOT / "build" / "longdoc_bench"
 POTSERVE = pathlib.Path(os.environ.get("POTSERVE_BIN", ROOT / "build" / "potserve"))  # tokenize, info, memory runs
@@ -423,6 +426,151 @@ def memory_report(out, cmdline):
     return text
 
 
+# ---- --tasks: five tasks over non-repetitive natural haystacks (issue 22) ----------------
+
+def tokens_per_byte(a, split, out):
+    """Tokens per byte of the split's text for this model (one tokenize call
+    over 64 KB of it), cached in OUT/calibration.json."""
+    path = out / "calibration.json"
+    cal = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{pathlib.Path(a.model).name}:{split}"
+    if key not in cal:
+        sample = "\n\n".join(corpus.shuffled(corpus.load_units(), split, 0))[:65536]
+        sample = sample.encode()[:65536].decode(errors="ignore")
+        cal[key] = n_tokens(a.model, sample) / len(sample.encode())
+        path.write_text(json.dumps(cal, indent=1))
+    return cal[key]
+
+
+def task_docs(a, split, length, units, tpb, work, limit=None):
+    """The documents of one (split, length): trials x 3 rotations, written to
+    work/; [(doc id, path, tasks, needles)]. limit: the most tokens a document
+    may have (policy none within the window): documents are built to the
+    estimate and shrunk until a tokenize call says they fit."""
+    docs = []
+    for k in range(a.trials):
+        for rot in range(len(tasks.DEPTHS)):
+            plan = tasks.document_plan(a.seed, split, length, k, rot)
+            paras = corpus.shuffled(units, split, f"{a.seed}:{k}:{rot}")
+            target = length if limit is None else min(length, limit)
+            while True:
+                text, needles = tasks.build_document(paras, tpb, target, plan, rot, hint=a.hint)
+                if limit is None or n_tokens(a.model, text) <= limit:
+                    break
+                target = int(target * 0.97)
+            path = work / f"doc_{split}_{length}_{k}_{rot}.txt"
+            path.write_text(text)
+            docs.append((f"{split}:{length}:{k}:{rot}", path, plan, needles))
+    return docs
+
+
+def run_task_cell(a, split, policy, budget, length, docs, done):
+    """One longdoc_bench --docs run over the documents not in `done`; yields
+    one row per question as the bench answers it."""
+    todo = [d for d in docs if d[0] not in done]
+    if not todo:
+        return
+    work = pathlib.Path(a.out) / "work"
+    plan_path = work / "docs.jsonl"
+    with open(plan_path, "w") as f:
+        for did, path, plan, needles in todo:
+            flat = sorted(list(r) for t in needles for r in t)  # the bench reads them in document order
+            f.write(json.dumps({"id": did, "doc": str(path), "needles": flat,
+                                "questions": [t["question"] for t in plan]}) + "\n")
+    by_id = {d[0]: d for d in todo}
+    base, _, decoding = policy.partition("+")
+    keep = budget if uncompressed(base) else (a.keep or budget // 2)
+    args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--backend", a.backend, "--docs", str(plan_path),
+            "--budget", str(budget), "-n", "40"]
+    if not uncompressed(base):
+        args += ["--keep", str(keep)]
+    args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
+    t0 = time.time()
+    with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
+        for line in p.stdout:
+            r = json.loads(line)
+            did, path, plan, needles = by_id[r["id"]]
+            _, L, k, rot = r["id"].split(":")
+            task = plan[r["q"]]
+            first = sorted(x for t in needles for x in t).index(needles[r["q"]][0])  # the answer's needle
+            r.update(split=split, policy=policy, budget=budget, keep=keep, length=length, trial=int(k),
+                     rotation=int(rot), task=task["kind"], depth=tasks.depth_of(r["q"], int(rot)),
+                     expected=task["answer"], hit=tasks.score(task, r["answer"]),
+                     kept_needle=r["kept"][first], kept_layers_needle=r["kept_layers"][first],
+                     doc_tokens=r["tokens_read"], model=pathlib.Path(a.model).name,
+                     tps=r["tokens_read"] / (r["ingest_ms"] / 1e3 + 1e-9))
+            del r["kept_layers"]
+            print(json.dumps({x: r[x] for x in ("split", "policy", "length", "task", "depth", "expected", "hit",
+                                                "kept_needle", "answer")}), file=sys.stderr, flush=True)
+            yield r
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode})")
+    print(f"cell {split} {policy} {budget} {length}: {len(todo)} documents in {time.time() - t0:.0f} s",
+          file=sys.stderr)
+
+
+def run_tasks(a, out):
+    results = out / "tasks.jsonl"
+    old = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    model = pathlib.Path(a.model).name
+    lengths = [int(x) for x in a.lengths.split(",")]
+    ctx = n_ctx(a.model)
+    units = corpus.load_units()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    for split in a.splits.split(","):
+        tpb = tokens_per_byte(a, split, out)
+        for policy in a.policies.split(","):
+            for L in lengths:
+                full = uncompressed(policy)
+                if full and L > ctx:
+                    print(f"skip {policy} at {L}: beyond the {ctx}-token window", file=sys.stderr)
+                    continue
+                limit = ctx - 2 * N_CTX_MARGIN if full else None
+                for budget in ([ctx - 32] if full else [int(x) for x in a.budgets.split(",")]):
+                    done = {f"{r['split']}:{r['length']}:{r['trial']}:{r['rotation']}" for r in old
+                            if (r["model"], r["split"], r["policy"], r["budget"], r["length"])
+                            == (model, split, policy, budget, L)}
+                    docs = task_docs(a, split, L, units, tpb, work, limit)
+                    for r in run_task_cell(a, split, policy, budget, L, docs, done):
+                        append(results, [r])
+    rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    return tasks_report(rows, out, " ".join(sys.argv))
+
+
+def tasks_report(rows, out, cmdline):
+    """tasks.md: per (model, split, policy, budget, length) the accuracy of
+    each task and each depth, their average, the needle's kept share and
+    its per-layer profile; tasks.png: accuracy by length x depth."""
+    def k(r):
+        return (r["model"], r["split"], r["policy"], 0 if uncompressed(r["policy"]) else r["budget"], r["length"])
+    lines = [f"`{cmdline}`", "",
+             "Exact match over non-repetitive natural text (tests/bench/longdoc/corpus.py, tasks.py): "
+             "hits/questions (accuracy, Wilson 95 % interval). Each document carries all five tasks' needles "
+             "and is asked the five questions over one prefilled pot (finch: one pass per question, "
+             "the same pot a re-read builds). kept: share of the answer's first needle in the pot over all "
+             "layers and KV heads; low layers: the layers where less than a tenth of it is left.", "",
+             "| model | split | policy | budget | length | doc tokens | " + " | ".join(tasks.TASKS)
+             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | low layers | tok/s |",
+             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|"]
+    for key in sorted({k(r) for r in rows}, key=lambda x: (x[0], x[1], x[4], x[2], x[3])):
+        cell = [r for r in rows if k(r) == key]
+        per_task = [fmt_acc([r for r in cell if r["task"] == t]) for t in tasks.TASKS]
+        per_depth = [fmt_acc([r for r in cell if r["depth"] == d]) for d in tasks.DEPTHS]
+        kept = sum(r["kept_needle"] for r in cell) / len(cell)
+        n_layer = len(cell[0]["kept_layers_needle"])
+        prof = [sum(r["kept_layers_needle"][l] for r in cell) / len(cell) for l in range(n_layer)]
+        low = ",".join(str(l) for l, v in enumerate(prof) if v < 0.1) or "–"
+        tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
+        toks = max(r["doc_tokens"] for r in cell)
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
+                     + " | ".join(per_task) + " | " + " | ".join(per_depth)
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {low} | {tps:.0f} |")
+    table = "\n".join(lines) + "\n"
+    (out / "tasks.md").write_text(table)
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -446,6 +594,12 @@ def main():
                                                 "one `potserve ingest` per document at the first budget, nothing else")
     ap.add_argument("--showcase", type=int, default=0, help="one document of this many tokens (e.g. 1048576) "
                                                               "with its memory curve, nothing else")
+    ap.add_argument("--tasks", action="store_true",
+                    help="the five tasks over non-repetitive natural text (corpus.py, tasks.py) into OUT/tasks.jsonl")
+    ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test)")
+    ap.add_argument("--trials", type=int, default=5, help="--tasks: documents per (length, rotation)")
+    ap.add_argument("--hint", action="store_true", help="--tasks: the hint sentence before the document")
+    ap.add_argument("--tasks-report", action="store_true", help="only redraw OUT/tasks.md")
     a = ap.parse_args()
     for policy in a.policies.split(","):
         if policy.partition("+")[2] not in RECYCLED:
@@ -455,6 +609,13 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     cmdline = " ".join(sys.argv)
+    if a.tasks_report:
+        rows = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines() if x.strip()]
+        print(tasks_report(rows, out, cmdline))
+        return
+    if a.tasks:
+        print(run_tasks(a, out))
+        return
     if a.showcase:
         print(showcase(a, out, a.showcase))
         return
