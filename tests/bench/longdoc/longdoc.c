@@ -47,7 +47,8 @@ static void usage(void) {
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
-            "--docs FILE: JSON lines {id, doc (path), needles [[a, b] byte ranges], questions [..]}:\n"
+            "--docs FILE: JSON lines {id, doc (path), needles [[a, b] byte ranges], questions [..] (\"\":\n"
+            "  not asked)}:\n"
             "  each document is read once (once per question for finch with the question up front)\n"
             "  and every question answered over its pot; one JSON line per question\n");
 }
@@ -371,6 +372,7 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
     int64_t tok[2 * MAX_NEEDLES];
     for (int qi = 0; qi < n_q && !rc; qi++) {
         const char *q = json_string_value(json_array_get(questions, (size_t)qi));
+        if (!q || !*q) continue; /* not asked this run */
         double t0 = now_ms_wall();
         if (!d || guided) {
             engine_pot_settings s = o->set;
@@ -379,7 +381,7 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
             d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, err, el);
             if (!d) rc = -1;
         }
-        if (!rc) rc = answer_question(d, o, info, id, qi, q ? q : "", tok, n_needles, t0, err, el);
+        if (!rc) rc = answer_question(d, o, info, id, qi, q, tok, n_needles, t0, err, el);
     }
     engine_doc_close(d);
     free(text);

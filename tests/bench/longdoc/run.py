@@ -476,7 +476,8 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
         for did, path, plan, needles in todo:
             flat = sorted(list(r) for t in needles for r in t)  # the bench reads them in document order
             f.write(json.dumps({"id": did, "doc": str(path), "needles": flat,
-                                "questions": [t["question"] for t in plan]}) + "\n")
+                                "questions": [t["question"] if t["kind"] in a.ask.split(",") else ""
+                                              for t in plan]}) + "\n")
     by_id = {d[0]: d for d in todo}
     base, _, decoding = policy.partition("+")
     keep = budget if uncompressed(base) else (a.keep or budget // 2)
@@ -599,6 +600,8 @@ def main():
     ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test)")
     ap.add_argument("--trials", type=int, default=5, help="--tasks: documents per (length, rotation)")
     ap.add_argument("--hint", action="store_true", help="--tasks: the hint sentence before the document")
+    ap.add_argument("--ask", default=",".join(tasks.TASKS),
+                    help="--tasks: the tasks whose questions are asked (every needle is still in the document)")
     ap.add_argument("--tasks-report", action="store_true", help="only redraw OUT/tasks.md")
     a = ap.parse_args()
     for policy in a.policies.split(","):
