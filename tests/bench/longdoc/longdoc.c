@@ -44,6 +44,7 @@ static void usage(void) {
             "usage: longdoc -m MODEL (--haystack FILE --plan FILE --work DIR | --docs FILE) [-t N] [-n N]\n"
             "  [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
+            "  [--catalyst TEXT]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
@@ -74,6 +75,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--budget")) o->set.budget_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--keep")) o->set.keep_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--chunk")) o->set.chunk_tokens = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--catalyst")) o->set.catalyst = v;
         else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
         else if (!strcmp(a, "--pool-width")) o->set.pool_width = v ? atoi(v) : -1;
         else if (!strcmp(a, "--recycle-stride")) o->recycle_stride = v ? atoi(v) : 0;

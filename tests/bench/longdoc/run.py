@@ -68,6 +68,7 @@ QUESTION = "What is the pass key? Answer with the number only."
 # max-pools infinipot's and finch's scores over 15 slots). The ladder below
 # is seed 000's, so it is measured without pooling too.
 W1 = ["--pool-width", "1"]
+FACTS_CATALYST = "List every name, place, number, code and value that this section states."
 ABLATIONS = {
     "infinipot-w1": ["--policy", "infinipot"] + W1,
     "-nuc": ["--policy", "infinipot", "--nuc-share", "0"] + W1,
@@ -76,6 +77,12 @@ ABLATIONS = {
     "finch-w1": ["--policy", "finch"] + W1,
     "finch-late": ["--policy", "finch", "--late-question"],
     "finch-late-w1": ["--policy", "finch", "--late-question"] + W1,
+    # question-agnostic candidates of issue 22: a catalyst asking for the
+    # kind of facts questions ask about (names, places, numbers, codes), and
+    # the default's NuC/CaP mix moved towards CaP or NuC
+    "infinipot-facts": ["--policy", "infinipot", "--catalyst", FACTS_CATALYST],
+    "infinipot-nuc0.25": ["--policy", "infinipot", "--nuc-share", "0.25"],
+    "infinipot-nuc0.75": ["--policy", "infinipot", "--nuc-share", "0.75"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (seed 003): a full step every 16, the 1024 entries each KV head
