@@ -187,6 +187,17 @@ static double now_ms_wall(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* The greedy answer to question over d (the bench's decoding settings). */
+static int greedy_answer(engine_doc *d, const options *o, const char *question, answer *ans,
+                         engine_gen_result *res, char *err, size_t el) {
+    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict,
+                            .recycle_stride = o->recycle_stride, .recycle_keep = o->recycle_keep,
+                            .recycle_pool = o->recycle_pool};
+    gp.sampling.temperature = 0;
+    engine_gen_result own = {0};
+    return engine_doc_answer(d, question, &gp, on_text, ans, res ? res : &own, err, el);
+}
+
 /* One trial: from the snapshot at its insertion point, the needle, the rest
  * of the document, the question; prints its JSON line. */
 static int run_trial(engine *e, const options *o, const engine_info *info, const char *hay,
@@ -217,12 +228,7 @@ static int run_trial(engine *e, const options *o, const engine_info *info, const
                     kept_share(d, info, a, b));
     } while (at < rest);
     answer ans = {{0}, 0};
-    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict,
-                            .recycle_stride = o->recycle_stride, .recycle_keep = o->recycle_keep,
-                            .recycle_pool = o->recycle_pool};
-    gp.sampling.temperature = 0;
-    engine_gen_result res = {0};
-    if (engine_doc_answer(d, o->question, &gp, on_text, &ans, &res, err, el)) goto out;
+    if (greedy_answer(d, o, o->question, &ans, NULL, err, el)) goto out;
     engine_doc_stats st;
     engine_doc_get_stats(d, &st);
     struct rusage ru;
@@ -317,12 +323,8 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
                            int qi, const char *question, const int64_t *tok, int n_needles,
                            double t_start_ms, char *err, size_t el) {
     answer ans = {{0}, 0};
-    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict,
-                            .recycle_stride = o->recycle_stride, .recycle_keep = o->recycle_keep,
-                            .recycle_pool = o->recycle_pool};
-    gp.sampling.temperature = 0;
     engine_gen_result res = {0};
-    if (engine_doc_answer(d, question, &gp, on_text, &ans, &res, err, el)) return -1;
+    if (greedy_answer(d, o, question, &ans, &res, err, el)) return -1;
     engine_doc_stats st;
     engine_doc_get_stats(d, &st);
     struct rusage ru;
