@@ -293,25 +293,49 @@ static int run_plan(engine *e, const options *o, const char *hay, long hay_len, 
 
 enum { MAX_NEEDLES = 32 };
 
+/* Feeds n bytes of a --docs document; with trace, in TRACE_BYTES slices (a
+ * pot does not depend on how its document is split), printing after each the
+ * kept share per layer of every needle already read (tok[2i] < pushed). */
+static int feed_traced(engine_doc *d, const char *text, size_t n, int final, const int64_t *tok,
+                       int n_tok, const engine_info *trace, char *err, size_t el) {
+    size_t at = 0;
+    do {
+        size_t m = trace && n - at > TRACE_BYTES ? TRACE_BYTES : n - at;
+        if (engine_doc_feed(d, text + at, m, final && at + m == n, err, el)) return -1;
+        at += m;
+        for (int i = 0; trace && i < n_tok / 2 && trace->n_layer <= 256; i++) {
+            double layer[256];
+            double all = kept_share_layers(d, trace, tok[2 * i], tok[2 * i + 1], layer);
+            fprintf(stderr, "trace tokens %lld needle %d kept %.3f layers",
+                    (long long)engine_doc_tokens_pushed(d), i, all);
+            for (int32_t l = 0; l < trace->n_layer; l++) fprintf(stderr, " %.2f", layer[l]);
+            fprintf(stderr, "\n");
+        }
+    } while (at < n);
+    return 0;
+}
+
 /* Reads one document of a --docs line through a pot (settings s), feeding the
  * needles' byte ranges as their own pieces to learn their token ranges
- * (tok[2i], tok[2i+1]); the caller closes the document. */
+ * (tok[2i], tok[2i+1]); the caller closes the document. trace: see
+ * feed_traced. */
 static engine_doc *read_doc(engine *e, const engine_pot_settings *s, const char *text, size_t len,
-                            const long *cuts, int n_needles, int64_t *tok, char *err, size_t el) {
+                            const long *cuts, int n_needles, int64_t *tok, const engine_info *trace,
+                            char *err, size_t el) {
     engine_doc *d = engine_doc_open(e, s, err, el);
     if (!d) return NULL;
     size_t at = 0;
-    for (int i = 0; i < 2 * n_needles; i++) {
-        size_t to = (size_t)cuts[i];
+    for (int i = 0; i <= 2 * n_needles; i++) {
+        size_t to = i < 2 * n_needles ? (size_t)cuts[i] : len;
         if (to < at || to > len) {
             snprintf(err, el, "needle byte ranges out of order or beyond the document");
             goto fail;
         }
-        if (engine_doc_feed(d, text + at, to - at, 0, err, el)) goto fail;
+        /* tok[] entries past i are not set yet: trace only the needles read */
+        if (feed_traced(d, text + at, to - at, i == 2 * n_needles, tok, i - i % 2, trace, err, el)) goto fail;
         at = to;
-        tok[i] = engine_doc_tokens_pushed(d);
+        if (i < 2 * n_needles) tok[i] = engine_doc_tokens_pushed(d);
     }
-    if (engine_doc_feed(d, text + at, len - at, 1, err, el)) goto fail;
     return d;
 fail:
     engine_doc_close(d);
@@ -382,7 +406,7 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
             engine_pot_settings s = o->set;
             s.question = guided ? q : NULL;
             engine_doc_close(d);
-            d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, err, el);
+            d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, o->trace ? info : NULL, err, el);
             if (!d) rc = -1;
         }
         if (!rc) rc = answer_question(d, o, info, id, qi, q, tok, n_needles, t0, err, el);

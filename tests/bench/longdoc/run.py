@@ -557,7 +557,8 @@ def tasks_report(rows, out, cmdline):
              "hits/questions (accuracy, Wilson 95 % interval). Each document carries all five tasks' needles "
              "and is asked the five questions over one prefilled pot (finch: one pass per question, "
              "the same pot a re-read builds). kept: share of the answer's first needle in the pot over all "
-             "layers and KV heads; low layers: the layers where less than a tenth of it is left.", "",
+             "layers and KV heads; low layers: how many layers hold less than a tenth of it (on average over the "
+             "cell).", "",
              "| model | split | policy | budget | length | doc tokens | " + " | ".join(tasks.TASKS)
              + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | low layers | tok/s |",
              "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|"]
@@ -568,7 +569,7 @@ def tasks_report(rows, out, cmdline):
         kept = sum(r["kept_needle"] for r in cell) / len(cell)
         n_layer = len(cell[0]["kept_layers_needle"])
         prof = [sum(r["kept_layers_needle"][l] for r in cell) / len(cell) for l in range(n_layer)]
-        low = ",".join(str(l) for l, v in enumerate(prof) if v < 0.1) or "–"
+        low = f"{sum(v < 0.1 for v in prof)}/{n_layer}"
         tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
         toks = max(r["doc_tokens"] for r in cell)
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
@@ -576,7 +577,42 @@ def tasks_report(rows, out, cmdline):
                      + f" | {fmt_acc(cell)} | {kept:.2f} | {low} | {tps:.0f} |")
     table = "\n".join(lines) + "\n"
     (out / "tasks.md").write_text(table)
+    tasks_heatmap(rows, out / "tasks.png")
     return table
+
+
+def tasks_heatmap(rows, path):
+    """Accuracy by task x depth, one panel per (model, split, policy, length)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no heatmap", file=sys.stderr)
+        return
+    keys = sorted({(r["model"].split("-")[0], r["split"], r["policy"], r["length"]) for r in rows},
+                  key=lambda x: (x[0], x[1], x[3], x[2]))
+    cols = min(4, len(keys))
+    nrow = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(nrow, cols, figsize=(3.6 * cols, 2.8 * nrow), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        cell = [r for r in rows if (r["model"].split("-")[0], r["split"], r["policy"], r["length"]) == key]
+        grid = [[float("nan")] * len(tasks.TASKS) for _ in tasks.DEPTHS]
+        for i, d in enumerate(tasks.DEPTHS):
+            for j, t in enumerate(tasks.TASKS):
+                c = [r for r in cell if r["depth"] == d and r["task"] == t]
+                if c:
+                    grid[i][j] = sum(r["hit"] for r in c) / len(c)
+                    ax.text(j, i, f"{sum(r['hit'] for r in c)}/{len(c)}", ha="center", va="center", fontsize=7)
+        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(tasks.TASKS)), tasks.TASKS, fontsize=6)
+        ax.set_yticks(range(len(tasks.DEPTHS)), [str(d) for d in tasks.DEPTHS], fontsize=7)
+        ax.set_title(f"{key[0]} {key[2]} {key[3] // 1024}K ({key[1]})", fontsize=8)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.supylabel("needle depth", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main():
