@@ -558,10 +558,12 @@ def tasks_report(rows, out, cmdline):
              "and is asked the five questions over one prefilled pot (finch: one pass per question, "
              "the same pot a re-read builds). kept: share of the answer's first needle in the pot over all "
              "layers and KV heads; low layers: how many layers hold less than a tenth of it (on average over the "
-             "cell).", "",
+             "cell). tok/s: median ingest speed (a shared 2-core machine: compare only within one run). "
+             "compress share: median share of ingest time spent selecting and compacting. peak RSS: the "
+             "bench process (model + one pot).", "",
              "| model | split | policy | budget | length | doc tokens | " + " | ".join(tasks.TASKS)
-             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | low layers | tok/s |",
-             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|"]
+             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | low layers | tok/s | compress share | peak RSS MB |",
+             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|---|---|"]
     for key in sorted({k(r) for r in rows}, key=lambda x: (x[0], x[1], x[4], x[2], x[3])):
         cell = [r for r in rows if k(r) == key]
         per_task = [fmt_acc([r for r in cell if r["task"] == t]) for t in tasks.TASKS]
@@ -572,9 +574,11 @@ def tasks_report(rows, out, cmdline):
         low = f"{sum(v < 0.1 for v in prof)}/{n_layer}"
         tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
         toks = max(r["doc_tokens"] for r in cell)
+        share = sorted(r["compress_ms"] / max(r["ingest_ms"], 1e-9) for r in cell)[len(cell) // 2]
+        rss = max(r["peak_rss_bytes"] for r in cell) / 1e6
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
                      + " | ".join(per_task) + " | " + " | ".join(per_depth)
-                     + f" | {fmt_acc(cell)} | {kept:.2f} | {low} | {tps:.0f} |")
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss:.0f} |")
     table = "\n".join(lines) + "\n"
     (out / "tasks.md").write_text(table)
     tasks_heatmap(rows, out / "tasks.png")
