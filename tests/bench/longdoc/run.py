@@ -38,6 +38,7 @@ reads the whole document without compression (the full-attention ceiling); a
 length beyond the model's window is clipped to what fits, and noted.
 """
 import argparse
+import collections
 import json
 import math
 import os
@@ -536,9 +537,13 @@ def run_tasks(a, out):
                     continue
                 limit = ctx - 2 * N_CTX_MARGIN if full else None
                 for budget in ([ctx - 32] if full else [int(x) for x in a.budgets.split(",")]):
-                    done = {f"{r['split']}:{r['length']}:{r['trial']}:{r['rotation']}" for r in old
-                            if (r["model"], r["split"], r["policy"], r["budget"], r["length"])
-                            == (model, split, policy, budget, L)}
+                    # a document is done when every question asked now has its row (an
+                    # interrupted run may have answered only some)
+                    asked = collections.Counter(f"{r['split']}:{r['length']}:{r['trial']}:{r['rotation']}"
+                                                for r in old if r["task"] in a.ask.split(",") and
+                                                (r["model"], r["split"], r["policy"], r["budget"], r["length"])
+                                                == (model, split, policy, budget, L))
+                    done = {d for d, n in asked.items() if n >= len(a.ask.split(","))}
                     docs = task_docs(a, split, L, units, tpb, work, limit)
                     for r in run_task_cell(a, split, policy, budget, L, docs, done):
                         append(results, [r])
