@@ -278,13 +278,21 @@ def report(rows, out, cmdline):
     return table
 
 
-def heatmap(rows, path):
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None (no charts) when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        return plt
     except ImportError:
         print("matplotlib missing: no heatmap", file=sys.stderr)
+        return None
+
+
+def heatmap(rows, path):
+    plt = pyplot()
+    if plt is None:
         return
     def panel(r):  # policy none: one panel whatever the (per-length) budget
         return (r["haystack"], r["policy"], 0 if uncompressed(r["policy"]) else r["budget"])
@@ -594,12 +602,8 @@ def tasks_report(rows, out, cmdline):
 
 def tasks_heatmap(rows, path):
     """Accuracy by task x depth, one panel per (model, split, policy, length)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no heatmap", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     keys = sorted({(r["model"].split("-")[0], r["split"], r["policy"], r["length"]) for r in rows},
                   key=lambda x: (x[0], x[1], x[3], x[2]))
