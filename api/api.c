@@ -134,7 +134,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "schedule", &s->schedule, e) ||
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
-        get_string(root, "system", &s->system, e))
+        get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
     if (md && !json_is_null(md) && !json_is_object(md)) {
@@ -204,6 +204,7 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (p->question) json_object_set_new(o, "question", json_string(p->question));
     if (p->system) json_object_set_new(o, "system", json_string(p->system));
     if (s->ttl_seconds) json_object_set_new(o, "ttl_seconds", json_integer(s->ttl_seconds));
+    if (s->reread) json_object_set_new(o, "reread", json_true());
     json_object_set_new(o, "metadata", s->metadata ? json_incref(s->metadata) : json_object());
     return o;
 }
@@ -388,6 +389,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
                           api_gen_request *r, api_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
+    r->reread = -1;
     r->root = api_parse_object(body, n, e);
     if (!r->root) return -1;
     engine_gen_params *gp = &r->params;
@@ -413,7 +415,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         get_float(r->root, "frequency_penalty", -2, 2, &freq, e) ||
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
-        get_string(r->root, "overflow", &overflow, e) || parse_stop(r, e) ||
+        get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) || parse_stop(r, e) ||
         parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
         (chat && api_parse_tools(r, e)))
         return -1;

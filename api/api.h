@@ -39,6 +39,8 @@ typedef struct api_session_settings {
     engine_pot_settings pot; /* strings point into `root` */
     json_t *metadata;        /* object (borrowed from root) */
     int64_t ttl_seconds;     /* 0 = never expires */
+    int reread;              /* "reread": questions re-read the document from the chunk log
+                                through a pot guided by the question (server/reread.c) */
     json_t *root;            /* owns everything above */
 } api_session_settings;
 
@@ -67,6 +69,7 @@ typedef struct api_gen_request {
     const char *session;       /* "session" field or NULL */
     int overflow_error;        /* "overflow": "error" */
     int enable_thinking;       /* chat: "enable_thinking" (or chat_template_kwargs'), default 1 (Qwen3) */
+    int reread;                /* "reread": -1 absent (the session's setting), 0 or 1 */
     const char *model;
     json_t *root;
     const char **stops;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "server/reread.h"
 #include "server/server_internal.h"
 
 /* One of the answers (OpenAI's choices: n per prompt, prompts of a batch). */
@@ -58,6 +59,9 @@ struct generation {
     const char *tail;     /* completions: the prompt's end, asked after the document */
     int tmp_rc;
     char tmp_err[256];
+    /* a question answered from a re-read of the session's document (reread.c) */
+    int rereading, stream_started;
+    reread_stats reread_st;
 };
 
 static void release_temporary_pot(server *s, generation *g);
@@ -453,6 +457,10 @@ static void finish_whole(generation *g) {
                              (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
                              system_fingerprint(g->r->srv), "choices", choices, "usage", usage_json(g));
     if (g->ss) json_object_set_new(body, "session", json_string(g->ss->id));
+    if (g->rereading)
+        json_object_set_new(body, "reread", json_pack("{s:I, s:I, s:f}", "bytes", (json_int_t)g->reread_st.bytes,
+                                                      "tokens", (json_int_t)g->reread_st.tokens, "seconds",
+                                                      g->reread_st.ms / 1e3));
     respond_json(r, 200, body);
 }
 
@@ -583,7 +591,7 @@ static void submit(server *s, generation *g) {
     request *r = g->r;
     api_gen_request *q = &g->req;
     api_error e;
-    engine_doc *doc = g->ss ? g->ss->doc : g->tmp_doc;
+    engine_doc *doc = g->tmp_doc ? g->tmp_doc : g->ss ? g->ss->doc : NULL; /* a re-read pot first */
     int n = q->n_choices;
     void **users = malloc((size_t)n * sizeof *users);
     if (!users) {
@@ -613,7 +621,8 @@ static void submit(server *s, generation *g) {
     }
     free(users);
     if (q->stream) {
-        if (stream_start(r)) return; /* the engine's done events still complete r */
+        if (!g->stream_started && stream_start(r)) return; /* the engine's done events still complete r */
+        g->stream_started = 1;
         if (g->responses) responses_stream_start(g);
         else for (int i = 0; i < g->n_choices; i++) sse_send(r, chunk_json(g, i, NULL, 0, 1, NULL, NULL));
     } else {
@@ -734,6 +743,114 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     return 0;
 }
 
+/* ---- a question after the upload: re-read the document guided by it ------------------
+ * The session's document is read again from its chunk log through a FINCH
+ * pot scored by the question (the session's budget and keep), and the
+ * question is answered from that pot instead of the session's. Streamed
+ * requests get the SSE comment ": reread DONE/TOTAL bytes" after each piece,
+ * so clients that wait for bytes do not time out. */
+
+static void reread_progress(server *s, void *user, uint64_t done, uint64_t total) {
+    (void)s;
+    generation *g = user;
+    if (!g->req.stream || !g->r->conn) return;
+    char line[96];
+    int n = snprintf(line, sizeof line, ": reread %llu/%llu bytes\n\n", (unsigned long long)done,
+                     (unsigned long long)total);
+    stream_write(g->r, line, (size_t)n);
+}
+
+static void reread_failed(server *s, generation *g, int status, const char *msg) {
+    request *r = g->r;
+    api_error e;
+    api_fail(&e, status, "reread_failed", NULL, "re-reading the session's document failed: %s", msg);
+    s->pot_memory -= g->tmp_memory;
+    g->tmp_memory = 0;
+    if (g->stream_started) {
+        if (r->conn) {
+            sse_send(r, api_error_json(&e));
+            stream_write(r, "data: [DONE]\n\n", 14);
+        }
+        stream_end(r);
+    } else {
+        respond_error(r, &e);
+    }
+}
+
+static void reread_done(server *s, void *user, engine_doc *doc, const reread_stats *st, const char *err) {
+    generation *g = user;
+    request *r = g->r;
+    g->reread_st = *st;
+    if (!doc) {
+        reread_failed(s, g, 500, err);
+        return request_unref(r);
+    }
+    g->tmp_doc = doc; /* released with the generation (on_done_event) */
+    api_gen_request *q = &g->req;
+    char msg[256];
+    free(g->prompt);
+    g->prompt = engine_doc_prompt(doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt ? q->prompt : "",
+                                  &g->n_prompt, msg, sizeof msg);
+    if (!g->prompt) {
+        if (srv_task(s, doc, close_doc_task, doc)) engine_doc_close(doc);
+        g->tmp_doc = NULL;
+        reread_failed(s, g, 400, msg);
+        return request_unref(r);
+    }
+    if (q->stream && r->conn) {
+        char line[128];
+        int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s\n\n", (long long)st->tokens,
+                         st->ms / 1e3);
+        stream_write(r, line, (size_t)n);
+    }
+    g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
+    submit(s, g);
+    request_unref(r);
+}
+
+/* The question a re-read is guided by: the last user message (chat), the
+ * prompt (completions). */
+static const char *reread_question(const api_gen_request *q) {
+    if (!q->chat) return q->prompt;
+    for (size_t i = q->n_messages; i > 0; i--)
+        if (!strcmp(q->messages[i - 1].role, "user")) return q->messages[i - 1].content;
+    return NULL;
+}
+
+static int start_reread(server *s, generation *g, api_error *e) {
+    api_gen_request *q = &g->req;
+    const char *question = reread_question(q);
+    if (!question || !*question)
+        return api_fail(e, 400, "invalid_value", q->chat ? "messages" : "prompt",
+                        "reread needs a question: a user message (chat) or a text prompt");
+    engine_pot_settings *ps = &g->tmp_settings;
+    *ps = g->ss->settings.pot;
+    ps->policy = "finch";
+    ps->question = question;
+    ps->finch_keep = 0;
+    ps->no_catalyst = 0;
+    ps->original_positions = 0;
+    ps->record_tokens = 0;
+    size_t mem = engine_doc_memory(s->eng, ps);
+    if (s->pot_memory + mem > (size_t)s->cfg.pot_memory_limit)
+        return api_fail(e, 429, "insufficient_memory", NULL, "no pot memory is free to re-read the document");
+    if (reread_start(s, g->ss, ps, &g->cancel, reread_progress, reread_done, g, e)) return -1;
+    s->pot_memory += mem;
+    g->tmp_memory = mem;
+    g->rereading = 1;
+    request_ref(g->r); /* until reread_done */
+    if (q->stream) {
+        if (!stream_start(g->r)) {
+            g->stream_started = 1;
+            static const char started[] = ": reread started\n\n";
+            stream_write(g->r, started, sizeof started - 1);
+        }
+    } else {
+        request_suspend(g->r);
+    }
+    return 0;
+}
+
 static void start_generation(request *r, int chat, json_t *responses) {
     server *s = r->srv;
     api_error e;
@@ -757,6 +874,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
         return respond_error(r, &e);
     }
     api_gen_request *q = &g->req;
+    int reread = 0; /* answer from a question-guided re-read of the session's document */
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session;
     if (!sid) sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
@@ -780,14 +898,20 @@ static void start_generation(request *r, int chat, json_t *responses) {
             api_fail(&e, 409, "session_busy", "session", "the session is being restored; retry");
             return respond_error(r, &e);
         }
+        reread = q->reread > 0 || (q->reread < 0 && g->ss->settings.reread);
         char err[256];
-        g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages,
-                                      chat ? NULL : q->prompt ? q->prompt : "", &g->n_prompt, err,
-                                      sizeof err);
-        if (!g->prompt) {
+        /* a re-read renders the prompt after its pot exists (reread_done) */
+        if (!reread)
+            g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages,
+                                          chat ? NULL : q->prompt ? q->prompt : "", &g->n_prompt, err,
+                                          sizeof err);
+        if (!reread && !g->prompt) {
             api_fail(&e, 400, "invalid_value", chat ? "messages" : "prompt", "%s", err);
             return respond_error(r, &e);
         }
+    } else if (q->reread > 0) {
+        api_fail(&e, 400, "invalid_value", "reread", "reread needs a session: the document it re-reads");
+        return respond_error(r, &e);
     } else if (plain_prompt(s, g, &e) || batch_prompts(s, g, &e)) {
         return respond_error(r, &e);
     }
@@ -826,6 +950,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
             g->choices[i].logprobs = chat ? json_array()
                                           : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
     }
+    if (reread) return start_reread(s, g, &e) ? respond_error(r, &e) : (void)0;
     if (overflow) {
         if (start_temporary_pot(s, g, &e)) return respond_error(r, &e);
         request_suspend(r);

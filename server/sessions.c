@@ -229,6 +229,7 @@ json_t *session_json(server *s, const session *ss) {
         (json_int_t)ss->memory_bytes, "metadata",
         ss->settings.metadata ? json_incref(ss->settings.metadata) : json_object());
     if (ss->expires) json_object_set_new(o, "expires_at", json_integer(ss->expires));
+    json_object_set_new(o, "reread", json_boolean(ss->settings.reread));
     if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));
     return o;
 }

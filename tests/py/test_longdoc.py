@@ -35,3 +35,27 @@ def test_longdoc_harness_smoke(model, tmp_path):
     cells = [line for line in table.splitlines() if re.match(r"\| filler \| (none|infinipot) \|", line)]
     assert len(cells) == 2
     assert re.search(r"\| 2/2 \(100 %, \d+–100\) \|", cells[[c.split("|")[2].strip() for c in cells].index("none")])
+
+
+def test_longdoc_tasks_harness_smoke(model, tmp_path):
+    """--tasks: three documents (one per rotation) of the natural TEST split,
+    five questions each, through policy none and a 256-entry infinipot pot:
+    one row per question with its task, depth, answer and needle share."""
+    p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test",
+                        "--lengths", "1024", "--trials", "1", "--policies", "none,infinipot", "--budgets", "256",
+                        "--threads", "2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [json.loads(x) for x in (tmp_path / "tasks.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 15
+    for pol in ("none", "infinipot"):
+        cell = [r for r in rows if r["policy"] == pol]
+        assert {(r["task"], r["depth"]) for r in cell} == {(t, d) for t in ("single", "multikey", "multivalue",
+                                                                             "vartrack", "fact")
+                                                           for d in (0.1, 0.5, 0.9)}
+        assert all(0 <= r["kept_needle"] <= 1 and len(r["kept_layers_needle"]) == 30 for r in cell)
+    assert all(r["kept_needle"] == 1.0 and r["compressions"] == 0 for r in rows if r["policy"] == "none")
+    assert all(r["compressions"] >= 1 for r in rows if r["policy"] == "infinipot")
+    # the 135M model reads a pass key from a 1K document it holds whole
+    assert any(r["hit"] for r in rows if r["policy"] == "none" and r["task"] == "single")
+    assert "| test | none | document | 1024 |" in (tmp_path / "tasks.md").read_text()

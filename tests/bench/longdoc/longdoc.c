@@ -33,6 +33,7 @@ typedef struct trial {
 
 typedef struct options {
     const char *model, *haystack, *plan, *work, *question, *backend;
+    const char *docs; /* --docs: documents carrying several needles, several questions each */
     int threads, n_predict, late_question, trace;
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     engine_pot_settings set;
@@ -40,11 +41,17 @@ typedef struct options {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: longdoc -m MODEL --haystack FILE --plan FILE --work DIR [-t N] [-n N] [--backend B]\n"
+            "usage: longdoc -m MODEL (--haystack FILE --plan FILE --work DIR | --docs FILE) [-t N] [-n N]\n"
+            "  [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
+            "  [--catalyst TEXT]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
-            "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n");
+            "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
+            "--docs FILE: JSON lines {id, doc (path), needles [[a, b] byte ranges], questions [..] (\"\":\n"
+            "  not asked)}:\n"
+            "  each document is read once (once per question for finch with the question up front)\n"
+            "  and every question answered over its pot; one JSON line per question\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -61,12 +68,14 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--haystack")) o->haystack = v;
         else if (!strcmp(a, "--plan")) o->plan = v;
+        else if (!strcmp(a, "--docs")) o->docs = v;
         else if (!strcmp(a, "--work")) o->work = v;
         else if (!strcmp(a, "--question")) o->question = v;
         else if (!strcmp(a, "--policy")) o->set.policy = v;
         else if (!strcmp(a, "--budget")) o->set.budget_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--keep")) o->set.keep_tokens = v ? atoi(v) : 0;
         else if (!strcmp(a, "--chunk")) o->set.chunk_tokens = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--catalyst")) o->set.catalyst = v;
         else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
         else if (!strcmp(a, "--pool-width")) o->set.pool_width = v ? atoi(v) : -1;
         else if (!strcmp(a, "--recycle-stride")) o->recycle_stride = v ? atoi(v) : 0;
@@ -84,7 +93,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (used && !v) return fprintf(stderr, "longdoc: %s needs a value\n", a), -1;
         i += used;
     }
-    if (!o->model || !o->haystack || !o->plan || !o->work) return usage(), -1;
+    if (!o->model || (!o->docs && (!o->haystack || !o->plan || !o->work))) return usage(), -1;
     /* finch up front is guided by the question; finch-late and the others are not */
     if (!o->late_question) o->set.question = o->question;
     return 0;
@@ -130,19 +139,29 @@ static trial *read_plan(const char *path, int *n) {
     return t;
 }
 
-/* Share of document tokens [a, b) the pot holds, over every (layer, KV head). */
-static double kept_share(const engine_doc *d, const engine_info *in, int64_t a, int64_t b) {
+/* Share of document tokens [a, b) the pot holds, over every (layer, KV head);
+ * per_layer (NULL, or n_layer values) gets each layer's share. */
+static double kept_share_layers(const engine_doc *d, const engine_info *in, int64_t a, int64_t b,
+                                double *per_layer) {
     engine_doc_stats st;
     engine_doc_get_stats(d, &st);
     int64_t *idx = malloc((size_t)(st.tokens_in_pot + 1) * sizeof *idx);
     double hit = 0;
-    for (int32_t l = 0; l < in->n_layer && idx; l++)
+    for (int32_t l = 0; l < in->n_layer && idx; l++) {
+        double layer_hit = 0;
         for (int32_t h = 0; h < in->n_head_kv; h++) {
             int32_t n = engine_doc_kept(d, l, h, idx, st.tokens_in_pot);
-            for (int32_t i = 0; i < n; i++) hit += idx[i] >= a && idx[i] < b;
+            for (int32_t i = 0; i < n; i++) layer_hit += idx[i] >= a && idx[i] < b;
         }
+        hit += layer_hit;
+        if (per_layer) per_layer[l] = b > a ? layer_hit / ((double)(b - a) * in->n_head_kv) : 0;
+    }
     free(idx);
     return b > a ? hit / ((double)(b - a) * in->n_layer * in->n_head_kv) : 0;
+}
+
+static double kept_share(const engine_doc *d, const engine_info *in, int64_t a, int64_t b) {
+    return kept_share_layers(d, in, a, b, NULL);
 }
 
 typedef struct answer {
@@ -166,6 +185,17 @@ static double now_ms_wall(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The greedy answer to question over d (the bench's decoding settings). */
+static int greedy_answer(engine_doc *d, const options *o, const char *question, answer *ans,
+                         engine_gen_result *res, char *err, size_t el) {
+    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict,
+                            .recycle_stride = o->recycle_stride, .recycle_keep = o->recycle_keep,
+                            .recycle_pool = o->recycle_pool};
+    gp.sampling.temperature = 0;
+    engine_gen_result own = {0};
+    return engine_doc_answer(d, question, &gp, on_text, ans, res ? res : &own, err, el);
 }
 
 /* One trial: from the snapshot at its insertion point, the needle, the rest
@@ -198,12 +228,7 @@ static int run_trial(engine *e, const options *o, const engine_info *info, const
                     kept_share(d, info, a, b));
     } while (at < rest);
     answer ans = {{0}, 0};
-    engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = o->n_predict,
-                            .recycle_stride = o->recycle_stride, .recycle_keep = o->recycle_keep,
-                            .recycle_pool = o->recycle_pool};
-    gp.sampling.temperature = 0;
-    engine_gen_result res = {0};
-    if (engine_doc_answer(d, o->question, &gp, on_text, &ans, &res, err, el)) goto out;
+    if (greedy_answer(d, o, o->question, &ans, NULL, err, el)) goto out;
     engine_doc_stats st;
     engine_doc_get_stats(d, &st);
     struct rusage ru;
@@ -264,10 +289,172 @@ static int run_plan(engine *e, const options *o, const char *hay, long hay_len, 
     return rc;
 }
 
+/* ---- --docs: several needles and questions per document ---------------------------- */
+
+enum { MAX_NEEDLES = 32 };
+
+/* Feeds n bytes of a --docs document; with trace, in TRACE_BYTES slices (a
+ * pot does not depend on how its document is split), printing after each the
+ * kept share per layer of every needle already read (tok[2i] < pushed). */
+static int feed_traced(engine_doc *d, const char *text, size_t n, int final, const int64_t *tok,
+                       int n_tok, const engine_info *trace, char *err, size_t el) {
+    size_t at = 0;
+    do {
+        size_t m = trace && n - at > TRACE_BYTES ? TRACE_BYTES : n - at;
+        if (engine_doc_feed(d, text + at, m, final && at + m == n, err, el)) return -1;
+        at += m;
+        for (int i = 0; trace && i < n_tok / 2 && trace->n_layer <= 256; i++) {
+            double layer[256];
+            double all = kept_share_layers(d, trace, tok[2 * i], tok[2 * i + 1], layer);
+            fprintf(stderr, "trace tokens %lld needle %d kept %.3f layers",
+                    (long long)engine_doc_tokens_pushed(d), i, all);
+            for (int32_t l = 0; l < trace->n_layer; l++) fprintf(stderr, " %.2f", layer[l]);
+            fprintf(stderr, "\n");
+        }
+    } while (at < n);
+    return 0;
+}
+
+/* Reads one document of a --docs line through a pot (settings s), feeding the
+ * needles' byte ranges as their own pieces to learn their token ranges
+ * (tok[2i], tok[2i+1]); the caller closes the document. trace: see
+ * feed_traced. */
+static engine_doc *read_doc(engine *e, const engine_pot_settings *s, const char *text, size_t len,
+                            const long *cuts, int n_needles, int64_t *tok, const engine_info *trace,
+                            char *err, size_t el) {
+    engine_doc *d = engine_doc_open(e, s, err, el);
+    if (!d) return NULL;
+    size_t at = 0;
+    for (int i = 0; i <= 2 * n_needles; i++) {
+        size_t to = i < 2 * n_needles ? (size_t)cuts[i] : len;
+        if (to < at || to > len) {
+            snprintf(err, el, "needle byte ranges out of order or beyond the document");
+            goto fail;
+        }
+        /* tok[] entries past i are not set yet: trace only the needles read */
+        if (feed_traced(d, text + at, to - at, i == 2 * n_needles, tok, i - i % 2, trace, err, el)) goto fail;
+        at = to;
+        if (i < 2 * n_needles) tok[i] = engine_doc_tokens_pushed(d);
+    }
+    return d;
+fail:
+    engine_doc_close(d);
+    return NULL;
+}
+
+/* Answers question qi over d and prints its JSON line. */
+static int answer_question(engine_doc *d, const options *o, const engine_info *info, const char *id,
+                           int qi, const char *question, const int64_t *tok, int n_needles,
+                           double t_start_ms, char *err, size_t el) {
+    answer ans = {{0}, 0};
+    engine_gen_result res = {0};
+    if (greedy_answer(d, o, question, &ans, &res, err, el)) return -1;
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    json_t *kept = json_array(), *layers = json_array();
+    double *per_layer = malloc((size_t)info->n_layer * sizeof *per_layer);
+    for (int i = 0; i < n_needles && per_layer; i++) {
+        json_array_append_new(kept, json_real(kept_share_layers(d, info, tok[2 * i], tok[2 * i + 1], per_layer)));
+        json_t *row = json_array();
+        for (int32_t l = 0; l < info->n_layer; l++) json_array_append_new(row, json_real(per_layer[l]));
+        json_array_append_new(layers, row);
+    }
+    free(per_layer);
+    json_t *j = json_pack("{s:s, s:i, s:s, s:o, s:o, s:I, s:f, s:f, s:f, s:I, s:I, s:f}", "id", id, "q", qi,
+                          "answer", ans.text, "kept", kept, "kept_layers", layers,
+                          "tokens_read", (json_int_t)st.tokens_read, "ingest_ms", st.ingest_ms,
+                          "compress_ms", st.compress_ms, "wall_ms", now_ms_wall() - t_start_ms,
+                          "compressions", (json_int_t)st.compressions,
+                          "peak_rss_bytes", (json_int_t)ru.ru_maxrss * 1024, "answer_ms",
+                          res.prefill_ms + res.decode_ms);
+    char *out = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (out) printf("%s\n", out);
+    fflush(stdout);
+    free(out);
+    json_decref(j);
+    return 0;
+}
+
+/* One --docs line: the document read once, or once per question when the
+ * policy is guided by the question (finch with the question up front). */
+static int run_doc_line(engine *e, const options *o, const engine_info *info, json_t *line, char *err,
+                        size_t el) {
+    const char *id = json_string_value(json_object_get(line, "id"));
+    const char *path = json_string_value(json_object_get(line, "doc"));
+    json_t *needles = json_object_get(line, "needles"), *questions = json_object_get(line, "questions");
+    int n_needles = (int)json_array_size(needles), n_q = (int)json_array_size(questions);
+    if (!id || !path || n_q == 0 || n_needles > MAX_NEEDLES)
+        return snprintf(err, el, "a --docs line needs id, doc, questions and at most %d needles", MAX_NEEDLES), -1;
+    long cuts[2 * MAX_NEEDLES];
+    for (int i = 0; i < n_needles; i++)
+        for (int k = 0; k < 2; k++)
+            cuts[2 * i + k] = (long)json_integer_value(json_array_get(json_array_get(needles, (size_t)i), (size_t)k));
+    long len = 0;
+    char *text = read_file(path, &len);
+    if (!text) return snprintf(err, el, "cannot read %s: %s", path, strerror(errno)), -1;
+    int guided = o->set.policy && !strcmp(o->set.policy, "finch") && !o->late_question;
+    int rc = 0;
+    engine_doc *d = NULL;
+    int64_t tok[2 * MAX_NEEDLES];
+    for (int qi = 0; qi < n_q && !rc; qi++) {
+        const char *q = json_string_value(json_array_get(questions, (size_t)qi));
+        if (!q || !*q) continue; /* not asked this run */
+        double t0 = now_ms_wall();
+        if (!d || guided) {
+            engine_pot_settings s = o->set;
+            s.question = guided ? q : NULL;
+            engine_doc_close(d);
+            d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, o->trace ? info : NULL, err, el);
+            if (!d) rc = -1;
+        }
+        if (!rc) rc = answer_question(d, o, info, id, qi, q, tok, n_needles, t0, err, el);
+    }
+    engine_doc_close(d);
+    free(text);
+    return rc;
+}
+
+static int run_docs(engine *e, const options *o) {
+    char err[512];
+    engine_info info;
+    engine_get_info(e, &info);
+    FILE *f = fopen(o->docs, "r");
+    if (!f) return fprintf(stderr, "longdoc: cannot read %s: %s\n", o->docs, strerror(errno)), -1;
+    char line[65536];
+    int rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        if (!j) {
+            fprintf(stderr, "longdoc: %s: %s\n", o->docs, je.text);
+            rc = -1;
+            break;
+        }
+        if (run_doc_line(e, o, &info, j, err, sizeof err)) {
+            fprintf(stderr, "longdoc: %s: %s\n", json_string_value(json_object_get(j, "id")), err);
+            rc = -1;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     options o;
     memset(&o, 0, sizeof o);
     if (parse_args(argc, argv, &o)) return 2;
+    if (o.docs) {
+        char err[512];
+        engine_options eo = {.n_threads = o.threads, .backend = o.backend};
+        engine *e = engine_open(o.model, &eo, err, sizeof err);
+        if (!e) return fprintf(stderr, "longdoc: %s\n", err), 1;
+        int rc = run_docs(e, &o);
+        engine_close(e);
+        return rc ? 1 : 0;
+    }
     long hay_len = 0;
     char *hay = read_file(o.haystack, &hay_len);
     int n = 0;

@@ -38,6 +38,7 @@ reads the whole document without compression (the full-attention ceiling); a
 length beyond the model's window is clipped to what fits, and noted.
 """
 import argparse
+import collections
 import json
 import math
 import os
@@ -51,6 +52,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import bench_text  # noqa: E402  (natural prose, generated in the repo)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import corpus  # noqa: E402  (non-repetitive haystacks from Debian packages)
+import tasks  # noqa: E402  (the five RULER-style tasks)
 
 BIN = ROOT / "build" / "longdoc_bench"
 POTSERVE = pathlib.Path(os.environ.get("POTSERVE_BIN", ROOT / "build" / "potserve"))  # tokenize, info, memory runs
@@ -65,6 +69,7 @@ QUESTION = "What is the pass key? Answer with the number only."
 # max-pools infinipot's and finch's scores over 15 slots). The ladder below
 # is the InfiniPot paper's, so it is measured without pooling too.
 W1 = ["--pool-width", "1"]
+FACTS_CATALYST = "List every name, place, number, code and value that this section states."
 ABLATIONS = {
     "infinipot-w1": ["--policy", "infinipot"] + W1,
     "-nuc": ["--policy", "infinipot", "--nuc-share", "0"] + W1,
@@ -73,6 +78,12 @@ ABLATIONS = {
     "finch-w1": ["--policy", "finch"] + W1,
     "finch-late": ["--policy", "finch", "--late-question"],
     "finch-late-w1": ["--policy", "finch", "--late-question"] + W1,
+    # question-agnostic candidates of issue 22: a catalyst asking for the
+    # kind of facts questions ask about (names, places, numbers, codes), and
+    # the default's NuC/CaP mix moved towards CaP or NuC
+    "infinipot-facts": ["--policy", "infinipot", "--catalyst", FACTS_CATALYST],
+    "infinipot-nuc0.25": ["--policy", "infinipot", "--nuc-share", "0.25"],
+    "infinipot-nuc0.75": ["--policy", "infinipot", "--nuc-share", "0.75"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
@@ -267,13 +278,21 @@ def report(rows, out, cmdline):
     return table
 
 
-def heatmap(rows, path):
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None (no charts) when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        return plt
     except ImportError:
         print("matplotlib missing: no heatmap", file=sys.stderr)
+        return None
+
+
+def heatmap(rows, path):
+    plt = pyplot()
+    if plt is None:
         return
     def panel(r):  # policy none: one panel whatever the (per-length) budget
         return (r["haystack"], r["policy"], 0 if uncompressed(r["policy"]) else r["budget"])
@@ -423,6 +442,194 @@ def memory_report(out, cmdline):
     return text
 
 
+# ---- --tasks: five tasks over non-repetitive natural haystacks (issue 22) ----------------
+
+def tokens_per_byte(a, split, out):
+    """Tokens per byte of the split's text for this model (one tokenize call
+    over 64 KB of it), cached in OUT/calibration.json."""
+    path = out / "calibration.json"
+    cal = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{pathlib.Path(a.model).name}:{split}"
+    if key not in cal:
+        sample = "\n\n".join(corpus.shuffled(corpus.load_units(), split, 0))[:65536]
+        sample = sample.encode()[:65536].decode(errors="ignore")
+        cal[key] = n_tokens(a.model, sample) / len(sample.encode())
+        path.write_text(json.dumps(cal, indent=1))
+    return cal[key]
+
+
+def task_docs(a, split, length, units, tpb, work, limit=None):
+    """The documents of one (split, length): trials x 3 rotations, written to
+    work/; [(doc id, path, tasks, needles)]. limit: the most tokens a document
+    may have (policy none within the window): documents are built to the
+    estimate and shrunk until a tokenize call says they fit."""
+    docs = []
+    for k in range(a.trials):
+        for rot in range(len(tasks.DEPTHS)):
+            plan = tasks.document_plan(a.seed, split, length, k, rot)
+            paras = corpus.shuffled(units, split, f"{a.seed}:{k}:{rot}")
+            target = length if limit is None else min(length, limit)
+            while True:
+                text, needles = tasks.build_document(paras, tpb, target, plan, rot, hint=a.hint)
+                if limit is None or n_tokens(a.model, text) <= limit:
+                    break
+                target = int(target * 0.97)
+            path = work / f"doc_{split}_{length}_{k}_{rot}.txt"
+            path.write_text(text)
+            docs.append((f"{split}:{length}:{k}:{rot}", path, plan, needles))
+    return docs
+
+
+def run_task_cell(a, split, policy, budget, length, docs, done):
+    """One longdoc_bench --docs run over the documents not in `done`; yields
+    one row per question as the bench answers it."""
+    todo = [d for d in docs if d[0] not in done]
+    if not todo:
+        return
+    work = pathlib.Path(a.out) / "work"
+    plan_path = work / "docs.jsonl"
+    with open(plan_path, "w") as f:
+        for did, path, plan, needles in todo:
+            flat = sorted(list(r) for t in needles for r in t)  # the bench reads them in document order
+            f.write(json.dumps({"id": did, "doc": str(path), "needles": flat,
+                                "questions": [t["question"] if t["kind"] in a.ask.split(",") else ""
+                                              for t in plan]}) + "\n")
+    by_id = {d[0]: d for d in todo}
+    base, _, decoding = policy.partition("+")
+    keep = budget if uncompressed(base) else (a.keep or budget // 2)
+    args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--backend", a.backend, "--docs", str(plan_path),
+            "--budget", str(budget), "-n", "40"]
+    if not uncompressed(base):
+        args += ["--keep", str(keep)]
+    args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
+    t0 = time.time()
+    with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
+        for line in p.stdout:
+            r = json.loads(line)
+            did, path, plan, needles = by_id[r["id"]]
+            _, L, k, rot = r["id"].split(":")
+            task = plan[r["q"]]
+            first = sorted(x for t in needles for x in t).index(needles[r["q"]][0])  # the answer's needle
+            r.update(split=split, policy=policy, budget=budget, keep=keep, length=length, trial=int(k),
+                     rotation=int(rot), task=task["kind"], depth=tasks.depth_of(r["q"], int(rot)),
+                     expected=task["answer"], hit=tasks.score(task, r["answer"]),
+                     kept_needle=r["kept"][first], kept_layers_needle=r["kept_layers"][first],
+                     doc_tokens=r["tokens_read"], model=pathlib.Path(a.model).name,
+                     tps=r["tokens_read"] / (r["ingest_ms"] / 1e3 + 1e-9))
+            del r["kept_layers"]
+            print(json.dumps({x: r[x] for x in ("split", "policy", "length", "task", "depth", "expected", "hit",
+                                                "kept_needle", "answer")}), file=sys.stderr, flush=True)
+            yield r
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode})")
+    print(f"cell {split} {policy} {budget} {length}: {len(todo)} documents in {time.time() - t0:.0f} s",
+          file=sys.stderr)
+
+
+def run_tasks(a, out):
+    results = out / "tasks.jsonl"
+    old = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    model = pathlib.Path(a.model).name
+    lengths = [int(x) for x in a.lengths.split(",")]
+    ctx = n_ctx(a.model)
+    units = corpus.load_units()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    for split in a.splits.split(","):
+        tpb = tokens_per_byte(a, split, out)
+        for policy in a.policies.split(","):
+            for L in lengths:
+                full = uncompressed(policy)
+                if full and L > ctx:
+                    print(f"skip {policy} at {L}: beyond the {ctx}-token window", file=sys.stderr)
+                    continue
+                limit = ctx - 2 * N_CTX_MARGIN if full else None
+                for budget in ([ctx - 32] if full else [int(x) for x in a.budgets.split(",")]):
+                    # a document is done when every question asked now has its row (an
+                    # interrupted run may have answered only some)
+                    asked = collections.Counter(f"{r['split']}:{r['length']}:{r['trial']}:{r['rotation']}"
+                                                for r in old if r["task"] in a.ask.split(",") and
+                                                (r["model"], r["split"], r["policy"], r["budget"], r["length"])
+                                                == (model, split, policy, budget, L))
+                    done = {d for d, n in asked.items() if n >= len(a.ask.split(","))}
+                    docs = task_docs(a, split, L, units, tpb, work, limit)
+                    for r in run_task_cell(a, split, policy, budget, L, docs, done):
+                        append(results, [r])
+    rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.exists() else []
+    return tasks_report(rows, out, " ".join(sys.argv))
+
+
+def tasks_report(rows, out, cmdline):
+    """tasks.md: per (model, split, policy, budget, length) the accuracy of
+    each task and each depth, their average, the needle's kept share and
+    its per-layer profile; tasks.png: accuracy by length x depth."""
+    def k(r):
+        return (r["model"], r["split"], r["policy"], 0 if uncompressed(r["policy"]) else r["budget"], r["length"])
+    # a document re-run after an interruption answers its questions again: the last row counts
+    rows = list({(k(r), r["trial"], r["rotation"], r["task"]): r for r in rows}.values())
+    lines = [f"`{cmdline}`", "",
+             "Exact match over non-repetitive natural text (tests/bench/longdoc/corpus.py, tasks.py): "
+             "hits/questions (accuracy, Wilson 95 % interval). Each document carries all five tasks' needles "
+             "and is asked the five questions over one prefilled pot (finch: one pass per question, "
+             "the same pot a re-read builds). kept: share of the answer's first needle in the pot over all "
+             "layers and KV heads; low layers: how many layers hold less than a tenth of it (on average over the "
+             "cell). tok/s: median ingest speed (a shared 2-core machine: compare only within one run). "
+             "compress share: median share of ingest time spent selecting and compacting. peak RSS: the "
+             "bench process (model + one pot).", "",
+             "| model | split | policy | budget | length | doc tokens | " + " | ".join(tasks.TASKS)
+             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | low layers | tok/s | compress share | peak RSS MB |",
+             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|---|---|"]
+    for key in sorted({k(r) for r in rows}, key=lambda x: (x[0], x[1], x[4], x[2], x[3])):
+        cell = [r for r in rows if k(r) == key]
+        per_task = [fmt_acc([r for r in cell if r["task"] == t]) for t in tasks.TASKS]
+        per_depth = [fmt_acc([r for r in cell if r["depth"] == d]) for d in tasks.DEPTHS]
+        kept = sum(r["kept_needle"] for r in cell) / len(cell)
+        n_layer = len(cell[0]["kept_layers_needle"])
+        prof = [sum(r["kept_layers_needle"][l] for r in cell) / len(cell) for l in range(n_layer)]
+        low = f"{sum(v < 0.1 for v in prof)}/{n_layer}"
+        tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
+        toks = max(r["doc_tokens"] for r in cell)
+        share = sorted(r["compress_ms"] / max(r["ingest_ms"], 1e-9) for r in cell)[len(cell) // 2]
+        rss = max(r["peak_rss_bytes"] for r in cell) / 1e6
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
+                     + " | ".join(per_task) + " | " + " | ".join(per_depth)
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss:.0f} |")
+    table = "\n".join(lines) + "\n"
+    (out / "tasks.md").write_text(table)
+    tasks_heatmap(rows, out / "tasks.png")
+    return table
+
+
+def tasks_heatmap(rows, path):
+    """Accuracy by task x depth, one panel per (model, split, policy, length)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    keys = sorted({(r["model"].split("-")[0], r["split"], r["policy"], r["length"]) for r in rows},
+                  key=lambda x: (x[0], x[1], x[3], x[2]))
+    cols = min(4, len(keys))
+    nrow = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(nrow, cols, figsize=(3.6 * cols, 2.8 * nrow), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        cell = [r for r in rows if (r["model"].split("-")[0], r["split"], r["policy"], r["length"]) == key]
+        grid = [[float("nan")] * len(tasks.TASKS) for _ in tasks.DEPTHS]
+        for i, d in enumerate(tasks.DEPTHS):
+            for j, t in enumerate(tasks.TASKS):
+                c = [r for r in cell if r["depth"] == d and r["task"] == t]
+                if c:
+                    grid[i][j] = sum(r["hit"] for r in c) / len(c)
+                    ax.text(j, i, f"{sum(r['hit'] for r in c)}/{len(c)}", ha="center", va="center", fontsize=7)
+        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(tasks.TASKS)), tasks.TASKS, fontsize=6)
+        ax.set_yticks(range(len(tasks.DEPTHS)), [str(d) for d in tasks.DEPTHS], fontsize=7)
+        ax.set_title(f"{key[0]} {key[2]} {key[3] // 1024}K ({key[1]})", fontsize=8)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.supylabel("needle depth", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -446,6 +653,14 @@ def main():
                                                 "one `potserve ingest` per document at the first budget, nothing else")
     ap.add_argument("--showcase", type=int, default=0, help="one document of this many tokens (e.g. 1048576) "
                                                               "with its memory curve, nothing else")
+    ap.add_argument("--tasks", action="store_true",
+                    help="the five tasks over non-repetitive natural text (corpus.py, tasks.py) into OUT/tasks.jsonl")
+    ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test)")
+    ap.add_argument("--trials", type=int, default=5, help="--tasks: documents per (length, rotation)")
+    ap.add_argument("--hint", action="store_true", help="--tasks: the hint sentence before the document")
+    ap.add_argument("--ask", default=",".join(tasks.TASKS),
+                    help="--tasks: the tasks whose questions are asked (every needle is still in the document)")
+    ap.add_argument("--tasks-report", action="store_true", help="only redraw OUT/tasks.md")
     a = ap.parse_args()
     for policy in a.policies.split(","):
         if policy.partition("+")[2] not in RECYCLED:
@@ -455,6 +670,13 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     cmdline = " ".join(sys.argv)
+    if a.tasks_report:
+        rows = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines() if x.strip()]
+        print(tasks_report(rows, out, cmdline))
+        return
+    if a.tasks:
+        print(run_tasks(a, out))
+        return
     if a.showcase:
         print(showcase(a, out, a.showcase))
         return
