@@ -52,9 +52,10 @@ WORKERS = 4            # concurrent clients (--workers)
 # Content-Length, Transfer-Encoding gzip, X-Chunk-Seq wrap, header/?seq
 # disagreement, full-disk 500 -- are fixed: they now count as new.)
 KNOWN = {
-    # libmicrohttpd 0.9.75 answers a syntactically bad chunked body itself, with
-    # an HTML 400 "Request malformed", before the application sees the body.
-    "mhd_html_bad_chunked_encoding": "MHD's own HTML 400 for malformed chunked encoding",
+    # libmicrohttpd 0.9.75 answers framing it cannot parse (a syntactically bad
+    # chunked body, a Content-Length that is not a number) itself, with an HTML
+    # 400 "Request malformed", before the application sees the request.
+    "mhd_html_malformed_request": "MHD's own HTML 400 for unparsable framing",
     # seen once in ~5 runs before the fixes: a chat over a session that had
     # ?wait=false uploads (and was then failed) answered only at shutdown (99 s,
     # 0 tokens; request_timeout is checked per generated token).
@@ -685,8 +686,8 @@ def judge(req, status, hdrs, body, how, elapsed, stats):
         err = parse_json(body)
         ok = (isinstance(err, dict) and isinstance(err.get("error"), dict)
               and isinstance(err["error"].get("message"), str) and isinstance(err["error"].get("type"), str))
-        if not ok and b"Request malformed" in body and b"chunked encoding" in body:
-            stats.find("mhd_html_bad_chunked_encoding", f"{req.gen}: {status} {body[:120]!r} for {req.summary()}", req)
+        if not ok and b"<title>Request malformed</title>" in body:
+            stats.find("mhd_html_malformed_request", f"{req.gen}: {status} {body[:120]!r} for {req.summary()}", req)
         elif not ok:
             stats.find("non_json_error_body", f"{req.gen}: {status} {body[:120]!r} for {req.summary()}", req)
     if status == 429 and "retry-after" not in hdrs:
