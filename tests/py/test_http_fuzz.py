@@ -37,7 +37,7 @@ def test_http_fuzz_finds_nothing_new(fuzz_run):
 
 
 @pytest.mark.xfail(reason="libmicrohttpd 0.9.75 answers framing it cannot parse (bad chunked encoding, a "
-                          "non-numeric Content-Length) itself with an HTML 400 'Request malformed' "
+                          "non-numeric Content-Length, a chunk size past 2^64) itself with a built-in HTML 400/413 page "
                           "(mhd_html_malformed_request; no hook lets the server send JSON), "
                           "and the rare open finding hang_generation_over_session (see KNOWN in tests/fuzz/http_fuzz.py)",
                    strict=False)
