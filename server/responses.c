@@ -83,7 +83,12 @@ static json_t *chat_body(json_t *in, api_error *e) {
         if (json_object_get(in, *k)) json_object_set(out, *k, json_object_get(in, *k));
     json_t *mot = json_object_get(in, "max_output_tokens");
     if (mot) json_object_set(out, "max_tokens", mot);
-    json_t *fmt = json_object_get(json_object_get(in, "text"), "format");
+    json_t *text = json_object_get(in, "text");
+    if (text && !json_is_null(text) && !json_is_object(text)) {
+        api_fail(e, 400, "invalid_type", "text", "text must be an object");
+        goto fail;
+    }
+    json_t *fmt = json_object_get(text, "format");
     if (fmt && !json_is_null(fmt)) {
         const char *type = json_string_value(json_object_get(fmt, "type"));
         if (type && !strcmp(type, "json_schema")) {

@@ -65,9 +65,9 @@ def clear_error(st, body, what):
 
 class MultiPieceHang(AssertionError):
     """An upload of several 16 KiB pieces that never got an answer after a
-    storage failure: the known bug of issue 21 (fixed on branch relfix) where a
-    failed piece leaves the pieces queued behind it undrained ("hung upload on
-    split invalid UTF-8" has the same cause)."""
+    storage failure: issue 21's bug (fixed) where a failed piece left the pieces
+    queued behind it undrained ("hung upload on split invalid UTF-8" had the
+    same cause)."""
 
 
 def upload(s, sid, data, seq, final=False):
@@ -219,7 +219,7 @@ def test_shim_counts_every_storage_class(sites):
 
 @pytest.fixture(scope="module")
 def sweep(sites, tmp_path_factory):
-    """Runs the chosen fault cases once: (cases run, failures, known hangs, outcomes)."""
+    """Runs the chosen fault cases once: (cases run, failures, multi-piece hangs, outcomes)."""
     chosen = spread(cases(sites), SITES_MAX)
     failures, hangs, outcomes = [], [], {}
     for phase, cls, n, mode, errno_name, path in chosen:
@@ -233,26 +233,25 @@ def sweep(sites, tmp_path_factory):
             hangs.append(f"{label}: {e}")
         except Exception as e:  # noqa: BLE001 - every case runs; the failures are listed together
             failures.append(f"{label}: {e!r}")
-    print(f"\nfault cases run: {len(chosen)} of {len(cases(sites))}; known multi-piece hangs {len(hangs)}")
+    print(f"\nfault cases run: {len(chosen)} of {len(cases(sites))}; multi-piece hangs {len(hangs)}")
     for k, v in outcomes.items():
         print(f"  {k}: {v}")
     for h in hangs:
-        print(f"  known hang: {h}")
+        print(f"  hang: {h}")
     return chosen, failures, hangs, outcomes
 
 
 def test_every_fault_site_ends_clean(sweep):
     """Each chosen fault: clear errors, and a restart to exactly the acknowledged
-    chunks (cases that hang on the known multi-piece bug are counted below)."""
+    chunks (cases that hang on a multi-piece upload are counted below)."""
     chosen, failures, hangs, outcomes = sweep
     assert len(outcomes) + len(failures) + len(hangs) == len(chosen)
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(reason="known bug of issue 21 (branch relfix): an upload whose piece fails while later "
-                          "pieces are queued never answers (the multi-piece-chunk hang, as with split invalid "
-                          "UTF-8)", strict=False)
 def test_no_fault_leaves_an_upload_hanging(sweep):
+    """A piece that fails while later pieces of the same upload are queued still
+    gets the upload answered (issue 21's multi-piece-chunk hang)."""
     chosen, failures, hangs, outcomes = sweep
     assert not hangs, "\n".join(hangs)
 

@@ -60,12 +60,6 @@ def test_document_names_every_route_of_the_router():
             assert all(op["responses"][c] == {"$ref": "#/components/responses/Error"} for c in errs), (path, method)
 
 
-# Failures that only issue 21's known bugs cause (fixed on branch relfix), by
-# what Schemathesis names as the invalid part of the request.
-KNOWN = {"parameter `seq` in query": "header/?seq disagreement (X-Chunk-Seq wins over ?seq)",
-         "header `X-Chunk-Seq`": "X-Chunk-Seq wrap"}
-
-
 @pytest.fixture(scope="module")
 def schemathesis_run(srv, tmp_path_factory):
     """Every operation, stateful links included: (exit status, report, output, failure blocks)."""
@@ -87,23 +81,12 @@ def schemathesis_run(srv, tmp_path_factory):
     return p.returncode, res, out, blocks
 
 
-def known_bug(block):
-    m = re.search(r"Invalid component: ([^\n]*)", block)
-    return next((bug for k, bug in KNOWN.items() if m and k in m.group(1)), None)
-
-
-def test_schemathesis_finds_nothing_new(schemathesis_run):
+def test_schemathesis_finds_nothing(schemathesis_run):
+    """Every check passes (issue 21's header/?seq disagreement and X-Chunk-Seq
+    wrap, once failures here, are fixed)."""
     rc, res, out, blocks = schemathesis_run
     assert res["phases"]["stateful"]["status"] in ("success", "failure"), res["phases"]
     assert res["test_cases"]["generated"] >= 200, res["test_cases"]
     assert not res["errors"], out[-8000:]
-    new = [b for b in blocks if not known_bug(b)]
-    assert not new, "\n".join(new)[:8000]
-    assert rc == 0 or blocks, out[-3000:]
-
-
-@pytest.mark.xfail(reason="known bugs of issue 21 (branch relfix): header/?seq disagreement, X-Chunk-Seq wrap",
-                   strict=False)
-def test_schemathesis_known_bugs_are_gone(schemathesis_run):
-    rc, res, out, blocks = schemathesis_run
-    assert rc == 0 and not res["failures"], "\n".join(f"{known_bug(b)}: {b[:500]}" for b in blocks)
+    assert not blocks and not res["failures"], "\n".join(blocks)[:8000]
+    assert rc == 0, out[-3000:]
