@@ -637,6 +637,7 @@ class Stats:
         self.statuses = {}
         self.findings = {}  # kind -> [count, first example]
         self.examples = {}  # kind -> the first example's request bytes (latin-1)
+        self.timed_out = {}  # kind -> the first request that got no answer in time
 
     def count(self, req, status):
         with self.lock:
@@ -668,6 +669,8 @@ def judge(req, status, hdrs, body, how, elapsed, stats):
         else:
             kind = "hang"
         stats.find(kind, f"{req.gen}: no answer and no close after {elapsed:.1f}s: {req.summary()}", req)
+        with stats.lock:
+            stats.timed_out.setdefault(kind, req)
         return
     if status is None:
         if req.complete and not req.pieces > 1:
@@ -825,6 +828,17 @@ def main():
     crashed = srv.proc.poll()
     if crashed is not None:
         stats.find("server_died", f"exit status {crashed}; log {srv.log_path}")
+    # A request that timed out while four workers kept the one engine thread
+    # busy is replayed alone before the server stops: a hang that does not
+    # recur on an idle server was waiting in the queue, and is reported as
+    # unconfirmed rather than as a finding (a real hang recurs).
+    unconfirmed = {}
+    if crashed is None:
+        for kind, req in list(stats.timed_out.items()):
+            again = Stats()
+            exchange(srv.port, req, random.Random(a.seed), again)
+            if kind not in again.findings:
+                unconfirmed[kind] = stats.findings.pop(kind)
     rss1 = srv.rss_kb()
     rc = srv.stop()
     if crashed is None and rc != 0:
@@ -834,6 +848,7 @@ def main():
     result = {"seed": a.seed, "seconds": a.seconds, "executions": stats.execs, "by_generator": stats.by_gen,
               "statuses": stats.statuses, "rss_kb_start": rss0, "rss_kb_end": rss1, **hinfo,
               "known": {f"{k} ({KNOWN[k]})": v for k, v in known.items()}, "new": new,
+              "unconfirmed_hangs": unconfirmed,
               "server_log": srv.log_path, "examples": stats.examples}
     print(f"http_fuzz: seed {a.seed}, {stats.execs} executions in {a.seconds:.0f} s "
           f"({', '.join(f'{k} {v}' for k, v in sorted(stats.by_gen.items()))}); "
@@ -843,6 +858,8 @@ def main():
         print(f"  known ({KNOWN[k]}): {k} x{n}: {ex[:300]}")
     for k, (n, ex) in sorted(new.items()):
         print(f"  NEW: {k} x{n}: {ex[:400]}")
+    for k, (n, ex) in sorted(unconfirmed.items()):
+        print(f"  unconfirmed (answered when replayed alone): {k} x{n}: {ex[:300]}")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(result, f, indent=1)
