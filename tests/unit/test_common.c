@@ -8,7 +8,7 @@
 #include "test.h"
 
 TEST(common_set_err_formats_and_truncates) {
-    char err[8] = "xxxxxxx";
+    char err[8] = "garbage"; /* overwritten by the first call */
     set_err(err, sizeof err, "bad %s %d", "value", 42);
     CHECK_STR(err, "bad val"); /* truncated to the buffer, NUL-terminated */
     set_err(NULL, 10, "ignored %d", 1);

@@ -483,18 +483,18 @@ def task_docs(a, split, length, units, tpb, work, limit=None):
 def run_task_cell(a, split, policy, budget, length, docs, done):
     """One longdoc_bench --docs run over the documents not in `done`; yields
     one row per question as the bench answers it."""
-    todo = [d for d in docs if d[0] not in done]
-    if not todo:
+    pending = [d for d in docs if d[0] not in done]
+    if not pending:
         return
     work = pathlib.Path(a.out) / "work"
     plan_path = work / "docs.jsonl"
     with open(plan_path, "w") as f:
-        for did, path, plan, needles in todo:
+        for did, path, plan, needles in pending:
             flat = sorted(list(r) for t in needles for r in t)  # the bench reads them in document order
             f.write(json.dumps({"id": did, "doc": str(path), "needles": flat,
                                 "questions": [t["question"] if t["kind"] in a.ask.split(",") else ""
                                               for t in plan]}) + "\n")
-    by_id = {d[0]: d for d in todo}
+    by_id = {d[0]: d for d in pending}
     base, _, decoding = policy.partition("+")
     keep = budget if uncompressed(base) else (a.keep or budget // 2)
     args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--backend", a.backend, "--docs", str(plan_path),
@@ -522,7 +522,7 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
             yield r
     if p.returncode:
         raise RuntimeError(f"{' '.join(args)} failed ({p.returncode})")
-    print(f"cell {split} {policy} {budget} {length}: {len(todo)} documents in {time.time() - t0:.0f} s",
+    print(f"cell {split} {policy} {budget} {length}: {len(pending)} documents in {time.time() - t0:.0f} s",
           file=sys.stderr)
 
 
