@@ -14,13 +14,14 @@ MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db5
 
 DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
                  libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd \
-                 jargon-text debian-reference-en
+                 jargon-text debian-reference-en \
+                 libhiredis-dev redis-server nginx-light
 PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0 jsonschema==4.26.0 langchain-openai==1.7.4 schemathesis==4.32.5
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing
-LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -luv -lm -lpthread
+LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -luv -lhiredis -lm -lpthread
 
 SRC      := $(wildcard common/*.c engine/*.c engine/cpu/*.c cache/*.c config/*.c api/*.c server/*.c)
 MAIN_SRC := server/main.c
