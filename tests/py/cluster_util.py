@@ -79,9 +79,9 @@ class Nginx:
         self.dir = pathlib.Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        servers = "".join(f"        server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;\n" for p in ports)
+        (self.dir / "potserve-upstreams.conf").write_text(
+            "".join(f"server 127.0.0.1:{p} max_fails=1 fail_timeout=5s;\n" for p in ports))
         routing = NGINX_TEMPLATE.read_text()
-        routing = routing.replace("        server potserve:8080 max_fails=1 fail_timeout=5s;\n", servers)
         routing = routing.replace("listen 8080;", f"listen 127.0.0.1:{self.port};")
         routing = routing.replace("proxy_read_timeout 30s;", f"proxy_read_timeout {read_timeout_s}s;")
         routing = routing.replace("proxy_send_timeout 30s;", f"proxy_send_timeout {read_timeout_s}s;")
@@ -127,3 +127,50 @@ def metric(server, name):
             if line.startswith(name + " "):
                 return float(line.split()[1])
     return None
+
+
+def redis_command(port, *args):
+    """One command over RESP (binary-safe, unlike redis-cli's output): the parsed reply."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        s.sendall(out)
+        f = s.makefile("rb")
+
+        def read():
+            line = f.readline()
+            kind, rest = line[:1], line[1:-2]
+            if kind == b"+":
+                return rest.decode()
+            if kind == b"-":
+                raise RuntimeError(rest.decode())
+            if kind == b":":
+                return int(rest)
+            if kind == b"$":
+                n = int(rest)
+                if n < 0:
+                    return None
+                data = f.read(n + 2)
+                return data[:-2]
+            if kind == b"*":
+                n = int(rest)
+                return None if n < 0 else [read() for _ in range(n)]
+            raise RuntimeError(f"bad RESP line {line!r}")
+        return read()
+
+
+def store_chunks(port, sid):
+    """The chunks of session sid's log in Redis: [(seq, final, bytes)], each
+    frame's header (server/store_redis.c) and length checked (the server
+    checks the CRC-32C when it replays)."""
+    import struct
+    out = []
+    for frame in redis_command(port, "LRANGE", f"potserve:s:{sid}:log", 0, -1):
+        assert frame[:4] == b"PSC1", frame[:8]
+        final = frame[4]
+        seq, n = struct.unpack_from("<QQ", frame, 8)
+        assert len(frame) == 32 + n
+        out.append((seq, final, frame[32:]))
+    return out
