@@ -327,6 +327,7 @@ out:
     if (s->sched) engine_sched_free(s->sched); /* cancels generations, runs queued tasks */
     s->sched = NULL;
     on_wake(&s->wake);                          /* deliver what the engine said last */
+    if (s->st) sessions_release_leases(s);
     s->stopping = 1; /* nothing suspends any more: MHD refuses to stop with suspended connections */
     for (request *r = s->live; r; r = r->next_live) request_wake(r);
     if (s->mhd) {

@@ -161,6 +161,9 @@ session *session_lookup(request *r, const char *id, const char *param);
 /* Shared store: renews the leases of the sessions held here; drops those lost,
  * hands idle ones over to a replica that asked for them. */
 void sessions_renew_leases(server *s);
+/* At exit, after the last snapshots: gives every lease up, so that other
+ * replicas need not wait for them to run out. */
+void sessions_release_leases(server *s);
 json_t *session_json(server *s, const session *ss);
 void session_ref(session *ss);
 void session_unref(session *ss);

@@ -1822,3 +1822,8 @@ out:
     free(out);
     free(list);
 }
+
+void sessions_release_leases(server *s) {
+    if (!store_is_shared(s->st)) return;
+    for (session *ss = s->sessions; ss; ss = ss->next) store_lease_release(s->st, ss->id, ss->token);
+}

@@ -117,9 +117,10 @@ def test_single_node_equals_redis_store_and_survives_sigkill(tmp_path, redis):
 
 def test_paused_owner_is_fenced(tmp_path, redis):
     """A replica paused (SIGSTOP) in the middle of an upload loses its lease;
-    another takes the session and appends; when the paused one wakes, its
-    commit of the same seq is refused (421) and the store holds only the new
-    owner's chunk."""
+    another takes the session over; when the paused one wakes, its commit is
+    refused by the lease's token (421) and the store holds only the new
+    owner's chunk 2. (failover.py covers the case where the new owner has
+    appended before, refused by the token and the log length both.)"""
     a = replica(tmp_path / "a", redis, "a", lease_ms=600).start()
     b = replica(tmp_path / "b", redis, "b", lease_ms=600).start()
     try:
@@ -132,8 +133,8 @@ def test_paused_owner_is_fenced(tmp_path, redis):
                      + late[:100].encode())
         time.sleep(0.5)
         a.proc.send_signal(signal.SIGSTOP)
-        try:
-            until(lambda: put(b, sid, 2, PARTS[1])[0] == 200, what="chunk 2 on b")
+        try:  # b takes the session over (appending nothing: only the lease's token can refuse a)
+            get_ready(b, sid)
         finally:
             a.proc.send_signal(signal.SIGCONT)
         sock.sendall(late[100:].encode())
@@ -150,6 +151,8 @@ def test_paused_owner_is_fenced(tmp_path, redis):
         assert status == 421, reply
         assert body["error"]["code"] == "session_moved"
         assert metric(a, "potserve_store_fenced_writes_total") == 1
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "1"
+        until(lambda: put(b, sid, 2, PARTS[1])[0] == 200, what="chunk 2 on b")
         assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "2"
         log = redis.cli("LRANGE", f"potserve:s:{sid}:log", "1", "1", raw=True)
         assert PARTS[1].encode() in log and b"stale text" not in log
@@ -174,6 +177,26 @@ def test_live_owner_answers_421_then_hands_over(tmp_path, redis):
         assert metric(a, "potserve_store_handoffs_total") == 1
         # another key's request never reveals the session, held or not
         assert b.request("GET", "/v1/sessions/sess_doesnotexist1")[0] == 404
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_graceful_stop_gives_leases_up(tmp_path, redis):
+    """SIGTERM: the last snapshot goes to Redis and the lease is released, so
+    another replica takes the session at once instead of after lease_ms."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=60000).start()
+    b = replica(tmp_path / "b", redis, "b", lease_ms=60000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0], final=True)[0] == 200, what="chunk 1 on a")
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:lease") == "1"
+        assert a.stop() == 0
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:lease") == "0"
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:snap") == "1"
+        t0 = time.time()
+        assert get_ready(b, sid)["final"] is True
+        assert time.time() - t0 < 10  # not the 60 s lease
     finally:
         a.stop()
         b.stop()
