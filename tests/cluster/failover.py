@@ -22,7 +22,6 @@ import pathlib
 import random
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "py"))
-from cluster_util import Nginx, Redis, metric, redis_command, replica, store_chunks  # noqa: E402
+from cluster_util import Nginx, Redis, SlowUpload, metric, redis_command, replica, store_chunks  # noqa: E402
 from server_util import Server  # noqa: E402
 
 WORDS = ("harbor lantern keeper storm ledger winter copper signal north tide ferry cargo "
@@ -194,10 +193,7 @@ def main():
 
         # the paused owner is caught with half a chunk of the probe read
         late = "stale words the paused replica must never append " * 6
-        sock = socket.create_connection(("127.0.0.1", paused.port))
-        sock.sendall((f"POST /v1/sessions/{probe}/chunks?seq=2&final=true HTTP/1.1\r\nHost: x\r\n"
-                      f"Content-Type: text/plain\r\nContent-Length: {len(late)}\r\n\r\n").encode()
-                     + late[:80].encode())
+        up = SlowUpload(paused.port, probe, 2, late, final=True)
         time.sleep(0.3)
         paused.proc.send_signal(signal.SIGSTOP)
         t_pause = time.time()
@@ -208,17 +204,7 @@ def main():
                  what="probe chunk 2 elsewhere")
         probe_moved_s = time.time() - t_pause
         paused.proc.send_signal(signal.SIGCONT)
-        sock.sendall(late[80:].encode())
-        sock.settimeout(60)
-        reply = b""
-        while not reply.rstrip().endswith(b"}"):
-            got = sock.recv(65536)
-            if not got:
-                break
-            reply += got
-        sock.close()
-        late_status = int(reply.split()[1]) if reply else 0
-        late_body = reply.split(b"\r\n\r\n", 1)[-1][:120].decode("latin-1")
+        late_status, late_body = up.finish()
         print(f"SIGCONT {paused_name} after {time.time() - t_pause:.1f} s; its late chunk: {late_status} {late_body}")
 
         for w in workers:

@@ -174,3 +174,30 @@ def store_chunks(port, sid):
         assert len(frame) == 32 + n
         out.append((seq, final, frame[32:]))
     return out
+
+
+class SlowUpload:
+    """A chunk upload straight to one replica, its body sent in two parts (a
+    replica caught between them, e.g. by SIGSTOP, has the chunk open)."""
+
+    def __init__(self, port, sid, seq, text, final=False, first=80):
+        self.text, self.first = text.encode(), first
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall((f"POST /v1/sessions/{sid}/chunks?seq={seq}&final={'true' if final else 'false'} "
+                           f"HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                           f"Content-Length: {len(self.text)}\r\n\r\n").encode() + self.text[:first])
+
+    def finish(self, timeout=60):
+        """Sends the rest; (status, parsed JSON body)."""
+        import json
+        self.sock.sendall(self.text[self.first:])
+        self.sock.settimeout(timeout)
+        reply = b""
+        while not reply.rstrip().endswith(b"}"):
+            got = self.sock.recv(65536)
+            if not got:
+                break
+            reply += got
+        self.sock.close()
+        head, _, body = reply.partition(b"\r\n\r\n")
+        return (int(head.split()[1]) if head else 0), (json.loads(body) if body.strip() else None)

@@ -4,15 +4,12 @@ replica's SIGKILL (another takes it over from the store), a paused replica's
 late write is refused by the fencing token, a session held by a live replica
 is answered 421 naming it and handed over when idle. The failover under
 load through nginx is tests/cluster/failover.py (make test-cluster)."""
-import json
-import os
 import signal
-import socket
 import time
 
 import pytest
 
-from cluster_util import Redis, have_cluster_tools, metric, replica
+from cluster_util import Redis, SlowUpload, have_cluster_tools, metric, replica
 
 pytestmark = pytest.mark.skipif(not have_cluster_tools(), reason="redis-server/nginx not installed (make deps)")
 
@@ -127,28 +124,15 @@ def test_paused_owner_is_fenced(tmp_path, redis):
         sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
         until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
         late = "stale text from the paused replica " * 20
-        sock = socket.create_connection(("127.0.0.1", a.port))
-        sock.sendall((f"POST /v1/sessions/{sid}/chunks?seq=2 HTTP/1.1\r\nHost: x\r\n"
-                      f"Content-Type: text/plain\r\nContent-Length: {len(late)}\r\n\r\n").encode()
-                     + late[:100].encode())
+        up = SlowUpload(a.port, sid, 2, late, first=100)
         time.sleep(0.5)
         a.proc.send_signal(signal.SIGSTOP)
         try:  # b takes the session over (appending nothing: only the lease's token can refuse a)
             get_ready(b, sid)
         finally:
             a.proc.send_signal(signal.SIGCONT)
-        sock.sendall(late[100:].encode())
-        sock.settimeout(30)
-        reply = b""
-        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
-            got = sock.recv(65536)
-            if not got:
-                break
-            reply += got
-        sock.close()
-        status = int(reply.split()[1])
-        body = json.loads(reply.split(b"\r\n\r\n", 1)[1])
-        assert status == 421, reply
+        status, body = up.finish()
+        assert status == 421, body
         assert body["error"]["code"] == "session_moved"
         assert metric(a, "potserve_store_fenced_writes_total") == 1
         assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "1"
