@@ -43,10 +43,10 @@ def parallel(n_threads, jobs):
     return out
 
 
-def upload(url, sid, parts):
+def upload(url, sid, parts, final=True):
     for seq, part in enumerate(parts, 1):
         until_ok(lambda: http(url, "POST", f"/v1/sessions/{sid}/chunks?seq={seq}&final="
-                              f"{'true' if seq == len(parts) else 'false'}", raw=part.encode(),
+                              f"{'true' if final and seq == len(parts) else 'false'}", raw=part.encode(),
                               headers={"Content-Type": "text/plain", "X-Session-Id": sid}, timeout=120),
                  timeout=600, what=f"{sid} chunk {seq}")
     return until_ok(lambda: http(url, "GET", f"/v1/sessions/{sid}"), what="stats")["tokens_ingested"]
@@ -103,7 +103,7 @@ def failover(args, tmp):
         try:
             sid = until_ok(lambda: http(nginx.url, "POST", "/v1/sessions", {"budget_tokens": 256}))["id"]
             parts = document(k, 4, 400)
-            upload(nginx.url, sid, parts[:3])
+            upload(nginx.url, sid, parts[:3], final=False)
             holder = redis.cli("GET", f"potserve:s:{sid}:lease").split(" ", 1)[1]
             victim = reps[int(holder[1:])]
             t0 = time.time()
