@@ -44,6 +44,7 @@ store *store_open(const char *spec, const char *data_dir, int fsync_mode, int64_
 
 void store_close(store *st) {
     if (!st) return;
+    if (st->redis) redis_store_free(st);
     free(st->data_dir);
     free(st->replica);
     free(st->host);

@@ -25,6 +25,8 @@ struct store_log {
 
 /* Redis: parses spec and checks the server answers (store_open's other half). */
 int redis_store_init(store *st, const char *spec, char *err, size_t errlen);
+/* Closes every thread's connection (at exit: no thread uses the store any more). */
+void redis_store_free(store *st);
 int redis_store_create(store *st, const char *id, const char *meta, char *err, size_t errlen);
 char *redis_store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen);
 void redis_store_remove(store *st, const char *id, const char *token);

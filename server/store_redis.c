@@ -6,6 +6,7 @@
  * appends the framed chunk to the log and its header to the index. */
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,19 +35,48 @@ struct redis_log {
 /* ---- the connection ---- */
 
 static _Thread_local redisContext *thread_conn;
+/* Every thread's connection, so that redis_store_free can close those of
+ * threads that have ended (the engine thread's, at exit). */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static VEC(redisContext *) all_conns;
+
+static void conn_free(redisContext *c) {
+    pthread_mutex_lock(&all_lock);
+    for (size_t i = 0; i < all_conns.n; i++)
+        if (all_conns.v[i] == c) {
+            all_conns.v[i] = all_conns.v[--all_conns.n];
+            break;
+        }
+    pthread_mutex_unlock(&all_lock);
+    redisFree(c);
+    if (thread_conn == c) thread_conn = NULL;
+}
+
+void redis_store_free(store *st) {
+    (void)st;
+    pthread_mutex_lock(&all_lock);
+    for (size_t i = 0; i < all_conns.n; i++) redisFree(all_conns.v[i]);
+    free(all_conns.v);
+    all_conns.v = NULL;
+    all_conns.n = all_conns.cap = 0;
+    pthread_mutex_unlock(&all_lock);
+    thread_conn = NULL;
+}
 
 static redisContext *conn(store *st, char *err, size_t errlen) {
     if (thread_conn && !thread_conn->err) return thread_conn;
-    if (thread_conn) redisFree(thread_conn);
+    if (thread_conn) conn_free(thread_conn);
     struct timeval tv = {2, 0};
-    thread_conn = redisConnectWithTimeout(st->host, st->port, tv);
-    if (!thread_conn || thread_conn->err) {
-        set_err(err, errlen, "redis %s:%d: %s", st->host, st->port,
-                thread_conn ? thread_conn->errstr : "out of memory");
-        if (thread_conn) redisFree(thread_conn);
-        thread_conn = NULL;
+    redisContext *c = redisConnectWithTimeout(st->host, st->port, tv);
+    pthread_mutex_lock(&all_lock);
+    int pushed = c && !c->err && !vec_push(&all_conns, c);
+    pthread_mutex_unlock(&all_lock);
+    if (!pushed) {
+        set_err(err, errlen, "redis %s:%d: %s", st->host, st->port, c && c->err ? c->errstr : "out of memory");
+        if (c) redisFree(c);
         return NULL;
     }
+    thread_conn = c;
     redisSetTimeout(thread_conn, tv);
     if (st->db) {
         redisReply *r = redisCommand(thread_conn, "SELECT %d", st->db);
@@ -54,8 +84,7 @@ static redisContext *conn(store *st, char *err, size_t errlen) {
         if (r) freeReplyObject(r);
         if (bad) {
             set_err(err, errlen, "redis: SELECT %d failed", st->db);
-            redisFree(thread_conn);
-            thread_conn = NULL;
+            conn_free(thread_conn);
             return NULL;
         }
     }
@@ -71,8 +100,7 @@ static redisReply *command(store *st, int argc, const char **argv, const size_t 
     redisReply *r = redisCommandArgv(c, argc, argv, lens);
     if (!r) {
         set_err(err, errlen, "redis: %s", c->errstr);
-        redisFree(c);
-        thread_conn = NULL;
+        conn_free(c);
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
@@ -219,8 +247,7 @@ void redis_lease_renew(store *st, const char *const *ids, const char *const *tok
     for (size_t i = 0; i < sent; i++) {
         void *reply = NULL;
         if (redisGetReply(c, &reply) != REDIS_OK) {
-            redisFree(c);
-            thread_conn = NULL;
+            conn_free(c);
             return;
         }
         redisReply *r = reply;

@@ -88,7 +88,8 @@ def test_single_node_equals_redis_store_and_survives_sigkill(tmp_path, redis):
                 return s == 200 and body
             until(upload, what=f"chunk {i} on a")
         assert redis.cli("LLEN", f"potserve:s:{sid}:log") == str(half)
-        assert redis.cli("EXISTS", f"potserve:s:{sid}:snap") == "1"  # snapshot_bytes 1K
+        # snapshot_bytes 1K: saved (after the answer, on the engine thread) and put into Redis
+        until(lambda: redis.cli("EXISTS", f"potserve:s:{sid}:snap") == "1", what="the snapshot in Redis")
         a.kill()  # SIGKILL: its lease runs out after lease_ms
         t0 = time.time()
         for i in range(half + 1, len(PARTS) + 1):
@@ -106,6 +107,8 @@ def test_single_node_equals_redis_store_and_survives_sigkill(tmp_path, redis):
         assert pot(got) == pot(want)
         assert answer(b, sid) == answer(ref, sid_ref)
         assert metric(b, "potserve_store_takeovers_total") == 1
+        assert any(sid in line and "from its snapshot" in line for line in b.log_lines), b.log_lines
+        assert b.stop() == 0 and ref.stop() == 0  # clean exits (ASan builds: no leak, no error)
     finally:
         a.kill()
         b.stop()
@@ -140,6 +143,7 @@ def test_paused_owner_is_fenced(tmp_path, redis):
         assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "2"
         log = redis.cli("LRANGE", f"potserve:s:{sid}:log", "1", "1", raw=True)
         assert PARTS[1].encode() in log and b"stale text" not in log
+        assert a.stop() == 0 and b.stop() == 0
     finally:
         a.proc.send_signal(signal.SIGCONT)
         a.stop()
@@ -161,6 +165,7 @@ def test_live_owner_answers_421_then_hands_over(tmp_path, redis):
         assert metric(a, "potserve_store_handoffs_total") == 1
         # another key's request never reveals the session, held or not
         assert b.request("GET", "/v1/sessions/sess_doesnotexist1")[0] == 404
+        assert a.stop() == 0 and b.stop() == 0
     finally:
         a.stop()
         b.stop()
@@ -181,6 +186,7 @@ def test_graceful_stop_gives_leases_up(tmp_path, redis):
         t0 = time.time()
         assert get_ready(b, sid)["final"] is True
         assert time.time() - t0 < 10  # not the 60 s lease
+        assert b.stop() == 0
     finally:
         a.stop()
         b.stop()
