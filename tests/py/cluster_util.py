@@ -75,7 +75,7 @@ class Nginx:
     """nginx in the foreground with docker/nginx-cluster.conf's routing, the
     upstream servers being the given replica ports."""
 
-    def __init__(self, workdir, ports, read_timeout_s=3):
+    def __init__(self, workdir, ports, read_timeout_s=30):
         self.dir = pathlib.Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from cluster_util import Redis, SlowUpload, have_cluster_tools, metric, replica
+from server_util import Server
 
 pytestmark = pytest.mark.skipif(not have_cluster_tools(), reason="redis-server/nginx not installed (make deps)")
 
@@ -190,6 +191,36 @@ def test_graceful_stop_gives_leases_up(tmp_path, redis):
     finally:
         a.stop()
         b.stop()
+
+
+def test_nginx_routes_each_session_to_one_replica(tmp_path, redis):
+    """docker/nginx-cluster.conf's key: the id in the path, else X-Session-Id.
+    Requests of a session, by either, all reach one replica: it is taken over
+    once and never handed over."""
+    from cluster_util import Nginx
+    reps = [replica(tmp_path / f"r{i}", redis, f"r{i}").start() for i in range(3)]
+    nginx = Nginx(tmp_path / "nginx", [r.port for r in reps]).start()
+    proxy = Server(tmp_path / "unused")
+    proxy.port = nginx.port
+    try:
+        sids = [proxy.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"] for _ in range(4)]
+        for sid in sids:
+            get_ready(proxy, sid)
+            for i in range(1, 4):
+                assert put(proxy, sid, i, PARTS[i - 1])[0] == 200
+            for _ in range(2):
+                st, body, _ = proxy.request("POST", "/v1/completions", {"prompt": "The keeper", "max_tokens": 1},
+                                            headers={"X-Session-Id": sid})
+                assert st == 200, body
+        takeovers = sum(metric(r, "potserve_store_takeovers_total") for r in reps)
+        handoffs = sum(metric(r, "potserve_store_handoffs_total") for r in reps)
+        assert (takeovers, handoffs) == (len(sids), 0)
+        for r in reps:
+            assert r.stop() == 0
+    finally:
+        nginx.stop()
+        for r in reps:
+            r.stop()
 
 
 def test_bad_store_spec_is_refused(tmp_path):
