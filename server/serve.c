@@ -167,9 +167,10 @@ static void on_leases(uv_timer_t *t) { sessions_renew_leases(t->data); }
 /* Opens the session store; a shared one gets its lease renewals and a local
  * scratch directory (data_dir/cache) for snapshots on their way. */
 static int open_store(server *s, char *err, size_t errlen) {
-    char name[STORE_TOKEN_MAX - 32];
+    char name[STORE_TOKEN_MAX - 32], host[64] = "localhost";
+    gethostname(host, sizeof host - 1); /* replicas in containers share host and port, not hostnames */
     if (*s->cfg.replica_name) snprintf(name, sizeof name, "%s", s->cfg.replica_name);
-    else snprintf(name, sizeof name, "%s:%lld", s->cfg.host, (long long)s->cfg.port);
+    else snprintf(name, sizeof name, "%s:%lld", host, (long long)s->cfg.port);
     s->st = store_open(s->cfg.store, s->cfg.data_dir, !strcmp(s->cfg.durability, "fsync"), s->cfg.lease_ms,
                        name, err, errlen);
     if (!s->st) return -1;

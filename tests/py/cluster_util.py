@@ -98,7 +98,7 @@ class Nginx:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self):
-        self.proc = subprocess.Popen(["nginx", "-p", str(self.dir), "-c", str(self.conf)],
+        self.proc = subprocess.Popen(["nginx", "-p", str(self.dir), "-e", str(self.dir / "error.log"), "-c", str(self.conf)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 20
         while time.time() < deadline:
