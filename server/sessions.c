@@ -289,6 +289,7 @@ static void open_doc_task(engine *e, void *arg) {
         }
         if (!j->doc) j->from = 0;
     }
+    if (have_snap == 0 && store_is_shared(ss->srv->st)) unlink(snap); /* a copy fetched from the store */
     free(snap);
     if (!j->doc) j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
     j->rc = j->doc ? 0 : -1;

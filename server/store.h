@@ -96,8 +96,9 @@ int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_da
 int store_log_fenced(const store_log *l);
 
 /* ---- snapshots ---- */
-/* After engine_doc_save wrote path: Redis stores its bytes (under l's lease);
- * dir: nothing to do (path is in the session's directory). -1 + err. */
+/* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)
+ * and removes the file; dir: nothing to do (path is in the session's
+ * directory). -1 + err. */
 int store_snapshot_put(store_log *l, const char *path, char *err, size_t errlen);
 /* Before engine_doc_load reads path: Redis writes the stored snapshot there
  * (0; 1 when there is none); dir: 0 (the file is already there). -1 + err. */

@@ -488,14 +488,14 @@ int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_da
             const chunk_log_entry *want = &l->entries.v[i + k];
             redisReply *f = r->element[k];
             chunk_log_entry got;
-            const char *data = f->str + HEADER_BYTES;
             if (f->type != REDIS_REPLY_STRING || header_get((const unsigned char *)f->str, f->len, &got) ||
                 got.seq != want->seq || got.bytes != want->bytes || got.crc != want->crc ||
-                f->len != HEADER_BYTES + got.bytes || crc32c(0, data, got.bytes) != got.crc) {
+                f->len != HEADER_BYTES + got.bytes || crc32c(0, f->str + HEADER_BYTES, got.bytes) != got.crc) {
                 set_err(err, errlen, "chunk %llu in the store fails its check", (unsigned long long)want->seq);
                 rc = -1;
                 break;
             }
+            const char *data = f->str + HEADER_BYTES;
             for (size_t off = 0; !rc && on_data && off < got.bytes; off += FEED_MAX) {
                 size_t m = got.bytes - off < FEED_MAX ? got.bytes - off : FEED_MAX;
                 if (on_data(user, got.seq, data + off, m))
@@ -526,6 +526,7 @@ int redis_snapshot_put(redis_log *l, const char *path, char *err, size_t errlen)
         fread(data, 1, (size_t)n, f) != (size_t)n)
         n = -1;
     fclose(f);
+    unlink(path); /* Redis holds the snapshot: the local copy was only on its way there */
     if (n < 0 || !data) {
         free(data);
         return set_err(err, errlen, "cannot read %s", path), -1;
