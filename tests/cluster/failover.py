@@ -158,7 +158,9 @@ def main():
 
     redis = Redis(tmp / "redis").start()
     names = ["r1", "r2", "r3"]
-    reps = [replica(tmp / n, redis, n, "--threads", str(args.threads), lease_ms=LEASE_MS).start() for n in names]
+    # idle_timeout past the pause: the paused replica keeps the half-sent upload of the probe open
+    reps = [replica(tmp / n, redis, n, "--threads", str(args.threads), "--idle-timeout", "600", lease_ms=LEASE_MS).start()
+            for n in names]
     nginx = Nginx(tmp / "nginx", [r.port for r in reps], read_timeout_s=5).start()
     by_name = dict(zip(names, reps))
     stats = {"lock": threading.Lock(), "responses": {}}
@@ -268,8 +270,8 @@ def main():
             "probe_moved_seconds_after_pause": round(probe_moved_s, 2),
             "paused_replica_late_writes_refused": fenced, "late_chunk_status": late_status,
             "takeovers": takeovers, "handoffs": handoffs}, indent=1))
-        assert lost == 0 and duplicated == 0 and mismatched == 0
-        assert late_status == 421 and fenced >= 1
+        assert lost == 0 and duplicated == 0 and mismatched == 0, (lost, duplicated, mismatched)
+        assert late_status == 421 and fenced >= 1, (late_status, late_body, fenced)
         print("failover test: OK")
     finally:
         for r in reps:
