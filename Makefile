@@ -14,13 +14,14 @@ MODEL_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db5
 
 DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-certificates \
                  libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd \
-                 jargon-text debian-reference-en
+                 jargon-text debian-reference-en \
+                 libhiredis-dev redis-server nginx
 PY_TEST_TOOLS := pytest==9.2.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0 jsonschema==4.26.0 langchain-openai==1.7.4 schemathesis==4.32.5
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing
-LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -luv -lm -lpthread
+LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -luv -lhiredis -lm -lpthread
 
 SRC      := $(wildcard common/*.c engine/*.c engine/cpu/*.c cache/*.c config/*.c api/*.c server/*.c)
 MAIN_SRC := server/main.c
@@ -65,7 +66,7 @@ $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
+.PHONY: all deps venv model run test unit pytest test-cluster fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
         fuzz-http test-faults soak
 all: $(BUILD)/potserve
 
@@ -172,6 +173,12 @@ test: deps all model fixtures
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory tsan-quick
 	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory test-cluster
+
+# Failover under load (docs/cluster.md): redis-server, nginx and 3 replicas on
+# loopback; one replica SIGKILLed, one SIGSTOPped mid-upload (about 2 min on 2 cores).
+test-cluster: $(BUILD)/potserve model
+	cd tests/py && $(abspath $(VPY)) ../cluster/failover.py
 
 # Unit tests under AddressSanitizer + UBSan, in their own build tree, and the
 # server tests that cover every route, upload path and restart against an
@@ -186,6 +193,7 @@ asan: fixtures model
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
 	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
 	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
+	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_cluster.py
 
 # --- ThreadSanitizer (issue 21) -------------------------------------------------
 # The loop thread owns requests and sessions, the engine thread owns documents,

@@ -29,6 +29,7 @@ const char *api_error_type(int status) {
     case 403: return "permission_error";
     case 404: return "not_found_error";
     case 409: return "conflict_error";
+    case 421: return "misdirected_request_error"; /* a session held by another replica */
     case 429: return "rate_limit_error";
     case 503: return "unavailable_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";

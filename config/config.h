@@ -55,6 +55,9 @@ typedef struct server_config {
     int access_log;           /* one JSON line per request on stderr (true) */
     int64_t prompt_cache_entries; /* recent sessionless prompts whose KV is reused (4; 0 = off) */
     int64_t prompt_cache_bytes;   /* their budget, held within pot_memory_limit (64M) */
+    char *store;              /* session store: "dir" or redis://host:port/db (dir) */
+    char *replica_name;       /* this replica's name in leases, "" = hostname:port ("") */
+    int64_t lease_ms;         /* a session lease's lifetime in a shared store (3000) */
     char *cors_origins;       /* browser origins allowed by CORS: comma-separated, "*" = any,
                                  "" = CORS off ("") */
 } server_config;

@@ -884,11 +884,8 @@ static void start_generation(request *r, int chat, json_t *responses) {
     }
     if (sid) {
         snprintf(r->session_id, sizeof r->session_id, "%s", sid);
-        g->ss = session_find(s, sid, r->key);
-        if (!g->ss) {
-            api_fail(&e, 404, "session_not_found", "session", "no session '%s'", sid);
-            return respond_error(r, &e);
-        }
+        g->ss = session_lookup(r, sid, "session");
+        if (!g->ss) return;
         session_ref(g->ss);
         if (g->ss->status == SESSION_FAILED) {
             api_fail(&e, 409, "session_failed", "session", "the session failed: %s", g->ss->fail_msg);

@@ -86,6 +86,13 @@ char *metrics_render(server *s) {
     counter(&b, "potserve_grammar_masked_steps_total",
             "Constrained steps whose first draw the grammar refused, so the token mask was built.", "counter",
             (double)m->masked_steps);
+    counter(&b, "potserve_store_fenced_writes_total",
+            "Chunk commits the shared store refused: this replica had lost the session's lease.", "counter",
+            (double)m->fenced_writes);
+    counter(&b, "potserve_store_takeovers_total", "Sessions taken over from the shared store.", "counter",
+            (double)m->takeovers);
+    counter(&b, "potserve_store_handoffs_total", "Sessions handed over to a replica that asked.", "counter",
+            (double)m->handoffs);
     counter(&b, "potserve_compression_seconds_total", "Time spent selecting and compacting.",
             "counter", m->compress_ms / 1e3);
     int n_sessions = 0;

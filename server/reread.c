@@ -112,7 +112,7 @@ static void log_read(server *s, void *arg) {
 /* Engine thread: the log's bytes into memory, and the new pot. */
 static void read_log_task(engine *e, void *arg) {
     reread *rr = arg;
-    rr->rc = chunk_log_replay(rr->ss->log, 0, collect, note_final, rr, rr->err, sizeof rr->err);
+    rr->rc = store_log_replay(rr->ss->log, 0, collect, note_final, rr, rr->err, sizeof rr->err);
     if (!rr->rc) {
         rr->doc = engine_doc_open(e, &rr->settings, rr->err, sizeof rr->err);
         rr->rc = rr->doc ? 0 : -1;

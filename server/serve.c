@@ -115,6 +115,8 @@ static void close_handles(server *s) {
     }
     uv_timer_stop(&s->mhd_timer);
     uv_timer_stop(&s->housekeeping);
+    uv_timer_stop(&s->leases);
+    uv_close((uv_handle_t *)&s->leases, NULL);
     uv_signal_stop(&s->sig_term);
     uv_signal_stop(&s->sig_int);
     uv_close((uv_handle_t *)&s->mhd_timer, NULL);
@@ -150,6 +152,35 @@ static void on_housekeeping(uv_timer_t *t) {
         fprintf(stderr, "potserve: drained, stopping\n");
         uv_stop(s->loop);
     }
+}
+
+static int make_dir(const char *path, char *err, size_t errlen) {
+    if (mkdir(path, 0700) && errno != EEXIST) {
+        snprintf(err, errlen, "data_dir: cannot create %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void on_leases(uv_timer_t *t) { sessions_renew_leases(t->data); }
+
+/* Opens the session store; a shared one gets its lease renewals and a local
+ * scratch directory (data_dir/cache) for snapshots on their way. */
+static int open_store(server *s, char *err, size_t errlen) {
+    char name[STORE_TOKEN_MAX - 32], host[64] = "localhost";
+    gethostname(host, sizeof host - 1); /* replicas in containers share host and port, not hostnames */
+    if (*s->cfg.replica_name) snprintf(name, sizeof name, "%s", s->cfg.replica_name);
+    else snprintf(name, sizeof name, "%s:%lld", host, (long long)s->cfg.port);
+    s->st = store_open(s->cfg.store, s->cfg.data_dir, !strcmp(s->cfg.durability, "fsync"), s->cfg.lease_ms,
+                       name, err, errlen);
+    if (!s->st) return -1;
+    if (!store_is_shared(s->st)) return 0;
+    char cache[4096];
+    snprintf(cache, sizeof cache, "%s/cache", s->cfg.data_dir);
+    if (make_dir(cache, err, errlen)) return -1;
+    uv_timer_start(&s->leases, on_leases, (uint64_t)s->cfg.lease_ms / 3, (uint64_t)s->cfg.lease_ms / 3);
+    fprintf(stderr, "potserve: sessions in %s, replica %s\n", s->cfg.store, name);
+    return 0;
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -243,14 +274,6 @@ static int open_engine(server *s, char *err, size_t errlen) {
     return s->sched ? 0 : -1;
 }
 
-static int make_dir(const char *path, char *err, size_t errlen) {
-    if (mkdir(path, 0700) && errno != EEXIST) {
-        snprintf(err, errlen, "data_dir: cannot create %s: %s", path, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
 int cli_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file size limit is a write error (EFBIG, answered 507), not death */
@@ -281,11 +304,12 @@ int cli_serve(int argc, char **argv) {
     uv_async_init(&loop, &s->wake, on_wake);
     uv_timer_init(&loop, &s->mhd_timer);
     uv_timer_init(&loop, &s->housekeeping);
+    uv_timer_init(&loop, &s->leases);
     uv_signal_init(&loop, &s->sig_term);
     uv_signal_init(&loop, &s->sig_int);
-    s->wake.data = s->mhd_timer.data = s->housekeeping.data = s->sig_term.data = s->sig_int.data = s;
+    s->wake.data = s->mhd_timer.data = s->housekeeping.data = s->leases.data = s->sig_term.data = s->sig_int.data = s;
     if (auth_load(s, err, sizeof err) || make_dir(s->cfg.data_dir, err, sizeof err) ||
-        open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
+        open_store(s, err, sizeof err) || open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
         fprintf(stderr, "potserve serve: %s\n", err);
         goto out;
     }
@@ -304,6 +328,7 @@ out:
     if (s->sched) engine_sched_free(s->sched); /* cancels generations, runs queued tasks */
     s->sched = NULL;
     on_wake(&s->wake);                          /* deliver what the engine said last */
+    if (s->st) sessions_release_leases(s);
     s->stopping = 1; /* nothing suspends any more: MHD refuses to stop with suspended connections */
     for (request *r = s->live; r; r = r->next_live) request_wake(r);
     if (s->mhd) {
@@ -315,6 +340,7 @@ out:
     close_handles(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     sessions_free_all(s);
+    store_close(s->st);
     uv_loop_close(&loop);
     engine_close(s->eng);
     for (size_t i = 0; i < s->n_keys; i++) free(s->keys[i].key);

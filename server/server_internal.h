@@ -18,7 +18,7 @@
 #include "api/api.h"
 #include "config/config.h"
 #include "engine/engine.h"
-#include "server/chunklog.h"
+#include "server/store.h"
 
 typedef struct server server;
 typedef struct request request;
@@ -50,6 +50,7 @@ typedef struct metrics {
     int64_t compressions;
     double ingest_ms, decode_ms, compress_ms;
     int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */
+    int64_t fenced_writes, takeovers, handoffs; /* shared store: refused late writes, sessions taken, given */
 } metrics;
 int metrics_route(metrics *m, const char *route);
 char *metrics_render(server *s);
@@ -129,7 +130,8 @@ struct session {
     api_session_settings settings;
     int64_t created, expires;
     engine_doc *doc;          /* owned by the engine thread once opened */
-    chunk_log *log;           /* used by one disk operation at a time */
+    store_log *log;           /* used by one disk operation at a time */
+    char token[STORE_TOKEN_MAX]; /* the lease this replica holds on it (shared store) */
     int disk_busy;
     enum session_status status;
     char fail_msg[256];
@@ -153,6 +155,15 @@ void sessions_free_all(server *s);
 void route_sessions(request *r, const char *rest, const char *upload_data,
                     size_t *upload_data_size);
 session *session_find(server *s, const char *id, const api_key *k);
+/* The session id names for r's key, held here (a shared store: taken over
+ * when free); NULL once r has been answered (404 with param, 421, 409, 503). */
+session *session_lookup(request *r, const char *id, const char *param);
+/* Shared store: renews the leases of the sessions held here; drops those lost,
+ * hands idle ones over to a replica that asked for them. */
+void sessions_renew_leases(server *s);
+/* At exit, after the last snapshots: gives every lease up, so that other
+ * replicas need not wait for them to run out. */
+void sessions_release_leases(server *s);
 json_t *session_json(server *s, const session *ss);
 void session_ref(session *ss);
 void session_unref(session *ss);
@@ -205,7 +216,7 @@ struct server {
     uv_loop_t *loop;
     struct MHD_Daemon *mhd;
     uv_poll_t mhd_poll;
-    uv_timer_t mhd_timer, housekeeping;
+    uv_timer_t mhd_timer, housekeeping, leases;
     uv_async_t wake;
     uv_signal_t sig_term, sig_int;
     engine *eng;
@@ -221,6 +232,7 @@ struct server {
     size_t n_keys;
     api_key anonymous;
     /* sessions */
+    store *st;
     session *sessions;
     size_t pot_memory;
     /* live requests, and every open connection (router.c) */

@@ -1,4 +1,4 @@
-/* Sessions: the registry, their directories (meta.json + chunks.log), the
+/* Sessions: the registry, their store (server/store.h: meta, chunk log, snapshot), the
  * sessions API, streamed uploads into the pot with back-pressure and
  * durability, restore on start, TTL expiry.
  *
@@ -10,9 +10,7 @@
  * ingested, and acknowledged after the commit. A chunk that fails is
  * truncated out of the log and the pot is rebuilt from the log, so a failed
  * request changes nothing. */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,7 +106,7 @@ void session_ref(session *ss) { ss->refs++; }
 
 static void free_session(session *ss) {
     api_session_settings_free(&ss->settings);
-    chunk_log_close(ss->log);
+    store_log_close(ss->log);
     free(ss->dir);
     free(ss);
 }
@@ -121,18 +119,13 @@ typedef struct doc_close_job {
 
 static void remove_dir_work(uv_work_t *w) {
     session *ss = w->data;
-    DIR *d = opendir(ss->dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                char *p = path_join(ss->dir, e->d_name);
-                if (p) unlink(p);
-                free(p);
-            }
-        closedir(d);
+    store_remove(ss->srv->st, ss->id, ss->token);
+    if (store_is_shared(ss->srv->st)) { /* the local scratch copy of its snapshot */
+        char *snap = path_join(ss->dir, SNAPSHOT_FILE);
+        if (snap) unlink(snap);
+        free(snap);
+        rmdir(ss->dir);
     }
-    rmdir(ss->dir);
 }
 
 static void remove_dir_done(uv_work_t *w, int status) {
@@ -146,7 +139,7 @@ static void closed_on_engine(server *s, void *arg) {
     session *ss = j->ss;
     s->pot_memory -= ss->memory_bytes;
     if (j->remove_files) {
-        chunk_log_close(ss->log);
+        store_log_close(ss->log);
         ss->log = NULL;
         uv_work_t *w = malloc(sizeof *w);
         if (w) {
@@ -194,6 +187,16 @@ static void unlink_session(server *s, session *ss) {
     for (session **p = &s->sessions; *p; p = &(*p)->next)
         if (*p == ss) {
             *p = ss->next;
+            return;
+        }
+}
+
+/* Forgets ss here (its store copy stays): the registry's reference goes. */
+static void session_drop(server *s, session *ss) {
+    for (session *p = s->sessions; p; p = p->next)
+        if (p == ss) {
+            unlink_session(s, ss);
+            session_unref(ss);
             return;
         }
 }
@@ -276,25 +279,27 @@ static void open_doc_task(engine *e, void *arg) {
     engine_doc_close(j->old_doc);
     j->old_doc = NULL;
     char *snap = j->replay ? path_join(ss->dir, SNAPSHOT_FILE) : NULL;
-    if (snap && ss->log) { /* the snapshot, then the log past it */
+    int have_snap = snap && ss->log ? store_snapshot_get(ss->log, snap, j->snap_err, sizeof j->snap_err) : 1;
+    if (have_snap == 0) { /* the snapshot, then the log past it */
         j->doc = engine_doc_load(e, &ss->settings.pot, snap, &j->from, j->snap_err, sizeof j->snap_err);
-        if (j->doc && j->from > chunk_log_committed_size(ss->log)) {
+        if (j->doc && j->from > store_log_committed_size(ss->log)) {
             snprintf(j->snap_err, sizeof j->snap_err, "it covers more of the log than the log holds");
             engine_doc_close(j->doc);
             j->doc = NULL;
         }
         if (!j->doc) j->from = 0;
     }
+    if (have_snap == 0 && store_is_shared(ss->srv->st)) unlink(snap); /* a copy fetched from the store */
     free(snap);
     if (!j->doc) j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
     j->rc = j->doc ? 0 : -1;
     if (!j->rc && j->replay && ss->log) {
-        j->rc = chunk_log_replay(ss->log, j->from, replay_data, replay_commit, j, j->err, sizeof j->err);
+        j->rc = store_log_replay(ss->log, j->from, replay_data, replay_commit, j, j->err, sizeof j->err);
         if (j->rc && j->from) { /* a snapshot at an offset the log does not know: start over */
             engine_doc_close(j->doc);
             j->from = 0;
             j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
-            j->rc = j->doc ? chunk_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err) : -1;
+            j->rc = j->doc ? store_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err) : -1;
         }
     }
     if (j->doc) engine_doc_get_stats(j->doc, &j->stats);
@@ -368,6 +373,7 @@ typedef struct disk_op {
     int kind;     /* 0 append, 1 commit, 2 abort */
     int rc;
     int full;     /* the failure was a full disk or a file size limit */
+    int fenced;   /* the shared store refused it: another replica holds the session */
     char err[256];
 } disk_op;
 
@@ -376,18 +382,19 @@ static void upload_step(upload *u);
 static void disk_work(uv_work_t *w) {
     disk_op *op = w->data;
     upload *u = op->u;
-    chunk_log *log = u->ss->log;
+    store_log *log = u->ss->log;
     errno = 0; /* a refusal that is no I/O error leaves it 0: not a full disk */
     if (op->kind == 0) {
         op->rc = 0;
-        if (!u->began) op->rc = chunk_log_begin(log, u->seq, op->err, sizeof op->err);
-        if (!op->rc) op->rc = chunk_log_append(log, op->p->data, op->p->n, op->err, sizeof op->err);
+        if (!u->began) op->rc = store_log_begin(log, u->seq, op->err, sizeof op->err);
+        if (!op->rc) op->rc = store_log_append(log, op->p->data, op->p->n, op->err, sizeof op->err);
     } else if (op->kind == 1) {
-        op->rc = chunk_log_commit(log, u->final, op->err, sizeof op->err);
+        op->rc = store_log_commit(log, u->final, op->err, sizeof op->err);
     } else {
-        op->rc = u->began ? chunk_log_abort(log, op->err, sizeof op->err) : 0;
+        op->rc = u->began ? store_log_abort(log, op->err, sizeof op->err) : 0;
     }
     op->full = op->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
+    op->fenced = op->rc && store_log_fenced(log);
 }
 
 static void piece_ingested(void *user, int rc, const char *err);
@@ -410,6 +417,10 @@ static void fail_upload(upload *u, int status, const char *code, const char *fmt
 /* A write that failed: 507 when storage ran out (the client may retry once
  * space is freed), else 500. */
 static void fail_storage(upload *u, const disk_op *op, const char *what) {
+    if (op->fenced) {
+        u->ss->srv->m.fenced_writes++;
+        return fail_upload(u, 421, "session_moved", "this replica lost the session's lease; retry: %s", op->err);
+    }
     fail_upload(u, op->full ? 507 : 500, op->full ? "insufficient_storage" : "storage_error", what, op->err);
 }
 
@@ -611,6 +622,10 @@ static void upload_step(upload *u) {
         }
         u->finished = 1;
         if (!u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
+        if (store_log_fenced(ss->log)) { /* another replica took the session over: it is not ours */
+            ss->busy = 0;
+            return session_drop(s, ss);
+        }
         if (!u->engine_touched) { /* the pot never saw this chunk: it holds the pre-chunk state */
             ss->busy = 0;
             return;
@@ -667,7 +682,7 @@ static void upload_step(upload *u) {
     if (u->in_flight == 0) u->finished = 1;
     else ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
     respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
-    if (u->final || chunk_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
+    if (u->final || store_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
         session_snapshot(s, ss);
 }
 
@@ -776,7 +791,7 @@ static int take_json_body(upload *u, api_error *e) {
     if (!rc) {
         if (seq && json_is_integer(seq)) {
             uint64_t want = (uint64_t)json_integer_value(seq);
-            const chunk_log_entry *dup = chunk_log_find(u->ss->log, want);
+            const chunk_log_entry *dup = store_log_find(u->ss->log, want);
             if (dup) {
                 u->mode = UPLOAD_DUPLICATE;
                 u->dup = dup;
@@ -931,7 +946,7 @@ static void start_upload(request *r, session *ss) {
         return respond_error(r, &e);
     }
     if (v) {
-        const chunk_log_entry *dup = chunk_log_find(ss->log, v);
+        const chunk_log_entry *dup = store_log_find(ss->log, v);
         if (dup) {
             u->mode = UPLOAD_DUPLICATE;
             u->dup = dup;
@@ -962,47 +977,10 @@ typedef struct create_job {
     char err[256];
 } create_job;
 
-static int write_file_synced(const char *path, const char *text, int sync, char *err, size_t errlen) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return snprintf(err, errlen, "cannot create %.200s: %s", tmp, strerror(errno)), -1;
-    size_t n = strlen(text), off = 0;
-    while (off < n) {
-        ssize_t k = write(fd, text + off, n - off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            close(fd);
-            return snprintf(err, errlen, "cannot write %.200s: %s", tmp, strerror(errno)), -1;
-        }
-        off += (size_t)k;
-    }
-    if ((sync && fsync(fd)) || close(fd) || rename(tmp, path))
-        return snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno)), -1;
-    return 0;
-}
-
 static void create_work(uv_work_t *w) {
     create_job *j = w->data;
     session *ss = j->ss;
-    int sync = !strcmp(ss->srv->cfg.durability, "fsync");
-    if (mkdir(ss->dir, 0700)) {
-        j->rc = -1;
-        snprintf(j->err, sizeof j->err, "cannot create %s: %s", ss->dir, strerror(errno));
-        return;
-    }
-    char *meta = path_join(ss->dir, "meta.json"), *log = path_join(ss->dir, "chunks.log");
-    j->rc = meta && log ? write_file_synced(meta, j->meta, sync, j->err, sizeof j->err) : -1;
-    if (!j->rc) {
-        ss->log = chunk_log_open(log, sync, NULL, j->err, sizeof j->err);
-        j->rc = ss->log ? 0 : -1;
-    }
-    if (!j->rc && sync) { /* the new directory's entry, in data_dir/sessions */
-        int e = fsync_parent_dir(ss->dir);
-        if (e) j->rc = -1, snprintf(j->err, sizeof j->err, "cannot sync the directory of %s: %s", ss->dir, strerror(e));
-    }
-    free(meta);
-    free(log);
+    j->rc = store_create(ss->srv->st, ss->id, j->meta, &ss->log, j->err, sizeof j->err);
 }
 
 static void created_doc(server *s, doc_job *j) {
@@ -1031,7 +1009,12 @@ static void create_done(uv_work_t *w, int status) {
     request *r = j->r;
     session *ss = j->ss;
     free(j->meta);
-    if (j->rc || submit_doc_job(s, ss, 0, created_doc, r)) {
+    if (store_is_shared(s->st)) { /* in the store only, held by no replica yet */
+        api_error e;
+        if (j->rc) api_fail(&e, 503, "store_unavailable", NULL, "%s", j->err), respond_error(r, &e);
+        else respond_json(r, 201, session_json(s, ss));
+        free_session(ss);
+    } else if (j->rc || submit_doc_job(s, ss, 0, created_doc, r)) {
         api_error e;
         api_fail(&e, 500, "storage_error", NULL, "%s", j->rc ? j->err : "the engine is stopping");
         respond_error(r, &e);
@@ -1098,9 +1081,7 @@ static void create_session(request *r) {
     memcpy(ss->owner, r->key->owner, sizeof ss->owner);
     ss->created = (int64_t)time(NULL);
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
-    char *root = sessions_dir(s);
-    ss->dir = root ? path_join(root, ss->id) : NULL;
-    free(root);
+    ss->dir = store_session_dir(s->st, ss->id);
     json_t *meta = json_pack("{s:s, s:s, s:I, s:o, s:s}", "id", ss->id, "owner", ss->owner,
                              "created", (json_int_t)ss->created, "settings",
                              api_session_settings_json(&ss->settings), "model", s->model_id);
@@ -1115,9 +1096,11 @@ static void create_session(request *r) {
         return respond_error(r, &e);
     }
     snprintf(r->session_id, sizeof r->session_id, "%s", ss->id);
-    s->pot_memory += ss->memory_bytes;
-    ss->next = s->sessions;
-    s->sessions = ss;
+    if (!store_is_shared(s->st)) { /* shared: the replica nginx routes its id to takes it (session_lookup) */
+        s->pot_memory += ss->memory_bytes;
+        ss->next = s->sessions;
+        s->sessions = ss;
+    }
     j->r = r;
     j->ss = ss;
     j->work.data = j;
@@ -1154,6 +1137,7 @@ static void save_task(engine *e, void *arg) {
     (void)e;
     save_job *j = arg;
     j->rc = j->doc ? engine_doc_save(j->doc, j->path, j->offset, j->err, sizeof j->err) : -1;
+    if (!j->rc) j->rc = store_snapshot_put(j->ss->log, j->path, j->err, sizeof j->err);
     if (!j->doc) snprintf(j->err, sizeof j->err, "no document");
     srv_post(j->ss->srv, snapshot_saved, j);
 }
@@ -1162,7 +1146,7 @@ void session_snapshot(server *s, session *ss) {
     if (!ss->log || !ss->doc || ss->busy || ss->disk_busy || ss->rebuilding || ss->snap_saving ||
         ss->status == SESSION_FAILED || ss->deleted)
         return;
-    uint64_t offset = chunk_log_committed_size(ss->log);
+    uint64_t offset = store_log_committed_size(ss->log);
     if (offset <= ss->snap_offset) return;
     save_job *j = calloc(1, sizeof *j);
     if (!j || !(j->path = path_join(ss->dir, SNAPSHOT_FILE))) {
@@ -1319,7 +1303,7 @@ typedef struct text_job {
     int64_t tokens_ingested;
     int32_t heads;          /* layers x KV heads */
     int32_t *kept;          /* per token of the range */
-    chunk_log *reader;
+    store_log *reader;
     engine_doc_text_reader *tr;
     int64_t next;           /* document index of the next token the reader gives */
     char *text;             /* the range's bytes */
@@ -1331,7 +1315,7 @@ typedef struct text_job {
 
 static void text_job_free(text_job *j) {
     engine_doc_text_reader_free(j->tr);
-    chunk_log_close(j->reader);
+    store_log_close(j->reader);
     free(j->kept);
     free(j->text);
     free(j->tok_end);
@@ -1402,7 +1386,7 @@ static void text_work(uv_work_t *w) {
         return;
     }
     if (j->start >= j->end) return;
-    j->rc = chunk_log_replay(j->reader, 0, text_on_data, text_on_commit, j, j->err, sizeof j->err);
+    j->rc = store_log_replay(j->reader, 0, text_on_data, text_on_commit, j, j->err, sizeof j->err);
     if (j->rc && j->next >= j->end) j->rc = 0; /* stopped on purpose, past the range */
 }
 
@@ -1466,7 +1450,7 @@ static void text_done(uv_work_t *w, int status) {
 static void text_kept_back(server *s, void *arg) {
     text_job *j = arg;
     char err[256];
-    j->reader = j->ss->log ? chunk_log_reader(j->ss->log, err, sizeof err) : NULL;
+    j->reader = j->ss->log ? store_log_reader(j->ss->log, err, sizeof err) : NULL;
     j->tr = engine_doc_text_reader_new(s->eng);
     if (!j->reader || !j->tr || !j->kept)
         return text_fail(j, 500, NULL, j->reader ? "out of memory" : err);
@@ -1574,11 +1558,8 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     memcpy(id, rest + 1, n);
     id[n] = 0;
     snprintf(r->session_id, sizeof r->session_id, "%s", id);
-    session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
-    if (!ss) {
-        api_fail(&e, 404, "session_not_found", NULL, "no session '%s'", id);
-        return respond_error(r, &e);
-    }
+    session *ss = session_lookup(r, id, NULL);
+    if (!ss) return;
     if (!slash) {
         if (get) return respond_json(r, 200, session_json(s, ss));
         if (del) return delete_session(r, ss);
@@ -1599,7 +1580,8 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
 
 /* ---- restore on start and expiry ------------------------------------------------------------------ */
 
-static void restored(server *s, doc_job *j) {
+/* A restore's end (at start or at a takeover): the session is ready, or failed. */
+static void restore_ended(doc_job *j) {
     session *ss = j->ss;
     ss->busy = 0;
     if (j->rc) {
@@ -1617,16 +1599,22 @@ static void restored(server *s, doc_job *j) {
             fprintf(stderr, "potserve: session %s: snapshot not used: %s\n", ss->id, j->snap_err);
     }
     finish_doc_job(j);
+}
+
+static void restored(server *s, doc_job *j) {
+    restore_ended(j);
     if (--s->restores_pending == 0) {
         s->loading = 0;
         fprintf(stderr, "potserve: ready\n");
     }
 }
 
-static session *load_session(server *s, const char *dir, const char *id, char *err, size_t errlen) {
-    char *meta_path = path_join(dir, "meta.json"), *log_path = path_join(dir, "chunks.log");
+/* A session from the store: its meta (JSON text) and its log, opened under
+ * token (the lease held on it). NULL + err. */
+static session *load_session(server *s, const char *id, const char *meta_text, const char *token,
+                             char *err, size_t errlen) {
     json_error_t je;
-    json_t *meta = meta_path ? json_load_file(meta_path, 0, &je) : NULL;
+    json_t *meta = json_loads(meta_text, 0, &je);
     session *ss = calloc(1, sizeof *ss);
     api_error e;
     int ok = 0;
@@ -1647,32 +1635,50 @@ static session *load_session(server *s, const char *dir, const char *id, char *e
         goto out;
     }
     int damaged = 0;
-    ss->log = chunk_log_open(log_path, !strcmp(s->cfg.durability, "fsync"), &damaged, err, errlen);
+    ss->log = store_log_open(s->st, id, token, &damaged, err, errlen);
     if (!ss->log) goto out;
     if (damaged) fprintf(stderr, "potserve: session %s: the log was damaged; kept what precedes the damage\n", id);
     snprintf(ss->id, sizeof ss->id, "%.40s", id);
     snprintf(ss->owner, sizeof ss->owner, "%s", owner);
+    snprintf(ss->token, sizeof ss->token, "%s", token);
     ss->srv = s;
     ss->refs = 1;
-    ss->dir = strdup(dir);
+    ss->dir = store_session_dir(s->st, id);
     ss->created = (int64_t)json_integer_value(json_object_get(meta, "created"));
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
-    ss->last_seq = chunk_log_last_seq(ss->log);
-    ss->final = chunk_log_is_final(ss->log);
+    ss->last_seq = store_log_last_seq(ss->log);
+    ss->final = store_log_is_final(ss->log);
     ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
     ok = ss->dir != NULL;
 out:
     json_decref(meta);
-    free(meta_path);
-    free(log_path);
     if (!ok && ss) {
         api_session_settings_free(&ss->settings);
-        chunk_log_close(ss->log);
+        store_log_close(ss->log);
         free(ss->dir);
         free(ss);
         ss = NULL;
     }
     return ss;
+}
+
+static void restore_one(void *user, const char *id) {
+    server *s = user;
+    if (!valid_session_id(id)) return;
+    char err[256];
+    char *meta = store_meta_read(s->st, id, NULL, err, sizeof err);
+    session *ss = meta ? load_session(s, id, meta, "local", err, sizeof err) : NULL;
+    free(meta);
+    if (!ss) {
+        fprintf(stderr, "potserve: skipping session %s: %s\n", id, err);
+        return;
+    }
+    s->pot_memory += ss->memory_bytes;
+    ss->next = s->sessions;
+    s->sessions = ss;
+    ss->busy = 1;
+    s->restores_pending++;
+    if (submit_doc_job(s, ss, 1, restored, NULL)) s->restores_pending--;
 }
 
 int sessions_restore(server *s, char *err, size_t errlen) {
@@ -1683,28 +1689,9 @@ int sessions_restore(server *s, char *err, size_t errlen) {
         free(root);
         return -1;
     }
-    DIR *d = opendir(root);
-    struct dirent *ent;
-    s->restores_pending = 1; /* held until the scan ends */
-    while (d && (ent = readdir(d))) {
-        if (!valid_session_id(ent->d_name)) continue;
-        char *dir = path_join(root, ent->d_name);
-        char e2[256];
-        session *ss = dir ? load_session(s, dir, ent->d_name, e2, sizeof e2) : NULL;
-        free(dir);
-        if (!ss) {
-            fprintf(stderr, "potserve: skipping session %s: %s\n", ent->d_name, e2);
-            continue;
-        }
-        s->pot_memory += ss->memory_bytes;
-        ss->next = s->sessions;
-        s->sessions = ss;
-        ss->busy = 1;
-        s->restores_pending++;
-        if (submit_doc_job(s, ss, 1, restored, NULL)) s->restores_pending--;
-    }
-    if (d) closedir(d);
     free(root);
+    s->restores_pending = 1; /* held until the scan ends */
+    store_list(s->st, restore_one, s);
     if (--s->restores_pending == 0) {
         s->loading = 0;
         fprintf(stderr, "potserve: ready\n");
@@ -1723,4 +1710,121 @@ void sessions_expire(server *s) {
             session_unref(ss);
         }
     }
+}
+
+/* ---- a shared store: takeover, handoff, leases ------------------------------------------------ */
+
+static void taken_over(server *s, doc_job *j) {
+    (void)s;
+    restore_ended(j);
+}
+
+/* Shared store: session id is not held here. Takes it over when its lease is
+ * free (meta + log index now, the pot replayed on the engine thread; r is
+ * answered 409 session_busy until that ends), else answers 421 naming the
+ * replica that holds it (which is asked to hand it over once idle). */
+static void take_over(request *r, const char *id, const char *param) {
+    server *s = r->srv;
+    api_error e;
+    char err[256], token[STORE_TOKEN_MAX], owner[STORE_TOKEN_MAX];
+    int absent = 0;
+    char *meta = store_meta_read(s->st, id, &absent, err, sizeof err);
+    json_t *m = meta ? json_loads(meta, 0, NULL) : NULL;
+    const char *key_owner = json_string_value(json_object_get(m, "owner"));
+    int mine = key_owner && !strcmp(key_owner, r->key->owner);
+    json_decref(m);
+    if (!meta || !mine) {
+        free(meta);
+        if (!absent && !meta) {
+            api_fail(&e, 503, "store_unavailable", param, "%s", err);
+            return respond_retry(r, &e, 1);
+        }
+        api_fail(&e, 404, "session_not_found", param, "no session '%s'", id);
+        return respond_error(r, &e);
+    }
+    int got = store_lease_acquire(s->st, id, token, owner, err, sizeof err);
+    if (got <= 0) {
+        free(meta);
+        if (got < 0) api_fail(&e, 503, "store_unavailable", param, "%s", err);
+        else api_fail(&e, 421, "session_elsewhere", param, "session '%s' is held by replica %s; it hands it over when idle: retry", id, owner);
+        return respond_retry(r, &e, 1);
+    }
+    session *ss = load_session(s, id, meta, token, err, sizeof err);
+    free(meta);
+    if (ss && s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
+        free_session(ss);
+        store_lease_release(s->st, id, token);
+        api_fail(&e, 429, "insufficient_memory", param, "this replica has no room for session '%s'", id);
+        return respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
+    }
+    if (!ss || (mkdir(ss->dir, 0700) && errno != EEXIST)) {
+        if (ss) snprintf(err, sizeof err, "cannot create %s: %s", ss->dir, strerror(errno)), free_session(ss);
+        store_lease_release(s->st, id, token);
+        api_fail(&e, 500, "storage_error", param, "%s", err);
+        return respond_error(r, &e);
+    }
+    s->pot_memory += ss->memory_bytes;
+    ss->next = s->sessions;
+    s->sessions = ss;
+    ss->busy = 1;
+    s->m.takeovers++;
+    fprintf(stderr, "potserve: took session %s over (lease %s)\n", id, token);
+    if (submit_doc_job(s, ss, 1, taken_over, NULL)) {
+        ss->busy = 0;
+        ss->status = SESSION_FAILED;
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: the engine is stopping");
+    }
+    api_fail(&e, 409, "session_busy", param, "the session is being restored here; retry");
+    respond_retry(r, &e, 1);
+}
+
+session *session_lookup(request *r, const char *id, const char *param) {
+    server *s = r->srv;
+    session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
+    if (ss) return ss;
+    if (store_is_shared(s->st) && valid_session_id(id) && !session_find(s, id, NULL)) {
+        take_over(r, id, param);
+        return NULL;
+    }
+    api_error e;
+    api_fail(&e, 404, "session_not_found", param, "no session '%s'", id);
+    respond_error(r, &e);
+    return NULL;
+}
+
+void sessions_renew_leases(server *s) {
+    size_t n = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next) n++;
+    if (!n) return;
+    const char **ids = malloc(n * sizeof *ids), **tokens = malloc(n * sizeof *tokens);
+    int *out = malloc(n * sizeof *out);
+    session **list = malloc(n * sizeof *list);
+    if (!ids || !tokens || !out || !list) goto out;
+    n = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next, n++)
+        list[n] = ss, ids[n] = ss->id, tokens[n] = ss->token;
+    store_lease_renew(s->st, ids, tokens, n, out);
+    for (size_t i = 0; i < n; i++) {
+        session *ss = list[i];
+        if (out[i] == 0) { /* an upload still open here is refused at its commit */
+            fprintf(stderr, "potserve: lost the lease of session %s: dropping it here\n", ss->id);
+            session_drop(s, ss);
+        } else if (out[i] == 2 && !ss->busy && !ss->disk_busy && !ss->gens && !ss->rebuilding &&
+                   !ss->snap_saving && !ss->acked_ingests) {
+            fprintf(stderr, "potserve: handing session %s over on request\n", ss->id);
+            store_lease_release(s->st, ss->id, ss->token);
+            s->m.handoffs++;
+            session_drop(s, ss);
+        }
+    }
+out:
+    free(ids);
+    free(tokens);
+    free(out);
+    free(list);
+}
+
+void sessions_release_leases(server *s) {
+    if (!store_is_shared(s->st)) return;
+    for (session *ss = s->sessions; ss; ss = ss->next) store_lease_release(s->st, ss->id, ss->token);
 }

@@ -1,0 +1,295 @@
+/* The session store's dispatch, and the dir store: a directory per session
+ * under data_dir/sessions (meta.json, chunks.log, pot.snap). The Redis store
+ * is in store_redis.c. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "server/store_impl.h"
+
+static char *path_join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+store *store_open(const char *spec, const char *data_dir, int fsync_mode, int64_t lease_ms,
+                  const char *replica, char *err, size_t errlen) {
+    store *st = calloc(1, sizeof *st);
+    if (!st || !(st->data_dir = strdup(data_dir)) || !(st->replica = strdup(replica))) {
+        store_close(st);
+        return set_err(err, errlen, "out of memory"), NULL;
+    }
+    st->fsync_mode = fsync_mode;
+    st->lease_ms = lease_ms;
+    if (!strcmp(spec, "dir")) return st;
+    if (strncmp(spec, "redis://", 8)) {
+        store_close(st);
+        return set_err(err, errlen, "store: '%.100s' is neither dir nor redis://host:port/db", spec), NULL;
+    }
+    st->redis = 1;
+    if (redis_store_init(st, spec, err, errlen)) {
+        store_close(st);
+        return NULL;
+    }
+    return st;
+}
+
+void store_close(store *st) {
+    if (!st) return;
+    if (st->redis) redis_store_free(st);
+    free(st->data_dir);
+    free(st->replica);
+    free(st->host);
+    free(st);
+}
+
+int store_is_shared(const store *st) { return st->redis; }
+
+char *store_session_dir(const store *st, const char *id) {
+    char *root = path_join(st->data_dir, st->redis ? "cache" : "sessions");
+    char *dir = root ? path_join(root, id) : NULL;
+    free(root);
+    return dir;
+}
+
+/* ---- meta ---- */
+
+static int write_file_synced(const char *path, const char *text, int sync, char *err, size_t errlen) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return set_err(err, errlen, "cannot create %.200s: %s", tmp, strerror(errno)), -1;
+    size_t n = strlen(text), off = 0;
+    while (off < n) {
+        ssize_t k = write(fd, text + off, n - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            close(fd);
+            return set_err(err, errlen, "cannot write %.200s: %s", tmp, strerror(errno)), -1;
+        }
+        off += (size_t)k;
+    }
+    if ((sync && fsync(fd)) || close(fd) || rename(tmp, path))
+        return set_err(err, errlen, "cannot write %s: %s", path, strerror(errno)), -1;
+    return 0;
+}
+
+static int dir_create(store *st, const char *dir, const char *meta, store_log **log, char *err,
+                      size_t errlen) {
+    if (mkdir(dir, 0700)) return set_err(err, errlen, "cannot create %s: %s", dir, strerror(errno)), -1;
+    char *meta_path = path_join(dir, "meta.json"), *log_path = path_join(dir, "chunks.log");
+    int rc = meta_path && log_path ? write_file_synced(meta_path, meta, st->fsync_mode, err, errlen) : -1;
+    chunk_log *cl = NULL;
+    if (!rc) {
+        cl = chunk_log_open(log_path, st->fsync_mode, NULL, err, errlen);
+        rc = cl ? 0 : -1;
+    }
+    if (!rc && st->fsync_mode) { /* the new directory's entry, in data_dir/sessions */
+        int e = fsync_parent_dir(dir);
+        if (e) rc = -1, set_err(err, errlen, "cannot sync the directory of %s: %s", dir, strerror(e));
+    }
+    free(meta_path);
+    free(log_path);
+    if (!rc && log) {
+        *log = calloc(1, sizeof **log);
+        if (*log) (*log)->st = st, (*log)->file = cl, cl = NULL;
+        else rc = -1, set_err(err, errlen, "out of memory");
+    }
+    chunk_log_close(cl);
+    return rc;
+}
+
+int store_create(store *st, const char *id, const char *meta, store_log **log, char *err, size_t errlen) {
+    if (log) *log = NULL;
+    if (st->redis) return redis_store_create(st, id, meta, err, errlen);
+    char *dir = store_session_dir(st, id);
+    int rc = dir ? dir_create(st, dir, meta, log, err, errlen) : (set_err(err, errlen, "out of memory"), -1);
+    free(dir);
+    return rc;
+}
+
+char *store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen) {
+    if (absent) *absent = 0;
+    if (st->redis) return redis_store_meta_read(st, id, absent, err, errlen);
+    char *dir = store_session_dir(st, id), *path = dir ? path_join(dir, "meta.json") : NULL;
+    free(dir);
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    free(path);
+    if (!f) {
+        if (absent) *absent = errno == ENOENT;
+        return set_err(err, errlen, "%.60s: unreadable meta.json", id), NULL;
+    }
+    char *text = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            char *t = realloc(text, cap = n + 8192);
+            if (!t) break;
+            text = t;
+        }
+        size_t k = fread(text + n, 1, 4096, f);
+        n += k;
+        if (k < 4096) break;
+    }
+    int bad = ferror(f) || !text || n + 1 > cap;
+    fclose(f);
+    if (bad) {
+        free(text);
+        return set_err(err, errlen, "%.60s: unreadable meta.json", id), NULL;
+    }
+    text[n] = 0;
+    return text;
+}
+
+void store_remove(store *st, const char *id, const char *token) {
+    if (st->redis) return redis_store_remove(st, id, token);
+    char *dir = store_session_dir(st, id);
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                char *p = path_join(dir, e->d_name);
+                if (p) unlink(p);
+                free(p);
+            }
+        closedir(d);
+    }
+    if (dir) rmdir(dir);
+    free(dir);
+}
+
+void store_list(store *st, void (*fn)(void *user, const char *id), void *user) {
+    if (st->redis) return; /* replicas take sessions over on demand */
+    char *root = path_join(st->data_dir, "sessions");
+    DIR *d = root ? opendir(root) : NULL;
+    struct dirent *ent;
+    while (d && (ent = readdir(d)))
+        if (ent->d_name[0] != '.') fn(user, ent->d_name);
+    if (d) closedir(d);
+    free(root);
+}
+
+/* ---- leases ---- */
+
+int store_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
+                        char owner[STORE_TOKEN_MAX], char *err, size_t errlen) {
+    if (st->redis) return redis_lease_acquire(st, id, token, owner, err, errlen);
+    snprintf(token, STORE_TOKEN_MAX, "local");
+    return 1;
+}
+
+void store_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
+                       int *out) {
+    if (st->redis) return redis_lease_renew(st, ids, tokens, n, out);
+    for (size_t i = 0; i < n; i++) out[i] = 1;
+}
+
+void store_lease_release(store *st, const char *id, const char *token) {
+    if (st->redis) redis_lease_release(st, id, token);
+}
+
+/* ---- the chunk log ---- */
+
+store_log *store_log_open(store *st, const char *id, const char *token, int *damaged, char *err,
+                          size_t errlen) {
+    store_log *l = calloc(1, sizeof *l);
+    if (!l) return set_err(err, errlen, "out of memory"), NULL;
+    l->st = st;
+    if (damaged) *damaged = 0;
+    if (st->redis) {
+        l->rl = redis_log_open(st, id, token, err, errlen);
+    } else {
+        char *dir = store_session_dir(st, id), *path = dir ? path_join(dir, "chunks.log") : NULL;
+        l->file = path ? chunk_log_open(path, st->fsync_mode, damaged, err, errlen) : NULL;
+        if (!path) set_err(err, errlen, "out of memory");
+        free(dir);
+        free(path);
+    }
+    if (!l->rl && !l->file) {
+        free(l);
+        return NULL;
+    }
+    return l;
+}
+
+store_log *store_log_reader(const store_log *l, char *err, size_t errlen) {
+    store_log *c = calloc(1, sizeof *c);
+    if (!c) return set_err(err, errlen, "out of memory"), NULL;
+    c->st = l->st;
+    if (l->rl) c->rl = redis_log_copy(l->rl, err, errlen);
+    else c->file = chunk_log_reader(l->file, err, errlen);
+    if (!c->rl && !c->file) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void store_log_close(store_log *l) {
+    if (!l) return;
+    chunk_log_close(l->file);
+    redis_log_close(l->rl);
+    free(l);
+}
+
+const chunk_log_entry *store_log_find(const store_log *l, uint64_t seq) {
+    return l->rl ? redis_log_find(l->rl, seq) : chunk_log_find(l->file, seq);
+}
+
+uint64_t store_log_last_seq(const store_log *l) {
+    return l->rl ? redis_log_last_seq(l->rl) : chunk_log_last_seq(l->file);
+}
+
+uint64_t store_log_committed_size(const store_log *l) {
+    return l->rl ? redis_log_committed_size(l->rl) : chunk_log_committed_size(l->file);
+}
+
+int store_log_is_final(const store_log *l) {
+    return l->rl ? redis_log_is_final(l->rl) : chunk_log_is_final(l->file);
+}
+
+int store_log_begin(store_log *l, uint64_t seq, char *err, size_t errlen) {
+    return l->rl ? redis_log_begin(l->rl, seq, err, errlen) : chunk_log_begin(l->file, seq, err, errlen);
+}
+
+int store_log_append(store_log *l, const void *data, size_t n, char *err, size_t errlen) {
+    return l->rl ? redis_log_append(l->rl, data, n, err, errlen)
+                 : chunk_log_append(l->file, data, n, err, errlen);
+}
+
+int store_log_commit(store_log *l, int final, char *err, size_t errlen) {
+    return l->rl ? redis_log_commit(l->rl, final, err, errlen) : chunk_log_commit(l->file, final, err, errlen);
+}
+
+int store_log_abort(store_log *l, char *err, size_t errlen) {
+    if (!l->rl) return chunk_log_abort(l->file, err, errlen);
+    redis_log_abort(l->rl);
+    return 0;
+}
+
+int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
+                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+    if (l->rl) return redis_log_replay(l->rl, from_offset, on_data, on_commit, user, err, errlen);
+    return chunk_log_replay(l->file, from_offset, on_data, on_commit, user, err, errlen);
+}
+
+int store_log_fenced(const store_log *l) { return l->rl && redis_log_fenced(l->rl); }
+
+/* ---- snapshots ---- */
+
+int store_snapshot_put(store_log *l, const char *path, char *err, size_t errlen) {
+    return l->rl ? redis_snapshot_put(l->rl, path, err, errlen) : 0;
+}
+
+int store_snapshot_get(store_log *l, const char *path, char *err, size_t errlen) {
+    return l->rl ? redis_snapshot_get(l->rl, path, err, errlen) : 0;
+}

@@ -1,0 +1,107 @@
+/* The session store (private to server/): where a session's meta, chunk log
+ * and pot snapshot live, and who may write them.
+ *
+ * Two kinds. "dir" (the default): data_dir/sessions/<id>/ holds meta.json,
+ * chunks.log (server/chunklog.c) and pot.snap; one server owns the
+ * directory. "redis://host:port/db": the same three things in Redis, shared
+ * by replicas (docs/cluster.md):
+ *   potserve:s:<id>:meta   hash: json (the meta), last_seq, final
+ *   potserve:s:<id>:log    list: one element per committed chunk, a 32-byte
+ *                          header (seq, bytes, CRC-32C, final) + its bytes
+ *   potserve:s:<id>:idx    list: the same headers alone (read at takeover)
+ *   potserve:s:<id>:snap   string: the pot snapshot file's bytes
+ *   potserve:s:<id>:lease  string "<fencing token> <replica>", with a PX expiry
+ *   potserve:s:<id>:want   string: another replica asked for the session
+ * A replica writes a session only while it holds the lease: every append and
+ * snapshot is a Lua script that first compares the lease's value with the
+ * writer's token, so a replica that lost its lease (paused, partitioned)
+ * can never append after another took over.
+ *
+ * A store_log has the contract of chunk_log (server/chunklog.h): same rules,
+ * same threads (one user at a time), same meaning of each call; offsets of a
+ * Redis log count each chunk's bytes plus a 32-byte header. Redis calls run
+ * on the calling thread over that thread's own connection. */
+#ifndef POTSERVE_STORE_H
+#define POTSERVE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/chunklog.h"
+
+typedef struct store store;
+typedef struct store_log store_log;
+
+/* Opens the store `spec` names ("dir" or "redis://host[:port][/db]"); the
+ * caller owns it (store_close). Redis: connects once to check it answers.
+ * lease_ms: a lease's lifetime; replica: this server's name in leases.
+ * NULL + one line in err. */
+store *store_open(const char *spec, const char *data_dir, int fsync_mode, int64_t lease_ms,
+                  const char *replica, char *err, size_t errlen);
+void store_close(store *st);
+/* 1 when sessions live in a store shared by replicas (Redis): a session is
+ * served by the replica holding its lease and is not restored at start. */
+int store_is_shared(const store *st);
+/* The local directory of session id (owned by the caller): its files (dir
+ * store) or its scratch space for snapshots (Redis). NULL when out of memory. */
+char *store_session_dir(const store *st, const char *id);
+
+/* ---- meta ---- */
+/* Creates session id with meta (JSON text); dir: the directory, meta.json and
+ * an empty chunks.log, whose open log goes to *log (NULL log: closed). -1 + err. */
+int store_create(store *st, const char *id, const char *meta, store_log **log, char *err, size_t errlen);
+/* The meta JSON of session id (caller frees), NULL + err when absent or unreadable
+ * (*absent = 1 when the session does not exist; absent may be NULL). */
+char *store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen);
+/* Removes everything of session id (a Redis session only while holding its lease: token). */
+void store_remove(store *st, const char *id, const char *token);
+/* Ids of the sessions in the dir store (restore at start): calls fn for each. */
+void store_list(store *st, void (*fn)(void *user, const char *id), void *user);
+
+/* ---- leases (Redis; a dir store always grants them) ---- */
+enum { STORE_TOKEN_MAX = 160 };
+/* Takes session id's lease when it is free (or held under this replica's name by
+ * an earlier process): 1 and the lease value in token; 0 when another replica
+ * holds it (its name in owner, and it is asked to hand it over); -1 + err. */
+int store_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
+                        char owner[STORE_TOKEN_MAX], char *err, size_t errlen);
+/* Renews n leases in one round trip: out[i] = 1 held, 2 held and another replica
+ * asked for it, 0 lost, -1 the store did not answer (the lease may still run). */
+void store_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
+                       int *out);
+/* Gives the lease up (only if still ours). */
+void store_lease_release(store *st, const char *id, const char *token);
+
+/* ---- the chunk log ---- */
+/* Opens session id's committed log (Redis: written under token, the lease's
+ * value; dir: chunks.log with chunk_log_open's repair, *damaged as there). */
+store_log *store_log_open(store *st, const char *id, const char *token, int *damaged, char *err,
+                          size_t errlen);
+store_log *store_log_reader(const store_log *l, char *err, size_t errlen);
+void store_log_close(store_log *l);
+const chunk_log_entry *store_log_find(const store_log *l, uint64_t seq);
+uint64_t store_log_last_seq(const store_log *l);
+uint64_t store_log_committed_size(const store_log *l);
+int store_log_is_final(const store_log *l);
+int store_log_begin(store_log *l, uint64_t seq, char *err, size_t errlen);
+int store_log_append(store_log *l, const void *data, size_t n, char *err, size_t errlen);
+/* As chunk_log_commit; Redis: the chunk is acknowledged only once Redis has
+ * it, and refused when the lease's value is no longer l's token
+ * (store_log_fenced then returns 1). */
+int store_log_commit(store_log *l, int final, char *err, size_t errlen);
+int store_log_abort(store_log *l, char *err, size_t errlen);
+int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
+                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
+/* 1 after a write was refused because the lease is gone. */
+int store_log_fenced(const store_log *l);
+
+/* ---- snapshots ---- */
+/* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)
+ * and removes the file; dir: nothing to do (path is in the session's
+ * directory). -1 + err. */
+int store_snapshot_put(store_log *l, const char *path, char *err, size_t errlen);
+/* Before engine_doc_load reads path: Redis writes the stored snapshot there
+ * (0; 1 when there is none); dir: 0 (the file is already there). -1 + err. */
+int store_snapshot_get(store_log *l, const char *path, char *err, size_t errlen);
+
+#endif

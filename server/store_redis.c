@@ -1,0 +1,564 @@
+/* The Redis session store (layout and rules: server/store.h). hiredis's
+ * blocking API, one connection per thread (the loop, the engine thread and
+ * each thread-pool worker), reconnected after an error. A chunk is buffered
+ * in memory while it arrives and written by one Lua script at its commit:
+ * the script checks the lease's fencing token and the log's length, then
+ * appends the framed chunk to the log and its header to the index. */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "server/store_impl.h"
+
+enum { HEADER_BYTES = 32, REPLAY_BATCH = 8, FEED_MAX = 1 << 20 };
+static const unsigned char HEADER_MAGIC[4] = {'P', 'S', 'C', '1'};
+
+struct redis_log {
+    store *st;
+    char id[48];
+    char token[STORE_TOKEN_MAX];
+    VEC(chunk_log_entry) entries;
+    /* the open chunk: HEADER_BYTES reserved, then its bytes */
+    unsigned char *buf;
+    size_t len, cap;
+    uint64_t seq;
+    uint32_t crc;
+    int open, spoiled, fenced;
+};
+
+/* ---- the connection ---- */
+
+static _Thread_local redisContext *thread_conn;
+/* Every thread's connection, so that redis_store_free can close those of
+ * threads that have ended (the engine thread's, at exit). */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static VEC(redisContext *) all_conns;
+
+static void conn_free(redisContext *c) {
+    pthread_mutex_lock(&all_lock);
+    for (size_t i = 0; i < all_conns.n; i++)
+        if (all_conns.v[i] == c) {
+            all_conns.v[i] = all_conns.v[--all_conns.n];
+            break;
+        }
+    pthread_mutex_unlock(&all_lock);
+    redisFree(c);
+    if (thread_conn == c) thread_conn = NULL;
+}
+
+void redis_store_free(store *st) {
+    (void)st;
+    pthread_mutex_lock(&all_lock);
+    for (size_t i = 0; i < all_conns.n; i++) redisFree(all_conns.v[i]);
+    free(all_conns.v);
+    all_conns.v = NULL;
+    all_conns.n = all_conns.cap = 0;
+    pthread_mutex_unlock(&all_lock);
+    thread_conn = NULL;
+}
+
+static redisContext *conn(store *st, char *err, size_t errlen) {
+    if (thread_conn && !thread_conn->err) return thread_conn;
+    if (thread_conn) conn_free(thread_conn);
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout(st->host, st->port, tv);
+    pthread_mutex_lock(&all_lock);
+    int pushed = c && !c->err && !vec_push(&all_conns, c);
+    pthread_mutex_unlock(&all_lock);
+    if (!pushed) {
+        set_err(err, errlen, "redis %s:%d: %s", st->host, st->port, c && c->err ? c->errstr : "out of memory");
+        if (c) redisFree(c);
+        return NULL;
+    }
+    thread_conn = c;
+    redisSetTimeout(thread_conn, tv);
+    if (st->db) {
+        redisReply *r = redisCommand(thread_conn, "SELECT %d", st->db);
+        int bad = !r || r->type == REDIS_REPLY_ERROR;
+        if (r) freeReplyObject(r);
+        if (bad) {
+            set_err(err, errlen, "redis: SELECT %d failed", st->db);
+            conn_free(thread_conn);
+            return NULL;
+        }
+    }
+    return thread_conn;
+}
+
+/* Runs one command of argc binary-safe arguments; the reply (caller frees) or
+ * NULL + err, also for an error reply (its text in err). */
+static redisReply *command(store *st, int argc, const char **argv, const size_t *lens, char *err,
+                           size_t errlen) {
+    redisContext *c = conn(st, err, errlen);
+    if (!c) return NULL;
+    redisReply *r = redisCommandArgv(c, argc, argv, lens);
+    if (!r) {
+        set_err(err, errlen, "redis: %s", c->errstr);
+        conn_free(c);
+        return NULL;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        set_err(err, errlen, "%s", r->str);
+        freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* argv's lengths from strlen (none of them binary). */
+static redisReply *command_str(store *st, int argc, const char **argv, char *err, size_t errlen) {
+    size_t lens[16];
+    for (int i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
+    return command(st, argc, argv, lens, err, errlen);
+}
+
+static void key(char *out, size_t cap, const char *id, const char *what) {
+    snprintf(out, cap, "potserve:s:%s:%s", id, what);
+}
+
+int redis_store_init(store *st, const char *spec, char *err, size_t errlen) {
+    const char *p = spec + strlen("redis://");
+    size_t hn = strcspn(p, ":/");
+    st->host = strndup(p, hn);
+    st->port = 6379;
+    p += hn;
+    char *end;
+    if (*p == ':') {
+        long v = strtol(p + 1, &end, 10);
+        if (end == p + 1 || v < 1 || v > 65535) return set_err(err, errlen, "store: bad port in '%.100s'", spec), -1;
+        st->port = (int)v;
+        p = end;
+    }
+    if (*p == '/' && p[1]) {
+        long v = strtol(p + 1, &end, 10);
+        if (*end || v < 0 || v > 1000) return set_err(err, errlen, "store: bad db in '%.100s'", spec), -1;
+        st->db = (int)v;
+    } else if (*p && strcmp(p, "/")) {
+        return set_err(err, errlen, "store: cannot read '%.100s' (redis://host:port/db)", spec), -1;
+    }
+    if (!st->host || !*st->host) return set_err(err, errlen, "store: no host in '%.100s'", spec), -1;
+    const char *ping[] = {"PING"};
+    redisReply *r = command_str(st, 1, ping, err, errlen);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+/* ---- meta ---- */
+
+int redis_store_create(store *st, const char *id, const char *meta, char *err, size_t errlen) {
+    char k[96];
+    key(k, sizeof k, id, "meta");
+    const char *argv[] = {"HSET", k, "json", meta, "last_seq", "0", "final", "0"};
+    redisReply *r = command_str(st, 8, argv, err, errlen);
+    if (r) freeReplyObject(r);
+    return r ? 0 : -1;
+}
+
+char *redis_store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen) {
+    char k[96];
+    key(k, sizeof k, id, "meta");
+    const char *argv[] = {"HGET", k, "json"};
+    redisReply *r = command_str(st, 3, argv, err, errlen);
+    if (!r) return NULL;
+    char *text = NULL;
+    if (r->type == REDIS_REPLY_STRING) text = strndup(r->str, r->len);
+    else if (absent) *absent = 1;
+    if (!text) set_err(err, errlen, "%.60s: no such session in the store", id);
+    freeReplyObject(r);
+    return text;
+}
+
+static const char REMOVE_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]) return 1";
+
+void redis_store_remove(store *st, const char *id, const char *token) {
+    char k[6][96];
+    const char *what[] = {"lease", "meta", "log", "idx", "snap", "want"};
+    for (int i = 0; i < 6; i++) key(k[i], sizeof k[i], id, what[i]);
+    const char *argv[] = {"EVAL", REMOVE_SCRIPT, "6", k[0], k[1], k[2], k[3], k[4], k[5], token};
+    char err[128];
+    redisReply *r = command_str(st, 10, argv, err, sizeof err);
+    if (r) freeReplyObject(r);
+}
+
+/* ---- leases ---- */
+
+/* A lease held under another name is left alone (and that replica asked to
+ * hand it over); a free one, or one held under this replica's own name by an
+ * earlier process, is taken with a new fencing token. */
+static const char ACQUIRE_SCRIPT[] =
+    "local cur = redis.call('GET', KEYS[1]) "
+    "if cur and string.match(cur, '^%d+ (.*)$') ~= ARGV[1] then "
+    "  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2]) return {0, cur} end "
+    "local v = redis.call('INCR', KEYS[2]) .. ' ' .. ARGV[1] "
+    "redis.call('SET', KEYS[1], v, 'PX', ARGV[2]) redis.call('DEL', KEYS[3]) return {1, v}";
+
+int redis_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
+                        char owner[STORE_TOKEN_MAX], char *err, size_t errlen) {
+    char lease[96], want[96], ms[32];
+    key(lease, sizeof lease, id, "lease");
+    key(want, sizeof want, id, "want");
+    snprintf(ms, sizeof ms, "%lld", (long long)st->lease_ms);
+    const char *argv[] = {"EVAL", ACQUIRE_SCRIPT, "3", lease, "potserve:fence", want, st->replica, ms};
+    redisReply *r = command_str(st, 8, argv, err, errlen);
+    if (!r) return -1;
+    int rc = -1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING) {
+        const char *v = r->element[1]->str;
+        rc = r->element[0]->integer == 1;
+        if (rc) snprintf(token, STORE_TOKEN_MAX, "%s", v);
+        else snprintf(owner, STORE_TOKEN_MAX, "%s", strchr(v, ' ') ? strchr(v, ' ') + 1 : v);
+    } else {
+        set_err(err, errlen, "redis: unexpected reply to the lease script");
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+static const char RENEW_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 + redis.call('EXISTS', KEYS[2])";
+
+void redis_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
+                       int *out) {
+    char err[128], ms[32];
+    snprintf(ms, sizeof ms, "%lld", (long long)st->lease_ms);
+    for (size_t i = 0; i < n; i++) out[i] = -1;
+    redisContext *c = conn(st, err, sizeof err);
+    if (!c) return;
+    size_t sent = 0;
+    for (; sent < n; sent++) { /* pipelined: one round trip for all */
+        char lease[96], want[96];
+        key(lease, sizeof lease, ids[sent], "lease");
+        key(want, sizeof want, ids[sent], "want");
+        const char *argv[] = {"EVAL", RENEW_SCRIPT, "2", lease, want, tokens[sent], ms};
+        size_t lens[7];
+        for (int k = 0; k < 7; k++) lens[k] = strlen(argv[k]);
+        if (redisAppendCommandArgv(c, 7, argv, lens) != REDIS_OK) break;
+    }
+    for (size_t i = 0; i < sent; i++) {
+        void *reply = NULL;
+        if (redisGetReply(c, &reply) != REDIS_OK) {
+            conn_free(c);
+            return;
+        }
+        redisReply *r = reply;
+        if (r->type == REDIS_REPLY_INTEGER) out[i] = (int)r->integer;
+        freeReplyObject(r);
+    }
+}
+
+static const char RELEASE_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('DEL', KEYS[1]) return 1";
+
+void redis_lease_release(store *st, const char *id, const char *token) {
+    char lease[96], err[128];
+    key(lease, sizeof lease, id, "lease");
+    const char *argv[] = {"EVAL", RELEASE_SCRIPT, "1", lease, token};
+    redisReply *r = command_str(st, 5, argv, err, sizeof err);
+    if (r) freeReplyObject(r);
+}
+
+/* ---- the log ---- */
+
+static void header_put(unsigned char *h, const chunk_log_entry *e) {
+    memset(h, 0, HEADER_BYTES);
+    memcpy(h, HEADER_MAGIC, 4);
+    h[4] = (unsigned char)(e->final != 0);
+    le_put_u64(h + 8, e->seq);
+    le_put_u64(h + 16, e->bytes);
+    le_put_u32(h + 24, e->crc);
+    le_put_u32(h + 28, crc32c(0, h, 28));
+}
+
+static int header_get(const unsigned char *h, size_t n, chunk_log_entry *e) {
+    if (n < HEADER_BYTES || memcmp(h, HEADER_MAGIC, 4) || le_get_u32(h + 28) != crc32c(0, h, 28)) return -1;
+    e->final = h[4];
+    e->seq = le_get_u64(h + 8);
+    e->bytes = le_get_u64(h + 16);
+    e->crc = le_get_u32(h + 24);
+    return 0;
+}
+
+redis_log *redis_log_open(store *st, const char *id, const char *token, char *err, size_t errlen) {
+    redis_log *l = calloc(1, sizeof *l);
+    if (!l) return set_err(err, errlen, "out of memory"), NULL;
+    l->st = st;
+    snprintf(l->id, sizeof l->id, "%s", id);
+    snprintf(l->token, sizeof l->token, "%s", token ? token : "");
+    char idx[96];
+    key(idx, sizeof idx, id, "idx");
+    const char *argv[] = {"LRANGE", idx, "0", "-1"};
+    redisReply *r = command_str(st, 4, argv, err, errlen);
+    if (!r) {
+        free(l);
+        return NULL;
+    }
+    uint64_t end = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        chunk_log_entry e;
+        redisReply *h = r->element[i];
+        if (h->type != REDIS_REPLY_STRING || header_get((const unsigned char *)h->str, h->len, &e) ||
+            (l->entries.n && (e.seq <= l->entries.v[l->entries.n - 1].seq || l->entries.v[l->entries.n - 1].final))) {
+            set_err(err, errlen, "session %s: chunk header %zu in the store is damaged", id, i);
+            freeReplyObject(r);
+            redis_log_close(l);
+            return NULL;
+        }
+        end += HEADER_BYTES + e.bytes;
+        e.end_offset = end;
+        if (vec_push(&l->entries, e)) {
+            freeReplyObject(r);
+            redis_log_close(l);
+            return set_err(err, errlen, "out of memory"), NULL;
+        }
+    }
+    freeReplyObject(r);
+    return l;
+}
+
+redis_log *redis_log_copy(const redis_log *l, char *err, size_t errlen) {
+    redis_log *c = calloc(1, sizeof *c);
+    if (!c || vec_append(&c->entries, l->entries.v, l->entries.n)) {
+        if (c) free(c->entries.v);
+        free(c);
+        return set_err(err, errlen, "out of memory"), NULL;
+    }
+    c->st = l->st;
+    memcpy(c->id, l->id, sizeof c->id);
+    return c; /* no token: a copy never writes */
+}
+
+void redis_log_close(redis_log *l) {
+    if (!l) return;
+    free(l->entries.v);
+    free(l->buf);
+    free(l);
+}
+
+const chunk_log_entry *redis_log_find(const redis_log *l, uint64_t seq) {
+    for (size_t i = l->entries.n; i-- > 0;)
+        if (l->entries.v[i].seq == seq) return &l->entries.v[i];
+    return NULL;
+}
+
+uint64_t redis_log_last_seq(const redis_log *l) {
+    return l->entries.n ? l->entries.v[l->entries.n - 1].seq : 0;
+}
+
+uint64_t redis_log_committed_size(const redis_log *l) {
+    return l->entries.n ? l->entries.v[l->entries.n - 1].end_offset : 0;
+}
+
+int redis_log_is_final(const redis_log *l) {
+    return l->entries.n && l->entries.v[l->entries.n - 1].final;
+}
+
+int redis_log_fenced(const redis_log *l) { return l->fenced; }
+
+int redis_log_begin(redis_log *l, uint64_t seq, char *err, size_t errlen) {
+    if (l->open) return set_err(err, errlen, "a chunk is already open"), -1;
+    if (!seq || seq <= redis_log_last_seq(l))
+        return set_err(err, errlen, "seq %llu is not above the last committed chunk", (unsigned long long)seq), -1;
+    if (redis_log_is_final(l)) return set_err(err, errlen, "the document has ended"), -1;
+    if (l->fenced) return set_err(err, errlen, "this replica no longer holds the session's lease"), -1;
+    l->open = 1;
+    l->spoiled = 0;
+    l->seq = seq;
+    l->crc = 0;
+    l->len = HEADER_BYTES;
+    if (l->cap < HEADER_BYTES) {
+        free(l->buf);
+        l->buf = malloc(l->cap = 64 * 1024);
+        if (!l->buf) {
+            l->cap = 0;
+            l->open = 0;
+            errno = ENOMEM;
+            return set_err(err, errlen, "out of memory"), -1;
+        }
+    }
+    return 0;
+}
+
+int redis_log_append(redis_log *l, const void *data, size_t n, char *err, size_t errlen) {
+    if (!l->open || l->spoiled) return set_err(err, errlen, "no chunk is open"), -1;
+    if (!n) return 0;
+    if (l->len + n > l->cap) {
+        size_t cap = l->cap;
+        while (cap < l->len + n) cap *= 2;
+        unsigned char *b = realloc(l->buf, cap);
+        if (!b) {
+            l->spoiled = 1;
+            errno = ENOMEM;
+            return set_err(err, errlen, "out of memory for the chunk"), -1;
+        }
+        l->buf = b;
+        l->cap = cap;
+    }
+    memcpy(l->buf + l->len, data, n);
+    l->crc = crc32c(l->crc, data, n);
+    l->len += n;
+    return 0;
+}
+
+/* KEYS: lease meta log idx; ARGV: token seq final expected-length header frame */
+static const char COMMIT_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then "
+    "  return redis.error_reply('FENCED the session lease is held by another replica') end "
+    "if redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[4]) then "
+    "  return redis.error_reply('CONFLICT the log in the store changed under this replica') end "
+    "redis.call('RPUSH', KEYS[3], ARGV[6]) redis.call('RPUSH', KEYS[4], ARGV[5]) "
+    "redis.call('HSET', KEYS[2], 'last_seq', ARGV[2], 'final', ARGV[3]) return 1";
+
+int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
+    if (!l->open || l->spoiled) {
+        l->open = 0;
+        return set_err(err, errlen, "no chunk is open"), -1;
+    }
+    l->open = 0;
+    chunk_log_entry e = {.seq = l->seq, .bytes = l->len - HEADER_BYTES, .crc = l->crc, .final = final};
+    e.end_offset = redis_log_committed_size(l) + l->len;
+    header_put(l->buf, &e);
+    char k[4][96], seq[32], n[32];
+    const char *what[] = {"lease", "meta", "log", "idx"};
+    for (int i = 0; i < 4; i++) key(k[i], sizeof k[i], l->id, what[i]);
+    snprintf(seq, sizeof seq, "%llu", (unsigned long long)e.seq);
+    snprintf(n, sizeof n, "%zu", l->entries.n);
+    const char *argv[] = {"EVAL", COMMIT_SCRIPT, "4", k[0], k[1], k[2], k[3], l->token, seq,
+                          final ? "1" : "0", n, (const char *)l->buf, (const char *)l->buf};
+    size_t lens[13];
+    for (int i = 0; i < 11; i++) lens[i] = strlen(argv[i]);
+    lens[11] = HEADER_BYTES;
+    lens[12] = l->len;
+    if (vec_reserve(&l->entries, l->entries.n + 1)) {
+        errno = ENOMEM;
+        return set_err(err, errlen, "out of memory"), -1;
+    }
+    errno = 0;
+    char why[256] = "";
+    redisReply *r = command(l->st, 13, argv, lens, why, sizeof why);
+    if (!r) {
+        if (!strncmp(why, "FENCED", 6) || !strncmp(why, "CONFLICT", 8)) l->fenced = 1;
+        if (!errno) errno = EIO;
+        return set_err(err, errlen, "%s", why), -1;
+    }
+    freeReplyObject(r);
+    l->entries.v[l->entries.n++] = e;
+    if (l->cap > 4 * 1024 * 1024) { /* a big chunk's buffer is not kept */
+        free(l->buf);
+        l->buf = NULL;
+        l->cap = 0;
+    }
+    return 0;
+}
+
+void redis_log_abort(redis_log *l) { l->open = 0; }
+
+int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
+                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+    size_t start = 0;
+    if (from_offset) {
+        while (start < l->entries.n && l->entries.v[start].end_offset != from_offset) start++;
+        if (start == l->entries.n)
+            return set_err(err, errlen, "offset %llu is no chunk's end", (unsigned long long)from_offset), -1;
+        start++;
+    }
+    char logk[96];
+    key(logk, sizeof logk, l->id, "log");
+    for (size_t i = start; i < l->entries.n; i += REPLAY_BATCH) {
+        size_t last = i + REPLAY_BATCH - 1 < l->entries.n - 1 ? i + REPLAY_BATCH - 1 : l->entries.n - 1;
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%zu", i);
+        snprintf(b, sizeof b, "%zu", last);
+        const char *argv[] = {"LRANGE", logk, a, b};
+        redisReply *r = command_str(l->st, 4, argv, err, errlen);
+        if (!r) return -1;
+        int rc = r->elements == last - i + 1 ? 0 : -1;
+        if (rc) set_err(err, errlen, "the store's log has fewer chunks than its index");
+        for (size_t k = 0; !rc && k < r->elements; k++) {
+            const chunk_log_entry *want = &l->entries.v[i + k];
+            redisReply *f = r->element[k];
+            chunk_log_entry got;
+            if (f->type != REDIS_REPLY_STRING || header_get((const unsigned char *)f->str, f->len, &got) ||
+                got.seq != want->seq || got.bytes != want->bytes || got.crc != want->crc ||
+                f->len != HEADER_BYTES + got.bytes || crc32c(0, f->str + HEADER_BYTES, got.bytes) != got.crc) {
+                set_err(err, errlen, "chunk %llu in the store fails its check", (unsigned long long)want->seq);
+                rc = -1;
+                break;
+            }
+            const char *data = f->str + HEADER_BYTES;
+            for (size_t off = 0; !rc && on_data && off < got.bytes; off += FEED_MAX) {
+                size_t m = got.bytes - off < FEED_MAX ? got.bytes - off : FEED_MAX;
+                if (on_data(user, got.seq, data + off, m))
+                    rc = -1, set_err(err, errlen, "replay stopped at chunk %llu", (unsigned long long)got.seq);
+            }
+            if (!rc && on_commit && on_commit(user, want))
+                rc = -1, set_err(err, errlen, "replay stopped at chunk %llu", (unsigned long long)got.seq);
+        }
+        freeReplyObject(r);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+/* ---- snapshots ---- */
+
+static const char SNAP_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then "
+    "  return redis.error_reply('FENCED the session lease is held by another replica') end "
+    "redis.call('SET', KEYS[2], ARGV[2]) return 1";
+
+int redis_snapshot_put(redis_log *l, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return set_err(err, errlen, "cannot read %s: %s", path, strerror(errno)), -1;
+    char *data = NULL;
+    long n = fseek(f, 0, SEEK_END) ? -1 : ftell(f);
+    if (n >= 0 && !fseek(f, 0, SEEK_SET) && (data = malloc((size_t)n + 1)) &&
+        fread(data, 1, (size_t)n, f) != (size_t)n)
+        n = -1;
+    fclose(f);
+    unlink(path); /* Redis holds the snapshot: the local copy was only on its way there */
+    if (n < 0 || !data) {
+        free(data);
+        return set_err(err, errlen, "cannot read %s", path), -1;
+    }
+    char lease[96], snap[96];
+    key(lease, sizeof lease, l->id, "lease");
+    key(snap, sizeof snap, l->id, "snap");
+    const char *argv[] = {"EVAL", SNAP_SCRIPT, "2", lease, snap, l->token, data};
+    size_t lens[7];
+    for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
+    lens[6] = (size_t)n;
+    redisReply *r = command(l->st, 7, argv, lens, err, errlen);
+    free(data);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+int redis_snapshot_get(redis_log *l, const char *path, char *err, size_t errlen) {
+    char snap[96];
+    key(snap, sizeof snap, l->id, "snap");
+    const char *argv[] = {"GET", snap};
+    redisReply *r = command_str(l->st, 2, argv, err, errlen);
+    if (!r) return -1;
+    if (r->type != REDIS_REPLY_STRING) {
+        freeReplyObject(r);
+        return 1;
+    }
+    FILE *f = fopen(path, "wb");
+    int rc = f && fwrite(r->str, 1, r->len, f) == r->len ? 0 : -1;
+    if (f && fclose(f)) rc = -1;
+    if (rc) set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    freeReplyObject(r);
+    return rc;
+}

@@ -1,0 +1,230 @@
+"""The Redis session store, leases and fencing, against a real redis-server
+and real replicas on loopback (cluster_util.py): a session survives its
+replica's SIGKILL (another takes it over from the store), a paused replica's
+late write is refused by the fencing token, a session held by a live replica
+is answered 421 naming it and handed over when idle. The failover under
+load through nginx is tests/cluster/failover.py (make test-cluster)."""
+import signal
+import time
+
+import pytest
+
+from cluster_util import Redis, SlowUpload, have_cluster_tools, metric, replica
+from server_util import Server
+
+pytestmark = pytest.mark.skipif(not have_cluster_tools(), reason="redis-server/nginx not installed (make deps)")
+
+DOC = ("The lighthouse keeper wrote in his log every night. " * 40).strip()
+PARTS = [DOC[i:i + 400] for i in range(0, len(DOC), 400)]
+
+
+@pytest.fixture
+def redis(tmp_path):
+    r = Redis(tmp_path / "redis").start()
+    yield r
+    r.stop()
+
+
+def put(srv, sid, seq, text, final=False):
+    return srv.request("POST", f"/v1/sessions/{sid}/chunks?seq={seq}&final={'true' if final else 'false'}",
+                       raw=text.encode(), headers={"Content-Type": "text/plain"})
+
+
+def until(fn, timeout=30, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def get_ready(srv, sid):
+    """GET the session on srv, retrying while it is being taken over (409/421)."""
+    def attempt():
+        st, body, _ = srv.request("GET", f"/v1/sessions/{sid}")
+        if st in (409, 421):
+            return None
+        assert st == 200, body
+        return body if body["status"] == "ready" else None
+    return until(attempt, what=f"{sid} ready on {srv.url}")
+
+
+def answer(srv, sid):
+    st, body, _ = srv.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "What did the keeper do every night?"}],
+        "max_tokens": 12, "temperature": 0}, headers={"X-Session-Id": sid})
+    assert st == 200, body
+    return body["choices"][0]["message"]["content"]
+
+
+def pot(body):
+    return {k: body[k] for k in ("tokens_ingested", "tokens_in_pot", "compressions", "bytes_received",
+                                 "last_seq", "final")}
+
+
+def test_single_node_equals_redis_store_and_survives_sigkill(tmp_path, redis):
+    """The same document through the dir store and the Redis store gives the
+    same pot and answer; after SIGKILL of its replica, another replica takes
+    the session over from Redis (snapshot + log) with nothing lost."""
+    ref = replica(tmp_path / "ref", redis, "ref").start()
+    ref.flags[ref.flags.index("--store") + 1] = "dir"
+    ref.stop()
+    ref.start()
+    a = replica(tmp_path / "a", redis, "a", "--snapshot-bytes", "1K").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        sid_ref = ref.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        st, created, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
+        assert st == 201, created
+        sid = created["id"]
+        assert redis.cli("HGET", f"potserve:s:{sid}:meta", "last_seq") == "0"
+        for i, part in enumerate(PARTS, 1):
+            assert put(ref, sid_ref, i, part, i == len(PARTS))[0] == 200
+        half = len(PARTS) // 2
+        for i, part in enumerate(PARTS[:half], 1):
+            def upload():
+                s, body, _ = put(a, sid, i, part)
+                return s == 200 and body
+            until(upload, what=f"chunk {i} on a")
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == str(half)
+        # snapshot_bytes 1K: saved (after the answer, on the engine thread) and put into Redis
+        until(lambda: redis.cli("EXISTS", f"potserve:s:{sid}:snap") == "1", what="the snapshot in Redis")
+        a.kill()  # SIGKILL: its lease runs out after lease_ms
+        t0 = time.time()
+        for i in range(half + 1, len(PARTS) + 1):
+            def upload():
+                s, body, _ = put(b, sid, i, PARTS[i - 1], i == len(PARTS))
+                assert s in (200, 409, 421), body
+                return s == 200 and body
+            until(upload, what=f"chunk {i} on b")
+            if i == half + 1:
+                print(f"\nfailover (SIGKILL -> first chunk accepted on b): {time.time() - t0:.2f} s")
+        # a replayed chunk is recognised as a duplicate by the new owner
+        s, body, _ = put(b, sid, half, PARTS[half - 1])
+        assert s == 200 and body.get("duplicate") is True, body
+        got, want = get_ready(b, sid), get_ready(ref, sid_ref)
+        assert pot(got) == pot(want)
+        assert answer(b, sid) == answer(ref, sid_ref)
+        assert metric(b, "potserve_store_takeovers_total") == 1
+        assert any(sid in line and "from its snapshot" in line for line in b.log_lines), b.log_lines
+        assert b.stop() == 0 and ref.stop() == 0  # clean exits (ASan builds: no leak, no error)
+    finally:
+        a.kill()
+        b.stop()
+        ref.stop()
+
+
+def test_paused_owner_is_fenced(tmp_path, redis):
+    """A replica paused (SIGSTOP) in the middle of an upload loses its lease;
+    another takes the session over; when the paused one wakes, its commit is
+    refused by the lease's token (421) and the store holds only the new
+    owner's chunk 2. (failover.py covers the case where the new owner has
+    appended before, refused by the token and the log length both.)"""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=600).start()
+    b = replica(tmp_path / "b", redis, "b", lease_ms=600).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        late = "stale text from the paused replica " * 20
+        up = SlowUpload(a.port, sid, 2, late, first=100)
+        time.sleep(0.5)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:  # b takes the session over (appending nothing: only the lease's token can refuse a)
+            get_ready(b, sid)
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        status, body = up.finish()
+        assert status == 421, body
+        assert body["error"]["code"] == "session_moved"
+        assert metric(a, "potserve_store_fenced_writes_total") == 1
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "1"
+        until(lambda: put(b, sid, 2, PARTS[1])[0] == 200, what="chunk 2 on b")
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "2"
+        log = redis.cli("LRANGE", f"potserve:s:{sid}:log", "1", "1", raw=True)
+        assert PARTS[1].encode() in log and b"stale text" not in log
+        assert a.stop() == 0 and b.stop() == 0
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+        a.stop()
+        b.stop()
+
+
+def test_live_owner_answers_421_then_hands_over(tmp_path, redis):
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        st, body, hdrs = b.request("GET", f"/v1/sessions/{sid}")
+        assert st == 421, body
+        assert body["error"]["code"] == "session_elsewhere" and "replica a" in body["error"]["message"]
+        assert hdrs.get("Retry-After") == "1"
+        got = get_ready(b, sid)  # a hands it over at its next lease renewal
+        assert got["last_seq"] == 1
+        assert metric(a, "potserve_store_handoffs_total") == 1
+        # another key's request never reveals the session, held or not
+        assert b.request("GET", "/v1/sessions/sess_doesnotexist1")[0] == 404
+        assert a.stop() == 0 and b.stop() == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_graceful_stop_gives_leases_up(tmp_path, redis):
+    """SIGTERM: the last snapshot goes to Redis and the lease is released, so
+    another replica takes the session at once instead of after lease_ms."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=60000).start()
+    b = replica(tmp_path / "b", redis, "b", lease_ms=60000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0], final=True)[0] == 200, what="chunk 1 on a")
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:lease") == "1"
+        assert a.stop() == 0
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:lease") == "0"
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:snap") == "1"
+        t0 = time.time()
+        assert get_ready(b, sid)["final"] is True
+        assert time.time() - t0 < 10  # not the 60 s lease
+        assert b.stop() == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_nginx_routes_each_session_to_one_replica(tmp_path, redis):
+    """docker/nginx-cluster.conf's key: the id in the path, else X-Session-Id.
+    Requests of a session, by either, all reach one replica: it is taken over
+    once and never handed over."""
+    from cluster_util import Nginx
+    reps = [replica(tmp_path / f"r{i}", redis, f"r{i}").start() for i in range(3)]
+    nginx = Nginx(tmp_path / "nginx", [r.port for r in reps]).start()
+    proxy = Server(tmp_path / "unused")
+    proxy.port = nginx.port
+    try:
+        sids = [proxy.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"] for _ in range(4)]
+        for sid in sids:
+            get_ready(proxy, sid)
+            for i in range(1, 4):
+                assert put(proxy, sid, i, PARTS[i - 1])[0] == 200
+            for _ in range(2):
+                st, body, _ = proxy.request("POST", "/v1/completions", {"prompt": "The keeper", "max_tokens": 1},
+                                            headers={"X-Session-Id": sid})
+                assert st == 200, body
+        takeovers = sum(metric(r, "potserve_store_takeovers_total") for r in reps)
+        handoffs = sum(metric(r, "potserve_store_handoffs_total") for r in reps)
+        assert (takeovers, handoffs) == (len(sids), 0)
+        for r in reps:
+            assert r.stop() == 0
+    finally:
+        nginx.stop()
+        for r in reps:
+            r.stop()
+
+
+def test_bad_store_spec_is_refused(tmp_path):
+    from conftest import run
+    for spec, why in (("mysql://x", "neither dir nor redis"), ("redis://127.0.0.1:1/0", "redis 127.0.0.1:1")):
+        p = run("serve", "--store", spec, "--data-dir", tmp_path, "--port", "0")
+        assert p.returncode != 0 and why in p.stderr.decode(), p.stderr
