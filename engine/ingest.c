@@ -55,12 +55,16 @@ struct engine_doc {
     int plain;
     int no_catalyst;          /* infinipot ablation: the chunk's last rows score, not the catalyst */
     int original_positions;   /* ablation: no context-reset positions (pot_rope_pos) */
+    int score_memory;         /* settings' score_memory (infinipot only) */
+    int shared_selection;     /* settings' shared_selection */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
     atomic_int cancelled;     /* engine_doc_cancel: set by another thread */
     int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
+    engine_compress_hook on_compress; /* diagnostics (engine_doc_on_compress), or NULL */
+    void *on_compress_ctx;
     char settings_key[sizeof ((pot_snapshot_meta *)0)->settings]; /* see settings_key() */
 };
 
@@ -236,17 +240,38 @@ static void keep_window_tails(const engine_doc *d, const pot *p, int32_t *idx, i
             for (int32_t i = 0; i < n_keep; i++) idx[((size_t)l * p->n_head_kv + g) * n_keep + i] = p->n - n_keep + i;
 }
 
+void engine_doc_on_compress(engine_doc *d, engine_compress_hook hook, void *ctx) {
+    d->on_compress = hook;
+    d->on_compress_ctx = ctx;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
     double t0 = engine_now_ms();
     pot *p = d->pot;
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
-                        .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool};
+                        .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool,
+                        .shared = d->shared_selection};
     if (d->policy == POLICY_FINCH && !scores) sp.policy = POLICY_INFINIPOT; /* two-stage: CaP now */
+    if (sp.policy == POLICY_INFINIPOT && d->score_memory && scores) {
+        /* the catalyst attends most to the newest entries: an old entry competes with the
+           score it had when it was new */
+        pot_remember_max_scores(p, scores, stride);
+        sp.scores = p->score_acc;
+        sp.scores_stride = p->capacity;
+    }
     int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
-    if (!idx) return snprintf(err, errlen, "out of memory"), -1;
+    uint8_t *why = d->on_compress ? malloc((size_t)p->n_layer * p->n_head_kv * p->n) : NULL;
+    if (!idx || (d->on_compress && !why)) {
+        free(idx);
+        free(why);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    sp.why = why;
     int rc = pot_select(p, &sp, idx, err, errlen);
+    if (!rc && d->on_compress) d->on_compress(d->on_compress_ctx, p, &sp);
+    free(why);
     if (!rc) keep_window_tails(d, p, idx, keep);
     if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
@@ -565,6 +590,10 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " no_catalyst=1");
     if (s->original_positions && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " positions=original");
+    if (d->score_memory && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " score_memory=1");
+    if (d->shared_selection && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " shared=1");
     /* likewise the pooling when it differs from what came before it */
     if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
@@ -611,6 +640,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->finch_keep = s->finch_keep;
     d->no_catalyst = s->no_catalyst;
     d->original_positions = s->original_positions;
+    d->score_memory = s->score_memory && d->policy == POLICY_INFINIPOT;
+    d->shared_selection = s->shared_selection;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;

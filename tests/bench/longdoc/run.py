@@ -84,6 +84,11 @@ ABLATIONS = {
     "infinipot-facts": ["--policy", "infinipot", "--catalyst", FACTS_CATALYST],
     "infinipot-nuc0.25": ["--policy", "infinipot", "--nuc-share", "0.25"],
     "infinipot-nuc0.75": ["--policy", "infinipot", "--nuc-share", "0.75"],
+    # score memory: an entry's CaP score is the best any compression gave it;
+    # shared: every layer and head keeps the same entries (scores summed)
+    "infinipot-mem": ["--policy", "infinipot", "--score-memory", "1"],
+    "infinipot-shared": ["--policy", "infinipot", "--shared-selection", "1"],
+    "infinipot-shared-mem": ["--policy", "infinipot", "--shared-selection", "1", "--score-memory", "1"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
