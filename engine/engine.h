@@ -161,6 +161,8 @@ typedef struct engine_pot_settings {
     /* question-agnostic selection on non-repetitive text (docs/methods.md) */
     int score_memory;         /* infinipot: an entry's CaP score is the best any compression gave
                                  it, not the latest one */
+    int nuc_relative;         /* infinipot: NuC ranks a token's surprisal minus its neighbourhood's
+                                 mean (32 tokens each side, within the chunk) */
     int shared_selection;     /* infinipot, finch, snapkv: every layer and head keeps the same
                                  entries, chosen by scores summed over them */
 } engine_pot_settings;

@@ -24,6 +24,7 @@ enum {
     MAX_POOL_WIDTH = 255,
     STREAMING_SINKS = 4, /* attention sinks kept by streaming (StreamingLLM's default) */
     CASCADES = 4,        /* cascade: sub-caches (the Cascading KV Cache paper's default) */
+    NUC_RELATIVE_RADIUS = 32, /* nuc_relative: tokens each side in the neighbourhood's mean */
     CASCADE_SINKS = 64   /* cascade: sinks (Cascading KV Cache), at most a quarter of the kept entries */
 };
 /* cascade: per-token decay of the attention average (the Cascading KV Cache paper's gamma) */
@@ -56,6 +57,7 @@ struct engine_doc {
     int no_catalyst;          /* infinipot ablation: the chunk's last rows score, not the catalyst */
     int original_positions;   /* ablation: no context-reset positions (pot_rope_pos) */
     int score_memory;         /* settings' score_memory (infinipot only) */
+    int nuc_relative;         /* settings' nuc_relative */
     int shared_selection;     /* settings' shared_selection */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
@@ -219,6 +221,23 @@ static void doc_fail(engine_doc *d) { d->failed = 1; }
 static void set_surprisal(pot *p, int32_t slot, float value) {
     for (int32_t l = 0; l < p->n_layer; l++)
         for (int32_t h = 0; h < p->n_head_kv; h++) p->surprisal[pot_slot(p, l, h, slot)] = value;
+}
+
+/* NuC relative to the neighbourhood (settings' nuc_relative): each of the
+ * chunk's n surprisals minus the mean of those within NUC_RELATIVE_RADIUS of
+ * it, so a surprising sentence in plain prose outranks the steady surprisal
+ * of a table or a code listing. */
+static void relative_surprisal(float *sur, int32_t n) {
+    double *prefix = malloc(((size_t)n + 1) * sizeof *prefix);
+    if (!prefix) return; /* out of memory: the plain surprisal */
+    prefix[0] = 0;
+    for (int32_t j = 0; j < n; j++) prefix[j + 1] = prefix[j] + sur[j];
+    for (int32_t j = 0; j < n; j++) {
+        int32_t lo = j - NUC_RELATIVE_RADIUS > 0 ? j - NUC_RELATIVE_RADIUS : 0;
+        int32_t hi = j + NUC_RELATIVE_RADIUS < n - 1 ? j + NUC_RELATIVE_RADIUS : n - 1;
+        sur[j] -= (float)((prefix[hi + 1] - prefix[lo]) / (hi - lo + 1));
+    }
+    free(prefix);
 }
 
 /* pot_compact, with err set when it failed (a device's K/V not read back). */
@@ -388,10 +407,18 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     pot_truncate(p, n0 + c); /* the scoring rows are never kept */
     p->n_seen = seen + c;
     if (labels) {
-        if (d->have_pending) set_surprisal(p, n0, d->pending_surprisal);
-        for (int32_t t = 0; t + 1 < c; t++) set_surprisal(p, n0 + t + 1, -label_lp[t]);
+        /* the chunk's surprisals: slot n0 + j holds -log p of token j (the first from the
+           previous chunk's last row; 0 for the document's first token) */
+        float *sur = label_lp; /* reused in place: label_lp[t] is read before sur[t + 1] is written */
+        int has_first = d->have_pending;
+        float first = has_first ? d->pending_surprisal : 0;
         d->have_pending = labels[c - 1] >= 0;
         d->pending_surprisal = d->have_pending ? -label_lp[c - 1] : 0;
+        for (int32_t t = c - 1; t > 0; t--) sur[t] = -label_lp[t - 1];
+        sur[0] = first;
+        if (d->nuc_relative) relative_surprisal(sur, c);
+        for (int32_t j = 0; j < c; j++)
+            if (j || has_first) set_surprisal(p, n0 + j, sur[j]);
     }
     if (d->record && vec_append(&d->recorded, chunk, (size_t)c)) {
         snprintf(err, errlen, "out of memory");
@@ -592,6 +619,8 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " positions=original");
     if (d->score_memory && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " score_memory=1");
+    if (d->nuc_relative && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " nuc_relative=1");
     if (d->shared_selection && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " shared=1");
     /* likewise the pooling when it differs from what came before it */
@@ -641,6 +670,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->no_catalyst = s->no_catalyst;
     d->original_positions = s->original_positions;
     d->score_memory = s->score_memory && d->policy == POLICY_INFINIPOT;
+    d->nuc_relative = s->nuc_relative;
     d->shared_selection = s->shared_selection;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;

@@ -88,6 +88,8 @@ ABLATIONS = {
     # shared: every layer and head keeps the same entries (scores summed)
     "infinipot-mem": ["--policy", "infinipot", "--score-memory", "1"],
     "infinipot-shared": ["--policy", "infinipot", "--shared-selection", "1"],
+    "infinipot-rel": ["--policy", "infinipot", "--nuc-relative", "1"],
+    "infinipot-w7": ["--policy", "infinipot", "--pool-width", "7"],
     "infinipot-shared-mem": ["--policy", "infinipot", "--shared-selection", "1", "--score-memory", "1"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
