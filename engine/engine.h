@@ -163,6 +163,10 @@ typedef struct engine_pot_settings {
                                  it, not the latest one */
     int nuc_relative;         /* infinipot: NuC ranks a token's surprisal minus its neighbourhood's
                                  mean (32 tokens each side, within the chunk) */
+    int reconstruct;          /* infinipot: each chunk is scored when read by the attention of
+                                 rows that repeat it ("Repeat the previous context:" + the chunk,
+                                 the KVzip paper's query-agnostic score), kept as each entry's best;
+                                 these replace the catalyst's scores (reading costs about twice) */
     int shared_selection;     /* infinipot, finch, snapkv: every layer and head keeps the same
                                  entries, chosen by scores summed over them */
 } engine_pot_settings;

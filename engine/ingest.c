@@ -13,6 +13,8 @@
 #include "engine_internal.h"
 
 #define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
+/* reconstruct: the rows after each chunk ask for the chunk again (the KVzip paper's prompt) */
+#define RECONSTRUCT_PROMPT "\n\nRepeat the previous context:\n"
 #define DOC_MARK "\x1e" "potserve-document" "\x1e"
 
 enum {
@@ -58,6 +60,8 @@ struct engine_doc {
     int original_positions;   /* ablation: no context-reset positions (pot_rope_pos) */
     int score_memory;         /* settings' score_memory (infinipot only) */
     int nuc_relative;         /* settings' nuc_relative */
+    int reconstruct;          /* settings' reconstruct (infinipot only) */
+    int_vec reconstruct_rows; /* RECONSTRUCT_PROMPT's tokens; the chunk follows them */
     int shared_selection;     /* settings' shared_selection */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
@@ -273,7 +277,10 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
                         .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool,
                         .shared = d->shared_selection};
     if (d->policy == POLICY_FINCH && !scores) sp.policy = POLICY_INFINIPOT; /* two-stage: CaP now */
-    if (sp.policy == POLICY_INFINIPOT && d->score_memory && scores) {
+    if (d->reconstruct) { /* scored when read (run_chunk), not by a catalyst */
+        sp.scores = p->score_acc;
+        sp.scores_stride = p->capacity;
+    } else if (sp.policy == POLICY_INFINIPOT && d->score_memory && scores) {
         /* the catalyst attends most to the newest entries: an old entry competes with the
            score it had when it was new */
         pot_remember_max_scores(p, scores, stride);
@@ -348,7 +355,7 @@ static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int com
     switch (d->policy) {
     case POLICY_INFINIPOT:
     case POLICY_FINCH:
-        if (compressing) *row0 = c, *n_rows = n_prompt;
+        if (compressing || d->reconstruct) *row0 = c, *n_rows = n_prompt;
         /* without the catalyst, as many of the chunk's own last rows (the InfiniPot
            paper's ablation: the same number of rows, only their source differs) */
         if (compressing && d->no_catalyst) {
@@ -374,7 +381,9 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     pot *p = d->pot;
     const int32_t *chunk = d->queue.v + d->q_pos;
     int uses_prompt = (d->policy == POLICY_INFINIPOT && !d->no_catalyst) || d->policy == POLICY_FINCH;
-    int32_t n_prompt = compressing && uses_prompt ? (int32_t)d->score_rows.n : 0;
+    int32_t n_prompt = d->reconstruct        ? (int32_t)d->reconstruct_rows.n + c
+                       : compressing && uses_prompt ? (int32_t)d->score_rows.n
+                                                    : 0;
     int32_t n_tok = c + n_prompt, n0 = p->n, row0, n_rows;
     score_rows(d, c, n_prompt, compressing, &row0, &n_rows);
     int32_t n_keys = n0 + n_tok;
@@ -391,7 +400,12 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
         goto done;
     }
     memcpy(tokens, chunk, (size_t)c * sizeof *tokens);
-    memcpy(tokens + c, d->score_rows.v, (size_t)n_prompt * sizeof *tokens);
+    if (d->reconstruct) { /* the prompt, then the chunk once more */
+        memcpy(tokens + c, d->reconstruct_rows.v, d->reconstruct_rows.n * sizeof *tokens);
+        memcpy(tokens + c + d->reconstruct_rows.n, chunk, (size_t)c * sizeof *tokens);
+    } else {
+        memcpy(tokens + c, d->score_rows.v, (size_t)n_prompt * sizeof *tokens);
+    }
     if (labels) {
         /* row t predicts token t+1; the chunk's last row predicts the next queued token */
         for (int32_t t = 0; t < n_tok; t++) labels[t] = -1;
@@ -428,6 +442,8 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     d->st.tokens_read += c;
     d->st.chunks++;
     if (d->policy == POLICY_H2O) pot_accumulate_scores(p, scores, n_keys);
+    /* reconstruct: every entry keeps the best attention a repetition of text gave it */
+    if (d->reconstruct) pot_remember_max_scores(p, scores, n_keys);
     rc = 0;
     if (d->policy == POLICY_CASCADE) rc = cascade_step(d, scores, n_keys, seen, c, err, errlen);
     else if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
@@ -619,6 +635,8 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " positions=original");
     if (d->score_memory && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " score_memory=1");
+    if (d->reconstruct && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " reconstruct=1");
     if (d->nuc_relative && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " nuc_relative=1");
     if (d->shared_selection && len > 0 && (size_t)len < cap)
@@ -671,6 +689,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->original_positions = s->original_positions;
     d->score_memory = s->score_memory && d->policy == POLICY_INFINIPOT;
     d->nuc_relative = s->nuc_relative;
+    d->reconstruct = s->reconstruct && d->policy == POLICY_INFINIPOT;
+    if (d->reconstruct && tokenize_into(e, RECONSTRUCT_PROMPT, 0, 0, &d->reconstruct_rows)) goto oom;
     d->shared_selection = s->shared_selection;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
@@ -731,6 +751,8 @@ fail:
 
 /* Slots of a document's pot: the budget plus room for the scoring rows. */
 static size_t doc_capacity(const engine_doc *d) {
+    if (d->reconstruct) /* the prompt and a chunk again */
+        return (size_t)d->sched.budget + d->reconstruct_rows.n + (size_t)d->sched.chunk_tokens;
     return (size_t)d->sched.budget + d->score_rows.n;
 }
 
@@ -771,6 +793,7 @@ void engine_doc_close(engine_doc *d) {
     tok_stream_free(d->ts);
     free(d->queue.v);
     free(d->score_rows.v);
+    free(d->reconstruct_rows.v);
     free(d->recorded.v);
     free(d->system);
     free(d);

@@ -111,3 +111,71 @@ TEST(selection_knobs_and_the_compression_hook) {
     free(doc);
     engine_close(e);
 }
+
+typedef struct scored {
+    int compressions, from_memory, unscored; /* unscored: unpinned entries never given a score */
+} scored;
+
+static void on_compress_scored(void *ctx, const pot *p, const select_params *sp) {
+    scored *s = ctx;
+    s->compressions++;
+    s->from_memory += sp->scores == p->score_acc && sp->scores_stride == p->capacity;
+    for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++)
+        for (int32_t j = p->n_pinned; j < p->n; j++) s->unscored += !(p->score_acc[(size_t)lh * p->capacity + j] > 0);
+}
+
+/* reconstruct: every chunk, compressing or not, is scored when read (so no
+ * entry reaches a compression without a score), the compressions select by
+ * those remembered scores, and the repeated rows never stay in the pot: with a
+ * budget the document fits in, the answer is the plain pot's. */
+TEST(reconstruct_scores_every_chunk_when_read) {
+    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1};
+    engine *e = test_open_engine(test_fixture("tiny_llama.gguf"), &opt);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char err[512], *doc = test_lighthouse_doc(8000), *small = test_lighthouse_doc(150);
+    engine_pot_settings s = knobs(0, 0, 0);
+    s.reconstruct = 1;
+    s.budget_tokens = 160; /* with the repeated chunk, within the tiny model's 256 */
+    s.chunk_tokens = 64;
+    scored sc = {0};
+    engine_doc *d = engine_doc_open(e, &s, err, sizeof err);
+    if (!d) fprintf(stderr, "  open: %s\n", err);
+    CHECK(d != NULL);
+    if (d) {
+        engine_doc_on_compress(d, on_compress_scored, &sc);
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_close(d);
+    }
+    CHECK(sc.compressions > 5);
+    CHECK_EQ_INT(sc.from_memory, sc.compressions);
+    CHECK_EQ_INT(sc.unscored, 0);
+    /* no compression: the same answer as without the repeated rows */
+    float *a = malloc((size_t)info.n_vocab * sizeof *a), *b = malloc((size_t)info.n_vocab * sizeof *b);
+    engine_pot_settings plain = knobs(0, 0, 0);
+    plain.budget_tokens = s.budget_tokens = 150;
+    plain.chunk_tokens = s.chunk_tokens = 48;
+    engine_doc *dp = engine_doc_open(e, &plain, err, sizeof err), *dr = engine_doc_open(e, &s, err, sizeof err);
+    CHECK(dp && dr && a && b);
+    if (dp && dr && a && b) {
+        CHECK_EQ_INT(engine_doc_feed(dp, small, strlen(small), 1, err, sizeof err), 0);
+        CHECK_EQ_INT(engine_doc_feed(dr, small, strlen(small), 1, err, sizeof err), 0);
+        CHECK_EQ_INT(engine_doc_answer_logits(dp, "Who kept the light?", a, err, sizeof err), 0);
+        CHECK_EQ_INT(engine_doc_answer_logits(dr, "Who kept the light?", b, err, sizeof err), 0);
+        double mx = 0, scale = 0;
+        for (int32_t i = 0; i < info.n_vocab; i++) {
+            mx = fmax(mx, fabs(a[i] - b[i]));
+            scale = fmax(scale, fabs(a[i]));
+        }
+        CHECK(mx <= 1e-4 * scale);
+    }
+    engine_doc_close(dp);
+    engine_doc_close(dr);
+    free(a);
+    free(b);
+    free(small);
+    free(doc);
+    engine_close(e);
+}
