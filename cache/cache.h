@@ -186,6 +186,8 @@ typedef struct select_params {
                              scores summed over them (surprisal from layer 0, head 0), so a fact
                              is kept or dropped whole in all layers; needs a pot whose heads hold
                              the same tokens (one only ever compacted so) */
+    int32_t regions;      /* infinipot: > 1 splits NuC's slots evenly between this many equal parts
+                             of the document read so far (by token index) */
     uint8_t *why;         /* NULL, or [n_layer][n_head_kv][p->n] filled with each slot's
                              pot_keep_reason (diagnostics: which scorer won a slot) */
 } select_params;

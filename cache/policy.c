@@ -46,6 +46,26 @@ static void take_best(const float *value, int32_t from, int32_t n, int32_t count
     for (int32_t i = 0; i < count; i++) kept[tmp[i].slot] = why;
 }
 
+/* take_best within each of `regions` equal parts of the document read so far
+ * (by each slot's token index): part r gets count / regions slots (the first
+ * count % regions parts one more), so old text keeps its share however
+ * surprising newer text is. value_tmp: n floats of scratch. */
+static void take_best_by_region(const pot *p, size_t base, const float *value, int32_t from, int32_t n,
+                                int32_t count, int32_t regions, uint8_t *kept, uint8_t why, ranked *tmp,
+                                float *value_tmp) {
+    int64_t seen = p->n_seen > 0 ? p->n_seen : 1;
+    for (int32_t r = 0; r < regions; r++) {
+        int32_t quota = count / regions + (r < count % regions), in_region = 0;
+        for (int32_t s = 0; s < n; s++) {
+            int64_t at = p->token_index[base + s] * regions / seen;
+            int inside = (at < 0 ? 0 : at >= regions ? regions - 1 : at) == r;
+            value_tmp[s] = inside ? value[s] : NAN;
+            in_region += inside && s >= from && !kept[s];
+        }
+        take_best(value_tmp, from, n, quota < in_region ? quota : in_region, kept, why, tmp);
+    }
+}
+
 static int32_t count_kept(const uint8_t *kept, int32_t n) {
     int32_t c = 0;
     for (int32_t s = 0; s < n; s++) c += kept[s] != 0;
@@ -101,10 +121,12 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
     uint8_t *kept = malloc((size_t)n);
     ranked *tmp = malloc((size_t)n * sizeof *tmp);
     float *work = malloc((size_t)n * sizeof *work);
-    if (!kept || !tmp || !work) {
+    float *region_tmp = sp->regions > 1 ? malloc((size_t)n * sizeof *region_tmp) : NULL;
+    if (!kept || !tmp || !work || (sp->regions > 1 && !region_tmp)) {
         free(kept);
         free(tmp);
         free(work);
+        free(region_tmp);
         snprintf(err, errlen, "out of memory selecting pot entries");
         return -1;
     }
@@ -116,6 +138,7 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
         free(kept);
         free(tmp);
         free(work);
+        free(region_tmp);
         snprintf(err, errlen, "out of memory selecting pot entries");
         return -1;
     }
@@ -143,7 +166,10 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
                 int32_t t = (int32_t)floorf(sp->nuc_share * (float)free_slots);
                 int32_t lead = pot_nuc_lead(width);
                 pool_scores(p->surprisal + base, n, lead, width - 1 - lead, 1, work);
-                take_best(work, pinned, n, t, kept, POT_KEPT_NUC, tmp);
+                if (sp->regions > 1)
+                    take_best_by_region(p, base, work, pinned, n, t, sp->regions, kept, POT_KEPT_NUC, tmp, region_tmp);
+                else
+                    take_best(work, pinned, n, t, kept, POT_KEPT_NUC, tmp);
                 pool_scores(score, n, width / 2, width / 2, 1, work);
                 take_best(work, pinned, n, k - count_kept(kept, n), kept, POT_KEPT_SCORE, tmp);
                 break;
@@ -192,6 +218,7 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
     free(tmp);
     free(work);
     free(summed);
+    free(region_tmp);
     return 0;
 }
 

@@ -163,6 +163,8 @@ typedef struct engine_pot_settings {
                                  it, not the latest one */
     int nuc_relative;         /* infinipot: NuC ranks a token's surprisal minus its neighbourhood's
                                  mean (32 tokens each side, within the chunk) */
+    int32_t nuc_regions;      /* infinipot: > 1 gives each of this many equal parts of the document
+                                 read so far an equal share of NuC's slots (0, 1: off) */
     int reconstruct;          /* infinipot: each chunk is scored when read by the attention of
                                  rows that repeat it ("Repeat the previous context:" + the chunk,
                                  the KVzip paper's query-agnostic score), kept as each entry's best;

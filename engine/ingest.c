@@ -61,6 +61,7 @@ struct engine_doc {
     int score_memory;         /* settings' score_memory (infinipot only) */
     int nuc_relative;         /* settings' nuc_relative */
     int reconstruct;          /* settings' reconstruct (infinipot only) */
+    int32_t nuc_regions;      /* settings' nuc_regions */
     int_vec reconstruct_rows; /* RECONSTRUCT_PROMPT's tokens; the chunk follows them */
     int shared_selection;     /* settings' shared_selection */
     char *system;             /* chat mode: system message, or NULL */
@@ -275,7 +276,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
                         .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool,
-                        .shared = d->shared_selection};
+                        .shared = d->shared_selection, .regions = d->nuc_regions};
     if (d->policy == POLICY_FINCH && !scores) sp.policy = POLICY_INFINIPOT; /* two-stage: CaP now */
     if (d->reconstruct) { /* scored when read (run_chunk), not by a catalyst */
         sp.scores = p->score_acc;
@@ -601,6 +602,8 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
         return snprintf(err, errlen, "keep_tokens: %d must be in [1, budget_tokens)", *keep), -1;
     if (s->chunk_tokens < 0 || s->chunk_tokens > 8192)
         return snprintf(err, errlen, "chunk_tokens: %d must be in [0, 8192] (0: automatic)", s->chunk_tokens), -1;
+    if (s->nuc_regions < 0 || s->nuc_regions > 1024)
+        return snprintf(err, errlen, "nuc_regions: %d must be in [0, 1024]", s->nuc_regions), -1;
     if (!(s->nuc_share >= 0 && s->nuc_share <= 1))
         return snprintf(err, errlen, "nuc_share: %g must be in [0, 1]", s->nuc_share), -1;
     if (s->pool_width && (s->pool_width < 1 || s->pool_width > MAX_POOL_WIDTH || s->pool_width % 2 == 0))
@@ -635,6 +638,8 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " positions=original");
     if (d->score_memory && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " score_memory=1");
+    if (d->nuc_regions && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " nuc_regions=%d", d->nuc_regions);
     if (d->reconstruct && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " reconstruct=1");
     if (d->nuc_relative && len > 0 && (size_t)len < cap)
@@ -690,6 +695,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->score_memory = s->score_memory && d->policy == POLICY_INFINIPOT;
     d->nuc_relative = s->nuc_relative;
     d->reconstruct = s->reconstruct && d->policy == POLICY_INFINIPOT;
+    d->nuc_regions = s->nuc_regions > 1 ? s->nuc_regions : 0;
     if (d->reconstruct && tokenize_into(e, RECONSTRUCT_PROMPT, 0, 0, &d->reconstruct_rows)) goto oom;
     d->shared_selection = s->shared_selection;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */

@@ -281,3 +281,30 @@ TEST(policy_remember_max_scores_keeps_the_best) {
     CHECK(p->score_acc[pot_slot(p, 0, 0, 3)] == 0); /* beyond p->n: untouched */
     pot_free(p);
 }
+
+/* NuC by regions: each equal part of the document read so far gets its share
+ * of NuC's slots, however much more surprising the newer part is. */
+TEST(policy_nuc_regions_share_the_slots_between_parts_of_the_document) {
+    char err[160];
+    const int32_t n = 40, k = 10;
+    pot *p = pot_new(1, 1, 4, n, POT_F32, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    p->n = n;
+    p->n_seen = n;
+    float scores[40] = {0};
+    for (int32_t s = 0; s < n; s++) {
+        p->token_index[s] = s;
+        p->surprisal[s] = s < n / 2 ? (float)s : 100.0f + (float)s; /* the newer half: far more surprising */
+    }
+    int32_t keep[10];
+    select_params sp = {.policy = POLICY_INFINIPOT, .n_keep = k, .scores = scores, .scores_stride = n,
+                        .nuc_share = 1.0f, .pool = 1};
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < k; i++) CHECK_EQ_INT(keep[i], 30 + i); /* all from the newer half */
+    sp.regions = 2;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < 5; i++) CHECK_EQ_INT(keep[i], 15 + i); /* the best five of the older half */
+    for (int32_t i = 5; i < k; i++) CHECK_EQ_INT(keep[i], 30 + i);
+    pot_free(p);
+}

@@ -83,6 +83,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
         else if (!strcmp(a, "--pool-width")) o->set.pool_width = v ? atoi(v) : -1;
         else if (!strcmp(a, "--score-memory")) o->set.score_memory = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--nuc-regions")) o->set.nuc_regions = v ? atoi(v) : 0;
         else if (!strcmp(a, "--reconstruct")) o->set.reconstruct = v ? atoi(v) : 0;
         else if (!strcmp(a, "--nuc-relative")) o->set.nuc_relative = v ? atoi(v) : 0;
         else if (!strcmp(a, "--shared-selection")) o->set.shared_selection = v ? atoi(v) : 0;

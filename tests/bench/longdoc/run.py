@@ -91,6 +91,7 @@ ABLATIONS = {
     "infinipot-rel": ["--policy", "infinipot", "--nuc-relative", "1"],
     "infinipot-kvzip": ["--policy", "infinipot", "--reconstruct", "1"],
     "infinipot-kvzip-nuc0": ["--policy", "infinipot", "--reconstruct", "1", "--nuc-share", "0"],
+    "infinipot-regions16": ["--policy", "infinipot", "--nuc-regions", "16"],
     "infinipot-w7": ["--policy", "infinipot", "--pool-width", "7"],
     "infinipot-shared-mem": ["--policy", "infinipot", "--shared-selection", "1", "--score-memory", "1"],
 }
