@@ -122,23 +122,16 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
     ranked *tmp = malloc((size_t)n * sizeof *tmp);
     float *work = malloc((size_t)n * sizeof *work);
     float *region_tmp = sp->regions > 1 ? malloc((size_t)n * sizeof *region_tmp) : NULL;
-    if (!kept || !tmp || !work || (sp->regions > 1 && !region_tmp)) {
-        free(kept);
-        free(tmp);
-        free(work);
-        free(region_tmp);
-        snprintf(err, errlen, "out of memory selecting pot entries");
-        return -1;
-    }
     /* shared: the choice of layer 0, head 0 over the scores summed over every layer and head,
        copied to the others */
     int shared = sp->shared && uses_scores(sp->policy);
     float *summed = shared ? calloc((size_t)n, sizeof *summed) : NULL;
-    if (shared && !summed) {
+    if (!kept || !tmp || !work || (sp->regions > 1 && !region_tmp) || (shared && !summed)) {
         free(kept);
         free(tmp);
         free(work);
         free(region_tmp);
+        free(summed);
         snprintf(err, errlen, "out of memory selecting pot entries");
         return -1;
     }
