@@ -65,6 +65,12 @@ static int read_with(engine *e, const engine_pot_settings *set, const char *doc,
     return rc;
 }
 
+/* The tiny fixture model, exact f32 activations and pots. */
+static engine *open_tiny(void) {
+    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1};
+    return test_open_engine(test_fixture("tiny_llama.gguf"), &opt);
+}
+
 static engine_pot_settings knobs(int memory, int relative, int shared) {
     engine_pot_settings s = engine_pot_settings_default();
     s.budget_tokens = BUDGET;
@@ -76,8 +82,7 @@ static engine_pot_settings knobs(int memory, int relative, int shared) {
 }
 
 TEST(selection_knobs_and_the_compression_hook) {
-    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1};
-    engine *e = test_open_engine(test_fixture("tiny_llama.gguf"), &opt);
+    engine *e = open_tiny();
     CHECK(e != NULL);
     if (!e) return;
     char *doc = test_lighthouse_doc(8000);
@@ -129,8 +134,7 @@ static void on_compress_scored(void *ctx, const pot *p, const select_params *sp)
  * those remembered scores, and the repeated rows never stay in the pot: with a
  * budget the document fits in, the answer is the plain pot's, bit for bit. */
 TEST(reconstruct_scores_every_chunk_when_read) {
-    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1};
-    engine *e = test_open_engine(test_fixture("tiny_llama.gguf"), &opt);
+    engine *e = open_tiny();
     CHECK(e != NULL);
     if (!e) return;
     engine_info info;
