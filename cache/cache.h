@@ -182,7 +182,24 @@ typedef struct select_params {
                              token keeps its neighbours: spans survive, not scattered tokens.
                              Centred, except NuC's: from pool/4 slots before a surprising
                              token to the rest after it (pot_nuc_lead) */
+    int shared;           /* infinipot, finch, snapkv: one choice for every layer and head, by the
+                             scores summed over them (surprisal from layer 0, head 0), so a fact
+                             is kept or dropped whole in all layers; needs a pot whose heads hold
+                             the same tokens (one only ever compacted so) */
+    int32_t regions;      /* infinipot: > 1 splits NuC's slots evenly between this many equal parts
+                             of the document read so far (by token index) */
+    uint8_t *why;         /* NULL, or [n_layer][n_head_kv][p->n] filled with each slot's
+                             pot_keep_reason (diagnostics: which scorer won a slot) */
 } select_params;
+
+/* Why pot_select kept a slot (select_params.why). */
+enum pot_keep_reason {
+    POT_DROPPED = 0,
+    POT_KEPT_PINNED,  /* the pinned prefix */
+    POT_KEPT_FORCED,  /* the policy's fixed slots: snapkv's window, sinks, recent entries */
+    POT_KEPT_NUC,     /* infinipot: by surprisal */
+    POT_KEPT_SCORE    /* by attention score (CaP, question rows, observation rows, H2O) */
+};
 
 /* Slots before a surprising token in NuC's span of `width` (the rest follow it). */
 int32_t pot_nuc_lead(int32_t width);
@@ -193,6 +210,9 @@ int32_t pot_nuc_lead(int32_t width);
 int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, size_t errlen);
 /* Adds scores ([n_layer][n_head_kv][stride], first p->n entries) to p->score_acc (h2o). */
 void pot_accumulate_scores(pot *p, const float *scores, int32_t stride);
+/* p->score_acc of each valid slot becomes the larger of it and scores (same layout as
+ * pot_accumulate_scores): an entry keeps the best score any compression gave it. */
+void pot_remember_max_scores(pot *p, const float *scores, int32_t stride);
 
 /* ---- the cascading policy (cache/cascade.c) ----------------------------------
  * Cascading KV Cache (Willette et al.): sinks, then N cascades of C/N entries per (layer, KV head); state

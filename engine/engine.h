@@ -158,6 +158,19 @@ typedef struct engine_pot_settings {
     int no_catalyst;          /* score with the chunk's own last rows instead of the catalyst */
     int original_positions;   /* no context reset: entries keep their document positions
                                  (a plain sliding cache) */
+    /* question-agnostic selection on non-repetitive text (docs/methods.md) */
+    int score_memory;         /* infinipot: an entry's CaP score is the best any compression gave
+                                 it, not the latest one */
+    int nuc_relative;         /* infinipot: NuC ranks a token's surprisal minus its neighbourhood's
+                                 mean (32 tokens each side, within the chunk) */
+    int32_t nuc_regions;      /* infinipot: > 1 gives each of this many equal parts of the document
+                                 read so far an equal share of NuC's slots (0, 1: off) */
+    int reconstruct;          /* infinipot: each chunk is scored when read by the attention of
+                                 rows that repeat it ("Repeat the previous context:" + the chunk,
+                                 the KVzip paper's query-agnostic score), kept as each entry's best;
+                                 these replace the catalyst's scores (reading costs about twice) */
+    int shared_selection;     /* infinipot, finch, snapkv: every layer and head keeps the same
+                                 entries, chosen by scores summed over them */
 } engine_pot_settings;
 
 /* Fills the defaults above. */
@@ -185,6 +198,15 @@ size_t engine_doc_memory(const engine *e, const engine_pot_settings *s);
  * control counts engine_doc_memory against the smaller of this and its own
  * limit. */
 size_t engine_pot_device_memory(const engine *e);
+
+struct pot;
+struct select_params;
+/* Diagnostics: called on the engine thread at each of d's compressions, after
+ * the selection and before the compaction, with the pot, the selection's
+ * parameters (sp->scores as the policy used them, sp->why filled) and ctx. */
+typedef void (*engine_compress_hook)(void *ctx, const struct pot *p, const struct select_params *sp);
+/* Sets (hook NULL: clears) d's compression hook; ctx stays the caller's. */
+void engine_doc_on_compress(engine_doc *d, engine_compress_hook hook, void *ctx);
 
 /* Starts a document: validates the settings (one line naming the bad one) and
  * ingests the pinned prefix. NULL + err on failure. Caller owns it. */

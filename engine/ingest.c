@@ -13,6 +13,8 @@
 #include "engine_internal.h"
 
 #define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
+/* reconstruct: the rows after each chunk ask for the chunk again (the KVzip paper's prompt) */
+#define RECONSTRUCT_PROMPT "\n\nRepeat the previous context:\n"
 #define DOC_MARK "\x1e" "potserve-document" "\x1e"
 
 enum {
@@ -24,6 +26,7 @@ enum {
     MAX_POOL_WIDTH = 255,
     STREAMING_SINKS = 4, /* attention sinks kept by streaming (StreamingLLM's default) */
     CASCADES = 4,        /* cascade: sub-caches (the Cascading KV Cache paper's default) */
+    NUC_RELATIVE_RADIUS = 32, /* nuc_relative: tokens each side in the neighbourhood's mean */
     CASCADE_SINKS = 64   /* cascade: sinks (Cascading KV Cache), at most a quarter of the kept entries */
 };
 /* cascade: per-token decay of the attention average (the Cascading KV Cache paper's gamma) */
@@ -55,12 +58,20 @@ struct engine_doc {
     int plain;
     int no_catalyst;          /* infinipot ablation: the chunk's last rows score, not the catalyst */
     int original_positions;   /* ablation: no context-reset positions (pot_rope_pos) */
+    int score_memory;         /* settings' score_memory (infinipot only) */
+    int nuc_relative;         /* settings' nuc_relative */
+    int reconstruct;          /* settings' reconstruct (infinipot only) */
+    int32_t nuc_regions;      /* settings' nuc_regions */
+    int_vec reconstruct_rows; /* RECONSTRUCT_PROMPT's tokens; the chunk follows them */
+    int shared_selection;     /* settings' shared_selection */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
     atomic_int cancelled;     /* engine_doc_cancel: set by another thread */
     int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
+    engine_compress_hook on_compress; /* diagnostics (engine_doc_on_compress), or NULL */
+    void *on_compress_ctx;
     char settings_key[sizeof ((pot_snapshot_meta *)0)->settings]; /* see settings_key() */
 };
 
@@ -217,6 +228,23 @@ static void set_surprisal(pot *p, int32_t slot, float value) {
         for (int32_t h = 0; h < p->n_head_kv; h++) p->surprisal[pot_slot(p, l, h, slot)] = value;
 }
 
+/* NuC relative to the neighbourhood (settings' nuc_relative): each of the
+ * chunk's n surprisals minus the mean of those within NUC_RELATIVE_RADIUS of
+ * it, so a surprising sentence in plain prose outranks the steady surprisal
+ * of a table or a code listing. */
+static void relative_surprisal(float *sur, int32_t n) {
+    double *prefix = malloc(((size_t)n + 1) * sizeof *prefix);
+    if (!prefix) return; /* out of memory: the plain surprisal */
+    prefix[0] = 0;
+    for (int32_t j = 0; j < n; j++) prefix[j + 1] = prefix[j] + sur[j];
+    for (int32_t j = 0; j < n; j++) {
+        int32_t lo = j - NUC_RELATIVE_RADIUS > 0 ? j - NUC_RELATIVE_RADIUS : 0;
+        int32_t hi = j + NUC_RELATIVE_RADIUS < n - 1 ? j + NUC_RELATIVE_RADIUS : n - 1;
+        sur[j] -= (float)((prefix[hi + 1] - prefix[lo]) / (hi - lo + 1));
+    }
+    free(prefix);
+}
+
 /* pot_compact, with err set when it failed (a device's K/V not read back). */
 static int compact_pot(pot *p, const int32_t *keep, int32_t n_keep, char *err, size_t errlen) {
     if (!pot_compact(p, keep, n_keep)) return 0;
@@ -236,17 +264,41 @@ static void keep_window_tails(const engine_doc *d, const pot *p, int32_t *idx, i
             for (int32_t i = 0; i < n_keep; i++) idx[((size_t)l * p->n_head_kv + g) * n_keep + i] = p->n - n_keep + i;
 }
 
+void engine_doc_on_compress(engine_doc *d, engine_compress_hook hook, void *ctx) {
+    d->on_compress = hook;
+    d->on_compress_ctx = ctx;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
     double t0 = engine_now_ms();
     pot *p = d->pot;
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
-                        .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool};
+                        .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool,
+                        .shared = d->shared_selection, .regions = d->nuc_regions};
     if (d->policy == POLICY_FINCH && !scores) sp.policy = POLICY_INFINIPOT; /* two-stage: CaP now */
+    if (d->reconstruct) { /* scored when read (run_chunk), not by a catalyst */
+        sp.scores = p->score_acc;
+        sp.scores_stride = p->capacity;
+    } else if (sp.policy == POLICY_INFINIPOT && d->score_memory && scores) {
+        /* the catalyst attends most to the newest entries: an old entry competes with the
+           score it had when it was new */
+        pot_remember_max_scores(p, scores, stride);
+        sp.scores = p->score_acc;
+        sp.scores_stride = p->capacity;
+    }
     int32_t *idx = malloc((size_t)p->n_layer * p->n_head_kv * keep * sizeof *idx);
-    if (!idx) return snprintf(err, errlen, "out of memory"), -1;
+    uint8_t *why = d->on_compress ? malloc((size_t)p->n_layer * p->n_head_kv * p->n) : NULL;
+    if (!idx || (d->on_compress && !why)) {
+        free(idx);
+        free(why);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
+    sp.why = why;
     int rc = pot_select(p, &sp, idx, err, errlen);
+    if (!rc && d->on_compress) d->on_compress(d->on_compress_ctx, p, &sp);
+    free(why);
     if (!rc) keep_window_tails(d, p, idx, keep);
     if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
@@ -304,7 +356,7 @@ static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int com
     switch (d->policy) {
     case POLICY_INFINIPOT:
     case POLICY_FINCH:
-        if (compressing) *row0 = c, *n_rows = n_prompt;
+        if (compressing || d->reconstruct) *row0 = c, *n_rows = n_prompt;
         /* without the catalyst, as many of the chunk's own last rows (the InfiniPot
            paper's ablation: the same number of rows, only their source differs) */
         if (compressing && d->no_catalyst) {
@@ -330,7 +382,9 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     pot *p = d->pot;
     const int32_t *chunk = d->queue.v + d->q_pos;
     int uses_prompt = (d->policy == POLICY_INFINIPOT && !d->no_catalyst) || d->policy == POLICY_FINCH;
-    int32_t n_prompt = compressing && uses_prompt ? (int32_t)d->score_rows.n : 0;
+    int32_t n_prompt = d->reconstruct        ? (int32_t)d->reconstruct_rows.n + c
+                       : compressing && uses_prompt ? (int32_t)d->score_rows.n
+                                                    : 0;
     int32_t n_tok = c + n_prompt, n0 = p->n, row0, n_rows;
     score_rows(d, c, n_prompt, compressing, &row0, &n_rows);
     int32_t n_keys = n0 + n_tok;
@@ -347,7 +401,12 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
         goto done;
     }
     memcpy(tokens, chunk, (size_t)c * sizeof *tokens);
-    memcpy(tokens + c, d->score_rows.v, (size_t)n_prompt * sizeof *tokens);
+    if (d->reconstruct) { /* the prompt, then the chunk once more */
+        memcpy(tokens + c, d->reconstruct_rows.v, d->reconstruct_rows.n * sizeof *tokens);
+        memcpy(tokens + c + d->reconstruct_rows.n, chunk, (size_t)c * sizeof *tokens);
+    } else {
+        memcpy(tokens + c, d->score_rows.v, (size_t)n_prompt * sizeof *tokens);
+    }
     if (labels) {
         /* row t predicts token t+1; the chunk's last row predicts the next queued token */
         for (int32_t t = 0; t < n_tok; t++) labels[t] = -1;
@@ -363,10 +422,18 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     pot_truncate(p, n0 + c); /* the scoring rows are never kept */
     p->n_seen = seen + c;
     if (labels) {
-        if (d->have_pending) set_surprisal(p, n0, d->pending_surprisal);
-        for (int32_t t = 0; t + 1 < c; t++) set_surprisal(p, n0 + t + 1, -label_lp[t]);
+        /* the chunk's surprisals: slot n0 + j holds -log p of token j (the first from the
+           previous chunk's last row; 0 for the document's first token) */
+        float *sur = label_lp; /* reused in place: label_lp[t] is read before sur[t + 1] is written */
+        int has_first = d->have_pending;
+        float first = has_first ? d->pending_surprisal : 0;
         d->have_pending = labels[c - 1] >= 0;
         d->pending_surprisal = d->have_pending ? -label_lp[c - 1] : 0;
+        for (int32_t t = c - 1; t > 0; t--) sur[t] = -label_lp[t - 1];
+        sur[0] = first;
+        if (d->nuc_relative) relative_surprisal(sur, c);
+        for (int32_t j = 0; j < c; j++)
+            if (j || has_first) set_surprisal(p, n0 + j, sur[j]);
     }
     if (d->record && vec_append(&d->recorded, chunk, (size_t)c)) {
         snprintf(err, errlen, "out of memory");
@@ -376,6 +443,8 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     d->st.tokens_read += c;
     d->st.chunks++;
     if (d->policy == POLICY_H2O) pot_accumulate_scores(p, scores, n_keys);
+    /* reconstruct: every entry keeps the best attention a repetition of text gave it */
+    if (d->reconstruct) pot_remember_max_scores(p, scores, n_keys);
     rc = 0;
     if (d->policy == POLICY_CASCADE) rc = cascade_step(d, scores, n_keys, seen, c, err, errlen);
     else if (compressing && keep < p->n) rc = compress(d, keep, scores, n_keys, err, errlen);
@@ -533,6 +602,8 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
         return snprintf(err, errlen, "keep_tokens: %d must be in [1, budget_tokens)", *keep), -1;
     if (s->chunk_tokens < 0 || s->chunk_tokens > 8192)
         return snprintf(err, errlen, "chunk_tokens: %d must be in [0, 8192] (0: automatic)", s->chunk_tokens), -1;
+    if (s->nuc_regions < 0 || s->nuc_regions > 1024)
+        return snprintf(err, errlen, "nuc_regions: %d must be in [0, 1024]", s->nuc_regions), -1;
     if (!(s->nuc_share >= 0 && s->nuc_share <= 1))
         return snprintf(err, errlen, "nuc_share: %g must be in [0, 1]", s->nuc_share), -1;
     if (s->pool_width && (s->pool_width < 1 || s->pool_width > MAX_POOL_WIDTH || s->pool_width % 2 == 0))
@@ -565,6 +636,16 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " no_catalyst=1");
     if (s->original_positions && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " positions=original");
+    if (d->score_memory && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " score_memory=1");
+    if (d->nuc_regions && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " nuc_regions=%d", d->nuc_regions);
+    if (d->reconstruct && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " reconstruct=1");
+    if (d->nuc_relative && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " nuc_relative=1");
+    if (d->shared_selection && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " shared=1");
     /* likewise the pooling when it differs from what came before it */
     if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
@@ -611,6 +692,12 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->finch_keep = s->finch_keep;
     d->no_catalyst = s->no_catalyst;
     d->original_positions = s->original_positions;
+    d->score_memory = s->score_memory && d->policy == POLICY_INFINIPOT;
+    d->nuc_relative = s->nuc_relative;
+    d->reconstruct = s->reconstruct && d->policy == POLICY_INFINIPOT;
+    d->nuc_regions = s->nuc_regions > 1 ? s->nuc_regions : 0;
+    if (d->reconstruct && tokenize_into(e, RECONSTRUCT_PROMPT, 0, 0, &d->reconstruct_rows)) goto oom;
+    d->shared_selection = s->shared_selection;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;
@@ -670,6 +757,8 @@ fail:
 
 /* Slots of a document's pot: the budget plus room for the scoring rows. */
 static size_t doc_capacity(const engine_doc *d) {
+    if (d->reconstruct) /* the prompt and a chunk again */
+        return (size_t)d->sched.budget + d->reconstruct_rows.n + (size_t)d->sched.chunk_tokens;
     return (size_t)d->sched.budget + d->score_rows.n;
 }
 
@@ -710,6 +799,7 @@ void engine_doc_close(engine_doc *d) {
     tok_stream_free(d->ts);
     free(d->queue.v);
     free(d->score_rows.v);
+    free(d->reconstruct_rows.v);
     free(d->recorded.v);
     free(d->system);
     free(d);

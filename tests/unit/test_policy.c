@@ -222,3 +222,89 @@ TEST(policy_max_pooling_keeps_the_span_around_a_peak) {
     free(scores);
     pot_free(p);
 }
+
+/* Shared selection: every (layer, head) gets the choice a one-head pot makes
+ * over the scores summed over all of them (surprisal from layer 0, head 0),
+ * for each policy that scores. */
+TEST(policy_shared_selection_is_one_choice_over_summed_scores) {
+    char err[160];
+    const int32_t L = 3, H = 2, n = 90, k = 31;
+    const enum pot_policy policies[] = {POLICY_INFINIPOT, POLICY_FINCH, POLICY_SNAPKV};
+    pot *p = pot_new(L, H, 4, n, POT_F32, err, sizeof err), *one = pot_new(1, 1, 4, n, POT_F32, err, sizeof err);
+    float *scores = malloc((size_t)L * H * n * sizeof *scores), *sum = calloc((size_t)n, sizeof *sum);
+    int32_t *keep = malloc((size_t)L * H * k * sizeof *keep), want[31];
+    CHECK(p && one && scores && sum && keep);
+    if (!p || !one || !scores || !sum || !keep) return;
+    p->n = one->n = n;
+    p->n_pinned = one->n_pinned = 2;
+    for (int32_t i = 0; i < L * H * n; i++) scores[i] = (float)(rnd() % 1000) / 100.0f;
+    for (int32_t i = 0; i < L * H * n; i++) p->surprisal[i] = (float)(rnd() % 1000) / 100.0f;
+    for (int32_t i = 0; i < L * H * n; i++) sum[i % n] += scores[i];
+    memcpy(one->surprisal, p->surprisal, (size_t)n * sizeof *sum); /* layer 0, head 0 */
+    int differs = 0;
+    for (size_t q = 0; q < sizeof policies / sizeof *policies; q++) {
+        select_params sp = {.policy = policies[q], .n_keep = k, .scores = scores, .scores_stride = n,
+                            .nuc_share = 0.5f, .window = 4, .pool = 5, .shared = 1};
+        CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+        select_params ref = sp;
+        ref.scores = sum;
+        ref.shared = 0;
+        CHECK_EQ_INT(pot_select(one, &ref, want, err, sizeof err), 0);
+        for (int32_t lh = 0; lh < L * H; lh++)
+            CHECK(memcmp(keep + (size_t)lh * k, want, sizeof want) == 0);
+        /* not shared, the heads choose differently on these scores */
+        sp.shared = 0;
+        CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+        for (int32_t lh = 1; lh < L * H; lh++) differs += memcmp(keep + (size_t)lh * k, keep, sizeof want) != 0;
+    }
+    CHECK(differs > 0);
+    free(scores);
+    free(sum);
+    free(keep);
+    pot_free(p);
+    pot_free(one);
+}
+
+/* Score memory: score_acc keeps the best score each slot was ever given. */
+TEST(policy_remember_max_scores_keeps_the_best) {
+    char err[160];
+    pot *p = pot_new(2, 1, 4, 8, POT_F32, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    p->n = 3;
+    const float first[2 * 4] = {1, 5, 2, 9, 0, 3, 3, 9}, second[2 * 4] = {4, 1, 2, 9, 1, 7, 0, 9};
+    pot_remember_max_scores(p, first, 4);
+    pot_remember_max_scores(p, second, 4);
+    const float want[2][3] = {{4, 5, 2}, {1, 7, 3}};
+    for (int32_t l = 0; l < 2; l++)
+        for (int32_t s = 0; s < 3; s++) CHECK(p->score_acc[pot_slot(p, l, 0, s)] == want[l][s]);
+    CHECK(p->score_acc[pot_slot(p, 0, 0, 3)] == 0); /* beyond p->n: untouched */
+    pot_free(p);
+}
+
+/* NuC by regions: each equal part of the document read so far gets its share
+ * of NuC's slots, however much more surprising the newer part is. */
+TEST(policy_nuc_regions_share_the_slots_between_parts_of_the_document) {
+    char err[160];
+    const int32_t n = 40, k = 10;
+    pot *p = pot_new(1, 1, 4, n, POT_F32, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    p->n = n;
+    p->n_seen = n;
+    float scores[40] = {0};
+    for (int32_t s = 0; s < n; s++) {
+        p->token_index[s] = s;
+        p->surprisal[s] = s < n / 2 ? (float)s : 100.0f + (float)s; /* the newer half: far more surprising */
+    }
+    int32_t keep[10];
+    select_params sp = {.policy = POLICY_INFINIPOT, .n_keep = k, .scores = scores, .scores_stride = n,
+                        .nuc_share = 1.0f, .pool = 1};
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < k; i++) CHECK_EQ_INT(keep[i], 30 + i); /* all from the newer half */
+    sp.regions = 2;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < 5; i++) CHECK_EQ_INT(keep[i], 15 + i); /* the best five of the older half */
+    for (int32_t i = 5; i < k; i++) CHECK_EQ_INT(keep[i], 30 + i);
+    pot_free(p);
+}

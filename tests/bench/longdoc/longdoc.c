@@ -20,6 +20,7 @@
 #include <jansson.h>
 #include <sys/resource.h>
 
+#include "cache/cache.h"
 #include "engine/engine.h"
 
 enum { TRACE_BYTES = 8192 }; /* about 2K tokens of English */
@@ -34,7 +35,7 @@ typedef struct trial {
 typedef struct options {
     const char *model, *haystack, *plan, *work, *question, *backend;
     const char *docs; /* --docs: documents carrying several needles, several questions each */
-    int threads, n_predict, late_question, trace;
+    int threads, n_predict, late_question, trace, winners;
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     engine_pot_settings set;
 } options;
@@ -48,6 +49,9 @@ static void usage(void) {
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
+            "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
+            "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
+            "  score against the entries each scorer kept and all entries\n"
             "--docs FILE: JSON lines {id, doc (path), needles [[a, b] byte ranges], questions [..] (\"\":\n"
             "  not asked)}:\n"
             "  each document is read once (once per question for finch with the question up front)\n"
@@ -78,6 +82,11 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--catalyst")) o->set.catalyst = v;
         else if (!strcmp(a, "--nuc-share")) o->set.nuc_share = v ? (float)atof(v) : -1;
         else if (!strcmp(a, "--pool-width")) o->set.pool_width = v ? atoi(v) : -1;
+        else if (!strcmp(a, "--score-memory")) o->set.score_memory = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--nuc-regions")) o->set.nuc_regions = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--reconstruct")) o->set.reconstruct = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--nuc-relative")) o->set.nuc_relative = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--shared-selection")) o->set.shared_selection = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-stride")) o->recycle_stride = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-keep")) o->recycle_keep = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
@@ -88,6 +97,7 @@ static int parse_args(int argc, char **argv, options *o) {
             else if (!strcmp(a, "--late-question")) o->late_question = 1;
             else if (!strcmp(a, "--plain")) o->set.plain = 1;
             else if (!strcmp(a, "--trace")) o->trace = 1;
+            else if (!strcmp(a, "--winners")) o->winners = 1;
             else return fprintf(stderr, "longdoc: unknown argument %s\n", a), -1;
         }
         if (used && !v) return fprintf(stderr, "longdoc: %s needs a value\n", a), -1;
@@ -315,15 +325,64 @@ static int feed_traced(engine_doc *d, const char *text, size_t n, int final, con
     return 0;
 }
 
+/* --winners: the needles whose token ranges are known so far */
+typedef struct winners_ctx {
+    const int64_t *tok; /* needle i: document tokens [tok[2i], tok[2i+1]) */
+    int n_known;
+} winners_ctx;
+
+/* Mean of value[] over the (layer, head, slot)s whose why[] passes `want` (-1: all) and whose
+ * token lies in [a, b) (a < 0: any token). */
+static double mean_where(const pot *p, const select_params *sp, const float *value, int32_t vstride, int want,
+                         int64_t a, int64_t b, int64_t *count) {
+    double sum = 0;
+    *count = 0;
+    for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++)
+        for (int32_t s = 0; s < p->n; s++) {
+            int64_t t = p->token_index[(size_t)lh * p->capacity + s];
+            if ((want >= 0 && sp->why[(size_t)lh * p->n + s] != want) || (a >= 0 && (t < a || t >= b))) continue;
+            sum += value[(size_t)lh * vstride + s];
+            ++*count;
+        }
+    return *count ? sum / (double)*count : 0;
+}
+
+/* engine_compress_hook of --winners: one line per needle that has entries in the pot. */
+static void print_winners(void *vctx, const pot *p, const select_params *sp) {
+    const winners_ctx *c = vctx;
+    int64_t cnt, in_pot;
+    const float *sc = sp->scores;
+    int32_t ss = sp->scores_stride;
+    double s_nuc = mean_where(p, sp, p->surprisal, p->capacity, POT_KEPT_NUC, -1, 0, &cnt);
+    double s_all = mean_where(p, sp, p->surprisal, p->capacity, -1, -1, 0, &cnt);
+    double c_cap = sc ? mean_where(p, sp, sc, ss, POT_KEPT_SCORE, -1, 0, &cnt) : 0;
+    double c_all = sc ? mean_where(p, sp, sc, ss, -1, -1, 0, &cnt) : 0;
+    for (int i = 0; i < c->n_known; i++) {
+        int64_t a = c->tok[2 * i], b = c->tok[2 * i + 1], by[POT_KEPT_SCORE + 1];
+        double s_needle = mean_where(p, sp, p->surprisal, p->capacity, -1, a, b, &in_pot);
+        if (!in_pot) continue;
+        for (int w = 0; w <= POT_KEPT_SCORE; w++) mean_where(p, sp, p->surprisal, p->capacity, w, a, b, &by[w]);
+        double c_needle = sc ? mean_where(p, sp, sc, ss, -1, a, b, &cnt) : 0;
+        fprintf(stderr,
+                "winners seen %lld needle %d entries %lld nuc %.3f score %.3f fixed %.3f dropped %.3f"
+                " surprisal needle %.2f nuc-kept %.2f all %.2f score needle %.4g score-kept %.4g all %.4g\n",
+                (long long)p->n_seen, i, (long long)in_pot, (double)by[POT_KEPT_NUC] / in_pot,
+                (double)by[POT_KEPT_SCORE] / in_pot, (double)(by[POT_KEPT_PINNED] + by[POT_KEPT_FORCED]) / in_pot,
+                (double)by[POT_DROPPED] / in_pot, s_needle, s_nuc, s_all, c_needle, c_cap, c_all);
+    }
+}
+
 /* Reads one document of a --docs line through a pot (settings s), feeding the
  * needles' byte ranges as their own pieces to learn their token ranges
  * (tok[2i], tok[2i+1]); the caller closes the document. trace: see
  * feed_traced. */
 static engine_doc *read_doc(engine *e, const engine_pot_settings *s, const char *text, size_t len,
                             const long *cuts, int n_needles, int64_t *tok, const engine_info *trace,
-                            char *err, size_t el) {
+                            int winners, char *err, size_t el) {
     engine_doc *d = engine_doc_open(e, s, err, el);
     if (!d) return NULL;
+    winners_ctx wc = {tok, 0};
+    if (winners) engine_doc_on_compress(d, print_winners, &wc);
     size_t at = 0;
     for (int i = 0; i <= 2 * n_needles; i++) {
         size_t to = i < 2 * n_needles ? (size_t)cuts[i] : len;
@@ -335,7 +394,9 @@ static engine_doc *read_doc(engine *e, const engine_pot_settings *s, const char 
         if (feed_traced(d, text + at, to - at, i == 2 * n_needles, tok, i - i % 2, trace, err, el)) goto fail;
         at = to;
         if (i < 2 * n_needles) tok[i] = engine_doc_tokens_pushed(d);
+        wc.n_known = (i + 1) / 2;
     }
+    engine_doc_on_compress(d, NULL, NULL); /* wc ends here */
     return d;
 fail:
     engine_doc_close(d);
@@ -406,7 +467,8 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
             engine_pot_settings s = o->set;
             s.question = guided ? q : NULL;
             engine_doc_close(d);
-            d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, o->trace ? info : NULL, err, el);
+            d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, o->trace ? info : NULL, o->winners, err,
+                         el);
             if (!d) rc = -1;
         }
         if (!rc) rc = answer_question(d, o, info, id, qi, q, tok, n_needles, t0, err, el);

@@ -84,6 +84,16 @@ ABLATIONS = {
     "infinipot-facts": ["--policy", "infinipot", "--catalyst", FACTS_CATALYST],
     "infinipot-nuc0.25": ["--policy", "infinipot", "--nuc-share", "0.25"],
     "infinipot-nuc0.75": ["--policy", "infinipot", "--nuc-share", "0.75"],
+    # score memory: an entry's CaP score is the best any compression gave it;
+    # shared: every layer and head keeps the same entries (scores summed)
+    "infinipot-mem": ["--policy", "infinipot", "--score-memory", "1"],
+    "infinipot-shared": ["--policy", "infinipot", "--shared-selection", "1"],
+    "infinipot-rel": ["--policy", "infinipot", "--nuc-relative", "1"],
+    "infinipot-kvzip": ["--policy", "infinipot", "--reconstruct", "1"],
+    "infinipot-kvzip-nuc0": ["--policy", "infinipot", "--reconstruct", "1", "--nuc-share", "0"],
+    "infinipot-regions16": ["--policy", "infinipot", "--nuc-regions", "16"],
+    "infinipot-w7": ["--policy", "infinipot", "--pool-width", "7"],
+    "infinipot-shared-mem": ["--policy", "infinipot", "--shared-selection", "1", "--score-memory", "1"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
@@ -572,18 +582,19 @@ def tasks_report(rows, out, cmdline):
              "hits/questions (accuracy, Wilson 95 % interval). Each document carries all five tasks' needles "
              "and is asked the five questions over one prefilled pot (finch: one pass per question, "
              "the same pot a re-read builds). kept: share of the answer's first needle in the pot over all "
-             "layers and KV heads; low layers: how many layers hold less than a tenth of it (on average over the "
+             "layers and KV heads; kept all: the same averaged over every needle of the document (all tasks); low layers: how many layers hold less than a tenth of it (on average over the "
              "cell). tok/s: median ingest speed (a shared 2-core machine: compare only within one run). "
              "compress share: median share of ingest time spent selecting and compacting. peak RSS: the "
              "bench process (model + one pot).", "",
              "| model | split | policy | budget | length | doc tokens | " + " | ".join(tasks.TASKS)
-             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | low layers | tok/s | compress share | peak RSS MB |",
-             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|---|---|"]
+             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | kept all | low layers | tok/s | compress share | peak RSS MB |",
+             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|---|---|---|"]
     for key in sorted({k(r) for r in rows}, key=lambda x: (x[0], x[1], x[4], x[2], x[3])):
         cell = [r for r in rows if k(r) == key]
         per_task = [fmt_acc([r for r in cell if r["task"] == t]) for t in tasks.TASKS]
         per_depth = [fmt_acc([r for r in cell if r["depth"] == d]) for d in tasks.DEPTHS]
         kept = sum(r["kept_needle"] for r in cell) / len(cell)
+        kept_all = sum(sum(r["kept"]) / max(len(r["kept"]), 1) for r in cell) / len(cell)
         n_layer = len(cell[0]["kept_layers_needle"])
         prof = [sum(r["kept_layers_needle"][l] for r in cell) / len(cell) for l in range(n_layer)]
         low = f"{sum(v < 0.1 for v in prof)}/{n_layer}"
@@ -593,7 +604,7 @@ def tasks_report(rows, out, cmdline):
         rss = max(r["peak_rss_bytes"] for r in cell) / 1e6
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
                      + " | ".join(per_task) + " | " + " | ".join(per_depth)
-                     + f" | {fmt_acc(cell)} | {kept:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss:.0f} |")
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {kept_all:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss:.0f} |")
     table = "\n".join(lines) + "\n"
     (out / "tasks.md").write_text(table)
     tasks_heatmap(rows, out / "tasks.png")
