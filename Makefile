@@ -359,6 +359,24 @@ bench-cpu: deps all model $(BUILD)/bench/membw
 	-$(VPY) -m pip install -q --disable-pip-version-check $(BENCH_TOOLS)
 	$(VPY) tests/bench/bench_cpu.py $(BENCH_CPU_FLAGS)
 
+# llama.cpp's own llama-bench and llama-quantize, built from the same sources
+# as the llama-cpp-python reference (its sdist vendors llama.cpp), native flags,
+# for tests/bench/bench_cpu.py (not part of `make test`; ~10-20 min on 2 cores).
+# AMX is off: llama.cpp's AMX path crashed on this Xeon (see tests/reference/lcpp.py).
+LLAMA_SRC := $(BUILD)/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp
+LLAMA_BIN := $(BUILD)/llama-build/bin
+.PHONY: llama-bench
+llama-bench: $(LLAMA_BIN)/llama-bench
+$(LLAMA_BIN)/llama-bench:
+	@mkdir -p $(BUILD)/llama-src
+	$(VPY) -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+	  -d $(BUILD)/llama-src llama-cpp-python==0.3.36
+	tar -xzf $(BUILD)/llama-src/llama_cpp_python-0.3.36.tar.gz -C $(BUILD)/llama-src
+	cmake -S $(LLAMA_SRC) -B $(BUILD)/llama-build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+	  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+	  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+	cmake --build $(BUILD)/llama-build -j2 --target llama-bench llama-quantize
+
 clean:
 	rm -rf $(BUILD)
 
