@@ -377,6 +377,14 @@ $(LLAMA_BIN)/llama-bench:
 	  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 	cmake --build $(BUILD)/llama-build -j2 --target llama-bench llama-quantize
 
+# potserve against llama-bench and llama-cpp-python on the 135M Q4_1 file and
+# Qwen2.5-Coder-1.5B Q4_K_M with Q6_K / Q5_K_M copies made by llama-quantize
+# (tests/bench/bench_kquant.py; writes build/bench/kquant.md; ~20-30 min).
+.PHONY: bench-kquant
+bench-kquant: deps all model llama-bench $(BUILD)/bench/membw
+	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
+	$(VPY) tests/bench/bench_kquant.py $(BENCH_KQUANT_FLAGS)
+
 clean:
 	rm -rf $(BUILD)
 
