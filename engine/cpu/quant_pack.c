@@ -711,8 +711,10 @@ static void kq_matmul_packed(uint32_t type, const uint8_t *w, int64_t n_groups, 
                              int64_t n_acts, int64_t n, float *out, size_t os) {
     const int64_t nb = n / QK_K;
     const size_t gbytes = (size_t)nb * kq_group_block_bytes(type);
-    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / quant_act_row_bytes(type, n)) & ~(int64_t)3;
-    if (chunk < 4) chunk = 4;
+    /* at least eight activations a pass over the weights (the pair kernels'
+     * tile): ffn_down's rows of 8960 would otherwise get four */
+    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / quant_act_row_bytes(type, n)) & ~(int64_t)7;
+    if (chunk < 8) chunk = 8;
     if (chunk > KQ_PRE / nb) chunk = KQ_PRE / nb;
     kact_block pre[KQ_PRE];
 #if QUANT_HAVE_AVX2

@@ -118,6 +118,7 @@ int main(int argc, char **argv) {
         {GGML_TYPE_Q4_1, 1536, 576, 512}, {GGML_TYPE_Q4_1, 576, 1536, 512}, {GGML_TYPE_Q4_0, 1536, 576, 512},
         {GGML_TYPE_Q8_0, 1536, 576, 512}, {GGML_TYPE_Q5_0, 1536, 576, 512}, {GGML_TYPE_Q5_1, 1536, 576, 512},
         {GGML_TYPE_Q4_K, 576, 1536, 512}, {GGML_TYPE_Q5_K, 576, 1536, 512}, {GGML_TYPE_Q6_K, 576, 1536, 512},
+        {GGML_TYPE_Q4_K, 1536, 8960, 512}, {GGML_TYPE_Q6_K, 1536, 8960, 512},
         {GGML_TYPE_Q4_K, 8960, 1536, 1},  {GGML_TYPE_Q5_K, 8960, 1536, 1},  {GGML_TYPE_Q6_K, 8960, 1536, 1},
     };
     const char *only = getenv("BENCH_TYPE"); /* e.g. BENCH_TYPE=Q4_K: only that type's rows */
