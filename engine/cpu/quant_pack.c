@@ -32,8 +32,6 @@ static int pack_offset(uint32_t type) {
 static int is_kquant(uint32_t type);
 static size_t kq_group_block_bytes(uint32_t type);
 static void kq_pack_block(uint32_t type, const uint8_t *x, int r, uint8_t *o);
-static void kq_matmul_packed(uint32_t type, const uint8_t *w, int64_t n_groups, const uint8_t *a, size_t as,
-                             int64_t n_acts, int64_t n, float *out, size_t os);
 enum { KQ_MAX_BLOCKS = 256 };
 
 int quant_packable(uint32_t type, int64_t n_rows, int64_t n) {
@@ -82,7 +80,8 @@ typedef struct act_block {
     int32_t osum, pad;
 } act_block;
 
-static void pack_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, act_block *pre) {
+static void pack_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *out) {
+    act_block *pre = out;
     const size_t ab = type == GGML_TYPE_Q4_1 ? Q8_1_BYTES : Q8_0_BYTES;
     const int off = pack_offset(type);
     for (int64_t t = 0; t < n_acts; t++)
@@ -100,8 +99,9 @@ static void pack_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t 
 }
 
 /* One group against one activation, as the arithmetic of quant.h says. */
-static void packed_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const act_block *pre,
+static void packed_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const void *pre_v,
                           float *out) {
+    const act_block *pre = pre_v;
     const size_t bb = quant_block_bytes(type), qoff = pack_qoff(type);
     const size_t ab = type == GGML_TYPE_Q4_1 ? Q8_1_BYTES : Q8_0_BYTES;
     float acc[PACK_ROWS] = {0};
@@ -127,7 +127,7 @@ static void packed_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uin
 }
 
 /* A group against A activations: out[t * os + r]. */
-typedef void (*packed_fn)(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const act_block *pre, float *out,
+typedef void (*packed_fn)(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const void *pre, float *out,
                           size_t os);
 
 #if QUANT_HAVE_AVX2
@@ -157,7 +157,8 @@ static QUANT_INLINE AVX2_FN __m256i pk_dot(__m256i acc, __m256i u, const uint8_t
 /* pack_prepare with F16C conversions and the quants' sum in vectors (the
  * portable one was 2 % of a batched decode step): the same values. */
 static AVX2_FN void pack_prepare_avx2(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb,
-                                      act_block *pre) {
+                                      void *out) {
+    act_block *pre = out;
     const size_t ab = type == GGML_TYPE_Q4_1 ? Q8_1_BYTES : Q8_0_BYTES;
     const int off = pack_offset(type), min = type == GGML_TYPE_Q4_1;
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
@@ -224,11 +225,11 @@ static QUANT_INLINE AVX2_FN void packed_tile(const uint32_t type, const uint8_t 
 
 #define PACKED(T, A)                                                                                            \
     static AVX2_FN void packed_##T##_##A(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,           \
-                                         const act_block *pre, float *out, size_t os) {                        \
+                                         const void *pre, float *out, size_t os) {                             \
         packed_tile(GGML_TYPE_##T, g, nb, a, as, pre, out, os, A, 0);                                          \
     }                                                                                                          \
     static AVX2_FN void packed_##T##_##A##_vnni(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,    \
-                                                const act_block *pre, float *out, size_t os) {                 \
+                                                const void *pre, float *out, size_t os) {                      \
         packed_tile(GGML_TYPE_##T, g, nb, a, as, pre, out, os, A, 1);                                          \
     }
 #define PACKED_ALL(T) PACKED(T, 1) PACKED(T, 2) PACKED(T, 4)
@@ -303,11 +304,11 @@ static QUANT_INLINE AVX512_FN void packed_pair_tile(const uint32_t type, const u
 
 /* Two groups against A activations; gbytes: one group's bytes. */
 typedef void (*packed_pair_fn)(const uint8_t *g, size_t gbytes, int64_t nb, const uint8_t *a, size_t as,
-                               const act_block *pre, float *out, size_t os);
+                               const void *pre, float *out, size_t os);
 
 #define PACKED_PAIR(T, A)                                                                                       \
     static AVX512_FN void packed_pair_##T##_##A(const uint8_t *g, size_t gbytes, int64_t nb, const uint8_t *a, \
-                                                size_t as, const act_block *pre, float *out, size_t os) {      \
+                                                size_t as, const void *pre, float *out, size_t os) {           \
         packed_pair_tile(GGML_TYPE_##T, g, gbytes, nb, a, as, pre, out, os, A);                                \
     }
 #define PACKED_PAIR_ALL(T) PACKED_PAIR(T, 1) PACKED_PAIR(T, 2) PACKED_PAIR(T, 4) PACKED_PAIR(T, 8)
@@ -428,7 +429,9 @@ typedef struct kact_block {
     int32_t pad[3];
 } kact_block;
 
-static void kq_prepare(const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, kact_block *pre) {
+static void kq_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *out) {
+    (void)type; /* one preparation serves Q4_K, Q5_K and Q6_K */
+    kact_block *pre = out;
     for (int64_t t = 0; t < n_acts; t++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *y = acts + (size_t)t * as + (size_t)b * Q8_K_BYTES;
@@ -445,8 +448,9 @@ static void kq_prepare(const uint8_t *acts, size_t as, int64_t n_acts, int64_t n
 }
 
 /* One group against one activation, the arithmetic above. */
-static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const kact_block *pre,
+static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const void *pre_v,
                       float *out) {
+    const kact_block *pre = pre_v;
     const size_t gbb = kq_group_block_bytes(type);
     const int subs = kq_subs(type), len = QK_K / subs, q6 = type == GGML_TYPE_Q6_K;
     float acc[PACK_ROWS] = {0};
@@ -558,7 +562,10 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
 }
 
 /* kq_prepare with the sums in vectors: the same values. */
-static AVX2_FN void kq_prepare_avx2(const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, kact_block *pre) {
+static AVX2_FN void kq_prepare_avx2(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb,
+                                    void *out) {
+    (void)type;
+    kact_block *pre = out;
     for (int64_t t = 0; t < n_acts; t++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *y = acts + (size_t)t * as + (size_t)b * Q8_K_BYTES;
@@ -642,52 +649,37 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
     KQ_UNROLL for (int t = 0; t < A; t++) _mm512_storeu_ps(out + (size_t)t * os, acc[t]);
 }
 
-#define KQ_TILES(T)                                                                                                \
-    static AVX2_FN void kq_##T##_1(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const kact_block *p, \
-                                   float *o, size_t os) {                                                          \
-        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, 1, 0);                                                      \
+#define KQ_TILE(T, A)                                                                                             \
+    static AVX2_FN void kq_##T##_##A(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const void *p,     \
+                                     float *o, size_t os) {                                                        \
+        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, A, 0);                                                      \
     }                                                                                                              \
-    static AVX2_FN void kq_##T##_4(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const kact_block *p, \
-                                   float *o, size_t os) {                                                          \
-        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, 4, 0);                                                      \
-    }                                                                                                              \
-    static AVX2_FN void kq_##T##_1v(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,                    \
-                                    const kact_block *p, float *o, size_t os) {                                    \
-        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, 1, 1);                                                      \
-    }                                                                                                              \
-    static AVX2_FN void kq_##T##_4v(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,                    \
-                                    const kact_block *p, float *o, size_t os) {                                    \
-        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, 4, 1);                                                      \
-    }                                                                                                              \
-    static AVX512_FN void kq_pair_##T##_1(const uint8_t *g, size_t gb, int64_t nb, const uint8_t *a, size_t as,   \
-                                          const kact_block *p, float *o, size_t os) {                              \
-        kq_pair_tile(GGML_TYPE_##T, g, gb, nb, a, as, p, o, os, 1);                                                \
-    }                                                                                                              \
-    static AVX512_FN void kq_pair_##T##_4(const uint8_t *g, size_t gb, int64_t nb, const uint8_t *a, size_t as,   \
-                                          const kact_block *p, float *o, size_t os) {                              \
-        kq_pair_tile(GGML_TYPE_##T, g, gb, nb, a, as, p, o, os, 4);                                                \
-    }                                                                                                              \
-    static AVX512_FN void kq_pair_##T##_8(const uint8_t *g, size_t gb, int64_t nb, const uint8_t *a, size_t as,   \
-                                          const kact_block *p, float *o, size_t os) {                              \
-        kq_pair_tile(GGML_TYPE_##T, g, gb, nb, a, as, p, o, os, 8);                                                \
+    static AVX2_FN void kq_##T##_##A##_vnni(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,            \
+                                            const void *p, float *o, size_t os) {                                  \
+        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, A, 1);                                                      \
     }
+#define KQ_PAIR(T, A)                                                                                             \
+    static AVX512_FN void kq_pair_##T##_##A(const uint8_t *g, size_t gb, int64_t nb, const uint8_t *a, size_t as, \
+                                            const void *p, float *o, size_t os) {                                  \
+        kq_pair_tile(GGML_TYPE_##T, g, gb, nb, a, as, p, o, os, A);                                                \
+    }
+#define KQ_TILES(T) KQ_TILE(T, 1) KQ_TILE(T, 2) KQ_TILE(T, 4) KQ_PAIR(T, 1) KQ_PAIR(T, 2) KQ_PAIR(T, 4) KQ_PAIR(T, 8)
 KQ_TILES(Q4_K)
 KQ_TILES(Q5_K)
 KQ_TILES(Q6_K)
 #undef KQ_TILES
+#undef KQ_PAIR
+#undef KQ_TILE
 #undef KQ_UNROLL
 
-typedef void (*kq_fn)(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const kact_block *p, float *o,
-                      size_t os);
-typedef void (*kq_pair_fn)(const uint8_t *g, size_t gb, int64_t nb, const uint8_t *a, size_t as, const kact_block *p,
-                           float *o, size_t os);
-
-/* The 256-bit kernels for 1 and 4 activations, the pair kernels for 1, 4 and 8. */
-static const kq_fn *kq_tiles(uint32_t type, int vnni) {
-#define SET(T, V) {kq_##T##_1##V, kq_##T##_4##V}
-    static const kq_fn q4[2] = SET(Q4_K, ), q5[2] = SET(Q5_K, ), q6[2] = SET(Q6_K, );
-    static const kq_fn q4v[2] = SET(Q4_K, v), q5v[2] = SET(Q5_K, v), q6v[2] = SET(Q6_K, v);
+/* The 256-bit kernels for 1, 2 and 4 activations, the pair kernels for 1, 2, 4 and 8. */
+static const packed_fn *kq_tiles(uint32_t type, int vnni) {
+#define SET(T) {kq_##T##_1, kq_##T##_2, kq_##T##_4}
+#define SETV(T) {kq_##T##_1_vnni, kq_##T##_2_vnni, kq_##T##_4_vnni}
+    static const packed_fn q4[3] = SET(Q4_K), q5[3] = SET(Q5_K), q6[3] = SET(Q6_K);
+    static const packed_fn q4v[3] = SETV(Q4_K), q5v[3] = SETV(Q5_K), q6v[3] = SETV(Q6_K);
 #undef SET
+#undef SETV
     switch (type) {
     case GGML_TYPE_Q4_K: return vnni ? q4v : q4;
     case GGML_TYPE_Q5_K: return vnni ? q5v : q5;
@@ -695,9 +687,9 @@ static const kq_fn *kq_tiles(uint32_t type, int vnni) {
     }
 }
 
-static const kq_pair_fn *kq_pair_tiles(uint32_t type) {
-#define SET(T) {kq_pair_##T##_1, kq_pair_##T##_4, kq_pair_##T##_8}
-    static const kq_pair_fn q4[3] = SET(Q4_K), q5[3] = SET(Q5_K), q6[3] = SET(Q6_K);
+static const packed_pair_fn *kq_pair_tiles(uint32_t type) {
+#define SET(T) {kq_pair_##T##_1, kq_pair_##T##_2, kq_pair_##T##_4, kq_pair_##T##_8}
+    static const packed_pair_fn q4[4] = SET(Q4_K), q5[4] = SET(Q5_K), q6[4] = SET(Q6_K);
 #undef SET
     switch (type) {
     case GGML_TYPE_Q4_K: return q4;
@@ -707,55 +699,65 @@ static const kq_pair_fn *kq_pair_tiles(uint32_t type) {
 }
 #endif
 
-static void kq_matmul_packed(uint32_t type, const uint8_t *w, int64_t n_groups, const uint8_t *a, size_t as,
-                             int64_t n_acts, int64_t n, float *out, size_t os) {
-    const int64_t nb = n / QK_K;
-    const size_t gbytes = (size_t)nb * kq_group_block_bytes(type);
-    /* at least eight activations a pass over the weights (the pair kernels'
-     * tile): ffn_down's rows of 8960 would otherwise get four */
-    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / quant_act_row_bytes(type, n)) & ~(int64_t)7;
-    if (chunk < 8) chunk = 8;
-    if (chunk > KQ_PRE / nb) chunk = KQ_PRE / nb;
-    kact_block pre[KQ_PRE];
+
+/* What a packed product needs of its type: the prepared activation block
+ * (pre_bytes each) and the kernels (tiles: 1, 2 and 4 activations, NULL for
+ * the scalar path; pairs: 1, 2, 4 and 8, NULL without AVX512-VNNI). */
+typedef struct packed_kernels {
+    size_t pre_bytes;
+    void (*prepare)(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *pre);
+    void (*scalar)(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const void *pre, float *out);
 #if QUANT_HAVE_AVX2
-    const kq_fn *tiles = quant_cpu_avx2() ? kq_tiles(type, quant_cpu_vnni()) : NULL;
-    const kq_pair_fn *pairs = quant_cpu_vnni() ? kq_pair_tiles(type) : NULL;
+    const packed_fn *tiles;
+    const packed_pair_fn *pairs;
 #endif
+} packed_kernels;
+
+/* The activations in chunks of `chunk` rows, each prepared once, then every
+ * group (two at a time with the pair kernels) against the chunk in tiles. */
+static void run_packed(uint32_t type, const packed_kernels *k, const uint8_t *w, size_t gbytes, int64_t n_groups,
+                       int64_t nb, const uint8_t *a, size_t as, int64_t n_acts, int64_t chunk, void *pre, float *out,
+                       size_t os) {
+    const uint8_t *pb = pre;
+    const size_t pt = (size_t)nb * k->pre_bytes; /* one activation's prepared blocks */
     for (int64_t t0 = 0; t0 < n_acts; t0 += chunk) {
         const int64_t na = n_acts - t0 < chunk ? n_acts - t0 : chunk;
         const uint8_t *ac = a + (size_t)t0 * as;
         float *oc = out + (size_t)t0 * os;
-#if QUANT_HAVE_AVX2
-        if (tiles)
-            kq_prepare_avx2(ac, as, na, nb, pre);
-        else
-#endif
-            kq_prepare(ac, as, na, nb, pre);
+        k->prepare(type, ac, as, na, nb, pre);
         for (int64_t g = 0; g < n_groups; g++) {
             const uint8_t *gw = w + (size_t)g * gbytes;
             float *og = oc + (size_t)g * PACK_ROWS;
 #if QUANT_HAVE_AVX2
-            if (pairs && na > 1 && g + 1 < n_groups) {
+            /* this group and the next; one activation (a single decode
+             * stream) keeps the 256-bit kernel, measured 13 % faster there */
+            if (k->pairs && na > 1 && g + 1 < n_groups) {
                 int64_t t = 0;
                 for (; t + 8 <= na; t += 8)
-                    pairs[2](gw, gbytes, nb, ac + (size_t)t * as, as, pre + t * nb, og + (size_t)t * os, os);
-                for (; t + 4 <= na; t += 4)
-                    pairs[1](gw, gbytes, nb, ac + (size_t)t * as, as, pre + t * nb, og + (size_t)t * os, os);
-                for (; t < na; t++)
-                    pairs[0](gw, gbytes, nb, ac + (size_t)t * as, as, pre + t * nb, og + (size_t)t * os, os);
+                    k->pairs[3](gw, gbytes, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os, os);
+                for (int b = 2; b >= 0; b--)
+                    if ((na - t) & (1 << b)) {
+                        k->pairs[b](gw, gbytes, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os,
+                                    os);
+                        t += 1 << b;
+                    }
                 g++;
                 continue;
             }
-            if (tiles) {
+            if (k->tiles) {
                 int64_t t = 0;
                 for (; t + 4 <= na; t += 4)
-                    tiles[1](gw, nb, ac + (size_t)t * as, as, pre + t * nb, og + (size_t)t * os, os);
-                for (; t < na; t++) tiles[0](gw, nb, ac + (size_t)t * as, as, pre + t * nb, og + (size_t)t * os, os);
+                    k->tiles[2](gw, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os, os);
+                for (int b = 1; b >= 0; b--)
+                    if ((na - t) & (1 << b)) {
+                        k->tiles[b](gw, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os, os);
+                        t += 1 << b;
+                    }
                 continue;
             }
 #endif
             for (int64_t t = 0; t < na; t++)
-                kq_scalar(type, gw, nb, ac + (size_t)t * as, pre + t * nb, og + (size_t)t * os);
+                k->scalar(type, gw, nb, ac + (size_t)t * as, pb + (size_t)t * pt, og + (size_t)t * os);
         }
     }
 }
@@ -763,68 +765,38 @@ static void kq_matmul_packed(uint32_t type, const uint8_t *w, int64_t n_groups, 
 void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, const void *acts, size_t act_stride,
                          int64_t n_acts, int64_t n, float *out, size_t out_stride) {
     if (n_groups <= 0 || n_acts <= 0 || !quant_packable(type, PACK_ROWS, n)) return;
+    const size_t arb = quant_act_row_bytes(type, n);
+#if QUANT_HAVE_AVX2
+    const int avx2 = quant_cpu_avx2(), vnni = quant_cpu_vnni();
+#endif
     if (is_kquant(type)) {
-        kq_matmul_packed(type, groups, n_groups, acts, act_stride, n_acts, n, out, out_stride);
+        const int64_t nb = n / QK_K;
+        /* at least eight activations a pass over the weights (the pair
+         * kernels' tile): ffn_down's rows of 8960 would otherwise get four */
+        int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / arb) & ~(int64_t)7;
+        if (chunk < 8) chunk = 8;
+        if (chunk > KQ_PRE / nb) chunk = KQ_PRE / nb;
+        kact_block pre[KQ_PRE];
+        packed_kernels k = {.pre_bytes = sizeof pre[0], .prepare = kq_prepare, .scalar = kq_scalar};
+#if QUANT_HAVE_AVX2
+        if (avx2) k.tiles = kq_tiles(type, vnni), k.prepare = kq_prepare_avx2;
+        if (vnni) k.pairs = kq_pair_tiles(type);
+#endif
+        run_packed(type, &k, groups, (size_t)nb * kq_group_block_bytes(type), n_groups, nb, acts, act_stride, n_acts,
+                   chunk, pre, out, out_stride);
         return;
     }
     const int64_t nb = n / QK;
-    const size_t gbytes = (size_t)nb * PACK_ROWS * quant_block_bytes(type);
-    const uint8_t *w = groups, *a = acts;
     /* activation chunks as in quant_matmul, and no more than PACK_PRE blocks */
-    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / quant_act_row_bytes(type, n)) & ~(int64_t)3;
+    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / arb) & ~(int64_t)3;
     if (chunk < 4) chunk = 4;
     if (chunk > PACK_PRE / nb) chunk = PACK_PRE / nb;
     act_block pre[PACK_PRE];
+    packed_kernels k = {.pre_bytes = sizeof pre[0], .prepare = pack_prepare, .scalar = packed_scalar};
 #if QUANT_HAVE_AVX2
-    const packed_fn *tiles = quant_cpu_avx2() ? packed_tiles(type, quant_cpu_vnni()) : NULL;
-    const packed_pair_fn *pairs = quant_cpu_vnni() ? packed_pair_tiles(type) : NULL;
+    if (avx2) k.tiles = packed_tiles(type, vnni), k.prepare = pack_prepare_avx2;
+    if (vnni) k.pairs = packed_pair_tiles(type);
 #endif
-    for (int64_t t0 = 0; t0 < n_acts; t0 += chunk) {
-        const int64_t na = n_acts - t0 < chunk ? n_acts - t0 : chunk;
-        const uint8_t *ac = a + (size_t)t0 * act_stride;
-        float *oc = out + (size_t)t0 * out_stride;
-#if QUANT_HAVE_AVX2
-        if (tiles)
-            pack_prepare_avx2(type, ac, act_stride, na, nb, pre);
-        else
-#endif
-            pack_prepare(type, ac, act_stride, na, nb, pre);
-        for (int64_t g = 0; g < n_groups; g++) {
-            const uint8_t *gw = w + (size_t)g * gbytes;
-            float *og = oc + (size_t)g * PACK_ROWS;
-#if QUANT_HAVE_AVX2
-            /* this group and the next; one activation (a single decode
-             * stream) keeps the 256-bit kernel, measured 13 % faster there */
-            if (pairs && na > 1 && g + 1 < n_groups) {
-                int64_t t = 0;
-                for (; t + 8 <= na; t += 8)
-                    pairs[3](gw, gbytes, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb,
-                             og + (size_t)t * out_stride, out_stride);
-                for (int k = 2; k >= 0; k--)
-                    if ((na - t) & (1 << k)) {
-                        pairs[k](gw, gbytes, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb,
-                                 og + (size_t)t * out_stride, out_stride);
-                        t += 1 << k;
-                    }
-                g++;
-                continue;
-            }
-            if (tiles) {
-                int64_t t = 0;
-                for (; t + 4 <= na; t += 4)
-                    tiles[2](gw, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb, og + (size_t)t * out_stride,
-                             out_stride);
-                for (int k = 1; k >= 0; k--)
-                    if ((na - t) & (1 << k)) {
-                        tiles[k](gw, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb,
-                                 og + (size_t)t * out_stride, out_stride);
-                        t += 1 << k;
-                    }
-                continue;
-            }
-#endif
-            for (int64_t t = 0; t < na; t++)
-                packed_scalar(type, gw, nb, ac + (size_t)t * act_stride, pre + t * nb, og + (size_t)t * out_stride);
-        }
-    }
+    run_packed(type, &k, groups, (size_t)nb * PACK_ROWS * quant_block_bytes(type), n_groups, nb, acts, act_stride,
+               n_acts, chunk, pre, out, out_stride);
 }
