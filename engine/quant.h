@@ -98,7 +98,8 @@ void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_
  * in groups of eight rows, so that one SIMD instruction takes a product for all
  * eight: per 32-element block, the eight rows' scales (halves; for Q4_1 then
  * their mins), then their quants interleaved four bytes at a time (Q8_0's as
- * unsigned bytes, plus 128). The packed matrix has the bytes of the rows.
+ * unsigned bytes, plus 128). The packed matrix has the bytes of the rows
+ * (K-quants: see quant_packed_group_bytes).
  *
  * Its arithmetic is not quant_vec_dot's (llama.cpp's eight float lanes per
  * row and block): each block's integer dot isum is summed exactly, then

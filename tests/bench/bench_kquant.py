@@ -19,12 +19,13 @@ round (a warm-up round first, not counted):
   llama-bench    `llama-bench -p 512 -n 128 -r 1` (pp512, tg128 at context 0),
                  the same thread count, its defaults otherwise (weight
                  repacking on; built without AMX, see the Makefile);
+                 OMP_WAIT_POLICY=PASSIVE unless --llama-omp default;
   llama-cpp-python  tests/bench/llama_worker.py (f16 KV, n_batch 512) with the
                  same token ids as potserve (skipped with --no-python).
 The tables give medians of --runs rounds and the ratios potserve / engine;
 decode also as a share of the memory-bandwidth bound: the file's weight bytes
-read once per token at membw.c's 2-thread read bandwidth (measured at the start
-and the end; the higher one). The load average is printed per round: the
+read once per token at membw.c's 2-thread copy bandwidth, as bench_cpu.py
+counts it (measured at the start and the end; the higher one). The load average is printed per round: the
 machine may be shared. Writes build/bench/kquant.md and kquant.json.
 """
 import argparse
@@ -93,7 +94,7 @@ def membw(threads):
     if not exe.exists():
         subprocess.run(["make", "--no-print-directory", "-s", "build/bench/membw"], cwd=ROOT, check=True)
     p = subprocess.run([str(exe), "512", str(threads), "10"], capture_output=True, text=True, check=True)
-    return json.loads(p.stdout)["read_gbs"]
+    return json.loads(p.stdout)["copy_gbs"]
 
 
 def ps_tokens(binary, model, n):
@@ -123,10 +124,20 @@ def potserve(binary, model, prompt512, prompt16, args):
     return {"pp512": pp, "tg": tg}
 
 
+def llama_env(args):
+    """OMP_WAIT_POLICY=PASSIVE unless --llama-omp default (bench_cpu.py says why)."""
+    env = dict(os.environ)
+    if args.llama_omp == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    else:
+        env.pop("OMP_WAIT_POLICY", None)
+    return env
+
+
 def llama_bench(model, args):
     cmd = [str(LLAMA_BIN / "llama-bench"), "-m", str(model), "-t", str(args.threads), "-p", "512",
            "-n", str(args.decode_tokens), "-r", "1", "-o", "json"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=llama_env(args))
     if p.returncode:
         raise RuntimeError(f"llama-bench failed ({p.returncode}): {p.stderr.strip()[-400:]}")
     out = {}
@@ -137,7 +148,7 @@ def llama_bench(model, args):
 
 def python_worker(model, args):
     from bench_cpu import LlamaWorker
-    return LlamaWorker(model, 1024, args.threads)
+    return LlamaWorker(model, 1024, args.threads, omp=args.llama_omp)
 
 
 def python_run(w, prompt512, prompt16, args):
@@ -185,6 +196,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--no-python", action="store_true", help="skip llama-cpp-python")
+    ap.add_argument("--llama-omp", choices=["passive", "default"], default="passive",
+                    help="OMP_WAIT_POLICY for llama.cpp: passive (sleeps at barriers, fair on a shared "
+                         "machine) or default (spins: llama.cpp's faster setting on an idle one)")
     ap.add_argument("--out", default=str(OUTDIR / "kquant.md"))
     args = ap.parse_args()
     OUTDIR.mkdir(parents=True, exist_ok=True)
@@ -197,18 +211,18 @@ def main():
         if not m.exists() and m.parent == OUTDIR and m.name.startswith("qwen2.5-coder-1.5b-instruct-q"):
             requantized(m)
     bw0 = membw(args.threads)
-    log(f"membw read ({args.threads} threads): {bw0:.1f} GB/s; load {os.getloadavg()}")
+    log(f"membw copy ({args.threads} threads): {bw0:.1f} GB/s; load {os.getloadavg()}")
     results = {"args": vars(args), "load_start": os.getloadavg(), "models": {}}
     for m in models:
         results["models"][m.name] = bench_one(binary, m, args, bw0)
     bw1 = membw(args.threads)
     bw = max(bw0, bw1)
-    results.update(membw_read_gbs=[bw0, bw1], load_end=os.getloadavg())
+    results.update(membw_copy_gbs=[bw0, bw1], load_end=os.getloadavg())
     engines = ["llama-bench"] + ([] if args.no_python else ["llama-cpp-python"])
     lines = [f"# potserve vs llama.cpp: prefill 512 / decode {args.decode_tokens} tokens, {args.threads} threads",
              "", f"`{' '.join(shlex.quote(a) for a in sys.argv)}`; medians of {args.runs} rounds, engines "
              f"alternated; load average {results['load_start'][0]:.1f} at the start, {results['load_end'][0]:.1f} "
-             f"at the end; membw read {bw0:.1f} / {bw1:.1f} GB/s (start / end).", "",
+             f"at the end; membw copy {bw0:.1f} / {bw1:.1f} GB/s (start / end).", "",
              "| model | tensors | measure | potserve | " + " | ".join(engines) + " | "
              + " | ".join(f"vs {e}" for e in engines) + " | % of bandwidth bound |",
              "|---|---|---|---:|" + "---:|" * (2 * len(engines) + 1)]
