@@ -21,7 +21,9 @@ round (a warm-up round first, not counted):
                  repacking on; built without AMX, see the Makefile);
                  OMP_WAIT_POLICY=PASSIVE unless --llama-omp default;
   llama-cpp-python  tests/bench/llama_worker.py (f16 KV, n_batch 512) with the
-                 same token ids as potserve (skipped with --no-python).
+                 same token ids as potserve (skipped with --no-python); on CPUs
+                 with AMX without ggml's extra buffer types (its AMX path faults
+                 here, tests/reference/lcpp.py), so without weight repacking.
 The tables give medians of --runs rounds and the ratios potserve / engine;
 decode also as a share of the memory-bandwidth bound: the file's weight bytes
 read once per token at membw.c's 2-thread copy bandwidth, as bench_cpu.py
@@ -32,7 +34,6 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import shlex
 import statistics
 import subprocess
@@ -49,7 +50,6 @@ LLAMA_BIN = ROOT / "build" / "llama-build" / "bin"
 QWEN = ROOT / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DEFAULT_MODELS = [ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf", QWEN,
                   OUTDIR / "qwen2.5-coder-1.5b-instruct-q6_k.gguf", OUTDIR / "qwen2.5-coder-1.5b-instruct-q5_k_m.gguf"]
-GEN_RE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) tok/s; generated: (\d+) tokens, ([\d.]+) tok/s")
 T0 = time.monotonic()
 
 
@@ -107,13 +107,10 @@ def ps_tokens(binary, model, n):
 
 
 def ps_run(binary, model, ids, n, threads):
-    cmd = [str(binary), "generate", "-m", str(model), "--tokens", ",".join(map(str, ids)), "-n", str(n),
-           "-t", str(threads), "-v", "--print-ids"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    m = GEN_RE.search(p.stderr)
-    if p.returncode or not m:
-        raise RuntimeError(f"potserve generate failed ({p.returncode}): {p.stderr.strip()[-400:]}")
-    return float(m[2]), float(m[4]), int(m[3])
+    import bench_cpu
+    bench_cpu.BIN = binary
+    r = bench_cpu.ps_generate(model, ids, n, threads)
+    return r["prefill_tps"], r["decode_tps"], r["n_gen"]
 
 
 def potserve(binary, model, prompt512, prompt16, args):
@@ -127,6 +124,8 @@ def potserve(binary, model, prompt512, prompt16, args):
 def llama_env(args):
     """OMP_WAIT_POLICY=PASSIVE unless --llama-omp default (bench_cpu.py says why)."""
     env = dict(os.environ)
+    if "amx_int8" in open("/proc/cpuinfo").read():
+        env["POTSERVE_LLAMA_NO_EXTRA_BUFTS"] = "1"  # llama_worker.py: its AMX path faults here
     if args.llama_omp == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     else:
@@ -148,6 +147,7 @@ def llama_bench(model, args):
 
 def python_worker(model, args):
     from bench_cpu import LlamaWorker
+    os.environ.update(llama_env(args))  # the worker inherits the AMX switch
     return LlamaWorker(model, 1024, args.threads, omp=args.llama_omp)
 
 
