@@ -5,7 +5,11 @@
  *           engine/cpu/cpu_backend.c's matmul_rows_quant did);
  *   multi   for each row: quant_vec_dot_multi over all activations, then the
  *           results scattered into out[t][r];
- *   matmul  quant_matmul over the whole block (activation chunks, 2x4 tiles).
+ *   matmul  quant_matmul over the whole block (activation chunks, 2x4 tiles);
+ *   packed  quant_matmul_packed on the rows packed eight at a time, where the
+ *           type packs (its own float order, quant.h: not compared here).
+ * Rows with one activation are a decode step through a larger matrix.
+ * BENCH_TYPE=Q4_K runs only that type's rows.
  * The main case is SmolLM2-135M's ffn_gate / ffn_up shape (1536 rows of 576,
  * Q4_1); the other rows show the other types and shapes (K-quant rows must be
  * whole 256-element blocks, so they use the ffn_down shape, 576 rows of 1536).
