@@ -367,6 +367,39 @@ bench-cpu: deps all model $(BUILD)/bench/membw
 	-$(VPY) -m pip install -q --disable-pip-version-check $(BENCH_TOOLS)
 	$(VPY) tests/bench/bench_cpu.py $(BENCH_CPU_FLAGS)
 
+# llama.cpp's own llama-bench and llama-quantize, built from the same sources
+# as the llama-cpp-python reference (its sdist vendors llama.cpp), native flags,
+# for tests/bench/bench_cpu.py (not part of `make test`; ~10-20 min on 2 cores).
+# The CPU's features named one by one rather than -march=native, which would
+# switch AMX on: llama.cpp's AMX kernels fault on this Xeon VM (ldtilecfg in
+# ggml_backend_amx_mul_mat; tests/reference/lcpp.py). Its weight repacking stays on.
+LLAMA_SRC := $(BUILD)/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp
+LLAMA_BIN := $(BUILD)/llama-build/bin
+CPUFLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+LLAMA_CPU_FLAGS := -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+  $(if $(findstring avx512f,$(CPUFLAGS)),-DGGML_AVX512=ON) $(if $(findstring avx512vbmi,$(CPUFLAGS)),-DGGML_AVX512_VBMI=ON) \
+  $(if $(findstring avx512_vnni,$(CPUFLAGS)),-DGGML_AVX512_VNNI=ON) $(if $(findstring avx512_bf16,$(CPUFLAGS)),-DGGML_AVX512_BF16=ON) \
+  $(if $(findstring avx_vnni,$(CPUFLAGS)),-DGGML_AVX_VNNI=ON)
+.PHONY: llama-bench
+llama-bench: $(LLAMA_BIN)/llama-bench
+$(LLAMA_BIN)/llama-bench:
+	@mkdir -p $(BUILD)/llama-src
+	$(VPY) -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+	  -d $(BUILD)/llama-src llama-cpp-python==0.3.36
+	tar -xzf $(BUILD)/llama-src/llama_cpp_python-0.3.36.tar.gz -C $(BUILD)/llama-src
+	cmake -S $(LLAMA_SRC) -B $(BUILD)/llama-build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+	  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+	  $(LLAMA_CPU_FLAGS) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+	cmake --build $(BUILD)/llama-build -j2 --target llama-bench llama-quantize
+
+# potserve against llama-bench and llama-cpp-python on the 135M Q4_1 file and
+# Qwen2.5-Coder-1.5B Q4_K_M with Q6_K / Q5_K_M copies made by llama-quantize
+# (tests/bench/bench_kquant.py; writes build/bench/kquant.md; ~20-30 min).
+.PHONY: bench-kquant
+bench-kquant: deps all model llama-bench $(BUILD)/bench/membw
+	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
+	$(VPY) tests/bench/bench_kquant.py $(BENCH_KQUANT_FLAGS)
+
 clean:
 	rm -rf $(BUILD)
 

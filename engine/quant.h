@@ -98,7 +98,8 @@ void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_
  * in groups of eight rows, so that one SIMD instruction takes a product for all
  * eight: per 32-element block, the eight rows' scales (halves; for Q4_1 then
  * their mins), then their quants interleaved four bytes at a time (Q8_0's as
- * unsigned bytes, plus 128). The packed matrix has the bytes of the rows.
+ * unsigned bytes, plus 128). The packed matrix has the bytes of the rows
+ * (K-quants: see quant_packed_group_bytes).
  *
  * Its arithmetic is not quant_vec_dot's (llama.cpp's eight float lanes per
  * row and block): each block's integer dot isum is summed exactly, then
@@ -109,10 +110,15 @@ void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_
  * AVX512-VNNI, two groups per 512-bit register for two or more activations). */
 
 /* 1 if quant_pack_rows takes this matrix (a multiple of 8 rows of a packable
- * type, whole blocks, at most 65,536 columns). */
+ * type, whole blocks, at most 65,536 columns). Q4_K, Q5_K and Q6_K pack too,
+ * with scales unpacked per 256-element super-block (quant_pack.c describes
+ * their layout and integer sums); the same float steps per super-block. */
 int quant_packable(uint32_t type, int64_t n_rows, int64_t n);
+/* Bytes of one packed group of eight rows of n elements (8 rows' bytes, and
+ * for Q4_K / Q5_K 32 more per super-block); 0 when not packable. */
+size_t quant_packed_group_bytes(uint32_t type, int64_t n);
 /* Packs n_rows rows of n elements (row_stride bytes apart) into dst, which
- * has n_rows * quant_row_bytes(type, n) bytes. */
+ * has n_rows / 8 * quant_packed_group_bytes(type, n) bytes. */
 void quant_pack_rows(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, int64_t n, void *dst);
 /* out[t * out_stride + 8 * g + r] = the product of row r of group g (the
  * groups packed by quant_pack_rows, from `groups` on) with activation t

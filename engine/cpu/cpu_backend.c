@@ -115,7 +115,7 @@ static void rows_quant(const matmul_job *j, const cpu_weight *cw, float *out, in
     (void)worker;
     const weight *w = cw->w;
     if (cw->packed) {
-        quant_matmul_packed(w->type, cw->packed + (size_t)r0 * 8 * w->row_bytes, r1 - r0, j->act, j->act_bytes, j->T,
+        quant_matmul_packed(w->type, cw->packed + (size_t)r0 * quant_packed_group_bytes(w->type, w->cols), r1 - r0, j->act, j->act_bytes, j->T,
                             w->cols, out + r0 * 8, (size_t)w->rows);
         return;
     }
@@ -945,7 +945,8 @@ static int setup_matrices(cpu_backend *cb) {
         const weight *w = cb->mats[i].w;
         if (!quant_packable(w->type, w->rows, w->cols)) continue;
         const size_t bytes = (size_t)w->rows * w->row_bytes;
-        if (!(cb->mats[i].packed = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) return -1;
+        const size_t packed = (size_t)(w->rows / 8) * quant_packed_group_bytes(w->type, w->cols);
+        if (!(cb->mats[i].packed = aligned_alloc(64, (packed + 63) & ~(size_t)63))) return -1;
         quant_pack_rows(w->type, w->data, w->row_bytes, w->rows, w->cols, cb->mats[i].packed);
         gguf_release(m->file, w->data, bytes);
     }

@@ -29,15 +29,36 @@ static int pack_offset(uint32_t type) {
     return type == GGML_TYPE_Q4_0 ? 8 : type == GGML_TYPE_Q8_0 ? 128 : 0;
 }
 
+static int is_kquant(uint32_t type);
+static size_t kq_group_block_bytes(uint32_t type);
+static void kq_pack_block(uint32_t type, const uint8_t *x, int r, uint8_t *o);
+enum { KQ_MAX_BLOCKS = 256 };
+
 int quant_packable(uint32_t type, int64_t n_rows, int64_t n) {
-    return (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) && n_rows > 0 &&
-           n_rows % PACK_ROWS == 0 && n > 0 && n % QK == 0 && n / QK <= PACK_MAX_BLOCKS;
+    if (n_rows <= 0 || n_rows % PACK_ROWS != 0 || n <= 0) return 0;
+    if (is_kquant(type)) return n % QK_K == 0 && n / QK_K <= KQ_MAX_BLOCKS;
+    return (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) && n % QK == 0 &&
+           n / QK <= PACK_MAX_BLOCKS;
+}
+
+size_t quant_packed_group_bytes(uint32_t type, int64_t n) {
+    if (!quant_packable(type, PACK_ROWS, n)) return 0;
+    if (is_kquant(type)) return (size_t)(n / QK_K) * kq_group_block_bytes(type);
+    return PACK_ROWS * quant_row_bytes(type, (uint64_t)n);
 }
 
 void quant_pack_rows(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, int64_t n, void *dst) {
     if (!quant_packable(type, n_rows, n)) return;
     const uint8_t *src = rows;
     uint8_t *o = dst;
+    if (is_kquant(type)) {
+        const size_t bb = quant_block_bytes(type), gbb = kq_group_block_bytes(type);
+        for (int64_t g = 0; g < n_rows / PACK_ROWS; g++)
+            for (int64_t b = 0; b < n / QK_K; b++, o += gbb)
+                for (int r = 0; r < PACK_ROWS; r++)
+                    kq_pack_block(type, src + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)b * bb, r, o);
+        return;
+    }
     const size_t bb = quant_block_bytes(type), qoff = pack_qoff(type);
     const size_t wq = type == GGML_TYPE_Q4_1 ? 4 : 2; /* the quants' offset in a row's block */
     const uint8_t flip = type == GGML_TYPE_Q8_0 ? 0x80 : 0;
@@ -59,7 +80,8 @@ typedef struct act_block {
     int32_t osum, pad;
 } act_block;
 
-static void pack_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, act_block *pre) {
+static void pack_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *out) {
+    act_block *pre = out;
     const size_t ab = type == GGML_TYPE_Q4_1 ? Q8_1_BYTES : Q8_0_BYTES;
     const int off = pack_offset(type);
     for (int64_t t = 0; t < n_acts; t++)
@@ -77,8 +99,9 @@ static void pack_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t 
 }
 
 /* One group against one activation, as the arithmetic of quant.h says. */
-static void packed_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const act_block *pre,
+static void packed_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const void *pre_v,
                           float *out) {
+    const act_block *pre = pre_v;
     const size_t bb = quant_block_bytes(type), qoff = pack_qoff(type);
     const size_t ab = type == GGML_TYPE_Q4_1 ? Q8_1_BYTES : Q8_0_BYTES;
     float acc[PACK_ROWS] = {0};
@@ -104,7 +127,7 @@ static void packed_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uin
 }
 
 /* A group against A activations: out[t * os + r]. */
-typedef void (*packed_fn)(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const act_block *pre, float *out,
+typedef void (*packed_fn)(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const void *pre, float *out,
                           size_t os);
 
 #if QUANT_HAVE_AVX2
@@ -134,7 +157,8 @@ static QUANT_INLINE AVX2_FN __m256i pk_dot(__m256i acc, __m256i u, const uint8_t
 /* pack_prepare with F16C conversions and the quants' sum in vectors (the
  * portable one was 2 % of a batched decode step): the same values. */
 static AVX2_FN void pack_prepare_avx2(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb,
-                                      act_block *pre) {
+                                      void *out) {
+    act_block *pre = out;
     const size_t ab = type == GGML_TYPE_Q4_1 ? Q8_1_BYTES : Q8_0_BYTES;
     const int off = pack_offset(type), min = type == GGML_TYPE_Q4_1;
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
@@ -201,11 +225,11 @@ static QUANT_INLINE AVX2_FN void packed_tile(const uint32_t type, const uint8_t 
 
 #define PACKED(T, A)                                                                                            \
     static AVX2_FN void packed_##T##_##A(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,           \
-                                         const act_block *pre, float *out, size_t os) {                        \
+                                         const void *pre, float *out, size_t os) {                             \
         packed_tile(GGML_TYPE_##T, g, nb, a, as, pre, out, os, A, 0);                                          \
     }                                                                                                          \
     static AVX2_FN void packed_##T##_##A##_vnni(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,    \
-                                                const act_block *pre, float *out, size_t os) {                 \
+                                                const void *pre, float *out, size_t os) {                      \
         packed_tile(GGML_TYPE_##T, g, nb, a, as, pre, out, os, A, 1);                                          \
     }
 #define PACKED_ALL(T) PACKED(T, 1) PACKED(T, 2) PACKED(T, 4)
@@ -280,11 +304,11 @@ static QUANT_INLINE AVX512_FN void packed_pair_tile(const uint32_t type, const u
 
 /* Two groups against A activations; gbytes: one group's bytes. */
 typedef void (*packed_pair_fn)(const uint8_t *g, size_t gbytes, int64_t nb, const uint8_t *a, size_t as,
-                               const act_block *pre, float *out, size_t os);
+                               const void *pre, float *out, size_t os);
 
 #define PACKED_PAIR(T, A)                                                                                       \
     static AVX512_FN void packed_pair_##T##_##A(const uint8_t *g, size_t gbytes, int64_t nb, const uint8_t *a, \
-                                                size_t as, const act_block *pre, float *out, size_t os) {      \
+                                                size_t as, const void *pre, float *out, size_t os) {           \
         packed_pair_tile(GGML_TYPE_##T, g, gbytes, nb, a, as, pre, out, os, A);                                \
     }
 #define PACKED_PAIR_ALL(T) PACKED_PAIR(T, 1) PACKED_PAIR(T, 2) PACKED_PAIR(T, 4) PACKED_PAIR(T, 8)
@@ -323,67 +347,456 @@ static const packed_fn *packed_tiles(uint32_t type, int vnni) {
 }
 #endif
 
-void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, const void *acts, size_t act_stride,
-                         int64_t n_acts, int64_t n, float *out, size_t out_stride) {
-    if (n_groups <= 0 || n_acts <= 0 || !quant_packable(type, PACK_ROWS, n)) return;
-    const int64_t nb = n / QK;
-    const size_t gbytes = (size_t)nb * PACK_ROWS * quant_block_bytes(type);
-    const uint8_t *w = groups, *a = acts;
-    /* activation chunks as in quant_matmul, and no more than PACK_PRE blocks */
-    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / quant_act_row_bytes(type, n)) & ~(int64_t)3;
-    if (chunk < 4) chunk = 4;
-    if (chunk > PACK_PRE / nb) chunk = PACK_PRE / nb;
-    act_block pre[PACK_PRE];
+/* ---- K-quants packed ------------------------------------------------------------------
+ * Q4_K, Q5_K and Q6_K, eight rows per 256-element super-block, the quants
+ * interleaved four bytes at a time as above and the scales unpacked to bytes,
+ * so that a super-block's integer sum is exact per row:
+ *     isum = sum over sub-blocks s of sc[s] * (off[s] + sum_e u_e * y_e)
+ *     msum = sum over s of mn[s] * (sum of y over sub-block s)     (Q4_K, Q5_K)
+ * with u the unsigned quants (Q6_K's q + 32, off[s] = -32 * sum of y over s;
+ * off = 0 for the others), then acc = fma(dx * dy, isum, acc) and, with
+ * mins, acc = fma(-(mx * dy), msum, acc). Group super-block layout:
+ *   Q4_K: d[8] dmin[8] (halves), sc[8 sub][8 rows], mn[4 pairs][8 rows][2],
+ *         qs chunks (32 x 32 bytes: chunk c = bytes 4c..4c+3 of each row)
+ *   Q5_K: as Q4_K with qh chunks (8 x 32) before qs
+ *   Q6_K: d[8], sc[16 sub][8 rows] (signed), ql chunks (32 x 32), qh chunks (16 x 32)
+ * Q4_K and Q5_K take 32 bytes more per group super-block than the rows (the
+ * 6-bit scales as bytes); Q6_K exactly the rows' bytes. */
+
+enum { KQ_MN = 96, KQ4_QS = 160, KQ5_QH = 160, KQ5_QS = 416, KQ6_SC = 16, KQ6_QL = 144, KQ6_QH = 1168 };
+enum { KQ_PRE = 512 }; /* prepared activation super-blocks per chunk */
+
+static int is_kquant(uint32_t type) {
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+}
+
+/* Bytes of one group super-block. */
+static size_t kq_group_block_bytes(uint32_t type) {
+    return type == GGML_TYPE_Q4_K ? 1184 : type == GGML_TYPE_Q5_K ? 1440 : 1680;
+}
+
+/* Sub-blocks per super-block and 4-byte chunks per sub-block. */
+static int kq_subs(uint32_t type) {
+    return type == GGML_TYPE_Q6_K ? 16 : 8;
+}
+
+static void kq_pack_block(uint32_t type, const uint8_t *x, int r, uint8_t *o) {
+    if (type == GGML_TYPE_Q6_K) {
+        memcpy(o + 2 * r, x + 208, 2);
+        for (int s = 0; s < 16; s++) o[KQ6_SC + 8 * s + r] = x[192 + s];
+        for (int c = 0; c < 32; c++) memcpy(o + KQ6_QL + 32 * c + 4 * r, x + 4 * c, 4);
+        for (int c = 0; c < 16; c++) memcpy(o + KQ6_QH + 32 * c + 4 * r, x + 128 + 4 * c, 4);
+        return;
+    }
+    memcpy(o + 2 * r, x, 2);
+    memcpy(o + 16 + 2 * r, x + 2, 2);
+    for (int s = 0; s < 8; s++) {
+        uint8_t sc, mn;
+        scale_min_k4(s, x + 4, &sc, &mn);
+        o[32 + 8 * s + r] = sc;
+        o[KQ_MN + 16 * (s / 2) + 2 * r + s % 2] = mn;
+    }
+    const int q5 = type == GGML_TYPE_Q5_K;
+    const uint8_t *qs = x + (q5 ? 48 : 16);
+    uint8_t *oq = o + (q5 ? KQ5_QS : KQ4_QS);
+    for (int c = 0; c < 32; c++) memcpy(oq + 32 * c + 4 * r, qs + 4 * c, 4);
+    if (q5)
+        for (int c = 0; c < 8; c++) memcpy(o + KQ5_QH + 32 * c + 4 * r, x + 16 + 4 * c, 4);
+}
+
+/* The unsigned quant of element e (0..255) of row r in a group super-block. */
+static int kq_quant(uint32_t type, const uint8_t *blk, int r, int e) {
+    if (type == GGML_TYPE_Q6_K) {
+        const int n = e / 128, k = e % 128 / 32, l = e % 32;
+        const int L = 64 * n + (k & 1) * 32 + l, H = 32 * n + l;
+        const int lo = (blk[KQ6_QL + 32 * (L / 4) + 4 * r + L % 4] >> (4 * (k >> 1))) & 0x0f;
+        return lo | (((blk[KQ6_QH + 32 * (H / 4) + 4 * r + H % 4] >> (2 * k)) & 3) << 4);
+    }
+    const int j = e / 64, h = e % 64 / 32, l = e % 32, q5 = type == GGML_TYPE_Q5_K;
+    const int L = 32 * j + l;
+    int u = (blk[(q5 ? KQ5_QS : KQ4_QS) + 32 * (L / 4) + 4 * r + L % 4] >> (4 * h)) & 0x0f;
+    if (q5) u |= ((blk[KQ5_QH + 32 * (l / 4) + 4 * r + l % 4] >> (e / 32)) & 1) << 4;
+    return u;
+}
+
+/* Activation super-block (t, b) as the K kernels read it: dy, the pairs of
+ * sub-block sums for the mins (Q4_K, Q5_K: low half sum of sub-block 2p, high
+ * half 2p+1) and Q6_K's offsets -32 * sum of each 16-element sub-block. */
+typedef struct kact_block {
+    float d;
+    int32_t mpair[4];
+    int32_t off[16];
+    int32_t pad[3];
+} kact_block;
+
+static void kq_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *out) {
+    (void)type; /* one preparation serves Q4_K, Q5_K and Q6_K */
+    kact_block *pre = out;
+    for (int64_t t = 0; t < n_acts; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *y = acts + (size_t)t * as + (size_t)b * Q8_K_BYTES;
+            kact_block *p = pre + t * nb + b;
+            memset(p, 0, sizeof *p);
+            p->d = q8k_d(y);
+            for (int s = 0; s < 16; s++) p->off[s] = -32 * q8k_bsum(y, s);
+            for (int k = 0; k < 4; k++) {
+                const int lo = q8k_bsum(y, 4 * k) + q8k_bsum(y, 4 * k + 1);
+                const int hi = q8k_bsum(y, 4 * k + 2) + q8k_bsum(y, 4 * k + 3);
+                p->mpair[k] = (int32_t)(((uint32_t)(uint16_t)hi << 16) | (uint16_t)lo);
+            }
+        }
+}
+
+/* One group against one activation, the arithmetic above. */
+static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const void *pre_v,
+                      float *out) {
+    const kact_block *pre = pre_v;
+    const size_t gbb = kq_group_block_bytes(type);
+    const int subs = kq_subs(type), len = QK_K / subs, q6 = type == GGML_TYPE_Q6_K;
+    float acc[PACK_ROWS] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * gbb;
+        const int8_t *y = (const int8_t *)(a + (size_t)b * Q8_K_BYTES + 4);
+        const kact_block *p = pre + b;
+        for (int r = 0; r < PACK_ROWS; r++) {
+            int32_t isum = 0, msum = 0;
+            for (int s = 0; s < subs; s++) {
+                int32_t sub = q6 ? p->off[s] : 0;
+                for (int e = s * len; e < (s + 1) * len; e++) sub += kq_quant(type, blk, r, e) * y[e];
+                const int sc = q6 ? (int8_t)blk[KQ6_SC + 8 * s + r] : blk[32 + 8 * s + r];
+                isum += sc * sub;
+                if (!q6) {
+                    const int16_t ys = (int16_t)(uint16_t)((uint32_t)p->mpair[s / 2] >> (16 * (s % 2)));
+                    msum += blk[KQ_MN + 16 * (s / 2) + 2 * r + s % 2] * ys;
+                }
+            }
+            acc[r] = fmaf(half_at(blk + 2 * r) * p->d, (float)isum, acc[r]);
+            if (!q6) acc[r] = fmaf(-(half_at(blk + 16 + 2 * r) * p->d), (float)msum, acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
 #if QUANT_HAVE_AVX2
-    const packed_fn *tiles = quant_cpu_avx2() ? packed_tiles(type, quant_cpu_vnni()) : NULL;
-    const packed_pair_fn *pairs = quant_cpu_vnni() ? packed_pair_tiles(type) : NULL;
+#define KQ_UNROLL _Pragma("GCC unroll 16")
+
+static QUANT_INLINE AVX2_FN __m128i load64(const uint8_t *p) {
+    return _mm_loadl_epi64((const __m128i *)(const void *)p);
+}
+
+/* The unsigned quants of elements len*s + 4c .. +3 of the eight rows (a
+ * K-quant group super-block), lanes in row order; q/qh: the 32-byte chunks
+ * that hold them (Q4_K: qh unused). s and c are constants once unrolled. */
+static QUANT_INLINE AVX2_FN __m256i kq_u256(const uint32_t type, __m256i v, __m256i h, const int s, const int c) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (type == GGML_TYPE_Q6_K) {
+        const int k = (16 * s + 4 * c) % 128 / 32;
+        v = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+        h = k == 3 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 4 - 2 * k);
+        return _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+    }
+    v = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+    if (type == GGML_TYPE_Q4_K) return v;
+    h = s <= 4 ? _mm256_slli_epi16(h, 4 - s) : _mm256_srli_epi16(h, s - 4);
+    return _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+}
+
+/* Offsets (in a group super-block) of the chunks kq_u256 reads. */
+static QUANT_INLINE size_t kq_q_at(const uint32_t type, const int s, const int c) {
+    if (type == GGML_TYPE_Q6_K) {
+        const int e = 16 * s + 4 * c, n = e / 128, k = e % 128 / 32, l = e % 32;
+        return KQ6_QL + 8 * (size_t)(64 * n + (k & 1) * 32 + l);
+    }
+    return (type == GGML_TYPE_Q5_K ? KQ5_QS : KQ4_QS) + 32 * (size_t)(8 * (s / 2) + c);
+}
+
+static QUANT_INLINE size_t kq_h_at(const uint32_t type, const int s, const int c) {
+    if (type == GGML_TYPE_Q6_K) {
+        const int e = 16 * s + 4 * c;
+        return KQ6_QH + 8 * (size_t)(32 * (e / 128) + e % 32);
+    }
+    return KQ5_QH + 32 * (size_t)c;
+}
+
+static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a,
+                                         size_t as, const kact_block *pre, float *out, size_t os, const int A,
+                                         const int vnni) {
+    const int q6 = type == GGML_TYPE_Q6_K, subs = kq_subs(type), len = QK_K / subs;
+    const size_t gbb = kq_group_block_bytes(type);
+    __m256 acc[4];
+    KQ_UNROLL for (int t = 0; t < A; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * gbb, *y = a + (size_t)b * Q8_K_BYTES + 4;
+        __m256i isum[4];
+        KQ_UNROLL for (int t = 0; t < A; t++) isum[t] = _mm256_setzero_si256();
+        KQ_UNROLL for (int s = 0; s < subs; s++) {
+            __m256i iv[4];
+            KQ_UNROLL for (int t = 0; t < A; t++)
+                iv[t] = q6 ? _mm256_set1_epi32(pre[(size_t)t * (size_t)nb + b].off[s]) : _mm256_setzero_si256();
+            KQ_UNROLL for (int c = 0; c < len / 4; c++) {
+                const __m256i h = type == GGML_TYPE_Q4_K ? _mm256_setzero_si256() : load256(blk + kq_h_at(type, s, c));
+                const __m256i u = kq_u256(type, load256(blk + kq_q_at(type, s, c)), h, s, c);
+                KQ_UNROLL for (int t = 0; t < A; t++)
+                    iv[t] = pk_dot(iv[t], u, y + (size_t)t * as + len * s + 4 * c, 0, vnni);
+            }
+            const __m256i sc = q6 ? _mm256_cvtepi8_epi32(load64(blk + KQ6_SC + 8 * s))
+                                  : _mm256_cvtepu8_epi32(load64(blk + 32 + 8 * s));
+            KQ_UNROLL for (int t = 0; t < A; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(iv[t], sc));
+        }
+        const __m256 dx = _mm256_cvtph_ps(load128(blk));
+        KQ_UNROLL for (int t = 0; t < A; t++) {
+            const kact_block *p = pre + (size_t)t * (size_t)nb + b;
+            const __m256 dy = _mm256_set1_ps(p->d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            if (!q6) {
+                __m256i m = _mm256_setzero_si256();
+                KQ_UNROLL for (int k = 0; k < 4; k++)
+                    m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_cvtepu8_epi16(load128(blk + KQ_MN + 16 * k)),
+                                                              _mm256_set1_epi32(p->mpair[k])));
+                const __m256 mx = _mm256_cvtph_ps(load128(blk + 16));
+                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(m), acc[t]);
+            }
+        }
+    }
+    KQ_UNROLL for (int t = 0; t < A; t++) _mm256_storeu_ps(out + (size_t)t * os, acc[t]);
+}
+
+/* kq_prepare with the sums in vectors: the same values. */
+static AVX2_FN void kq_prepare_avx2(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb,
+                                    void *out) {
+    (void)type;
+    kact_block *pre = out;
+    for (int64_t t = 0; t < n_acts; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *y = acts + (size_t)t * as + (size_t)b * Q8_K_BYTES;
+            kact_block *p = pre + t * nb + b;
+            p->d = q8k_d(y);
+            const __m256i s16 = load256(y + 4 + QK_K); /* the 16 sums of 16 */
+            const __m256i s32 = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16));
+            const __m256i s32h = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16, 1));
+            _mm256_storeu_si256((__m256i *)(void *)p->off, _mm256_mullo_epi32(s32, _mm256_set1_epi32(-32)));
+            _mm256_storeu_si256((__m256i *)(void *)(p->off + 8), _mm256_mullo_epi32(s32h, _mm256_set1_epi32(-32)));
+            /* sums of pairs (16-bit, exact: at most 32 * 128) */
+            const __m256i pairs = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            const __m256i packed = _mm256_packs_epi32(pairs, pairs); /* per 128-bit lane: 4 sums twice */
+            p->mpair[0] = _mm256_extract_epi32(packed, 0);
+            p->mpair[1] = _mm256_extract_epi32(packed, 1);
+            p->mpair[2] = _mm256_extract_epi32(packed, 4);
+            p->mpair[3] = _mm256_extract_epi32(packed, 5);
+            p->pad[0] = p->pad[1] = p->pad[2] = 0;
+        }
+}
+
+/* kq_u256 for two groups in one 512-bit register. */
+static QUANT_INLINE AVX512_FN __m512i kq_u512(const uint32_t type, __m512i v, __m512i h, const int s, const int c) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if (type == GGML_TYPE_Q6_K) {
+        const int k = (16 * s + 4 * c) % 128 / 32;
+        v = _mm512_and_si512(k >> 1 ? _mm512_srli_epi16(v, 4) : v, m4);
+        h = k == 3 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 4 - 2 * k);
+        return _mm512_or_si512(v, _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+    }
+    v = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+    if (type == GGML_TYPE_Q4_K) return v;
+    h = s <= 4 ? _mm512_slli_epi16(h, 4 - s) : _mm512_srli_epi16(h, s - 4);
+    return _mm512_or_si512(v, _mm512_and_si512(h, _mm512_set1_epi8(0x10)));
+}
+
+/* Two neighbouring groups against A activations, as packed_pair_tile: the
+ * same integer sums and float operations per lane as kq_tile. */
+static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8_t *g, size_t gbytes, int64_t nb,
+                                                const uint8_t *a, size_t as, const kact_block *pre, float *out,
+                                                size_t os, const int A) {
+    const int q6 = type == GGML_TYPE_Q6_K, subs = kq_subs(type), len = QK_K / subs;
+    const size_t gbb = kq_group_block_bytes(type);
+    __m512 acc[8];
+    KQ_UNROLL for (int t = 0; t < A; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *b0 = g + (size_t)b * gbb, *b1 = b0 + gbytes, *y = a + (size_t)b * Q8_K_BYTES + 4;
+        __m512i isum[8];
+        KQ_UNROLL for (int t = 0; t < A; t++) isum[t] = _mm512_setzero_si512();
+        KQ_UNROLL for (int s = 0; s < subs; s++) {
+            __m512i iv[8];
+            KQ_UNROLL for (int t = 0; t < A; t++)
+                iv[t] = q6 ? _mm512_set1_epi32(pre[(size_t)t * (size_t)nb + b].off[s]) : _mm512_setzero_si512();
+            KQ_UNROLL for (int c = 0; c < len / 4; c++) {
+                const size_t qa = kq_q_at(type, s, c), ha = kq_h_at(type, s, c);
+                const __m512i h = type == GGML_TYPE_Q4_K ? _mm512_setzero_si512() : load2x256(b0 + ha, b1 + ha);
+                const __m512i u = kq_u512(type, load2x256(b0 + qa, b1 + qa), h, s, c);
+                KQ_UNROLL for (int t = 0; t < A; t++) iv[t] = pk_dot16(iv[t], u, y + (size_t)t * as + len * s + 4 * c);
+            }
+            const size_t so = (q6 ? KQ6_SC : 32) + 8 * (size_t)s;
+            const __m128i sc8 = _mm_unpacklo_epi64(load64(b0 + so), load64(b1 + so));
+            const __m512i sc = q6 ? _mm512_cvtepi8_epi32(sc8) : _mm512_cvtepu8_epi32(sc8);
+            KQ_UNROLL for (int t = 0; t < A; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(iv[t], sc));
+        }
+        const __m512 dx = halves16(b0, b1);
+        KQ_UNROLL for (int t = 0; t < A; t++) {
+            const kact_block *p = pre + (size_t)t * (size_t)nb + b;
+            const __m512 dy = _mm512_set1_ps(p->d);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+            if (!q6) {
+                __m512i m = _mm512_setzero_si512();
+                KQ_UNROLL for (int k = 0; k < 4; k++) {
+                    const __m256i mn = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(b0 + KQ_MN + 16 * k)),
+                                                               load128(b1 + KQ_MN + 16 * k), 1);
+                    m = _mm512_add_epi32(m, _mm512_madd_epi16(_mm512_cvtepu8_epi16(mn), _mm512_set1_epi32(p->mpair[k])));
+                }
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(halves16(b0 + 16, b1 + 16), dy), _mm512_cvtepi32_ps(m), acc[t]);
+            }
+        }
+    }
+    KQ_UNROLL for (int t = 0; t < A; t++) _mm512_storeu_ps(out + (size_t)t * os, acc[t]);
+}
+
+#define KQ_TILE(T, A)                                                                                             \
+    static AVX2_FN void kq_##T##_##A(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as, const void *p,     \
+                                     float *o, size_t os) {                                                        \
+        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, A, 0);                                                      \
+    }                                                                                                              \
+    static AVX2_FN void kq_##T##_##A##_vnni(const uint8_t *g, int64_t nb, const uint8_t *a, size_t as,            \
+                                            const void *p, float *o, size_t os) {                                  \
+        kq_tile(GGML_TYPE_##T, g, nb, a, as, p, o, os, A, 1);                                                      \
+    }
+#define KQ_PAIR(T, A)                                                                                             \
+    static AVX512_FN void kq_pair_##T##_##A(const uint8_t *g, size_t gb, int64_t nb, const uint8_t *a, size_t as, \
+                                            const void *p, float *o, size_t os) {                                  \
+        kq_pair_tile(GGML_TYPE_##T, g, gb, nb, a, as, p, o, os, A);                                                \
+    }
+#define KQ_TILES(T) KQ_TILE(T, 1) KQ_TILE(T, 2) KQ_TILE(T, 4) KQ_PAIR(T, 1) KQ_PAIR(T, 2) KQ_PAIR(T, 4) KQ_PAIR(T, 8)
+KQ_TILES(Q4_K)
+KQ_TILES(Q5_K)
+KQ_TILES(Q6_K)
+#undef KQ_TILES
+#undef KQ_PAIR
+#undef KQ_TILE
+#undef KQ_UNROLL
+
+/* The 256-bit kernels for 1, 2 and 4 activations, the pair kernels for 1, 2, 4 and 8. */
+static const packed_fn *kq_tiles(uint32_t type, int vnni) {
+#define SET(T) {kq_##T##_1, kq_##T##_2, kq_##T##_4}
+#define SETV(T) {kq_##T##_1_vnni, kq_##T##_2_vnni, kq_##T##_4_vnni}
+    static const packed_fn q4[3] = SET(Q4_K), q5[3] = SET(Q5_K), q6[3] = SET(Q6_K);
+    static const packed_fn q4v[3] = SETV(Q4_K), q5v[3] = SETV(Q5_K), q6v[3] = SETV(Q6_K);
+#undef SET
+#undef SETV
+    switch (type) {
+    case GGML_TYPE_Q4_K: return vnni ? q4v : q4;
+    case GGML_TYPE_Q5_K: return vnni ? q5v : q5;
+    default: return vnni ? q6v : q6;
+    }
+}
+
+static const packed_pair_fn *kq_pair_tiles(uint32_t type) {
+#define SET(T) {kq_pair_##T##_1, kq_pair_##T##_2, kq_pair_##T##_4, kq_pair_##T##_8}
+    static const packed_pair_fn q4[4] = SET(Q4_K), q5[4] = SET(Q5_K), q6[4] = SET(Q6_K);
+#undef SET
+    switch (type) {
+    case GGML_TYPE_Q4_K: return q4;
+    case GGML_TYPE_Q5_K: return q5;
+    default: return q6;
+    }
+}
 #endif
+
+
+/* What a packed product needs of its type: the prepared activation block
+ * (pre_bytes each) and the kernels (tiles: 1, 2 and 4 activations, NULL for
+ * the scalar path; pairs: 1, 2, 4 and 8, NULL without AVX512-VNNI). */
+typedef struct packed_kernels {
+    size_t pre_bytes;
+    void (*prepare)(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *pre);
+    void (*scalar)(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a, const void *pre, float *out);
+#if QUANT_HAVE_AVX2
+    const packed_fn *tiles;
+    const packed_pair_fn *pairs;
+#endif
+} packed_kernels;
+
+/* The activations in chunks of `chunk` rows, each prepared once, then every
+ * group (two at a time with the pair kernels) against the chunk in tiles. */
+static void run_packed(uint32_t type, const packed_kernels *k, const uint8_t *w, size_t gbytes, int64_t n_groups,
+                       int64_t nb, const uint8_t *a, size_t as, int64_t n_acts, int64_t chunk, void *pre, float *out,
+                       size_t os) {
+    const uint8_t *pb = pre;
+    const size_t pt = (size_t)nb * k->pre_bytes; /* one activation's prepared blocks */
     for (int64_t t0 = 0; t0 < n_acts; t0 += chunk) {
         const int64_t na = n_acts - t0 < chunk ? n_acts - t0 : chunk;
-        const uint8_t *ac = a + (size_t)t0 * act_stride;
-        float *oc = out + (size_t)t0 * out_stride;
-#if QUANT_HAVE_AVX2
-        if (tiles)
-            pack_prepare_avx2(type, ac, act_stride, na, nb, pre);
-        else
-#endif
-            pack_prepare(type, ac, act_stride, na, nb, pre);
+        const uint8_t *ac = a + (size_t)t0 * as;
+        float *oc = out + (size_t)t0 * os;
+        k->prepare(type, ac, as, na, nb, pre);
         for (int64_t g = 0; g < n_groups; g++) {
             const uint8_t *gw = w + (size_t)g * gbytes;
             float *og = oc + (size_t)g * PACK_ROWS;
 #if QUANT_HAVE_AVX2
             /* this group and the next; one activation (a single decode
              * stream) keeps the 256-bit kernel, measured 13 % faster there */
-            if (pairs && na > 1 && g + 1 < n_groups) {
+            if (k->pairs && na > 1 && g + 1 < n_groups) {
                 int64_t t = 0;
                 for (; t + 8 <= na; t += 8)
-                    pairs[3](gw, gbytes, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb,
-                             og + (size_t)t * out_stride, out_stride);
-                for (int k = 2; k >= 0; k--)
-                    if ((na - t) & (1 << k)) {
-                        pairs[k](gw, gbytes, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb,
-                                 og + (size_t)t * out_stride, out_stride);
-                        t += 1 << k;
+                    k->pairs[3](gw, gbytes, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os, os);
+                for (int b = 2; b >= 0; b--)
+                    if ((na - t) & (1 << b)) {
+                        k->pairs[b](gw, gbytes, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os,
+                                    os);
+                        t += 1 << b;
                     }
                 g++;
                 continue;
             }
-            if (tiles) {
+            if (k->tiles) {
                 int64_t t = 0;
                 for (; t + 4 <= na; t += 4)
-                    tiles[2](gw, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb, og + (size_t)t * out_stride,
-                             out_stride);
-                for (int k = 1; k >= 0; k--)
-                    if ((na - t) & (1 << k)) {
-                        tiles[k](gw, nb, ac + (size_t)t * act_stride, act_stride, pre + t * nb,
-                                 og + (size_t)t * out_stride, out_stride);
-                        t += 1 << k;
+                    k->tiles[2](gw, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os, os);
+                for (int b = 1; b >= 0; b--)
+                    if ((na - t) & (1 << b)) {
+                        k->tiles[b](gw, nb, ac + (size_t)t * as, as, pb + (size_t)t * pt, og + (size_t)t * os, os);
+                        t += 1 << b;
                     }
                 continue;
             }
 #endif
             for (int64_t t = 0; t < na; t++)
-                packed_scalar(type, gw, nb, ac + (size_t)t * act_stride, pre + t * nb, og + (size_t)t * out_stride);
+                k->scalar(type, gw, nb, ac + (size_t)t * as, pb + (size_t)t * pt, og + (size_t)t * os);
         }
     }
+}
+
+void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, const void *acts, size_t act_stride,
+                         int64_t n_acts, int64_t n, float *out, size_t out_stride) {
+    if (n_groups <= 0 || n_acts <= 0 || !quant_packable(type, PACK_ROWS, n)) return;
+    const size_t arb = quant_act_row_bytes(type, n);
+#if QUANT_HAVE_AVX2
+    const int avx2 = quant_cpu_avx2(), vnni = quant_cpu_vnni();
+#endif
+    if (is_kquant(type)) {
+        const int64_t nb = n / QK_K;
+        /* at least eight activations a pass over the weights (the pair
+         * kernels' tile): ffn_down's rows of 8960 would otherwise get four */
+        int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / arb) & ~(int64_t)7;
+        if (chunk < 8) chunk = 8;
+        if (chunk > KQ_PRE / nb) chunk = KQ_PRE / nb;
+        kact_block pre[KQ_PRE];
+        packed_kernels k = {.pre_bytes = sizeof pre[0], .prepare = kq_prepare, .scalar = kq_scalar};
+#if QUANT_HAVE_AVX2
+        if (avx2) k.tiles = kq_tiles(type, vnni), k.prepare = kq_prepare_avx2;
+        if (vnni) k.pairs = kq_pair_tiles(type);
+#endif
+        run_packed(type, &k, groups, (size_t)nb * kq_group_block_bytes(type), n_groups, nb, acts, act_stride, n_acts,
+                   chunk, pre, out, out_stride);
+        return;
+    }
+    const int64_t nb = n / QK;
+    /* activation chunks as in quant_matmul, and no more than PACK_PRE blocks */
+    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / arb) & ~(int64_t)3;
+    if (chunk < 4) chunk = 4;
+    if (chunk > PACK_PRE / nb) chunk = PACK_PRE / nb;
+    act_block pre[PACK_PRE];
+    packed_kernels k = {.pre_bytes = sizeof pre[0], .prepare = pack_prepare, .scalar = packed_scalar};
+#if QUANT_HAVE_AVX2
+    if (avx2) k.tiles = packed_tiles(type, vnni), k.prepare = pack_prepare_avx2;
+    if (vnni) k.pairs = packed_pair_tiles(type);
+#endif
+    run_packed(type, &k, groups, (size_t)nb * PACK_ROWS * quant_block_bytes(type), n_groups, nb, acts, act_stride,
+               n_acts, chunk, pre, out, out_stride);
 }

@@ -26,11 +26,18 @@ line {"ready": true, "load_s", "base_rss" (RSS before loading), ...}, then answe
 """
 import ctypes
 import json
+import os
 import sys
 import time
 
 import numpy as np
 import llama_cpp
+
+if os.environ.get("POTSERVE_LLAMA_NO_EXTRA_BUFTS") == "1":
+    # llama.cpp's AMX kernels fault on some Xeon VMs: weights stay in plain
+    # CPU buffers (tests/reference/lcpp.py patches the default parameters)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    import lcpp  # noqa: E402,F401
 
 
 def status_bytes(key):

@@ -379,12 +379,80 @@ static float packed_reference(uint32_t type, const uint8_t *row, const uint8_t *
     return acc;
 }
 
+/* The K-quants' packed arithmetic (quant_pack.c), from the rows as they are
+ * in the file (the GGUF block layouts): per 256-element super-block the exact
+ * integer sums isum = sum_s sc[s] * sum_e q_e * y_e (Q6_K's q signed) and
+ * msum = sum_s mn[s] * sum_e y_e, then acc = fma(dx * dy, isum, acc) and
+ * acc = fma(-(dmin * dy), msum, acc). *mag: the sum of |terms| (dequantised
+ * weight times activation, the mins and Q6_K's offset apart). */
+static void k_scales(uint32_t type, const uint8_t *x, int sc[16], int mn[16]) {
+    if (type == GGML_TYPE_Q6_K) {
+        for (int s = 0; s < 16; s++) sc[s] = (int8_t)x[192 + s], mn[s] = 0;
+        return;
+    }
+    const uint8_t *q = x + 4; /* 6-bit scales and mins, the high bits of 4..7 in the top of 0..3 and 4..7 */
+    for (int s = 0; s < 4; s++) {
+        sc[s] = q[s] & 63;
+        mn[s] = q[s + 4] & 63;
+        sc[s + 4] = (q[s + 8] & 15) | ((q[s] >> 6) << 4);
+        mn[s + 4] = (q[s + 8] >> 4) | ((q[s + 4] >> 6) << 4);
+    }
+}
+
+static int k_quant(uint32_t type, const uint8_t *x, int e) {
+    if (type == GGML_TYPE_Q6_K) {
+        const int n = e / 128, k = e % 128 / 32, l = e % 32;
+        const int lo = (x[64 * n + 32 * (k & 1) + l] >> (4 * (k / 2))) & 15;
+        return (lo | (((x[128 + 32 * n + l] >> (2 * k)) & 3) << 4)) - 32;
+    }
+    const int q5 = type == GGML_TYPE_Q5_K;
+    const int lo = (x[(q5 ? 48 : 16) + 32 * (e / 64) + e % 32] >> (4 * (e % 64 / 32))) & 15;
+    return q5 ? lo | (((x[16 + e % 32] >> (e / 32)) & 1) << 4) : lo;
+}
+
+static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t *act, int64_t n, double *mag) {
+    const size_t bb = quant_block_bytes(type);
+    const int q6 = type == GGML_TYPE_Q6_K, len = q6 ? 16 : 32;
+    float acc = 0.0f;
+    *mag = 0;
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *x = row + (size_t)b * bb, *ya = act + (size_t)b * 292;
+        const int8_t *y = (const int8_t *)(ya + 4);
+        float dy;
+        memcpy(&dy, ya, 4);
+        const float dx = half_le(x + (q6 ? 208 : 0)), dm = q6 ? 0.0f : half_le(x + 2);
+        int sc[16], mn[16];
+        k_scales(type, x, sc, mn);
+        int32_t isum = 0, msum = 0;
+        for (int s = 0; s < 256 / len; s++) {
+            int32_t dot = 0, ysum = 0;
+            for (int e = s * len; e < (s + 1) * len; e++) {
+                dot += k_quant(type, x, e) * y[e];
+                ysum += y[e];
+                /* llama.cpp's Q6_K sums q + 32 and 32 * y apart (lanes that cancel), so both count */
+                *mag += fabs((double)dx * sc[s] * k_quant(type, x, e) * dy * y[e]) +
+                        fabs((double)(q6 ? dx * sc[s] * 32 : dm * mn[s]) * dy * y[e]);
+            }
+            isum += sc[s] * dot;
+            msum += mn[s] * ysum;
+        }
+        acc = fmaf(dx * dy, (float)isum, acc);
+        if (!q6) acc = fmaf(-(dm * dy), (float)msum, acc);
+    }
+    return acc;
+}
+
+static int is_k(uint32_t type) {
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+}
+
 /* rows x acts through quant_matmul_packed on every path, against the
  * reference loop (bits) and quant_vec_dot (rounding); returns the number of
  * results that differ. Quants span their whole range, Q8_0's -128 included. */
 static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, double *worst) {
     const size_t rb = quant_row_bytes(type, (uint64_t)n), ab = quant_act_row_bytes(type, n), os = (size_t)rows + 5;
-    uint8_t *w = malloc(rb * (size_t)rows), *p = malloc(rb * (size_t)rows), *a = malloc(ab * (size_t)acts);
+    const size_t pb = (size_t)(rows / 8) * quant_packed_group_bytes(type, n);
+    uint8_t *w = malloc(rb * (size_t)rows), *p = malloc(pb), *a = malloc(ab * (size_t)acts);
     float *want = malloc(sizeof(float) * os * (size_t)acts), *got = malloc(sizeof(float) * os * (size_t)acts);
     float *deq = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
     int bad = 0;
@@ -397,13 +465,23 @@ static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, do
         for (int64_t t = 0; t < acts; t++)
             for (int64_t r = 0; r < rows; r++) {
                 const uint8_t *row = w + (size_t)r * rb, *act = a + (size_t)t * ab;
-                const float ref = packed_reference(type, row, act, n), llama = quant_vec_dot(type, row, act, n);
+                double mag = 0;
+                const float ref = is_k(type) ? packed_reference_k(type, row, act, n, &mag)
+                                             : packed_reference(type, row, act, n);
+                const float llama = quant_vec_dot(type, row, act, n);
                 want[(size_t)t * os + r] = ref;
                 /* both round a sum of |terms| <= mag; 1e-5 relative to it is ~100 ulps */
-                double mag = 0;
                 quant_dequantize_row(type, row, deq, n);
                 quant_dequantize_act(type, act, y, n);
-                for (int64_t i = 0; i < n; i++) mag += fabs((double)deq[i] * y[i]);
+                if (!is_k(type))
+                    for (int64_t i = 0; i < n; i++) mag += fabs((double)deq[i] * y[i]);
+                /* and the dequantised weights times the activations: the same sum */
+                double exact = 0;
+                for (int64_t i = 0; i < n; i++) exact += (double)deq[i] * y[i];
+                if (is_k(type) && !(fabs(exact - ref) <= 1e-5 * mag + 1e-30)) {
+                    bad++;
+                    fprintf(stderr, "  packed %s: %g vs dequantised %g\n", quant_type_name(type), ref, exact);
+                }
                 if (type == GGML_TYPE_Q4_1)
                     for (int64_t b = 0; b < n / 32; b++)
                         mag += fabs((double)half_le(row + (size_t)b * rb / (size_t)(n / 32) + 2) *
@@ -412,8 +490,8 @@ static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, do
                 if (rel > *worst) *worst = rel;
                 if (!(rel <= 1e-5)) {
                     bad++;
-                    fprintf(stderr, "  packed %s: %g vs quant_vec_dot %g (sum of |terms| %g)\n", quant_type_name(type),
-                            ref, llama, mag);
+                    fprintf(stderr, "  packed %s: %g vs quant_vec_dot %g (sum of |terms| %g, dequantised %g, n %d t %d)\n",
+                            quant_type_name(type), ref, llama, mag, exact, (int)n, (int)t);
                 }
             }
         for (int path = 0; path < 3; path++) { /* VNNI where the CPU has it, AVX2, scalar */
@@ -457,6 +535,33 @@ TEST(quant_packed_matches_reference_and_llama) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* Q4_K, Q5_K and Q6_K packed: the same checks on 1, 2, 3 and 7 super-blocks. */
+TEST(quant_packed_k_matches_reference_and_llama) {
+    static const uint32_t packable[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const int64_t counts[] = {1, 2, 3, 4, 5, 8, 9, 12, 13, 17};
+    int bad = 0, cases = 0;
+    double worst = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int64_t rows = 8; rows <= 40; rows += 8)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                for (int64_t nb = 1; nb <= 7; nb = nb * 2 + 1) { /* 1, 3, 7 super-blocks */
+                    bad += check_packed(packable[ti], rows, counts[ci], 256 * nb, &worst);
+                    cases++;
+                }
+    /* a long row: fewer activations per prepared chunk (KQ_PRE / super-blocks) */
+    bad += check_packed(GGML_TYPE_Q6_K, 16, 7, 256 * 200, &worst);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d packed K cases, worst |packed - llama| / sum|terms| %.2e\n", cases, worst);
+    CHECK_EQ_INT(bad, 0);
+    CHECK(quant_packable(GGML_TYPE_Q4_K, 151936, 1536));
+    CHECK(quant_packable(GGML_TYPE_Q6_K, 8, 256 * 256));
+    CHECK(!quant_packable(GGML_TYPE_Q6_K, 8, 256 * 257)); /* more super-blocks than a kernel prepares */
+    CHECK(!quant_packable(GGML_TYPE_Q5_K, 8, 128));        /* not whole super-blocks */
+    CHECK(!quant_packable(GGML_TYPE_Q3_K, 8, 256));
+    CHECK(quant_packed_group_bytes(GGML_TYPE_Q6_K, 512) == 8 * 420);
+    CHECK(quant_packed_group_bytes(GGML_TYPE_Q4_K, 512) == 8 * 288 + 64);
+    CHECK(quant_packed_group_bytes(GGML_TYPE_Q4_K, 100) == 0);
+}
+
 TEST(quant_packed_shapes) {
     CHECK(quant_packable(GGML_TYPE_Q4_0, 8, 32));
     CHECK(quant_packable(GGML_TYPE_Q4_1, 49152, 576));
@@ -466,7 +571,6 @@ TEST(quant_packed_shapes) {
     CHECK(!quant_packable(GGML_TYPE_Q4_1, 0, 64));
     CHECK(!quant_packable(GGML_TYPE_Q4_1, 8, 48));          /* not whole blocks */
     CHECK(!quant_packable(GGML_TYPE_Q5_0, 8, 32));
-    CHECK(!quant_packable(GGML_TYPE_Q4_K, 8, 256));
     CHECK(!quant_packable(GGML_TYPE_F32, 8, 32));
     /* nothing is written for empty or unpackable products */
     uint8_t blk[34 * 8] = {0}, act[34] = {0};
