@@ -105,7 +105,10 @@ typedef struct engine_gen_params {
     grammar *grammar;
 } engine_gen_params;
 
-enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2 };
+/* TIMEOUT: the scheduler's deadline (engine_gen_request.deadline_ms) passed, in
+ * the queue, during the prefill or while decoding. */
+enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2,
+                     ENGINE_FINISH_TIMEOUT = 3 };
 
 typedef struct engine_gen_result {
     int64_t n_prompt, n_generated;
@@ -330,6 +333,11 @@ typedef struct engine_gen_request {
      * on_text / on_done with users[i] (user is then unused). */
     int n;
     void *const *users;
+    /* CLOCK_MONOTONIC time in ms by which it must end (0: none): once past, a
+     * generation still queued, prefilling or decoding ends with finish
+     * TIMEOUT (rc 0; n_generated says how far it got). Checked between
+     * engine steps, so behind a document's ingest it ends within one chunk. */
+    double deadline_ms;
 } engine_gen_request;
 /* Queues a generation; 0, or -1 + err (stopping, out of memory, invalid
  * sampling parameters: those are checked here), and on_done is then never
