@@ -323,3 +323,40 @@ def test_curl_T_uploads_with_put(srv, tmp_path):
                          capture_output=True, timeout=120, check=True)
     body = json.loads(out.stdout)
     assert body["bytes_received"] == f.stat().st_size and body["final"] is True, body
+
+
+# ---- request_timeout holds for the whole request ------------------------------------------------
+
+def test_request_timeout_covers_the_wait_behind_an_ingest(tmp_path):
+    """A question over a session waits on the engine thread for the session's
+    earlier chunks. The deadline used to be checked only per generated token,
+    so a question queued behind a long ingest ran past request_timeout (in the
+    fuzzer, until shutdown). Now a question with no token by its deadline is a
+    503 request_timeout with Retry-After, at the deadline, and the session is
+    unharmed."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--request-timeout", "2").start()
+    try:
+        sid = new_session(s)
+        st, body, _ = upload(s, sid, text(300).encode(), "?wait=false", timeout=60)  # ~7K tokens: long
+        assert st == 202, body
+        ask = {"session": sid, "messages": [{"role": "user", "content": "Which river?"}], "max_tokens": 4}
+        t0 = time.time()
+        st, body, hdrs = s.request("POST", "/v1/chat/completions", ask, timeout=120)
+        took = time.time() - t0
+        assert st == 503 and body["error"]["code"] == "request_timeout", (st, body, took)
+        assert int(hdrs["Retry-After"]) >= 1, hdrs
+        assert took < 2 + 8, took  # the deadline and one engine chunk, with slack for a shared machine
+        # streamed: the error arrives as an event of the stream, then [DONE]
+        t0 = time.time()
+        st, events, _ = s.request("POST", "/v1/chat/completions", dict(ask, stream=True), timeout=120)
+        took = time.time() - t0
+        assert st == 200 and took < 2 + 8, (st, took)
+        assert '"request_timeout"' in events and events.rstrip().endswith("data: [DONE]"), events
+        mid = session(s, sid)["tokens_ingested"]
+        st, body, _ = upload(s, sid, b"The end. ", timeout=600)  # queued behind the long ingest
+        assert st == 200, body
+        assert mid < body["tokens_ingested"], "the ingest ended before the questions came back: lengthen it"
+        st, body, _ = s.request("POST", "/v1/chat/completions", ask, timeout=120)
+        assert st == 200 and body["choices"][0]["message"]["content"], body
+    finally:
+        assert s.stop() == 0
