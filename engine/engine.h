@@ -266,6 +266,12 @@ int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_m
  * ingest.c and cache/snapshot.c. */
 int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, char *err,
                     size_t errlen);
+/* A second document in d's exact state (pot, tokens waiting, the bytes the
+ * tokenizer holds back, schedule, statistics): fed the same bytes, both read
+ * the same. s: the settings d was opened with. d is not changed; on the
+ * engine thread (engine_sched_doc_task). The caller owns the copy; NULL + err
+ * (a failed document, other settings, out of memory). */
+engine_doc *engine_doc_copy(const engine_doc *d, const engine_pot_settings *s, char *err, size_t errlen);
 /* Opens a document with settings s from a file engine_doc_save wrote, the
  * caller's to close; *log_offset := the stored offset (the caller feeds the
  * log from there). NULL + one line in err when the file is missing,

@@ -360,3 +360,46 @@ def test_request_timeout_covers_the_wait_behind_an_ingest(tmp_path):
         assert st == 200 and body["choices"][0]["message"]["content"], body
     finally:
         assert s.stop() == 0
+
+
+# ---- a failed chunk puts back the pot it found --------------------------------------------------
+
+def test_failed_chunk_puts_back_the_pre_chunk_pot(tmp_path):
+    """A chunk whose first pieces were read into the pot before a later piece
+    failed (invalid UTF-8) used to rebuild the pot by re-reading the session's
+    log (no snapshot yet: all of it), so the session stayed busy for as long as
+    the document took to ingest. The upload now keeps a copy of the document as
+    it stood before the chunk and puts it back: ready within a small fraction of
+    that time, with the same statistics and the same greedy answer."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64").start()
+    try:
+        sid = new_session(s)
+        st, first, _ = upload(s, sid, text(200).encode(), timeout=600)  # ~4.5K tokens
+        assert st == 200, first
+        read_s = first["chunk"]["ms"] / 1e3
+        ask = {"session": sid, "messages": [{"role": "user", "content": "Which river?"}], "max_tokens": 12,
+               "temperature": 0}
+        st, before, _ = s.request("POST", "/v1/chat/completions", ask, timeout=300)
+        assert st == 200, before
+        stats = {k: first[k] for k in ("tokens_ingested", "tokens_in_pot", "compressions", "bytes_received")}
+        # 40 KB of good text (three 16 KiB pieces: the first two go to the engine), then a bad byte later
+        good = text(600, seed=7).encode()[:40000]
+        st, body, _ = raw_request(s.port, chunk_head(s.port, sid, len(good) + 1) + good, [b"\xff"], timeout=120,
+                                  gap=3)
+        assert st == 400 and body["error"]["code"] == "invalid_utf8", body
+        t0 = time.time()
+        now = wait_ready(s, sid, 600)
+        back_s = time.time() - t0
+        assert now["status"] == "ready" and "error" not in now, now
+        assert {k: now[k] for k in stats} == stats, (now, stats)
+        assert now["last_seq"] == 1, now
+        assert back_s < max(1.0, read_s / 4), (back_s, read_s)  # a re-read takes about read_s
+        assert any("back as it was before the chunk" in line for line in s.log_lines), s.log_lines[-5:]
+        st, after, _ = s.request("POST", "/v1/chat/completions", ask, timeout=300)
+        assert st == 200 and after["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+        # and the session reads on as if the failed chunk had never come
+        st, body, _ = upload(s, sid, b"More about the harbor. ", timeout=300)
+        assert st == 200 and body["last_seq"] == 2, body
+        print(f"document read in {read_s:.1f} s; pot back {back_s:.2f} s after the failed chunk's answer")
+    finally:
+        assert s.stop() == 0
