@@ -335,7 +335,7 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
         free(j);
         return -1;
     }
-    if (j->kept) ss->restore_doc = NULL;
+    if (j->restored) ss->restore_doc = NULL; /* (j->kept is the engine thread's now) */
     ss->doc = NULL; /* the engine closes it; doc_job_back sets the new one */
     return 0;
 }

@@ -282,6 +282,37 @@ static void sync_task(engine *e, void *user) {
     waiter_add(user);
 }
 
+/* The default model, a waiter and an engine thread over them (NULL when
+ * either cannot start: the test has failed). */
+static engine_sched *sched_start(engine **e, waiter *w) {
+    char err[512];
+    waiter_init(w);
+    *e = test_open_default_engine(2);
+    CHECK(*e != NULL);
+    engine_sched *s = *e ? engine_sched_new(*e, err, sizeof err) : NULL;
+    if (*e && !s) fprintf(stderr, "  engine_sched_new: %s\n", err);
+    CHECK(!*e || s != NULL);
+    return s;
+}
+
+/* Stops what sched_start started. */
+static void sched_stop(engine *e, engine_sched *s, waiter *w) {
+    engine_sched_free(s);
+    waiter_destroy(w);
+    engine_close(e);
+}
+
+/* Opens *d on the engine thread with `open` and waits for it (w counts one
+ * more); 0 when it opened. */
+static int open_doc_now(engine_sched *s, waiter *w, engine_task_fn open, engine_doc **d) {
+    int target = w->count + 1;
+    CHECK_EQ_INT(engine_sched_task(s, open, d), 0);
+    CHECK_EQ_INT(engine_sched_task(s, sync_task, w), 0);
+    CHECK_EQ_INT(waiter_wait(w, target), 0);
+    CHECK(*d != NULL);
+    return *d ? 0 : -1;
+}
+
 TEST(sched_ingest_in_pieces_equals_doc_feed) {
     engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
@@ -419,11 +450,9 @@ TEST(sched_generation_runs_while_a_document_streams_in) {
     engine_sched_get_stats(s, &st);
     CHECK(st.ingest_chunks >= 8);
     CHECK_EQ_INT(engine_sched_task(s, close_doc_task, &d), 0);
-    engine_sched_free(s);
+    sched_stop(e, s, &w);
     free(p);
     free(doc);
-    waiter_destroy(&w);
-    engine_close(e);
 }
 
 /* Shutdown: what a task records and whether the thread still takes work. */
@@ -440,14 +469,10 @@ static void probe_task(engine *e, void *user) {
 }
 
 TEST(sched_free_cancels_active_generations) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
+    char err[512];
+    engine_sched *s = sched_start(&e, &w);
     if (!s) return;
     static gen_out out[3];
     int32_t *toks[3];
@@ -515,14 +540,9 @@ static void order_task(engine *e, void *user) {
 }
 
 TEST(sched_tasks_run_in_order_after_earlier_ingests) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
+    engine_sched *s = sched_start(&e, &w);
     if (!s) return;
     engine_doc *d = NULL;
     order_log log = {.doc = &d};
@@ -530,9 +550,7 @@ TEST(sched_tasks_run_in_order_after_earlier_ingests) {
     ingest_log ilog = {.w = &w};
     ingest_ref iref = {&ilog, 0};
     char *doc = test_lighthouse_doc(600);
-    CHECK_EQ_INT(engine_sched_task(s, open_doc_task, &d), 0);
-    CHECK_EQ_INT(engine_sched_task(s, sync_task, &w), 0);
-    CHECK_EQ_INT(waiter_wait(&w, 1), 0);
+    open_doc_now(s, &w, open_doc_task, &d);
     for (int i = 0; i < 40; i++) {
         refs[i] = (order_ref){&log, i};
         if (i == 10 && d) CHECK_EQ_INT(engine_sched_ingest(s, d, doc, strlen(doc), 1, on_ingest, &iref), 0);
@@ -559,14 +577,10 @@ TEST(sched_tasks_run_in_order_after_earlier_ingests) {
 }
 
 TEST(sched_generation_errors) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
+    char err[512];
+    engine_sched *s = sched_start(&e, &w);
     if (!s) return;
     static gen_out bad_token, empty, fine;
     int32_t prompt[2] = {1, 1 << 30};
@@ -620,21 +634,12 @@ static void on_long_ingest(void *user, int rc, const char *err) {
 }
 
 TEST(sched_deadline_ends_queued_and_decoding_generations) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
-    if (!s) return;
+    engine_sched *s = sched_start(&e, &w);
     engine_doc *d = NULL;
-    CHECK_EQ_INT(engine_sched_task(s, open_fine_doc_task, &d), 0);
-    CHECK_EQ_INT(engine_sched_task(s, sync_task, &w), 0);
-    CHECK_EQ_INT(waiter_wait(&w, 1), 0);
-    CHECK(d != NULL);
-    if (!d) return;
+    if (!s || open_doc_now(s, &w, open_fine_doc_task, &d)) return;
+    char err[512];
     char *doc = test_lighthouse_doc(3000); /* ~45 chunks of 16 tokens: a second or more of work */
     static gen_out ingest, queued[2], late, decoding;
     memset(&ingest, 0, sizeof ingest);
@@ -680,9 +685,7 @@ TEST(sched_deadline_ends_queued_and_decoding_generations) {
     fprintf(stderr, "  queued ones timed out after %.0f ms, ingest took %.0f ms, decoding one %.0f ms (%lld tokens)\n",
             queued[0].done_ms - t0, ingest.done_ms - t0, decoding.done_ms - t0, (long long)decoding.res.n_generated);
     CHECK_EQ_INT(engine_sched_task(s, close_doc_task, &d), 0);
-    engine_sched_free(s);
+    sched_stop(e, s, &w);
     free(p);
     free(doc);
-    waiter_destroy(&w);
-    engine_close(e);
 }
