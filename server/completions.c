@@ -180,7 +180,7 @@ static const char *prompt_param(const generation *g) { return g->req.chat ? "mes
 static void choice_error(const choice *c, int status, const char *param, api_error *e) {
     if (c->timed_out)
         api_fail(e, 503, "request_timeout", NULL,
-                 "no token within request_timeout (%lld s): the engine was busy with earlier work; retry later",
+                 "no token within request_timeout (%lld s): the engine was busy (queued work or a long prompt); retry later",
                  (long long)c->g->r->srv->cfg.request_timeout);
     else api_fail(e, status, "generation_failed", param, "%s", c->err);
 }
