@@ -192,7 +192,7 @@ asan: fixtures model
 # libuv's pool runs disk work; they meet only through srv_post, the
 # scheduler's queue and uv_queue_work. `make tsan` checks that on the whole
 # unit suite (the engine thread, the thread pool and every model test's worker
-# threads; over an hour on a shared 2-core machine) and on the server tests,
+# threads; slow: every model test runs under TSan) and on the server tests,
 # built with -fsanitize=thread in build/tsan: a reported race makes the
 # process exit 66 (halt_on_error), so its test fails.
 # tests/tsan.supp holds the suppressions, each with its reason. `make test`
