@@ -327,6 +327,7 @@ def test_curl_T_uploads_with_put(srv, tmp_path):
 
 # ---- request_timeout holds for the whole request ------------------------------------------------
 
+@pytest.mark.heavy  # a 7K-token ingest: over 10 minutes under TSan on a shared machine
 def test_request_timeout_covers_the_wait_behind_an_ingest(tmp_path):
     """A question over a session waits on the engine thread for the session's
     earlier chunks. The deadline used to be checked only per generated token,
