@@ -53,7 +53,6 @@ struct upload {
     int engine_touched;          /* a piece or the end mark went to the engine: a failure rebuilds */
     engine_doc *kept;            /* the document as it stood before this chunk (engine_doc_copy),
                                     put back if the chunk fails; its memory is counted */
-    int keeping;                 /* the copy is being made */
     int cancelled;               /* after a failure: the document's queued ingests were cancelled */
     api_error err;
     uint64_t bytes;
@@ -397,7 +396,6 @@ static void kept_back(server *s, void *arg) {
     keep_job *k = arg;
     upload *u = k->u;
     request *r = u->r;
-    u->keeping = 0;
     u->kept = k->copy;
     if (!k->copy) {
         s->pot_memory -= u->ss->memory_bytes;
@@ -432,11 +430,9 @@ static void keep_pre_chunk_state(upload *u) {
     if (!k) return;
     *k = (keep_job){.srv = s, .u = u, .doc = ss->doc, .settings = &ss->settings.pot};
     s->pot_memory += ss->memory_bytes;
-    u->keeping = 1;
     request_ref(u->r);
     if (srv_task(s, ss->doc, keep_task, k)) {
         s->pot_memory -= ss->memory_bytes;
-        u->keeping = 0;
         request_unref(u->r);
         free(k);
     }
@@ -715,9 +711,12 @@ static void upload_step(upload *u) {
             return;
         }
         /* pieces of this chunk reached the pot: put back its copy from before the chunk or,
-           without one, re-read it (last snapshot + the log past it) */
-        ss->restore_doc = u->kept;
-        u->kept = NULL;
+           without one (or when the log kept the chunk), re-read it (last snapshot + the log
+           past it) */
+        if (!u->committed) {
+            ss->restore_doc = u->kept;
+            u->kept = NULL;
+        }
         ss->rebuilding = 1;
         start_rebuild(s, ss);
         return;
