@@ -198,10 +198,11 @@ asan: fixtures model
 # --- ThreadSanitizer (issue 21) -------------------------------------------------
 # The loop thread owns requests and sessions, the engine thread owns documents,
 # libuv's pool runs disk work; they meet only through srv_post, the
-# scheduler's queue and uv_queue_work. `make tsan` checks that on the server
-# tests (and the thread pool's unit test: the scheduler's take over 15 minutes
-# under TSan) built with -fsanitize=thread in build/tsan: a
-# reported race makes the server exit 66 (halt_on_error), so its test fails.
+# scheduler's queue and uv_queue_work. `make tsan` checks that on the whole
+# unit suite (the engine thread, the thread pool and every model test's worker
+# threads; slow: every model test runs under TSan) and on the server tests,
+# built with -fsanitize=thread in build/tsan: a reported race makes the
+# process exit 66 (halt_on_error), so its test fails.
 # tests/tsan.supp holds the suppressions, each with its reason. `make test`
 # runs the TSAN_QUICK subset.
 TSAN_FLAGS   := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
@@ -211,7 +212,7 @@ TSAN_QUICK   := hangup or full_disk or draining
 tsan-build: fixtures model
 	$(MAKE) --no-print-directory BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" build/tsan/unit_tests build/tsan/potserve
 tsan: tsan-build
-	POTSERVE_FIXTURES=$(BUILD)/fixtures TSAN_OPTIONS="$(TSAN_OPTS)" build/tsan/unit_tests threadpool
+	POTSERVE_FIXTURES=$(BUILD)/fixtures TSAN_OPTIONS="$(TSAN_OPTS)" build/tsan/unit_tests
 	POTSERVE_BIN=build/tsan/potserve TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
 	  -k '$(TSAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
 tsan-quick: tsan-build

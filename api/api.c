@@ -542,5 +542,6 @@ void api_random_id(char *out, size_t cap, const char *prefix) {
 }
 
 const char *api_finish_reason(enum engine_finish f) {
-    return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
+    /* a deadline that cut the answer short reads like max_tokens did */
+    return f == ENGINE_FINISH_LENGTH || f == ENGINE_FINISH_TIMEOUT ? "length" : "stop";
 }

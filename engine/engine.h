@@ -105,7 +105,10 @@ typedef struct engine_gen_params {
     grammar *grammar;
 } engine_gen_params;
 
-enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2 };
+/* TIMEOUT: the scheduler's deadline (engine_gen_request.deadline_ms) passed, in
+ * the queue, during the prefill or while decoding. */
+enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2,
+                     ENGINE_FINISH_TIMEOUT = 3 };
 
 typedef struct engine_gen_result {
     int64_t n_prompt, n_generated;
@@ -285,6 +288,12 @@ int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_m
  * ingest.c and cache/snapshot.c. */
 int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, char *err,
                     size_t errlen);
+/* A second document in d's exact state (pot, tokens waiting, the bytes the
+ * tokenizer holds back, schedule, statistics): fed the same bytes, both read
+ * the same. s: the settings d was opened with. d is not changed; on the
+ * engine thread (engine_sched_doc_task). The caller owns the copy; NULL + err
+ * (a failed document, other settings, out of memory). */
+engine_doc *engine_doc_copy(const engine_doc *d, const engine_pot_settings *s, char *err, size_t errlen);
 /* Opens a document with settings s from a file engine_doc_save wrote, the
  * caller's to close; *log_offset := the stored offset (the caller feeds the
  * log from there). NULL + one line in err when the file is missing,
@@ -352,6 +361,11 @@ typedef struct engine_gen_request {
      * on_text / on_done with users[i] (user is then unused). */
     int n;
     void *const *users;
+    /* CLOCK_MONOTONIC time in ms by which it must end (0: none): once past, a
+     * generation still queued, prefilling or decoding ends with finish
+     * TIMEOUT (rc 0; n_generated says how far it got). Checked between
+     * engine steps, so behind a document's ingest it ends within one chunk. */
+    double deadline_ms;
 } engine_gen_request;
 /* Queues a generation; 0, or -1 + err (stopping, out of memory, invalid
  * sampling parameters: those are checked here), and on_done is then never

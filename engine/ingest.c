@@ -1125,24 +1125,31 @@ static void doc_state_encode(const engine_doc *d, const char *held, size_t n_hel
     if (d->record) out_tokens(b, d->recorded.v, d->recorded.n);
 }
 
-int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, char *err,
-                    size_t errlen) {
+/* d's state beside its pot, with the bytes its tokenizer holds back, into
+ * *b (the caller frees b->p). 0, or -1 + err. */
+static int doc_state_bytes(const engine_doc *d, byte_out *b, char *err, size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document failed earlier: nothing to save"), -1;
     int cont = 0;
     size_t n_held = tok_stream_held(d->ts, NULL, 0, &cont);
     char *held = malloc(n_held ? n_held : 1);
     if (!held) return snprintf(err, errlen, "out of memory"), -1;
     tok_stream_held(d->ts, held, n_held, &cont);
-    byte_out b = {0};
-    doc_state_encode(d, held, n_held, cont, &b);
+    doc_state_encode(d, held, n_held, cont, b);
     free(held);
+    if (b->oom) return snprintf(err, errlen, "out of memory"), -1;
+    return 0;
+}
+
+int engine_doc_save(const engine_doc *d, const char *path, uint64_t log_offset, char *err,
+                    size_t errlen) {
+    byte_out b = {0};
+    if (doc_state_bytes(d, &b, err, errlen)) return free(b.p), -1;
     pot_snapshot_meta meta;
     memset(&meta, 0, sizeof meta);
     meta.model_fingerprint = model_fingerprint(d->e);
     meta.log_offset = log_offset;
     memcpy(meta.settings, d->settings_key, sizeof meta.settings);
-    int rc = b.oom ? (snprintf(err, errlen, "out of memory"), -1)
-                   : pot_snapshot_write_extra(path, d->pot, &meta, b.p, b.n, err, errlen);
+    int rc = pot_snapshot_write_extra(path, d->pot, &meta, b.p, b.n, err, errlen);
     free(b.p);
     return rc;
 }
@@ -1252,6 +1259,33 @@ static int cascade_rebuild(engine_doc *d, char *err, size_t errlen) {
     return ok ? 0 : -1;
 }
 
+/* With d's pot in place: the rest of its state from doc_state_bytes' bytes
+ * (the cascade's rebuilt from the pot). 0, or -1 + err. */
+static int doc_state_restore(engine_doc *d, const void *p, size_t n, char *err, size_t errlen) {
+    if (doc_state_decode(d, p, n, err, errlen)) return -1;
+    return d->policy == POLICY_CASCADE ? cascade_rebuild(d, err, errlen) : 0;
+}
+
+engine_doc *engine_doc_copy(const engine_doc *d, const engine_pot_settings *s, char *err, size_t errlen) {
+    byte_out b = {0};
+    if (doc_state_bytes(d, &b, err, errlen)) return free(b.p), NULL;
+    int_vec prefix = {0};
+    engine_doc *c = doc_new(d->e, s, &prefix, err, errlen);
+    free(prefix.v); /* the copied pot holds the prefix, the state its recorded tokens */
+    int bad = !c;
+    if (!bad && strcmp(c->settings_key, d->settings_key))
+        bad = 1, snprintf(err, errlen, "the settings are not the document's");
+    if (!bad && !(c->pot = engine_new_pot(d->e, doc_capacity(c), err, errlen))) bad = 1;
+    if (!bad && pot_copy(c->pot, d->pot)) bad = 1, snprintf(err, errlen, "out of memory copying the pot");
+    if (!bad && doc_state_restore(c, b.p, b.n, err, errlen)) bad = 1;
+    free(b.p);
+    if (bad) {
+        engine_doc_close(c);
+        return NULL;
+    }
+    return c;
+}
+
 engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char *path,
                             uint64_t *log_offset, char *err, size_t errlen) {
     int_vec prefix = {0};
@@ -1287,8 +1321,7 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
     } else if (d->pot->dtype != e->kv_dtype) {
         snprintf(why, sizeof why, "its pot holds %s entries, the engine %s",
                  d->pot->dtype == POT_F32 ? "f32" : "f16", e->kv_dtype == POT_F32 ? "f32" : "f16");
-    } else if (doc_state_decode(d, extra, extra ? extra_len : 0, why, sizeof why) == 0 &&
-               (d->policy != POLICY_CASCADE || cascade_rebuild(d, why, sizeof why) == 0)) {
+    } else if (doc_state_restore(d, extra, extra ? extra_len : 0, why, sizeof why) == 0) {
         free(extra);
         *log_offset = meta.log_offset;
         return d;

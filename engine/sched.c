@@ -52,6 +52,8 @@ typedef struct item {
        items are in no list until then) */
     struct item **forks;
     int n_forks;
+    double deadline_ms;   /* 0: none (engine_gen_request.deadline_ms) */
+    int timed_out;        /* the deadline cut it: it reports finish TIMEOUT */
 } item;
 
 /* A document with ingests whose chunks have not all run. */
@@ -84,11 +86,15 @@ struct engine_sched {
 };
 
 static void fail_gen(item *it, const char *err);
+static void time_out_gen(item *it);
 static void discard(item *it);
 
 static void item_free(item *it) {
     if (!it) return;
-    for (int i = 0; i < it->n_forks; i++) fail_gen(it->forks[i], "the shared prompt failed");
+    for (int i = 0; i < it->n_forks; i++) {
+        if (it->timed_out) time_out_gen(it->forks[i]); /* they share its prompt, and its deadline */
+        else fail_gen(it->forks[i], "the shared prompt failed");
+    }
     free(it->forks);
     free(it->bytes);
     gen_seq_free(it->seq);
@@ -213,13 +219,24 @@ static void fail_gen(item *it, const char *err) {
     item_free(it);
 }
 
+/* Reports a generation that never started because its deadline passed
+ * (finish TIMEOUT, nothing generated) and frees it. */
+static void time_out_gen(item *it) {
+    engine_gen_result res = {0};
+    res.finish = ENGINE_FINISH_TIMEOUT;
+    it->timed_out = 1;
+    it->on_done(it->user, 0, &res, NULL);
+    item_free(it);
+}
+
 static void cache_prompt(engine *e, item *it);
 
 static void gen_done(engine *e, item *it) {
     engine_gen_result res;
     char err[256];
     int rc = gen_seq_result(it->seq, &res, err, sizeof err);
-    if (!rc) cache_prompt(e, it);
+    if (!rc && it->timed_out) res.finish = ENGINE_FINISH_TIMEOUT;
+    if (!rc && !it->timed_out) cache_prompt(e, it);
     it->on_done(it->user, rc, &res, rc ? err : NULL);
     item_free(it);
 }
@@ -349,6 +366,33 @@ static void start_ready(engine_sched *s) {
     }
 }
 
+/* ---- deadlines ------------------------------------------------------------------------ */
+
+static int past_deadline(const item *it, double now) { return it->deadline_ms > 0 && now > it->deadline_ms; }
+
+/* Ends the generations whose deadline has passed: those still waiting for
+ * their turn report TIMEOUT now; the active ones (prefilling or decoding)
+ * are cancelled and report TIMEOUT when the next step collects them. */
+static void expire_generations(engine_sched *s) {
+    double now = engine_now_ms();
+    item **link = &s->wait_head;
+    while (*link) {
+        item *it = *link;
+        if (it->kind != ITEM_GEN || !past_deadline(it, now)) {
+            link = &it->next;
+            continue;
+        }
+        *link = it->next;
+        s->n_wait--;
+        time_out_gen(it);
+    }
+    for (int i = 0; i < s->n_gens; i++)
+        if (!gen_seq_done(s->seqs[i]) && past_deadline(s->gens[i], now)) {
+            s->gens[i]->timed_out = 1;
+            gen_seq_cancel(s->seqs[i]);
+        }
+}
+
 /* ---- decoding ---------------------------------------------------------------------- */
 
 static void publish_stats(engine_sched *s);
@@ -472,6 +516,7 @@ static void *engine_thread(void *arg) {
             break;
         }
         append_waiting(s, submitted, n);
+        expire_generations(s);
         start_ready(s);
         if (s->n_gens) {
             double t0 = engine_now_ms();
@@ -597,7 +642,7 @@ static int make_forks(engine_sched *s, const engine_gen_request *r, item *first,
             return -1;
         }
         *f = (item){.kind = ITEM_GEN, .user = r->users[i], .seq = q, .n_prompt = r->n_prompt,
-                    .max_tokens = r->params.max_tokens, .on_done = r->on_done};
+                    .max_tokens = r->params.max_tokens, .on_done = r->on_done, .deadline_ms = r->deadline_ms};
         first->forks[first->n_forks++] = f;
     }
     return 0;
@@ -628,7 +673,7 @@ int engine_sched_generate(engine_sched *s, const engine_gen_request *r, char *er
     if (r->n_prompt) memcpy(prompt, r->prompt, r->n_prompt * sizeof *prompt);
     *it = (item){.kind = ITEM_GEN, .doc = r->doc, .user = r->n > 1 ? r->users[0] : r->user, .seq = q,
                  .prompt = prompt, .n_prompt = r->n_prompt, .max_tokens = r->params.max_tokens,
-                 .on_done = r->on_done};
+                 .on_done = r->on_done, .deadline_ms = r->deadline_ms};
     if (r->n > 1 && make_forks(s, r, it, err, errlen)) {
         discard(it);
         return -1;

@@ -20,6 +20,7 @@ typedef struct choice {
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     engine_gen_result res;
     int done, rc;
+    int timed_out; /* request_timeout passed before its first token (rc is then -1) */
     char err[256];
 } choice;
 
@@ -47,8 +48,7 @@ struct generation {
     char msg_id[48];
     int seq_no;
     atomic_int cancel;
-    atomic_int timed_out; /* request_timeout cut it: finish_reason "length" */
-    double deadline_ms;
+    double deadline_ms;   /* request_timeout: the engine ends the generation there (srv_now_ms clock) */
     /* a prompt longer than the window, read through a temporary pot */
     engine_doc *tmp_doc;
     engine_pot_settings tmp_settings;
@@ -169,13 +169,27 @@ static const char *system_fingerprint(server *s) {
 }
 
 /* The finish_reason of a finished choice. */
-static const char *finish_reason(const choice *c) {
-    if (atomic_load(&c->g->timed_out) && c->res.finish != ENGINE_FINISH_STOP) return "length";
-    return api_finish_reason(c->res.finish);
-}
+static const char *finish_reason(const choice *c) { return api_finish_reason(c->res.finish); }
 
 /* Where a request error about the prompt points. */
 static const char *prompt_param(const generation *g) { return g->req.chat ? "messages" : "prompt"; }
+
+/* The error of a failed choice: 503 request_timeout when the deadline came
+ * before its first token (queued behind other work, or a long prefill),
+ * else `status` generation_failed about `param`. */
+static void choice_error(const choice *c, int status, const char *param, api_error *e) {
+    if (c->timed_out)
+        api_fail(e, 503, "request_timeout", NULL,
+                 "no token within request_timeout (%lld s): the engine was busy (queued work or a long prompt); retry later",
+                 (long long)c->g->r->srv->cfg.request_timeout);
+    else api_fail(e, status, "generation_failed", param, "%s", c->err);
+}
+
+/* Retry-After of a request_timeout: the timeout itself, 1 to 30 s. */
+static int timeout_retry_seconds(const server *s) {
+    int64_t t = s->cfg.request_timeout;
+    return t < 1 ? 1 : t > 30 ? 30 : (int)t;
+}
 
 /* One SSE chunk of choice `index`: a text delta (text != NULL), the role
  * opener, or the finish. */
@@ -335,7 +349,7 @@ static void stream_choice_done(choice *c) {
     request *r = g->r;
     if (c->rc) {
         api_error e;
-        api_fail(&e, 500, "generation_failed", prompt_param(g), "%s", c->err);
+        choice_error(c, 500, prompt_param(g), &e);
         return sse_send(r, api_error_json(&e));
     }
     const char *finish = finish_reason(c);
@@ -446,7 +460,8 @@ static void finish_whole(generation *g) {
     for (int i = 0; i < g->n_choices; i++)
         if (g->choices[i].rc) {
             api_error e;
-            api_fail(&e, 400, "generation_failed", g->responses ? "input" : prompt_param(g), "%s", g->choices[i].err);
+            choice_error(&g->choices[i], 400, g->responses ? "input" : prompt_param(g), &e);
+            if (g->choices[i].timed_out) return respond_retry(r, &e, timeout_retry_seconds(r->srv));
             return respond_error(r, &e);
         }
     if (g->responses) return respond_json(r, 200, responses_now(g, responses_status(g), 1));
@@ -472,6 +487,10 @@ static void on_done_event(server *s, void *arg) {
     c->res = ev->res;
     c->rc = ev->rc;
     snprintf(c->err, sizeof c->err, "%s", ev->err);
+    if (!c->rc && c->res.finish == ENGINE_FINISH_TIMEOUT && c->res.n_generated == 0) {
+        c->rc = -1; /* nothing to answer with: an error, not an empty "length" answer */
+        c->timed_out = 1;
+    }
     c->done = 1;
     g->n_done++;
     free(ev);
@@ -485,7 +504,7 @@ static void on_done_event(server *s, void *arg) {
     if (r->conn && g->req.stream && !g->responses) stream_choice_done(c);
     if (r->conn && g->req.stream && g->responses && c->rc) {
         api_error e;
-        api_fail(&e, 500, "generation_failed", "input", "%s", c->err);
+        choice_error(c, 500, "input", &e);
         responses_event(g, "error", api_error_json(&e));
     }
     if (g->n_done == g->n_submitted) {
@@ -504,11 +523,6 @@ static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
     choice *c = user;
     generation *g = c->g;
     if (atomic_load(&g->cancel)) return 1;
-    if (srv_now_ms() > g->deadline_ms) {
-        atomic_store(&g->timed_out, 1);
-        atomic_store(&g->cancel, 1);
-        return 1;
-    }
     text_event *ev = malloc(sizeof *ev + len + 1);
     if (!ev) return 1;
     ev->c = c;
@@ -603,7 +617,7 @@ static void submit(server *s, generation *g) {
         engine_gen_request er = {.doc = doc, .prompt = p ? g->batch[p].ids : g->prompt,
                                  .n_prompt = p ? g->batch[p].n : g->n_prompt, .params = q->params,
                                  .on_text = gen_on_text, .on_done = gen_on_done, .user = users[0],
-                                 .n = n, .users = users};
+                                 .n = n, .users = users, .deadline_ms = g->deadline_ms};
         char err[256];
         for (int i = 0; i < n; i++) request_ref(r); /* held by the engine until on_done arrives */
         if (srv_generate(s, &er, err, sizeof err)) {

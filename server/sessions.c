@@ -49,6 +49,8 @@ struct upload {
     int acked;                   /* the client has its answer (wait=false: before ingest ends) */
     int body_done, failed, finished, committed, final_pushed;
     int engine_touched;          /* a piece or the end mark went to the engine: a failure rebuilds */
+    engine_doc *kept;            /* the document as it stood before this chunk (engine_doc_copy),
+                                    put back if the chunk fails; its memory is counted */
     int cancelled;               /* after a failure: the document's queued ingests were cancelled */
     api_error err;
     uint64_t bytes;
@@ -247,6 +249,8 @@ typedef struct doc_job {
     char err[256];
     engine_doc_stats stats;
     engine_doc *old_doc;           /* the document it replaces (closed on the engine thread) */
+    engine_doc *kept;              /* a rebuild that puts this copy back instead of re-reading */
+    int restored;                  /* kept was given (the engine thread takes it) */
     engine_doc *doc;               /* the new one, handed to ss->doc back on the loop */
     int replay;                    /* open + replay the log (restore, rebuild) */
     void (*then)(server *, struct doc_job *);
@@ -278,6 +282,13 @@ static void open_doc_task(engine *e, void *arg) {
     session *ss = j->ss;
     engine_doc_close(j->old_doc);
     j->old_doc = NULL;
+    if (j->kept) { /* the state before the failed chunk: nothing to re-read */
+        j->doc = j->kept;
+        j->kept = NULL;
+        engine_doc_get_stats(j->doc, &j->stats);
+        srv_post(ss->srv, doc_job_back, j);
+        return;
+    }
     char *snap = j->replay ? path_join(ss->dir, SNAPSHOT_FILE) : NULL;
     int have_snap = snap && ss->log ? store_snapshot_get(ss->log, snap, j->snap_err, sizeof j->snap_err) : 1;
     if (have_snap == 0) { /* the snapshot, then the log past it */
@@ -315,6 +326,11 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
     j->then = then;
     j->r = r;
     j->old_doc = ss->doc;
+    if (replay && ss->restore_doc) {
+        j->kept = ss->restore_doc;
+        j->restored = 1;
+        j->from = ss->snap_offset; /* the snapshot on disk is still the one it was */
+    }
     session_ref(ss);
     if (r) request_ref(r);
     if (srv_task(s, j->old_doc, open_doc_task, j)) {
@@ -323,6 +339,7 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
         free(j);
         return -1;
     }
+    if (j->restored) ss->restore_doc = NULL; /* (j->kept is the engine thread's now) */
     ss->doc = NULL; /* the engine closes it; doc_job_back sets the new one */
     return 0;
 }
@@ -333,11 +350,12 @@ static void finish_doc_job(doc_job *j) {
     free(j);
 }
 
-/* ---- rebuild: after a failed chunk, the pot is re-read from the log --------------------- */
+/* ---- rebuild: after a failed chunk, the pot is put back as it was before the chunk
+ * (the upload's copy) or, without one, re-read from the snapshot and the log past it ----- */
 
 static void rebuilt(server *s, doc_job *j) {
-    (void)s;
     session *ss = j->ss;
+    if (j->restored) s->pot_memory -= ss->memory_bytes; /* the copy replaced the failed document */
     ss->rebuilding = 0;
     ss->busy = 0;
     if (j->rc) {
@@ -346,6 +364,8 @@ static void rebuilt(server *s, doc_job *j) {
     } else {
         ss->stats = j->stats;
         ss->snap_offset = j->from;
+        fprintf(stderr, "potserve: session %s: after a failed chunk the pot is %s\n", ss->id,
+                j->restored ? "back as it was before the chunk" : "re-read from the log");
     }
     finish_doc_job(j);
 }
@@ -353,6 +373,9 @@ static void rebuilt(server *s, doc_job *j) {
 static void start_rebuild(server *s, session *ss) {
     if (ss->gens > 0) return; /* session_generation_done starts it */
     if (submit_doc_job(s, ss, 1, rebuilt, NULL)) {
+        engine_doc_close(ss->restore_doc); /* no engine thread holds it */
+        if (ss->restore_doc) s->pot_memory -= ss->memory_bytes;
+        ss->restore_doc = NULL;
         ss->rebuilding = 0;
         ss->busy = 0;
         ss->status = SESSION_FAILED;
@@ -362,6 +385,78 @@ static void start_rebuild(server *s, session *ss) {
 
 void session_generation_done(session *ss) {
     if (--ss->gens == 0 && ss->rebuilding) start_rebuild(ss->srv, ss);
+}
+
+/* ---- the pre-chunk copy: a failed chunk puts it back ------------------------------------------ */
+
+typedef struct keep_job {
+    server *srv;
+    upload *u;
+    engine_doc *doc, *copy;
+    const engine_pot_settings *settings;
+    char err[256];
+} keep_job;
+
+static void kept_back(server *s, void *arg) {
+    keep_job *k = arg;
+    upload *u = k->u;
+    request *r = u->r;
+    u->kept = k->copy;
+    if (!k->copy) {
+        s->pot_memory -= u->ss->memory_bytes;
+        fprintf(stderr, "potserve: session %s: no copy of the pot before chunk %llu (%s): a failure re-reads the log\n",
+                u->ss->id, (unsigned long long)u->seq, k->err);
+    }
+    free(k);
+    request_unref(r);
+}
+
+static void keep_task(engine *e, void *arg) {
+    (void)e;
+    keep_job *k = arg;
+    k->copy = engine_doc_copy(k->doc, k->settings, k->err, sizeof k->err);
+    srv_post(k->srv, kept_back, k);
+}
+
+static void close_kept_task(engine *e, void *arg) {
+    (void)e;
+    engine_doc_close(arg);
+}
+
+/* Before the chunk's first byte goes to the engine: a copy of the document as
+ * it stands, made on the engine thread after the session's earlier ingests, so
+ * that a failure later in the chunk costs a copy back, not a re-read of the
+ * log. Only when pot memory allows a second pot (else a failure re-reads). */
+static void keep_pre_chunk_state(upload *u) {
+    session *ss = u->ss;
+    server *s = ss->srv;
+    if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) return;
+    keep_job *k = calloc(1, sizeof *k);
+    if (!k) return;
+    *k = (keep_job){.srv = s, .u = u, .doc = ss->doc, .settings = &ss->settings.pot};
+    s->pot_memory += ss->memory_bytes;
+    request_ref(u->r);
+    if (srv_task(s, ss->doc, keep_task, k)) {
+        s->pot_memory -= ss->memory_bytes;
+        request_unref(u->r);
+        free(k);
+    }
+}
+
+/* Marks that the chunk's bytes (or end) go to the engine now; the first time,
+ * the pre-chunk copy is made. */
+static void touch_engine(upload *u) {
+    if (!u->engine_touched) keep_pre_chunk_state(u);
+    u->engine_touched = 1;
+}
+
+/* The copy is no longer needed (the upload ended). */
+static void drop_kept(upload *u) {
+    server *s = u->ss->srv;
+    if (!u->kept) return;
+    if (srv_task(s, NULL, close_kept_task, u->kept)) engine_doc_close(u->kept); /* no engine thread left */
+    s->pot_memory -= u->ss->memory_bytes;
+    u->kept = NULL;
 }
 
 /* ---- disk operations, one at a time per session ------------------------------------------ */
@@ -446,7 +541,7 @@ static void disk_done(uv_work_t *w, int status) {
             c->u = u;
             c->doc = u->ss->doc;
             c->p = op->p;
-            u->engine_touched = 1;
+            touch_engine(u);
             request_ref(u->r);
             if (srv_ingest(s, u->ss->doc, op->p->data, op->p->n, 0, piece_ingested, c)) {
                 request_unref(u->r);
@@ -630,7 +725,13 @@ static void upload_step(upload *u) {
             ss->busy = 0;
             return;
         }
-        /* pieces of this chunk reached the pot: re-read it (last snapshot + the log past it) */
+        /* pieces of this chunk reached the pot: put back its copy from before the chunk or,
+           without one (or when the log kept the chunk), re-read it (last snapshot + the log
+           past it) */
+        if (!u->committed) {
+            ss->restore_doc = u->kept;
+            u->kept = NULL;
+        }
         ss->rebuilding = 1;
         start_rebuild(s, ss);
         return;
@@ -654,7 +755,7 @@ static void upload_step(upload *u) {
         c->u = u;
         c->doc = ss->doc;
         u->final_pushed = 1;
-        u->engine_touched = 1;
+        touch_engine(u);
         u->in_flight++;
         request_ref(r);
         if (srv_ingest(s, ss->doc, "", 0, 1, piece_ingested, c)) {
@@ -694,6 +795,7 @@ void upload_free(upload *u) {
     }
     free(u->cur);
     if (u->ss) {
+        drop_kept(u);
         if (!u->finished && u->ss->busy) {
             /* the client left: the chunk was never acknowledged */
             u->ss->busy = 0;

@@ -38,8 +38,8 @@ def test_http_fuzz_finds_nothing_new(fuzz_run):
 
 @pytest.mark.xfail(reason="libmicrohttpd 0.9.75 answers framing it cannot parse (bad chunked encoding, a "
                           "non-numeric Content-Length, a chunk size past 2^64) itself with a built-in HTML 400/413 page "
-                          "(mhd_html_malformed_request; no hook lets the server send JSON), "
-                          "and the rare open finding hang_generation_over_session (see KNOWN in tests/fuzz/http_fuzz.py)",
+                          "(mhd_html_malformed_request; no hook lets the server send JSON; see KNOWN in "
+                          "tests/fuzz/http_fuzz.py)",
                    strict=False)
 def test_http_fuzz_known_bugs_are_gone(fuzz_run):
     rc, res = fuzz_run

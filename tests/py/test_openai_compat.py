@@ -62,9 +62,12 @@ def test_system_fingerprint_on_completions_and_chunks(client):
 
 
 def test_request_timeout_finishes_with_length(tmp_path):
-    s = Server(tmp_path, "--request-timeout", "1")
+    """A generation cut after its first tokens ends with what it has (one cut
+    before any token is a 503 request_timeout: test_reliability.py)."""
+    s = Server(tmp_path, "--request-timeout", "3")
     s.start()
     try:
+        s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})  # the model's pages in memory
         st, body, _ = s.request("POST", "/v1/completions",
                                 {"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0,
                                  "logit_bias": {"2": -100, "0": -100}})

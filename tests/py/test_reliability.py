@@ -323,3 +323,84 @@ def test_curl_T_uploads_with_put(srv, tmp_path):
                          capture_output=True, timeout=120, check=True)
     body = json.loads(out.stdout)
     assert body["bytes_received"] == f.stat().st_size and body["final"] is True, body
+
+
+# ---- request_timeout holds for the whole request ------------------------------------------------
+
+@pytest.mark.heavy  # a 7K-token ingest: over 10 minutes under TSan on a shared machine
+def test_request_timeout_covers_the_wait_behind_an_ingest(tmp_path):
+    """A question over a session waits on the engine thread for the session's
+    earlier chunks. The deadline used to be checked only per generated token,
+    so a question queued behind a long ingest ran past request_timeout (in the
+    fuzzer, until shutdown). Now a question with no token by its deadline is a
+    503 request_timeout with Retry-After, at the deadline, and the session is
+    unharmed."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--request-timeout", "2").start()
+    try:
+        sid = new_session(s)
+        st, body, _ = upload(s, sid, text(300).encode(), "?wait=false", timeout=60)  # ~7K tokens: long
+        assert st == 202, body
+        ask = {"session": sid, "messages": [{"role": "user", "content": "Which river?"}], "max_tokens": 4}
+        t0 = time.time()
+        st, body, hdrs = s.request("POST", "/v1/chat/completions", ask, timeout=120)
+        took = time.time() - t0
+        assert st == 503 and body["error"]["code"] == "request_timeout", (st, body, took)
+        assert int(hdrs["Retry-After"]) >= 1, hdrs
+        assert took < 2 + 8, took  # the deadline and one engine chunk, with slack for a shared machine
+        # streamed: the error arrives as an event of the stream, then [DONE]
+        t0 = time.time()
+        st, events, _ = s.request("POST", "/v1/chat/completions", dict(ask, stream=True), timeout=120)
+        took = time.time() - t0
+        assert st == 200 and took < 2 + 8, (st, took)
+        assert '"request_timeout"' in events and events.rstrip().endswith("data: [DONE]"), events
+        mid = session(s, sid)["tokens_ingested"]
+        st, body, _ = upload(s, sid, b"The end. ", timeout=600)  # queued behind the long ingest
+        assert st == 200, body
+        assert mid < body["tokens_ingested"], "the ingest ended before the questions came back: lengthen it"
+        now = session(s, sid)  # unharmed by the questions that timed out
+        assert now["status"] == "ready" and "error" not in now and now["last_seq"] == 2, now
+    finally:
+        assert s.stop() == 0
+
+
+# ---- a failed chunk puts back the pot it found --------------------------------------------------
+
+def test_failed_chunk_puts_back_the_pre_chunk_pot(tmp_path):
+    """A chunk whose first pieces were read into the pot before a later piece
+    failed (invalid UTF-8) used to rebuild the pot by re-reading the session's
+    log (no snapshot yet: all of it), so the session stayed busy for as long as
+    the document took to ingest. The upload now keeps a copy of the document as
+    it stood before the chunk and puts it back: ready within a small fraction of
+    that time, with the same statistics and the same greedy answer."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64").start()
+    try:
+        sid = new_session(s)
+        st, first, _ = upload(s, sid, text(200).encode(), timeout=600)  # ~4.5K tokens
+        assert st == 200, first
+        read_s = first["chunk"]["ms"] / 1e3
+        ask = {"session": sid, "messages": [{"role": "user", "content": "Which river?"}], "max_tokens": 12,
+               "temperature": 0}
+        st, before, _ = s.request("POST", "/v1/chat/completions", ask, timeout=300)
+        assert st == 200, before
+        stats = {k: first[k] for k in ("tokens_ingested", "tokens_in_pot", "compressions", "bytes_received")}
+        # 40 KB of good text (three 16 KiB pieces: the first two go to the engine), then a bad byte later
+        good = text(600, seed=7).encode()[:40000]
+        st, body, _ = raw_request(s.port, chunk_head(s.port, sid, len(good) + 1) + good, [b"\xff"], timeout=120,
+                                  gap=3)
+        assert st == 400 and body["error"]["code"] == "invalid_utf8", body
+        t0 = time.time()
+        now = wait_ready(s, sid, 600)
+        back_s = time.time() - t0
+        assert now["status"] == "ready" and "error" not in now, now
+        assert {k: now[k] for k in stats} == stats, (now, stats)
+        assert now["last_seq"] == 1, now
+        assert back_s < max(1.0, read_s / 4), (back_s, read_s)  # a re-read takes about read_s
+        assert any("back as it was before the chunk" in line for line in s.log_lines), s.log_lines[-5:]
+        st, after, _ = s.request("POST", "/v1/chat/completions", ask, timeout=300)
+        assert st == 200 and after["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+        # and the session reads on as if the failed chunk had never come
+        st, body, _ = upload(s, sid, b"More about the harbor. ", timeout=300)
+        assert st == 200 and body["last_seq"] == 2, body
+        print(f"document read in {read_s:.1f} s; pot back {back_s:.2f} s after the failed chunk's answer")
+    finally:
+        assert s.stop() == 0

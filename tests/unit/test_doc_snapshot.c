@@ -10,6 +10,8 @@
  *   and after the end), loaded into a new document and fed the rest ends with
  *   the stats, the kept entries of every (layer, head), the recorded tokens and
  *   the answer logits of the document that never stopped, bit for bit;
+ * - an in-memory copy (engine_doc_copy) taken at each of those cuts, while
+ *   the original reads on, ends the same way when fed the rest;
  * - a missing, truncated or damaged file, another model, another KV type,
  *   other settings, a future format and a bare pot snapshot are refused with
  *   one line, a failed save leaves the old file, a failed document is not saved. */
@@ -268,6 +270,7 @@ enum { MAX_CUTS = 6 };
 typedef struct cut {
     size_t offset;  /* bytes fed before the save */
     const char *why;
+    engine_doc *copy; /* engine_doc_copy at the same point */
 } cut;
 
 /* Offset in doc of the byte `into` bytes into marker; 0 when it is absent. */
@@ -276,17 +279,34 @@ static size_t at(const char *doc, const char *marker, size_t into) {
     return p ? (size_t)(p - doc) + into : 0;
 }
 
-/* Saves d at the current offset into dir/cutN and records the cut. */
-static int save_cut(engine_doc *d, const char *dir, cut *cuts, int *n_cuts, size_t offset,
-                    const char *why) {
+/* Saves d (opened with set) at the current offset into dir/cutN, copies it,
+ * and records the cut. */
+static int save_cut(engine_doc *d, const engine_pot_settings *set, const char *dir, cut *cuts, int *n_cuts,
+                    size_t offset, const char *why) {
     char err[512], path[600];
     snprintf(path, sizeof path, "%s/cut%d.pds", dir, *n_cuts);
     if (engine_doc_save(d, path, 1000 + offset, err, sizeof err)) {
         fprintf(stderr, "  save %s: %s\n", why, err);
         return -1;
     }
-    cuts[(*n_cuts)++] = (cut){offset, why};
+    engine_doc *copy = engine_doc_copy(d, set, err, sizeof err);
+    if (!copy) {
+        fprintf(stderr, "  copy %s: %s\n", why, err);
+        return -1;
+    }
+    cuts[(*n_cuts)++] = (cut){offset, why, copy};
     return 0;
+}
+
+/* Feeds r (restored at cut c) the rest of doc and compares its end with want. */
+static void check_rest(engine *e, engine_doc *r, const char *doc, const cut *c, const doc_result *want,
+                       const char *what) {
+    doc_result got = {0};
+    size_t len = strlen(doc);
+    int frc = c->offset < len ? feed_range(r, doc, c->offset, len, 200) : 0;
+    CHECK(frc == 0 && finish(e, r, &got) == 0);
+    CHECK(results_equal(e, want, &got, what));
+    result_free(&got);
 }
 
 /* Runs every chunk d's queue can fill. */
@@ -321,9 +341,9 @@ static void check_restores(engine *e, const engine_pot_settings *set, const char
     cut cuts[MAX_CUTS];
     int n_cuts = 0;
     int ok = !feed_range(d, doc, 0, mid_word, 97) &&
-             !save_cut(d, dir, cuts, &n_cuts, mid_word, "inside a word") &&
+             !save_cut(d, set, dir, cuts, &n_cuts, mid_word, "inside a word") &&
              !feed_range(d, doc, mid_word, in_char, 101) &&
-             !save_cut(d, dir, cuts, &n_cuts, in_char, "inside a character");
+             !save_cut(d, set, dir, cuts, &n_cuts, in_char, "inside a character");
     /* right after the next compression (a plain cut where there is none) */
     engine_doc_stats st0, st;
     engine_doc_get_stats(d, &st0);
@@ -334,16 +354,16 @@ static void check_restores(engine *e, const engine_pot_settings *set, const char
         engine_doc_get_stats(d, &st);
     } while (ok && st.compressions == st0.compressions && off + 3 + 8 < len);
     int compressed = st.compressions > st0.compressions;
-    ok = ok && !save_cut(d, dir, cuts, &n_cuts, off, compressed ? "after a compression" : "plain cut");
+    ok = ok && !save_cut(d, set, dir, cuts, &n_cuts, off, compressed ? "after a compression" : "plain cut");
     if (all_cuts) { /* tokens pushed, no chunk run yet */
         size_t to = off + (len - off) / 2;
         if (ok && engine_doc_push(d, doc + off, to - off, 0, err, sizeof err))
             ok = 0, fprintf(stderr, "  push: %s\n", err);
-        ok = ok && !save_cut(d, dir, cuts, &n_cuts, to, "pushed, not run") && !run_ready(d);
+        ok = ok && !save_cut(d, set, dir, cuts, &n_cuts, to, "pushed, not run") && !run_ready(d);
         off = to;
     }
     ok = ok && !feed_range(d, doc, off, len, 89);
-    if (all_cuts) ok = ok && !save_cut(d, dir, cuts, &n_cuts, len, "after the end");
+    if (all_cuts) ok = ok && !save_cut(d, set, dir, cuts, &n_cuts, len, "after the end");
     CHECK(ok);
     doc_result want = {0};
     CHECK(finish(e, d, &want) == 0);
@@ -368,13 +388,12 @@ static void check_restores(engine *e, const engine_pot_settings *set, const char
             continue;
         }
         CHECK_EQ_INT(log_offset, 1000 + cuts[i].offset);
-        doc_result got = {0};
-        int frc = cuts[i].offset < len ? feed_range(r, doc, cuts[i].offset, len, 200) : 0;
-        CHECK(frc == 0 && finish(e, r, &got) == 0);
-        CHECK(results_equal(e, &want, &got, what));
-        result_free(&got);
+        check_rest(e, r, doc, &cuts[i], &want, what);
         engine_doc_close(r);
+        snprintf(what, sizeof what, "%s, copied %s (byte %zu)", label, cuts[i].why, cuts[i].offset);
+        check_rest(e, cuts[i].copy, doc, &cuts[i], &want, what);
     }
+    for (int i = 0; i < n_cuts; i++) engine_doc_close(cuts[i].copy);
     result_free(&want);
     test_remove_dir(dir);
 }

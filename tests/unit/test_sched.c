@@ -6,7 +6,9 @@
  *   the ingests sees the whole document;
  * - a generation stays responsive while a long document streams in;
  * - stopping cancels active generations cleanly and still runs queued tasks;
- * - tasks run in submission order, after the ingests queued before them. */
+ * - tasks run in submission order, after the ingests queued before them;
+ * - a deadline ends a generation still queued behind a document's ingest
+ *   (and its forks), or one decoding, with finish TIMEOUT. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -71,6 +73,7 @@ typedef struct gen_out {
     char err[256];
     waiter *w;
     int cancel_after;    /* > 0: on_text cancels after this many pieces */
+    double done_ms;      /* CLOCK_MONOTONIC ms of on_done */
     int *first_text_seen; /* set to 1 with the first piece (interleaving test) */
 } gen_out;
 
@@ -95,8 +98,15 @@ static int on_text(void *user, const char *text, size_t len, int32_t token, cons
     return o->cancel_after > 0 && o->n_pieces >= o->cancel_after;
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 static void on_done(void *user, int rc, const engine_gen_result *res, const char *err) {
     gen_out *o = user;
+    o->done_ms = now_ms();
     o->rc = rc;
     o->res = *res;
     snprintf(o->err, sizeof o->err, "%s", err ? err : "");
@@ -272,6 +282,37 @@ static void sync_task(engine *e, void *user) {
     waiter_add(user);
 }
 
+/* The default model, a waiter and an engine thread over them (NULL when
+ * either cannot start: the test has failed). */
+static engine_sched *sched_start(engine **e, waiter *w) {
+    char err[512];
+    waiter_init(w);
+    *e = test_open_default_engine(2);
+    CHECK(*e != NULL);
+    engine_sched *s = *e ? engine_sched_new(*e, err, sizeof err) : NULL;
+    if (*e && !s) fprintf(stderr, "  engine_sched_new: %s\n", err);
+    CHECK(!*e || s != NULL);
+    return s;
+}
+
+/* Stops what sched_start started. */
+static void sched_stop(engine *e, engine_sched *s, waiter *w) {
+    engine_sched_free(s);
+    waiter_destroy(w);
+    engine_close(e);
+}
+
+/* Opens *d on the engine thread with `open` and waits for it (w counts one
+ * more); 0 when it opened. */
+static int open_doc_now(engine_sched *s, waiter *w, engine_task_fn open, engine_doc **d) {
+    int target = w->count + 1;
+    CHECK_EQ_INT(engine_sched_task(s, open, d), 0);
+    CHECK_EQ_INT(engine_sched_task(s, sync_task, w), 0);
+    CHECK_EQ_INT(waiter_wait(w, target), 0);
+    CHECK(*d != NULL);
+    return *d ? 0 : -1;
+}
+
 TEST(sched_ingest_in_pieces_equals_doc_feed) {
     engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
@@ -409,11 +450,9 @@ TEST(sched_generation_runs_while_a_document_streams_in) {
     engine_sched_get_stats(s, &st);
     CHECK(st.ingest_chunks >= 8);
     CHECK_EQ_INT(engine_sched_task(s, close_doc_task, &d), 0);
-    engine_sched_free(s);
+    sched_stop(e, s, &w);
     free(p);
     free(doc);
-    waiter_destroy(&w);
-    engine_close(e);
 }
 
 /* Shutdown: what a task records and whether the thread still takes work. */
@@ -430,14 +469,10 @@ static void probe_task(engine *e, void *user) {
 }
 
 TEST(sched_free_cancels_active_generations) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
+    char err[512];
+    engine_sched *s = sched_start(&e, &w);
     if (!s) return;
     static gen_out out[3];
     int32_t *toks[3];
@@ -505,14 +540,9 @@ static void order_task(engine *e, void *user) {
 }
 
 TEST(sched_tasks_run_in_order_after_earlier_ingests) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
+    engine_sched *s = sched_start(&e, &w);
     if (!s) return;
     engine_doc *d = NULL;
     order_log log = {.doc = &d};
@@ -520,9 +550,7 @@ TEST(sched_tasks_run_in_order_after_earlier_ingests) {
     ingest_log ilog = {.w = &w};
     ingest_ref iref = {&ilog, 0};
     char *doc = test_lighthouse_doc(600);
-    CHECK_EQ_INT(engine_sched_task(s, open_doc_task, &d), 0);
-    CHECK_EQ_INT(engine_sched_task(s, sync_task, &w), 0);
-    CHECK_EQ_INT(waiter_wait(&w, 1), 0);
+    open_doc_now(s, &w, open_doc_task, &d);
     for (int i = 0; i < 40; i++) {
         refs[i] = (order_ref){&log, i};
         if (i == 10 && d) CHECK_EQ_INT(engine_sched_ingest(s, d, doc, strlen(doc), 1, on_ingest, &iref), 0);
@@ -549,14 +577,10 @@ TEST(sched_tasks_run_in_order_after_earlier_ingests) {
 }
 
 TEST(sched_generation_errors) {
-    engine *e = test_open_default_engine(2);
-    CHECK(e != NULL);
-    if (!e) return;
-    char err[512];
+    engine *e;
     waiter w;
-    waiter_init(&w);
-    engine_sched *s = engine_sched_new(e, err, sizeof err);
-    CHECK(s != NULL);
+    char err[512];
+    engine_sched *s = sched_start(&e, &w);
     if (!s) return;
     static gen_out bad_token, empty, fine;
     int32_t prompt[2] = {1, 1 << 30};
@@ -598,4 +622,71 @@ TEST(sched_generation_errors) {
     free(good);
     waiter_destroy(&w);
     engine_close(e);
+}
+
+/* When the long ingest of the deadline test completed. */
+static void on_long_ingest(void *user, int rc, const char *err) {
+    (void)err;
+    gen_out *o = user; /* rc and done_ms only */
+    o->rc = rc;
+    o->done_ms = now_ms();
+    waiter_add(o->w);
+}
+
+TEST(sched_deadline_ends_queued_and_decoding_generations) {
+    engine *e;
+    waiter w;
+    engine_sched *s = sched_start(&e, &w);
+    engine_doc *d = NULL;
+    if (!s || open_doc_now(s, &w, open_fine_doc_task, &d)) return;
+    char err[512];
+    char *doc = test_lighthouse_doc(3000); /* ~45 chunks of 16 tokens: a second or more of work */
+    static gen_out ingest, queued[2], late, decoding;
+    memset(&ingest, 0, sizeof ingest);
+    memset(queued, 0, sizeof queued);
+    memset(&late, 0, sizeof late);
+    memset(&decoding, 0, sizeof decoding);
+    ingest.w = queued[0].w = queued[1].w = late.w = decoding.w = &w;
+    size_t n_p;
+    int32_t *p = request_prompt(e, 0, &n_p);
+    double t0 = now_ms();
+    /* a generation with no document, decoding without end: the deadline stops it */
+    engine_gen_request r = {.prompt = p, .n_prompt = n_p, .params = request_params(0), .on_text = on_text,
+                            .on_done = on_done, .user = &decoding, .deadline_ms = t0 + 400};
+    r.params.max_tokens = 100000;
+    logit_bias ban = {engine_eos(e), -INFINITY};
+    r.params.sampling.bias = &ban;
+    r.params.sampling.n_bias = 1;
+    CHECK_EQ_INT(engine_sched_generate(s, &r, err, sizeof err), 0);
+    CHECK_EQ_INT(engine_sched_ingest(s, d, doc, strlen(doc), 1, on_long_ingest, &ingest), 0);
+    /* over the document: they wait for the ingest; n = 2 shares one prefill */
+    void *users[2] = {&queued[0], &queued[1]};
+    engine_gen_request q = {.doc = d, .prompt = p, .n_prompt = n_p, .params = request_params(0), .on_text = on_text,
+                            .on_done = on_done, .n = 2, .users = users, .deadline_ms = t0 + 100};
+    CHECK_EQ_INT(engine_sched_generate(s, &q, err, sizeof err), 0);
+    q.n = 1, q.users = NULL, q.user = &late, q.deadline_ms = 0; /* no deadline: answered after the ingest */
+    CHECK_EQ_INT(engine_sched_generate(s, &q, err, sizeof err), 0);
+    CHECK_EQ_INT(waiter_wait(&w, 1 + 5), 0);
+    CHECK_EQ_INT(ingest.rc, 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(queued[i].n_done, 1);
+        CHECK_EQ_INT(queued[i].rc, 0);
+        CHECK_EQ_INT(queued[i].res.finish, ENGINE_FINISH_TIMEOUT);
+        CHECK_EQ_INT(queued[i].res.n_generated, 0);
+        CHECK(queued[i].done_ms < ingest.done_ms); /* not held until the document was read */
+    }
+    CHECK_EQ_INT(decoding.rc, 0);
+    CHECK_EQ_INT(decoding.res.finish, ENGINE_FINISH_TIMEOUT);
+    /* cut while decoding (a slow build or machine may cut it in its prefill: 0 tokens) */
+    CHECK(decoding.res.n_generated < 100000);
+    CHECK(decoding.done_ms - t0 >= 400);
+    CHECK_EQ_INT(late.rc, 0);
+    CHECK(late.res.finish != ENGINE_FINISH_TIMEOUT);
+    CHECK(late.done_ms >= ingest.done_ms);
+    fprintf(stderr, "  queued ones timed out after %.0f ms, ingest took %.0f ms, decoding one %.0f ms (%lld tokens)\n",
+            queued[0].done_ms - t0, ingest.done_ms - t0, decoding.done_ms - t0, (long long)decoding.res.n_generated);
+    CHECK_EQ_INT(engine_sched_task(s, close_doc_task, &d), 0);
+    sched_stop(e, s, &w);
+    free(p);
+    free(doc);
 }
