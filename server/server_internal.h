@@ -145,6 +145,7 @@ struct session {
     int final;
     uint64_t snap_offset;     /* log bytes the snapshot on disk covers (0: none) */
     int snap_saving;
+    struct reread_pass *reread_open; /* the re-read pass new questions join (reread.c) */
     session *next;
 };
 
