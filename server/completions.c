@@ -445,9 +445,9 @@ static json_t *choice_json(choice *c) {
 
 /* The answer's "reread" object. */
 static json_t *reread_json(const reread_stats *st) {
-    return json_pack("{s:I, s:I, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
-                     (json_int_t)st->tokens, "seconds", st->ms / 1e3, "pass", (json_int_t)st->pass,
-                     "questions", st->questions, "pots", st->pots);
+    return json_pack("{s:I, s:I, s:f, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
+                     (json_int_t)st->tokens, "seconds", st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "pass",
+                     (json_int_t)st->pass, "questions", st->questions, "pots", st->pots);
 }
 
 static void finish_whole(generation *g) {

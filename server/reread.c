@@ -65,6 +65,7 @@ struct reread_pass {
     char *text;          /* the document, read from the log */
     size_t len, cap;
     int final;           /* the log's document is complete */
+    double log_ms;       /* the log's read, on the engine thread */
     int rc;
     char err[256];
     member members[REREAD_MAX_SHARE];
@@ -112,7 +113,7 @@ static void pass_maybe_end(reread_pass *p) {
 static void member_end(reread_pass *p, member *m, reread_pot *pot, const char *err) {
     m->ended = 1;
     feeder *f = m->f;
-    reread_stats st = {.bytes = p->len, .ms = srv_now_ms() - m->t0_ms, .pass = p->id,
+    reread_stats st = {.bytes = p->len, .ms = srv_now_ms() - m->t0_ms, .log_ms = p->log_ms, .pass = p->id,
                        .questions = p->n_members, .pots = p->n_feeders};
     if (pot) {
         engine_doc_stats ds;
@@ -232,7 +233,9 @@ static int note_final(void *user, const chunk_log_entry *e) { /* engine thread *
 static void read_log_task(engine *e, void *arg) { /* engine thread */
     (void)e;
     reread_pass *p = arg;
+    double t0 = srv_now_ms();
     p->rc = chunk_log_replay(p->ss->log, 0, collect, note_final, p, p->err, sizeof p->err);
+    p->log_ms = srv_now_ms() - t0;
     srv_post(p->srv, log_read, p);
 }
 

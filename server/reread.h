@@ -12,6 +12,7 @@ typedef struct reread_stats {
     uint64_t bytes;  /* document bytes re-read */
     int64_t tokens;  /* document tokens read into the question's pot */
     double ms;       /* from the question's arrival to its pot being ready */
+    double log_ms;   /* reading the log (engine thread), once for the whole pass */
     uint64_t pass;   /* the log pass: questions with the same id shared one read of the log */
     int questions;   /* questions the pass had taken when this one's pot was ready */
     int pots;        /* pots the pass fed by then (share "rows": 1; "pots": one a question) */
