@@ -163,7 +163,7 @@ static const setting settings[] = {
     S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take"),
     S_INT(budget_tokens, "2048", 16, 1048576, "pot budget of new sessions"),
     S_ENUM(policy, "infinipot", policy_values, "policy of new sessions"),
-    S_ENUM(reread_share, "rows", reread_share_values, "questions sharing a re-read: one pot (rows) or one each"),
+    S_ENUM(reread_share, "pots", reread_share_values, "questions sharing a re-read: one pot (rows) or one each"),
     S_INT(reread_share_limit, "8", 1, 32, "questions one re-read pass takes at most"),
     S_INT(reread_gather_ms, "100", 0, 60000, "ms a re-read waits for other questions to share it"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
