@@ -135,6 +135,7 @@ typedef struct {
 
 static const char *const backend_values[] = {"cpu", "cuda", NULL};
 static const char *const durability_values[] = {"fsync", "none", NULL};
+static const char *const reread_share_values[] = {"rows", "pots", NULL};
 static const char *const policy_values[] = {POT_POLICIES(POT_NAME_ENTRY_, ) NULL}; /* cache/'s list */
 
 static const setting settings[] = {
@@ -162,6 +163,9 @@ static const setting settings[] = {
     S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take"),
     S_INT(budget_tokens, "2048", 16, 1048576, "pot budget of new sessions"),
     S_ENUM(policy, "infinipot", policy_values, "policy of new sessions"),
+    S_ENUM(reread_share, "pots", reread_share_values, "questions sharing a re-read: one pot (rows) or one each"),
+    S_INT(reread_share_limit, "8", 1, 32, "questions one re-read pass takes at most"),
+    S_INT(reread_gather_ms, "100", 0, 60000, "ms a re-read waits for other questions to share it"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
     S_INT(prompt_cache_entries, "4", 0, 64, "recent sessionless prompts whose KV is reused, 0 = off"),

@@ -50,6 +50,10 @@ typedef struct server_config {
     int64_t request_timeout;  /* seconds for one generation request (600) */
     int64_t budget_tokens;    /* default pot budget of a new session (2048) */
     char *policy;             /* default policy of a new session (infinipot) */
+    char *reread_share;       /* questions sharing a re-read pass: one pot scored by all their
+                                 rows ("rows") or one pot each ("pots", the default) (server/reread.c) */
+    int64_t reread_share_limit; /* questions one re-read pass takes at most (8) */
+    int64_t reread_gather_ms; /* a re-read waits this long for other questions (100) */
     int64_t snapshot_bytes;   /* snapshot a session's pot after this many new ingested bytes
                                  (4M); always on shutdown */
     int access_log;           /* one JSON line per request on stderr (true) */

@@ -62,6 +62,7 @@ struct generation {
     /* a question answered from a re-read of the session's document (reread.c) */
     int rereading, stream_started;
     reread_stats reread_st;
+    reread_pot *reread_pot; /* its pot, held until the generation is freed */
 };
 
 static void release_temporary_pot(server *s, generation *g);
@@ -83,6 +84,7 @@ typedef struct done_event {
 } done_event;
 
 void generation_free(generation *g) {
+    if (g->reread_pot) reread_pot_release(g->reread_pot);
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
     free(g->doc_text);
@@ -455,6 +457,13 @@ static json_t *choice_json(choice *c) {
     return out;
 }
 
+/* The answer's "reread" object. */
+static json_t *reread_json(const reread_stats *st) {
+    return json_pack("{s:I, s:I, s:f, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
+                     (json_int_t)st->tokens, "seconds", st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "pass",
+                     (json_int_t)st->pass, "questions", st->questions, "pots", st->pots);
+}
+
 static void finish_whole(generation *g) {
     request *r = g->r;
     for (int i = 0; i < g->n_choices; i++)
@@ -473,9 +482,7 @@ static void finish_whole(generation *g) {
                              system_fingerprint(g->r->srv), "choices", choices, "usage", usage_json(g));
     if (g->ss) json_object_set_new(body, "session", json_string(g->ss->id));
     if (g->rereading)
-        json_object_set_new(body, "reread", json_pack("{s:I, s:I, s:f}", "bytes", (json_int_t)g->reread_st.bytes,
-                                                      "tokens", (json_int_t)g->reread_st.tokens, "seconds",
-                                                      g->reread_st.ms / 1e3));
+        json_object_set_new(body, "reread", reread_json(&g->reread_st));
     respond_json(r, 200, body);
 }
 
@@ -605,7 +612,10 @@ static void submit(server *s, generation *g) {
     request *r = g->r;
     api_gen_request *q = &g->req;
     api_error e;
-    engine_doc *doc = g->tmp_doc ? g->tmp_doc : g->ss ? g->ss->doc : NULL; /* a re-read pot first */
+    engine_doc *doc = g->tmp_doc       ? g->tmp_doc /* a temporary or re-read pot first */
+                      : g->reread_pot ? reread_pot_doc(g->reread_pot)
+                      : g->ss         ? g->ss->doc
+                                      : NULL;
     int n = q->n_choices;
     void **users = malloc((size_t)n * sizeof *users);
     if (!users) {
@@ -775,11 +785,10 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
 }
 
 static void reread_failed(server *s, generation *g, int status, const char *msg) {
+    (void)s;
     request *r = g->r;
     api_error e;
     api_fail(&e, status, "reread_failed", NULL, "re-reading the session's document failed: %s", msg);
-    s->pot_memory -= g->tmp_memory;
-    g->tmp_memory = 0;
     if (g->stream_started) {
         if (r->conn) {
             sse_send(r, api_error_json(&e));
@@ -791,30 +800,28 @@ static void reread_failed(server *s, generation *g, int status, const char *msg)
     }
 }
 
-static void reread_done(server *s, void *user, engine_doc *doc, const reread_stats *st, const char *err) {
+static void reread_done(server *s, void *user, reread_pot *pot, const reread_stats *st, const char *err) {
     generation *g = user;
     request *r = g->r;
     g->reread_st = *st;
-    if (!doc) {
+    if (!pot) {
         reread_failed(s, g, 500, err);
         return request_unref(r);
     }
-    g->tmp_doc = doc; /* released with the generation (on_done_event) */
+    g->reread_pot = pot; /* released with the generation (generation_free) */
     api_gen_request *q = &g->req;
     char msg[256];
     free(g->prompt);
-    g->prompt = engine_doc_prompt(doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt ? q->prompt : "",
-                                  &g->n_prompt, msg, sizeof msg);
+    g->prompt = engine_doc_prompt(reread_pot_doc(pot), q->messages, q->n_messages,
+                                  q->chat ? NULL : q->prompt ? q->prompt : "", &g->n_prompt, msg, sizeof msg);
     if (!g->prompt) {
-        if (srv_task(s, doc, close_doc_task, doc)) engine_doc_close(doc);
-        g->tmp_doc = NULL;
         reread_failed(s, g, 400, msg);
         return request_unref(r);
     }
     if (q->stream && r->conn) {
-        char line[128];
-        int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s\n\n", (long long)st->tokens,
-                         st->ms / 1e3);
+        char line[160];
+        int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s (pass %llu, %d questions)\n\n",
+                         (long long)st->tokens, st->ms / 1e3, (unsigned long long)st->pass, st->questions);
         stream_write(r, line, (size_t)n);
     }
     g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
@@ -837,20 +844,7 @@ static int start_reread(server *s, generation *g, api_error *e) {
     if (!question || !*question)
         return api_fail(e, 400, "invalid_value", q->chat ? "messages" : "prompt",
                         "reread needs a question: a user message (chat) or a text prompt");
-    engine_pot_settings *ps = &g->tmp_settings;
-    *ps = g->ss->settings.pot;
-    ps->policy = "finch";
-    ps->question = question;
-    ps->finch_keep = 0;
-    ps->no_catalyst = 0;
-    ps->original_positions = 0;
-    ps->record_tokens = 0;
-    size_t mem = engine_doc_memory(s->eng, ps);
-    if (s->pot_memory + mem > (size_t)s->cfg.pot_memory_limit)
-        return api_fail(e, 429, "insufficient_memory", NULL, "no pot memory is free to re-read the document");
-    if (reread_start(s, g->ss, ps, &g->cancel, reread_progress, reread_done, g, e)) return -1;
-    s->pot_memory += mem;
-    g->tmp_memory = mem;
+    if (reread_start(s, g->ss, question, &g->cancel, reread_progress, reread_done, g, e)) return -1;
     g->rereading = 1;
     request_ref(g->r); /* until reread_done */
     if (q->stream) {

@@ -4,9 +4,19 @@
  * (FINCH's question rows in every engine chunk), so what the question needs
  * is kept even when the session's own question-agnostic pot dropped it.
  *
+ * Questions waiting for the same session share one pass: a pass waits
+ * reread_gather_ms for others before it reads the log, and takes at most
+ * reread_share_limit questions. With reread_share "rows" the pass feeds one
+ * pot scored by all its questions' rows together (one forward pass for all;
+ * questions join until the log has been read); with "pots" it feeds one
+ * pot per question from the one copy of the text read from the log (each
+ * pot's forward passes are its own: a chunk's KV depends on what the pot
+ * kept before it), and a question may join while the pass is running: its
+ * pot starts from the first byte.
+ *
  * Loop thread, except the tasks marked "engine thread". The log is read on
  * the engine thread while the session's disk_busy flag keeps uploads out;
- * the text then goes to the engine in pieces of REREAD_PIECE bytes, each
+ * the text then goes to each pot in pieces of REREAD_PIECE bytes, each
  * reported through the progress callback, so other sessions' work runs in
  * between and a streamed request can tell its client how far it is. */
 #include <stdio.h>
@@ -15,129 +25,308 @@
 
 #include "server/reread.h"
 
-enum { REREAD_PIECE = 64 * 1024 };
+enum { REREAD_PIECE = 64 * 1024, REREAD_MAX_SHARE = 32 };
 
-struct reread {
-    server *srv;
-    session *ss;
-    engine_pot_settings settings; /* strings owned by the caller, alive until done */
+typedef struct feeder { /* one pot fed from the pass's text */
+    reread_pass *pass;
+    engine_pot_settings settings;
+    char *question;     /* its scoring rows' text (owned; "rows": every question's) */
+    engine_doc *doc;
+    size_t at;          /* bytes sent to the pot */
+    size_t memory;      /* counted in the server's pot_memory until released */
+    int sent_last, ended, rc;
+    char err[256];
+} feeder;
+
+typedef struct member { /* one question waiting on the pass */
     reread_progress_fn progress;
     reread_done_fn done;
     void *user;
     const atomic_int *cancel;
-    char *text;                   /* the document, read from the log */
-    size_t len, cap, at;
-    int final;                    /* the log's document is complete */
-    int sent_last;                /* the last piece went to the engine */
-    engine_doc *doc;
+    feeder *f;
     double t0_ms;
-    int rc;
-    char err[256];
+    int ended;
+} member;
+
+struct reread_pot {
+    server *srv;
+    engine_doc *doc;
+    size_t memory;
+    int refs;
 };
 
-static void finish(reread *rr, int rc, const char *err) {
-    engine_doc *doc = rc ? NULL : rr->doc;
-    if (rc && rr->doc) {
-        if (srv_task(rr->srv, rr->doc, reread_close_task, rr->doc)) engine_doc_close(rr->doc);
-    }
-    reread_stats st = {.bytes = rr->len, .ms = srv_now_ms() - rr->t0_ms};
-    if (doc) {
-        engine_doc_stats ds;
-        engine_doc_get_stats(doc, &ds); /* the document is idle: no chunk of it is running */
-        st.tokens = ds.tokens_read;
-    }
-    rr->done(rr->srv, rr->user, doc, &st, rc ? err : NULL);
-    session_unref(rr->ss);
-    free(rr->text);
-    free(rr);
-}
+struct reread_pass {
+    server *srv;
+    session *ss;
+    uint64_t id;
+    int rows;            /* share "rows": one pot for all the questions */
+    enum { GATHERING, READING, FEEDING } state;
+    uv_timer_t gather;
+    char *text;          /* the document, read from the log */
+    size_t len, cap;
+    int final;           /* the log's document is complete */
+    double log_ms;       /* the log's read, on the engine thread */
+    int rc;
+    char err[256];
+    member members[REREAD_MAX_SHARE];
+    feeder feeders[REREAD_MAX_SHARE];
+    int n_members, n_feeders;
+};
 
-void reread_close_task(engine *e, void *doc) {
+static uint64_t last_pass_id; /* loop thread only */
+
+engine_doc *reread_pot_doc(const reread_pot *p) { return p->doc; }
+
+static void close_doc_task(engine *e, void *doc) { /* engine thread */
     (void)e;
     engine_doc_close(doc);
 }
 
-static int collect(void *user, uint64_t seq, const char *data, size_t n) {
-    (void)seq;
-    reread *rr = user;
-    if (rr->len + n > rr->cap) {
-        size_t cap = (rr->len + n) * 2;
-        char *t = realloc(rr->text, cap);
-        if (!t) return snprintf(rr->err, sizeof rr->err, "out of memory reading the log"), -1;
-        rr->text = t;
-        rr->cap = cap;
+static void close_doc(server *s, engine_doc *doc) {
+    if (doc && srv_task(s, doc, close_doc_task, doc)) engine_doc_close(doc);
+}
+
+void reread_pot_release(reread_pot *p) {
+    if (--p->refs) return;
+    close_doc(p->srv, p->doc);
+    p->srv->pot_memory -= p->memory;
+    free(p);
+}
+
+static void pass_free_cb(uv_handle_t *h) {
+    reread_pass *p = h->data;
+    for (int i = 0; i < p->n_feeders; i++) free(p->feeders[i].question);
+    free(p->text);
+    free(p);
+}
+
+/* Ends the pass once nothing of it runs: no feeder is left and the log is read. */
+static void pass_maybe_end(reread_pass *p) {
+    if (p->state != FEEDING) return;
+    for (int i = 0; i < p->n_feeders; i++)
+        if (!p->feeders[i].ended) return;
+    if (p->ss->reread_open == p) p->ss->reread_open = NULL;
+    session_unref(p->ss);
+    uv_close((uv_handle_t *)&p->gather, pass_free_cb);
+}
+
+static void member_end(reread_pass *p, member *m, reread_pot *pot, const char *err) {
+    m->ended = 1;
+    feeder *f = m->f;
+    reread_stats st = {.bytes = p->len, .ms = srv_now_ms() - m->t0_ms, .log_ms = p->log_ms, .pass = p->id,
+                       .questions = p->n_members, .pots = p->n_feeders};
+    if (pot) {
+        engine_doc_stats ds;
+        engine_doc_get_stats(pot->doc, &ds); /* the document is idle: no chunk of it is running */
+        st.tokens = ds.tokens_read;
+    } else {
+        st.bytes = f->at;
     }
-    memcpy(rr->text + rr->len, data, n);
-    rr->len += n;
-    return 0;
+    m->done(p->srv, m->user, pot, &st, pot ? NULL : err);
 }
 
-static int note_final(void *user, const chunk_log_entry *e) {
-    ((reread *)user)->final |= e->final;
-    return 0;
+/* The feeder stops: its pot goes to the questions still waiting on it, or
+ * (err, or nobody waits) is closed. */
+static void feeder_end(feeder *f, const char *err) {
+    reread_pass *p = f->pass;
+    server *s = p->srv;
+    f->ended = 1;
+    int waiting = 0;
+    for (int i = 0; i < p->n_members; i++) waiting += p->members[i].f == f && !p->members[i].ended;
+    reread_pot *pot = NULL;
+    if (!err && waiting) {
+        pot = malloc(sizeof *pot);
+        if (!pot) err = "out of memory";
+        else *pot = (reread_pot){.srv = s, .doc = f->doc, .memory = f->memory, .refs = waiting};
+    }
+    if (!pot) {
+        close_doc(s, f->doc);
+        s->pot_memory -= f->memory;
+    }
+    f->doc = NULL;
+    for (int i = 0; i < p->n_members; i++)
+        if (p->members[i].f == f && !p->members[i].ended) member_end(p, &p->members[i], pot, err);
+    pass_maybe_end(p);
 }
 
-static void next_piece(server *s, void *arg);
+static void feeder_step(server *s, void *arg);
 
 static void piece_done(void *user, int rc, const char *err) { /* engine thread */
-    reread *rr = user;
-    rr->rc = rc;
-    if (rc) snprintf(rr->err, sizeof rr->err, "%s", err ? err : "reading failed");
-    srv_post(rr->srv, next_piece, rr);
+    feeder *f = user;
+    if (rc) {
+        f->rc = rc;
+        snprintf(f->err, sizeof f->err, "%s", err ? err : "reading failed");
+    }
+    srv_post(f->pass->srv, feeder_step, f);
 }
 
-/* Sends the next piece of the text to the engine, or finishes. */
-static void next_piece(server *s, void *arg) {
-    reread *rr = arg;
-    if (rr->rc) return finish(rr, -1, rr->err);
-    if (rr->cancel && atomic_load(rr->cancel)) return finish(rr, -1, "cancelled");
-    if (rr->at > 0 && rr->progress) rr->progress(s, rr->user, rr->at, rr->len);
-    if (rr->sent_last || (rr->len == 0 && !rr->final)) return finish(rr, 0, NULL);
-    size_t n = rr->len - rr->at < REREAD_PIECE ? rr->len - rr->at : REREAD_PIECE;
-    int last = rr->at + n == rr->len;
-    rr->sent_last = last;
-    const char *piece = rr->text + rr->at;
-    rr->at += n;
-    if (srv_ingest(s, rr->doc, piece, n, last && rr->final, piece_done, rr))
-        finish(rr, -1, "the server is shutting down");
+static void open_task(engine *e, void *arg) { /* engine thread */
+    feeder *f = arg;
+    f->doc = engine_doc_open(e, &f->settings, f->err, sizeof f->err);
+    f->rc = f->doc ? 0 : -1;
+    srv_post(f->pass->srv, feeder_step, f);
+}
+
+/* The feeder's next move: its cancelled questions end, then the pot is
+ * opened, fed the next piece, or handed over. */
+static void feeder_step(server *s, void *arg) {
+    feeder *f = arg;
+    reread_pass *p = f->pass;
+    int waiting = 0;
+    for (int i = 0; i < p->n_members; i++) {
+        member *m = &p->members[i];
+        if (m->f != f || m->ended) continue;
+        if (m->cancel && atomic_load(m->cancel)) member_end(p, m, NULL, "cancelled");
+        else waiting++;
+    }
+    if (f->rc) return feeder_end(f, f->err);
+    if (!waiting) return feeder_end(f, "cancelled");
+    if (!f->doc) {
+        if (srv_task(s, NULL, open_task, f)) feeder_end(f, "the server is shutting down");
+        return;
+    }
+    for (int i = 0; f->at > 0 && i < p->n_members; i++) {
+        member *m = &p->members[i];
+        if (m->f == f && !m->ended && m->progress) m->progress(s, m->user, f->at, p->len);
+    }
+    if (f->sent_last || (p->len == 0 && !p->final)) return feeder_end(f, NULL);
+    size_t n = p->len - f->at < REREAD_PIECE ? p->len - f->at : REREAD_PIECE;
+    int last = f->at + n == p->len;
+    f->sent_last = last;
+    const char *piece = p->text + f->at;
+    f->at += n;
+    if (srv_ingest(s, f->doc, piece, n, last && p->final, piece_done, f))
+        feeder_end(f, "the server is shutting down");
 }
 
 static void log_read(server *s, void *arg) {
-    reread *rr = arg;
-    rr->ss->disk_busy = 0;
-    if (rr->rc) return finish(rr, -1, rr->err);
-    next_piece(s, rr);
-}
-
-/* Engine thread: the log's bytes into memory, and the new pot. */
-static void read_log_task(engine *e, void *arg) {
-    reread *rr = arg;
-    rr->rc = store_log_replay(rr->ss->log, 0, collect, note_final, rr, rr->err, sizeof rr->err);
-    if (!rr->rc) {
-        rr->doc = engine_doc_open(e, &rr->settings, rr->err, sizeof rr->err);
-        rr->rc = rr->doc ? 0 : -1;
+    reread_pass *p = arg;
+    p->ss->disk_busy = 0;
+    p->state = FEEDING;
+    if (p->rows && p->ss->reread_open == p) p->ss->reread_open = NULL; /* its rows are fixed now */
+    for (int i = 0; i < p->n_feeders; i++) {
+        if (p->rc) feeder_end(&p->feeders[i], p->err);
+        else feeder_step(s, &p->feeders[i]);
     }
-    srv_post(rr->srv, log_read, rr);
 }
 
-int reread_start(server *s, session *ss, const engine_pot_settings *settings, const atomic_int *cancel,
+static int collect(void *user, uint64_t seq, const char *data, size_t n) { /* engine thread */
+    (void)seq;
+    reread_pass *p = user;
+    if (p->len + n > p->cap) {
+        size_t cap = (p->len + n) * 2;
+        char *t = realloc(p->text, cap);
+        if (!t) return snprintf(p->err, sizeof p->err, "out of memory reading the log"), -1;
+        p->text = t;
+        p->cap = cap;
+    }
+    memcpy(p->text + p->len, data, n);
+    p->len += n;
+    return 0;
+}
+
+static int note_final(void *user, const chunk_log_entry *e) { /* engine thread */
+    ((reread_pass *)user)->final |= e->final;
+    return 0;
+}
+
+static void read_log_task(engine *e, void *arg) { /* engine thread */
+    (void)e;
+    reread_pass *p = arg;
+    double t0 = srv_now_ms();
+    p->rc = store_log_replay(p->ss->log, 0, collect, note_final, p, p->err, sizeof p->err);
+    p->log_ms = srv_now_ms() - t0;
+    srv_post(p->srv, log_read, p);
+}
+
+static void gathered(uv_timer_t *t) {
+    reread_pass *p = t->data;
+    p->state = READING;
+    if (srv_task(p->srv, NULL, read_log_task, p)) {
+        p->rc = -1;
+        snprintf(p->err, sizeof p->err, "the server is shutting down");
+        log_read(p->srv, p);
+    }
+}
+
+/* The pot settings of a re-read: the session's budget and keep, FINCH scored by question. */
+static void pot_settings(const session *ss, const char *question, engine_pot_settings *ps) {
+    *ps = ss->settings.pot;
+    ps->policy = "finch";
+    ps->question = question;
+    ps->finch_keep = 0;
+    ps->no_catalyst = 0;
+    ps->original_positions = 0;
+    ps->record_tokens = 0;
+}
+
+static int joinable(const reread_pass *p) {
+    return p->n_members < p->srv->cfg.reread_share_limit && (p->rows ? p->state != FEEDING : 1);
+}
+
+/* Adds the question to the pass: a feeder of its own ("pots", or the pass's
+ * first), or its rows after the others' ("rows"); charges the pot memory. */
+static int join(reread_pass *p, const char *question, api_error *e) {
+    server *s = p->srv;
+    int own = !p->rows || p->n_feeders == 0;
+    feeder *f = own ? &p->feeders[p->n_feeders] : &p->feeders[0];
+    size_t len = strlen(question) + (own ? 1 : strlen(f->question) + 2);
+    char *rows = malloc(len);
+    if (!rows) return api_fail(e, 500, NULL, NULL, "out of memory");
+    if (own) snprintf(rows, len, "%s", question);
+    else snprintf(rows, len, "%s\n\n%s", f->question, question);
+    engine_pot_settings ps;
+    pot_settings(p->ss, rows, &ps);
+    size_t mem = engine_doc_memory(s->eng, &ps);
+    size_t before = own ? 0 : f->memory;
+    if (s->pot_memory - before + mem > (size_t)s->cfg.pot_memory_limit) {
+        free(rows);
+        return api_fail(e, 429, "insufficient_memory", NULL, "no pot memory is free to re-read the document");
+    }
+    s->pot_memory = s->pot_memory - before + mem;
+    if (own) {
+        *f = (feeder){.pass = p};
+        p->n_feeders++;
+    }
+    free(f->question);
+    f->question = rows;
+    f->settings = ps;
+    f->memory = mem;
+    return 0;
+}
+
+int reread_start(server *s, session *ss, const char *question, const atomic_int *cancel,
                  reread_progress_fn progress, reread_done_fn done, void *user, api_error *e) {
     if (!ss->log)
         return api_fail(e, 409, "reread_unavailable", "reread", "the session keeps no log to re-read");
-    if (ss->busy || ss->disk_busy || ss->rebuilding)
-        return api_fail(e, 409, "session_busy", "session",
-                        "the session is receiving or restoring its document; retry to re-read it");
-    reread *rr = calloc(1, sizeof *rr);
-    if (!rr) return api_fail(e, 500, NULL, NULL, "out of memory");
-    *rr = (reread){.srv = s, .ss = ss, .settings = *settings, .progress = progress, .done = done,
-                   .user = user, .cancel = cancel, .t0_ms = srv_now_ms()};
-    session_ref(ss);
-    ss->disk_busy = 1; /* no upload touches the log while the engine thread reads it */
-    if (srv_task(s, NULL, read_log_task, rr)) {
-        ss->disk_busy = 0;
-        session_unref(ss);
-        free(rr);
-        return api_fail(e, 503, "unavailable", NULL, "the server is shutting down");
+    reread_pass *p = ss->reread_open;
+    int fresh = !p || !joinable(p);
+    if (fresh) {
+        if (ss->busy || ss->disk_busy || ss->rebuilding)
+            return api_fail(e, 409, "session_busy", "session",
+                            "the session is receiving or restoring its document; retry to re-read it");
+        p = calloc(1, sizeof *p);
+        if (!p) return api_fail(e, 500, NULL, NULL, "out of memory");
+        *p = (reread_pass){.srv = s, .ss = ss, .id = ++last_pass_id,
+                           .rows = !strcmp(s->cfg.reread_share, "rows")};
     }
+    if (join(p, question, e)) {
+        if (fresh) free(p);
+        return -1;
+    }
+    p->members[p->n_members++] = (member){.progress = progress, .done = done, .user = user, .cancel = cancel,
+                                          .f = p->rows ? &p->feeders[0] : &p->feeders[p->n_feeders - 1],
+                                          .t0_ms = srv_now_ms()};
+    if (!fresh) {
+        feeder *f = p->members[p->n_members - 1].f;
+        if (p->state == FEEDING) srv_post(s, feeder_step, f); /* "pots": it starts from the first byte */
+        return 0;
+    }
+    session_ref(ss);
+    ss->disk_busy = 1; /* no upload touches the log until the engine thread has read it */
+    ss->reread_open = p;
+    uv_timer_init(s->loop, &p->gather);
+    p->gather.data = p;
+    uv_timer_start(&p->gather, gathered, (uint64_t)s->cfg.reread_gather_ms, 0);
     return 0;
 }

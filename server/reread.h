@@ -1,33 +1,41 @@
 /* Re-reading a session's document from its chunk log through a new pot
- * (server/reread.c); private to server/. Loop thread. */
+ * guided by a question (server/reread.c); private to server/. Loop thread. */
 #ifndef POTSERVE_REREAD_H
 #define POTSERVE_REREAD_H
 
 #include "server/server_internal.h"
 
-typedef struct reread reread;
+typedef struct reread_pass reread_pass;
+typedef struct reread_pot reread_pot; /* a re-read pot, shared by the questions it answers */
 
 typedef struct reread_stats {
     uint64_t bytes;  /* document bytes re-read */
-    int64_t tokens;  /* document tokens re-read */
-    double ms;       /* from the start to the pot being ready */
+    int64_t tokens;  /* document tokens read into the question's pot */
+    double ms;       /* from the question's arrival to its pot being ready */
+    double log_ms;   /* reading the log (engine thread), once for the whole pass */
+    uint64_t pass;   /* the log pass: questions with the same id shared one read of the log */
+    int questions;   /* questions the pass had taken when this one's pot was ready */
+    int pots;        /* pots the pass fed by then (share "rows": 1; "pots": one a question) */
 } reread_stats;
 
-/* After each piece the engine has read: bytes done of total. */
+/* After each piece the question's pot has read: bytes done of total. */
 typedef void (*reread_progress_fn)(server *s, void *user, uint64_t done, uint64_t total);
-/* Once: the new pot (the caller's; close it on the engine thread with
- * reread_close_task), or NULL and err. */
-typedef void (*reread_done_fn)(server *s, void *user, engine_doc *doc, const reread_stats *st,
+/* Once: the question's pot (release it with reread_pot_release), or NULL and err. */
+typedef void (*reread_done_fn)(server *s, void *user, reread_pot *pot, const reread_stats *st,
                                const char *err);
 
-/* Reads ss's whole logged document through a new pot with settings (copied;
- * its strings must stay alive until done is called); cancel (may be NULL)
- * set stops it between pieces. 0 (done will be called), or -1 + e: 409 when
- * the session has no log or an upload or restore holds it. */
-int reread_start(server *s, session *ss, const engine_pot_settings *settings, const atomic_int *cancel,
+/* Re-reads ss's logged document for question (copied) through a FINCH pot
+ * with the session's budget, joining a pass of the same session that other
+ * questions wait on when the server's reread_share settings allow it; cancel
+ * (may be NULL) set stops this question's part between pieces. 0 (done will
+ * be called), or -1 + e: 409 when the session has no log or an upload or
+ * restore holds it, 429 when no pot memory is free. */
+int reread_start(server *s, session *ss, const char *question, const atomic_int *cancel,
                  reread_progress_fn progress, reread_done_fn done, void *user, api_error *e);
 
-/* Engine task closing a document (srv_task(s, doc, reread_close_task, doc)). */
-void reread_close_task(engine *e, void *doc);
+/* The pot's document, for generations over it (valid until the release). */
+engine_doc *reread_pot_doc(const reread_pot *p);
+/* Drops one question's hold on the pot; the last closes it and frees its memory. */
+void reread_pot_release(reread_pot *p);
 
 #endif

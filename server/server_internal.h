@@ -149,6 +149,7 @@ struct session {
     engine_doc *restore_doc;  /* a failed chunk's pre-chunk copy, for the rebuild to put back
                                  (instead of re-reading the log); memory_bytes counted */
     int snap_saving;
+    struct reread_pass *reread_open; /* the re-read pass new questions join (reread.c) */
     session *next;
 };
 

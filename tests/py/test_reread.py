@@ -122,3 +122,99 @@ def test_reread_errors(srv):
     assert st == 400 and e["error"]["type"] == "invalid_request_error" or e["error"]["code"] == "invalid_type"
     st, e, _ = srv.request("POST", "/v1/sessions", {"reread": 1})
     assert st == 400 and e["error"]["param"] == "reread"
+
+
+# ---- questions waiting for the same session share one pass over the log ----------------
+
+CODE = "4417"
+CODE_QUESTION = "What is the door code? Answer with the number only."
+
+
+def two_needle_document():
+    """The pass-key document with a door code at a quarter of its depth (which
+    SmolLM2 answers from a pot scored by this question alone, not from its full
+    attention nor from a pot scored by both questions' rows: "5417")."""
+    doc = natural_document(1, 10000).split("\n\n")
+    doc.insert(len(doc) // 4, f"The door code is {CODE}. Remember it. {CODE} is the door code.")
+    return "\n\n".join(doc)
+
+
+def ask_together(srv, sid, questions, **extra):
+    """The questions sent at once (each on its own connection); their answers in order."""
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
+        futs = [pool.submit(srv.request, "POST", "/v1/chat/completions",
+                            {"model": "x", "max_tokens": 12, "temperature": 0, "session": sid, "reread": True,
+                             "messages": [{"role": "user", "content": q}], **extra}) for q in questions]
+        out = [f.result() for f in futs]
+    assert all(st == 200 for st, _, _ in out), out
+    return [body for _, body, _ in out]
+
+
+def shared_server(tmp_path_factory, share):
+    # a gather window far longer than two requests take to arrive, so they always meet
+    s = Server(tmp_path_factory.mktemp(f"share_{share}"), "--budget-tokens", "512", "--reread-share", share,
+               "--reread-gather-ms", "3000")
+    s.start()
+    return s
+
+
+def test_shared_pass_one_pot_for_all_rows(tmp_path_factory, model):
+    """share "rows": two questions arriving together are read in one pass into
+    one pot scored by both questions' rows; both find the pass key, which the
+    session's own pot lost. (The same question twice: SmolLM2 in a 512-entry
+    pot scored by two different questions' rows finds one of their facts, not
+    both; docs/results/longdoc.md measures what that costs.)"""
+    srv = shared_server(tmp_path_factory, "rows")
+    try:
+        up = session_with(srv, two_needle_document(), budget_tokens=512, keep_tokens=256)
+        assert up["compressions"] > 0
+        st, plain, _ = ask(srv, up["id"])
+        assert st == 200 and KEY not in plain["choices"][0]["message"]["content"]
+        key, again = ask_together(srv, up["id"], [QUESTION, QUESTION])
+        assert key["reread"]["pass"] == again["reread"]["pass"]
+        assert key["reread"]["questions"] == again["reread"]["questions"] == 2
+        assert key["reread"]["pots"] == again["reread"]["pots"] == 1
+        assert key["reread"]["tokens"] == again["reread"]["tokens"] == up["tokens_ingested"]
+        assert KEY in key["choices"][0]["message"]["content"], key
+        assert again["choices"][0]["message"]["content"] == key["choices"][0]["message"]["content"]
+        # a later question starts a pass of its own
+        st, alone, _ = ask(srv, up["id"], reread=True)
+        assert alone["reread"]["pass"] != key["reread"]["pass"] and alone["reread"]["questions"] == 1
+    finally:
+        assert srv.stop() == 0
+
+
+def test_shared_pass_one_pot_per_question(tmp_path_factory, model):
+    """share "pots": two questions arriving together share one read of the log
+    but each gets a pot scored by its own rows, so each answer (tokens and
+    log-probabilities) is the one a re-read for it alone gives."""
+    srv = shared_server(tmp_path_factory, "pots")
+    try:
+        up = session_with(srv, two_needle_document(), budget_tokens=512, keep_tokens=256)
+        lp = {"logprobs": True, "top_logprobs": 2}
+        st, plain, _ = ask(srv, up["id"])
+        assert st == 200 and KEY not in plain["choices"][0]["message"]["content"]
+        both = ask_together(srv, up["id"], [QUESTION, CODE_QUESTION], **lp)
+        assert both[0]["reread"]["pass"] == both[1]["reread"]["pass"]
+        assert both[0]["reread"]["pots"] == both[1]["reread"]["pots"] == 2
+        assert KEY in both[0]["choices"][0]["message"]["content"], both[0]
+        assert CODE in both[1]["choices"][0]["message"]["content"], both[1]
+        for q, shared in zip([QUESTION, CODE_QUESTION], both):
+            (solo,) = ask_together(srv, up["id"], [q], **lp)
+            assert solo["reread"]["pass"] != shared["reread"]["pass"] and solo["reread"]["questions"] == 1
+            assert solo["reread"]["tokens"] == shared["reread"]["tokens"] == up["tokens_ingested"]
+            a, b = solo["choices"][0], shared["choices"][0]
+            assert a["message"]["content"] == b["message"]["content"]
+            for x, y in zip(a["logprobs"]["content"], b["logprobs"]["content"]):
+                assert x["token"] == y["token"] and abs(x["logprob"] - y["logprob"]) < 1e-3
+    finally:
+        assert srv.stop() == 0
+
+
+def test_share_setting_rejects_unknown_values(tmp_path):
+    import subprocess
+    from conftest import BIN
+    r = subprocess.run([str(BIN), "serve", "--reread-share", "both", "--port", "0", "--data-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "reread_share" in r.stderr.replace("-", "_")

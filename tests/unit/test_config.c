@@ -475,6 +475,9 @@ TEST(config_help) {
         {"--request-timeout N", "POTSERVE_REQUEST_TIMEOUT", "[600]"},
         {"--budget-tokens N", "POTSERVE_BUDGET_TOKENS", "[2048]"},
         {"--policy NAME", "POTSERVE_POLICY", "[infinipot]"},
+        {"--reread-share NAME", "POTSERVE_REREAD_SHARE", "[pots]"},
+        {"--reread-share-limit N", "POTSERVE_REREAD_SHARE_LIMIT", "[8]"},
+        {"--reread-gather-ms N", "POTSERVE_REREAD_GATHER_MS", "[100]"},
         {"--snapshot-bytes BYTES", "POTSERVE_SNAPSHOT_BYTES", "[4M]"},
         {"--access-log [BOOL]", "POTSERVE_ACCESS_LOG", "[true]"},
     };
