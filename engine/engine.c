@@ -113,6 +113,10 @@ void engine_get_info(const engine *e, engine_info *info) {
     info->n_threads = e->n_threads;
 }
 
+int32_t engine_layer_window(const engine *e, int32_t layer) {
+    return layer >= 0 && layer < e->m->n_layer ? e->m->layers[layer].window : 0;
+}
+
 int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_special,
                         int parse_special, int32_t *out, int64_t cap) {
     return tokenizer_encode(e->m->tok, text, len, add_special, parse_special, out, cap);

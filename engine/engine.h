@@ -54,6 +54,9 @@ typedef struct engine_info {
     int n_threads;
 } engine_info;
 void engine_get_info(const engine *e, engine_info *info);
+/* Layer `layer`'s sliding window: it attends to its query and the window - 1
+ * positions before it; 0 for a layer that attends to everything (or no such layer). */
+int32_t engine_layer_window(const engine *e, int32_t layer);
 
 /* Tokenizes text (see tokenizer_encode): returns the count (may exceed cap),
  * or -1 for invalid UTF-8. */

@@ -542,6 +542,16 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
         return snprintf(err, errlen, "finch_keep: %d must be in [0, budget_tokens]", s->finch_keep), -1;
     if (s->no_catalyst && s->policy && strcmp(s->policy, "infinipot"))
         return snprintf(err, errlen, "no_catalyst: only for policy infinipot"), -1;
+    /* sliding-window layers keep the pot's newest entries through a compression
+       (keep_window_tails): fewer than window - 1 would drop positions their
+       next query still sees, and its attention would differ from the model's */
+    const int32_t fewest = e->m->n_swa - 1;
+    if (e->m->n_swa_layers && (*keep < fewest || (s->finch_keep && s->finch_keep < fewest)))
+        return snprintf(err, errlen,
+                        "%s: %d is below the model's sliding window - 1 (%d): its %d sliding-window layers "
+                        "must keep the last %d positions through a compression",
+                        *keep < fewest ? "keep_tokens" : "finch_keep", *keep < fewest ? *keep : s->finch_keep,
+                        fewest, e->m->n_swa_layers, fewest), -1;
     return 0;
 }
 

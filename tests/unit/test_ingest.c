@@ -162,6 +162,54 @@ TEST(ingest_sliding_layers_keep_their_window_exactly) {
     engine_close(e);
 }
 
+/* The boundary of that: window - 1 kept entries are exactly enough (the next
+ * query sees itself and window - 1 before it), so a pot keeping 31 for window
+ * 32 still gives full prefill's logits, and keep_tokens or finch_keep of 30 is
+ * refused with a message naming the window. */
+TEST(ingest_sliding_layers_need_window_minus_one_kept) {
+    engine *e = open_engine(test_fixture("swa_gemma3_local.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    CHECK_EQ_INT(info.sliding_window, 32);
+    char *doc = test_lighthouse_doc(400);
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    engine_pot_settings set = engine_pot_settings_default();
+    set.policy = "infinipot";
+    set.nuc_share = 1.0f; /* surprisal alone: it would drop recent entries */
+    set.budget_tokens = 48;
+    set.keep_tokens = 31;
+    set.chunk_tokens = 12;
+    set.record_tokens = 1;
+    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_stats st;
+        engine_doc_get_stats(d, &st);
+        CHECK(st.compressions >= 3);
+        answer_equals_prefill(e, d, info.n_vocab, 100, a, b, "keep 31, window 32");
+        engine_doc_close(d);
+    } else {
+        fprintf(stderr, "  keep 31: %s\n", err);
+    }
+    set.keep_tokens = 30;
+    CHECK(engine_doc_open(e, &set, err, sizeof err) == NULL);
+    CHECK(strstr(err, "keep_tokens: 30 is below the model's sliding window - 1 (31)") != NULL);
+    set.keep_tokens = 40;
+    set.policy = "finch";
+    set.question = "Who kept the light?";
+    set.finch_keep = 30;
+    CHECK(engine_doc_open(e, &set, err, sizeof err) == NULL);
+    CHECK(strstr(err, "finch_keep: 30 is below the model's sliding window - 1 (31)") != NULL);
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
 /* Ingests doc with the given feed sizes; returns the answer logits and the
  * kept indices of every (layer, head). */
 static int ingest_split(engine *e, const engine_pot_settings *set, const char *doc, size_t piece,
@@ -191,6 +239,59 @@ static int ingest_split(engine *e, const engine_pot_settings *set, const char *d
     if (rc) fprintf(stderr, "  %s\n", err);
     engine_doc_close(d);
     return rc;
+}
+
+/* Sliding and global layers in one model (tiny_gemma3: window 4, five
+ * sliding layers and one global) under compression, seen right after one (a
+ * document whose last chunk fills the pot): every sliding layer's (every
+ * head's) newest entries are exactly the document's last positions, while the
+ * global layer holds what the policy chose (InfiniPot on surprisal alone
+ * keeps an older span there). */
+TEST(ingest_mixed_layers_sliding_keep_last_positions) {
+    engine *e = open_engine(test_fixture("tiny_gemma3.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    CHECK_EQ_INT(info.sliding_window, 4);
+    CHECK_EQ_INT(info.n_sliding_layers, 5);
+    engine_pot_settings set = engine_pot_settings_default();
+    set.policy = "infinipot";
+    set.nuc_share = 1.0f;
+    set.budget_tokens = 48;
+    set.keep_tokens = 20;
+    set.chunk_tokens = 12;
+    int32_t cap = set.budget_tokens, W = info.sliding_window;
+    int64_t *kept = calloc((size_t)info.n_layer * info.n_head_kv * cap, sizeof *kept);
+    float *logits = malloc(info.n_vocab * sizeof(float));
+    engine_doc_stats st = {0};
+    for (size_t bytes = 300; bytes < 400 && st.tokens_in_pot != set.keep_tokens; bytes++) {
+        char *doc = test_lighthouse_doc(bytes);
+        CHECK_EQ_INT(ingest_split(e, &set, doc, 1 << 20, logits, kept, cap, &st), 0);
+        free(doc);
+    }
+    CHECK_EQ_INT(st.tokens_in_pot, set.keep_tokens); /* a document that ends with a compression */
+    CHECK(st.compressions >= 3);
+    int sliding_seen = 0, global_elsewhere = 0; /* global heads whose newest entries are not the tail */
+    for (int32_t l = 0; l < info.n_layer; l++) {
+        int sliding = engine_layer_window(e, l) != 0;
+        sliding_seen += sliding;
+        for (int32_t h = 0; h < info.n_head_kv; h++) {
+            const int64_t *k = kept + ((size_t)l * info.n_head_kv + h) * cap;
+            int32_t n = st.tokens_in_pot, tail_ok = 1;
+            for (int32_t i = 0; i < W; i++) tail_ok &= k[n - W + i] == st.tokens_read - W + i;
+            if (sliding && !tail_ok) {
+                test_failures++;
+                fprintf(stderr, "  layer %d head %d: the last %d entries are not the last positions\n", l, h, W);
+            }
+            global_elsewhere += !sliding && !tail_ok;
+        }
+    }
+    CHECK_EQ_INT(sliding_seen, info.n_sliding_layers);
+    CHECK(global_elsewhere > 0); /* the policy, not the tail rule, chose the global layer's entries */
+    free(kept);
+    free(logits);
+    engine_close(e);
 }
 
 TEST(ingest_pot_is_independent_of_upload_splits) {
