@@ -242,6 +242,35 @@ pot *engine_new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
                    errlen);
 }
 
+/* The model's window per layer (0: global), malloc'd; NULL when out of memory. */
+static int32_t *layer_windows(const model *m) {
+    int32_t *w = malloc((size_t)m->n_layer * sizeof *w);
+    for (int32_t l = 0; w && l < m->n_layer; l++) w[l] = m->layers[l].window;
+    return w;
+}
+
+pot *engine_new_ring_pot(engine *e, size_t capacity, int32_t slack, char *err, size_t errlen) {
+    const model *m = e->m;
+    if (!m->n_swa_layers || e->be->pot_memory) /* (a device's pots keep every slot) */
+        return engine_new_pot(e, capacity, err, errlen);
+    if (capacity > (size_t)m->n_ctx_train) return engine_new_pot(e, capacity, err, errlen); /* its message */
+    int32_t *w = layer_windows(m);
+    pot *p = w ? pot_new_windowed(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, e->kv_dtype, w,
+                                  slack, err, errlen)
+               : NULL;
+    if (!w) snprintf(err, errlen, "out of memory");
+    free(w);
+    return p;
+}
+
+size_t engine_ring_pot_bytes(const engine *e, size_t capacity, int32_t slack) {
+    const model *m = e->m;
+    int32_t *w = m->n_swa_layers && !e->be->pot_memory ? layer_windows(m) : NULL;
+    size_t bytes = pot_windowed_bytes(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, e->kv_dtype, w, slack);
+    free(w);
+    return bytes;
+}
+
 pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen) {
     pot *p = engine_new_pot(e, capacity, err, errlen);
     /* the rotated-key cache serves the CPU backend; a backend that keeps pots on its

@@ -683,11 +683,20 @@ static size_t doc_capacity(const engine_doc *d) {
     return (size_t)d->sched.budget + d->score_rows.n;
 }
 
+/* The most tokens one forward appends to a document's pot: a chunk with its
+ * scoring rows (dropped again right after), or a piece of the pinned prefix.
+ * A sliding-window layer's ring holds window - 1 entries more than this. */
+static int32_t doc_slack(const engine_doc *d) {
+    int32_t prefix_piece = d->n_prefix < PREFILL_CHUNK ? d->n_prefix : PREFILL_CHUNK;
+    int32_t chunk = d->sched.chunk_tokens + (int32_t)d->score_rows.n;
+    return chunk > prefix_piece ? chunk : prefix_piece;
+}
+
 engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
     int_vec prefix = {0};
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
-    d->pot = engine_new_pot(e, doc_capacity(d), err, errlen);
+    d->pot = engine_new_ring_pot(e, doc_capacity(d), doc_slack(d), err, errlen);
     if (d->pot) d->pot->original_positions = d->original_positions;
     d->ts = doc_tok_stream(e);
     int bad = !d->pot || !d->ts;
@@ -709,8 +718,9 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
 }
 
 size_t engine_doc_memory(const engine *e, const engine_pot_settings *s) {
-    const model *m = e->m;
-    return pot_bytes(m->n_layer, m->n_head_kv, m->head_dim, s->budget_tokens, e->kv_dtype);
+    /* (as before, the scoring rows' few slots are not counted) */
+    int32_t chunk = s->chunk_tokens ? s->chunk_tokens : (s->budget_tokens / 4 < 512 ? s->budget_tokens / 4 : 512);
+    return engine_ring_pot_bytes(e, (size_t)(s->budget_tokens > 0 ? s->budget_tokens : 1), chunk);
 }
 
 void engine_doc_close(engine_doc *d) {
@@ -731,8 +741,7 @@ void engine_doc_get_stats(const engine_doc *d, engine_doc_stats *st) {
     st->pinned_tokens = d->n_prefix;
     st->budget_tokens = d->sched.budget;
     st->keep_tokens = d->sched.keep;
-    st->pot_bytes = pot_bytes(d->pot->n_layer, d->pot->n_head_kv, d->pot->head_dim,
-                              d->pot->capacity, d->pot->dtype);
+    st->pot_bytes = pot_memory(d->pot);
 }
 
 const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n) {
@@ -1211,6 +1220,14 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
                (d->policy != POLICY_CASCADE || cascade_rebuild(d, why, sizeof why) == 0)) {
         free(extra);
         *log_offset = meta.log_offset;
+        /* a snapshot's pot keeps every slot: back into rings (what the window sees is there) */
+        pot *rings = engine_new_ring_pot(e, doc_capacity(d), doc_slack(d), err, errlen);
+        if (!rings || pot_copy(rings, d->pot)) {
+            pot_free(rings);
+            goto fail;
+        }
+        pot_free(d->pot);
+        d->pot = rings;
         return d;
     }
     snprintf(err, errlen, "snapshot %s: %s", path, why);
