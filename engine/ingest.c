@@ -742,6 +742,9 @@ void engine_doc_get_stats(const engine_doc *d, engine_doc_stats *st) {
     st->budget_tokens = d->sched.budget;
     st->keep_tokens = d->sched.keep;
     st->pot_bytes = pot_memory(d->pot);
+    st->ring_entries = 0;
+    for (int32_t l = 0; l < d->pot->n_layer; l++)
+        if (pot_ring_rows(d->pot, l) > st->ring_entries) st->ring_entries = pot_ring_rows(d->pot, l);
 }
 
 const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n) {
@@ -753,9 +756,11 @@ int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_
                         int32_t cap) {
     const pot *p = d->pot;
     if (layer < 0 || layer >= p->n_layer || head < 0 || head >= p->n_head_kv) return 0;
-    int32_t n = p->n < cap ? p->n : cap;
-    for (int32_t i = 0; i < n; i++) out[i] = p->token_index[pot_slot(p, layer, head, i)] - d->n_prefix;
-    return p->n;
+    /* a sliding-window layer keeps what its next token sees: the newest window - 1 */
+    int32_t window = d->e->m->layers[layer].window, first = window && p->n > window - 1 ? p->n - (window - 1) : 0;
+    int32_t kept = p->n - first, n = kept < cap ? kept : cap;
+    for (int32_t i = 0; i < n; i++) out[i] = p->token_index[pot_slot(p, layer, head, first + i)] - d->n_prefix;
+    return kept;
 }
 
 /* A copy of the pot with room for the question and the answer, refined by

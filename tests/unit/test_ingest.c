@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "engine/engine.h"
 #include "test.h"
 #include "test_model.h"
@@ -162,6 +163,17 @@ TEST(ingest_sliding_layers_keep_their_window_exactly) {
     engine_close(e);
 }
 
+/* The pot's bytes: its sliding layers' K/V in rings of window - 1 + a chunk
+ * and its scoring rows (ring_entries), the rest (and all metadata) at the
+ * pot's capacity, the budget plus those scoring rows; f32 entries. */
+static void check_ring_memory(const engine_info *info, const engine_doc_stats *st, int32_t chunk) {
+    int32_t rows = st->ring_entries - (info->sliding_window - 1) - chunk, capacity = st->budget_tokens + rows;
+    CHECK(st->ring_entries > 0 && rows >= 0);
+    size_t ring_saving = (size_t)info->n_sliding_layers * info->n_head_kv * (size_t)(capacity - st->ring_entries) *
+                         2 * sizeof(float) * (size_t)info->head_dim;
+    CHECK_EQ_INT(st->pot_bytes, pot_bytes(info->n_layer, info->n_head_kv, info->head_dim, capacity, POT_F32) - ring_saving);
+}
+
 /* The boundary of that: window - 1 kept entries are exactly enough (the next
  * query sees itself and window - 1 before it), so a pot keeping 31 for window
  * 32 still gives full prefill's logits, and keep_tokens or finch_keep of 30 is
@@ -190,6 +202,7 @@ TEST(ingest_sliding_layers_need_window_minus_one_kept) {
         engine_doc_stats st;
         engine_doc_get_stats(d, &st);
         CHECK(st.compressions >= 3);
+        check_ring_memory(&info, &st, set.chunk_tokens);
         answer_equals_prefill(e, d, info.n_vocab, 100, a, b, "keep 31, window 32");
         engine_doc_close(d);
     } else {
@@ -272,17 +285,24 @@ TEST(ingest_mixed_layers_sliding_keep_last_positions) {
     }
     CHECK_EQ_INT(st.tokens_in_pot, set.keep_tokens); /* a document that ends with a compression */
     CHECK(st.compressions >= 3);
+    check_ring_memory(&info, &st, set.chunk_tokens);
+    /* admission control counts the rings too (the scoring rows' slots aside, as for every pot) */
+    size_t plain = pot_bytes(info.n_layer, info.n_head_kv, info.head_dim, set.budget_tokens, POT_F32);
+    CHECK_EQ_INT(engine_doc_memory(e, &set), plain - (size_t)info.n_sliding_layers * info.n_head_kv *
+                                                         (size_t)(set.budget_tokens - (W - 1 + set.chunk_tokens)) * 2 *
+                                                         sizeof(float) * (size_t)info.head_dim);
     int sliding_seen = 0, global_elsewhere = 0; /* global heads whose newest entries are not the tail */
     for (int32_t l = 0; l < info.n_layer; l++) {
         int sliding = engine_layer_window(e, l) != 0;
         sliding_seen += sliding;
         for (int32_t h = 0; h < info.n_head_kv; h++) {
             const int64_t *k = kept + ((size_t)l * info.n_head_kv + h) * cap;
-            int32_t n = st.tokens_in_pot, tail_ok = 1;
-            for (int32_t i = 0; i < W; i++) tail_ok &= k[n - W + i] == st.tokens_read - W + i;
+            /* a sliding layer reports the window - 1 entries its next token sees, a global one all */
+            int32_t n = sliding ? W - 1 : st.tokens_in_pot, tail_ok = 1;
+            for (int32_t i = 0; i < W - 1; i++) tail_ok &= k[n - (W - 1) + i] == st.tokens_read - (W - 1) + i;
             if (sliding && !tail_ok) {
                 test_failures++;
-                fprintf(stderr, "  layer %d head %d: the last %d entries are not the last positions\n", l, h, W);
+                fprintf(stderr, "  layer %d head %d: its entries are not the last %d positions\n", l, h, W - 1);
             }
             global_elsewhere += !sliding && !tail_ok;
         }
