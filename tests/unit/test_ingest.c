@@ -119,6 +119,57 @@ TEST(ingest_without_compression_equals_full_prefill_default_model) {
     check_no_compression_equals_prefill(test_model_path(), 600, 256, 24, 2, 0);
 }
 
+/* The real Gemma 3 270M (when models/ has it; `make gemma3-model`), as plain
+ * text (its GGUF's chat template is not one potserve detects): a document of
+ * ~800 tokens, longer than the 512-token window of its 15 sliding layers and
+ * than their rings (511 + a 64-token chunk), through a pot that holds it all;
+ * the answer's logits equal a full prefill's, on the sliding layers (whose
+ * rings wrapped) and the 3 global ones, with both schedules. */
+TEST(ingest_gemma3_270m_rings_without_compression_equal_full_prefill) {
+    const char *path = "models/gemma-3-270m-q4_k_m.gguf";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "  skipped: %s absent\n", path);
+        return;
+    }
+    fclose(f);
+    engine *e = open_engine(path, 0);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = test_lighthouse_doc(3600);
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    const char *schedules[] = {"fixed", "imdc"};
+    for (int s = 0; s < 2; s++) {
+        engine_pot_settings set = engine_pot_settings_default();
+        set.schedule = schedules[s];
+        set.plain = 1;
+        set.budget_tokens = 1024;
+        set.keep_tokens = 1016;
+        set.chunk_tokens = 64;
+        set.record_tokens = 1;
+        engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+        CHECK(d != NULL);
+        if (!d) {
+            fprintf(stderr, "  %s: %s\n", schedules[s], err);
+            continue;
+        }
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_stats st;
+        engine_doc_get_stats(d, &st);
+        CHECK_EQ_INT(st.compressions, 0);
+        CHECK(st.tokens_read > st.ring_entries && st.ring_entries >= 511 + 64 && st.ring_entries < 1024);
+        answer_equals_prefill(e, d, info.n_vocab, (size_t)st.ring_entries, a, b, schedules[s]);
+        engine_doc_close(d);
+    }
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
 /* A model whose layers all slide (window 32) through a pot far smaller than
  * the document: each layer keeps its window's tail, so the answer's logits
  * equal a full prefill of every token (what the pot lost was out of every
