@@ -13,7 +13,10 @@
 #include "engine_internal.h"
 
 #define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
-#define DOC_MARK "\x1e" "potserve-document" "\x1e"
+/* Where the document goes in the rendered template: not blank at either end,
+ * since templates strip a message's blanks (gemma's), and Python's strip
+ * counts \x1e among them. */
+#define DOC_MARK "<potserve\x1e" "document>"
 
 enum {
     SNAPKV_WINDOW = 32, /* observation rows at the end of a chunk (SnapKV's default) */

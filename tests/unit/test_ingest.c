@@ -119,6 +119,38 @@ TEST(ingest_without_compression_equals_full_prefill_default_model) {
     check_no_compression_equals_prefill(test_model_path(), 600, 256, 24, 2, 0);
 }
 
+/* A document in gemma's chat template (which strips each message's blanks):
+ * the pinned prefix and the answer render around it, and the answer equals a
+ * full prefill of the same tokens. */
+TEST(ingest_gemma_chat_template_keeps_the_document) {
+    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1, .chat_template = "gemma"};
+    engine *e = test_open_engine(test_fixture("tiny_gemma3.gguf"), &opt);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = test_lighthouse_doc(150);
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    engine_pot_settings set = engine_pot_settings_default();
+    set.budget_tokens = 200;
+    set.record_tokens = 1;
+    set.system = "You answer from the document.";
+    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        answer_equals_prefill(e, d, info.n_vocab, 100, a, b, "gemma chat");
+        engine_doc_close(d);
+    } else {
+        fprintf(stderr, "  %s\n", err);
+    }
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
 /* The real Gemma 3 270M (when models/ has it; `make gemma3-model`), as plain
  * text (its GGUF's chat template is not one potserve detects): a document of
  * ~800 tokens, longer than the 512-token window of its 15 sliding layers and
