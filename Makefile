@@ -343,15 +343,18 @@ soak: $(BUILD)/potserve model
 # venv, checks that the recorded fixtures still equal what llama.cpp computes
 # now, and re-runs the tests that compare potserve with them.
 REF_TOOLS := llama-cpp-python==0.3.36 jinja2==3.1.6
+# Every check runs (one failing does not hide the others); the target fails if any did.
 test-reference: all model fixtures
 	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
-	$(VPY) tests/reference/record_logits.py $(MODEL) tests/fixtures/ref_logits.npz --check
-	$(VPY) tests/reference/record_tiny_logits.py $(BUILD)/fixtures tests/fixtures/ref_tiny_logits.npz --check
-	$(VPY) tests/reference/record_tokens.py --check
-	$(VPY) tests/reference/record_chat.py --check
-	if [ -f $(GEMMA3) ]; then $(VPY) tests/reference/record_gemma3.py $(GEMMA3) tests/fixtures/ref_gemma3_270m.json --check; fi
-	$(MAKE) --no-print-directory unit
-	$(VPY) -m pytest -q tests/py/test_reference.py
+	@failed=""; run() { echo "$$*"; "$$@" || failed="$$failed\n  $$*"; }; \
+	run $(VPY) tests/reference/record_logits.py $(MODEL) tests/fixtures/ref_logits.npz --check; \
+	run $(VPY) tests/reference/record_tiny_logits.py $(BUILD)/fixtures tests/fixtures/ref_tiny_logits.npz --check; \
+	run $(VPY) tests/reference/record_tokens.py --check; \
+	run $(VPY) tests/reference/record_chat.py --check; \
+	if [ -f $(GEMMA3) ]; then run $(VPY) tests/reference/record_gemma3.py $(GEMMA3) tests/fixtures/ref_gemma3_270m.json --check; fi; \
+	run $(MAKE) --no-print-directory unit; \
+	run $(VPY) -m pytest -q tests/py/test_reference.py; \
+	if [ -n "$$failed" ]; then printf "test-reference: failed:$$failed\n"; exit 1; fi
 
 # Side-by-side CPU benchmark of potserve and llama.cpp (not part of `make
 # test`; about 30-60 minutes): installs llama-cpp-python as test-reference

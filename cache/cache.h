@@ -38,18 +38,46 @@ typedef struct pot {
     void *k_rot;
     int32_t n_rot;
     int original_positions; /* ablation (no context reset): see pot_rope_pos */
+    /* Sliding-window layers (pot_new_windowed; NULL and unused otherwise): a
+     * layer with ring[l] > 0 keeps the K/V of its newest ring[l] slots only,
+     * slot s in row (ring_base + s) mod ring[l], the oldest overwritten first;
+     * its slots below ring_oldest[l] were overwritten and read back as zeros.
+     * Its metadata (token_index, ...) keeps every slot, as other layers'.
+     * Such a layer is only ever compacted to its newest slots (pot_compact),
+     * which keeps each slot's row. layer_row0[l]: the layer's first K/V row. */
+    int32_t *ring, *ring_oldest;
+    int64_t ring_base;
+    size_t *layer_row0;
 } pot;
 
 /* Allocates an empty pot; NULL + err when sizes are invalid or memory is short.
  * The caller owns it (pot_free). */
 pot *pot_new(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
              enum pot_dtype dtype, char *err, size_t errlen);
+/* pot_new for a model with sliding-window layers: layer l with window[l] > 0
+ * (it attends to its query and the window[l] - 1 positions before) keeps its
+ * K/V in a ring of window[l] - 1 + slack rows when that is fewer than
+ * capacity; slack is the most tokens one forward appends (and a truncation
+ * removes) while the next query still needs the window: a chunk with its
+ * scoring rows. window NULL: pot_new. */
+pot *pot_new_windowed(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                      enum pot_dtype dtype, const int32_t *window, int32_t slack, char *err, size_t errlen);
 void pot_free(pot *p);
 /* Bytes a pot of these sizes holds (for admission control), 0 on overflow. */
 size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
                  enum pot_dtype dtype);
+/* The same for pot_new_windowed's pots (window NULL: pot_bytes). */
+size_t pot_windowed_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                          enum pot_dtype dtype, const int32_t *window, int32_t slack);
+/* Bytes p holds (pot_windowed_bytes of its sizes; the rotated-key cache not counted). */
+size_t pot_memory(const pot *p);
+/* Rows of layer's ring, 0 for a layer that keeps every slot. */
+int32_t pot_ring_rows(const pot *p, int32_t layer);
 /* Index of (layer, head, slot) in the per-slot arrays. */
 size_t pot_slot(const pot *p, int32_t layer, int32_t head, int32_t slot);
+/* Its row (head_dim elements) in k, v and k_rot: pot_slot but for pots with
+ * ring layers. Rows of consecutive slots are adjacent except in a ring. */
+size_t pot_row(const pot *p, int32_t layer, int32_t head, int32_t slot);
 
 /* Stores one slot's pre-RoPE key and value (head_dim floats each), converting
  * to the pot's dtype. 0, or -1 with nothing written when a device held the
@@ -97,8 +125,9 @@ int pot_copy(pot *dst, const pot *src);
  * keep[(layer * n_head_kv + head) * n_keep + i] (strictly increasing, < p->n),
  * moving them to slots 0..n_keep-1 in that order; p->n becomes n_keep. Slot
  * index is the RoPE position, so kept keys are re-positioned by this move.
- * 0, or -1 with nothing moved when the K/V had to come back from a device
- * and could not (pot_host_take): the pot is then lost. */
+ * 0, or -1 with nothing moved when a ring layer's list is not its newest
+ * n_keep slots, or when the K/V had to come back from a device and could not
+ * (pot_host_take): the pot is then lost. */
 int pot_compact(pot *p, const int32_t *keep, int32_t n_keep);
 
 /* ---- pots held by a device (cache/pot_device.c) ---------------------------------

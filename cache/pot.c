@@ -70,32 +70,92 @@ size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t c
     return slots > SIZE_MAX / per_slot ? 0 : slots * per_slot;
 }
 
+/* Rows of a layer with this window: a ring when that is fewer than capacity, else 0. */
+static int32_t ring_rows_for(const int32_t *window, int32_t layer, int32_t slack, int32_t capacity) {
+    if (!window || window[layer] <= 0) return 0;
+    int64_t rows = (int64_t)window[layer] - 1 + (slack > 0 ? slack : 0);
+    return rows < 1 ? 1 : rows < capacity ? (int32_t)rows : 0;
+}
+
+size_t pot_windowed_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                          enum pot_dtype dtype, const int32_t *window, int32_t slack) {
+    size_t all = pot_bytes(n_layer, n_head_kv, head_dim, capacity, dtype);
+    for (int32_t l = 0; all && l < n_layer; l++) {
+        int32_t rows = ring_rows_for(window, l, slack, capacity);
+        if (rows) all -= (size_t)n_head_kv * (size_t)(capacity - rows) * 2 * elem_bytes(dtype) * (size_t)head_dim;
+    }
+    return all;
+}
+
+int32_t pot_ring_rows(const pot *p, int32_t layer) { return p->ring ? p->ring[layer] : 0; }
+
+/* K/V rows of the pot: every slot of every (layer, head), but a ring's rows for a ring layer. */
+static size_t kv_rows_total(const pot *p) {
+    if (!p->layer_row0) return (size_t)p->n_layer * p->n_head_kv * p->capacity;
+    int32_t last = p->n_layer - 1, rows = p->ring[last] ? p->ring[last] : p->capacity;
+    return p->layer_row0[last] + (size_t)p->n_head_kv * rows;
+}
+
+size_t pot_memory(const pot *p) {
+    size_t slots = (size_t)p->n_layer * p->n_head_kv * p->capacity;
+    return kv_rows_total(p) * 2 * elem_bytes(p->dtype) * (size_t)p->head_dim + slots * 16;
+}
+
+size_t pot_row(const pot *p, int32_t layer, int32_t head, int32_t slot) {
+    if (!p->layer_row0) return pot_slot(p, layer, head, slot);
+    int32_t rows = p->ring[layer];
+    if (!rows) return p->layer_row0[layer] + (size_t)head * p->capacity + (size_t)slot;
+    return p->layer_row0[layer] + (size_t)head * rows + (size_t)((p->ring_base + slot) % rows);
+}
+
 pot *pot_new(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
              enum pot_dtype dtype, char *err, size_t errlen) {
-    size_t bytes = pot_bytes(n_layer, n_head_kv, head_dim, capacity, dtype);
+    return pot_new_windowed(n_layer, n_head_kv, head_dim, capacity, dtype, NULL, 0, err, errlen);
+}
+
+pot *pot_new_windowed(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
+                      enum pot_dtype dtype, const int32_t *window, int32_t slack, char *err, size_t errlen) {
+    size_t bytes = pot_windowed_bytes(n_layer, n_head_kv, head_dim, capacity, dtype, window, slack);
     if (!bytes || (dtype != POT_F16 && dtype != POT_F32)) {
         snprintf(err, errlen, "pot: invalid size (%d layers, %d heads, dim %d, %d slots)", n_layer,
                  n_head_kv, head_dim, capacity);
         return NULL;
     }
+    int any_ring = 0;
+    for (int32_t l = 0; l < n_layer; l++) any_ring |= ring_rows_for(window, l, slack, capacity) != 0;
     pot *p = calloc(1, sizeof *p);
     size_t slots = (size_t)n_layer * n_head_kv * capacity;
+    int rings_ok = 1;
+    if (p && any_ring) {
+        p->ring = calloc((size_t)n_layer, sizeof *p->ring);
+        p->ring_oldest = calloc((size_t)n_layer, sizeof *p->ring_oldest);
+        p->layer_row0 = calloc((size_t)n_layer, sizeof *p->layer_row0);
+        rings_ok = p->ring && p->ring_oldest && p->layer_row0;
+        for (int32_t l = 0, row = 0; rings_ok && l < n_layer; l++) {
+            p->ring[l] = ring_rows_for(window, l, slack, capacity);
+            p->layer_row0[l] = (size_t)row;
+            row += n_head_kv * (p->ring[l] ? p->ring[l] : capacity);
+        }
+    }
     if (p) {
-        p->k = malloc(slots * head_dim * elem_bytes(dtype));
-        p->v = malloc(slots * head_dim * elem_bytes(dtype));
+        p->n_layer = n_layer;
+        p->n_head_kv = n_head_kv;
+        p->capacity = capacity;
+    }
+    size_t rows = p && rings_ok ? kv_rows_total(p) : 0;
+    if (p && rings_ok) {
+        p->k = malloc(rows * head_dim * elem_bytes(dtype));
+        p->v = malloc(rows * head_dim * elem_bytes(dtype));
         p->token_index = malloc(slots * sizeof *p->token_index);
         p->surprisal = calloc(slots, sizeof *p->surprisal);
         p->score_acc = calloc(slots, sizeof *p->score_acc);
     }
-    if (!p || !p->k || !p->v || !p->token_index || !p->surprisal || !p->score_acc) {
+    if (!p || !rings_ok || !p->k || !p->v || !p->token_index || !p->surprisal || !p->score_acc) {
         pot_free(p);
         snprintf(err, errlen, "pot: out of memory for %zu bytes", bytes);
         return NULL;
     }
-    p->n_layer = n_layer;
-    p->n_head_kv = n_head_kv;
     p->head_dim = head_dim;
-    p->capacity = capacity;
     p->dtype = dtype;
     return p;
 }
@@ -108,7 +168,7 @@ size_t pot_rotated_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, i
 
 int pot_cache_rotated_keys(pot *p) {
     if (p->k_rot) return 0;
-    p->k_rot = malloc(pot_rotated_bytes(p->n_layer, p->n_head_kv, p->head_dim, p->capacity, p->dtype));
+    p->k_rot = malloc(kv_rows_total(p) * p->head_dim * elem_bytes(p->dtype)); /* (ring layers: unused) */
     p->n_rot = 0;
     return p->k_rot ? 0 : -1;
 }
@@ -122,6 +182,9 @@ void pot_free(pot *p) {
     free(p->token_index);
     free(p->surprisal);
     free(p->score_acc);
+    free(p->ring);
+    free(p->ring_oldest);
+    free(p->layer_row0);
     free(p);
 }
 
@@ -153,9 +216,11 @@ static void load_rows(const pot *p, const void *base, size_t slot_index, int32_t
 
 int pot_write(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k, const float *v) {
     if (pot_host_take(p)) return -1; /* a host writer: the host holds the K/V from now on */
-    size_t s = pot_slot(p, layer, head, slot);
+    size_t s = pot_row(p, layer, head, slot);
     store_row(p, p->k, s, k);
     store_row(p, p->v, s, v);
+    int32_t rows = pot_ring_rows(p, layer);
+    if (rows && slot - rows + 1 > p->ring_oldest[layer]) p->ring_oldest[layer] = slot - rows + 1;
     if (slot < p->n_rot) p->n_rot = slot;
     return 0;
 }
@@ -170,20 +235,36 @@ void pot_round_row(const pot *p, float *row) {
     }
 }
 
+/* n consecutive slots of (layer, head) from base (k, v or k_rot) as f32 rows:
+ * one run for a layer that keeps every slot, row by row around a ring, whose
+ * overwritten slots read as zeros (they lie outside every window: masked). */
+static void read_slots(const pot *p, const void *base, int32_t layer, int32_t head, int32_t slot0, int32_t n,
+                       float *dst) {
+    if (!pot_ring_rows(p, layer)) {
+        load_rows(p, base, pot_row(p, layer, head, slot0), n, dst);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        float *row = dst + (size_t)i * p->head_dim;
+        if (slot0 + i < p->ring_oldest[layer]) memset(row, 0, (size_t)p->head_dim * sizeof *row);
+        else load_rows(p, base, pot_row(p, layer, head, slot0 + i), 1, row);
+    }
+}
+
 void pot_write_k_rotated(pot *p, int32_t layer, int32_t head, int32_t slot, const float *k) {
-    store_row(p, p->k_rot, pot_slot(p, layer, head, slot), k);
+    store_row(p, p->k_rot, pot_row(p, layer, head, slot), k);
 }
 
 void pot_read_k_rotated(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
-    load_rows(p, p->k_rot, pot_slot(p, layer, head, slot0), n, dst);
+    read_slots(p, p->k_rot, layer, head, slot0, n, dst);
 }
 
 void pot_read_k(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
-    load_rows(p, p->k, pot_slot(p, layer, head, slot0), n, dst);
+    read_slots(p, p->k, layer, head, slot0, n, dst);
 }
 
 void pot_read_v(const pot *p, int32_t layer, int32_t head, int32_t slot0, int32_t n, float *dst) {
-    load_rows(p, p->v, pot_slot(p, layer, head, slot0), n, dst);
+    read_slots(p, p->v, layer, head, slot0, n, dst);
 }
 
 int64_t pot_rope_pos(const pot *p, int32_t layer, int32_t head, int32_t slot) {
@@ -198,29 +279,59 @@ void pot_truncate(pot *p, int32_t n) {
     if (p->n_rot > p->n) p->n_rot = p->n;
 }
 
+/* Layer l's K/V of (l, h) from src's valid slots into dst's: one run between
+ * layers that keep every slot, else slot by slot from the oldest slot both
+ * hold; a dst that keeps every slot gets zeros below it (slots outside every
+ * window, never attended). Sets dst's oldest slot of a ring layer. */
+static void copy_layer_rows(pot *dst, const pot *src, int32_t l, int32_t h) {
+    size_t row = (size_t)src->head_dim * elem_bytes(src->dtype);
+    int32_t n = src->n, src_ring = pot_ring_rows(src, l), dst_ring = pot_ring_rows(dst, l);
+    if (!src_ring && !dst_ring) {
+        memcpy((char *)dst->k + pot_row(dst, l, h, 0) * row, (const char *)src->k + pot_row(src, l, h, 0) * row, n * row);
+        memcpy((char *)dst->v + pot_row(dst, l, h, 0) * row, (const char *)src->v + pot_row(src, l, h, 0) * row, n * row);
+        return;
+    }
+    int32_t from = src_ring ? src->ring_oldest[l] : 0;
+    if (dst_ring && n - dst_ring > from) from = n - dst_ring;
+    if (from > n) from = n;
+    if (dst_ring) dst->ring_oldest[l] = from;
+    for (int32_t s = 0; s < n; s++) {
+        char *dk = (char *)dst->k + pot_row(dst, l, h, s) * row, *dv = (char *)dst->v + pot_row(dst, l, h, s) * row;
+        if (s >= from) {
+            memcpy(dk, (const char *)src->k + pot_row(src, l, h, s) * row, row);
+            memcpy(dv, (const char *)src->v + pot_row(src, l, h, s) * row, row);
+        } else if (!dst_ring) {
+            memset(dk, 0, row);
+            memset(dv, 0, row);
+        }
+    }
+}
+
 int pot_copy(pot *dst, const pot *src) {
     if (dst->n_layer != src->n_layer || dst->n_head_kv != src->n_head_kv ||
         dst->head_dim != src->head_dim || dst->dtype != src->dtype || dst->capacity < src->n)
         return -1;
-    /* K/V copied on the device that holds src when it can, else through the host */
-    int kv_here = !src->device || !src->device->copy || src->device->copy(src->device, dst, src);
+    /* K/V copied on the device that holds src when it can, else through the host
+       (pots with ring layers never live on a device) */
+    int rings = src->ring || dst->ring;
+    int kv_here = rings || !src->device || !src->device->copy || src->device->copy(src->device, dst, src);
     if (kv_here && pot_host_sync(src)) return -1;
     if (kv_here && dst->device) dst->device->release(dst->device, dst);
+    if (kv_here) dst->ring_base = 0;
     size_t row = (size_t)src->head_dim * elem_bytes(src->dtype), n = (size_t)src->n;
+    int copy_rot = dst->k_rot && src->k_rot && !rings;
     for (int32_t l = 0; l < src->n_layer; l++)
         for (int32_t h = 0; h < src->n_head_kv; h++) {
             size_t s = pot_slot(src, l, h, 0), d = pot_slot(dst, l, h, 0);
-            if (kv_here) {
-                memcpy((char *)dst->k + d * row, (const char *)src->k + s * row, n * row);
-                memcpy((char *)dst->v + d * row, (const char *)src->v + s * row, n * row);
-            }
+            if (kv_here) copy_layer_rows(dst, src, l, h);
             memcpy(dst->token_index + d, src->token_index + s, n * sizeof *src->token_index);
             memcpy(dst->surprisal + d, src->surprisal + s, n * sizeof *src->surprisal);
             memcpy(dst->score_acc + d, src->score_acc + s, n * sizeof *src->score_acc);
-            if (dst->k_rot && src->k_rot)
-                memcpy((char *)dst->k_rot + d * row, (const char *)src->k_rot + s * row, (size_t)src->n_rot * row);
+            if (copy_rot)
+                memcpy((char *)dst->k_rot + pot_row(dst, l, h, 0) * row,
+                       (const char *)src->k_rot + pot_row(src, l, h, 0) * row, (size_t)src->n_rot * row);
         }
-    dst->n_rot = dst->k_rot && src->k_rot ? src->n_rot : 0;
+    dst->n_rot = copy_rot ? src->n_rot : 0;
     dst->n = src->n;
     dst->n_pinned = src->n_pinned;
     dst->n_seen = src->n_seen;
@@ -228,7 +339,17 @@ int pot_copy(pot *dst, const pot *src) {
     return 0;
 }
 
+/* 1 when every ring layer's keep list is its newest n_keep slots. */
+static int rings_keep_newest(const pot *p, const int32_t *keep, int32_t n_keep) {
+    for (int32_t l = 0; p->ring && l < p->n_layer; l++)
+        for (int32_t h = 0; p->ring[l] && h < p->n_head_kv; h++)
+            for (int32_t i = 0; i < n_keep; i++)
+                if (keep[((size_t)l * p->n_head_kv + h) * n_keep + i] != p->n - n_keep + i) return 0;
+    return 1;
+}
+
 int pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
+    if (!rings_keep_newest(p, keep, n_keep)) return -1;
     size_t row = (size_t)p->head_dim * elem_bytes(p->dtype);
     /* a device holding the K/V moves them there; the host moves the metadata */
     int kv_here = !p->device || p->device->compact(p->device, p, keep, n_keep);
@@ -238,19 +359,26 @@ int pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
             const int32_t *idx = keep + ((size_t)l * p->n_head_kv + h) * n_keep;
             size_t base = pot_slot(p, l, h, 0);
             /* idx is increasing, so idx[i] >= i: moving front to back never overwrites a
-               slot still to be read */
+               slot still to be read; a ring's rows stay (ring_base moves below) */
             for (int32_t i = 0; i < n_keep; i++) {
                 size_t from = base + (size_t)idx[i], to = base + (size_t)i;
                 if (from == to) continue;
-                if (kv_here) {
-                    memcpy((char *)p->k + to * row, (const char *)p->k + from * row, row);
-                    memcpy((char *)p->v + to * row, (const char *)p->v + from * row, row);
+                if (kv_here && !pot_ring_rows(p, l)) {
+                    size_t rf = pot_row(p, l, h, idx[i]), rt = pot_row(p, l, h, i);
+                    memcpy((char *)p->k + rt * row, (const char *)p->k + rf * row, row);
+                    memcpy((char *)p->v + rt * row, (const char *)p->v + rf * row, row);
                 }
                 p->token_index[to] = p->token_index[from];
                 p->surprisal[to] = p->surprisal[from];
                 p->score_acc[to] = p->score_acc[from];
             }
         }
+    if (p->ring) { /* a ring layer's newest slots move down by the dropped count: their rows stay */
+        int32_t dropped = p->n - n_keep;
+        p->ring_base += dropped;
+        for (int32_t l = 0; l < p->n_layer; l++)
+            p->ring_oldest[l] = p->ring_oldest[l] > dropped ? p->ring_oldest[l] - dropped : 0;
+    }
     p->n = n_keep;
     if (p->n_pinned > n_keep) p->n_pinned = n_keep;
     if (p->n_rot > p->n_pinned) p->n_rot = p->n_pinned; /* kept keys moved: their positions changed */

@@ -154,6 +154,25 @@ static void put_array(snap_writer *w, const void *data, size_t count, size_t ele
     }
 }
 
+/* The K/V rows (base: p->k or p->v) of (l, h)'s valid slots, in slot order:
+ * one run, or row by row around a ring layer, whose overwritten slots (outside
+ * every window, never attended) are written as zeros. */
+static void put_kv_rows(snap_writer *w, const pot *p, const void *base, int32_t l, int32_t h) {
+    size_t elem = dtype_bytes(p->dtype), row = (size_t)p->head_dim;
+    if (!pot_ring_rows(p, l)) {
+        put_array(w, (const char *)base + pot_row(p, l, h, 0) * row * elem, (size_t)p->n * row, elem);
+        return;
+    }
+    static const unsigned char zeros[4 * 1024];
+    for (int32_t s = 0; s < p->n; s++) {
+        if (s >= p->ring_oldest[l]) {
+            put_array(w, (const char *)base + pot_row(p, l, h, s) * row * elem, row, elem);
+            continue;
+        }
+        for (size_t left = row, k; left; left -= k) put_array(w, zeros, k = left < 1024 ? left : 1024, elem);
+    }
+}
+
 static int pot_shape_ok(const pot *p) {
     return p->n_layer >= 1 && p->n_layer <= SNAP_MAX_LAYERS && p->n_head_kv >= 1 &&
            p->n_head_kv <= SNAP_MAX_HEADS && p->head_dim >= 1 &&
@@ -184,12 +203,12 @@ static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
     put_bytes(&w, h, sizeof h);
     put_bytes(&w, meta->settings, settings_len);
     if (extra_len) put_bytes(&w, extra, extra_len);
-    size_t elem = dtype_bytes(p->dtype), n = (size_t)p->n, row = (size_t)p->head_dim;
+    size_t n = (size_t)p->n;
     for (int32_t l = 0; l < p->n_layer && !w.err; l++)
         for (int32_t hd = 0; hd < p->n_head_kv && !w.err; hd++) {
             size_t s = pot_slot(p, l, hd, 0);
-            put_array(&w, (const char *)p->k + s * row * elem, n * row, elem);
-            put_array(&w, (const char *)p->v + s * row * elem, n * row, elem);
+            put_kv_rows(&w, p, p->k, l, hd);
+            put_kv_rows(&w, p, p->v, l, hd);
             put_array(&w, p->token_index + s, n, sizeof *p->token_index);
             put_array(&w, p->surprisal + s, n, sizeof *p->surprisal);
             put_array(&w, p->score_acc + s, n, sizeof *p->score_acc);

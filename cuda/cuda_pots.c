@@ -163,6 +163,10 @@ static int evict_one(cuda_backend *cb, uint64_t now) {
 
 /* Device K/V arrays for p (no contents), in the list; NULL + err. */
 static dev_pot *attach_new(cuda_backend *cb, pot *p, uint64_t now, char *err, size_t errlen) {
+    if (p->ring) { /* the kernels address every slot of every layer; a ring layer has fewer rows */
+        snprintf(err, errlen, "cuda backend: pots with sliding-window rings are not supported on the device");
+        return NULL;
+    }
     dev_pot *dp = calloc(1, sizeof *dp);
     if (!dp) {
         snprintf(err, errlen, "cuda backend: out of memory");

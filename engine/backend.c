@@ -6,6 +6,29 @@
 #include "backend.h"
 #include "model.h"
 
+/* A ring layer still holds every slot its queries see once the span's keys
+ * are in: the window - 1 slots before the first query, not overwritten by
+ * earlier writes (a truncation) or by the span's own (more tokens than the
+ * ring's slack). */
+static int check_rings(const struct model *m, const backend_span *sp, int32_t s, char *err, size_t errlen) {
+    const pot *p = sp->kv;
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        int32_t rows = pot_ring_rows(p, l), window = m->layers[l].window;
+        if (!rows) continue;
+        int64_t needed = p->n - (window - 1), oldest = p->ring_oldest[l];
+        if (needed < 0) needed = 0;
+        if ((int64_t)p->n + sp->n_tokens - rows > oldest) oldest = (int64_t)p->n + sp->n_tokens - rows;
+        if (oldest > needed) {
+            snprintf(err, errlen,
+                     "forward: span %d: layer %d's ring of %d entries cannot hold its window of %d for %d "
+                     "new tokens after %d (it keeps slots from %lld on)",
+                     s, l, rows, window, sp->n_tokens, p->n, (long long)oldest);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int backend_check_spans(const struct model *m, const backend_span *spans, int32_t n_spans, int64_t *T,
                        int64_t *max_keys, char *err, size_t errlen) {
     *T = 0;
@@ -26,6 +49,7 @@ int backend_check_spans(const struct model *m, const backend_span *spans, int32_
                      sp->n_tokens, p->n, p->capacity);
             return -1;
         }
+        if (check_rings(m, sp, s, err, errlen)) return -1;
         for (int32_t i = 0; i < s; i++)
             if (spans[i].kv == p) {
                 snprintf(err, errlen, "forward: spans %d and %d share a pot", i, s);

@@ -113,6 +113,10 @@ void engine_get_info(const engine *e, engine_info *info) {
     info->n_threads = e->n_threads;
 }
 
+int32_t engine_layer_window(const engine *e, int32_t layer) {
+    return layer >= 0 && layer < e->m->n_layer ? e->m->layers[layer].window : 0;
+}
+
 int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_special,
                         int parse_special, int32_t *out, int64_t cap) {
     return tokenizer_encode(e->m->tok, text, len, add_special, parse_special, out, cap);
@@ -236,6 +240,35 @@ pot *engine_new_pot(engine *e, size_t capacity, char *err, size_t errlen) {
     }
     return pot_new(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, e->kv_dtype, err,
                    errlen);
+}
+
+/* The model's window per layer (0: global), malloc'd; NULL when out of memory. */
+static int32_t *layer_windows(const model *m) {
+    int32_t *w = malloc((size_t)m->n_layer * sizeof *w);
+    for (int32_t l = 0; w && l < m->n_layer; l++) w[l] = m->layers[l].window;
+    return w;
+}
+
+pot *engine_new_ring_pot(engine *e, size_t capacity, int32_t slack, char *err, size_t errlen) {
+    const model *m = e->m;
+    if (!m->n_swa_layers || e->be->pot_memory) /* (a device's pots keep every slot) */
+        return engine_new_pot(e, capacity, err, errlen);
+    if (capacity > (size_t)m->n_ctx_train) return engine_new_pot(e, capacity, err, errlen); /* its message */
+    int32_t *w = layer_windows(m);
+    pot *p = w ? pot_new_windowed(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, e->kv_dtype, w,
+                                  slack, err, errlen)
+               : NULL;
+    if (!w) snprintf(err, errlen, "out of memory");
+    free(w);
+    return p;
+}
+
+size_t engine_ring_pot_bytes(const engine *e, size_t capacity, int32_t slack) {
+    const model *m = e->m;
+    int32_t *w = m->n_swa_layers && !e->be->pot_memory ? layer_windows(m) : NULL;
+    size_t bytes = pot_windowed_bytes(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)capacity, e->kv_dtype, w, slack);
+    free(w);
+    return bytes;
 }
 
 pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen) {

@@ -54,6 +54,9 @@ typedef struct engine_info {
     int n_threads;
 } engine_info;
 void engine_get_info(const engine *e, engine_info *info);
+/* Layer `layer`'s sliding window: it attends to its query and the window - 1
+ * positions before it; 0 for a layer that attends to everything (or no such layer). */
+int32_t engine_layer_window(const engine *e, int32_t layer);
 
 /* Tokenizes text (see tokenizer_encode): returns the count (may exceed cap),
  * or -1 for invalid UTF-8. */
@@ -191,6 +194,8 @@ typedef struct engine_doc_stats {
     int64_t compressions, chunks;
     double ingest_ms, compress_ms;    /* compress_ms: selection and compaction */
     size_t pot_bytes;
+    int32_t ring_entries;             /* entries each sliding-window layer keeps in its ring
+                                         (window - 1 + a chunk with its scoring rows); 0: no ring */
 } engine_doc_stats;
 
 /* Bytes the pot of a document with these settings holds (for admission
@@ -232,7 +237,9 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
  * document, and the last answer's question prompt after them. */
 const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n);
 /* For (layer, head), the document token indices (0 = first document token)
- * of the entries in the pot, in slot order; returns the count. */
+ * of the entries in the pot, in slot order; returns the count. A
+ * sliding-window layer's are the newest window - 1 (all its next token sees;
+ * its ring holds no other entry that is ever read). */
 int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_t *out,
                         int32_t cap);
 

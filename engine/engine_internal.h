@@ -40,6 +40,12 @@ const vocab_trie *engine_vocab_trie(engine *e);
 double engine_now_ms(void);
 /* An empty pot of `capacity` slots for this model (at most its context). */
 pot *engine_new_pot(engine *e, size_t capacity, char *err, size_t errlen);
+/* engine_new_pot whose sliding-window layers keep rings of window - 1 + slack
+ * entries (pot_new_windowed): a document's pot, slack its largest forward.
+ * Backends with device pots get pots that keep every slot. */
+pot *engine_new_ring_pot(engine *e, size_t capacity, int32_t slack, char *err, size_t errlen);
+/* Bytes engine_new_ring_pot's pot holds. */
+size_t engine_ring_pot_bytes(const engine *e, size_t capacity, int32_t slack);
 /* engine_new_pot with a rotated-key cache, for pots that decode (cache/cache.h). */
 pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen);
 /* Runs tokens through p in PREFILL_CHUNK pieces; the last token's logits into

@@ -15,7 +15,10 @@
 #define DEFAULT_CATALYST "Summarize the critical points highlighted in this section."
 /* reconstruct: the rows after each chunk ask for the chunk again (the KVzip paper's prompt) */
 #define RECONSTRUCT_PROMPT "\n\nRepeat the previous context:\n"
-#define DOC_MARK "\x1e" "potserve-document" "\x1e"
+/* Where the document goes in the rendered template: not blank at either end,
+ * since templates strip a message's blanks (gemma's), and Python's strip
+ * counts \x1e among them. */
+#define DOC_MARK "<potserve\x1e" "document>"
 
 enum {
     SNAPKV_WINDOW = 32, /* observation rows at the end of a chunk (SnapKV's default) */
@@ -613,6 +616,16 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
         return snprintf(err, errlen, "finch_keep: %d must be in [0, budget_tokens]", s->finch_keep), -1;
     if (s->no_catalyst && s->policy && strcmp(s->policy, "infinipot"))
         return snprintf(err, errlen, "no_catalyst: only for policy infinipot"), -1;
+    /* sliding-window layers keep the pot's newest entries through a compression
+       (keep_window_tails): fewer than window - 1 would drop positions their
+       next query still sees, and its attention would differ from the model's */
+    const int32_t fewest = e->m->n_swa - 1;
+    if (e->m->n_swa_layers && (*keep < fewest || (s->finch_keep && s->finch_keep < fewest)))
+        return snprintf(err, errlen,
+                        "%s: %d is below the model's sliding window - 1 (%d): its %d sliding-window layers "
+                        "must keep the last %d positions through a compression",
+                        *keep < fewest ? "keep_tokens" : "finch_keep", *keep < fewest ? *keep : s->finch_keep,
+                        fewest, e->m->n_swa_layers, fewest), -1;
     return 0;
 }
 
@@ -762,11 +775,20 @@ static size_t doc_capacity(const engine_doc *d) {
     return (size_t)d->sched.budget + d->score_rows.n;
 }
 
+/* The most tokens one forward appends to a document's pot: a chunk with its
+ * scoring rows (dropped again right after), or a piece of the pinned prefix.
+ * A sliding-window layer's ring holds window - 1 entries more than this. */
+static int32_t doc_slack(const engine_doc *d) {
+    int32_t prefix_piece = d->n_prefix < PREFILL_CHUNK ? d->n_prefix : PREFILL_CHUNK;
+    int32_t chunk = d->sched.chunk_tokens + (int32_t)d->score_rows.n;
+    return chunk > prefix_piece ? chunk : prefix_piece;
+}
+
 engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
     int_vec prefix = {0};
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
-    d->pot = engine_new_pot(e, doc_capacity(d), err, errlen);
+    d->pot = engine_new_ring_pot(e, doc_capacity(d), doc_slack(d), err, errlen);
     if (d->pot) d->pot->original_positions = d->original_positions;
     d->ts = doc_tok_stream(e);
     int bad = !d->pot || !d->ts;
@@ -788,8 +810,9 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
 }
 
 size_t engine_doc_memory(const engine *e, const engine_pot_settings *s) {
-    const model *m = e->m;
-    return pot_bytes(m->n_layer, m->n_head_kv, m->head_dim, s->budget_tokens, e->kv_dtype);
+    /* (as before, the scoring rows' few slots are not counted) */
+    int32_t chunk = s->chunk_tokens ? s->chunk_tokens : (s->budget_tokens / 4 < 512 ? s->budget_tokens / 4 : 512);
+    return engine_ring_pot_bytes(e, (size_t)(s->budget_tokens > 0 ? s->budget_tokens : 1), chunk);
 }
 
 void engine_doc_close(engine_doc *d) {
@@ -811,8 +834,10 @@ void engine_doc_get_stats(const engine_doc *d, engine_doc_stats *st) {
     st->pinned_tokens = d->n_prefix;
     st->budget_tokens = d->sched.budget;
     st->keep_tokens = d->sched.keep;
-    st->pot_bytes = pot_bytes(d->pot->n_layer, d->pot->n_head_kv, d->pot->head_dim,
-                              d->pot->capacity, d->pot->dtype);
+    st->pot_bytes = pot_memory(d->pot);
+    st->ring_entries = 0;
+    for (int32_t l = 0; l < d->pot->n_layer; l++)
+        if (pot_ring_rows(d->pot, l) > st->ring_entries) st->ring_entries = pot_ring_rows(d->pot, l);
 }
 
 const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n) {
@@ -824,9 +849,11 @@ int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_
                         int32_t cap) {
     const pot *p = d->pot;
     if (layer < 0 || layer >= p->n_layer || head < 0 || head >= p->n_head_kv) return 0;
-    int32_t n = p->n < cap ? p->n : cap;
-    for (int32_t i = 0; i < n; i++) out[i] = p->token_index[pot_slot(p, layer, head, i)] - d->n_prefix;
-    return p->n;
+    /* a sliding-window layer keeps what its next token sees: the newest window - 1 */
+    int32_t window = d->e->m->layers[layer].window, first = window && p->n > window - 1 ? p->n - (window - 1) : 0;
+    int32_t kept = p->n - first, n = kept < cap ? kept : cap;
+    for (int32_t i = 0; i < n; i++) out[i] = p->token_index[pot_slot(p, layer, head, first + i)] - d->n_prefix;
+    return kept;
 }
 
 /* A copy of the pot with room for the question and the answer, refined by
@@ -1275,7 +1302,7 @@ engine_doc *engine_doc_copy(const engine_doc *d, const engine_pot_settings *s, c
     int bad = !c;
     if (!bad && strcmp(c->settings_key, d->settings_key))
         bad = 1, snprintf(err, errlen, "the settings are not the document's");
-    if (!bad && !(c->pot = engine_new_pot(d->e, doc_capacity(c), err, errlen))) bad = 1;
+    if (!bad && !(c->pot = engine_new_ring_pot(d->e, doc_capacity(c), doc_slack(c), err, errlen))) bad = 1;
     if (!bad && pot_copy(c->pot, d->pot)) bad = 1, snprintf(err, errlen, "out of memory copying the pot");
     if (!bad && doc_state_restore(c, b.p, b.n, err, errlen)) bad = 1;
     free(b.p);
@@ -1324,6 +1351,14 @@ engine_doc *engine_doc_load(engine *e, const engine_pot_settings *s, const char 
     } else if (doc_state_restore(d, extra, extra ? extra_len : 0, why, sizeof why) == 0) {
         free(extra);
         *log_offset = meta.log_offset;
+        /* a snapshot's pot keeps every slot: back into rings (what the window sees is there) */
+        pot *rings = engine_new_ring_pot(e, doc_capacity(d), doc_slack(d), err, errlen);
+        if (!rings || pot_copy(rings, d->pot)) {
+            pot_free(rings);
+            goto fail;
+        }
+        pot_free(d->pot);
+        d->pot = rings;
         return d;
     }
     snprintf(err, errlen, "snapshot %s: %s", path, why);

@@ -743,6 +743,7 @@ int cli_ingest(int argc, char **argv) {
         json_object_set_new(o, "answer_tokens", json_integer(res.n_generated));
         json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
         json_object_set_new(o, "pot_bytes", json_integer((json_int_t)st.pot_bytes));
+        if (st.ring_entries) json_object_set_new(o, "ring_entries", json_integer(st.ring_entries));
         if (share >= 0) {
             for (int32_t l = 0; l < info.n_layer; l++) json_array_append_new(layers, json_real(per_layer[l]));
             json_object_set_new(o, "tracked_kept_share", json_real(share));

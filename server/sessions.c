@@ -235,6 +235,7 @@ json_t *session_json(server *s, const session *ss) {
         ss->settings.metadata ? json_incref(ss->settings.metadata) : json_object());
     if (ss->expires) json_object_set_new(o, "expires_at", json_integer(ss->expires));
     json_object_set_new(o, "reread", json_boolean(ss->settings.reread));
+    if (st->ring_entries) json_object_set_new(o, "ring_entries", json_integer(st->ring_entries));
     if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));
     return o;
 }
@@ -1333,7 +1334,10 @@ static void retention_task(engine *e, void *arg) {
         json_t *arr = json_array();
         for (int b = 0; b < j->bins; b++)
             json_array_append_new(arr, json_real((double)rh.hist[(size_t)l * (size_t)j->bins + (size_t)b] / in.n_head_kv));
-        json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", l, "kept_per_bin", arr));
+        json_t *layer = json_pack("{s:i, s:s, s:o}", "layer", l, "attention",
+                                  engine_layer_window(e, l) ? "sliding" : "global", "kept_per_bin", arr);
+        if (engine_layer_window(e, l)) json_object_set_new(layer, "window", json_integer(engine_layer_window(e, l)));
+        json_array_append_new(layers, layer);
     }
     free(rh.hist);
     double coverage = st.tokens_read ? rh.kept / ((double)in.n_layer * in.n_head_kv) / (double)st.tokens_read : 0;

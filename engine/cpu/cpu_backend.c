@@ -225,7 +225,7 @@ static void load_keys_values(void *ctx, int64_t a, int64_t b, int worker) {
         int32_t slot = key_slot(j, g, k);
         float *kr = j->krot + ((size_t)g * j->n_keys + k) * m->head_dim;
         pot_read_v(p, j->layer, g, slot, 1, j->vals + (kr - j->krot));
-        if (p->k_rot && slot < p->n_rot) {
+        if (p->k_rot && slot < p->n_rot && !pot_ring_rows(p, j->layer)) { /* (a ring layer has no cache) */
             pot_read_k_rotated(p, j->layer, g, slot, 1, kr);
             continue;
         }
@@ -289,7 +289,7 @@ static void attend_tile(attn_job *j, int32_t h0, int32_t nh, int32_t t0, int32_t
         }
     float scale = m->attn_scale;
     const pot *kv = j->sp->kv;
-    size_t row0 = pot_slot(kv, j->layer, g, 0) * hd;
+    size_t row0 = pot_row(kv, j->layer, g, 0) * hd;
     if (!j->in_place)
         simd_dot_rows_f32(P, n_keys, qs, nq, j->krot + (size_t)g * n_keys * hd, hd, n_vis_max, hd, scale);
     else if (kv->dtype == POT_F16)
@@ -340,7 +340,7 @@ static void attend_split(attn_job *j, const attn_task *tk, float *P) {
     }
     float scale = m->attn_scale;
     const pot *kv = j->sp->kv;
-    size_t row0 = (pot_slot(kv, j->layer, g, 0) + (size_t)k0) * hd;
+    size_t row0 = (pot_row(kv, j->layer, g, 0) + (size_t)k0) * hd;
     if (!j->in_place)
         simd_dot_rows_f32(P, n, qs, nq, j->krot + ((size_t)g * j->n_keys + k0) * hd, hd, n, hd, scale);
     else if (kv->dtype == POT_F16)
@@ -586,7 +586,7 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
     attn_job j = {.cb = cb, .sp = sp, .layer = layer, .n0 = n0, .n_pre = n_pre, .n_keys = n_keys, .q = q,
                   .out = out, .krot = B->krot, .vals = B->vals, .probs = B->probs,
                   .head_scores = sp->scores ? B->head_scores : NULL, .partial = B->partial};
-    j.in_place = sp->kv->k_rot && !sp->attend_slots;
+    j.in_place = sp->kv->k_rot && !sp->attend_slots && !pot_ring_rows(sp->kv, layer); /* (rings wrap) */
     if (j.in_place)
         tp_parallel_for(cb->tp, (int64_t)m->n_head_kv * (n_keys - sp->kv->n_rot), fill_rotated, &j);
     else
@@ -604,8 +604,8 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
  * per span: a batched step of 8 sequences had 16 thread-pool barriers per
  * layer, with 3 tasks (KV groups) in each for 2 threads. Every task and its
  * arithmetic are span_attention's: the same bits. */
-static int batchable(const backend_span *sp) {
-    return sp->n_tokens == 1 && sp->kv->k_rot && !sp->attend_slots && !sp->scores;
+static int batchable(const backend_span *sp, int32_t layer) {
+    return sp->n_tokens == 1 && sp->kv->k_rot && !sp->attend_slots && !sp->scores && !pot_ring_rows(sp->kv, layer);
 }
 
 typedef struct batch_job {
@@ -739,10 +739,10 @@ static void forward_layer(cpu_backend *cb, int32_t l, backend_span *spans, int32
     for (int32_t s = 0; s < n_spans; s++) {
         B->span_t0[s] = t0;
         t0 += spans[s].n_tokens;
-        n_batch += batchable(&spans[s]);
+        n_batch += batchable(&spans[s], l);
     }
     if (n_batch < 2) n_batch = 0; /* one decoding span: span_attention */
-    for (int32_t s = 0; s < n_spans; s++) B->span_batched[s] = n_batch && batchable(&spans[s]);
+    for (int32_t s = 0; s < n_spans; s++) B->span_batched[s] = n_batch && batchable(&spans[s], l);
     store_job sj = {.cb = cb, .spans = spans, .t0 = B->span_t0, .batched = B->span_batched, .layer = l, .B = B};
     tp_parallel_for(cb->tp, n_spans, store_spans, &sj);
     n_batch = 0;

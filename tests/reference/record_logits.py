@@ -63,7 +63,7 @@ def greedy(llm, toks):
 
 
 def record(model_path):
-    from llama_cpp import Llama
+    from lcpp import Llama
 
     llm = Llama(model_path=model_path, n_ctx=512, n_threads=2, logits_all=True, verbose=False)
     f32kv = Llama(model_path=model_path, n_ctx=512, n_threads=2, logits_all=True, verbose=False,

@@ -40,6 +40,8 @@ def main():
         return 0
     ref = np.load(a.out)
     bad = [k for k in got if k not in ref or not np.allclose(ref[k], got[k], atol=1e-3)]
+    for k in bad:
+        print(f"{k}: " + (f"max difference {np.max(np.abs(ref[k] - got[k])):.4g}" if k in ref else "not recorded"))
     print(f"{len(got) - len(bad)} passed, {len(bad)} failed")
     return 1 if bad else 0
 

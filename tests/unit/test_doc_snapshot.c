@@ -460,6 +460,27 @@ TEST(doc_snapshot_restores_every_policy_tiny) {
     engine_close(e);
 }
 
+/* tiny_gemma3 (window 4: five of its six layers keep rings, written as
+ * zeros where overwritten and restored into rings): saved at every cut and
+ * restored, the end equals the uninterrupted document's, for two policies
+ * and both schedules. */
+TEST(doc_snapshot_restores_sliding_window_rings) {
+    char err[512];
+    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1};
+    engine *e = engine_open(test_fixture("tiny_gemma3.gguf"), &opt, err, sizeof err);
+    CHECK(e != NULL);
+    if (!e) return;
+    const char *policies[] = {"infinipot", "h2o"};
+    for (int p = 0; p < 2; p++)
+        for (int s = 0; s < 2; s++) {
+            engine_pot_settings set = small_settings(policies[p], schedules[s], 64, 32, 16);
+            char label[64];
+            snprintf(label, sizeof label, "gemma3 %s/%s", policies[p], schedules[s]);
+            check_restores(e, &set, long_doc, 1, label);
+        }
+    engine_close(e);
+}
+
 /* The real model (f16 entries, GQA, byte-level BPE): every policy and
  * schedule, a 40-entry pot over ~100 tokens; none with a pot it fits. */
 TEST(doc_snapshot_restores_every_policy_default_model) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "engine/engine.h"
 #include "test.h"
 #include "test_model.h"
@@ -118,6 +119,89 @@ TEST(ingest_without_compression_equals_full_prefill_default_model) {
     check_no_compression_equals_prefill(test_model_path(), 600, 256, 24, 2, 0);
 }
 
+/* A document in gemma's chat template (which strips each message's blanks):
+ * the pinned prefix and the answer render around it, and the answer equals a
+ * full prefill of the same tokens. */
+TEST(ingest_gemma_chat_template_keeps_the_document) {
+    engine_options opt = {.n_threads = 2, .exact = 1, .kv_f32 = 1, .chat_template = "gemma"};
+    engine *e = test_open_engine(test_fixture("tiny_gemma3.gguf"), &opt);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = test_lighthouse_doc(150);
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    engine_pot_settings set = engine_pot_settings_default();
+    set.budget_tokens = 200;
+    set.record_tokens = 1;
+    set.system = "You answer from the document.";
+    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        answer_equals_prefill(e, d, info.n_vocab, 100, a, b, "gemma chat");
+        engine_doc_close(d);
+    } else {
+        fprintf(stderr, "  %s\n", err);
+    }
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
+/* The real Gemma 3 270M (when models/ has it; `make gemma3-model`), as plain
+ * text (its GGUF's chat template is not one potserve detects): a document of
+ * ~800 tokens, longer than the 512-token window of its 15 sliding layers and
+ * than their rings (511 + a 64-token chunk), through a pot that holds it all;
+ * the answer's logits equal a full prefill's, on the sliding layers (whose
+ * rings wrapped) and the 3 global ones, with both schedules. */
+TEST(ingest_gemma3_270m_rings_without_compression_equal_full_prefill) {
+    const char *path = "models/gemma-3-270m-q4_k_m.gguf";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "  skipped: %s absent\n", path);
+        return;
+    }
+    fclose(f);
+    engine *e = open_engine(path, 0);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = test_lighthouse_doc(3600);
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    const char *schedules[] = {"fixed", "imdc"};
+    for (int s = 0; s < 2; s++) {
+        engine_pot_settings set = engine_pot_settings_default();
+        set.schedule = schedules[s];
+        set.plain = 1;
+        set.budget_tokens = 1024;
+        set.keep_tokens = 1016;
+        set.chunk_tokens = 64;
+        set.record_tokens = 1;
+        engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+        CHECK(d != NULL);
+        if (!d) {
+            fprintf(stderr, "  %s: %s\n", schedules[s], err);
+            continue;
+        }
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_stats st;
+        engine_doc_get_stats(d, &st);
+        CHECK_EQ_INT(st.compressions, 0);
+        CHECK(st.tokens_read > st.ring_entries && st.ring_entries >= 511 + 64 && st.ring_entries < 1024);
+        answer_equals_prefill(e, d, info.n_vocab, (size_t)st.ring_entries, a, b, schedules[s]);
+        engine_doc_close(d);
+    }
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
 /* A model whose layers all slide (window 32) through a pot far smaller than
  * the document: each layer keeps its window's tail, so the answer's logits
  * equal a full prefill of every token (what the pot lost was out of every
@@ -162,6 +246,66 @@ TEST(ingest_sliding_layers_keep_their_window_exactly) {
     engine_close(e);
 }
 
+/* The pot's bytes: its sliding layers' K/V in rings of window - 1 + a chunk
+ * and its scoring rows (ring_entries), the rest (and all metadata) at the
+ * pot's capacity, the budget plus those scoring rows; f32 entries. */
+static void check_ring_memory(const engine_info *info, const engine_doc_stats *st, int32_t chunk) {
+    int32_t rows = st->ring_entries - (info->sliding_window - 1) - chunk, capacity = st->budget_tokens + rows;
+    CHECK(st->ring_entries > 0 && rows >= 0);
+    size_t ring_saving = (size_t)info->n_sliding_layers * info->n_head_kv * (size_t)(capacity - st->ring_entries) *
+                         2 * sizeof(float) * (size_t)info->head_dim;
+    CHECK_EQ_INT(st->pot_bytes, pot_bytes(info->n_layer, info->n_head_kv, info->head_dim, capacity, POT_F32) - ring_saving);
+}
+
+/* The boundary of that: window - 1 kept entries are exactly enough (the next
+ * query sees itself and window - 1 before it), so a pot keeping 31 for window
+ * 32 still gives full prefill's logits, and keep_tokens or finch_keep of 30 is
+ * refused with a message naming the window. */
+TEST(ingest_sliding_layers_need_window_minus_one_kept) {
+    engine *e = open_engine(test_fixture("swa_gemma3_local.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    CHECK_EQ_INT(info.sliding_window, 32);
+    char *doc = test_lighthouse_doc(400);
+    float *a = malloc(info.n_vocab * sizeof(float)), *b = malloc(info.n_vocab * sizeof(float));
+    char err[512];
+    engine_pot_settings set = engine_pot_settings_default();
+    set.policy = "infinipot";
+    set.nuc_share = 1.0f; /* surprisal alone: it would drop recent entries */
+    set.budget_tokens = 48;
+    set.keep_tokens = 31;
+    set.chunk_tokens = 12;
+    set.record_tokens = 1;
+    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+    CHECK(d != NULL);
+    if (d) {
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_stats st;
+        engine_doc_get_stats(d, &st);
+        CHECK(st.compressions >= 3);
+        check_ring_memory(&info, &st, set.chunk_tokens);
+        answer_equals_prefill(e, d, info.n_vocab, 100, a, b, "keep 31, window 32");
+        engine_doc_close(d);
+    } else {
+        fprintf(stderr, "  keep 31: %s\n", err);
+    }
+    set.keep_tokens = 30;
+    CHECK(engine_doc_open(e, &set, err, sizeof err) == NULL);
+    CHECK(strstr(err, "keep_tokens: 30 is below the model's sliding window - 1 (31)") != NULL);
+    set.keep_tokens = 40;
+    set.policy = "finch";
+    set.question = "Who kept the light?";
+    set.finch_keep = 30;
+    CHECK(engine_doc_open(e, &set, err, sizeof err) == NULL);
+    CHECK(strstr(err, "finch_keep: 30 is below the model's sliding window - 1 (31)") != NULL);
+    free(a);
+    free(b);
+    free(doc);
+    engine_close(e);
+}
+
 /* Ingests doc with the given feed sizes; returns the answer logits and the
  * kept indices of every (layer, head). */
 static int ingest_split(engine *e, const engine_pot_settings *set, const char *doc, size_t piece,
@@ -191,6 +335,66 @@ static int ingest_split(engine *e, const engine_pot_settings *set, const char *d
     if (rc) fprintf(stderr, "  %s\n", err);
     engine_doc_close(d);
     return rc;
+}
+
+/* Sliding and global layers in one model (tiny_gemma3: window 4, five
+ * sliding layers and one global) under compression, seen right after one (a
+ * document whose last chunk fills the pot): every sliding layer's (every
+ * head's) newest entries are exactly the document's last positions, while the
+ * global layer holds what the policy chose (InfiniPot on surprisal alone
+ * keeps an older span there). */
+TEST(ingest_mixed_layers_sliding_keep_last_positions) {
+    engine *e = open_engine(test_fixture("tiny_gemma3.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    CHECK_EQ_INT(info.sliding_window, 4);
+    CHECK_EQ_INT(info.n_sliding_layers, 5);
+    engine_pot_settings set = engine_pot_settings_default();
+    set.policy = "infinipot";
+    set.nuc_share = 1.0f;
+    set.budget_tokens = 48;
+    set.keep_tokens = 20;
+    set.chunk_tokens = 12;
+    int32_t cap = set.budget_tokens, W = info.sliding_window;
+    int64_t *kept = calloc((size_t)info.n_layer * info.n_head_kv * cap, sizeof *kept);
+    float *logits = malloc(info.n_vocab * sizeof(float));
+    engine_doc_stats st = {0};
+    for (size_t bytes = 300; bytes < 400 && st.tokens_in_pot != set.keep_tokens; bytes++) {
+        char *doc = test_lighthouse_doc(bytes);
+        CHECK_EQ_INT(ingest_split(e, &set, doc, 1 << 20, logits, kept, cap, &st), 0);
+        free(doc);
+    }
+    CHECK_EQ_INT(st.tokens_in_pot, set.keep_tokens); /* a document that ends with a compression */
+    CHECK(st.compressions >= 3);
+    check_ring_memory(&info, &st, set.chunk_tokens);
+    /* admission control counts the rings too (the scoring rows' slots aside, as for every pot) */
+    size_t plain = pot_bytes(info.n_layer, info.n_head_kv, info.head_dim, set.budget_tokens, POT_F32);
+    CHECK_EQ_INT(engine_doc_memory(e, &set), plain - (size_t)info.n_sliding_layers * info.n_head_kv *
+                                                         (size_t)(set.budget_tokens - (W - 1 + set.chunk_tokens)) * 2 *
+                                                         sizeof(float) * (size_t)info.head_dim);
+    int sliding_seen = 0, global_elsewhere = 0; /* global heads whose newest entries are not the tail */
+    for (int32_t l = 0; l < info.n_layer; l++) {
+        int sliding = engine_layer_window(e, l) != 0;
+        sliding_seen += sliding;
+        for (int32_t h = 0; h < info.n_head_kv; h++) {
+            const int64_t *k = kept + ((size_t)l * info.n_head_kv + h) * cap;
+            /* a sliding layer reports the window - 1 entries its next token sees, a global one all */
+            int32_t n = sliding ? W - 1 : st.tokens_in_pot, tail_ok = 1;
+            for (int32_t i = 0; i < W - 1; i++) tail_ok &= k[n - (W - 1) + i] == st.tokens_read - (W - 1) + i;
+            if (sliding && !tail_ok) {
+                test_failures++;
+                fprintf(stderr, "  layer %d head %d: its entries are not the last %d positions\n", l, h, W - 1);
+            }
+            global_elsewhere += !sliding && !tail_ok;
+        }
+    }
+    CHECK_EQ_INT(sliding_seen, info.n_sliding_layers);
+    CHECK(global_elsewhere > 0); /* the policy, not the tail rule, chose the global layer's entries */
+    free(kept);
+    free(logits);
+    engine_close(e);
 }
 
 TEST(ingest_pot_is_independent_of_upload_splits) {

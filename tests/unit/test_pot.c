@@ -116,3 +116,83 @@ TEST(pot_compact_keeps_order_per_head) {
             }
     pot_free(p);
 }
+
+/* Writes slots [from, to) of every (layer, head) with keys naming (layer, slot). */
+static void write_named(pot *p, int32_t from, int32_t to) {
+    float k[4], v[4];
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++)
+            for (int32_t s = from; s < to; s++) {
+                for (int i = 0; i < 4; i++) k[i] = v[i] = (float)(l * 1000 + s);
+                pot_write(p, l, h, s, k, v);
+            }
+}
+
+/* Slot s of layer l reads back as written (named), or as zeros (gone). */
+static int reads_named(const pot *p, int32_t l, int32_t s, float named) {
+    float k[4], v[4];
+    pot_read_k(p, l, 1, s, 1, k);
+    pot_read_v(p, l, 1, s, 1, v);
+    return k[0] == named && k[3] == named && v[2] == named;
+}
+
+/* A sliding layer (window 4, slack 3: a ring of 6 rows) beside a global one:
+ * the ring keeps the newest 6 slots and reads older ones as zeros; compaction
+ * to the newest slots keeps its rows in place while the global layer's move;
+ * any other keep list is refused; copies into a plain pot and back keep what
+ * the window sees; memory counts the ring's rows. */
+TEST(pot_ring_layers_keep_their_newest_slots) {
+    char err[128];
+    const int32_t window[2] = {4, 0};
+    pot *p = pot_new_windowed(2, 2, 4, 16, POT_F32, window, 3, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    CHECK_EQ_INT(pot_ring_rows(p, 0), 6);
+    CHECK_EQ_INT(pot_ring_rows(p, 1), 0);
+    size_t plain = pot_bytes(2, 2, 4, 16, POT_F32);
+    CHECK_EQ_INT(pot_memory(p), plain - 2ull * (16 - 6) * 2 * 4 * 4);
+    CHECK_EQ_INT(pot_windowed_bytes(2, 2, 4, 16, POT_F32, window, 3), pot_memory(p));
+    write_named(p, 0, 10);
+    p->n = 10;
+    CHECK(reads_named(p, 0, 9, 9) && reads_named(p, 0, 4, 4));
+    CHECK(reads_named(p, 0, 3, 0)); /* overwritten by slot 9: zeros */
+    CHECK(reads_named(p, 1, 0, 1000) && reads_named(p, 1, 9, 1009));
+    /* keep 5: the ring layer its newest, the global layer slots 0, 2, 4, 6, 8 */
+    int32_t keep[2 * 2 * 5];
+    for (int32_t h = 0; h < 2; h++)
+        for (int32_t i = 0; i < 5; i++) {
+            keep[h * 5 + i] = 10 - 5 + i;
+            keep[(2 + h) * 5 + i] = 2 * i;
+        }
+    int32_t bad[2 * 2 * 5];
+    memcpy(bad, keep, sizeof bad);
+    bad[3] = 2; /* a ring layer's slot that is not among its newest */
+    bad[4] = 3;
+    CHECK_EQ_INT(pot_compact(p, bad, 5), -1);
+    CHECK_EQ_INT(p->n, 10);
+    CHECK_EQ_INT(pot_compact(p, keep, 5), 0);
+    for (int32_t i = 0; i < 5; i++) CHECK(reads_named(p, 0, i, 5 + i) && reads_named(p, 1, i, 1000 + 2 * i));
+    write_named(p, 5, 8); /* three new slots overwrite the ring's two oldest (slots 0, 1 now) */
+    p->n = 8;
+    CHECK(reads_named(p, 0, 0, 0) && reads_named(p, 0, 1, 0) && reads_named(p, 0, 2, 7));
+    CHECK(reads_named(p, 0, 5, 5) && reads_named(p, 0, 7, 7) && reads_named(p, 1, 7, 1007));
+    /* into a plain pot and back into a ring: the same slots, zeros below */
+    pot *flat = pot_new(2, 2, 4, 16, POT_F32, err, sizeof err), *back = pot_new_windowed(2, 2, 4, 16, POT_F32, window, 3, err, sizeof err);
+    CHECK(flat && back);
+    if (flat && back) {
+        CHECK_EQ_INT(pot_copy(flat, p), 0);
+        CHECK_EQ_INT(pot_copy(back, flat), 0);
+        for (int32_t s = 0; s < 8; s++) {
+            float want = s < 2 ? 0 : s < 5 ? (float)(5 + s) : (float)s;
+            CHECK(reads_named(flat, 0, s, want) && reads_named(back, 0, s, want));
+            CHECK(reads_named(back, 1, s, s < 5 ? 1000 + 2 * s : 1000 + s));
+        }
+    }
+    pot_free(flat);
+    pot_free(back);
+    pot_free(p);
+    /* a window the capacity holds anyway: no ring */
+    pot *wide = pot_new_windowed(2, 2, 4, 8, POT_F32, window, 8, err, sizeof err);
+    CHECK(wide && !pot_ring_rows(wide, 0) && pot_memory(wide) == pot_bytes(2, 2, 4, 8, POT_F32));
+    pot_free(wide);
+}
