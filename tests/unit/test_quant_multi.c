@@ -424,6 +424,7 @@ static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t
         int sc[16], mn[16];
         k_scales(type, x, sc, mn);
         int32_t isum = 0, msum = 0;
+        float fsum = 0.0f; /* Q6_K scales its sub-block sums in float, in order */
         for (int s = 0; s < 256 / len; s++) {
             int32_t dot = 0, ysum = 0;
             for (int e = s * len; e < (s + 1) * len; e++) {
@@ -433,10 +434,11 @@ static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t
                 *mag += fabs((double)dx * sc[s] * k_quant(type, x, e) * dy * y[e]) +
                         fabs((double)(q6 ? dx * sc[s] * 32 : dm * mn[s]) * dy * y[e]);
             }
-            isum += sc[s] * dot;
+            if (q6) fsum = fmaf((float)dot, (float)sc[s], fsum);
+            else isum += sc[s] * dot;
             msum += mn[s] * ysum;
         }
-        acc = fmaf(dx * dy, (float)isum, acc);
+        acc = fmaf(dx * dy, q6 ? fsum : (float)isum, acc);
         if (!q6) acc = fmaf(-(dm * dy), (float)msum, acc);
     }
     return acc;
