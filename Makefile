@@ -412,6 +412,15 @@ clean:
 $(BUILD)/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BENCH_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
 longdoc: $(BUILD)/longdoc_bench
+# The same bench with the CUDA backend linked in (run.py --bin build/cuda/longdoc_bench
+# --backend cuda), and on the emulator for a smoke run without a GPU.
+$(BUILD)/cuda/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BENCH_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread $(CUDA_LIBS)
+$(BUILD)/cuda_emu/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BENCH_OBJ) \
+                                 $(patsubst %.c,$(BUILD)/obj/%.o,$(CU_C_SRC)) $(filter-out %/selftest.o,$(EMU_OBJ))
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
 
 # --- long-document evaluation data and models (issue 22) ------------------------------
 # The natural haystacks' sources (tests/bench/longdoc/corpus.py), also in

@@ -27,6 +27,10 @@ SHAPES = {
     # Llama-3.2-1B: 16 layers, 2048 wide, 8192 FFN, 32 heads over 8 KV heads, tied embeddings
     "llama-3.2-1b": dict(n_layer=16, n_embd=2048, n_ff=8192, n_head=32, n_head_kv=8, n_vocab=128256,
                          ctx=131072, rope_base=500000.0),
+    # Qwen2.5(-Coder)-1.5B: 28 layers, 1536 wide, 8960 FFN, 12 heads over 2 KV heads (head_dim 128),
+    # 151936 tokens, tied embeddings, biases on Q/K/V (the qwen2 architecture)
+    "qwen2.5-1.5b": dict(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, n_vocab=151936,
+                         ctx=32768, rope_base=1000000.0, arch="qwen2", eps=1e-6),
     # a smoke-test model: runs in seconds under the CUDA emulator
     "tiny": dict(n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_vocab=0, ctx=4096, rope_base=10000.0),
 }
@@ -91,7 +95,8 @@ def main():
     rng = np.random.default_rng(1234)
     r = gguf.GGUFReader(a.tokenizer)
     tmp = a.out + ".tmp"
-    w = gguf.GGUFWriter(tmp, "llama")
+    arch = s.get("arch", "llama")
+    w = gguf.GGUFWriter(tmp, arch)
     w.add_name(f"synthetic {a.shape} {a.type} (random weights)")
     n_vocab = copy_tokenizer(r, w, s["n_vocab"])
     d, hd = s["n_embd"], s["n_embd"] // s["n_head"]
@@ -103,7 +108,7 @@ def main():
     w.add_head_count_kv(s["n_head_kv"])
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(s["rope_base"])
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(s.get("eps", 1e-5))
     w.add_file_type(int(FILE_TYPES[qtype]))
     ones = np.ones(d, np.float32)
     k_mix = qtype == QT.Q4_K
@@ -119,6 +124,8 @@ def main():
                                  ("ffn_gate", s["n_ff"], d), ("ffn_up", s["n_ff"], d), ("ffn_down", d, s["n_ff"])):
             t = QT.Q6_K if k_mix and name in ("attn_v", "ffn_down") and more_bits(l, s["n_layer"]) else qtype
             w.add_tensor(p + name + ".weight", random_blocks(rng, rows, cols, t), raw_dtype=t)
+            if arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                w.add_tensor(p + name + ".bias", np.zeros(rows, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

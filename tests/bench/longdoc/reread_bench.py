@@ -11,6 +11,7 @@ intervals per mode.
 
     .venv/bin/python tests/bench/longdoc/reread_bench.py -m MODEL --length 32768
         [--trial 0] [--rotations 0,1,2] [--ask single,...] [--share rows|pots] [--solo] [--agnostic]
+        [--backend cpu|cuda]
 """
 import argparse
 import concurrent.futures
@@ -54,6 +55,7 @@ def main():
     ap.add_argument("--agnostic", action="store_true", help="also ask the session's own pot")
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--backend", default="cpu", help="cpu, or cuda (POTSERVE_BIN naming a make CUDA=1 binary)")
     ap.add_argument("--out", default=str(ROOT / "build" / "longdoc_nat"))
     a = ap.parse_args()
     out = pathlib.Path(a.out)
@@ -63,8 +65,8 @@ def main():
     with tempfile.TemporaryDirectory() as data:
         import server_util
         server_util.MODEL = a.model
-        srv = Server(data, "--budget-tokens", str(a.budget), "--threads", str(a.threads), "--reread-share",
-                     a.share, "--reread-gather-ms", "1000")
+        srv = Server(data, "--backend", a.backend, "--budget-tokens", str(a.budget), "--threads", str(a.threads),
+                     "--reread-share", a.share, "--reread-gather-ms", "1000")
         srv.start()
         try:
             for rot in map(int, a.rotations.split(",")):
@@ -81,7 +83,7 @@ def main():
                 base = dict(model=pathlib.Path(a.model).name, split=a.split, length=a.length, trial=a.trial,
                             rotation=rot, doc_tokens=up["tokens_ingested"],
                             upload_tokens_per_s=up["tokens_ingested"] / upload_s, budget=a.budget,
-                            threads=a.threads)
+                            threads=a.threads, backend=a.backend)
                 answers = []  # (mode, t, response, seconds)
                 if a.agnostic:
                     answers += [("agnostic", t, *ask(srv, sess["id"], task["question"], False)) for t, task in asked]
