@@ -31,6 +31,9 @@ SHAPES = {
     # 151936 tokens, tied embeddings, biases on Q/K/V (the qwen2 architecture)
     "qwen2.5-1.5b": dict(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, n_vocab=151936,
                          ctx=32768, rope_base=1000000.0, arch="qwen2", eps=1e-6),
+    # SmolLM2-135M: 30 layers, 576 wide, 1536 FFN, 9 heads over 3 KV heads, 49152 tokens, tied
+    "smollm2-135m": dict(n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, n_vocab=49152,
+                         ctx=8192, rope_base=100000.0),
     # a smoke-test model: runs in seconds under the CUDA emulator
     "tiny": dict(n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_vocab=0, ctx=4096, rope_base=10000.0),
 }
