@@ -371,8 +371,15 @@ void enqueue(cudaStream_t stream, std::function<void()> op) {
 
 void launch(const char *name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, std::function<void()> body) {
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    /* a block dimension beyond the device's limits is an invalid value (as an
+     * H200 with CUDA 13 answers a 2048-thread block); the other bad shapes an
+     * invalid configuration */
+    if (block.x > MAX_THREADS || block.y > MAX_THREADS || block.z > 64) {
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
     if (!grid.x || !grid.y || !grid.z || grid.y > 65535 || grid.z > 65535 || !threads || threads > MAX_THREADS ||
-        block.z > 64 || shmem > MAX_DYNAMIC_SHARED) {
+        shmem > MAX_DYNAMIC_SHARED) {
         last_error = cudaErrorInvalidConfiguration;
         return;
     }

@@ -23,7 +23,8 @@
 #include <stdlib.h>
 
 enum {
-    ATTN_NW = 4,                 /* warps per block = (query, head) items per block */
+    ATTN_NW = 4,                 /* warps per block = (query, head) items per block: decode */
+    ATTN_MAX_NW = 16,            /* ... and at most, for spans of many queries (attn_span_warps) */
     ATTN_SHARED = 40 * 1024,     /* bytes of K and V tiles at most */
     ATTN_MAX_DIM = 256,          /* head_dim limit (8 output values per lane) */
     ATTN_SPLIT_KEYS = 256,       /* keys per split for split-K decoding */
@@ -38,10 +39,23 @@ static int attn_tile_keys(int32_t head_dim) {
     return bk >= 32 ? 32 : bk >= 16 ? 16 : 8;
 }
 
-static size_t attn_shared_bytes(int32_t head_dim) {
+/* Shared memory of a block of nw warps: the K and V tiles, each warp's query
+ * and probabilities. */
+static size_t attn_shared_bytes(int32_t head_dim, int nw) {
     int bk = attn_tile_keys(head_dim);
-    return sizeof(float) * ((size_t)bk * (head_dim + 1) + (size_t)bk * head_dim + (size_t)ATTN_NW * head_dim +
-                            (size_t)ATTN_NW * 32);
+    return sizeof(float) * ((size_t)bk * (head_dim + 1) + (size_t)bk * head_dim + (size_t)nw * head_dim +
+                            (size_t)nw * 32);
+}
+
+/* Warps per block of a span's attention: a block's warps share each K/V tile
+ * it loads (and rotates), so a long span takes as many as fit in 48 KiB of
+ * shared memory (up to 16: a tile serves 16 (query, head) items instead of
+ * 4); a single query keeps ATTN_NW (its group has few heads). */
+static int attn_span_warps(int32_t n_q, int32_t head_dim) {
+    if (n_q <= 1) return ATTN_NW;
+    for (int nw = ATTN_MAX_NW; nw > ATTN_NW; nw /= 2)
+        if (attn_shared_bytes(head_dim, nw) <= 48 * 1024) return nw;
+    return ATTN_NW;
 }
 
 /* Pot slot of attended key k of KV head g. */
@@ -75,8 +89,8 @@ __device__ __forceinline__ void attn_load_row(const cuda_attn &a, const cuda_rop
     for (int e = lane; e < hd; e += 32) vrow[e] = to_f32(vsrc[e]);
 }
 
-/* One block's work: KV head g, (query, head) items [item_block * ATTN_NW,
- * + ATTN_NW), keys [split * split_keys, + split_keys); partial NULL writes
+/* One block's work: KV head g, (query, head) items [item_block * nw, + nw)
+ * for the block's nw warps, keys [split * split_keys, + split_keys); partial NULL writes
  * the normalised output, else this split's partial results go to
  * partial[split][t][h]. */
 template <class T>
@@ -84,18 +98,18 @@ __device__ void attn_block(const cuda_attn &a, const cuda_rope &r, int32_t bk, i
                            int32_t g, int32_t item_block, int32_t split) {
     CU_DYNAMIC_SHARED(float, smem);
     const int32_t hd = a.head_dim, group = a.n_head / a.n_head_kv;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     float *ks = smem;                              /* [bk][hd + 1] */
     float *vs = ks + (size_t)bk * (hd + 1);        /* [bk][hd] */
-    float *qs = vs + (size_t)bk * hd;              /* [ATTN_NW][hd] */
-    float *ps = qs + (size_t)ATTN_NW * hd;         /* [ATTN_NW][32] */
+    float *qs = vs + (size_t)bk * hd;              /* [nw][hd] */
+    float *ps = qs + (size_t)nw * hd;              /* [nw][32] */
 
     const int32_t n_items = a.n_q * group, n_keys = a.n_pre + a.n_q;
-    const int32_t item = item_block * ATTN_NW + warp;
+    const int32_t item = item_block * nw + warp;
     const bool active = item < n_items;
     const int32_t t = active ? item / group : 0, h = g * group + (active ? item % group : 0);
     /* the block's last query sees the most keys */
-    int32_t last_item = imin(n_items - 1, item_block * ATTN_NW + ATTN_NW - 1);
+    int32_t last_item = imin(n_items - 1, item_block * nw + nw - 1);
     int32_t block_keys = a.n_pre + last_item / group + 1;
     int32_t k_begin = split * split_keys, k_end = imin(n_keys, k_begin + split_keys);
     int32_t tile_end = imin(k_end, block_keys);
@@ -110,7 +124,7 @@ CU_UNROLL
 
     for (int32_t k0 = k_begin; k0 < tile_end; k0 += bk) {
         __syncthreads(); /* the previous tile is no longer read */
-        for (int row = warp; row < bk; row += ATTN_NW)
+        for (int row = warp; row < bk; row += nw)
             attn_load_row<T>(a, r, g, k0 + row, k_end, ks + (size_t)row * (hd + 1), vs + (size_t)row * hd, lane);
         __syncthreads();
         int32_t key = k0 + lane;
@@ -284,7 +298,7 @@ extern "C" cudaError_t cuda_attention_batch_f32(const cuda_attn_batch *b, const 
     int32_t group = b->n_head / b->n_head_kv, item_blocks = (group + ATTN_NW - 1) / ATTN_NW;
     int32_t bk = attn_tile_keys(b->head_dim);
     dim3 grid((unsigned)(b->n_head_kv * item_blocks), (unsigned)b->n_spans, (unsigned)grid_splits);
-    size_t shmem = attn_shared_bytes(b->head_dim);
+    size_t shmem = attn_shared_bytes(b->head_dim, ATTN_NW);
     float *partial = grid_splits > 1 ? scratch : nullptr;
     if (b->dtype == 0)
         CU_LAUNCH(attn_batch_kernel<__half>, grid, dim3(32 * ATTN_NW), shmem, stream, *b, *rope, bk, partial);
@@ -372,13 +386,14 @@ extern "C" cudaError_t cuda_attention_f32(const cuda_attn *a, const cuda_rope *r
     int32_t split_keys = (n_keys + n_split - 1) / n_split;
     split_keys = (split_keys + bk - 1) / bk * bk;
     int32_t group = a->n_head / a->n_head_kv, n_items = a->n_q * group;
-    dim3 grid((unsigned)a->n_head_kv, (unsigned)((n_items + ATTN_NW - 1) / ATTN_NW), (unsigned)n_split);
-    size_t shmem = attn_shared_bytes(a->head_dim);
+    int nw = attn_span_warps(a->n_q, a->head_dim);
+    dim3 grid((unsigned)a->n_head_kv, (unsigned)((n_items + nw - 1) / nw), (unsigned)n_split);
+    size_t shmem = attn_shared_bytes(a->head_dim, nw);
     float *partial = n_split > 1 ? scratch : nullptr;
     if (a->dtype == 0)
-        CU_LAUNCH(attn_kernel<__half>, grid, dim3(32 * ATTN_NW), shmem, stream, *a, *rope, bk, split_keys, partial);
+        CU_LAUNCH(attn_kernel<__half>, grid, dim3(32 * nw), shmem, stream, *a, *rope, bk, split_keys, partial);
     else
-        CU_LAUNCH(attn_kernel<float>, grid, dim3(32 * ATTN_NW), shmem, stream, *a, *rope, bk, split_keys, partial);
+        CU_LAUNCH(attn_kernel<float>, grid, dim3(32 * nw), shmem, stream, *a, *rope, bk, split_keys, partial);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || n_split == 1) return e;
     int32_t rows = a->n_q * a->n_head;
