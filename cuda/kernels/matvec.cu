@@ -10,42 +10,8 @@ enum {
     MATVEC_WARPS = 4, /* weight rows per block */
     MATVEC_X = 8,     /* activation rows per block (blockIdx.y picks the group): a batched decode
                          step of 16 sequences reads each weight block twice, not four times */
-    MATVEC_UNROLL = 4, /* runs of 256 elements a lane decodes before multiplying */
 };
 
-/* Row r's products with activation rows [t0, t0 + nt): the quantised blocks
- * of type TYPE (a template argument, so each type's decoding is compiled
- * without a switch), MATVEC_UNROLL runs of 256 elements decoded before any is
- * multiplied (their loads in flight together: a warp's rows are short and
- * latency, not bandwidth, bounded the one-run-at-a-time loop). The sums are
- * added in the same order as one run at a time. */
-template <uint32_t TYPE>
-__device__ __forceinline__ void matvec_quant_row(const unsigned char *__restrict__ row, int64_t cols,
-                                                 const float *__restrict__ xs, int nt, int lane,
-                                                 float acc[MATVEC_X]) {
-    for (int64_t i0 = 8 * lane; i0 < cols; i0 += 256 * MATVEC_UNROLL) {
-        float wk[MATVEC_UNROLL][8];
-CU_UNROLL
-        for (int u = 0; u < MATVEC_UNROLL; u++)
-            if (i0 + 256 * u < cols) decode8_row(TYPE, row, i0 + 256 * u, wk[u]);
-CU_UNROLL
-        for (int u = 0; u < MATVEC_UNROLL; u++) {
-            int64_t i = i0 + 256 * u;
-            if (i >= cols) break;
-CU_UNROLL
-            for (int t = 0; t < MATVEC_X; t++) {
-                if (t >= nt) break;
-                const float *xb = xs + (size_t)t * cols + i;
-                float s = 0.0f;
-                for (int k = 0; k < 8; k++) s = fmaf(wk[u][k], xb[k], s);
-                acc[t] += s;
-            }
-        }
-    }
-}
-
-/* TYPE 0 (GGML_TYPE_F32) stands for the float types, read element by element. */
-template <uint32_t TYPE>
 __global__ void matvec_kernel(float *y, const unsigned char *w, uint32_t type, size_t row_bytes, int64_t rows,
                               int64_t cols, const float *x, int64_t n_x) {
     int64_t r = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / 32;
@@ -58,10 +24,21 @@ __global__ void matvec_kernel(float *y, const unsigned char *w, uint32_t type, s
     float acc[MATVEC_X];
 CU_UNROLL
     for (int t = 0; t < MATVEC_X; t++) acc[t] = 0.0f;
-    if constexpr (TYPE != GGML_TYPE_F32) {
+    if (qblock_bytes(type)) {
         /* lane l decodes elements 8l..8l+7 of each 256: for 32-element blocks
          * four lanes a block, for K-quants a warp a super-block */
-        matvec_quant_row<TYPE>(row, cols, xs, nt, lane, acc);
+        for (int64_t i0 = 8 * lane; i0 < cols; i0 += 256) {
+            float wk[8];
+            decode8_row(type, row, i0, wk);
+CU_UNROLL
+            for (int t = 0; t < MATVEC_X; t++) {
+                if (t >= nt) break;
+                const float *xb = xs + (size_t)t * cols + i0;
+                float s = 0.0f;
+                for (int k = 0; k < 8; k++) s = fmaf(wk[k], xb[k], s);
+                acc[t] += s;
+            }
+        }
     } else {
         for (int64_t i = lane; i < cols; i += 32) {
             float wi = float_element(type, row, i);
@@ -98,24 +75,7 @@ extern "C" cudaError_t cuda_matvec(float *y, const void *w, uint32_t type, size_
         return cudaErrorInvalidValue;
     if (!rows || !n_x) return cudaSuccess;
     dim3 grid((unsigned)((rows + MATVEC_WARPS - 1) / MATVEC_WARPS), (unsigned)((n_x + MATVEC_X - 1) / MATVEC_X));
-    const unsigned char *wb = static_cast<const unsigned char *>(w);
-    dim3 block(32 * MATVEC_WARPS);
-#define MATVEC_CASE(T)                                                                                \
-    case T: CU_LAUNCH(matvec_kernel<T>, grid, block, 0, stream, y, wb, type, row_bytes, rows, cols, x, n_x); break
-    switch (type) {
-        MATVEC_CASE(GGML_TYPE_Q4_0);
-        MATVEC_CASE(GGML_TYPE_Q4_1);
-        MATVEC_CASE(GGML_TYPE_Q5_0);
-        MATVEC_CASE(GGML_TYPE_Q5_1);
-        MATVEC_CASE(GGML_TYPE_Q8_0);
-        MATVEC_CASE(GGML_TYPE_Q2_K);
-        MATVEC_CASE(GGML_TYPE_Q3_K);
-        MATVEC_CASE(GGML_TYPE_Q4_K);
-        MATVEC_CASE(GGML_TYPE_Q5_K);
-        MATVEC_CASE(GGML_TYPE_Q6_K);
-    default: /* F32, F16, BF16 */
-        CU_LAUNCH(matvec_kernel<GGML_TYPE_F32>, grid, block, 0, stream, y, wb, type, row_bytes, rows, cols, x, n_x);
-    }
-#undef MATVEC_CASE
+    CU_LAUNCH(matvec_kernel, grid, dim3(32 * MATVEC_WARPS), 0, stream, y, static_cast<const unsigned char *>(w), type,
+              row_bytes, rows, cols, x, n_x);
     return cudaGetLastError();
 }
