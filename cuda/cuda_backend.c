@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_internal.h"
@@ -515,8 +516,23 @@ static uint64_t buffers_signature(const cuda_backend *cb) {
     return h;
 }
 
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Phase p of a forward of kind k ended now (phase timing on): its host time added. */
+static void phase_done(cuda_backend *cb, int k, enum cuda_phase p, double *t) {
+    if (!cb->time_phases) return;
+    double now = wall_s();
+    cb->phases.host_s[k][p] += now - *t;
+    *t = now;
+}
+
 static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
     cuda_backend *cb = (cuda_backend *)b;
+    double t = cb->time_phases ? wall_s() : 0;
     if (n_spans <= 0) {
         snprintf(err, errlen, "forward: no spans");
         return -1;
@@ -531,6 +547,8 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
     fwd_sizes z = {0};
     plan_forward(cb, &fp, &z);
     if (size_buffers(cb, &fp, &z, err, errlen)) goto out;
+    const int kind = fp.decode_only;
+    phase_done(cb, kind, CUDA_PHASE_PLAN, &t);
 
     uint64_t now = ++cb->clock;
     for (int32_t s = 0; s < n_spans; s++)
@@ -541,16 +559,29 @@ static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *
         /* the slots from n0 on are about to change on the device */
         if (fp.sp[s].dp->n_host > fp.sp[s].n0) fp.sp[s].dp->n_host = fp.sp[s].n0;
     }
+    phase_done(cb, kind, CUDA_PHASE_ACQUIRE, &t);
     if (upload_inputs(cb, &fp, err, errlen)) goto out;
+    phase_done(cb, kind, CUDA_PHASE_UPLOAD, &t);
+    if (cb->time_phases) CK(cudaEventRecord(cb->body_start, cb->stream));
     if (fp.graph) {
         cuda_graph_key key = {(int32_t)fp.T, fp.grid_splits, fp.batch_dtype, buffers_signature(cb)};
         if (cuda_graph_run(cb, &key, forward_body, &fp, err, errlen)) goto out;
     } else if (forward_body(cb, &fp, err, errlen)) {
         goto out;
     }
+    if (cb->time_phases) CK(cudaEventRecord(cb->body_end, cb->stream));
+    phase_done(cb, kind, CUDA_PHASE_LAUNCH, &t);
     if (download_outputs(cb, &fp, err, errlen)) goto out;
+    phase_done(cb, kind, CUDA_PHASE_DOWNLOAD, &t);
     CK(cudaStreamSynchronize(cb->stream));
     CK(cudaGetLastError());
+    phase_done(cb, kind, CUDA_PHASE_SYNC, &t);
+    if (cb->time_phases) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, cb->body_start, cb->body_end));
+        cb->phases.body_device_s[kind] += ms * 1e-3;
+        cb->phases.forwards[kind]++;
+    }
 
     for (int32_t s = 0; s < n_spans; s++) pot_append_done(spans[s].kv, spans[s].n_tokens);
     free(fp.sp);
@@ -565,10 +596,40 @@ out:
 
 /* ---- lifetime ------------------------------------------------------------------------------- */
 
+/* The phase totals on stderr, per forward of each kind, in milliseconds. */
+static void print_phases(const cuda_backend *cb) {
+    static const char *const names[] = {"plan", "acquire", "upload", "launch", "download", "sync"};
+    for (int k = 1; k >= 0; k--) {
+        const cuda_phase_totals *t = &cb->phases;
+        if (!t->forwards[k]) continue;
+        double n = (double)t->forwards[k], host = 0;
+        fprintf(stderr, "cuda phases, %s: %llu forwards, ms each:", k ? "decode steps" : "other forwards",
+                (unsigned long long)t->forwards[k]);
+        for (int p = 0; p < CUDA_PHASE_COUNT; p++) {
+            fprintf(stderr, " %s %.3f", names[p], 1e3 * t->host_s[k][p] / n);
+            host += t->host_s[k][p];
+        }
+        fprintf(stderr, "; wall %.3f, device body %.3f\n", 1e3 * host / n, 1e3 * t->body_device_s[k] / n);
+    }
+}
+
+void cuda_backend_time_phases(backend *b, int on) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (on && !cb->body_start &&
+        (cudaEventCreate(&cb->body_start) != cudaSuccess || cudaEventCreate(&cb->body_end) != cudaSuccess))
+        return; /* no events: timing stays off */
+    cb->time_phases = on != 0;
+}
+
+cuda_phase_totals cuda_backend_phase_totals(backend *b) { return ((cuda_backend *)b)->phases; }
+
 static void cuda_free_backend(backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
     if (!cb) return;
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    if (cb->time_phases) print_phases(cb);
+    if (cb->body_start) cudaEventDestroy(cb->body_start);
+    if (cb->body_end) cudaEventDestroy(cb->body_end);
     cuda_pots_return_all(cb); /* the pots outlive the backend, on the host */
     cuda_graphs_free(cb);
     dbuf *bufs[] = {&cb->x,   &cb->xn,  &cb->xb,      &cb->q,      &cb->k,     &cb->v,      &cb->att,
@@ -638,6 +699,7 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     cb->base.pot_memory = cuda_pot_memory;
     const char *graphs = getenv("POTSERVE_CUDA_GRAPHS"); /* "0" turns the decode graphs off */
     cb->use_graphs = !graphs || strcmp(graphs, "0") != 0;
+    const char *phases = getenv("POTSERVE_CUDA_PHASES");
     if (m->n_head <= 0 || m->n_head_kv <= 0 || m->n_head % m->n_head_kv || m->head_dim > 256) {
         snprintf(err, errlen, "cuda backend: unsupported head layout (%d heads, %d KV heads, head_dim %d)", m->n_head,
                  m->n_head_kv, m->head_dim);
@@ -701,6 +763,7 @@ backend *cuda_backend_new(const model *m, int n_threads, int exact, char *err, s
     cb->rope = (cuda_rope){r.n_rot, (int32_t)r.layout, r.n_table, cs, inv};
     rope_free(&r);
     cb->pot_budget = pot_budget(m);
+    if (phases && !strcmp(phases, "1")) cuda_backend_time_phases(&cb->base, 1);
     return &cb->base;
 fail:
 fail_quiet:

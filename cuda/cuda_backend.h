@@ -52,4 +52,21 @@ void cuda_backend_use_graphs(backend *b, int on);
 /* Graphs captured and replayed so far. */
 void cuda_backend_graph_counts(backend *b, uint64_t *captures, uint64_t *replays);
 
+/* Where a forward's time goes, for finding what bounds a GPU: with
+ * POTSERVE_CUDA_PHASES=1 (or cuda_backend_time_phases) every forward times its
+ * host phases (plan, pots acquired, inputs uploaded, body launched, outputs
+ * downloaded, the final sync) and the device's time for the body (events),
+ * apart for decode steps (kind 1) and other forwards (kind 0); the totals are
+ * printed to stderr when the backend is freed. */
+enum cuda_phase { CUDA_PHASE_PLAN, CUDA_PHASE_ACQUIRE, CUDA_PHASE_UPLOAD, CUDA_PHASE_LAUNCH, CUDA_PHASE_DOWNLOAD,
+                  CUDA_PHASE_SYNC, CUDA_PHASE_COUNT };
+typedef struct cuda_phase_totals {
+    uint64_t forwards[2];
+    double host_s[2][CUDA_PHASE_COUNT];
+    double body_device_s[2];
+} cuda_phase_totals;
+void cuda_backend_time_phases(backend *b, int on);
+/* The totals so far (zeros while timing is off). */
+cuda_phase_totals cuda_backend_phase_totals(backend *b);
+
 #endif

@@ -10,6 +10,7 @@
 
 #include "cache/cache.h"
 #include "cuda/kernels.h"
+#include "cuda/cuda_backend.h" /* cuda_phase_totals */
 #include "engine/backend.h"
 #include "engine/model.h"
 
@@ -80,6 +81,10 @@ struct cuda_backend {
     int use_graphs;
     struct cuda_decode_graphs *graphs;
     uint64_t graph_captures, graph_replays;
+    /* phase timing (cuda_backend_time_phases) */
+    int time_phases;
+    cudaEvent_t body_start, body_end;
+    cuda_phase_totals phases;
 };
 
 /* The device copy of p for a forward at clock `now`: p's own if this backend

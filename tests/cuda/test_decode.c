@@ -271,3 +271,44 @@ TEST(cuda_fast_prefill_close_to_exact) {
     if (cpu) cpu->free(cpu);
     tiny_model_free(m);
 }
+
+/* Phase timing (cuda_backend_time_phases): off by default; on, it counts
+ * decode steps and other forwards apart, and every counted forward adds host
+ * time and the body's device time; turned off, nothing more is added. */
+TEST(cuda_phase_timing_counts_forwards) {
+    test_rng g = {79};
+    int32_t prompt[LONG_PROMPT];
+    fleet F;
+    fleet_open(&F, 5, &g, prompt);
+    CHECK(F.cpu && F.gpu);
+    if (!F.cpu || !F.gpu) return fleet_close(&F);
+    double worst = 0, worst16 = 0;
+    const int32_t *t1[1] = {prompt};
+    int32_t len1[1] = {9};
+    run_both(&F, t1, len1, 1, NULL, 0, -1, &worst16);
+    CHECK_EQ_INT((int)cuda_backend_phase_totals(F.gpu).forwards[0], 0); /* off by default */
+    cuda_backend_time_phases(F.gpu, 1);
+    prefill_all(&F, prompt, 40, &worst, &worst16); /* NSEQ span forwards */
+    int32_t toks[NSEQ];
+    const int32_t *tp[NSEQ];
+    int32_t len[NSEQ];
+    enum { STEPS = 3 };
+    for (int i = 0; i < NSEQ; i++) tp[i] = &toks[i], len[i] = 1;
+    for (int step = 0; step < STEPS; step++) { /* sequences 0-2: f32 pots, one batched decode step */
+        for (int i = 0; i < NSEQ; i++) toks[i] = (int32_t)(rng_u32(&g) % TINY_VOCAB);
+        run_both(&F, tp, len, 3, NULL, 0, -1, &worst16);
+    }
+    cuda_phase_totals t = cuda_backend_phase_totals(F.gpu);
+    CHECK_EQ_INT((int)t.forwards[0], NSEQ);
+    CHECK_EQ_INT((int)t.forwards[1], STEPS);
+    for (int k = 0; k < 2; k++) {
+        double host = 0;
+        for (int p = 0; p < CUDA_PHASE_COUNT; p++) host += t.host_s[k][p];
+        CHECK(host > 0);
+        CHECK(t.body_device_s[k] > 0);
+    }
+    cuda_backend_time_phases(F.gpu, 0);
+    run_both(&F, tp, len, 3, NULL, 0, -1, &worst16);
+    CHECK_EQ_INT((int)cuda_backend_phase_totals(F.gpu).forwards[1], STEPS);
+    fleet_close(&F);
+}
