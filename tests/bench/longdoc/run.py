@@ -655,7 +655,8 @@ def main():
     ap.add_argument("--budgets", default="1024,2048,4096")
     ap.add_argument("--keep", type=int, default=0, help="entries kept by a compression (default budget/2)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--backend", default="cpu", help="cpu, or cuda with binaries built by make CUDA=1")
+    ap.add_argument("--backend", default="cpu", help="cpu, or cuda with --bin build/cuda/longdoc_bench "
+                                                      "(make build/cuda/longdoc_bench) and POTSERVE_BIN=build/cuda/potserve")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--question", default=QUESTION)
     ap.add_argument("--out", default=str(ROOT / "build" / "longdoc"))
