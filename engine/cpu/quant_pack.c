@@ -355,11 +355,13 @@ static const packed_fn *packed_tiles(uint32_t type, int vnni) {
  *     msum = sum over s of mn[s] * (sum of y over sub-block s)     (Q4_K, Q5_K)
  * with u the unsigned quants (Q6_K's q + 32, off[s] = -32 * sum of y over s;
  * off = 0 for the others), then acc = fma(dx * dy, isum, acc) and, with
- * mins, acc = fma(-(mx * dy), msum, acc). Q6_K instead sums sc[s] * (...) as
- * fsum = fma(float sub-block sum, float sc[s], fsum) in sub-block order and
- * takes fsum for isum: its sixteen scales per super-block made the integer
- * multiply (two uops on the port vpdpbusd needs) cost about a fifth of the
- * kernel; convert + fma is cheaper. Group super-block layout:
+ * mins, acc = fma(-(mx * dy), msum, acc). Q5_K and Q6_K instead sum
+ * sc[s] * (...) as fsum = fma(float sub-block sum, float sc[s], fsum) in
+ * sub-block order and take fsum for isum: Q6_K's sixteen scales per
+ * super-block made the integer multiply (two uops on the port vpdpbusd needs)
+ * cost about a fifth of the kernel, Q5_K's eight less but still some; convert
+ * + fma is cheaper (each product sc[s] * sub is under 2^24, exact in float). Q4_K
+ * keeps the integer sum. Group super-block layout:
  *   Q4_K: d[8] dmin[8] (halves), sc[8 sub][8 rows], mn[4 pairs][8 rows][2],
  *         qs chunks (32 x 32 bytes: chunk c = bytes 4c..4c+3 of each row)
  *   Q5_K: as Q4_K with qh chunks (8 x 32) before qs
@@ -457,6 +459,7 @@ static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t
     const kact_block *pre = pre_v;
     const size_t gbb = kq_group_block_bytes(type);
     const int subs = kq_subs(type), len = QK_K / subs, q6 = type == GGML_TYPE_Q6_K;
+    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q5_K, Q6_K) */
     float acc[PACK_ROWS] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * gbb;
@@ -464,19 +467,19 @@ static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t
         const kact_block *p = pre + b;
         for (int r = 0; r < PACK_ROWS; r++) {
             int32_t isum = 0, msum = 0;
-            float fsum = 0.0f; /* Q6_K: the scaled sub-block sums in float */
+            float fsum = 0.0f; /* Q5_K, Q6_K: the scaled sub-block sums in float */
             for (int s = 0; s < subs; s++) {
                 int32_t sub = q6 ? p->off[s] : 0;
                 for (int e = s * len; e < (s + 1) * len; e++) sub += kq_quant(type, blk, r, e) * y[e];
                 const int sc = q6 ? (int8_t)blk[KQ6_SC + 8 * s + r] : blk[32 + 8 * s + r];
-                if (q6) fsum = fmaf((float)sub, (float)sc, fsum);
+                if (fsc) fsum = fmaf((float)sub, (float)sc, fsum);
                 else isum += sc * sub;
                 if (!q6) {
                     const int16_t ys = (int16_t)(uint16_t)((uint32_t)p->mpair[s / 2] >> (16 * (s % 2)));
                     msum += blk[KQ_MN + 16 * (s / 2) + 2 * r + s % 2] * ys;
                 }
             }
-            acc[r] = fmaf(half_at(blk + 2 * r) * p->d, q6 ? fsum : (float)isum, acc[r]);
+            acc[r] = fmaf(half_at(blk + 2 * r) * p->d, fsc ? fsum : (float)isum, acc[r]);
             if (!q6) acc[r] = fmaf(-(half_at(blk + 16 + 2 * r) * p->d), (float)msum, acc[r]);
         }
     }
@@ -528,6 +531,7 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
                                          size_t as, const kact_block *pre, float *out, size_t os, const int A,
                                          const int vnni) {
     const int q6 = type == GGML_TYPE_Q6_K, subs = kq_subs(type), len = QK_K / subs;
+    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q5_K, Q6_K) */
     const size_t gbb = kq_group_block_bytes(type);
     __m256 acc[4];
     KQ_UNROLL for (int t = 0; t < A; t++) acc[t] = _mm256_setzero_ps();
@@ -546,8 +550,9 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
                 KQ_UNROLL for (int t = 0; t < A; t++)
                     iv[t] = pk_dot(iv[t], u, y + (size_t)t * as + len * s + 4 * c, 0, vnni);
             }
-            if (q6) {
-                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load64(blk + KQ6_SC + 8 * s)));
+            if (fsc) {
+                const __m128i sc8 = load64(blk + (q6 ? KQ6_SC : 32) + 8 * s);
+                const __m256 sc = _mm256_cvtepi32_ps(q6 ? _mm256_cvtepi8_epi32(sc8) : _mm256_cvtepu8_epi32(sc8));
                 KQ_UNROLL for (int t = 0; t < A; t++) fsum[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv[t]), sc, fsum[t]);
             } else {
                 const __m256i sc = _mm256_cvtepu8_epi32(load64(blk + 32 + 8 * s));
@@ -558,7 +563,7 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
         KQ_UNROLL for (int t = 0; t < A; t++) {
             const kact_block *p = pre + (size_t)t * (size_t)nb + b;
             const __m256 dy = _mm256_set1_ps(p->d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), q6 ? fsum[t] : _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), fsc ? fsum[t] : _mm256_cvtepi32_ps(isum[t]), acc[t]);
             if (!q6) {
                 __m256i m = _mm256_setzero_si256();
                 KQ_UNROLL for (int k = 0; k < 4; k++)
@@ -619,6 +624,7 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
                                                 const uint8_t *a, size_t as, const kact_block *pre, float *out,
                                                 size_t os, const int A) {
     const int q6 = type == GGML_TYPE_Q6_K, subs = kq_subs(type), len = QK_K / subs;
+    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q5_K, Q6_K) */
     const size_t gbb = kq_group_block_bytes(type);
     __m512 acc[8];
     KQ_UNROLL for (int t = 0; t < A; t++) acc[t] = _mm512_setzero_ps();
@@ -639,8 +645,8 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
             }
             const size_t so = (q6 ? KQ6_SC : 32) + 8 * (size_t)s;
             const __m128i sc8 = _mm_unpacklo_epi64(load64(b0 + so), load64(b1 + so));
-            if (q6) {
-                const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8));
+            if (fsc) {
+                const __m512 sc = _mm512_cvtepi32_ps(q6 ? _mm512_cvtepi8_epi32(sc8) : _mm512_cvtepu8_epi32(sc8));
                 KQ_UNROLL for (int t = 0; t < A; t++) fsum[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv[t]), sc, fsum[t]);
             } else {
                 const __m512i sc = _mm512_cvtepu8_epi32(sc8);
@@ -651,7 +657,7 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
         KQ_UNROLL for (int t = 0; t < A; t++) {
             const kact_block *p = pre + (size_t)t * (size_t)nb + b;
             const __m512 dy = _mm512_set1_ps(p->d);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), q6 ? fsum[t] : _mm512_cvtepi32_ps(isum[t]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), fsc ? fsum[t] : _mm512_cvtepi32_ps(isum[t]), acc[t]);
             if (!q6) {
                 __m512i m = _mm512_setzero_si512();
                 KQ_UNROLL for (int k = 0; k < 4; k++) {

@@ -381,7 +381,8 @@ static float packed_reference(uint32_t type, const uint8_t *row, const uint8_t *
 
 /* The K-quants' packed arithmetic (quant_pack.c), from the rows as they are
  * in the file (the GGUF block layouts): per 256-element super-block the exact
- * integer sums isum = sum_s sc[s] * sum_e q_e * y_e (Q6_K's q signed) and
+ * integer sums isum = sum_s sc[s] * sum_e q_e * y_e (Q6_K's q signed; Q5_K and
+ * Q6_K sum these products in float, in sub-block order) and
  * msum = sum_s mn[s] * sum_e y_e, then acc = fma(dx * dy, isum, acc) and
  * acc = fma(-(dmin * dy), msum, acc). *mag: the sum of |terms| (dequantised
  * weight times activation, the mins and Q6_K's offset apart). */
@@ -410,7 +411,10 @@ static int k_quant(uint32_t type, const uint8_t *x, int e) {
     return q5 ? lo | (((x[16 + e % 32] >> (e / 32)) & 1) << 4) : lo;
 }
 
-static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t *act, int64_t n, double *mag) {
+/* fsc: sum the scaled sub-block sums in float (what Q5_K and Q6_K do) rather
+ * than in integers; the other order only for the test that the data tell them apart. */
+static float packed_reference_k_as(uint32_t type, const uint8_t *row, const uint8_t *act, int64_t n, double *mag,
+                                   int fsc) {
     const size_t bb = quant_block_bytes(type);
     const int q6 = type == GGML_TYPE_Q6_K, len = q6 ? 16 : 32;
     float acc = 0.0f;
@@ -424,7 +428,7 @@ static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t
         int sc[16], mn[16];
         k_scales(type, x, sc, mn);
         int32_t isum = 0, msum = 0;
-        float fsum = 0.0f; /* Q6_K scales its sub-block sums in float, in order */
+        float fsum = 0.0f; /* Q5_K and Q6_K scale their sub-block sums in float, in order */
         for (int s = 0; s < 256 / len; s++) {
             int32_t dot = 0, ysum = 0;
             for (int e = s * len; e < (s + 1) * len; e++) {
@@ -434,14 +438,49 @@ static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t
                 *mag += fabs((double)dx * sc[s] * k_quant(type, x, e) * dy * y[e]) +
                         fabs((double)(q6 ? dx * sc[s] * 32 : dm * mn[s]) * dy * y[e]);
             }
-            if (q6) fsum = fmaf((float)dot, (float)sc[s], fsum);
+            if (fsc) fsum = fmaf((float)dot, (float)sc[s], fsum);
             else isum += sc[s] * dot;
             msum += mn[s] * ysum;
         }
-        acc = fmaf(dx * dy, q6 ? fsum : (float)isum, acc);
+        acc = fmaf(dx * dy, fsc ? fsum : (float)isum, acc);
         if (!q6) acc = fmaf(-(dm * dy), (float)msum, acc);
     }
     return acc;
+}
+
+static float packed_reference_k(uint32_t type, const uint8_t *row, const uint8_t *act, int64_t n, double *mag) {
+    return packed_reference_k_as(type, row, act, n, mag, type != GGML_TYPE_Q4_K);
+}
+
+/* With check_packed's random data a super-block's scaled sum stays far below
+ * 2^24, where float and integer sums agree whatever the order. large_k makes
+ * them pass it (Q5_K, Q6_K): quants and scales near their top, activations all
+ * near +1, so that fsum rounds and a kernel that summed in another order (or
+ * in integers) would give other bits. Set while check_packed runs. */
+static int k_large;
+
+static void large_k(uint32_t type, uint8_t *w, size_t rb, int64_t rows, uint8_t *a, size_t ab, int64_t acts,
+                    int64_t n) {
+    const size_t bb = quant_block_bytes(type);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < n / 256; b++) {
+            uint8_t *x = w + (size_t)r * rb + (size_t)b * bb;
+            if (type == GGML_TYPE_Q6_K) {
+                memset(x + 128, 0xff, 64); /* high bits 3: q = 16..31 */
+                for (int s = 0; s < 16; s++) x[192 + s] = (uint8_t)(64 + rnd() % 64); /* scales 64..127 */
+            } else {
+                memset(x + 16, 0xff, 32); /* fifth bits set: u = 16..31 */
+                /* scales 0-3: 32..63; 4-7: 48..63 (these bytes' top bits are theirs) */
+                for (int s = 0; s < 4; s++) x[4 + s] = (uint8_t)(0xe0 | (rnd() & 31));
+            }
+        }
+    float *x = malloc((size_t)n * sizeof *x);
+    if (!x) return;
+    for (int64_t t = 0; t < acts; t++) {
+        for (int64_t i = 0; i < n; i++) x[i] = 1.0f + 0.05f * rnd_normal();
+        quant_quantize_act(type, x, a + (size_t)t * ab, n);
+    }
+    free(x);
 }
 
 static int is_k(uint32_t type) {
@@ -462,6 +501,7 @@ static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, do
     if (!bad) {
         gen_weights(type, w, rb * (size_t)rows);
         gen_acts(type, a, ab, acts, n, (int)rows);
+        if (k_large) large_k(type, w, rb, rows, a, ab, acts, n);
         quant_pack_rows(type, w, rb, rows, n, p);
         for (size_t i = 0; i < os * (size_t)acts; i++) want[i] = -99.0f;
         for (int64_t t = 0; t < acts; t++)
@@ -558,6 +598,34 @@ TEST(quant_packed_k_matches_reference_and_llama) {
     CHECK(quant_packable(GGML_TYPE_Q6_K, 8, 256 * 256));
     CHECK(!quant_packable(GGML_TYPE_Q6_K, 8, 256 * 257)); /* more super-blocks than a kernel prepares */
     CHECK(!quant_packable(GGML_TYPE_Q5_K, 8, 128));        /* not whole super-blocks */
+    /* Q5_K and Q6_K with sums past 2^24 (large_k), where the order of the
+     * float sum shows in the bits: every path as the reference, on pairs of
+     * groups, a group left over and every tile width */
+    static const uint32_t fscaled[] = {GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    k_large = 1;
+    for (int ti = 0; ti < 2; ti++) {
+        CHECK_EQ_INT(check_packed(fscaled[ti], 24, 15, 256 * 3, &worst), 0);
+        /* and the data do tell the float sum from the integer one */
+        const size_t rb = quant_row_bytes(fscaled[ti], 256 * 3), ab = quant_act_row_bytes(fscaled[ti], 256 * 3);
+        uint8_t *w = malloc(rb * 8), *a = malloc(ab * 4);
+        int apart = 0;
+        if (w && a) {
+            gen_weights(fscaled[ti], w, rb * 8);
+            large_k(fscaled[ti], w, rb, 8, a, ab, 4, 256 * 3);
+            for (int64_t t = 0; t < 4; t++)
+                for (int64_t r = 0; r < 8; r++) {
+                    const uint8_t *row = w + (size_t)r * rb, *act = a + (size_t)t * ab;
+                    double mag;
+                    const float f = packed_reference_k_as(fscaled[ti], row, act, 256 * 3, &mag, 1);
+                    const float i = packed_reference_k_as(fscaled[ti], row, act, 256 * 3, &mag, 0);
+                    apart += memcmp(&f, &i, sizeof f) != 0;
+                }
+        }
+        free(w);
+        free(a);
+        CHECK(apart > 0);
+    }
+    k_large = 0;
     CHECK(!quant_packable(GGML_TYPE_Q3_K, 8, 256));
     CHECK(quant_packed_group_bytes(GGML_TYPE_Q6_K, 512) == 8 * 420);
     CHECK(quant_packed_group_bytes(GGML_TYPE_Q4_K, 512) == 8 * 288 + 64);
