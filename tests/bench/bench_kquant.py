@@ -206,7 +206,7 @@ def main():
         sys.exit(f"{LLAMA_BIN / 'llama-bench'} is missing: run make llama-bench")
     binary = OUTDIR / "potserve-kquant"  # a copy: a concurrent make may relink build/potserve
     subprocess.run(["cp", str(ROOT / "build" / "potserve"), str(binary)], check=True)
-    models = [pathlib.Path(m) for m in args.models.split(",") if m]
+    models = [pathlib.Path(m).resolve() for m in args.models.split(",") if m]  # relative to the cwd; compared with OUTDIR below
     for m in models:
         if not m.exists() and m.parent == OUTDIR and m.name.startswith("qwen2.5-coder-1.5b-instruct-q"):
             requantized(m)
