@@ -154,7 +154,7 @@ unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
 pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench $(BUILD)/faultfs.so fixtures model $(BUILD)/.web-test-deps
-	$(VPY) -m pytest -q tests/py
+	$(VPY) -m pytest -q --durations=20 tests/py
 
 # The page's browser test (tests/py/test_web.py) drives Debian's Chromium
 # through Playwright (its own browser download is not used); only the tests
@@ -166,14 +166,24 @@ $(BUILD)/.web-test-deps: $(VENV)/.ok
 	$(VPY) -m pip install -q --disable-pip-version-check $(WEB_TEST_TOOLS)
 	@mkdir -p $(BUILD) && touch $@
 
+# Each stage prints its start time, so a slow CI run shows where the time went.
+STAGE = @echo "== make test: $(1) at $$(date -u +%T)"
 test: deps all model fixtures
+	$(call STAGE,cuda-build)
 	$(MAKE) --no-print-directory -j2 cuda-build
+	$(call STAGE,test-cuda-emu)
 	$(MAKE) --no-print-directory -j2 test-cuda-emu
+	$(call STAGE,unit)
 	$(MAKE) --no-print-directory unit
+	$(call STAGE,asan)
 	$(MAKE) --no-print-directory asan
+	$(call STAGE,tsan-quick)
 	$(MAKE) --no-print-directory tsan-quick
+	$(call STAGE,pytest)
 	$(MAKE) --no-print-directory pytest
+	$(call STAGE,test-cluster)
 	$(MAKE) --no-print-directory test-cluster
+	$(call STAGE,done)
 
 # Failover under load (docs/cluster.md): redis-server, nginx and 3 replicas on
 # loopback; one replica SIGKILLed, one SIGSTOPped mid-upload (about 2 min on 2 cores).

@@ -252,6 +252,10 @@ def main():
             if pot_stats(got) != want_stats or got_answer != want_answer:
                 mismatched += 1
                 print(f"MISMATCH {w.sid}: {pot_stats(got)} {got_answer!r} vs {want_stats} {want_answer!r}")
+                for n, r in by_name.items():  # what each replica said of it, for the diagnosis
+                    for line in r.log_lines:
+                        if w.sid in line:
+                            print(f"  {n}: {line}")
         fenced = metric(paused, "potserve_store_fenced_writes_total")
         takeovers = {n: metric(r, "potserve_store_takeovers_total") for n, r in by_name.items() if r is not killed}
         handoffs = {n: metric(r, "potserve_store_handoffs_total") for n, r in by_name.items() if r is not killed}
