@@ -168,19 +168,21 @@ $(BUILD)/.web-test-deps: $(VENV)/.ok
 
 # Each stage prints its start time, so a slow CI run shows where the time went.
 STAGE = @echo "== make test: $(1) at $$(date -u +%T)"
-test: deps all model fixtures
+test: deps model fixtures
+	$(call STAGE,build)
+	$(MAKE) --no-print-directory -j2 all
 	$(call STAGE,cuda-build)
 	$(MAKE) --no-print-directory -j2 cuda-build
 	$(call STAGE,test-cuda-emu)
 	$(MAKE) --no-print-directory -j2 test-cuda-emu
 	$(call STAGE,unit)
-	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory -j2 unit
 	$(call STAGE,asan)
 	$(MAKE) --no-print-directory asan
 	$(call STAGE,tsan-quick)
 	$(MAKE) --no-print-directory tsan-quick
 	$(call STAGE,pytest)
-	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory -j2 pytest
 	$(call STAGE,test-cluster)
 	$(MAKE) --no-print-directory test-cluster
 	$(call STAGE,done)
@@ -197,13 +199,13 @@ ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 o
                      or belong or slow_and_idle or snapshot_restores or without_waiting or tokenize \
                      or reliability
 asan: fixtures model
-	$(MAKE) --no-print-directory BUILD=build/asan CC=gcc \
+	$(MAKE) --no-print-directory -j2 BUILD=build/asan CC=gcc \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
-	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
-	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
-	POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_cluster.py
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_cluster.py
 
 # --- ThreadSanitizer (issue 21) -------------------------------------------------
 # The loop thread owns requests and sessions, the engine thread owns documents,
@@ -220,13 +222,13 @@ TSAN_OPTS    := halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions
 TSAN_SERVER_TESTS := $(ASAN_SERVER_TESTS) or sigterm
 TSAN_QUICK   := hangup or full_disk or draining
 tsan-build: fixtures model
-	$(MAKE) --no-print-directory BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" build/tsan/unit_tests build/tsan/potserve
+	$(MAKE) --no-print-directory -j2 BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" build/tsan/unit_tests build/tsan/potserve
 tsan: tsan-build
 	POTSERVE_FIXTURES=$(BUILD)/fixtures TSAN_OPTIONS="$(TSAN_OPTS)" build/tsan/unit_tests
-	POTSERVE_BIN=build/tsan/potserve TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/tsan/potserve TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
 	  -k '$(TSAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
 tsan-quick: tsan-build
-	POTSERVE_BIN=build/tsan/potserve TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/tsan/potserve TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
 	  -k '$(TSAN_QUICK)' tests/py/test_server.py tests/py/test_reliability.py
 
 # --- CUDA kernels: tests on the CPU emulator, and on a GPU ------------------------

@@ -1,16 +1,20 @@
 /* Unit-test runner: runs every registered test (or those whose name contains
- * argv[1]) and ends with the "N passed, N failed" line CI reads. */
+ * argv[1]), names the slowest ones (where a slow CI run's time went) and ends
+ * with the "N passed, N failed" line CI reads. */
 #include "test.h"
 
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 int test_failures;
 
 enum { MAX_TESTS = 1024 };
+enum { SLOWEST_SHOWN = 8 };
 static struct {
     const char *name;
     void (*fn)(void);
+    double seconds;
 } tests[MAX_TESTS];
 static int n_tests;
 
@@ -37,21 +41,46 @@ const char *test_model_path(void) {
     return access(p, R_OK) == 0 ? p : NULL;
 }
 
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void print_slowest(void) {
+    int shown[SLOWEST_SHOWN], n = 0;
+    for (; n < SLOWEST_SHOWN; n++) {
+        int best = -1;
+        for (int i = 0; i < n_tests; i++) {
+            int taken = 0;
+            for (int k = 0; k < n; k++) taken |= shown[k] == i;
+            if (!taken && tests[i].seconds > 0 && (best < 0 || tests[i].seconds > tests[best].seconds)) best = i;
+        }
+        if (best < 0) break;
+        shown[n] = best;
+    }
+    if (n) fprintf(stderr, "slowest:");
+    for (int k = 0; k < n; k++) fprintf(stderr, " %s %.1f s%s", tests[shown[k]].name, tests[shown[k]].seconds, k + 1 < n ? "," : "\n");
+}
+
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
     int passed = 0, failed = 0;
     for (int i = 0; i < n_tests; i++) {
         if (filter && !strstr(tests[i].name, filter)) continue;
         test_failures = 0;
+        double t0 = wall_seconds();
         tests[i].fn();
+        tests[i].seconds = wall_seconds() - t0;
         if (test_failures) {
             failed++;
             fprintf(stderr, "FAIL %s\n", tests[i].name);
         } else {
             passed++;
-            if (getenv("VERBOSE")) fprintf(stderr, "ok   %s\n", tests[i].name);
+            if (getenv("VERBOSE")) fprintf(stderr, "ok   %s (%.2f s)\n", tests[i].name, tests[i].seconds);
         }
     }
+    print_slowest();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -59,6 +59,15 @@ void test_register(const char *name, void (*fn)(void));
         }                                                                           \
     } while (0)
 
+/* 1 in sanitizer builds (make asan), which run the real model some twenty
+ * times slower: there model-heavy tests take the tiny fixture models or fewer
+ * configurations (the plain build runs them whole). */
+#if defined(__SANITIZE_ADDRESS__)
+enum { TEST_SANITIZED = 1 };
+#else
+enum { TEST_SANITIZED = 0 };
+#endif
+
 /* Path of a fixture file written by tests/make_fixtures.py (build/fixtures/NAME). */
 const char *test_fixture(const char *name);
 /* Path of the default model, or NULL when it is absent (tests needing it then fail). */

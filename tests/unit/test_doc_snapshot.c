@@ -419,14 +419,8 @@ static const char *const all_policies[] = {"infinipot", "finch", "snapkv", "stre
 enum { N_POLICIES = sizeof all_policies / sizeof *all_policies };
 static const char *const schedules[] = {"fixed", "imdc"};
 
-/* Sanitizer builds (make asan) run the real model some twenty times slower:
- * there the tiny model's matrix stands in for it, and the real model runs one
- * configuration of its matrix and skips the chat test. */
-#if defined(__SANITIZE_ADDRESS__)
-enum { SANITIZED = 1 };
-#else
-enum { SANITIZED = 0 };
-#endif
+/* Sanitizer builds (TEST_SANITIZED): the tiny model's matrix stands in for the
+ * real model's, which runs one configuration of it and skips the chat test. */
 
 /* Chat mode: a pinned system prompt and two-stage FINCH (no question up
  * front: CaP while reading, the question's attention at answer time), heads
@@ -489,7 +483,7 @@ TEST(doc_snapshot_restores_every_policy_default_model) {
     if (!e) return;
     for (int p = 0; p <= N_POLICIES; p++)
         for (int s = 0; s < 2; s++) {
-            if (SANITIZED && (p || s)) continue;
+            if (TEST_SANITIZED && (p || s)) continue;
             const char *policy = p < N_POLICIES ? all_policies[p] : "none";
             /* imdc's chunks shrink to chunk - keep/2 once the memory is full: 8 here */
             engine_pot_settings set = p < N_POLICIES ? small_settings(policy, schedules[s], 40, 16, 16)
@@ -503,7 +497,7 @@ TEST(doc_snapshot_restores_every_policy_default_model) {
 
 /* The chat settings on the real model, whose template pins ~30 tokens. */
 TEST(doc_snapshot_restores_chat_two_stage_finch) {
-    if (SANITIZED) return;
+    if (TEST_SANITIZED) return;
     engine *e = test_open_default_engine(2);
     CHECK(e != NULL);
     if (!e) return;

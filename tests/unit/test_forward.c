@@ -228,13 +228,15 @@ TEST(forward_partial_attention_over_every_slot_equals_full) {
  * middle, then 7 more (few enough that 5 threads split by head where 1 does
  * not); f32 and f16 pots, with and without the rotated-key cache. */
 TEST(forward_same_bits_on_any_thread_count) {
-    model *m = test_load_default_model();
+    char err[256];
+    /* sanitizers: the tiny model (the real one took 18 s there) */
+    model *m = TEST_SANITIZED ? model_load(test_fixture("tiny_llama.gguf"), err, sizeof err) : test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
-    char err[256];
     enum { N = 60, ROW0 = 20, ROWS = 9, TAIL = 7 };
-    int32_t toks[N];
-    for (int i = 0; i < N; i++) toks[i] = prompt[(i * 5) % N_PROMPT];
+    int32_t toks[N], head[N_PROMPT];
+    for (int i = 0; i < N; i++) toks[i] = prompt[(i * 5) % N_PROMPT] % m->n_vocab;
+    for (int i = 0; i < N_PROMPT; i++) head[i] = prompt[i] % m->n_vocab;
     size_t V = (size_t)m->n_vocab, n_scores = (size_t)m->n_layer * m->n_head_kv * (N_PROMPT + N);
     float *logits[3], *scores[3];
     static const int threads[3] = {1, 2, 5};
@@ -246,7 +248,7 @@ TEST(forward_same_bits_on_any_thread_count) {
                 if (cached) CHECK_EQ_INT(pot_cache_rotated_keys(p), 0);
                 logits[k] = malloc(V * (N + TAIL) * sizeof(float));
                 scores[k] = calloc(n_scores, sizeof(float));
-                backend_span pre = {.tokens = prompt, .n_tokens = N_PROMPT, .kv = p};
+                backend_span pre = {.tokens = head, .n_tokens = N_PROMPT, .kv = p};
                 backend_span sp = {.tokens = toks, .n_tokens = N, .kv = p, .logits_mode = BACKEND_LOGITS_ALL,
                                    .logits = logits[k], .score_row0 = ROW0, .n_score_rows = ROWS,
                                    .scores = scores[k]};
@@ -279,13 +281,14 @@ TEST(forward_same_bits_on_any_thread_count) {
  * block, a last-bit difference in an attention output can move a block's
  * int8 rounding, and the logits then differ by ~1e-2 of their scale. */
 TEST(forward_key_split_decode_matches_prefill) {
-    model *m = test_load_default_model();
+    char err[256];
+    /* sanitizers: the tiny model (the real one in exact mode took 3 minutes there) */
+    model *m = TEST_SANITIZED ? model_load(test_fixture("tiny_llama.gguf"), err, sizeof err) : test_load_default_model();
     CHECK(m != NULL);
     if (!m) return;
-    char err[256];
     enum { N = 301 };
     int32_t *toks = malloc(N * sizeof *toks);
-    for (int i = 0; i < N; i++) toks[i] = prompt[(i * 5 + i / 7) % N_PROMPT] + (i % 11) * 3;
+    for (int i = 0; i < N; i++) toks[i] = (prompt[(i * 5 + i / 7) % N_PROMPT] + (i % 11) * 3) % m->n_vocab;
     size_t V = (size_t)m->n_vocab;
     float *full = malloc(V * sizeof(float)), *step[3];
     static const int threads[3] = {1, 2, 5};
