@@ -11,7 +11,7 @@ import pytest
 from conftest import BIN, MODEL, ROOT, run
 from server_util import Server
 
-SECONDS = 40
+SECONDS = 25
 
 
 @pytest.fixture(scope="module")

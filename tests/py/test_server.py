@@ -477,7 +477,9 @@ def test_backpressure_bounds_memory(tmp_path):
         assert logged < 2_000_000, logged          # read only as fast as ingested
         assert rss1 - rss0 < 4_000, (rss0, rss1)  # KB
     finally:
-        assert s.stop() == 0
+        # not stop(): the bytes the dead client left in the socket buffers are
+        # still read and ingested, and a drain waits out its 30 s grace for them
+        s.kill()
 
 
 def test_sigterm_ends_open_stream_and_exits_zero(tmp_path):
