@@ -57,7 +57,17 @@ static double run_both(fleet *F, const int32_t *const *tokens, const int32_t *le
     return worst;
 }
 
-static void fleet_open(fleet *F, uint64_t seed, test_rng *g, int32_t *prompt) {
+static void fleet_close(fleet *F) {
+    for (int i = 0; i <= NSEQ; i++) pot_free(F->pc[i]), pot_free(F->pg[i]);
+    if (F->gpu) F->gpu->free(F->gpu);
+    if (F->cpu) F->cpu->free(F->cpu);
+    free(F->lc), free(F->lg);
+    tiny_model_free(F->m);
+}
+
+/* A model on both backends, NSEQ + 1 pots on each and a random prompt; -1
+ * (the test has failed, nothing left open) when a backend cannot start. */
+static int fleet_open(fleet *F, uint64_t seed, test_rng *g, int32_t *prompt) {
     char err[256];
     memset(F, 0, sizeof *F);
     F->m = tiny_model_new(seed);
@@ -71,14 +81,10 @@ static void fleet_open(fleet *F, uint64_t seed, test_rng *g, int32_t *prompt) {
         F->pg[i] = pot_new(TINY_LAYERS, TINY_KV_HEADS, 16, CAP, t, err, sizeof err);
     }
     for (int i = 0; i < LONG_PROMPT; i++) prompt[i] = (int32_t)(rng_u32(g) % TINY_VOCAB);
-}
-
-static void fleet_close(fleet *F) {
-    for (int i = 0; i <= NSEQ; i++) pot_free(F->pc[i]), pot_free(F->pg[i]);
-    if (F->gpu) F->gpu->free(F->gpu);
-    if (F->cpu) F->cpu->free(F->cpu);
-    free(F->lc), free(F->lg);
-    tiny_model_free(F->m);
+    CHECK(F->cpu && F->gpu);
+    if (F->cpu && F->gpu) return 0;
+    fleet_close(F);
+    return -1;
 }
 
 /* Prompts: sequence 0 the long one (past 512 keys: a split key range), the
@@ -99,9 +105,7 @@ TEST(cuda_batched_decode_matches_cpu) {
     test_rng g = {77};
     int32_t prompt[LONG_PROMPT];
     fleet F;
-    fleet_open(&F, 3, &g, prompt);
-    CHECK(F.cpu && F.gpu);
-    if (!F.cpu || !F.gpu) return fleet_close(&F);
+    if (fleet_open(&F, 3, &g, prompt)) return;
     cuda_backend_use_graphs(F.gpu, 0); /* the direct launches here; graphs below */
     double worst = 0, worst16 = 0;
     prefill_all(&F, prompt, LONG_PROMPT, &worst, &worst16);
@@ -165,11 +169,11 @@ TEST(cuda_decode_graph_replay_matches_direct) {
     test_rng g = {78};
     int32_t prompt[LONG_PROMPT];
     fleet F;
-    fleet_open(&F, 4, &g, prompt);
+    if (fleet_open(&F, 4, &g, prompt)) return;
     char err[256];
     backend *direct = cuda_backend_new(F.m, 1, 1, err, sizeof err);
-    CHECK(F.cpu && F.gpu && direct);
-    if (!F.cpu || !F.gpu || !direct) return fleet_close(&F);
+    CHECK(direct != NULL);
+    if (!direct) return fleet_close(&F);
     cuda_backend_use_graphs(direct, 0);
     double worst = 0, worst16 = 0;
     /* 508 tokens: the long pot's keys pass 512 at the fifth step, into the next bucket */
@@ -279,9 +283,7 @@ TEST(cuda_phase_timing_counts_forwards) {
     test_rng g = {79};
     int32_t prompt[LONG_PROMPT];
     fleet F;
-    fleet_open(&F, 5, &g, prompt);
-    CHECK(F.cpu && F.gpu);
-    if (!F.cpu || !F.gpu) return fleet_close(&F);
+    if (fleet_open(&F, 5, &g, prompt)) return;
     double worst = 0, worst16 = 0;
     const int32_t *t1[1] = {prompt};
     int32_t len1[1] = {9};
