@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void set_err(char *err, size_t errlen, const char *fmt, ...) {
@@ -127,4 +128,14 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t len) {
     if (len >= 64 && __builtin_cpu_supports("sse4.2")) return ~crc32c_sse42(c, p, len);
 #endif
     return ~crc32c_bytes(c, p, len);
+}
+
+int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+double monotonic_ms(void) {
+    return monotonic_ns() / 1e6;
 }

@@ -53,6 +53,12 @@ static inline uint64_t le_get_u64(const unsigned char *b) {
     return v;
 }
 
+/* ---- time --------------------------------------------------------------------
+ * The monotonic clock (CLOCK_MONOTONIC): for durations and deadlines, never
+ * for dates. */
+int64_t monotonic_ns(void);
+double monotonic_ms(void);
+
 /* fsyncs the directory holding path, so a file created or renamed into it
  * survives a power loss; 0 or an errno. Shared by snapshots and the server's
  * chunk log. */

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_internal.h"
 #include "cuda/kernels.h"
@@ -516,23 +517,17 @@ static uint64_t buffers_signature(const cuda_backend *cb) {
     return h;
 }
 
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Phase p of a forward of kind k ended now (phase timing on): its host time added. */
 static void phase_done(cuda_backend *cb, int k, enum cuda_phase p, double *t) {
     if (!cb->time_phases) return;
-    double now = wall_s();
+    double now = (monotonic_ms() / 1e3);
     cb->phases.host_s[k][p] += now - *t;
     *t = now;
 }
 
 static int cuda_forward(backend *b, backend_span *spans, int32_t n_spans, char *err, size_t errlen) {
     cuda_backend *cb = (cuda_backend *)b;
-    double t = cb->time_phases ? wall_s() : 0;
+    double t = cb->time_phases ? (monotonic_ms() / 1e3) : 0;
     if (n_spans <= 0) {
         snprintf(err, errlen, "forward: no spans");
         return -1;

@@ -13,11 +13,6 @@
 #include "quant.h"
 
 
-double engine_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* The CUDA backend is linked only into `make CUDA=1` builds; in the others
  * these weak references (the header's own prototypes, so a signature change

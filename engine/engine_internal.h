@@ -36,8 +36,6 @@ void prompt_cache_put(prompt_cache *c, pot *p, const int32_t *tokens, size_t n);
 /* e->trie, built on first use (engine thread). NULL when out of memory. */
 const vocab_trie *engine_vocab_trie(engine *e);
 
-/* Monotonic clock in milliseconds (stats). */
-double engine_now_ms(void);
 /* An empty pot of `capacity` slots for this model (at most its context). */
 pot *engine_new_pot(engine *e, size_t capacity, char *err, size_t errlen);
 /* engine_new_pot whose sliding-window layers keep rings of window - 1 + slack

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "engine_internal.h"
 
 enum seq_state { SEQ_NEW, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
@@ -153,7 +154,7 @@ int gen_seq_start(gen_seq *q, pot *p, int own_pot, const int32_t *prompt, size_t
     q->n_prefilled = 0;
     q->res.finish = ENGINE_FINISH_LENGTH;
     q->state = SEQ_PREFILL;
-    q->t_start = engine_now_ms();
+    q->t_start = monotonic_ms();
     return 0;
 }
 
@@ -249,7 +250,7 @@ static void seq_finish(gen_seq *q, enum engine_finish finish, int flush) {
         stop_matcher_flush(q->sm, &out, &n_out);
         if (n_out && q->cb) q->cb(q->user, out, n_out, -1, NULL);
     }
-    q->res.decode_ms = engine_now_ms() - q->t_decode;
+    q->res.decode_ms = monotonic_ms() - q->t_decode;
     q->state = SEQ_DONE;
 }
 
@@ -383,7 +384,7 @@ static void after_forward(gen_seq *q) {
         q->n_prefilled += (size_t)q->span_len;
         if (q->n_prefilled < q->n_prompt) return;
         q->res.n_prompt = (int64_t)q->n_prompt;
-        q->t_decode = engine_now_ms();
+        q->t_decode = monotonic_ms();
         q->res.prefill_ms = q->t_decode - q->t_start;
         q->state = SEQ_DECODE;
         return;

@@ -274,7 +274,7 @@ void engine_doc_on_compress(engine_doc *d, engine_compress_hook hook, void *ctx)
 
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
-    double t0 = engine_now_ms();
+    double t0 = monotonic_ms();
     pot *p = d->pot;
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
@@ -306,7 +306,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
     d->st.compressions += !rc;
-    d->st.compress_ms += engine_now_ms() - t0;
+    d->st.compress_ms += monotonic_ms() - t0;
     return rc;
 }
 
@@ -328,7 +328,7 @@ static float *cascade_row_weights(int32_t c) {
  * then the cascades' insertions and, when they dropped entries, one compaction. */
 static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int64_t first, int32_t c,
                         char *err, size_t errlen) {
-    double t0 = engine_now_ms();
+    double t0 = monotonic_ms();
     pot *p = d->pot;
     float decay = (float)pow(CASCADE_GAMMA, c);
     for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++) {
@@ -347,7 +347,7 @@ static int cascade_step(engine_doc *d, const float *scores, int32_t stride, int6
         free(idx);
         d->st.compressions += !rc;
     }
-    d->st.compress_ms += engine_now_ms() - t0;
+    d->st.compress_ms += monotonic_ms() - t0;
     return rc;
 }
 
@@ -555,7 +555,7 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
     if (doc_cancelled(d, err, errlen)) return -1;
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
     if (d->ended) return snprintf(err, errlen, "the document has already ended"), -1;
-    double t0 = engine_now_ms();
+    double t0 = monotonic_ms();
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (tok_stream_feed(d->ts, bytes, n, final, &ids, &n_ids)) {
@@ -571,17 +571,17 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
     }
     d->ended = final;
     d->st.bytes_read += (int64_t)n;
-    d->st.ingest_ms += engine_now_ms() - t0;
+    d->st.ingest_ms += monotonic_ms() - t0;
     return 0;
 }
 
 int engine_doc_step(engine_doc *d, char *err, size_t errlen) {
     if (doc_cancelled(d, err, errlen)) return -1;
     if (d->failed) return snprintf(err, errlen, "the document already failed"), -1;
-    double t0 = engine_now_ms();
+    double t0 = monotonic_ms();
     int rc = run_next_chunk(d, err, errlen);
     if (rc < 0) doc_fail(d);
-    d->st.ingest_ms += engine_now_ms() - t0;
+    d->st.ingest_ms += monotonic_ms() - t0;
     return rc;
 }
 
@@ -794,9 +794,9 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     int bad = !d->pot || !d->ts;
     if (!d->ts) snprintf(err, errlen, "out of memory");
     if (!bad && prefix.n) {
-        double t0 = engine_now_ms();
+        double t0 = monotonic_ms();
         bad = engine_prefill(e, d->pot, prefix.v, prefix.n, NULL, err, errlen);
-        d->st.ingest_ms += engine_now_ms() - t0;
+        d->st.ingest_ms += monotonic_ms() - t0;
         if (!bad && d->record && vec_append(&d->recorded, prefix.v, prefix.n))
             bad = 1, snprintf(err, errlen, "out of memory");
     }

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "engine_internal.h"
 
 enum item_kind { ITEM_TASK, ITEM_INGEST, ITEM_GEN };
@@ -374,7 +375,7 @@ static int past_deadline(const item *it, double now) { return it->deadline_ms > 
  * their turn report TIMEOUT now; the active ones (prefilling or decoding)
  * are cancelled and report TIMEOUT when the next step collects them. */
 static void expire_generations(engine_sched *s) {
-    double now = engine_now_ms();
+    double now = monotonic_ms();
     item **link = &s->wait_head;
     while (*link) {
         item *it = *link;
@@ -519,18 +520,18 @@ static void *engine_thread(void *arg) {
         expire_generations(s);
         start_ready(s);
         if (s->n_gens) {
-            double t0 = engine_now_ms();
+            double t0 = monotonic_ms();
             decode_step(s);
-            s->gen_ms += engine_now_ms() - t0;
+            s->gen_ms += monotonic_ms() - t0;
         }
         /* While generations run, ingest gets at most half of the time: a chunk
            runs once the generation steps since the last one have taken as long
            as it did, so a question is answered at about half speed during a
            long upload instead of one token per chunk. */
         if (!s->n_gens || s->gen_ms >= s->ingest_ms) {
-            double t0 = engine_now_ms();
+            double t0 = monotonic_ms();
             ingest_one_chunk(s);
-            s->ingest_ms = engine_now_ms() - t0;
+            s->ingest_ms = monotonic_ms() - t0;
             s->gen_ms = 0;
         }
     }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "server/server_internal.h"
 
 /* ---- SHA-256 (FIPS 180-4) ----------------------------------------------------------- */
@@ -139,7 +140,7 @@ api_key *auth_check(server *s, struct MHD_Connection *c) {
 int auth_rate_limit(server *s, api_key *k) {
     double rate = s->cfg.rate_limit;
     if (rate <= 0) return 0;
-    double now = srv_now_ms();
+    double now = monotonic_ms();
     if (k->last_ms > 0) k->tokens += (now - k->last_ms) / 1000.0 * rate;
     if (k->tokens > (double)s->cfg.rate_burst) k->tokens = (double)s->cfg.rate_burst;
     k->last_ms = now;

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "cache/cache.h" /* the policies' and schedules' names */
 #include "config/config.h"
 #include "engine/engine.h"
@@ -230,12 +231,6 @@ bad:
 }
 
 static int32_t *parse_ids(const char *s, size_t *n);
-
-static double now_wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* generate and logits take the prompt as text (-p) or as token ids (--tokens), not both. */
 static int one_prompt_source(const char *cmd, const char *prompt, const char *toks) {
@@ -525,7 +520,7 @@ static void report_progress(engine_doc *d, long long every, long long *next, dou
     fprintf(stderr,
             "{\"tokens_read\": %lld, \"seconds\": %.1f, \"rss_bytes\": %lld, \"compressions\": %lld, "
             "\"tokens_in_pot\": %d}\n",
-            (long long)st.tokens_read, (now_wall_ms() - t0) / 1e3, current_rss_bytes(),
+            (long long)st.tokens_read, (monotonic_ms() - t0) / 1e3, current_rss_bytes(),
             (long long)st.compressions, st.tokens_in_pot);
 }
 
@@ -686,7 +681,7 @@ int cli_ingest(int argc, char **argv) {
         if (e) fprintf(stderr, "potserve ingest: %s\n", err);
         goto out;
     }
-    double t_start = now_wall_ms();
+    double t_start = monotonic_ms();
     static char buf[1 << 16];
     for (;;) {
         size_t got = fread(buf, 1, sizeof buf, in);
@@ -705,12 +700,12 @@ int cli_ingest(int argc, char **argv) {
     if (question) {
         engine_gen_params gp = {.sampling = sample_params_default(), .max_tokens = n_predict};
         gp.sampling.temperature = 0;
-        double t0 = now_wall_ms();
+        double t0 = monotonic_ms();
         if (engine_doc_answer(d, question, &gp, collect_answer, &ans, &res, err, sizeof err)) {
             fprintf(stderr, "potserve ingest: %s\n", err);
             goto out;
         }
-        answer_ms = now_wall_ms() - t0;
+        answer_ms = monotonic_ms() - t0;
         if (!json) printf("\n");
     }
     engine_doc_stats st;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "server/reread.h"
 #include "server/server_internal.h"
 
@@ -48,7 +49,7 @@ struct generation {
     char msg_id[48];
     int seq_no;
     atomic_int cancel;
-    double deadline_ms;   /* request_timeout: the engine ends the generation there (srv_now_ms clock) */
+    double deadline_ms;   /* request_timeout: the engine ends the generation there (monotonic_ms clock) */
     /* a prompt longer than the window, read through a temporary pot */
     engine_doc *tmp_doc;
     engine_pot_settings tmp_settings;
@@ -824,7 +825,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
                          (long long)st->tokens, st->ms / 1e3, (unsigned long long)st->pass, st->questions);
         stream_write(r, line, (size_t)n);
     }
-    g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
+    g->deadline_ms = monotonic_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
     submit(s, g);
     request_unref(r);
 }
@@ -941,7 +942,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
     random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
     random_id(g->msg_id, sizeof g->msg_id, "msg_");
     g->created = (int64_t)time(NULL);
-    g->deadline_ms = srv_now_ms() + (double)s->cfg.request_timeout * 1e3;
+    g->deadline_ms = monotonic_ms() + (double)s->cfg.request_timeout * 1e3;
     g->n_batch = q->n_batch ? q->n_batch : 1;
     g->n_choices = (int)g->n_batch * q->n_choices;
     g->choices = calloc((size_t)g->n_choices, sizeof *g->choices);

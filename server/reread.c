@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "server/reread.h"
 
 enum { REREAD_PIECE = 64 * 1024, REREAD_MAX_SHARE = 32 };
@@ -113,7 +114,7 @@ static void pass_maybe_end(reread_pass *p) {
 static void member_end(reread_pass *p, member *m, reread_pot *pot, const char *err) {
     m->ended = 1;
     feeder *f = m->f;
-    reread_stats st = {.bytes = p->len, .ms = srv_now_ms() - m->t0_ms, .log_ms = p->log_ms, .pass = p->id,
+    reread_stats st = {.bytes = p->len, .ms = monotonic_ms() - m->t0_ms, .log_ms = p->log_ms, .pass = p->id,
                        .questions = p->n_members, .pots = p->n_feeders};
     if (pot) {
         engine_doc_stats ds;
@@ -233,9 +234,9 @@ static int note_final(void *user, const chunk_log_entry *e) { /* engine thread *
 static void read_log_task(engine *e, void *arg) { /* engine thread */
     (void)e;
     reread_pass *p = arg;
-    double t0 = srv_now_ms();
+    double t0 = monotonic_ms();
     p->rc = store_log_replay(p->ss->log, 0, collect, note_final, p, p->err, sizeof p->err);
-    p->log_ms = srv_now_ms() - t0;
+    p->log_ms = monotonic_ms() - t0;
     srv_post(p->srv, log_read, p);
 }
 
@@ -316,7 +317,7 @@ int reread_start(server *s, session *ss, const char *question, const atomic_int 
     }
     p->members[p->n_members++] = (member){.progress = progress, .done = done, .user = user, .cancel = cancel,
                                           .f = p->rows ? &p->feeders[0] : &p->feeders[p->n_feeders - 1],
-                                          .t0_ms = srv_now_ms()};
+                                          .t0_ms = monotonic_ms()};
     if (!fresh) {
         feeder *f = p->members[p->n_members - 1].f;
         if (p->state == FEEDING) srv_post(s, feeder_step, f); /* "pots": it starts from the first byte */

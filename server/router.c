@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "cache/cache.h" /* policy and schedule names */
 #include "server/server_internal.h"
 
@@ -134,7 +135,7 @@ int stream_start(request *r) {
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    r->last_write_ms = srv_now_ms();
+    r->last_write_ms = monotonic_ms();
     respond_raw(r, 200, resp);
     return 0;
 }
@@ -149,7 +150,7 @@ void stream_write(request *r, const char *data, size_t n) {
     }
     memcpy(r->out + r->out_len, data, n);
     r->out_len += n;
-    r->last_write_ms = srv_now_ms();
+    r->last_write_ms = monotonic_ms();
     request_wake(r);
 }
 
@@ -168,7 +169,7 @@ void srv_access_log(request *r) {
     json_t *line = json_pack("{s:s, s:s, s:s, s:i, s:I, s:f, s:s?, s:I, s:s?}", "method", r->method,
                              "route", r->route ? r->route : "other", "path", r->url ? r->url : "",
                              "status", r->status, "bytes", (json_int_t)r->bytes_out, "ms",
-                             srv_now_ms() - r->t0, "session", *r->session_id ? r->session_id : NULL,
+                             monotonic_ms() - r->t0, "session", *r->session_id ? r->session_id : NULL,
                              "tokens", (json_int_t)r->tokens, "key",
                              r->key && *r->key->name ? r->key->name : NULL);
     char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
@@ -462,7 +463,7 @@ void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_co
         t = calloc(1, sizeof *t);
         if (t) {
             t->conn = c;
-            t->opened_ms = t->waiting_since_ms = srv_now_ms();
+            t->opened_ms = t->waiting_since_ms = monotonic_ms();
             t->next = s->conns;
             if (s->conns) s->conns->prev = &t->next;
             t->prev = &s->conns;
@@ -478,7 +479,7 @@ void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_co
 }
 
 void srv_sweep_connections(server *s) {
-    double now = srv_now_ms(), header_ms = (double)s->cfg.idle_timeout * 1e3,
+    double now = monotonic_ms(), header_ms = (double)s->cfg.idle_timeout * 1e3,
            life_ms = (double)s->cfg.connection_timeout * 1e3;
     int cut = 0;
     for (conn_track *t = s->conns; t; t = t->next) {
@@ -497,7 +498,7 @@ void srv_sweep_connections(server *s) {
 static int connection_expired(server *s, struct MHD_Connection *c) {
     if (!s->cfg.connection_timeout) return 0;
     const conn_track *t = conn_of(c);
-    return t && srv_now_ms() - t->opened_ms > (double)s->cfg.connection_timeout * 1e3;
+    return t && monotonic_ms() - t->opened_ms > (double)s->cfg.connection_timeout * 1e3;
 }
 
 /* ---- header checks MHD leaves to the application -------------------------------------
@@ -573,7 +574,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         r->srv = s;
         r->conn = c;
         r->refs = 1;
-        r->t0 = srv_now_ms();
+        r->t0 = monotonic_ms();
         snprintf(r->method, sizeof r->method, "%s", method);
         r->url = strdup(url);
         enum body_kind body;
@@ -634,7 +635,7 @@ void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_track *t = conn_of(c);
     if (t) { /* the next request's headers are timed from now */
         t->in_request = 0;
-        t->waiting_since_ms = srv_now_ms();
+        t->waiting_since_ms = monotonic_ms();
     }
     request *r = *con_cls;
     if (!r) return;

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "server/server.h"
 #include "server/server_internal.h"
 
@@ -21,12 +22,6 @@ struct srv_event {
     void *arg;
     srv_event *next;
 };
-
-double srv_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 void srv_post(server *s, srv_event_fn fn, void *arg) {
     srv_event *ev = malloc(sizeof *ev);
@@ -135,7 +130,7 @@ static int open_requests(server *s) {
 
 static void on_housekeeping(uv_timer_t *t) {
     server *s = t->data;
-    double now = srv_now_ms();
+    double now = monotonic_ms();
     srv_sweep_connections(s);
     for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
         if (r->conn && r->out_cap && !r->out_done && now - r->last_write_ms > 15000)
@@ -145,7 +140,7 @@ static void on_housekeeping(uv_timer_t *t) {
         return;
     }
     /* draining: wait for open requests and disk work, at most the grace period */
-    int done = open_requests(s) == 0 || srv_now_ms() > s->drain_deadline;
+    int done = open_requests(s) == 0 || monotonic_ms() > s->drain_deadline;
     if (done) {
         /* the engine runs its queued tasks before it stops: these snapshots included */
         for (session *ss = s->sessions; ss; ss = ss->next) session_snapshot(s, ss);
@@ -190,7 +185,7 @@ static void on_signal(uv_signal_t *h, int signum) {
      * 503 shutting_down, each with Connection: close, until the drain ends */
     fprintf(stderr, "potserve: %s: draining (new requests get 503)\n", strsignal(signum));
     s->draining = 1;
-    s->drain_deadline = srv_now_ms() + 30000;
+    s->drain_deadline = monotonic_ms() + 30000;
     uv_timer_start(&s->housekeeping, on_housekeeping, 0, 100);
 }
 

@@ -260,7 +260,6 @@ int srv_task(server *s, engine_doc *d, engine_task_fn fn, void *user);
 int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
                engine_ingest_done_fn done, void *user);
 int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errlen);
-double srv_now_ms(void);
 void srv_access_log(request *r);
 /* Closes connections past their deadlines: headers not complete within
  * idle_timeout, or open longer than connection_timeout (router.c). */

@@ -629,7 +629,7 @@ static json_t *chunk_result(upload *u) {
                         json_pack("{s:I, s:I, s:I, s:f}", "seq", (json_int_t)u->seq, "bytes",
                                   (json_int_t)u->bytes, "tokens",
                                   (json_int_t)(ss->stats.tokens_read - u->tokens_before), "ms",
-                                  srv_now_ms() - u->t0));
+                                  monotonic_ms() - u->t0));
     return o;
 }
 
@@ -1025,7 +1025,7 @@ static void start_upload(request *r, session *ss) {
     u->wait = query_flag(r, "wait", 1);
     u->sse = accept && strstr(accept, "text/event-stream");
     if (u->sse) u->wait = 1; /* progress events need the ingest */
-    u->t0 = srv_now_ms();
+    u->t0 = monotonic_ms();
     u->tokens_before = ss->stats.tokens_read;
     r->up = u;
     if (u->final < 0 || u->wait < 0) {

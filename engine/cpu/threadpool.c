@@ -14,6 +14,8 @@
  * sleep at every handover. */
 #include "threadpool.h"
 
+#include "common/common.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -48,12 +50,6 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Spins until done(arg) or SPIN_NS pass; returns done(arg). After the first
  * few hundred polls it yields the core at each poll: when the machine has more
  * runnable threads than cores, the thread we wait for may be queued behind us. */
@@ -65,7 +61,7 @@ static int spin_until(int (*done)(threadpool *, uint64_t), threadpool *tp, uint6
             cpu_relax();
             continue;
         }
-        int64_t t = now_ns();
+        int64_t t = monotonic_ns();
         if (!deadline) deadline = t + SPIN_NS;
         else if (t > deadline) return done(tp, arg);
         sched_yield();
