@@ -197,7 +197,7 @@ test-cluster: $(BUILD)/potserve model
 # ASan build of the server (the model-heavy ones run only in `make pytest`).
 ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 or torn or limits \
                      or belong or slow_and_idle or snapshot_restores or without_waiting or tokenize \
-                     or reliability
+                     or reliability or shutdown_grace
 asan: fixtures model
 	$(MAKE) --no-print-directory -j2 BUILD=build/asan CC=gcc \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \

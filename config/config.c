@@ -161,6 +161,7 @@ static const setting settings[] = {
     S_INT(idle_timeout, "30", 1, 86400, "seconds a connection may be silent"),
     S_INT(connection_timeout, "3600", 0, 86400, "seconds a connection may live, 0 = no limit"),
     S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take"),
+    S_INT(shutdown_grace, "30", 0, 3600, "seconds a SIGTERM drain waits for open requests"),
     S_INT(budget_tokens, "2048", 16, 1048576, "pot budget of new sessions"),
     S_ENUM(policy, "infinipot", policy_values, "policy of new sessions"),
     S_ENUM(reread_share, "pots", reread_share_values, "questions sharing a re-read: one pot (rows) or one each"),

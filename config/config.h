@@ -48,6 +48,7 @@ typedef struct server_config {
     int64_t idle_timeout;     /* seconds a connection may be silent (30) */
     int64_t connection_timeout; /* seconds a connection may live at most, 0 = off (3600) */
     int64_t request_timeout;  /* seconds for one generation request (600) */
+    int64_t shutdown_grace;   /* seconds a SIGTERM drain waits for open requests (30) */
     int64_t budget_tokens;    /* default pot budget of a new session (2048) */
     char *policy;             /* default policy of a new session (infinipot) */
     char *reread_share;       /* questions sharing a re-read pass: one pot scored by all their

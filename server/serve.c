@@ -139,7 +139,8 @@ static void on_housekeeping(uv_timer_t *t) {
         sessions_expire(s);
         return;
     }
-    /* draining: wait for open requests and disk work, at most the grace period */
+    /* draining: wait for open requests and disk work, at most shutdown_grace; what is
+     * still open then (an upload whose client went quiet) ends unacknowledged */
     int done = open_requests(s) == 0 || monotonic_ms() > s->drain_deadline;
     if (done) {
         /* the engine runs its queued tasks before it stops: these snapshots included */
@@ -185,7 +186,7 @@ static void on_signal(uv_signal_t *h, int signum) {
      * 503 shutting_down, each with Connection: close, until the drain ends */
     fprintf(stderr, "potserve: %s: draining (new requests get 503)\n", strsignal(signum));
     s->draining = 1;
-    s->drain_deadline = monotonic_ms() + 30000;
+    s->drain_deadline = monotonic_ms() + 1e3 * (double)s->cfg.shutdown_grace;
     uv_timer_start(&s->housekeeping, on_housekeeping, 0, 100);
 }
 

@@ -314,6 +314,32 @@ def test_health_answers_503_while_draining(tmp_path):
         s.kill()
 
 
+def test_drain_ends_after_shutdown_grace(tmp_path):
+    """An upload whose client went quiet holds a drain only for shutdown_grace:
+    the server then exits 0, the half-sent chunk unacknowledged and absent,
+    the acknowledged one intact after a restart."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--shutdown-grace", "2").start()
+    try:
+        st, sess, _ = s.request("POST", "/v1/sessions", SETTINGS)
+        st, ack, _ = s.request("POST", f"/v1/sessions/{sess['id']}/chunks", raw=b"The first chunk. ",
+                               headers={"Content-Type": "text/plain"})
+        assert st == 200, ack
+        hold = socket.create_connection(("127.0.0.1", s.port))
+        hold.sendall(chunk_head(s.port, sess["id"], 100) + b"part of the body ")
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(30) == 0
+        took = time.monotonic() - t0
+        assert 1.5 < took < 10, took  # the grace, then the housekeeping tick
+        hold.close()
+        s.start()
+        st, got, _ = s.request("GET", f"/v1/sessions/{sess['id']}")
+        assert st == 200 and got["bytes_received"] == len(b"The first chunk. "), got
+    finally:
+        s.kill()
+
+
 def test_curl_T_uploads_with_put(srv, tmp_path):
     """`curl -T file` sends PUT: the chunks route takes it like POST."""
     sid = new_session(srv)
