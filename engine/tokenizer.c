@@ -1429,6 +1429,15 @@ static size_t sc_contraction(scan *S, size_t pos, int fold) {
 
 #define NOT_LNW(f) (!((f) & (UF_SPACE | UF_LETTER | UF_NUMBER)))
 
+/* The last alternatives of the GPT-2 family's pattern, `\s+(?!\S)|\s+` and then one
+ * character of any kind: where the token starting at pos ends, given the nws
+ * spaces that start there (0 or more). A run of spaces before a non-space
+ * leaves its last space to the next token. */
+static size_t sc_space_end(scan *S, size_t pos, size_t nws) {
+    if (nws > 1 && sc_cpt(S, pos + nws) != OOR) return pos + nws - 1;
+    return pos + (nws > 0 ? nws : 1);
+}
+
 static void scan_gpt2(scan *S) {
     size_t pos = S->s;
     while (pos < S->e) {
@@ -1460,17 +1469,8 @@ static void scan_gpt2(scan *S) {
         }
         size_t nws = 0;
         while (sc_flags(S, pos + nws) & UF_SPACE) nws++;
-        if (nws > 1 && sc_cpt(S, pos + nws) != OOR) {
-            pos += nws - 1;
-            sc_emit(S, pos);
-            continue;
-        }
-        if (nws > 0) {
-            pos += nws;
-            sc_emit(S, pos);
-            continue;
-        }
-        sc_emit(S, ++pos);
+        pos = sc_space_end(S, pos, nws);
+        sc_emit(S, pos);
     }
 }
 
@@ -1531,17 +1531,8 @@ static void scan_llama3(scan *S, int digits, int marks) {
             sc_emit(S, pos);
             continue;
         }
-        if (nws > 1 && sc_cpt(S, pos + nws) != OOR) {
-            pos += nws - 1;
-            sc_emit(S, pos);
-            continue;
-        }
-        if (nws > 0) {
-            pos += nws;
-            sc_emit(S, pos);
-            continue;
-        }
-        sc_emit(S, ++pos);
+        pos = sc_space_end(S, pos, nws);
+        sc_emit(S, pos);
     }
 }
 
