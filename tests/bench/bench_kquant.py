@@ -25,9 +25,13 @@ round (a warm-up round first, not counted):
                  with AMX without ggml's extra buffer types (its AMX path faults
                  here, tests/reference/lcpp.py), so without weight repacking.
 The tables give medians of --runs rounds and the ratios potserve / engine;
-decode also as a share of the memory-bandwidth bound: the file's weight bytes
-read once per token at membw.c's 2-thread copy bandwidth, as bench_cpu.py
-counts it (measured at the start and the end; the higher one). The load average is printed per round: the
+decode also as a share of the memory-bandwidth bound: the bytes a decoded token
+reads (every weight matrix once; token_embd only when it is also the output
+matrix, i.e. the file has no output.weight: otherwise a token reads one row of
+it) at membw.c's streaming-read bandwidth with the same threads (`vread`:
+vector loads; measured at the start and the end, the higher one). The copy
+bandwidth is printed too; it counts bytes read and written, so it is no read
+rate (bench_cpu.py's bound column still uses it). The load average is printed per round: the
 machine may be shared. Writes build/bench/kquant.md and kquant.json.
 """
 import argparse
@@ -75,9 +79,12 @@ def requantized(path):
     tmp.rename(path)
 
 
-def weight_bytes(model):
+def decode_bytes(model):
+    """Bytes of weights one decoded token reads: every tensor, less token_embd
+    when an output.weight exists (then a token gathers one embedding row)."""
     import gguf
-    return int(sum(int(t.n_bytes) for t in gguf.GGUFReader(str(model)).tensors))
+    ts = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(model)).tensors}
+    return sum(ts.values()) - (ts.get("token_embd.weight", 0) if "output.weight" in ts else 0)
 
 
 def tensor_types(model):
@@ -94,7 +101,8 @@ def membw(threads):
     if not exe.exists():
         subprocess.run(["make", "--no-print-directory", "-s", "build/bench/membw"], cwd=ROOT, check=True)
     p = subprocess.run([str(exe), "512", str(threads), "10"], capture_output=True, text=True, check=True)
-    return json.loads(p.stdout)["copy_gbs"]
+    r = json.loads(p.stdout)
+    return r["vread_gbs"], r["copy_gbs"]
 
 
 def ps_tokens(binary, model, n):
@@ -182,9 +190,9 @@ def bench_one(binary, model, args, bw):
         if worker:
             worker.close()
     meds = {e: {k: med([r[k] for r in runs[e]]) for k in ("pp512", "tg")} for e in engines}
-    wb = weight_bytes(model)
+    wb = decode_bytes(model)
     return {"path": str(model.relative_to(ROOT)) if model.is_relative_to(ROOT) else str(model),
-            "types": tensor_types(model), "weight_bytes": wb, "runs": runs, "medians": meds,
+            "types": tensor_types(model), "decode_bytes": wb, "runs": runs, "medians": meds,
             "decode_bound_tps": bw * 1e9 / wb}
 
 
@@ -210,24 +218,25 @@ def main():
     for m in models:
         if not m.exists() and m.parent == OUTDIR and m.name.startswith("qwen2.5-coder-1.5b-instruct-q"):
             requantized(m)
-    bw0 = membw(args.threads)
-    log(f"membw copy ({args.threads} threads): {bw0:.1f} GB/s; load {os.getloadavg()}")
+    (bw0, copy0) = membw(args.threads)
+    log(f"membw ({args.threads} threads): read {bw0:.1f}, copy {copy0:.1f} GB/s; load {os.getloadavg()}")
     results = {"args": vars(args), "load_start": os.getloadavg(), "models": {}}
     for m in models:
         results["models"][m.name] = bench_one(binary, m, args, bw0)
-    bw1 = membw(args.threads)
+    (bw1, copy1) = membw(args.threads)
     bw = max(bw0, bw1)
-    results.update(membw_copy_gbs=[bw0, bw1], load_end=os.getloadavg())
+    results.update(membw_vread_gbs=[bw0, bw1], membw_copy_gbs=[copy0, copy1], load_end=os.getloadavg())
     engines = ["llama-bench"] + ([] if args.no_python else ["llama-cpp-python"])
     lines = [f"# potserve vs llama.cpp: prefill 512 / decode {args.decode_tokens} tokens, {args.threads} threads",
              "", f"`{' '.join(shlex.quote(a) for a in sys.argv)}`; medians of {args.runs} rounds, engines "
              f"alternated; load average {results['load_start'][0]:.1f} at the start, {results['load_end'][0]:.1f} "
-             f"at the end; membw copy {bw0:.1f} / {bw1:.1f} GB/s (start / end).", "",
+             f"at the end; membw streaming read {bw0:.1f} / {bw1:.1f} GB/s, copy (read + written) {copy0:.1f} / "
+             f"{copy1:.1f} GB/s (start / end); bound = the higher read rate / the bytes a decoded token reads.", "",
              "| model | tensors | measure | potserve | " + " | ".join(engines) + " | "
              + " | ".join(f"vs {e}" for e in engines) + " | % of bandwidth bound |",
              "|---|---|---|---:|" + "---:|" * (2 * len(engines) + 1)]
     for name, r in results["models"].items():
-        r["decode_bound_tps"] = bw * 1e9 / r["weight_bytes"]
+        r["decode_bound_tps"] = bw * 1e9 / r["decode_bytes"]
         for k, label in (("pp512", "prefill 512 tok/s"), ("tg", f"decode {args.decode_tokens} tok/s")):
             p = r["medians"]["potserve"][k]
             vals = [r["medians"][e][k] for e in engines]

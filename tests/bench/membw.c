@@ -7,8 +7,14 @@
  *       second one; bytes read + written / time.
  * read: THREADS threads each sum their share of the buffer (64-bit words);
  *       bytes read / time.
+ * vread: the same with the widest vector loads the CPU has (AVX-512, else
+ *       AVX2, else the words of `read`), four accumulators: how fast the
+ *       cores can stream memory, which is what a decode step does with the
+ *       weights. The decode bound of bench_kquant.py. `copy` counts bytes
+ *       read and written (two streams), so it is no read rate.
  * Best of REPEATS passes (the machine may be shared), in GB/s (1e9 bytes),
  * printed as one JSON line. */
+#include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +26,7 @@ typedef struct job {
     const uint64_t *src;
     uint64_t *dst;
     size_t n; /* words */
-    int op;   /* 0 copy, 1 read */
+    int op;   /* 0 copy, 1 read, 2 vread */
     uint64_t sum;
 } job;
 
@@ -32,11 +38,53 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static uint64_t vread512(const uint64_t *p, size_t n) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + i)));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + i + 8)));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + i + 16)));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512((const void *)(p + i + 24)));
+    }
+    uint64_t s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+
+__attribute__((target("avx2"))) static uint64_t vread256(const uint64_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(const void *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 4)));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 8)));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 12)));
+    }
+    __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t s = (uint64_t)(_mm256_extract_epi64(a, 0) + _mm256_extract_epi64(a, 1) + _mm256_extract_epi64(a, 2) +
+                            _mm256_extract_epi64(a, 3));
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+#endif
+
 static void work(job *j) {
     if (j->op == 0) {
         memcpy(j->dst, j->src, j->n * sizeof *j->src);
         return;
     }
+#if defined(__x86_64__)
+    if (j->op == 2 && __builtin_cpu_supports("avx512f")) {
+        j->sum = vread512(j->src, j->n);
+        return;
+    }
+    if (j->op == 2 && __builtin_cpu_supports("avx2")) {
+        j->sum = vread256(j->src, j->n);
+        return;
+    }
+#endif
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     size_t i = 0;
     for (; i + 4 <= j->n; i += 4) {
@@ -94,16 +142,17 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < n; i++) a[i] = i * 2654435761u;
     memset(b, 1, bytes);
-    double best_copy = 1e30, best_read = 1e30;
+    double best_copy = 1e30, best_read = 1e30, best_vread = 1e30;
     for (int r = 0; r < reps; r++) {
-        double c = pass(0, a, b, n, nt, &sink), d = pass(1, a, b, n, nt, &sink);
+        double c = pass(0, a, b, n, nt, &sink), d = pass(1, a, b, n, nt, &sink), v = pass(2, a, b, n, nt, &sink);
         if (c < best_copy) best_copy = c;
         if (d < best_read) best_read = d;
+        if (v < best_vread) best_vread = v;
     }
     printf("{\"mbytes\": %zu, \"threads\": %d, \"repeats\": %d, \"copy_gbs\": %.3f, \"read_gbs\": %.3f, "
-           "\"sink\": %llu}\n",
+           "\"vread_gbs\": %.3f, \"sink\": %llu}\n",
            mb, nt, reps, 2.0 * (double)bytes / best_copy / 1e9, (double)bytes / best_read / 1e9,
-           (unsigned long long)(sink & 1));
+           (double)bytes / best_vread / 1e9, (unsigned long long)(sink & 1));
     free(a);
     free(b);
     return 0;
