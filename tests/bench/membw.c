@@ -14,7 +14,9 @@
  *       read and written (two streams), so it is no read rate.
  * Best of REPEATS passes (the machine may be shared), in GB/s (1e9 bytes),
  * printed as one JSON line. */
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
