@@ -3,6 +3,7 @@
 #include "engine/quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant_cpu.h"
@@ -627,7 +628,6 @@ static AVX2_FN void kq_prepare_avx2(uint32_t type, const uint8_t *acts, size_t a
  * activation the compiler kept 512 offsets on the stack and loaded one for
  * each vpdpbusd (measured 10-20 % slower). */
 enum { KQ_LANES = 8, KQ_LANE_BLOCK = QK_K * KQ_LANES };
-enum { KQ_LANE_PRE = 1024 }; /* lane super-blocks a chunk holds: 8 activations of rows up to 128 super-blocks */
 
 static AVX2_FN void kq_prepare_lanes(const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, kact_block *pre,
                                      uint8_t *qs) {
@@ -770,16 +770,24 @@ static const kq_pair_fn *kq_pair_tiles(uint32_t type) {
 
 /* K-quants with AVX512-VNNI and more than one activation: the activations in
  * chunks of whole lane groups, each laid out once (kq_prepare_lanes), then
- * every pair of groups against the chunk in tiles of 8, 4, 2 and 1. */
-static void run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int64_t nb, const uint8_t *a, size_t as,
-                         int64_t n_acts, float *out, size_t os) {
+ * every pair of groups against the chunk in tiles of 8, 4, 2 and 1. A chunk
+ * holds up to KQ_LANE_CHUNK_BYTES of lane data (in L2 while the weights pass):
+ * every chunk streams all the weights again, so small chunks made prefill
+ * wait on memory (16 KB chunks measured 15 % slower). Returns 0 without
+ * memory for the lanes (then the caller takes the 256-bit tiles). */
+enum { KQ_LANE_CHUNK_BYTES = 1 << 20 };
+
+static int run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int64_t nb, const uint8_t *a, size_t as,
+                        int64_t n_acts, float *out, size_t os) {
     const kq_pair_fn *pairs = kq_pair_tiles(type);
     const size_t gbytes = (size_t)nb * kq_group_block_bytes(type);
-    int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / ((size_t)nb * Q8_K_BYTES)) & ~(int64_t)(KQ_LANES - 1);
+    const size_t per_act = (size_t)nb * (QK_K + sizeof(kact_block)); /* one activation's lane data */
+    int64_t chunk = (int64_t)(KQ_LANE_CHUNK_BYTES / per_act) & ~(int64_t)(KQ_LANES - 1);
     if (chunk < KQ_LANES) chunk = KQ_LANES;
-    if (chunk > KQ_LANE_PRE / nb) chunk = KQ_LANE_PRE / nb / KQ_LANES * KQ_LANES; /* nb <= KQ_LANE_PRE / 8 */
-    kact_block pre[KQ_LANE_PRE];
-    uint8_t qs[(size_t)KQ_LANE_PRE * QK_K];
+    if (chunk > n_acts) chunk = (n_acts + KQ_LANES - 1) & ~(int64_t)(KQ_LANES - 1);
+    kact_block *pre = malloc((size_t)chunk * per_act);
+    if (!pre) return 0;
+    uint8_t *qs = (uint8_t *)(pre + (size_t)chunk * (size_t)nb);
     for (int64_t t0 = 0; t0 < n_acts; t0 += chunk) {
         const int64_t na = n_acts - t0 < chunk ? n_acts - t0 : chunk;
         kq_prepare_lanes(a + (size_t)t0 * as, as, na, nb, pre, qs);
@@ -797,6 +805,8 @@ static void run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int6
             }
         }
     }
+    free(pre);
+    return 1;
 }
 #endif
 
@@ -881,10 +891,8 @@ void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, co
         packed_kernels k = {.pre_bytes = sizeof pre[0], .prepare = kq_prepare, .scalar = kq_scalar};
 #if QUANT_HAVE_AVX2
         if (avx2) k.tiles = kq_tiles(type, vnni), k.prepare = kq_prepare_avx2;
-        if (vnni && n_acts > 1 && nb <= KQ_LANE_PRE / KQ_LANES) {
-            run_kq_lanes(type, groups, n_groups, nb, acts, act_stride, n_acts, out, out_stride);
+        if (vnni && n_acts > 1 && run_kq_lanes(type, groups, n_groups, nb, acts, act_stride, n_acts, out, out_stride))
             return;
-        }
 #endif
         run_packed(type, &k, groups, (size_t)nb * kq_group_block_bytes(type), n_groups, nb, acts, act_stride, n_acts,
                    chunk, pre, out, out_stride);

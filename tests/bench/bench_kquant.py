@@ -80,11 +80,9 @@ def requantized(path):
 
 
 def decode_bytes(model):
-    """Bytes of weights one decoded token reads: every tensor, less token_embd
-    when an output.weight exists (then a token gathers one embedding row)."""
+    import bench_cpu
     import gguf
-    ts = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(model)).tensors}
-    return sum(ts.values()) - (ts.get("token_embd.weight", 0) if "output.weight" in ts else 0)
+    return bench_cpu.decode_weight_bytes(gguf.GGUFReader(str(model)))
 
 
 def tensor_types(model):
