@@ -594,20 +594,20 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
 
 /* kq_prepare's values for one activation super-block, with the sums in vectors. */
 static QUANT_INLINE AVX2_FN void kq_prepare_block_avx2(const uint8_t *y, kact_block *p) {
-            p->d = q8k_d(y);
-            const __m256i s16 = load256(y + 4 + QK_K); /* the 16 sums of 16 */
-            const __m256i s32 = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16));
-            const __m256i s32h = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16, 1));
-            _mm256_storeu_si256((__m256i *)(void *)p->off, _mm256_mullo_epi32(s32, _mm256_set1_epi32(-32)));
-            _mm256_storeu_si256((__m256i *)(void *)(p->off + 8), _mm256_mullo_epi32(s32h, _mm256_set1_epi32(-32)));
-            /* sums of pairs (16-bit, exact: at most 32 * 128) */
-            const __m256i pairs = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-            const __m256i packed = _mm256_packs_epi32(pairs, pairs); /* per 128-bit lane: 4 sums twice */
-            p->mpair[0] = _mm256_extract_epi32(packed, 0);
-            p->mpair[1] = _mm256_extract_epi32(packed, 1);
-            p->mpair[2] = _mm256_extract_epi32(packed, 4);
-            p->mpair[3] = _mm256_extract_epi32(packed, 5);
-            p->pad[0] = p->pad[1] = p->pad[2] = 0;
+    p->d = q8k_d(y);
+    const __m256i s16 = load256(y + 4 + QK_K); /* the 16 sums of 16 */
+    const __m256i s32 = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16));
+    const __m256i s32h = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16, 1));
+    _mm256_storeu_si256((__m256i *)(void *)p->off, _mm256_mullo_epi32(s32, _mm256_set1_epi32(-32)));
+    _mm256_storeu_si256((__m256i *)(void *)(p->off + 8), _mm256_mullo_epi32(s32h, _mm256_set1_epi32(-32)));
+    /* sums of pairs (16-bit, exact: at most 32 * 128) */
+    const __m256i pairs = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    const __m256i packed = _mm256_packs_epi32(pairs, pairs); /* per 128-bit lane: 4 sums twice */
+    p->mpair[0] = _mm256_extract_epi32(packed, 0);
+    p->mpair[1] = _mm256_extract_epi32(packed, 1);
+    p->mpair[2] = _mm256_extract_epi32(packed, 4);
+    p->mpair[3] = _mm256_extract_epi32(packed, 5);
+    p->pad[0] = p->pad[1] = p->pad[2] = 0;
 }
 
 /* kq_prepare with the sums in vectors: the same values. */
@@ -813,7 +813,8 @@ static int run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int64
 
 /* What a packed product needs of its type: the prepared activation block
  * (pre_bytes each) and the kernels (tiles: 1, 2 and 4 activations, NULL for
- * the scalar path; pairs: 1, 2, 4 and 8, NULL without AVX512-VNNI). */
+ * the scalar path; pairs: 1, 2, 4 and 8, NULL without AVX512-VNNI and for
+ * K-quants, whose pair kernels read lanes: run_kq_lanes). */
 typedef struct packed_kernels {
     size_t pre_bytes;
     void (*prepare)(uint32_t type, const uint8_t *acts, size_t as, int64_t n_acts, int64_t nb, void *pre);
@@ -882,8 +883,9 @@ void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, co
 #endif
     if (is_kquant(type)) {
         const int64_t nb = n / QK_K;
-        /* at least eight activations a pass over the weights (the pair
-         * kernels' tile): ffn_down's rows of 8960 would otherwise get four */
+        /* at least eight activations a pass over the weights: ffn_down's
+         * rows of 8960 would otherwise get four (with AVX512-VNNI more than
+         * one activation goes to run_kq_lanes, which chunks by its own rule) */
         int64_t chunk = (int64_t)(MATMUL_CHUNK_BYTES / arb) & ~(int64_t)7;
         if (chunk < 8) chunk = 8;
         if (chunk > KQ_PRE / nb) chunk = KQ_PRE / nb;
