@@ -306,6 +306,36 @@ static block_fn block_decoder(uint32_t type) {
     }
 }
 
+/* Q3_K as Q6_K: a Q3_K weight is d * (s - 32) * v with v in -4..3 and the
+ * six-bit s per 16 elements; Q6_K's is d * c * (q - 32) with the signed byte c
+ * per 16 elements and q in 0..63, so c = s - 32 and q = v + 32 give the same
+ * products (and the same float steps when dequantised: dq_q3_k, dq_q6_k). */
+void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
+    const uint8_t *b = src;
+    uint8_t *o = dst;
+    for (int64_t i = 0; i < n_blocks; i++, b += 110, o += 210) {
+        const uint8_t *hm = b, *q = b + 32, *sb = b + 96;
+        uint8_t v6[QK_K];
+        for (int e = 0; e < QK_K; e++) {
+            const int n = e / 128, k = e % 128 / 32, l = e % 32; /* dq_q3_k's order */
+            const int v = ((q[32 * n + l] >> (2 * k)) & 3) - ((hm[l] >> (4 * n + k)) & 1 ? 0 : 4);
+            v6[e] = (uint8_t)(v + 32);
+        }
+        for (int s = 0; s < 16; s++) {
+            const int lo = s < 8 ? (sb[s] & 0x0f) : (sb[s - 8] >> 4), hi = (sb[8 + s % 4] >> (2 * (s / 4))) & 3;
+            o[192 + s] = (uint8_t)(int8_t)((lo | (hi << 4)) - 32);
+        }
+        for (int n = 0; n < 2; n++) /* ggml's Q6_K layout: ql[128], qh[64] */
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *L = v6 + 128 * n + l;
+                o[64 * n + l] = (uint8_t)((L[0] & 0x0f) | (L[64] & 0x0f) << 4);
+                o[64 * n + l + 32] = (uint8_t)((L[32] & 0x0f) | (L[96] & 0x0f) << 4);
+                o[128 + 32 * n + l] = (uint8_t)(L[0] >> 4 | (L[32] >> 4) << 2 | (L[64] >> 4) << 4 | (L[96] >> 4) << 6);
+            }
+        memcpy(o + 208, b + 108, 2);
+    }
+}
+
 /* ---- rows -------------------------------------------------------------------- */
 
 void quant_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {

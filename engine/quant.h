@@ -117,6 +117,10 @@ int quant_packable(uint32_t type, int64_t n_rows, int64_t n);
 /* Bytes of one packed group of eight rows of n elements (8 rows' bytes, and
  * for Q4_K / Q5_K 32 more per super-block); 0 when not packable. */
 size_t quant_packed_group_bytes(uint32_t type, int64_t n);
+/* Rewrites n_blocks Q3_K blocks as Q6_K blocks with the same weights exactly
+ * (dst: n_blocks * 210 bytes), so that Q3_K matrices take the packed Q6_K
+ * kernels (engine/cpu/cpu_backend.c). */
+void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks);
 /* Packs n_rows rows of n elements (row_stride bytes apart) into dst, which
  * has n_rows / 8 * quant_packed_group_bytes(type, n) bytes. */
 void quant_pack_rows(uint32_t type, const void *rows, size_t row_stride, int64_t n_rows, int64_t n, void *dst);

@@ -67,8 +67,8 @@ def med(xs):
 
 
 def requantized(path):
-    """Makes build/bench/qwen...-q6_k / -q5_k_m.gguf from the Q4_K_M file with llama-quantize."""
-    kind = {"q6_k": "Q6_K", "q5_k_m": "Q5_K_M"}[path.stem.rsplit("-", 1)[1]]
+    """Makes build/bench/qwen...-q6_k / -q5_k_m / -q3_k_m / -q2_k.gguf from the Q4_K_M file with llama-quantize."""
+    kind = {"q6_k": "Q6_K", "q5_k_m": "Q5_K_M", "q3_k_m": "Q3_K_M", "q2_k": "Q2_K"}[path.stem.rsplit("-", 1)[1]]
     quant = LLAMA_BIN / "llama-quantize"
     if not quant.exists():
         sys.exit(f"{quant} is missing: run make llama-bench")

@@ -553,3 +553,32 @@ TEST(quant_tiny_models_dequantize) {
         gguf_close(f);
     }
 }
+
+/* quant_q3_k_as_q6_k keeps every weight: random Q3_K blocks (every bit
+ * pattern of quants, high-bit masks and scales; d a finite half) dequantise to
+ * the same floats, bit for bit, as the Q6_K blocks made of them. A scale, a
+ * quant or a layout off by one position changes some of the 64 K weights. */
+TEST(quant_q3_k_as_q6_k_exact) {
+    enum { NB = 256 };
+    uint8_t *q3 = malloc(NB * 110), *q6 = malloc(NB * 210);
+    float *a = malloc(sizeof(float) * NB * 256), *b = malloc(sizeof(float) * NB * 256);
+    CHECK(q3 && q6 && a && b);
+    if (q3 && q6 && a && b) {
+        for (int i = 0; i < NB * 110; i++) q3[i] = (uint8_t)(rnd_unit() * 128.0f + 128.0f);
+        for (int i = 0; i < NB; i++) { /* d: a finite half, both signs */
+            const uint16_t h = quant_f32_to_f16(rnd_unit() * 0.05f);
+            q3[110 * i + 108] = (uint8_t)h, q3[110 * i + 109] = (uint8_t)(h >> 8);
+        }
+        quant_q3_k_as_q6_k(q3, q6, NB);
+        quant_dequantize_row(GGML_TYPE_Q3_K, q3, a, NB * 256);
+        quant_dequantize_row(GGML_TYPE_Q6_K, q6, b, NB * 256);
+        int differ = 0, nonzero = 0;
+        for (int i = 0; i < NB * 256; i++) differ += !same_float(a[i], b[i]), nonzero += a[i] != 0.0f;
+        CHECK_EQ_INT(differ, 0);
+        CHECK(nonzero > NB * 256 / 2);
+    }
+    free(q3);
+    free(q6);
+    free(a);
+    free(b);
+}
