@@ -8,7 +8,8 @@ llama-cpp-python, per model file, side by side (not part of `make test`).
 Models (default): SmolLM2-135M Q4_1 (the default model), Qwen2.5-Coder-1.5B
 Q4_K_M (its Q4_K / Q6_K tensors) and two copies of it that llama-quantize
 --allow-requantize makes from that file when missing (build/bench/): Q6_K (every
-matrix Q6_K) and Q5_K_M (Q5_K with Q6_K). Requantising a Q4_K_M file does not
+matrix Q6_K) and Q5_K_M (Q5_K with Q6_K); Q3_K_M and Q2_K copies too when --models
+names them (build/bench/qwen2.5-coder-1.5b-instruct-q3_k_m.gguf, -q2_k.gguf). Requantising a Q4_K_M file does not
 make a better model, but the same tensor shapes in the other formats, which is
 what a speed test needs.
 
