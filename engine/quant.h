@@ -129,6 +129,20 @@ void quant_pack_rows(uint32_t type, const void *rows, size_t row_stride, int64_t
  * (quant_quantize_act's format), for g < n_groups and t < n_acts. */
 void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, const void *acts, size_t act_stride,
                          int64_t n_acts, int64_t n, float *out, size_t out_stride);
+/* The same products with the activations laid out beforehand, once for every
+ * matrix that reads them ("lanes": eight activations side by side, which the
+ * K-quant kernels with AVX512-VNNI read; quant_matmul_packed lays them out
+ * per call). quant_packed_lanes_bytes: the room for n_acts activations of n
+ * elements, 0 where this type and CPU do not read lanes (then
+ * quant_matmul_packed is the way). quant_packed_lanes lays out activations
+ * [t0, t1) of n_acts (t0 a multiple of 8; ranges may be laid out in
+ * parallel); quant_matmul_packed_lanes then gives quant_matmul_packed's bits
+ * for any K-quant type. */
+size_t quant_packed_lanes_bytes(uint32_t type, int64_t n_acts, int64_t n);
+void quant_packed_lanes(const void *acts, size_t act_stride, int64_t n_acts, int64_t t0, int64_t t1, int64_t n,
+                        void *lanes);
+void quant_matmul_packed_lanes(uint32_t type, const void *groups, int64_t n_groups, const void *lanes, int64_t n_acts,
+                               int64_t n, float *out, size_t out_stride);
 
 /* Kernels quant_vec_dot uses now: "avx2+vnni", "avx2" or "scalar". AVX2 is chosen at run
  * time when the CPU has AVX2, FMA and F16C, unless POTSERVE_NO_SIMD=1 (read once). */

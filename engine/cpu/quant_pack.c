@@ -849,43 +849,74 @@ static const kq_pair_fn *kq_pair_tiles(uint32_t type) {
 }
 
 /* K-quants with AVX512-VNNI and more than one activation: the activations in
- * chunks of whole lane groups, each laid out once (kq_prepare_lanes), then
- * every pair of groups against the chunk in tiles of 8, 4, 2 and 1. A chunk
- * holds up to KQ_LANE_CHUNK_BYTES of lane data (in L2 while the weights pass):
- * every chunk streams all the weights again, so small chunks made prefill
- * wait on memory (16 KB chunks measured 15 % slower). Returns 0 without
- * memory for the lanes (then the caller takes the 256-bit tiles). */
+ * lanes (kq_prepare_lanes), taken in windows of whole lane groups, every pair
+ * of groups against a window in tiles of 8, 4, 2 and 1. A window holds up to
+ * KQ_LANE_CHUNK_BYTES of lane data (in L2 while the weights pass): every
+ * window streams all the weights again, so small windows made prefill wait
+ * on memory (16 KB measured 15 % slower). */
 enum { KQ_LANE_CHUNK_BYTES = 1 << 20 };
 
-static int run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int64_t nb, const uint8_t *a, size_t as,
-                        int64_t n_acts, float *out, size_t os) {
+/* One activation's lane data. */
+static size_t kq_lane_bytes(int64_t nb) {
+    return (size_t)nb * (QK_K + sizeof(kact_block));
+}
+
+/* Activations per window: whole lane groups, at least one. */
+static int64_t kq_lane_window(int64_t nb) {
+    const int64_t w = (int64_t)(KQ_LANE_CHUNK_BYTES / kq_lane_bytes(nb)) & ~(int64_t)(KQ_LANES - 1);
+    return w < KQ_LANES ? KQ_LANES : w;
+}
+
+/* Lanes of n_acts activations: the prepared blocks of every lane group, then
+ * their quant words. */
+static void kq_lanes_at(const void *lanes, int64_t n_acts, int64_t nb, const kact_block **pre, const uint8_t **qs) {
+    const int64_t lg = (n_acts + KQ_LANES - 1) / KQ_LANES;
+    *pre = lanes;
+    *qs = (const uint8_t *)lanes + (size_t)lg * (size_t)nb * KQ_LANES * sizeof(kact_block);
+}
+
+/* Activations [0, n_acts) of laid-out lanes against n_groups groups, window by window. */
+static void kq_lanes_product(uint32_t type, const uint8_t *w, int64_t n_groups, int64_t nb, const kact_block *pre,
+                             const uint8_t *qs, int64_t n_acts, float *out, size_t os) {
     const kq_pair_fn *pairs = kq_pair_tiles(type);
     const size_t gbytes = (size_t)nb * kq_group_block_bytes(type);
-    const size_t per_act = (size_t)nb * (QK_K + sizeof(kact_block)); /* one activation's lane data */
-    int64_t chunk = (int64_t)(KQ_LANE_CHUNK_BYTES / per_act) & ~(int64_t)(KQ_LANES - 1);
-    if (chunk < KQ_LANES) chunk = KQ_LANES;
-    if (chunk > n_acts) chunk = (n_acts + KQ_LANES - 1) & ~(int64_t)(KQ_LANES - 1);
-    kact_block *pre = malloc((size_t)chunk * per_act);
-    if (!pre) return 0;
-    uint8_t *qs = (uint8_t *)(pre + (size_t)chunk * (size_t)nb);
-    for (int64_t t0 = 0; t0 < n_acts; t0 += chunk) {
-        const int64_t na = n_acts - t0 < chunk ? n_acts - t0 : chunk;
-        kq_prepare_lanes(a + (size_t)t0 * as, as, na, nb, pre, qs);
+    const int64_t window = kq_lane_window(nb);
+    for (int64_t t0 = 0; t0 < n_acts; t0 += window) {
+        const int64_t na = n_acts - t0 < window ? n_acts - t0 : window;
         for (int64_t g = 0; g < n_groups; g += 2) {
             const int pair = g + 1 < n_groups;
             const uint8_t *gw = w + (size_t)g * gbytes;
-            float *og = out + (size_t)t0 * os + (size_t)g * PACK_ROWS;
-            for (int64_t t = 0; t < na;) {
-                const int ti = na - t >= 8 ? 3 : na - t >= 4 ? 2 : na - t >= 2 ? 1 : 0; /* a tile of 1 << ti */
+            for (int64_t t = t0; t < t0 + na;) {
+                const int64_t left = t0 + na - t;
+                const int ti = left >= 8 ? 3 : left >= 4 ? 2 : left >= 2 ? 1 : 0; /* a tile of 1 << ti */
                 const int64_t lb = t / KQ_LANES * nb;
                 const int slot = (int)(t % KQ_LANES);
                 pairs[ti](gw, pair ? gbytes : 0, nb, qs + (size_t)lb * KQ_LANE_BLOCK + 4 * (size_t)slot,
-                          pre + (size_t)lb * KQ_LANES + slot, og + (size_t)t * os, os, pair ? 0xffff : 0x00ff);
+                          pre + (size_t)lb * KQ_LANES + slot, out + (size_t)t * os + (size_t)g * PACK_ROWS, os,
+                          pair ? 0xffff : 0x00ff);
                 t += 1 << ti;
             }
         }
     }
-    free(pre);
+}
+
+/* quant_matmul_packed's lanes: a window at a time in a buffer of its own.
+ * Returns 0 without memory for it (then the caller takes the 256-bit tiles). */
+static int run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int64_t nb, const uint8_t *a, size_t as,
+                        int64_t n_acts, float *out, size_t os) {
+    int64_t window = kq_lane_window(nb);
+    if (window > n_acts) window = (n_acts + KQ_LANES - 1) & ~(int64_t)(KQ_LANES - 1);
+    void *buf = malloc((size_t)window * kq_lane_bytes(nb));
+    if (!buf) return 0;
+    for (int64_t t0 = 0; t0 < n_acts; t0 += window) {
+        const int64_t na = n_acts - t0 < window ? n_acts - t0 : window;
+        const kact_block *pre;
+        const uint8_t *qs;
+        kq_lanes_at(buf, window, nb, &pre, &qs);
+        kq_prepare_lanes(a + (size_t)t0 * as, as, na, nb, (kact_block *)pre, (uint8_t *)qs);
+        kq_lanes_product(type, w, n_groups, nb, pre, qs, na, out + (size_t)t0 * os, os);
+    }
+    free(buf);
     return 1;
 }
 #endif
@@ -993,4 +1024,42 @@ void quant_matmul_packed(uint32_t type, const void *groups, int64_t n_groups, co
 #endif
     run_packed(type, &k, groups, (size_t)nb * PACK_ROWS * quant_block_bytes(type), n_groups, nb, acts, act_stride,
                n_acts, chunk, pre, out, out_stride);
+}
+
+size_t quant_packed_lanes_bytes(uint32_t type, int64_t n_acts, int64_t n) {
+#if QUANT_HAVE_AVX2
+    if (n_acts > 1 && is_kquant(type) && quant_packable(type, PACK_ROWS, n) && quant_cpu_vnni())
+        return (size_t)((n_acts + KQ_LANES - 1) / KQ_LANES * KQ_LANES) * kq_lane_bytes(n / QK_K);
+#endif
+    (void)type, (void)n_acts, (void)n;
+    return 0;
+}
+
+void quant_packed_lanes(const void *acts, size_t act_stride, int64_t n_acts, int64_t t0, int64_t t1, int64_t n,
+                        void *lanes) {
+#if QUANT_HAVE_AVX2
+    const int64_t nb = n / QK_K;
+    const kact_block *pre;
+    const uint8_t *qs;
+    kq_lanes_at(lanes, n_acts, nb, &pre, &qs);
+    const int64_t lg = t0 / KQ_LANES; /* t0's lane group */
+    kq_prepare_lanes((const uint8_t *)acts + (size_t)t0 * act_stride, act_stride, t1 - t0, nb,
+                     (kact_block *)pre + (size_t)lg * (size_t)nb * KQ_LANES,
+                     (uint8_t *)qs + (size_t)lg * (size_t)nb * KQ_LANE_BLOCK);
+#else
+    (void)acts, (void)act_stride, (void)n_acts, (void)t0, (void)t1, (void)n, (void)lanes;
+#endif
+}
+
+void quant_matmul_packed_lanes(uint32_t type, const void *groups, int64_t n_groups, const void *lanes, int64_t n_acts,
+                               int64_t n, float *out, size_t out_stride) {
+#if QUANT_HAVE_AVX2
+    if (n_groups <= 0 || !quant_packed_lanes_bytes(type, n_acts, n)) return;
+    const kact_block *pre;
+    const uint8_t *qs;
+    kq_lanes_at(lanes, n_acts, n / QK_K, &pre, &qs);
+    kq_lanes_product(type, groups, n_groups, n / QK_K, pre, qs, n_acts, out, out_stride);
+#else
+    (void)type, (void)groups, (void)n_groups, (void)lanes, (void)n_acts, (void)n, (void)out, (void)out_stride;
+#endif
 }

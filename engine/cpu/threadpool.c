@@ -37,6 +37,8 @@ struct threadpool {
     tp_fn fn;                    /* the job: written before generation is bumped */
     void *ctx;
     int64_t n_tasks;
+    int64_t chunk;               /* 0: one range per worker; else ranges of this many, taken in turn */
+    _Atomic int64_t next;        /* the next range's first task (chunk > 0) */
 };
 
 typedef struct worker_arg {
@@ -80,6 +82,13 @@ static int job_finished(threadpool *tp, uint64_t unused) {
 }
 
 static void run_share(threadpool *tp, int w) {
+    if (tp->chunk) {
+        for (;;) {
+            const int64_t b = atomic_fetch_add_explicit(&tp->next, tp->chunk, memory_order_relaxed);
+            if (b >= tp->n_tasks) return;
+            tp->fn(tp->ctx, b, b + tp->chunk < tp->n_tasks ? b + tp->chunk : tp->n_tasks, w);
+        }
+    }
     int64_t per = tp->n_tasks / tp->n, extra = tp->n_tasks % tp->n;
     int64_t begin = w * per + (w < extra ? w : extra);
     int64_t end = begin + per + (w < extra);
@@ -157,7 +166,7 @@ void tp_free(threadpool *tp) {
 
 int tp_threads(const threadpool *tp) { return tp->n; }
 
-void tp_parallel_for(threadpool *tp, int64_t n, tp_fn fn, void *ctx) {
+static void run_job(threadpool *tp, int64_t n, int64_t chunk, tp_fn fn, void *ctx) {
     if (n <= 0) return;
     if (tp->n == 1 || n == 1) {
         fn(ctx, 0, n, 0);
@@ -166,6 +175,8 @@ void tp_parallel_for(threadpool *tp, int64_t n, tp_fn fn, void *ctx) {
     tp->fn = fn;
     tp->ctx = ctx;
     tp->n_tasks = n;
+    tp->chunk = chunk;
+    atomic_store_explicit(&tp->next, 0, memory_order_relaxed);
     atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
     atomic_fetch_add(&tp->generation, 1); /* publishes the job, then looks for sleepers */
     if (atomic_load(&tp->sleepers)) {
@@ -180,4 +191,12 @@ void tp_parallel_for(threadpool *tp, int64_t n, tp_fn fn, void *ctx) {
     while (!job_finished(tp, 0)) pthread_cond_wait(&tp->done, &tp->mu);
     atomic_store(&tp->caller_waiting, 0);
     pthread_mutex_unlock(&tp->mu);
+}
+
+void tp_parallel_for(threadpool *tp, int64_t n, tp_fn fn, void *ctx) {
+    run_job(tp, n, 0, fn, ctx);
+}
+
+void tp_parallel_for_chunked(threadpool *tp, int64_t n, int64_t chunk, tp_fn fn, void *ctx) {
+    run_job(tp, n, chunk < 1 ? 1 : chunk, fn, ctx);
 }

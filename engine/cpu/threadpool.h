@@ -15,5 +15,8 @@ void tp_free(threadpool *tp);
 int tp_threads(const threadpool *tp);
 /* Splits [0, n) into contiguous ranges, one per worker, and waits for all. */
 void tp_parallel_for(threadpool *tp, int64_t n, tp_fn fn, void *ctx);
+/* [0, n) in ranges of `chunk` tasks, each taken by the next free worker (a
+ * worker may get several, in any order), and waits for all. */
+void tp_parallel_for_chunked(threadpool *tp, int64_t n, int64_t chunk, tp_fn fn, void *ctx);
 
 #endif

@@ -497,6 +497,8 @@ static int is_k(uint32_t type) {
 /* rows x acts through quant_matmul_packed on every path, against the
  * reference loop (bits) and quant_vec_dot (rounding); returns the number of
  * results that differ. Quants span their whole range, Q8_0's -128 included. */
+static int lanes_checked; /* cases check_packed ran through quant_matmul_packed_lanes */
+
 static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, double *worst) {
     const size_t rb = quant_row_bytes(type, (uint64_t)n), ab = quant_act_row_bytes(type, n), os = (size_t)rows + 5;
     const size_t pb = (size_t)(rows / 8) * quant_packed_group_bytes(type, n);
@@ -555,6 +557,23 @@ static int check_packed(uint32_t type, int64_t rows, int64_t acts, int64_t n, do
         }
         quant_force_no_vnni(0);
         quant_force_scalar(0);
+        /* the activations laid out once (quant_packed_lanes, where this CPU
+         * reads lanes), in two ranges as parallel workers would */
+        const size_t lb = quant_packed_lanes_bytes(type, acts, n);
+        uint8_t *lanes = lb ? malloc(lb) : NULL;
+        if (lanes) {
+            const int64_t mid = acts / 16 * 8; /* a multiple of 8 */
+            quant_packed_lanes(a, ab, acts, mid, acts, n, lanes);
+            quant_packed_lanes(a, ab, acts, 0, mid, n, lanes);
+            for (size_t i = 0; i < os * (size_t)acts; i++) got[i] = -99.0f;
+            quant_matmul_packed_lanes(type, p, rows / 8, lanes, acts, n, got, os);
+            const int d = n_differ(got, want, (int64_t)(os * (size_t)acts));
+            if (d) fprintf(stderr, "  packed %s n=%lld %lldx%lld laid-out lanes: %d differ\n", quant_type_name(type),
+                           (long long)n, (long long)rows, (long long)acts, d);
+            bad += d;
+            lanes_checked++;
+        }
+        free(lanes);
     }
     free(w);
     free(p);
@@ -606,6 +625,10 @@ TEST(quant_packed_k_matches_reference_and_llama) {
     bad += check_packed(GGML_TYPE_Q2_K, 24, 19, 256 * 200, &worst);
     if (getenv("VERBOSE")) fprintf(stderr, "  %d packed K cases, worst |packed - llama| / sum|terms| %.2e\n", cases, worst);
     CHECK_EQ_INT(bad, 0);
+    /* with AVX512-VNNI every case of more than one activation also went through laid-out lanes */
+    if (quant_packed_lanes_bytes(GGML_TYPE_Q4_K, 2, 256)) CHECK(lanes_checked > cases / 2);
+    CHECK(quant_packed_lanes_bytes(GGML_TYPE_Q4_K, 1, 256) == 0); /* one activation: the 256-bit tiles */
+    CHECK(quant_packed_lanes_bytes(GGML_TYPE_Q4_1, 8, 256) == 0);
     CHECK(quant_packable(GGML_TYPE_Q4_K, 151936, 1536));
     CHECK(quant_packable(GGML_TYPE_Q6_K, 8, 256 * 256));
     CHECK(!quant_packable(GGML_TYPE_Q6_K, 8, 256 * 257)); /* more super-blocks than a kernel prepares */
