@@ -110,7 +110,7 @@ void quant_matmul(uint32_t type, const void *rows, size_t row_stride, int64_t n_
  * AVX512-VNNI, two groups per 512-bit register for two or more activations). */
 
 /* 1 if quant_pack_rows takes this matrix (a multiple of 8 rows of a packable
- * type, whole blocks, at most 65,536 columns). Q4_K, Q5_K and Q6_K pack too,
+ * type, whole blocks, at most 65,536 columns). Q2_K, Q4_K, Q5_K and Q6_K pack too,
  * with scales unpacked per 256-element super-block (quant_pack.c describes
  * their layout and integer sums); the same float steps per super-block. */
 int quant_packable(uint32_t type, int64_t n_rows, int64_t n);

@@ -56,7 +56,8 @@
  *    fma(-y.d*dmin, mins.bsums), Q5_K one fma per block.
  * hsum8(l) = ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) (ggml's hsum_float_8).
  * The portable kernels perform the same operations with fmaf, so the scalar
- * and AVX2 paths agree bit for bit. Q2_K and Q3_K (scalar only) sum one float
+ * and AVX2 paths agree bit for bit. Q2_K and Q3_K (scalar only here: their
+ * matrices take the packed kernels of quant_pack.c at load) sum one float
  * per 256-element block: sum += dall*isum - dmin*summs (Q2_K), sum += d*isum
  * (Q3_K), the generic versions' formulas in our order. F32 / F16 / BF16 add
  * element i to lane i % 8 and reduce with hsum8 (F16 and BF16 products are
