@@ -409,13 +409,21 @@ $(LLAMA_BIN)/llama-bench:
 	  $(LLAMA_CPU_FLAGS) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 	cmake --build $(BUILD)/llama-build -j2 --target llama-bench llama-quantize
 
+# llama-cpp-python's Python package from the same sdist on the libraries that
+# `make llama-bench` built (same sources and CPU flags, no second build of
+# llama.cpp): a .pth file in the venv, and LLAMA_CPP_LIB_PATH when it runs.
+LLAMA_PY := $(abspath $(BUILD)/llama-src/llama_cpp_python-0.3.36)
+.PHONY: llama-python
+llama-python: venv llama-bench
+	$(VPY) -m pip install -q --disable-pip-version-check jinja2==3.1.6 diskcache==5.6.3
+	$(VPY) -c "import site, pathlib; pathlib.Path(site.getsitepackages()[0], 'llama_cpp_src.pth').write_text('$(LLAMA_PY)\n')"
+
 # potserve against llama-bench and llama-cpp-python on the 135M Q4_1 file and
 # Qwen2.5-Coder-1.5B Q4_K_M with Q6_K / Q5_K_M copies made by llama-quantize
 # (tests/bench/bench_kquant.py; writes build/bench/kquant.md; ~20-30 min).
 .PHONY: bench-kquant
-bench-kquant: deps all model llama-bench $(BUILD)/bench/membw
-	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
-	$(VPY) tests/bench/bench_kquant.py $(BENCH_KQUANT_FLAGS)
+bench-kquant: deps all model llama-python $(BUILD)/bench/membw
+	LLAMA_CPP_LIB_PATH=$(abspath $(LLAMA_BIN)) $(VPY) tests/bench/bench_kquant.py $(BENCH_KQUANT_FLAGS)
 
 clean:
 	rm -rf $(BUILD)

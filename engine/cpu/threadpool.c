@@ -1,6 +1,8 @@
 /* Thread pool: a job is one parallel_for, split into one contiguous range per
- * worker. A forward pass runs hundreds of short jobs (two per matrix product,
- * two per attention), microseconds apart, so waking workers through a condition
+ * worker, or (tp_parallel_for_chunked) into ranges of a given size that the
+ * workers take in turn from an atomic counter as each becomes free. A
+ * forward pass runs hundreds of short jobs (two per matrix product, two per
+ * attention), microseconds apart, so waking workers through a condition
  * variable every time cost more than the work at small batch sizes (about a
  * third of decode time in futex wake-ups). Workers and the caller therefore
  * spin on an atomic job counter for a short while before sleeping on the

@@ -2,7 +2,8 @@
 """Prefill and decode speed of potserve against llama.cpp's own llama-bench and
 llama-cpp-python, per model file, side by side (not part of `make test`).
 
-    make bench-kquant          (builds llama-bench and llama-quantize first: make llama-bench)
+    make bench-kquant          (builds llama-bench and llama-quantize first: make llama-bench;
+                                llama-cpp-python's package on those libraries: make llama-python)
     .venv/bin/python tests/bench/bench_kquant.py [--runs 5] [--threads 2] [--models A,B] [--no-python]
 
 Models (default): SmolLM2-135M Q4_1 (the default model), Qwen2.5-Coder-1.5B
@@ -22,7 +23,9 @@ round (a warm-up round first, not counted):
                  repacking on; built without AMX, see the Makefile);
                  OMP_WAIT_POLICY=PASSIVE unless --llama-omp default;
   llama-cpp-python  tests/bench/llama_worker.py (f16 KV, n_batch 512) with the
-                 same token ids as potserve (skipped with --no-python); on CPUs
+                 same token ids as potserve (skipped with --no-python); `make
+                 bench-kquant` runs it on the libraries of `make llama-bench`
+                 (LLAMA_CPP_LIB_PATH, `make llama-python`); on CPUs
                  with AMX without ggml's extra buffer types (its AMX path faults
                  here, tests/reference/lcpp.py), so without weight repacking.
 The tables give medians of --runs rounds and the ratios potserve / engine;
@@ -32,7 +35,7 @@ matrix, i.e. the file has no output.weight: otherwise a token reads one row of
 it) at membw.c's streaming-read bandwidth with the same threads (`vread`:
 vector loads; measured at the start and the end, the higher one). The copy
 bandwidth is printed too; it counts bytes read and written, so it is no read
-rate (bench_cpu.py's bound column still uses it). The load average is printed per round: the
+rate. The load average is printed per round: the
 machine may be shared. Writes build/bench/kquant.md and kquant.json.
 """
 import argparse

@@ -1,6 +1,7 @@
 /* The thread pool runs every task of every job exactly once, whether its
  * workers are spinning (jobs back to back) or asleep (gaps longer than the
- * spin), for any task count, including fewer tasks than workers. */
+ * spin), for any task count, including fewer tasks than workers, in one
+ * range per worker or in chunks. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -38,7 +39,9 @@ TEST(threadpool_runs_every_task_once_spinning_or_sleeping) {
         for (int round = 0; round < 400; round++) {
             job j = {.n_threads = n_threads};
             int64_t n = rand_r(&seed) % (MAX_TASKS + 1); /* 0 .. MAX_TASKS */
-            tp_parallel_for(tp, n, count_tasks, &j);
+            /* every other job in chunks of 1..9 tasks, taken by whichever worker is free */
+            if (round % 2) tp_parallel_for_chunked(tp, n, 1 + rand_r(&seed) % 9, count_tasks, &j);
+            else tp_parallel_for(tp, n, count_tasks, &j);
             for (int64_t t = 0; t < MAX_TASKS; t++) wrong += atomic_load(&j.hits[t]) != (t < n);
             wrong += atomic_load(&j.bad_worker);
             if (round % 50 == 0) pause_us(300); /* longer than the spin: workers go to sleep */
