@@ -528,10 +528,10 @@ static void matmul_n(cpu_backend *cb, int n, const cpu_weight *const *w, float *
         tp_parallel_for(cb->tp, units, matmul_rows_exact, &j);
     } else {
         j.act_bytes = quant_act_row_bytes(w[0]->w->type, w[0]->w->cols);
-        for (int i = 0; i < j.n_w && B->lanes; i++) /* the packed K-quants read lanes, laid out once here */
-            if (j.w[i]->packed && quant_packed_lanes_bytes(j.w[i]->packed_type, T, w[0]->w->cols) &&
-                quant_packed_lanes_bytes(j.w[i]->packed_type, T, w[0]->w->cols) <= B->lanes_bytes)
-                j.lanes = B->lanes;
+        for (int i = 0; i < j.n_w && B->lanes; i++) { /* the packed K-quants read lanes, laid out once here */
+            const size_t need = j.w[i]->packed ? quant_packed_lanes_bytes(j.w[i]->packed_type, T, w[0]->w->cols) : 0;
+            if (need && need <= B->lanes_bytes) j.lanes = B->lanes;
+        }
         if (j.lanes) tp_parallel_for(cb->tp, (T + 7) / 8, prep_quantize_lanes, &j);
         else tp_parallel_for(cb->tp, T, prep_quantize_acts, &j);
         tp_parallel_for_chunked(cb->tp, units, matmul_chunk(j.w[0], units, tp_threads(cb->tp)), matmul_rows_quant, &j);

@@ -908,11 +908,11 @@ static int run_kq_lanes(uint32_t type, const uint8_t *w, int64_t n_groups, int64
     if (window > n_acts) window = (n_acts + KQ_LANES - 1) & ~(int64_t)(KQ_LANES - 1);
     void *buf = malloc((size_t)window * kq_lane_bytes(nb));
     if (!buf) return 0;
+    const kact_block *pre;
+    const uint8_t *qs;
+    kq_lanes_at(buf, window, nb, &pre, &qs);
     for (int64_t t0 = 0; t0 < n_acts; t0 += window) {
         const int64_t na = n_acts - t0 < window ? n_acts - t0 : window;
-        const kact_block *pre;
-        const uint8_t *qs;
-        kq_lanes_at(buf, window, nb, &pre, &qs);
         kq_prepare_lanes(a + (size_t)t0 * as, as, na, nb, (kact_block *)pre, (uint8_t *)qs);
         kq_lanes_product(type, w, n_groups, nb, pre, qs, na, out + (size_t)t0 * os, os);
     }
