@@ -995,7 +995,7 @@ static size_t packed_bytes_of(const weight *w, uint32_t type) {
 /* One anonymous mapping for all packed matrices, aligned to 2 MB and asked
  * for in huge pages: a decode step streams every weight once, and with 4 KB
  * pages each 4 KB of the stream cost a TLB miss and the hardware prefetcher
- * stopped at every page's end (Qwen2.5 1.5B Q4_K_M decode ~5 % faster on the
+ * stopped at every page's end (Qwen2.5 1.5B Q4_K_M decode ~11 % faster on the
  * 2-core Xeon with them, docs/benchmarks.md). Pages are only backed as the
  * packing touches them, so the peak memory stays that of one matrix packed
  * while its file copy is still resident. */
