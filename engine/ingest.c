@@ -67,6 +67,7 @@ struct engine_doc {
     int32_t nuc_regions;      /* settings' nuc_regions */
     int_vec reconstruct_rows; /* RECONSTRUCT_PROMPT's tokens; the chunk follows them */
     int shared_selection;     /* settings' shared_selection */
+    int key_diff;             /* settings' key_diff (infinipot only) */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
@@ -272,10 +273,52 @@ void engine_doc_on_compress(engine_doc *d, engine_compress_hook hook, void *ctx)
     d->on_compress_ctx = ctx;
 }
 
+/* key_diff: per (layer, KV head), the score of slot j is -cos(k_j, a), a the mean of the
+ * head's unit keys (unpinned slots): a key far from what its head usually stores is
+ * kept. [n_layer][n_head_kv][p->n] scores, or NULL (out of memory, device failed). */
+static float *key_diff_scores(const pot *p) {
+    int32_t n = p->n, dim = p->head_dim;
+    float *out = malloc((size_t)p->n_layer * p->n_head_kv * n * sizeof *out);
+    float *k = malloc((size_t)n * dim * sizeof *k), *a = malloc((size_t)dim * sizeof *a);
+    float *norm = malloc((size_t)n * sizeof *norm);
+    if (!out || !k || !a || !norm || pot_host_sync(p)) {
+        free(out);
+        out = NULL;
+    }
+    for (int32_t lh = 0; out && lh < p->n_layer * p->n_head_kv; lh++) {
+        pot_read_k(p, lh / p->n_head_kv, lh % p->n_head_kv, 0, n, k);
+        memset(a, 0, (size_t)dim * sizeof *a);
+        for (int32_t j = 0; j < n; j++) {
+            double sq = 0;
+            for (int32_t i = 0; i < dim; i++) sq += (double)k[(size_t)j * dim + i] * k[(size_t)j * dim + i];
+            norm[j] = sq > 0 ? (float)sqrt(sq) : 1;
+            for (int32_t i = 0; j >= p->n_pinned && i < dim; i++) a[i] += k[(size_t)j * dim + i] / norm[j];
+        }
+        double an = 0;
+        for (int32_t i = 0; i < dim; i++) an += (double)a[i] * a[i];
+        an = an > 0 ? sqrt(an) : 1;
+        for (int32_t j = 0; j < n; j++) {
+            double dot = 0;
+            for (int32_t i = 0; i < dim; i++) dot += (double)k[(size_t)j * dim + i] * a[i];
+            out[(size_t)lh * n + j] = (float)(-dot / (norm[j] * an));
+        }
+    }
+    free(k);
+    free(a);
+    free(norm);
+    return out;
+}
+
 static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t stride, char *err,
                     size_t errlen) {
     double t0 = monotonic_ms();
     pot *p = d->pot;
+    float *kd = NULL;
+    if (d->key_diff) {
+        if (!(kd = key_diff_scores(p))) return snprintf(err, errlen, "key_diff: out of memory"), -1;
+        scores = kd;
+        stride = p->n;
+    }
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
                         .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool,
@@ -302,6 +345,7 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     int rc = pot_select(p, &sp, idx, err, errlen);
     if (!rc && d->on_compress) d->on_compress(d->on_compress_ctx, p, &sp);
     free(why);
+    free(kd);
     if (!rc) keep_window_tails(d, p, idx, keep);
     if (!rc) rc = compact_pot(p, idx, keep, err, errlen);
     free(idx);
@@ -384,7 +428,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
                      size_t errlen) {
     pot *p = d->pot;
     const int32_t *chunk = d->queue.v + d->q_pos;
-    int uses_prompt = (d->policy == POLICY_INFINIPOT && !d->no_catalyst) || d->policy == POLICY_FINCH;
+    int uses_prompt = (d->policy == POLICY_INFINIPOT && !d->no_catalyst && !d->key_diff) || d->policy == POLICY_FINCH;
     int32_t n_prompt = d->reconstruct        ? (int32_t)d->reconstruct_rows.n + c
                        : compressing && uses_prompt ? (int32_t)d->score_rows.n
                                                     : 0;
@@ -659,6 +703,8 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " nuc_relative=1");
     if (d->shared_selection && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " shared=1");
+    if (d->key_diff && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " key_diff=1");
     /* likewise the pooling when it differs from what came before it */
     if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
@@ -711,6 +757,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->nuc_regions = s->nuc_regions > 1 ? s->nuc_regions : 0;
     if (d->reconstruct && tokenize_into(e, RECONSTRUCT_PROMPT, 0, 0, &d->reconstruct_rows)) goto oom;
     d->shared_selection = s->shared_selection;
+    d->key_diff = s->key_diff && d->policy == POLICY_INFINIPOT && !d->reconstruct;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;

@@ -8,7 +8,9 @@
  * - nuc_relative: the first compression sees each chunk's surprisal minus the
  *   mean of its neighbours (32 each side, within the chunk) of the plain one
  *   (the document's first token has none and stays 0);
- * - score_memory: a compressing pot differs from the default's. */
+ * - score_memory: a compressing pot differs from the default's;
+ * - key_diff: the scores a compression selects by are KeyDiff's, recomputed
+ *   here from the pot's keys. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +178,75 @@ TEST(reconstruct_scores_every_chunk_when_read) {
     free(a);
     free(b);
     free(small);
+    free(doc);
+    engine_close(e);
+}
+
+typedef struct key_checked {
+    int compressions, bad_scores, cap_kept; /* cap_kept: heads where the score chose some slots */
+} key_checked;
+
+/* Recomputes KeyDiff's score from the pot's keys, independently of the engine:
+ * slot j of (l, h) scores -cos(k_j, a), a the mean of the unpinned unit keys. */
+static void on_compress_keys(void *ctx, const pot *p, const select_params *sp) {
+    key_checked *s = ctx;
+    s->compressions++;
+    int32_t dim = p->head_dim;
+    float *k = malloc((size_t)p->n * dim * sizeof *k);
+    double *a = calloc((size_t)dim, sizeof *a);
+    for (int32_t lh = 0; k && a && lh < p->n_layer * p->n_head_kv; lh++) {
+        pot_read_k(p, lh / p->n_head_kv, lh % p->n_head_kv, 0, p->n, k);
+        memset(a, 0, (size_t)dim * sizeof *a);
+        for (int32_t j = p->n_pinned; j < p->n; j++) {
+            double nj = 0;
+            for (int32_t i = 0; i < dim; i++) nj += (double)k[j * dim + i] * k[j * dim + i];
+            for (int32_t i = 0; i < dim; i++) a[i] += k[j * dim + i] / sqrt(nj);
+        }
+        int by_score = 0;
+        for (int32_t j = 0; j < p->n; j++) {
+            double dot = 0, nj = 0, na = 0;
+            for (int32_t i = 0; i < dim; i++) {
+                dot += k[j * dim + i] * a[i];
+                nj += (double)k[j * dim + i] * k[j * dim + i];
+                na += a[i] * a[i];
+            }
+            s->bad_scores += fabs(sp->scores[(size_t)lh * sp->scores_stride + j] + dot / sqrt(nj * na)) > 1e-4;
+            by_score |= sp->why[(size_t)lh * p->n + j] == POT_KEPT_SCORE;
+        }
+        s->cap_kept += by_score;
+    }
+    free(k);
+    free(a);
+}
+
+/* key_diff: every compression selects by the keys' distinctiveness (the scores
+ * the hook sees are -cos to the head's mean unit key, recomputed here), NuC
+ * keeps its share, and no scoring rows are run: with a budget the document
+ * fits, the answer is the plain pot's, bit for bit. */
+TEST(key_diff_scores_by_the_keys) {
+    engine *e = open_tiny();
+    CHECK(e != NULL);
+    if (!e) return;
+    char err[512], *doc = test_lighthouse_doc(8000);
+    engine_pot_settings s = knobs(0, 0, 0);
+    s.key_diff = 1;
+    key_checked kc = {0};
+    engine_doc *d = engine_doc_open(e, &s, err, sizeof err);
+    if (!d) fprintf(stderr, "  open: %s\n", err);
+    CHECK(d != NULL);
+    if (d) {
+        engine_doc_on_compress(d, on_compress_keys, &kc);
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_close(d);
+    }
+    engine_info info;
+    engine_get_info(e, &info);
+    CHECK(kc.compressions > 5);
+    CHECK_EQ_INT(kc.bad_scores, 0);
+    CHECK_EQ_INT(kc.cap_kept, kc.compressions * info.n_layer * info.n_head_kv);
+    seen by_keys;
+    CHECK_EQ_INT(read_with(e, &s, doc, &by_keys, NULL), 0);
+    CHECK_EQ_INT(by_keys.bad_counts, 0);
     free(doc);
     engine_close(e);
 }

@@ -84,6 +84,7 @@ ABLATIONS = {
     "infinipot-facts": ["--policy", "infinipot", "--catalyst", FACTS_CATALYST],
     "infinipot-nuc0.25": ["--policy", "infinipot", "--nuc-share", "0.25"],
     "infinipot-nuc0.75": ["--policy", "infinipot", "--nuc-share", "0.75"],
+    "infinipot-nuc0": ["--policy", "infinipot", "--nuc-share", "0"],
     # score memory: an entry's CaP score is the best any compression gave it;
     # shared: every layer and head keeps the same entries (scores summed)
     "infinipot-mem": ["--policy", "infinipot", "--score-memory", "1"],
@@ -94,6 +95,9 @@ ABLATIONS = {
     "infinipot-regions16": ["--policy", "infinipot", "--nuc-regions", "16"],
     "infinipot-w7": ["--policy", "infinipot", "--pool-width", "7"],
     "infinipot-shared-mem": ["--policy", "infinipot", "--shared-selection", "1", "--score-memory", "1"],
+    # KeyDiff's key-distinctiveness score in CaP's place (with NuC), and alone
+    "infinipot-keydiff": ["--policy", "infinipot", "--key-diff", "1"],
+    "infinipot-keydiff-nuc0": ["--policy", "infinipot", "--key-diff", "1", "--nuc-share", "0"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
