@@ -181,6 +181,8 @@ typedef struct engine_pot_settings {
                                  resembles its head's mean key direction (the KeyDiff paper's
                                  -cos(k, mean of k/|k|), pre-RoPE keys) instead of a catalyst's
                                  attention: no scoring rows are run */
+    int observe_rows;         /* infinipot: the chunk's last 32 rows (SnapKV's observation
+                                 window) score together with the catalyst's rows */
 } engine_pot_settings;
 
 /* Fills the defaults above. */

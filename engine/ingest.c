@@ -68,6 +68,7 @@ struct engine_doc {
     int_vec reconstruct_rows; /* RECONSTRUCT_PROMPT's tokens; the chunk follows them */
     int shared_selection;     /* settings' shared_selection */
     int key_diff;             /* settings' key_diff (infinipot only) */
+    int observe_rows;         /* settings' observe_rows (infinipot with its catalyst only) */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
@@ -410,6 +411,11 @@ static void score_rows(const engine_doc *d, int32_t c, int32_t n_prompt, int com
             *n_rows = c < (int32_t)d->score_rows.n ? c : (int32_t)d->score_rows.n;
             *row0 = c - *n_rows;
         }
+        /* observe_rows: SnapKV's window of the chunk's last rows, then the catalyst's */
+        if (compressing && d->observe_rows) {
+            int32_t w = c < SNAPKV_WINDOW ? c : SNAPKV_WINDOW;
+            *row0 = c - w, *n_rows = w + n_prompt;
+        }
         break;
     case POLICY_SNAPKV:
         if (compressing) *n_rows = c < SNAPKV_WINDOW ? c : SNAPKV_WINDOW, *row0 = c - *n_rows;
@@ -705,6 +711,8 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " shared=1");
     if (d->key_diff && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " key_diff=1");
+    if (d->observe_rows && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " observe_rows=1");
     /* likewise the pooling when it differs from what came before it */
     if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
@@ -758,6 +766,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     if (d->reconstruct && tokenize_into(e, RECONSTRUCT_PROMPT, 0, 0, &d->reconstruct_rows)) goto oom;
     d->shared_selection = s->shared_selection;
     d->key_diff = s->key_diff && d->policy == POLICY_INFINIPOT && !d->reconstruct;
+    d->observe_rows = s->observe_rows && d->policy == POLICY_INFINIPOT && !d->no_catalyst && !d->reconstruct &&
+                      !d->key_diff;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;

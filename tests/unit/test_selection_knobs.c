@@ -250,3 +250,60 @@ TEST(key_diff_scores_by_the_keys) {
     free(doc);
     engine_close(e);
 }
+
+typedef struct first_scores {
+    int32_t n;
+    float *v; /* [n_layer * n_head_kv][n] at the first compression */
+} first_scores;
+
+static void on_compress_first(void *ctx, const pot *p, const select_params *sp) {
+    first_scores *f = ctx;
+    if (f->v) return;
+    f->n = p->n;
+    f->v = malloc((size_t)p->n_layer * p->n_head_kv * p->n * sizeof *f->v);
+    for (int32_t lh = 0; f->v && lh < p->n_layer * p->n_head_kv; lh++)
+        memcpy(f->v + (size_t)lh * p->n, sp->scores + (size_t)lh * sp->scores_stride, (size_t)p->n * sizeof *f->v);
+}
+
+static int first_compression(engine *e, const engine_pot_settings *s, const char *doc, first_scores *f) {
+    char err[512];
+    engine_doc *d = engine_doc_open(e, s, err, sizeof err);
+    if (!d) return fprintf(stderr, "  open: %s\n", err), -1;
+    engine_doc_on_compress(d, on_compress_first, f);
+    int rc = engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err);
+    engine_doc_close(d);
+    return rc || !f->v ? -1 : 0;
+}
+
+/* observe_rows: the attention a compression selects by is the catalyst's rows'
+ * (the default's) plus SnapKV's window of the chunk's last 32 rows (policy
+ * snapkv's), as both see the same pot at the first compression. */
+TEST(observe_rows_add_the_window_to_the_catalyst) {
+    engine *e = open_tiny();
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = test_lighthouse_doc(1500);
+    engine_pot_settings cat = knobs(0, 0, 0), win = knobs(0, 0, 0), both = knobs(0, 0, 0);
+    win.policy = "snapkv";
+    both.observe_rows = 1;
+    first_scores fc = {0}, fw = {0}, fb = {0};
+    CHECK_EQ_INT(first_compression(e, &cat, doc, &fc), 0);
+    CHECK_EQ_INT(first_compression(e, &win, doc, &fw), 0);
+    CHECK_EQ_INT(first_compression(e, &both, doc, &fb), 0);
+    CHECK(fc.n == fw.n && fc.n == fb.n && fc.n > 0);
+    int bad = 0, window_counts = 0;
+    for (size_t i = 0; fc.v && fw.v && fb.v && fc.n == fw.n && fc.n == fb.n &&
+                       i < (size_t)info.n_layer * info.n_head_kv * fc.n; i++) {
+        bad += fabsf(fb.v[i] - (fc.v[i] + fw.v[i])) > 1e-4f * (1 + fabsf(fb.v[i]));
+        window_counts += fw.v[i] > 1e-3f;
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(window_counts > 0);
+    free(fc.v);
+    free(fw.v);
+    free(fb.v);
+    free(doc);
+    engine_close(e);
+}

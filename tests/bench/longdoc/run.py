@@ -98,6 +98,8 @@ ABLATIONS = {
     # KeyDiff's key-distinctiveness score in CaP's place (with NuC), and alone
     "infinipot-keydiff": ["--policy", "infinipot", "--key-diff", "1"],
     "infinipot-keydiff-nuc0": ["--policy", "infinipot", "--key-diff", "1", "--nuc-share", "0"],
+    # SnapKV's observation rows (the chunk's last 32) scoring with the catalyst
+    "infinipot-observe": ["--policy", "infinipot", "--observe-rows", "1"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
