@@ -230,7 +230,8 @@ static int span_attention(cuda_backend *cb, int32_t l, const fwd_plan *fp, char 
             float *dst = F(cb->scores) + pl->scores_at + (size_t)l * m->n_head_kv * n_keys;
             const float *row_w = sp->score_row_weight ? F(cb->row_w) + pl->weights_at : NULL;
             CK(cuda_attention_scores(&a, &cb->rope, sp->score_row0, sp->n_score_rows, row_w,
-                                     sp->score_combine == BACKEND_SCORE_MAX, dst, cb->stream));
+                                     (sp->score_combine == BACKEND_SCORE_MAX) | (sp->score_rows_max ? 2 : 0), dst,
+                                     cb->stream));
         }
     }
     return 0;

@@ -177,7 +177,8 @@ cudaError_t cuda_attention_f32(const cuda_attn *a, const cuda_rope *rope, int32_
  * exp(scale q.k - lse) (a->lse from cuda_attention_f32), row r's weighted by
  * row_weight[r - row0] when row_weight (device memory, [n_rows]: the
  * cascade's row weights) is not NULL, then combined over the heads of each
- * KV group in head order (combine 0 sum, 1 max), as
+ * KV group in head order (combine bit 0: their max, not their sum; bit 1:
+ * each head's max over the rows, not their sum: backend_span.score_rows_max), as
  * engine/cpu/cpu_backend.c's store_scores: scores [n_head_kv][n_pre + n_q]. */
 cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope *rope, int32_t row0, int32_t n_rows,
                                   const float *row_weight, int32_t combine, float *scores, cudaStream_t stream);

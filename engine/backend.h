@@ -33,10 +33,11 @@ typedef struct backend_span {
     /* Attention scores, when scores != NULL: for query rows [score_row0,
      * score_row0 + n_score_rows) of this span, the softmax probabilities over
      * every key (pot slots, then this span's tokens: n_keys = kv->n before the
-     * call + n_tokens), summed over those rows and combined over the query
+     * call + n_tokens), summed over those rows (or their max, score_rows_max) and combined over the query
      * heads of each KV group. Written as [n_layer][n_head_kv][n_keys]. */
     int32_t score_row0, n_score_rows;
     enum backend_score_combine score_combine;
+    int score_rows_max; /* the rows combined by their max instead of their sum (KVzip) */
     float *scores;
     /* Optional [n_score_rows] weight of each score row in that sum (NULL: 1
      * each): the cascade's geometric row weights (Cascading KV Cache). */

@@ -183,6 +183,9 @@ typedef struct engine_pot_settings {
                                  attention: no scoring rows are run */
     int observe_rows;         /* infinipot: the chunk's last 32 rows (SnapKV's observation
                                  window) score together with the catalyst's rows */
+    int row_max;              /* the scoring rows' attention to an entry combined by its max over
+                                 the rows, not its sum (with reconstruct and score_max: KVzip's
+                                 score, max over the repeating rows and the group's heads) */
 } engine_pot_settings;
 
 /* Fills the defaults above. */

@@ -69,6 +69,7 @@ struct engine_doc {
     int shared_selection;     /* settings' shared_selection */
     int key_diff;             /* settings' key_diff (infinipot only) */
     int observe_rows;         /* settings' observe_rows (infinipot with its catalyst only) */
+    int row_max;              /* settings' row_max */
     char *system;             /* chat mode: system message, or NULL */
     engine_doc_stats st;
     int failed;
@@ -468,7 +469,8 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     }
     backend_span sp = {.tokens = tokens, .n_tokens = n_tok, .kv = p,
                        .score_row0 = row0, .n_score_rows = n_rows, .scores = scores,
-                       .score_combine = d->combine, .labels = labels, .label_logprob = label_lp,
+                       .score_combine = d->combine, .score_rows_max = d->row_max,
+                       .labels = labels, .label_logprob = label_lp,
                        .score_row_weight = row_w};
     int64_t seen = p->n_seen;
     if (d->e->be->forward(d->e->be, &sp, 1, err, errlen)) goto done;
@@ -713,6 +715,8 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
         len += snprintf(out + len, cap - (size_t)len, " key_diff=1");
     if (d->observe_rows && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " observe_rows=1");
+    if (d->row_max && len > 0 && (size_t)len < cap)
+        len += snprintf(out + len, cap - (size_t)len, " row_max=1");
     /* likewise the pooling when it differs from what came before it */
     if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
         len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
@@ -768,6 +772,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->key_diff = s->key_diff && d->policy == POLICY_INFINIPOT && !d->reconstruct;
     d->observe_rows = s->observe_rows && d->policy == POLICY_INFINIPOT && !d->no_catalyst && !d->reconstruct &&
                       !d->key_diff;
+    d->row_max = s->row_max && d->policy != POLICY_CASCADE && d->policy != POLICY_H2O;
     /* cascade: each KV head decides by the max over its group (Cascading KV Cache) */
     d->combine = s->score_max || d->policy == POLICY_CASCADE ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM;
     if (s->system && !(d->system = strdup(s->system))) goto oom;

@@ -14,7 +14,7 @@
  *
  * scores_kernel: the policies' attention scores, exact probabilities
  * exp(scale q.k - lse) (lse from the first pass), one thread per key, summed
- * over the score rows per query head and combined over the group's heads in
+ * (or maxed) over the score rows per query head and combined over the group's heads in
  * head order, the order engine/cpu/cpu_backend.c's store_scores uses. */
 #include "cuda/kernels.h"
 #include "cuda/kernels/rope.cuh"
@@ -350,9 +350,10 @@ __global__ void scores_kernel(cuda_attn a, cuda_rope r, int32_t row0, int32_t n_
             float dot = 0.0f;
             for (int e = 0; e < hd; e++) dot = fmaf(__ldg(q + e), kr[e], dot);
             float p = expf(dot * a.scale - a.lse[(size_t)h * a.n_q + t]);
-            sum += row_weight ? row_weight[t - row0] * p : p;
+            float wp = row_weight ? row_weight[t - row0] * p : p;
+            sum = combine & 2 ? fmaxf(sum, wp) : sum + wp;
         }
-        acc = i == 0 ? sum : combine == 1 ? fmaxf(acc, sum) : acc + sum;
+        acc = i == 0 ? sum : combine & 1 ? fmaxf(acc, sum) : acc + sum;
     }
     scores[(size_t)g * n_keys + key] = acc;
 }
@@ -406,7 +407,7 @@ extern "C" cudaError_t cuda_attention_scores(const cuda_attn *a, const cuda_rope
                                              const float *row_weight, int32_t combine, float *scores,
                                              cudaStream_t stream) {
     if (!attn_valid(a, rope) || !a->lse || !scores || row0 < 0 || n_rows < 0 || row0 + n_rows > a->n_q ||
-        (combine != 0 && combine != 1))
+        combine < 0 || combine > 3)
         return cudaErrorInvalidValue;
     int32_t n_keys = a->n_pre + a->n_q, kb = scores_block_keys(a->head_dim);
     if (!n_keys) return cudaSuccess;
@@ -496,7 +497,10 @@ extern "C" void cuda_attention_ref(const cuda_attn *a, const cuda_rope *r, int32
                 if (a->lse) a->lse[(size_t)h * a->n_q + t] = (float)((double)mx + log(sum));
                 if (scores && t >= row0 && t < row0 + n_rows) {
                     float w = row_weight ? row_weight[t - row0] : 1.0f;
-                    for (int32_t k = 0; k < n_vis; k++) hs[(size_t)i * n_keys + k] += w * p[k];
+                    for (int32_t k = 0; k < n_vis; k++) {
+                        float *h_k = hs + (size_t)i * n_keys + k;
+                        *h_k = combine & 2 ? fmaxf(*h_k, w * p[k]) : *h_k + w * p[k];
+                    }
                 }
             }
         }
@@ -505,7 +509,7 @@ extern "C" void cuda_attention_ref(const cuda_attn *a, const cuda_rope *r, int32
                 float acc = hs[k];
                 for (int32_t i = 1; i < group; i++) {
                     float s = hs[(size_t)i * n_keys + k];
-                    acc = combine == 1 ? fmaxf(acc, s) : acc + s;
+                    acc = combine & 1 ? fmaxf(acc, s) : acc + s;
                 }
                 scores[(size_t)g * n_keys + k] = acc;
             }

@@ -330,7 +330,10 @@ static void attend_tile(attn_job *j, int32_t h0, int32_t nh, int32_t t0, int32_t
             if (j->head_scores && t >= sp->score_row0 && t < sp->score_row0 + sp->n_score_rows) {
                 float *hs = j->head_scores + (size_t)(h0 + hi) * n_keys;
                 float w = sp->score_row_weight ? sp->score_row_weight[t - sp->score_row0] : 1.0f;
-                for (int32_t k = 0; k < n_vis; k++) hs[k] += w * p[k];
+                if (sp->score_rows_max)
+                    for (int32_t k = 0; k < n_vis; k++) hs[k] = fmaxf(hs[k], w * p[k]);
+                else
+                    for (int32_t k = 0; k < n_vis; k++) hs[k] += w * p[k];
             }
         }
     }

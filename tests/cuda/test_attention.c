@@ -82,8 +82,8 @@ static void run_case(const attn_case *c, test_rng *g, int stream_positions) {
     float *drow_w = dev_from(row_w, (size_t)n_rows * sizeof(float));
 
     int32_t splits[] = {1, cuda_attention_splits(c->n_q, n_keys), 3, 7};
-    for (int mode = 0; mode < 3; mode++) { /* sum, max, weighted sum */
-        int combine = mode == 1;
+    for (int mode = 0; mode < 5; mode++) { /* heads summed, their max, weighted rows; rows' max (heads max, sum) */
+        int combine = mode == 1 ? 1 : mode == 3 ? 3 : mode == 4 ? 2 : 0;
         const float *w_host = mode == 2 ? row_w : NULL, *w_dev = mode == 2 ? drow_w : NULL;
         cuda_attention_ref(&host, &host_rope, row0, n_rows, w_host, combine, slots ? NULL : sc_want);
         for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {

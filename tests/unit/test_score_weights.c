@@ -1,7 +1,8 @@
 /* Weighted score rows (backend_span.score_row_weight, the cascade's geometric
  * row weights of the Cascading KV Cache paper) on the real default model: weights of 1 give the
  * unweighted bits, weights of 2 exactly twice them, and a weight of 0 drops
- * a row exactly. Each case runs the same span over a copy of the same pot. */
+ * a row exactly; score_rows_max gives the largest of the rows' scores. Each
+ * case runs the same span over a copy of the same pot. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,17 +17,22 @@ enum { N_TOK = sizeof toks / sizeof toks[0], N_PRE = 6, ROWS = 3 };
 
 /* Scores of the last ROWS (or only the first of them, one_row) rows of
  * toks[N_PRE..] over a pot holding toks[..N_PRE], into out. */
-static int scores_of(backend *be, const model *m, const pot *base, const float *w, int one_row,
-                     float *out) {
+static int scores_with(backend *be, const model *m, const pot *base, const float *w, int one_row, int rows_max,
+                       float *out) {
     char err[256];
     pot *p = pot_new(m->n_layer, m->n_head_kv, m->head_dim, 32, POT_F32, err, sizeof err);
     if (!p || pot_copy(p, base)) return pot_free(p), -1;
     int32_t n = N_TOK - N_PRE;
     backend_span sp = {.tokens = toks + N_PRE, .n_tokens = n, .kv = p, .score_row0 = n - ROWS,
-                       .n_score_rows = one_row ? 1 : ROWS, .scores = out, .score_row_weight = w};
+                       .n_score_rows = one_row ? 1 : ROWS, .scores = out, .score_row_weight = w,
+                       .score_rows_max = rows_max, .score_combine = rows_max ? BACKEND_SCORE_MAX : BACKEND_SCORE_SUM};
     int rc = be->forward(be, &sp, 1, err, sizeof err);
     pot_free(p);
     return rc;
+}
+
+static int scores_of(backend *be, const model *m, const pot *base, const float *w, int one_row, float *out) {
+    return scores_with(be, m, base, w, one_row, 0, out);
 }
 
 TEST(weighted_score_rows_scale_exactly) {
@@ -51,6 +57,21 @@ TEST(weighted_score_rows_scale_exactly) {
     CHECK_EQ_INT(scores_of(be, m, base, first_only, 0, got), 0);
     CHECK_EQ_INT(scores_of(be, m, base, NULL, 1, plain), 0);
     CHECK(memcmp(plain, got, n * sizeof(float)) == 0);
+    /* score_rows_max (KVzip's max over rows, here with the max over a group's heads, with
+       which it commutes): exactly the largest of the rows' scores taken one row at a time */
+    float *each = calloc(n, sizeof(float)), *largest = calloc(n, sizeof(float));
+    for (int r = 0; r < ROWS && each && largest; r++) {
+        float only[ROWS] = {0};
+        only[r] = 1;
+        CHECK_EQ_INT(scores_with(be, m, base, only, 0, 1, each), 0);
+        for (size_t i = 0; i < n; i++) largest[i] = r == 0 || each[i] > largest[i] ? each[i] : largest[i];
+    }
+    CHECK_EQ_INT(scores_with(be, m, base, NULL, 0, 1, got), 0);
+    CHECK(largest && memcmp(largest, got, n * sizeof(float)) == 0);
+    CHECK_EQ_INT(scores_of(be, m, base, NULL, 0, plain), 0);
+    CHECK(memcmp(plain, got, n * sizeof(float)) != 0);
+    free(each);
+    free(largest);
     free(plain);
     free(got);
     pot_free(base);

@@ -47,6 +47,7 @@ static void usage(void) {
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
             "  [--catalyst TEXT] [--score-memory 1] [--nuc-regions N] [--reconstruct 1] [--nuc-relative 1]\n"
             "  [--shared-selection 1] [--key-diff 1] [--observe-rows 1]\n"
+            "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
@@ -90,6 +91,8 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--shared-selection")) o->set.shared_selection = v ? atoi(v) : 0;
         else if (!strcmp(a, "--key-diff")) o->set.key_diff = v ? atoi(v) : 0;
         else if (!strcmp(a, "--observe-rows")) o->set.observe_rows = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--row-max")) o->set.row_max = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--score-max")) o->set.score_max = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-stride")) o->recycle_stride = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-keep")) o->recycle_keep = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;

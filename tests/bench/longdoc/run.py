@@ -82,6 +82,9 @@ ABLATIONS = {
     # kind of facts questions ask about (names, places, numbers, codes), and
     # the default's NuC/CaP mix moved towards CaP or NuC
     "infinipot-facts": ["--policy", "infinipot", "--catalyst", FACTS_CATALYST],
+    # two catalysts at once: the default's request and the facts one (their rows' attention summed)
+    "infinipot-cat2": ["--policy", "infinipot", "--catalyst",
+                       "Summarize the critical points highlighted in this section. " + FACTS_CATALYST],
     "infinipot-nuc0.25": ["--policy", "infinipot", "--nuc-share", "0.25"],
     "infinipot-nuc0.75": ["--policy", "infinipot", "--nuc-share", "0.75"],
     "infinipot-nuc0": ["--policy", "infinipot", "--nuc-share", "0"],
@@ -92,6 +95,9 @@ ABLATIONS = {
     "infinipot-rel": ["--policy", "infinipot", "--nuc-relative", "1"],
     "infinipot-kvzip": ["--policy", "infinipot", "--reconstruct", "1"],
     "infinipot-kvzip-nuc0": ["--policy", "infinipot", "--reconstruct", "1", "--nuc-share", "0"],
+    # KVzip's own combination: each entry's max over the repeating rows and the group's heads
+    "infinipot-kvzipmax-nuc0": ["--policy", "infinipot", "--reconstruct", "1", "--row-max", "1", "--score-max", "1",
+                                "--nuc-share", "0"],
     "infinipot-regions16": ["--policy", "infinipot", "--nuc-regions", "16"],
     "infinipot-w7": ["--policy", "infinipot", "--pool-width", "7"],
     "infinipot-shared-mem": ["--policy", "infinipot", "--shared-selection", "1", "--score-memory", "1"],
