@@ -4,6 +4,7 @@
  * selection and in-order compaction. Questions are answered over a copy of
  * the pot, so the pot itself never changes after a question. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -681,6 +682,15 @@ static int validate(engine *e, const engine_pot_settings *s, int32_t *keep, char
     return 0;
 }
 
+/* Appends printf(fmt, ...) to settings_key's text when `on` (and the text still fits). */
+static void key_add(char *out, size_t cap, int *len, int on, const char *fmt, ...) {
+    if (!on || *len <= 0 || (size_t)*len >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    *len += vsnprintf(out + *len, cap - (size_t)*len, fmt, ap);
+    va_end(ap);
+}
+
 /* The canonical text of the settings that change what a document computes
  * (defaults resolved, free texts as length and CRC-32C), so a snapshot is only
  * restored under the settings it was saved with. record_tokens is not one. */
@@ -697,33 +707,21 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
                        d->sched.budget, d->sched.keep, d->sched.chunk_tokens, share,
                        !!s->score_max, !!d->plain, s->finch_keep);
     /* the ablations appear only when on, so snapshots saved before them still load */
-    if (s->no_catalyst && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " no_catalyst=1");
-    if (s->original_positions && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " positions=original");
-    if (d->score_memory && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " score_memory=1");
-    if (d->nuc_regions && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " nuc_regions=%d", d->nuc_regions);
-    if (d->reconstruct && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " reconstruct=1");
-    if (d->nuc_relative && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " nuc_relative=1");
-    if (d->shared_selection && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " shared=1");
-    if (d->key_diff && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " key_diff=1");
-    if (d->observe_rows && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " observe_rows=1");
-    if (d->row_max && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " row_max=1");
+    key_add(out, cap, &len, s->no_catalyst, " no_catalyst=1");
+    key_add(out, cap, &len, s->original_positions, " positions=original");
+    key_add(out, cap, &len, d->score_memory, " score_memory=1");
+    key_add(out, cap, &len, d->nuc_regions, " nuc_regions=%d", d->nuc_regions);
+    key_add(out, cap, &len, d->reconstruct, " reconstruct=1");
+    key_add(out, cap, &len, d->nuc_relative, " nuc_relative=1");
+    key_add(out, cap, &len, d->shared_selection, " shared=1");
+    key_add(out, cap, &len, d->key_diff, " key_diff=1");
+    key_add(out, cap, &len, d->observe_rows, " observe_rows=1");
+    key_add(out, cap, &len, d->row_max, " row_max=1");
     /* likewise the pooling when it differs from what came before it */
-    if (d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1) && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " pool=%d", d->pool);
+    key_add(out, cap, &len, d->pool != (d->policy == POLICY_SNAPKV ? SNAPKV_POOL : 1), " pool=%d", d->pool);
     /* NuC's spans, once centred, now mostly after their peak: a pot saved under
        centred spans does not continue under the others */
-    if (d->policy == POLICY_INFINIPOT && d->pool > 1 && len > 0 && (size_t)len < cap)
-        len += snprintf(out + len, cap - (size_t)len, " nuc_lead=%d", pot_nuc_lead(d->pool));
+    key_add(out, cap, &len, d->policy == POLICY_INFINIPOT && d->pool > 1, " nuc_lead=%d", pot_nuc_lead(d->pool));
     for (int i = 0; i < 3 && len > 0 && (size_t)len < cap; i++) {
         const char *t = texts[i];
         len += t ? snprintf(out + len, cap - (size_t)len, " %s=%zu:%08x", names[i], strlen(t),
