@@ -73,6 +73,19 @@ static engine *open_tiny(void) {
     return test_open_engine(test_fixture("tiny_llama.gguf"), &opt);
 }
 
+/* Reads doc through a pot of settings s with `hook` seeing every compression. 0 or -1. */
+static int feed_with_hook(engine *e, const engine_pot_settings *s, const char *doc, engine_compress_hook hook,
+                          void *ctx) {
+    char err[512];
+    engine_doc *d = engine_doc_open(e, s, err, sizeof err);
+    if (!d) return fprintf(stderr, "  open: %s\n", err), -1;
+    engine_doc_on_compress(d, hook, ctx);
+    int rc = engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err);
+    if (rc) fprintf(stderr, "  %s\n", err);
+    engine_doc_close(d);
+    return rc;
+}
+
 static engine_pot_settings knobs(int memory, int relative, int shared) {
     engine_pot_settings s = engine_pot_settings_default();
     s.budget_tokens = BUDGET;
@@ -147,14 +160,7 @@ TEST(reconstruct_scores_every_chunk_when_read) {
     s.budget_tokens = 160; /* with the repeated chunk, within the tiny model's 256 */
     s.chunk_tokens = 64;
     scored sc = {0};
-    engine_doc *d = engine_doc_open(e, &s, err, sizeof err);
-    if (!d) fprintf(stderr, "  open: %s\n", err);
-    CHECK(d != NULL);
-    if (d) {
-        engine_doc_on_compress(d, on_compress_scored, &sc);
-        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
-        engine_doc_close(d);
-    }
+    CHECK_EQ_INT(feed_with_hook(e, &s, doc, on_compress_scored, &sc), 0);
     CHECK(sc.compressions > 5);
     CHECK_EQ_INT(sc.from_memory, sc.compressions);
     CHECK_EQ_INT(sc.unscored, 0);
@@ -227,18 +233,11 @@ TEST(key_diff_scores_by_the_keys) {
     engine *e = open_tiny();
     CHECK(e != NULL);
     if (!e) return;
-    char err[512], *doc = test_lighthouse_doc(8000);
+    char *doc = test_lighthouse_doc(8000);
     engine_pot_settings s = knobs(0, 0, 0);
     s.key_diff = 1;
     key_checked kc = {0};
-    engine_doc *d = engine_doc_open(e, &s, err, sizeof err);
-    if (!d) fprintf(stderr, "  open: %s\n", err);
-    CHECK(d != NULL);
-    if (d) {
-        engine_doc_on_compress(d, on_compress_keys, &kc);
-        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
-        engine_doc_close(d);
-    }
+    CHECK_EQ_INT(feed_with_hook(e, &s, doc, on_compress_keys, &kc), 0);
     engine_info info;
     engine_get_info(e, &info);
     CHECK(kc.compressions > 5);
@@ -266,13 +265,7 @@ static void on_compress_first(void *ctx, const pot *p, const select_params *sp) 
 }
 
 static int first_compression(engine *e, const engine_pot_settings *s, const char *doc, first_scores *f) {
-    char err[512];
-    engine_doc *d = engine_doc_open(e, s, err, sizeof err);
-    if (!d) return fprintf(stderr, "  open: %s\n", err), -1;
-    engine_doc_on_compress(d, on_compress_first, f);
-    int rc = engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err);
-    engine_doc_close(d);
-    return rc || !f->v ? -1 : 0;
+    return feed_with_hook(e, s, doc, on_compress_first, f) || !f->v ? -1 : 0;
 }
 
 /* observe_rows: the attention a compression selects by is the catalyst's rows'
