@@ -226,9 +226,8 @@ static void on_compress_keys(void *ctx, const pot *p, const select_params *sp) {
 }
 
 /* key_diff: every compression selects by the keys' distinctiveness (the scores
- * the hook sees are -cos to the head's mean unit key, recomputed here), NuC
- * keeps its share, and no scoring rows are run: with a budget the document
- * fits, the answer is the plain pot's, bit for bit. */
+ * the hook sees are -cos to the head's mean unit key, recomputed here), every
+ * head keeps some entries by that score, and NuC keeps its share. */
 TEST(key_diff_scores_by_the_keys) {
     engine *e = open_tiny();
     CHECK(e != NULL);
