@@ -318,7 +318,8 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     pot *p = d->pot;
     float *kd = NULL;
     if (d->key_diff) {
-        if (!(kd = key_diff_scores(p))) return snprintf(err, errlen, "key_diff: out of memory"), -1;
+        if (!(kd = key_diff_scores(p)))
+            return snprintf(err, errlen, "key_diff: out of memory, or the pot's keys not read back from the device"), -1;
         scores = kd;
         stride = p->n;
     }
