@@ -1,0 +1,46 @@
+/* Recall: the passages of a document that share the most words with a
+ * question, found in the document's text (the server's chunk log) and put
+ * before the question, so that a question the session's pot was not
+ * compressed for can still see the paragraphs it names. A cheap re-read:
+ * instead of reading the whole document again through a question-guided pot
+ * (server/reread.c), only about max_bytes of it are read, after the pot.
+ *
+ * Passages are the document's paragraphs (blank-line separated), longer ones
+ * cut into pieces of at most RECALL_PASSAGE_BYTES at a sentence end or a
+ * space. They are ranked by BM25 (k1 = 1.2, b = 0.75, the usual defaults)
+ * over words (runs of ASCII letters and digits, ASCII lower-cased, and of
+ * non-ASCII bytes), the question's distinct words as the query. Lexical:
+ * a question that shares no word with its answer's paragraph (a paraphrase,
+ * or a chain of references such as "VAR B = VAR A") does not find it.
+ * Pure text; no model. */
+#ifndef POTSERVE_RECALL_H
+#define POTSERVE_RECALL_H
+
+#include <stddef.h>
+
+enum {
+    RECALL_PASSAGE_BYTES = 1024, /* longest passage: about 250 tokens of English */
+    RECALL_MAX_TERMS = 64        /* question words used, in order of appearance */
+};
+
+typedef struct recall_result {
+    char *text;        /* the chosen passages in document order, joined by "\n\n" (malloc'd;
+                          "" when the document or the question has no words) */
+    size_t len;        /* strlen(text) */
+    int passages;      /* passages chosen */
+    int candidates;    /* passages the document was cut into */
+} recall_result;
+
+/* Chooses the best-ranked passages of doc[0, len) for question, as many as fit
+ * in max_bytes (their bytes, separators not counted; a passage that does not
+ * fit is skipped for smaller ones ranked after it). Passages sharing no word
+ * with the question are never chosen. 0, or -1 when memory is short (r->text
+ * NULL). Any bytes are accepted; a cut never splits a UTF-8 sequence. */
+int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r);
+void recall_result_free(recall_result *r);
+
+/* The question as the model is asked it: the passages (when any) under a
+ * one-line heading, then the question. malloc'd; NULL when memory is short. */
+char *recall_question(const recall_result *r, const char *question);
+
+#endif

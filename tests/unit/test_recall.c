@@ -1,0 +1,187 @@
+/* engine/recall.c: passages cut from a document, ranked by BM25 against a
+ * question, chosen within a byte budget. The BM25 figures are recomputed
+ * here from the formula (Robertson's, Lucene's idf) on small documents. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/recall.h"
+#include "test.h"
+
+/* 1 when every passage of r->text (split on "\n\n") occurs in doc, in increasing order. */
+static int passages_in_order(const recall_result *r, const char *doc, size_t len) {
+    const char *at = r->text, *end = r->text + r->len, *from = doc;
+    while (at < end) {
+        const char *sep = strstr(at, "\n\n");
+        size_t n = sep && sep < end ? (size_t)(sep - at) : (size_t)(end - at);
+        const char *hit = NULL;
+        for (const char *s = from; s + n <= doc + len && !hit; s++)
+            if (!memcmp(s, at, n)) hit = s;
+        if (!hit) return 0;
+        from = hit + n;
+        at += n + (sep && sep < end ? 2 : 0);
+    }
+    return 1;
+}
+
+TEST(recall_finds_the_paragraph_the_question_names) {
+    const char *doc =
+        "The kernel reads its configuration from the boot loader.\n\n"
+        "The special magic number for apple is 4411.\n\n"
+        "Packages are installed with apt-get and removed with apt-get remove.\n\n"
+        "The special magic number for walnut is 90644.\n"
+        "  \n" /* a blank line of spaces also ends a paragraph */
+        "Mount points are listed in /etc/fstab.";
+    recall_result r;
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for WALNUT?", 60, &r), 0);
+    CHECK_EQ_INT(r.candidates, 5);
+    CHECK_EQ_INT(r.passages, 1);
+    CHECK_STR(r.text, "The special magic number for walnut is 90644.");
+    char *q = recall_question(&r, "What is the special magic number for WALNUT?");
+    CHECK(q && strstr(q, "90644.\n\nWhat is the special magic number for WALNUT?") != NULL);
+    CHECK(q && strstr(q, "Passages of the document") == q);
+    free(q);
+    recall_result_free(&r);
+    /* room for two: the apple paragraph shares "special magic number", and comes first in the text */
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for walnut?", 100, &r), 0);
+    CHECK_EQ_INT(r.passages, 2);
+    CHECK_STR(r.text, "The special magic number for apple is 4411.\n\nThe special magic number for walnut is 90644.");
+    recall_result_free(&r);
+}
+
+/* Robertson's BM25 with Lucene's idf, written out for the test. */
+static double bm25(int tf, int df, int n_docs, int dl, double avgdl) {
+    double idf = log(1 + (n_docs - df + 0.5) / (df + 0.5));
+    return idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * dl / avgdl));
+}
+
+TEST(recall_ranks_by_bm25) {
+    /* "disk" is in three passages, "quota" in one: one rare word outweighs a
+       common word said three times, and a long passage's words count less */
+    const char *doc = "disk disk disk usage grows\n\n"          /* 5 words */
+                      "the quota limits it\n\n"                 /* 4 */
+                      "disk is full\n\n"                        /* 3 */
+                      "a disk and a quota and more words here"; /* 9 */
+    double avg = (5 + 4 + 3 + 9) / 4.0;
+    double want[4] = {bm25(3, 3, 4, 5, avg), bm25(1, 2, 4, 4, avg), bm25(1, 3, 4, 3, avg),
+                      bm25(1, 3, 4, 9, avg) + bm25(1, 2, 4, 9, avg)};
+    /* the test's own ranking, then one passage at a time by budget: the budget
+       of each passage's length picks the best passage that fits */
+    const char *text[4] = {"disk disk disk usage grows", "the quota limits it", "disk is full",
+                           "a disk and a quota and more words here"};
+    int best = 0;
+    for (int i = 1; i < 4; i++)
+        if (want[i] > want[best]) best = i;
+    CHECK_EQ_INT(best, 3);                 /* both words */
+    CHECK(want[1] > want[0]);              /* the rare word over the thrice-said common one */
+    recall_result r;
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "disk quota", strlen(text[3]), &r), 0);
+    CHECK_STR(r.text, text[3]);
+    recall_result_free(&r);
+    /* a budget too small for it: the next best that fits */
+    int next = -1;
+    for (int i = 0; i < 3; i++)
+        if (strlen(text[i]) <= 26 && (next < 0 || want[i] > want[next])) next = i;
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "disk quota", 26, &r), 0);
+    CHECK_EQ_INT(r.passages, 1);
+    CHECK_STR(r.text, text[next]);
+    CHECK_EQ_INT(next, 1);
+    recall_result_free(&r);
+    /* room for everything: every passage holding a word, in document order */
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "Disk? QUOTA!", 1000, &r), 0);
+    CHECK_EQ_INT(r.passages, 4);
+    CHECK(passages_in_order(&r, doc, strlen(doc)));
+    recall_result_free(&r);
+}
+
+TEST(recall_cuts_long_paragraphs_at_sentences_and_characters) {
+    /* one 3,000-byte paragraph of sentences */
+    char doc[4096] = "";
+    while (strlen(doc) < 3000) strcat(doc, "The cache keeps what the model reads. ");
+    recall_result r;
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "cache", 100000, &r), 0);
+    CHECK(r.candidates >= 3);
+    CHECK_EQ_INT(r.passages, r.candidates);
+    /* every passage is at most RECALL_PASSAGE_BYTES and ends a sentence */
+    int ok = 1;
+    for (const char *at = r.text; *at;) {
+        const char *sep = strstr(at, "\n\n");
+        size_t n = sep ? (size_t)(sep - at) : strlen(at);
+        ok &= n <= RECALL_PASSAGE_BYTES && at[n - 1] == '.';
+        at += n + (sep ? 2 : 0);
+    }
+    CHECK(ok);
+    recall_result_free(&r);
+    /* 2,499 bytes of three-byte characters and no space: cut between
+       characters (1,024 is not a multiple of 3). Words are compared on their
+       first 64 bytes, so a question of those bytes matches each piece only
+       when the piece starts with a whole "€" */
+    char u[2600], word[65];
+    size_t n = 0;
+    while (n < 2499) u[n++] = (char)0xE2, u[n++] = (char)0x82, u[n++] = (char)0xAC;
+    memcpy(word, u, 64);
+    word[64] = 0;
+    CHECK_EQ_INT(recall_passages(u, n, word, 100000, &r), 0);
+    CHECK_EQ_INT(r.candidates, 3);
+    CHECK_EQ_INT(r.passages, 3);
+    CHECK_EQ_INT(r.len, 2499 + 2 * 2);
+    recall_result_free(&r);
+}
+
+TEST(recall_without_words_chooses_nothing) {
+    recall_result r;
+    CHECK_EQ_INT(recall_passages("", 0, "anything", 4096, &r), 0);
+    CHECK(r.text && r.len == 0 && r.passages == 0 && r.candidates == 0);
+    char *q = recall_question(&r, "anything?");
+    CHECK_STR(q, "anything?");
+    free(q);
+    recall_result_free(&r);
+    const char *doc = "Alpha beta.\n\nGamma delta.";
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "?!", 4096, &r), 0);
+    CHECK(r.passages == 0 && r.candidates == 2 && r.len == 0);
+    recall_result_free(&r);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "epsilon", 4096, &r), 0);
+    CHECK_EQ_INT(r.passages, 0);
+    recall_result_free(&r);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), NULL, 4096, &r), 0);
+    CHECK_EQ_INT(r.passages, 0);
+    recall_result_free(&r);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "gamma", 0, &r), 0); /* no budget */
+    CHECK_EQ_INT(r.passages, 0);
+    recall_result_free(&r);
+}
+
+TEST(recall_garbage_stays_in_bounds) {
+    uint64_t s = 88172645463325252ull;
+    char *doc = malloc(20000), q[200];
+    int ok = 1;
+    for (int round = 0; round < 200 && doc; round++) {
+        size_t len = (size_t)(s % 20000);
+        for (size_t i = 0; i < len; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            /* few distinct bytes so that words repeat, and every kind of separator */
+            static const char alphabet[] = "ab \n\n\t.\r\xC3\xA9\x80\xff";
+            doc[i] = round % 3 ? alphabet[s % (sizeof alphabet - 1)] : (char)(s & 0xFF);
+        }
+        size_t qn = (size_t)(s % sizeof q);
+        for (size_t i = 0; i < qn; i++) q[i] = "ab .\xC3\xA9"[(s >> (i % 40)) % 6];
+        q[qn] = 0;
+        size_t budget = (size_t)(s >> 20) % 3000;
+        recall_result r;
+        if (recall_passages(doc, len, q, budget, &r)) {
+            ok = 0;
+            break;
+        }
+        /* at most the budget, plus the separators */
+        ok &= r.len <= budget + 2 * (size_t)(r.passages > 0 ? r.passages - 1 : 0);
+        ok &= r.passages <= r.candidates;
+        if (round % 3) ok &= passages_in_order(&r, doc, len); /* no NUL in the text */
+        char *full = recall_question(&r, q);
+        ok &= full != NULL;
+        free(full);
+        recall_result_free(&r);
+    }
+    CHECK(ok);
+    free(doc);
+}
