@@ -22,6 +22,7 @@
 
 #include "cache/cache.h"
 #include "engine/engine.h"
+#include "engine/recall.h"
 
 enum { TRACE_BYTES = 8192 }; /* about 2K tokens of English */
 
@@ -37,6 +38,7 @@ typedef struct options {
     const char *docs; /* --docs: documents carrying several needles, several questions each */
     int threads, n_predict, late_question, trace, winners;
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
+    long recall_bytes; /* --docs: the question comes with this many bytes of recalled passages */
     engine_pot_settings set;
 } options;
 
@@ -50,6 +52,7 @@ static void usage(void) {
             "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
+            "  [--recall BYTES]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
             "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
             "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
@@ -57,7 +60,9 @@ static void usage(void) {
             "--docs FILE: JSON lines {id, doc (path), needles [[a, b] byte ranges], questions [..] (\"\":\n"
             "  not asked)}:\n"
             "  each document is read once (once per question for finch with the question up front)\n"
-            "  and every question answered over its pot; one JSON line per question\n");
+            "  and every question answered over its pot; one JSON line per question\n"
+            "--recall BYTES (--docs): each question is asked with the document's passages that share\n"
+            "  its words, at most BYTES of them (engine/recall.h), as the server's \"recall\" does\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -96,6 +101,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--recycle-stride")) o->recycle_stride = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-keep")) o->recycle_keep = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--recall")) o->recall_bytes = v ? atol(v) : 0;
         else {
             used = 0;
             if (!strcmp(a, "--no-catalyst")) o->set.no_catalyst = 1;
@@ -409,13 +415,28 @@ fail:
     return NULL;
 }
 
-/* Answers question qi over d and prints its JSON line. */
+/* Answers question qi over d (with --recall, after the passages of text that
+ * share its words) and prints its JSON line. */
 static int answer_question(engine_doc *d, const options *o, const engine_info *info, const char *id,
-                           int qi, const char *question, const int64_t *tok, int n_needles,
-                           double t_start_ms, char *err, size_t el) {
+                           int qi, const char *question, const char *text, size_t len, const int64_t *tok,
+                           int n_needles, double t_start_ms, char *err, size_t el) {
     answer ans = {{0}, 0};
     engine_gen_result res = {0};
-    if (greedy_answer(d, o, question, &ans, &res, err, el)) return -1;
+    recall_result rr = {0};
+    char *asked = NULL;
+    if (o->recall_bytes > 0) {
+        if (recall_passages(text, len, question, (size_t)o->recall_bytes, &rr) ||
+            !(asked = recall_question(&rr, question))) {
+            recall_result_free(&rr);
+            return snprintf(err, el, "out of memory recalling passages"), -1;
+        }
+    }
+    int failed = greedy_answer(d, o, asked ? asked : question, &ans, &res, err, el);
+    free(asked);
+    if (failed) {
+        recall_result_free(&rr);
+        return -1;
+    }
     engine_doc_stats st;
     engine_doc_get_stats(d, &st);
     struct rusage ru;
@@ -436,6 +457,12 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
                           "compressions", (json_int_t)st.compressions,
                           "peak_rss_bytes", (json_int_t)ru.ru_maxrss * 1024, "answer_ms",
                           res.prefill_ms + res.decode_ms);
+    if (j && o->recall_bytes > 0) {
+        json_object_set_new(j, "recall_passages", json_integer(rr.passages));
+        json_object_set_new(j, "recall_bytes", json_integer((json_int_t)rr.len));
+        json_object_set_new(j, "prompt_tokens", json_integer((json_int_t)res.n_prompt));
+    }
+    recall_result_free(&rr);
     char *out = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (out) printf("%s\n", out);
     fflush(stdout);
@@ -477,7 +504,7 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
                          el);
             if (!d) rc = -1;
         }
-        if (!rc) rc = answer_question(d, o, info, id, qi, q, tok, n_needles, t0, err, el);
+        if (!rc) rc = answer_question(d, o, info, id, qi, q, text, (size_t)len, tok, n_needles, t0, err, el);
     }
     engine_doc_close(d);
     free(text);

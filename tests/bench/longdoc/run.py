@@ -106,6 +106,9 @@ ABLATIONS = {
     "infinipot-keydiff-nuc0": ["--policy", "infinipot", "--key-diff", "1", "--nuc-share", "0"],
     # SnapKV's observation rows (the chunk's last 32) scoring with the catalyst
     "infinipot-observe": ["--policy", "infinipot", "--observe-rows", "1"],
+    # the default pot, each question asked with the passages that share its
+    # words (the server's "recall", at its default recall_bytes)
+    "infinipot-recall": ["--policy", "infinipot", "--recall", "4096"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
