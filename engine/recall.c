@@ -16,11 +16,7 @@
 
 enum { MAX_WORD = 64 }; /* longer words are compared on their first MAX_WORD bytes */
 
-typedef struct passage {
-    size_t start, len;
-    int words;   /* its length in words (BM25's document length) */
-    double score;
-} passage;
+typedef recall_passage passage;
 
 typedef struct term {
     char w[MAX_WORD];
@@ -205,26 +201,34 @@ static void score_passages(const char *doc, passage *ps, int n, query *q) {
     }
 }
 
+int recall_rank(const char *doc, size_t len, const char *question, recall_passage **out, int *n) {
+    query q;
+    query_init(&q, question ? question : "");
+    if (split_passages(doc, len, out, n)) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (*n > 0 && q.n > 0) score_passages(doc, *out, *n, &q);
+    return 0;
+}
+
 int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r) {
     *r = (recall_result){0};
     passage *ps = NULL;
     int n = 0;
-    query q;
-    query_init(&q, question ? question : "");
-    if (split_passages(doc, len, &ps, &n)) goto oom;
+    if (recall_rank(doc, len, question, &ps, &n)) goto oom;
     r->candidates = n;
-    if (n > 0 && q.n > 0) {
-        score_passages(doc, ps, n, &q);
-        /* the best first, as many as fit (moved to the front), then in document order */
-        qsort(ps, (size_t)n, sizeof *ps, by_score);
-        size_t used = 0;
-        for (int i = 0; i < n && ps[i].score > 0; i++)
-            if (ps[i].len <= max_bytes - used) {
-                used += ps[i].len;
-                ps[r->passages++] = ps[i];
-            }
-        qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
-    }
+    /* the best first, as many as fit (moved to the front), then in document order */
+    qsort(ps, (size_t)n, sizeof *ps, by_score);
+    size_t used = 0;
+    for (int i = 0; i < n && ps[i].score > 0; i++)
+        if (ps[i].len <= max_bytes - used) {
+            used += ps[i].len;
+            ps[r->passages++] = ps[i];
+        }
+    qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
     size_t out = 1;
     for (int i = 0; i < r->passages; i++) out += ps[i].len + strlen(RECALL_SEP);
     r->text = malloc(out);

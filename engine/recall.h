@@ -8,8 +8,9 @@
  * Passages are the document's paragraphs (blank-line separated), longer ones
  * cut into pieces of at most RECALL_PASSAGE_BYTES at a sentence end or a
  * space. They are ranked by BM25 (k1 = 1.2, b = 0.75, the usual defaults)
- * over words (runs of ASCII letters and digits, ASCII lower-cased, and of
- * non-ASCII bytes), the question's distinct words as the query. Lexical:
+ * over words (runs of ASCII letters, digits and non-ASCII bytes, so that
+ * accented words stay whole; ASCII lower-cased), the question's distinct
+ * words as the query. Lexical:
  * a question that shares no word with its answer's paragraph (a paraphrase,
  * or a chain of references such as "VAR B = VAR A") does not find it.
  * Pure text; no model. */
@@ -20,8 +21,21 @@
 
 enum {
     RECALL_PASSAGE_BYTES = 1024, /* longest passage: about 250 tokens of English */
-    RECALL_MAX_TERMS = 64        /* question words used, in order of appearance */
+    RECALL_MAX_TERMS = 64,       /* question words used, in order of appearance */
+    RECALL_DEFAULT_BYTES = 4096  /* the passages' budget unless set: about 1,000 tokens of English */
 };
+
+/* One passage: doc[start, start + len), its length in words and its BM25 score. */
+typedef struct recall_passage {
+    size_t start, len;
+    int words;
+    double score;
+} recall_passage;
+
+/* Every passage of doc[0, len) with its score for question, in document
+ * order: *out malloc'd (the caller frees it; NULL when *n is 0), *n. 0, or
+ * -1 when memory is short. For diagnostics (`potserve recall --scores`). */
+int recall_rank(const char *doc, size_t len, const char *question, recall_passage **out, int *n);
 
 typedef struct recall_result {
     char *text;        /* the chosen passages in document order, joined by "\n\n" (malloc'd;

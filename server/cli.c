@@ -1,4 +1,4 @@
-/* Offline commands: generate, tokenize, info, logits. Flags are described in
+/* Offline commands: generate, tokenize, recall, info, logits. Flags are described in
  * one table per command, which also produces its --help. */
 #include <errno.h>
 #include <math.h>
@@ -15,6 +15,7 @@
 #include "cache/cache.h" /* the policies' and schedules' names */
 #include "config/config.h"
 #include "engine/engine.h"
+#include "engine/recall.h"
 #include "server/server.h"
 
 enum { MAX_STOPS = 8, MAX_FLAGS = 32 };
@@ -361,6 +362,60 @@ int cli_tokenize(int argc, char **argv) {
     free(text);
     engine_close(e);
     return 0;
+}
+
+/* ---- recall ------------------------------------------------------------------ */
+
+static const flag recall_flags[] = {
+    {"--question", "-q", "TEXT", "the question whose words the passages share (required)"},
+    {"--bytes", NULL, "N", "the passages' budget in bytes (default 4096, the server's recall_bytes)"},
+    {"--scores", NULL, NULL, "print every passage's start, length, words and BM25 score as JSON lines"},
+    {NULL, NULL, NULL, NULL},
+};
+FLAGS_FIT(recall_flags);
+
+/* What a session's "recall" would put before a question (engine/recall.h):
+ * the question as the model would be asked it, or every passage's score. */
+int cli_recall(int argc, char **argv) {
+    parsed p;
+    int r = parse_flags(argc, argv, "-q QUESTION [--bytes N] [--scores] < TEXT", recall_flags, &p);
+    if (r) return r > 0 ? 0 : 2;
+    const char *question = flag_val(recall_flags, &p, "--question"), *bytes = flag_val(recall_flags, &p, "--bytes");
+    char *end = NULL;
+    long long budget = bytes ? strtoll(bytes, &end, 10) : RECALL_DEFAULT_BYTES;
+    if (!question || (bytes && (*end || end == bytes || budget < 0))) {
+        fprintf(stderr, "potserve recall: %s\n", !question ? "--question is required" : "--bytes needs a count of bytes >= 0");
+        return 2;
+    }
+    size_t len;
+    char *text = read_stdin(&len);
+    if (!text) return fprintf(stderr, "potserve recall: cannot read stdin\n"), 1;
+    int rc = 1;
+    if (flag_val(recall_flags, &p, "--scores")) {
+        recall_passage *ps = NULL;
+        int n = 0;
+        if (!recall_rank(text, len, question, &ps, &n)) {
+            for (int i = 0; i < n; i++)
+                printf("{\"start\": %zu, \"len\": %zu, \"words\": %d, \"score\": %.17g}\n", ps[i].start, ps[i].len,
+                       ps[i].words, ps[i].score);
+            rc = 0;
+        }
+        free(ps);
+    } else {
+        recall_result rr;
+        char *q = NULL;
+        if (!recall_passages(text, len, question, (size_t)budget, &rr) && (q = recall_question(&rr, question))) {
+            fwrite(q, 1, strlen(q), stdout);
+            printf("\n");
+            fprintf(stderr, "potserve recall: %d of %d passages, %zu bytes\n", rr.passages, rr.candidates, rr.len);
+            rc = 0;
+        }
+        free(q);
+        recall_result_free(&rr);
+    }
+    if (rc) fprintf(stderr, "potserve recall: out of memory\n");
+    free(text);
+    return rc;
 }
 
 /* ---- info ------------------------------------------------------------------- */

@@ -12,6 +12,7 @@ static const char usage[] =
     "  serve      run the HTTP server (OpenAI-compatible endpoints, sessions with memory pots)\n"
     "  generate   generate text from a prompt (streams to stdout)\n"
     "  tokenize   print the token ids of stdin on one line\n"
+    "  recall     print what a session's recall would put before a question (passages of stdin)\n"
     "  info       describe a GGUF model\n"
     "  logits     print the last-position logits of a prompt (for reference checks)\n"
     "  ingest     read a document of any length through a memory pot and answer a question\n"
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "recall")) return cli_recall(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return cli_logits(argc - 1, argv + 1);
     if (!strcmp(cmd, "ingest")) return cli_ingest(argc - 1, argv + 1);

@@ -6,6 +6,7 @@
 
 int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
+int cli_recall(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_logits(int argc, char **argv);
 int cli_ingest(int argc, char **argv);

@@ -1,0 +1,128 @@
+"""`potserve recall` (engine/recall.c) against an independent BM25: rank_bm25's
+Okapi BM25 with Lucene's idf, over the passages the C code cut, on real text
+(the long-document bench's corpus, Debian packages) and the bench's questions.
+The passages themselves are checked for what they must be: in order, apart,
+at most 1,024 bytes, covering every non-space byte of the document."""
+import json
+import math
+import random
+import re
+import sys
+
+import pytest
+from rank_bm25 import BM25Okapi
+
+from conftest import ROOT, run
+
+sys.path.insert(0, str(ROOT / "tests" / "bench" / "longdoc"))
+import corpus  # noqa: E402
+import tasks  # noqa: E402
+
+PASSAGE_BYTES, MAX_TERMS, MAX_WORD = 1024, 64, 64
+
+
+class LuceneBM25(BM25Okapi):
+    """rank_bm25's Okapi BM25 (term frequency and length normalisation) with
+    Lucene's always-positive idf, ln(1 + (N - df + 0.5) / (df + 0.5))."""
+
+    def _calc_idf(self, nd):
+        for word, df in nd.items():
+            self.idf[word] = math.log(1 + (self.corpus_size - df + 0.5) / (df + 0.5))
+
+
+def words(b):
+    """engine/recall.h's words: runs of ASCII letters, digits and non-ASCII
+    bytes; ASCII lower-cased; compared on their first 64 bytes."""
+    return [w.lower()[:MAX_WORD] for w in re.findall(rb"[A-Za-z0-9\x80-\xff]+", b)]
+
+
+def query(question):
+    out = []
+    for w in words(question.encode()):
+        if w not in out and len(out) < MAX_TERMS:
+            out.append(w)
+    return out
+
+
+def recall_scores(doc, question):
+    p = run("recall", "-q", question, "--scores", input=doc, check=True)
+    return [json.loads(x) for x in p.stdout.decode().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def document():
+    units = [t for _, split, t in corpus.load_units() if split == "test"]
+    rng = random.Random(7)
+    rng.shuffle(units)
+    rng2 = random.Random(8)
+    plan = [tasks.make_task(k, rng2) for k in tasks.TASKS]
+    paras = units[:400]
+    for t in plan:  # the needles as paragraphs of their own, as the bench puts them
+        for n in t["needles"]:
+            paras.insert(rng.randrange(len(paras)), n)
+    return "\n\n".join(paras).encode(), plan, units[400:420]
+
+
+def test_passages_cover_the_document_in_order(document):
+    doc, _, _ = document
+    ps = recall_scores(doc, "anything")
+    assert len(ps) > 400  # at least one a paragraph; the long ones cut
+    at = 0
+    for p in ps:
+        assert 0 < p["len"] <= PASSAGE_BYTES
+        assert p["start"] >= at
+        gap = doc[at:p["start"]]
+        assert gap.strip() == b"", gap[:80]  # only white space between passages
+        text = doc[p["start"]:p["start"] + p["len"]]
+        assert text == text.strip()
+        assert b"\n\n" not in text  # never across a paragraph break
+        text.decode()  # never a cut inside a UTF-8 character
+        at = p["start"] + p["len"]
+    assert doc[at:].strip() == b""
+
+
+def test_scores_match_an_independent_bm25(document):
+    doc, plan, extra = document
+    questions = [t["question"] for t in plan] + [u[:200] for u in extra[:10]] + \
+        ["Wie heißt der Paketmanager? apt-get", "How do I configure the kernel's boot parameters in GRUB?"]
+    for q in questions:
+        ps = recall_scores(doc, q)
+        ref = LuceneBM25([words(doc[p["start"]:p["start"] + p["len"]]) for p in ps], k1=1.2, b=0.75)
+        want = ref.get_scores(query(q))
+        assert [p["words"] for p in ps] == ref.doc_len
+        for p, w in zip(ps, want):
+            assert p["score"] == pytest.approx(w, rel=1e-9, abs=1e-12), q
+        # the default choice: the best that fit in 4,096 bytes, in document order
+        order = sorted(range(len(ps)), key=lambda i: (-want[i], i))
+        chosen, used = [], 0
+        for i in order:
+            if want[i] <= 0:
+                break
+            if ps[i]["len"] <= 4096 - used:
+                chosen.append(i)
+                used += ps[i]["len"]
+        got = run("recall", "-q", q, input=doc, check=True).stdout.decode()
+        body = "\n\n".join(doc[ps[i]["start"]:ps[i]["start"] + ps[i]["len"]].decode() for i in sorted(chosen))
+        assert got == f"Passages of the document that share words with the question:\n\n{body}\n\n{q}\n"
+
+
+def test_the_bench_questions_find_their_needles(document):
+    """What recall is for: every single-hop question's needle is among its
+    passages (vartrack's chain is not single-hop: only its last link, named in
+    the question, must be there)."""
+    doc, plan, _ = document
+    for t in plan:
+        got = run("recall", "-q", t["question"], input=doc, check=True).stdout.decode()
+        needles = t["needles"] if t["kind"] != "vartrack" else t["needles"][-1:]
+        for n in needles:
+            assert n in got, (t["kind"], n)
+
+
+def test_bad_input_gets_a_clear_error():
+    p = run("recall", input=b"text")
+    assert p.returncode == 2 and b"--question is required" in p.stderr
+    p = run("recall", "-q", "x", "--bytes", "-3", input=b"text")
+    assert p.returncode == 2 and b"--bytes" in p.stderr
+    # garbage bytes are text like any other: no crash, the question comes back
+    p = run("recall", "-q", "q", input=bytes(range(256)) * 50, check=True)
+    assert p.stdout.endswith(b"q\n")
