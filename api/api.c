@@ -11,6 +11,23 @@
 #include <string.h>
 
 #include "cache/cache.h" /* the policies' and schedules' names */
+#include "common/common.h" /* utf8_seq */
+
+/* Every byte of s that is not part of a valid UTF-8 sequence becomes '?': a
+ * message may quote a client's bytes (a session id from the URL) or be cut
+ * inside a character, and JSON strings must be UTF-8. */
+static void utf8_repair(char *s) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = utf8_seq((const unsigned char *)s + i, n - i, &cp);
+        if (l > 0) {
+            i += (size_t)l;
+        } else {
+            s[i++] = '?';
+        }
+    }
+}
 
 int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;
@@ -20,6 +37,7 @@ int api_fail(api_error *e, int status, const char *code, const char *param, cons
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    utf8_repair(e->message);
     return -1;
 }
 
@@ -135,7 +153,8 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "schedule", &s->schedule, e) ||
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
-        get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e))
+        get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e) ||
+        get_bool(root, "recall", &out->recall, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
     if (md && !json_is_null(md) && !json_is_object(md)) {
@@ -143,6 +162,11 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         goto fail;
     }
     out->metadata = md && json_is_object(md) ? md : NULL;
+    if (out->reread && out->recall) {
+        api_fail(e, 400, "invalid_value", "recall",
+                 "recall and reread exclude each other: a re-read reads the whole document already");
+        goto fail;
+    }
     if (pot_policy_from_name(s->policy) < 0) {
         api_fail(e, 422, "invalid_value", "policy", "policy '%s' is not one of %s", s->policy,
                  pot_policy_list());
@@ -206,6 +230,7 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (p->system) json_object_set_new(o, "system", json_string(p->system));
     if (s->ttl_seconds) json_object_set_new(o, "ttl_seconds", json_integer(s->ttl_seconds));
     if (s->reread) json_object_set_new(o, "reread", json_true());
+    if (s->recall) json_object_set_new(o, "recall", json_true());
     json_object_set_new(o, "metadata", s->metadata ? json_incref(s->metadata) : json_object());
     return o;
 }
@@ -391,6 +416,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     memset(r, 0, sizeof *r);
     r->chat = chat;
     r->reread = -1;
+    r->recall = -1;
     r->root = api_parse_object(body, n, e);
     if (!r->root) return -1;
     engine_gen_params *gp = &r->params;
@@ -416,7 +442,8 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         get_float(r->root, "frequency_penalty", -2, 2, &freq, e) ||
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
-        get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) || parse_stop(r, e) ||
+        get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) ||
+        get_bool(r->root, "recall", &r->recall, e) || parse_stop(r, e) ||
         parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
         (chat && api_parse_tools(r, e)))
         return -1;

@@ -41,6 +41,8 @@ typedef struct api_session_settings {
     int64_t ttl_seconds;     /* 0 = never expires */
     int reread;              /* "reread": questions re-read the document from the chunk log
                                 through a pot guided by the question (server/reread.c) */
+    int recall;              /* "recall": questions come with the passages of the document that
+                                share their words (engine/recall.h, server/recall.c) */
     json_t *root;            /* owns everything above */
 } api_session_settings;
 
@@ -70,6 +72,7 @@ typedef struct api_gen_request {
     int overflow_error;        /* "overflow": "error" */
     int enable_thinking;       /* chat: "enable_thinking" (or chat_template_kwargs'), default 1 (Qwen3) */
     int reread;                /* "reread": -1 absent (the session's setting), 0 or 1 */
+    int recall;                /* "recall": the same */
     const char *model;
     json_t *root;
     const char **stops;

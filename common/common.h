@@ -68,4 +68,11 @@ int fsync_parent_dir(const char *path);
  * crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a b, na + nb). */
 uint32_t crc32c(uint32_t crc, const void *data, size_t len);
 
+/* ---- UTF-8 ------------------------------------------------------------------
+ * Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF): the
+ * length of the valid sequence at s (n bytes available) with its code point
+ * in *cp, 0 when the bytes can only be the start of a sequence cut short by
+ * the end, -1 when invalid. The tokenizer's and the API's one definition. */
+int utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
+
 #endif

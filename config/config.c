@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cache/cache.h" /* the policies' names */
+#include "engine/recall.h" /* recall_bytes' default */
 
 int config_parse_int(const char *name, const char *text, int64_t lo, int64_t hi, int64_t *out,
                      char *err, size_t errlen) {
@@ -167,6 +168,8 @@ static const setting settings[] = {
     S_ENUM(reread_share, "pots", reread_share_values, "questions sharing a re-read: one pot (rows) or one each"),
     S_INT(reread_share_limit, "8", 1, 32, "questions one re-read pass takes at most"),
     S_INT(reread_gather_ms, "100", 0, 60000, "ms a re-read waits for other questions to share it"),
+    S_INT(recall_bytes, "4096", 1, 1048576, /* RECALL_DEFAULT_BYTES, checked below */
+          "bytes of passages a recall puts before a question"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
     S_INT(prompt_cache_entries, "4", 0, 64, "recent sessionless prompts whose KV is reused, 0 = off"),
@@ -177,6 +180,7 @@ static const setting settings[] = {
     S_STRING(cors_origins, "", "CORS: allowed origins, comma-separated, * = any, \"\" = off"),
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
+_Static_assert(RECALL_DEFAULT_BYTES == 4096, "recall_bytes' default above is engine/recall.h's");
 
 #define FIELD_PTR(c, s, T) ((T *)(void *)((char *)(c) + (s)->offset))
 

@@ -113,38 +113,6 @@ static void uflags_init(void) {
 
 static inline uint8_t uflags(uint32_t c) { return c < MAX_CPT ? g_uflags[c] : 0; }
 
-/* Strict UTF-8: length of the valid sequence at s (n bytes available), 0 if
- * the bytes can only be the start of a sequence cut short by the end, -1 if
- * invalid. */
-static int utf8_seq(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned char c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    int len;
-    uint32_t v, min;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, v = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, v = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, v = c & 0x07, min = 0x10000;
-    else return -1;
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return 0;
-        if ((s[i] & 0xC0) != 0x80) return -1;
-        v = (v << 6) | (s[i] & 0x3F);
-        /* reject overlongs / surrogates / > U+10FFFF as soon as the second byte says so */
-        if (i == 1) {
-            if (c == 0xE0 && s[1] < 0xA0) return -1;
-            if (c == 0xED && s[1] > 0x9F) return -1;
-            if (c == 0xF0 && s[1] < 0x90) return -1;
-            if (c == 0xF4 && s[1] > 0x8F) return -1;
-        }
-    }
-    if (v < min) return -1;
-    *cp = v;
-    return len;
-}
-
 /* Length of the longest prefix of s made of complete valid sequences; *bad is
  * set when an invalid sequence (not merely a cut-short one) follows it. */
 static size_t utf8_valid_prefix(const char *s, size_t n, int *bad) {

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/common.h"
+#include "server/recall.h"
 #include "server/reread.h"
 #include "server/server_internal.h"
 
@@ -64,6 +65,10 @@ struct generation {
     int rereading, stream_started;
     reread_stats reread_st;
     reread_pot *reread_pot; /* its pot, held until the generation is freed */
+    /* a question asked with its document's passages (recall.c) */
+    int recalling;
+    recall_stats recall_st;
+    char *recalled;         /* the question with the passages: what req's question points to */
 };
 
 static void release_temporary_pot(server *s, generation *g);
@@ -86,6 +91,7 @@ typedef struct done_event {
 
 void generation_free(generation *g) {
     if (g->reread_pot) reread_pot_release(g->reread_pot);
+    free(g->recalled);
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
     free(g->doc_text);
@@ -465,6 +471,13 @@ static json_t *reread_json(const reread_stats *st) {
                      (json_int_t)st->pass, "questions", st->questions, "pots", st->pots);
 }
 
+/* The answer's "recall" object. */
+static json_t *recall_json(const recall_stats *st) {
+    return json_pack("{s:i, s:i, s:I, s:I, s:f, s:f}", "passages", st->passages, "candidates", st->candidates,
+                     "bytes", (json_int_t)st->bytes, "document_bytes", (json_int_t)st->document_bytes, "seconds",
+                     st->ms / 1e3, "log_seconds", st->log_ms / 1e3);
+}
+
 static void finish_whole(generation *g) {
     request *r = g->r;
     for (int i = 0; i < g->n_choices; i++)
@@ -484,6 +497,8 @@ static void finish_whole(generation *g) {
     if (g->ss) json_object_set_new(body, "session", json_string(g->ss->id));
     if (g->rereading)
         json_object_set_new(body, "reread", reread_json(&g->reread_st));
+    if (g->recalling)
+        json_object_set_new(body, "recall", recall_json(&g->recall_st));
     respond_json(r, 200, body);
 }
 
@@ -785,11 +800,11 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
     stream_write(g->r, line, (size_t)n);
 }
 
-static void reread_failed(server *s, generation *g, int status, const char *msg) {
-    (void)s;
+/* A suspended or streamed request whose re-read or recall failed. */
+static void prepare_failed(generation *g, int status, const char *code, const char *what, const char *msg) {
     request *r = g->r;
     api_error e;
-    api_fail(&e, status, "reread_failed", NULL, "re-reading the session's document failed: %s", msg);
+    api_fail(&e, status, code, NULL, "%s failed: %s", what, msg);
     if (g->stream_started) {
         if (r->conn) {
             sse_send(r, api_error_json(&e));
@@ -806,7 +821,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     request *r = g->r;
     g->reread_st = *st;
     if (!pot) {
-        reread_failed(s, g, 500, err);
+        prepare_failed(g, 500, "reread_failed", "re-reading the session's document", err);
         return request_unref(r);
     }
     g->reread_pot = pot; /* released with the generation (generation_free) */
@@ -816,7 +831,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     g->prompt = engine_doc_prompt(reread_pot_doc(pot), q->messages, q->n_messages,
                                   q->chat ? NULL : q->prompt ? q->prompt : "", &g->n_prompt, msg, sizeof msg);
     if (!g->prompt) {
-        reread_failed(s, g, 400, msg);
+        prepare_failed(g, 400, "reread_failed", "re-reading the session's document", msg);
         return request_unref(r);
     }
     if (q->stream && r->conn) {
@@ -830,33 +845,91 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     request_unref(r);
 }
 
-/* The question a re-read is guided by: the last user message (chat), the
- * prompt (completions). */
-static const char *reread_question(const api_gen_request *q) {
-    if (!q->chat) return q->prompt;
+/* The question a re-read is guided by and a recall searches for: the last
+ * user message (chat), the prompt (completions); where it is kept in *at. */
+static const char **asked_question(api_gen_request *q) {
+    if (!q->chat) return &q->prompt;
     for (size_t i = q->n_messages; i > 0; i--)
-        if (!strcmp(q->messages[i - 1].role, "user")) return q->messages[i - 1].content;
+        if (!strcmp(q->messages[i - 1].role, "user")) return &q->messages[i - 1].content;
     return NULL;
 }
 
-static int start_reread(server *s, generation *g, api_error *e) {
-    api_gen_request *q = &g->req;
-    const char *question = reread_question(q);
-    if (!question || !*question)
-        return api_fail(e, 400, "invalid_value", q->chat ? "messages" : "prompt",
-                        "reread needs a question: a user message (chat) or a text prompt");
-    if (reread_start(s, g->ss, question, &g->cancel, reread_progress, reread_done, g, e)) return -1;
-    g->rereading = 1;
-    request_ref(g->r); /* until reread_done */
-    if (q->stream) {
+/* The question, or NULL with e (400) naming what a re-read or recall lacks. */
+static const char *question_for(api_gen_request *q, const char *field, api_error *e) {
+    const char **at = asked_question(q);
+    if (at && *at && **at) return *at;
+    api_fail(e, 400, "invalid_value", q->chat ? "messages" : "prompt",
+             "%s needs a question: a user message (chat) or a text prompt", field);
+    return NULL;
+}
+
+/* Streams start (with a first comment) or the request waits, while the answer is prepared. */
+static void hold_request(generation *g, const char *comment) {
+    if (g->req.stream) {
         if (!stream_start(g->r)) {
             g->stream_started = 1;
-            static const char started[] = ": reread started\n\n";
-            stream_write(g->r, started, sizeof started - 1);
+            stream_write(g->r, comment, strlen(comment));
         }
     } else {
         request_suspend(g->r);
     }
+}
+
+static int start_reread(server *s, generation *g, api_error *e) {
+    api_gen_request *q = &g->req;
+    const char *question = question_for(q, "reread", e);
+    if (!question) return -1;
+    if (reread_start(s, g->ss, question, &g->cancel, reread_progress, reread_done, g, e)) return -1;
+    g->rereading = 1;
+    request_ref(g->r); /* until reread_done */
+    hold_request(g, ": reread started\n\n");
+    return 0;
+}
+
+/* ---- a question after the upload: the passages of the document it names ---------------
+ * The session's document is read from its chunk log and searched for the
+ * paragraphs that share the question's words (engine/recall.h); the question
+ * is asked with them before it, over the session's own pot. */
+
+static void recall_done(server *s, void *user, char *asked, const recall_stats *st, const char *err) {
+    generation *g = user;
+    request *r = g->r;
+    g->recall_st = *st;
+    if (!asked || atomic_load(&g->cancel)) {
+        free(asked);
+        prepare_failed(g, 500, "recall_failed", "recalling the session's passages", asked ? "cancelled" : err);
+        return request_unref(r);
+    }
+    api_gen_request *q = &g->req;
+    g->recalled = asked;
+    if (!g->ss->doc || g->ss->rebuilding) { /* (uploads, and so rebuilds, waited for the read) */
+        prepare_failed(g, 409, "session_busy", "recalling the session's passages", "the session is being restored");
+        return request_unref(r);
+    }
+    *asked_question(q) = asked; /* the same message question_for found */
+    char msg[256];
+    g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt, &g->n_prompt,
+                                  msg, sizeof msg);
+    if (!g->prompt) {
+        prepare_failed(g, 400, "recall_failed", "recalling the session's passages", msg);
+        return request_unref(r);
+    }
+    if (q->stream && r->conn) {
+        char line[160];
+        int n = snprintf(line, sizeof line, ": recall %d passages (%zu bytes) in %.3f s\n\n", st->passages, st->bytes,
+                         st->ms / 1e3);
+        stream_write(r, line, (size_t)n);
+    }
+    submit(s, g);
+    request_unref(r);
+}
+
+static int start_recall(server *s, generation *g, api_error *e) {
+    const char *question = question_for(&g->req, "recall", e);
+    if (!question || recall_start(s, g->ss, question, recall_done, g, e)) return -1;
+    g->recalling = 1;
+    request_ref(g->r); /* until recall_done */
+    hold_request(g, ": recall started\n\n");
     return 0;
 }
 
@@ -884,6 +957,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
     }
     api_gen_request *q = &g->req;
     int reread = 0; /* answer from a question-guided re-read of the session's document */
+    int recall = 0; /* ask with the passages of the session's document that share the question's words */
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session;
     if (!sid) sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
@@ -905,18 +979,27 @@ static void start_generation(request *r, int chat, json_t *responses) {
             return respond_error(r, &e);
         }
         reread = q->reread > 0 || (q->reread < 0 && g->ss->settings.reread);
+        recall = q->recall > 0 || (q->recall < 0 && g->ss->settings.recall);
+        if (reread && recall) {
+            api_fail(&e, 400, "invalid_value", "recall",
+                     "recall and reread exclude each other: a re-read reads the whole document already "
+                     "(set one of them false)");
+            return respond_error(r, &e);
+        }
         char err[256];
-        /* a re-read renders the prompt after its pot exists (reread_done) */
-        if (!reread)
+        /* a re-read renders the prompt after its pot exists (reread_done), a recall after its
+           passages are chosen (recall_done) */
+        if (!reread && !recall)
             g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages,
                                           chat ? NULL : q->prompt ? q->prompt : "", &g->n_prompt, err,
                                           sizeof err);
-        if (!reread && !g->prompt) {
+        if (!reread && !recall && !g->prompt) {
             api_fail(&e, 400, "invalid_value", chat ? "messages" : "prompt", "%s", err);
             return respond_error(r, &e);
         }
-    } else if (q->reread > 0) {
-        api_fail(&e, 400, "invalid_value", "reread", "reread needs a session: the document it re-reads");
+    } else if (q->reread > 0 || q->recall > 0) {
+        api_fail(&e, 400, "invalid_value", q->reread > 0 ? "reread" : "recall", "%s needs a session: the document it %s",
+                 q->reread > 0 ? "reread" : "recall", q->reread > 0 ? "re-reads" : "searches");
         return respond_error(r, &e);
     } else if (plain_prompt(s, g, &e) || batch_prompts(s, g, &e)) {
         return respond_error(r, &e);
@@ -957,6 +1040,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
                                           : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
     }
     if (reread) return start_reread(s, g, &e) ? respond_error(r, &e) : (void)0;
+    if (recall) return start_recall(s, g, &e) ? respond_error(r, &e) : (void)0;
     if (overflow) {
         if (start_temporary_pot(s, g, &e)) return respond_error(r, &e);
         request_suspend(r);

@@ -63,12 +63,7 @@ struct reread_pass {
     int rows;            /* share "rows": one pot for all the questions */
     enum { GATHERING, READING, FEEDING } state;
     uv_timer_t gather;
-    char *text;          /* the document, read from the log */
-    size_t len, cap;
-    int final;           /* the log's document is complete */
-    double log_ms;       /* the log's read, on the engine thread */
-    int rc;
-    char err[256];
+    session_log_text log; /* the document, read from the log */
     member members[REREAD_MAX_SHARE];
     feeder feeders[REREAD_MAX_SHARE];
     int n_members, n_feeders;
@@ -97,7 +92,7 @@ void reread_pot_release(reread_pot *p) {
 static void pass_free_cb(uv_handle_t *h) {
     reread_pass *p = h->data;
     for (int i = 0; i < p->n_feeders; i++) free(p->feeders[i].question);
-    free(p->text);
+    free(p->log.text);
     free(p);
 }
 
@@ -114,7 +109,7 @@ static void pass_maybe_end(reread_pass *p) {
 static void member_end(reread_pass *p, member *m, reread_pot *pot, const char *err) {
     m->ended = 1;
     feeder *f = m->f;
-    reread_stats st = {.bytes = p->len, .ms = monotonic_ms() - m->t0_ms, .log_ms = p->log_ms, .pass = p->id,
+    reread_stats st = {.bytes = p->log.len, .ms = monotonic_ms() - m->t0_ms, .log_ms = p->log.ms, .pass = p->id,
                        .questions = p->n_members, .pots = p->n_feeders};
     if (pot) {
         engine_doc_stats ds;
@@ -188,66 +183,85 @@ static void feeder_step(server *s, void *arg) {
     }
     for (int i = 0; f->at > 0 && i < p->n_members; i++) {
         member *m = &p->members[i];
-        if (m->f == f && !m->ended && m->progress) m->progress(s, m->user, f->at, p->len);
+        if (m->f == f && !m->ended && m->progress) m->progress(s, m->user, f->at, p->log.len);
     }
-    if (f->sent_last || (p->len == 0 && !p->final)) return feeder_end(f, NULL);
-    size_t n = p->len - f->at < REREAD_PIECE ? p->len - f->at : REREAD_PIECE;
-    int last = f->at + n == p->len;
+    if (f->sent_last || (p->log.len == 0 && !p->log.final)) return feeder_end(f, NULL);
+    size_t n = p->log.len - f->at < REREAD_PIECE ? p->log.len - f->at : REREAD_PIECE;
+    int last = f->at + n == p->log.len;
     f->sent_last = last;
-    const char *piece = p->text + f->at;
+    const char *piece = p->log.text + f->at;
     f->at += n;
-    if (srv_ingest(s, f->doc, piece, n, last && p->final, piece_done, f))
+    if (srv_ingest(s, f->doc, piece, n, last && p->log.final, piece_done, f))
         feeder_end(f, "the server is shutting down");
 }
 
 static void log_read(server *s, void *arg) {
     reread_pass *p = arg;
-    p->ss->disk_busy = 0;
     p->state = FEEDING;
     if (p->rows && p->ss->reread_open == p) p->ss->reread_open = NULL; /* its rows are fixed now */
     for (int i = 0; i < p->n_feeders; i++) {
-        if (p->rc) feeder_end(&p->feeders[i], p->err);
+        if (p->log.rc) feeder_end(&p->feeders[i], p->log.err);
         else feeder_step(s, &p->feeders[i]);
     }
 }
 
+/* ---- a session's whole logged document (also server/recall.c's) ---------------------- */
+
 static int collect(void *user, uint64_t seq, const char *data, size_t n) { /* engine thread */
     (void)seq;
-    reread_pass *p = user;
-    if (p->len + n > p->cap) {
-        size_t cap = (p->len + n) * 2;
-        char *t = realloc(p->text, cap);
-        if (!t) return snprintf(p->err, sizeof p->err, "out of memory reading the log"), -1;
-        p->text = t;
-        p->cap = cap;
+    session_log_text *t = user;
+    if (t->len + n > t->cap) {
+        size_t cap = (t->len + n) * 2;
+        char *grown = realloc(t->text, cap);
+        if (!grown) return snprintf(t->err, sizeof t->err, "out of memory reading the log"), -1;
+        t->text = grown;
+        t->cap = cap;
     }
-    memcpy(p->text + p->len, data, n);
-    p->len += n;
+    memcpy(t->text + t->len, data, n);
+    t->len += n;
     return 0;
 }
 
 static int note_final(void *user, const chunk_log_entry *e) { /* engine thread */
-    ((reread_pass *)user)->final |= e->final;
+    ((session_log_text *)user)->final |= e->final;
     return 0;
 }
 
-static void read_log_task(engine *e, void *arg) { /* engine thread */
+static void log_fetched(server *s, void *arg) {
+    session_log_text *t = arg;
+    t->ss->disk_busy = 0;
+    t->done(s, t->user);
+}
+
+static void fetch_task(engine *e, void *arg) { /* engine thread */
     (void)e;
-    reread_pass *p = arg;
+    session_log_text *t = arg;
     double t0 = monotonic_ms();
-    p->rc = store_log_replay(p->ss->log, 0, collect, note_final, p, p->err, sizeof p->err);
-    p->log_ms = monotonic_ms() - t0;
-    srv_post(p->srv, log_read, p);
+    t->rc = store_log_replay(t->ss->log, 0, collect, note_final, t, t->err, sizeof t->err);
+    t->ms = monotonic_ms() - t0;
+    srv_post(t->srv, log_fetched, t);
+}
+
+int session_log_fetch(server *s, session *ss, session_log_text *t, void (*done)(server *s, void *user),
+                      void *user) {
+    t->srv = s;
+    t->ss = ss;
+    t->done = done;
+    t->user = user;
+    ss->disk_busy = 1; /* no upload touches the log until the engine thread has read it */
+    if (srv_task(s, NULL, fetch_task, t)) {
+        ss->disk_busy = 0;
+        t->rc = -1;
+        snprintf(t->err, sizeof t->err, "the server is shutting down");
+        return -1;
+    }
+    return 0;
 }
 
 static void gathered(uv_timer_t *t) {
     reread_pass *p = t->data;
     p->state = READING;
-    if (srv_task(p->srv, NULL, read_log_task, p)) {
-        p->rc = -1;
-        snprintf(p->err, sizeof p->err, "the server is shutting down");
-        log_read(p->srv, p);
-    }
+    if (session_log_fetch(p->srv, p->ss, &p->log, log_read, p)) log_read(p->srv, p);
 }
 
 /* The pot settings of a re-read: the session's budget and keep, FINCH scored by question. */
@@ -324,7 +338,7 @@ int reread_start(server *s, session *ss, const char *question, const atomic_int 
         return 0;
     }
     session_ref(ss);
-    ss->disk_busy = 1; /* no upload touches the log until the engine thread has read it */
+    ss->disk_busy = 1; /* uploads wait from now, through the gathering, until the log is read */
     ss->reread_open = p;
     uv_timer_init(s->loop, &p->gather);
     p->gather.data = p;

@@ -33,6 +33,30 @@ typedef void (*reread_done_fn)(server *s, void *user, reread_pot *pot, const rer
 int reread_start(server *s, session *ss, const char *question, const atomic_int *cancel,
                  reread_progress_fn progress, reread_done_fn done, void *user, api_error *e);
 
+/* A session's whole logged document, read on the engine thread by
+ * session_log_fetch: what a re-read feeds its pots and a recall searches. */
+typedef struct session_log_text {
+    char *text;     /* malloc'd, len bytes (not NUL-terminated); the caller frees it */
+    size_t len, cap;
+    int final;      /* the log's document is complete */
+    double ms;      /* the read, on the engine thread */
+    int rc;         /* 0, or -1 and err */
+    char err[256];
+    /* session_log_fetch's own */
+    server *srv;
+    session *ss;
+    void (*done)(server *s, void *user);
+    void *user;
+} session_log_text;
+
+/* Reads every committed byte of ss's log into t (zeroed by the caller) on the
+ * engine thread while uploads are held off (ss->disk_busy, set here), then,
+ * back on the loop thread with disk_busy cleared, calls done(s, user): t->rc
+ * says how it went. 0, or -1 (t->rc, t->err) when the server is shutting down:
+ * done is not called. The caller keeps ss referenced and t in place until done. */
+int session_log_fetch(server *s, session *ss, session_log_text *t, void (*done)(server *s, void *user),
+                      void *user);
+
 /* The pot's document, for generations over it (valid until the release). */
 engine_doc *reread_pot_doc(const reread_pot *p);
 /* Drops one question's hold on the pot; the last closes it and frees its memory. */

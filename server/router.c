@@ -75,7 +75,9 @@ static struct MHD_Response *json_response(request *r, json_t *body) {
     if (!t) {
         free(text);
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n";
-        return MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        struct MHD_Response *resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        if (resp) MHD_add_response_header(resp, "Content-Type", "application/json");
+        return resp;
     }
     t[n++] = '\n';
     t[n] = 0;

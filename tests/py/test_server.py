@@ -183,6 +183,12 @@ def test_garbage_requests_get_clean_errors(srv):
     assert new_session(srv, pool_width=1, budget_tokens=64)["status"] == "ready"
     st, body, _ = srv.request("GET", "/v1/sessions/../../etc/passwd", headers=auth())
     assert st == 404
+    # an id that is not UTF-8 once decoded (Schemathesis found it): the error quotes it
+    # with '?' for the bad bytes, still a JSON body
+    for method in ("GET", "DELETE"):
+        st, body, hdrs = srv.request(method, "/v1/sessions/e%F2%94%89%AD%0D%C3", headers=auth())
+        assert st == 404 and hdrs["Content-Type"] == "application/json", body
+        assert body["error"]["code"] == "session_not_found" and "?" in body["error"]["message"], body
 
 
 # ---- sessions ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 
 #include "cache/cache.h"
 #include "config/config.h"
+#include "engine/recall.h" /* recall_bytes' default */
 #include "test.h"
 
 /* Writes text (n bytes) to a fresh temporary file; its path goes to path[64]. */
@@ -71,6 +72,7 @@ TEST(config_defaults_match_header) {
     CHECK_EQ_INT(c.budget_tokens, 2048);
     CHECK_STR(c.policy, "infinipot");
     CHECK_EQ_INT(c.snapshot_bytes, 4LL << 20);
+    CHECK_EQ_INT(c.recall_bytes, RECALL_DEFAULT_BYTES);
     CHECK_EQ_INT(c.access_log, 1);
     /* No sources at all leave the defaults. */
     char err[256];
@@ -285,7 +287,8 @@ TEST(config_json_values) {
         " \"pot_memory_limit\": \"2GiB\", \"backend\": \"cuda\", \"durability\": \"none\","
         " \"model\": \"m.gguf\", \"api_keys_file\": \"k.txt\", \"access_log\": 0,"
         " \"connection_timeout\": \"0\", \"request_timeout\": 86400, \"budget_tokens\": 16,"
-        " \"max_connections\": 100000, \"chat_template\": \"chatml\", \"data_dir\": \"d\"}";
+        " \"max_connections\": 100000, \"chat_template\": \"chatml\", \"data_dir\": \"d\","
+        " \"recall_bytes\": 1048576}";
     write_temp(path, json, strlen(json));
     const char *args[] = {"--config", path, NULL};
     server_config c;
@@ -308,6 +311,7 @@ TEST(config_json_values) {
     CHECK_EQ_INT(c.max_connections, 100000);
     CHECK_STR(c.chat_template, "chatml");
     CHECK_STR(c.data_dir, "d");
+    CHECK_EQ_INT(c.recall_bytes, 1048576);
     config_free(&c);
     unlink(path);
     /* Every policy name cache/ knows is accepted. */
@@ -347,6 +351,7 @@ TEST(config_errors_name_setting_and_source) {
         {"{\"config\": \"x\"}", {0}, {0}, {"config file @: config: unknown setting"}},
         {"{\"port\": 70000}", {0}, {0}, {"config file @: port: 70000 is out of range [0, 65535]"}},
         {"{\"port\": 80.5}", {0}, {0}, {"config file @: port: '80.5' is not an integer"}},
+        {"{\"recall_bytes\": \"4K\"}", {0}, {0}, {"config file @: recall_bytes: '4K' is not an integer"}},
         {"{\"max_body_bytes\": \"0\"}", {0}, {0}, {"config file @: max_body_bytes: '0' is out of range [1, "}},
         {"{\"pot-memory-limit\": \"1023K\"}", {0}, {0}, {"config file @: pot-memory-limit: '1023K' is out of range [1M, "}},
         {"{\"backend\": \"tpu\"}", {0}, {0}, {"config file @: backend: 'tpu' is not one of cpu, cuda"}},
@@ -357,6 +362,7 @@ TEST(config_errors_name_setting_and_source) {
         {NULL, {0}, {"POTSERVE_PORT=abc"}, {"POTSERVE_PORT: 'abc' is not an integer"}},
         {NULL, {0}, {"POTSERVE_PORT="}, {"POTSERVE_PORT: '' is not an integer"}},
         {NULL, {0}, {"POTSERVE_IDLE_TIMEOUT=0"}, {"POTSERVE_IDLE_TIMEOUT: 0 is out of range [1, 86400]"}},
+        {NULL, {0}, {"POTSERVE_RECALL_BYTES=1048577"}, {"POTSERVE_RECALL_BYTES: 1048577 is out of range [1, 1048576]"}},
         {NULL, {0}, {"POTSERVE_ACCESS_LOG=maybe"}, {"POTSERVE_ACCESS_LOG: 'maybe' is not a boolean"}},
         {NULL, {0}, {"POTSERVE_DURABILITY=FSYNC"}, {"POTSERVE_DURABILITY: 'FSYNC' is not one of fsync, none"}},
         {NULL, {0}, {"POTSERVE_CONFIG=/nonexistent/potserve.json"}, {"config file /nonexistent/potserve.json: cannot open"}},
@@ -364,6 +370,7 @@ TEST(config_errors_name_setting_and_source) {
         {NULL, {"--port", "abc"}, {0}, {"--port: 'abc' is not an integer"}},
         {NULL, {"--port=70000"}, {0}, {"--port: 70000 is out of range [0, 65535]"}},
         {NULL, {"--threads", "1025"}, {0}, {"--threads: 1025 is out of range [0, 1024]"}},
+        {NULL, {"--recall-bytes", "0"}, {0}, {"--recall-bytes: 0 is out of range [1, 1048576]"}},
         {NULL, {"--max_connections=0"}, {0}, {"--max_connections: 0 is out of range [1, 100000]"}},
         {NULL, {"--budget-tokens", "15"}, {0}, {"--budget-tokens: 15 is out of range [16, 1048576]"}},
         {NULL, {"--rate-burst", "0"}, {0}, {"--rate-burst: 0 is out of range [1, 1000000]"}},
@@ -478,6 +485,7 @@ TEST(config_help) {
         {"--reread-share NAME", "POTSERVE_REREAD_SHARE", "[pots]"},
         {"--reread-share-limit N", "POTSERVE_REREAD_SHARE_LIMIT", "[8]"},
         {"--reread-gather-ms N", "POTSERVE_REREAD_GATHER_MS", "[100]"},
+        {"--recall-bytes N", "POTSERVE_RECALL_BYTES", "[4096]"},
         {"--snapshot-bytes BYTES", "POTSERVE_SNAPSHOT_BYTES", "[4M]"},
         {"--access-log [BOOL]", "POTSERVE_ACCESS_LOG", "[true]"},
     };
