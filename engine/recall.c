@@ -221,14 +221,14 @@ int recall_passages(const char *doc, size_t len, const char *question, size_t ma
     if (recall_rank(doc, len, question, &ps, &n)) goto oom;
     r->candidates = n;
     /* the best first, as many as fit (moved to the front), then in document order */
-    qsort(ps, (size_t)n, sizeof *ps, by_score);
+    if (n > 1) qsort(ps, (size_t)n, sizeof *ps, by_score); /* ps is NULL when n is 0 */
     size_t used = 0;
     for (int i = 0; i < n && ps[i].score > 0; i++)
         if (ps[i].len <= max_bytes - used) {
             used += ps[i].len;
             ps[r->passages++] = ps[i];
         }
-    qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
+    if (r->passages > 1) qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
     size_t out = 1;
     for (int i = 0; i < r->passages; i++) out += ps[i].len + strlen(RECALL_SEP);
     r->text = malloc(out);
@@ -238,8 +238,11 @@ int recall_passages(const char *doc, size_t len, const char *question, size_t ma
             memcpy(r->text + r->len, RECALL_SEP, strlen(RECALL_SEP));
             r->len += strlen(RECALL_SEP);
         }
-        memcpy(r->text + r->len, doc + ps[i].start, ps[i].len);
-        r->len += ps[i].len;
+        /* a NUL byte of the document becomes a space: the text goes on as a C string */
+        for (size_t k = 0; k < ps[i].len; k++) {
+            char c = doc[ps[i].start + k];
+            r->text[r->len++] = c ? c : ' ';
+        }
     }
     r->text[r->len] = 0;
     free(ps);
@@ -256,7 +259,6 @@ void recall_result_free(recall_result *r) {
 }
 
 char *recall_question(const recall_result *r, const char *question) {
-    /* memcpy, not %s: a passage may hold a NUL byte */
     const char *head = r->passages ? RECALL_HEADING : "", *sep = r->passages ? RECALL_SEP : "";
     size_t nh = strlen(head), nt = r->passages ? r->len : 0, ns = strlen(sep), nq = strlen(question);
     char *q = malloc(nh + nt + ns + nq + 1);

@@ -38,8 +38,9 @@ typedef struct recall_passage {
 int recall_rank(const char *doc, size_t len, const char *question, recall_passage **out, int *n);
 
 typedef struct recall_result {
-    char *text;        /* the chosen passages in document order, joined by "\n\n" (malloc'd;
-                          "" when the document or the question has no words) */
+    char *text;        /* the chosen passages in document order, joined by "\n\n", a NUL
+                          byte of the document as a space (malloc'd; "" when the document or
+                          the question has no words) */
     size_t len;        /* strlen(text) */
     int passages;      /* passages chosen */
     int candidates;    /* passages the document was cut into */
