@@ -896,8 +896,8 @@ static void recall_done(server *s, void *user, char *asked, const recall_stats *
     request *r = g->r;
     g->recall_st = *st;
     if (!asked || atomic_load(&g->cancel)) {
-        free(asked);
         prepare_failed(g, 500, "recall_failed", "recalling the session's passages", asked ? "cancelled" : err);
+        free(asked);
         return request_unref(r);
     }
     api_gen_request *q = &g->req;
