@@ -122,6 +122,28 @@ static int get_bool(json_t *o, const char *key, int *out, api_error *e) {
 
 /* ---- sessions ---------------------------------------------------------------------- */
 
+int api_recall_from_name(const char *name) {
+    if (!name) return API_RECALL_UNSET;
+    if (!strcmp(name, "true")) return API_RECALL_ON;
+    if (!strcmp(name, "false")) return API_RECALL_OFF;
+    if (!strcmp(name, "auto")) return API_RECALL_AUTO;
+    return API_RECALL_UNSET;
+}
+
+json_t *api_recall_json(int recall) {
+    return recall == API_RECALL_AUTO ? json_string("auto") : json_boolean(recall == API_RECALL_ON);
+}
+
+/* "recall": true, false or "auto"; absent or null leaves *out. */
+static int get_recall(json_t *o, int *out, api_error *e) {
+    json_t *v = json_object_get(o, "recall");
+    if (!v || json_is_null(v)) return 0;
+    if (json_is_boolean(v)) *out = json_is_true(v) ? API_RECALL_ON : API_RECALL_OFF;
+    else if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) *out = API_RECALL_AUTO;
+    else return api_fail(e, 400, "invalid_type", "recall", "recall must be true, false or \"auto\"");
+    return 0;
+}
+
 static int one_of(const char *v, const char *const *names) {
     for (; *names; names++)
         if (!strcmp(v, *names)) return 1;
@@ -132,6 +154,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
                                const char *default_policy, api_session_settings *out,
                                api_error *e) {
     memset(out, 0, sizeof *out);
+    out->recall = API_RECALL_UNSET;
     int blank = 1;
     for (size_t i = 0; i < n; i++)
         if (!body[i] || !strchr(" \t\r\n", body[i])) blank = 0; /* strchr finds a NUL too */
@@ -154,7 +177,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
         get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e) ||
-        get_bool(root, "recall", &out->recall, e))
+        get_recall(root, &out->recall, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
     if (md && !json_is_null(md) && !json_is_object(md)) {
@@ -162,7 +185,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         goto fail;
     }
     out->metadata = md && json_is_object(md) ? md : NULL;
-    if (out->reread && out->recall) {
+    if (out->reread && out->recall == API_RECALL_ON) {
         api_fail(e, 400, "invalid_value", "recall",
                  "recall and reread exclude each other: a re-read reads the whole document already");
         goto fail;
@@ -230,7 +253,7 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (p->system) json_object_set_new(o, "system", json_string(p->system));
     if (s->ttl_seconds) json_object_set_new(o, "ttl_seconds", json_integer(s->ttl_seconds));
     if (s->reread) json_object_set_new(o, "reread", json_true());
-    if (s->recall) json_object_set_new(o, "recall", json_true());
+    if (s->recall != API_RECALL_UNSET) json_object_set_new(o, "recall", api_recall_json(s->recall));
     json_object_set_new(o, "metadata", s->metadata ? json_incref(s->metadata) : json_object());
     return o;
 }
@@ -416,7 +439,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     memset(r, 0, sizeof *r);
     r->chat = chat;
     r->reread = -1;
-    r->recall = -1;
+    r->recall = API_RECALL_UNSET;
     r->root = api_parse_object(body, n, e);
     if (!r->root) return -1;
     engine_gen_params *gp = &r->params;
@@ -443,7 +466,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
         get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) ||
-        get_bool(r->root, "recall", &r->recall, e) || parse_stop(r, e) ||
+        get_recall(r->root, &r->recall, e) || parse_stop(r, e) ||
         parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
         (chat && api_parse_tools(r, e)))
         return -1;

@@ -35,14 +35,23 @@ json_t *api_parse_object(const char *body, size_t n, api_error *e);
 
 /* ---- sessions --------------------------------------------------------------------- */
 
+/* "recall" of a session or a request: true, false, or "auto" (only when the
+ * session's pot has dropped some of its document: server/recall.h). */
+enum api_recall { API_RECALL_UNSET = -1, API_RECALL_OFF = 0, API_RECALL_ON = 1, API_RECALL_AUTO = 2 };
+/* API_RECALL_* of a config or JSON string ("true", "false", "auto"); UNSET for anything else. */
+int api_recall_from_name(const char *name);
+/* The JSON value of an API_RECALL_* other than UNSET (new reference). */
+json_t *api_recall_json(int recall);
+
 typedef struct api_session_settings {
     engine_pot_settings pot; /* strings point into `root` */
     json_t *metadata;        /* object (borrowed from root) */
     int64_t ttl_seconds;     /* 0 = never expires */
     int reread;              /* "reread": questions re-read the document from the chunk log
                                 through a pot guided by the question (server/reread.c) */
-    int recall;              /* "recall": questions come with the passages of the document that
-                                share their words (engine/recall.h, server/recall.c) */
+    int recall;              /* "recall" (enum api_recall; UNSET: the server's setting): questions
+                                come with the passages of the document that share their words
+                                (engine/recall.h, server/recall.c) */
     json_t *root;            /* owns everything above */
 } api_session_settings;
 
@@ -72,7 +81,7 @@ typedef struct api_gen_request {
     int overflow_error;        /* "overflow": "error" */
     int enable_thinking;       /* chat: "enable_thinking" (or chat_template_kwargs'), default 1 (Qwen3) */
     int reread;                /* "reread": -1 absent (the session's setting), 0 or 1 */
-    int recall;                /* "recall": the same */
+    int recall;                /* "recall": API_RECALL_UNSET absent (the session's setting), or as a session's */
     const char *model;
     json_t *root;
     const char **stops;

@@ -137,6 +137,7 @@ typedef struct {
 static const char *const backend_values[] = {"cpu", "cuda", NULL};
 static const char *const durability_values[] = {"fsync", "none", NULL};
 static const char *const reread_share_values[] = {"rows", "pots", NULL};
+static const char *const recall_values[] = {"auto", "true", "false", NULL}; /* api_recall_from_name */
 static const char *const policy_values[] = {POT_POLICIES(POT_NAME_ENTRY_, ) NULL}; /* cache/'s list */
 
 static const setting settings[] = {
@@ -168,6 +169,8 @@ static const setting settings[] = {
     S_ENUM(reread_share, "pots", reread_share_values, "questions sharing a re-read: one pot (rows) or one each"),
     S_INT(reread_share_limit, "8", 1, 32, "questions one re-read pass takes at most"),
     S_INT(reread_gather_ms, "100", 0, 60000, "ms a re-read waits for other questions to share it"),
+    S_ENUM(recall, "auto", recall_values,
+           "passages before questions: auto = once a session's pot dropped text"),
     S_INT(recall_bytes, "4096", 1, 1048576, /* RECALL_DEFAULT_BYTES, checked below */
           "bytes of passages a recall puts before a question"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
@@ -315,8 +318,9 @@ static const char *json_type_name(const json_t *v) {
 }
 
 /* Sets setting s from a JSON value: a string is parsed as any source's text;
- * numbers (and, for booleans, true/false) are accepted where the setting is not
- * a string, formatted as text and parsed the same way. */
+ * numbers are accepted where the setting is not a string, and true/false for
+ * booleans and names (`recall`: auto, true, false), formatted as text and
+ * parsed the same way. */
 static int set_json(server_config *c, const setting *s, json_t *v, const char *label, char *err,
                     size_t errlen) {
     int textual = s->type == T_STRING || s->type == T_ENUM;
@@ -330,7 +334,7 @@ static int set_json(server_config *c, const setting *s, json_t *v, const char *l
         snprintf(buf, sizeof buf, "%.17g", json_real_value(v));
         return set_value(c, s, buf, label, err, errlen);
     }
-    if (s->type == T_BOOL && json_is_boolean(v))
+    if ((s->type == T_BOOL || s->type == T_ENUM) && json_is_boolean(v))
         return set_value(c, s, json_is_true(v) ? "true" : "false", label, err, errlen);
     snprintf(err, errlen, "%s: expected %s, got %s", label,
              textual ? "a string"

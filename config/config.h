@@ -55,6 +55,8 @@ typedef struct server_config {
                                  rows ("rows") or one pot each ("pots", the default) (server/reread.c) */
     int64_t reread_share_limit; /* questions one re-read pass takes at most (8) */
     int64_t reread_gather_ms; /* a re-read waits this long for other questions (100) */
+    char *recall;             /* default "recall" of sessions: "auto" (when the pot has dropped
+                                 some of the document), "true", "false" (server/recall.h) */
     int64_t recall_bytes;     /* passages a recall puts before a question, in bytes (4096;
                                  engine/recall.h, server/recall.c) */
     int64_t snapshot_bytes;   /* snapshot a session's pot after this many new ingested bytes

@@ -891,28 +891,50 @@ static int start_reread(server *s, generation *g, api_error *e) {
  * paragraphs that share the question's words (engine/recall.h); the question
  * is asked with them before it, over the session's own pot. */
 
-static void recall_done(server *s, void *user, char *asked, const recall_stats *st, const char *err) {
+/* Whether a prompt of n tokens with passages leaves the answer its room in the
+ * window after the session's pot: max_tokens when the request sets it, and at
+ * least half of what the pot leaves free. */
+static int recall_fits(const server *s, const generation *g, size_t n) {
+    int64_t free_after_pot = (int64_t)s->info.n_ctx_train - g->ss->stats.tokens_in_pot;
+    int64_t answer = free_after_pot / 2;
+    if (g->req.params.max_tokens > 0 && g->req.params.max_tokens < answer) answer = g->req.params.max_tokens;
+    return (int64_t)n + answer <= free_after_pot;
+}
+
+static int recall_done(server *s, void *user, char *asked, const recall_stats *st, const char *err) {
     generation *g = user;
     request *r = g->r;
     g->recall_st = *st;
     if (!asked || atomic_load(&g->cancel)) {
         prepare_failed(g, 500, "recall_failed", "recalling the session's passages", asked ? "cancelled" : err);
         free(asked);
-        return request_unref(r);
+        request_unref(r);
+        return 0;
     }
     api_gen_request *q = &g->req;
-    g->recalled = asked;
     if (!g->ss->doc || g->ss->rebuilding) { /* (uploads, and so rebuilds, waited for the read) */
+        g->recalled = asked;
         prepare_failed(g, 409, "session_busy", "recalling the session's passages", "the session is being restored");
-        return request_unref(r);
+        request_unref(r);
+        return 0;
     }
-    *asked_question(q) = asked; /* the same message question_for found */
+    const char **at = asked_question(q), *question = *at; /* the same message question_for found */
+    *at = asked;
     char msg[256];
     g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt, &g->n_prompt,
                                   msg, sizeof msg);
+    if (g->prompt && st->passages > 0 && !recall_fits(s, g, g->n_prompt)) {
+        *at = question;
+        free(g->prompt);
+        g->prompt = NULL;
+        free(asked);
+        return 1;
+    }
+    g->recalled = asked;
     if (!g->prompt) {
         prepare_failed(g, 400, "recall_failed", "recalling the session's passages", msg);
-        return request_unref(r);
+        request_unref(r);
+        return 0;
     }
     if (q->stream && r->conn) {
         char line[160];
@@ -922,6 +944,7 @@ static void recall_done(server *s, void *user, char *asked, const recall_stats *
     }
     submit(s, g);
     request_unref(r);
+    return 0;
 }
 
 static int start_recall(server *s, generation *g, api_error *e) {
@@ -979,13 +1002,18 @@ static void start_generation(request *r, int chat, json_t *responses) {
             return respond_error(r, &e);
         }
         reread = q->reread > 0 || (q->reread < 0 && g->ss->settings.reread);
-        recall = q->recall > 0 || (q->recall < 0 && g->ss->settings.recall);
-        if (reread && recall) {
+        int mode = recall_mode(s, g->ss, q->recall);
+        /* asked for by the request or the session (the server's default yields to a re-read) */
+        int own = q->recall != API_RECALL_UNSET ? q->recall : g->ss->settings.recall;
+        if (reread && own == API_RECALL_ON) {
             api_fail(&e, 400, "invalid_value", "recall",
                      "recall and reread exclude each other: a re-read reads the whole document already "
                      "(set one of them false)");
             return respond_error(r, &e);
         }
+        const char **asked = asked_question(q);
+        recall = !reread && (mode == API_RECALL_ON || (mode == API_RECALL_AUTO && asked && *asked && **asked &&
+                                                       recall_auto_applies(g->ss)));
         char err[256];
         /* a re-read renders the prompt after its pot exists (reread_done), a recall after its
            passages are chosen (recall_done) */
@@ -997,7 +1025,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
             api_fail(&e, 400, "invalid_value", chat ? "messages" : "prompt", "%s", err);
             return respond_error(r, &e);
         }
-    } else if (q->reread > 0 || q->recall > 0) {
+    } else if (q->reread > 0 || q->recall == API_RECALL_ON) { /* ("auto" has nothing to search: no recall) */
         api_fail(&e, 400, "invalid_value", q->reread > 0 ? "reread" : "recall", "%s needs a session: the document it %s",
                  q->reread > 0 ? "reread" : "recall", q->reread > 0 ? "re-reads" : "searches");
         return respond_error(r, &e);

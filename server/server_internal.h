@@ -150,6 +150,7 @@ struct session {
                                  (instead of re-reading the log); memory_bytes counted */
     int snap_saving;
     struct reread_pass *reread_open; /* the re-read pass new questions join (reread.c) */
+    struct recall_read *recall_read; /* the log read new recalls join (recall.c) */
     session *next;
 };
 

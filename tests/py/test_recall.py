@@ -1,12 +1,16 @@
 """Recall (server/recall.c, engine/recall.h): `"recall": true` on a request
 over a session, or the session setting `recall`, puts the passages of the
 session's logged document that share the question's words before the
-question, answered over the session's own pot. Against a real server on
-loopback with the re-read tests' document (test_reread.py): a pass key the
-512-entry pot lost is found with recall, within the server's recall_bytes;
-the session's pot is not touched; streamed answers say what was recalled; a
-question that shares no word with the document is answered without passages."""
+question, answered over the session's own pot. By default ("auto") a
+question recalls once the session's pot has dropped some of its document.
+Against a real server on loopback with the re-read tests' document
+(test_reread.py): a pass key the 512-entry pot lost is found with recall,
+within the server's recall_bytes; the session's pot is not touched; streamed
+answers say what was recalled; a question that shares no word with the
+document is answered without passages; questions arriving together share one
+read of the log."""
 import json
+import threading
 import time
 import urllib.request
 
@@ -30,8 +34,8 @@ def srv(tmp_path_factory, model):
 def lost(srv):
     """A session whose question-agnostic pot lost the pass key (as in test_reread), and its plain answer."""
     up = session_with(srv, natural_document(1, 10000), budget_tokens=512, keep_tokens=256)
-    assert up["compressions"] > 0 and up["recall"] is False
-    st, plain, _ = ask(srv, up["id"])
+    assert up["compressions"] > 0 and up["recall"] == "auto"  # the server's default
+    st, plain, _ = ask(srv, up["id"], recall=False)
     assert st == 200 and KEY not in plain["choices"][0]["message"]["content"] and "recall" not in plain
     return up, plain
 
@@ -50,7 +54,7 @@ def test_recall_finds_what_the_pot_lost(srv, lost):
     assert rc["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 100
     assert rc["usage"]["prompt_tokens_details"]["cached_tokens"] == plain["usage"]["prompt_tokens_details"]["cached_tokens"]
     # the session's pot is not changed by a recall: the plain answer is the same as before it
-    st, again, _ = ask(srv, up["id"])
+    st, again, _ = ask(srv, up["id"], recall=False)
     assert st == 200 and "recall" not in again
     assert again["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
     assert again["usage"] == plain["usage"]
@@ -60,6 +64,49 @@ def test_recall_finds_what_the_pot_lost(srv, lost):
     st, c, _ = srv.request("POST", "/v1/completions", {"model": "x", "max_tokens": 20, "temperature": 0,
                                                        "session": up["id"], "prompt": QUESTION, "recall": True})
     assert st == 200 and c["recall"]["passages"] >= 1 and KEY in c["choices"][0]["text"], c
+
+
+def test_auto_recalls_once_the_pot_dropped_text(srv, lost):
+    """The default: a pot that dropped some of its document gets passages, one
+    that holds all of it answers as before (as full attention would)."""
+    up, plain = lost
+    st, auto, _ = ask(srv, up["id"])  # no "recall": the session's "auto"
+    assert st == 200 and auto["recall"]["passages"] >= 1 and KEY in auto["choices"][0]["message"]["content"], auto
+    whole = session_with(srv, natural_document(1, 1200))  # about 300 tokens in a 512-entry pot
+    assert whole["compressions"] == 0 and whole["tokens_in_pot"] >= whole["tokens_ingested"], whole
+    st, a, _ = ask(srv, whole["id"])
+    st2, off, _ = ask(srv, whole["id"], recall=False)
+    assert st == st2 == 200 and "recall" not in a and a["choices"] == off["choices"] and a["usage"] == off["usage"], a
+    st, forced, _ = ask(srv, whole["id"], recall=True)  # true recalls even then
+    assert st == 200 and forced["recall"]["candidates"] > 0, forced
+    # a session set to false, asked with "auto"; "auto" without a session has nothing to search
+    off_session = session_with(srv, natural_document(1, 10000), budget_tokens=512, keep_tokens=256, recall=False)
+    assert off_session["recall"] is False
+    st, a, _ = ask(srv, off_session["id"])
+    assert st == 200 and "recall" not in a, a
+    st, a, _ = ask(srv, off_session["id"], recall="auto")
+    assert st == 200 and a["recall"]["passages"] >= 1, a
+    st, a, _ = srv.request("POST", "/v1/chat/completions", {"model": "x", "max_tokens": 1, "recall": "auto",
+                                                            "messages": [{"role": "user", "content": "hi"}]})
+    assert st == 200 and "recall" not in a, a
+
+
+def test_questions_at_once_share_the_read(srv, lost):
+    """Recalls that arrive while another reads the log wait for that read
+    instead of failing with session_busy."""
+    up, _ = lost
+    out = [None] * 8
+
+    def one(i):
+        out[i] = ask(srv, up["id"], recall=True, max_tokens=1)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(out))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(st == 200 and r["recall"]["passages"] >= 1 for st, r, _ in out), [r for _, r, _ in out]
+    assert len({r["recall"]["bytes"] for _, r, _ in out}) == 1
 
 
 def stream(srv, body):
@@ -124,7 +171,7 @@ def test_recall_errors(srv, lost):
     assert st == 400 and e["error"]["param"] == "recall" and "exclude" in e["error"]["message"], e
     # a session that re-reads by default: a request's recall must turn the re-read off
     st, rr, _ = srv.request("POST", "/v1/sessions", {"reread": True})
-    assert st == 201 and rr["reread"] is True and rr["recall"] is False
+    assert st == 201 and rr["reread"] is True and rr["recall"] == "auto"
     st, e, _ = srv.request("POST", chat, dict(body, session=rr["id"], recall=True))
     assert st == 400 and e["error"]["param"] == "recall" and "exclude" in e["error"]["message"], e
     st, ok, _ = srv.request("POST", chat, dict(body, session=rr["id"], recall=True, reread=False))
@@ -137,10 +184,16 @@ def test_recall_errors(srv, lost):
 def test_setting_survives_a_restart(tmp_path, model):
     """The session setting is kept with the session's other settings: after a
     restart the restored session still recalls by default."""
-    s = Server(tmp_path, "--budget-tokens", "512")
+    s = Server(tmp_path, "--budget-tokens", "512", "--recall", "false")
     s.start()
     try:
         up = session_with(s, natural_document(3, 1500), recall=True)
+        plain = session_with(s, natural_document(1, 10000))  # the server's default, here false
+        assert plain["recall"] is False and plain["compressions"] > 0, plain
+        st, a, _ = ask(s, plain["id"], max_tokens=1)
+        assert st == 200 and "recall" not in a, a
+        auto = session_with(s, natural_document(1, 10000), recall="auto")
+        rr = session_with(s, natural_document(1, 10000), reread=True)
         assert s.stop() == 0
         s.start()
         deadline = time.time() + 120
@@ -152,6 +205,64 @@ def test_setting_survives_a_restart(tmp_path, model):
         assert st == 200 and sess["status"] == "ready" and sess["recall"] is True, sess
         st, a, _ = ask(s, up["id"], max_tokens=1)
         assert st == 200 and a["recall"]["candidates"] > 0 and a["recall"]["document_bytes"] == up["bytes_received"], a
+        for sid, want in ((auto["id"], "auto"), (plain["id"], False)):  # restored the same way
+            while True:
+                st, sess, _ = s.request("GET", f"/v1/sessions/{sid}")
+                if st != 200 or sess["status"] != "ingesting" or time.time() > deadline:
+                    break
+                time.sleep(0.2)
+            assert st == 200 and sess["recall"] == want, sess
+        st, a, _ = ask(s, auto["id"], max_tokens=1)
+        assert st == 200 and a["recall"]["passages"] >= 1, a
+        assert s.stop() == 0
+        # the server's default turned on: sessions without a setting follow it; one that re-reads
+        # by default still re-reads (the default yields, where a session's or request's true is a 400)
+        s.flags[s.flags.index("false")] = "true"
+        s.start()
+        for sid in (plain["id"], rr["id"]):
+            while True:
+                st, sess, _ = s.request("GET", f"/v1/sessions/{sid}")
+                if st != 200 or sess["status"] != "ingesting" or time.time() > deadline + 120:
+                    break
+                time.sleep(0.2)
+        assert st == 200 and sess["reread"] is True, sess
+        st, sess, _ = s.request("GET", f"/v1/sessions/{plain['id']}")
+        assert st == 200 and sess["recall"] is True, sess
+        st, a, _ = ask(s, rr["id"], max_tokens=1)
+        assert st == 200 and "reread" in a and "recall" not in a, a
+        st, a, _ = ask(s, plain["id"], max_tokens=1)
+        assert st == 200 and a["recall"]["passages"] >= 1, a
+        assert s.stop() == 0
+    finally:
+        s.kill()
+
+
+def test_passages_fit_the_window(tmp_path, fixtures):
+    """A model whose window cannot hold recall_bytes of passages after the pot
+    (the tiny fixture model) gets fewer passages, never a prompt that does not fit."""
+    s = Server(tmp_path, "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64")
+    s.start()
+    try:
+        st, info, _ = s.request("GET", "/v1/models")
+        n_ctx = info["data"][0]["meta"]["context_length"]
+        # short paragraphs, so that some fit in what the tiny window leaves
+        text = "\n\n".join(f"Filler line number {i} is here." for i in range(300))
+        text += "\n\nThe pass key is 71432.\n\n" + text
+        up = session_with(s, text)
+        assert up["compressions"] > 0 and n_ctx < 4096 // 2, (up, n_ctx)
+        for max_tokens in (8, None):
+            body = {"model": "x", "temperature": 0, "session": up["id"], "recall": True,
+                    "messages": [{"role": "user", "content": "What is the pass key?"}]}
+            if max_tokens:
+                body["max_tokens"] = max_tokens
+            st, a, _ = s.request("POST", "/v1/chat/completions", body)
+            # 8 answer tokens leave room for a passage or two (the model reads about a token a byte)
+            assert st == 200 and a["recall"]["passages"] >= (1 if max_tokens else 0), a
+            assert a["recall"]["bytes"] < 4096 and a["recall"]["candidates"] == 601, a
+            room = n_ctx - up["tokens_in_pot"]
+            assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == up["tokens_in_pot"], a  # the pot
+            # the passages leave the answer max_tokens, or half the room the pot leaves
+            assert a["usage"]["prompt_tokens"] + min(max_tokens or room // 2, room // 2) <= n_ctx, (a, room)
         assert s.stop() == 0
     finally:
         s.kill()

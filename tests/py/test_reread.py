@@ -37,7 +37,8 @@ def natural_document(seed, chars, needle=True):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"), "--budget-tokens", "512")
+    # "--recall false": the plain answers come from the pot alone (test_recall.py has the default)
+    s = Server(tmp_path_factory.mktemp("data"), "--budget-tokens", "512", "--recall", "false")
     s.start()
     yield s
     assert s.stop() == 0
@@ -154,7 +155,7 @@ def ask_together(srv, sid, questions, **extra):
 def shared_server(tmp_path_factory, share):
     # a gather window far longer than two requests take to arrive, so they always meet
     s = Server(tmp_path_factory.mktemp(f"share_{share}"), "--budget-tokens", "512", "--reread-share", share,
-               "--reread-gather-ms", "3000")
+               "--reread-gather-ms", "3000", "--recall", "false")
     s.start()
     return s
 

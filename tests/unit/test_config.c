@@ -73,6 +73,7 @@ TEST(config_defaults_match_header) {
     CHECK_STR(c.policy, "infinipot");
     CHECK_EQ_INT(c.snapshot_bytes, 4LL << 20);
     CHECK_EQ_INT(c.recall_bytes, RECALL_DEFAULT_BYTES);
+    CHECK_STR(c.recall, "auto");
     CHECK_EQ_INT(c.access_log, 1);
     /* No sources at all leave the defaults. */
     char err[256];
@@ -288,7 +289,7 @@ TEST(config_json_values) {
         " \"model\": \"m.gguf\", \"api_keys_file\": \"k.txt\", \"access_log\": 0,"
         " \"connection_timeout\": \"0\", \"request_timeout\": 86400, \"budget_tokens\": 16,"
         " \"max_connections\": 100000, \"chat_template\": \"chatml\", \"data_dir\": \"d\","
-        " \"recall_bytes\": 1048576}";
+        " \"recall_bytes\": 1048576, \"recall\": false}";
     write_temp(path, json, strlen(json));
     const char *args[] = {"--config", path, NULL};
     server_config c;
@@ -312,6 +313,7 @@ TEST(config_json_values) {
     CHECK_STR(c.chat_template, "chatml");
     CHECK_STR(c.data_dir, "d");
     CHECK_EQ_INT(c.recall_bytes, 1048576);
+    CHECK_STR(c.recall, "false"); /* a JSON boolean for a name that is one */
     config_free(&c);
     unlink(path);
     /* Every policy name cache/ knows is accepted. */
@@ -352,6 +354,9 @@ TEST(config_errors_name_setting_and_source) {
         {"{\"port\": 70000}", {0}, {0}, {"config file @: port: 70000 is out of range [0, 65535]"}},
         {"{\"port\": 80.5}", {0}, {0}, {"config file @: port: '80.5' is not an integer"}},
         {"{\"recall_bytes\": \"4K\"}", {0}, {0}, {"config file @: recall_bytes: '4K' is not an integer"}},
+        {"{\"recall\": \"sometimes\"}", {0}, {0}, {"config file @: recall: 'sometimes' is not one of auto, true, false"}},
+        {"{\"backend\": true}", {0}, {0}, {"config file @: backend: 'true' is not one of cpu, cuda"}},
+        {"{\"recall\": 1}", {0}, {0}, {"config file @: recall: expected a string, got"}},
         {"{\"max_body_bytes\": \"0\"}", {0}, {0}, {"config file @: max_body_bytes: '0' is out of range [1, "}},
         {"{\"pot-memory-limit\": \"1023K\"}", {0}, {0}, {"config file @: pot-memory-limit: '1023K' is out of range [1M, "}},
         {"{\"backend\": \"tpu\"}", {0}, {0}, {"config file @: backend: 'tpu' is not one of cpu, cuda"}},
@@ -485,6 +490,7 @@ TEST(config_help) {
         {"--reread-share NAME", "POTSERVE_REREAD_SHARE", "[pots]"},
         {"--reread-share-limit N", "POTSERVE_REREAD_SHARE_LIMIT", "[8]"},
         {"--reread-gather-ms N", "POTSERVE_REREAD_GATHER_MS", "[100]"},
+        {"--recall NAME", "POTSERVE_RECALL", "[auto]"},
         {"--recall-bytes N", "POTSERVE_RECALL_BYTES", "[4096]"},
         {"--snapshot-bytes BYTES", "POTSERVE_SNAPSHOT_BYTES", "[4M]"},
         {"--access-log [BOOL]", "POTSERVE_ACCESS_LOG", "[true]"},
