@@ -66,7 +66,8 @@ def main():
         import server_util
         server_util.MODEL = a.model
         srv = Server(data, "--backend", a.backend, "--budget-tokens", str(a.budget), "--threads", str(a.threads),
-                     "--reread-share", a.share, "--reread-gather-ms", "1000")
+                     "--reread-share", a.share, "--reread-gather-ms", "1000",
+                     "--recall", "false")  # --agnostic asks the pot alone (run.py's infinipot-recall has recall)
         srv.start()
         try:
             for rot in map(int, a.rotations.split(",")):
