@@ -91,8 +91,9 @@
     }
   }
 
-  // Server-sent events of a fetch response: onEvent(name, data) per event.
-  async function readEvents(response, onEvent) {
+  // Server-sent events of a fetch response: onEvent(name, data) per event,
+  // onComment(line) per comment line (the server's progress notes) when given.
+  async function readEvents(response, onEvent, onComment) {
     const reader = response.body.getReader();
     const dec = new TextDecoder();
     let buf = '', name = 'message', data = [];
@@ -109,7 +110,7 @@
           name = 'message';
           data = [];
         } else if (line.startsWith(':')) {
-          continue; // keep-alive comment
+          if (onComment) onComment(line); // progress notes, keep-alives
         } else if (line.startsWith('event:')) {
           name = line.slice(6).trim();
         } else if (line.startsWith('data:')) {
@@ -665,7 +666,7 @@
     state.chatAbort = new AbortController();
     $('chat-stop').disabled = false;
     $('chat-send').disabled = true;
-    let text = '', usage = null, finish = null, pending = false;
+    let text = '', usage = null, finish = null, pending = false, recalled = null;
     const paint = () => {
       pending = false;
       body.replaceChildren(markdown(text));
@@ -685,6 +686,10 @@
           if (!pending) { pending = true; requestAnimationFrame(paint); }
         }
         if (c.finish_reason) finish = c.finish_reason;
+      }, (line) => {
+        // ": recall P passages (B bytes) in S s": the document's passages asked with (docs/api.md)
+        const m = /^: recall (\d+) passages/.exec(line);
+        if (m) recalled = Number(m[1]);
       });
     } catch (e) {
       if (e.name !== 'AbortError') say('The answer failed: ' + e.message);
@@ -701,6 +706,7 @@
         const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;
         if (cached) notes.push('read after ' + nf.format(cached) + ' pot entries');
       }
+      if (recalled) notes.push('with ' + nf.format(recalled) + (recalled === 1 ? ' passage' : ' passages') + ' of the document');
       const copy = el('button', { type: 'button', class: 'ghost small', text: 'Copy' });
       copy.addEventListener('click', () => copyText(text, copy));
       turn.append(el('div', { class: 'foot' }, el('span', { class: 'muted small', text: notes.join(' · ') }), copy));

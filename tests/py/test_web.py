@@ -9,6 +9,7 @@ page. Screenshots go to build/web/."""
 import json
 import os
 import pathlib
+import re
 import time
 import urllib.request
 
@@ -376,6 +377,9 @@ def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
     assert s["budget_tokens"] == 512 and s["final"] and s["compressions"] > 0
     answer, paints, deltas = ask(page, s["id"], "What is the pass key?", 24)
     assert "71432" in answer, answer
+    # the pot dropped text, so the server recalled passages (its default), and the page says so
+    note = page.inner_text(".turn.assistant:last-child .foot")
+    assert re.search(r"with \d+ passages? of the document", note), note
     lengths = [n for n in paints if n]
     assert len(set(lengths)) >= 2 and lengths == sorted(lengths), paints  # painted as it streamed
     SHOTS.mkdir(parents=True, exist_ok=True)
