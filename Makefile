@@ -204,7 +204,10 @@ asan: fixtures model
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  build/asan/unit_tests build/asan/potserve
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
-	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
+	# recall (on by default) prefills ~1K more tokens per question, slow under ASan: these run
+	# without it, and the recall paths (shared log read, fitting the window) on the tiny model
+	POTSERVE_RECALL=false POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'window' tests/py/test_recall.py
 	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
 	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_cluster.py
 
