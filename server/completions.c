@@ -717,7 +717,9 @@ static void temporary_pot_ingested(void *user, int rc, const char *err) {
 
 static void temporary_pot_opened(server *s, void *arg) {
     generation *g = arg;
-    if (!g->tmp_doc) return temporary_pot_failed(s, g, 500, g->tmp_err);
+    /* as when a session is created: what engine_doc_open refuses is the request's
+     * (a system prompt or tools longer than the pot keeps) */
+    if (!g->tmp_doc) return temporary_pot_failed(s, g, 422, g->tmp_err);
     if (srv_ingest(s, g->tmp_doc, g->doc_text, g->doc_len, 1, temporary_pot_ingested, g))
         temporary_pot_failed(s, g, 503, "the server is shutting down");
 }

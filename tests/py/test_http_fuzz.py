@@ -15,10 +15,12 @@ SECONDS = 25
 
 
 @pytest.fixture(scope="module")
-def fuzz_run(tmp_path_factory, model):
+def fuzz_run(tmp_path_factory, fixtures):
+    # the tiny fixture model: HTTP and JSON handling are under test; with it the
+    # run makes about 2,000 requests in its seconds, with the default model ~500
     out = tmp_path_factory.mktemp("fuzz") / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz" / "http_fuzz.py"), "--bin", str(BIN),
-                        "--model", str(MODEL), "--seconds", str(SECONDS), "--seed", "21", "--json-out", str(out)],
+                        "--model", str(fixtures / "tiny_llama.gguf"), "--seconds", str(SECONDS), "--seed", "21", "--json-out", str(out)],
                        capture_output=True, text=True, timeout=SECONDS + 300)
     print(p.stdout[-4000:], p.stderr[-2000:])
     assert out.exists(), p.stderr
@@ -116,6 +118,28 @@ def test_schemathesis_findings_stay_fixed(tmp_path):
         assert st == 400 and body["error"]["param"] == "wait", body
         st, after, _ = s.request("GET", f"/v1/sessions/{ses2['id']}")
         assert after["last_seq"] == 0, after
+        assert s.stop() == 0
+    finally:
+        s.kill()
+
+
+def test_pinned_prefix_longer_than_the_pot_keeps_is_422(tmp_path, fixtures):
+    """Schemathesis, once the tiny model served it: a chat request whose tools'
+    definitions alone pass the 256-token window goes to a temporary pot, whose
+    pinned prefix (template + tools) cannot be shorter than what a compression
+    keeps (32 of 64): that is the request's doing, 422 as at session creation,
+    not a 500."""
+    s = Server(tmp_path / "data", "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64").start()
+    try:
+        tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 8,
+                                                   "parameters": {}}} for i in range(4)]
+        st, body, _ = s.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hello"}], "tools": tools, "max_tokens": 2})
+        assert st == 422 and body["error"]["code"] == "overflow_failed", (st, body)
+        assert "pinned prefix" in body["error"]["message"] and "keep_tokens 32" in body["error"]["message"], body
+        st, body, _ = s.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2})
+        assert st == 200, body  # the server is fine after it
         assert s.stop() == 0
     finally:
         s.kill()

@@ -26,8 +26,11 @@ SCHEMATHESIS_EXCLUDED = "positive_data_acceptance"
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"), "--api-key", KEY, "--budget-tokens", "64",
+def srv(tmp_path_factory, fixtures):
+    # the tiny fixture model: the contract, not the model, is under test, and
+    # its answers take milliseconds (the default model's held each worker seconds)
+    s = Server(tmp_path_factory.mktemp("data"), "--model", fixtures / "tiny_llama.gguf", "--api-key", KEY,
+               "--budget-tokens", "64",
                "--request-timeout", "2", "--access-log", "false", "--max-sessions-per-key", "1000")
     s.start()
     yield s
