@@ -213,15 +213,17 @@ test-cluster: $(BUILD)/potserve model
 ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 or torn or limits \
                      or belong or slow_and_idle or snapshot_restores or without_waiting or tokenize \
                      or reliability or shutdown_grace
+ASAN_PYTEST := POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 \
+               $(VPY) -m pytest -q
 asan: fixtures model
 	$(MAKE) --no-print-directory -j2 BUILD=build/asan CC=gcc \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  PLAIN_KERNEL_CFLAGS="-fno-sanitize=address,undefined" build/asan/unit_tests build/asan/potserve-plain-kernels
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests
-	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
-	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'not survives_a_restart' tests/py/test_recall.py
-	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q -k 'headers or defaults or text_maps' tests/py/test_web.py
-	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 $(VPY) -m pytest -q tests/py/test_cluster.py
+	$(ASAN_PYTEST) -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
+	$(ASAN_PYTEST) -k 'not survives_a_restart' tests/py/test_recall.py
+	$(ASAN_PYTEST) -k 'headers or defaults or text_maps' tests/py/test_web.py
+	$(ASAN_PYTEST) tests/py/test_cluster.py
 
 # --- ThreadSanitizer (issue 21) -------------------------------------------------
 # The loop thread owns requests and sessions, the engine thread owns documents,
