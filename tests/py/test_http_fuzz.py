@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, MODEL, ROOT, run
+from conftest import BIN, ROOT, run
 from server_util import Server
 
 SECONDS = 25
@@ -20,7 +20,8 @@ def fuzz_run(tmp_path_factory, fixtures):
     # run makes about 2,000 requests in its seconds, with the default model ~500
     out = tmp_path_factory.mktemp("fuzz") / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz" / "http_fuzz.py"), "--bin", str(BIN),
-                        "--model", str(fixtures / "tiny_llama.gguf"), "--seconds", str(SECONDS), "--seed", "21", "--json-out", str(out)],
+                        "--model", str(fixtures / "tiny_llama.gguf"), "--seconds", str(SECONDS), "--seed", "21",
+                        "--json-out", str(out)],
                        capture_output=True, text=True, timeout=SECONDS + 300)
     print(p.stdout[-4000:], p.stderr[-2000:])
     assert out.exists(), p.stderr
