@@ -5,7 +5,7 @@
 
 (function () {
   const $ = (id) => document.getElementById(id);
-  const CHUNK_BYTES = 256 * 1024;          // upload chunk size (cut back to a UTF-8 boundary)
+  const CHUNK_BYTES = 256 * 1024;          // upload chunk size (cut back to a UTF-8 boundary), or the server's max_chunk_bytes if smaller
   const KEY_STORE = 'potserve.key';        // sessionStorage: this tab only
   const UPLOAD_STORE = 'potserve.upload';  // localStorage: the session an upload is filling
   const nf = new Intl.NumberFormat();
@@ -275,11 +275,13 @@
   }
 
   // ---- uploads ------------------------------------------------------------------------------------------
-  // A document goes up in chunks of about CHUNK_BYTES, each cut back to a
-  // UTF-8 character boundary, numbered 1, 2, ... (X-Chunk-Seq). The cut points
-  // depend only on the bytes, so after a reload or a lost connection the page
-  // recomputes them and continues after the session's last_seq; a chunk the
-  // server had already acknowledged is answered as a duplicate.
+  // A document goes up in chunks of about CHUNK_BYTES (less where the server's
+  // max_chunk_bytes is smaller), each cut back to a UTF-8 character boundary,
+  // numbered 1, 2, ... (X-Chunk-Seq). The cut points depend only on the bytes
+  // and the chunk size, which is kept with the document, so after a reload or a
+  // lost connection the page recomputes them and continues after the session's
+  // last_seq; a chunk the server had already acknowledged is answered as a
+  // duplicate.
 
   // The document itself survives a reload in IndexedDB (Blobs are kept as they are).
   function idb() {
@@ -303,9 +305,9 @@
   const loadDoc = (id) => idbDo('readonly', (s) => s.get(id)).catch(() => null);
   const dropDoc = (id) => idbDo('readwrite', (s) => s.delete(id)).catch(() => null);
 
-  // End of the chunk starting at `start`: start + CHUNK_BYTES, moved back off UTF-8 continuation bytes.
-  async function chunkEnd(blob, start) {
-    let end = Math.min(blob.size, start + CHUNK_BYTES);
+  // End of the chunk starting at `start`: start + chunkBytes, moved back off UTF-8 continuation bytes.
+  async function chunkEnd(blob, start, chunkBytes) {
+    let end = Math.min(blob.size, start + chunkBytes);
     if (end === blob.size) return end;
     const b = new Uint8Array(await blob.slice(end - 3, end + 1).arrayBuffer());
     let i = 3;
@@ -336,13 +338,14 @@
     try {
       const s = await api('/v1/sessions', { method: 'POST', json: settings });
       localStorage.setItem(UPLOAD_STORE, s.id);
-      await saveDoc(s.id, { blob, name });
+      const chunkBytes = Math.min(CHUNK_BYTES, state.server.max_chunk_bytes);
+      await saveDoc(s.id, { blob, name, chunkBytes });
       $('file').value = '';
       $('paste').value = '';
       $('drop-text').replaceChildren(el('strong', { text: 'Drop a text file here' }), ' or press to choose one');
       state.selected = s.id;
       await loadSessions();
-      runUpload(s, blob, name);
+      runUpload(s, blob, name, chunkBytes);
     } catch (e) {
       say('Could not start: ' + e.message);
     } finally {
@@ -367,7 +370,7 @@
   }
 
   // Sends the document from where the session stands; retries after network errors.
-  async function runUpload(session, blob, name) {
+  async function runUpload(session, blob, name, chunkBytes) {
     const u = {
       id: session.id, name, blob, abort: null, cancelled: false, finished: false,
       tokens: session.tokens_ingested, pot: session.tokens_in_pot, comp: session.compressions,
@@ -379,7 +382,7 @@
     let seq = session.last_seq, offset = 0;
     try {
       // the cut points of the chunks the server already has
-      for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset);
+      for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset, chunkBytes);
       if (seq && session.status === 'ready' && offset !== session.bytes_received)
         throw new Error('this document does not match what the session has read (' + bytes(session.bytes_received) + ')');
       if (seq) {
@@ -389,7 +392,7 @@
         delete $('upload').dataset.resumedAfter;
       }
       while (!u.cancelled) {
-        const end = await chunkEnd(blob, offset);
+        const end = await chunkEnd(blob, offset, chunkBytes);
         const final = end === blob.size;
         try {
           const res = await sendChunk(u, seq + 1, blob.slice(offset, end), final, offset);
@@ -403,7 +406,7 @@
             const s = await api('/v1/sessions/' + u.id);
             seq = s.last_seq;
             offset = 0;
-            for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset);
+            for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset, chunkBytes);
             continue;
           }
           const transient = !(e instanceof ApiError) || e.status === 409 && e.code === 'session_busy' ||
@@ -523,7 +526,7 @@
     state.selected = id;
     renderSessions();
     say('Resuming the upload of ' + rec.name + ' after chunk ' + s.last_seq + '.', 'info');
-    runUpload(s, rec.blob, rec.name);
+    runUpload(s, rec.blob, rec.name, rec.chunkBytes || CHUNK_BYTES); // pages before max_chunk_bytes kept none
   }
 
   // drag and drop

@@ -188,12 +188,12 @@ def test_setting_survives_a_restart(tmp_path, model):
     s.start()
     try:
         up = session_with(s, natural_document(3, 1500), recall=True)
-        plain = session_with(s, natural_document(1, 10000))  # the server's default, here false
+        plain = session_with(s, natural_document(1, 4000))  # the server's default, here false
         assert plain["recall"] is False and plain["compressions"] > 0, plain
         st, a, _ = ask(s, plain["id"], max_tokens=1)
         assert st == 200 and "recall" not in a, a
-        auto = session_with(s, natural_document(1, 10000), recall="auto")
-        rr = session_with(s, natural_document(1, 10000), reread=True)
+        auto = session_with(s, natural_document(1, 4000), recall="auto")
+        rr = session_with(s, natural_document(1, 4000), reread=True)
         assert s.stop() == 0
         s.start()
         deadline = time.time() + 120
