@@ -153,9 +153,9 @@ def ask_together(srv, sid, questions, **extra):
 
 
 def shared_server(tmp_path_factory, share):
-    # a gather window far longer than two requests take to arrive, so they always meet
+    # a gather window far longer than two requests on loopback take to arrive, so they always meet
     s = Server(tmp_path_factory.mktemp(f"share_{share}"), "--budget-tokens", "512", "--reread-share", share,
-               "--reread-gather-ms", "3000", "--recall", "false")
+               "--reread-gather-ms", "1000", "--recall", "false")
     s.start()
     return s
 

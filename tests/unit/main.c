@@ -1,6 +1,8 @@
-/* Unit-test runner: runs every registered test (or those whose name contains
- * argv[1]), names the slowest ones (where a slow CI run's time went) and ends
- * with the "N passed, N failed" line CI reads. */
+/* Unit-test runner: runs every registered test, or those a name argument
+ * selects (a test runs if its name contains one of the plain arguments, or
+ * there are none, and none of the "!"-prefixed ones), names the slowest ones
+ * (where a slow CI run's time went) and ends with the "N passed, N failed"
+ * line CI reads. */
 #include "test.h"
 
 #include <stdlib.h>
@@ -63,11 +65,23 @@ static void print_slowest(void) {
     for (int k = 0; k < n; k++) fprintf(stderr, " %s %.1f s%s", tests[shown[k]].name, tests[shown[k]].seconds, k + 1 < n ? "," : "\n");
 }
 
+static int selected(const char *name, int argc, char **argv) {
+    int any_plain = 0, matched = 0;
+    for (int k = 1; k < argc; k++) {
+        if (argv[k][0] == '!') {
+            if (strstr(name, argv[k] + 1)) return 0;
+        } else {
+            any_plain = 1;
+            matched |= strstr(name, argv[k]) != NULL;
+        }
+    }
+    return !any_plain || matched;
+}
+
 int main(int argc, char **argv) {
-    const char *filter = argc > 1 ? argv[1] : NULL;
     int passed = 0, failed = 0;
     for (int i = 0; i < n_tests; i++) {
-        if (filter && !strstr(tests[i].name, filter)) continue;
+        if (!selected(tests[i].name, argc, argv)) continue;
         test_failures = 0;
         double t0 = wall_seconds();
         tests[i].fn();
