@@ -214,20 +214,135 @@ int recall_rank(const char *doc, size_t len, const char *question, recall_passag
     return 0;
 }
 
+/* ---- links: a chain of references -------------------------------------------
+ * A question about the end of a chain ("VAR D = VAR C", "VAR C = VAR B", ...,
+ * "VAR A = 7") shares its words with the last link only. So from the best
+ * passage holding one of the question's rarest words (the name it asks
+ * about), the sentence holding that word is followed: a word
+ * of that sentence the question lacks, found in exactly one other passage of
+ * the document, leads to that passage, whose sentence holding the word leads
+ * on, at most RECALL_MAX_LINKS times. A word in exactly two passages is a
+ * name the two share and the rest of the document does not; a commoner word
+ * is not a link. The linked passages are chosen right after the chain's
+ * first, in its rank among the best passages. */
+
+/* The sentence of passage p around byte at: [*s, *e), cut after ". ", "! ",
+ * "? " or a line break. */
+static void sentence_around(const char *doc, const passage *p, size_t at, size_t *s, size_t *e) {
+    size_t lo = p->start, hi = p->start + p->len;
+    size_t i = at;
+    while (i > lo && doc[i - 1] != '\n' &&
+           !(i - lo >= 2 && doc[i - 1] == ' ' && (doc[i - 2] == '.' || doc[i - 2] == '!' || doc[i - 2] == '?')))
+        i--;
+    size_t j = at;
+    while (j < hi && doc[j] != '\n' && !((doc[j] == '.' || doc[j] == '!' || doc[j] == '?') &&
+                                          (j + 1 == hi || doc[j + 1] == ' ' || doc[j + 1] == '\n')))
+        j++;
+    *s = i;
+    *e = j < hi ? j + 1 : hi;
+}
+
+/* Where in passage p the word w (of q's terms: index k) first occurs: its
+ * byte offset, or p->start when it does not. */
+static size_t word_at(const char *doc, const passage *p, const query *q, int k) {
+    size_t at = p->start, end = p->start + p->len, wn;
+    char w[MAX_WORD];
+    for (size_t before = at; next_word(doc, &at, end, w, &wn); before = at)
+        if (wn == q->t[k].n && !memcmp(w, q->t[k].w, wn)) {
+            while (!word_byte((unsigned char)doc[before])) before++;
+            return before;
+        }
+    return p->start;
+}
+
+/* The chain (see above): the best passage of ps (sorted best first) holding
+ * the question's rarest word, then the passages it links to, as indices into
+ * chain. Returns the chain's length (0 when no passage holds a question word).
+ * q: the question, its df counted. */
+static int follow_links(const char *doc, passage *ps, int n, query *q, int chain[RECALL_MAX_LINKS + 1]) {
+    int min_df = 0;
+    for (int k = 0; k < q->n; k++)
+        if (q->t[k].df && (!min_df || q->t[k].df < min_df)) min_df = q->t[k].df;
+    if (!min_df) return 0;
+    query probe = *q;
+    int len = 0, rare = -1; /* ties: the best passage holding one of the rarest words */
+    for (int i = 0; i < n && !len; i++) {
+        passage tmp = ps[i];
+        count_terms(doc, &tmp, &probe);
+        for (int k = 0; k < q->n && !len; k++)
+            if (probe.t[k].tf && q->t[k].df == min_df) chain[len++] = i, rare = k;
+    }
+    if (!len) return 0;
+    size_t s, e;
+    sentence_around(doc, &ps[chain[0]], word_at(doc, &ps[chain[0]], q, rare), &s, &e);
+    while (len <= RECALL_MAX_LINKS) {
+        /* the sentence's words the question lacks, their passages counted */
+        query cand;
+        cand.n = 0;
+        memset(cand.slot, -1, sizeof cand.slot);
+        size_t at = s, wn;
+        char w[MAX_WORD];
+        while (cand.n < RECALL_MAX_TERMS && next_word(doc, &at, e, w, &wn))
+            if (find_term(q, w, wn, 0) < 0) find_term(&cand, w, wn, 1);
+        if (!cand.n) break;
+        int holder[RECALL_MAX_TERMS]; /* the last passage holding each, besides the chain's */
+        for (int k = 0; k < cand.n; k++) holder[k] = -1;
+        for (int i = 0; i < n; i++) {
+            passage tmp = ps[i];
+            count_terms(doc, &tmp, &cand);
+            for (int k = 0; k < cand.n; k++)
+                if (cand.t[k].tf) {
+                    cand.t[k].df++;
+                    int mine = 0;
+                    for (int c = 0; c < len; c++) mine |= chain[c] == i;
+                    if (!mine) holder[k] = i;
+                }
+        }
+        int next = -1, via = -1;
+        for (int k = 0; k < cand.n && next < 0; k++)
+            if (cand.t[k].df == 2 && holder[k] >= 0) next = holder[k], via = k;
+        if (next < 0) break;
+        chain[len++] = next;
+        sentence_around(doc, &ps[next], word_at(doc, &ps[next], &cand, via), &s, &e);
+    }
+    return len;
+}
+
 int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r) {
     *r = (recall_result){0};
-    passage *ps = NULL;
+    passage *ps = NULL, *chosen = NULL;
     int n = 0;
-    if (recall_rank(doc, len, question, &ps, &n)) goto oom;
+    query q;
+    query_init(&q, question ? question : "");
+    if (split_passages(doc, len, &ps, &n)) goto oom;
     r->candidates = n;
-    /* the best first, as many as fit (moved to the front), then in document order */
-    if (n > 1) qsort(ps, (size_t)n, sizeof *ps, by_score); /* ps is NULL when n is 0 */
+    if (n == 0 || q.n == 0) goto done;
+    score_passages(doc, ps, n, &q);
+    /* the best first, the chain's links right after the chain's first passage,
+     * as many as fit; then in document order */
+    if (n > 1) qsort(ps, (size_t)n, sizeof *ps, by_score);
+    if (ps[0].score <= 0) goto done;
+    int chain[RECALL_MAX_LINKS + 1];
+    int n_chain = follow_links(doc, ps, n, &q, chain);
+    chosen = malloc((size_t)(unsigned)n * sizeof *chosen); /* n > 0 here */
+    if (!chosen) goto oom;
     size_t used = 0;
-    for (int i = 0; i < n && ps[i].score > 0; i++)
-        if (ps[i].len <= max_bytes - used) {
-            used += ps[i].len;
-            ps[r->passages++] = ps[i];
+    for (int i = 0; i < n; i++) {
+        int link = 0;
+        for (int c = 1; c < n_chain; c++) link |= chain[c] == i;
+        if (link || ps[i].score <= 0) continue;
+        for (int c = 0; c < (n_chain && chain[0] == i ? n_chain : 1); c++) {
+            const passage *p = c ? &ps[chain[c]] : &ps[i];
+            if (p->len <= max_bytes - used) {
+                used += p->len;
+                chosen[r->passages++] = *p;
+            }
         }
+    }
+    free(ps);
+    ps = chosen;
+    chosen = NULL;
+done:
     if (r->passages > 1) qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
     size_t out = 1;
     for (int i = 0; i < r->passages; i++) out += ps[i].len + strlen(RECALL_SEP);
@@ -249,6 +364,7 @@ int recall_passages(const char *doc, size_t len, const char *question, size_t ma
     return 0;
 oom:
     free(ps);
+    free(chosen);
     recall_result_free(r);
     return -1;
 }

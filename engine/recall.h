@@ -10,10 +10,11 @@
  * space. They are ranked by BM25 (k1 = 1.2, b = 0.75, the usual defaults)
  * over words (runs of ASCII letters, digits and non-ASCII bytes, so that
  * accented words stay whole; ASCII lower-cased), the question's distinct
- * words as the query. Lexical:
- * a question that shares no word with its answer's paragraph (a paraphrase,
- * or a chain of references such as "VAR B = VAR A") does not find it.
- * Pure text; no model. */
+ * words as the query. From the best passage, a chain of references ("VAR D =
+ * VAR C", then "VAR C = VAR B", ...) is followed through the names its
+ * sentences share with exactly one other passage (engine/recall.c). Lexical:
+ * a question that shares no word with its answer's paragraph (a paraphrase)
+ * does not find it. Pure text; no model. */
 #ifndef POTSERVE_RECALL_H
 #define POTSERVE_RECALL_H
 
@@ -22,7 +23,8 @@
 enum {
     RECALL_PASSAGE_BYTES = 1024, /* longest passage: about 250 tokens of English */
     RECALL_MAX_TERMS = 64,       /* question words used, in order of appearance */
-    RECALL_DEFAULT_BYTES = 4096  /* the passages' budget unless set: about 1,000 tokens of English */
+    RECALL_DEFAULT_BYTES = 4096, /* the passages' budget unless set: about 1,000 tokens of English */
+    RECALL_MAX_LINKS = 4         /* passages followed from the best one along a chain of references */
 };
 
 /* One passage: doc[start, start + len), its length in words and its BM25 score. */
@@ -46,11 +48,13 @@ typedef struct recall_result {
     int candidates;    /* passages the document was cut into */
 } recall_result;
 
-/* Chooses the best-ranked passages of doc[0, len) for question, as many as fit
- * in max_bytes (their bytes, separators not counted; a passage that does not
- * fit is skipped for smaller ones ranked after it). Passages sharing no word
- * with the question are never chosen. 0, or -1 when memory is short (r->text
- * NULL). Any bytes are accepted; a cut never splits a UTF-8 sequence. */
+/* Chooses the best-ranked passage of doc[0, len) for question, then the
+ * passages it links to (a chain of references, at most RECALL_MAX_LINKS),
+ * then the next best, as many as fit in max_bytes (their bytes, separators
+ * not counted; a passage that does not fit is skipped for smaller ones ranked
+ * after it). Passages sharing no word with the question are chosen only as
+ * links. 0, or -1 when memory is short (r->text NULL). Any bytes are
+ * accepted; a cut never splits a UTF-8 sequence. */
 int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r);
 void recall_result_free(recall_result *r);
 

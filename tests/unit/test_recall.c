@@ -50,6 +50,39 @@ TEST(recall_finds_the_paragraph_the_question_names) {
     recall_result_free(&r);
 }
 
+TEST(recall_follows_a_chain_of_references) {
+    /* "VAR FRAMB = VAR ZINGO" names the question's word; ZINGO, BLORP and
+     * QWXYZ are each in exactly two passages: the links to the chain's start.
+     * The two "var ... value" paragraphs outrank the inner links by BM25. */
+    const char *links[] = {"VAR QWXYZ = 4417.", "VAR BLORP = VAR QWXYZ.", "VAR ZINGO = VAR BLORP.",
+                           "VAR FRAMB = VAR ZINGO."};
+    char doc[1024];
+    snprintf(doc, sizeof doc,
+             "The kernel reads its configuration from the boot loader.\n\n%s\n\n"
+             "A var keeps a value in its table.\n\n%s\n\n"
+             "Mount points are listed in /etc/fstab.\n\n%s\n\n"
+             "A var has one value.\n\n%s",
+             links[0], links[1], links[2], links[3]);
+    size_t chain_bytes = 0;
+    for (int i = 0; i < 4; i++) chain_bytes += strlen(links[i]);
+    recall_result r;
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the value of VAR FRAMB?", chain_bytes, &r), 0);
+    CHECK_EQ_INT(r.passages, 4);
+    char want[256];
+    snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[0], links[1], links[2], links[3]);
+    CHECK_STR(r.text, want);
+    recall_result_free(&r);
+
+    /* a name in three passages is no link: the chain stops before it */
+    char doc3[1200];
+    snprintf(doc3, sizeof doc3, "%s\n\nQWXYZ is also a file name here.", doc);
+    CHECK_EQ_INT(recall_passages(doc3, strlen(doc3), "What is the value of VAR FRAMB?", chain_bytes - 4, &r), 0);
+    snprintf(want, sizeof want, "%s\n\n%s\n\n%s", links[1], links[2], links[3]);
+    CHECK_STR(r.text, want);
+    recall_result_free(&r);
+
+}
+
 /* Robertson's BM25 with Lucene's idf, written out for the test. */
 static double bm25(int tf, int df, int n_docs, int dl, double avgdl) {
     double idf = log(1 + (n_docs - df + 0.5) / (df + 0.5));
