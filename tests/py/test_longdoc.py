@@ -40,10 +40,11 @@ def test_longdoc_harness_smoke(model, tmp_path):
 def test_longdoc_tasks_harness_smoke(model, tmp_path):
     """--tasks: three documents (one per rotation) of the natural TEST split,
     five questions each, through policy none and a 256-entry infinipot pot:
-    one row per question with its task, depth, answer and needle share."""
+    one row per question with its task, depth, answer and needle share
+    (answers of at most 16 tokens: room for a pass key)."""
     p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test",
                         "--lengths", "1024", "--trials", "1", "--policies", "none,infinipot", "--budgets", "256",
-                        "--threads", "2", "--out", str(tmp_path)],
+                        "--threads", "2", "--answer-tokens", "16", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [json.loads(x) for x in (tmp_path / "tasks.jsonl").read_text().splitlines()]

@@ -523,7 +523,7 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
     base, _, decoding = policy.partition("+")
     keep = budget if uncompressed(base) else (a.keep or budget // 2)
     args = [a.bin, "-m", str(a.model), "-t", str(a.threads), "--backend", a.backend, "--docs", str(plan_path),
-            "--budget", str(budget), "-n", "40"]
+            "--budget", str(budget), "-n", str(a.answer_tokens)]
     if not uncompressed(base):
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
@@ -687,6 +687,8 @@ def main():
     ap.add_argument("--hint", action="store_true", help="--tasks: the hint sentence before the document")
     ap.add_argument("--ask", default=",".join(tasks.TASKS),
                     help="--tasks: the tasks whose questions are asked (every needle is still in the document)")
+    ap.add_argument("--answer-tokens", type=int, default=40,
+                    help="--tasks: the most tokens an answer has (40: room for four 7-digit values)")
     ap.add_argument("--tasks-report", action="store_true", help="only redraw OUT/tasks.md")
     a = ap.parse_args()
     for policy in a.policies.split(","):
