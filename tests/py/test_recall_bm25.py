@@ -44,6 +44,63 @@ def query(question):
     return out
 
 
+def sentence_around(doc, start, end, at):
+    """engine/recall.c's sentence of the passage doc[start:end] around byte at:
+    cut after ". ", "! ", "? " or a line break."""
+    i = at
+    while i > start and doc[i - 1:i] != b"\n" and not (i - start >= 2 and doc[i - 1:i] == b" "
+                                                      and doc[i - 2:i - 1] in (b".", b"!", b"?")):
+        i -= 1
+    j = at
+    while j < end and doc[j:j + 1] != b"\n" and not (doc[j:j + 1] in (b".", b"!", b"?") and
+                                                    (j + 1 == end or doc[j + 1:j + 2] in (b" ", b"\n"))):
+        j += 1
+    return i, (j + 1 if j < end else end)
+
+
+def first_word_at(doc, start, end, w):
+    for m in re.finditer(rb"[A-Za-z0-9\x80-\xff]+", doc[start:end]):
+        if m.group().lower()[:MAX_WORD] == w:
+            return start + m.start()
+    return start
+
+
+def chain_of_links(doc, ps, order, q):
+    """The links (docs/methods.md, "Recall"), written out again: from the best
+    passage holding one of the question's rarest words, the sentence holding
+    it; a word of it the question lacks, in exactly one other passage, leads
+    there, at most 4 times. Indices into ps, in the order followed."""
+    sets = [set(words(doc[p["start"]:p["start"] + p["len"]])) for p in ps]
+    df = {w: sum(w in x for x in sets) for w in q}
+    held = [w for w in q if df[w]]
+    if not held:
+        return []
+    low = min(df[w] for w in held)
+    start = next(i for i in order if any(df[w] == low and w in sets[i] for w in q))
+    rare = next(w for w in q if df[w] == low and w in sets[start])
+    p = ps[start]
+    s, e = sentence_around(doc, p["start"], p["start"] + p["len"], first_word_at(doc, p["start"], p["start"] + p["len"], rare))
+    chain = [start]
+    while len(chain) <= 4:
+        cand = []
+        for w in words(doc[s:e]):
+            if w not in q and w not in cand and len(cand) < MAX_TERMS:
+                cand.append(w)
+        nxt = None
+        for w in cand:
+            holders = [i for i in order if w in sets[i]]
+            others = [i for i in holders if i not in chain]
+            if len(holders) == 2 and others:
+                nxt, via = others[0], w
+                break
+        if nxt is None:
+            break
+        chain.append(nxt)
+        p = ps[nxt]
+        s, e = sentence_around(doc, p["start"], p["start"] + p["len"], first_word_at(doc, p["start"], p["start"] + p["len"], via))
+    return chain
+
+
 def recall_scores(doc, question):
     p = run("recall", "-q", question, "--scores", input=doc, check=True)
     return [json.loads(x) for x in p.stdout.decode().splitlines()]
@@ -92,15 +149,20 @@ def test_scores_match_an_independent_bm25(document):
         assert [p["words"] for p in ps] == ref.doc_len
         for p, w in zip(ps, want):
             assert p["score"] == pytest.approx(w, rel=1e-9, abs=1e-12), q
-        # the default choice: the best that fit in 4,096 bytes, in document order
+        # the default choice: the best that fit in 4,096 bytes, the chain's links right after its
+        # first passage, in document order
         order = sorted(range(len(ps)), key=lambda i: (-want[i], i))
+        chain = chain_of_links(doc, ps, order, query(q)) if want[order[0]] > 0 else []
         chosen, used = [], 0
         for i in order:
             if want[i] <= 0:
                 break
-            if ps[i]["len"] <= 4096 - used:
-                chosen.append(i)
-                used += ps[i]["len"]
+            if i in chain[1:]:
+                continue
+            for j in (chain if chain and chain[0] == i else [i]):
+                if ps[j]["len"] <= 4096 - used:
+                    chosen.append(j)
+                    used += ps[j]["len"]
         got = run("recall", "-q", q, input=doc, check=True).stdout.decode()
         body = "\n\n".join(doc[ps[i]["start"]:ps[i]["start"] + ps[i]["len"]].decode() for i in sorted(chosen))
         assert got == f"Passages of the document that share words with the question:\n\n{body}\n\n{q}\n"
