@@ -41,13 +41,28 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     """--tasks: three documents (one per rotation) of the natural TEST split,
     five questions each, through policy none and a 256-entry infinipot pot:
     one row per question with its task, depth, answer and needle share
-    (answers of at most 16 tokens: room for a pass key)."""
-    p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test",
-                        "--lengths", "1024", "--trials", "1", "--policies", "none,infinipot", "--budgets", "256",
-                        "--threads", "2", "--answer-tokens", "16", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
-    assert p.returncode == 0, p.stderr[-2000:]
-    rows = [json.loads(x) for x in (tmp_path / "tasks.jsonl").read_text().splitlines()]
+    (answers of at most 16 tokens: room for a pass key). With --pots the
+    pots are kept, and a second run over them reads no document and answers
+    every question exactly as the first."""
+    def run(policies, out):
+        p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test",
+                            "--lengths", "1024", "--trials", "1", "--policies", policies, "--budgets", "256",
+                            "--threads", "2", "--answer-tokens", "16", "--pots", str(tmp_path / "pots"),
+                            "--out", str(out)],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "reading the document again" not in p.stderr
+        return [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines()]
+    rows = run("none,infinipot", tmp_path)
+    assert not any(r.get("pot_loaded") for r in rows)
+    assert len(list((tmp_path / "pots").glob("*/*.pot"))) == 6  # three documents, two policies
+    again = run("infinipot", tmp_path / "again")
+    assert len(again) == 15 and all(r["pot_loaded"] for r in again)
+    first = {(r["trial"], r["rotation"], r["q"]): r for r in rows if r["policy"] == "infinipot"}
+    for r in again:
+        old = first[(r["trial"], r["rotation"], r["q"])]
+        assert (r["answer"], r["kept"], r["tokens_read"], r["compressions"]) == \
+            (old["answer"], old["kept"], old["tokens_read"], old["compressions"])
     assert len(rows) == 2 * 15
     for pol in ("none", "infinipot"):
         cell = [r for r in rows if r["policy"] == pol]

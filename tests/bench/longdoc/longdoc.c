@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "cache/cache.h"
 #include "engine/engine.h"
@@ -36,6 +37,7 @@ typedef struct trial {
 typedef struct options {
     const char *model, *haystack, *plan, *work, *question, *backend;
     const char *docs; /* --docs: documents carrying several needles, several questions each */
+    const char *pots; /* --docs: a folder keeping each document's pot once read (read_or_load_doc) */
     int threads, n_predict, late_question, trace, winners;
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     long recall_bytes; /* --docs: the question comes with this many bytes of recalled passages */
@@ -52,7 +54,7 @@ static void usage(void) {
             "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
-            "  [--recall BYTES]\n"
+            "  [--recall BYTES] [--pots DIR]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
             "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
             "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
@@ -62,7 +64,10 @@ static void usage(void) {
             "  each document is read once (once per question for finch with the question up front)\n"
             "  and every question answered over its pot; one JSON line per question\n"
             "--recall BYTES (--docs): each question is asked with the document's passages that share\n"
-            "  its words, at most BYTES of them (engine/recall.h), as the server's \"recall\" does\n");
+            "  its words, at most BYTES of them (engine/recall.h), as the server's \"recall\" does\n"
+            "--pots DIR (--docs): a document's pot is saved in DIR once read and loaded from there the\n"
+            "  next time the same model reads it with the same settings (question-agnostic pots only):\n"
+            "  asking new questions, or the same ones with other --recall, costs no re-reading\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -102,6 +107,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--recycle-keep")) o->recycle_keep = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recall")) o->recall_bytes = v ? atol(v) : 0;
+        else if (!strcmp(a, "--pots")) o->pots = v;
         else {
             used = 0;
             if (!strcmp(a, "--no-catalyst")) o->set.no_catalyst = 1;
@@ -415,11 +421,77 @@ fail:
     return NULL;
 }
 
+/* --pots: the files of a document's pot and of its needles' token ranges,
+ * named by its id (':' and '/' as '_') and budget; the pot file's own
+ * check (engine_doc_load) refuses another model or other settings. */
+static void pot_paths(const options *o, const char *id, char *pot_path, char *tok_path, size_t cap) {
+    char name[128];
+    size_t i = 0;
+    for (; id[i] && i + 1 < sizeof name; i++) name[i] = id[i] == ':' || id[i] == '/' ? '_' : id[i];
+    name[i] = 0;
+    snprintf(pot_path, cap, "%s/%s.b%d.pot", o->pots, name, o->set.budget_tokens);
+    snprintf(tok_path, cap, "%s/%s.b%d.needles", o->pots, name, o->set.budget_tokens);
+}
+
+/* The needles' token ranges saved beside a pot: "n_needles doc_bytes" and
+ * then tok[]; 0 when they match this document. */
+static int load_needle_tokens(const char *path, int n_needles, size_t len, int64_t *tok) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = -1;
+    long long bytes = -1, v;
+    int ok = fscanf(f, "%d %lld", &n, &bytes) == 2 && n == n_needles && bytes == (long long)len;
+    for (int i = 0; ok && i < 2 * n_needles; i++) {
+        ok = fscanf(f, "%lld", &v) == 1;
+        tok[i] = (int64_t)v;
+    }
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+static void save_needle_tokens(const char *path, int n_needles, size_t len, const int64_t *tok) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f, "%d %zu\n", n_needles, len);
+    for (int i = 0; i < 2 * n_needles; i++) fprintf(f, "%lld\n", (long long)tok[i]);
+    if (fclose(f) == 0) rename(tmp, path);
+}
+
+/* read_doc, or with --pots the pot saved when this document was last read
+ * with these settings (*loaded := 1); a document read is saved there. Pots
+ * guided by a question, traced or with --winners are always read. */
+static engine_doc *read_or_load_doc(engine *e, const options *o, const engine_pot_settings *s, const char *id,
+                                    const char *text, size_t len, const long *cuts, int n_needles, int64_t *tok,
+                                    const engine_info *trace, int *loaded, char *err, size_t el) {
+    *loaded = 0;
+    if (!o->pots || s->question || trace || o->winners)
+        return read_doc(e, s, text, len, cuts, n_needles, tok, trace, o->winners, err, el);
+    char pot_path[1024], tok_path[1024], why[512];
+    pot_paths(o, id, pot_path, tok_path, sizeof pot_path);
+    uint64_t offset;
+    if (!load_needle_tokens(tok_path, n_needles, len, tok)) {
+        engine_doc *d = engine_doc_load(e, s, pot_path, &offset, why, sizeof why);
+        if (d) return *loaded = 1, d;
+        fprintf(stderr, "longdoc: %s: reading the document again: %s\n", pot_path, why);
+    }
+    engine_doc *d = read_doc(e, s, text, len, cuts, n_needles, tok, NULL, 0, err, el);
+    if (!d) return NULL;
+    if (mkdir(o->pots, 0755) && errno != EEXIST)
+        fprintf(stderr, "longdoc: cannot make %s: %s\n", o->pots, strerror(errno));
+    else if (engine_doc_save(d, pot_path, 0, why, sizeof why))
+        fprintf(stderr, "longdoc: cannot save %s: %s\n", pot_path, why);
+    else
+        save_needle_tokens(tok_path, n_needles, len, tok);
+    return d;
+}
+
 /* Answers question qi over d (with --recall, after the passages of text that
  * share its words) and prints its JSON line. */
 static int answer_question(engine_doc *d, const options *o, const engine_info *info, const char *id,
                            int qi, const char *question, const char *text, size_t len, const int64_t *tok,
-                           int n_needles, double t_start_ms, char *err, size_t el) {
+                           int n_needles, int pot_loaded, double t_start_ms, char *err, size_t el) {
     answer ans = {{0}, 0};
     engine_gen_result res = {0};
     recall_result rr = {0};
@@ -457,6 +529,7 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
                           "compressions", (json_int_t)st.compressions,
                           "peak_rss_bytes", (json_int_t)ru.ru_maxrss * 1024, "answer_ms",
                           res.prefill_ms + res.decode_ms);
+    if (j && pot_loaded) json_object_set_new(j, "pot_loaded", json_true()); /* ingest fields: from its first reading */
     if (j && o->recall_bytes > 0) {
         json_object_set_new(j, "recall_passages", json_integer(rr.passages));
         json_object_set_new(j, "recall_bytes", json_integer((json_int_t)rr.len));
@@ -489,7 +562,7 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
     char *text = read_file(path, &len);
     if (!text) return snprintf(err, el, "cannot read %s: %s", path, strerror(errno)), -1;
     int guided = o->set.policy && !strcmp(o->set.policy, "finch") && !o->late_question;
-    int rc = 0;
+    int rc = 0, loaded = 0;
     engine_doc *d = NULL;
     int64_t tok[2 * MAX_NEEDLES];
     for (int qi = 0; qi < n_q && !rc; qi++) {
@@ -500,11 +573,11 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
             engine_pot_settings s = o->set;
             s.question = guided ? q : NULL;
             engine_doc_close(d);
-            d = read_doc(e, &s, text, (size_t)len, cuts, n_needles, tok, o->trace ? info : NULL, o->winners, err,
-                         el);
+            d = read_or_load_doc(e, o, &s, id, text, (size_t)len, cuts, n_needles, tok, o->trace ? info : NULL,
+                                 &loaded, err, el);
             if (!d) rc = -1;
         }
-        if (!rc) rc = answer_question(d, o, info, id, qi, q, text, (size_t)len, tok, n_needles, t0, err, el);
+        if (!rc) rc = answer_question(d, o, info, id, qi, q, text, (size_t)len, tok, n_needles, loaded, t0, err, el);
     }
     engine_doc_close(d);
     free(text);

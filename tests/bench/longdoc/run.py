@@ -527,6 +527,10 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
     if not uncompressed(base):
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
+    if a.pots:
+        pots = pathlib.Path(a.pots) / pathlib.Path(a.model).stem
+        pots.mkdir(parents=True, exist_ok=True)
+        args += ["--pots", str(pots)]
     t0 = time.time()
     with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
         for line in p.stdout:
@@ -616,10 +620,11 @@ def tasks_report(rows, out, cmdline):
         tps = sorted(r["tps"] for r in cell)[len(cell) // 2]
         toks = max(r["doc_tokens"] for r in cell)
         share = sorted(r["compress_ms"] / max(r["ingest_ms"], 1e-9) for r in cell)[len(cell) // 2]
-        rss = max(r["peak_rss_bytes"] for r in cell) / 1e6
+        read = [r["peak_rss_bytes"] for r in cell if not r.get("pot_loaded")]  # a loaded pot's run read nothing
+        rss = f"{max(read) / 1e6:.0f}" if read else "–"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
                      + " | ".join(per_task) + " | " + " | ".join(per_depth)
-                     + f" | {fmt_acc(cell)} | {kept:.2f} | {kept_all:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss:.0f} |")
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {kept_all:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss} |")
     table = "\n".join(lines) + "\n"
     (out / "tasks.md").write_text(table)
     tasks_heatmap(rows, out / "tasks.png")
@@ -689,6 +694,9 @@ def main():
                     help="--tasks: the tasks whose questions are asked (every needle is still in the document)")
     ap.add_argument("--answer-tokens", type=int, default=40,
                     help="--tasks: the most tokens an answer has (40: room for four 7-digit values)")
+    ap.add_argument("--pots", help="--tasks: keep each document's question-agnostic pot in POTS/<model>/ once "
+                                   "read and load it from there the next time (any --out): new questions or "
+                                   "another recall cost no re-reading; rows so answered have pot_loaded")
     ap.add_argument("--tasks-report", action="store_true", help="only redraw OUT/tasks.md")
     a = ap.parse_args()
     for policy in a.policies.split(","):
