@@ -309,6 +309,11 @@ static int follow_links(const char *doc, passage *ps, int n, query *q, int chain
 }
 
 int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r) {
+    return recall_passages_ordered(doc, len, question, max_bytes, RECALL_DOCUMENT_ORDER, r);
+}
+
+int recall_passages_ordered(const char *doc, size_t len, const char *question, size_t max_bytes,
+                            recall_order order, recall_result *r) {
     *r = (recall_result){0};
     passage *ps = NULL, *chosen = NULL;
     int n = 0;
@@ -343,7 +348,12 @@ int recall_passages(const char *doc, size_t len, const char *question, size_t ma
     ps = chosen;
     chosen = NULL;
 done:
-    if (r->passages > 1) qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
+    if (r->passages > 1 && order == RECALL_DOCUMENT_ORDER) qsort(ps, (size_t)r->passages, sizeof *ps, by_start);
+    for (int i = 0; order == RECALL_BEST_LAST && i < r->passages / 2; i++) {
+        passage t = ps[i];
+        ps[i] = ps[r->passages - 1 - i];
+        ps[r->passages - 1 - i] = t;
+    }
     size_t out = 1;
     for (int i = 0; i < r->passages; i++) out += ps[i].len + strlen(RECALL_SEP);
     r->text = malloc(out);

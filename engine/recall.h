@@ -56,6 +56,15 @@ typedef struct recall_result {
  * links. 0, or -1 when memory is short (r->text NULL). Any bytes are
  * accepted; a cut never splits a UTF-8 sequence. */
 int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r);
+
+/* How the chosen passages are laid out before the question. */
+typedef enum recall_order {
+    RECALL_DOCUMENT_ORDER, /* as the document has them (recall_passages) */
+    RECALL_BEST_LAST       /* the reverse of their choice: the best passage nearest the question, its
+                              chain's links before it from the chain's start ("VAR A = n" first) */
+} recall_order;
+int recall_passages_ordered(const char *doc, size_t len, const char *question, size_t max_bytes,
+                            recall_order order, recall_result *r);
 void recall_result_free(recall_result *r);
 
 /* The question as the model is asked it: the passages (when any) under a

@@ -73,6 +73,23 @@ TEST(recall_follows_a_chain_of_references) {
     CHECK_STR(r.text, want);
     recall_result_free(&r);
 
+    /* the chain written backwards: in document order it comes last link first;
+       best last puts it in the order it was defined, the question's link last */
+    char back[1024];
+    snprintf(back, sizeof back,
+             "%s\n\nThe kernel reads its configuration from the boot loader.\n\n%s\n\n"
+             "Mount points are listed in /etc/fstab.\n\n%s\n\n%s",
+             links[3], links[2], links[1], links[0]);
+    CHECK_EQ_INT(recall_passages(back, strlen(back), "What is the value of VAR FRAMB?", chain_bytes, &r), 0);
+    snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[3], links[2], links[1], links[0]);
+    CHECK_STR(r.text, want);
+    recall_result_free(&r);
+    CHECK_EQ_INT(recall_passages_ordered(back, strlen(back), "What is the value of VAR FRAMB?", chain_bytes,
+                                         RECALL_BEST_LAST, &r), 0);
+    snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[0], links[1], links[2], links[3]);
+    CHECK_STR(r.text, want);
+    recall_result_free(&r);
+
     /* a name in three passages is no link: the chain stops before it */
     char doc3[1200];
     snprintf(doc3, sizeof doc3, "%s\n\nQWXYZ is also a file name here.", doc);
@@ -125,6 +142,21 @@ TEST(recall_ranks_by_bm25) {
     CHECK_EQ_INT(recall_passages(doc, strlen(doc), "Disk? QUOTA!", 1000, &r), 0);
     CHECK_EQ_INT(r.passages, 4);
     CHECK(passages_in_order(&r, doc, strlen(doc)));
+    recall_result_free(&r);
+    /* best last: the test's ranking reversed, the best passage nearest the question */
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++)
+            if (want[order[j]] < want[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    char rev[256];
+    snprintf(rev, sizeof rev, "%s\n\n%s\n\n%s\n\n%s", text[order[0]], text[order[1]], text[order[2]],
+             text[order[3]]);
+    CHECK_EQ_INT(recall_passages_ordered(doc, strlen(doc), "Disk? QUOTA!", 1000, RECALL_BEST_LAST, &r), 0);
+    CHECK_STR(r.text, rev);
     recall_result_free(&r);
 }
 
@@ -202,7 +234,8 @@ TEST(recall_garbage_stays_in_bounds) {
         q[qn] = 0;
         size_t budget = (size_t)(s >> 20) % 3000;
         recall_result r;
-        if (recall_passages(doc, len, q, budget, &r)) {
+        recall_order order = round % 2 ? RECALL_BEST_LAST : RECALL_DOCUMENT_ORDER;
+        if (recall_passages_ordered(doc, len, q, budget, order, &r)) {
             ok = 0;
             break;
         }
@@ -210,7 +243,7 @@ TEST(recall_garbage_stays_in_bounds) {
         ok &= r.len <= budget + 2 * (size_t)(r.passages > 0 ? r.passages - 1 : 0);
         ok &= r.passages <= r.candidates;
         ok &= strlen(r.text) == r.len; /* a NUL of the document comes out as a space */
-        if (round % 3) ok &= passages_in_order(&r, doc, len); /* documents without NUL */
+        if (round % 3 && order == RECALL_DOCUMENT_ORDER) ok &= passages_in_order(&r, doc, len); /* without NUL */
         char *full = recall_question(&r, q);
         ok &= full != NULL;
         free(full);

@@ -41,6 +41,7 @@ typedef struct options {
     int threads, n_predict, late_question, trace, winners;
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     long recall_bytes; /* --docs: the question comes with this many bytes of recalled passages */
+    int recall_best_last; /* --recall-order best-last: RECALL_BEST_LAST */
     engine_pot_settings set;
 } options;
 
@@ -54,7 +55,7 @@ static void usage(void) {
             "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
-            "  [--recall BYTES] [--pots DIR]\n"
+            "  [--recall BYTES [--recall-order document|best-last]] [--pots DIR]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
             "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
             "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
@@ -108,6 +109,11 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recall")) o->recall_bytes = v ? atol(v) : 0;
         else if (!strcmp(a, "--pots")) o->pots = v;
+        else if (!strcmp(a, "--recall-order")) {
+            o->recall_best_last = v && !strcmp(v, "best-last");
+            if (v && !o->recall_best_last && strcmp(v, "document"))
+                return fprintf(stderr, "longdoc: --recall-order is document or best-last\n"), -1;
+        }
         else {
             used = 0;
             if (!strcmp(a, "--no-catalyst")) o->set.no_catalyst = 1;
@@ -497,7 +503,8 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
     recall_result rr = {0};
     char *asked = NULL;
     if (o->recall_bytes > 0) {
-        if (recall_passages(text, len, question, (size_t)o->recall_bytes, &rr) ||
+        if (recall_passages_ordered(text, len, question, (size_t)o->recall_bytes,
+                                    o->recall_best_last ? RECALL_BEST_LAST : RECALL_DOCUMENT_ORDER, &rr) ||
             !(asked = recall_question(&rr, question))) {
             recall_result_free(&rr);
             return snprintf(err, el, "out of memory recalling passages"), -1;

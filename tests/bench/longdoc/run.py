@@ -109,6 +109,8 @@ ABLATIONS = {
     # the default pot, each question asked with the passages that share its
     # words (the server's "recall", at its default recall_bytes)
     "infinipot-recall": ["--policy", "infinipot", "--recall", "4096"],
+    # the same passages, the best nearest the question (a chain from its start)
+    "infinipot-recall-bestlast": ["--policy", "infinipot", "--recall", "4096", "--recall-order", "best-last"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
