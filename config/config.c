@@ -138,6 +138,7 @@ static const char *const backend_values[] = {"cpu", "cuda", NULL};
 static const char *const durability_values[] = {"fsync", "none", NULL};
 static const char *const reread_share_values[] = {"rows", "pots", NULL};
 static const char *const recall_values[] = {"auto", "true", "false", NULL}; /* api_recall_from_name */
+static const char *const recall_order_values[] = {"best-last", "document", NULL}; /* recall_order_named */
 static const char *const policy_values[] = {POT_POLICIES(POT_NAME_ENTRY_, ) NULL}; /* cache/'s list */
 
 static const setting settings[] = {
@@ -173,6 +174,8 @@ static const setting settings[] = {
            "passages before questions: auto = once a session's pot dropped text"),
     S_INT(recall_bytes, "4096", 1, 1048576, /* RECALL_DEFAULT_BYTES, checked below */
           "bytes of passages a recall puts before a question"),
+    S_ENUM(recall_order, "best-last", recall_order_values,
+           "recalled passages: the best last, or in document order"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
     S_INT(prompt_cache_entries, "4", 0, 64, "recent sessionless prompts whose KV is reused, 0 = off"),

@@ -59,6 +59,8 @@ typedef struct server_config {
                                  some of the document), "true", "false" (server/recall.h) */
     int64_t recall_bytes;     /* passages a recall puts before a question, in bytes (4096;
                                  engine/recall.h, server/recall.c) */
+    char *recall_order;       /* how they are laid out: "best-last" (the default) or "document"
+                                 (recall_order_named) */
     int64_t snapshot_bytes;   /* snapshot a session's pot after this many new ingested bytes
                                  (4M); always on shutdown */
     int access_log;           /* one JSON line per request on stderr (true) */

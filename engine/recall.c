@@ -308,12 +308,8 @@ static int follow_links(const char *doc, passage *ps, int n, query *q, int chain
     return len;
 }
 
-int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r) {
-    return recall_passages_ordered(doc, len, question, max_bytes, RECALL_DOCUMENT_ORDER, r);
-}
-
-int recall_passages_ordered(const char *doc, size_t len, const char *question, size_t max_bytes,
-                            recall_order order, recall_result *r) {
+int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_order order,
+                    recall_result *r) {
     *r = (recall_result){0};
     passage *ps = NULL, *chosen = NULL;
     int n = 0;
@@ -376,6 +372,12 @@ oom:
     free(ps);
     free(chosen);
     recall_result_free(r);
+    return -1;
+}
+
+int recall_order_named(const char *name) {
+    if (name && !strcmp(name, "best-last")) return RECALL_BEST_LAST;
+    if (name && !strcmp(name, "document")) return RECALL_DOCUMENT_ORDER;
     return -1;
 }
 

@@ -39,8 +39,15 @@ typedef struct recall_passage {
  * -1 when memory is short. For diagnostics (`potserve recall --scores`). */
 int recall_rank(const char *doc, size_t len, const char *question, recall_passage **out, int *n);
 
+/* How the chosen passages are laid out before the question. */
+typedef enum recall_order {
+    RECALL_BEST_LAST,     /* the reverse of their choice: the best passage nearest the question, a
+                             chain's links before it from the chain's start ("VAR A = n" first) */
+    RECALL_DOCUMENT_ORDER /* as the document has them */
+} recall_order;
+
 typedef struct recall_result {
-    char *text;        /* the chosen passages in document order, joined by "\n\n", a NUL
+    char *text;        /* the chosen passages in the order asked for, joined by "\n\n", a NUL
                           byte of the document as a space (malloc'd; "" when the document or
                           the question has no words) */
     size_t len;        /* strlen(text) */
@@ -53,18 +60,12 @@ typedef struct recall_result {
  * then the next best, as many as fit in max_bytes (their bytes, separators
  * not counted; a passage that does not fit is skipped for smaller ones ranked
  * after it). Passages sharing no word with the question are chosen only as
- * links. 0, or -1 when memory is short (r->text NULL). Any bytes are
+ * links. They are laid out in `order`. 0, or -1 when memory is short (r->text NULL). Any bytes are
  * accepted; a cut never splits a UTF-8 sequence. */
-int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_result *r);
-
-/* How the chosen passages are laid out before the question. */
-typedef enum recall_order {
-    RECALL_DOCUMENT_ORDER, /* as the document has them (recall_passages) */
-    RECALL_BEST_LAST       /* the reverse of their choice: the best passage nearest the question, its
-                              chain's links before it from the chain's start ("VAR A = n" first) */
-} recall_order;
-int recall_passages_ordered(const char *doc, size_t len, const char *question, size_t max_bytes,
-                            recall_order order, recall_result *r);
+int recall_passages(const char *doc, size_t len, const char *question, size_t max_bytes, recall_order order,
+                    recall_result *r);
+/* The order named "best-last" or "document" (the server's recall_order); -1 for another name. */
+int recall_order_named(const char *name);
 void recall_result_free(recall_result *r);
 
 /* The question as the model is asked it: the passages (when any) under a

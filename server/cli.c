@@ -369,6 +369,7 @@ int cli_tokenize(int argc, char **argv) {
 static const flag recall_flags[] = {
     {"--question", "-q", "TEXT", "the question whose words the passages share (required)"},
     {"--bytes", NULL, "N", "the passages' budget in bytes (default 4096, the server's recall_bytes)"},
+    {"--order", NULL, "ORDER", "best-last (default) or document: the server's recall_order"},
     {"--scores", NULL, NULL, "print every passage's start, length, words and BM25 score as JSON lines"},
     {NULL, NULL, NULL, NULL},
 };
@@ -378,13 +379,17 @@ FLAGS_FIT(recall_flags);
  * the question as the model would be asked it, or every passage's score. */
 int cli_recall(int argc, char **argv) {
     parsed p;
-    int r = parse_flags(argc, argv, "-q QUESTION [--bytes N] [--scores] < TEXT", recall_flags, &p);
+    int r = parse_flags(argc, argv, "-q QUESTION [--bytes N] [--order ORDER] [--scores] < TEXT", recall_flags, &p);
     if (r) return r > 0 ? 0 : 2;
     const char *question = flag_val(recall_flags, &p, "--question"), *bytes = flag_val(recall_flags, &p, "--bytes");
     char *end = NULL;
     long long budget = bytes ? strtoll(bytes, &end, 10) : RECALL_DEFAULT_BYTES;
-    if (!question || (bytes && (*end || end == bytes || budget < 0))) {
-        fprintf(stderr, "potserve recall: %s\n", !question ? "--question is required" : "--bytes needs a count of bytes >= 0");
+    const char *order_name = flag_val(recall_flags, &p, "--order");
+    int order = recall_order_named(order_name ? order_name : "best-last");
+    if (!question || (bytes && (*end || end == bytes || budget < 0)) || order < 0) {
+        fprintf(stderr, "potserve recall: %s\n", !question ? "--question is required"
+                                                 : order < 0 ? "--order is best-last or document"
+                                                             : "--bytes needs a count of bytes >= 0");
         return 2;
     }
     size_t len;
@@ -404,7 +409,8 @@ int cli_recall(int argc, char **argv) {
     } else {
         recall_result rr;
         char *q = NULL;
-        if (!recall_passages(text, len, question, (size_t)budget, &rr) && (q = recall_question(&rr, question))) {
+        if (!recall_passages(text, len, question, (size_t)budget, (recall_order)order, &rr) &&
+            (q = recall_question(&rr, question))) {
             fwrite(q, 1, strlen(q), stdout);
             printf("\n");
             fprintf(stderr, "potserve recall: %d of %d passages, %zu bytes\n", rr.passages, rr.candidates, rr.len);

@@ -43,11 +43,11 @@ int recall_auto_applies(const session *ss) {
 }
 
 /* The question with its passages, or NULL and *err. */
-static char *recalled(const session_log_text *log, const char *question, size_t budget, recall_stats *st,
-                      const char **err) {
+static char *recalled(const session_log_text *log, const char *question, size_t budget, recall_order order,
+                      recall_stats *st, const char **err) {
     recall_result r = {0};
     char *asked = NULL;
-    if (recall_passages(log->text ? log->text : "", log->len, question, budget, &r))
+    if (recall_passages(log->text ? log->text : "", log->len, question, budget, order, &r))
         *err = "out of memory choosing passages";
     else if (!(asked = recall_question(&r, question)))
         *err = "out of memory";
@@ -68,7 +68,9 @@ static void log_read(server *s, void *arg) {
         for (;;) { /* fewer passages while they do not fit the window (recall_done_fn) */
             recall_stats st = {.document_bytes = rd->log.len, .log_ms = rd->log.ms};
             const char *err = rd->log.rc ? rd->log.err : NULL;
-            char *asked = err ? NULL : recalled(&rd->log, j->question, budget, &st, &err);
+            char *asked = err ? NULL
+                              : recalled(&rd->log, j->question, budget,
+                                         (recall_order)recall_order_named(s->cfg.recall_order), &st, &err);
             st.ms = monotonic_ms() - j->t0_ms;
             if (!j->done(s, j->user, asked, &st, err) || !asked || !st.passages) break;
             budget = st.bytes / 2;

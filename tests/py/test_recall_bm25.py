@@ -149,8 +149,8 @@ def test_scores_match_an_independent_bm25(document):
         assert [p["words"] for p in ps] == ref.doc_len
         for p, w in zip(ps, want):
             assert p["score"] == pytest.approx(w, rel=1e-9, abs=1e-12), q
-        # the default choice: the best that fit in 4,096 bytes, the chain's links right after its
-        # first passage, in document order
+        # the choice: the best that fit in 4,096 bytes, the chain's links right after its first
+        # passage; laid out in reverse (the default, best-last) or in document order
         order = sorted(range(len(ps)), key=lambda i: (-want[i], i))
         chain = chain_of_links(doc, ps, order, query(q)) if want[order[0]] > 0 else []
         chosen, used = [], 0
@@ -163,9 +163,10 @@ def test_scores_match_an_independent_bm25(document):
                 if ps[j]["len"] <= 4096 - used:
                     chosen.append(j)
                     used += ps[j]["len"]
-        got = run("recall", "-q", q, input=doc, check=True).stdout.decode()
-        body = "\n\n".join(doc[ps[i]["start"]:ps[i]["start"] + ps[i]["len"]].decode() for i in sorted(chosen))
-        assert got == f"Passages of the document that share words with the question:\n\n{body}\n\n{q}\n"
+        for flags, layout in (((), chosen[::-1]), (("--order", "document"), sorted(chosen))):
+            got = run("recall", "-q", q, *flags, input=doc, check=True).stdout.decode()
+            body = "\n\n".join(doc[ps[i]["start"]:ps[i]["start"] + ps[i]["len"]].decode() for i in layout)
+            assert got == f"Passages of the document that share words with the question:\n\n{body}\n\n{q}\n"
 
 
 def test_the_bench_questions_find_their_needles(document):
@@ -185,6 +186,8 @@ def test_bad_input_gets_a_clear_error():
     assert p.returncode == 2 and b"--question is required" in p.stderr
     p = run("recall", "-q", "x", "--bytes", "-3", input=b"text")
     assert p.returncode == 2 and b"--bytes" in p.stderr
+    p = run("recall", "-q", "x", "--order", "random", input=b"text")
+    assert p.returncode == 2 and b"--order is best-last or document" in p.stderr
     # garbage bytes are text like any other: no crash, the question comes back
     p = run("recall", "-q", "q", input=bytes(range(256)) * 50, check=True)
     assert p.stdout.endswith(b"q\n")

@@ -74,6 +74,8 @@ TEST(config_defaults_match_header) {
     CHECK_EQ_INT(c.snapshot_bytes, 4LL << 20);
     CHECK_EQ_INT(c.recall_bytes, RECALL_DEFAULT_BYTES);
     CHECK_STR(c.recall, "auto");
+    CHECK_STR(c.recall_order, "best-last");
+    CHECK_EQ_INT(recall_order_named(c.recall_order), RECALL_BEST_LAST);
     CHECK_EQ_INT(c.access_log, 1);
     /* No sources at all leave the defaults. */
     char err[256];
@@ -355,6 +357,8 @@ TEST(config_errors_name_setting_and_source) {
         {"{\"port\": 80.5}", {0}, {0}, {"config file @: port: '80.5' is not an integer"}},
         {"{\"recall_bytes\": \"4K\"}", {0}, {0}, {"config file @: recall_bytes: '4K' is not an integer"}},
         {"{\"recall\": \"sometimes\"}", {0}, {0}, {"config file @: recall: 'sometimes' is not one of auto, true, false"}},
+        {"{\"recall_order\": \"best\"}", {0}, {0},
+         {"config file @: recall_order: 'best' is not one of best-last, document"}},
         {"{\"backend\": true}", {0}, {0}, {"config file @: backend: 'true' is not one of cpu, cuda"}},
         {"{\"recall\": 1}", {0}, {0}, {"config file @: recall: expected a string, got"}},
         {"{\"max_body_bytes\": \"0\"}", {0}, {0}, {"config file @: max_body_bytes: '0' is out of range [1, "}},

@@ -34,7 +34,8 @@ TEST(recall_finds_the_paragraph_the_question_names) {
         "  \n" /* a blank line of spaces also ends a paragraph */
         "Mount points are listed in /etc/fstab.";
     recall_result r;
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for WALNUT?", 60, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for WALNUT?", 60,
+        RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.candidates, 5);
     CHECK_EQ_INT(r.passages, 1);
     CHECK_STR(r.text, "The special magic number for walnut is 90644.");
@@ -44,7 +45,8 @@ TEST(recall_finds_the_paragraph_the_question_names) {
     free(q);
     recall_result_free(&r);
     /* room for two: the apple paragraph shares "special magic number", and comes first in the text */
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for walnut?", 100, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for walnut?", 100,
+        RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 2);
     CHECK_STR(r.text, "The special magic number for apple is 4411.\n\nThe special magic number for walnut is 90644.");
     recall_result_free(&r);
@@ -66,7 +68,8 @@ TEST(recall_follows_a_chain_of_references) {
     size_t chain_bytes = 0;
     for (int i = 0; i < 4; i++) chain_bytes += strlen(links[i]);
     recall_result r;
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the value of VAR FRAMB?", chain_bytes, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the value of VAR FRAMB?", chain_bytes,
+        RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 4);
     char want[256];
     snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[0], links[1], links[2], links[3]);
@@ -80,11 +83,12 @@ TEST(recall_follows_a_chain_of_references) {
              "%s\n\nThe kernel reads its configuration from the boot loader.\n\n%s\n\n"
              "Mount points are listed in /etc/fstab.\n\n%s\n\n%s",
              links[3], links[2], links[1], links[0]);
-    CHECK_EQ_INT(recall_passages(back, strlen(back), "What is the value of VAR FRAMB?", chain_bytes, &r), 0);
+    CHECK_EQ_INT(recall_passages(back, strlen(back), "What is the value of VAR FRAMB?", chain_bytes,
+        RECALL_DOCUMENT_ORDER, &r), 0);
     snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[3], links[2], links[1], links[0]);
     CHECK_STR(r.text, want);
     recall_result_free(&r);
-    CHECK_EQ_INT(recall_passages_ordered(back, strlen(back), "What is the value of VAR FRAMB?", chain_bytes,
+    CHECK_EQ_INT(recall_passages(back, strlen(back), "What is the value of VAR FRAMB?", chain_bytes,
                                          RECALL_BEST_LAST, &r), 0);
     snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[0], links[1], links[2], links[3]);
     CHECK_STR(r.text, want);
@@ -93,7 +97,8 @@ TEST(recall_follows_a_chain_of_references) {
     /* a name in three passages is no link: the chain stops before it */
     char doc3[1200];
     snprintf(doc3, sizeof doc3, "%s\n\nQWXYZ is also a file name here.", doc);
-    CHECK_EQ_INT(recall_passages(doc3, strlen(doc3), "What is the value of VAR FRAMB?", chain_bytes - 4, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc3, strlen(doc3), "What is the value of VAR FRAMB?", chain_bytes - 4,
+        RECALL_DOCUMENT_ORDER, &r), 0);
     snprintf(want, sizeof want, "%s\n\n%s\n\n%s", links[1], links[2], links[3]);
     CHECK_STR(r.text, want);
     recall_result_free(&r);
@@ -126,20 +131,20 @@ TEST(recall_ranks_by_bm25) {
     CHECK_EQ_INT(best, 3);                 /* both words */
     CHECK(want[1] > want[0]);              /* the rare word over the thrice-said common one */
     recall_result r;
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "disk quota", strlen(text[3]), &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "disk quota", strlen(text[3]), RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_STR(r.text, text[3]);
     recall_result_free(&r);
     /* a budget too small for it: the next best that fits */
     int next = -1;
     for (int i = 0; i < 3; i++)
         if (strlen(text[i]) <= 26 && (next < 0 || want[i] > want[next])) next = i;
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "disk quota", 26, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "disk quota", 26, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 1);
     CHECK_STR(r.text, text[next]);
     CHECK_EQ_INT(next, 1);
     recall_result_free(&r);
     /* room for everything: every passage holding a word, in document order */
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "Disk? QUOTA!", 1000, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "Disk? QUOTA!", 1000, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 4);
     CHECK(passages_in_order(&r, doc, strlen(doc)));
     recall_result_free(&r);
@@ -155,7 +160,7 @@ TEST(recall_ranks_by_bm25) {
     char rev[256];
     snprintf(rev, sizeof rev, "%s\n\n%s\n\n%s\n\n%s", text[order[0]], text[order[1]], text[order[2]],
              text[order[3]]);
-    CHECK_EQ_INT(recall_passages_ordered(doc, strlen(doc), "Disk? QUOTA!", 1000, RECALL_BEST_LAST, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "Disk? QUOTA!", 1000, RECALL_BEST_LAST, &r), 0);
     CHECK_STR(r.text, rev);
     recall_result_free(&r);
 }
@@ -165,7 +170,7 @@ TEST(recall_cuts_long_paragraphs_at_sentences_and_characters) {
     char doc[4096] = "";
     while (strlen(doc) < 3000) strcat(doc, "The cache keeps what the model reads. ");
     recall_result r;
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "cache", 100000, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "cache", 100000, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK(r.candidates >= 3);
     CHECK_EQ_INT(r.passages, r.candidates);
     /* every passage is at most RECALL_PASSAGE_BYTES and ends a sentence */
@@ -187,7 +192,7 @@ TEST(recall_cuts_long_paragraphs_at_sentences_and_characters) {
     while (n < 2499) u[n++] = (char)0xE2, u[n++] = (char)0x82, u[n++] = (char)0xAC;
     memcpy(word, u, 64);
     word[64] = 0;
-    CHECK_EQ_INT(recall_passages(u, n, word, 100000, &r), 0);
+    CHECK_EQ_INT(recall_passages(u, n, word, 100000, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.candidates, 3);
     CHECK_EQ_INT(r.passages, 3);
     CHECK_EQ_INT(r.len, 2499 + 2 * 2);
@@ -196,23 +201,23 @@ TEST(recall_cuts_long_paragraphs_at_sentences_and_characters) {
 
 TEST(recall_without_words_chooses_nothing) {
     recall_result r;
-    CHECK_EQ_INT(recall_passages("", 0, "anything", 4096, &r), 0);
+    CHECK_EQ_INT(recall_passages("", 0, "anything", 4096, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK(r.text && r.len == 0 && r.passages == 0 && r.candidates == 0);
     char *q = recall_question(&r, "anything?");
     CHECK_STR(q, "anything?");
     free(q);
     recall_result_free(&r);
     const char *doc = "Alpha beta.\n\nGamma delta.";
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "?!", 4096, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "?!", 4096, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK(r.passages == 0 && r.candidates == 2 && r.len == 0);
     recall_result_free(&r);
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "epsilon", 4096, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "epsilon", 4096, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 0);
     recall_result_free(&r);
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), NULL, 4096, &r), 0);
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), NULL, 4096, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 0);
     recall_result_free(&r);
-    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "gamma", 0, &r), 0); /* no budget */
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "gamma", 0, RECALL_DOCUMENT_ORDER, &r), 0); /* no budget */
     CHECK_EQ_INT(r.passages, 0);
     recall_result_free(&r);
 }
@@ -235,7 +240,7 @@ TEST(recall_garbage_stays_in_bounds) {
         size_t budget = (size_t)(s >> 20) % 3000;
         recall_result r;
         recall_order order = round % 2 ? RECALL_BEST_LAST : RECALL_DOCUMENT_ORDER;
-        if (recall_passages_ordered(doc, len, q, budget, order, &r)) {
+        if (recall_passages(doc, len, q, budget, order, &r)) {
             ok = 0;
             break;
         }
