@@ -503,8 +503,8 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
     recall_result rr = {0};
     char *asked = NULL;
     if (o->recall_bytes > 0) {
-        if (recall_passages_ordered(text, len, question, (size_t)o->recall_bytes,
-                                    o->recall_best_last ? RECALL_BEST_LAST : RECALL_DOCUMENT_ORDER, &rr) ||
+        if (recall_passages(text, len, question, (size_t)o->recall_bytes,
+                            o->recall_best_last ? RECALL_BEST_LAST : RECALL_DOCUMENT_ORDER, &rr) ||
             !(asked = recall_question(&rr, question))) {
             recall_result_free(&rr);
             return snprintf(err, el, "out of memory recalling passages"), -1;
