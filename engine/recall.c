@@ -320,7 +320,7 @@ int recall_passages(const char *doc, size_t len, const char *question, size_t ma
     if (n == 0 || q.n == 0) goto done;
     score_passages(doc, ps, n, &q);
     /* the best first, the chain's links right after the chain's first passage,
-     * as many as fit; then in document order */
+     * as many as fit; then laid out in the order asked for (after "done") */
     if (n > 1) qsort(ps, (size_t)n, sizeof *ps, by_score);
     if (ps[0].score <= 0) goto done;
     int chain[RECALL_MAX_LINKS + 1];
