@@ -58,6 +58,19 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     assert len(list((tmp_path / "pots").glob("*/*.pot"))) == 6  # three documents, two policies
     again = run("infinipot", tmp_path / "again")
     assert len(again) == 15 and all(r["pot_loaded"] for r in again)
+    # a damaged pot or needle file is read again, not trusted: same answers, not loaded
+    pot = next((tmp_path / "pots").glob("*/test_1024_0_0.b256.pot"))
+    pot.write_bytes(pot.read_bytes()[:1000] + b"garbage")
+    next((tmp_path / "pots").glob("*/test_1024_0_1.b256.needles")).write_text("3 x\n")
+    p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test", "--lengths", "1024",
+                        "--trials", "1", "--policies", "infinipot", "--budgets", "256", "--threads", "2",
+                        "--answer-tokens", "16", "--pots", str(tmp_path / "pots"), "--out", str(tmp_path / "damaged")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    damaged = [json.loads(x) for x in (tmp_path / "damaged" / "tasks.jsonl").read_text().splitlines()]
+    assert sum(not r.get("pot_loaded") for r in damaged) == 10  # those two documents' questions
+    assert "reading the document again" in p.stderr  # the damaged pot, named
+    assert [r["answer"] for r in damaged] == [r["answer"] for r in again]
     first = {(r["trial"], r["rotation"], r["q"]): r for r in rows if r["policy"] == "infinipot"}
     for r in again:
         old = first[(r["trial"], r["rotation"], r["q"])]

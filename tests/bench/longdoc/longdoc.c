@@ -41,7 +41,7 @@ typedef struct options {
     int threads, n_predict, late_question, trace, winners;
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     long recall_bytes; /* --docs: the question comes with this many bytes of recalled passages */
-    int recall_best_last; /* --recall-order best-last: RECALL_BEST_LAST */
+    recall_order recall_order; /* --recall-order: the passages' layout (document order unless set) */
     engine_pot_settings set;
 } options;
 
@@ -73,6 +73,7 @@ static void usage(void) {
 
 static int parse_args(int argc, char **argv, options *o) {
     o->set = engine_pot_settings_default();
+    o->recall_order = RECALL_DOCUMENT_ORDER; /* as the bench's first recall rows were measured */
     o->threads = 1;
     o->n_predict = 12;
     o->question = "What is the pass key?";
@@ -110,9 +111,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--recall")) o->recall_bytes = v ? atol(v) : 0;
         else if (!strcmp(a, "--pots")) o->pots = v;
         else if (!strcmp(a, "--recall-order")) {
-            o->recall_best_last = v && !strcmp(v, "best-last");
-            if (v && !o->recall_best_last && strcmp(v, "document"))
-                return fprintf(stderr, "longdoc: --recall-order is document or best-last\n"), -1;
+            int order = recall_order_named(v);
+            if (v && order < 0) return fprintf(stderr, "longdoc: --recall-order is document or best-last\n"), -1;
+            o->recall_order = (recall_order)order;
         }
         else {
             used = 0;
@@ -503,8 +504,7 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
     recall_result rr = {0};
     char *asked = NULL;
     if (o->recall_bytes > 0) {
-        if (recall_passages(text, len, question, (size_t)o->recall_bytes,
-                            o->recall_best_last ? RECALL_BEST_LAST : RECALL_DOCUMENT_ORDER, &rr) ||
+        if (recall_passages(text, len, question, (size_t)o->recall_bytes, o->recall_order, &rr) ||
             !(asked = recall_question(&rr, question))) {
             recall_result_free(&rr);
             return snprintf(err, el, "out of memory recalling passages"), -1;
