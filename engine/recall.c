@@ -366,6 +366,10 @@ done:
         }
     }
     r->text[r->len] = 0;
+    if (r->passages) {
+        r->chosen = ps;
+        ps = NULL;
+    }
     free(ps);
     return 0;
 oom:
@@ -383,6 +387,7 @@ int recall_order_named(const char *name) {
 
 void recall_result_free(recall_result *r) {
     free(r->text);
+    free(r->chosen);
     *r = (recall_result){0};
 }
 

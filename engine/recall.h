@@ -53,6 +53,9 @@ typedef struct recall_result {
     size_t len;        /* strlen(text) */
     int passages;      /* passages chosen */
     int candidates;    /* passages the document was cut into */
+    recall_passage *chosen; /* the chosen passages in the order of text: where each is in the
+                               document, and its score (0 for a link sharing no word with the
+                               question). malloc'd; NULL when none */
 } recall_result;
 
 /* Chooses the best-ranked passage of doc[0, len) for question, then the

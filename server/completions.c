@@ -92,6 +92,7 @@ typedef struct done_event {
 void generation_free(generation *g) {
     if (g->reread_pot) reread_pot_release(g->reread_pot);
     free(g->recalled);
+    free(g->recall_st.chosen);
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
     free(g->doc_text);
@@ -473,9 +474,13 @@ static json_t *reread_json(const reread_stats *st) {
 
 /* The answer's "recall" object. */
 static json_t *recall_json(const recall_stats *st) {
-    return json_pack("{s:i, s:i, s:I, s:I, s:f, s:f}", "passages", st->passages, "candidates", st->candidates,
+    json_t *spans = json_array();
+    for (int i = 0; spans && st->chosen && i < st->passages; i++)
+        json_array_append_new(spans, json_pack("[I, I]", (json_int_t)st->chosen[i].start,
+                                               (json_int_t)(st->chosen[i].start + st->chosen[i].len)));
+    return json_pack("{s:i, s:i, s:I, s:I, s:f, s:f, s:o*}", "passages", st->passages, "candidates", st->candidates,
                      "bytes", (json_int_t)st->bytes, "document_bytes", (json_int_t)st->document_bytes, "seconds",
-                     st->ms / 1e3, "log_seconds", st->log_ms / 1e3);
+                     st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "spans", spans);
 }
 
 static void finish_whole(generation *g) {
@@ -906,6 +911,7 @@ static int recall_fits(const server *s, const generation *g, size_t n) {
 static int recall_done(server *s, void *user, char *asked, const recall_stats *st, const char *err) {
     generation *g = user;
     request *r = g->r;
+    free(g->recall_st.chosen); /* an earlier try's, when the passages did not fit */
     g->recall_st = *st;
     if (!asked || atomic_load(&g->cancel)) {
         prepare_failed(g, 500, "recall_failed", "recalling the session's passages", asked ? "cancelled" : err);

@@ -4,6 +4,7 @@
 #ifndef POTSERVE_SERVER_RECALL_H
 #define POTSERVE_SERVER_RECALL_H
 
+#include "engine/recall.h"
 #include "server/server_internal.h"
 
 typedef struct recall_stats {
@@ -13,10 +14,12 @@ typedef struct recall_stats {
     uint64_t document_bytes; /* the document searched: the log's committed bytes */
     double ms;               /* from the question's arrival to its recalled text */
     double log_ms;           /* reading the log (engine thread), shared by the recalls that joined it */
+    recall_passage *chosen;  /* the passages in the order put before the question (engine/recall.h);
+                                malloc'd, the done callback's to free; NULL when none */
 } recall_stats;
 
-/* The question with its passages before it (malloc'd, the callee's), or NULL
- * and err. Returns 0 when done with the recall; 1 (only when st->passages > 0)
+/* The question with its passages before it (malloc'd, the callee's, as is
+ * st->chosen), or NULL and err. Returns 0 when done with the recall; 1 (only when st->passages > 0)
  * when the passages take too much of the model's window: it is called again
  * with fewer (at most half their bytes), until 0 or no passage is left. */
 typedef int (*recall_done_fn)(server *s, void *user, char *asked, const recall_stats *st, const char *err);

@@ -66,6 +66,42 @@ def test_recall_finds_what_the_pot_lost(srv, lost):
     assert st == 200 and c["recall"]["passages"] >= 1 and KEY in c["choices"][0]["text"], c
 
 
+def test_spans_say_where_the_passages_are_in_the_servers_order(srv, lost, tmp_path):
+    """`recall.spans`: each passage's [start, end) in the logged document, in the
+    order they were put before the question. The server's default (best last)
+    ends with the best-ranked passage, the one with the key; a server set to
+    `--recall-order document` gives the same passages by their place in the
+    document, and so the same prompt length."""
+    up, _ = lost
+    doc = natural_document(1, 10000).encode()
+    st, best, _ = ask(srv, up["id"], recall=True, max_tokens=1)
+    assert st == 200, best
+    spans = best["recall"]["spans"]
+    assert len(spans) == best["recall"]["passages"] >= 3, best
+    assert all(0 <= a < b <= len(doc) for a, b in spans), spans
+    assert sum(b - a for a, b in spans) == best["recall"]["bytes"], best
+    assert KEY.encode() in doc[spans[-1][0]:spans[-1][1]], spans  # nearest the question
+    assert spans != sorted(spans), spans  # so the two orders differ here
+    other = Server(tmp_path, "--budget-tokens", "512", "--recall-bytes", RECALL_BYTES, "--recall-order", "document")
+    other.start()
+    try:
+        up2 = session_with(other, doc.decode(), budget_tokens=512, keep_tokens=256)
+        st, by_place, _ = ask(other, up2["id"], recall=True, max_tokens=1)
+        assert st == 200, by_place
+        assert by_place["recall"]["spans"] == sorted(spans), (by_place["recall"], spans)
+        # the same passages and separators, in another order: the tokens differ at their joins only
+        diff = by_place["usage"]["prompt_tokens"] - best["usage"]["prompt_tokens"]
+        assert abs(diff) <= 2 * len(spans), (by_place["usage"], best["usage"])
+        assert other.stop() == 0
+    finally:
+        other.kill()
+    # a question that shares no word with the document: no passage, no span
+    st, none, _ = srv.request("POST", "/v1/chat/completions", {
+        "model": "x", "max_tokens": 1, "session": up["id"], "recall": True,
+        "messages": [{"role": "user", "content": "Zyxwvut qqqqq?"}]})
+    assert st == 200 and none["recall"]["passages"] == 0 and none["recall"]["spans"] == [], none
+
+
 def test_auto_recalls_once_the_pot_dropped_text(srv, lost):
     """The default: a pot that dropped some of its document gets passages, one
     that holds all of it answers as before (as full attention would)."""

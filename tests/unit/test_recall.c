@@ -25,6 +25,25 @@ static int passages_in_order(const recall_result *r, const char *doc, size_t len
     return 1;
 }
 
+/* 1 when r->chosen says where r->text came from: its passages, in the order of
+ * the text, are the document's bytes at their spans (a NUL as a space), joined
+ * by "\n\n"; and NULL when nothing was chosen. */
+static int chosen_spans_make_the_text(const recall_result *r, const char *doc, size_t len) {
+    if (!r->passages) return r->chosen == NULL;
+    size_t at = 0;
+    for (int i = 0; i < r->passages; i++) {
+        const recall_passage *p = &r->chosen[i];
+        if (p->start > len || p->len > len - p->start) return 0;
+        if (i && (at + 2 > r->len || memcmp(r->text + at, "\n\n", 2))) return 0;
+        at += i ? 2 : 0;
+        if (at + p->len > r->len) return 0;
+        for (size_t k = 0; k < p->len; k++)
+            if (r->text[at + k] != (doc[p->start + k] ? doc[p->start + k] : ' ')) return 0;
+        at += p->len;
+    }
+    return at == r->len;
+}
+
 TEST(recall_finds_the_paragraph_the_question_names) {
     const char *doc =
         "The kernel reads its configuration from the boot loader.\n\n"
@@ -49,6 +68,21 @@ TEST(recall_finds_the_paragraph_the_question_names) {
         RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 2);
     CHECK_STR(r.text, "The special magic number for apple is 4411.\n\nThe special magic number for walnut is 90644.");
+    CHECK(chosen_spans_make_the_text(&r, doc, strlen(doc)));
+    CHECK(r.chosen[0].start < r.chosen[1].start && r.chosen[1].score > r.chosen[0].score);
+    recall_result_free(&r);
+    /* best last: the same two, walnut (the better) nearest the question */
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for walnut?", 100,
+        RECALL_BEST_LAST, &r), 0);
+    CHECK_STR(r.text, "The special magic number for apple is 4411.\n\nThe special magic number for walnut is 90644.");
+    CHECK(chosen_spans_make_the_text(&r, doc, strlen(doc)));
+    recall_result_free(&r);
+    /* the budget of walnut's paragraph alone: one passage, where the document has it */
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "What is the special magic number for walnut?", 46,
+        RECALL_BEST_LAST, &r), 0);
+    CHECK_EQ_INT(r.passages, 1);
+    CHECK(r.chosen && r.chosen[0].start == (size_t)(strstr(doc, "The special magic number for walnut") - doc) &&
+          r.chosen[0].len == strlen("The special magic number for walnut is 90644."));
     recall_result_free(&r);
 }
 
@@ -92,6 +126,8 @@ TEST(recall_follows_a_chain_of_references) {
                                          RECALL_BEST_LAST, &r), 0);
     snprintf(want, sizeof want, "%s\n\n%s\n\n%s\n\n%s", links[0], links[1], links[2], links[3]);
     CHECK_STR(r.text, want);
+    CHECK(chosen_spans_make_the_text(&r, back, strlen(back)));
+    CHECK(r.chosen[0].start > r.chosen[3].start); /* the document wrote it backwards */
     recall_result_free(&r);
 
     /* a name in three passages is no link: the chain stops before it */
@@ -209,7 +245,7 @@ TEST(recall_without_words_chooses_nothing) {
     recall_result_free(&r);
     const char *doc = "Alpha beta.\n\nGamma delta.";
     CHECK_EQ_INT(recall_passages(doc, strlen(doc), "?!", 4096, RECALL_DOCUMENT_ORDER, &r), 0);
-    CHECK(r.passages == 0 && r.candidates == 2 && r.len == 0);
+    CHECK(r.passages == 0 && r.candidates == 2 && r.len == 0 && r.chosen == NULL);
     recall_result_free(&r);
     CHECK_EQ_INT(recall_passages(doc, strlen(doc), "epsilon", 4096, RECALL_DOCUMENT_ORDER, &r), 0);
     CHECK_EQ_INT(r.passages, 0);
@@ -248,6 +284,7 @@ TEST(recall_garbage_stays_in_bounds) {
         ok &= r.len <= budget + 2 * (size_t)(r.passages > 0 ? r.passages - 1 : 0);
         ok &= r.passages <= r.candidates;
         ok &= strlen(r.text) == r.len; /* a NUL of the document comes out as a space */
+        ok &= chosen_spans_make_the_text(&r, doc, len);
         if (round % 3 && order == RECALL_DOCUMENT_ORDER) ok &= passages_in_order(&r, doc, len); /* without NUL */
         char *full = recall_question(&r, q);
         ok &= full != NULL;

@@ -491,8 +491,9 @@ def task_docs(a, split, length, units, tpb, work, limit=None):
     may have (policy none within the window): documents are built to the
     estimate and shrunk until a tokenize call says they fit."""
     docs = []
+    rotations = [int(x) for x in a.rotations.split(",")] if a.rotations else range(len(tasks.DEPTHS))
     for k in range(a.trials):
-        for rot in range(len(tasks.DEPTHS)):
+        for rot in rotations:
             plan = tasks.document_plan(a.seed, split, length, k, rot)
             paras = corpus.shuffled(units, split, f"{a.seed}:{k}:{rot}")
             target = length if limit is None else min(length, limit)
@@ -691,6 +692,8 @@ def main():
                     help="the five tasks over non-repetitive natural text (corpus.py, tasks.py) into OUT/tasks.jsonl")
     ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test)")
     ap.add_argument("--trials", type=int, default=5, help="--tasks: documents per (length, rotation)")
+    ap.add_argument("--rotations", default="",
+                    help="--tasks: only these rotations (e.g. 2: the third document of each trial; default all)")
     ap.add_argument("--hint", action="store_true", help="--tasks: the hint sentence before the document")
     ap.add_argument("--ask", default=",".join(tasks.TASKS),
                     help="--tasks: the tasks whose questions are asked (every needle is still in the document)")
