@@ -71,6 +71,31 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     assert sum(not r.get("pot_loaded") for r in damaged) == 10  # those two documents' questions
     assert "reading the document again" in p.stderr  # the damaged pot, named
     assert [r["answer"] for r in damaged] == [r["answer"] for r in again]
+    # --rotations: only the third document of the trial (its saved pot, so no read)
+    p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test", "--lengths", "1024",
+                        "--trials", "1", "--rotations", "2", "--policies", "infinipot", "--budgets", "256",
+                        "--threads", "2", "--answer-tokens", "16", "--pots", str(tmp_path / "pots"),
+                        "--out", str(tmp_path / "third")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    third = [json.loads(x) for x in (tmp_path / "third" / "tasks.jsonl").read_text().splitlines()]
+    assert len(third) == 5 and {r["rotation"] for r in third} == {2}, third
+    # --winners' uneven-budget lines: with the whole budget to the score, unpooled, the
+    # per-head allocation is the pot's own choice, so its share is what the pot kept
+    line = (tmp_path / "again" / "work" / "docs.jsonl").read_text().splitlines()[0]
+    (tmp_path / "one.jsonl").write_text(line + "\n")
+    p = subprocess.run([str(ROOT / "build" / "longdoc_bench"), "-m", str(model), "-t", "2", "--docs",
+                        str(tmp_path / "one.jsonl"), "--policy", "infinipot", "--budget", "256", "--keep", "128",
+                        "-n", "1", "--winners", "--nuc-share", "0", "--pool-width", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    won = [x.split() for x in p.stderr.splitlines() if x.startswith("winners ")]
+    alloc = [x.split() for x in p.stderr.splitlines() if x.startswith("budgets ")]
+    assert len(won) == len(alloc) > 0, p.stderr[-2000:]
+    for w, b in zip(won, alloc):
+        assert (w[2], w[4]) == (b[2], b[4]), (w, b)  # the same compression and needle
+        assert abs((1 - float(w[14])) - float(b[9])) <= 0.01, (w, b)
+        assert all(0 <= float(b[k]) <= 1 for k in (9, 11, 13)), b
     first = {(r["trial"], r["rotation"], r["q"]): r for r in rows if r["policy"] == "infinipot"}
     for r in again:
         old = first[(r["trial"], r["rotation"], r["q"])]

@@ -59,7 +59,9 @@ static void usage(void) {
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
             "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
             "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
-            "  score against the entries each scorer kept and all entries\n"
+            "  score against the entries each scorer kept and all entries; and (\"budgets\" lines) the share of\n"
+            "  its entries the score alone would keep with the budget per head, pooled per layer, or pooled\n"
+            "  over the whole pot\n"
             "--docs FILE: JSON lines {id, doc (path), needles [[a, b] byte ranges], questions [..] (\"\":\n"
             "  not asked)}:\n"
             "  each document is read once (once per question for finch with the question up front)\n"
@@ -372,6 +374,50 @@ static double mean_where(const pot *p, const select_params *sp, const float *val
     return *count ? sum / (double)*count : 0;
 }
 
+static int by_value_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The k-th largest of v[0, n) (k >= 1; -inf when k > n); sorts v. */
+static float kth_largest(float *v, size_t n, size_t k) {
+    if (k > n || !k) return -1.0f / 0.0f;
+    qsort(v, n, sizeof *v, by_value_desc);
+    return v[k - 1];
+}
+
+/* Uneven budgets, asked of the scores this compression has (--winners): the
+ * k unpinned entries a (layer, head) keeps by score (k = n_keep - pinned, the
+ * whole budget to the score, as with nuc_share 0 and no pooling), chosen
+ * (0) per (layer, head) as the pot does, (1) per layer, pooled over its heads
+ * (AdaKV's allocation: a head whose attention is concentrated gives its
+ * slots to one whose attention is spread), (2) over every layer and head (the
+ * most uneven budgets: any per-layer or per-head allocation of this score
+ * keeps a subset of what a threshold on the score keeps). thr[] gets each
+ * (layer, head)'s threshold under each: [3][n_layer * n_head_kv]. 0, or -1
+ * when memory is short. */
+static int budget_thresholds(const pot *p, const select_params *sp, float *thr) {
+    int32_t L = p->n_layer, H = p->n_head_kv, n0 = p->n_pinned, m = p->n - n0, k = sp->n_keep - n0;
+    float *v = malloc((size_t)L * H * (size_t)(m > 0 ? m : 1) * sizeof *v);
+    if (!v) return -1;
+    for (int32_t l = 0; l < L; l++) {
+        for (int32_t h = 0; h < H; h++) {
+            memcpy(v, sp->scores + (size_t)(l * H + h) * sp->scores_stride + n0, (size_t)m * sizeof *v);
+            thr[l * H + h] = kth_largest(v, (size_t)m, (size_t)k);
+        }
+        for (int32_t h = 0; h < H; h++)
+            memcpy(v + (size_t)h * m, sp->scores + (size_t)(l * H + h) * sp->scores_stride + n0, (size_t)m * sizeof *v);
+        float t = kth_largest(v, (size_t)H * m, (size_t)H * k);
+        for (int32_t h = 0; h < H; h++) thr[L * H + l * H + h] = t;
+    }
+    for (int32_t lh = 0; lh < L * H; lh++)
+        memcpy(v + (size_t)lh * m, sp->scores + (size_t)lh * sp->scores_stride + n0, (size_t)m * sizeof *v);
+    float t = kth_largest(v, (size_t)L * H * m, (size_t)L * H * k);
+    for (int32_t lh = 0; lh < L * H; lh++) thr[2 * L * H + lh] = t;
+    free(v);
+    return 0;
+}
+
 /* engine_compress_hook of --winners: one line per needle that has entries in the pot. */
 static void print_winners(void *vctx, const pot *p, const select_params *sp) {
     const winners_ctx *c = vctx;
@@ -382,6 +428,12 @@ static void print_winners(void *vctx, const pot *p, const select_params *sp) {
     double s_all = mean_where(p, sp, p->surprisal, p->capacity, -1, -1, 0, &cnt);
     double c_cap = sc ? mean_where(p, sp, sc, ss, POT_KEPT_SCORE, -1, 0, &cnt) : 0;
     double c_all = sc ? mean_where(p, sp, sc, ss, -1, -1, 0, &cnt) : 0;
+    int32_t LH = p->n_layer * p->n_head_kv;
+    float *thr = sc && sp->n_keep > p->n_pinned ? malloc(3 * (size_t)LH * sizeof *thr) : NULL;
+    if (thr && budget_thresholds(p, sp, thr)) {
+        free(thr);
+        thr = NULL;
+    }
     for (int i = 0; i < c->n_known; i++) {
         int64_t a = c->tok[2 * i], b = c->tok[2 * i + 1], by[POT_KEPT_SCORE + 1];
         double s_needle = mean_where(p, sp, p->surprisal, p->capacity, -1, a, b, &in_pot);
@@ -394,7 +446,23 @@ static void print_winners(void *vctx, const pot *p, const select_params *sp) {
                 (long long)p->n_seen, i, (long long)in_pot, (double)by[POT_KEPT_NUC] / in_pot,
                 (double)by[POT_KEPT_SCORE] / in_pot, (double)(by[POT_KEPT_PINNED] + by[POT_KEPT_FORCED]) / in_pot,
                 (double)by[POT_DROPPED] / in_pot, s_needle, s_nuc, s_all, c_needle, c_cap, c_all);
+        if (!thr) continue;
+        /* the needle's unpinned entries each allocation would keep by score */
+        int64_t kept[3] = {0}, n_needle = 0;
+        for (int32_t lh = 0; lh < LH; lh++)
+            for (int32_t slot = p->n_pinned; slot < p->n; slot++) {
+                int64_t t = p->token_index[(size_t)lh * p->capacity + slot];
+                if (t < a || t >= b) continue;
+                float v = sc[(size_t)lh * ss + slot];
+                n_needle++;
+                for (int w = 0; w < 3; w++) kept[w] += v >= thr[w * LH + lh];
+            }
+        if (n_needle)
+            fprintf(stderr, "budgets seen %lld needle %d entries %lld by-score per-head %.3f per-layer %.3f global %.3f\n",
+                    (long long)p->n_seen, i, (long long)n_needle, (double)kept[0] / n_needle,
+                    (double)kept[1] / n_needle, (double)kept[2] / n_needle);
     }
+    free(thr);
 }
 
 /* Reads one document of a --docs line through a pot (settings s), feeding the
