@@ -392,8 +392,8 @@ static float kth_largest(float *v, size_t n, size_t k) {
  * (0) per (layer, head) as the pot does, (1) per layer, pooled over its heads
  * (AdaKV's allocation: a head whose attention is concentrated gives its
  * slots to one whose attention is spread), (2) over every layer and head (the
- * most uneven budgets: any per-layer or per-head allocation of this score
- * keeps a subset of what a threshold on the score keeps). thr[] gets each
+ * budget wherever the score is highest: the most uneven split the score itself
+ * asks for, a per-layer budget included). thr[] gets each
  * (layer, head)'s threshold under each: [3][n_layer * n_head_kv]. 0, or -1
  * when memory is short. */
 static int budget_thresholds(const pot *p, const select_params *sp, float *thr) {
