@@ -12,6 +12,7 @@
  * snapshot and reads only its needle and the rest of its document. Output:
  * one JSON object per trial on stdout. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,9 +380,11 @@ static int by_value_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* The k-th largest of v[0, n) (k >= 1; -inf when k > n); sorts v. */
+/* The k-th largest of v[0, n): the threshold that keeps k of them (all when
+ * k >= n, none when k is 0); sorts v. */
 static float kth_largest(float *v, size_t n, size_t k) {
-    if (k > n || !k) return -1.0f / 0.0f;
+    if (!k) return INFINITY;
+    if (k > n) return -INFINITY;
     qsort(v, n, sizeof *v, by_value_desc);
     return v[k - 1];
 }
