@@ -80,6 +80,10 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     third = [json.loads(x) for x in (tmp_path / "third" / "tasks.jsonl").read_text().splitlines()]
     assert len(third) == 5 and {r["rotation"] for r in third} == {2}, third
+    for bad in ("5", "x", "1,,2"):  # a clear error, nothing run
+        p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--rotations", bad,
+                            "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "--rotations" in p.stderr and not (tmp_path / "bad").exists(), p.stderr
     # --winners' uneven-budget lines: with the whole budget to the score, unpooled, the
     # per-head allocation is the pot's own choice, so its share is what the pot kept
     line = (tmp_path / "again" / "work" / "docs.jsonl").read_text().splitlines()[0]

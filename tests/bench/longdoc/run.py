@@ -704,6 +704,9 @@ def main():
                                    "another recall cost no re-reading; rows so answered have pot_loaded")
     ap.add_argument("--tasks-report", action="store_true", help="only redraw OUT/tasks.md")
     a = ap.parse_args()
+    known = [str(r) for r in range(len(tasks.DEPTHS))]
+    if a.rotations and not all(r in known for r in a.rotations.split(",")):
+        ap.error(f"--rotations {a.rotations}: a comma-separated list of {', '.join(known)}")
     for policy in a.policies.split(","):
         if policy.partition("+")[2] not in RECYCLED:
             ap.error(f"policy {policy}: unknown decoding suffix (known: "
