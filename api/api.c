@@ -29,6 +29,36 @@ static void utf8_repair(char *s) {
     }
 }
 
+json_t *api_text_json(const char *s, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = utf8_seq((const unsigned char *)s + i, n - i, &cp);
+        i += l > 0 ? (size_t)l : 1;
+        bad += l <= 0;
+    }
+    if (!bad) return json_stringn(s, n);
+    char *out = malloc(n + 2 * bad); /* U+FFFD is 3 bytes in place of 1 */
+    if (!out) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = utf8_seq((const unsigned char *)s + i, n - i, &cp);
+        if (l > 0) {
+            memcpy(out + k, s + i, (size_t)l);
+            k += (size_t)l;
+            i += (size_t)l;
+        } else {
+            memcpy(out + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i++;
+        }
+    }
+    json_t *j = json_stringn(out, k);
+    free(out);
+    return j;
+}
+
 int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;
     e->code = code;

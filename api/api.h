@@ -30,6 +30,11 @@ const char *api_error_type(int status);
 /* The OpenAPI document of this API (api/openapi.json, embedded; static, NUL-terminated). */
 const char *api_openapi_json(size_t *len);
 
+/* A JSON string of n bytes of document text (new reference; NULL when memory
+ * is short): a byte that is not part of a valid UTF-8 sequence becomes U+FFFD,
+ * as jansson takes only UTF-8; NUL bytes stay. */
+json_t *api_text_json(const char *s, size_t n);
+
 /* Parses a JSON object body; NULL + e (400) for anything else. */
 json_t *api_parse_object(const char *body, size_t n, api_error *e);
 

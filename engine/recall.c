@@ -359,6 +359,7 @@ done:
             memcpy(r->text + r->len, RECALL_SEP, strlen(RECALL_SEP));
             r->len += strlen(RECALL_SEP);
         }
+        ps[i].at = r->len;
         /* a NUL byte of the document becomes a space: the text goes on as a C string */
         for (size_t k = 0; k < ps[i].len; k++) {
             char c = doc[ps[i].start + k];

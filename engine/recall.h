@@ -32,6 +32,7 @@ typedef struct recall_passage {
     size_t start, len;
     int words;
     double score;
+    size_t at; /* a chosen passage's place in recall_result.text: text[at, at + len) */
 } recall_passage;
 
 /* Every passage of doc[0, len) with its score for question, in document

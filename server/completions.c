@@ -93,6 +93,7 @@ void generation_free(generation *g) {
     if (g->reread_pot) reread_pot_release(g->reread_pot);
     free(g->recalled);
     free(g->recall_st.chosen);
+    free(g->recall_st.text);
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
     free(g->doc_text);
@@ -281,6 +282,26 @@ static void responses_event(generation *g, const char *type, json_t *data) {
 }
 
 /* The response object as it stands (status given; output and usage once done). */
+/* The answer's "reread" object. */
+static json_t *reread_json(const reread_stats *st) {
+    return json_pack("{s:I, s:I, s:f, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
+                     (json_int_t)st->tokens, "seconds", st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "pass",
+                     (json_int_t)st->pass, "questions", st->questions, "pots", st->pots);
+}
+
+/* The answer's "recall" object: where each passage is in the document and its text. */
+static json_t *recall_json(const recall_stats *st) {
+    json_t *spans = json_array(), *texts = json_array();
+    for (int i = 0; spans && texts && st->chosen && st->text && i < st->passages; i++) {
+        const recall_passage *p = &st->chosen[i];
+        json_array_append_new(spans, json_pack("[I, I]", (json_int_t)p->start, (json_int_t)(p->start + p->len)));
+        json_array_append_new(texts, api_text_json(st->text + p->at, p->len));
+    }
+    return json_pack("{s:i, s:i, s:I, s:I, s:f, s:f, s:o*, s:o*}", "passages", st->passages, "candidates",
+                     st->candidates, "bytes", (json_int_t)st->bytes, "document_bytes", (json_int_t)st->document_bytes,
+                     "seconds", st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "spans", spans, "texts", texts);
+}
+
 static json_t *responses_now(generation *g, const char *status, int with_output);
 
 static void on_text_event(server *s, void *arg) {
@@ -380,6 +401,8 @@ static json_t *responses_now(generation *g, const char *status, int with_output)
     }
     json_t *o = responses_object(g->id, g->created, model_name(g), status, output, usage, g->responses);
     if (g->ss) json_object_set_new(o, "session", json_string(g->ss->id));
+    if (g->rereading) json_object_set_new(o, "reread", reread_json(&g->reread_st));
+    if (g->recalling) json_object_set_new(o, "recall", recall_json(&g->recall_st));
     return o;
 }
 
@@ -463,24 +486,6 @@ static json_t *choice_json(choice *c) {
         if (!c->logprobs) json_object_set_new(out, "logprobs", json_null());
     }
     return out;
-}
-
-/* The answer's "reread" object. */
-static json_t *reread_json(const reread_stats *st) {
-    return json_pack("{s:I, s:I, s:f, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
-                     (json_int_t)st->tokens, "seconds", st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "pass",
-                     (json_int_t)st->pass, "questions", st->questions, "pots", st->pots);
-}
-
-/* The answer's "recall" object. */
-static json_t *recall_json(const recall_stats *st) {
-    json_t *spans = json_array();
-    for (int i = 0; spans && st->chosen && i < st->passages; i++)
-        json_array_append_new(spans, json_pack("[I, I]", (json_int_t)st->chosen[i].start,
-                                               (json_int_t)(st->chosen[i].start + st->chosen[i].len)));
-    return json_pack("{s:i, s:i, s:I, s:I, s:f, s:f, s:o*}", "passages", st->passages, "candidates", st->candidates,
-                     "bytes", (json_int_t)st->bytes, "document_bytes", (json_int_t)st->document_bytes, "seconds",
-                     st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "spans", spans);
 }
 
 static void finish_whole(generation *g) {
@@ -669,7 +674,13 @@ static void submit(server *s, generation *g) {
         if (!g->stream_started && stream_start(r)) return; /* the engine's done events still complete r */
         g->stream_started = 1;
         if (g->responses) responses_stream_start(g);
-        else for (int i = 0; i < g->n_choices; i++) sse_send(r, chunk_json(g, i, NULL, 0, 1, NULL, NULL));
+        else
+            for (int i = 0; i < g->n_choices; i++) {
+                json_t *chunk = chunk_json(g, i, NULL, 0, 1, NULL, NULL);
+                if (i == 0 && g->rereading) json_object_set_new(chunk, "reread", reread_json(&g->reread_st));
+                if (i == 0 && g->recalling) json_object_set_new(chunk, "recall", recall_json(&g->recall_st));
+                sse_send(r, chunk);
+            }
     } else {
         request_suspend(r);
     }
@@ -912,6 +923,7 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
     generation *g = user;
     request *r = g->r;
     free(g->recall_st.chosen); /* an earlier try's, when the passages did not fit */
+    free(g->recall_st.text);
     g->recall_st = *st;
     if (!asked || atomic_load(&g->cancel)) {
         prepare_failed(g, 500, "recall_failed", "recalling the session's passages", asked ? "cancelled" : err);

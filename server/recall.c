@@ -56,7 +56,9 @@ static char *recalled(const session_log_text *log, const char *question, size_t 
     /* the passages' own bytes, which recall_bytes bounds: the text joins them with "\n\n" */
     st->bytes = r.passages ? r.len - 2 * (size_t)(r.passages - 1) : 0;
     st->chosen = r.chosen;
+    st->text = r.text;
     r.chosen = NULL;
+    r.text = NULL;
     recall_result_free(&r);
     return asked;
 }

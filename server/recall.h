@@ -16,10 +16,12 @@ typedef struct recall_stats {
     double log_ms;           /* reading the log (engine thread), shared by the recalls that joined it */
     recall_passage *chosen;  /* the passages in the order put before the question (engine/recall.h);
                                 malloc'd, the done callback's to free; NULL when none */
+    char *text;              /* their text as put there (recall_result.text: chosen[i] is at
+                                text[chosen[i].at]); malloc'd, the done callback's to free */
 } recall_stats;
 
-/* The question with its passages before it (malloc'd, the callee's, as is
- * st->chosen), or NULL and err. Returns 0 when done with the recall; 1 (only when st->passages > 0)
+/* The question with its passages before it (malloc'd, the callee's, as are
+ * st->chosen and st->text), or NULL and err. Returns 0 when done with the recall; 1 (only when st->passages > 0)
  * when the passages take too much of the model's window: it is called again
  * with fewer (at most half their bytes), until 0 or no passage is left. */
 typedef int (*recall_done_fn)(server *s, void *user, char *asked, const recall_stats *st, const char *err);

@@ -78,7 +78,7 @@ static json_t *chat_body(json_t *in, api_error *e) {
     json_object_set_new(out, "messages", msgs);
     msgs = NULL;
     static const char *const copied[] = {"temperature", "top_p", "stream", "seed", "session", "model",
-                                         "overflow", "stop", NULL};
+                                         "overflow", "stop", "reread", "recall", NULL};
     for (const char *const *k = copied; *k; k++)
         if (json_object_get(in, *k)) json_object_set(out, *k, json_object_get(in, *k));
     json_t *mot = json_object_get(in, "max_output_tokens");

@@ -1531,7 +1531,7 @@ static json_t *text_spans(text_job *j) {
         b1 += continuation(j->text + b1, j->text_len - b1);
         if (u == got) b1 = utf8_whole(j->text, b1); /* the tail not read yet */
         if (b1 < b0) b1 = b0;
-        json_t *str = json_stringn(j->text + b0, b1 - b0);
+        json_t *str = api_text_json(j->text + b0, b1 - b0);
         json_array_append_new(spans, json_pack("{s:o, s:i, s:I}", "text", str ? str : json_string(""),
                                                "kept", j->kept[t], "tokens", (json_int_t)(u - t)));
         b0 = b1;

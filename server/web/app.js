@@ -91,9 +91,9 @@
     }
   }
 
-  // Server-sent events of a fetch response: onEvent(name, data) per event,
-  // onComment(line) per comment line (the server's progress notes) when given.
-  async function readEvents(response, onEvent, onComment) {
+  // Server-sent events of a fetch response: onEvent(name, data) per event; comment lines (the
+  // server's progress notes, keep-alives) are skipped.
+  async function readEvents(response, onEvent) {
     const reader = response.body.getReader();
     const dec = new TextDecoder();
     let buf = '', name = 'message', data = [];
@@ -109,8 +109,6 @@
           if (data.length) onEvent(name, data.join('\n'));
           name = 'message';
           data = [];
-        } else if (line.startsWith(':')) {
-          if (onComment) onComment(line); // progress notes, keep-alives
         } else if (line.startsWith('event:')) {
           name = line.slice(6).trim();
         } else if (line.startsWith('data:')) {
@@ -669,7 +667,7 @@
     state.chatAbort = new AbortController();
     $('chat-stop').disabled = false;
     $('chat-send').disabled = true;
-    let text = '', usage = null, finish = null, pending = false, recalled = null;
+    let text = '', usage = null, finish = null, pending = false, recall = null;
     const paint = () => {
       pending = false;
       body.replaceChildren(markdown(text));
@@ -682,6 +680,7 @@
         const d = JSON.parse(data);
         if (d.error) throw new ApiError(500, d);
         if (d.usage) usage = d.usage;
+        if (d.recall) recall = d.recall; // the first chunk: the document's passages asked with (docs/api.md)
         const c = d.choices && d.choices[0];
         if (!c) return;
         if (c.delta && c.delta.content) {
@@ -689,10 +688,6 @@
           if (!pending) { pending = true; requestAnimationFrame(paint); }
         }
         if (c.finish_reason) finish = c.finish_reason;
-      }, (line) => {
-        // ": recall P passages (B bytes) in S s": the document's passages asked with (docs/api.md)
-        const m = /^: recall (\d+) passages/.exec(line);
-        if (m) recalled = Number(m[1]);
       });
     } catch (e) {
       if (e.name !== 'AbortError') say('The answer failed: ' + e.message);
@@ -709,15 +704,35 @@
         const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;
         if (cached) notes.push('read after ' + nf.format(cached) + ' pot entries');
       }
-      if (recalled) notes.push('with ' + nf.format(recalled) + (recalled === 1 ? ' passage' : ' passages') + ' of the document');
+      const n = recall ? recall.passages : 0;
+      if (n) notes.push('with ' + nf.format(n) + (n === 1 ? ' passage' : ' passages') + ' of the document');
       const copy = el('button', { type: 'button', class: 'ghost small', text: 'Copy' });
       copy.addEventListener('click', () => copyText(text, copy));
-      turn.append(el('div', { class: 'foot' }, el('span', { class: 'muted small', text: notes.join(' · ') }), copy));
+      const foot = el('div', { class: 'foot' }, el('span', { class: 'muted small', text: notes.join(' · ') }));
+      turn.append(foot);
+      if (n && recall.texts && recall.spans) foot.append(passagesButton(turn, recall));
+      foot.append(copy);
       turn.dataset.done = 'true';
       state.chatAbort = null;
       $('chat-stop').disabled = true;
       $('chat-send').disabled = false;
     }
+  }
+
+  // The passages an answer was given, as text, each with where it is in the document (bytes as
+  // uploaded), in the order they were put before the question: hidden until asked for.
+  function passagesButton(turn, recall) {
+    const list = el('ol', { class: 'passages', hidden: '' }, ...recall.texts.map((t, i) => el('li', null,
+      el('div', { class: 'muted small', text: 'bytes ' + nf.format(recall.spans[i][0]) + '–' + nf.format(recall.spans[i][1]) }),
+      el('blockquote', { text: t }))));
+    turn.append(list);
+    const button = el('button', { type: 'button', class: 'ghost small', text: 'Passages', 'aria-expanded': 'false' });
+    button.addEventListener('click', () => {
+      list.hidden = !list.hidden;
+      button.setAttribute('aria-expanded', String(!list.hidden));
+      button.textContent = list.hidden ? 'Passages' : 'Hide passages';
+    });
+    return button;
   }
 
   $('chat-form').addEventListener('submit', sendChat);

@@ -64,6 +64,14 @@ def test_recall_finds_what_the_pot_lost(srv, lost):
     st, c, _ = srv.request("POST", "/v1/completions", {"model": "x", "max_tokens": 20, "temperature": 0,
                                                        "session": up["id"], "prompt": QUESTION, "recall": True})
     assert st == 200 and c["recall"]["passages"] >= 1 and KEY in c["choices"][0]["text"], c
+    # /v1/responses: the last user message of the input; the response object says what was recalled
+    st, rsp, _ = srv.request("POST", "/v1/responses", {"model": "x", "max_output_tokens": 20, "temperature": 0,
+                                                       "session": up["id"], "input": QUESTION, "recall": True})
+    assert st == 200 and rsp["recall"]["spans"] == rc["recall"]["spans"], rsp
+    assert KEY in rsp["output"][0]["content"][0]["text"], rsp
+    st, rsp, _ = srv.request("POST", "/v1/responses", {"model": "x", "max_output_tokens": 1, "session": up["id"],
+                                                       "input": QUESTION, "recall": False})
+    assert st == 200 and "recall" not in rsp, rsp
 
 
 def test_spans_say_where_the_passages_are_in_the_servers_order(srv, lost, tmp_path):
@@ -81,6 +89,7 @@ def test_spans_say_where_the_passages_are_in_the_servers_order(srv, lost, tmp_pa
     assert all(0 <= a < b <= len(doc) for a, b in spans), spans
     assert sum(b - a for a, b in spans) == best["recall"]["bytes"], best
     assert KEY.encode() in doc[spans[-1][0]:spans[-1][1]], spans  # nearest the question
+    assert best["recall"]["texts"] == [doc[a:b].decode() for a, b in spans], best  # and what each says
     assert spans != sorted(spans), spans  # so the two orders differ here
     other = Server(tmp_path, "--budget-tokens", "512", "--recall-bytes", RECALL_BYTES, "--recall-order", "document")
     other.start()
@@ -100,6 +109,17 @@ def test_spans_say_where_the_passages_are_in_the_servers_order(srv, lost, tmp_pa
         "model": "x", "max_tokens": 1, "session": up["id"], "recall": True,
         "messages": [{"role": "user", "content": "Zyxwvut qqqqq?"}]})
     assert st == 200 and none["recall"]["passages"] == 0 and none["recall"]["spans"] == [], none
+    assert none["recall"]["texts"] == [], none
+    # characters beyond ASCII come whole; a NUL byte of the document is put before the question as a space
+    raw = "Mount points are listed in fstab.\n\nThe door code is 4711\0 for the \u00e9tage \u20ac \U0001F600.\n\nBye.".encode()
+    odd_up = session_with(srv, raw.decode())
+    st, odd, _ = srv.request("POST", "/v1/chat/completions", {
+        "model": "x", "max_tokens": 1, "session": odd_up["id"], "recall": True,
+        "messages": [{"role": "user", "content": "What is the door code?"}]})
+    assert st == 200, odd
+    (a, b), = [sp for sp in odd["recall"]["spans"] if b"door" in raw[sp[0]:sp[1]]]
+    assert raw[a:b] == "The door code is 4711\0 for the \u00e9tage \u20ac \U0001F600.".encode(), (a, b)
+    assert raw[a:b].replace(b"\0", b" ").decode() in odd["recall"]["texts"], odd["recall"]
 
 
 def test_auto_recalls_once_the_pot_dropped_text(srv, lost):
@@ -168,6 +188,19 @@ def test_session_setting_override_and_stream(srv):
     assert 0 < int(words[4].lstrip("(")) <= RECALL_BYTES and words[5] == "bytes)" and words[-1] == "s", comments
     first_data = next(i for i, x in enumerate(events) if x.startswith("data: "))
     assert events.index(comments[1]) < first_data  # before the first chunk
+    # the first chunk carries the "recall" object of a non-streamed answer, no other chunk does
+    chunks = [json.loads(x[6:]) for x in events if x.startswith("data: {")]
+    rc = chunks[0]["recall"]
+    assert rc["passages"] == int(words[2]) == len(rc["spans"]) == len(rc["texts"]), rc
+    assert not any("recall" in c for c in chunks[1:]), chunks
+    st, whole, _ = ask(srv, up["id"], max_tokens=1)
+    assert st == 200 and (whole["recall"]["spans"], whole["recall"]["texts"]) == (rc["spans"], rc["texts"]), whole
+    # the official client keeps it as an extra field of the chunk
+    from openai import OpenAI
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
+    got = list(client.chat.completions.create(model="x", max_tokens=1, stream=True, extra_body={"session": up["id"]},
+                                              messages=[{"role": "user", "content": QUESTION}]))
+    assert got[0].model_extra["recall"]["spans"] == rc["spans"], got[0]
     text = "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or ""
                    for x in events if x.startswith("data: {"))
     assert KEY in text, raw

@@ -385,6 +385,17 @@ def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
     # the pot dropped text, so the server recalled passages (its default), and the page says so
     note = page.inner_text(".turn.assistant:last-child .foot")
     assert re.search(r"with \d+ passages? of the document", note), note
+    # ... and shows them on request: each passage as the document has it, the key's last (best last)
+    last = ".turn.assistant:last-child"
+    assert page.is_hidden(f"{last} .passages")
+    page.click(f"{last} .foot button:has-text('Passages')")
+    shown = page.locator(f"{last} .passages blockquote").all_inner_texts()
+    assert len(shown) == int(re.search(r"with (\d+) passage", note).group(1)), shown
+    assert "71432" in shown[-1] and all(p.strip() in text for p in shown), shown
+    where = page.locator(f"{last} .passages li > div").all_inner_texts()
+    a, b = (int(x.replace(",", "")) for x in re.findall(r"[\d,]+", where[-1]))
+    assert text.encode()[a:b].decode().strip() == shown[-1].strip(), (where, shown)
+    assert page.get_attribute(f"{last} .foot button[aria-expanded]", "aria-expanded") == "true"
     lengths = [n for n in paints if n]
     assert len(set(lengths)) >= 2 and lengths == sorted(lengths), paints  # painted as it streamed
     SHOTS.mkdir(parents=True, exist_ok=True)

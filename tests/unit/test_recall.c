@@ -36,7 +36,7 @@ static int chosen_spans_make_the_text(const recall_result *r, const char *doc, s
         if (p->start > len || p->len > len - p->start) return 0;
         if (i && (at + 2 > r->len || memcmp(r->text + at, "\n\n", 2))) return 0;
         at += i ? 2 : 0;
-        if (at + p->len > r->len) return 0;
+        if (p->at != at || at + p->len > r->len) return 0; /* `at` says where it is in the text */
         for (size_t k = 0; k < p->len; k++)
             if (r->text[at + k] != (doc[p->start + k] ? doc[p->start + k] : ' ')) return 0;
         at += p->len;
