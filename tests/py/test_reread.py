@@ -93,9 +93,13 @@ def test_session_setting_and_streamed_progress(srv):
     assert comments[0] == ": reread started" and comments[-1].startswith(": reread done: ")
     done = [int(c.split()[2].split("/")[0]) for c in comments[1:-1]]
     assert done and done == sorted(done) and done[-1] == up["bytes_received"]
-    text = "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or ""
-                   for x in raw.split("\n\n") if x.startswith("data: {"))
+    chunks = [json.loads(x[6:]) for x in raw.split("\n\n") if x.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text.strip().startswith(f"The pass key is {KEY}")
+    # the first chunk carries the "reread" object a non-streamed answer has; no other chunk does
+    rr = chunks[0]["reread"]
+    assert rr["bytes"] == up["bytes_received"] and rr["tokens"] == up["tokens_ingested"] and rr["pots"] >= 1, rr
+    assert f"{rr['tokens']} tokens" in comments[-1] and not any("reread" in c for c in chunks[1:]), comments
     assert raw.rstrip().endswith("data: [DONE]")
 
 
