@@ -91,9 +91,9 @@
     }
   }
 
-  // Server-sent events of a fetch response: onEvent(name, data) per event; comment lines (the
-  // server's progress notes, keep-alives) are skipped.
-  async function readEvents(response, onEvent) {
+  // Server-sent events of a fetch response: onEvent(name, data) per event, onComment(line) per
+  // comment line (the server's progress notes, keep-alives) when given.
+  async function readEvents(response, onEvent, onComment) {
     const reader = response.body.getReader();
     const dec = new TextDecoder();
     let buf = '', name = 'message', data = [];
@@ -109,6 +109,8 @@
           if (data.length) onEvent(name, data.join('\n'));
           name = 'message';
           data = [];
+        } else if (line.startsWith(':')) {
+          if (onComment) onComment(line);
         } else if (line.startsWith('event:')) {
           name = line.slice(6).trim();
         } else if (line.startsWith('data:')) {
@@ -622,6 +624,7 @@
     sel.replaceChildren(el('option', { value: '', text: 'no document (plain chat)' }),
       ...ready.map((s) => el('option', { value: s.id, text: title(s) })));
     sel.value = [...sel.options].some((o) => o.value === keep) ? keep : '';
+    $('chat-reread').disabled = !sel.value;
   }
 
   function addTurn(role, text) {
@@ -664,10 +667,11 @@
     const req = { model: state.server.model, messages: state.chat.slice(), stream: true,
       stream_options: { include_usage: true }, temperature, max_tokens: maxTokens };
     if (over) req.session = over;
+    if (over && $('chat-reread').checked) req.reread = true;
     state.chatAbort = new AbortController();
     $('chat-stop').disabled = false;
     $('chat-send').disabled = true;
-    let text = '', usage = null, finish = null, pending = false, recall = null;
+    let text = '', usage = null, finish = null, pending = false, recall = null, reread = null;
     const paint = () => {
       pending = false;
       body.replaceChildren(markdown(text));
@@ -681,6 +685,7 @@
         if (d.error) throw new ApiError(500, d);
         if (d.usage) usage = d.usage;
         if (d.recall) recall = d.recall; // the first chunk: the document's passages asked with (docs/api.md)
+        if (d.reread) reread = d.reread; // ... or the re-read the answer comes from
         const c = d.choices && d.choices[0];
         if (!c) return;
         if (c.delta && c.delta.content) {
@@ -688,6 +693,13 @@
           if (!pending) { pending = true; requestAnimationFrame(paint); }
         }
         if (c.finish_reason) finish = c.finish_reason;
+      }, (line) => {
+        // ": reread DONE/TOTAL bytes" while the document is read again for this question
+        const m = /^: reread (\d+)\/(\d+) bytes/.exec(line);
+        if (m && !text) {
+          const pct = Number(m[2]) ? Math.floor(100 * Number(m[1]) / Number(m[2])) : 100;
+          body.replaceChildren(el('span', { class: 'muted small reread-progress', text: 'Re-reading the document… ' + pct + ' %' }));
+        }
       });
     } catch (e) {
       if (e.name !== 'AbortError') say('The answer failed: ' + e.message);
@@ -704,6 +716,7 @@
         const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;
         if (cached) notes.push('read after ' + nf.format(cached) + ' pot entries');
       }
+      if (reread) notes.push('re-read ' + nf.format(reread.tokens) + ' tokens in ' + reread.seconds.toFixed(1) + ' s');
       const n = recall ? recall.passages : 0;
       if (n) notes.push('with ' + nf.format(n) + (n === 1 ? ' passage' : ' passages') + ' of the document');
       const copy = el('button', { type: 'button', class: 'ghost small', text: 'Copy' });
@@ -741,7 +754,11 @@
   });
   $('chat-stop').addEventListener('click', () => state.chatAbort && state.chatAbort.abort());
   $('chat-clear').addEventListener('click', () => { state.chat = []; $('chat-log').replaceChildren(); });
-  $('chat-over').addEventListener('change', () => { state.chat = []; $('chat-log').replaceChildren(); });
+  $('chat-over').addEventListener('change', () => {
+    state.chat = [];
+    $('chat-log').replaceChildren();
+    $('chat-reread').disabled = !$('chat-over').value;
+  });
 
   // ---- the retention map ----------------------------------------------------------------------------------
 

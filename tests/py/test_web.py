@@ -107,19 +107,23 @@ def wait_done(page, timeout_s):
     assert page.evaluate("document.getElementById('upload-fill').style.width") == "100%"
 
 
-def ask(page, session_id, question, max_tokens):
+def ask(page, session_id, question, max_tokens, reread=False):
     page.click("#tab-chat")
     page.select_option("#chat-over", session_id)
+    page.set_checked("#chat-reread", reread)
     if not page.is_visible("#chat-max"):
         page.click(".chat-settings summary")
     page.fill("#chat-max", str(max_tokens))
     page.fill("#chat-temp", "0")
-    # counts the repaints of the answer while it streams in
+    # counts the repaints of the answer while it streams in (and the re-read's progress notes)
     page.evaluate("""() => {
         window.paints = [];
+        window.progress = [];
         new MutationObserver(() => {
             const b = document.querySelector('.turn.assistant:last-child .body');
             if (b) window.paints.push(b.textContent.length);
+            const p = b && b.querySelector('.reread-progress');
+            if (p) window.progress.push(p.textContent);
         }).observe(document.getElementById('chat-log'), {subtree: true, childList: true, characterData: true});
     }""")
     page.fill("#chat-input", question)
@@ -212,6 +216,16 @@ def test_page_long_upload_reload_resume_chat_and_map(browser, tiny, big_doc):
     answer, _, deltas = ask(page, first["id"], "What is the pass key?", 24)
     assert answer.strip() and len(deltas) >= 3  # streamed: one event per piece
     assert " ".join(answer.split()) == " ".join("".join(deltas).split())
+    # ... and re-read for the question: its progress shows while the document is read again
+    assert not page.is_disabled("#chat-reread")
+    with page.expect_request("**/v1/chat/completions") as sent:
+        answer, _, _ = ask(page, first["id"], "What is the pass key?", 8, reread=True)
+    assert sent.value.post_data_json["reread"] is True
+    progress = [int(re.search(r"(\d+) %", p).group(1)) for p in page.evaluate("window.progress")]
+    assert len(set(progress)) >= 2 and progress == sorted(progress) and progress[-1] == 100, progress
+    note = page.inner_text(".turn.assistant:last-child .foot")
+    assert f"re-read {first['tokens_ingested']:,} tokens in" in note, note
+    page.set_checked("#chat-reread", False)
 
     # 3. the same document again, with the network gone for a while after the first chunk and the
     # page reloaded after the second: nothing lost
