@@ -242,6 +242,15 @@ int engine_doc_answer(engine_doc *d, const char *question, const engine_gen_para
 /* Logits after the question's prompt (for exactness tests), into logits[n_vocab]. */
 int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits, char *err,
                              size_t errlen);
+/* How much the question's prompt rows attend to each entry of d's pot (the
+ * pending tail run into a copy of it first; d's pot is not changed): the
+ * softmax probabilities summed over the rows and a KV group's query heads,
+ * for every (layer, KV head) and slot j < *n: score[(layer * n_head_kv +
+ * head) * cap + j], and the entry's document token index in pos[...] at the
+ * same place (negative: the pinned prefix). cap >= the pot's entries plus the
+ * pending tail (else an error). For diagnostics (longdoc_bench --attend). */
+int engine_doc_question_attention(engine_doc *d, const char *question, int32_t cap, float *score,
+                                  int64_t *pos, int32_t *n, char *err, size_t errlen);
 /* Every token the pot has read, with record_tokens (else NULL): prefix,
  * document, and the last answer's question prompt after them. */
 const int32_t *engine_doc_tokens(const engine_doc *d, size_t *n);

@@ -969,6 +969,38 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
     return p;
 }
 
+int engine_doc_question_attention(engine_doc *d, const char *question, int32_t cap, float *score,
+                                  int64_t *pos, int32_t *n, char *err, size_t errlen) {
+    int_vec q = {0};
+    if (question_tokens(d, question, &q, err, errlen)) {
+        free(q.v);
+        return -1;
+    }
+    pot *p = doc_answer_pot(d, q.v, q.n, 0, err, errlen);
+    float *all = NULL;
+    int rc = -1;
+    if (p && p->n > cap) {
+        snprintf(err, errlen, "the pot holds %d entries, more than %d", p->n, cap);
+    } else if (p) {
+        int32_t n0 = p->n, n_keys = n0 + (int32_t)q.n;
+        all = calloc((size_t)p->n_layer * p->n_head_kv * n_keys, sizeof *all);
+        backend_span sp = {.tokens = q.v, .n_tokens = (int32_t)q.n, .kv = p, .score_row0 = 0,
+                           .n_score_rows = (int32_t)q.n, .scores = all};
+        rc = !all ? (snprintf(err, errlen, "out of memory"), -1) : d->e->be->forward(d->e->be, &sp, 1, err, errlen);
+        for (int32_t lh = 0; !rc && lh < p->n_layer * p->n_head_kv; lh++)
+            for (int32_t j = 0; j < n0; j++) {
+                score[(size_t)lh * cap + j] = all[(size_t)lh * n_keys + j];
+                pos[(size_t)lh * cap + j] = p->token_index[pot_slot(p, lh / p->n_head_kv, lh % p->n_head_kv, j)] -
+                                            d->n_prefix;
+            }
+        *n = n0;
+    }
+    free(all);
+    pot_free(p);
+    free(q.v);
+    return rc;
+}
+
 int engine_doc_answer(engine_doc *d, const char *question, const engine_gen_params *gp,
                       engine_text_cb cb, void *user, engine_gen_result *res, char *err,
                       size_t errlen) {

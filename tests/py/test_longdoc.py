@@ -100,6 +100,17 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
         assert (w[2], w[4]) == (b[2], b[4]), (w, b)  # the same compression and needle
         assert abs((1 - float(w[14])) - float(b[9])) <= 0.01, (w, b)
         assert all(0 <= float(b[k]) <= 1 for k in (9, 11, 13)), b
+    # --attend: instead of answers, each asked question's rank of every needle's window (attend.py)
+    p = subprocess.run([str(ROOT / "build" / "longdoc_bench"), "-m", str(model), "-t", "2", "--docs",
+                        str(tmp_path / "one.jsonl"), "--policy", "infinipot", "--budget", "256", "--keep", "128",
+                        "--attend", "64"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and not p.stdout, p.stderr[-2000:]
+    att = [x.split() for x in p.stderr.splitlines() if x.startswith("attend ")]
+    plan = json.loads(line)
+    assert len(att) == sum(1 for q in plan["questions"] if q) * len(plan["needles"]), p.stderr[-2000:]
+    for w in att:
+        windows = int(w[4])
+        assert w[5::2] == ["needle", "sum", "max", "mean"] and all(0 <= int(r) < windows for r in w[8::2]), w
     first = {(r["trial"], r["rotation"], r["q"]): r for r in rows if r["policy"] == "infinipot"}
     for r in again:
         old = first[(r["trial"], r["rotation"], r["q"])]

@@ -444,6 +444,55 @@ TEST(ingest_pot_is_independent_of_upload_splits) {
     engine_close(e);
 }
 
+/* engine_doc_question_attention: the question's rows' attention over exactly
+ * the entries the pot keeps (engine_doc_kept's positions, slot for slot),
+ * each a sum of softmax probabilities: at least 0, and over a (layer, head)
+ * at most the rows times the query heads of its group; d's pot unchanged. */
+TEST(ingest_question_attention_is_over_the_kept_entries) {
+    engine *e = open_engine(test_fixture("tiny_llama.gguf"), 1);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_info info;
+    engine_get_info(e, &info);
+    char *doc = test_lighthouse_doc(1500);
+    engine_pot_settings set = engine_pot_settings_default();
+    set.budget_tokens = 180;
+    set.keep_tokens = 90;
+    set.chunk_tokens = 40;
+    char err[512];
+    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+    CHECK(d && !engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err));
+    int32_t cap = 256, n = 0, n_lh = info.n_layer * info.n_head_kv;
+    float *score = malloc((size_t)n_lh * cap * sizeof *score);
+    int64_t *pos = malloc((size_t)n_lh * cap * sizeof *pos), *kept = malloc((size_t)cap * sizeof *kept);
+    engine_doc_stats before, after;
+    engine_doc_get_stats(d, &before);
+    CHECK(before.compressions >= 3);
+    const char *question = "What did the daughter write?";
+    CHECK_EQ_INT(engine_doc_question_attention(d, question, cap, score, pos, &n, err, sizeof err), 0);
+    CHECK(n >= before.tokens_in_pot && n <= before.tokens_in_pot + 40);
+    size_t n_rows = strlen(question); /* at least the question's tokens; its prompt has more */
+    for (int32_t lh = 0; lh < n_lh; lh++) {
+        int32_t k = engine_doc_kept(d, lh / info.n_head_kv, lh % info.n_head_kv, kept, cap);
+        double sum = 0;
+        for (int32_t j = 0; j < n; j++) {
+            CHECK(score[(size_t)lh * cap + j] >= 0);
+            sum += score[(size_t)lh * cap + j];
+        }
+        for (int32_t j = 0; j < k; j++) CHECK_EQ_INT(pos[(size_t)lh * cap + j], kept[j]);
+        CHECK(sum > 0 && sum <= (double)(n_rows + 64) * info.n_head / info.n_head_kv);
+    }
+    CHECK_EQ_INT(engine_doc_question_attention(d, question, 10, score, pos, &n, err, sizeof err), -1); /* cap too small */
+    engine_doc_get_stats(d, &after);
+    CHECK_EQ_INT(after.tokens_in_pot, before.tokens_in_pot);
+    free(score);
+    free(pos);
+    free(kept);
+    engine_doc_close(d);
+    free(doc);
+    engine_close(e);
+}
+
 TEST(ingest_rejects_bad_settings_and_overflow) {
     engine *e = open_engine(test_fixture("tiny_llama.gguf"), 1);
     CHECK(e != NULL);

@@ -40,6 +40,7 @@ typedef struct options {
     const char *docs; /* --docs: documents carrying several needles, several questions each */
     const char *pots; /* --docs: a folder keeping each document's pot once read (read_or_load_doc) */
     int threads, n_predict, late_question, trace, winners;
+    int attend; /* --attend W (--docs): rank W-token windows by the question's attention instead of answering */
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     long recall_bytes; /* --docs: the question comes with this many bytes of recalled passages */
     recall_order recall_order; /* --recall-order: the passages' layout (document order unless set) */
@@ -56,7 +57,7 @@ static void usage(void) {
             "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
-            "  [--recall BYTES [--recall-order document|best-last]] [--pots DIR]\n"
+            "  [--recall BYTES [--recall-order document|best-last]] [--pots DIR] [--attend W]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
             "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
             "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
@@ -69,6 +70,10 @@ static void usage(void) {
             "  and every question answered over its pot; one JSON line per question\n"
             "--recall BYTES (--docs): each question is asked with the document's passages that share\n"
             "  its words, at most BYTES of them (engine/recall.h), as the server's \"recall\" does\n"
+            "--attend W (--docs): instead of answering, on stderr for each question and needle, the rank of\n"
+            "  the needle's W-token window of the document among all windows by the attention the question's\n"
+            "  rows give the pot's entries in it (summed; their max; their mean): could the pot's attention\n"
+            "  say where to recall from?\n"
             "--pots DIR (--docs): a document's pot is saved in DIR once read and loaded from there the\n"
             "  next time the same model reads it with the same settings (question-agnostic pots only):\n"
             "  asking new questions, or the same ones with other --recall, costs no re-reading\n");
@@ -113,6 +118,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recall")) o->recall_bytes = v ? atol(v) : 0;
         else if (!strcmp(a, "--pots")) o->pots = v;
+        else if (!strcmp(a, "--attend")) o->attend = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recall-order")) {
             int order = recall_order_named(v);
             if (v && order < 0) return fprintf(stderr, "longdoc: --recall-order is document or best-last\n"), -1;
@@ -622,6 +628,57 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
     return 0;
 }
 
+/* The rank (0 = first) of window w among n by value v[] (ties: the earlier window first). */
+static int window_rank(const double *v, int n, int w) {
+    int r = 0;
+    for (int i = 0; i < n; i++) r += v[i] > v[w] || (v[i] == v[w] && i < w);
+    return r;
+}
+
+/* --attend: "attend ID qQI windows N needle I sum R max R mean R" per needle on stderr, the
+ * needle's best window by each measure (its first window holding one of its tokens that ranks best). */
+static int print_attention(engine_doc *d, const options *o, const engine_info *info, const char *id, int qi,
+                           const char *question, const int64_t *tok, int n_needles, char *err, size_t el) {
+    engine_doc_stats st;
+    engine_doc_get_stats(d, &st);
+    int32_t cap = st.budget_tokens + 4096, n = 0; /* the pot, and the pending tail (less than a chunk) */
+    size_t lh = (size_t)info->n_layer * info->n_head_kv;
+    int nw = (int)(st.tokens_read / o->attend) + 1;
+    float *score = malloc(lh * cap * sizeof *score);
+    int64_t *pos = malloc(lh * cap * sizeof *pos);
+    double *sum = calloc((size_t)nw, sizeof *sum), *max = calloc((size_t)nw, sizeof *max);
+    double *mean = calloc((size_t)nw, sizeof *mean), *count = calloc((size_t)nw, sizeof *count);
+    int rc = !score || !pos || !sum || !max || !mean || !count ? (snprintf(err, el, "out of memory"), -1)
+             : engine_doc_question_attention(d, question, cap, score, pos, &n, err, el);
+    for (size_t k = 0; !rc && k < lh; k++)
+        for (int32_t j = 0; j < n; j++) {
+            int64_t t = pos[k * cap + j];
+            if (t < 0 || t / o->attend >= nw) continue; /* the pinned prefix */
+            int w = (int)(t / o->attend);
+            double v = score[k * cap + j];
+            sum[w] += v;
+            count[w] += 1;
+            if (v > max[w]) max[w] = v;
+        }
+    for (int w = 0; !rc && w < nw; w++) mean[w] = count[w] ? sum[w] / count[w] : 0;
+    for (int i = 0; !rc && i < n_needles; i++) {
+        int best[3] = {nw, nw, nw};
+        for (int64_t w = tok[2 * i] / o->attend; w <= (tok[2 * i + 1] - 1) / o->attend && w < nw; w++) {
+            int r[3] = {window_rank(sum, nw, (int)w), window_rank(max, nw, (int)w), window_rank(mean, nw, (int)w)};
+            for (int k = 0; k < 3; k++) best[k] = r[k] < best[k] ? r[k] : best[k];
+        }
+        fprintf(stderr, "attend %s q%d windows %d needle %d sum %d max %d mean %d\n", id, qi, nw, i, best[0], best[1],
+                best[2]);
+    }
+    free(score);
+    free(pos);
+    free(sum);
+    free(max);
+    free(mean);
+    free(count);
+    return rc;
+}
+
 /* One --docs line: the document read once, or once per question when the
  * policy is guided by the question (finch with the question up front). */
 static int run_doc_line(engine *e, const options *o, const engine_info *info, json_t *line, char *err,
@@ -655,7 +712,8 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
                                  &loaded, err, el);
             if (!d) rc = -1;
         }
-        if (!rc) rc = answer_question(d, o, info, id, qi, q, text, (size_t)len, tok, n_needles, loaded, t0, err, el);
+        if (!rc && o->attend > 0) rc = print_attention(d, o, info, id, qi, q, tok, n_needles, err, el);
+        else if (!rc) rc = answer_question(d, o, info, id, qi, q, text, (size_t)len, tok, n_needles, loaded, t0, err, el);
     }
     engine_doc_close(d);
     free(text);
