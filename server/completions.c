@@ -281,7 +281,6 @@ static void responses_event(generation *g, const char *type, json_t *data) {
     sse_send(r, data);
 }
 
-/* The response object as it stands (status given; output and usage once done). */
 /* The answer's "reread" object. */
 static json_t *reread_json(const reread_stats *st) {
     return json_pack("{s:I, s:I, s:f, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
@@ -302,6 +301,7 @@ static json_t *recall_json(const recall_stats *st) {
                      "seconds", st->ms / 1e3, "log_seconds", st->log_ms / 1e3, "spans", spans, "texts", texts);
 }
 
+/* The response object as it stands (status given; output and usage once done). */
 static json_t *responses_now(generation *g, const char *status, int with_output);
 
 static void on_text_event(server *s, void *arg) {
