@@ -230,6 +230,10 @@ def test_recall_errors(srv, lost):
     assert st == 400 and e["error"]["param"] == "recall" and "exclude" in e["error"]["message"], e
     st, e, _ = srv.request("POST", chat, dict(body, session="sess_nope", recall=True))
     assert st == 404 and e["error"]["code"] == "session_not_found", e
+    # /v1/responses checks them as chat does
+    for bad, param in (({"recall": "yes"}, "recall"), ({"reread": 1}, "reread"), ({"recall": True}, "recall")):
+        st, e, _ = srv.request("POST", "/v1/responses", {"model": "x", "input": "hi", "max_output_tokens": 1, **bad})
+        assert st == 400 and e["error"]["param"] == param, (bad, e)
     st, e, _ = srv.request("POST", chat, dict(body, session=up["id"], recall=True,
                                               messages=[{"role": "system", "content": "x"}]))
     assert st == 400 and e["error"]["param"] == "messages" and "question" in e["error"]["message"], e
