@@ -106,6 +106,10 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
                         "--attend", "64"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and not p.stdout, p.stderr[-2000:]
     att = [x.split() for x in p.stderr.splitlines() if x.startswith("attend ")]
+    for bad in ("0", "x"):  # a usage error, nothing read
+        q = subprocess.run([str(ROOT / "build" / "longdoc_bench"), "-m", str(model), "--docs", str(tmp_path / "one.jsonl"),
+                            "--attend", bad], capture_output=True, text=True, timeout=60)
+        assert q.returncode == 2 and "--attend" in q.stderr, q.stderr
     plan = json.loads(line)
     assert len(att) == sum(1 for q in plan["questions"] if q) * len(plan["needles"]), p.stderr[-2000:]
     for w in att:

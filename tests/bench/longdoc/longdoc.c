@@ -118,7 +118,10 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--recycle-pool")) o->recycle_pool = v ? atoi(v) : 0;
         else if (!strcmp(a, "--recall")) o->recall_bytes = v ? atol(v) : 0;
         else if (!strcmp(a, "--pots")) o->pots = v;
-        else if (!strcmp(a, "--attend")) o->attend = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--attend")) {
+            o->attend = v ? atoi(v) : 0;
+            if (o->attend < 1) return fprintf(stderr, "longdoc: --attend takes a window of 1 or more tokens\n"), -1;
+        }
         else if (!strcmp(a, "--recall-order")) {
             int order = recall_order_named(v);
             if (v && order < 0) return fprintf(stderr, "longdoc: --recall-order is document or best-last\n"), -1;
