@@ -24,6 +24,7 @@
  * row (as bench_quant_dot counts it), "GMAC/s": multiply-adds per second.
  * POTSERVE_NO_SIMD=1 measures the scalar kernels. */
 #include "engine/quant.h"
+#include "tests/bench/bench_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -37,34 +38,6 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint8_t rbyte(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint8_t)(rng >> 32);
-}
-
-/* Random bytes with every half-precision scale replaced by a small finite value. */
-static void fill_weights(uint32_t type, uint8_t *w, size_t bytes) {
-    for (size_t i = 0; i < bytes; i++) w[i] = rbyte();
-    const size_t bb = quant_block_bytes(type);
-    static const struct { uint32_t type; int off[2]; } halves[] = {
-        {GGML_TYPE_Q4_0, {0, -1}}, {GGML_TYPE_Q4_1, {0, 2}}, {GGML_TYPE_Q5_0, {0, -1}}, {GGML_TYPE_Q5_1, {0, 2}},
-        {GGML_TYPE_Q8_0, {0, -1}}, {GGML_TYPE_Q4_K, {0, 2}}, {GGML_TYPE_Q5_K, {0, 2}}, {GGML_TYPE_Q6_K, {208, -1}},
-    };
-    for (size_t h = 0; h < sizeof halves / sizeof halves[0]; h++) {
-        if (halves[h].type != type) continue;
-        for (size_t b = 0; b + bb <= bytes; b += bb)
-            for (int k = 0; k < 2; k++)
-                if (halves[h].off[k] >= 0) {
-                    const uint16_t v = quant_f32_to_f16(0.001f * (float)(1 + rbyte() % 64));
-                    w[b + (size_t)halves[h].off[k]] = (uint8_t)v;
-                    w[b + (size_t)halves[h].off[k] + 1] = (uint8_t)(v >> 8);
-                }
-    }
 }
 
 enum { T_ACTS = 512 };
@@ -126,7 +99,7 @@ int main(int argc, char **argv) {
         {GGML_TYPE_Q4_K, 8960, 1536, 1},  {GGML_TYPE_Q5_K, 8960, 1536, 1},  {GGML_TYPE_Q6_K, 8960, 1536, 1},
     };
     const char *only = getenv("BENCH_TYPE"); /* e.g. BENCH_TYPE=Q4_K: only that type's rows */
-    printf("kernels: %s; %d activation rows, one thread, best of %d\n", quant_simd_name(), T_ACTS, reps);
+    printf("kernels: %s; %d activation rows, one thread, best of %d\n", quant_simd_name(), (int)T_ACTS, reps);
     printf("%-5s %5s %5s | %-7s %8s %8s %7s %7s | %s\n", "type", "rows", "n", "method", "ms", "tok/s", "GB/s",
            "GMAC/s", "speed-up, same bits");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -141,7 +114,7 @@ int main(int argc, char **argv) {
         m.tmp = malloc(sizeof(float) * T_ACTS);
         float *ref = malloc(sizeof(float) * T_ACTS * (size_t)m.rows), *x = malloc(sizeof(float) * (size_t)m.n);
         if (!m.w || !m.act || !m.out || !m.tmp || !ref || !x) return 1;
-        fill_weights(m.type, m.w, m.rb * (size_t)m.rows);
+        bench_fill_weights(m.type, m.w, m.rb * (size_t)m.rows);
         for (int64_t t = 0; t < T_ACTS; t++) {
             for (int64_t i = 0; i < m.n; i++) x[i] = (float)sin(0.37 * (double)i + 0.11 * (double)t) * 2.0f;
             quant_quantize_act(m.type, x, m.act + (size_t)t * m.ab, m.n);

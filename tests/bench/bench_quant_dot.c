@@ -9,6 +9,7 @@
  *
  * Prints GB/s of weight bytes read (best of several passes over the matrix). */
 #include "engine/quant.h"
+#include "tests/bench/bench_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -20,34 +21,6 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint8_t rbyte(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint8_t)(rng >> 32);
-}
-
-/* Random bytes with every half-precision scale replaced by a small finite value. */
-static void fill_weights(uint32_t type, uint8_t *w, size_t bytes) {
-    for (size_t i = 0; i < bytes; i++) w[i] = rbyte();
-    const size_t bb = quant_block_bytes(type);
-    static const struct { uint32_t type; int off[2]; } halves[] = {
-        {GGML_TYPE_Q4_0, {0, -1}}, {GGML_TYPE_Q4_1, {0, 2}},     {GGML_TYPE_Q8_0, {0, -1}},
-        {GGML_TYPE_Q4_K, {0, 2}},  {GGML_TYPE_Q6_K, {208, -1}},
-    };
-    for (size_t h = 0; h < sizeof halves / sizeof halves[0]; h++) {
-        if (halves[h].type != type) continue;
-        for (size_t b = 0; b + bb <= bytes; b += bb)
-            for (int k = 0; k < 2; k++)
-                if (halves[h].off[k] >= 0) {
-                    const uint16_t v = quant_f32_to_f16(0.001f * (float)(1 + rbyte() % 64));
-                    w[b + (size_t)halves[h].off[k]] = (uint8_t)v;
-                    w[b + (size_t)halves[h].off[k] + 1] = (uint8_t)(v >> 8);
-                }
-    }
 }
 
 static volatile float sink;
@@ -85,7 +58,7 @@ int main(void) {
         float *x = malloc((size_t)n * sizeof *x);
         void *act = malloc(quant_act_row_bytes(type, n));
         if (!w || !x || !act) return 1;
-        fill_weights(type, w, rb * (size_t)rows);
+        bench_fill_weights(type, w, rb * (size_t)rows);
         for (int64_t i = 0; i < n; i++) x[i] = (float)sin(0.37 * (double)i) * 2.0f;
         quant_quantize_act(type, x, act, n);
         const double mb = (double)rb * (double)rows / 1e6;
