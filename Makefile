@@ -189,7 +189,7 @@ $(BUILD)/.web-test-deps: $(VENV)/.ok
 STAGE = @echo "== make test: $(1) at $$(date -u +%T)"
 test: deps model fixtures
 	$(call STAGE,build)
-	$(MAKE) --no-print-directory -j2 all
+	$(MAKE) --no-print-directory -j2 all $(KERNEL_BENCHES)
 	$(call STAGE,cuda-build)
 	$(MAKE) --no-print-directory -j2 cuda-build
 	$(call STAGE,test-cuda-emu)
@@ -410,6 +410,17 @@ BENCH_TOOLS := matplotlib==3.11.2
 $(BUILD)/bench/membw: tests/bench/membw.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@
+# The kernel benches (one thread, random weights; tests/bench/bench_matmul.c and
+# bench_quant_dot.c say what they print). Built in `make test`'s build stage so that
+# they keep compiling; `make bench-kernels` runs them.
+$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/bench_%.o $(BENCH_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
+KERNEL_BENCHES := $(BUILD)/bench/matmul $(BUILD)/bench/quant_dot
+.PHONY: bench-kernels
+bench-kernels: $(KERNEL_BENCHES)
+	$(BUILD)/bench/quant_dot
+	$(BUILD)/bench/matmul
 bench-cpu: deps all model $(BUILD)/bench/membw
 	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
 	-$(VPY) -m pip install -q --disable-pip-version-check $(BENCH_TOOLS)

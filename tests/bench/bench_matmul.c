@@ -13,10 +13,9 @@
  * The main case is SmolLM2-135M's ffn_gate / ffn_up shape (1536 rows of 576,
  * Q4_1); the other rows show the other types and shapes (K-quant rows must be
  * whole 256-element blocks, so they use the ffn_down shape, 576 rows of 1536).
- * Not part of `make test`. Build and run from the repository root:
- *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_matmul.c engine/quant.c engine/cpu/quant_*.c engine/cpu/simd.c -lm \
- *       -o build/bench_matmul && build/bench_matmul
+ * Not run by `make test` (its build stage compiles it). Build and run from the
+ * repository root: `make build/bench/matmul && build/bench/matmul`
+ * (`make bench-kernels` runs it and bench_quant_dot.c).
  *
  * Columns: milliseconds for the 512 activations (best of several passes),
  * "tok/s": activation rows per second through this one matrix, "GB/s": weight

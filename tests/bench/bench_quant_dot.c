@@ -2,10 +2,9 @@
  * on a matrix shaped like SmolLM2's tied output matrix (49152 rows of 576; 512
  * for the K-quants, whose rows are whole 256-element blocks), one thread, one
  * activation row (a decode step). Also shows the f32-activation quant_dot_row.
- * Not part of `make test`. Build and run from the repository root:
- *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_quant_dot.c engine/quant.c engine/cpu/quant_*.c engine/cpu/simd.c -lm \
- *       -o build/bench_quant_dot && build/bench_quant_dot
+ * Not run by `make test` (its build stage compiles it). Build and run from the
+ * repository root: `make build/bench/quant_dot && build/bench/quant_dot`
+ * (`make bench-kernels` runs it and bench_matmul.c).
  *
  * Prints GB/s of weight bytes read (best of several passes over the matrix). */
 #include "engine/quant.h"
