@@ -18,6 +18,7 @@
 
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "tests/quant_scales.h"
 
 #include <float.h>
 #include <stdint.h>
@@ -48,19 +49,6 @@ static float gen_normal(void) { /* sum of four uniforms: roughly normal, sd ~1.1
     return s + gen_unit();
 }
 
-/* Offsets of the half-precision scales in a block (-1: none). */
-static void half_offsets(uint32_t type, int off[2]) {
-    off[0] = off[1] = -1;
-    switch (type) {
-    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: off[0] = 0; break;
-    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: off[0] = 0; off[1] = 2; break;
-    case GGML_TYPE_Q2_K: off[0] = 80; off[1] = 82; break;
-    case GGML_TYPE_Q3_K: off[0] = 108; break;
-    case GGML_TYPE_Q6_K: off[0] = 208; break;
-    default: break;
-    }
-}
-
 static void put_u16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
@@ -84,7 +72,7 @@ static void gen_row(uint32_t type, uint8_t *row, int64_t n) {
     const size_t bytes = quant_row_bytes(type, (uint64_t)n), bb = quant_block_bytes(type);
     for (size_t i = 0; i < bytes; i++) row[i] = (uint8_t)gen_u32();
     int off[2];
-    half_offsets(type, off);
+    quant_scale_offsets(type, off);
     for (size_t b = 0; b < bytes; b += bb)
         for (int k = 0; k < 2; k++)
             if (off[k] >= 0) {
@@ -444,7 +432,7 @@ TEST(quant_dot_integer_exact) {
             gen_row(type, row, n);
             const size_t bb = quant_block_bytes(type);
             int off[2];
-            half_offsets(type, off);
+            quant_scale_offsets(type, off);
             for (int b = 0; b < nb; b++) {
                 uint8_t *blk = row + bb * (size_t)b;
                 for (int k = 0; k < 2; k++)

@@ -13,6 +13,7 @@
 
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "tests/quant_scales.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,19 +37,6 @@ static float rnd_normal(void) { /* sum of four uniforms in [-1, 1) */
     return s;
 }
 
-/* Offsets of the half-precision scales in a block (-1: none). */
-static void half_offsets(uint32_t type, int off[2]) {
-    off[0] = off[1] = -1;
-    switch (type) {
-    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: off[0] = 0; break;
-    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: off[0] = 0; off[1] = 2; break;
-    case GGML_TYPE_Q2_K: off[0] = 80; off[1] = 82; break;
-    case GGML_TYPE_Q3_K: off[0] = 108; break;
-    case GGML_TYPE_Q6_K: off[0] = 208; break;
-    default: break;
-    }
-}
-
 /* Random valid weights: random quant bytes, finite scales of either sign
  * between about 2^-12 and 2 (F32 / F16 / BF16: random normal values). */
 static void gen_weights(uint32_t type, uint8_t *w, size_t bytes) {
@@ -70,7 +58,7 @@ static void gen_weights(uint32_t type, uint8_t *w, size_t bytes) {
     for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
     const size_t bb = quant_block_bytes(type);
     int off[2];
-    half_offsets(type, off);
+    quant_scale_offsets(type, off);
     for (size_t b = 0; b + bb <= bytes; b += bb)
         for (int k = 0; k < 2; k++)
             if (off[k] >= 0) {
