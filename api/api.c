@@ -215,11 +215,6 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         goto fail;
     }
     out->metadata = md && json_is_object(md) ? md : NULL;
-    if (out->reread && out->recall == API_RECALL_ON) {
-        api_fail(e, 400, "invalid_value", "recall",
-                 "recall and reread exclude each other: a re-read reads the whole document already");
-        goto fail;
-    }
     if (pot_policy_from_name(s->policy) < 0) {
         api_fail(e, 422, "invalid_value", "policy", "policy '%s' is not one of %s", s->policy,
                  pot_policy_list());

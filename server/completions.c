@@ -65,8 +65,9 @@ struct generation {
     int rereading, stream_started;
     reread_stats reread_st;
     reread_pot *reread_pot; /* its pot, held until the generation is freed */
-    /* a question asked with its document's passages (recall.c) */
-    int recalling;
+    /* a question asked with its document's passages (recall.c); after a re-read
+       when recall is on (true, not "auto"): over the re-read's pot */
+    int recalling, recall_after_reread;
     recall_stats recall_st;
     char *recalled;         /* the question with the passages: what req's question points to */
 };
@@ -834,6 +835,9 @@ static void prepare_failed(generation *g, int status, const char *code, const ch
     }
 }
 
+static const char **asked_question(api_gen_request *q);
+static int recall_done(server *s, void *user, char *asked, const recall_stats *st, const char *err);
+
 static void reread_done(server *s, void *user, reread_pot *pot, const reread_stats *st, const char *err) {
     generation *g = user;
     request *r = g->r;
@@ -844,6 +848,23 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     }
     g->reread_pot = pot; /* released with the generation (generation_free) */
     api_gen_request *q = &g->req;
+    g->deadline_ms = monotonic_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
+    if (q->stream && r->conn) {
+        char line[160];
+        int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s (pass %llu, %d questions)\n\n",
+                         (long long)st->tokens, st->ms / 1e3, (unsigned long long)st->pass, st->questions);
+        stream_write(r, line, (size_t)n);
+    }
+    if (g->recall_after_reread) { /* recall_done asks the question over this pot, with its passages */
+        api_error e;
+        if (recall_start(s, g->ss, *asked_question(q), recall_done, g, &e)) {
+            prepare_failed(g, e.status, e.code, "recalling the session's passages", e.message);
+            return request_unref(r);
+        }
+        g->recalling = 1;
+        if (q->stream && r->conn) stream_write(r, ": recall started\n\n", 19);
+        return; /* r's reference passes to recall_done */
+    }
     char msg[256];
     free(g->prompt);
     g->prompt = engine_doc_prompt(reread_pot_doc(pot), q->messages, q->n_messages,
@@ -852,13 +873,6 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
         prepare_failed(g, 400, "reread_failed", "re-reading the session's document", msg);
         return request_unref(r);
     }
-    if (q->stream && r->conn) {
-        char line[160];
-        int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s (pass %llu, %d questions)\n\n",
-                         (long long)st->tokens, st->ms / 1e3, (unsigned long long)st->pass, st->questions);
-        stream_write(r, line, (size_t)n);
-    }
-    g->deadline_ms = monotonic_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
     submit(s, g);
     request_unref(r);
 }
@@ -913,7 +927,8 @@ static int start_reread(server *s, generation *g, api_error *e) {
  * window after the session's pot: max_tokens when the request sets it, and at
  * least half of what the pot leaves free. */
 static int recall_fits(const server *s, const generation *g, size_t n) {
-    int64_t free_after_pot = (int64_t)s->info.n_ctx_train - g->ss->stats.tokens_in_pot;
+    int64_t in_pot = g->reread_pot ? g->reread_st.tokens_in_pot : g->ss->stats.tokens_in_pot;
+    int64_t free_after_pot = (int64_t)s->info.n_ctx_train - in_pot;
     int64_t answer = free_after_pot / 2;
     if (g->req.params.max_tokens > 0 && g->req.params.max_tokens < answer) answer = g->req.params.max_tokens;
     return (int64_t)n + answer <= free_after_pot;
@@ -932,7 +947,7 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
         return 0;
     }
     api_gen_request *q = &g->req;
-    if (!g->ss->doc || g->ss->rebuilding) { /* (uploads, and so rebuilds, waited for the read) */
+    if (!g->reread_pot && (!g->ss->doc || g->ss->rebuilding)) { /* (uploads, and so rebuilds, waited for the read) */
         g->recalled = asked;
         prepare_failed(g, 409, "session_busy", "recalling the session's passages", "the session is being restored");
         request_unref(r);
@@ -941,8 +956,9 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
     const char **at = asked_question(q), *question = *at; /* the same message question_for found */
     *at = asked;
     char msg[256];
-    g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt, &g->n_prompt,
-                                  msg, sizeof msg);
+    engine_doc *over = g->reread_pot ? reread_pot_doc(g->reread_pot) : g->ss->doc;
+    g->prompt = engine_doc_prompt(over, q->messages, q->n_messages, q->chat ? NULL : q->prompt, &g->n_prompt, msg,
+                                  sizeof msg);
     if (g->prompt && st->passages > 0 && !recall_fits(s, g, g->n_prompt)) {
         *at = question;
         free(g->prompt);
@@ -1023,14 +1039,8 @@ static void start_generation(request *r, int chat, json_t *responses) {
         }
         reread = q->reread > 0 || (q->reread < 0 && g->ss->settings.reread);
         int mode = recall_mode(s, g->ss, q->recall);
-        /* asked for by the request or the session (the server's default yields to a re-read) */
-        int own = q->recall != API_RECALL_UNSET ? q->recall : g->ss->settings.recall;
-        if (reread && own == API_RECALL_ON) {
-            api_fail(&e, 400, "invalid_value", "recall",
-                     "recall and reread exclude each other: a re-read reads the whole document already "
-                     "(set one of them false)");
-            return respond_error(r, &e);
-        }
+        /* a re-read's answer gets passages only when recall is true ("auto" yields to a re-read) */
+        g->recall_after_reread = reread && mode == API_RECALL_ON;
         const char **asked = asked_question(q);
         recall = !reread && (mode == API_RECALL_ON || (mode == API_RECALL_AUTO && asked && *asked && **asked &&
                                                        recall_auto_applies(g->ss)));

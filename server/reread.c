@@ -115,6 +115,7 @@ static void member_end(reread_pass *p, member *m, reread_pot *pot, const char *e
         engine_doc_stats ds;
         engine_doc_get_stats(pot->doc, &ds); /* the document is idle: no chunk of it is running */
         st.tokens = ds.tokens_read;
+        st.tokens_in_pot = ds.tokens_in_pot;
     } else {
         st.bytes = f->at;
     }

@@ -11,6 +11,7 @@ typedef struct reread_pot reread_pot; /* a re-read pot, shared by the questions 
 typedef struct reread_stats {
     uint64_t bytes;  /* document bytes re-read */
     int64_t tokens;  /* document tokens read into the question's pot */
+    int32_t tokens_in_pot; /* entries the pot holds at the end (what an answer's prompt comes after) */
     double ms;       /* from the question's arrival to its pot being ready */
     double log_ms;   /* reading the log (engine thread), once for the whole pass */
     uint64_t pass;   /* the log pass: questions with the same id shared one read of the log */

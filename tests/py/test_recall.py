@@ -172,6 +172,27 @@ def stream(srv, body):
         return r.read().decode()
 
 
+def test_reread_with_recall(srv, lost):
+    """`"recall": true` with a re-read: the question is asked over the re-read's
+    pot with the passages before it (both objects in the answer; the passages
+    after the same pot as the re-read alone, so the same cached tokens); "auto"
+    yields to a re-read. Streamed, the comments come in order."""
+    up, _ = lost
+    st, alone, _ = ask(srv, up["id"], reread=True)  # recall "auto" (the session's): yields to the re-read
+    assert st == 200 and "reread" in alone and "recall" not in alone, alone
+    st, both, _ = ask(srv, up["id"], reread=True, recall=True)
+    assert st == 200 and both["reread"]["tokens"] == alone["reread"]["tokens"], both
+    assert both["recall"]["passages"] >= 1 and KEY in both["choices"][0]["message"]["content"], both
+    cached = lambda a: a["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached(both) == cached(alone) and both["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"] + 100
+    text = stream(srv, {"model": "x", "max_tokens": 12, "temperature": 0, "session": up["id"], "stream": True,
+                        "reread": True, "recall": True, "messages": [{"role": "user", "content": QUESTION}]})
+    at = [text.index(c) for c in (": reread started", ": reread done", ": recall started", ": recall ", "data: ")]
+    assert at == sorted(at) and text.rstrip().endswith("data: [DONE]"), text[:2000]
+    assert KEY in "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or ""
+                          for x in text.splitlines() if x.startswith("data: {")), text[-2000:]
+
+
 def test_session_setting_override_and_stream(srv):
     up = session_with(srv, natural_document(1, 10000), budget_tokens=512, keep_tokens=256, recall=True)
     assert up["recall"] is True and up["reread"] is False
@@ -226,8 +247,6 @@ def test_recall_errors(srv, lost):
     assert st == 400 and e["error"]["param"] == "recall", e
     st, e, _ = srv.request("POST", chat, dict(body, session=up["id"], recall="yes"))  # as every boolean field
     assert st == 400 and e["error"]["code"] == "invalid_type" and e["error"]["param"] == "recall", e
-    st, e, _ = srv.request("POST", chat, dict(body, session=up["id"], recall=True, reread=True))
-    assert st == 400 and e["error"]["param"] == "recall" and "exclude" in e["error"]["message"], e
     st, e, _ = srv.request("POST", chat, dict(body, session="sess_nope", recall=True))
     assert st == 404 and e["error"]["code"] == "session_not_found", e
     # /v1/responses checks them as chat does
@@ -240,13 +259,13 @@ def test_recall_errors(srv, lost):
     # the session settings
     st, e, _ = srv.request("POST", "/v1/sessions", {"recall": 1})
     assert st == 400 and e["error"]["param"] == "recall", e
-    st, e, _ = srv.request("POST", "/v1/sessions", {"recall": True, "reread": True})
-    assert st == 400 and e["error"]["param"] == "recall" and "exclude" in e["error"]["message"], e
-    # a session that re-reads by default: a request's recall must turn the re-read off
+    st, both, _ = srv.request("POST", "/v1/sessions", {"recall": True, "reread": True})
+    assert st == 201 and both["recall"] is True and both["reread"] is True, both
+    # a session that re-reads by default: a request's recall true recalls after the re-read
     st, rr, _ = srv.request("POST", "/v1/sessions", {"reread": True})
     assert st == 201 and rr["reread"] is True and rr["recall"] == "auto"
-    st, e, _ = srv.request("POST", chat, dict(body, session=rr["id"], recall=True))
-    assert st == 400 and e["error"]["param"] == "recall" and "exclude" in e["error"]["message"], e
+    st, ok, _ = srv.request("POST", chat, dict(body, session=rr["id"], recall=True))
+    assert st == 200 and ok["recall"]["passages"] == 0 and "reread" in ok, ok  # an empty document
     st, ok, _ = srv.request("POST", chat, dict(body, session=rr["id"], recall=True, reread=False))
     assert st == 200 and ok["recall"]["passages"] == 0 and "reread" not in ok, ok  # an empty document
     # the session still answers after them
@@ -289,7 +308,7 @@ def test_setting_survives_a_restart(tmp_path, model):
         assert st == 200 and a["recall"]["passages"] >= 1, a
         assert s.stop() == 0
         # the server's default turned on: sessions without a setting follow it; one that re-reads
-        # by default still re-reads (the default yields, where a session's or request's true is a 400)
+        # by default re-reads and recalls (true, unlike "auto", does not yield to a re-read)
         s.flags[s.flags.index("false")] = "true"
         s.start()
         for sid in (plain["id"], rr["id"]):
@@ -302,7 +321,7 @@ def test_setting_survives_a_restart(tmp_path, model):
         st, sess, _ = s.request("GET", f"/v1/sessions/{plain['id']}")
         assert st == 200 and sess["recall"] is True, sess
         st, a, _ = ask(s, rr["id"], max_tokens=1)
-        assert st == 200 and "reread" in a and "recall" not in a, a
+        assert st == 200 and "reread" in a and a["recall"]["passages"] >= 1, a
         st, a, _ = ask(s, plain["id"], max_tokens=1)
         assert st == 200 and a["recall"]["passages"] >= 1, a
         assert s.stop() == 0

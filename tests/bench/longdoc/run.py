@@ -111,6 +111,8 @@ ABLATIONS = {
     "infinipot-recall": ["--policy", "infinipot", "--recall", "4096"],
     # the same passages, the best nearest the question (a chain from its start)
     "infinipot-recall-bestlast": ["--policy", "infinipot", "--recall", "4096", "--recall-order", "best-last"],
+    # a re-read's question-guided pot (FINCH with the question) asked with the same passages
+    "finch-recall-bestlast": ["--policy", "finch", "--recall", "4096", "--recall-order", "best-last"],
 }
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
