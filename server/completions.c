@@ -862,7 +862,8 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
             return request_unref(r);
         }
         g->recalling = 1;
-        if (q->stream && r->conn) stream_write(r, ": recall started\n\n", 19);
+        static const char started[] = ": recall started\n\n";
+        if (q->stream && r->conn) stream_write(r, started, sizeof started - 1);
         return; /* r's reference passes to recall_done */
     }
     char msg[256];

@@ -188,7 +188,7 @@ def test_reread_with_recall(srv, lost):
     text = stream(srv, {"model": "x", "max_tokens": 12, "temperature": 0, "session": up["id"], "stream": True,
                         "reread": True, "recall": True, "messages": [{"role": "user", "content": QUESTION}]})
     at = [text.index(c) for c in (": reread started", ": reread done", ": recall started", ": recall ", "data: ")]
-    assert at == sorted(at) and text.rstrip().endswith("data: [DONE]"), text[:2000]
+    assert at == sorted(at) and text.rstrip().endswith("data: [DONE]") and "\0" not in text, text[:2000]
     assert KEY in "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or ""
                           for x in text.splitlines() if x.startswith("data: {")), text[-2000:]
 
