@@ -43,6 +43,7 @@ typedef struct options {
     int attend; /* --attend W (--docs): rank W-token windows by the question's attention instead of answering */
     int recycle_stride, recycle_keep, recycle_pool; /* the answer's decoding (engine_gen_params) */
     long recall_bytes; /* --docs: the question comes with this many bytes of recalled passages */
+    int also_without_recall; /* --docs with --recall: each question answered first without the passages */
     recall_order recall_order; /* --recall-order: the passages' layout (document order unless set) */
     engine_pot_settings set;
 } options;
@@ -57,7 +58,8 @@ static void usage(void) {
             "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
-            "  [--recall BYTES [--recall-order document|best-last]] [--pots DIR] [--attend W]\n"
+            "  [--recall BYTES [--recall-order document|best-last] [--also-without-recall]] [--pots DIR]\n"
+            "  [--attend W]\n"
             "--trace: on stderr, the needle's kept share after every TRACE_BYTES of the document\n"
             "--winners (--docs): on stderr, at every compression, what became of each needle's entries\n"
             "  (kept by surprisal, by attention score, forced, dropped) and their mean surprisal and\n"
@@ -69,7 +71,9 @@ static void usage(void) {
             "  each document is read once (once per question for finch with the question up front)\n"
             "  and every question answered over its pot; one JSON line per question\n"
             "--recall BYTES (--docs): each question is asked with the document's passages that share\n"
-            "  its words, at most BYTES of them (engine/recall.h), as the server's \"recall\" does\n"
+            "  its words, at most BYTES of them (engine/recall.h), as the server's \"recall\" does;\n"
+            "  --also-without-recall: each question is first answered over the same pot without them\n"
+            "  (its line has \"without_recall\": true), so both are measured on one read\n"
             "--attend W (--docs): instead of answering, on stderr for each question and needle, the rank of\n"
             "  the needle's W-token window of the document among all windows by the attention the question's\n"
             "  rows give the pot's entries in it (summed; their max; their mean): could the pot's attention\n"
@@ -135,6 +139,7 @@ static int parse_args(int argc, char **argv, options *o) {
             else if (!strcmp(a, "--plain")) o->set.plain = 1;
             else if (!strcmp(a, "--trace")) o->trace = 1;
             else if (!strcmp(a, "--winners")) o->winners = 1;
+            else if (!strcmp(a, "--also-without-recall")) o->also_without_recall = 1;
             else return fprintf(stderr, "longdoc: unknown argument %s\n", a), -1;
         }
         if (used && !v) return fprintf(stderr, "longdoc: %s needs a value\n", a), -1;
@@ -574,17 +579,18 @@ static engine_doc *read_or_load_doc(engine *e, const options *o, const engine_po
     return d;
 }
 
-/* Answers question qi over d (with --recall, after the passages of text that
- * share its words) and prints its JSON line. */
+/* Answers question qi over d (with recall_bytes > 0, after the passages of
+ * text that share its words) and prints its JSON line. */
 static int answer_question(engine_doc *d, const options *o, const engine_info *info, const char *id,
-                           int qi, const char *question, const char *text, size_t len, const int64_t *tok,
-                           int n_needles, int pot_loaded, double t_start_ms, char *err, size_t el) {
+                           int qi, const char *question, long recall_bytes, const char *text, size_t len,
+                           const int64_t *tok, int n_needles, int pot_loaded, double t_start_ms, char *err,
+                           size_t el) {
     answer ans = {{0}, 0};
     engine_gen_result res = {0};
     recall_result rr = {0};
     char *asked = NULL;
-    if (o->recall_bytes > 0) {
-        if (recall_passages(text, len, question, (size_t)o->recall_bytes, o->recall_order, &rr) ||
+    if (recall_bytes > 0) {
+        if (recall_passages(text, len, question, (size_t)recall_bytes, o->recall_order, &rr) ||
             !(asked = recall_question(&rr, question))) {
             recall_result_free(&rr);
             return snprintf(err, el, "out of memory recalling passages"), -1;
@@ -617,7 +623,8 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
                           "peak_rss_bytes", (json_int_t)ru.ru_maxrss * 1024, "answer_ms",
                           res.prefill_ms + res.decode_ms);
     if (j && pot_loaded) json_object_set_new(j, "pot_loaded", json_true()); /* ingest fields: from its first reading */
-    if (j && o->recall_bytes > 0) {
+    if (j && recall_bytes == 0 && o->recall_bytes > 0) json_object_set_new(j, "without_recall", json_true());
+    if (j && recall_bytes > 0) {
         json_object_set_new(j, "recall_passages", json_integer(rr.passages));
         json_object_set_new(j, "recall_bytes", json_integer((json_int_t)rr.len));
         json_object_set_new(j, "prompt_tokens", json_integer((json_int_t)res.n_prompt));
@@ -716,7 +723,13 @@ static int run_doc_line(engine *e, const options *o, const engine_info *info, js
             if (!d) rc = -1;
         }
         if (!rc && o->attend > 0) rc = print_attention(d, o, info, id, qi, q, tok, n_needles, err, el);
-        else if (!rc) rc = answer_question(d, o, info, id, qi, q, text, (size_t)len, tok, n_needles, loaded, t0, err, el);
+        else if (!rc) {
+            if (o->also_without_recall && o->recall_bytes > 0)
+                rc = answer_question(d, o, info, id, qi, q, 0, text, (size_t)len, tok, n_needles, loaded, t0, err, el);
+            if (!rc)
+                rc = answer_question(d, o, info, id, qi, q, o->recall_bytes, text, (size_t)len, tok, n_needles,
+                                     loaded, t0, err, el);
+        }
     }
     engine_doc_close(d);
     free(text);

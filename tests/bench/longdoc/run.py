@@ -114,6 +114,9 @@ ABLATIONS = {
     # a re-read's question-guided pot (FINCH with the question) asked with the same passages
     "finch-recall-bestlast": ["--policy", "finch", "--recall", "4096", "--recall-order", "best-last"],
 }
+# --also-without-recall: a recall policy's rows answered over the same pot without
+# the passages, recorded under the policy without recall (finch-recall-bestlast -> finch)
+WITHOUT_RECALL = {p: p.split("-recall")[0] for p, args in ABLATIONS.items() if "--recall" in args}
 # A `+ra` suffix (e.g. `none+ra`, `infinipot+ra`) answers with recycled
 # attention (the Recycled Attention paper): a full step every 16, the 1024 entries each KV head
 # attended to most in between, scores max-pooled over 7 slots (`+ra-w1`: not
@@ -242,6 +245,9 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
     if not uncompressed(base):
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
+    both = a.also_without_recall and base in WITHOUT_RECALL and not decoding
+    if both:
+        args += ["--also-without-recall"]
     t0, n = time.time(), 0
     with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
         for line in p.stdout:
@@ -532,6 +538,9 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
     if not uncompressed(base):
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
+    both = a.also_without_recall and base in WITHOUT_RECALL and not decoding
+    if both:
+        args += ["--also-without-recall"]
     if a.pots:
         pots = pathlib.Path(a.pots) / pathlib.Path(a.model).stem
         pots.mkdir(parents=True, exist_ok=True)
@@ -544,7 +553,8 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
             _, L, k, rot = r["id"].split(":")
             task = plan[r["q"]]
             first = sorted(x for t in needles for x in t).index(needles[r["q"]][0])  # the answer's needle
-            r.update(split=split, policy=policy, budget=budget, keep=keep, length=length, trial=int(k),
+            r.update(split=split, policy=WITHOUT_RECALL[base] if r.pop("without_recall", False) else policy,
+                     budget=budget, keep=keep, length=length, trial=int(k),
                      rotation=int(rot), task=task["kind"], depth=tasks.depth_of(r["q"], int(rot)),
                      expected=task["answer"], hit=tasks.score(task, r["answer"]),
                      kept_needle=r["kept"][first], kept_layers_needle=r["kept_layers"][first],
@@ -701,6 +711,9 @@ def main():
                     help="--tasks: the tasks whose questions are asked (every needle is still in the document)")
     ap.add_argument("--answer-tokens", type=int, default=40,
                     help="--tasks: the most tokens an answer has (40: room for four 7-digit values)")
+    ap.add_argument("--also-without-recall", action="store_true",
+                    help="--tasks: a recall policy (e.g. finch-recall-bestlast) also answers each question over "
+                         "the same pot without the passages, recorded as the policy without recall (finch)")
     ap.add_argument("--pots", help="--tasks: keep each document's question-agnostic pot in POTS/<model>/ once "
                                    "read and load it from there the next time (any --out): new questions or "
                                    "another recall cost no re-reading; rows so answered have pot_loaded")
