@@ -6,6 +6,7 @@
 #define POTSERVE_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -67,6 +68,19 @@ enum { TEST_SANITIZED = 1 };
 #else
 enum { TEST_SANITIZED = 0 };
 #endif
+
+/* A float's bits and back, for bit-exact checks and hand-made values. */
+static inline uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Path of a fixture file written by tests/make_fixtures.py (build/fixtures/NAME). */
 const char *test_fixture(const char *name);

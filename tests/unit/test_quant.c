@@ -23,22 +23,10 @@
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* Bitwise equality, except that any NaN equals any NaN. */
 static int same_float(float a, float b) {
     if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
-    return fbits(a) == fbits(b);
+    return float_bits(a) == float_bits(b);
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -107,7 +95,7 @@ static void check_row(stats *st, uint32_t type, const void *row, const void *wan
         if (!same_float(buf[i], w)) {
             if (bad < 3)
                 fprintf(stderr, "  %s row %llu [%lld]: got %.9g (0x%08x), expected %.9g (0x%08x)\n", what,
-                        (unsigned long long)r, (long long)i, buf[i], fbits(buf[i]), w, fbits(w));
+                        (unsigned long long)r, (long long)i, buf[i], float_bits(buf[i]), w, float_bits(w));
             bad++;
         }
     }
@@ -206,8 +194,8 @@ TEST(quant_f16_conversions) {
     CHECK(quant_f16_to_f32(0x03ff) == 1023 * 0x1p-24f);
     CHECK(quant_f16_to_f32(0x0400) == 0x1p-14f);
     CHECK(quant_f16_to_f32(0x3555) == 0x1.554p-2f);
-    CHECK(fbits(quant_f16_to_f32(0x8000)) == 0x80000000u);
-    CHECK(fbits(quant_f16_to_f32(0x0000)) == 0);
+    CHECK(float_bits(quant_f16_to_f32(0x8000)) == 0x80000000u);
+    CHECK(float_bits(quant_f16_to_f32(0x0000)) == 0);
     CHECK(isinf(quant_f16_to_f32(0x7c00)) && quant_f16_to_f32(0x7c00) > 0);
     CHECK(isinf(quant_f16_to_f32(0xfc00)) && quant_f16_to_f32(0xfc00) < 0);
     CHECK(isnan(quant_f16_to_f32(0x7e00)));
@@ -226,8 +214,8 @@ TEST(quant_f16_conversions) {
     CHECK_EQ_INT(quant_f32_to_f16(INFINITY), 0x7c00);
     CHECK_EQ_INT(quant_f32_to_f16(-INFINITY), 0xfc00);
     CHECK(is_f16_nan(quant_f32_to_f16(NAN)));
-    CHECK(is_f16_nan(quant_f32_to_f16(bitsf(0x7f800001u)))); /* payload only in the low bits */
-    CHECK(is_f16_nan(quant_f32_to_f16(bitsf(0xffc00000u))));
+    CHECK(is_f16_nan(quant_f32_to_f16(bits_float(0x7f800001u)))); /* payload only in the low bits */
+    CHECK(is_f16_nan(quant_f32_to_f16(bits_float(0xffc00000u))));
     CHECK_EQ_INT(quant_f32_to_f16(0x1p-24f), 0x0001);
     CHECK_EQ_INT(quant_f32_to_f16(-0x1p-24f), 0x8001);
     CHECK_EQ_INT(quant_f32_to_f16(0x1p-25f), 0x0000);         /* tie: to even (zero) */
@@ -256,8 +244,8 @@ TEST(quant_f16_conversions) {
 TEST(quant_bf16_conversions) {
     CHECK(quant_bf16_to_f32(0x3f80) == 1.0f);
     CHECK(quant_bf16_to_f32(0xc000) == -2.0f);
-    CHECK(fbits(quant_bf16_to_f32(0x8000)) == 0x80000000u);
-    CHECK(quant_bf16_to_f32(0x0001) == bitsf(0x00010000u)); /* subnormal */
+    CHECK(float_bits(quant_bf16_to_f32(0x8000)) == 0x80000000u);
+    CHECK(quant_bf16_to_f32(0x0001) == bits_float(0x00010000u)); /* subnormal */
     CHECK(isinf(quant_bf16_to_f32(0x7f80)));
     CHECK(isnan(quant_bf16_to_f32(0x7fc0)));
     CHECK(isnan(quant_bf16_to_f32(0x7f81)));
@@ -266,15 +254,15 @@ TEST(quant_bf16_conversions) {
     CHECK_EQ_INT(quant_f32_to_bf16(-0.0f), 0x8000);
     CHECK_EQ_INT(quant_f32_to_bf16(1.00390625f), 0x3f80);  /* 1 + 2^-8: tie to even */
     CHECK_EQ_INT(quant_f32_to_bf16(1.01171875f), 0x3f82);  /* 1 + 3*2^-8: tie to even */
-    CHECK_EQ_INT(quant_f32_to_bf16(bitsf(0x3f808001u)), 0x3f81); /* just above the tie */
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_float(0x3f808001u)), 0x3f81); /* just above the tie */
     CHECK_EQ_INT(quant_f32_to_bf16(FLT_MAX), 0x7f80);      /* rounds up to infinity */
     CHECK_EQ_INT(quant_f32_to_bf16(INFINITY), 0x7f80);
     CHECK_EQ_INT(quant_f32_to_bf16(-INFINITY), 0xff80);
-    CHECK_EQ_INT(quant_f32_to_bf16(bitsf(0x00000001u)), 0x0000);
-    CHECK_EQ_INT(quant_f32_to_bf16(bitsf(0x00008001u)), 0x0001); /* subnormal rounding up */
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_float(0x00000001u)), 0x0000);
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_float(0x00008001u)), 0x0001); /* subnormal rounding up */
     CHECK(is_bf16_nan(quant_f32_to_bf16(NAN)));
-    CHECK_EQ_INT(quant_f32_to_bf16(bitsf(0x7f800001u)), 0x7fc0); /* signalling NaN made quiet, not inf */
-    CHECK_EQ_INT(quant_f32_to_bf16(bitsf(0xffc00000u)), 0xffc0);
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_float(0x7f800001u)), 0x7fc0); /* signalling NaN made quiet, not inf */
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_float(0xffc00000u)), 0xffc0);
 
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
@@ -314,7 +302,7 @@ TEST(quant_fixture_conversions) {
                 uint16_t got = sets[s].bf16 ? quant_f32_to_bf16(v) : quant_f32_to_f16(v);
                 int ok = sets[s].bf16 ? got == want : (is_f16_nan(want) ? is_f16_nan(got) : got == want);
                 if (!ok && bad++ < 5)
-                    fprintf(stderr, "  %s: %.9g (0x%08x) -> 0x%04x, expected 0x%04x\n", sets[s].out, v, fbits(v),
+                    fprintf(stderr, "  %s: %.9g (0x%08x) -> 0x%04x, expected 0x%04x\n", sets[s].out, v, float_bits(v),
                             got, want);
             }
             CHECK_EQ_INT(bad, 0);

@@ -109,12 +109,6 @@ static int64_t gen_case(uint32_t type, int idx, uint8_t *row, float *x) {
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
 static float half_of(const uint8_t *p) {
     return quant_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
 }
@@ -225,7 +219,7 @@ TEST(quant_dot_act_roundtrip) {
                         memcpy(&d, blk, 4);
                         /* d = 1/iscale with iscale = -127/max, the signed element of largest |x| */
                         const float want = amax == 0.0f ? 0.0f : 1 / (-127.f / max);
-                        CHECK(fbits(d) == fbits(want));
+                        CHECK(float_bits(d) == float_bits(want));
                         d_true = d_used = fabs((double)d);
                         for (int j = 0; j < 16; j++) {
                             int s = 0;
@@ -367,9 +361,9 @@ static void check_dot(uint32_t type, const uint8_t *row, const float *x, int64_t
     }
     const float scalar = vec_dot_path(1, type, row, act, n);
     const float simd = vec_dot_path(0, type, row, act, n);
-    if (fbits(scalar) != fbits(simd)) {
+    if (float_bits(scalar) != float_bits(simd)) {
         fprintf(stderr, "  %s %s n=%lld: scalar %.9g != simd %.9g\n", quant_type_name(type), what, (long long)n, scalar, simd);
-        CHECK(fbits(scalar) == fbits(simd));
+        CHECK(float_bits(scalar) == float_bits(simd));
     }
     const double tol = 64 * FLT_EPSILON * parts + s_err + 1e-30;
     const double err = fabs((double)simd - ref);
@@ -524,13 +518,13 @@ TEST(quant_dot_ggml_golden) {
             quant_quantize_act(golden[g].type, x, act, n);
             for (int scalar = 1; scalar >= 0; scalar--) {
                 const float got = vec_dot_path(scalar, golden[g].type, row, act, n);
-                if (fbits(got) != golden[g].bits[idx]) {
+                if (float_bits(got) != golden[g].bits[idx]) {
                     uint32_t u = golden[g].bits[idx];
                     float want;
                     memcpy(&want, &u, 4);
                     fprintf(stderr, "  %s case %d (%s): %.9g (0x%08x), ggml %.9g (0x%08x)\n", quant_type_name(golden[g].type),
-                            idx, scalar ? "scalar" : "simd", got, fbits(got), want, u);
-                    CHECK(fbits(got) == golden[g].bits[idx]);
+                            idx, scalar ? "scalar" : "simd", got, float_bits(got), want, u);
+                    CHECK(float_bits(got) == golden[g].bits[idx]);
                 }
                 checked++;
             }
