@@ -173,14 +173,15 @@ def stream(srv, body):
 
 
 def test_reread_with_recall(srv, lost):
-    """`"recall": true` with a re-read: the question is asked over the re-read's
-    pot with the passages before it (both objects in the answer; the passages
-    after the same pot as the re-read alone, so the same cached tokens); "auto"
-    yields to a re-read. Streamed, the comments come in order."""
+    """A re-read with recall ("auto", the session's, since its pot dropped text;
+    or true): the question is asked over the re-read's pot with the passages
+    before it (both objects in the answer; the passages after the same pot as
+    the re-read alone, so the same cached tokens). Streamed, the comments come
+    in order."""
     up, _ = lost
-    st, alone, _ = ask(srv, up["id"], reread=True)  # recall "auto" (the session's): yields to the re-read
+    st, alone, _ = ask(srv, up["id"], reread=True, recall=False)
     assert st == 200 and "reread" in alone and "recall" not in alone, alone
-    st, both, _ = ask(srv, up["id"], reread=True, recall=True)
+    st, both, _ = ask(srv, up["id"], reread=True)  # recall "auto", the session's
     assert st == 200 and both["reread"]["tokens"] == alone["reread"]["tokens"], both
     assert both["recall"]["passages"] >= 1 and KEY in both["choices"][0]["message"]["content"], both
     cached = lambda a: a["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -308,7 +309,7 @@ def test_setting_survives_a_restart(tmp_path, model):
         assert st == 200 and a["recall"]["passages"] >= 1, a
         assert s.stop() == 0
         # the server's default turned on: sessions without a setting follow it; one that re-reads
-        # by default re-reads and recalls (true, unlike "auto", does not yield to a re-read)
+        # by default re-reads and recalls
         s.flags[s.flags.index("false")] = "true"
         s.start()
         for sid in (plain["id"], rr["id"]):
