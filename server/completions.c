@@ -66,7 +66,7 @@ struct generation {
     reread_stats reread_st;
     reread_pot *reread_pot; /* its pot, held until the generation is freed */
     /* a question asked with its document's passages (recall.c); after a re-read
-       (recall_after_reread: API_RECALL_ON or API_RECALL_AUTO, else 0): over the re-read's pot */
+       (recall_after_reread: the question's api_recall mode): over the re-read's pot */
     int recalling, recall_after_reread;
     recall_stats recall_st;
     char *recalled;         /* the question with the passages: what req's question points to */
@@ -855,7 +855,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
                          (long long)st->tokens, st->ms / 1e3, (unsigned long long)st->pass, st->questions);
         stream_write(r, line, (size_t)n);
     }
-    /* "auto" recalls when it still applies: an upload may have begun during the re-read */
+    /* "auto" recalls when it applies now: the session may have begun receiving an upload */
     if (g->recall_after_reread == API_RECALL_ON ||
         (g->recall_after_reread == API_RECALL_AUTO && recall_auto_applies(g->ss))) {
         /* recall_done asks the question over this pot, with its passages */
@@ -1044,13 +1044,12 @@ static void start_generation(request *r, int chat, json_t *responses) {
         reread = q->reread > 0 || (q->reread < 0 && g->ss->settings.reread);
         int mode = recall_mode(s, g->ss, q->recall);
         const char **asked = asked_question(q);
-        /* "auto": once the pot has dropped some of the document; a re-read's pot, of the same
-           budget, has dropped as much, and the passages add answers to it (docs/results/longdoc.md,
-           "Re-reading with recall") */
-        int recall_on = mode == API_RECALL_ON ||
-                        (mode == API_RECALL_AUTO && asked && *asked && **asked && recall_auto_applies(g->ss));
-        recall = recall_on && !reread;
-        g->recall_after_reread = recall_on && reread ? mode : 0;
+        recall = !reread && (mode == API_RECALL_ON || (mode == API_RECALL_AUTO && asked && *asked && **asked &&
+                                                       recall_auto_applies(g->ss)));
+        /* after a re-read, "auto" is decided once its pot is ready (reread_done): a re-read's pot,
+           of the same budget, drops as much as the session's, and the passages add answers to it
+           (docs/results/longdoc.md, "Re-reading with recall") */
+        g->recall_after_reread = reread ? mode : API_RECALL_OFF;
         char err[256];
         /* a re-read renders the prompt after its pot exists (reread_done), a recall after its
            passages are chosen (recall_done) */
