@@ -245,9 +245,6 @@ def run_cell(a, hay, kind, policy, budget, lengths, depths, work, done=frozenset
     if not uncompressed(base):
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
-    both = a.also_without_recall and base in WITHOUT_RECALL and not decoding
-    if both:
-        args += ["--also-without-recall"]
     t0, n = time.time(), 0
     with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as p:
         for line in p.stdout:
@@ -538,8 +535,7 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
     if not uncompressed(base):
         args += ["--keep", str(keep)]
     args += ABLATIONS.get(base, ["--policy", base]) + RECYCLED[decoding]
-    both = a.also_without_recall and base in WITHOUT_RECALL and not decoding
-    if both:
+    if a.also_without_recall and base in WITHOUT_RECALL and not decoding:
         args += ["--also-without-recall"]
     if a.pots:
         pots = pathlib.Path(a.pots) / pathlib.Path(a.model).stem
