@@ -44,10 +44,10 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     (answers of at most 16 tokens: room for a pass key). With --pots the
     pots are kept, and a second run over them reads no document and answers
     every question exactly as the first."""
-    def run(policies, out):
+    def run(policies, out, answer_tokens=16):
         p = subprocess.run([sys.executable, str(RUN), "-m", str(model), "--tasks", "--splits", "test",
                             "--lengths", "1024", "--trials", "1", "--policies", policies, "--budgets", "256",
-                            "--threads", "2", "--answer-tokens", "16", "--pots", str(tmp_path / "pots"),
+                            "--threads", "2", "--answer-tokens", str(answer_tokens), "--pots", str(tmp_path / "pots"),
                             "--out", str(out)],
                            capture_output=True, text=True, timeout=600, env={**os.environ, "POTSERVE_BIN": str(BIN)})
         assert p.returncode == 0, p.stderr[-2000:]
@@ -58,6 +58,15 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     assert len(list((tmp_path / "pots").glob("*/*.pot"))) == 6  # three documents, two policies
     again = run("infinipot", tmp_path / "again")
     assert len(again) == 15 and all(r["pot_loaded"] for r in again)
+    assert all(isinstance(r["answer_cut"], bool) for r in rows + again)
+    # --answer-tokens 2 stops every answer: each is marked cut and is the start of its 16-token
+    # answer (greedy decoding: the limit changes nothing else); the report counts its cut misses
+    short = run("infinipot", tmp_path / "short", answer_tokens=2)
+    assert all(r["answer_cut"] for r in short), short
+    assert all(q["answer"].startswith(r["answer"]) for r, q in zip(short, again)), (short, again)
+    assert sum(not q["answer_cut"] for q in again) > 0, again  # 16 tokens: some answers end
+    line = next(x for x in (tmp_path / "short" / "tasks.md").read_text().splitlines() if "| infinipot |" in x)
+    assert line.rstrip(" |").split("|")[-1].strip() == str(sum(not r["hit"] for r in short)), line
     # a damaged pot or needle file is read again, not trusted: same answers, not loaded
     pot = next((tmp_path / "pots").glob("*/test_1024_0_0.b256.pot"))
     pot.write_bytes(pot.read_bytes()[:1000] + b"garbage")

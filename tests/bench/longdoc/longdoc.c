@@ -623,6 +623,8 @@ static int answer_question(engine_doc *d, const options *o, const engine_info *i
                           "peak_rss_bytes", (json_int_t)ru.ru_maxrss * 1024, "answer_ms",
                           res.prefill_ms + res.decode_ms);
     if (j && pot_loaded) json_object_set_new(j, "pot_loaded", json_true()); /* ingest fields: from its first reading */
+    /* an answer stopped by -n rather than by the model: a miss may be a right answer cut short */
+    if (j) json_object_set_new(j, "answer_cut", json_boolean(res.finish == ENGINE_FINISH_LENGTH));
     if (j && recall_bytes == 0 && o->recall_bytes > 0) json_object_set_new(j, "without_recall", json_true());
     if (j && recall_bytes > 0) {
         json_object_set_new(j, "recall_passages", json_integer(rr.passages));

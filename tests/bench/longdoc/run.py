@@ -615,10 +615,11 @@ def tasks_report(rows, out, cmdline):
              "layers and KV heads; kept all: the same averaged over every needle of the document (all tasks); low layers: how many layers hold less than a tenth of it (on average over the "
              "cell). tok/s: median ingest speed (a shared 2-core machine: compare only within one run). "
              "compress share: median share of ingest time spent selecting and compacting. peak RSS: the "
-             "bench process (model + one pot).", "",
+             "bench process (model + one pot). cut misses: misses whose answer the answer-token limit "
+             "(--answer-tokens) stopped, not the model (– where the rows predate the field).", "",
              "| model | split | policy | budget | length | doc tokens | " + " | ".join(tasks.TASKS)
-             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | kept all | low layers | tok/s | compress share | peak RSS MB |",
-             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|---|---|---|"]
+             + " | " + " | ".join(f"depth {d}" for d in tasks.DEPTHS) + " | all | kept | kept all | low layers | tok/s | compress share | peak RSS MB | cut misses |",
+             "|---|---|---|---|---|---|" + "---|" * (len(tasks.TASKS) + len(tasks.DEPTHS)) + "---|---|---|---|---|---|---|---|"]
     for key in sorted({k(r) for r in rows}, key=lambda x: (x[0], x[1], x[4], x[2], x[3])):
         cell = [r for r in rows if k(r) == key]
         per_task = [fmt_acc([r for r in cell if r["task"] == t]) for t in tasks.TASKS]
@@ -633,9 +634,11 @@ def tasks_report(rows, out, cmdline):
         share = sorted(r["compress_ms"] / max(r["ingest_ms"], 1e-9) for r in cell)[len(cell) // 2]
         read = [r["peak_rss_bytes"] for r in cell if not r.get("pot_loaded")]  # a loaded pot's run read nothing
         rss = f"{max(read) / 1e6:.0f}" if read else "–"
+        marked = [r for r in cell if "answer_cut" in r]
+        cut = f"{sum(r['answer_cut'] and not r['hit'] for r in marked)}" if marked else "–"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3] or 'document'} | {key[4]} | {toks} | "
                      + " | ".join(per_task) + " | " + " | ".join(per_depth)
-                     + f" | {fmt_acc(cell)} | {kept:.2f} | {kept_all:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss} |")
+                     + f" | {fmt_acc(cell)} | {kept:.2f} | {kept_all:.2f} | {low} | {tps:.0f} | {100 * share:.2f} % | {rss} | {cut} |")
     table = "\n".join(lines) + "\n"
     (out / "tasks.md").write_text(table)
     tasks_heatmap(rows, out / "tasks.png")
