@@ -374,7 +374,10 @@ def test_request_timeout_covers_the_wait_behind_an_ingest(tmp_path):
         assert st == 503 and body["error"]["code"] == "request_timeout", (st, body, took)
         assert int(hdrs["Retry-After"]) >= 1, hdrs
         assert took < 2 + 8, took  # the deadline and one engine chunk, with slack for a shared machine
-        # streamed: the error arrives as an event of the stream, then [DONE]
+        # streamed: the error arrives as an event of the stream, then [DONE]. A second long
+        # chunk first: on a fast machine the first may be ingested by now
+        st, body, _ = upload(s, sid, text(300, seed=300).encode(), "?wait=false", timeout=60)
+        assert st == 202, body
         t0 = time.time()
         st, events, _ = s.request("POST", "/v1/chat/completions", dict(ask, stream=True), timeout=120)
         took = time.time() - t0
@@ -385,7 +388,7 @@ def test_request_timeout_covers_the_wait_behind_an_ingest(tmp_path):
         assert st == 200, body
         assert mid < body["tokens_ingested"], "the ingest ended before the questions came back: lengthen it"
         now = session(s, sid)  # unharmed by the questions that timed out
-        assert now["status"] == "ready" and "error" not in now and now["last_seq"] == 2, now
+        assert now["status"] == "ready" and "error" not in now and now["last_seq"] == 3, now
     finally:
         assert s.stop() == 0
 
