@@ -113,6 +113,10 @@ ABLATIONS = {
     "infinipot-recall-bestlast": ["--policy", "infinipot", "--recall", "4096", "--recall-order", "best-last"],
     # a re-read's question-guided pot (FINCH with the question) asked with the same passages
     "finch-recall-bestlast": ["--policy", "finch", "--recall", "4096", "--recall-order", "best-last"],
+    # FINCH scored by each entry's sharpest question row (max over the rows, not their sum),
+    # and also by the group's sharpest head: a question's key word against its instructions
+    "finch-rowmax": ["--policy", "finch", "--row-max", "1"],
+    "finch-max": ["--policy", "finch", "--row-max", "1", "--score-max", "1"],
 }
 # --also-without-recall: a recall policy's rows answered over the same pot without
 # the passages, recorded under the policy without recall (finch-recall-bestlast -> finch)
