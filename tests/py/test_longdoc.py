@@ -150,3 +150,32 @@ def test_longdoc_tasks_harness_smoke(model, tmp_path):
     # the 135M model reads a pass key from a 1K document it holds whole
     assert any(r["hit"] for r in rows if r["policy"] == "none" and r["task"] == "single")
     assert "| test | none | document | 1024 |" in (tmp_path / "tasks.md").read_text()
+
+
+def test_notes_screen_scoring():
+    """notes_screen.py counts a needle as carried by the notes only when every
+    number, VAR name, key word and city of it is written there, and cuts a
+    document into chunks that cover it exactly."""
+    import random
+    sys.path.insert(0, str(ROOT / "tests" / "bench" / "longdoc"))
+    import notes_screen
+    import tasks
+    rng = random.Random(7)
+    for kind in tasks.TASKS:
+        task = tasks.make_task(kind, rng)
+        for needle in task["needles"]:
+            words = notes_screen.salient(needle)
+            assert words, needle
+            assert notes_screen.carried(needle, "notes: " + " ; ".join(words))
+            assert notes_screen.carried(needle, needle)
+            for w in words:  # each word is needed, and only as a whole word
+                assert not notes_screen.carried(needle, needle.replace(w, "x" + w + "9"))
+    fact = "Ada Lovelace moved to Lisbon many years ago and still lives there."
+    assert notes_screen.salient(fact) == ["Lovelace", "Lisbon"]
+    assert notes_screen.salient("VAR ABCDE = VAR FGHIJ.") == ["ABCDE", "FGHIJ"]
+    assert notes_screen.salient("The special magic number for walnut is 90644.") == ["90644", "walnut"]
+    text = b"".join(b"paragraph %d " % i * 40 + b"\n\n" for i in range(50))
+    parts = notes_screen.chunks(text, 1000)
+    assert parts[0][0] == 0 and parts[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert all(e - s <= 1000 for s, e in parts)
