@@ -512,7 +512,9 @@ def task_docs(a, split, length, units, tpb, work, limit=None):
                     break
                 target = int(target * 0.97)
             path = work / f"doc_{split}_{length}_{k}_{rot}.txt"
-            path.write_text(text)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # renamed into place, as the plan below
+            tmp.write_text(text)
+            os.replace(tmp, path)
             docs.append((f"{split}:{length}:{k}:{rot}", path, plan, needles))
     return docs
 
@@ -525,12 +527,16 @@ def run_task_cell(a, split, policy, budget, length, docs, done):
         return
     work = pathlib.Path(a.out) / "work"
     plan_path = work / "docs.jsonl"
-    with open(plan_path, "w") as f:
+    # written aside and renamed into place: a bench still reading the plan of another run in the
+    # same folder keeps its own file (an overwrite in place cut one short)
+    tmp = plan_path.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
         for did, path, plan, needles in pending:
             flat = sorted(list(r) for t in needles for r in t)  # the bench reads them in document order
             f.write(json.dumps({"id": did, "doc": str(path), "needles": flat,
                                 "questions": [t["question"] if t["kind"] in a.ask.split(",") else ""
                                               for t in plan]}) + "\n")
+    os.replace(tmp, plan_path)
     by_id = {d[0]: d for d in pending}
     base, _, decoding = policy.partition("+")
     keep = budget if uncompressed(base) else (a.keep or budget // 2)
