@@ -4,8 +4,9 @@ tokens each) and writes short notes of the facts each chunk states, without
 knowing any question (a gist memory in the manner of ReadAgent); then each of
 the document's five questions is asked over all the notes together. Two
 figures per document: how many of the needles the notes still carry (every
-number, VAR name, key word or city of a needle written in them; an upper
-bound on what a memory of these notes could answer) and how many questions
+number, VAR name, key word or city of a needle written in them: what a
+memory of these notes holds, though a question may still be answered from
+part of it, as a chain's value from its first line) and how many questions
 the model answers from the notes (scored as the bench scores, tasks.score).
 
   .venv/bin/python tests/bench/longdoc/notes_screen.py --out build/fscreen -m MODEL --split tune --length 32768
