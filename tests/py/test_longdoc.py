@@ -179,3 +179,27 @@ def test_notes_screen_scoring():
     assert parts[0][0] == 0 and parts[-1][1] == len(text)
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
     assert all(e - s <= 1000 for s, e in parts)
+
+
+def test_capacity_classes():
+    """capacity.py takes the needles out of a built document byte-exactly
+    (none left in the haystack, no haystack text lost) and sorts sentences
+    into the fact classes it counts."""
+    import random
+    sys.path.insert(0, str(ROOT / "tests" / "bench" / "longdoc"))
+    import capacity
+    import tasks
+    paras = [f"Paragraph {i} says the mirror carries version {i}.{i + 1} of “dpkg”. It is ordinary."
+             for i in range(400)]
+    plan = [tasks.make_task(k, random.Random(3)) for k in tasks.TASKS]
+    text, needles = tasks.build_document(paras, 0.25, 4000, plan, 1)
+    hay, needle_texts = capacity.haystack_and_needles(text, needles)
+    assert sorted(needle_texts) == sorted(n for t in plan for n in t["needles"])
+    assert not any(n in "\n\n".join(hay) for n in needle_texts)
+    assert sum(len(p) for p in hay) + sum(len(n) for n in needle_texts) == len(text.replace("\n\n", ""))
+    assert capacity.kinds("It is ordinary.") == set()
+    assert capacity.kinds("Paragraph 3 says the mirror carries version 3.4 of dpkg.") == set()  # first word
+    assert capacity.kinds("The mirror carries version 3.4 of “Debian”.") == {"name"}
+    assert capacity.kinds("the mirror holds 68980 packages") == {"number", "long number"}
+    assert capacity.kinds("Packages moved in 1996 to the Debian archive.") == {"number", "name"}
+    assert capacity.sentences("One. Two!\nThree? Four") == ["One.", "Two!", "Three?", "Four"]
