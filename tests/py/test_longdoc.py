@@ -203,3 +203,18 @@ def test_capacity_classes():
     assert capacity.kinds("the mirror holds 68980 packages") == {"number", "long number"}
     assert capacity.kinds("Packages moved in 1996 to the Debian archive.") == {"number", "name"}
     assert capacity.sentences("One. Two!\nThree? Four") == ["One.", "Two!", "Three?", "Four"]
+
+
+def test_capacity_rows_garbage(tmp_path):
+    """capacity.py --rows answers a file that is not run.py rows with a clear
+    error naming it, not a traceback."""
+    script = ROOT / "tests" / "bench" / "longdoc" / "capacity.py"
+    for name, text in (("junk.jsonl", "garbage\n"), ("other.jsonl", '{"a": 1}\n'), ("list.jsonl", "[1, 2]\n")):
+        (tmp_path / name).write_text(text)
+        p = subprocess.run([sys.executable, str(script), "--rows", str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and f"{name}: not run.py --tasks rows" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, str(script), "--rows", str(tmp_path / "missing.jsonl")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "missing.jsonl: not run.py --tasks rows" in p.stderr

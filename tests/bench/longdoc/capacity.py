@@ -114,10 +114,13 @@ def rows_report(paths):
     print("| rows | pot | " + " | ".join(f"kept {lo:.1f}–{min(hi, 1):.1f}" for lo, hi in KEPT_BINS) + " |")
     print("|---|---|" + "---|" * len(KEPT_BINS))
     for path in paths:
-        rows = [json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if x.strip()]
-        for policy in ("infinipot", "finch"):
-            cells = answered_by_kept(rows, policy)
-            print(f"| {pathlib.Path(path).name} | {policy} | " + " | ".join(f"{k}/{n}" for _, k, n in cells) + " |")
+        try:
+            rows = [json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if x.strip()]
+            cells = {policy: answered_by_kept(rows, policy) for policy in ("infinipot", "finch")}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"{path}: not run.py --tasks rows ({type(e).__name__}: {e})")
+        for policy, row in cells.items():
+            print(f"| {pathlib.Path(path).name} | {policy} | " + " | ".join(f"{k}/{n}" for _, k, n in row) + " |")
 
 
 def main():
