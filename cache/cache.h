@@ -26,6 +26,10 @@ typedef struct pot {
     int64_t *token_index; /* [n_layer][n_head_kv][capacity] index of the slot's token in the document */
     float *surprisal;     /* same layout: -log p(token | what preceded it when it was read) */
     float *score_acc;     /* same layout: attention received so far (policies that accumulate) */
+    uint8_t *joins;       /* same layout: 1 when the slot's token continues the word of the
+                             document token before it (no space between: a digit after a digit,
+                             the rest of a split name), so selection can keep words and numbers
+                             whole (select_params.whole_words); set by whoever reads the tokens */
     int64_t n_seen;       /* tokens of the document seen so far (the next token index) */
     pot_device *device;   /* NULL, or the device whose K/V are authoritative (below) */
     /* Optional cache of keys rotated to their slot's RoPE position (NULL unless
@@ -217,6 +221,10 @@ typedef struct select_params {
                              the same tokens (one only ever compacted so) */
     int32_t regions;      /* infinipot: > 1 splits NuC's slots evenly between this many equal parts
                              of the document read so far (by token index) */
+    int whole_words;      /* infinipot, finch, snapkv: after the pooling, every slot of a word (a
+                             run of slots joined by pot.joins) takes the word's best score, so a
+                             word or number is kept or dropped as one, not cut (a 7-digit number
+                             that loses its last digit answers wrong) */
     uint8_t *why;         /* NULL, or [n_layer][n_head_kv][p->n] filled with each slot's
                              pot_keep_reason (diagnostics: which scorer won a slot) */
 } select_params;

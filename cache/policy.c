@@ -90,6 +90,22 @@ static void pool_scores(const float *in, int32_t n, int32_t lead, int32_t trail,
     }
 }
 
+/* Every word's slots (a run of slots each joined to the one before by p->joins,
+ * at consecutive token indices) take the largest of their values, so that the
+ * ranking keeps or drops the word as one (select_params.whole_words). */
+static void join_words(const pot *p, size_t base, float *value, int32_t n) {
+    for (int32_t s = 0; s < n;) {
+        int32_t end = s + 1;
+        while (end < n && p->joins[base + end] && p->token_index[base + end] == p->token_index[base + end - 1] + 1)
+            end++;
+        float best = -INFINITY;
+        for (int32_t j = s; j < end; j++)
+            if (value[j] > best) best = value[j]; /* NaN never wins */
+        for (int32_t j = s; j < end; j++) value[j] = best;
+        s = end;
+    }
+}
+
 /* NuC's span of w slots around a surprising token starts w/4 slots before
  * it: surprisal peaks where a new phrase begins (the needle's " key", not its
  * digits), and what makes the phrase new follows the peak. docs/results/longdoc.md,
@@ -159,22 +175,26 @@ int pot_select(const pot *p, const select_params *sp, int32_t *keep, char *err, 
                 int32_t t = (int32_t)floorf(sp->nuc_share * (float)free_slots);
                 int32_t lead = pot_nuc_lead(width);
                 pool_scores(p->surprisal + base, n, lead, width - 1 - lead, 1, work);
+                if (sp->whole_words) join_words(p, base, work, n);
                 if (sp->regions > 1)
                     take_best_by_region(p, base, work, pinned, n, t, sp->regions, kept, POT_KEPT_NUC, tmp, region_tmp);
                 else
                     take_best(work, pinned, n, t, kept, POT_KEPT_NUC, tmp);
                 pool_scores(score, n, width / 2, width / 2, 1, work);
+                if (sp->whole_words) join_words(p, base, work, n);
                 take_best(work, pinned, n, k - count_kept(kept, n), kept, POT_KEPT_SCORE, tmp);
                 break;
             }
             case POLICY_FINCH:
                 pool_scores(score, n, width / 2, width / 2, 1, work);
+                if (sp->whole_words) join_words(p, base, work, n);
                 take_best(work, pinned, n, free_slots, kept, POT_KEPT_SCORE, tmp);
                 break;
             case POLICY_SNAPKV: {
                 int32_t w = sp->window < free_slots ? sp->window : free_slots;
                 for (int32_t s = n - w; s < n; s++) kept[s] = POT_KEPT_FORCED;
                 pool_scores(score, n, width / 2, width / 2, 0, work);
+                if (sp->whole_words) join_words(p, base, work, n);
                 take_best(work, pinned, n, k - count_kept(kept, n), kept, POT_KEPT_SCORE, tmp);
                 break;
             }

@@ -58,12 +58,14 @@ static void f32_to_f16(const float *src, _Float16 *dst, size_t n) {
 
 static size_t elem_bytes(enum pot_dtype t) { return t == POT_F32 ? 4 : 2; }
 
+/* Per slot beside its K and V rows: token index (8), surprisal (4), score (4), joins (1) */
+enum { SLOT_META_BYTES = 8 + 4 + 4 + 1 };
+
 size_t pot_bytes(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t capacity,
                  enum pot_dtype dtype) {
     if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || capacity <= 0 || head_dim > 65536)
         return 0;
-    /* K and V rows plus token index (8), surprisal (4) and score (4) per slot */
-    size_t per_slot = 2 * elem_bytes(dtype) * (size_t)head_dim + 16;
+    size_t per_slot = 2 * elem_bytes(dtype) * (size_t)head_dim + SLOT_META_BYTES;
     size_t slots = (size_t)n_layer * (size_t)n_head_kv;
     if (slots > SIZE_MAX / (size_t)capacity) return 0;
     slots *= (size_t)capacity;
@@ -98,7 +100,7 @@ static size_t kv_rows_total(const pot *p) {
 
 size_t pot_memory(const pot *p) {
     size_t slots = (size_t)p->n_layer * p->n_head_kv * p->capacity;
-    return kv_rows_total(p) * 2 * elem_bytes(p->dtype) * (size_t)p->head_dim + slots * 16;
+    return kv_rows_total(p) * 2 * elem_bytes(p->dtype) * (size_t)p->head_dim + slots * SLOT_META_BYTES;
 }
 
 size_t pot_row(const pot *p, int32_t layer, int32_t head, int32_t slot) {
@@ -149,8 +151,10 @@ pot *pot_new_windowed(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int3
         p->token_index = malloc(slots * sizeof *p->token_index);
         p->surprisal = calloc(slots, sizeof *p->surprisal);
         p->score_acc = calloc(slots, sizeof *p->score_acc);
+        p->joins = calloc(slots, sizeof *p->joins);
     }
-    if (!p || !rings_ok || !p->k || !p->v || !p->token_index || !p->surprisal || !p->score_acc) {
+    if (!p || !rings_ok || !p->k || !p->v || !p->token_index || !p->surprisal || !p->score_acc ||
+        !p->joins) {
         pot_free(p);
         snprintf(err, errlen, "pot: out of memory for %zu bytes", bytes);
         return NULL;
@@ -182,6 +186,7 @@ void pot_free(pot *p) {
     free(p->token_index);
     free(p->surprisal);
     free(p->score_acc);
+    free(p->joins);
     free(p->ring);
     free(p->ring_oldest);
     free(p->layer_row0);
@@ -327,6 +332,7 @@ int pot_copy(pot *dst, const pot *src) {
             memcpy(dst->token_index + d, src->token_index + s, n * sizeof *src->token_index);
             memcpy(dst->surprisal + d, src->surprisal + s, n * sizeof *src->surprisal);
             memcpy(dst->score_acc + d, src->score_acc + s, n * sizeof *src->score_acc);
+            memcpy(dst->joins + d, src->joins + s, n * sizeof *src->joins);
             if (copy_rot)
                 memcpy((char *)dst->k_rot + pot_row(dst, l, h, 0) * row,
                        (const char *)src->k_rot + pot_row(src, l, h, 0) * row, (size_t)src->n_rot * row);
@@ -371,6 +377,7 @@ int pot_compact(pot *p, const int32_t *keep, int32_t n_keep) {
                 p->token_index[to] = p->token_index[from];
                 p->surprisal[to] = p->surprisal[from];
                 p->score_acc[to] = p->score_acc[from];
+                p->joins[to] = p->joins[from];
             }
         }
     if (p->ring) { /* a ring layer's newest slots move down by the dropped count: their rows stay */
@@ -393,6 +400,7 @@ void pot_append_done(pot *p, int32_t n) {
                 p->token_index[at] = p->n_seen + i;
                 p->surprisal[at] = 0;
                 p->score_acc[at] = 0;
+                p->joins[at] = 0;
             }
     p->n += n;
     p->n_seen += n;

@@ -1,9 +1,9 @@
 /* Pot snapshots: a pot, its session metadata and the caller's extra bytes in
  * one self-checking file.
  *
- * Layout of version 2 (written), every integer little-endian, no padding:
+ * Layout of version 3 (written), every integer little-endian, no padding:
  *   0  magic "POTSNAP\0"          8 bytes
- *   8  format version (2)         u32
+ *   8  format version (3)         u32
  *  12  model_fingerprint          u64
  *  20  log_offset                 u64
  *  28  n_layer, n_head_kv,        i32 x 3
@@ -18,10 +18,10 @@
  *  then for each layer, for each KV head, the n valid slots:
  *      K [n][head_dim] and V [n][head_dim] in the pot's dtype (IEEE half or
  *      single, little-endian), token_index i64[n], surprisal f32[n],
- *      score_acc f32[n]
+ *      score_acc f32[n], joins u8[n]
  *  then CRC-32C of every byte before it   u32
- * Version 1 (still read) is the same without extra_len and extra: a 64-byte
- * header, then the settings.
+ * Version 2 (still read) is the same without joins (read as 0); version 1
+ * also lacks extra_len and extra: a 64-byte header, then the settings.
  * The reader checks magic, version (a newer one is refused before anything
  * else is trusted), every count against sane bounds, the exact file size those
  * counts imply, and only then allocates; the checksum is verified before the
@@ -39,7 +39,8 @@
 #include <unistd.h>
 
 enum {
-    SNAP_VERSION = 2,
+    SNAP_VERSION = 3,
+    SNAP_FIRST_JOINS_VERSION = 3,
     SNAP_V1_HEADER_BYTES = 64,
     SNAP_HEADER_BYTES = 72, /* version 2: extra_len after the v1 fields */
     SNAP_MAX_LAYERS = 4096,
@@ -73,17 +74,17 @@ static void swap_elements(void *data, size_t count, size_t elem) {
 static size_t dtype_bytes(enum pot_dtype t) { return t == POT_F32 ? 4 : 2; }
 
 /* Bytes of one (layer, head)'s n slots in the file, 0 on overflow. */
-static uint64_t slots_bytes(uint64_t n, uint64_t head_dim, size_t elem) {
-    uint64_t per_slot = 2 * head_dim * elem + 8 + 4 + 4;
+static uint64_t slots_bytes(uint64_t n, uint64_t head_dim, size_t elem, int has_joins) {
+    uint64_t per_slot = 2 * head_dim * elem + 8 + 4 + 4 + (has_joins ? 1 : 0);
     return n > UINT64_MAX / per_slot ? 0 : n * per_slot;
 }
 
 /* Total file size for a header's counts (header_bytes: 64 for version 1, 72
- * for 2, whose extra_len v1 files lack); 0 when it overflows. */
-static uint64_t snapshot_bytes(uint32_t header_bytes, int32_t n_layer, int32_t n_head_kv,
+ * from 2, whose extra_len v1 files lack; joins from version 3); 0 when it overflows. */
+static uint64_t snapshot_bytes(uint32_t header_bytes, int has_joins, int32_t n_layer, int32_t n_head_kv,
                                int32_t head_dim, enum pot_dtype dtype, int32_t n,
                                uint32_t settings_len, uint64_t extra_len) {
-    uint64_t per_head = slots_bytes((uint64_t)n, (uint64_t)head_dim, dtype_bytes(dtype));
+    uint64_t per_head = slots_bytes((uint64_t)n, (uint64_t)head_dim, dtype_bytes(dtype), has_joins);
     uint64_t heads = (uint64_t)n_layer * (uint64_t)n_head_kv, payload;
     if (n > 0 && per_head == 0) return 0;
     if (__builtin_mul_overflow(heads, per_head, &payload)) return 0;
@@ -212,6 +213,7 @@ static int write_contents(int fd, const pot *p, const pot_snapshot_meta *meta,
             put_array(&w, p->token_index + s, n, sizeof *p->token_index);
             put_array(&w, p->surprisal + s, n, sizeof *p->surprisal);
             put_array(&w, p->score_acc + s, n, sizeof *p->score_acc);
+            put_array(&w, p->joins + s, n, sizeof *p->joins);
         }
     unsigned char crc[4];
     le_put_u32(crc, w.crc);
@@ -353,7 +355,7 @@ static int read_header(snap_reader *r, const char *path, uint64_t file_bytes, un
                  path, version, SNAP_VERSION);
         return -1;
     }
-    if (version != 1 && version != 2) {
+    if (version < 1) {
         snprintf(err, errlen, "snapshot %s: unsupported format version %u", path, version);
         return -1;
     }
@@ -430,7 +432,8 @@ pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapsho
                  (unsigned long long)ex_len);
         goto fail;
     }
-    uint64_t want = snapshot_bytes(header_bytes, n_layer, n_head_kv, head_dim,
+    int has_joins = le_get_u32(h + 8) >= SNAP_FIRST_JOINS_VERSION;
+    uint64_t want = snapshot_bytes(header_bytes, has_joins, n_layer, n_head_kv, head_dim,
                                    (enum pot_dtype)dtype, n, settings_len, ex_len);
     if (want != file_bytes) {
         snprintf(err, errlen, "snapshot %s: %s (%llu bytes, the header implies %llu)", path,
@@ -462,7 +465,8 @@ pot *pot_snapshot_read_extra(const char *path, int32_t min_capacity, pot_snapsho
                 get_array(&r, (char *)p->v + s * row * elem, (size_t)n * row, elem) != 0 ||
                 get_array(&r, p->token_index + s, (size_t)n, sizeof *p->token_index) != 0 ||
                 get_array(&r, p->surprisal + s, (size_t)n, sizeof *p->surprisal) != 0 ||
-                get_array(&r, p->score_acc + s, (size_t)n, sizeof *p->score_acc) != 0)
+                get_array(&r, p->score_acc + s, (size_t)n, sizeof *p->score_acc) != 0 ||
+                (has_joins && get_array(&r, p->joins + s, (size_t)n, sizeof *p->joins) != 0))
                 goto io_fail;
         }
     uint32_t computed = r.crc;

@@ -177,6 +177,8 @@ typedef struct engine_pot_settings {
                                  these replace the catalyst's scores (reading costs about twice) */
     int shared_selection;     /* infinipot, finch, snapkv: every layer and head keeps the same
                                  entries, chosen by scores summed over them */
+    int whole_words;          /* infinipot, finch, snapkv: a word or number is kept or dropped
+                                 whole (its tokens ranked by the best of their scores), never cut */
     int key_diff;             /* infinipot: CaP's share is chosen by how little an entry's key
                                  resembles its head's mean key direction (the KeyDiff paper's
                                  -cos(k, mean of k/|k|), pre-RoPE keys) instead of a catalyst's

@@ -3,6 +3,7 @@
  * (plus the policy's scoring rows when the pot is about to fill) -> policy
  * selection and in-order compaction. Questions are answered over a copy of
  * the pot, so the pot itself never changes after a question. */
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -68,6 +69,7 @@ struct engine_doc {
     int32_t nuc_regions;      /* settings' nuc_regions */
     int_vec reconstruct_rows; /* RECONSTRUCT_PROMPT's tokens; the chunk follows them */
     int shared_selection;     /* settings' shared_selection */
+    int whole_words;          /* settings' whole_words */
     int key_diff;             /* settings' key_diff (infinipot only) */
     int observe_rows;         /* settings' observe_rows (infinipot with its catalyst only) */
     int row_max;              /* settings' row_max */
@@ -229,6 +231,23 @@ int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_m
 
 static void doc_fail(engine_doc *d) { d->failed = 1; }
 
+/* 1 when token id continues the word before it: its text starts with a letter
+ * or a digit (any non-ASCII byte counts as a letter), not with a space or a
+ * mark. Qwen's and SmolLM2's tokenizers split numbers digit by digit, so the
+ * digits after a number's first join it. */
+static uint8_t token_joins(const tokenizer *tk, int32_t id) {
+    char first[8];
+    if (tokenizer_piece(tk, id, 0, first, sizeof first) < 1) return 0;
+    unsigned char c = (unsigned char)first[0];
+    return c >= 0x80 || isalnum(c);
+}
+
+/* Writes whether the token at `slot` joins the word before it into every (layer, head). */
+static void set_joins(pot *p, int32_t slot, uint8_t joins) {
+    for (int32_t l = 0; l < p->n_layer; l++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) p->joins[pot_slot(p, l, h, slot)] = joins;
+}
+
 /* Writes the surprisal of the token at `slot` into every (layer, head). */
 static void set_surprisal(pot *p, int32_t slot, float value) {
     for (int32_t l = 0; l < p->n_layer; l++)
@@ -326,7 +345,8 @@ static int compress(engine_doc *d, int32_t keep, const float *scores, int32_t st
     select_params sp = {.policy = d->policy, .n_keep = keep, .scores = scores,
                         .scores_stride = stride, .nuc_share = d->nuc_share,
                         .window = SNAPKV_WINDOW, .n_sinks = STREAMING_SINKS, .pool = d->pool,
-                        .shared = d->shared_selection, .regions = d->nuc_regions};
+                        .shared = d->shared_selection, .regions = d->nuc_regions,
+                        .whole_words = d->whole_words};
     if (d->policy == POLICY_FINCH && !scores) sp.policy = POLICY_INFINIPOT; /* two-stage: CaP now */
     if (d->reconstruct) { /* scored when read (run_chunk), not by a catalyst */
         sp.scores = p->score_acc;
@@ -478,6 +498,7 @@ static int run_chunk(engine_doc *d, int32_t c, int compressing, int32_t keep, ch
     if (d->e->be->forward(d->e->be, &sp, 1, err, errlen)) goto done;
     pot_truncate(p, n0 + c); /* the scoring rows are never kept */
     p->n_seen = seen + c;
+    for (int32_t j = 0; j < c; j++) set_joins(p, n0 + j, token_joins(d->e->m->tok, chunk[j]));
     if (labels) {
         /* the chunk's surprisals: slot n0 + j holds -log p of token j (the first from the
            previous chunk's last row; 0 for the document's first token) */
@@ -715,6 +736,7 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
     key_add(out, cap, &len, d->reconstruct, " reconstruct=1");
     key_add(out, cap, &len, d->nuc_relative, " nuc_relative=1");
     key_add(out, cap, &len, d->shared_selection, " shared=1");
+    key_add(out, cap, &len, d->whole_words, " whole_words=1");
     key_add(out, cap, &len, d->key_diff, " key_diff=1");
     key_add(out, cap, &len, d->observe_rows, " observe_rows=1");
     key_add(out, cap, &len, d->row_max, " row_max=1");
@@ -768,6 +790,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     d->nuc_regions = s->nuc_regions > 1 ? s->nuc_regions : 0;
     if (d->reconstruct && tokenize_into(e, RECONSTRUCT_PROMPT, 0, 0, &d->reconstruct_rows)) goto oom;
     d->shared_selection = s->shared_selection;
+    d->whole_words = s->whole_words;
     d->key_diff = s->key_diff && d->policy == POLICY_INFINIPOT && !d->reconstruct;
     d->observe_rows = s->observe_rows && d->policy == POLICY_INFINIPOT && !d->no_catalyst && !d->reconstruct &&
                       !d->key_diff;
@@ -955,7 +978,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
         pot_truncate(p, n0);
         p->n_seen -= (int64_t)q->n;
         select_params sel = {.policy = POLICY_FINCH, .n_keep = d->finch_keep, .scores = scores,
-                             .scores_stride = n_keys, .pool = d->pool};
+                             .scores_stride = n_keys, .pool = d->pool, .whole_words = d->whole_words};
         rc = pot_select(p, &sel, idx, err, errlen);
         if (!rc) keep_window_tails(d, p, idx, d->finch_keep);
         if (!rc) rc = compact_pot(p, idx, d->finch_keep, err, errlen);

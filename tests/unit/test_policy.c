@@ -223,6 +223,51 @@ TEST(policy_max_pooling_keeps_the_span_around_a_peak) {
     pot_free(p);
 }
 
+/* whole_words: a number's digits (slots joined to the one before at consecutive
+ * token indices) are kept or dropped together. Here the peak pools over 7
+ * slots (3 after it), and the 7-digit number after it would lose its tail;
+ * joined, the whole number is kept, and a slot that joins a slot not just
+ * before it in the document (the one between was dropped) starts a new word. */
+TEST(policy_whole_words_keeps_a_number_whole) {
+    char err[160];
+    int32_t n = 60, peak = 20;
+    pot *p = pot_new(1, 1, 4, n, POT_F32, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    p->n = n;
+    for (int32_t s = 0; s < n; s++) p->token_index[s] = s;
+    for (int32_t s = peak + 2; s < peak + 8; s++) p->joins[s] = 1; /* digits at peak+1 .. peak+7 */
+    float *scores = calloc((size_t)n, sizeof *scores);
+    for (int32_t s = 0; s < n; s++) scores[s] = 0.001f * (float)(n - s); /* older first on ties */
+    scores[peak] = 1;
+    int32_t keep[16];
+    select_params sp = {.policy = POLICY_FINCH, .n_keep = 11, .scores = scores, .scores_stride = n, .pool = 7};
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    CHECK_EQ_INT(keep[0], 0); /* the peak's span, 17..23, and the best of the rest: 0..3 */
+    CHECK_EQ_INT(keep[4], peak - 3);
+    CHECK_EQ_INT(keep[10], peak + 3);
+    sp.whole_words = 1;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < 11; i++) CHECK_EQ_INT(keep[i], peak - 3 + i); /* 17 .. 27: all seven digits */
+    /* a gap in the token indices ends the word: 24 .. 27 no longer join 21 .. 23 */
+    for (int32_t s = peak + 4; s < n; s++) p->token_index[s] = s + 1;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    CHECK_EQ_INT(keep[0], 0);
+    CHECK_EQ_INT(keep[10], peak + 3);
+    /* infinipot and snapkv join words too */
+    sp.policy = POLICY_SNAPKV;
+    sp.window = 0;
+    for (int32_t s = peak + 4; s < n; s++) p->token_index[s] = s;
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < 11; i++) CHECK_EQ_INT(keep[i], peak - 3 + i);
+    sp = (select_params){.policy = POLICY_INFINIPOT, .n_keep = 11, .scores = scores, .scores_stride = n,
+                         .pool = 7, .whole_words = 1};
+    CHECK_EQ_INT(pot_select(p, &sp, keep, err, sizeof err), 0);
+    for (int32_t i = 0; i < 11; i++) CHECK_EQ_INT(keep[i], peak - 3 + i);
+    free(scores);
+    pot_free(p);
+}
+
 /* Shared selection: every (layer, head) gets the choice a one-head pot makes
  * over the scores summed over all of them (surprisal from layer 0, head 0),
  * for each policy that scores. */

@@ -8,8 +8,8 @@
 #include "test.h"
 
 TEST(pot_sizes_and_overflow) {
-    CHECK_EQ_INT(pot_bytes(30, 3, 64, 2048, POT_F16), 30ull * 3 * 2048 * (64 * 2 * 2 + 16));
-    CHECK_EQ_INT(pot_bytes(30, 3, 64, 2048, POT_F32), 30ull * 3 * 2048 * (64 * 2 * 4 + 16));
+    CHECK_EQ_INT(pot_bytes(30, 3, 64, 2048, POT_F16), 30ull * 3 * 2048 * (64 * 2 * 2 + 17));
+    CHECK_EQ_INT(pot_bytes(30, 3, 64, 2048, POT_F32), 30ull * 3 * 2048 * (64 * 2 * 4 + 17));
     CHECK_EQ_INT(pot_bytes(0, 3, 64, 16, POT_F16), 0);
     CHECK_EQ_INT(pot_bytes(30, 3, 64, -1, POT_F16), 0);
     CHECK_EQ_INT(pot_bytes(INT32_MAX, INT32_MAX, 60000, INT32_MAX, POT_F32), 0);

@@ -11,6 +11,7 @@
  * - score_memory: a compressing pot differs from the default's;
  * - key_diff: the scores a compression selects by are KeyDiff's, recomputed
  *   here from the pot's keys. */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,5 +298,65 @@ TEST(observe_rows_add_the_window_to_the_catalyst) {
     free(fw.v);
     free(fb.v);
     free(doc);
+    engine_close(e);
+}
+
+/* whole_words' input: when the default model's tokens are read, each slot's
+ * joins says whether its token's text starts with a letter or a digit (it
+ * continues the word before it), in every layer and head; the digits of a
+ * number after its first join it. */
+typedef struct joins_seen {
+    int compressions, bad;
+    const engine *e;
+    const engine_doc *d;   /* read with record_tokens: its tokens by token index */
+    int digits_joined;     /* slots holding a digit that joins a digit before it */
+} joins_seen;
+
+static void check_joins(void *ctx, const pot *p, const select_params *sp) {
+    (void)sp;
+    joins_seen *s = ctx;
+    s->compressions++;
+    size_t n_tokens = 0;
+    const int32_t *tokens = engine_doc_tokens(s->d, &n_tokens);
+    for (int32_t lh = 0; lh < p->n_layer * p->n_head_kv; lh++)
+        for (int32_t j = p->n_pinned; j < p->n; j++) {
+            size_t at = (size_t)lh * p->capacity + j;
+            int64_t t = p->token_index[at];
+            if (t < 0 || (size_t)t >= n_tokens) {
+                s->bad++;
+                continue;
+            }
+            char piece[64];
+            int len = engine_token_text(s->e, tokens[t], piece, sizeof piece);
+            int starts_word = len > 0 && ((unsigned char)piece[0] >= 0x80 || isalnum((unsigned char)piece[0]));
+            s->bad += p->joins[at] != starts_word;
+            if (lh == 0 && p->joins[at] && len == 1 && isdigit((unsigned char)piece[0])) s->digits_joined++;
+        }
+}
+
+TEST(joins_mark_the_tokens_that_continue_a_word) {
+    engine *e = test_open_default_engine(2);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_pot_settings set = engine_pot_settings_default();
+    set.budget_tokens = 96;
+    set.chunk_tokens = 32;
+    set.record_tokens = 1;
+    set.whole_words = 1;
+    const char *doc = "One of the special codes for walnut is 6360112. The harbour of Marrakesh opens at 0530 "
+                      "and the lighthouse keeper, Amelia Brennan, writes 24 numbers a day: 90644, 110899, "
+                      "243593 and 7 others. The pass key is 353745. Remember it. 353745 is the pass key.";
+    char err[512];
+    engine_doc *d = engine_doc_open(e, &set, err, sizeof err);
+    CHECK(d != NULL);
+    joins_seen s = {.e = e, .d = d};
+    if (d) {
+        engine_doc_on_compress(d, check_joins, &s);
+        CHECK_EQ_INT(engine_doc_feed(d, doc, strlen(doc), 1, err, sizeof err), 0);
+        engine_doc_close(d);
+    }
+    CHECK(s.compressions > 0);
+    CHECK_EQ_INT(s.bad, 0);
+    CHECK(s.digits_joined > 0);
     engine_close(e);
 }

@@ -68,6 +68,12 @@ TEST(crc32c_known_vectors) {
     free(buf);
 }
 
+/* Rewrites the checksum after a test changed the bytes before it. */
+static void put_checksum(unsigned char *b, long len) {
+    uint32_t crc = crc32c(0, b, (size_t)len - 4);
+    for (int i = 0; i < 4; i++) b[len - 4 + i] = (unsigned char)(crc >> (8 * i));
+}
+
 /* A pot with random bits in every slot (NaNs included), so equality is bitwise. */
 static pot *random_pot(int32_t L, int32_t H, int32_t D, int32_t cap, int32_t n,
                        enum pot_dtype dtype, uint64_t seed) {
@@ -80,14 +86,16 @@ static pot *random_pot(int32_t L, int32_t H, int32_t D, int32_t cap, int32_t n,
     random_bytes(p->token_index, slots * sizeof *p->token_index, &seed);
     random_bytes(p->surprisal, slots * sizeof *p->surprisal, &seed);
     random_bytes(p->score_acc, slots * sizeof *p->score_acc, &seed);
+    random_bytes(p->joins, slots * sizeof *p->joins, &seed);
     p->n = n;
     p->n_pinned = n < 4 ? n : 4;
     p->n_seen = 123456789012345ll + n;
     return p;
 }
 
-/* 1 when a and b hold the same shape, counts and bytes in every valid slot. */
-static int pots_equal(const pot *a, const pot *b) {
+/* 1 when a and b hold the same shape, counts and bytes in every valid slot;
+ * b's joins may instead all be 0 when b was read from a file older than them. */
+static int pots_equal_but_joins(const pot *a, const pot *b, int b_without_joins) {
     if (a->n_layer != b->n_layer || a->n_head_kv != b->n_head_kv || a->head_dim != b->head_dim ||
         a->dtype != b->dtype || a->n != b->n || a->n_pinned != b->n_pinned ||
         a->n_seen != b->n_seen)
@@ -102,9 +110,13 @@ static int pots_equal(const pot *a, const pot *b) {
                 memcmp(a->surprisal + sa, b->surprisal + sb, n * 4) ||
                 memcmp(a->score_acc + sa, b->score_acc + sb, n * 4))
                 return 0;
+            for (size_t i = 0; i < n; i++)
+                if (b->joins[sb + i] != (b_without_joins ? 0 : a->joins[sa + i])) return 0;
         }
     return 1;
 }
+
+static int pots_equal(const pot *a, const pot *b) { return pots_equal_but_joins(a, b, 0); }
 
 static pot_snapshot_meta make_meta(uint64_t log_offset, const char *settings) {
     pot_snapshot_meta m;
@@ -140,7 +152,7 @@ TEST(snapshot_round_trip_f16_f32) {
         CHECK_EQ_INT(pot_snapshot_write(path, p, &m, err, sizeof err), 0);
         /* the size the documented layout implies: 72-byte header, settings, slots, CRC */
         size_t elem = types[t] == POT_F32 ? 4 : 2;
-        CHECK_EQ_INT(test_file_size(path), 72 + strlen(settings) + 3 * 2 * 13 * (2 * 5 * elem + 16) + 4);
+        CHECK_EQ_INT(test_file_size(path), 72 + strlen(settings) + 3 * 2 * 13 * (2 * 5 * elem + 17) + 4);
         memset(&back, 0x55, sizeof back);
         pot *q = pot_snapshot_read(path, 0, &back, err, sizeof err);
         CHECK(q != NULL);
@@ -275,13 +287,12 @@ TEST(snapshot_foreign_and_future_files_refused) {
     CHECK(b != NULL);
     if (!b) return;
     pot_snapshot_meta m;
-    /* version 3 with a valid checksum: what a newer potserve would write */
-    b[8] = 3;
-    uint32_t crc = crc32c(0, b, (size_t)len - 4);
-    for (int i = 0; i < 4; i++) b[len - 4 + i] = (unsigned char)(crc >> (8 * i));
+    /* version 4 with a valid checksum: what a newer potserve would write */
+    b[8] = 4;
+    put_checksum(b, len);
     CHECK_EQ_INT(test_spit(other, b, len), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
-    CHECK(strstr(err, "version 3 is newer") != NULL);
+    CHECK(strstr(err, "version 4 is newer") != NULL);
     /* a newer version with a different layout (here: a short file) is still named as such */
     CHECK_EQ_INT(test_spit(other, b, 12), 0);
     CHECK(pot_snapshot_read(other, 0, &m, err, sizeof err) == NULL);
@@ -303,14 +314,28 @@ TEST(snapshot_foreign_and_future_files_refused) {
     test_remove_dir(dir);
 }
 
-/* Rewrites a version 2 snapshot without extra bytes as the version 1 file an
- * older potserve wrote: no extra_len field, version 1, checksum recomputed. */
+/* Rewrites a version 3 snapshot without extra bytes of `heads` (layer, head)
+ * blocks of n slots, f16 rows of head_dim, as the version 2 file an older
+ * potserve wrote: no joins after each block's score_acc. */
+static long as_version_2(unsigned char *b, long len, long settings_len, long heads, long n, long head_dim) {
+    long at = 72 + settings_len, kept = n * (2 * head_dim * 2 + 16);
+    for (long h = 0; h < heads; h++) {
+        at += kept;
+        memmove(b + at, b + at + n, (size_t)(len - at - n));
+        len -= n;
+    }
+    b[8] = 2;
+    put_checksum(b, len);
+    return len;
+}
+
+/* Rewrites a version 2 snapshot without extra bytes as the version 1 file:
+ * no extra_len field, version 1, checksum recomputed. */
 static long as_version_1(unsigned char *b, long len) {
     memmove(b + 64, b + 72, (size_t)(len - 72));
     len -= 8;
     b[8] = 1;
-    uint32_t crc = crc32c(0, b, (size_t)len - 4);
-    for (int i = 0; i < 4; i++) b[len - 4 + i] = (unsigned char)(crc >> (8 * i));
+    put_checksum(b, len);
     return len;
 }
 
@@ -326,7 +351,7 @@ TEST(snapshot_extra_bytes_and_version_1) {
     random_bytes(extra, sizeof extra, &seed);
     /* extra bytes round-trip beside the pot; plain readers check and drop them */
     CHECK_EQ_INT(pot_snapshot_write_extra(path, p, &m, extra, sizeof extra, err, sizeof err), 0);
-    CHECK_EQ_INT(test_file_size(path), 72 + 10 + (long)sizeof extra + 2 * 3 * 7 * (2 * 4 * 2 + 16) + 4);
+    CHECK_EQ_INT(test_file_size(path), 72 + 10 + (long)sizeof extra + 2 * 3 * 7 * (2 * 4 * 2 + 17) + 4);
     void *ex = NULL;
     size_t ex_len = 0;
     pot *q = pot_snapshot_read_extra(path, 0, &back, &ex, &ex_len, err, sizeof err);
@@ -358,11 +383,17 @@ TEST(snapshot_extra_bytes_and_version_1) {
     b = test_slurp(path, &len);
     CHECK(b != NULL);
     if (b) {
+        /* version 2: the same pot, its joins read as 0 */
+        len = as_version_2(b, len, 10, 2 * 3, 7, 4);
+        CHECK_EQ_INT(test_spit(other, b, len), 0);
+        q = pot_snapshot_read(other, 0, &back, err, sizeof err);
+        CHECK(q && pots_equal_but_joins(p, q, 1) && back.log_offset == 4242);
+        pot_free(q);
         len = as_version_1(b, len);
         CHECK_EQ_INT(test_spit(other, b, len), 0);
         ex_len = 99;
         q = pot_snapshot_read_extra(other, 0, &back, &ex, &ex_len, err, sizeof err);
-        CHECK(q && pots_equal(p, q) && ex == NULL && ex_len == 0);
+        CHECK(q && pots_equal_but_joins(p, q, 1) && ex == NULL && ex_len == 0);
         CHECK(back.log_offset == 4242 && strcmp(back.settings, "policy=h2o") == 0);
         pot_free(q);
         /* and a version 1 file is checked as strictly: cut short, or one byte flipped */

@@ -54,7 +54,7 @@ static void usage(void) {
             "  [--backend B]\n"
             "  [--question Q] [--policy P] [--budget N] [--keep N] [--chunk N] [--nuc-share A]\n"
             "  [--catalyst TEXT] [--score-memory 1] [--nuc-regions N] [--reconstruct 1] [--nuc-relative 1]\n"
-            "  [--shared-selection 1] [--key-diff 1] [--observe-rows 1]\n"
+            "  [--shared-selection 1] [--whole-words 1] [--key-diff 1] [--observe-rows 1]\n"
             "  [--row-max 1] [--score-max 1]\n"
             "  [--pool-width N] [--recycle-stride S --recycle-keep K [--recycle-pool W]]\n"
             "  [--no-catalyst] [--no-reset-positions] [--late-question] [--plain] [--trace]\n"
@@ -113,6 +113,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--reconstruct")) o->set.reconstruct = v ? atoi(v) : 0;
         else if (!strcmp(a, "--nuc-relative")) o->set.nuc_relative = v ? atoi(v) : 0;
         else if (!strcmp(a, "--shared-selection")) o->set.shared_selection = v ? atoi(v) : 0;
+        else if (!strcmp(a, "--whole-words")) o->set.whole_words = v ? atoi(v) : 0;
         else if (!strcmp(a, "--key-diff")) o->set.key_diff = v ? atoi(v) : 0;
         else if (!strcmp(a, "--observe-rows")) o->set.observe_rows = v ? atoi(v) : 0;
         else if (!strcmp(a, "--row-max")) o->set.row_max = v ? atoi(v) : 0;

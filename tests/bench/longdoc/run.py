@@ -113,6 +113,12 @@ ABLATIONS = {
     "infinipot-recall-bestlast": ["--policy", "infinipot", "--recall", "4096", "--recall-order", "best-last"],
     # a re-read's question-guided pot (FINCH with the question) asked with the same passages
     "finch-recall-bestlast": ["--policy", "finch", "--recall", "4096", "--recall-order", "best-last"],
+    # whole words: a word or number is kept or dropped whole, never cut (a 7-digit code that
+    # loses its last digit answers wrong)
+    "finch-words": ["--policy", "finch", "--whole-words", "1"],
+    "finch-words-recall-bestlast": ["--policy", "finch", "--whole-words", "1", "--recall", "4096",
+                                    "--recall-order", "best-last"],
+    "infinipot-words": ["--policy", "infinipot", "--whole-words", "1"],
     # FINCH scored by each entry's sharpest question row (max over the rows, not their sum),
     # and also by the group's sharpest head: a question's key word against its instructions
     "finch-rowmax": ["--policy", "finch", "--row-max", "1"],
