@@ -207,6 +207,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
         get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e) ||
+        get_bool(root, "whole_words", &s->whole_words, e) ||
         get_recall(root, &out->recall, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
@@ -273,6 +274,7 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (p->keep_tokens) json_object_set_new(o, "keep_tokens", json_integer(p->keep_tokens));
     if (p->chunk_tokens) json_object_set_new(o, "chunk_tokens", json_integer(p->chunk_tokens));
     if (p->pool_width) json_object_set_new(o, "pool_width", json_integer(p->pool_width));
+    if (p->whole_words) json_object_set_new(o, "whole_words", json_true());
     if (p->catalyst) json_object_set_new(o, "catalyst", json_string(p->catalyst));
     if (p->question) json_object_set_new(o, "question", json_string(p->question));
     if (p->system) json_object_set_new(o, "system", json_string(p->system));

@@ -552,6 +552,7 @@ static const flag ingest_flags[] = {
     {"--no-catalyst", NULL, NULL, "infinipot ablation: the chunk's last rows score, not the catalyst"},
     {"--no-reset-positions", NULL, NULL, "ablation: entries keep their document positions (CPU only)"},
     {"--score-max", NULL, NULL, "combine a KV group's query heads by max (default sum)"},
+    {"--whole-words", NULL, NULL, "keep a word or number whole or drop it whole, never a part"},
     {"--system", NULL, "TEXT", "system message pinned before the document"},
     {"--plain", NULL, NULL, "no chat template: plain text document and question"},
     {"--n-predict", "-n", "N", "answer tokens (default 64, greedy)"},
@@ -645,6 +646,7 @@ static int ingest_settings(const parsed *p, engine_pot_settings *s, int32_t *n_p
     s->system = flag_val(f, p, "--system");
     s->plain = flag_val(f, p, "--plain") != NULL;
     s->score_max = flag_val(f, p, "--score-max") != NULL;
+    s->whole_words = flag_val(f, p, "--whole-words") != NULL;
     s->no_catalyst = flag_val(f, p, "--no-catalyst") != NULL;
     s->original_positions = flag_val(f, p, "--no-reset-positions") != NULL;
     if (!flag_val(f, p, "--late-question")) s->question = flag_val(f, p, "--question");

@@ -82,7 +82,8 @@ def test_ingest_errors_are_one_line(model, tmp_path):
 def test_ingest_infinipot_ablation_flags(fixtures, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(DOC[:1500])
-    for flags in (["--no-catalyst"], ["--no-reset-positions"], ["--no-catalyst", "--no-reset-positions"]):
+    for flags in (["--no-catalyst"], ["--no-reset-positions"], ["--no-catalyst", "--no-reset-positions"],
+                  ["--whole-words"], ["--whole-words", "--policy", "finch"]):
         p = ingest(fixtures / "tiny_llama.gguf", doc, "--budget", "160", "--chunk", "32", "--nuc-share", "0",
                    *flags, "--question", "key?", "-n", "4", "--json")
         assert p.returncode == 0, (flags, p.stderr)
