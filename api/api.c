@@ -174,6 +174,21 @@ static int get_recall(json_t *o, int *out, api_error *e) {
     return 0;
 }
 
+json_t *api_whole_words_json(int whole_words) {
+    return whole_words == API_WHOLE_WORDS_REREAD ? json_string("reread")
+                                                 : json_boolean(whole_words == API_WHOLE_WORDS_ON);
+}
+
+/* "whole_words": true, false or "reread"; absent or null leaves *out. */
+static int get_whole_words(json_t *o, int *out, api_error *e) {
+    json_t *v = json_object_get(o, "whole_words");
+    if (!v || json_is_null(v)) return 0;
+    if (json_is_boolean(v)) *out = json_is_true(v) ? API_WHOLE_WORDS_ON : API_WHOLE_WORDS_OFF;
+    else if (json_is_string(v) && !strcmp(json_string_value(v), "reread")) *out = API_WHOLE_WORDS_REREAD;
+    else return api_fail(e, 400, "invalid_type", "whole_words", "whole_words must be true, false or \"reread\"");
+    return 0;
+}
+
 static int one_of(const char *v, const char *const *names) {
     for (; *names; names++)
         if (!strcmp(v, *names)) return 1;
@@ -185,6 +200,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
                                api_error *e) {
     memset(out, 0, sizeof *out);
     out->recall = API_RECALL_UNSET;
+    out->whole_words = API_WHOLE_WORDS_REREAD;
     int blank = 1;
     for (size_t i = 0; i < n; i++)
         if (!body[i] || !strchr(" \t\r\n", body[i])) blank = 0; /* strchr finds a NUL too */
@@ -207,7 +223,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
         get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e) ||
-        get_bool(root, "whole_words", &s->whole_words, e) ||
+        get_whole_words(root, &out->whole_words, e) ||
         get_recall(root, &out->recall, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
@@ -253,6 +269,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
     s->pool_width = (int32_t)pool;
     s->chunk_tokens = (int32_t)chunk;
     s->nuc_share = (float)nuc;
+    s->whole_words = out->whole_words == API_WHOLE_WORDS_ON;
     out->ttl_seconds = ttl;
     return 0;
 fail:
@@ -274,7 +291,8 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (p->keep_tokens) json_object_set_new(o, "keep_tokens", json_integer(p->keep_tokens));
     if (p->chunk_tokens) json_object_set_new(o, "chunk_tokens", json_integer(p->chunk_tokens));
     if (p->pool_width) json_object_set_new(o, "pool_width", json_integer(p->pool_width));
-    if (p->whole_words) json_object_set_new(o, "whole_words", json_true());
+    if (s->whole_words != API_WHOLE_WORDS_REREAD)
+        json_object_set_new(o, "whole_words", api_whole_words_json(s->whole_words));
     if (p->catalyst) json_object_set_new(o, "catalyst", json_string(p->catalyst));
     if (p->question) json_object_set_new(o, "question", json_string(p->question));
     if (p->system) json_object_set_new(o, "system", json_string(p->system));

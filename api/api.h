@@ -48,6 +48,13 @@ int api_recall_from_name(const char *name);
 /* The JSON value of an API_RECALL_* other than UNSET (new reference). */
 json_t *api_recall_json(int recall);
 
+/* "whole_words" of a session: true (every pot of the session keeps a word or
+ * number whole or drops it whole), false (none does), or "reread" (the
+ * default: only a re-read's pot does; docs/results/longdoc.md measures why). */
+enum api_whole_words { API_WHOLE_WORDS_OFF = 0, API_WHOLE_WORDS_ON = 1, API_WHOLE_WORDS_REREAD = 2 };
+/* The JSON value of an API_WHOLE_WORDS_* (new reference). */
+json_t *api_whole_words_json(int whole_words);
+
 typedef struct api_session_settings {
     engine_pot_settings pot; /* strings point into `root` */
     json_t *metadata;        /* object (borrowed from root) */
@@ -57,6 +64,8 @@ typedef struct api_session_settings {
     int recall;              /* "recall" (enum api_recall; UNSET: the server's setting): questions
                                 come with the passages of the document that share their words
                                 (engine/recall.h, server/recall.c) */
+    int whole_words;         /* "whole_words" (enum api_whole_words); pot.whole_words is its
+                                session pot's part, server/reread.c reads the re-read's */
     json_t *root;            /* owns everything above */
 } api_session_settings;
 

@@ -265,10 +265,12 @@ static void gathered(uv_timer_t *t) {
     if (session_log_fetch(p->srv, p->ss, &p->log, log_read, p)) log_read(p->srv, p);
 }
 
-/* The pot settings of a re-read: the session's budget and keep, FINCH scored by question. */
+/* The pot settings of a re-read: the session's budget and keep, FINCH scored by
+ * question, whole words unless the session said "whole_words": false. */
 static void pot_settings(const session *ss, const char *question, engine_pot_settings *ps) {
     *ps = ss->settings.pot;
     ps->policy = "finch";
+    ps->whole_words = ss->settings.whole_words != API_WHOLE_WORDS_OFF;
     ps->question = question;
     ps->finch_keep = 0;
     ps->no_catalyst = 0;

@@ -236,7 +236,7 @@ json_t *session_json(server *s, const session *ss) {
         ss->settings.metadata ? json_incref(ss->settings.metadata) : json_object());
     if (ss->expires) json_object_set_new(o, "expires_at", json_integer(ss->expires));
     json_object_set_new(o, "reread", json_boolean(ss->settings.reread));
-    json_object_set_new(o, "whole_words", json_boolean(p->whole_words));
+    json_object_set_new(o, "whole_words", api_whole_words_json(ss->settings.whole_words));
     json_object_set_new(o, "recall", api_recall_json(recall_mode(s, ss, API_RECALL_UNSET)));
     if (st->ring_entries) json_object_set_new(o, "ring_entries", json_integer(st->ring_entries));
     if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));

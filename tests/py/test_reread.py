@@ -226,31 +226,40 @@ def test_share_setting_rejects_unknown_values(tmp_path):
 
 
 def test_whole_words_reaches_the_reread_and_survives_a_restart(tmp_path, model):
-    """`whole_words` is a session setting the re-read inherits: two sessions
-    over the same document, one with it, re-read to different pots (their
-    answers' log-probabilities differ) and both find the key; after a restart
-    the session still shows the setting and its re-read is the same as before."""
+    """`whole_words` is a session setting the re-read inherits, on by default
+    for the re-read ("reread"): three sessions over the same document. The
+    default one and the one with `true` re-read to the same pot (the same
+    answer and log-probabilities); the one with `false` to another (they
+    differ); all three find the key. After a restart the sessions still show
+    their settings and the `false` one re-reads as before."""
     srv = Server(tmp_path / "d", "--budget-tokens", "512", "--recall", "false").start()
     lp = {"logprobs": True, "top_logprobs": 2, "reread": True}
     doc = natural_document(1, 10000)
+    logprobs = lambda r: [t["logprob"] for t in r["choices"][0]["logprobs"]["content"]]  # noqa: E731
+    content = lambda r: r["choices"][0]["message"]["content"]  # noqa: E731
     try:
+        default = session_with(srv, doc, budget_tokens=512, keep_tokens=256)
         words = session_with(srv, doc, budget_tokens=512, keep_tokens=256, whole_words=True)
-        plain = session_with(srv, doc, budget_tokens=512, keep_tokens=256)
-        assert words["whole_words"] is True and plain["whole_words"] is False
-        st, a, _ = ask(srv, words["id"], **lp)
-        st2, b, _ = ask(srv, plain["id"], **lp)
-        assert st == st2 == 200 and "reread" in a and "reread" in b
-        assert KEY in a["choices"][0]["message"]["content"] and KEY in b["choices"][0]["message"]["content"]
-        logprobs = lambda r: [t["logprob"] for t in r["choices"][0]["logprobs"]["content"]]  # noqa: E731
-        assert max(abs(x - y) for x, y in zip(logprobs(a), logprobs(b))) > 1e-3
+        plain = session_with(srv, doc, budget_tokens=512, keep_tokens=256, whole_words=False)
+        assert default["whole_words"] == "reread" and words["whole_words"] is True
+        assert plain["whole_words"] is False
+        answers = {}
+        for name, sess in (("default", default), ("words", words), ("plain", plain)):
+            st, answers[name], _ = ask(srv, sess["id"], **lp)
+            assert st == 200 and "reread" in answers[name] and KEY in content(answers[name]), answers[name]
+        a, b, c = answers["default"], answers["words"], answers["plain"]
+        assert content(a) == content(b)
+        assert max(abs(x - y) for x, y in zip(logprobs(a), logprobs(b))) < 1e-3
+        assert max(abs(x - y) for x, y in zip(logprobs(a), logprobs(c))) > 1e-3
     finally:
         assert srv.stop() == 0
     srv.start()
     try:
-        st, sess, _ = srv.request("GET", f"/v1/sessions/{words['id']}")
-        assert st == 200 and sess["whole_words"] is True, sess
-        st, again, _ = ask(srv, words["id"], **lp)
-        assert st == 200 and again["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
-        assert max(abs(x - y) for x, y in zip(logprobs(a), logprobs(again))) < 1e-3
+        for sess, shown in ((default, "reread"), (words, True), (plain, False)):
+            st, now, _ = srv.request("GET", f"/v1/sessions/{sess['id']}")
+            assert st == 200 and now["whole_words"] == shown and type(now["whole_words"]) is type(shown), now
+        st, again, _ = ask(srv, plain["id"], **lp)
+        assert st == 200 and content(again) == content(c)
+        assert max(abs(x - y) for x, y in zip(logprobs(c), logprobs(again))) < 1e-3
     finally:
         assert srv.stop() == 0
