@@ -63,6 +63,17 @@ class Server:
             time.sleep(0.1)
         raise AssertionError("server never became healthy")
 
+    def wait_log(self, text, timeout=60):
+        """The first stderr line holding text, waiting for it: a restore logs
+        its end on the event loop, which may come after /health answers."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for line in list(self.log_lines):
+                if text in line:
+                    return line
+            time.sleep(0.05)
+        raise AssertionError(f"no log line with {text!r} in {timeout} s:\n" + "\n".join(self.log_lines))
+
     def stop(self, timeout=60):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
