@@ -164,29 +164,26 @@ json_t *api_recall_json(int recall) {
     return recall == API_RECALL_AUTO ? json_string("auto") : json_boolean(recall == API_RECALL_ON);
 }
 
-/* "recall": true, false or "auto"; absent or null leaves *out. */
-static int get_recall(json_t *o, int *out, api_error *e) {
-    json_t *v = json_object_get(o, "recall");
+/* A field that is true, false or one word: *out = off, on or as_word
+ * (settings' three-way fields: "recall", "whole_words"); absent or null
+ * leaves *out. */
+static int get_bool_or_word(json_t *o, const char *key, const char *word, int off, int on,
+                            int as_word, int *out, api_error *e) {
+    json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
-    if (json_is_boolean(v)) *out = json_is_true(v) ? API_RECALL_ON : API_RECALL_OFF;
-    else if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) *out = API_RECALL_AUTO;
-    else return api_fail(e, 400, "invalid_type", "recall", "recall must be true, false or \"auto\"");
+    if (json_is_boolean(v)) *out = json_is_true(v) ? on : off;
+    else if (json_is_string(v) && !strcmp(json_string_value(v), word)) *out = as_word;
+    else return api_fail(e, 400, "invalid_type", key, "%s must be true, false or \"%s\"", key, word);
     return 0;
+}
+
+static int get_recall(json_t *o, int *out, api_error *e) {
+    return get_bool_or_word(o, "recall", "auto", API_RECALL_OFF, API_RECALL_ON, API_RECALL_AUTO, out, e);
 }
 
 json_t *api_whole_words_json(int whole_words) {
     return whole_words == API_WHOLE_WORDS_REREAD ? json_string("reread")
                                                  : json_boolean(whole_words == API_WHOLE_WORDS_ON);
-}
-
-/* "whole_words": true, false or "reread"; absent or null leaves *out. */
-static int get_whole_words(json_t *o, int *out, api_error *e) {
-    json_t *v = json_object_get(o, "whole_words");
-    if (!v || json_is_null(v)) return 0;
-    if (json_is_boolean(v)) *out = json_is_true(v) ? API_WHOLE_WORDS_ON : API_WHOLE_WORDS_OFF;
-    else if (json_is_string(v) && !strcmp(json_string_value(v), "reread")) *out = API_WHOLE_WORDS_REREAD;
-    else return api_fail(e, 400, "invalid_type", "whole_words", "whole_words must be true, false or \"reread\"");
-    return 0;
 }
 
 static int one_of(const char *v, const char *const *names) {
@@ -223,7 +220,8 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
         get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e) ||
-        get_whole_words(root, &out->whole_words, e) ||
+        get_bool_or_word(root, "whole_words", "reread", API_WHOLE_WORDS_OFF, API_WHOLE_WORDS_ON,
+                         API_WHOLE_WORDS_REREAD, &out->whole_words, e) ||
         get_recall(root, &out->recall, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
