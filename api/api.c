@@ -182,8 +182,8 @@ static int get_recall(json_t *o, int *out, api_error *e) {
 }
 
 json_t *api_whole_words_json(int whole_words) {
-    return whole_words == API_WHOLE_WORDS_REREAD ? json_string("reread")
-                                                 : json_boolean(whole_words == API_WHOLE_WORDS_ON);
+    return whole_words == API_WHOLE_WORDS_QUESTION ? json_string("question")
+                                                   : json_boolean(whole_words == API_WHOLE_WORDS_ON);
 }
 
 static int one_of(const char *v, const char *const *names) {
@@ -197,7 +197,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
                                api_error *e) {
     memset(out, 0, sizeof *out);
     out->recall = API_RECALL_UNSET;
-    out->whole_words = API_WHOLE_WORDS_REREAD;
+    out->whole_words = API_WHOLE_WORDS_QUESTION;
     int blank = 1;
     for (size_t i = 0; i < n; i++)
         if (!body[i] || !strchr(" \t\r\n", body[i])) blank = 0; /* strchr finds a NUL too */
@@ -220,8 +220,8 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
         get_string(root, "catalyst", &s->catalyst, e) ||
         get_string(root, "question", &s->question, e) ||
         get_string(root, "system", &s->system, e) || get_bool(root, "reread", &out->reread, e) ||
-        get_bool_or_word(root, "whole_words", "reread", API_WHOLE_WORDS_OFF, API_WHOLE_WORDS_ON,
-                         API_WHOLE_WORDS_REREAD, &out->whole_words, e) ||
+        get_bool_or_word(root, "whole_words", "question", API_WHOLE_WORDS_OFF, API_WHOLE_WORDS_ON,
+                         API_WHOLE_WORDS_QUESTION, &out->whole_words, e) ||
         get_recall(root, &out->recall, e))
         goto fail;
     json_t *md = json_object_get(root, "metadata");
@@ -267,7 +267,10 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
     s->pool_width = (int32_t)pool;
     s->chunk_tokens = (int32_t)chunk;
     s->nuc_share = (float)nuc;
-    s->whole_words = out->whole_words == API_WHOLE_WORDS_ON;
+    /* the session's own pot; server/reread.c decides a re-read's */
+    s->whole_words = out->whole_words == API_WHOLE_WORDS_ON ||
+                     (out->whole_words == API_WHOLE_WORDS_QUESTION && s->question &&
+                      pot_policy_from_name(s->policy) == POLICY_FINCH);
     out->ttl_seconds = ttl;
     return 0;
 fail:
@@ -289,7 +292,7 @@ json_t *api_session_settings_json(const api_session_settings *s) {
     if (p->keep_tokens) json_object_set_new(o, "keep_tokens", json_integer(p->keep_tokens));
     if (p->chunk_tokens) json_object_set_new(o, "chunk_tokens", json_integer(p->chunk_tokens));
     if (p->pool_width) json_object_set_new(o, "pool_width", json_integer(p->pool_width));
-    if (s->whole_words != API_WHOLE_WORDS_REREAD)
+    if (s->whole_words != API_WHOLE_WORDS_QUESTION)
         json_object_set_new(o, "whole_words", api_whole_words_json(s->whole_words));
     if (p->catalyst) json_object_set_new(o, "catalyst", json_string(p->catalyst));
     if (p->question) json_object_set_new(o, "question", json_string(p->question));

@@ -49,9 +49,10 @@ int api_recall_from_name(const char *name);
 json_t *api_recall_json(int recall);
 
 /* "whole_words" of a session: true (every pot of the session keeps a word or
- * number whole or drops it whole), false (none does), or "reread" (the
- * default: only a re-read's pot does; docs/results/longdoc.md measures why). */
-enum api_whole_words { API_WHOLE_WORDS_OFF = 0, API_WHOLE_WORDS_ON = 1, API_WHOLE_WORDS_REREAD = 2 };
+ * number whole or drops it whole), false (none does), or "question" (the
+ * default: only the pots a question guides do, a re-read's and a finch
+ * session's with its question up front; docs/results/longdoc.md measures why). */
+enum api_whole_words { API_WHOLE_WORDS_OFF = 0, API_WHOLE_WORDS_ON = 1, API_WHOLE_WORDS_QUESTION = 2 };
 /* The JSON value of an API_WHOLE_WORDS_* (new reference). */
 json_t *api_whole_words_json(int whole_words);
 

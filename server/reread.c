@@ -266,7 +266,8 @@ static void gathered(uv_timer_t *t) {
 }
 
 /* The pot settings of a re-read: the session's budget and keep, FINCH scored by
- * question, whole words unless the session said "whole_words": false. */
+ * question, whole words unless the session said "whole_words": false (the
+ * default, "question", keeps them in every pot a question guides). */
 static void pot_settings(const session *ss, const char *question, engine_pot_settings *ps) {
     *ps = ss->settings.pot;
     ps->policy = "finch";

@@ -227,7 +227,7 @@ def test_share_setting_rejects_unknown_values(tmp_path):
 
 def test_whole_words_reaches_the_reread_and_survives_a_restart(tmp_path, model):
     """`whole_words` is a session setting the re-read inherits, on by default
-    for the re-read ("reread"): three sessions over the same document. The
+    for the re-read ("question"): three sessions over the same document. The
     default one and the one with `true` re-read to the same pot (the same
     answer and log-probabilities); the one with `false` to another (they
     differ); all three find the key. After a restart the sessions still show
@@ -241,7 +241,7 @@ def test_whole_words_reaches_the_reread_and_survives_a_restart(tmp_path, model):
         default = session_with(srv, doc, budget_tokens=512, keep_tokens=256)
         words = session_with(srv, doc, budget_tokens=512, keep_tokens=256, whole_words=True)
         plain = session_with(srv, doc, budget_tokens=512, keep_tokens=256, whole_words=False)
-        assert default["whole_words"] == "reread" and words["whole_words"] is True
+        assert default["whole_words"] == "question" and words["whole_words"] is True
         assert plain["whole_words"] is False
         answers = {}
         for name, sess in (("default", default), ("words", words), ("plain", plain)):
@@ -255,7 +255,7 @@ def test_whole_words_reaches_the_reread_and_survives_a_restart(tmp_path, model):
         assert srv.stop() == 0
     srv.start()
     try:
-        for sess, shown in ((default, "reread"), (words, True), (plain, False)):
+        for sess, shown in ((default, "question"), (words, True), (plain, False)):
             st, now, _ = srv.request("GET", f"/v1/sessions/{sess['id']}")
             assert st == 200 and now["whole_words"] == shown and type(now["whole_words"]) is type(shown), now
         st, again, _ = ask(srv, plain["id"], **lp)
@@ -263,3 +263,27 @@ def test_whole_words_reaches_the_reread_and_survives_a_restart(tmp_path, model):
         assert max(abs(x - y) for x, y in zip(logprobs(c), logprobs(again))) < 1e-3
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("policy,question,default_keeps_words", [("finch", QUESTION, True), ("infinipot", None, False)])
+def test_whole_words_default_keeps_words_where_a_question_guides(srv, policy, question, default_keeps_words):
+    """The default "question" keeps whole words in a session's own pot only
+    when a question guides it (`finch` with its question up front), where the
+    re-read's measurements apply: such a session's default pot answers as one
+    with `true` and unlike one with `false`; a question-agnostic pot's default
+    answers as `false` and unlike `true`. Three sessions a policy over the same
+    document, each answered from its pot (no re-read)."""
+    doc = natural_document(2, 10000)
+    settings = {"budget_tokens": 512, "keep_tokens": 256, "policy": policy}
+    if question:
+        settings["question"] = question
+    logprobs = {}
+    for name, ww in (("default", None), ("on", True), ("off", False)):
+        up = session_with(srv, doc, **settings, **({} if ww is None else {"whole_words": ww}))
+        assert up["compressions"] > 0 and up["whole_words"] == ("question" if ww is None else ww), up
+        st, r, _ = ask(srv, up["id"], logprobs=True)
+        assert st == 200 and "reread" not in r, r
+        logprobs[name] = [t["logprob"] for t in r["choices"][0]["logprobs"]["content"]]
+    same, other = ("on", "off") if default_keeps_words else ("off", "on")
+    assert max(abs(x - y) for x, y in zip(logprobs["default"], logprobs[same])) < 1e-3
+    assert max(abs(x - y) for x, y in zip(logprobs["default"], logprobs[other])) > 1e-3

@@ -187,8 +187,8 @@ def test_garbage_requests_get_clean_errors(srv):
     words = new_session(srv, whole_words=True, budget_tokens=64)
     assert words["status"] == "ready" and words["whole_words"] is True, words
     assert new_session(srv, whole_words=False, budget_tokens=64)["whole_words"] is False
-    assert new_session(srv, whole_words="reread", budget_tokens=64)["whole_words"] == "reread"
-    assert new_session(srv, budget_tokens=64)["whole_words"] == "reread"
+    assert new_session(srv, whole_words="question", budget_tokens=64)["whole_words"] == "question"
+    assert new_session(srv, budget_tokens=64)["whole_words"] == "question"
     st, body, _ = srv.request("GET", "/v1/sessions/../../etc/passwd", headers=auth())
     assert st == 404
     # an id that is not UTF-8 once decoded (Schemathesis found it): the error quotes it
