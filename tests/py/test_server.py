@@ -181,7 +181,7 @@ def test_garbage_requests_get_clean_errors(srv):
         st, body, _ = srv.request("POST", "/v1/sessions", {"pool_width": width}, auth())
         assert st in (400, 422) and body["error"]["param"] == "pool_width", (width, body)
     assert new_session(srv, pool_width=1, budget_tokens=64)["status"] == "ready"
-    for flag in (1, "yes", []):
+    for flag in (1, "yes", [], "reread"):  # "reread": the default's name before "question"
         st, body, _ = srv.request("POST", "/v1/sessions", {"whole_words": flag}, auth())
         assert st == 400 and body["error"]["param"] == "whole_words", (flag, body)
     words = new_session(srv, whole_words=True, budget_tokens=64)
