@@ -232,17 +232,14 @@ int32_t *engine_doc_prompt(engine_doc *d, const engine_message *msgs, size_t n_m
 static void doc_fail(engine_doc *d) { d->failed = 1; }
 
 /* 1 when token id continues the word before it: its text starts with a letter
- * or a digit (any non-ASCII byte counts as a letter), or with a mark that ends
- * a clause (. , ; :), not with a space or another mark. Qwen's and SmolLM2's
- * tokenizers split numbers digit by digit, so the digits after a number's
- * first join it; the full stop after a number joins it too, since a pot that
- * kept the number without its full stop had the model run the number on
- * (docs/results/longdoc.md, "Numbers now come back too long"). */
+ * or a digit (any non-ASCII byte counts as a letter), not with a space or a
+ * mark. Qwen's and SmolLM2's tokenizers split numbers digit by digit, so the
+ * digits after a number's first join it. */
 static uint8_t token_joins(const tokenizer *tk, int32_t id) {
     char first[8];
     if (tokenizer_piece(tk, id, 0, first, sizeof first) < 1) return 0;
     unsigned char c = (unsigned char)first[0];
-    return c >= 0x80 || isalnum(c) || c == '.' || c == ',' || c == ';' || c == ':';
+    return c >= 0x80 || isalnum(c);
 }
 
 /* Writes whether the token at `slot` joins the word before it into every (layer, head). */
@@ -739,8 +736,7 @@ static void settings_key(const engine_doc *d, const engine_pot_settings *s, cons
     key_add(out, cap, &len, d->reconstruct, " reconstruct=1");
     key_add(out, cap, &len, d->nuc_relative, " nuc_relative=1");
     key_add(out, cap, &len, d->shared_selection, " shared=1");
-    /* 2: marks that end a clause join the word before them; a pot saved when they did not is not continued */
-    key_add(out, cap, &len, d->whole_words, " whole_words=2");
+    key_add(out, cap, &len, d->whole_words, " whole_words=1");
     key_add(out, cap, &len, d->key_diff, " key_diff=1");
     key_add(out, cap, &len, d->observe_rows, " observe_rows=1");
     key_add(out, cap, &len, d->row_max, " row_max=1");
