@@ -119,6 +119,10 @@ ABLATIONS = {
     "finch-words-recall-bestlast": ["--policy", "finch", "--whole-words", "1", "--recall", "4096",
                                     "--recall-order", "best-last"],
     "infinipot-words": ["--policy", "infinipot", "--whole-words", "1"],
+    # the question-guided pot with one choice for every layer and head (the question's scores
+    # summed over them), so a sentence the question points at is whole in every head, not kept
+    # in fragments that differ per head
+    "finch-words-shared": ["--policy", "finch", "--whole-words", "1", "--shared-selection", "1"],
     # FINCH scored by each entry's sharpest question row (max over the rows, not their sum),
     # and also by the group's sharpest head: a question's key word against its instructions
     "finch-rowmax": ["--policy", "finch", "--row-max", "1"],
