@@ -77,6 +77,22 @@ def test_hint_is_optional_and_short_split_is_an_error():
         raise AssertionError("a split shorter than the document must be refused")
 
 
+def test_trials_split_between_runs_build_the_same_documents(tmp_path):
+    # `run.py --from-trial K` (trials split between runs or machines) must ask the very documents
+    # the whole run would: each document is seeded by its trial and rotation, not by its order
+    import argparse
+    import run
+
+    def docs(first):
+        work = tmp_path / str(first)
+        work.mkdir()
+        a = argparse.Namespace(seed=1, rotations="", hint=False, trials=3, from_trial=first)
+        return run.task_docs(a, "test", 4096, UNITS, 0.25, work)
+    whole, tail = docs(0), docs(2)
+    assert [d[0] for d in tail] == ["test:4096:2:0", "test:4096:2:1", "test:4096:2:2"]
+    assert [(d[0], d[1].read_text(), d[3]) for d in tail] == [(d[0], d[1].read_text(), d[3]) for d in whole[6:]]
+
+
 def test_task_generators():
     rng = random.Random(5)
     for _ in range(50):

@@ -511,7 +511,7 @@ def task_docs(a, split, length, units, tpb, work, limit=None):
     estimate and shrunk until a tokenize call says they fit."""
     docs = []
     rotations = [int(x) for x in a.rotations.split(",")] if a.rotations else range(len(tasks.DEPTHS))
-    for k in range(a.trials):
+    for k in range(a.from_trial, a.trials):
         for rot in rotations:
             plan = tasks.document_plan(a.seed, split, length, k, rot)
             paras = corpus.shuffled(units, split, f"{a.seed}:{k}:{rot}")
@@ -723,6 +723,8 @@ def main():
                     help="the five tasks over non-repetitive natural text (corpus.py, tasks.py) into OUT/tasks.jsonl")
     ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test)")
     ap.add_argument("--trials", type=int, default=5, help="--tasks: documents per (length, rotation)")
+    ap.add_argument("--from-trial", type=int, default=0,
+                    help="--tasks: start at this trial (0-based), so trials can be split between runs or machines")
     ap.add_argument("--rotations", default="",
                     help="--tasks: only these rotations (e.g. 2: the third document of each trial; default all)")
     ap.add_argument("--hint", action="store_true", help="--tasks: the hint sentence before the document")
@@ -741,6 +743,8 @@ def main():
     known = [str(r) for r in range(len(tasks.DEPTHS))]
     if a.rotations and not all(r in known for r in a.rotations.split(",")):
         ap.error(f"--rotations {a.rotations}: a comma-separated list of {', '.join(known)}")
+    if not 0 <= a.from_trial < a.trials:
+        ap.error(f"--from-trial {a.from_trial}: from 0 to --trials {a.trials} less one")
     for policy in a.policies.split(","):
         if policy.partition("+")[2] not in RECYCLED:
             ap.error(f"policy {policy}: unknown decoding suffix (known: "
