@@ -179,17 +179,46 @@ static chunk_log *build_standard(const char *path, want_log *w, int final, uint6
     return l;
 }
 
+/* Each test's own folder: the log's path and a path for damaged copies of it. */
+typedef struct test_dir {
+    char *dir;
+    char path[256], copy[256];
+} test_dir;
+
+/* 0 with the folder made and the paths set; -1 (reported) when it cannot be made. */
+static int test_dir_make(test_dir *t) {
+    t->dir = test_make_tempdir("chunklog-test-");
+    CHECK(t->dir != NULL);
+    if (!t->dir) return -1;
+    snprintf(t->path, sizeof t->path, "%s/log", t->dir);
+    snprintf(t->copy, sizeof t->copy, "%s/copy", t->dir);
+    return 0;
+}
+
+/* Opens the log at path; the log, checked to hold exactly w and no damage, or
+ * NULL (reported). */
+static chunk_log *open_checked(const char *path, int fsync_mode, const want_log *w) {
+    char err[256];
+    int damaged = -1;
+    chunk_log *l = chunk_log_open(path, fsync_mode, &damaged, err, sizeof err);
+    CHECK(l != NULL);
+    if (!l) return NULL;
+    CHECK_EQ_INT(damaged, 0);
+    check_entries(l, w, w->n);
+    check_replay(l, 0, w, 0, w->n);
+    return l;
+}
+
 TEST(chunklog_roundtrip) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    chunk_log *l = build_standard(path, &w, 1, 11);
+    chunk_log *l = build_standard(t.path, &w, 1, 11);
     CHECK(l != NULL);
     if (l) {
         check_entries(l, &w, w.n);
-        CHECK_EQ_INT(test_file_size(path), (long)chunk_log_committed_size(l));
+        CHECK_EQ_INT(test_file_size(t.path), (long)chunk_log_committed_size(l));
         CHECK(chunk_log_find(l, 4) == NULL);
         CHECK(chunk_log_find(l, 0) == NULL);
         CHECK(chunk_log_find(l, 8) == NULL);
@@ -206,16 +235,15 @@ TEST(chunklog_roundtrip) {
         chunk_log_close(l);
     }
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_replay_from_each_offset) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    chunk_log *l = build_standard(path, &w, 0, 12);
+    chunk_log *l = build_standard(t.path, &w, 0, 12);
     CHECK(l != NULL);
     if (l) {
         size_t n;
@@ -235,87 +263,64 @@ TEST(chunklog_replay_from_each_offset) {
         chunk_log_close(l);
     }
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_reopen_keeps_everything) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
     want_log w = {0};
-    chunk_log *l = build_standard(path, &w, 0, 13);
+    chunk_log *l = build_standard(t.path, &w, 0, 13);
     CHECK(l != NULL);
-    long size = test_file_size(path);
+    long size = test_file_size(t.path);
     chunk_log_close(l);
-    int damaged = -1;
-    l = chunk_log_open(path, 0, &damaged, err, sizeof err);
-    CHECK(l != NULL);
+    l = open_checked(t.path, 0, &w);
     if (l) {
-        CHECK_EQ_INT(damaged, 0);
-        CHECK_EQ_INT(test_file_size(path), size);
-        check_entries(l, &w, w.n);
-        check_replay(l, 0, &w, 0, w.n);
+        CHECK_EQ_INT(test_file_size(t.path), size);
         /* and it goes on where it stopped */
         uint64_t rng = 99;
         CHECK_EQ_INT(add_chunk(l, &w, 8, 5000, 777, 1, &rng), 0);
         chunk_log_close(l);
-        l = chunk_log_open(path, 0, &damaged, err, sizeof err);
-        CHECK(l != NULL);
-        if (l) {
-            CHECK_EQ_INT(damaged, 0);
-            check_entries(l, &w, w.n);
-            check_replay(l, 0, &w, 0, w.n);
-            chunk_log_close(l);
-        }
+        chunk_log_close(open_checked(t.path, 0, &w));
     }
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_fsync_mode) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    int damaged = -1;
-    chunk_log *l = chunk_log_open(path, 1, &damaged, err, sizeof err);
+    chunk_log *l = chunk_log_open(t.path, 1, NULL, err, sizeof err);
     CHECK(l != NULL);
     if (l) {
         uint64_t rng = 5;
         CHECK_EQ_INT(add_chunk(l, &w, 1, 100000, 30000, 0, &rng), 0);
         CHECK_EQ_INT(add_chunk(l, &w, 2, 10, 3, 1, &rng), 0);
         chunk_log_close(l);
-        l = chunk_log_open(path, 1, &damaged, err, sizeof err);
-        CHECK(l != NULL);
-        if (l) {
-            check_entries(l, &w, w.n);
-            check_replay(l, 0, &w, 0, w.n);
-            chunk_log_close(l);
-        }
+        chunk_log_close(open_checked(t.path, 1, &w));
     }
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_abort_leaves_no_trace) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
     int damaged = -1;
-    chunk_log *l = chunk_log_open(path, 0, &damaged, err, sizeof err);
+    chunk_log *l = chunk_log_open(t.path, 0, &damaged, err, sizeof err);
     CHECK(l != NULL);
     if (!l) {
-        test_remove_dir(dir);
+        test_remove_dir(t.dir);
         return;
     }
     uint64_t rng = 21;
     CHECK_EQ_INT(add_chunk(l, &w, 1, 100000, 50000, 0, &rng), 0);
     CHECK_EQ_INT(add_chunk(l, &w, 2, 30000, 20000, 0, &rng), 0);
-    long size = test_file_size(path);
+    long size = test_file_size(t.path);
     CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0); /* nothing open: a no-op */
     /* an aborted 2.5 MiB upload */
     size_t big = 5 * (1u << 19);
@@ -327,39 +332,33 @@ TEST(chunklog_abort_leaves_no_trace) {
         for (size_t off = 0; off < big; off += 48000)
             CHECK_EQ_INT(chunk_log_append(l, junk + off, big - off < 48000 ? big - off : 48000,
                                           err, sizeof err), 0);
-        CHECK(test_file_size(path) > size + (long)big);
+        CHECK(test_file_size(t.path) > size + (long)big);
         CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0);
-        CHECK_EQ_INT(test_file_size(path), size);
+        CHECK_EQ_INT(test_file_size(t.path), size);
         check_entries(l, &w, w.n);
         CHECK(chunk_log_find(l, 3) == NULL);
         CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0);
         /* an aborted empty chunk */
         CHECK_EQ_INT(chunk_log_begin(l, 3, err, sizeof err), 0);
         CHECK_EQ_INT(chunk_log_abort(l, err, sizeof err), 0);
-        CHECK_EQ_INT(test_file_size(path), size);
+        CHECK_EQ_INT(test_file_size(t.path), size);
         /* the same seq again, different bytes, commits */
         CHECK_EQ_INT(add_chunk(l, &w, 3, 70000, 9000, 0, &rng), 0);
         check_entries(l, &w, w.n);
         check_replay(l, 0, &w, 0, w.n);
-        long size3 = test_file_size(path);
+        long size3 = test_file_size(t.path);
         /* close with a chunk open drops it as well */
         CHECK_EQ_INT(chunk_log_begin(l, 4, err, sizeof err), 0);
         CHECK_EQ_INT(chunk_log_append(l, junk, 1000, err, sizeof err), 0);
         chunk_log_close(l);
-        CHECK_EQ_INT(test_file_size(path), size3);
-        l = chunk_log_open(path, 0, &damaged, err, sizeof err);
-        CHECK(l != NULL);
-        if (l) {
-            CHECK_EQ_INT(damaged, 0);
-            CHECK_EQ_INT(test_file_size(path), size3);
-            check_entries(l, &w, w.n);
-            check_replay(l, 0, &w, 0, w.n);
-        }
+        CHECK_EQ_INT(test_file_size(t.path), size3);
+        l = open_checked(t.path, 0, &w);
+        CHECK_EQ_INT(test_file_size(t.path), size3);
         free(junk);
     }
     chunk_log_close(l);
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 /* A small log whose frame layout is easy to walk: chunks of a few hundred bytes
@@ -384,26 +383,24 @@ static int entries_before(const uint64_t *ends, int n, uint64_t off) {
 }
 
 TEST(chunklog_torn_tail_every_offset) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
-    snprintf(copy, sizeof copy, "%s/copy", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    long size = build_small(path, &w, 4, 31);
+    long size = build_small(t.path, &w, 4, 31);
     CHECK(size > 0);
     /* and an upload in progress at the "crash": frames of chunk 5, no commit */
-    chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     unsigned char piece[300];
     memset(piece, 'x', sizeof piece);
     CHECK(l && chunk_log_begin(l, 5, err, sizeof err) == 0);
     CHECK(l && chunk_log_append(l, piece, sizeof piece, err, sizeof err) == 0);
     CHECK(l && chunk_log_append(l, piece, 7, err, sizeof err) == 0);
     long len;
-    unsigned char *img = test_slurp(path, &len); /* taken before close drops chunk 5 */
+    unsigned char *img = test_slurp(t.path, &len); /* taken before close drops chunk 5 */
     chunk_log_close(l);
     CHECK(img != NULL && len > size);
-    l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     uint64_t ends[8];
     size_t n = 0;
     const chunk_log_entry *e = l ? chunk_log_entries(l, &n) : NULL;
@@ -412,12 +409,12 @@ TEST(chunklog_torn_tail_every_offset) {
     chunk_log_close(l);
     int bad = 0;
     for (long cut = 0; img && n == 4 && cut <= len && bad < 5; cut++) {
-        if (test_spit(copy, img, cut) != 0) {
+        if (test_spit(t.copy, img, cut) != 0) {
             CHECK(0);
             break;
         }
         int damaged = -1, before = test_failures;
-        l = chunk_log_open(copy, 0, &damaged, err, sizeof err);
+        l = chunk_log_open(t.copy, 0, &damaged, err, sizeof err);
         CHECK(l != NULL);
         if (!l) {
             bad++;
@@ -426,7 +423,7 @@ TEST(chunklog_torn_tail_every_offset) {
         int k = entries_before(ends, 4, (uint64_t)cut);
         CHECK_EQ_INT(damaged, 0);
         check_entries(l, &w, k);
-        CHECK_EQ_INT(test_file_size(copy), k ? (long)ends[k - 1] : 0);
+        CHECK_EQ_INT(test_file_size(t.copy), k ? (long)ends[k - 1] : 0);
         if (cut % 7 == 0 || cut >= (long)ends[3]) check_replay(l, 0, &w, 0, k);
         /* the torn chunk can be uploaded again */
         CHECK_EQ_INT(chunk_log_begin(l, (uint64_t)k + 1, err, sizeof err), 0);
@@ -441,7 +438,7 @@ TEST(chunklog_torn_tail_every_offset) {
     }
     free(img);
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 /* Opens a copy of img with bit `bit` of byte off flipped; the log or NULL. */
@@ -458,16 +455,14 @@ static chunk_log *open_flipped(const char *copy, const unsigned char *img, long 
 }
 
 TEST(chunklog_bitflip_middle_is_damage) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
-    snprintf(copy, sizeof copy, "%s/copy", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    long len = build_small(path, &w, 4, 41);
+    long len = build_small(t.path, &w, 4, 41);
     CHECK(len > 0);
-    unsigned char *img = test_slurp(path, &len);
-    chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    unsigned char *img = test_slurp(t.path, &len);
+    chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     size_t n = 0;
     const chunk_log_entry *e = l ? chunk_log_entries(l, &n) : NULL;
     CHECK_EQ_INT(n, 4);
@@ -478,13 +473,13 @@ TEST(chunklog_bitflip_middle_is_damage) {
     /* every byte before the last COMMIT frame: a later commit survives, so it is damage */
     for (long off = 0; img && n == 4 && off < (long)ends[3] - 40 && bad < 5; off++) {
         int damaged = -1, before = test_failures;
-        l = open_flipped(copy, img, len, off, (int)(off % 8), &damaged);
+        l = open_flipped(t.copy, img, len, off, (int)(off % 8), &damaged);
         CHECK(l != NULL);
         if (l) {
             int k = entries_before(ends, 4, (uint64_t)off);
             CHECK_EQ_INT(damaged, 1);
             check_entries(l, &w, k);
-            CHECK_EQ_INT(test_file_size(copy), k ? (long)ends[k - 1] : 0);
+            CHECK_EQ_INT(test_file_size(t.copy), k ? (long)ends[k - 1] : 0);
             if (off % 11 == 0) check_replay(l, 0, &w, 0, k);
             chunk_log_close(l);
         }
@@ -495,23 +490,20 @@ TEST(chunklog_bitflip_middle_is_damage) {
     }
     free(img);
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_bitflip_last_frame_is_torn) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
-    snprintf(copy, sizeof copy, "%s/copy", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
     want_log w = {0};
-    long len = build_small(path, &w, 3, 51);
+    long len = build_small(t.path, &w, 3, 51);
     CHECK(len > 40);
-    unsigned char *img = test_slurp(path, &len);
+    unsigned char *img = test_slurp(t.path, &len);
     long prev_end = -1;
     { /* end of chunk 2 */
         char err[256];
-        chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+        chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
         CHECK(l != NULL);
         if (l) prev_end = (long)chunk_log_find(l, 2)->end_offset;
         chunk_log_close(l);
@@ -520,12 +512,12 @@ TEST(chunklog_bitflip_last_frame_is_torn) {
     for (long off = len - 40; img && prev_end > 0 && off < len && bad < 5; off++)
         for (int bit = 0; bit < 8; bit++) {
             int damaged = -1, before = test_failures;
-            chunk_log *l = open_flipped(copy, img, len, off, bit, &damaged);
+            chunk_log *l = open_flipped(t.copy, img, len, off, bit, &damaged);
             CHECK(l != NULL);
             if (l) {
                 CHECK_EQ_INT(damaged, 0);
                 check_entries(l, &w, 2);
-                CHECK_EQ_INT(test_file_size(copy), prev_end);
+                CHECK_EQ_INT(test_file_size(t.copy), prev_end);
                 chunk_log_close(l);
             }
             if (test_failures != before) {
@@ -535,19 +527,17 @@ TEST(chunklog_bitflip_last_frame_is_torn) {
         }
     free(img);
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_garbage_never_invents_entries) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], copy[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
-    snprintf(copy, sizeof copy, "%s/copy", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    long vlen = build_small(path, &w, 4, 61);
+    long vlen = build_small(t.path, &w, 4, 61);
     CHECK(vlen > 0);
-    unsigned char *valid = test_slurp(path, &vlen);
+    unsigned char *valid = test_slurp(t.path, &vlen);
     unsigned char *b = malloc(16384);
     CHECK(valid != NULL && b != NULL);
     uint64_t rng = 0x1234567;
@@ -577,12 +567,12 @@ TEST(chunklog_garbage_never_invents_entries) {
             int k = 1 + (int)(rng_next(&rng) % 5);
             for (int i = 0; i < k; i++) b[rng_next(&rng) % (uint64_t)vlen] = (unsigned char)rng_next(&rng);
         }
-        if (test_spit(copy, b, len) != 0) {
+        if (test_spit(t.copy, b, len) != 0) {
             CHECK(0);
             break;
         }
         int damaged = -1;
-        chunk_log *l = chunk_log_open(copy, 0, &damaged, err, sizeof err);
+        chunk_log *l = chunk_log_open(t.copy, 0, &damaged, err, sizeof err);
         CHECK(l != NULL);
         if (!l) {
             bad++;
@@ -604,7 +594,7 @@ TEST(chunklog_garbage_never_invents_entries) {
             check_entries(l, &w, (int)n);
             check_replay(l, 0, &w, 0, (int)n);
         }
-        CHECK_EQ_INT(test_file_size(copy), n ? (long)e[n - 1].end_offset : 0);
+        CHECK_EQ_INT(test_file_size(t.copy), n ? (long)e[n - 1].end_offset : 0);
         /* and the log is usable */
         uint64_t next = chunk_log_last_seq(l) + 1;
         CHECK_EQ_INT(chunk_log_begin(l, next, err, sizeof err), 0);
@@ -620,15 +610,14 @@ TEST(chunklog_garbage_never_invents_entries) {
     free(b);
     free(valid);
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_misuse_refused) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
-    chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
+    chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     CHECK(l != NULL);
     if (l) {
         err[0] = 0;
@@ -656,10 +645,10 @@ TEST(chunklog_misuse_refused) {
         CHECK_EQ_INT(chunk_log_find(l, 3)->crc, 0);
         /* one chunk_log per file */
         err[0] = 0;
-        CHECK(chunk_log_open(path, 0, NULL, err, sizeof err) == NULL);
+        CHECK(chunk_log_open(t.path, 0, NULL, err, sizeof err) == NULL);
         CHECK(err[0] != 0);
         chunk_log_close(l);
-        l = chunk_log_open(path, 0, NULL, err, sizeof err);
+        l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
         CHECK(l != NULL);
         CHECK_EQ_INT(chunk_log_last_seq(l), 3);
         CHECK_EQ_INT(chunk_log_is_final(l), 1);
@@ -667,25 +656,24 @@ TEST(chunklog_misuse_refused) {
     }
     /* I/O errors: a missing directory, a directory */
     char bad[300];
-    snprintf(bad, sizeof bad, "%s/no/such/log", dir);
+    snprintf(bad, sizeof bad, "%s/no/such/log", t.dir);
     err[0] = 0;
     CHECK(chunk_log_open(bad, 0, NULL, err, sizeof err) == NULL);
     CHECK(err[0] != 0);
     err[0] = 0;
-    CHECK(chunk_log_open(dir, 0, NULL, err, sizeof err) == NULL);
+    CHECK(chunk_log_open(t.dir, 0, NULL, err, sizeof err) == NULL);
     CHECK(err[0] != 0);
     chunk_log_close(NULL);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_replay_callback_stops) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    CHECK(build_small(path, &w, 3, 71) > 0);
-    chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    CHECK(build_small(t.path, &w, 3, 71) > 0);
+    chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     CHECK(l != NULL);
     if (l) {
         collect c = {0};
@@ -709,22 +697,21 @@ TEST(chunklog_replay_callback_stops) {
         chunk_log_close(l);
     }
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 TEST(chunklog_replay_catches_later_damage) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     want_log w = {0};
-    CHECK(build_small(path, &w, 3, 81) > 0);
-    chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    CHECK(build_small(t.path, &w, 3, 81) > 0);
+    chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     CHECK(l != NULL);
     if (l) {
         /* a byte of chunk 2 changes on disk behind the open log */
         long at = (long)chunk_log_find(l, 1)->end_offset + 30;
-        int fd = open(path, O_RDWR);
+        int fd = open(t.path, O_RDWR);
         CHECK(fd >= 0);
         unsigned char x = 0;
         CHECK(fd >= 0 && pread(fd, &x, 1, at) == 1);
@@ -740,7 +727,7 @@ TEST(chunklog_replay_catches_later_damage) {
         chunk_log_close(l);
     }
     want_free(&w);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 /* ---- the format, encoded independently from the comment in server/chunklog.c ---------- */
@@ -768,14 +755,13 @@ static size_t enc_commit(unsigned char *out, uint64_t seq, uint64_t bytes, uint3
 }
 
 TEST(chunklog_format_matches_doc) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     size_t big = (1u << 20) + 10;
     unsigned char *doc = malloc(big), *want = malloc(big + 4096);
     CHECK(doc && want);
-    chunk_log *l = chunk_log_open(path, 0, NULL, err, sizeof err);
+    chunk_log *l = chunk_log_open(t.path, 0, NULL, err, sizeof err);
     CHECK(l != NULL);
     if (doc && want && l) {
         uint64_t rng = 7;
@@ -800,7 +786,7 @@ TEST(chunklog_format_matches_doc) {
         n += enc_commit(want + n, 4, big, crc32c(0, doc, big), 0);
         n += enc_commit(want + n, 9, 0, 0, 1);
         long len;
-        unsigned char *got = test_slurp(path, &len);
+        unsigned char *got = test_slurp(t.path, &len);
         CHECK_EQ_INT(len, (long)n);
         CHECK(got && len == (long)n && memcmp(got, want, n) == 0);
         free(got);
@@ -809,15 +795,14 @@ TEST(chunklog_format_matches_doc) {
     }
     free(doc);
     free(want);
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
 
 /* Frames with valid CRCs that break the writer's rules end the log where they start. */
 TEST(chunklog_rule_breaking_frames_rejected) {
-    char *dir = test_make_tempdir("chunklog-test-"), path[256], err[256];
-    CHECK(dir != NULL);
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/log", dir);
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
     unsigned char f[4096];
     uint32_t crc_ab = crc32c(0, "ab", 2), crc_a = crc32c(0, "a", 1);
     for (int c = 0; c < 11; c++) {
@@ -883,18 +868,18 @@ TEST(chunklog_rule_breaking_frames_rejected) {
             n += enc_commit(f + n, 2, 1, crc_a, 0);
             break;
         }
-        CHECK(test_spit(path, f, (long)n) == 0);
+        CHECK(test_spit(t.path, f, (long)n) == 0);
         int damaged = -1, before = test_failures;
-        chunk_log *l = chunk_log_open(path, 0, &damaged, err, sizeof err);
+        chunk_log *l = chunk_log_open(t.path, 0, &damaged, err, sizeof err);
         CHECK(l != NULL);
         if (l) {
             CHECK_EQ_INT(chunk_log_committed_size(l), good);
-            CHECK_EQ_INT(test_file_size(path), (long)good);
+            CHECK_EQ_INT(test_file_size(t.path), (long)good);
             CHECK_EQ_INT(damaged, tail_commit);
             CHECK(chunk_log_find(l, 1) && chunk_log_find(l, 1)->crc == crc_ab);
             chunk_log_close(l);
         }
         if (test_failures != before) fprintf(stderr, "  (case %d)\n", c);
     }
-    test_remove_dir(dir);
+    test_remove_dir(t.dir);
 }
