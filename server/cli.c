@@ -550,7 +550,7 @@ static const flag ingest_flags[] = {
     {"--nuc-share", NULL, "A", "share of kept entries chosen by surprisal (default 0.5)"},
     {"--pool-width", NULL, "N", "max-pool infinipot/finch scores over N slots (odd; 1: per token; default 15)"},
     {"--no-catalyst", NULL, NULL, "infinipot ablation: the chunk's last rows score, not the catalyst"},
-    {"--no-reset-positions", NULL, NULL, "ablation: entries keep their document positions (CPU only)"},
+    {"--no-reset-positions", NULL, NULL, "ablation: entries keep their document positions"},
     {"--score-max", NULL, NULL, "combine a KV group's query heads by max (default sum)"},
     {"--whole-words", NULL, NULL, "keep a word or number whole or drop it whole, never a part"},
     {"--system", NULL, "TEXT", "system message pinned before the document"},
