@@ -203,6 +203,16 @@ static int timeout_retry_seconds(const server *s) {
     return t < 1 ? 1 : t > 30 ? 30 : (int)t;
 }
 
+/* A question's own pot (a re-read's or a long prompt's) that finds no pot memory free is a 429
+ * whose Retry-After is short: that memory is held mostly by other questions' pots, each freed
+ * when its answer ends, which the server cannot time. */
+#define QUESTION_POT_RETRY_SECONDS 5
+
+static void respond_question_error(request *r, const api_error *e) {
+    if (e->status == 429) return respond_retry(r, e, QUESTION_POT_RETRY_SECONDS);
+    respond_error(r, e);
+}
+
 /* One SSE chunk of choice `index`: a text delta (text != NULL), the role
  * opener, or the finish. */
 static json_t *chunk_json(const generation *g, int index, const char *text, size_t n, int role,
@@ -1103,10 +1113,10 @@ static void start_generation(request *r, int chat, json_t *responses) {
             g->choices[i].logprobs = chat ? json_array()
                                           : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
     }
-    if (reread) return start_reread(s, g, &e) ? respond_error(r, &e) : (void)0;
-    if (recall) return start_recall(s, g, &e) ? respond_error(r, &e) : (void)0;
+    if (reread) return start_reread(s, g, &e) ? respond_question_error(r, &e) : (void)0;
+    if (recall) return start_recall(s, g, &e) ? respond_question_error(r, &e) : (void)0;
     if (overflow) {
-        if (start_temporary_pot(s, g, &e)) return respond_error(r, &e);
+        if (start_temporary_pot(s, g, &e)) return respond_question_error(r, &e);
         request_suspend(r);
         return;
     }

@@ -907,7 +907,7 @@ static int take_json_body(upload *u, api_error *e) {
             }
             u->seq = want;
         }
-        if (fin && json_is_true(fin)) u->final = 1;
+        if (fin && json_is_boolean(fin)) u->final = json_is_true(fin); /* the body overrides ?final */
     }
     if (!rc) {
         if (u->mode == UPLOAD_DUPLICATE) u->mode = UPLOAD_DUPLICATE;
@@ -1001,7 +1001,12 @@ static void start_upload(request *r, session *ss) {
                  "upload text/plain, application/octet-stream or application/json, not %s", ct);
         return respond_error(r, &e);
     }
-    if (len_h && strtoull(len_h, NULL, 10) > (unsigned long long)(json ? s->cfg.max_body_bytes : s->cfg.max_chunk_bytes)) {
+    if (len_h && json && strtoull(len_h, NULL, 10) > (unsigned long long)s->cfg.max_body_bytes) {
+        api_fail(&e, 413, "body_too_large", NULL, "the JSON body exceeds max_body_bytes (%lld)",
+                 (long long)s->cfg.max_body_bytes);
+        return respond_error(r, &e);
+    }
+    if (len_h && !json && strtoull(len_h, NULL, 10) > (unsigned long long)s->cfg.max_chunk_bytes) {
         api_fail(&e, 413, "chunk_too_large", NULL, "the chunk exceeds max_chunk_bytes (%lld)",
                  (long long)s->cfg.max_chunk_bytes);
         return respond_error(r, &e);

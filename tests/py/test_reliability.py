@@ -255,19 +255,43 @@ def test_chunk_seq_is_a_strict_positive_integer(srv):
     assert st == 200 and body["last_seq"] == 1, body
 
 
+def test_json_chunk_fields_override_the_query(srv):
+    sid = new_session(srv)
+    path = f"/v1/sessions/{sid}/chunks"
+    st, body, _ = srv.request("POST", path + "?final=true", {"text": "A first part. ", "seq": 1, "final": False})
+    assert st == 200 and body["last_seq"] == 1 and body["final"] is False, body
+    st, body, _ = srv.request("POST", path + "?final=false", {"text": "The end. ", "seq": 2, "final": True})
+    assert st == 200 and body["last_seq"] == 2 and body["final"] is True, body
+    st, body, _ = srv.request("POST", path, {"text": "More. ", "seq": 3})
+    assert st == 409 and body["error"]["code"] == "document_final", body
+
+
 def test_429s_carry_retry_after(tmp_path):
+    # room for one pot of 64 (about 1.5 MB) beside what the server holds, not for a second one
     s = Server(tmp_path / "d", "--budget-tokens", "64", "--max-sessions-per-key", "1",
-               "--pot-memory-limit", "4M").start()
+               "--pot-memory-limit", "3M").start()
     try:
-        st, body, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
-        assert st == 429 and body["error"]["code"] == "insufficient_memory", body
         st, body, h = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
+        assert st == 429 and body["error"]["code"] == "insufficient_memory", body
         assert int(h["Retry-After"]) >= 1, h
-        st, body, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 30})
-        assert st == 201
+        st, sess, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 30})
+        assert st == 201, sess
         st, body, h = s.request("POST", "/v1/sessions", {})
         assert st == 429 and body["error"]["code"] == "too_many_sessions", body
         assert 1 <= int(h["Retry-After"]) <= 30, h  # when the session with the TTL goes
+        # a question's own pot (a re-read's, a prompt beyond the window's) finds no room either
+        st, body, _ = upload(s, sess["id"], b"The river ran north past the mill. " * 4, query="?wait=true")
+        assert st == 200, body
+        question = [{"role": "user", "content": "Where did the river run?"}]
+        st, body, h = s.request("POST", "/v1/chat/completions",
+                                {"session": sess["id"], "reread": True, "max_tokens": 4, "messages": question})
+        assert st == 429 and body["error"]["code"] == "insufficient_memory", body
+        assert 1 <= int(h["Retry-After"]) <= 5, h
+        long_prompt = "The river ran north past the mill. " * 1500  # beyond the 8K window
+        st, body, h = s.request("POST", "/v1/chat/completions",
+                                {"max_tokens": 4, "messages": [{"role": "user", "content": long_prompt}]})
+        assert st == 429 and body["error"]["code"] == "insufficient_memory", body
+        assert 1 <= int(h["Retry-After"]) <= 5, h
     finally:
         assert s.stop() == 0
 

@@ -324,15 +324,20 @@ def test_sessions_belong_to_their_key(tmp_path):
 
 
 def test_limits(tmp_path):
-    s = Server(tmp_path / "d", "--max-chunk-bytes", "1K", "--rate-limit", "2", "--rate-burst", "3",
-               "--pot-memory-limit", "4M", "--budget-tokens", "64").start()
+    s = Server(tmp_path / "d", "--max-chunk-bytes", "1K", "--max-body-bytes", "2K", "--rate-limit", "2",
+               "--rate-burst", "3", "--pot-memory-limit", "4M", "--budget-tokens", "64").start()
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
         st, sess, _ = s.request("POST", "/v1/sessions", {})
         assert st == 201
         st, body, _ = s.request("POST", f"/v1/sessions/{sess['id']}/chunks", raw=b"a" * 5000,
                                 headers={"Content-Type": "text/plain"})
-        assert st == 413
+        assert st == 413 and body["error"]["code"] == "chunk_too_large", body
+        # a JSON upload is a JSON body: its limit is max_body_bytes, and the error names it
+        st, body, _ = s.request("POST", f"/v1/sessions/{sess['id']}/chunks", {"text": "a" * 3000})
+        assert st == 413 and body["error"]["code"] == "body_too_large", body
+        assert "max_body_bytes" in body["error"]["message"], body
+        time.sleep(1)  # the rate limit's bucket refills
         # 64-token pot = 64*30*3*64*2*2 bytes ~ 1.4 MB: a 2048-token one cannot fit in 4 MB
         st, body, hdr = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
         assert st == 429 and body["error"]["code"] == "insufficient_memory"
