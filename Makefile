@@ -364,7 +364,7 @@ fuzz: model
 
 # --- reliability harness (docs/reliability.md) -----------------------------------
 # fuzz-http: the grammar/JSON fuzzer of the live server for FUZZ_SECONDS
-# (tests/py/test_http_fuzz.py runs 40 s of it in `make pytest`).
+# (tests/py/test_http_fuzz.py runs 25 s of it in `make pytest`).
 fuzz-http: $(BUILD)/potserve model
 	@mkdir -p $(BUILD)/fuzz
 	$(VPY) tests/fuzz/http_fuzz.py --bin $(BUILD)/potserve --model $(MODEL) --seconds $(FUZZ_SECONDS) \

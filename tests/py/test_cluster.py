@@ -4,7 +4,9 @@ replica's SIGKILL (another takes it over from the store), a paused replica's
 late write is refused by the fencing token, a session held by a live replica
 is answered 421 naming it and handed over when idle. The failover under
 load through nginx is tests/cluster/failover.py (make test-cluster)."""
+import random
 import signal
+import string
 import time
 
 import pytest
@@ -194,7 +196,8 @@ def test_graceful_stop_gives_leases_up(tmp_path, redis):
 
 
 def test_nginx_routes_each_session_to_one_replica(tmp_path, redis):
-    """docker/nginx-cluster.conf's key: the id in the path, else X-Session-Id.
+    """docker/nginx-cluster.conf's key: the id in the path, else X-Session-Id
+    (the path's when both are sent).
     Requests of a session, by either, all reach one replica: it is taken over
     once and never handed over."""
     from cluster_util import Nginx
@@ -211,6 +214,11 @@ def test_nginx_routes_each_session_to_one_replica(tmp_path, redis):
             for _ in range(2):
                 st, body, _ = proxy.request("POST", "/v1/completions", {"prompt": "The keeper", "max_tokens": 1},
                                             headers={"X-Session-Id": sid})
+                assert st == 200, body
+            # the path's id routes, whatever session a client's header still names
+            for _ in range(6):
+                other = "sess_" + "".join(random.choice(string.ascii_letters) for _ in range(24))
+                st, body, _ = proxy.request("GET", f"/v1/sessions/{sid}", headers={"X-Session-Id": other})
                 assert st == 200, body
         takeovers = sum(metric(r, "potserve_store_takeovers_total") for r in reps)
         handoffs = sum(metric(r, "potserve_store_handoffs_total") for r in reps)
