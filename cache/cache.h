@@ -352,7 +352,7 @@ int pot_snapshot_write_extra(const char *path, const pot *p, const pot_snapshot_
 /* Reads a snapshot: NULL with one line in err for a missing, truncated,
  * corrupt (checksum), foreign or future-version file. On success the pot
  * (capacity = max(its n, min_capacity, 1)) is the caller's and meta is filled.
- * Reads format versions 1 and 2; extra bytes, if any, are checked and dropped. */
+ * Reads format versions 1 to 3; extra bytes, if any, are checked and dropped. */
 pot *pot_snapshot_read(const char *path, int32_t min_capacity, pot_snapshot_meta *meta, char *err,
                        size_t errlen);
 /* pot_snapshot_read that also hands out the extra bytes: *extra a malloc'd copy

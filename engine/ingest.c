@@ -1066,7 +1066,7 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
 }
 
 /* ---- durable snapshots of a document ------------------------------------------------
- * One file: the pot snapshot (cache/snapshot.c, format 2) with the model's
+ * One file: the pot snapshot (cache/snapshot.c, format 3) with the model's
  * fingerprint, the settings key and the caller's log offset in its header,
  * and this document state as its extra bytes, all under one CRC-32C and one
  * atomic rename. The state, little-endian:
