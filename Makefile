@@ -319,7 +319,7 @@ cuda-emu-smoke: $(BUILD)/cuda_emu/potserve $(SYNTH_TINY)
 
 # The CUDA benchmark (tests/bench/cuda/README.md; not part of `make test`):
 # bench-cuda measures a GPU on the default model and on a synthetic GGUF of
-# Llama-3.2-1B's shapes (random Q4_0 weights, made once into build/bench/);
+# Llama-3.2-1B's shapes (random weights in llama.cpp's Q4_K_M mix, made once into build/bench/);
 # bench-cuda-emu runs the same program against the emulator on a tiny
 # synthetic model, a smoke test whose timings are the CPU's.
 $(BUILD)/obj/tests/bench/cuda/%.o: override CFLAGS += -I$(CUDA_HOME)/include

@@ -1,4 +1,4 @@
-/* The first include of every .cu file (private to cuda/): the same source
+/* Included by every .cu file (private to cuda/): the same source
  * builds with nvcc for a GPU and with g++ against the CPU emulator
  * (cuda/emu/cuda_emu.h). Kernels are launched only through CU_LAUNCH and take
  * dynamic shared memory only through CU_DYNAMIC_SHARED, and ask for loop

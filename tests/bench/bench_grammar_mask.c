@@ -3,7 +3,7 @@
  * a free string, and after a number, without and with the max_tokens budget.
  * Build and run from the repository root after `make all`:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_grammar_mask.c \
- *     $(find build/obj/engine build/obj/cache build/obj/config build/obj/api -name '*.o') \
+ *     $(find build/obj/engine build/obj/cache build/obj/config build/obj/api build/obj/common -name '*.o') \
  *     -o build/bench_grammar_mask \
  *     -lpcre2-8 -ljansson -lm -lpthread && build/bench_grammar_mask */
 #include <stdio.h>

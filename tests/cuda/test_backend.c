@@ -120,7 +120,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     float lpc[8], lpg[8];
     double worst_logits = 0;
 
-    /* 1. prefill: every row's logits (the LM head through the GEMM path) */
+    /* 1. prefill: every row's logits (12 rows: the matvec path, LM head included) */
     backend_span s1 = {.tokens = prompt, .n_tokens = N_PROMPT, .logits_mode = BACKEND_LOGITS_ALL};
     CHECK_EQ_INT(both(&P, s1, pc, pg, lc, lg, 1, NULL, NULL, NULL, NULL), 0);
     double d = rel_to_range(lg, lc, N_PROMPT * V);
