@@ -74,6 +74,51 @@ TEST(cuda_pot_gather_matches_pot_compact) {
     check_gather(POT_F32, 16);
 }
 
+/* cuda_pot_store writes n new slots of one layer as pot_write does, byte for byte (f16: round to
+ * nearest even), and nothing else: the slots around them keep their bytes. */
+static void check_store(enum pot_dtype dtype, int32_t head_dim) {
+    test_rng g = {(uint64_t)head_dim * 13 + dtype};
+    char err[128];
+    int32_t G = 3, cap = 29, slot0 = 5, n = 17, dkv = G * head_dim;
+    pot *p = pot_new(1, G, head_dim, cap, dtype, err, sizeof err);
+    float *k = malloc((size_t)n * dkv * sizeof *k), *v = malloc((size_t)n * dkv * sizeof *v), fill[64];
+    for (int32_t h = 0; h < G; h++) /* every slot written once, so the untouched ones have known bytes */
+        for (int32_t s = 0; s < cap; s++) {
+            rng_fill(&g, fill, (size_t)head_dim, -3, 3);
+            pot_write(p, 0, h, s, fill, fill);
+        }
+    size_t bytes = (size_t)G * cap * head_dim * (dtype == POT_F16 ? 2 : 4);
+    void *dk = dev_from(p->k, bytes), *dv = dev_from(p->v, bytes);
+    rng_fill(&g, k, (size_t)n * dkv, -70000, 70000); /* beyond f16's range too: rounds to infinity */
+    rng_fill(&g, v, (size_t)n * dkv, -1e-6f, 1e-6f); /* f16's subnormals */
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t h = 0; h < G; h++) pot_write(p, 0, h, slot0 + t, k + (size_t)t * dkv + h * head_dim,
+                                                  v + (size_t)t * dkv + h * head_dim);
+    float *dkin = dev_from(k, (size_t)n * dkv * sizeof *k), *dvin = dev_from(v, (size_t)n * dkv * sizeof *v);
+    CHECK_CUDA(cuda_pot_store(dk, dv, dtype, cap, G, head_dim, dkin, dvin, slot0, n, 0));
+    char *got = malloc(bytes);
+    host_from(got, dk, bytes);
+    if (memcmp(got, p->k, bytes)) {
+        fprintf(stderr, "  store %s dim %d: K differs\n", dtype == POT_F16 ? "f16" : "f32", head_dim);
+        test_failures++;
+    }
+    host_from(got, dv, bytes);
+    if (memcmp(got, p->v, bytes)) {
+        fprintf(stderr, "  store %s dim %d: V differs\n", dtype == POT_F16 ? "f16" : "f32", head_dim);
+        test_failures++;
+    }
+    cudaFree(dk), cudaFree(dv), cudaFree(dkin), cudaFree(dvin);
+    free(k), free(v), free(got);
+    pot_free(p);
+}
+
+TEST(cuda_pot_store_matches_pot_write) {
+    check_store(POT_F16, 7);
+    check_store(POT_F32, 7);
+    check_store(POT_F16, 64);
+    check_store(POT_F32, 64);
+}
+
 typedef struct duo {
     model *m;
     backend *cpu, *gpu;

@@ -212,3 +212,40 @@ TEST(cuda_dequantize_matches_gguf_fixtures) {
     }
     CHECK(files >= 13);
 }
+
+/* The GEMMs' f16 activations: round to nearest even as quant_f32_to_f16, bit for bit, over odd
+ * lengths and the values where rounding is hard: ties, the subnormal range, overflow to infinity,
+ * signed zeros and infinities (the CUDA toolkit's __float2half_rn against engine/quant.c). */
+TEST(cuda_f32_to_f16_bit_identical) {
+    test_rng g = {29};
+    static const float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e9f,
+                                 6.1035156e-05f, 6.0975552e-05f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
+                                 1.0e-10f, 1.0009765625f, 1.00048828125f, 1.00146484375f, 2049.0f, 2051.0f,
+                                 INFINITY, -INFINITY};
+    enum { N_EDGE = sizeof edge / sizeof edge[0] };
+    static const int64_t lengths[] = {1, 7, 33, 1000, 4099};
+    for (int li = 0; li < 5; li++) {
+        int64_t n = lengths[li] + N_EDGE;
+        float *x = malloc((size_t)n * sizeof *x);
+        uint16_t *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
+        memcpy(x, edge, sizeof edge);
+        for (int64_t i = N_EDGE; i < n; i++) /* magnitudes 2^-30 .. 2^17, either sign */
+            x[i] = ldexpf(rng_float(&g, 1, 2), (int)(rng_u32(&g) % 48) - 30) * (rng_u32(&g) & 1 ? -1 : 1);
+        for (int64_t i = 0; i < n; i++) want[i] = quant_f32_to_f16(x[i]);
+        float *dx = dev_from(x, (size_t)n * sizeof *x);
+        void *dout = dev_alloc((size_t)n * 2);
+        CHECK_CUDA(cuda_f32_to_f16(dout, dx, n, 0));
+        host_from(got, dout, (size_t)n * 2);
+        for (int64_t i = 0; i < n; i++)
+            if (got[i] != want[i]) {
+                fprintf(stderr, "  n %lld: x[%lld] = %.9g gives 0x%04x, want 0x%04x\n", (long long)n, (long long)i,
+                        (double)x[i], got[i], want[i]);
+                test_failures++;
+                break;
+            }
+        cudaFree(dx), cudaFree(dout);
+        free(x), free(want), free(got);
+    }
+    CHECK(cuda_f32_to_f16(NULL, NULL, -1, 0) == cudaErrorInvalidValue);
+    CHECK_CUDA(cuda_f32_to_f16(NULL, NULL, 0, 0));
+}
