@@ -167,6 +167,8 @@ def test_corrupted_tiny_model_bytes(fixtures, tmp_path):
         t.write_bytes(bytes(d))
         p = run("info", "-m", t)
         assert p.returncode in (0, 1), (i, p.returncode, p.stderr[-300:])
+        if p.returncode == 1:
+            assert p.stderr.count(b"\n") == 1, (i, p.stderr[-300:])
 
 
 def test_recycled_attention(model):
