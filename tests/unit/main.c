@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 int test_failures;
+static const char *skip_reason; /* set by test_skip for the running test */
+
+void test_skip(const char *why) { skip_reason = why; }
 
 enum { MAX_TESTS = 1024 };
 enum { SLOWEST_SHOWN = 8 };
@@ -79,22 +82,27 @@ static int selected(const char *name, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {
         if (!selected(tests[i].name, argc, argv)) continue;
         test_failures = 0;
+        skip_reason = NULL;
         double t0 = wall_seconds();
         tests[i].fn();
         tests[i].seconds = wall_seconds() - t0;
         if (test_failures) {
             failed++;
             fprintf(stderr, "FAIL %s\n", tests[i].name);
+        } else if (skip_reason) {
+            skipped++;
+            fprintf(stderr, "SKIP %s: %s\n", tests[i].name, skip_reason);
         } else {
             passed++;
             if (getenv("VERBOSE")) fprintf(stderr, "ok   %s (%.2f s)\n", tests[i].name, tests[i].seconds);
         }
     }
     print_slowest();
-    printf("%d passed, %d failed\n", passed, failed);
+    if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    else printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 /* Minimal unit-test harness: a test file defines TEST(name) { ... } and the
  * test registers itself (a constructor), so files never edit a shared table.
  * `build/unit_tests [substring]` runs the tests whose name contains the
- * substring, prints one line per failed check and ends with "N passed, N failed". */
+ * substring, prints one line per failed check and ends with "N passed, N failed"
+ * (and ", N skipped" when a test said it could not run here). */
 #ifndef POTSERVE_TEST_H
 #define POTSERVE_TEST_H
 
@@ -14,6 +15,10 @@
 extern int test_failures;
 
 void test_register(const char *name, void (*fn)(void));
+
+/* Marks the running test skipped (it must return then, having checked nothing):
+ * the runner counts it apart from the passed ones and prints why. */
+void test_skip(const char *why);
 
 #define TEST(name)                                                                  \
     static void name(void);                                                         \
