@@ -1,6 +1,7 @@
 /* potserve's page: documents into sessions (streamed in numbered chunks,
  * resumable), chat over them, and the map of what each session's memory pot
- * keeps. Plain DOM; model output only ever reaches the page as text nodes. */
+ * keeps. Plain DOM; model output is never parsed as HTML: its markdown becomes
+ * elements built around text nodes, a link's href only an http(s) URL. */
 'use strict';
 
 (function () {
