@@ -315,6 +315,38 @@ def test_page_files_headers_and_no_key_needed(tiny):
     assert tiny.request("GET", "/v1/server")[0] == 401  # the API still needs the key
 
 
+def test_model_output_is_never_parsed_as_html(browser, tiny):
+    """Whatever a model writes, the page builds its markdown into elements around text nodes: HTML
+    stays text, no script runs, and a link keeps only an http(s) target. The answer is a stream
+    the test writes (through the browser's request routing), so it can say anything."""
+    hostile = ("<img src=x onerror=\"window.pwned=1\"> <script>window.pwned=2</script> "
+               "[go](javascript:window.pwned=3) [docs](https://example.com/a) **bold** `<b>code</b>`")
+    events = "".join(f"data: {json.dumps(c)}\n\n" for c in (
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {"choices": [{"index": 0, "delta": {"content": hostile[:40]}}]},
+        {"choices": [{"index": 0, "delta": {"content": hostile[40:]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})) + "data: [DONE]\n\n"
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream"}, body=events))
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.fill("#chat-input", "Say something.")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=30000)
+    body = ".turn.assistant:last-child .body"
+    assert page.evaluate("window.pwned") is None
+    assert page.locator(f"{body} img, {body} script, {body} b").count() == 0
+    text = page.inner_text(body)
+    assert '<img src=x onerror="window.pwned=1">' in text and "<script>" in text and "<b>code</b>" in text
+    hrefs = page.eval_on_selector_all(f"{body} a", "as => as.map(a => a.getAttribute('href'))")
+    assert hrefs == ["https://example.com/a"], hrefs
+    assert page.inner_text(f"{body} strong") == "bold"
+    assert not page.errors, page.errors
+    page.context.close()
+
+
 def test_server_defaults(tiny):
     d = get(tiny, "/v1/server")
     assert d["object"] == "server" and d["model"] == "tiny_llama" and d["context_length"] == 256
