@@ -347,6 +347,28 @@ def test_model_output_is_never_parsed_as_html(browser, tiny):
     page.context.close()
 
 
+def test_page_cuts_chunks_between_characters(browser, tiny, tmp_path):
+    """A document of two-, three- and four-byte characters whose chunk size falls inside one: the
+    page moves each cut back to a character's start (the server refuses a chunk that is not UTF-8),
+    and the session holds every byte."""
+    unit = "Grüße — 漢字とテスト 🙂 ".encode()
+    data = unit * (2 * TINY_CHUNK_BYTES // len(unit) + 3)
+    while not all(data[k * TINY_CHUNK_BYTES] & 0xC0 == 0x80 for k in (1, 2)):
+        data = b"x" + data  # until both cuts fall inside a character
+    path = tmp_path / "utf8-cuts.txt"
+    path.write_bytes(data)
+    page = open_page(browser, tiny)
+    enter_key(page)
+    upload_through_page(page, path)
+    wait_done(page, 300)
+    mine = [x for x in get(tiny, "/v1/sessions")["data"] if x["metadata"].get("title") == path.name]
+    assert len(mine) == 1, mine
+    assert mine[0]["final"] and mine[0]["bytes_received"] == len(data), mine[0]
+    assert mine[0]["last_seq"] == chunk_count(data) == 3, mine[0]
+    assert not page.errors, page.errors
+    page.context.close()
+
+
 def test_server_defaults(tiny):
     d = get(tiny, "/v1/server")
     assert d["object"] == "server" and d["model"] == "tiny_llama" and d["context_length"] == 256
