@@ -1,6 +1,7 @@
 /* Pots in device memory (cuda/cuda_pots.c, cache/pot_device.c): the
- * compaction kernel against pot_compact byte for byte, and the backend's
- * pots against the CPU backend on a tiny random model: K/V written on the
+ * compaction kernel against pot_compact and the K/V stores (one span's, and
+ * the batched decode's into many pots) against pot_write, byte for byte; the
+ * backend's pots against the CPU backend on a tiny random model: K/V written on the
  * device only (the host copy untouched until read), synced on pot_read_*,
  * compacted on the device, copied device to device, truncated, snapshotted,
  * released by pot_free and handed back to the host when the backend goes.
@@ -117,6 +118,95 @@ TEST(cuda_pot_store_matches_pot_write) {
     check_store(POT_F32, 7);
     check_store(POT_F16, 64);
     check_store(POT_F32, 64);
+}
+
+/* cuda_pot_store_batch as the batched decode calls it (cuda_backend.c's forward_layer): one
+ * descriptor per single-token span in device memory, each over its own pot (the whole
+ * [n_layer][n_head_kv][capacity][head_dim] arrays, capacities and slots of their own), the new
+ * K/V rows [rows][n_head_kv * head_dim] of the batch in an order of their own (rows no span
+ * takes are never read). The reference is pot_write of each span's row to its slot n0 of
+ * the layer, on host pots whose every slot was written once before: the device arrays must
+ * equal them byte for byte, so the other slots, layers and heads keep their bytes. G = 5 KV
+ * heads: at head_dim 64 a row is 320 values, more than one block of threads. */
+static void check_store_batch(enum pot_dtype dtype, int32_t head_dim) {
+    enum { NS = 4, ROWS = 6, L = 3, G = 5 };
+    const int32_t cap[NS] = {1, 29, 13, 64}; /* one slot only; the last slot; two in the middle */
+    const int32_t n0[NS] = {0, 28, 5, 40};
+    const int32_t row[NS] = {3, 0, 5, 1};    /* rows 2 and 4 belong to no span */
+    const char *name = dtype == POT_F16 ? "f16" : "f32";
+    test_rng g = {(uint64_t)head_dim * 17 + dtype};
+    char err[128];
+    int32_t dkv = G * head_dim;
+    size_t esz = dtype == POT_F16 ? 2 : 4;
+    pot *p[NS];
+    void *dk[NS], *dv[NS];
+    size_t bytes[NS];
+    cuda_attn_desc desc[NS];
+    float fill[128];
+    for (int s = 0; s < NS; s++) {
+        p[s] = pot_new(L, G, head_dim, cap[s], dtype, err, sizeof err);
+        CHECK(p[s] != NULL);
+        if (!p[s]) return;
+        for (int32_t l = 0; l < L; l++) /* every slot written once: the untouched ones have known bytes */
+            for (int32_t h = 0; h < G; h++)
+                for (int32_t i = 0; i < cap[s]; i++) {
+                    rng_fill(&g, fill, 2 * (size_t)head_dim, -3, 3);
+                    pot_write(p[s], l, h, i, fill, fill + head_dim);
+                }
+        bytes[s] = (size_t)L * G * cap[s] * head_dim * esz;
+        dk[s] = dev_from(p[s]->k, bytes[s]);
+        dv[s] = dev_from(p[s]->v, bytes[s]);
+        /* n_pre and slots are the attention's; the store reads t, n0, capacity, k and v */
+        desc[s] = (cuda_attn_desc){row[s], n0[s], n0[s], cap[s], dk[s], dv[s], NULL};
+    }
+    cuda_attn_desc *ddesc = dev_from(desc, sizeof desc);
+    float *k = malloc((size_t)ROWS * dkv * sizeof *k), *v = malloc((size_t)ROWS * dkv * sizeof *v);
+    float *dkin = dev_alloc((size_t)ROWS * dkv * sizeof *k), *dvin = dev_alloc((size_t)ROWS * dkv * sizeof *v);
+    /* layer 2 (the last) with f16's overflow and subnormals, then layer 1 in range; layer 0 untouched */
+    const int32_t layers[2] = {2, 1};
+    for (int c = 0; c < 2; c++) {
+        int32_t l = layers[c];
+        rng_fill(&g, k, (size_t)ROWS * dkv, c ? -3 : -70000, c ? 3 : 70000);
+        rng_fill(&g, v, (size_t)ROWS * dkv, c ? -3 : -1e-6f, c ? 3 : 1e-6f);
+        cudaMemcpy(dkin, k, (size_t)ROWS * dkv * sizeof *k, cudaMemcpyHostToDevice);
+        cudaMemcpy(dvin, v, (size_t)ROWS * dkv * sizeof *v, cudaMemcpyHostToDevice);
+        CHECK_CUDA(cuda_pot_store_batch(ddesc, NS, l, dtype, G, head_dim, dkin, dvin, 0));
+        for (int s = 0; s < NS; s++)
+            for (int32_t h = 0; h < G; h++)
+                pot_write(p[s], l, h, n0[s], k + (size_t)row[s] * dkv + h * head_dim,
+                          v + (size_t)row[s] * dkv + h * head_dim);
+    }
+    /* refused arguments and an empty batch write nothing */
+    CHECK(cuda_pot_store_batch(ddesc, NS, 0, 2, G, head_dim, dkin, dvin, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_pot_store_batch(ddesc, NS, -1, dtype, G, head_dim, dkin, dvin, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_pot_store_batch(NULL, NS, 0, dtype, G, head_dim, dkin, dvin, 0) == cudaErrorInvalidValue);
+    CHECK_CUDA(cuda_pot_store_batch(ddesc, 0, 0, dtype, G, head_dim, dkin, dvin, 0));
+    for (int s = 0; s < NS; s++) {
+        char *got = malloc(bytes[s]);
+        const void *want[2] = {p[s]->k, p[s]->v}, *dev[2] = {dk[s], dv[s]};
+        for (int kv = 0; kv < 2; kv++) {
+            host_from(got, dev[kv], bytes[s]);
+            if (!memcmp(got, want[kv], bytes[s])) continue;
+            size_t at = 0;
+            while (got[at] == ((const char *)want[kv])[at]) at++;
+            size_t slot = at / esz / (size_t)head_dim;
+            fprintf(stderr, "  store batch %s dim %d span %d: %c differs at layer %zu head %zu slot %zu\n", name,
+                    head_dim, s, kv ? 'V' : 'K', slot / cap[s] / G, slot / cap[s] % G, slot % cap[s]);
+            test_failures++;
+        }
+        free(got);
+        cudaFree(dk[s]), cudaFree(dv[s]);
+        pot_free(p[s]);
+    }
+    cudaFree(ddesc), cudaFree(dkin), cudaFree(dvin);
+    free(k), free(v);
+}
+
+TEST(cuda_pot_store_batch_matches_pot_write) {
+    check_store_batch(POT_F16, 7);
+    check_store_batch(POT_F32, 7);
+    check_store_batch(POT_F16, 64);
+    check_store_batch(POT_F32, 64);
 }
 
 typedef struct duo {
