@@ -397,6 +397,7 @@ test-reference: all model fixtures
 	run $(VPY) tests/reference/record_chat.py --check; \
 	if [ -f $(GEMMA3) ]; then run $(VPY) tests/reference/record_gemma3.py $(GEMMA3) tests/fixtures/ref_gemma3_270m.json --check; fi; \
 	run $(MAKE) --no-print-directory unit; \
+	run $(MAKE) --no-print-directory check-ggml-vec-dot; \
 	run $(VPY) -m pytest -q tests/py/test_reference.py; \
 	if [ -n "$$failed" ]; then printf "test-reference: failed:$$failed\n"; exit 1; fi
 
@@ -459,6 +460,20 @@ LLAMA_PY := $(abspath $(BUILD)/llama-src/llama_cpp_python-0.3.36)
 llama-python: venv llama-bench
 	$(VPY) -m pip install -q --disable-pip-version-check jinja2==3.1.6 diskcache==5.6.3
 	$(VPY) -c "import site, pathlib; pathlib.Path(site.getsitepackages()[0], 'llama_cpp_src.pth').write_text('$(LLAMA_PY)\n')"
+
+# The golden dot products of tests/unit/test_quant_dot.c, recorded from ggml's
+# own kernels (the libraries `make llama-bench` built from llama.cpp's sources):
+# check-ggml-vec-dot fails unless the test's table holds every line the recorder
+# prints (a line it lacks is printed; paste the recorder's output to update).
+$(BUILD)/ggml_vec_dot_golden: tests/reference/ggml_vec_dot_golden.c tests/quant_cases.h $(ENGINE_OBJ) $(LLAMA_BIN)/llama-bench
+	$(CC) $(CFLAGS) $< $(ENGINE_OBJ) -L$(LLAMA_BIN) -Wl,-rpath,$(abspath $(LLAMA_BIN)) -lggml-cpu -lggml-base \
+	  -ljansson -lpcre2-8 -lm -lpthread -o $@
+.PHONY: check-ggml-vec-dot
+check-ggml-vec-dot: $(BUILD)/ggml_vec_dot_golden
+	$(BUILD)/ggml_vec_dot_golden > $(BUILD)/ggml_vec_dot_golden.txt
+	@if grep -vxF -f tests/unit/test_quant_dot.c $(BUILD)/ggml_vec_dot_golden.txt; then \
+	  echo "check-ggml-vec-dot: the lines above are not in tests/unit/test_quant_dot.c's golden table"; exit 1; fi
+	@echo "check-ggml-vec-dot: $$(wc -l < $(BUILD)/ggml_vec_dot_golden.txt) types match ggml's vec_dot"
 
 # potserve against llama-bench and llama-cpp-python on the 135M Q4_1 file and
 # Qwen2.5-Coder-1.5B Q4_K_M with Q6_K / Q5_K_M copies made by llama-quantize

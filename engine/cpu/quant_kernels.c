@@ -44,7 +44,7 @@
  * (they fit in int32) and combine them with the block scales in the float
  * order of llama.cpp's x86 AVX2 kernels (ggml-cpu/arch/x86/quants.c, as gcc
  * or clang compile them: `summs += m*s` contracted to an FMA), so for Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K the result is bit-identical to
+ * Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants the result is bit-identical to
  * ggml_vec_dot_* of an x86 AVX2 (or AVX-512) build. Those kernels keep eight
  * int32 lanes per block, lane l holding the products of the vector's bytes
  * 4l..4l+3, and accumulate acc[l] = fma(d, (float)lane[l], acc[l]):
@@ -55,11 +55,11 @@
  *    ggml forms them (see the kernels); Q4_K adds four lanes of
  *    fma(-y.d*dmin, mins.bsums), Q5_K one fma per block.
  * hsum8(l) = ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)) (ggml's hsum_float_8).
+ *  - Q2_K / Q3_K: the same lanes over eight 32-element groups; Q2_K first
+ *    adds fma(-y.d*dmin, mins.bsums) to each lane (scalar only here: their
+ *    matrices take the packed kernels of quant_pack.c at load).
  * The portable kernels perform the same operations with fmaf, so the scalar
- * and AVX2 paths agree bit for bit. Q2_K and Q3_K (scalar only here: their
- * matrices take the packed kernels of quant_pack.c at load) sum one float
- * per 256-element block: sum += dall*isum - dmin*summs (Q2_K), sum += d*isum
- * (Q3_K), the generic versions' formulas in our order. F32 / F16 / BF16 add
+ * and AVX2 paths agree bit for bit. F32 / F16 / BF16 add
  * element i to lane i % 8 and reduce with hsum8 (F16 and BF16 products are
  * exact in f32; llama.cpp's own summation order differs there). */
 
@@ -237,51 +237,56 @@ SCALAR32(vd_q8_0, unpack_q8_0, Q8_0_BYTES, Q8_0_BYTES, 2, 0)
 
 enum { Q2_K_BYTES = 84, Q3_K_BYTES = 110, Q4_K_BYTES = 144, Q5_K_BYTES = 176, Q6_K_BYTES = 210 };
 
+/* Q2_K: lane l of block b gets, for each of the eight 32-element groups g
+ * (2 bits at shift 2*(g%4) of q[32*(g/4)..]), sc[2g + l/4] & 15 times the
+ * bytes 4l..4l+3 of that group dotted with y; then acc[l] = fma(d, lane,
+ * acc[l]) after acc[k] = fma(-dy*dmin, (sc[2k] >> 4)*bsums[2k] +
+ * (sc[2k+1] >> 4)*bsums[2k+1], acc[k]) for the block's minimums. */
 static float vd_q2_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    float sumf = 0.0f;
+    float acc[8] = {0};
     for (int64_t b = 0; b < nb; b++, w += Q2_K_BYTES, a += Q8_K_BYTES) {
-        const uint8_t *sc = w, *q = w + 16;
+        const uint8_t *sc = w;
         const int8_t *y = (const int8_t *)(a + 4);
-        int summs = 0, isum = 0, is = 0;
-        for (int j = 0; j < 16; j++) summs += q8k_bsum(a, j) * (sc[j] >> 4);
-        for (int n = 0; n < QK_K; n += 128, q += 32) {
-            for (int shift = 0; shift < 8; shift += 2, y += 32) {
-                for (int h = 0; h < 2; h++, is++) {
-                    int s = 0;
-                    for (int l = 16 * h; l < 16 * h + 16; l++) s += y[l] * ((q[l] >> shift) & 3);
-                    isum += (sc[is] & 0x0f) * s;
-                }
-            }
-        }
         const float dy = q8k_d(a);
-        const float dall = dy * half_at(w + 80), dmin = dy * half_at(w + 82);
-        sumf += dall * (float)isum - dmin * (float)summs;
+        const float d = dy * half_at(w + 80), dmin = -dy * half_at(w + 82);
+        for (int k = 0; k < 8; k++)
+            acc[k] = fmaf(dmin, (float)((sc[2 * k] >> 4) * q8k_bsum(a, 2 * k) + (sc[2 * k + 1] >> 4) * q8k_bsum(a, 2 * k + 1)),
+                          acc[k]);
+        int si[8] = {0};
+        for (int g = 0; g < 8; g++, y += 32) {
+            const uint8_t *q = w + 16 + 32 * (g / 4);
+            const int shift = 2 * (g % 4);
+            for (int t = 0; t < 32; t++) si[t >> 2] += (sc[2 * g + t / 16] & 0x0f) * (((q[t] >> shift) & 3) * y[t]);
+        }
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)si[l], acc[l]);
     }
-    return sumf;
+    return hsum8(acc);
 }
 
+/* Q3_K: lanes as Q2_K's, each value (2 low bits at shift 2*(g%4), minus 4
+ * where bit g of hmask[t] is clear) times its 6-bit scale minus 32. */
 static float vd_q3_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    float sumf = 0.0f;
+    float acc[8] = {0};
     for (int64_t b = 0; b < nb; b++, w += Q3_K_BYTES, a += Q8_K_BYTES) {
-        const uint8_t *hm = w, *q = w + 32, *sb = w + 96;
+        const uint8_t *hm = w, *sb = w + 96;
         const int8_t *y = (const int8_t *)(a + 4);
-        int isum = 0, is = 0;
-        uint8_t m = 1;
-        for (int n = 0; n < QK_K; n += 128, q += 32) {
-            for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1), y += 32) {
-                for (int h = 0; h < 2; h++, is++) {
-                    const int lo = is < 8 ? (sb[is] & 0x0f) : (sb[is - 8] >> 4);
-                    const int hi = (sb[8 + is % 4] >> (2 * (is / 4))) & 3;
-                    int s = 0;
-                    for (int l = 16 * h; l < 16 * h + 16; l++)
-                        s += y[l] * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
-                    isum += ((lo | (hi << 4)) - 32) * s;
-                }
-            }
+        int sc[16];
+        for (int is = 0; is < 16; is++) {
+            const int lo = is < 8 ? (sb[is] & 0x0f) : (sb[is - 8] >> 4);
+            const int hi = (sb[8 + is % 4] >> (2 * (is / 4))) & 3;
+            sc[is] = (lo | (hi << 4)) - 32;
         }
-        sumf += half_at(w + 108) * q8k_d(a) * (float)isum;
+        int si[8] = {0};
+        for (int g = 0; g < 8; g++, y += 32) {
+            const uint8_t *q = w + 32 + 32 * (g / 4);
+            const int shift = 2 * (g % 4);
+            for (int t = 0; t < 32; t++)
+                si[t >> 2] += sc[2 * g + t / 16] * ((((q[t] >> shift) & 3) - ((hm[t] >> g) & 1 ? 0 : 4)) * y[t]);
+        }
+        const float d = q8k_d(a) * half_at(w + 108);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)si[l], acc[l]);
     }
-    return sumf;
+    return hsum8(acc);
 }
 
 /* Q4_K / Q5_K minimum term of one block: lane k = mn[2k]*(bsums[4k]+bsums[4k+1])
