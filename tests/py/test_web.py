@@ -5,7 +5,8 @@ Playwright), against a real server; and the endpoints the page added
 The long-document part (260 KiB in three chunks, a reload mid-upload) runs on
 the tiny fixture model, whose ingest is fast enough for `make test`; the pass
 key is asked of the default model over a shorter document through the same
-page. Screenshots go to build/web/."""
+page. Also on the tiny model: a dropped file and pasted text reach the server whole, a wrong key is asked
+again, and the server's error messages show on the page. Screenshots go to build/web/."""
 import json
 import os
 import pathlib
@@ -366,6 +367,183 @@ def test_page_cuts_chunks_between_characters(browser, tiny, tmp_path):
     assert mine[0]["final"] and mine[0]["bytes_received"] == len(data), mine[0]
     assert mine[0]["last_seq"] == chunk_count(data) == 3, mine[0]
     assert not page.errors, page.errors
+    page.context.close()
+
+
+def session_text(srv, sid):
+    """The whole document of a session as the server holds it (its text endpoint, 8192 tokens a call)."""
+    n = get(srv, f"/v1/sessions/{sid}")["tokens_ingested"]
+    return "".join(sp["text"] for start in range(0, n, 8192)
+                   for sp in get(srv, f"/v1/sessions/{sid}/text?start={start}&end={start + 8192}")["spans"])
+
+
+def session_titled(srv, name):
+    mine = [x for x in get(srv, "/v1/sessions")["data"] if x["metadata"].get("title") == name]
+    assert len(mine) == 1, mine
+    return mine[0]
+
+
+def test_pasted_and_dropped_documents_reach_the_server_whole(browser, tiny):
+    """A file dropped on the drop zone (dragenter, dragover, drop with a DataTransfer holding a File,
+    dispatched as a browser does) and text pasted into the paste box (a real Ctrl+V: the trusted paste
+    event carries the clipboard, which the browser inserts) each become a session holding every byte,
+    read back through the session's text endpoint."""
+    line = "Zeile {:04d}: Grüße —\tnaïve 漢字 🙂  two  spaces, 0x{:x}.\n"
+    dropped = "".join(line.format(i, i * 7919) for i in range(2000))  # two chunks
+    data = dropped.encode()
+    assert chunk_count(data) == 2
+    # a textarea turns CR LF into LF as it takes a paste: the pasted document has LF only
+    rows = "".join(f"Row {i}\tvalue {i * i}\tnote ünïcödé ✓\n" for i in range(600))
+    pasted = "  Pasted report: quarterly numbers\n\n" + rows + "\n  trailing blank line and spaces  \n\n"
+    page = open_page(browser, tiny)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=tiny.url)
+    enter_key(page)
+
+    # the drop: the page must take it (cancel dragover) and use the File the DataTransfer holds
+    accepted = page.evaluate("""(text) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([text], 'dropped-notes.txt', {type: 'text/plain'}));
+        const zone = document.getElementById('drop'), fire = (type) => {
+            const ev = new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true});
+            zone.dispatchEvent(ev);
+            return ev.defaultPrevented;
+        };
+        fire('dragenter');
+        const over = fire('dragover');
+        fire('drop');
+        return over;
+    }""", dropped)
+    assert accepted, "the drop zone did not accept the drag (dragover not cancelled)"
+    assert page.inner_text("#drop-text").startswith("dropped-notes.txt")
+    page.click("#start")
+    page.wait_for_selector("#upload:not([hidden])", timeout=10000)
+    wait_done(page, 120)
+    s = session_titled(tiny, "dropped-notes.txt")
+    assert s["final"] and s["bytes_received"] == len(data) and s["last_seq"] == 2, s
+    assert s["metadata"]["bytes"] == len(data)
+    assert session_text(tiny, s["id"]) == dropped
+
+    # the paste: the clipboard holds the text, Ctrl+V in the paste box
+    page.evaluate("(t) => navigator.clipboard.writeText(t)", pasted)
+    page.evaluate("""() => document.getElementById('paste').addEventListener('paste',
+        (ev) => { window.pasteEvent = {trusted: ev.isTrusted,
+                                       length: ev.clipboardData.getData('text/plain').length}; })""")
+    page.click("#paste-box summary")
+    page.focus("#paste")
+    page.keyboard.press("Control+V")
+    assert page.evaluate("window.pasteEvent") == {"trusted": True, "length": len(pasted)}
+    assert page.input_value("#paste") == pasted, "the paste box did not take the paste"
+    page.click("#start")
+    page.wait_for_function("(t) => document.getElementById('upload-title').textContent === t",
+                           arg="Read Pasted report: quarterly numbers", timeout=30000)
+    wait_done(page, 5)
+    s = session_titled(tiny, "Pasted report: quarterly numbers")  # its first line, trimmed
+    assert s["final"] and s["bytes_received"] == len(pasted.encode()) and s["last_seq"] == 1, s
+    assert session_text(tiny, s["id"]) == pasted
+    assert page.input_value("#paste") == ""  # emptied once the session took it
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_a_wrong_key_is_asked_again_then_the_right_one_works(browser, tiny):
+    """With keys on the server, the page asks for one (its key dialog); a key the server refuses
+    brings the dialog back saying so, and the right key then loads the page."""
+    page = open_page(browser, tiny)
+    sent = []
+    page.on("response", lambda r: sent.append((r.request.headers.get("authorization"), r.status))
+            if r.url.endswith("/v1/server") else None)
+    page.wait_for_selector("#key-dialog[open]", timeout=10000)
+    assert page.is_hidden("#key-error")  # the first time: no complaint
+    page.fill("#key-input", "not-the-key")
+    with page.expect_response("**/v1/server") as refused:
+        page.press("#key-input", "Enter")
+    assert refused.value.status == 401
+    page.wait_for_selector("#key-dialog[open] #key-error:not([hidden])", timeout=10000)
+    assert page.inner_text("#key-error") == "The server refused that key."
+    assert page.is_visible("#key-error") and page.inner_text("#model") == ""
+    page.keyboard.press("Escape")  # the dialog stays until a key is given
+    assert page.is_visible("#key-dialog")
+    enter_key(page)
+    assert page.inner_text("#model") == "tiny_llama"
+    assert sent[-2:] == [("Bearer not-the-key", 401), (f"Bearer {KEY}", 200)], sent
+    assert not page.is_visible("#key-dialog")
+    assert page.evaluate("sessionStorage.getItem('potserve.key')") == KEY
+    page.wait_for_function("() => document.getElementById('sessions').children.length > 0 || "
+                           "!document.getElementById('sessions-empty').hidden", timeout=10000)
+    assert page.is_visible("#key-button")
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def error_message(response):
+    """The server's error message in a response: a JSON error, or an SSE `error` event."""
+    text = response.text()
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        ev = text.split("event: error\ndata: ", 1)[1].split("\n", 1)[0]
+        return json.loads(ev)["error"]["message"]
+    return json.loads(text)["error"]["message"]
+
+
+def shown(page, text):
+    """The page's message holding text, asserted visible (an alert, not an info note)."""
+    msg = page.locator("#messages .msg[role=alert]", has_text=text)
+    msg.wait_for(state="visible", timeout=10000)
+    return msg.locator("span").inner_text()
+
+
+def test_server_error_messages_reach_the_page(browser, tiny, tmp_path):
+    """Errors the server answers are shown on the page with the server's own message: a session's
+    settings it refuses (422), an upload it fails midway (policy `none` over a document longer than the
+    budget: the chunk's `error` event), and a session deleted behind the page's back (404)."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.click("#tab-doc")
+
+    # 422 at creation: keep must be less than the budget
+    doc = tmp_path / "too-long-for-none.txt"
+    doc.write_text("A short note. " * 40)
+    page.set_input_files("#file", str(doc))
+    page.fill("#set-budget", "64")
+    page.fill("#set-keep", "64")
+    with page.expect_response(lambda r: r.url.endswith("/v1/sessions") and r.request.method == "POST") as r:
+        page.click("#start")
+    assert r.value.status == 422
+    msg = error_message(r.value)
+    assert shown(page, msg) == f"Could not start: {msg}"
+
+    # an upload the server fails midway: policy none, a document longer than its pot
+    page.fill("#set-keep", "")
+    page.fill("#set-budget", "")
+    page.select_option("#set-policy", "none")
+    with page.expect_response("**/chunks*", timeout=60000) as r:
+        page.click("#start")
+    msg = error_message(r.value)
+    assert "does not fit" in msg, msg
+    assert shown(page, msg) == f"Upload of {doc.name} stopped: {msg}"
+    page.wait_for_function("(m) => document.getElementById('upload-note').textContent === 'Stopped: ' + m",
+                           arg=msg, timeout=10000)
+    assert page.is_visible("#upload-note")
+    s = session_titled(tiny, doc.name)
+    assert s["policy"] == "none" and s["last_seq"] == 0 and s["bytes_received"] == 0, s  # the chunk undone
+
+    # a session deleted behind the page's back: the question over it answers 404 (the finished upload
+    # keeps the page from refreshing its list meanwhile)
+    page.select_option("#set-policy", "infinipot")
+    doc = doc.rename(tmp_path / "deleted-behind-its-back.txt")
+    upload_through_page(page, doc)
+    wait_done(page, 60)
+    sid = session_titled(tiny, doc.name)["id"]
+    page.click("#tab-chat")
+    page.select_option("#chat-over", sid)
+    page.fill("#chat-input", "What does the note say?")
+    st, _, _ = tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())
+    assert st in (200, 204), st
+    with page.expect_response("**/v1/chat/completions") as r:
+        page.press("#chat-input", "Enter")
+    assert r.value.status == 404
+    msg = error_message(r.value)
+    assert shown(page, msg) == f"The answer failed: {msg}"
+    assert page.errors == [], page.errors
     page.context.close()
 
 
