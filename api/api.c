@@ -480,6 +480,23 @@ static int parse_bias(api_gen_request *r, int32_t n_vocab, api_error *e) {
     return 0;
 }
 
+/* Fields other servers act on that this one does not: refused rather than
+ * ignored, since ignoring them would change what the client gets back
+ * silently (an answer without its prompt, text instead of a call). */
+static int refuse_unserved(json_t *root, int chat, api_error *e) {
+    int echo = 0;
+    if (!chat && get_bool(root, "echo", &echo, e)) return -1;
+    if (echo) return api_fail(e, 400, "unsupported_value", "echo", "echo is not supported: the prompt is not repeated in the answer");
+    static const char *const legacy[] = {"functions", "function_call"};
+    for (size_t i = 0; chat && i < 2; i++) {
+        json_t *v = json_object_get(root, legacy[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v)))
+            return api_fail(e, 400, "unsupported_parameter", legacy[i],
+                            "%s (OpenAI's deprecated function calling) is not supported: send tools and tool_choice", legacy[i]);
+    }
+    return 0;
+}
+
 int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
                           api_gen_request *r, api_error *e) {
     memset(r, 0, sizeof *r);
@@ -497,7 +514,7 @@ int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
     int lp_bool = 0;
     const char *overflow = NULL;
     json_t *lp = json_object_get(r->root, "logprobs");
-    if ((chat ? parse_messages(r, e) : parse_prompt(r, n_vocab, e)) ||
+    if ((chat ? parse_messages(r, e) : parse_prompt(r, n_vocab, e)) || refuse_unserved(r->root, chat, e) ||
         get_string(r->root, "model", &r->model, e) ||
         get_int(r->root, "max_tokens", 1, INT32_MAX, &max_tokens, e) ||
         get_int(r->root, "max_completion_tokens", 1, INT32_MAX, &max_tokens, e) ||

@@ -161,6 +161,11 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e);
  * owns), or NULL when there are none; *content: the text around them
  * (malloc'd, NULL when empty). */
 json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content);
+/* A call that tool_choice required or named forced and max_tokens cut short
+ * (text: the answer as generated): [the call], its arguments as far as they
+ * came (a JSON string that need not parse yet), or [] when it was cut before
+ * a tool's name was sure; NULL when tool_choice forces no call. */
+json_t *api_cut_tool_call(const api_gen_request *r, const char *text, size_t len);
 /* prefix + 24 random alphanumerics. */
 void api_random_id(char *out, size_t cap, const char *prefix);
 

@@ -275,6 +275,25 @@ static char *quoted_name(const char *name) {
     return q;
 }
 
+/* What a call of `name` starts with in format f, up to its arguments; caller frees. */
+static char *call_prefix(enum tool_format f, const char *name) {
+    char *q = quoted_name(name);
+    size_t len = (q ? strlen(q) : 0) + 64;
+    char *p = q ? malloc(len) : NULL;
+    if (p) snprintf(p, len, "%s{\"name\": %s, \"%s\": ", f == FORMAT_CHATML ? "<tool_call>\n" : "", q, args_key(f));
+    free(q);
+    return p;
+}
+
+/* What a call ends with after its arguments. */
+static const char *call_suffix(enum tool_format f) { return f == FORMAT_CHATML ? "}\n</tool_call>" : "}"; }
+
+/* The name of tool i, or NULL when r's tool_choice does not let it be called. */
+static const char *tool_name_at(const api_gen_request *r, size_t i) {
+    const char *name = json_string_value(json_object_get(json_object_get(json_array_get(r->tools, i), "function"), "name"));
+    return r->tool_choice == TOOL_CHOICE_NAMED && strcmp(name, r->tool_name) ? NULL : name;
+}
+
 grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
     enum tool_format f = format_of(r->tool_format);
     grammar *g = grammar_new();
@@ -286,8 +305,8 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
     int rc = 0;
     json_array_foreach(r->tools, i, tool) {
         json_t *fn = json_object_get(tool, "function");
-        const char *name = json_string_value(json_object_get(fn, "name"));
-        if (r->tool_choice == TOOL_CHOICE_NAMED && strcmp(name, r->tool_name)) continue;
+        const char *name = tool_name_at(r, i);
+        if (!name) continue;
         if (n == GRAMMAR_MAX_LITERALS) {
             rc = api_fail(e, 400, "invalid_value", "tools", "tool_choice required works with up to %d tools",
                           GRAMMAR_MAX_LITERALS);
@@ -298,13 +317,7 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
         /* the arguments' schema compiles into this grammar */
         nodes[n] = api_schema_node(g, params && json_is_object(params) ? params : empty, "tools", e);
         json_decref(empty);
-        char *q = quoted_name(name);
-        size_t len = (q ? strlen(q) : 0) + 64;
-        prefixes[n] = q ? malloc(len) : NULL;
-        if (prefixes[n])
-            snprintf(prefixes[n], len, "%s{\"name\": %s, \"%s\": ", f == FORMAT_CHATML ? "<tool_call>\n" : "", q,
-                     args_key(f));
-        free(q);
+        prefixes[n] = call_prefix(f, name);
         n++;
         if (nodes[n - 1] < 0) {
             rc = -1;
@@ -317,8 +330,7 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
     }
     if (!rc) {
         char err[200];
-        int root = grammar_tagged(g, (const char *const *)prefixes, nodes, n,
-                                  f == FORMAT_CHATML ? "}\n</tool_call>" : "}", err, sizeof err);
+        int root = grammar_tagged(g, (const char *const *)prefixes, nodes, n, call_suffix(f), err, sizeof err);
         if (root < 0) rc = api_fail(e, 400, "invalid_value", "tools", "%s", err);
         else grammar_set_root(g, root);
     }
@@ -328,6 +340,15 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
         return NULL;
     }
     return g;
+}
+
+/* A call as OpenAI's message.tool_calls holds it; arguments is a JSON string. */
+static json_t *call_json(const char *name, const char *args, size_t n_args) {
+    char id[40];
+    api_random_id(id, sizeof id, "call_");
+    json_t *a = json_stringn(args, n_args);
+    if (!a) a = json_string(""); /* cut inside a character */
+    return json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", id, "type", "function", "function", "name", name, "arguments", a);
 }
 
 /* The call in one JSON text, or NULL when it is not one of the tools. */
@@ -343,11 +364,7 @@ static json_t *one_call(const api_gen_request *r, const char *s, size_t n) {
             if (!strcmp(json_string_value(json_object_get(json_object_get(tool, "function"), "name")),
                         json_string_value(name))) {
                 char *a = json_dumps(args, JSON_COMPACT);
-                char id[40];
-                api_random_id(id, sizeof id, "call_");
-                call = a ? json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
-                                     "name", name, "arguments", a)
-                         : NULL;
+                call = a ? call_json(json_string_value(name), a, strlen(a)) : NULL;
                 free(a);
                 break;
             }
@@ -394,5 +411,38 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
     while (b > a && strchr(" \t\r\n", rest.p[b - 1])) b--;
     if (b > a) *content = strndup(rest.p + a, b - a);
     free(rest.p);
+    return calls;
+}
+
+json_t *api_cut_tool_call(const api_gen_request *r, const char *text, size_t len) {
+    if (!r->tools || (r->tool_choice != TOOL_CHOICE_REQUIRED && r->tool_choice != TOOL_CHOICE_NAMED)) return NULL;
+    enum tool_format f = format_of(r->tool_format);
+    const char *suffix = call_suffix(f), *only = NULL;
+    json_t *calls = json_array();
+    int callable = 0;
+    for (size_t i = 0; i < json_array_size(r->tools) && !json_array_size(calls); i++) {
+        const char *name = tool_name_at(r, i);
+        char *prefix = name ? call_prefix(f, name) : NULL;
+        if (!prefix) continue;
+        size_t np = strlen(prefix);
+        if (len >= np && !memcmp(text, prefix, np)) {
+            /* the arguments as far as they came, without the part of the call's end written after them */
+            const char *args = text + np;
+            size_t n = len - np;
+            for (size_t k = strlen(suffix); k > 0; k--)
+                if (n >= k && !memcmp(args + n - k, suffix, k)) {
+                    json_t *v = json_loadb(args, n - k, 0, NULL);
+                    if (v) n -= k;
+                    json_decref(v);
+                    break;
+                }
+            json_array_append_new(calls, call_json(name, args, n));
+        } else if (len < np && !memcmp(text, prefix, len)) { /* cut before the arguments */
+            callable++;
+            only = name;
+        }
+        free(prefix);
+    }
+    if (!json_array_size(calls) && callable == 1) json_array_append_new(calls, call_json(only, "", 0));
     return calls;
 }

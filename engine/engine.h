@@ -122,9 +122,19 @@ typedef struct engine_gen_result {
 } engine_gen_result;
 
 /* Called with each piece of text that is safe to emit (complete UTF-8, no
- * part of a stop string). `lp` is the sampled token's log-probabilities when
- * asked for, else NULL (a piece may carry text of several tokens; lp then
- * describes the last). Return nonzero to cancel. */
+ * part of a stop string), in order; `token` is the token whose sampling
+ * released it (-1 for what is released at the end) and `lp` is NULL.
+ * With want_logprobs, every generated token's log-probabilities also come
+ * exactly once, in order, as `lp` (and `token` = lp->token), on the call
+ * that releases the first byte of its text (a token whose piece is empty:
+ * with the text released after it, or at the end). When one release covers several tokens (a
+ * character split over tokens, text held back as a possible stop string),
+ * each comes in a call of its own, all but the last with len 0, and the
+ * text with the last; text that no pending token's logprobs go with comes
+ * with token -1 and lp NULL. Not reported: the end-of-generation token, and
+ * tokens whose text a stop string cuts off entirely (the token completing
+ * a stop string is reported when some of its text comes before the stop
+ * string). Return nonzero to cancel. */
 typedef int (*engine_text_cb)(void *user, const char *text, size_t len, int32_t token,
                               const sample_logprobs *lp);
 
@@ -379,7 +389,7 @@ typedef struct engine_gen_request {
     size_t n_prompt;
     engine_gen_params params;  /* stop strings and logit_bias copied at submission;
                                   tokens_out ignored */
-    engine_text_cb on_text;    /* text pieces; nonzero return cancels */
+    engine_text_cb on_text;    /* text pieces and logprobs (see engine_text_cb); nonzero return cancels */
     /* Called once at the end (also on error, with rc -1 and err). */
     void (*on_done)(void *user, int rc, const engine_gen_result *res, const char *err);
     void *user;

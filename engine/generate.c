@@ -16,6 +16,8 @@ enum seq_state { SEQ_NEW, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
 
 /* The Recycled Attention paper's "kernel 7": max-pooling the full step's scores over 7 slots */
 #define RECYCLE_POOL_DEFAULT 7
+/* Most tokens a grammar value's forced ending may take (seq_pick). */
+#define GEN_MAX_CLOSING 256
 
 /* Recycled attention's state during one generation. */
 typedef struct recycler {
@@ -47,6 +49,8 @@ struct gen_seq {
     const vocab_trie *trie;
     float *logits_copy;      /* [n_vocab]: the logits again for a masked second draw */
     uint8_t *allowed;        /* [n_vocab]: the mask */
+    int32_t closing[GEN_MAX_CLOSING]; /* max_tokens: the tokens that end the value in time */
+    int32_t n_closing, i_closing;     /* closing[i_closing..n_closing) are still to come */
     pot *p;
     int own_pot;
     const int32_t *prompt;   /* borrowed until the prefill is done */
@@ -56,6 +60,11 @@ struct gen_seq {
     int presampled;          /* next_tok / next_lp hold this step's sample (sample_all) */
     int32_t next_tok;
     sample_logprobs next_lp;
+    /* want_logprobs: the tokens whose logprobs wait for their text's release
+       (emit_text), and the bytes of text detokenized and released so far */
+    struct pending_lp *pend;
+    size_t n_pend, cap_pend;
+    int64_t n_text, n_released;
     int full_pending;        /* recycled attention: a full step's scores await selection */
     int32_t full_keys;
     enum seq_state state;
@@ -207,6 +216,7 @@ void gen_seq_free(gen_seq *q) {
     stop_matcher_free(q->sm);
     sampler_free(q->smp);
     free(q->logits);
+    free(q->pend);
     if (q->own_pot) pot_free(q->p);
     free(q);
 }
@@ -225,14 +235,69 @@ static void seq_fail(gen_seq *q, const char *msg) {
     q->state = SEQ_DONE;
 }
 
+/* A token's logprobs waiting for its text: `at` is where its text starts in
+ * the detokenized output (a token the detokenizer holds whole starts where
+ * the character it begins is written). */
+typedef struct pending_lp {
+    int64_t at;
+    sample_logprobs lp;
+} pending_lp;
+
+/* Whether the engine_text_cb calls carry every token's logprobs (else the
+ * text alone, with the token that released it). */
+static int lp_calls(const gen_seq *q) { return q->want_logprobs && q->cb; }
+
+/* lp_calls: sends the n_out bytes just released with the logprobs of the
+ * pending tokens whose text starts before q->n_released (all: every one),
+ * a call per token in order, the text with the last one (or alone, token -1,
+ * when none is due). 1 when the callback cancelled. */
+static int send_released(gen_seq *q, const char *out, size_t n_out, int all) {
+    size_t k = 0;
+    while (k < q->n_pend && (all || q->pend[k].at < q->n_released)) k++;
+    int stop = 0;
+    for (size_t i = 0; i < k && !stop; i++) {
+        const sample_logprobs *lp = &q->pend[i].lp;
+        stop = i + 1 < k ? q->cb(q->user, "", 0, lp->token, lp) : q->cb(q->user, out, n_out, lp->token, lp);
+    }
+    if (!k && n_out) stop = q->cb(q->user, out, n_out, -1, NULL);
+    if (k) {
+        q->n_pend -= k;
+        memmove(q->pend, q->pend + k, q->n_pend * sizeof *q->pend);
+    }
+    return stop;
+}
+
 /* Emits text through the stop matcher; returns 1 to stop (stop string or
- * callback cancelled). */
+ * callback cancelled). With lp_calls, lp (the token's, NULL for text flushed
+ * at the end) waits in q->pend until the first byte of the token's text is
+ * released; a stop string drops those of the tokens it cuts off whole. */
 static int emit_text(gen_seq *q, const char *text, size_t len, int32_t tok,
                      const sample_logprobs *lp, int *cancelled) {
     const char *out;
     size_t n_out;
+    if (lp_calls(q) && lp) {
+        if (q->n_pend == q->cap_pend) {
+            size_t cap = q->cap_pend ? 2 * q->cap_pend : 8;
+            pending_lp *p = realloc(q->pend, cap * sizeof *p);
+            if (!p) { /* out of memory: the pending logprobs go now, ahead of their text */
+                if (send_released(q, "", 0, 1) || q->cb(q->user, "", 0, lp->token, lp)) *cancelled = 1;
+                lp = NULL;
+            } else {
+                q->pend = p;
+                q->cap_pend = cap;
+            }
+        }
+        if (lp) q->pend[q->n_pend++] = (pending_lp){.at = q->n_text, .lp = *lp};
+    }
+    q->n_text += (int64_t)len;
     int hit = stop_matcher_push(q->sm, text, len, &out, &n_out);
-    if (n_out && q->cb && q->cb(q->user, out, n_out, tok, lp)) *cancelled = 1;
+    if (!lp_calls(q)) {
+        if (n_out && q->cb && q->cb(q->user, out, n_out, tok, lp)) *cancelled = 1;
+        return hit || *cancelled;
+    }
+    q->n_released += (int64_t)n_out;
+    if (!*cancelled && send_released(q, out, n_out, 0)) *cancelled = 1;
+    if (hit) q->n_pend = 0; /* the rest lies in the stop string */
     return hit || *cancelled;
 }
 
@@ -248,7 +313,12 @@ static void seq_finish(gen_seq *q, enum engine_finish finish, int flush) {
         size_t n = detok_flush(&q->ds, text, sizeof text);
         if (n) emit_text(q, text, n, -1, NULL, &cancelled);
         stop_matcher_flush(q->sm, &out, &n_out);
-        if (n_out && q->cb) q->cb(q->user, out, n_out, -1, NULL);
+        if (!lp_calls(q)) {
+            if (n_out && q->cb) q->cb(q->user, out, n_out, -1, NULL);
+        } else if (!cancelled) { /* the tokens still pending go with the rest of the text */
+            q->n_released += (int64_t)n_out;
+            send_released(q, out, n_out, 1);
+        }
     }
     q->res.decode_ms = monotonic_ms() - q->t_decode;
     q->state = SEQ_DONE;
@@ -279,30 +349,79 @@ static int grammar_takes(const gen_seq *q, int32_t tok, uint32_t budget) {
 
 static int64_t sat_left(int64_t max, int64_t used) { return max > used ? max - used : 0; }
 
+/* Tokens that end the value from state st: the bytes of its shortest
+ * completion split into the longest pieces; -1 when they cannot be built. */
+static int32_t closing_tokens(const gen_seq *q, const grammar_state *st, int32_t *ids) {
+    char bytes[GEN_MAX_CLOSING * 4];
+    int64_t n = grammar_shortest_completion(q->gram, st, bytes, sizeof bytes);
+    return n < 0 ? -1 : (int32_t)vocab_trie_split(q->trie, bytes, (size_t)n, ids, GEN_MAX_CLOSING);
+}
+
+/* Whether `left` tokens can still end the value after tok (the bytes it
+ * still needs bound the tokens, else the tokens of its shortest ending). */
+static int tok_leaves_room(const gen_seq *q, int32_t tok, uint32_t left) {
+    if (tok < 0) return 0;
+    if (grammar_takes(q, tok, left)) return 1;
+    size_t n;
+    const char *piece = vocab_trie_piece(q->trie, tok, &n);
+    grammar_state st = q->gst;
+    int32_t ids[GEN_MAX_CLOSING];
+    if (!n || !grammar_feed(q->gram, &st, piece, n)) return 0;
+    int32_t k = closing_tokens(q, &st, ids);
+    return k >= 0 && (uint32_t)k <= left;
+}
+
+/* Draws from the logits with every token but those allowed (and the
+ * end-of-generation tokens when the value can end) at -inf. */
+static int32_t draw_masked(gen_seq *q, sample_logprobs *lpp) {
+    int32_t n_vocab = q->e->m->n_vocab;
+    int can_end = grammar_can_end(q->gram, &q->gst);
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (!q->allowed[i] && !(can_end && tokenizer_is_eog(q->e->m->tok, i))) q->logits_copy[i] = -INFINITY;
+    return sampler_sample(q->smp, q->logits_copy, lpp);
+}
+
 /* The next token from q->logits (scratch). With a grammar, the sampler first
  * draws from all tokens; a token the grammar takes is kept (for greedy that
  * is the masked argmax; for a draw without top_k / top_p / min_p this
  * rejection step gives exactly the masked distribution, with them the draw
  * is from the truncated one first), else the mask is built and the sampler
  * draws again from the logits with every other token at -inf. Only this
- * second draw walks the vocabulary trie. */
+ * second draw walks the vocabulary trie.
+ * With max_tokens, every token must leave the value a way to end in the
+ * tokens that remain: tokens whose state needs at most that many bytes are
+ * always fine (a byte is a token at worst); past that bound a token is kept
+ * when the value's shortest ending, split into tokens, still fits, and when
+ * none of the draws fits, the ending of the current state (which fitted, by
+ * the same rule one token earlier) is written token by token. */
 static int32_t seq_pick(gen_seq *q, sample_logprobs *lpp) {
     if (!q->gram) return sampler_sample(q->smp, q->logits, lpp);
     int32_t n_vocab = q->e->m->n_vocab;
-    /* max_tokens: after this token, the rest must still fit the value's end
-       (one token per byte at worst), so a rambling string is closed in time */
-    uint32_t budget = UINT32_MAX;
-    if (q->max_tokens > 0) budget = (uint32_t)sat_left(q->max_tokens, q->res.n_generated + 1);
+    if (q->i_closing < q->n_closing) { /* writing the ending: its next token, certain (logprob 0) */
+        for (int32_t i = 0; i < n_vocab; i++) q->logits_copy[i] = -INFINITY;
+        q->logits_copy[q->closing[q->i_closing]] = 0.0f;
+        q->res.n_masked++;
+        int32_t tok = sampler_sample(q->smp, q->logits_copy, lpp);
+        if (tok == q->closing[q->i_closing]) q->i_closing++;
+        return tok;
+    }
     memcpy(q->logits_copy, q->logits, (size_t)n_vocab * sizeof(float));
+    uint32_t left = UINT32_MAX; /* tokens after this one */
+    if (q->max_tokens > 0) left = (uint32_t)sat_left(q->max_tokens, q->res.n_generated + 1);
     int32_t tok = sampler_sample(q->smp, q->logits, lpp);
-    if (tok >= 0 && grammar_takes(q, tok, budget)) return tok;
+    if (tok >= 0 && grammar_takes(q, tok, left)) return tok;
     q->res.n_masked++;
-    if (!grammar_mask(q->gram, &q->gst, q->trie, budget, q->allowed) && budget != UINT32_MAX)
-        grammar_mask(q->gram, &q->gst, q->trie, UINT32_MAX, q->allowed); /* too short anyway */
-    int can_end = grammar_can_end(q->gram, &q->gst);
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (!q->allowed[i] && !(can_end && tokenizer_is_eog(q->e->m->tok, i))) q->logits_copy[i] = -INFINITY;
-    return sampler_sample(q->smp, q->logits_copy, lpp);
+    if (left != UINT32_MAX && tok_leaves_room(q, tok, left)) return tok;
+    if (grammar_mask(q->gram, &q->gst, q->trie, left, q->allowed) || left == UINT32_MAX) return draw_masked(q, lpp);
+    /* no token leaves as few bytes as tokens remain */
+    grammar_mask(q->gram, &q->gst, q->trie, UINT32_MAX, q->allowed);
+    tok = draw_masked(q, lpp);
+    if (tok_leaves_room(q, tok, left)) return tok;
+    int32_t k = closing_tokens(q, &q->gst, q->closing);
+    if (k <= 0 || (uint32_t)k > left + 1) return tok; /* too short anyway */
+    q->n_closing = k, q->i_closing = 0;
+    q->res.n_masked--; /* counted once for this step */
+    return seq_pick(q, lpp);
 }
 
 /* Samples the next token from the current logits (or takes sample_all's) and

@@ -20,7 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 3 };
+/* Numbers: 16 integer and 16 fraction digits and a two-digit exponent keep
+ * every value between about 1e-115 and 1e116, finite and not rounded to 0 in
+ * a double (what most JSON readers parse numbers into). */
+enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 2 };
 
 enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED };
 
@@ -615,6 +618,7 @@ int grammar_must_end(const grammar *g, const grammar_state *st) {
  * have ended theirs (what a child adds is counted by the child's frame). */
 
 static uint32_t sat_sub(uint32_t a, uint32_t b) { return a > b ? a - b : 0; }
+static void copy_state(grammar_state *dst, const grammar_state *src);
 
 static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     const gnode *nd = &g->nodes[f->node];
@@ -688,6 +692,33 @@ uint32_t grammar_cost(const grammar *g, const grammar_state *st) {
     uint64_t sum = 0;
     for (int i = 0; i < st->depth; i++) sum += frame_cost(g, &st->f[i]);
     return sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+/* One byte at a time, each a byte after which the cost falls by one (the
+ * cost is exact, so one always exists until the value can end); bytes that
+ * read well in JSON are tried first. */
+int64_t grammar_shortest_completion(const grammar *g, const grammar_state *st, char *out, size_t cap) {
+    static const char preferred[] = "\"}],:0 ";
+    grammar_state cur;
+    copy_state(&cur, st);
+    size_t n = 0;
+    for (uint32_t cost = grammar_cost(g, &cur); cost > 0 || !grammar_can_end(g, &cur); cost--) {
+        if (cost == 0 || n >= cap) return -1;
+        int found = 0;
+        for (int i = 0; i < (int)sizeof preferred - 1 + 256 && !found; i++) {
+            unsigned char b = i < (int)sizeof preferred - 1 ? (unsigned char)preferred[i]
+                                                          : (unsigned char)(i - (int)sizeof preferred + 1);
+            grammar_state next;
+            copy_state(&next, &cur);
+            if (feed_byte(g, &next, b) && grammar_cost(g, &next) == cost - 1) {
+                copy_state(&cur, &next);
+                out[n++] = (char)b;
+                found = 1;
+            }
+        }
+        if (!found) return -1;
+    }
+    return (int64_t)n;
 }
 
 /* ---- the vocabulary trie --------------------------------------------------------------- */
@@ -769,6 +800,25 @@ const char *vocab_trie_piece(const vocab_trie *t, int32_t id, size_t *n) {
     if (id < 0 || id >= t->n_vocab) return *n = 0, "";
     *n = t->off[id + 1] - t->off[id];
     return t->bytes + t->off[id];
+}
+
+int64_t vocab_trie_split(const vocab_trie *t, const char *bytes, size_t n, int32_t *ids, int64_t cap) {
+    int64_t k = 0;
+    for (size_t at = 0; at < n;) {
+        int32_t node = 0, best = -1;
+        size_t best_len = 0;
+        for (size_t i = at; i < n; i++) {
+            int32_t c = t->nodes[node].first_child;
+            while (c >= 0 && t->nodes[c].byte != (uint8_t)bytes[i]) c = t->nodes[c].next_sibling;
+            if (c < 0) break;
+            node = c;
+            if (t->nodes[node].first_token >= 0) best = t->nodes[node].first_token, best_len = i + 1 - at;
+        }
+        if (best < 0 || k >= cap) return -1;
+        ids[k++] = best;
+        at += best_len;
+    }
+    return k;
 }
 
 /* Copies the live part of a state (the frames in use). */

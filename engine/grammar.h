@@ -81,6 +81,14 @@ const char *vocab_trie_piece(const vocab_trie *t, int32_t id, size_t *n);
 /* Bytes the shortest completion of the value still needs from st (so at
  * most that many tokens: every byte is a token of byte-level vocabularies). */
 uint32_t grammar_cost(const grammar *g, const grammar_state *st);
+/* Writes the bytes of a shortest completion of the value from st (grammar_cost
+ * bytes, after which the value can end) to out; returns their count, or -1
+ * when they do not fit in cap. */
+int64_t grammar_shortest_completion(const grammar *g, const grammar_state *st, char *out, size_t cap);
+/* Splits n bytes into tokens whose pieces they are, the longest piece first at
+ * each point; returns how many, or -1 when some point starts no piece or more
+ * than cap are needed. */
+int64_t vocab_trie_split(const vocab_trie *t, const char *bytes, size_t n, int32_t *ids, int64_t cap);
 /* allowed[i] = 1 for every token whose whole piece st accepts and after
  * which grammar_cost is at most budget (UINT32_MAX: no limit), else 0 (EOG
  * tokens are the caller's: they have empty pieces here). Returns how many. */

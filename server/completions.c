@@ -74,7 +74,9 @@ struct generation {
 
 static void release_temporary_pot(server *s, generation *g);
 
-/* What the engine thread sends for each piece of text. */
+/* What the engine thread sends for each engine_text_cb call: a piece of
+ * text and/or one token's logprobs (n 0: a token whose text is still held
+ * back, or is released with a later token's). */
 typedef struct text_event {
     choice *c;
     int has_lp;
@@ -112,14 +114,45 @@ void generation_free(generation *g) {
 
 void random_id(char *out, size_t cap, const char *prefix) { api_random_id(out, cap, prefix); }
 
+/* A token's piece as a JSON string: valid UTF-8 as it is, and each byte of
+ * an invalid or incomplete sequence (a piece of a character split over
+ * tokens) as the 4 characters \xNN, lowercase hex, as DeepSeek writes them. */
+static json_t *piece_json(const char *p, size_t n) {
+    char *out = malloc(4 * n + 1);
+    if (!out) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = utf8_seq((const unsigned char *)p + i, n - i, &cp);
+        if (l > 0) {
+            memcpy(out + k, p + i, (size_t)l);
+            k += (size_t)l;
+            i += (size_t)l;
+        } else {
+            k += (size_t)snprintf(out + k, 5, "\\x%02x", (unsigned char)p[i++]);
+        }
+    }
+    json_t *j = json_stringn(out, k);
+    free(out);
+    return j;
+}
+
+/* {token, logprob, bytes}: bytes are the token's own piece (joined over a
+ * choice's entries, the UTF-8 of its text). */
 static json_t *token_json(server *s, int32_t tok, float logprob) {
-    char buf[256];
-    int n = engine_token_text(s->eng, tok, buf, sizeof buf);
+    char small[256], *buf = small;
+    int n = engine_token_text(s->eng, tok, buf, sizeof small);
     if (n < 0) n = 0;
+    if ((size_t)n > sizeof small) { /* a long piece */
+        buf = malloc((size_t)n);
+        if (buf) engine_token_text(s->eng, tok, buf, (size_t)n);
+        else buf = small, n = (int)sizeof small;
+    }
     json_t *bytes = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)buf[i]));
-    json_t *str = json_stringn(buf, (size_t)n);
-    if (!str) str = json_string(""); /* part of a multi-byte character */
+    json_t *str = piece_json(buf, (size_t)n);
+    if (buf != small) free(buf);
+    if (!str) str = json_string("");
     return json_pack("{s:o, s:f, s:o}", "token", str, "logprob", (double)logprob, "bytes", bytes);
 }
 
@@ -322,7 +355,7 @@ static void on_text_event(server *s, void *arg) {
     request *r = g->r;
     if (g->responses && g->req.stream) {
         append_text(c, ev->text, ev->n);
-        json_t *d = json_stringn(ev->text, ev->n);
+        json_t *d = ev->n ? json_stringn(ev->text, ev->n) : NULL; /* a token's logprobs alone: no delta */
         if (r->conn && d)
             responses_event(g, "response.output_text.delta",
                             json_pack("{s:s, s:i, s:i, s:o}", "item_id", g->msg_id, "output_index", 0,
@@ -357,20 +390,11 @@ static json_t *delta_chunk(const generation *g, int index, json_t *delta) {
     return ch;
 }
 
-/* Streams the buffered answer of a request with tools: its calls as
- * OpenAI streams them (each call's id and name with empty arguments, then
- * its arguments) or its text. Returns the finish_reason. */
-static const char *stream_tool_answer(choice *c, const char *finish) {
+/* Streams calls as OpenAI does: each call's id and name with empty
+ * arguments, then its arguments. */
+static void send_tool_calls(choice *c, json_t *calls) {
     generation *g = c->g;
     request *r = g->r;
-    char *content = NULL;
-    json_t *calls = api_find_tool_calls(&g->req, c->text ? c->text : "", c->len, &content);
-    if (!calls) {
-        if (c->len) sse_send(r, chunk_json(g, c->index, c->text, c->len, 0, NULL, NULL));
-        return finish;
-    }
-    if (content) sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content)));
-    free(content);
     size_t i;
     json_t *call;
     json_array_foreach(calls, i, call) {
@@ -381,6 +405,26 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
         sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", (int)i,
                                                        "function", "arguments", json_object_get(fn, "arguments"))));
     }
+}
+
+/* Streams the buffered answer of a request with tools: its calls, a forced
+ * call cut short as far as it came, or its text. Returns the finish_reason. */
+static const char *stream_tool_answer(choice *c, const char *finish) {
+    generation *g = c->g;
+    request *r = g->r;
+    char *content = NULL;
+    const char *text = c->text ? c->text : "";
+    json_t *calls = api_find_tool_calls(&g->req, text, c->len, &content);
+    if (!calls) {
+        json_t *cut = api_cut_tool_call(&g->req, text, c->len);
+        if (cut) send_tool_calls(c, cut);
+        else if (c->len) sse_send(r, chunk_json(g, c->index, c->text, c->len, 0, NULL, NULL));
+        json_decref(cut);
+        return finish;
+    }
+    if (content) sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content)));
+    free(content);
+    send_tool_calls(c, calls);
     json_decref(calls);
     return "tool_calls";
 }
@@ -478,13 +522,18 @@ static json_t *choice_json(choice *c) {
     json_t *out;
     if (g->req.chat) {
         char *content = NULL;
-        json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, c->text ? c->text : "", c->len, &content) : NULL;
+        const char *text = c->text ? c->text : "";
+        json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, text, c->len, &content) : NULL;
         if (calls) {
             json_decref(str);
             str = content ? json_string(content) : json_null();
             if (!str) str = json_null();
             free(content);
             finish = "tool_calls";
+        } else if (tools_active(g) && (calls = api_cut_tool_call(&g->req, text, c->len))) {
+            json_decref(str); /* a forced call cut short: no text, the call as far as it came */
+            str = json_null();
+            if (!json_array_size(calls)) json_decref(calls), calls = NULL;
         }
         out = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", c->index, "message", "role",
                         "assistant", "content", str, "logprobs",

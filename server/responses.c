@@ -37,12 +37,18 @@ static int item_text(json_t *content, size_t idx, json_t **out, api_error *e) {
 
 /* The chat completions body of a Responses body; NULL + e. */
 static json_t *chat_body(json_t *in, api_error *e) {
-    static const char *const refused[] = {"previous_response_id", "tools", "conversation", "reasoning", NULL};
-    for (const char *const *k = refused; *k; k++) {
-        json_t *v = json_object_get(in, *k);
+    /* what each refused field would need, said in its 400 */
+    static const char *const refused[][2] = {
+        {"previous_response_id", " (responses are not stored: send the whole conversation as input)"},
+        {"conversation", " (conversations are not stored: send the whole conversation as input)"},
+        {"tools", " (tool calls are served by /v1/chat/completions)"},
+        {"reasoning", ""},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        json_t *v = json_object_get(in, refused[k][0]);
         if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v))) {
-            api_fail(e, 400, "unsupported_parameter", *k, "%s is not supported on /v1/responses here "
-                     "(send the whole conversation as input)", *k);
+            api_fail(e, 400, "unsupported_parameter", refused[k][0], "%s is not supported on /v1/responses here%s",
+                     refused[k][0], refused[k][1]);
             return NULL;
         }
     }

@@ -286,11 +286,18 @@ static void route_detokenize(request *r) {
     size_t n;
     if (api_parse_detokenize(r->body, r->body_len, s->info.n_vocab, &ids, &n, &e))
         return respond_error(r, &e);
-    size_t cap = n * 32 + 1, len = 0;
+    size_t cap = n * 8 + 64, len = 0;
     char *text = malloc(cap);
     for (size_t i = 0; text && i < n; i++) {
         int k = engine_token_text(s->eng, ids[i], text + len, cap - len);
-        if (k > 0) len += (size_t)k;
+        if (k > 0 && (size_t)k > cap - len) { /* a long piece (a run of spaces is 160 bytes in SmolLM2) */
+            cap = (cap + (size_t)k) * 2;
+            char *t = realloc(text, cap);
+            if (!t) free(text);
+            text = t;
+            if (text) k = engine_token_text(s->eng, ids[i], text + len, cap - len);
+        }
+        if (text && k > 0) len += (size_t)k;
     }
     free(ids);
     if (!text) {

@@ -182,6 +182,23 @@ def test_n_out_of_range_is_a_400(client):
     assert ei.value.body["param"] == "n"
 
 
+def test_fields_that_would_change_the_answer_silently_are_400s(client):
+    """echo and the deprecated functions / function_call are refused, not
+    ignored: a client asking for them would otherwise get another answer
+    than it asked for without knowing (the prompt missing, text for a call)."""
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="x", prompt="Hello", max_tokens=2, echo=True)
+    assert ei.value.body["param"] == "echo" and ei.value.body["code"] == "unsupported_value"
+    assert client.completions.create(model="x", prompt="Hello", max_tokens=2, echo=False).choices
+    fn = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    msgs = [{"role": "user", "content": "x"}]
+    for extra in ({"functions": [fn]}, {"function_call": {"name": "get_time"}}):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.chat.completions.create(model="x", messages=msgs, max_tokens=2, **extra)
+        assert ei.value.body["param"] == next(iter(extra)) and "tools" in ei.value.body["message"]
+    assert client.chat.completions.create(model="x", messages=msgs, max_tokens=2, functions=[]).choices
+
+
 def test_batch_completions_in_order(client):
     prompts = ["Hello", "The sky is", "Once upon a time"]
     r = client.completions.create(model="x", prompt=prompts, n=2, temperature=0, max_tokens=6)

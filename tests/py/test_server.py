@@ -3,6 +3,7 @@ and plain HTTP; durability under SIGKILL; limits, auth and configuration.
 Every test talks to a real `build/potserve serve` process on loopback."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -116,6 +117,130 @@ def test_completions_and_logprobs(client):
     assert all(abs(e.logprob - e.top_logprobs[0].logprob) < 1e-4 for e in entries)
 
 
+# ---- logprobs of characters split over tokens: SmolLM2 writes 🌟 as 3 tokens
+#      (f0 9f | 8c | 9f): one entry per token, each with its own bytes
+
+def _gpt2_byte_decoder():
+    """GPT-2's byte-level BPE alphabet reversed: the vocabulary's character -> the byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:  # the other bytes: characters from U+0100 on, in byte order
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@pytest.fixture(scope="module")
+def pieces(model):
+    """Each token's raw bytes, from the model's GGUF vocabulary (not from the server)."""
+    import gguf
+    r = gguf.GGUFReader(str(model))
+    assert r.fields["tokenizer.ggml.model"].contents() == "gpt2"
+    f = r.fields["tokenizer.ggml.tokens"]
+    dec = _gpt2_byte_decoder()
+    out = []
+    for i in f.data:
+        t = bytes(f.parts[i]).decode()
+        out.append(bytes(dec[ch] for ch in t) if all(ch in dec for ch in t) else t.encode())
+    return out
+
+
+def token_bytes(token):
+    """A logprobs `token` string back to bytes: UTF-8, with \\xNN for each byte of a split character."""
+    return re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes([int(m.group(1), 16)]), token.encode())
+
+
+def tokenize(srv, text):
+    st, body, _ = srv.request("POST", "/tokenize", {"content": text}, auth())
+    assert st == 200, body
+    return body["tokens"]
+
+
+def test_logprobs_of_split_characters_chat(srv, client, pieces):
+    kw = dict(model="x", messages=[{"role": "user", "content": "🌟🌟🌟🌟🌟🌟"}], max_tokens=12, temperature=0,
+              logprobs=True, top_logprobs=2)
+    r = client.chat.completions.create(**kw)
+    text, entries = r.choices[0].message.content, r.choices[0].logprobs.content
+    ids = tokenize(srv, text)
+    assert r.choices[0].finish_reason == "length" and len(ids) > len(text), text  # characters of several tokens
+    assert len(entries) == r.usage.completion_tokens == len(ids) == 12
+    assert [bytes(e.bytes) for e in entries] == [pieces[i] for i in ids]
+    assert b"".join(bytes(e.bytes) for e in entries) == text.encode()
+    assert "\\xf0\\x9f" in [e.token for e in entries]  # a character's first bytes, DeepSeek's form
+    for e in entries:
+        assert token_bytes(e.token) == bytes(e.bytes)
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token  # greedy
+        for t in e.top_logprobs:
+            assert token_bytes(t.token) == bytes(t.bytes) and bytes(t.bytes) in set(pieces)
+    # streamed: a token whose character is not complete yet has its entry in a chunk of content ""
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
+
+
+def completion_and_stream(client, **kw):
+    """A completion and the same one streamed: its text and logprobs, checked equal."""
+    r = client.completions.create(model="x", temperature=0, logprobs=2, **kw)
+    chunks = list(client.completions.create(model="x", temperature=0, logprobs=2, stream=True, **kw))
+    ch, lp = r.choices[0], r.choices[0].logprobs
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ch.text
+    got = {k: [] for k in ("tokens", "token_logprobs", "top_logprobs")}
+    for c in chunks:
+        if c.choices and c.choices[0].logprobs:
+            for k in got:
+                got[k] += getattr(c.choices[0].logprobs, k)
+    assert got == {k: getattr(lp, k) for k in got}
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs)
+    for t, top in zip(lp.tokens, lp.top_logprobs):
+        assert t in top and all(isinstance(k, str) for k in top)  # greedy: the chosen token is an alternative
+    return r
+
+
+def test_logprobs_of_split_characters_completions(srv, client, pieces):
+    r = completion_and_stream(client, prompt="🌟🌟🌟🌟🌟🌟", max_tokens=12)
+    text, tokens = r.choices[0].text, r.choices[0].logprobs.tokens
+    ids = tokenize(srv, text)
+    assert len(ids) > len(text), text
+    assert len(tokens) == r.usage.completion_tokens == len(ids) == 12
+    assert [token_bytes(t) for t in tokens] == [pieces[i] for i in ids]
+    known = set(pieces)
+    assert all(token_bytes(k) in known for top in r.choices[0].logprobs.top_logprobs for k in top)
+    # max_tokens ends the text inside a character: the text ends in U+FFFD, every token is listed
+    cut = completion_and_stream(client, prompt="🌟🌟🌟🌟🌟🌟", max_tokens=10)
+    tokens10 = cut.choices[0].logprobs.tokens
+    assert tokens10 == tokens[:10] and cut.usage.completion_tokens == 10
+    assert b"".join(map(token_bytes, tokens10)).decode("utf-8", "replace") == cut.choices[0].text
+    assert cut.choices[0].text.endswith("\ufffd")
+
+
+def test_logprobs_of_split_characters_with_stop_strings(srv, client):
+    """Listed: the tokens whose text starts in the returned text (the token completing a stop
+    string when some of its text comes before it); not the tokens of the stop string itself."""
+    def entries_of(r):
+        return [token_bytes(t) for t in r.choices[0].logprobs.tokens]
+    # held back as a possible start of "🌟\n", then released: each token still listed
+    r = completion_and_stream(client, prompt="🌟🌟🌟🌟🌟🌟", max_tokens=12, stop=["🌟\n"])
+    assert r.choices[0].finish_reason == "length" and len(entries_of(r)) == r.usage.completion_tokens
+    assert b"".join(entries_of(r)) == r.choices[0].text.encode()
+    # cut: the tokens of the stop string (a character's 3 and the newline) are not listed
+    for stop in ("\n", "😀\n"):
+        r = completion_and_stream(client, prompt="😀😀😀😀", max_tokens=12, stop=[stop])
+        text = r.choices[0].text
+        assert r.choices[0].finish_reason == "stop" and text and "😀" in text, text
+        assert b"".join(entries_of(r)) == text.encode()
+        assert len(entries_of(r)) == len(tokenize(srv, text)) < r.usage.completion_tokens
+    # ASCII held back as a possible start of "\n\n" (each "\n" of a list) is listed too
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Count from 1 to 20."}],
+                                       max_tokens=20, temperature=0, logprobs=True, stop=["\n\n"])
+    text, entries = r.choices[0].message.content, r.choices[0].logprobs.content
+    assert "\n" in text and r.choices[0].finish_reason == "length" and len(entries) == r.usage.completion_tokens
+    assert "".join(e.token for e in entries) == text
+
+
 @pytest.mark.heavy
 def test_stop_and_seed(client):
     kw = dict(model="x", messages=[{"role": "user", "content": "Count from 1 to 20."}], max_tokens=40)
@@ -131,6 +256,12 @@ def test_tokenize_roundtrip(srv):
     assert st == 200 and len(body["tokens"]) > 3
     st, back, _ = srv.request("POST", "/detokenize", {"tokens": body["tokens"]}, auth())
     assert st == 200 and back["content"] == "Hello world, héllo!"
+    # long pieces: a newline and runs of spaces, up to 81 bytes a token, many in a row
+    text = "\n" + " " * 80 + "x" + ("\n" + " " * 80) * 40
+    st, body, _ = srv.request("POST", "/tokenize", {"content": text}, auth())
+    assert st == 200 and len(body["tokens"]) < len(text) / 16  # the long pieces were taken
+    st, back, _ = srv.request("POST", "/detokenize", {"tokens": body["tokens"]}, auth())
+    assert st == 200 and back["content"] == text
 
 
 # ---- errors surface as the right openai exceptions ---------------------------------------------

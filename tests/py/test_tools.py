@@ -66,6 +66,37 @@ def test_streamed_tool_call_chunks(client):
     assert json.loads(whole.choices[0].message.tool_calls[0].function.arguments) == json.loads(args)
 
 
+def test_forced_call_is_closed_in_max_tokens_or_cut_as_a_call(client):
+    """A forced call (required, named) never comes back as the template's
+    markup in content: from the fewest tokens a whole call takes, every
+    max_tokens gives a complete call whose arguments validate; below it,
+    finish_reason "length" and the call as far as it came (OpenAI's shape for
+    a call cut by max_tokens: name, arguments not yet valid JSON)."""
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        name = None if choice == "required" else "get_time"  # required: the shortest call may be get_time
+        whole_from = None
+        for max_tokens in range(6, 50, 3):
+            r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                               temperature=0, max_tokens=max_tokens)
+            c = r.choices[0]
+            assert c.message.content is None, (max_tokens, c.message.content)
+            if c.finish_reason == "tool_calls":
+                whole_from = whole_from or max_tokens
+                check_calls(c.message.tool_calls, only=name)
+                continue
+            assert whole_from is None, f"cut open at {max_tokens} after whole calls from {whole_from}"
+            assert c.finish_reason == "length" and r.usage.completion_tokens == max_tokens
+            if c.message.tool_calls:  # else cut before the name was sure: no call
+                assert len(c.message.tool_calls) == 1 and c.message.tool_calls[0].function.name in (name or SCHEMA_OF)
+        assert whole_from and whole_from < 49, choice
+        # streamed, a cut call arrives as tool_calls deltas too
+        chunks = list(client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                                     temperature=0, max_tokens=whole_from - 3, stream=True))
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert deltas[0].function.name in (name or SCHEMA_OF) and chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_auto_and_none_answer_with_text_or_calls(client):
     for choice in ("auto", "none"):
         r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=choice,

@@ -38,6 +38,8 @@ TEST(grammar_accepts_exactly_the_schema) {
     CHECK(accepts(g, "{\"name\":\"Al\",\"age\":3}"));
     CHECK(accepts(g, "{ \"age\": -12 ,\n \"name\" : \"\\u00e9x\", \"tags\": [\"a\",\"bb\"], \"pet\": null}"));
     CHECK(accepts(g, "{\"pet\":{\"legs\":4.5e+1},\"name\":\"\",\"age\":0}"));
+    CHECK(accepts(g, "{\"pet\":{\"legs\":-9.5E-99},\"name\":\"\",\"age\":0}"));
+    CHECK(!accepts(g, "{\"pet\":{\"legs\":1e100},\"name\":\"\",\"age\":0}")); /* beyond a double's reach */
     CHECK(!accepts(g, "{\"name\":\"Al\"}"));                      /* age is required */
     CHECK(!accepts(g, "{\"name\":\"Alfred\",\"age\":3}"));        /* maxLength 5 */
     CHECK(!accepts(g, "{\"name\":\"Al\",\"age\":3.5}"));          /* integer */
@@ -137,32 +139,48 @@ TEST(grammar_mask_equals_feeding_each_token) {
 }
 
 TEST(grammar_cost_always_reaches_the_end) {
-    /* from many prefixes, taking any single byte that lowers the cost by
-       one must end in a complete value after exactly `cost` bytes */
+    /* from many prefixes, grammar_shortest_completion's bytes (each one that
+       lowers the cost by one) end in a complete value after exactly `cost`
+       bytes; a buffer one byte short is refused */
     grammar *g = compile(PERSON);
     CHECK(g != NULL);
     if (!g) return;
     const char *prefixes[] = {"", "{\"pet\":{", "{\"name\":\"Alf", "{\"tags\":[\"a\",", "{\"age\":-",
-                              "{\"pet\":nu", "{\"pet\":{\"legs\":1e", "{\"name\":\"\\u00"};
+                              "{\"pet\":nu", "{\"pet\":{\"legs\":1e", "{\"name\":\"\\u00", "{\"age\":12", "{\"name\":\"a\",\"age\":1"};
     for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
         grammar_state st;
         grammar_start(g, &st);
         CHECK(grammar_feed(g, &st, prefixes[p], strlen(prefixes[p])));
         uint32_t cost = grammar_cost(g, &st);
-        for (uint32_t step = 0; step < cost; step++) {
-            int moved = 0;
-            for (int c = 1; c < 128 && !moved; c++) {
-                grammar_state s2 = st;
-                char b = (char)c;
-                if (grammar_feed(g, &s2, &b, 1) && grammar_cost(g, &s2) == cost - step - 1) {
-                    st = s2;
-                    moved = 1;
-                }
-            }
-            CHECK(moved);
-            if (!moved) break;
-        }
+        char out[256];
+        int64_t n = grammar_shortest_completion(g, &st, out, sizeof out);
+        CHECK_EQ_INT(n, (int64_t)cost);
+        if (n < 0) continue;
+        if (cost) CHECK_EQ_INT(grammar_shortest_completion(g, &st, out, cost - 1), -1);
+        CHECK(grammar_feed(g, &st, out, (size_t)n));
         CHECK(grammar_can_end(g, &st));
+        CHECK_EQ_INT(grammar_cost(g, &st), 0);
     }
     grammar_unref(g);
+}
+
+TEST(vocab_trie_split_takes_the_longest_pieces) {
+    int32_t n;
+    const char **pieces;
+    vocab_trie *t = toy_vocab(&n, &pieces);
+    CHECK(t != NULL);
+    if (!t) return;
+    const char text[] = "{\"name\":\"ab\"}";
+    int32_t ids[32];
+    int64_t k = vocab_trie_split(t, text, strlen(text), ids, 32);
+    /* {" name ": " ab "} : the multi-byte pieces wherever they start */
+    CHECK_EQ_INT(k, 6);
+    char joined[64] = "";
+    for (int64_t i = 0; i < k && k <= 32; i++) strcat(joined, pieces[ids[i]]);
+    CHECK_STR(joined, text);
+    if (k == 6) CHECK_STR(pieces[ids[1]], "name");
+    CHECK_EQ_INT(vocab_trie_split(t, text, strlen(text), ids, 5), -1); /* more than cap */
+    CHECK_EQ_INT(vocab_trie_split(t, "a\xff", 2, ids, 32), -1);       /* a byte no piece starts with */
+    CHECK_EQ_INT(vocab_trie_split(t, "", 0, ids, 32), 0);
+    vocab_trie_free(t);
 }
