@@ -687,6 +687,20 @@ static void acked_ingest_ended(upload *u) {
     u->ss->acked_ingests--;
 }
 
+/* The chunk is committed: the session counts it and the client gets its
+ * answer (200, or 202 with wait=false while the ingest goes on). */
+static void acknowledge(upload *u) {
+    session *ss = u->ss;
+    u->acked = 1;
+    ss->last_seq = u->seq;
+    ss->final = u->final;
+    ss->busy = 0;
+    ss->srv->m.bytes_uploaded += (int64_t)u->bytes;
+    u->r->tokens = ss->stats.tokens_read - u->tokens_before;
+    if (u->in_flight > 0) ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
+    respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
+}
+
 /* Moves the upload on: pieces to disk, then the document's end, the commit,
  * the answer; or, after a failure, the abort and the rebuild. With wait
  * (the default) the commit follows the ingest of every piece; without, it
@@ -696,6 +710,13 @@ static void upload_step(upload *u) {
     server *s = ss->srv;
     request *r = u->r;
     if (u->finished || u->disk_running) return;
+    if (u->failed && !u->acked && !u->wait && u->committed) {
+        /* wait=false: the ingest failed while the commit ran, and the commit
+           made the chunk durable: it is acknowledged (202) as the commit
+           promised, and fails as an acknowledged chunk does */
+        acknowledge(u);
+        if (u->in_flight == 0) ss->acked_ingests++; /* acked_ingest_ended below counts it down */
+    }
     if (u->failed && u->acked) {
         if (u->in_flight > 0) return;
         acked_ingest_ended(u);
@@ -778,15 +799,8 @@ static void upload_step(upload *u) {
         return disk_submit(u, 0, p);
     }
     if (!u->committed) return disk_submit(u, 1, NULL);
-    u->acked = 1;
-    ss->last_seq = u->seq;
-    ss->final = u->final;
-    ss->busy = 0;
-    s->m.bytes_uploaded += (int64_t)u->bytes;
-    r->tokens = ss->stats.tokens_read - u->tokens_before;
+    acknowledge(u);
     if (u->in_flight == 0) u->finished = 1;
-    else ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
-    respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
     if (u->final || store_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
         session_snapshot(s, ss);
 }
@@ -958,7 +972,9 @@ void upload_receive(request *r, const char *data, size_t *size) {
         fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
     dispatch_piece(u);
     if (u->sse && !u->failed) u->streaming = !stream_start(r);
-    else if (!u->finished) request_suspend(r);
+    /* a failed chunk is answered now, from this handler (suspended, its answer
+       would wait for libmicrohttpd's next timer: up to a second) */
+    else if (!u->finished && !u->failed) request_suspend(r);
     upload_step(u);
 }
 

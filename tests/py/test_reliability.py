@@ -120,6 +120,53 @@ def test_incomplete_utf8_at_the_end_is_answered(srv):
     assert st == 200 and body["last_seq"] == 1, body
 
 
+def test_a_chunk_refused_while_its_body_is_read_is_answered_at_once(srv):
+    """docs/api.md: a failed chunk is answered as soon as its body has been
+    read. It used to wait for libmicrohttpd's next timer (1.0 s each time):
+    the answer was queued on a connection suspended in the same handler."""
+    sid = new_session(srv)
+    for body in (b"bad \xff byte", "abc\u20ac".encode()[:-1]):
+        took = []
+        for _ in range(3):
+            st, answer, t = raw_request(srv.port, chunk_head(srv.port, sid, len(body)) + body, [])
+            assert st == 400 and answer["error"]["code"] == "invalid_utf8", answer
+            took.append(t)
+        assert sorted(took)[1] < 0.5, took  # the median: 1.0 s before
+
+
+def test_wait_false_chunk_the_pot_cannot_take_is_answered_as_the_log_holds_it(tmp_path, fixtures):
+    """A ?wait=false chunk that policy none cannot fit: if its failure comes
+    before the commit, 422 and nothing kept; once committed, the chunk is
+    durable, so 202, and the session fails as an acknowledged chunk's ingest
+    does. It used to answer 422 and keep the chunk (the session then failed,
+    also after a restart, for a chunk the client was told was refused)."""
+    # the tiny model fails the ingest quickly, while the commit still syncs: the window
+    s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64", "--threads", "1").start()
+    try:
+        outcomes = []
+        for _ in range(3):
+            st, sess, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 64, "policy": "none"})
+            sid = sess["id"]
+            assert upload(s, sid, b"A short start. ")[0] == 200
+            st, body, _ = upload(s, sid, b"word " * 200, "?wait=false")
+            now = wait_ready(s, sid)
+            time.sleep(0.5)  # an acknowledged ingest runs on after its 202
+            now = session(s, sid)
+            if st == 422:
+                assert body["error"]["code"] == "document_too_long"
+                assert (now["status"], now["last_seq"], now["bytes_received"]) == ("ready", 1, 15), now
+            else:
+                assert st == 202, body
+                assert (now["status"], now["last_seq"]) == ("failed", 2) and "does not fit" in now["error"], now
+            outcomes.append((sid, st, now["last_seq"]))
+        s.stop()
+        s.start()
+        for sid, st, last_seq in outcomes:  # the restart keeps what the answers said
+            assert session(s, sid)["last_seq"] == last_seq
+    finally:
+        s.kill()
+
+
 def test_bad_byte_in_a_later_segment_is_answered(srv):
     sid = new_session(srv)
     first, bad = b"Hello world. ", b"\xff"
