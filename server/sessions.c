@@ -1048,7 +1048,6 @@ static void start_upload(request *r, session *ss) {
     u->final = query_flag(r, "final", 0);
     u->wait = query_flag(r, "wait", 1);
     u->sse = accept && strstr(accept, "text/event-stream");
-    if (u->sse) u->wait = 1; /* progress events need the ingest */
     u->t0 = monotonic_ms();
     u->tokens_before = ss->stats.tokens_read;
     r->up = u;
@@ -1058,6 +1057,11 @@ static void start_upload(request *r, session *ss) {
         u->finished = 1;
         return respond_error(r, &e);
     }
+    if (u->sse) u->wait = 1; /* progress events need the ingest */
+    /* back-pressure on acknowledged chunks: beyond MAX_IN_FLIGHT of them still
+       being ingested, an upload waits for its own ingest (200), so a client
+       cannot queue unbounded work and memory */
+    if (ss->acked_ingests >= MAX_IN_FLIGHT) u->wait = 1;
     uint64_t v = 0, vq = 0;
     const char *bad = seq_h && parse_seq(seq_h, &v) ? seq_h : seq_q && parse_seq(seq_q, &vq) ? seq_q : NULL;
     if (bad) {
@@ -1662,6 +1666,15 @@ static void delete_session(request *r, session *ss) {
         api_fail(&e, 409, "session_busy", NULL, "the session is ingesting an upload; retry when it ends");
         return respond_error(r, &e);
     }
+    /* durable before the 200: the files may stay while readers (an
+       acknowledged chunk's ingest, a question) finish, and a restart then
+       must not bring the session back */
+    char err[256];
+    if (store_mark_deleted(s->st, ss->id, ss->token, err, sizeof err)) {
+        api_fail(&e, 500, "storage_error", NULL, "cannot delete the session: %s", err);
+        return respond_error(r, &e);
+    }
+    if (ss->acked_ingests) engine_doc_cancel(ss->doc); /* its queued chunks need not be read */
     unlink_session(s, ss);
     ss->deleted = 1;
     respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted",

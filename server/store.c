@@ -149,9 +149,16 @@ char *store_meta_read(store *st, const char *id, int *absent, char *err, size_t 
     return text;
 }
 
-void store_remove(store *st, const char *id, const char *token) {
-    if (st->redis) return redis_store_remove(st, id, token);
-    char *dir = store_session_dir(st, id);
+/* A session's directory once deleted: data_dir/sessions/.deleted-<id>
+ * (store_list skips names that start with a dot). */
+static char *deleted_dir(const store *st, const char *id) {
+    char name[128];
+    snprintf(name, sizeof name, ".deleted-%s", id);
+    return store_session_dir(st, name);
+}
+
+/* Removes dir and the files in it (a session's directory holds no others). */
+static void remove_files(const char *dir) {
     DIR *d = dir ? opendir(dir) : NULL;
     if (d) {
         struct dirent *e;
@@ -164,7 +171,30 @@ void store_remove(store *st, const char *id, const char *token) {
         closedir(d);
     }
     if (dir) rmdir(dir);
+}
+
+int store_mark_deleted(store *st, const char *id, const char *token, char *err, size_t errlen) {
+    if (st->redis) return redis_store_mark_deleted(st, id, token, err, errlen);
+    char *dir = store_session_dir(st, id), *gone = deleted_dir(st, id);
+    int rc = 0;
+    if (!dir || !gone) rc = -1, set_err(err, errlen, "out of memory");
+    else if (rename(dir, gone)) rc = -1, set_err(err, errlen, "cannot delete %s: %s", dir, strerror(errno));
+    else if (st->fsync_mode) { /* the rename itself, in data_dir/sessions */
+        int e = fsync_parent_dir(gone);
+        if (e) rc = -1, set_err(err, errlen, "cannot sync the directory of %s: %s", gone, strerror(e));
+    }
     free(dir);
+    free(gone);
+    return rc;
+}
+
+void store_remove(store *st, const char *id, const char *token) {
+    if (st->redis) return redis_store_remove(st, id, token);
+    char *dirs[2] = {deleted_dir(st, id), store_session_dir(st, id)};
+    for (int i = 0; i < 2; i++) {
+        remove_files(dirs[i]);
+        free(dirs[i]);
+    }
 }
 
 void store_list(store *st, void (*fn)(void *user, const char *id), void *user) {
@@ -172,8 +202,16 @@ void store_list(store *st, void (*fn)(void *user, const char *id), void *user) {
     char *root = path_join(st->data_dir, "sessions");
     DIR *d = root ? opendir(root) : NULL;
     struct dirent *ent;
-    while (d && (ent = readdir(d)))
-        if (ent->d_name[0] != '.') fn(user, ent->d_name);
+    while (d && (ent = readdir(d))) {
+        static const char gone[] = ".deleted-";
+        if (!strncmp(ent->d_name, gone, sizeof gone - 1)) { /* deleted before a stop: finish it */
+            char *dir = path_join(root, ent->d_name);
+            remove_files(dir);
+            free(dir);
+        } else if (ent->d_name[0] != '.') {
+            fn(user, ent->d_name);
+        }
+    }
     if (d) closedir(d);
     free(root);
 }

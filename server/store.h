@@ -53,9 +53,15 @@ int store_create(store *st, const char *id, const char *meta, store_log **log, c
 /* The meta JSON of session id (caller frees), NULL + err when absent or unreadable
  * (*absent = 1 when the session does not exist; absent may be NULL). */
 char *store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen);
+/* Makes session id's deletion durable before its files go (they may stay
+ * while readers finish): dir: its directory renamed out of the sessions'
+ * list (synced); Redis: its meta removed (under the lease: token), so no
+ * restart or takeover brings it back. -1 + err. */
+int store_mark_deleted(store *st, const char *id, const char *token, char *err, size_t errlen);
 /* Removes everything of session id (a Redis session only while holding its lease: token). */
 void store_remove(store *st, const char *id, const char *token);
-/* Ids of the sessions in the dir store (restore at start): calls fn for each. */
+/* Ids of the sessions in the dir store (restore at start): calls fn for each;
+ * what store_mark_deleted left is removed on the way. */
 void store_list(store *st, void (*fn)(void *user, const char *id), void *user);
 
 /* ---- leases (Redis; a dir store always grants them) ---- */

@@ -30,6 +30,7 @@ void redis_store_free(store *st);
 int redis_store_create(store *st, const char *id, const char *meta, char *err, size_t errlen);
 char *redis_store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen);
 void redis_store_remove(store *st, const char *id, const char *token);
+int redis_store_mark_deleted(store *st, const char *id, const char *token, char *err, size_t errlen);
 int redis_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
                         char owner[STORE_TOKEN_MAX], char *err, size_t errlen);
 void redis_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,

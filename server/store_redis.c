@@ -189,6 +189,26 @@ void redis_store_remove(store *st, const char *id, const char *token) {
     if (r) freeReplyObject(r);
 }
 
+/* The meta goes now; the log, index and snapshot, which readers on this
+ * replica may still use, expire in an hour unless redis_store_remove takes
+ * them first (a replica that dies in between leaves nothing for good). */
+static const char MARK_DELETED_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[2]) "
+    "for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], 3600000) end return 1";
+
+int redis_store_mark_deleted(store *st, const char *id, const char *token, char *err, size_t errlen) {
+    char k[5][96];
+    const char *what[] = {"lease", "meta", "log", "idx", "snap"};
+    for (int i = 0; i < 5; i++) key(k[i], sizeof k[i], id, what[i]);
+    const char *argv[] = {"EVAL", MARK_DELETED_SCRIPT, "5", k[0], k[1], k[2], k[3], k[4], token};
+    redisReply *r = command_str(st, 9, argv, err, errlen);
+    if (!r) return -1;
+    int rc = r->type == REDIS_REPLY_INTEGER && r->integer == 1 ? 0 : -1;
+    if (rc) snprintf(err, errlen, "this replica no longer holds the session's lease");
+    freeReplyObject(r);
+    return rc;
+}
+
 /* ---- leases ---- */
 
 /* A lease held under another name is left alone (and that replica asked to

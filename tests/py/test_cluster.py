@@ -118,6 +118,32 @@ def test_single_node_equals_redis_store_and_survives_sigkill(tmp_path, redis):
         ref.stop()
 
 
+def test_deleted_session_is_gone_for_every_replica(tmp_path, redis):
+    """DELETE on the replica holding the session removes its meta from Redis
+    before the 200, so another replica (or this one after a SIGKILL) cannot
+    take the session over again, even while an acknowledged chunk's ingest
+    still holds its files (its other keys expire, should it die then)."""
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")  # 409 while a takes it up
+        long = (DOC + " ") * 12  # seconds of ingest after its 202: the files stay that long
+        st, body, _ = a.request("POST", f"/v1/sessions/{sid}/chunks?seq=2&wait=false", raw=long.encode(),
+                                headers={"Content-Type": "text/plain"})
+        assert st == 202, body
+        st, body, _ = a.request("DELETE", f"/v1/sessions/{sid}")
+        assert st == 200, body
+        assert redis.cli("EXISTS", f"potserve:s:{sid}:meta") == "0"
+        assert 0 < int(redis.cli("PTTL", f"potserve:s:{sid}:log")) <= 3600_000  # gone within the hour at worst
+        a.kill()  # while the ingest still holds the files: the deletion holds
+        st, body, _ = b.request("GET", f"/v1/sessions/{sid}")
+        assert st == 404, body
+    finally:
+        a.kill()
+        b.stop()
+
+
 def test_paused_owner_is_fenced(tmp_path, redis):
     """A replica paused (SIGSTOP) in the middle of an upload loses its lease;
     another takes the session over; when the paused one wakes, its commit is

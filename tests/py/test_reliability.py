@@ -5,6 +5,8 @@ not fail the session, slow headers are cut at a deadline, a full disk is a
 sockets where TCP segment boundaries or half-sent requests matter; every
 test runs against a real `potserve serve` process on loopback."""
 import json
+import os
+import re
 import resource
 import signal
 import socket
@@ -165,6 +167,49 @@ def test_wait_false_chunk_the_pot_cannot_take_is_answered_as_the_log_holds_it(tm
             assert session(s, sid)["last_seq"] == last_seq
     finally:
         s.kill()
+
+
+def test_delete_during_an_acknowledged_ingest_is_durable_and_stops_it(tmp_path):
+    """DELETE answered 200 while a ?wait=false chunk is still ingested: the
+    files stayed until the ingest ended, so a crash (or a stop) in between
+    brought the session back after the restart; and the engine went on
+    reading the deleted session's queued chunks."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64").start()
+    try:
+        sid = new_session(s)
+        st, body, _ = upload(s, sid, text(300).encode(), "?wait=false", timeout=60)  # ~7K tokens: seconds
+        assert st == 202, body
+        assert session(s, sid)["tokens_ingested"] < 7000, "the ingest ended before the DELETE: lengthen it"
+        st, body, _ = s.request("DELETE", f"/v1/sessions/{sid}")
+        assert st == 200, body
+        def ingested():
+            return int(re.search(r"^potserve_tokens_ingested_total (\d+)", s.request("GET", "/metrics")[1], re.M).group(1))
+        time.sleep(1)  # the engine chunk under way ends
+        before = ingested()
+        time.sleep(1.5)
+        assert ingested() == before, "the deleted session's chunk is still being read"
+        s.kill()
+        s.start()
+        assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
+        assert os.listdir(tmp_path / "d" / "sessions") == []  # what the DELETE left went at the start
+    finally:
+        s.kill()
+
+
+def test_acknowledged_chunks_waiting_for_the_engine_are_bounded(tmp_path):
+    """?wait=false answered 202 to every upload, however far the engine was
+    behind (8000 small chunks: 8000 x 202 in 7 s, RSS 115 -> 246 MiB). Beyond
+    8 acknowledged chunks still being ingested, an upload waits for its own
+    ingest (200): back-pressure, with nothing refused."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--durability", "none").start()
+    try:
+        sid = new_session(s)
+        piece = text(8).encode()
+        got = [upload(s, sid, piece, "?wait=false")[0] for _ in range(14)]
+        assert set(got) == {200, 202} and got[:8] == [202] * 8, got
+        assert wait_ready(s, sid)["last_seq"] == 14
+    finally:
+        assert s.stop() == 0
 
 
 def test_bad_byte_in_a_later_segment_is_answered(srv):
