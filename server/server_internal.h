@@ -141,6 +141,7 @@ struct session {
     int refs;
     int gens;                 /* generations reading the doc */
     int acked_ingests;        /* acknowledged (wait=false) chunks still being ingested */
+    int64_t bytes_acked;      /* document bytes of the acknowledged chunks (bytes_received) */
     size_t memory_bytes;
     engine_doc_stats stats;   /* mirror, updated from engine events */
     uint64_t last_seq;

@@ -59,7 +59,7 @@ struct upload {
     uint32_t utf8_need;          /* continuation bytes still expected */
     uint32_t utf8_cp, utf8_min;  /* code point so far, and its smallest legal value */
     double t0;
-    int64_t tokens_before;
+    int64_t tokens;              /* document tokens its pieces added (chunk.tokens) */
 };
 
 /* ---- small helpers ------------------------------------------------------------------- */
@@ -216,7 +216,7 @@ void sessions_free_all(server *s) {
 
 static const char *status_name(const session *ss) {
     if (ss->status == SESSION_FAILED) return "failed";
-    return ss->busy || ss->rebuilding ? "ingesting" : "ready";
+    return ss->busy || ss->rebuilding || ss->acked_ingests ? "ingesting" : "ready";
 }
 
 json_t *session_json(server *s, const session *ss) {
@@ -229,7 +229,7 @@ json_t *session_json(server *s, const session *ss) {
         st->keep_tokens ? st->keep_tokens : (p->keep_tokens ? p->keep_tokens : p->budget_tokens / 2),
         "policy", p->policy ? p->policy : "infinipot", "schedule",
         p->schedule ? p->schedule : "fixed", "chunk_tokens", p->chunk_tokens, "bytes_received",
-        (json_int_t)st->bytes_read, "tokens_ingested", (json_int_t)st->tokens_read,
+        (json_int_t)ss->bytes_acked, "tokens_ingested", (json_int_t)st->tokens_read,
         "tokens_in_pot", st->tokens_in_pot, "compressions", (json_int_t)st->compressions,
         "last_seq", (json_int_t)ss->last_seq, "final", ss->final, "memory_bytes",
         (json_int_t)ss->memory_bytes, "metadata",
@@ -367,6 +367,7 @@ static void rebuilt(server *s, doc_job *j) {
         snprintf(ss->fail_msg, sizeof ss->fail_msg, "rebuilding from the log failed: %.200s", j->err);
     } else {
         ss->stats = j->stats;
+        ss->bytes_acked = ss->stats.bytes_read;
         ss->snap_offset = j->from;
         fprintf(stderr, "potserve: session %s: after a failed chunk the pot is %s\n", ss->id,
                 j->restored ? "back as it was before the chunk" : "re-read from the log");
@@ -589,15 +590,19 @@ static void piece_ingested_loop(server *s, void *arg) {
     int64_t before = ss->stats.tokens_read, comp = ss->stats.compressions;
     double ims = ss->stats.ingest_ms, cms = ss->stats.compress_ms;
     ss->stats = c->stats;
+    u->tokens += ss->stats.tokens_read - before; /* the engine reads a document's pieces in order */
     s->m.tokens_ingested += ss->stats.tokens_read - before;
     s->m.compressions += ss->stats.compressions - comp;
     s->m.ingest_ms += ss->stats.ingest_ms - ims;
     s->m.compress_ms += ss->stats.compress_ms - cms;
     u->in_flight--;
     if (c->rc) {
-        int overflow = strstr(c->err, "does not fit") != NULL;
-        fail_upload(u, overflow ? 422 : 500, overflow ? "document_too_long" : "ingest_failed",
-                    "%s", c->err);
+        if ((s->draining || s->stopping) && strstr(c->err, "shutting down")) /* the engine stopped at the drain's end */
+            fail_upload(u, 503, "shutting_down", "%s", "the server is shutting down; the chunk was not kept");
+        else if (strstr(c->err, "does not fit"))
+            fail_upload(u, 422, "document_too_long", "%s", c->err);
+        else
+            fail_upload(u, 500, "ingest_failed", "%s", c->err);
     }
     if (u->streaming && u->r->conn && !u->answered) {
         char line[256];
@@ -631,7 +636,7 @@ static json_t *chunk_result(upload *u) {
     json_object_set_new(o, "chunk",
                         json_pack("{s:I, s:I, s:I, s:f}", "seq", (json_int_t)u->seq, "bytes",
                                   (json_int_t)u->bytes, "tokens",
-                                  (json_int_t)(ss->stats.tokens_read - u->tokens_before), "ms",
+                                  (json_int_t)u->tokens, "ms",
                                   monotonic_ms() - u->t0));
     return o;
 }
@@ -696,7 +701,8 @@ static void acknowledge(upload *u) {
     ss->final = u->final;
     ss->busy = 0;
     ss->srv->m.bytes_uploaded += (int64_t)u->bytes;
-    u->r->tokens = ss->stats.tokens_read - u->tokens_before;
+    u->r->tokens = u->tokens;
+    ss->bytes_acked += (int64_t)u->bytes;
     if (u->in_flight > 0) ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
     respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
 }
@@ -1049,7 +1055,6 @@ static void start_upload(request *r, session *ss) {
     u->wait = query_flag(r, "wait", 1);
     u->sse = accept && strstr(accept, "text/event-stream");
     u->t0 = monotonic_ms();
-    u->tokens_before = ss->stats.tokens_read;
     r->up = u;
     if (u->final < 0 || u->wait < 0) {
         api_fail(&e, 400, "invalid_value", u->final < 0 ? "final" : "wait", "%s must be true or false",
@@ -1733,6 +1738,7 @@ static void restore_ended(doc_job *j) {
         fprintf(stderr, "potserve: session %s: %s\n", ss->id, ss->fail_msg);
     } else {
         ss->stats = j->stats;
+        ss->bytes_acked = ss->stats.bytes_read; /* the log, read whole */
         ss->snap_offset = j->from;
         fprintf(stderr, "potserve: restored session %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n",
                 ss->id, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,

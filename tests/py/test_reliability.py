@@ -275,6 +275,25 @@ def test_hangup_after_202_does_not_fail_the_session(srv):
     assert st == 200 and body["last_seq"] == 2, body
 
 
+def test_session_during_an_acknowledged_ingest(srv):
+    """While a ?wait=false chunk is still ingested the session says so: status
+    "ingesting" and bytes_received counting the acknowledged chunk (it said
+    "ready" and left the chunk out); a chunk queued behind it counts its own
+    tokens only (it counted the earlier chunk's)."""
+    doc = text(40).encode()
+    waited = new_session(srv)
+    want = [upload(srv, waited, doc)[1]["chunk"]["tokens"], upload(srv, waited, b"And more. ")[1]["chunk"]["tokens"]]
+    sid = new_session(srv)
+    st, body, _ = upload(srv, sid, doc, "?wait=false")
+    assert st == 202 and body["bytes_received"] == len(doc), body
+    now = session(srv, sid)
+    assert now["tokens_ingested"] < want[0], "the ingest ended before the GET: lengthen doc"
+    assert (now["status"], now["bytes_received"], now["last_seq"]) == ("ingesting", len(doc), 1), now
+    st, body, _ = upload(srv, sid, b"And more. ")  # queued behind the first chunk's ingest
+    assert st == 200 and body["chunk"]["tokens"] == want[1], (body, want)
+    assert wait_ready(srv, sid)["bytes_received"] == len(doc) + len(b"And more. ")
+
+
 # ---- item 3: slow headers ----------------------------------------------------------------------
 
 def test_slow_headers_are_cut_at_the_idle_timeout(tmp_path):
@@ -452,6 +471,33 @@ def test_drain_ends_after_shutdown_grace(tmp_path):
         s.start()
         st, got, _ = s.request("GET", f"/v1/sessions/{sess['id']}")
         assert st == 200 and got["bytes_received"] == len(b"The first chunk. "), got
+    finally:
+        s.kill()
+
+
+def test_upload_still_ingesting_at_the_drain_end_is_a_503(tmp_path):
+    """A whole chunk whose ingest the drain's grace cuts short is not kept and
+    is answered 503 shutting_down (retry elsewhere), not 500 (it was 500
+    ingest_failed "shutting down")."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--shutdown-grace", "1").start()
+    try:
+        sid = new_session(s)
+        body = text(300).encode()  # ~7K tokens: longer than the grace
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.settimeout(60)
+        c.sendall(chunk_head(s.port, sid, len(body)) + body)
+        time.sleep(0.5)
+        s.proc.send_signal(signal.SIGTERM)
+        got = b""
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            k = c.recv(65536)
+            if not k:
+                break
+            got += k
+        assert got.startswith(b"HTTP/1.1 503") and b'"shutting_down"' in got, got
+        assert s.proc.wait(30) == 0
+        s.start()
+        assert session(s, sid)["last_seq"] == 0
     finally:
         s.kill()
 
