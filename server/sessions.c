@@ -41,7 +41,8 @@ struct upload {
     int final, wait, sse;
     int streaming;               /* sse and the event stream has started */
     int answered;                /* the error or result has been sent (or the client is gone) */
-    const chunk_log_entry *dup;  /* UPLOAD_DUPLICATE: the acknowledged chunk */
+    const chunk_log_entry *dup;  /* UPLOAD_DUPLICATE (JSON: once read): the acknowledged chunk */
+    int seq_given;               /* the header or query gave seq */
     piece *cur;
     piece *disk_head, *disk_tail;
     int disk_running, began;
@@ -914,24 +915,21 @@ static int take_json_body(upload *u, api_error *e) {
         rc = api_fail(e, 400, "invalid_type", "seq", "seq must be a positive integer");
     else if (fin && !json_is_null(fin) && !json_is_boolean(fin))
         rc = api_fail(e, 400, "invalid_type", "final", "final must be a boolean");
-    if (!rc) {
-        if (seq && json_is_integer(seq)) {
-            uint64_t want = (uint64_t)json_integer_value(seq);
-            const chunk_log_entry *dup = store_log_find(u->ss->log, want);
-            if (dup) {
-                u->mode = UPLOAD_DUPLICATE;
-                u->dup = dup;
-            } else if (want != u->ss->last_seq + 1) {
-                rc = api_fail(e, 409, "seq_gap", "seq", "seq %llu is not the next chunk (last_seq %llu)",
-                              (unsigned long long)want, (unsigned long long)u->ss->last_seq);
-            }
-            u->seq = want;
-        }
-        if (fin && json_is_boolean(fin)) u->final = json_is_true(fin); /* the body overrides ?final */
+    if (!rc && seq && json_is_integer(seq)) {
+        uint64_t want = (uint64_t)json_integer_value(seq);
+        if (u->seq_given && want != u->seq) /* no guessing which one the client meant */
+            rc = api_fail(e, 400, "invalid_value", "seq", "the body's seq (%llu) and X-Chunk-Seq or ?seq= (%llu) disagree",
+                          (unsigned long long)want, (unsigned long long)u->seq);
+        else if (!u->seq_given && (u->dup = store_log_find(u->ss->log, want)) == NULL && want != u->ss->last_seq + 1)
+            rc = api_fail(e, 409, "seq_gap", "seq", "seq %llu is not the next chunk (last_seq %llu)",
+                          (unsigned long long)want, (unsigned long long)u->ss->last_seq);
+        u->seq = want;
     }
+    if (!rc && !u->dup && u->ss->final)
+        rc = api_fail(e, 409, "document_final", NULL, "%s", "the document has already ended (final)");
     if (!rc) {
-        if (u->mode == UPLOAD_DUPLICATE) u->mode = UPLOAD_DUPLICATE;
-        else u->mode = UPLOAD_RAW;
+        if (fin && json_is_boolean(fin)) u->final = json_is_true(fin); /* the body overrides ?final */
+        u->mode = u->dup ? UPLOAD_DUPLICATE : UPLOAD_RAW;
         take_bytes(u, json_string_value(text), json_string_length(text));
     }
     json_decref(root);
@@ -1084,7 +1082,7 @@ static void start_upload(request *r, session *ss) {
     if (v) {
         const chunk_log_entry *dup = store_log_find(ss->log, v);
         if (dup) {
-            u->mode = UPLOAD_DUPLICATE;
+            if (!json) u->mode = UPLOAD_DUPLICATE; /* JSON: the text is compared once the body is read */
             u->dup = dup;
         } else if (v != ss->last_seq + 1) {
             api_fail(&e, 409, "seq_gap", "seq", "seq %llu is not the next chunk (last_seq %llu)",
@@ -1093,8 +1091,9 @@ static void start_upload(request *r, session *ss) {
             return respond_error(r, &e);
         }
         u->seq = v;
+        u->seq_given = 1;
     }
-    if (ss->final && u->mode != UPLOAD_DUPLICATE) {
+    if (ss->final && u->mode == UPLOAD_RAW) { /* JSON: once its seq is known (take_json_body) */
         api_fail(&e, 409, "document_final", NULL, "the document has already ended (final)");
         u->finished = 1;
         return respond_error(r, &e);

@@ -377,6 +377,28 @@ def test_json_chunk_fields_override_the_query(srv):
     assert st == 409 and body["error"]["code"] == "document_final", body
 
 
+def test_json_chunk_resends_and_seq_disagreements(srv):
+    """A JSON chunk sent again is a duplicate whether its seq is in the body,
+    the header or the query (with the seq in the header, the JSON text used to
+    be compared with the raw body: 409 seq_conflict), also after the final
+    chunk; a body seq that disagrees with the header's or query's is a 400,
+    as header and query disagreeing are (it was 409 seq_gap)."""
+    sid = new_session(srv)
+    path = f"/v1/sessions/{sid}/chunks"
+    assert srv.request("POST", path, {"text": "A first part. "})[0] == 200
+    st, body, _ = srv.request("POST", path, {"text": "A first part. "}, headers={"X-Chunk-Seq": "1"})
+    assert st == 200 and body["duplicate"] is True, body
+    st, body, _ = srv.request("POST", path + "?seq=1", {"text": "Other bytes. "})
+    assert st == 409 and body["error"]["code"] == "seq_conflict", body
+    st, body, _ = srv.request("POST", path + "?seq=2", {"text": "More. ", "seq": 3})
+    assert st == 400 and body["error"]["param"] == "seq", body
+    assert srv.request("POST", path, {"text": "The end. ", "seq": 2, "final": True})[0] == 200
+    for extra in ({"seq": 2}, {}):
+        st, body, _ = srv.request("POST", path, {"text": "The end. ", **extra},
+                                  headers={} if extra else {"X-Chunk-Seq": "2"})
+        assert st == 200 and body["duplicate"] is True and body["last_seq"] == 2, body
+
+
 def test_429s_carry_retry_after(tmp_path):
     # room for one pot of 64 (about 1.5 MB) beside what the server holds, not for a second one
     s = Server(tmp_path / "d", "--budget-tokens", "64", "--max-sessions-per-key", "1",
