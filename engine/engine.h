@@ -4,6 +4,7 @@
 #ifndef POTSERVE_ENGINE_H
 #define POTSERVE_ENGINE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -295,6 +296,10 @@ int engine_doc_push(engine_doc *d, const char *bytes, size_t n, int final, char 
  * finishes), so the queued ingests of a document that is about to be
  * replaced end at once instead of running. d stays its owner's to close. */
 void engine_doc_cancel(engine_doc *d);
+/* Engine thread: d is cancelled, as by engine_doc_cancel, once *flag is
+ * nonzero (one flag set by another thread for many documents: the server
+ * abandons the replays under way when it stops); NULL: no longer. */
+void engine_doc_abandon_when(engine_doc *d, const atomic_int *flag);
 /* Document tokens pushed so far (run or waiting). */
 int64_t engine_doc_tokens_pushed(const engine_doc *d);
 /* 1 when an engine chunk is ready using only the first `limit` document

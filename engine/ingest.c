@@ -77,6 +77,7 @@ struct engine_doc {
     engine_doc_stats st;
     int failed;
     atomic_int cancelled;     /* engine_doc_cancel: set by another thread */
+    const atomic_int *abandon; /* engine_doc_abandon_when: a flag another thread sets, or NULL */
     int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
     engine_compress_hook on_compress; /* diagnostics (engine_doc_on_compress), or NULL */
@@ -617,9 +618,11 @@ void engine_doc_cancel(engine_doc *d) {
     if (d) atomic_store(&d->cancelled, 1);
 }
 
+void engine_doc_abandon_when(engine_doc *d, const atomic_int *flag) { d->abandon = flag; }
+
 /* A cancelled document fails at the next push or chunk, on the engine thread. */
 static int doc_cancelled(engine_doc *d, char *err, size_t errlen) {
-    if (!atomic_load(&d->cancelled)) return 0;
+    if (!atomic_load(&d->cancelled) && !(d->abandon && atomic_load(d->abandon))) return 0;
     doc_fail(d);
     snprintf(err, errlen, "the document's ingest was cancelled");
     return -1;

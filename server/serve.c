@@ -145,6 +145,7 @@ static void on_housekeeping(uv_timer_t *t) {
     if (done) {
         /* the engine runs its queued tasks before it stops: these snapshots included */
         for (session *ss = s->sessions; ss; ss = ss->next) session_snapshot(s, ss);
+        atomic_store(&s->abandon_replays, 1); /* restores under way end at their next engine chunk */
         fprintf(stderr, "potserve: drained, stopping\n");
         uv_stop(s->loop);
     }

@@ -230,6 +230,7 @@ struct server {
     char model_id[128];
     int64_t started;
     int loading, draining, stopping;
+    atomic_int abandon_replays;  /* set at the drain's end: log replays (restores, rebuilds) stop */
     int restores_pending;     /* sessions still being replayed at start */
     double drain_deadline;
     /* keys */

@@ -310,13 +310,18 @@ static void open_doc_task(engine *e, void *arg) {
     if (!j->doc) j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
     j->rc = j->doc ? 0 : -1;
     if (!j->rc && j->replay && ss->log) {
+        /* a stopping server abandons the replay (the log stays: the next start reads it) */
+        engine_doc_abandon_when(j->doc, &ss->srv->abandon_replays);
         j->rc = store_log_replay(ss->log, j->from, replay_data, replay_commit, j, j->err, sizeof j->err);
-        if (j->rc && j->from) { /* a snapshot at an offset the log does not know: start over */
+        if (j->rc && j->from && !atomic_load(&ss->srv->abandon_replays)) {
+            /* a snapshot at an offset the log does not know: start over */
             engine_doc_close(j->doc);
             j->from = 0;
             j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
+            if (j->doc) engine_doc_abandon_when(j->doc, &ss->srv->abandon_replays);
             j->rc = j->doc ? store_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err) : -1;
         }
+        if (j->doc) engine_doc_abandon_when(j->doc, NULL);
     }
     if (j->doc) engine_doc_get_stats(j->doc, &j->stats);
     srv_post(ss->srv, doc_job_back, j);
@@ -1731,7 +1736,11 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
 static void restore_ended(doc_job *j) {
     session *ss = j->ss;
     ss->busy = 0;
-    if (j->rc) {
+    if (j->rc && atomic_load(&ss->srv->abandon_replays)) {
+        ss->status = SESSION_FAILED; /* for the moments left: the log is whole, the next start reads it */
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "the server is stopping");
+        fprintf(stderr, "potserve: session %s: restore abandoned, the server is stopping\n", ss->id);
+    } else if (j->rc) {
         ss->status = SESSION_FAILED;
         snprintf(ss->fail_msg, sizeof ss->fail_msg, "restore failed: %.200s", j->err);
         fprintf(stderr, "potserve: session %s: %s\n", ss->id, ss->fail_msg);

@@ -524,6 +524,32 @@ def test_upload_still_ingesting_at_the_drain_end_is_a_503(tmp_path):
         s.kill()
 
 
+def test_sigterm_during_a_restore_exits_within_the_grace(tmp_path):
+    """SIGTERM while the server restores a session at start: the replay is
+    abandoned at its next engine chunk and the server exits within
+    shutdown_grace (it waited for the whole replay: 23-26 s with a grace of
+    3-5 s); the log is untouched, so the next start restores it whole."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--shutdown-grace", "2").start()
+    try:
+        sid = new_session(s)
+        doc = text(1200).encode()  # ~28K tokens: a restore of many seconds
+        st, body, _ = upload(s, sid, doc, "?wait=false", timeout=120)
+        assert st == 202, body
+        s.kill()
+        s.proc = subprocess.Popen([*s.proc.args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        time.sleep(2)  # loading: the restore is under way
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(30) == 0
+        took = time.monotonic() - t0
+        assert took < 2 + 4, took  # the grace, the housekeeping tick, one engine chunk
+        s.start()
+        now = wait_ready(s, sid, 300)
+        assert (now["status"], now["last_seq"], now["bytes_received"]) == ("ready", 1, len(doc)), now
+    finally:
+        s.kill()
+
+
 def test_curl_T_uploads_with_put(srv, tmp_path):
     """`curl -T file` sends PUT: the chunks route takes it like POST."""
     sid = new_session(srv)
