@@ -43,10 +43,13 @@ static json_t *chat_body(json_t *in, api_error *e) {
         {"conversation", " (conversations are not stored: send the whole conversation as input)"},
         {"tools", " (tool calls are served by /v1/chat/completions)"},
         {"reasoning", ""},
+        {"include", " (logprobs are served by /v1/chat/completions and /v1/completions)"},
+        {"top_logprobs", " (logprobs are served by /v1/chat/completions and /v1/completions)"},
     };
     for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
         json_t *v = json_object_get(in, refused[k][0]);
-        if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v))) {
+        if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v)) &&
+            !(json_is_integer(v) && !json_integer_value(v))) { /* top_logprobs 0 asks for nothing */
             api_fail(e, 400, "unsupported_parameter", refused[k][0], "%s is not supported on /v1/responses here%s",
                      refused[k][0], refused[k][1]);
             return NULL;

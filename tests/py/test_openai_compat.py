@@ -266,10 +266,16 @@ def test_responses_errors(client):
     for kw, param in [({"previous_response_id": "resp_123"}, "previous_response_id"),
                       ({"max_output_tokens": 0}, "max_output_tokens"),
                       ({"text": {"format": {"type": "sound"}}}, "response_format"),
-                      ({"extra_body": {"text": [None, None]}}, "text")]:  # was ignored (Schemathesis)
+                      ({"extra_body": {"text": [None, None]}}, "text"),  # was ignored (Schemathesis)
+                      ({"include": ["message.output_text.logprobs"], "top_logprobs": 2}, "include"),  # was ignored
+                      ({"top_logprobs": 2}, "top_logprobs"),
+                      ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools")]:
         with pytest.raises(openai.BadRequestError) as ei:
             client.responses.create(model="x", input="Hi", **kw)
         assert ei.value.body["param"] == param, ei.value.body
+        if param in ("include", "tools"):  # what to do instead
+            assert "/v1/chat/completions" in ei.value.body["message"], ei.value.body
+    assert client.responses.create(model="x", input="Hi", max_output_tokens=2, top_logprobs=0).output_text is not None
     with pytest.raises(openai.BadRequestError) as ei:
         client.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     assert ei.value.body["param"] == "input"
