@@ -17,7 +17,7 @@ enum seq_state { SEQ_NEW, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
 /* The Recycled Attention paper's "kernel 7": max-pooling the full step's scores over 7 slots */
 #define RECYCLE_POOL_DEFAULT 7
 /* Most tokens a grammar value's forced ending may take (seq_pick). */
-#define GEN_MAX_CLOSING 256
+#define GEN_MAX_CLOSING 1024
 
 /* Recycled attention's state during one generation. */
 typedef struct recycler {

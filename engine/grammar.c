@@ -702,6 +702,7 @@ int64_t grammar_shortest_completion(const grammar *g, const grammar_state *st, c
     grammar_state cur;
     copy_state(&cur, st);
     size_t n = 0;
+    if (grammar_cost(g, &cur) > cap) return -1;
     for (uint32_t cost = grammar_cost(g, &cur); cost > 0 || !grammar_can_end(g, &cur); cost--) {
         if (cost == 0 || n >= cap) return -1;
         int found = 0;
