@@ -981,10 +981,13 @@ void upload_receive(request *r, const char *data, size_t *size) {
         fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
     dispatch_piece(u);
     if (u->sse && !u->failed) u->streaming = !stream_start(r);
-    /* a failed chunk is answered now, from this handler (suspended, its answer
-       would wait for libmicrohttpd's next timer: up to a second) */
+    /* a failed chunk is answered now, from this handler where it can be (from
+       a suspended connection its answer would wait for libmicrohttpd's next
+       timer: up to a second); when disk work under way holds the answer back,
+       the connection waits suspended for it */
     else if (!u->finished && !u->failed) request_suspend(r);
     upload_step(u);
+    if (u->failed && !u->answered) request_suspend(r);
 }
 
 /* A chunk number as the JSON body's seq takes it: decimal digits only (no

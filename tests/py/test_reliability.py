@@ -134,6 +134,13 @@ def test_a_chunk_refused_while_its_body_is_read_is_answered_at_once(srv):
             assert st == 400 and answer["error"]["code"] == "invalid_utf8", answer
             took.append(t)
         assert sorted(took)[1] < 0.5, took  # the median: 1.0 s before
+    # longer than a piece (16 KiB): pieces already on their way to the log hold the
+    # answer back, and the connection must wait for it (a first version of the fix
+    # answered from outside the handler on a live connection: nothing came)
+    body = ("Zürich 日本語 " * 1500).encode() + "🙂".encode()[:3]
+    st, answer, t = raw_request(srv.port, chunk_head(srv.port, sid, len(body)) + body, [])
+    assert st == 400 and answer["error"]["code"] == "invalid_utf8", (st, answer, t)
+    assert wait_ready(srv, sid, 30)["last_seq"] == 0
 
 
 def test_wait_false_chunk_the_pot_cannot_take_is_answered_as_the_log_holds_it(tmp_path, fixtures):
