@@ -29,7 +29,9 @@ static void utf8_repair(char *s) {
     }
 }
 
-json_t *api_text_json(const char *s, size_t n) {
+/* s as a JSON string, each byte of an invalid or incomplete UTF-8 sequence
+ * written as U+FFFD, or (hex) as the 4 characters \xNN. */
+static json_t *text_json(const char *s, size_t n, int hex) {
     size_t bad = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
@@ -38,7 +40,7 @@ json_t *api_text_json(const char *s, size_t n) {
         bad += l <= 0;
     }
     if (!bad) return json_stringn(s, n);
-    char *out = malloc(n + 2 * bad); /* U+FFFD is 3 bytes in place of 1 */
+    char *out = malloc(n + 3 * bad + 1); /* 3 (U+FFFD) or 4 (\xNN) bytes in place of 1 */
     if (!out) return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n;) {
@@ -48,6 +50,8 @@ json_t *api_text_json(const char *s, size_t n) {
             memcpy(out + k, s + i, (size_t)l);
             k += (size_t)l;
             i += (size_t)l;
+        } else if (hex) {
+            k += (size_t)snprintf(out + k, 5, "\\x%02x", (unsigned char)s[i++]);
         } else {
             memcpy(out + k, "\xEF\xBF\xBD", 3);
             k += 3;
@@ -58,6 +62,10 @@ json_t *api_text_json(const char *s, size_t n) {
     free(out);
     return j;
 }
+
+json_t *api_text_json(const char *s, size_t n) { return text_json(s, n, 0); }
+
+json_t *api_piece_json(const char *s, size_t n) { return text_json(s, n, 1); }
 
 int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;

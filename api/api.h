@@ -34,6 +34,10 @@ const char *api_openapi_json(size_t *len);
  * is short): a byte that is not part of a valid UTF-8 sequence becomes U+FFFD,
  * as jansson takes only UTF-8; NUL bytes stay. */
 json_t *api_text_json(const char *s, size_t n);
+/* The same for a token's piece in logprobs: each byte of an invalid or
+ * incomplete sequence (a piece of a character split over tokens) as the 4
+ * characters \xNN, lowercase hex, as DeepSeek's API writes them. */
+json_t *api_piece_json(const char *s, size_t n);
 
 /* Parses a JSON object body; NULL + e (400) for anything else. */
 json_t *api_parse_object(const char *body, size_t n, api_error *e);

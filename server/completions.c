@@ -114,29 +114,6 @@ void generation_free(generation *g) {
 
 void random_id(char *out, size_t cap, const char *prefix) { api_random_id(out, cap, prefix); }
 
-/* A token's piece as a JSON string: valid UTF-8 as it is, and each byte of
- * an invalid or incomplete sequence (a piece of a character split over
- * tokens) as the 4 characters \xNN, lowercase hex, as DeepSeek writes them. */
-static json_t *piece_json(const char *p, size_t n) {
-    char *out = malloc(4 * n + 1);
-    if (!out) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int l = utf8_seq((const unsigned char *)p + i, n - i, &cp);
-        if (l > 0) {
-            memcpy(out + k, p + i, (size_t)l);
-            k += (size_t)l;
-            i += (size_t)l;
-        } else {
-            k += (size_t)snprintf(out + k, 5, "\\x%02x", (unsigned char)p[i++]);
-        }
-    }
-    json_t *j = json_stringn(out, k);
-    free(out);
-    return j;
-}
-
 /* {token, logprob, bytes}: bytes are the token's own piece (joined over a
  * choice's entries, the UTF-8 of its text). */
 static json_t *token_json(server *s, int32_t tok, float logprob) {
@@ -150,7 +127,7 @@ static json_t *token_json(server *s, int32_t tok, float logprob) {
     }
     json_t *bytes = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)buf[i]));
-    json_t *str = piece_json(buf, (size_t)n);
+    json_t *str = api_piece_json(buf, (size_t)n);
     if (buf != small) free(buf);
     if (!str) str = json_string("");
     return json_pack("{s:o, s:f, s:o}", "token", str, "logprob", (double)logprob, "bytes", bytes);
