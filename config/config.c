@@ -154,7 +154,8 @@ static const setting settings[] = {
     S_ENUM(durability, "fsync", durability_values, "fsync logs before answering, or not"),
     S_BYTES(max_chunk_bytes, "256M", 1, INT64_MAX, "largest upload body (else 413)"),
     S_BYTES(max_body_bytes, "16M", 1, INT64_MAX, "largest JSON request body (else 413)"),
-    S_BYTES(max_header_bytes, "16K", 1, INT64_MAX, "largest request line + headers"),
+    /* libmicrohttpd gives every connection this much memory: a cap keeps it sane */
+    S_BYTES(max_header_bytes, "16K", 1, MIB, "largest request line + headers (at most 1M)"),
     S_INT(max_connections, "256", 1, 100000, "open connections at most"),
     S_INT(max_connections_per_ip, "64", 1, 100000, "open connections from one address at most"),
     S_FLOAT(rate_limit, "0", 0, 1e6, "requests per second per key, 0 = off"),
@@ -163,7 +164,7 @@ static const setting settings[] = {
     S_BYTES(pot_memory_limit, "1G", MIB, INT64_MAX, "bytes of all pots together (else 429)"),
     S_INT(idle_timeout, "30", 1, 86400, "seconds a connection may be silent"),
     S_INT(connection_timeout, "3600", 0, 86400, "seconds a connection may live, 0 = no limit"),
-    S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take"),
+    S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take, 0 = no limit"),
     S_INT(shutdown_grace, "30", 0, 3600, "seconds a SIGTERM drain waits for open requests"),
     S_INT(budget_tokens, "2048", 16, 1048576, "pot budget of new sessions"),
     S_ENUM(policy, "infinipot", policy_values, "policy of new sessions"),
@@ -172,7 +173,7 @@ static const setting settings[] = {
     S_INT(reread_gather_ms, "100", 0, 60000, "ms a re-read waits for other questions to share it"),
     S_ENUM(recall, "auto", recall_values,
            "passages before questions: auto = once a session's pot dropped text"),
-    S_INT(recall_bytes, "4096", 1, 1048576, /* RECALL_DEFAULT_BYTES, checked below */
+    S_INT(recall_bytes, "4096", 1, 1048576, /* RECALL_DEFAULT_BYTES and RECALL_MAX_BYTES, checked below */
           "bytes of passages a recall puts before a question"),
     S_ENUM(recall_order, "best-last", recall_order_values,
            "recalled passages: the best last, or in document order"),
@@ -186,7 +187,8 @@ static const setting settings[] = {
     S_STRING(cors_origins, "", "CORS: allowed origins, comma-separated, * = any, \"\" = off"),
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
-_Static_assert(RECALL_DEFAULT_BYTES == 4096, "recall_bytes' default above is engine/recall.h's");
+_Static_assert(RECALL_DEFAULT_BYTES == 4096 && RECALL_MAX_BYTES == 1048576,
+               "recall_bytes' default and range above are engine/recall.h's");
 
 #define FIELD_PTR(c, s, T) ((T *)(void *)((char *)(c) + (s)->offset))
 

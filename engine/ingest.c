@@ -875,6 +875,15 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     int_vec prefix = {0};
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
+    size_t over = doc_capacity(d) - (size_t)d->sched.budget; /* the policy's scoring rows */
+    if (doc_capacity(d) > (size_t)e->m->n_ctx_train) {
+        snprintf(err, errlen, "budget_tokens %d and this policy's %zu scoring rows exceed the model's context of %d "
+                 "tokens: budget_tokens can be at most %lld here", d->sched.budget, over, e->m->n_ctx_train,
+                 (long long)e->m->n_ctx_train - (long long)over);
+        free(prefix.v);
+        engine_doc_close(d);
+        return NULL;
+    }
     d->pot = engine_new_ring_pot(e, doc_capacity(d), doc_slack(d), err, errlen);
     if (d->pot) d->pot->original_positions = d->original_positions;
     d->ts = doc_tok_stream(e);

@@ -24,6 +24,7 @@ enum {
     RECALL_PASSAGE_BYTES = 1024, /* longest passage: about 250 tokens of English */
     RECALL_MAX_TERMS = 64,       /* question words used, in order of appearance */
     RECALL_DEFAULT_BYTES = 4096, /* the passages' budget unless set: about 1,000 tokens of English */
+    RECALL_MAX_BYTES = 1048576,  /* the largest budget a setting or request may ask */
     RECALL_MAX_LINKS = 4         /* passages followed from the best one along a chain of references */
 };
 

@@ -314,13 +314,18 @@ static const flag tokenize_flags[] = {
 };
 FLAGS_FIT(tokenize_flags);
 
-/* Reads all of stdin into a malloc'd buffer. */
+/* Reads all of stdin into a malloc'd buffer; NULL when it cannot be read
+ * (closed, a directory): that is not an empty input. */
 static char *read_stdin(size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
         size_t got = fread(buf + n, 1, cap - n, stdin);
         n += got;
+        if (got == 0 && ferror(stdin)) {
+            free(buf);
+            return NULL;
+        }
         if (got == 0) break;
         if (n == cap) {
             char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
@@ -383,13 +388,14 @@ int cli_recall(int argc, char **argv) {
     if (r) return r > 0 ? 0 : 2;
     const char *question = flag_val(recall_flags, &p, "--question"), *bytes = flag_val(recall_flags, &p, "--bytes");
     char *end = NULL;
+    errno = 0;
     long long budget = bytes ? strtoll(bytes, &end, 10) : RECALL_DEFAULT_BYTES;
     const char *order_name = flag_val(recall_flags, &p, "--order");
     int order = recall_order_named(order_name ? order_name : "best-last");
-    if (!question || (bytes && (*end || end == bytes || budget < 0)) || order < 0) {
+    if (!question || (bytes && (*end || end == bytes || errno || budget < 1 || budget > RECALL_MAX_BYTES)) || order < 0) {
         fprintf(stderr, "potserve recall: %s\n", !question ? "--question is required"
                                                  : order < 0 ? "--order is best-last or document"
-                                                             : "--bytes needs a count of bytes >= 0");
+                                                             : "--bytes needs a count of bytes in [1, 1048576]");
         return 2;
     }
     size_t len;

@@ -207,6 +207,12 @@ static void choice_error(const choice *c, int status, const char *param, api_err
     else api_fail(e, status, "generation_failed", param, "%s", c->err);
 }
 
+/* When a generation starting now must end: request_timeout from now (0:
+ * none, the engine's no deadline). */
+static double request_deadline(const server *s) {
+    return s->cfg.request_timeout ? monotonic_ms() + (double)s->cfg.request_timeout * 1e3 : 0;
+}
+
 /* Retry-After of a request_timeout: the timeout itself, 1 to 30 s. */
 static int timeout_retry_seconds(const server *s) {
     int64_t t = s->cfg.request_timeout;
@@ -884,7 +890,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     }
     g->reread_pot = pot; /* released with the generation (generation_free) */
     api_gen_request *q = &g->req;
-    g->deadline_ms = monotonic_ms() + (double)s->cfg.request_timeout * 1e3; /* the answer's own time */
+    g->deadline_ms = request_deadline(s); /* the answer's own time */
     if (q->stream && r->conn) {
         char line[160];
         int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s (pass %llu, %d questions)\n\n",
@@ -1125,7 +1131,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
     random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
     random_id(g->msg_id, sizeof g->msg_id, "msg_");
     g->created = (int64_t)time(NULL);
-    g->deadline_ms = monotonic_ms() + (double)s->cfg.request_timeout * 1e3;
+    g->deadline_ms = request_deadline(s);
     g->n_batch = q->n_batch ? q->n_batch : 1;
     g->n_choices = (int)g->n_batch * q->n_choices;
     g->choices = calloc((size_t)g->n_choices, sizeof *g->choices);

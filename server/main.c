@@ -1,5 +1,6 @@
 /* potserve entry point: dispatches the subcommands. Each subcommand parses its
  * own flags and prints its own --help. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,7 +20,15 @@ static const char usage[] =
     "\n"
     "Run 'potserve COMMAND --help' for the options of a command.\n";
 
-int main(int argc, char **argv) {
+/* A command's exit status, or 1 when what it printed did not all reach
+ * stdout (a full disk, a closed descriptor): output lost is a failure. */
+static int with_output_checked(const char *cmd, int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "potserve %s: writing the output failed: %s\n", cmd, strerror(errno ? errno : EIO));
+    return rc ? rc : 1;
+}
+
+static int run(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -35,3 +44,5 @@ int main(int argc, char **argv) {
     fprintf(stderr, "potserve: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }
+
+int main(int argc, char **argv) { return with_output_checked(argc > 1 ? argv[1] : "", run(argc, argv)); }

@@ -248,6 +248,11 @@ static int open_engine(server *s, char *err, size_t errlen) {
         return -1;
     }
     engine_get_info(s->eng, &s->info);
+    if (s->cfg.budget_tokens > s->info.n_ctx_train) { /* every new session would be refused */
+        snprintf(err, errlen, "budget_tokens %lld is larger than the model's window (%d tokens)",
+                 (long long)s->cfg.budget_tokens, s->info.n_ctx_train);
+        return -1;
+    }
     /* pots in device memory: admission control counts them against the device too */
     size_t dev = engine_pot_device_memory(s->eng);
     if (dev && (int64_t)dev < s->cfg.pot_memory_limit) {
@@ -261,7 +266,11 @@ static int open_engine(server *s, char *err, size_t errlen) {
     if (dot) *dot = 0;
     /* the prompt cache's budget is part of pot_memory_limit, held from the start */
     int64_t pc_bytes = s->cfg.prompt_cache_entries ? s->cfg.prompt_cache_bytes : 0;
-    if (pc_bytes > s->cfg.pot_memory_limit / 2) pc_bytes = s->cfg.pot_memory_limit / 2;
+    if (pc_bytes > s->cfg.pot_memory_limit / 2) { /* the pots keep at least half */
+        pc_bytes = s->cfg.pot_memory_limit / 2;
+        fprintf(stderr, "potserve: prompt_cache_bytes lowered to %lld MiB: half of pot_memory_limit\n",
+                (long long)(pc_bytes >> 20));
+    }
     if (pc_bytes && engine_set_prompt_cache(s->eng, (int)s->cfg.prompt_cache_entries, (size_t)pc_bytes)) {
         snprintf(err, errlen, "out of memory for the prompt cache");
         return -1;

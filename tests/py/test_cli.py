@@ -1,11 +1,13 @@
 """The command line as a user meets it: --help everywhere, info, tokenize,
 generate (deterministic greedy and seeded sampling), and hostile model files
 answered with one error line and a non-zero exit, never a crash."""
+import os
 import shutil
+import subprocess
 
 import pytest
 
-from conftest import FIXTURES, run
+from conftest import BIN, FIXTURES, run
 
 COMMANDS = ["generate", "tokenize", "info", "logits"]
 
@@ -189,3 +191,40 @@ def test_recycled_attention(model):
     assert even.returncode == 2 and b"--recycle-pool must be odd" in even.stderr
     bad = run(*base, "--recycle-stride", "4")
     assert bad.returncode == 2 and b"--recycle-keep" in bad.stderr
+
+
+def test_lost_output_and_unreadable_input_are_failures(fixtures, tmp_path):
+    """Output that does not reach stdout (a full disk) and stdin that cannot be
+    read (a directory, a closed descriptor) fail with one line and status 1;
+    they exited 0, the output lost or the input taken as empty."""
+    tiny = fixtures / "tiny_llama.gguf"
+    for args, stdin in ((["tokenize", "-m", tiny], b"hello world " * 2000), (["info", "-m", tiny], b"")):
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([str(BIN), *map(str, args)], input=stdin, stdout=full, stderr=subprocess.PIPE, timeout=120)
+        assert p.returncode == 1 and b"writing the output failed" in p.stderr, (args, p.returncode, p.stderr)
+    for args in (["tokenize", "-m", tiny], ["recall", "-q", "x"]):
+        d = os.open(tmp_path, os.O_RDONLY)  # a directory: read() fails with EISDIR
+        try:
+            p = subprocess.run([str(BIN), *map(str, args)], stdin=d, capture_output=True, timeout=120)
+        finally:
+            os.close(d)
+        assert p.returncode == 1 and b"cannot read stdin" in p.stderr, (args, p.returncode, p.stderr)
+
+
+def test_recall_bytes_is_the_servers_range():
+    for bad in ("0", "-1", "1048577", "99999999999999999999", "12x"):
+        p = run("recall", "-q", "x", "--bytes", bad, input=b"some text")
+        assert p.returncode == 2 and b"[1, 1048576]" in p.stderr, (bad, p.stderr)
+    assert run("recall", "-q", "some", "--bytes", "1048576", input=b"some text").returncode == 0
+
+
+def test_serve_refuses_settings_it_cannot_honour(fixtures, tmp_path):
+    """A header limit that would give every connection gigabytes (4G took
+    2.1 GB for one request, 16G stopped the server answering) and a default
+    budget larger than the model's window (every session refused) stop the
+    start with one line; they used to start."""
+    tiny = fixtures / "tiny_llama.gguf"
+    p = run("serve", "--model", tiny, "--port", "0", "--data-dir", tmp_path / "d", "--max-header-bytes", "2M", timeout=60)
+    assert p.returncode == 2 and b"max-header-bytes" in p.stderr, p.stderr
+    p = run("serve", "--model", tiny, "--port", "0", "--data-dir", tmp_path / "d", "--budget-tokens", "100000", timeout=60)
+    assert p.returncode == 1 and b"larger than the model's window (256 tokens)" in p.stderr, p.stderr

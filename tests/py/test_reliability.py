@@ -652,3 +652,23 @@ def test_failed_chunk_puts_back_the_pre_chunk_pot(tmp_path):
         print(f"document read in {read_s:.1f} s; pot back {back_s:.2f} s after the failed chunk's answer")
     finally:
         assert s.stop() == 0
+
+
+def test_request_timeout_0_is_no_limit_and_budget_errors_say_the_largest(tmp_path, fixtures):
+    """request_timeout 0 was accepted, then every generation was a 503 at once;
+    it is no limit now, as connection_timeout 0 is. A budget that passes the
+    window check but not with the policy's scoring rows said only "304 tokens
+    exceed the model's context"; it now says the largest budget that fits."""
+    s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64",
+               "--request-timeout", "0").start()
+    try:
+        st, body, _ = s.request("POST", "/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        assert st == 200, body
+        st, body, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 256})
+        assert st == 422 and "budget_tokens can be at most" in body["error"]["message"], body
+        most = int(body["error"]["message"].rsplit("at most ", 1)[1].split()[0])
+        assert s.request("POST", "/v1/sessions", {"budget_tokens": most})[0] == 201
+        assert s.request("POST", "/v1/sessions", {"budget_tokens": most + 1})[0] == 422
+    finally:
+        assert s.stop() == 0
