@@ -248,10 +248,10 @@ static int open_engine(server *s, char *err, size_t errlen) {
         return -1;
     }
     engine_get_info(s->eng, &s->info);
-    if (s->cfg.budget_tokens > s->info.n_ctx_train) { /* every new session would be refused */
-        snprintf(err, errlen, "budget_tokens %lld is larger than the model's window (%d tokens)",
-                 (long long)s->cfg.budget_tokens, s->info.n_ctx_train);
-        return -1;
+    if (s->cfg.budget_tokens > s->info.n_ctx_train) { /* else every session made with the default is refused */
+        fprintf(stderr, "potserve: budget_tokens lowered from %lld to %d: half of the model's window (%d tokens)\n",
+                (long long)s->cfg.budget_tokens, s->info.n_ctx_train / 2, s->info.n_ctx_train);
+        s->cfg.budget_tokens = s->info.n_ctx_train / 2;
     }
     /* pots in device memory: admission control counts them against the device too */
     size_t dev = engine_pot_device_memory(s->eng);

@@ -218,13 +218,10 @@ def test_recall_bytes_is_the_servers_range():
     assert run("recall", "-q", "some", "--bytes", "1048576", input=b"some text").returncode == 0
 
 
-def test_serve_refuses_settings_it_cannot_honour(fixtures, tmp_path):
+def test_serve_refuses_a_header_limit_it_cannot_honour(fixtures, tmp_path):
     """A header limit that would give every connection gigabytes (4G took
-    2.1 GB for one request, 16G stopped the server answering) and a default
-    budget larger than the model's window (every session refused) stop the
-    start with one line; they used to start."""
+    2.1 GB for one request, 16G stopped the server answering) stops the start
+    with one line; it used to start."""
     tiny = fixtures / "tiny_llama.gguf"
     p = run("serve", "--model", tiny, "--port", "0", "--data-dir", tmp_path / "d", "--max-header-bytes", "2M", timeout=60)
     assert p.returncode == 2 and b"max-header-bytes" in p.stderr, p.stderr
-    p = run("serve", "--model", tiny, "--port", "0", "--data-dir", tmp_path / "d", "--budget-tokens", "100000", timeout=60)
-    assert p.returncode == 1 and b"larger than the model's window (256 tokens)" in p.stderr, p.stderr

@@ -655,13 +655,19 @@ def test_failed_chunk_puts_back_the_pre_chunk_pot(tmp_path):
 
 
 def test_request_timeout_0_is_no_limit_and_budget_errors_say_the_largest(tmp_path, fixtures):
-    """request_timeout 0 was accepted, then every generation was a 503 at once;
+    """A default budget beyond the model's window is lowered at start (sessions
+    made with it were all refused). request_timeout 0 was accepted, then every
+    generation was a 503 at once;
     it is no limit now, as connection_timeout 0 is. A budget that passes the
     window check but not with the policy's scoring rows said only "304 tokens
     exceed the model's context"; it now says the largest budget that fits."""
-    s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64",
-               "--request-timeout", "0").start()
+    s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf", "--request-timeout", "0").start()
     try:
+        # the default budget (2048) is larger than this model's window (256): lowered at start, not
+        # offered as a default every session made with it would be refused for
+        assert any("budget_tokens lowered from 2048 to 128" in line for line in s.log_lines), s.log_lines
+        st, body, _ = s.request("POST", "/v1/sessions", {})
+        assert st == 201 and body["budget_tokens"] == 128, body
         st, body, _ = s.request("POST", "/v1/chat/completions",
                                 {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
         assert st == 200, body
