@@ -828,7 +828,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
         free(before);
     }
     if (bad || prefix->n >= (size_t)keep) {
-        snprintf(err, errlen, "system: the pinned prefix (%zu tokens) must be shorter than keep_tokens %d",
+        snprintf(err, errlen, "keep_tokens: the pinned prefix (%zu tokens: the chat template's start and the system "
+                 "prompt) must be shorter than keep_tokens %d (half of budget_tokens unless set): raise them",
                  prefix->n, keep);
         goto fail;
     }
@@ -877,9 +878,14 @@ engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, 
     if (!d) return NULL;
     size_t over = doc_capacity(d) - (size_t)d->sched.budget; /* the policy's scoring rows */
     if (doc_capacity(d) > (size_t)e->m->n_ctx_train) {
-        snprintf(err, errlen, "budget_tokens %d and this policy's %zu scoring rows exceed the model's context of %d "
-                 "tokens: budget_tokens can be at most %lld here", d->sched.budget, over, e->m->n_ctx_train,
-                 (long long)e->m->n_ctx_train - (long long)over);
+        long long most = (long long)e->m->n_ctx_train - (long long)over;
+        if (most >= 16)
+            snprintf(err, errlen, "budget_tokens %d and this policy's %zu scoring rows exceed the model's context "
+                     "of %d tokens: budget_tokens can be at most %lld here", d->sched.budget, over,
+                     e->m->n_ctx_train, most);
+        else /* FINCH's rows are its question */
+            snprintf(err, errlen, "this policy's %zu scoring rows (a FINCH question's) exceed the model's context "
+                     "of %d tokens with any budget", over, e->m->n_ctx_train);
         free(prefix.v);
         engine_doc_close(d);
         return NULL;

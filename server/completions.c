@@ -884,8 +884,9 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     generation *g = user;
     request *r = g->r;
     g->reread_st = *st;
-    if (!pot) {
-        prepare_failed(g, 500, "reread_failed", "re-reading the session's document", err);
+    if (!pot) { /* a question too long for the re-read's pot is the request's fault, not the re-read's */
+        int too_long = err && strstr(err, "exceed the model's context");
+        prepare_failed(g, too_long ? 400 : 500, "reread_failed", "re-reading the session's document", err);
         return request_unref(r);
     }
     g->reread_pot = pot; /* released with the generation (generation_free) */

@@ -90,9 +90,8 @@ static void log_read(server *s, void *arg) {
 int recall_start(server *s, session *ss, const char *question, recall_done_fn done, void *user, api_error *e) {
     if (!ss->log) return api_fail(e, 409, "recall_unavailable", "recall", "the session keeps no log to recall from");
     recall_read *rd = ss->recall_read;
-    if (!rd && (ss->busy || ss->disk_busy || ss->rebuilding))
-        return api_fail(e, 409, "session_busy", "session",
-                        "the session is receiving or restoring its document; retry to recall from it");
+    const char *why = rd ? NULL : session_log_busy(ss);
+    if (why) return api_fail(e, 409, "session_busy", "session", "%s; retry to recall from it", why);
     recall_job *j = calloc(1, sizeof *j);
     char *q = strdup(question);
     if (!rd) rd = calloc(1, sizeof *rd);

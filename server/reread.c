@@ -321,9 +321,8 @@ int reread_start(server *s, session *ss, const char *question, const atomic_int 
     reread_pass *p = ss->reread_open;
     int fresh = !p || !joinable(p);
     if (fresh) {
-        if (ss->busy || ss->disk_busy || ss->rebuilding)
-            return api_fail(e, 409, "session_busy", "session",
-                            "the session is receiving or restoring its document; retry to re-read it");
+        const char *why = session_log_busy(ss);
+        if (why) return api_fail(e, 409, "session_busy", "session", "%s; retry to re-read it", why);
         p = calloc(1, sizeof *p);
         if (!p) return api_fail(e, 500, NULL, NULL, "out of memory");
         *p = (reread_pass){.srv = s, .ss = ss, .id = ++last_pass_id,

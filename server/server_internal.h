@@ -171,6 +171,9 @@ void sessions_renew_leases(server *s);
 void sessions_release_leases(server *s);
 json_t *session_json(server *s, const session *ss);
 void session_ref(session *ss);
+/* Why ss's log cannot be read now (an upload, a restore, another read or
+ * write under way), or NULL when it can. */
+const char *session_log_busy(const session *ss);
 void session_unref(session *ss);
 /* Upload data (called with pieces, then with size 0 at the end). */
 void upload_receive(request *r, const char *data, size_t *size);
@@ -241,6 +244,7 @@ struct server {
     store *st;
     session *sessions;
     size_t pot_memory;
+    size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* live requests, and every open connection (router.c) */
     request *live;
     int n_live;

@@ -138,10 +138,18 @@ static void remove_dir_done(uv_work_t *w, int status) {
     free(w);
 }
 
+/* ss is deleted: its files go, and its pot's memory, once its last reader
+ * ends (counted as going until then, for the Retry-After of a 429). */
+static void session_going(server *s, session *ss) {
+    ss->deleted = 1;
+    s->pot_memory_going += ss->memory_bytes;
+}
+
 static void closed_on_engine(server *s, void *arg) {
     doc_close_job *j = arg;
     session *ss = j->ss;
     s->pot_memory -= ss->memory_bytes;
+    if (ss->deleted) s->pot_memory_going -= ss->memory_bytes;
     if (j->remove_files) {
         store_log_close(ss->log);
         ss->log = NULL;
@@ -215,6 +223,13 @@ void sessions_free_all(server *s) {
     }
 }
 
+const char *session_log_busy(const session *ss) {
+    if (ss->busy) return "the session is receiving an upload";
+    if (ss->rebuilding) return "the session is restoring its document";
+    if (ss->disk_busy) return "the session's log is being written or read (an upload's chunk, another question's re-read)";
+    return NULL;
+}
+
 static const char *status_name(const session *ss) {
     if (ss->status == SESSION_FAILED) return "failed";
     return ss->busy || ss->rebuilding || ss->acked_ingests ? "ingesting" : "ready";
@@ -252,6 +267,7 @@ typedef struct doc_job {
     uint64_t from;                 /* log offset the snapshot covered (0: none used) */
     char snap_err[256];            /* why the snapshot was not used */
     char err[256];
+    char feed_err[256];            /* why the engine refused what the replay fed it ("" when it did not) */
     engine_doc_stats stats;
     engine_doc *old_doc;           /* the document it replaces (closed on the engine thread) */
     engine_doc *kept;              /* a rebuild that puts this copy back instead of re-reading */
@@ -263,14 +279,34 @@ typedef struct doc_job {
 } doc_job;
 
 static int replay_data(void *user, uint64_t seq, const char *data, size_t n) {
-    (void)seq;
     doc_job *j = user;
-    return engine_doc_feed(j->doc, data, n, 0, j->err, sizeof j->err);
+    char why[200];
+    if (!engine_doc_feed(j->doc, data, n, 0, why, sizeof why)) return 0;
+    snprintf(j->feed_err, sizeof j->feed_err, "chunk %llu: %s", (unsigned long long)seq, why);
+    return -1;
 }
 
 static int replay_commit(void *user, const chunk_log_entry *e) {
     doc_job *j = user;
-    return e->final ? engine_doc_feed(j->doc, "", 0, 1, j->err, sizeof j->err) : 0;
+    char why[200];
+    if (!e->final || !engine_doc_feed(j->doc, "", 0, 1, why, sizeof why)) return 0;
+    snprintf(j->feed_err, sizeof j->feed_err, "chunk %llu: %s", (unsigned long long)e->seq, why);
+    return -1;
+}
+
+/* Why a replay failed, for the session's error: the engine's reason when it
+ * refused a chunk (the log's own message names the file's path otherwise). */
+static const char *replay_error(const doc_job *j) { return *j->feed_err ? j->feed_err : j->err; }
+
+/* Document bytes of the chunks the log holds (bytes_received of a session
+ * whose replay failed part way). */
+static int64_t logged_bytes(const session *ss) {
+    int64_t n = 0;
+    for (uint64_t seq = 1; ss->log && seq <= ss->last_seq; seq++) {
+        const chunk_log_entry *e = store_log_find(ss->log, seq);
+        if (e) n += (int64_t)e->bytes;
+    }
+    return n;
 }
 
 static void doc_job_back(server *s, void *arg) {
@@ -370,7 +406,8 @@ static void rebuilt(server *s, doc_job *j) {
     ss->busy = 0;
     if (j->rc) {
         ss->status = SESSION_FAILED;
-        snprintf(ss->fail_msg, sizeof ss->fail_msg, "rebuilding from the log failed: %.200s", j->err);
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "rebuilding from the log failed: %.200s", replay_error(j));
+        ss->bytes_acked = logged_bytes(ss);
     } else {
         ss->stats = j->stats;
         ss->bytes_acked = ss->stats.bytes_read;
@@ -1131,9 +1168,10 @@ static void created_doc(server *s, doc_job *j) {
     request *r = j->r;
     if (j->rc) {
         api_error e;
-        api_fail(&e, 422, "invalid_value", NULL, "%s", j->err);
+        /* the engine names the setting at fault first ("keep_tokens: ...") where it can */
+        api_fail(&e, 422, "invalid_value", !strncmp(j->err, "keep_tokens:", 12) ? "keep_tokens" : NULL, "%s", j->err);
         respond_error(r, &e);
-        ss->deleted = 1; /* unref below removes the files */
+        session_going(s, ss); /* unref below removes the files */
         unlink_session(s, ss);
         finish_doc_job(j);
         session_unref(ss); /* the registry's reference */
@@ -1162,7 +1200,7 @@ static void create_done(uv_work_t *w, int status) {
         api_fail(&e, 500, "storage_error", NULL, "%s", j->rc ? j->err : "the engine is stopping");
         respond_error(r, &e);
         unlink_session(s, ss);
-        ss->deleted = 1;
+        session_going(s, ss);
         session_unref(ss);
     }
     free(j);
@@ -1215,8 +1253,10 @@ static void create_session(request *r) {
                  "a pot of %zu bytes does not fit: %zu of pot_memory_limit %lld are in use",
                  ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
         api_session_settings_free(&ss->settings);
+        /* deleted pots about to be freed would make room: retry in a second, not at the next expiry */
+        int soon = s->pot_memory - s->pot_memory_going + ss->memory_bytes <= (size_t)s->cfg.pot_memory_limit;
         free(ss);
-        return respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
+        return respond_retry(r, &e, soon ? 1 : seconds_to_next_expiry(s, NULL));
     }
     ss->srv = s;
     ss->refs = 1; /* the registry */
@@ -1688,7 +1728,7 @@ static void delete_session(request *r, session *ss) {
     }
     if (ss->acked_ingests) engine_doc_cancel(ss->doc); /* its queued chunks need not be read */
     unlink_session(s, ss);
-    ss->deleted = 1;
+    session_going(s, ss);
     respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted",
                                    "deleted", 1));
     session_unref(ss); /* files go when the last reader is done */
@@ -1745,7 +1785,9 @@ static void restore_ended(doc_job *j) {
         fprintf(stderr, "potserve: session %s: restore abandoned, the server is stopping\n", ss->id);
     } else if (j->rc) {
         ss->status = SESSION_FAILED;
-        snprintf(ss->fail_msg, sizeof ss->fail_msg, "restore failed: %.200s", j->err);
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "restore failed: %.200s", replay_error(j));
+        ss->bytes_acked = logged_bytes(ss);
+        if (j->doc) ss->stats = j->stats; /* what the replay read before it failed */
         fprintf(stderr, "potserve: session %s: %s\n", ss->id, ss->fail_msg);
     } else {
         ss->stats = j->stats;
@@ -1866,7 +1908,7 @@ void sessions_expire(server *s) {
         if (ss->expires && now >= ss->expires && !ss->busy && !ss->gens) {
             fprintf(stderr, "potserve: session %s expired\n", ss->id);
             unlink_session(s, ss);
-            ss->deleted = 1;
+            session_going(s, ss);
             session_unref(ss);
         }
     }
