@@ -16,12 +16,20 @@
 #include "cache/cache.h" /* the policies' names */
 #include "engine/recall.h" /* recall_bytes' default */
 
+/* Whether text is written the plain decimal way: an optional sign, then a
+ * digit or a point (strtoll and strtod also take leading whitespace, and
+ * strtod hexadecimal, "0x10"). */
+static int plain_decimal(const char *text) {
+    const char *t = text + (*text == '-' || *text == '+');
+    return isdigit((unsigned char)t[0]) || (t[0] == '.' && isdigit((unsigned char)t[1]));
+}
+
 int config_parse_int(const char *name, const char *text, int64_t lo, int64_t hi, int64_t *out,
                      char *err, size_t errlen) {
     char *end;
     errno = 0;
     long long v = text ? strtoll(text, &end, 10) : 0;
-    if (!text || !*text || *end || errno) {
+    if (!text || !*text || *end || errno || !plain_decimal(text)) {
         snprintf(err, errlen, "%s: '%s' is not an integer", name, text ? text : "");
         return -1;
     }
@@ -39,7 +47,7 @@ int config_parse_float(const char *name, const char *text, double lo, double hi,
     char *end;
     errno = 0;
     double v = text ? strtod(text, &end) : 0;
-    if (!text || !*text || *end || errno || !isfinite(v)) {
+    if (!text || !*text || *end || errno || !isfinite(v) || !plain_decimal(text) || strpbrk(text, "xX")) {
         snprintf(err, errlen, "%s: '%s' is not a number", name, text ? text : "");
         return -1;
     }
@@ -371,6 +379,7 @@ static int load_file(server_config *c, const char *path, char *err, size_t errle
     }
     const char *key;
     json_t *v;
+    unsigned char seen[N_SETTINGS] = {0}; /* "budget_tokens" and "budget-tokens" are one setting */
     json_object_foreach(root, key, v) {
         if (rc) break;
         char label[512];
@@ -378,6 +387,9 @@ static int load_file(server_config *c, const char *path, char *err, size_t errle
         const setting *s = find_setting(key, strlen(key));
         if (!s) {
             snprintf(err, errlen, "%s: unknown setting", label);
+            rc = -1;
+        } else if (seen[s - settings]++) {
+            snprintf(err, errlen, "%s: %s is given twice", label, s->name);
             rc = -1;
         } else {
             rc = set_json(c, s, v, label, err, errlen);
