@@ -129,6 +129,27 @@ def test_reread_errors(srv):
     assert st == 400 and e["error"]["param"] == "reread"
 
 
+def test_a_question_too_long_to_re_read_with_is_a_400(tmp_path, fixtures):
+    """A question whose rows alone pass the model's window cannot score a
+    re-read: the request's fault, 400 reread_failed saying so (it was a 500
+    "budget_tokens can be at most -211"), streamed as the error event."""
+    s = Server(tmp_path, "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64").start()
+    try:
+        sid = s.request("POST", "/v1/sessions", {})[1]["id"]
+        st, _, _ = s.request("POST", f"/v1/sessions/{sid}/chunks?final=true", raw=b"A short document. " * 20,
+                             headers={"Content-Type": "text/plain"})
+        assert st == 200
+        ask = {"session": sid, "reread": True, "max_tokens": 4,
+               "messages": [{"role": "user", "content": "Which code is it? " * 80}]}  # ~400 tokens > 256
+        st, body, _ = s.request("POST", "/v1/chat/completions", ask)
+        assert st == 400 and body["error"]["code"] == "reread_failed", (st, body)
+        assert "exceed the model's context" in body["error"]["message"] and "at most -" not in body["error"]["message"], body
+        st, events, _ = s.request("POST", "/v1/chat/completions", dict(ask, stream=True))
+        assert st == 200 and '"reread_failed"' in events and events.rstrip().endswith("data: [DONE]"), events
+    finally:
+        assert s.stop() == 0
+
+
 # ---- questions waiting for the same session share one pass over the log ----------------
 
 CODE = "4417"
