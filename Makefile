@@ -74,6 +74,13 @@ all: $(BUILD)/potserve
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+# The revision `potserve --version` prints (git's, "unknown" outside a clone);
+# the stamp changes only when it does, so main.o is rebuilt only then.
+REVISION  := $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+REV_STAMP := $(BUILD)/gen/revision
+$(shell mkdir -p $(BUILD)/gen && { [ "$$(cat $(REV_STAMP) 2>/dev/null)" = "$(REVISION)" ] || echo "$(REVISION)" > $(REV_STAMP); })
+$(BUILD)/obj/server/main.o: $(REV_STAMP)
+$(BUILD)/obj/server/main.o: override CFLAGS += -DPOTSERVE_REVISION='"$(REVISION)"'
 # A sanitized server (and unit suite) whose CPU compute kernels (KERNEL_SRC:
 # loops over the buffers the thread pool hands out) are built without the
 # sanitizer (PLAIN_KERNEL_CFLAGS turns it off): instrumented, every SIMD load is

@@ -172,6 +172,15 @@ static int print_text(void *user, const char *text, size_t len, int32_t token,
 }
 
 /* Reads the sampling flags into gp; -1 after printing the bad flag. */
+/* A flag that only modifies another one is an error without it, not silently
+ * ignored: writes "FLAG needs OTHER" to err and returns 1 when so. */
+static int needs_flag(const flag *flags, const parsed *p, const char *name, const char *other, char *err,
+                      size_t errlen) {
+    if (!flag_val(flags, p, name) || flag_val(flags, p, other)) return 0;
+    snprintf(err, errlen, "%s needs %s", name, other);
+    return 1;
+}
+
 static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
     static const struct {
         const char *name;
@@ -201,7 +210,10 @@ static int sampling_from_flags(const parsed *p, engine_gen_params *gp) {
         int64_flag(gf, p, "--seed", 0, INT64_MAX, &seed, err, sizeof err) ||
         int64_flag(gf, p, "--recycle-stride", 1, 1 << 20, &rs, err, sizeof err) ||
         int64_flag(gf, p, "--recycle-keep", 1, 1 << 24, &rk, err, sizeof err) ||
-        int64_flag(gf, p, "--recycle-pool", 1, 1 << 10, &rw, err, sizeof err))
+        int64_flag(gf, p, "--recycle-pool", 1, 1 << 10, &rw, err, sizeof err) ||
+        needs_flag(gf, p, "--recycle-keep", "--recycle-stride", err, sizeof err) ||
+        needs_flag(gf, p, "--recycle-pool", "--recycle-stride", err, sizeof err) ||
+        needs_flag(gf, p, "--system", "--chat", err, sizeof err))
         goto bad;
     gp->sampling.temperature = (float)f[0];
     gp->sampling.top_p = (float)f[1];
@@ -638,7 +650,9 @@ static int ingest_settings(const parsed *p, engine_pot_settings *s, int32_t *n_p
         int_flag(f, p, "--chunk", 1, 1 << 24, &s->chunk_tokens, err, errlen) ||
         int_flag(f, p, "--finch-keep", 1, 1 << 24, &s->finch_keep, err, errlen) ||
         int_flag(f, p, "--pool-width", 1, 1 << 24, &s->pool_width, err, errlen) ||
-        int_flag(f, p, "--n-predict", 0, 1 << 20, n_predict, err, errlen))
+        int_flag(f, p, "--n-predict", 0, 1 << 20, n_predict, err, errlen) ||
+        needs_flag(f, p, "--n-predict", "--question", err, errlen) ||
+        needs_flag(f, p, "--late-question", "--question", err, errlen))
         return -1;
     const char *v = flag_val(f, p, "--nuc-share");
     double share;
@@ -647,6 +661,10 @@ static int ingest_settings(const parsed *p, engine_pot_settings *s, int32_t *n_p
         s->nuc_share = (float)share;
     }
     s->policy = flag_val(f, p, "--policy");
+    if (flag_val(f, p, "--late-question") && (!s->policy || strcmp(s->policy, "finch"))) {
+        snprintf(err, errlen, "--late-question is a stage of --policy finch");
+        return -1;
+    }
     s->schedule = flag_val(f, p, "--schedule");
     s->catalyst = flag_val(f, p, "--catalyst");
     s->system = flag_val(f, p, "--system");

@@ -431,7 +431,8 @@ static json_t *responses_now(generation *g, const char *status, int with_output)
     if (with_output) {
         choice *c = &g->choices[0];
         json_t *text = json_stringn(c->text ? c->text : "", c->len);
-        output = json_pack("[o]", responses_message(g->msg_id, "completed", text ? text : json_string("")));
+        /* OpenAI marks the message itself incomplete when the response is. */
+        output = json_pack("[o]", responses_message(g->msg_id, status, text ? text : json_string("")));
         json_decref(text);
         json_t *chat_usage = usage_json(g);
         usage = responses_usage(chat_usage);
@@ -471,9 +472,9 @@ static void responses_stream_end(generation *g) {
     responses_event(g, "response.content_part.done",
                     json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[]}}", "item_id", g->msg_id, "output_index", 0,
                               "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
-    responses_event(g, "response.output_item.done",
-                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, "completed", text)));
     const char *status = responses_status(g);
+    responses_event(g, "response.output_item.done",
+                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, status, text)));
     responses_event(g, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
                     json_pack("{s:o}", "response", responses_now(g, status, 1)));
     json_decref(text);

@@ -6,6 +6,10 @@
 
 #include "server/server.h"
 
+#ifndef POTSERVE_REVISION
+#define POTSERVE_REVISION "unknown" /* the Makefile passes git's revision */
+#endif
+
 static const char usage[] =
     "usage: potserve COMMAND [options]\n"
     "\n"
@@ -18,7 +22,7 @@ static const char usage[] =
     "  logits     print the last-position logits of a prompt (for reference checks)\n"
     "  ingest     read a document of any length through a memory pot and answer a question\n"
     "\n"
-    "Run 'potserve COMMAND --help' for the options of a command.\n";
+    "Run 'potserve COMMAND --help' for the options of a command, 'potserve --version' for the build.\n";
 
 /* A command's exit status, or 1 when what it printed did not all reach
  * stdout (a full disk, a closed descriptor): output lost is a failure. */
@@ -34,6 +38,10 @@ static int run(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("potserve %s\n", POTSERVE_REVISION);
+        return 0;
+    }
     if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);

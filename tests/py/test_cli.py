@@ -6,6 +6,7 @@ import shutil
 import subprocess
 
 import pytest
+from pathlib import Path
 
 from conftest import BIN, FIXTURES, run
 
@@ -18,6 +19,17 @@ def test_top_level_help():
         assert c.encode() in p.stdout
     assert run().returncode == 2
     assert run("frobnicate").returncode == 2
+
+
+def test_version_names_the_build():
+    # the git revision the binary was built from ("unknown" outside a clone)
+    for arg in ("--version", "version"):
+        p = run(arg, check=True)
+        assert p.stdout.startswith(b"potserve ") and len(p.stdout.split()) == 2, p.stdout
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists() and BIN.resolve().is_relative_to(root) and shutil.which("git"):
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        assert head[:12] in run("--version").stdout.decode()
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -75,6 +87,11 @@ def test_generate_rejects_bad_flags(model):
         p = run("generate", "-m", model, "-p", "x", *args)
         assert p.returncode == 2, args
         assert p.stderr.count(b"\n") == 1, p.stderr
+    # flags that modify another one were silently ignored without it
+    for args, other in ((["--system", "Be brief."], b"--chat"), (["--recycle-keep", "8"], b"--recycle-stride"),
+                        (["--recycle-pool", "3"], b"--recycle-stride")):
+        p = run("generate", "-m", model, "-p", "x", *args)
+        assert p.returncode == 2 and p.stderr == b"potserve generate: " + args[0].encode() + b" needs " + other + b"\n"
     p = run("generate", "-m", model, "-p", "x", "--chat-template", "nosuch")
     assert p.returncode == 1 and b"chatml" in p.stderr
 

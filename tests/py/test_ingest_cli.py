@@ -69,6 +69,10 @@ def test_ingest_errors_are_one_line(model, tmp_path):
         ((doc, "--track", "9:3"), "--track"),
         ((doc, "--nuc-share", "2"), "--nuc-share"),
         ((doc, "--pool-width", "4"), "pool_width"),
+        # flags that modify another one were silently ignored without it
+        ((doc, "-n", "8"), "--n-predict needs --question"),
+        ((doc, "--policy", "finch", "--late-question"), "--late-question needs --question"),
+        ((doc, "--late-question", "--question", "q?"), "--late-question is a stage of --policy finch"),
     ]
     for args, needle in cases:
         p = ingest(model, *args)

@@ -253,6 +253,21 @@ def test_responses_stream_events(client):
     assert whole.output_text == text
 
 
+def test_responses_cut_short_is_incomplete_down_to_its_message(client):
+    # OpenAI marks the output message itself incomplete when max_output_tokens cut the response
+    # (the item said "completed" under an "incomplete" response)
+    r = client.responses.create(model="x", input="Tell me a long story.", max_output_tokens=3, temperature=0)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [o.status for o in r.output] == ["incomplete"]
+    events = list(client.responses.create(model="x", input="Tell me a long story.", max_output_tokens=3,
+                                          temperature=0, stream=True))
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert [e.item.status for e in done] == ["incomplete"]
+    assert events[-1].type == "response.incomplete" and events[-1].response.output[0].status == "incomplete"
+    whole = client.responses.create(model="x", input="Say hi.", max_output_tokens=60, temperature=0)
+    assert whole.status == "completed" and [o.status for o in whole.output] == ["completed"]
+
+
 def test_responses_structured_text_format(client):
     import jsonschema
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
