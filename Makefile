@@ -356,17 +356,24 @@ $(BUILD)/bench_batch: $(BUILD)/obj/tests/bench/bench_batch.o $(BENCH_OBJ)
 bench-batch: $(BUILD)/bench_batch model
 	$(BUILD)/bench_batch $(MODEL) 2
 
-# libFuzzer targets for the GGUF reader and the tokenizer, FUZZ_SECONDS each.
+# libFuzzer targets for the GGUF reader, the tokenizer and the schema compiler
+# with its grammar automaton (tests/grammar_walk.h's promises), FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
 FUZZ_SRC := common/common.c engine/gguf.c engine/quant.c $(wildcard engine/tokenizer*.c)
+FUZZ_SCHEMA_SRC := common/common.c api/schema.c api/error.c engine/grammar.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz: model
 	@mkdir -p $(BUILD)/fuzz/corpus_gguf $(BUILD)/fuzz/corpus_tok
 	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -o $(BUILD)/fuzz/fuzz_gguf -lpcre2-8 -lm
 	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_tokenizer.c $(FUZZ_SRC) -o $(BUILD)/fuzz/fuzz_tokenizer -lpcre2-8 -lm
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_schema.c $(FUZZ_SCHEMA_SRC) -o $(BUILD)/fuzz/fuzz_schema -ljansson -lm
+	@mkdir -p $(BUILD)/fuzz/corpus_schema
+	for f in tests/fuzz/schema_seeds/*.json; do { cat $$f; printf '\0%s' "$$(basename $$f)-walk-$$(seq -s, 60)"; } \
+	  > $(BUILD)/fuzz/corpus_schema/seed-$$(basename $$f .json); done
 	@ls $(BUILD)/fixtures/*.gguf >/dev/null 2>&1 && cp $(BUILD)/fixtures/tiny_llama.gguf $(BUILD)/fuzz/corpus_gguf/ || true
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus_gguf
 	$(BUILD)/fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus_tok
+	$(BUILD)/fuzz/fuzz_schema -max_total_time=$(FUZZ_SECONDS) -max_len=2048 $(BUILD)/fuzz/corpus_schema
 	$(MAKE) --no-print-directory fuzz-http
 
 # --- reliability harness (docs/reliability.md) -----------------------------------

@@ -64,7 +64,7 @@ enum {
     /* array */
     A_OPEN, A_VALUE, A_AFTER, A_NEXT,
     /* string */
-    S_BODY, S_ESC, S_HEX,
+    S_BODY, S_ESC, S_HEX, S_LOW_BS, S_LOW_U, /* S_LOW_*: the \\u of a surrogate pair's second half */
     /* number */
     N_SIGN, N_ZERO, N_INT, N_DOT, N_FRAC, N_EXP, N_EXP_SIGN, N_EXP_DIG,
     /* literals */
@@ -303,6 +303,7 @@ static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 static int is_hex(unsigned char c) {
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
+static int hex_value(unsigned char c) { return is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10; }
 
 /* Candidates among texts[first..first+n) (bits of cand) whose byte at pos is c. */
 static uint64_t narrow(const grammar *g, const gnode *nd, uint64_t cand, uint32_t pos, unsigned char c) {
@@ -435,11 +436,22 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         if (c != ',' || (nd->max >= 0 && f->count >= (uint32_t)nd->max)) return REJECT;
         f->st = A_NEXT;
         return ACCEPT;
-    /* ---- string ---- */
+    /* ---- string ----
+     * Only valid UTF-8 and escapes every JSON reader takes: no overlong or
+     * surrogate encodings, nothing past U+10FFFF (pos holds a sequence's lead
+     * byte until its first continuation byte), and a \\u escape of a high
+     * surrogate only as the first half of a pair (cand accumulates the hex
+     * digits; used = 1 while the second half is read). */
     case S_BODY: {
         int room = nd->max < 0 || f->count < (uint32_t)nd->max;
         if (f->aux) { /* inside a UTF-8 sequence */
-            if ((c & 0xC0) != 0x80) return REJECT;
+            unsigned lo = 0x80, hi = 0xBF;
+            if (f->pos == 0xE0) lo = 0xA0;
+            else if (f->pos == 0xED) hi = 0x9F;
+            else if (f->pos == 0xF0) lo = 0x90;
+            else if (f->pos == 0xF4) hi = 0x8F;
+            if (c < lo || c > hi) return REJECT;
+            f->pos = 0;
             f->aux--;
             return ACCEPT;
         }
@@ -451,18 +463,31 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         else if (c >= 0xE0 && c <= 0xEF) f->aux = 2;
         else if (c >= 0xF0 && c <= 0xF4) f->aux = 3;
         else return REJECT;
+        f->pos = c;
         f->count++;
         return ACCEPT;
     }
     case S_ESC:
-        if (c == 'u') return f->st = S_HEX, f->aux = 4, ACCEPT;
+        if (c == 'u') return f->st = S_HEX, f->aux = 4, f->cand = 0, ACCEPT;
         if (!strchr("\"\\/bfnrt", c) || !c) return REJECT;
         f->st = S_BODY;
         return ACCEPT;
-    case S_HEX:
+    case S_HEX: {
         if (!is_hex(c)) return REJECT;
-        if (--f->aux == 0) f->st = S_BODY;
+        uint64_t v = f->cand * 16 + (uint64_t)hex_value(c);
+        unsigned left = --f->aux * 4;
+        uint64_t first = v << left, last = first + (1u << left) - 1; /* the code units still possible */
+        int all_low = first >= 0xDC00 && last <= 0xDFFF, any_low = first <= 0xDFFF && last >= 0xDC00;
+        if (f->used ? !any_low : all_low) return REJECT;
+        f->cand = v;
+        if (f->aux) return ACCEPT;
+        if (!f->used && v >= 0xD800 && v <= 0xDBFF) return f->st = S_LOW_BS, ACCEPT;
+        f->used = 0;
+        f->st = S_BODY;
         return ACCEPT;
+    }
+    case S_LOW_BS: return c == '\\' ? (f->st = S_LOW_U, ACCEPT) : REJECT;
+    case S_LOW_U: return c == 'u' ? (f->st = S_HEX, f->aux = 4, f->cand = 0, f->used = 1, ACCEPT) : REJECT;
     /* ---- number ---- */
     case N_SIGN:
         if (!is_digit(c)) return REJECT;
@@ -546,7 +571,7 @@ static void child_ended(const grammar *g, grammar_frame *f) {
 static int in_text(const grammar_state *s) {
     if (!s->depth) return 0;
     uint8_t st = s->f[s->depth - 1].st;
-    return st == S_BODY || st == S_ESC || st == S_HEX;
+    return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U;
 }
 
 static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {
@@ -662,7 +687,14 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     case A_AFTER: return sat_sub((uint32_t)nd->min, f->count) * (item + 1) + 1;
     case S_BODY: return sat_sub((uint32_t)nd->min, f->count) + 1 + f->aux;
     case S_ESC: return 1 + sat_sub((uint32_t)nd->min, f->count) + 1;
-    case S_HEX: return f->aux + sat_sub((uint32_t)nd->min, f->count) + 1;
+    case S_HEX: { /* the rest of the escape, and a second half when every completion is a high surrogate */
+        unsigned left = f->aux * 4;
+        uint64_t first = f->cand << left, last = first + (1u << left) - 1;
+        int high = !f->used && first >= 0xD800 && last <= 0xDBFF;
+        return f->aux + (high ? 6 : 0) + sat_sub((uint32_t)nd->min, f->count) + 1;
+    }
+    case S_LOW_BS: return 6 + sat_sub((uint32_t)nd->min, f->count) + 1;
+    case S_LOW_U: return 5 + sat_sub((uint32_t)nd->min, f->count) + 1;
     case N_SIGN:
     case N_DOT:
     case N_EXP:

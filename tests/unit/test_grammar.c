@@ -6,6 +6,7 @@
 
 #include "api/api.h"
 #include "test.h"
+#include "tests/grammar_walk.h"
 
 static grammar *compile(const char *schema_text) {
     json_error_t je;
@@ -183,4 +184,80 @@ TEST(vocab_trie_split_takes_the_longest_pieces) {
     CHECK_EQ_INT(vocab_trie_split(t, "a\xff", 2, ids, 32), -1);       /* a byte no piece starts with */
     CHECK_EQ_INT(vocab_trie_split(t, "", 0, ids, 32), 0);
     vocab_trie_free(t);
+}
+
+TEST(grammar_strings_are_text_every_json_reader_takes) {
+    /* strict readers (jansson, Go, Rust's serde) refuse overlong and surrogate
+       UTF-8 and a lone \u surrogate; the automaton accepted them (tests/fuzz/fuzz_schema.c
+       found an overlong F0 80 80 80 in a string) */
+    grammar *g = compile("{\"type\":\"string\"}");
+    CHECK(g != NULL);
+    if (!g) return;
+    const char *good[] = {"\"\xc3\xa9\"", "\"\xe0\xa0\x80\"", "\"\xed\x9f\xbf\"", "\"\xf0\x90\x80\x80\"",
+                          "\"\xf4\x8f\xbf\xbf\"", "\"\xf0\x9f\x98\x80\"", "\"\\ud83d\\ude00\"", "\"\\uD800\\uDC00x\"",
+                          "\"\\u00e9\\ud7ff\\ue000\\uffff\""};
+    const char *bad[] = {"\"\xc0\x80\"", "\"\xc1\xbf\"", "\"\xe0\x80\x80\"", "\"\xe0\x9f\xbf\"", "\"\xed\xa0\x80\"",
+                         "\"\xf0\x80\x80\x80\"", "\"\xf0\x8f\xbf\xbf\"", "\"\xf4\x90\x80\x80\"", "\"\xf5\x80\x80\x80\"",
+                         "\"\\ud800\"", "\"\\ud800x\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\\ud800\\ud800\""};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        if (!accepts(g, good[i])) {
+            fprintf(stderr, "  refused good[%zu]\n", i);
+            CHECK(0);
+        }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (accepts(g, bad[i])) {
+            fprintf(stderr, "  accepted bad[%zu]\n", i);
+            CHECK(0);
+        }
+    /* a half-written high surrogate costs its second half too, and completes to a pair */
+    grammar_state st;
+    grammar_start(g, &st);
+    CHECK(grammar_feed(g, &st, "\"\\uD8", 5));
+    CHECK_EQ_INT(grammar_cost(g, &st), 2 + 6 + 1);
+    char out[32];
+    int64_t n = grammar_shortest_completion(g, &st, out, sizeof out);
+    CHECK_EQ_INT(n, 9);
+    CHECK(n == 9 && !memcmp(out + 2, "\\u", 2) && (out[4] | 0x20) == 'd');
+    grammar_unref(g);
+}
+
+static void walk_failed(const char *what, const char *text, size_t n) {
+    fprintf(stderr, "  %s after %zu bytes: '%.*s'\n", what, n, (int)n, text);
+}
+
+TEST(grammar_random_walks_keep_their_promises) {
+    /* tests/grammar_walk.h's promises (no dead end, an exact shortest
+       completion that ends the value, JSON jansson reads) along seeded random
+       walks through schemas of every kind of node; `make fuzz` runs the same
+       checks on schemas the fuzzer writes (tests/fuzz/fuzz_schema.c) */
+    const char *schemas[] = {
+        PERSON,
+        "{}",
+        "{\"type\":\"string\",\"minLength\":2,\"maxLength\":40}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":6}",
+        "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+        "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"x\",null,true,2.5]}}}]}",
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"object\",\"properties\":{\"y\":{\"type\":\"array\","
+        "\"items\":{\"type\":\"boolean\"}}},\"required\":[\"y\"]},\"s\":{\"const\":\"h\\u00e9\\n\"}},\"required\":[\"x\",\"s\"]}",
+        "{\"type\":[\"string\",\"null\",\"integer\"]}",
+    };
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    unsigned char walk[300];
+    int failures = 0;
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        grammar *g = compile(schemas[i]);
+        CHECK(g != NULL);
+        for (int w = 0; g && w < 40 && failures < 3; w++) {
+            for (size_t b = 0; b < sizeof walk; b++) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                walk[b] = (unsigned char)(rng >> 24);
+            }
+            if (!grammar_walk(g, walk, sizeof walk, walk_failed)) {
+                fprintf(stderr, "  schema %zu, walk %d\n", i, w);
+                failures++;
+            }
+        }
+        grammar_unref(g);
+    }
+    CHECK_EQ_INT(failures, 0);
 }
