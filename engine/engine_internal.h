@@ -112,10 +112,14 @@ int gen_seq_step(engine *e, gen_seq **seqs, int n, gen_step_info *info);
  * context when max_tokens <= 0). NULL + err when the prompt leaves no room. */
 pot *gen_new_pot(engine *e, size_t n_prompt, int32_t max_tokens, char *err, size_t errlen);
 
-/* A private copy of d's pot with room for prompt[n_prompt] and max_tokens
- * more (refined by two-stage FINCH when the document asks for it); the
- * prompt itself is not run. The caller frees it. NULL + err. */
-pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32_t max_tokens,
+/* A private copy of d's pot with room for prompt[n_prompt] and answer_room
+ * more entries, as far as the window allows (refined by two-stage FINCH when
+ * the document asks for it); the prompt itself is not run. The caller frees
+ * it. NULL + err. */
+pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, size_t answer_room,
                     char *err, size_t errlen);
+/* The answer_room of a generation's max_tokens: the rest of the window when
+ * max_tokens <= 0 (engine_gen_params). */
+size_t gen_answer_room(const engine *e, int32_t max_tokens);
 
 #endif

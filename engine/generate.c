@@ -590,7 +590,7 @@ int gen_seq_step(engine *e, gen_seq **seqs, int n, gen_step_info *info) {
 
 pot *gen_new_pot(engine *e, size_t n_prompt, int32_t max_tokens, char *err, size_t errlen) {
     const model *m = e->m;
-    size_t capacity = max_tokens > 0 ? n_prompt + (size_t)max_tokens : (size_t)m->n_ctx_train;
+    size_t capacity = n_prompt + gen_answer_room(e, max_tokens);
     if (capacity > (size_t)m->n_ctx_train) capacity = (size_t)m->n_ctx_train;
     if (n_prompt >= capacity)
         return snprintf(err, errlen, "prompt of %zu tokens leaves no room in the model's context of %d",

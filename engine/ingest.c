@@ -960,7 +960,11 @@ int32_t engine_doc_kept(const engine_doc *d, int32_t layer, int32_t head, int64_
 
 /* A copy of the pot with room for the question and the answer, refined by
  * two-stage FINCH when configured. The caller frees it. */
-pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32_t max_tokens,
+size_t gen_answer_room(const engine *e, int32_t max_tokens) {
+    return max_tokens > 0 ? (size_t)max_tokens : (size_t)e->m->n_ctx_train;
+}
+
+pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, size_t answer_room,
                     char *err, size_t errlen) {
     const int_vec qv = {.v = (int32_t *)prompt, .n = n_prompt}, *q = &qv;
     engine *e = d->e;
@@ -968,7 +972,7 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, int32
     /* tokens read but not yet run (less than an engine chunk, or the lookahead
        token) are part of what the question is about: they go into the copy */
     size_t pending = d->queue.n - d->q_pos, base = (size_t)d->pot->n + pending;
-    size_t need = base + q->n + (size_t)(max_tokens > 0 ? max_tokens : 0);
+    size_t need = base + q->n + answer_room;
     if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
     if (need < base + q->n)
         return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
@@ -1051,7 +1055,7 @@ int engine_doc_answer(engine_doc *d, const char *question, const engine_gen_para
         free(q.v);
         return -1;
     }
-    pot *p = doc_answer_pot(d, q.v, q.n, gp->max_tokens, err, errlen);
+    pot *p = doc_answer_pot(d, q.v, q.n, gen_answer_room(d->e, gp->max_tokens), err, errlen);
     int rc = -1;
     if (p) {
         int64_t cached = p->n;

@@ -289,7 +289,8 @@ static void cache_prompt(engine *e, item *it) {
  * the prompt is prefilled by the next steps. */
 static void start_gen(engine_sched *s, item *it) {
     char err[256];
-    pot *p = it->doc ? doc_answer_pot(it->doc, it->prompt, it->n_prompt, it->max_tokens, err, sizeof err)
+    pot *p = it->doc ? doc_answer_pot(it->doc, it->prompt, it->n_prompt, gen_answer_room(s->e, it->max_tokens), err,
+                                      sizeof err)
                      : gen_new_pot(s->e, it->n_prompt, it->max_tokens, err, sizeof err);
     size_t cached = p && !it->doc ? cached_prefix(s->e, it, &p) : 0;
     int rc = p ? gen_seq_start(it->seq, p, 1, it->prompt + cached, it->n_prompt - cached, err, sizeof err) : -1;

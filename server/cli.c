@@ -573,7 +573,7 @@ static const flag ingest_flags[] = {
     {"--whole-words", NULL, NULL, "keep a word or number whole or drop it whole, never a part"},
     {"--system", NULL, "TEXT", "system message pinned before the document"},
     {"--plain", NULL, NULL, "no chat template: plain text document and question"},
-    {"--n-predict", "-n", "N", "answer tokens (default 64, greedy)"},
+    {"--n-predict", "-n", "N", "answer tokens (default 64, greedy; 0: until the answer ends)"},
     {"--track", NULL, "A:B", "report how much of document tokens [A, B) the pot keeps"},
     {"--json", NULL, NULL, "print the answer and the measurements as one JSON object"},
     {"--progress", NULL, "N", "every N tokens read, a JSON line on stderr: tokens, seconds, RSS"},

@@ -364,6 +364,26 @@ def test_session_upload_and_answer(srv, client):
     assert st == 404
 
 
+def test_session_question_without_max_tokens_answers_to_the_end(srv, client):
+    # OpenAI clients and LangChain send no max_tokens: the answer may take the rest of the window.
+    # It got one token (finish_reason "length"): the pot's copy had room for the question only.
+    sess = new_session(srv, budget_tokens=256, keep_tokens=128, chunk_tokens=64)
+    st, _, _ = upload(srv, sess["id"], document(30), final=True)
+    assert st == 200
+    ask = dict(model="x", temperature=0, extra_body={"session": sess["id"]},
+               messages=[{"role": "user", "content": "Which town is mentioned? Answer in one sentence."}])
+    free = client.chat.completions.create(**ask)
+    bounded = client.chat.completions.create(max_tokens=400, **ask)
+    assert bounded.choices[0].finish_reason == "stop" and bounded.usage.completion_tokens > 1
+    assert free.choices[0].message.content == bounded.choices[0].message.content
+    assert free.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(stream=True, **ask)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == free.choices[0].message.content
+    r = client.responses.create(model="x", temperature=0, input=ask["messages"][0]["content"],
+                                extra_body={"session": sess["id"]})
+    assert r.status == "completed" and r.output_text == free.choices[0].message.content
+
+
 @pytest.mark.heavy
 def test_split_does_not_matter(srv, client):
     """The same document uploaded whole or in odd pieces gives the same pot and answer."""
