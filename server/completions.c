@@ -1066,8 +1066,12 @@ static void start_generation(request *r, int chat, json_t *responses) {
     int reread = 0; /* answer from a question-guided re-read of the session's document */
     int recall = 0; /* ask with the passages of the session's document that share the question's words */
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
-    const char *sid = q->session;
-    if (!sid) sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
+    const char *sid = q->session, *header_sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
+    if (sid && header_sid && strcmp(sid, header_sid)) { /* nginx routes by the header: one of them is a mistake */
+        api_fail(&e, 400, "invalid_value", "session", "the body's session and the X-Session-Id header name two sessions");
+        return respond_error(r, &e);
+    }
+    if (!sid) sid = header_sid;
     if (sid && q->n_batch > 1) {
         api_fail(&e, 400, "invalid_value", "prompt", "a list of prompts cannot be asked over a session");
         return respond_error(r, &e);

@@ -48,6 +48,10 @@ static void queue(request *r, int status, struct MHD_Response *resp) {
     /* framing that cannot be trusted, or a drain: the connection ends with this answer */
     if (r->close_conn || r->srv->draining) MHD_add_response_header(resp, "Connection", "close");
     cors_add_headers(r, resp); /* CORS (cors.c): every response, errors and SSE included */
+    if (status == 421) { /* another replica holds the session, or will: OpenAI's clients retry only on this header */
+        if (!MHD_get_response_header(resp, "Retry-After")) MHD_add_response_header(resp, "Retry-After", "1");
+        MHD_add_response_header(resp, "x-should-retry", "true");
+    }
     if (r->conn && MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
         r->status = 500;
     MHD_destroy_response(resp);

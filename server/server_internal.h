@@ -132,6 +132,8 @@ struct session {
     engine_doc *doc;          /* owned by the engine thread once opened */
     store_log *log;           /* used by one disk operation at a time */
     char token[STORE_TOKEN_MAX]; /* the lease this replica holds on it (shared store) */
+    double lease_until_ms;    /* (monotonic_ms) when the lease lapses unless renewed: until the
+                                 store says otherwise, no other replica can hold it before */
     int disk_busy;
     enum session_status status;
     char fail_msg[256];
@@ -244,6 +246,7 @@ struct server {
     store *st;
     session *sessions;
     size_t pot_memory;
+    int store_silent;         /* the shared store answered no lease renewal last time */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* live requests, and every open connection (router.c) */
     request *live;

@@ -121,9 +121,11 @@ typedef struct doc_close_job {
     int remove_files;
 } doc_close_job;
 
+/* A deleted session's files, and in a shared store, the local scratch
+ * directory of any session leaving this replica (deleted or not). */
 static void remove_dir_work(uv_work_t *w) {
     session *ss = w->data;
-    store_remove(ss->srv->st, ss->id, ss->token);
+    if (ss->deleted) store_remove(ss->srv->st, ss->id, ss->token);
     if (store_is_shared(ss->srv->st)) { /* the local scratch copy of its snapshot */
         char *snap = path_join(ss->dir, SNAPSHOT_FILE);
         if (snap) unlink(snap);
@@ -150,7 +152,7 @@ static void closed_on_engine(server *s, void *arg) {
     session *ss = j->ss;
     s->pot_memory -= ss->memory_bytes;
     if (ss->deleted) s->pot_memory_going -= ss->memory_bytes;
-    if (j->remove_files) {
+    if (j->remove_files || store_is_shared(s->st)) {
         store_log_close(ss->log);
         ss->log = NULL;
         uv_work_t *w = malloc(sizeof *w);
@@ -562,7 +564,7 @@ static void fail_upload(upload *u, int status, const char *code, const char *fmt
 static void fail_storage(upload *u, const disk_op *op, const char *what) {
     if (op->fenced) {
         u->ss->srv->m.fenced_writes++;
-        return fail_upload(u, 421, "session_moved", "this replica lost the session's lease; retry: %s", op->err);
+        return fail_upload(u, 421, "session_moved", "this replica gave the session up; retry: %s", op->err);
     }
     fail_upload(u, op->full ? 507 : 500, op->full ? "insufficient_storage" : "storage_error", what, op->err);
 }
@@ -1192,7 +1194,8 @@ static void create_done(uv_work_t *w, int status) {
     free(j->meta);
     if (store_is_shared(s->st)) { /* in the store only, held by no replica yet */
         api_error e;
-        if (j->rc) api_fail(&e, 503, "store_unavailable", NULL, "%s", j->err), respond_error(r, &e);
+        ss->busy = 0; /* nothing to read yet: ready */
+        if (j->rc) api_fail(&e, 503, "store_unavailable", NULL, "%s", j->err), respond_retry(r, &e, 1);
         else respond_json(r, 201, session_json(s, ss));
         free_session(ss);
     } else if (j->rc || submit_doc_job(s, ss, 0, created_doc, r)) {
@@ -1845,7 +1848,13 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
     snprintf(ss->token, sizeof ss->token, "%s", token);
     ss->srv = s;
     ss->refs = 1;
-    ss->dir = store_session_dir(s->st, id);
+    if (store_is_shared(s->st)) { /* a scratch directory of this lease's own, gone with the session here */
+        char name[96];
+        snprintf(name, sizeof name, "%.40s.%lld", id, atoll(token));
+        ss->dir = store_session_dir(s->st, name);
+    } else {
+        ss->dir = store_session_dir(s->st, id);
+    }
     ss->created = (int64_t)json_integer_value(json_object_get(meta, "created"));
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
     ss->last_seq = store_log_last_seq(ss->log);
@@ -1917,7 +1926,18 @@ void sessions_expire(server *s) {
 /* ---- a shared store: takeover, handoff, leases ------------------------------------------------ */
 
 static void taken_over(server *s, doc_job *j) {
-    (void)s;
+    session *ss = j->ss;
+    if (j->rc && !*j->feed_err && store_log_unreachable(ss->log) && !atomic_load(&s->abandon_replays)) {
+        /* Redis did not answer the replay: the session is whole there, so it is
+           let go (lease released) for the next request to take over again,
+           not failed for good under a lease this replica keeps renewing */
+        fprintf(stderr, "potserve: session %s: takeover stopped, the store did not answer (%.200s); released\n",
+                ss->id, j->err);
+        ss->busy = 0;
+        store_lease_release(s->st, ss->id, ss->token);
+        session_drop(s, ss);
+        return finish_doc_job(j);
+    }
     restore_ended(j);
 }
 
@@ -1944,6 +1964,7 @@ static void take_over(request *r, const char *id, const char *param) {
         api_fail(&e, 404, "session_not_found", param, "no session '%s'", id);
         return respond_error(r, &e);
     }
+    double asked = monotonic_ms();
     int got = store_lease_acquire(s->st, id, token, owner, err, sizeof err);
     if (got <= 0) {
         free(meta);
@@ -1966,6 +1987,7 @@ static void take_over(request *r, const char *id, const char *param) {
         return respond_error(r, &e);
     }
     s->pot_memory += ss->memory_bytes;
+    ss->lease_until_ms = asked + (double)s->cfg.lease_ms;
     ss->next = s->sessions;
     s->sessions = ss;
     ss->busy = 1;
@@ -1980,9 +2002,21 @@ static void take_over(request *r, const char *id, const char *param) {
     respond_retry(r, &e, 1);
 }
 
+/* Shared store: whether this replica's lease on ss may have lapsed (no
+ * renewal answered for the lease's length), so that another replica may
+ * serve it now: it is dropped here, and not served from a stale pot. */
+static int lease_lapsed(server *s, session *ss) {
+    if (!store_is_shared(s->st) || monotonic_ms() < ss->lease_until_ms) return 0;
+    fprintf(stderr, "potserve: no lease renewal of session %s answered for %lld ms: dropping it here\n", ss->id,
+            (long long)s->cfg.lease_ms);
+    session_drop(s, ss);
+    return 1;
+}
+
 session *session_lookup(request *r, const char *id, const char *param) {
     server *s = r->srv;
     session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
+    if (ss && lease_lapsed(s, ss)) ss = NULL;
     if (ss) return ss;
     if (store_is_shared(s->st) && valid_session_id(id) && !session_find(s, id, NULL)) {
         take_over(r, id, param);
@@ -2005,10 +2039,21 @@ void sessions_renew_leases(server *s) {
     n = 0;
     for (session *ss = s->sessions; ss; ss = ss->next, n++)
         list[n] = ss, ids[n] = ss->id, tokens[n] = ss->token;
+    double asked = monotonic_ms();
     store_lease_renew(s->st, ids, tokens, n, out);
+    int answered = 0;
+    for (size_t i = 0; i < n; i++) answered |= out[i] >= 0;
+    if (answered == s->store_silent) /* said once per outage, and once when it ends */
+        fprintf(stderr, answered ? "potserve: the store answers lease renewals again\n"
+                                 : "potserve: the store does not answer lease renewals; sessions whose lease "
+                                   "lapses meanwhile are dropped here\n");
+    s->store_silent = !answered;
     for (size_t i = 0; i < n; i++) {
         session *ss = list[i];
-        if (out[i] == 0) { /* an upload still open here is refused at its commit */
+        if (out[i] > 0) ss->lease_until_ms = asked + (double)s->cfg.lease_ms;
+        if (out[i] < 0) {
+            lease_lapsed(s, ss);
+        } else if (out[i] == 0) { /* an upload still open here is refused at its commit */
             fprintf(stderr, "potserve: lost the lease of session %s: dropping it here\n", ss->id);
             session_drop(s, ss);
         } else if (out[i] == 2 && !ss->busy && !ss->disk_busy && !ss->gens && !ss->rebuilding &&

@@ -48,6 +48,8 @@ void store_close(store *st) {
     free(st->data_dir);
     free(st->replica);
     free(st->host);
+    free(st->user);
+    free(st->password);
     free(st);
 }
 
@@ -321,6 +323,8 @@ int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_da
 }
 
 int store_log_fenced(const store_log *l) { return l->rl && redis_log_fenced(l->rl); }
+
+int store_log_unreachable(const store_log *l) { return l->rl && redis_log_unreachable(l->rl); }
 
 /* ---- snapshots ---- */
 

@@ -98,8 +98,12 @@ int store_log_commit(store_log *l, int final, char *err, size_t errlen);
 int store_log_abort(store_log *l, char *err, size_t errlen);
 int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
                      chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
-/* 1 after a write was refused because the lease is gone. */
+/* 1 after a write was refused because the lease is gone, or Redis did not
+ * answer a commit (committed or not: only the store knows). */
 int store_log_fenced(const store_log *l);
+/* 1 when the last replay stopped because Redis did not answer: the log is
+ * whole there, and a later replay may read it (dir: 0). */
+int store_log_unreachable(const store_log *l);
 
 /* ---- snapshots ---- */
 /* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)

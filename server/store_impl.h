@@ -15,6 +15,7 @@ struct store {
     char *replica;
     char *host;
     int port, db;
+    char *user, *password; /* AUTH on connecting (redis://[user:]password@host...); NULL: none */
 };
 
 struct store_log {
@@ -51,6 +52,7 @@ void redis_log_abort(redis_log *l);
 int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
                      chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
 int redis_log_fenced(const redis_log *l);
+int redis_log_unreachable(const redis_log *l);
 int redis_snapshot_put(redis_log *l, const char *path, char *err, size_t errlen);
 int redis_snapshot_get(redis_log *l, const char *path, char *err, size_t errlen);
 

@@ -30,6 +30,7 @@ struct redis_log {
     uint64_t seq;
     uint32_t crc;
     int open, spoiled, fenced;
+    int unreachable; /* the last replay stopped because Redis did not answer */
 };
 
 /* ---- the connection ---- */
@@ -78,6 +79,18 @@ static redisContext *conn(store *st, char *err, size_t errlen) {
     }
     thread_conn = c;
     redisSetTimeout(thread_conn, tv);
+    if (st->password) {
+        redisReply *r = st->user ? redisCommand(thread_conn, "AUTH %s %s", st->user, st->password)
+                                 : redisCommand(thread_conn, "AUTH %s", st->password);
+        if (!r || r->type == REDIS_REPLY_ERROR) {
+            set_err(err, errlen, "redis %s:%d: AUTH failed: %s", st->host, st->port,
+                    r ? r->str : thread_conn->errstr);
+            if (r) freeReplyObject(r);
+            conn_free(thread_conn);
+            return NULL;
+        }
+        freeReplyObject(r);
+    }
     if (st->db) {
         redisReply *r = redisCommand(thread_conn, "SELECT %d", st->db);
         int bad = !r || r->type == REDIS_REPLY_ERROR;
@@ -91,15 +104,39 @@ static redisContext *conn(store *st, char *err, size_t errlen) {
     return thread_conn;
 }
 
+/* Whether c failed because the server had closed it: almost always a Redis
+ * restart while the connection sat idle, so the command never reached it and
+ * is sent again on a new connection. Should Redis have run it and died
+ * before answering, sending it again is harmless: every write here is
+ * idempotent or checked by its script (a commit by the log's length, which
+ * then refuses it as CONFLICT). A timeout is not stale: a stalled Redis may
+ * still run the command, so it is not sent again. */
+static int stale(const redisContext *c) {
+    return c->err == REDIS_ERR_EOF ||
+           (c->err == REDIS_ERR_IO && (errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN));
+}
+
 /* Runs one command of argc binary-safe arguments; the reply (caller frees) or
  * NULL + err, also for an error reply (its text in err). */
+/* Whether this thread's last command failed without an answer (the
+ * connection failed or timed out), so that it may have run or may still run. */
+static _Thread_local int unanswered;
+
 static redisReply *command(store *st, int argc, const char **argv, const size_t *lens, char *err,
                            size_t errlen) {
+    unanswered = 0;
+    int reused = thread_conn && !thread_conn->err;
     redisContext *c = conn(st, err, errlen);
     if (!c) return NULL;
     redisReply *r = redisCommandArgv(c, argc, argv, lens);
+    if (!r && reused && stale(c)) { /* Redis restarted since this thread last used it: once more, anew */
+        conn_free(c);
+        if (!(c = conn(st, err, errlen))) return NULL;
+        r = redisCommandArgv(c, argc, argv, lens);
+    }
     if (!r) {
-        set_err(err, errlen, "redis: %s", c->errstr);
+        set_err(err, errlen, "redis: %s", c->err == REDIS_ERR_IO && errno == EAGAIN ? "no answer in time" : c->errstr);
+        unanswered = 1;
         conn_free(c);
         return NULL;
     }
@@ -122,27 +159,47 @@ static void key(char *out, size_t cap, const char *id, const char *what) {
     snprintf(out, cap, "potserve:s:%s:%s", id, what);
 }
 
+/* A decimal number of at most 5 digits at p (no sign or space), or -1; *end after it. */
+static long digits(const char *p, const char **end) {
+    long v = 0;
+    const char *q = p;
+    while (*q >= '0' && *q <= '9' && q - p < 5) v = v * 10 + (*q++ - '0');
+    *end = q;
+    return q == p ? -1 : v;
+}
+
 int redis_store_init(store *st, const char *spec, char *err, size_t errlen) {
     const char *p = spec + strlen("redis://");
+    const char *at = strchr(p, '@'), *slash = strchr(p, '/');
+    if (at && (!slash || at < slash)) { /* user:password@ or password@ (or :password@) */
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon && colon > p) st->user = strndup(p, (size_t)(colon - p));
+        st->password = colon ? strndup(colon + 1, (size_t)(at - colon - 1)) : strndup(p, (size_t)(at - p));
+        if (!st->password || !*st->password)
+            return set_err(err, errlen, "store: empty password in the redis URL"), -1;
+        p = at + 1;
+    }
     size_t hn = strcspn(p, ":/");
     st->host = strndup(p, hn);
     st->port = 6379;
     p += hn;
-    char *end;
+    const char *end;
     if (*p == ':') {
-        long v = strtol(p + 1, &end, 10);
-        if (end == p + 1 || v < 1 || v > 65535) return set_err(err, errlen, "store: bad port in '%.100s'", spec), -1;
+        long v = digits(p + 1, &end);
+        if (v < 1 || v > 65535 || (*end && *end != '/'))
+            return set_err(err, errlen, "store: bad port in the redis URL (redis://[[user:]password@]host:port/db)"), -1;
         st->port = (int)v;
         p = end;
     }
     if (*p == '/' && p[1]) {
-        long v = strtol(p + 1, &end, 10);
-        if (*end || v < 0 || v > 1000) return set_err(err, errlen, "store: bad db in '%.100s'", spec), -1;
+        long v = digits(p + 1, &end);
+        if (*end || v < 0 || v > 1000)
+            return set_err(err, errlen, "store: bad db in the redis URL (a number 0..1000)"), -1;
         st->db = (int)v;
     } else if (*p && strcmp(p, "/")) {
-        return set_err(err, errlen, "store: cannot read '%.100s' (redis://host:port/db)", spec), -1;
+        return set_err(err, errlen, "store: cannot read the redis URL (redis://[[user:]password@]host:port/db)"), -1;
     }
-    if (!st->host || !*st->host) return set_err(err, errlen, "store: no host in '%.100s'", spec), -1;
+    if (!st->host || !*st->host) return set_err(err, errlen, "store: no host in the redis URL"), -1;
     const char *ping[] = {"PING"};
     redisReply *r = command_str(st, 1, ping, err, errlen);
     if (!r) return -1;
@@ -385,6 +442,8 @@ int redis_log_is_final(const redis_log *l) {
 
 int redis_log_fenced(const redis_log *l) { return l->fenced; }
 
+int redis_log_unreachable(const redis_log *l) { return l->unreachable; }
+
 int redis_log_begin(redis_log *l, uint64_t seq, char *err, size_t errlen) {
     if (l->open) return set_err(err, errlen, "a chunk is already open"), -1;
     if (!seq || seq <= redis_log_last_seq(l))
@@ -468,6 +527,12 @@ int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
     redisReply *r = command(l->st, 13, argv, lens, why, sizeof why);
     if (!r) {
         if (!strncmp(why, "FENCED", 6) || !strncmp(why, "CONFLICT", 8)) l->fenced = 1;
+        if (unanswered) { /* committed or not, or later: only the store knows now */
+            l->fenced = 1;
+            set_err(err, errlen, "the store did not answer the commit (%s), which may have been made: re-send the "
+                    "chunk with its seq (a committed one is answered as a duplicate)", why);
+            return errno = EIO, -1;
+        }
         if (!errno) errno = EIO;
         return set_err(err, errlen, "%s", why), -1;
     }
@@ -494,6 +559,7 @@ int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_da
     }
     char logk[96];
     key(logk, sizeof logk, l->id, "log");
+    l->unreachable = 0;
     for (size_t i = start; i < l->entries.n; i += REPLAY_BATCH) {
         size_t last = i + REPLAY_BATCH - 1 < l->entries.n - 1 ? i + REPLAY_BATCH - 1 : l->entries.n - 1;
         char a[32], b[32];
@@ -501,7 +567,7 @@ int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_da
         snprintf(b, sizeof b, "%zu", last);
         const char *argv[] = {"LRANGE", logk, a, b};
         redisReply *r = command_str(l->st, 4, argv, err, errlen);
-        if (!r) return -1;
+        if (!r) return l->unreachable = unanswered, -1;
         int rc = r->elements == last - i + 1 ? 0 : -1;
         if (rc) set_err(err, errlen, "the store's log has fewer chunks than its index");
         for (size_t k = 0; !rc && k < r->elements; k++) {

@@ -190,9 +190,12 @@ def test_live_owner_answers_421_then_hands_over(tmp_path, redis):
         assert st == 421, body
         assert body["error"]["code"] == "session_elsewhere" and "replica a" in body["error"]["message"]
         assert hdrs.get("Retry-After") == "1"
+        assert hdrs.get("x-should-retry") == "true"  # OpenAI's clients retry a 421 only with it
         got = get_ready(b, sid)  # a hands it over at its next lease renewal
         assert got["last_seq"] == 1
         assert metric(a, "potserve_store_handoffs_total") == 1
+        # the handed-over session's local scratch directory goes with it (one stayed per session)
+        until(lambda: not list((tmp_path / "a" / "cache").iterdir()), what="a's scratch directories gone")
         # another key's request never reveals the session, held or not
         assert b.request("GET", "/v1/sessions/sess_doesnotexist1")[0] == 404
         assert a.stop() == 0 and b.stop() == 0
@@ -263,3 +266,136 @@ def test_bad_store_spec_is_refused(tmp_path):
     for spec, why in (("mysql://x", "neither dir nor redis"), ("redis://127.0.0.1:1/0", "redis 127.0.0.1:1")):
         p = run("serve", "--store", spec, "--data-dir", tmp_path, "--port", "0")
         assert p.returncode != 0 and why in p.stderr.decode(), p.stderr
+
+
+def text_of(srv, sid):
+    """The session's whole document (final: every token read), read back through /text."""
+    st, body, _ = srv.request("GET", f"/v1/sessions/{sid}/text?start=0&end=8192")
+    assert st == 200, body
+    assert body["end"] == body["tokens_ingested"]  # the documents here are shorter than one request
+    return "".join(span["text"] for span in body["spans"])
+
+
+def test_a_redis_restart_costs_no_request(tmp_path, redis):
+    """After Redis restarts (AOF: nothing lost), each thread's connection is
+    stale; the first command on it failed (a chunk 500, a create 503), now it
+    is sent again on a new connection."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=3000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        redis.stop()
+        redis.start()
+        assert put(a, sid, 2, PARTS[1], final=True)[0] == 200
+        for _ in range(6):  # the thread pool's threads, each with its own connection
+            st, body, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
+            assert st == 201, body
+        assert text_of(a, sid) == PARTS[0] + PARTS[1]
+        assert a.stop() == 0
+    finally:
+        a.stop()
+
+
+def test_a_takeover_redis_stops_answering_is_let_go_not_failed(tmp_path, redis):
+    """Redis stalls while a replica replays a session it took over: the replay
+    stops, the lease is released, and the next request takes the session
+    over again; it was failed for good under a lease the replica kept."""
+    a = replica(tmp_path / "a", redis, "a", "--snapshot-bytes", "1G", lease_ms=800).start()
+    b = replica(tmp_path / "b", redis, "b", "--threads", "1", lease_ms=12000).start()  # outlasts the stall
+    parts = [f"Entry {i}: the keeper noted the wind from the {['north', 'east', 'south', 'west'][i % 4]}, "
+             f"the swell at {i % 7 + 1} feet and the lamp lit at {18 + i % 3} o'clock. " * 4 for i in range(48)]
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        for i, part in enumerate(parts, 1):
+            until(lambda: put(a, sid, i, part, final=i == len(parts))[0] == 200, what=f"chunk {i} on a")
+        a.kill()
+        until(lambda: b.request("GET", f"/v1/sessions/{sid}")[0] == 409, what="b taking the session over")
+        # b's next reads get no answer: the snapshot's (if it is still to come) and the log's after it,
+        # each given up after 2 s
+        redis.proc.send_signal(signal.SIGSTOP)
+        time.sleep(5)
+        redis.proc.send_signal(signal.SIGCONT)
+        got = get_ready(b, sid)
+        assert got["last_seq"] == len(parts) and got["status"] == "ready"
+        assert text_of(b, sid) == "".join(parts)
+        b.wait_log("takeover stopped, the store did not answer", timeout=1)
+        assert b.stop() == 0
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        a.kill()
+        b.stop()
+
+
+def test_a_replica_cut_off_from_redis_stops_serving_when_its_lease_lapses(tmp_path, redis):
+    """Without an answered renewal for the lease's length another replica may
+    hold the session: this one stops serving it (it answered from its stale
+    pot, 200, for as long as Redis was away) and says so in its log."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=1200).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2.5)
+            st, body, hdrs = a.request("GET", f"/v1/sessions/{sid}")
+            assert st == 503 and body["error"]["code"] == "store_unavailable", body
+            assert hdrs.get("Retry-After") == "1"
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert get_ready(a, sid)["last_seq"] == 1
+        a.wait_log("the store does not answer lease renewals", timeout=1)
+        a.wait_log("the store answers lease renewals again", timeout=5)
+        assert a.stop() == 0
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        a.stop()
+
+
+def test_a_commit_redis_does_not_answer_is_given_up_and_a_resend_is_a_duplicate(tmp_path, redis):
+    """Redis stalls past the commit's timeout and then runs it: the chunk was
+    answered 500 though committed, and the replica's view lagged the store.
+    Now: 421 saying the chunk may be committed, the replica gives the session
+    up, and the same chunk re-sent with its seq is a duplicate."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=10000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        up = SlowUpload(a.port, sid, 2, PARTS[1], final=True, first=100)
+        time.sleep(0.3)
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            status, body = up.finish()
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert status == 421 and body["error"]["code"] == "session_moved", body
+        assert "may have been made" in body["error"]["message"]
+        def resend():
+            st, b2, _ = put(a, sid, 2, PARTS[1], final=True)
+            return b2 if st == 200 else None
+        again = until(resend, what="chunk 2 re-sent")
+        assert again["duplicate"] is True and again["last_seq"] == 2
+        assert text_of(a, sid) == PARTS[0] + PARTS[1]
+        assert a.stop() == 0
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        a.stop()
+
+
+def test_redis_url_with_a_password(tmp_path, redis):
+    from conftest import run
+    redis.cli("CONFIG", "SET", "requirepass", "s3cret")
+    url = f"redis://:s3cret@127.0.0.1:{redis.port}/0"
+    a = Server(tmp_path / "a", "--store", url, "--replica-name", "a", "--access-log", "false").start()
+    try:
+        st, body, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
+        assert st == 201, body
+        assert a.stop() == 0
+    finally:
+        a.stop()
+    for spec, why in ((f"redis://:wrong@127.0.0.1:{redis.port}/0", "AUTH failed"),
+                      (f"redis://127.0.0.1:{redis.port}/0", "NOAUTH"),
+                      (f"redis://127.0.0.1:{redis.port}/ 1", "bad db"),
+                      (f"redis://:@127.0.0.1:{redis.port}/0", "empty password")):
+        p = run("serve", "--store", spec, "--data-dir", tmp_path / "b", "--port", "0")
+        err = p.stderr.decode()
+        assert p.returncode != 0 and why in err and "wrong" not in err, err

@@ -384,6 +384,18 @@ def test_session_question_without_max_tokens_answers_to_the_end(srv, client):
     assert r.status == "completed" and r.output_text == free.choices[0].message.content
 
 
+def test_body_and_header_naming_two_sessions_is_a_400(srv):
+    # nginx routes by the header while the body's session was served: the session moved between replicas
+    a, b = new_session(srv, budget_tokens=96)["id"], new_session(srv, budget_tokens=96)["id"]
+    ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    st, body, _ = srv.request("POST", "/v1/chat/completions", dict(ask, session=a),
+                              headers=dict(auth(), **{"X-Session-Id": b}))
+    assert st == 400 and body["error"]["param"] == "session", body
+    st, body, _ = srv.request("POST", "/v1/chat/completions", dict(ask, session=a),
+                              headers=dict(auth(), **{"X-Session-Id": a}))
+    assert st == 200, body
+
+
 @pytest.mark.heavy
 def test_split_does_not_matter(srv, client):
     """The same document uploaded whole or in odd pieces gives the same pot and answer."""
