@@ -855,7 +855,11 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
 static void reread_progress(server *s, void *user, uint64_t done, uint64_t total) {
     (void)s;
     generation *g = user;
-    if (!g->req.stream || !g->r->conn) return;
+    if (!g->req.stream) { /* suspended: a client that left is noticed only by looking (client_gone) */
+        if (client_gone(g->r)) generation_cancel(g);
+        return;
+    }
+    if (!g->r->conn) return;
     char line[96];
     int n = snprintf(line, sizeof line, ": reread %llu/%llu bytes\n\n", (unsigned long long)done,
                      (unsigned long long)total);

@@ -26,7 +26,9 @@
 #include "common/common.h"
 #include "server/reread.h"
 
-enum { REREAD_PIECE = 64 * 1024, REREAD_MAX_SHARE = 32 };
+/* A piece is also how soon a question whose client left stops its pass (about
+ * 16K bytes: 2-3 s of a small model on two cores). */
+enum { REREAD_PIECE = 16 * 1024, REREAD_MAX_SHARE = 32 };
 
 typedef struct feeder { /* one pot fed from the pass's text */
     reread_pass *pass;
@@ -169,6 +171,11 @@ static void open_task(engine *e, void *arg) { /* engine thread */
 static void feeder_step(server *s, void *arg) {
     feeder *f = arg;
     reread_pass *p = f->pass;
+    /* progress first: reporting it is how a question finds its client gone (and cancels) */
+    for (int i = 0; f->at > 0 && f->doc && i < p->n_members; i++) {
+        member *m = &p->members[i];
+        if (m->f == f && !m->ended && m->progress) m->progress(s, m->user, f->at, p->log.len);
+    }
     int waiting = 0;
     for (int i = 0; i < p->n_members; i++) {
         member *m = &p->members[i];
@@ -181,10 +188,6 @@ static void feeder_step(server *s, void *arg) {
     if (!f->doc) {
         if (srv_task(s, NULL, open_task, f)) feeder_end(f, "the server is shutting down");
         return;
-    }
-    for (int i = 0; f->at > 0 && i < p->n_members; i++) {
-        member *m = &p->members[i];
-        if (m->f == f && !m->ended && m->progress) m->progress(s, m->user, f->at, p->log.len);
     }
     if (f->sent_last || (p->log.len == 0 && !p->log.final)) return feeder_end(f, NULL);
     size_t n = p->log.len - f->at < REREAD_PIECE ? p->log.len - f->at : REREAD_PIECE;

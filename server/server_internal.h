@@ -247,6 +247,7 @@ struct server {
     session *sessions;
     size_t pot_memory;
     int store_silent;         /* the shared store answered no lease renewal last time */
+    int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* live requests, and every open connection (router.c) */
     request *live;

@@ -2028,35 +2028,61 @@ session *session_lookup(request *r, const char *id, const char *param) {
     return NULL;
 }
 
-void sessions_renew_leases(server *s) {
-    size_t n = 0;
-    for (session *ss = s->sessions; ss; ss = ss->next) n++;
-    if (!n) return;
-    const char **ids = malloc(n * sizeof *ids), **tokens = malloc(n * sizeof *tokens);
-    int *out = malloc(n * sizeof *out);
-    session **list = malloc(n * sizeof *list);
-    if (!ids || !tokens || !out || !list) goto out;
-    n = 0;
-    for (session *ss = s->sessions; ss; ss = ss->next, n++)
-        list[n] = ss, ids[n] = ss->id, tokens[n] = ss->token;
-    double asked = monotonic_ms();
-    store_lease_renew(s->st, ids, tokens, n, out);
+/* One round of renewals, sent from the thread pool: a Redis that stalls
+ * (each command waits up to 2 s) must not stall the loop and every request
+ * with it. The sessions are held (refs) until the answers are read. */
+typedef struct renew_job {
+    uv_work_t work;
+    server *srv;
+    size_t n;
+    session **list;
+    const char **ids, **tokens;
+    int *out;
+    double asked; /* monotonic_ms before the renewals were sent */
+} renew_job;
+
+static void renew_job_free(renew_job *j) {
+    for (size_t i = 0; i < j->n; i++) session_unref(j->list[i]);
+    free(j->list);
+    free(j->ids);
+    free(j->tokens);
+    free(j->out);
+    free(j);
+}
+
+static void renew_work(uv_work_t *w) {
+    renew_job *j = w->data;
+    store_lease_renew(j->srv->st, j->ids, j->tokens, j->n, j->out);
+}
+
+static int registered(const server *s, const session *ss) {
+    for (const session *p = s->sessions; p; p = p->next)
+        if (p == ss) return 1;
+    return 0;
+}
+
+static void renew_done(uv_work_t *w, int status) {
+    (void)status;
+    renew_job *j = w->data;
+    server *s = j->srv;
+    s->renewing = 0;
     int answered = 0;
-    for (size_t i = 0; i < n; i++) answered |= out[i] >= 0;
+    for (size_t i = 0; i < j->n; i++) answered |= j->out[i] >= 0;
     if (answered == s->store_silent) /* said once per outage, and once when it ends */
         fprintf(stderr, answered ? "potserve: the store answers lease renewals again\n"
                                  : "potserve: the store does not answer lease renewals; sessions whose lease "
                                    "lapses meanwhile are dropped here\n");
     s->store_silent = !answered;
-    for (size_t i = 0; i < n; i++) {
-        session *ss = list[i];
-        if (out[i] > 0) ss->lease_until_ms = asked + (double)s->cfg.lease_ms;
-        if (out[i] < 0) {
+    for (size_t i = 0; i < j->n; i++) {
+        session *ss = j->list[i];
+        if (!registered(s, ss)) continue; /* dropped or deleted while the renewals were out */
+        if (j->out[i] > 0) ss->lease_until_ms = j->asked + (double)s->cfg.lease_ms;
+        if (j->out[i] < 0) {
             lease_lapsed(s, ss);
-        } else if (out[i] == 0) { /* an upload still open here is refused at its commit */
+        } else if (j->out[i] == 0) { /* an upload still open here is refused at its commit */
             fprintf(stderr, "potserve: lost the lease of session %s: dropping it here\n", ss->id);
             session_drop(s, ss);
-        } else if (out[i] == 2 && !ss->busy && !ss->disk_busy && !ss->gens && !ss->rebuilding &&
+        } else if (j->out[i] == 2 && !ss->busy && !ss->disk_busy && !ss->gens && !ss->rebuilding &&
                    !ss->snap_saving && !ss->acked_ingests) {
             fprintf(stderr, "potserve: handing session %s over on request\n", ss->id);
             store_lease_release(s->st, ss->id, ss->token);
@@ -2064,11 +2090,28 @@ void sessions_renew_leases(server *s) {
             session_drop(s, ss);
         }
     }
-out:
-    free(ids);
-    free(tokens);
-    free(out);
-    free(list);
+    renew_job_free(j);
+}
+
+void sessions_renew_leases(server *s) {
+    size_t n = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next) n++;
+    if (!n || s->renewing) return; /* one round out at a time: a stalled Redis answers none */
+    renew_job *j = calloc(1, sizeof *j);
+    if (!j || !(j->list = malloc(n * sizeof *j->list)) || !(j->ids = malloc(n * sizeof *j->ids)) ||
+        !(j->tokens = malloc(n * sizeof *j->tokens)) || !(j->out = malloc(n * sizeof *j->out))) {
+        if (j) renew_job_free(j);
+        return;
+    }
+    j->srv = s;
+    for (session *ss = s->sessions; ss; ss = ss->next, j->n++) {
+        session_ref(ss);
+        j->list[j->n] = ss, j->ids[j->n] = ss->id, j->tokens[j->n] = ss->token;
+    }
+    j->asked = monotonic_ms();
+    j->work.data = j;
+    if (uv_queue_work(s->loop, &j->work, renew_work, renew_done)) return renew_job_free(j);
+    s->renewing = 1;
 }
 
 void sessions_release_leases(server *s) {

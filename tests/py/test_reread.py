@@ -103,6 +103,31 @@ def test_session_setting_and_streamed_progress(srv):
     assert raw.rstrip().endswith("data: [DONE]")
 
 
+def test_a_reread_whose_client_left_stops(srv):
+    # a non-streamed re-read went on to the end of the document (the pot's memory held, the engine
+    # busy) after its client left: its suspended connection is looked at after each piece now
+    import socket
+    import time
+    from test_openai_compat import metric
+    t0 = time.time()
+    up = session_with(srv, natural_document(3, 64000), budget_tokens=512, keep_tokens=256)
+    upload_s = time.time() - t0  # about what a whole re-read takes
+    base = metric(srv, "potserve_pot_memory_bytes")
+    body = json.dumps({"model": "x", "max_tokens": 12, "temperature": 0, "session": up["id"], "reread": True,
+                       "messages": [{"role": "user", "content": QUESTION}]}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.time() + 30
+        while metric(srv, "potserve_pot_memory_bytes") <= base:  # the re-read pot is taken
+            assert time.time() < deadline
+            time.sleep(0.05)
+    left = time.time()
+    while metric(srv, "potserve_pot_memory_bytes") > base:
+        assert time.time() - left < 0.6 * upload_s, "the re-read went on after its client left"
+        time.sleep(0.05)
+
+
 def test_reread_with_room_for_everything_is_full_attention(srv):
     """A pot that holds the whole document never compresses: the re-read
     answer has the same tokens and log-probabilities as the session's own
