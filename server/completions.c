@@ -49,6 +49,8 @@ struct generation {
     json_t *responses;
     char msg_id[48];
     int seq_no;
+    int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
+    generation *next_waiting; /* in the server's queue of answers waiting their turn */
     atomic_int cancel;
     double deadline_ms;   /* request_timeout: the engine ends the generation there (monotonic_ms clock) */
     /* a prompt longer than the window, read through a temporary pot */
@@ -73,6 +75,7 @@ struct generation {
 };
 
 static void release_temporary_pot(server *s, generation *g);
+static void next_turns(server *s);
 
 /* What the engine thread sends for each engine_text_cb call: a piece of
  * text and/or one token's logprobs (n 0: a token whose text is still held
@@ -570,6 +573,7 @@ static void on_done_event(server *s, void *arg) {
     }
     c->done = 1;
     g->n_done++;
+    s->answers_running--;
     free(ev);
     if (g->ss) session_generation_done(g->ss);
     s->m.tokens_prompted += c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0;
@@ -592,6 +596,7 @@ static void on_done_event(server *s, void *arg) {
         }
     }
     request_unref(r); /* the engine's reference for this choice */
+    next_turns(s);
 }
 
 static int gen_on_text(void *user, const char *text, size_t len, int32_t token,
@@ -689,6 +694,7 @@ static void submit(server *s, generation *g) {
     int n = q->n_choices;
     void **users = malloc((size_t)n * sizeof *users);
     if (!users) {
+        s->answers_running -= g->seqs;
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
@@ -703,6 +709,7 @@ static void submit(server *s, generation *g) {
         if (srv_generate(s, &er, err, sizeof err)) {
             for (int i = 0; i < n; i++) request_unref(r);
             free(users);
+            s->answers_running -= g->seqs - g->n_submitted; /* never to run: their turn is given back */
             if (g->n_submitted) { /* the earlier prompts complete the request, cut short */
                 generation_cancel(g);
                 return;
@@ -727,6 +734,107 @@ static void submit(server *s, generation *g) {
             }
     } else {
         request_suspend(r);
+    }
+}
+
+/* Streams start (with a first comment) or the request waits, while the answer is prepared. */
+static void hold_request(generation *g, const char *comment) {
+    if (g->req.stream) {
+        if (!stream_start(g->r)) {
+            g->stream_started = 1;
+            stream_write(g->r, comment, strlen(comment));
+        }
+    } else {
+        request_suspend(g->r);
+    }
+}
+
+/* ---- answers take turns ------------------------------------------------------------
+ * Each answer decodes in its own copy of its pot, up to a model window (SmolLM2: 8,192
+ * entries of 36 KB), which pot_memory_limit does not count: at most max_answers
+ * sequences decode at once (a request with n choices over k prompts is n*k of them),
+ * the others wait in arrival order, held as a re-read is (a streamed one gets the
+ * comment ": waiting for a turn"). A request larger than max_answers runs alone. */
+
+static int turn_free(const server *s, int seqs) {
+    return s->answers_running == 0 || s->answers_running + seqs <= s->cfg.max_answers;
+}
+
+static void take_turn(server *s, generation *g) {
+    g->seqs = g->req.n_choices * (int)(g->n_batch > 1 ? g->n_batch : 1);
+    if (!s->answers_waiting && turn_free(s, g->seqs)) {
+        s->answers_running += g->seqs;
+        return submit(s, g);
+    }
+    request_ref(g->r); /* until its turn comes, or it ends waiting */
+    g->next_waiting = NULL;
+    if (s->answers_waiting_last) s->answers_waiting_last->next_waiting = g;
+    else s->answers_waiting = g;
+    s->answers_waiting_last = g;
+    s->n_answers_waiting++;
+    static const char comment[] = ": waiting for a turn (max_answers)\n\n";
+    if (g->stream_started) stream_write(g->r, comment, sizeof comment - 1);
+    else hold_request(g, comment);
+}
+
+/* Why a waiting answer cannot take its turn: its client left (NULL error), or its
+ * request_timeout passed (e filled); 0 when it can. */
+static int turn_lost(generation *g, api_error *e) {
+    request *r = g->r;
+    if (!r->conn || client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
+    if (g->deadline_ms && monotonic_ms() > g->deadline_ms)
+        return api_fail(e, 503, "request_timeout", NULL,
+                        "no turn to answer within request_timeout (%lld s): %d answers were running "
+                        "(max_answers); retry later", (long long)r->srv->cfg.request_timeout,
+                        r->srv->answers_running), 1;
+    return 0;
+}
+
+/* Ends a waiting answer that lost its turn (taken off the queue already). */
+static void end_waiting(generation *g, const api_error *e) {
+    request *r = g->r;
+    if (g->stream_started) {
+        if (r->conn) {
+            sse_send(r, api_error_json(e));
+            stream_write(r, "data: [DONE]\n\n", 14);
+        }
+        stream_end(r);
+    } else {
+        respond_retry(r, e, timeout_retry_seconds(r->srv));
+    }
+    request_unref(r);
+}
+
+static void next_turns(server *s) {
+    while (s->answers_waiting && turn_free(s, s->answers_waiting->seqs)) {
+        generation *g = s->answers_waiting;
+        s->answers_waiting = g->next_waiting;
+        if (!s->answers_waiting) s->answers_waiting_last = NULL;
+        s->n_answers_waiting--;
+        api_error e;
+        if (turn_lost(g, &e)) {
+            end_waiting(g, &e);
+            continue;
+        }
+        s->answers_running += g->seqs;
+        submit(s, g);
+        request_unref(g->r);
+    }
+}
+
+void answers_sweep(server *s) {
+    for (generation **p = &s->answers_waiting, *prev = NULL; *p;) {
+        generation *g = *p;
+        api_error e;
+        if (!turn_lost(g, &e)) {
+            prev = g;
+            p = &g->next_waiting;
+            continue;
+        }
+        *p = g->next_waiting;
+        if (s->answers_waiting_last == g) s->answers_waiting_last = prev;
+        s->n_answers_waiting--;
+        end_waiting(g, &e);
     }
 }
 
@@ -764,7 +872,7 @@ static void temporary_pot_read(server *s, void *arg) {
     g->prompt = engine_doc_prompt(g->tmp_doc, q->messages + g->question_at, q->n_messages - g->question_at,
                                   q->chat ? NULL : g->tail, &g->n_prompt, g->tmp_err, sizeof g->tmp_err);
     if (!g->prompt) return temporary_pot_failed(s, g, 400, g->tmp_err);
-    submit(s, g);
+    take_turn(s, g);
     request_unref(g->r);
 }
 
@@ -925,7 +1033,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
         prepare_failed(g, 400, "reread_failed", "re-reading the session's document", msg);
         return request_unref(r);
     }
-    submit(s, g);
+    take_turn(s, g);
     request_unref(r);
 }
 
@@ -947,17 +1055,6 @@ static const char *question_for(api_gen_request *q, const char *field, api_error
     return NULL;
 }
 
-/* Streams start (with a first comment) or the request waits, while the answer is prepared. */
-static void hold_request(generation *g, const char *comment) {
-    if (g->req.stream) {
-        if (!stream_start(g->r)) {
-            g->stream_started = 1;
-            stream_write(g->r, comment, strlen(comment));
-        }
-    } else {
-        request_suspend(g->r);
-    }
-}
 
 static int start_reread(server *s, generation *g, api_error *e) {
     api_gen_request *q = &g->req;
@@ -1030,7 +1127,7 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
                          st->ms / 1e3);
         stream_write(r, line, (size_t)n);
     }
-    submit(s, g);
+    take_turn(s, g);
     request_unref(r);
     return 0;
 }
@@ -1162,7 +1259,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
         request_suspend(r);
         return;
     }
-    submit(s, g);
+    take_turn(s, g);
 }
 
 void route_generate(request *r, int chat) { start_generation(r, chat, NULL); }

@@ -213,6 +213,9 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);
+/* Answers waiting their turn whose client left or whose request_timeout passed
+ * end now (the housekeeping timer's, each second). */
+void answers_sweep(server *s);
 /* Generated ids are random: prefix + 24 alphanumerics. */
 void random_id(char *out, size_t cap, const char *prefix);
 
@@ -249,6 +252,10 @@ struct server {
     int store_silent;         /* the shared store answered no lease renewal last time */
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
+    /* answers take turns (completions.c): at most max_answers sequences decode at once */
+    int answers_running;
+    generation *answers_waiting, *answers_waiting_last; /* their turn comes in this order */
+    int n_answers_waiting;
     /* live requests, and every open connection (router.c) */
     request *live;
     int n_live;

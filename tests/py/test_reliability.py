@@ -706,3 +706,95 @@ def test_429_right_after_a_delete_says_retry_in_a_second(tmp_path):
         assert st == 201 or (st == 429 and hdrs["Retry-After"] == "1"), (st, body, hdrs)
     finally:
         assert s.stop() == 0
+
+
+def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
+    """Each answer decodes in its own copy of its pot, which pot_memory_limit does not count: 32
+    concurrent questions over one budget-2048 session took 1.6 GB (a probe). At most max_answers
+    sequences decode at once now; the others wait their turn, in order, and are all answered."""
+    import threading
+    s = Server(tmp_path / "d", "--max-answers", "2", "--durability", "none", "--threads", "1").start()
+    try:
+        st, sess, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
+        assert st == 201, sess
+        st, up, _ = upload(s, sess["id"], text(400).encode(), "?final=true", timeout=300)
+        assert st == 200, up
+        pid = s.proc.pid
+
+        def rss_mb():
+            with open(f"/proc/{pid}/status") as f:
+                return int(next(x for x in f if x.startswith("VmRSS")).split()[1]) / 1024
+        base_rss = rss_mb()
+        answers, peak = [], {"running": 0, "waiting": 0, "rss": 0}
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                st, m, _ = s.request("GET", "/metrics")
+                got = {k: float(line.split()[1]) for line in m.splitlines() for k in ("running", "waiting")
+                       if line.startswith(f"potserve_answers_{k} ")}
+                for k in ("running", "waiting"):
+                    peak[k] = max(peak[k], got[k])
+                peak["rss"] = max(peak["rss"], rss_mb() - base_rss)
+                time.sleep(0.05)
+
+        def ask(i):
+            st, body, _ = s.request("POST", "/v1/chat/completions", {
+                "session": sess["id"], "max_tokens": 24, "temperature": 0,
+                "messages": [{"role": "user", "content": f"Question {i}: which places are named?"}]}, timeout=600)
+            answers.append((st, body))
+        w = threading.Thread(target=watch)
+        w.start()
+        asks = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+        for t in asks:
+            t.start()
+        for t in asks:
+            t.join()
+        done.set()
+        w.join()
+        assert [st for st, _ in answers] == [200] * 16, answers
+        assert all(b["usage"]["completion_tokens"] > 0 for _, b in answers)
+        assert peak["running"] <= 2 and peak["waiting"] >= 5, peak
+        assert peak["rss"] < 400, peak  # 16 copies of the pot at once took about 800 MB
+        # a streamed answer waiting its turn says so, and one whose client leaves gives its place up
+        st, m, _ = s.request("GET", "/metrics")
+        assert "potserve_answers_running 0" in m and "potserve_answers_waiting 0" in m
+    finally:
+        s.stop()
+
+
+def test_an_answer_waiting_its_turn_says_so_and_gives_it_up_when_its_client_leaves(tmp_path):
+    import threading
+    s = Server(tmp_path / "d", "--max-answers", "1", "--durability", "none", "--threads", "1").start()
+    try:
+        long_ask = {"max_tokens": 600, "temperature": 1.0, "seed": 1, "messages": [
+            {"role": "user", "content": "Write a very long story about rivers, bridges and markets."}]}
+        first = []
+        t = threading.Thread(target=lambda: first.append(s.request("POST", "/v1/chat/completions", long_ask,
+                                                                  timeout=300)))
+        t.start()
+        until = time.time() + 30
+        while "potserve_answers_running 1" not in s.request("GET", "/metrics")[1]:
+            assert time.time() < until
+            time.sleep(0.05)
+        waiting = []
+        for stream in (True, False):
+            body = json.dumps(dict(long_ask, stream=stream, max_tokens=4)).encode()
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            waiting.append(c)
+        got = b""
+        while b": waiting for a turn (max_answers)" not in got:  # the streamed one says why it waits
+            got += waiting[0].recv(4096)
+        assert "potserve_answers_waiting 2" in s.request("GET", "/metrics")[1]
+        for c in waiting:
+            c.close()
+        while "potserve_answers_waiting 0" not in s.request("GET", "/metrics")[1]:
+            assert time.time() < until, "the waiting answers kept their place after their clients left"
+            time.sleep(0.1)
+        assert "potserve_answers_running 1" in s.request("GET", "/metrics")[1]  # the first still answers
+        t.join()
+        assert first[0][0] == 200, first
+    finally:
+        s.stop()
