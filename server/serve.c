@@ -177,7 +177,9 @@ static int open_store(server *s, char *err, size_t errlen) {
     snprintf(cache, sizeof cache, "%s/cache", s->cfg.data_dir);
     if (make_dir(cache, err, errlen)) return -1;
     uv_timer_start(&s->leases, on_leases, (uint64_t)s->cfg.lease_ms / 3, (uint64_t)s->cfg.lease_ms / 3);
-    fprintf(stderr, "potserve: sessions in %s, replica %s\n", s->cfg.store, name);
+    char where[256];
+    store_describe(s->st, where, sizeof where);
+    fprintf(stderr, "potserve: sessions in %s, replica %s\n", where, name);
     return 0;
 }
 

@@ -55,6 +55,11 @@ void store_close(store *st) {
 
 int store_is_shared(const store *st) { return st->redis; }
 
+void store_describe(const store *st, char *out, size_t cap) {
+    if (!st->redis) snprintf(out, cap, "dir");
+    else snprintf(out, cap, "redis://%s%s:%d/%d", st->password ? "(password)@" : "", st->host, st->port, st->db);
+}
+
 char *store_session_dir(const store *st, const char *id) {
     char *root = path_join(st->data_dir, st->redis ? "cache" : "sessions");
     char *dir = root ? path_join(root, id) : NULL;

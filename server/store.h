@@ -42,6 +42,8 @@ void store_close(store *st);
 /* 1 when sessions live in a store shared by replicas (Redis): a session is
  * served by the replica holding its lease and is not restored at start. */
 int store_is_shared(const store *st);
+/* The store for a log line: "dir", or redis://host:port/db without its password. */
+void store_describe(const store *st, char *out, size_t cap);
 /* The local directory of session id (owned by the caller): its files (dir
  * store) or its scratch space for snapshots (Redis). NULL when out of memory. */
 char *store_session_dir(const store *st, const char *id);

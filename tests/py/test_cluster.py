@@ -398,6 +398,8 @@ def test_redis_url_with_a_password(tmp_path, redis):
         st, body, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
         assert st == 201, body
         assert a.stop() == 0
+        assert not any("s3cret" in line for line in a.log_lines)  # the log names the store without it
+        a.wait_log(f"sessions in redis://(password)@127.0.0.1:{redis.port}/0", timeout=1)
     finally:
         a.stop()
     for spec, why in ((f"redis://:wrong@127.0.0.1:{redis.port}/0", "AUTH failed"),
