@@ -289,7 +289,7 @@ def test_a_redis_restart_costs_no_request(tmp_path, redis):
         assert put(a, sid, 2, PARTS[1], final=True)[0] == 200
         for _ in range(6):  # the thread pool's threads, each with its own connection
             st, body, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
-            assert st == 201, body
+            assert st == 201 and body["status"] == "ready", body  # it said "ingesting"
         assert text_of(a, sid) == PARTS[0] + PARTS[1]
         assert a.stop() == 0
     finally:
