@@ -712,6 +712,7 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
     """Each answer decodes in its own copy of its pot, which pot_memory_limit does not count: 32
     concurrent questions over one budget-2048 session took 1.6 GB (a probe). At most max_answers
     sequences decode at once now; the others wait their turn, in order, and are all answered."""
+    import concurrent.futures
     import threading
     s = Server(tmp_path / "d", "--max-answers", "2", "--durability", "none", "--threads", "1").start()
     try:
@@ -725,7 +726,7 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
             with open(f"/proc/{pid}/status") as f:
                 return int(next(x for x in f if x.startswith("VmRSS")).split()[1]) / 1024
         base_rss = rss_mb()
-        answers, peak = [], {"running": 0, "waiting": 0, "rss": 0}
+        peak = {"running": 0, "waiting": 0, "rss": 0}
         done = threading.Event()
 
         def watch():
@@ -742,14 +743,11 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
             st, body, _ = s.request("POST", "/v1/chat/completions", {
                 "session": sess["id"], "max_tokens": 24, "temperature": 0,
                 "messages": [{"role": "user", "content": f"Question {i}: which places are named?"}]}, timeout=600)
-            answers.append((st, body))
+            return st, body
         w = threading.Thread(target=watch)
         w.start()
-        asks = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
-        for t in asks:
-            t.start()
-        for t in asks:
-            t.join()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(ask, range(16)))
         done.set()
         w.join()
         assert [st for st, _ in answers] == [200] * 16, answers
