@@ -253,6 +253,7 @@ json_t *session_json(server *s, const session *ss) {
         (json_int_t)ss->memory_bytes, "metadata",
         ss->settings.metadata ? json_incref(ss->settings.metadata) : json_object());
     if (ss->expires) json_object_set_new(o, "expires_at", json_integer(ss->expires));
+    json_object_set_new(o, "pinned_tokens", json_integer(st->pinned_tokens));
     json_object_set_new(o, "reread", json_boolean(ss->settings.reread));
     json_object_set_new(o, "whole_words", api_whole_words_json(ss->settings.whole_words));
     json_object_set_new(o, "recall", api_recall_json(recall_mode(s, ss, API_RECALL_UNSET)));

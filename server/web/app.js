@@ -15,7 +15,8 @@
     server: null,        // GET /v1/server
     sessions: [],
     selected: null,      // session id
-    upload: null,        // the running upload (see startUpload)
+    upload: null,        // this tab's upload (see runUpload): running, finished or stopped
+    remote: null,        // the session another tab is uploading to (see followOtherTab)
     chat: [],            // {role, content}
     chatAbort: null,
     map: null,           // last retention answer and its geometry
@@ -200,6 +201,7 @@
     state.sessions = list.data.sort((a, b) => b.created - a.created);
     if (state.selected && !state.sessions.some((s) => s.id === state.selected)) state.selected = null;
     renderSessions();
+    if (state.remote) showRemote();
   }
 
   function renderSessions() {
@@ -213,6 +215,7 @@
       const del = el('button', { type: 'button', class: 'ghost del', 'aria-label': 'Delete ' + title(s), title: 'Delete' });
       del.textContent = '×';
       del.addEventListener('click', () => removeSession(s));
+      if (s.id === state.remote) { del.disabled = true; del.title = 'Being uploaded in another tab'; }
       const li = el('li', { 'data-id': s.id }, pick, del);
       if (s.id === state.selected) li.classList.add('selected');
       return li;
@@ -278,11 +281,10 @@
   // ---- uploads ------------------------------------------------------------------------------------------
   // A document goes up in chunks of about CHUNK_BYTES (less where the server's
   // max_chunk_bytes is smaller), each cut back to a UTF-8 character boundary,
-  // numbered 1, 2, ... (X-Chunk-Seq). The cut points depend only on the bytes
-  // and the chunk size, which is kept with the document, so after a reload or a
-  // lost connection the page recomputes them and continues after the session's
-  // last_seq; a chunk the server had already acknowledged is answered as a
-  // duplicate.
+  // numbered 1, 2, ... (X-Chunk-Seq). The file and its chunk size are kept in
+  // the browser, so after a reload or a lost connection the page continues
+  // from the session's last_seq and bytes_received. A server whose
+  // max_chunk_bytes went down meanwhile (413 chunk_too_large) gets smaller chunks.
 
   // The document itself survives a reload in IndexedDB (Blobs are kept as they are).
   function idb() {
@@ -306,21 +308,57 @@
   const loadDoc = (id) => idbDo('readonly', (s) => s.get(id)).catch(() => null);
   const dropDoc = (id) => idbDo('readwrite', (s) => s.delete(id)).catch(() => null);
 
-  // End of the chunk starting at `start`: start + chunkBytes, moved back off UTF-8 continuation bytes.
+  // End of the chunk starting at `start` (a character boundary): start + chunkBytes, moved back off
+  // UTF-8 continuation bytes. A chunk size too small for the character at `start` is an error: the
+  // chunk would be empty, and the server takes an empty chunk without the upload moving on.
   async function chunkEnd(blob, start, chunkBytes) {
     let end = Math.min(blob.size, start + chunkBytes);
     if (end === blob.size) return end;
-    const b = new Uint8Array(await blob.slice(end - 3, end + 1).arrayBuffer());
-    let i = 3;
+    const from = Math.max(start, end - 3);       // a character's first byte is at most 3 bytes back
+    const b = new Uint8Array(await blob.slice(from, end + 1).arrayBuffer());
+    let i = end - from;                           // b[i]: the byte at end, the next chunk's first
     while (i > 0 && (b[i] & 0xC0) === 0x80) i--, end--;
+    if (end === start) {
+      throw new Error('the server takes chunks of at most ' + nf.format(chunkBytes) + ' bytes (its max_chunk_bytes), ' +
+        'too few for the character at byte ' + nf.format(start) + ' of this document (UTF-8 characters take up to 4)');
+    }
     return end;
   }
 
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+  // Only one tab drives an upload. Tabs of a browser share localStorage and IndexedDB, so a tab opened
+  // while another uploads would otherwise resume the same upload and race it. The driving tab holds a
+  // Web Lock named after the session, which the browser frees when that tab closes or crashes.
+  // Resolves with a function that lets the lock go, or with null when another tab holds it and `wait`
+  // is false. Without Web Locks (a page from another host over plain http is not a secure context)
+  // there is no guard.
+  const lockName = (id) => 'potserve.upload.' + id;
+  function holdUpload(id, wait) {
+    if (!navigator.locks) return Promise.resolve(() => {});
+    return new Promise((resolve, reject) => {
+      navigator.locks.request(lockName(id), wait ? {} : { ifAvailable: true }, (lock) => {
+        if (!lock) return resolve(null);
+        return new Promise((release) => resolve(release)); // held until release() is called
+      }).catch(reject);
+    });
+  }
+
+  // Whether a tab holds the upload to session id (asked where this tab does not: then it is another).
+  async function heldElsewhere(id) {
+    if (!navigator.locks) return false;
+    const { held } = await navigator.locks.query();
+    return held.some((l) => l.name === lockName(id));
+  }
+
+  const uploading = () => !!(state.upload && !state.upload.finished && !state.upload.stopped);
+
   async function startUpload(ev) {
     ev.preventDefault();
-    if (state.upload && !state.upload.finished) return say('An upload is already running; cancel it first.');
+    if (uploading()) return say('An upload is already running; cancel it first.');
+    const pending = localStorage.getItem(UPLOAD_STORE);
+    if (state.remote || pending && await heldElsewhere(pending))
+      return say('Another tab of this browser is uploading a document; wait for it to end, or cancel it there.');
     let blob = $('file').files[0] || null, name = blob ? blob.name : '';
     const pasted = $('paste').value;
     if (!blob && pasted.trim()) {
@@ -335,29 +373,35 @@
     if ($('set-schedule').value !== d.schedule) settings.schedule = $('set-schedule').value;
     if ($('set-budget').value) settings.budget_tokens = Number($('set-budget').value);
     if ($('set-keep').value) settings.keep_tokens = Number($('set-keep').value);
-    $('start').disabled = true;
+    $('start').disabled = true; // (this takes the focus off it: it goes to the progress, or back here)
+    let started = false;
     try {
       const s = await api('/v1/sessions', { method: 'POST', json: settings });
+      const release = await holdUpload(s.id, false) || (() => {}); // a new session: no other tab holds it
+      const old = localStorage.getItem(UPLOAD_STORE); // a stopped upload's kept file: this one replaces it
+      if (old) dropDoc(old);
       localStorage.setItem(UPLOAD_STORE, s.id);
-      const chunkBytes = Math.min(CHUNK_BYTES, state.server.max_chunk_bytes);
-      await saveDoc(s.id, { blob, name, chunkBytes });
+      const rec = { blob, name, chunkBytes: Math.min(CHUNK_BYTES, state.server.max_chunk_bytes) };
+      await saveDoc(s.id, rec);
       $('file').value = '';
       $('paste').value = '';
       $('drop-text').replaceChildren(el('strong', { text: 'Drop a text file here' }), ' or press to choose one');
       state.selected = s.id;
       await loadSessions();
-      runUpload(s, blob, name, chunkBytes);
+      runUpload(s, rec, release);
+      started = true;
     } catch (e) {
       say('Could not start: ' + e.message);
     } finally {
       $('start').disabled = false;
+      (started ? $('upload') : $('start')).focus();
     }
   }
 
   function showUpload(u) {
     $('upload').hidden = !u;
     if (!u) return;
-    $('upload-title').textContent = (u.finished ? 'Read ' : 'Reading ') + u.name;
+    $('upload-title').textContent = (u.finished ? 'Read ' : 'Reading ') + u.name + (u.remote ? ' in another tab' : '');
     const frac = Math.min(1, u.doneFraction);
     $('upload-fill').style.width = (frac * 100).toFixed(1) + '%';
     $('upload-bar').setAttribute('aria-valuenow', Math.round(frac * 100));
@@ -367,25 +411,30 @@
     $('up-comp').textContent = nf.format(u.comp);
     $('up-rate').textContent = u.rate ? nf.format(Math.round(u.rate)) + ' tokens/s' : '–';
     $('up-eta').textContent = u.finished ? 'done' : u.rate ? duration((u.estTotal - u.tokens) / u.rate) : '–';
-    $('upload-cancel').textContent = u.finished ? 'Close' : 'Cancel';
+    // a finished upload, or a stopped one whose file is gone, has nothing left to cancel; another tab's
+    // upload is that tab's to cancel
+    $('upload-cancel').textContent = u.finished || u.stopped && !u.kept ? 'Close' : 'Cancel';
+    $('upload-cancel').hidden = !!u.remote;
   }
 
-  // Sends the document from where the session stands; retries after network errors.
-  async function runUpload(session, blob, name, chunkBytes) {
+  // Sends the document from where the session stands; retries after network errors. `release` lets
+  // go of this tab's hold on the upload (holdUpload).
+  async function runUpload(session, rec, release) {
+    const { blob, name } = rec;
+    let chunkBytes = rec.chunkBytes || CHUNK_BYTES; // pages before max_chunk_bytes kept none
     const u = {
-      id: session.id, name, blob, abort: null, cancelled: false, finished: false,
+      id: session.id, name, blob, abort: null, cancelled: false, finished: false, stopped: false, kept: false,
       tokens: session.tokens_ingested, pot: session.tokens_in_pot, comp: session.compressions,
-      rate: 0, estTotal: blob.size / 4, doneFraction: 0, t0: performance.now(),
+      pinned: session.pinned_tokens, rate: 0, estTotal: blob.size / 4, doneFraction: 0, t0: performance.now(),
     };
     state.upload = u;
+    $('upload-note').textContent = ''; // the last upload's "Done" or "Stopped" is not this one's
     showUpload(u);
     let failures = 0;
-    let seq = session.last_seq, offset = 0;
+    let seq = session.last_seq, offset = session.bytes_received;
     try {
-      // the cut points of the chunks the server already has
-      for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset, chunkBytes);
-      if (seq && session.status === 'ready' && offset !== session.bytes_received)
-        throw new Error('this document does not match what the session has read (' + bytes(session.bytes_received) + ')');
+      if (offset > blob.size)
+        throw new Error('this document does not match what the session has read (' + bytes(offset) + ')');
       if (seq) {
         $('upload-note').textContent = 'Resumed after chunk ' + seq + ' (' + bytes(offset) + ' already read).';
         $('upload').dataset.resumedAfter = seq;
@@ -406,8 +455,21 @@
           if (e instanceof ApiError && e.code === 'seq_gap') { // someone else moved on: resync
             const s = await api('/v1/sessions/' + u.id);
             seq = s.last_seq;
-            offset = 0;
-            for (let i = 0; i < seq; i++) offset = await chunkEnd(blob, offset, chunkBytes);
+            offset = s.bytes_received;
+            continue;
+          }
+          if (e instanceof ApiError && e.code === 'chunk_too_large') {
+            // The server's max_chunk_bytes went down (a restart with a smaller one): cut to its new
+            // limit, or halve where that is not known, and keep the size for a reload.
+            const srv = await api('/v1/server').catch(() => null);
+            const limit = srv ? srv.max_chunk_bytes : 0;
+            const smaller = limit > 0 && limit < chunkBytes ? limit : Math.floor(chunkBytes / 2);
+            if (smaller < 1) throw e;
+            chunkBytes = smaller;
+            if (srv) state.server.max_chunk_bytes = srv.max_chunk_bytes;
+            await saveDoc(u.id, { blob, name, chunkBytes });
+            $('upload-note').textContent = 'The server now takes chunks of at most ' + bytes(chunkBytes) +
+              '; going on in chunks of that size.';
             continue;
           }
           const transient = !(e instanceof ApiError) || e.status === 409 && e.code === 'session_busy' ||
@@ -424,23 +486,52 @@
         u.finished = true;
         u.doneFraction = 1;
         const secs = (performance.now() - u.t0) / 1000;
-        $('upload-note').textContent = 'Done: ' + nf.format(u.tokens) + ' tokens read in ' + duration(secs) +
-          '; the pot holds ' + nf.format(u.pot) + ' of them.';
+        $('upload-note').textContent = 'Done: ' + nf.format(u.tokens) + ' tokens read in ' + duration(secs) + '; ' + potNote(u);
         say('Finished reading ' + name + '.', 'info');
       }
     } catch (e) {
-      say('Upload of ' + name + ' stopped: ' + e.message);
-      $('upload-note').textContent = 'Stopped: ' + e.message;
+      await uploadStopped(u, e);
     } finally {
       if (!u.cancelled) showUpload(u);
-      if (u.finished || !u.cancelled) {
+      if (u.finished || u.stopped && !u.kept) {
         localStorage.removeItem(UPLOAD_STORE);
         dropDoc(u.id);
       }
-      if (state.upload === u) state.upload = u.finished ? u : null;
+      release(); // after the record went: a tab waiting for this upload then finds it over
       loadSessions().catch((e) => say(e.message));
       if (currentTab() === 'map' && state.selected === u.id) loadMap();
     }
+  }
+
+  // What the pot holds after a document: its share of the document, and the pinned prefix (the chat
+  // template's start and the system prompt, the session's pinned_tokens) beside it.
+  function potNote(u) {
+    return 'the pot keeps ' + nf.format(u.pot - u.pinned) + ' of them' + (u.pinned ? ', beside ' + nf.format(u.pinned) +
+      ' pinned tokens (the chat template\'s start and the system prompt).' : '.');
+  }
+
+  // An upload that cannot go on. The file is kept for a later try (the page opened again carries on)
+  // while the session can still take it: after a server error (5xx), not after the server refused these
+  // bytes (a 4xx: it would again) or the page could not cut them, nor when the session is gone, failed or
+  // ended. Otherwise the session the page made for this document is deleted if it took nothing of it,
+  // rather than left empty in the list.
+  async function uploadStopped(u, e) {
+    u.stopped = true;
+    let s, removed = false;
+    try { s = await api('/v1/sessions/' + u.id); } catch (err) { s = err.status === 404 ? null : undefined; }
+    u.kept = s !== null && !(s && (s.final || s.status === 'failed')) && e instanceof ApiError && e.status >= 500;
+    if (!u.kept && s && s.last_seq === 0 && s.bytes_received === 0 && !s.final) {
+      try {
+        await api('/v1/sessions/' + u.id, { method: 'DELETE' });
+        removed = true;
+        if (state.selected === u.id) state.selected = null;
+      } catch (err) { /* it stays, empty; the list offers to delete it */ }
+    }
+    let msg = e.message + (removed ? ' (the empty session was removed)' : '');
+    if (e.code === 'invalid_utf8') msg += '. This page reads UTF-8 text only: save the file as UTF-8 and read it again';
+    if (u.kept) msg += '. The file is kept: the upload goes on when this page is opened again';
+    say('Upload of ' + u.name + ' stopped: ' + msg);
+    $('upload-note').textContent = 'Stopped: ' + msg;
   }
 
   // One chunk with its progress events; resolves with the session after it.
@@ -494,40 +585,82 @@
     renderSessions();
   }
 
-  function cancelUpload() {
+  async function cancelUpload() {
     const u = state.upload;
-    if (!u) return showUpload(null);
-    if (u.finished) { state.upload = null; return showUpload(null); }
+    state.upload = null;
+    showUpload(null);
+    if (!u || u.finished || u.stopped && !u.kept) return; // "Close": nothing left to cancel
+    // a stopped upload whose kept file another tab has taken up since: that tab's to cancel
+    if (u.stopped && await heldElsewhere(u.id)) return say('Another tab carries this upload on; cancel it there.', 'info');
     u.cancelled = true;
     if (u.abort) u.abort.abort();
     localStorage.removeItem(UPLOAD_STORE);
     dropDoc(u.id);
-    state.upload = null;
-    showUpload(null);
     say('Upload cancelled; the session keeps what it had read.', 'info');
   }
 
-  // After a reload: carry on with the upload this browser left unfinished.
+  // After a reload: carry on with the upload this browser left unfinished, unless another tab is
+  // sending it (then follow it from here).
   async function resumeUpload() {
     const id = localStorage.getItem(UPLOAD_STORE);
     if (!id) return;
-    const rec = await loadDoc(id);
-    let s = null;
-    try { s = await api('/v1/sessions/' + id); } catch (e) { if (e.status !== 404) throw e; }
-    if (!s || !rec || s.final) {
-      localStorage.removeItem(UPLOAD_STORE);
-      dropDoc(id);
-      if (s && !rec) say('An upload to ' + title(s) + ' was interrupted and its file is no longer here; the session keeps what it read.');
+    const release = await holdUpload(id, false);
+    if (!release) {
+      followOtherTab(id).catch((e) => say(e.message));
       return;
     }
-    for (let i = 0; s.status === 'ingesting' && i < 60; i++) { // the interrupted chunk is being undone
-      await sleep(500);
-      s = await api('/v1/sessions/' + id);
+    let handed = false;
+    try {
+      const rec = await loadDoc(id);
+      let s = null;
+      try { s = await api('/v1/sessions/' + id); } catch (e) { if (e.status !== 404) throw e; }
+      if (!s || !rec || s.final) {
+        localStorage.removeItem(UPLOAD_STORE);
+        dropDoc(id);
+        if (s && !rec) say('An upload to ' + title(s) + ' was interrupted and its file is no longer here; the session keeps what it read.');
+        return;
+      }
+      for (let i = 0; s.status === 'ingesting' && i < 60; i++) { // the interrupted chunk is being undone
+        await sleep(500);
+        s = await api('/v1/sessions/' + id);
+      }
+      state.selected = id;
+      renderSessions();
+      say('Resuming the upload of ' + rec.name + ' after chunk ' + s.last_seq + '.', 'info');
+      runUpload(s, rec, release);
+      handed = true;
+    } finally {
+      if (!handed) release();
     }
+  }
+
+  // Another tab sends the upload: show how far it got, offer nothing that would break it (no Cancel,
+  // no Delete), and take it over once that tab lets go: closed or crashed (the upload is still
+  // recorded) or done (it is not).
+  async function followOtherTab(id) {
+    state.remote = id;
     state.selected = id;
     renderSessions();
-    say('Resuming the upload of ' + rec.name + ' after chunk ' + s.last_seq + '.', 'info');
-    runUpload(s, rec.blob, rec.name, rec.chunkBytes || CHUNK_BYTES); // pages before max_chunk_bytes kept none
+    showRemote();
+    const release = await holdUpload(id, true);
+    release();
+    state.remote = null;
+    showUpload(null);
+    await loadSessions();
+    await resumeUpload();
+  }
+
+  // The other tab's upload as the session list tells it (refreshed every 10 s).
+  function showRemote() {
+    const s = state.sessions.find((x) => x.id === state.remote);
+    if (!s) return;
+    const size = (s.metadata && s.metadata.bytes) || 0;
+    const perByte = s.bytes_received ? s.tokens_ingested / s.bytes_received : 0.25;
+    showUpload({ remote: true, name: title(s), finished: false, doneFraction: size ? s.bytes_received / size : 0,
+      tokens: s.tokens_ingested, estTotal: Math.max(s.tokens_ingested, size * perByte), pot: s.tokens_in_pot,
+      comp: s.compressions, rate: 0 });
+    $('upload-note').textContent = 'Another tab of this browser is sending this document; ' +
+      'this tab carries on with it if that tab is closed.';
   }
 
   // drag and drop
@@ -553,13 +686,15 @@
 
   // ---- markdown, rendered as DOM nodes (no HTML from the model is ever parsed) ----------------------------
 
+  // Code, bold, italics and links. `_` emphasis is CommonMark's: it neither opens nor closes inside a word
+  // (max_chunk_bytes stays as it is), nor next to a space on its inner side. The search runs over the
+  // whole text (lastIndex), so that the look-behind sees the character before a match.
   function inline(text, parent) {
-    const re = /(`[^`\n]+`)|(\*\*[^*\n]+\*\*)|(\*[^*\n]+\*|_[^_\n]+_)|(\[[^\]\n]+\]\((https?:\/\/[^)\s]+)\))/;
-    let rest = text;
-    while (rest) {
-      const m = re.exec(rest);
-      if (!m) { parent.append(rest); break; }
-      if (m.index) parent.append(rest.slice(0, m.index));
+    const re = /(`[^`\n]+`)|(\*\*[^*\n]+\*\*)|(\*[^*\n]+\*|(?<![\p{L}\p{N}_])_(?!\s)[^_\n]+?(?<!\s)_(?![\p{L}\p{N}_]))|(\[[^\]\n]+\]\((https?:\/\/[^)\s]+)\))/gu;
+    let at = 0, m;
+    while ((m = re.exec(text))) {
+      if (m.index > at) parent.append(text.slice(at, m.index));
+      at = re.lastIndex;
       const t = m[0];
       if (m[1]) parent.append(el('code', { text: t.slice(1, -1) }));
       else if (m[2]) parent.append(inline(t.slice(2, -2), el('strong')));
@@ -569,8 +704,8 @@
         a.textContent = t.slice(1, t.indexOf(']('));
         parent.append(a);
       }
-      rest = rest.slice(m.index + t.length);
     }
+    if (at < text.length) parent.append(text.slice(at));
     return parent;
   }
 
@@ -672,7 +807,7 @@
     state.chatAbort = new AbortController();
     $('chat-stop').disabled = false;
     $('chat-send').disabled = true;
-    let text = '', usage = null, finish = null, pending = false, recall = null, reread = null;
+    let text = '', usage = null, finish = null, pending = false, recall = null, reread = null, failed = null;
     const paint = () => {
       pending = false;
       body.replaceChildren(markdown(text));
@@ -703,14 +838,33 @@
         }
       });
     } catch (e) {
-      if (e.name !== 'AbortError') say('The answer failed: ' + e.message);
-      else finish = 'stopped';
+      if (e.name === 'AbortError') finish = 'stopped';
+      else if (e.code === 'session_not_found' && over) {
+        // expired (ttl_seconds) or deleted elsewhere: the list drops it now rather than at the next poll
+        const s = state.sessions.find((x) => x.id === over);
+        failed = 'the session ' + (s ? '"' + title(s) + '"' : over) + ' is gone (it expired or was deleted)';
+        say('No answer: ' + failed + '. Ask over another document, or without one.');
+        loadSessions().catch(() => {});
+      } else {
+        failed = e.message;
+        say('The answer failed: ' + e.message);
+      }
     } finally {
       paint();
       turn.classList.remove('streaming');
-      state.chat.push({ role: 'assistant', content: text });
+      if (failed && !text) {
+        // a question with no answer leaves the conversation: the next question is not asked after it
+        state.chat.pop();
+        turn.classList.add('failed');
+        body.replaceChildren(el('span', { class: 'muted', text: 'No answer: ' + failed + '.' }));
+      } else {
+        state.chat.push({ role: 'assistant', content: text });
+      }
       const notes = [];
-      if (finish === 'length') notes.push('cut at max tokens');
+      // "length" is also the answer the model's window or the server's request_timeout cut short:
+      // those stop before max_tokens
+      if (finish === 'length') notes.push(usage && usage.completion_tokens >= maxTokens ? 'cut at max tokens'
+        : usage ? 'cut short by the model\'s window or the server\'s time limit' : 'cut short');
       if (finish === 'stopped') notes.push('stopped');
       if (usage) {
         notes.push(nf.format(usage.completion_tokens) + ' tokens');
@@ -956,7 +1110,7 @@
     } catch (e) {
       say('Cannot reach the server: ' + e.message);
     }
-    setInterval(() => { if (!document.hidden && !state.upload) loadSessions().catch(() => {}); }, 10000);
+    setInterval(() => { if (!document.hidden && !uploading()) loadSessions().catch(() => {}); }, 10000);
   }
   start();
 })();

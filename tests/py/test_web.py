@@ -6,7 +6,10 @@ The long-document part (260 KiB in three chunks, a reload mid-upload) runs on
 the tiny fixture model, whose ingest is fast enough for `make test`; the pass
 key is asked of the default model over a shorter document through the same
 page. Also on the tiny model: a dropped file and pasted text reach the server whole, a wrong key is asked
-again, and the server's error messages show on the page. Screenshots go to build/web/."""
+again, the server's error messages show on the page, and what a probe of the page found stays fixed
+(uploads at odd chunk limits and in two tabs, refused files, chat's labels and markdown, focus).
+Screenshots go to build/web/."""
+import contextlib
 import json
 import os
 import pathlib
@@ -74,8 +77,9 @@ def browser():
         b.close()
 
 
-def open_page(browser, srv, width=1280, height=860):
-    ctx = browser.new_context(viewport={"width": width, "height": height})
+def open_page(browser, srv, width=1280, height=860, context=None):
+    """A new tab on the page: in a new browser context (its own storage), or in `context` (shared)."""
+    ctx = context or browser.new_context(viewport={"width": width, "height": height})
     page = ctx.new_page()
     page.errors = []
     page.on("pageerror", lambda e: page.errors.append(str(e)))
@@ -493,8 +497,8 @@ def shown(page, text):
 
 def test_server_error_messages_reach_the_page(browser, tiny, tmp_path):
     """Errors the server answers are shown on the page with the server's own message: a session's
-    settings it refuses (422), an upload it fails midway (policy `none` over a document longer than the
-    budget: the chunk's `error` event), and a session deleted behind the page's back (404)."""
+    settings it refuses (422), and an upload it fails midway (policy `none` over a document longer than
+    the budget: the chunk's `error` event), whose session, left empty, the page removes."""
     page = open_page(browser, tiny)
     enter_key(page)
     page.click("#tab-doc")
@@ -519,30 +523,12 @@ def test_server_error_messages_reach_the_page(browser, tiny, tmp_path):
         page.click("#start")
     msg = error_message(r.value)
     assert "does not fit" in msg, msg
-    assert shown(page, msg) == f"Upload of {doc.name} stopped: {msg}"
+    said = f"{msg} (the empty session was removed)"  # the chunk was undone: the session had nothing
+    assert shown(page, msg) == f"Upload of {doc.name} stopped: {said}"
     page.wait_for_function("(m) => document.getElementById('upload-note').textContent === 'Stopped: ' + m",
-                           arg=msg, timeout=10000)
+                           arg=said, timeout=10000)
     assert page.is_visible("#upload-note")
-    s = session_titled(tiny, doc.name)
-    assert s["policy"] == "none" and s["last_seq"] == 0 and s["bytes_received"] == 0, s  # the chunk undone
-
-    # a session deleted behind the page's back: the question over it answers 404 (the finished upload
-    # keeps the page from refreshing its list meanwhile)
-    page.select_option("#set-policy", "infinipot")
-    doc = doc.rename(tmp_path / "deleted-behind-its-back.txt")
-    upload_through_page(page, doc)
-    wait_done(page, 60)
-    sid = session_titled(tiny, doc.name)["id"]
-    page.click("#tab-chat")
-    page.select_option("#chat-over", sid)
-    page.fill("#chat-input", "What does the note say?")
-    st, _, _ = tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())
-    assert st in (200, 204), st
-    with page.expect_response("**/v1/chat/completions") as r:
-        page.press("#chat-input", "Enter")
-    assert r.value.status == 404
-    msg = error_message(r.value)
-    assert shown(page, msg) == f"The answer failed: {msg}"
+    assert not [x for x in get(tiny, "/v1/sessions")["data"] if x["metadata"].get("title") == doc.name]
     assert page.errors == [], page.errors
     page.context.close()
 
@@ -602,6 +588,362 @@ def test_session_text_maps_tokens_back_to_the_document(tiny):
     assert get(tiny, f"/v1/sessions/{sid}/text?start={n + 10}")["spans"] == []
     assert tiny.request("GET", f"/v1/sessions/{sid}/text?start=0", headers=auth("nope"))[0] == 401
     tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())
+
+
+# ---- what a probe of the page found ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def own_tiny_server(data_dir, *flags):
+    """A tiny-model server of the test's own, without keys, for settings the shared one lacks."""
+    s = Server(data_dir, "--model", FIXTURES / "tiny_llama.gguf", "--threads", "1", *flags)
+    s.start()
+    try:
+        yield s
+    except BaseException:
+        s.kill()
+        raise
+    assert s.stop() == 0
+
+
+def chunk_posts(page):
+    """The chunk uploads the page sends from now on (their URLs)."""
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if "/chunks" in r.url else None)
+    return sent
+
+
+def note_is(page, pattern, timeout_s=10):
+    """Waits for the upload note to match the regular expression; returns the note."""
+    page.wait_for_function("(p) => new RegExp(p).test(document.getElementById('upload-note').textContent)",
+                           arg=pattern, timeout=timeout_s * 1000)
+    return page.inner_text("#upload-note")
+
+
+def answer_events(content, finish="stop", usage=None):
+    """A streamed chat answer, as the server sends it, for the browser's request routing."""
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": content}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    if usage:
+        chunks.append({"choices": [], "usage": usage})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def route_answers(page, answers):
+    """Answers the page's questions with the streams in `answers`, first to last."""
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream"}, body=answers.pop(0)))
+
+
+def latin1_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes("Café crème, naïve façade: a note saved as Latin-1.\n".encode("latin-1"))
+    return path
+
+
+def test_a_chunk_limit_too_small_for_a_character_stops_and_names_it(browser, tmp_path):
+    """A server whose max_chunk_bytes (2) cannot hold one of the document's characters: the page stops
+    with an error naming the limit, instead of cutting an empty chunk (which the server takes, and the
+    upload never moves on) or, at the document's start, half a character. What fits goes up first."""
+    with own_tiny_server(tmp_path / "data", "--max-chunk-bytes", "2") as srv:
+        page = open_page(browser, srv)
+        page.wait_for_selector("#model:not(:empty)", timeout=10000)
+        sent = chunk_posts(page)
+        for name, text, at in (("emoji.txt", "ab🙂 cd", 2), ("kanji.txt", "漢字 ok", 0)):
+            del sent[:]
+            path = tmp_path / name
+            path.write_text(text, encoding="utf-8")
+            upload_through_page(page, path)
+            note = note_is(page, "^Stopped")
+            assert ("the server takes chunks of at most 2 bytes (its max_chunk_bytes), too few for the "
+                    f"character at byte {at} of this document") in note, note
+            time.sleep(0.5)  # nothing more goes up
+            assert len(sent) == at // 2, sent  # "ab", or nothing
+            page.evaluate("() => document.getElementById('messages').replaceChildren()")  # they cover it
+            page.click("#upload-cancel")  # "Close"
+            mine = [x for x in srv.request("GET", "/v1/sessions")[1]["data"] if x["metadata"]["title"] == name]
+            if at:
+                assert len(mine) == 1 and mine[0]["bytes_received"] == 2 and mine[0]["last_seq"] == 1, mine
+            else:
+                assert mine == []  # it took nothing: the page removed it
+        assert not page.errors, page.errors
+        page.context.close()
+
+
+def test_a_second_tab_leaves_an_upload_to_the_first_and_takes_over_when_it_closes(browser, tiny, tmp_path):
+    """Tabs of a browser share the record of an unfinished upload (localStorage, IndexedDB): a second
+    tab opened while the first uploads shows that upload as the other tab's, sends nothing and offers
+    no Cancel (which would drop the first tab's record) or Delete, and carries the upload on once the
+    first tab is closed."""
+    text = FILLER * (5 * TINY_CHUNK_BYTES // len(FILLER))
+    data = text.encode()
+    path = tmp_path / "two-tabs.txt"
+    path.write_text(text)
+    first = open_page(browser, tiny)
+    enter_key(first)
+    upload_through_page(first, path)
+    note_is(first, "^Chunk 1 stored", 60)
+    second = open_page(browser, tiny, context=first.context)
+    sent = chunk_posts(second)
+    enter_key(second)  # the key is kept per tab
+    note = note_is(second, "^Another tab of this browser is sending this document")
+    assert second.inner_text("#upload-title") == f"Reading {path.name} in another tab", note
+    assert second.is_hidden("#upload-cancel")
+    sid = second.evaluate("localStorage.getItem('potserve.upload')")
+    assert second.is_disabled(f'#sessions li[data-id="{sid}"] .del')
+    time.sleep(1)
+    assert sent == [], sent  # only the first tab sends
+    assert not get(tiny, f"/v1/sessions/{sid}")["final"], "the upload ended before the second tab was checked"
+    first.close()  # mid-chunk: the server undoes that chunk, and the second tab goes on from the last one
+    wait_done(second, 120)
+    assert sent, "the second tab did not take over"
+    s = get(tiny, f"/v1/sessions/{sid}")
+    assert s["final"] and s["bytes_received"] == len(data), s
+    assert s["tokens_ingested"] == len(get_tokens(tiny, text))
+    assert second.evaluate("localStorage.getItem('potserve.upload')") is None
+    assert not second.errors, second.errors
+    second.context.close()
+
+
+def test_a_new_upload_does_not_show_the_last_ones_note(browser, tiny, tmp_path):
+    """The note under the progress bar is the running upload's: the last upload's "Stopped: …" goes as
+    soon as the next one starts, not when its first chunk is stored."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    upload_through_page(page, latin1_file(tmp_path, "stopped-first.txt"))
+    note_is(page, "^Stopped")
+    page.evaluate("""() => {
+        window.notes = [];
+        const title = document.getElementById('upload-title');
+        new MutationObserver(() => window.notes.push([title.textContent,
+                                                      document.getElementById('upload-note').textContent]))
+            .observe(title, {childList: true, subtree: true, characterData: true});
+    }""")
+    good = tmp_path / "read-next.txt"
+    good.write_text("A plain note in UTF-8.\n" * 40)
+    upload_through_page(page, good)
+    wait_done(page, 60)
+    notes = [n for t, n in page.evaluate("window.notes") if t == f"Reading {good.name}"]
+    assert notes and notes[0] == "", page.evaluate("window.notes")
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_a_file_that_is_not_utf8_leaves_no_empty_session_and_says_to_save_it_as_utf8(browser, tiny, tmp_path):
+    """A Latin-1 file: the server refuses its first chunk (invalid_utf8, nothing kept); the page removes
+    the session it made for it, and says to save the file as UTF-8."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    path = latin1_file(tmp_path, "latin1-notes.txt")
+    upload_through_page(page, path)
+    note = note_is(page, "^Stopped")
+    assert note.endswith("(the empty session was removed). This page reads UTF-8 text only: "
+                         "save the file as UTF-8 and read it again"), note
+    assert shown(page, "save the file as UTF-8") == f"Upload of {path.name} stopped: {note[len('Stopped: '):]}"
+    assert not [x for x in get(tiny, "/v1/sessions")["data"] if x["metadata"].get("title") == path.name]
+    page.wait_for_function("(n) => ![...document.querySelectorAll('#sessions .name')].some((e) => e.textContent === n)",
+                           arg=path.name, timeout=5000)
+    assert page.evaluate("localStorage.getItem('potserve.upload')") is None  # nothing left to resume
+    assert page.inner_text("#upload-cancel") == "Close"
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_a_server_restarted_with_a_smaller_chunk_limit_gets_smaller_chunks(browser, tmp_path):
+    """The server restarts mid-upload with a smaller max_chunk_bytes (64 KiB, then 16 KiB): the page's
+    next chunk is refused (413 chunk_too_large), and it goes on in chunks of the new limit to the end,
+    instead of stopping with the session half read."""
+    text = FILLER * (200 * 1024 // len(FILLER))
+    data = text.encode()
+    path = tmp_path / "limit-lowered.txt"
+    path.write_text(text)
+    with own_tiny_server(tmp_path / "data", "--max-chunk-bytes", "65536") as srv:
+        page = open_page(browser, srv)
+        page.wait_for_selector("#model:not(:empty)", timeout=10000)
+        page.evaluate("""() => {
+            window.notes = [];
+            new MutationObserver(() => window.notes.push(document.getElementById('upload-note').textContent))
+                .observe(document.getElementById('upload-note'), {childList: true, subtree: true, characterData: true});
+        }""")
+        upload_through_page(page, path)
+        note_is(page, "^Chunk 1 stored", 60)
+        assert srv.stop() == 0
+        srv.flags += ["--port", str(srv.port), "--max-chunk-bytes", "16384"]  # the later flags win
+        srv.start()
+        wait_done(page, 120)
+        s = srv.request("GET", "/v1/sessions")[1]["data"][0]
+        assert s["final"] and s["bytes_received"] == len(data), s
+        assert s["last_seq"] > chunk_count(data, 65536), s  # the rest went in smaller chunks
+        assert s["tokens_ingested"] == len(srv.request("POST", "/tokenize", {"content": text})[1]["tokens"])
+        notes = page.evaluate("window.notes")
+        assert "The server now takes chunks of at most 16 KiB; going on in chunks of that size." in notes, notes
+        assert not any(n.startswith("Stopped") for n in notes), notes
+        assert not page.errors, page.errors
+        page.context.close()
+
+
+def test_an_upload_stopped_by_a_server_error_keeps_its_file_and_goes_on_later(browser, tiny, tmp_path):
+    """A server error (here a full disk, 507, on the second chunk) stops an upload, but the session can
+    still take the rest: the page keeps the file, says so, and the page opened again finishes the upload."""
+    text = FILLER * (3 * TINY_CHUNK_BYTES // 2 // len(FILLER))
+    data = text.encode()
+    assert chunk_count(data) == 2
+    path = tmp_path / "disk-full-once.txt"
+    path.write_text(text)
+    page = open_page(browser, tiny)
+    enter_key(page)
+    posts = []
+
+    def chunks(route):
+        posts.append(route.request.url)
+        if len(posts) < 2:
+            return route.continue_()
+        route.fulfill(status=507, headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"error": {"message": "the disk is full", "type": "server_error", "param": None,
+                       "code": "insufficient_storage"}}))
+    page.route("**/chunks*", chunks)
+    upload_through_page(page, path)
+    note = note_is(page, "^Stopped", 60)
+    assert note == "Stopped: the disk is full. The file is kept: the upload goes on when this page is opened again"
+    assert page.inner_text("#upload-cancel") == "Cancel"  # which would forget the file
+    sid = page.evaluate("localStorage.getItem('potserve.upload')")
+    s = get(tiny, f"/v1/sessions/{sid}")
+    assert s["metadata"]["title"] == path.name and s["last_seq"] == 1 and not s["final"], s
+    page.unroute("**/chunks*")
+    page.reload()
+    page.wait_for_selector('#upload[data-resumed-after="1"]', timeout=30000)
+    wait_done(page, 60)
+    s = get(tiny, f"/v1/sessions/{sid}")
+    assert s["final"] and s["bytes_received"] == len(data) and s["last_seq"] == 2, s
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
+    """finish_reason "length" also ends an answer the model's window or the server's request_timeout
+    cut: with fewer tokens than max_tokens the foot says so, at max_tokens it says "cut at max tokens"."""
+    usage = lambda n: {"prompt_tokens": 9, "completion_tokens": n, "total_tokens": 9 + n}  # noqa: E731
+    page = open_page(browser, tiny)
+    enter_key(page)
+    route_answers(page, [answer_events("Once upon a time", "length", usage(7)),
+                         answer_events("Once upon a time", "length", usage(64))])
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.click(".chat-settings summary")
+    page.fill("#chat-max", "64")
+    for label in ("cut short by the model's window or the server's time limit · 7 tokens",
+                  "cut at max tokens · 64 tokens"):
+        page.fill("#chat-input", "Tell a long story.")
+        page.press("#chat-input", "Enter")
+        page.wait_for_selector('.turn.assistant:last-child[data-done="true"]', timeout=10000)
+        assert page.inner_text(".turn.assistant:last-child .foot span") == label
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_markdown_underscores_inside_words_stay_text(browser, tiny):
+    """CommonMark's rule for `_`: it opens or closes emphasis only at a word's edge, so names like
+    max_chunk_bytes keep their underscores; `_word_` and `*word*` are still italics."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    route_answers(page, [answer_events("Set max_chunk_bytes and budget_tokens; snake_case_names stay. "
+                                       "An _emphasis_ here (_this one_), and *that*.")])
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.fill("#chat-input", "Which settings?")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=10000)
+    body = ".turn.assistant .body"
+    assert page.inner_text(body) == ("Set max_chunk_bytes and budget_tokens; snake_case_names stay. "
+                                     "An emphasis here (this one), and that.")
+    assert page.locator(f"{body} em").all_inner_texts() == ["emphasis", "this one", "that"]
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_a_question_over_a_gone_session_says_so_and_leaves_the_conversation(browser, tiny):
+    """A session deleted (or expired) behind the page's back: the question over it answers 404
+    session_not_found; the page says the session is gone, drops it from its list at once, and the
+    question without an answer is not part of the conversation the next question sends."""
+    st, s, _ = tiny.request("POST", "/v1/sessions", {"metadata": {"title": "soon gone"}}, auth())
+    sid = s["id"]
+    st, _, _ = tiny.request("POST", f"/v1/sessions/{sid}/chunks?seq=1&final=true", raw=b"The sky is green today.\n",
+                            headers=dict(auth(), **{"Content-Type": "text/plain"}))
+    assert st == 200
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.click("#tab-chat")
+    page.select_option("#chat-over", sid)
+    page.click(".chat-settings summary")
+    page.fill("#chat-max", "4")
+    st, _, _ = tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())
+    assert st == 200, st
+    page.fill("#chat-input", "What colour is the sky?")
+    with page.expect_response("**/v1/chat/completions") as r:
+        page.press("#chat-input", "Enter")
+    assert r.value.status == 404 and json.loads(r.value.text())["error"]["code"] == "session_not_found"
+    gone = 'the session "soon gone" is gone (it expired or was deleted)'
+    assert shown(page, "is gone") == f"No answer: {gone}. Ask over another document, or without one."
+    # the list is refreshed now, not at its next poll (every 10 s)
+    page.wait_for_function("""(id) => !document.querySelector(`#sessions li[data-id="${id}"]`) &&
+        ![...document.getElementById('chat-over').options].some((o) => o.value === id)""", arg=sid, timeout=3000)
+    assert page.input_value("#chat-over") == ""
+    assert page.inner_text(".turn.assistant:last-child .body") == f"No answer: {gone}."
+    page.fill("#chat-input", "Say hello.")
+    with page.expect_request("**/v1/chat/completions") as sent:
+        page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant:last-child[data-done="true"]', timeout=30000)
+    assert sent.value.post_data_json["messages"] == [{"role": "user", "content": "Say hello."}]
+    assert "session" not in sent.value.post_data_json
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_the_paste_box_is_labelled_and_read_document_moves_the_focus(browser, tiny):
+    """The paste box has a label; "Read document" pressed from the keyboard puts the focus on the
+    upload's progress (the button is disabled while the session is made, which drops its focus), and
+    back on the button when the server refuses the settings."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.click("#paste-box summary")
+    assert page.get_by_label("Document text").get_attribute("id") == "paste"
+    page.fill("#paste", "A short note, read from the keyboard.\n")
+    page.focus("#start")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.activeElement.id === 'upload'", timeout=10000)
+    wait_done(page, 60)
+    assert page.evaluate("document.activeElement.id") == "upload"
+    page.fill("#paste", "Another note.\n")
+    page.fill("#set-budget", "64")
+    page.fill("#set-keep", "64")  # keep must be less than the budget: 422
+    page.focus("#start")
+    page.keyboard.press("Enter")
+    shown(page, "Could not start")
+    assert page.evaluate("document.activeElement.id") == "start"
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_the_done_note_tells_the_documents_tokens_from_the_pinned_prefix(browser, tiny):
+    """The pot holds the pinned prefix (the chat template's start, the system prompt) besides the
+    document: the note at the end of an upload counts the document's tokens in the pot, and the pinned
+    ones apart, never "the pot holds more of them than were read"."""
+    text = "Alice has a red bicycle. Bob owns a blue car."
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.click("#paste-box summary")
+    page.fill("#paste", text)
+    page.click("#start")
+    wait_done(page, 60)
+    note = page.inner_text("#upload-note")
+    m = re.fullmatch(r"Done: (\d+) tokens read in .+; the pot keeps (\d+) of them, beside (\d+) pinned tokens "
+                     r"\(the chat template's start and the system prompt\)\.", note)
+    assert m, note
+    read, kept, pinned = map(int, m.groups())
+    s = session_titled(tiny, text[:40])
+    assert s["compressions"] == 0 and read == kept == s["tokens_ingested"], (note, s)
+    assert pinned > 0 and kept + pinned == s["tokens_in_pot"], (note, s)
+    assert not page.errors, page.errors
+    page.context.close()
 
 
 # ---- the pass key on the default model, and the screenshots ------------------------------------------
