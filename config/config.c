@@ -171,7 +171,7 @@ static const setting settings[] = {
     S_INT(max_sessions_per_key, "64", 1, 1000000, "sessions one key may hold"),
     S_BYTES(pot_memory_limit, "1G", MIB, INT64_MAX, "bytes of all pots together (else 429)"),
     /* each answer decodes in its own copy of up to a model window: this bounds their memory */
-    S_INT(max_answers, "8", 1, 1024, "answers generated at once (each choice one); more wait their turn"),
+    S_INT(max_answers, "16", 1, 1024, "answers generated at once (each choice one); more wait their turn"),
     S_INT(idle_timeout, "30", 1, 86400, "seconds a connection may be silent"),
     S_INT(connection_timeout, "3600", 0, 86400, "seconds a connection may live, 0 = no limit"),
     S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take, 0 = no limit"),

@@ -754,7 +754,8 @@ static void hold_request(generation *g, const char *comment) {
  * entries of 36 KB), which pot_memory_limit does not count: at most max_answers
  * sequences decode at once (a request with n choices over k prompts is n*k of them),
  * the others wait in arrival order, held as a re-read is (a streamed one gets the
- * comment ": waiting for a turn"). A request larger than max_answers runs alone. */
+ * comment ": waiting for a turn"). A request larger than max_answers is refused
+ * (start_generation). */
 
 static int turn_free(const server *s, int seqs) {
     return s->answers_running == 0 || s->answers_running + seqs <= s->cfg.max_answers;
@@ -822,7 +823,11 @@ static void next_turns(server *s) {
     }
 }
 
-void answers_sweep(server *s) {
+void generations_sweep(server *s) {
+    /* a suspended connection is not polled: a client that left while its prompt was read through
+       a temporary pot (or a recall prepared) is seen only by looking */
+    for (request *r = s->live; r; r = r->next_live)
+        if (r->gen && r->suspended && !atomic_load(&r->gen->cancel) && client_gone(r)) generation_cancel(r->gen);
     for (generation **p = &s->answers_waiting, *prev = NULL; *p;) {
         generation *g = *p;
         api_error e;
@@ -895,6 +900,7 @@ static void temporary_pot_opened(server *s, void *arg) {
 static void open_temporary_pot(engine *e, void *arg) {
     generation *g = arg;
     g->tmp_doc = engine_doc_open(e, &g->tmp_settings, g->tmp_err, sizeof g->tmp_err);
+    if (g->tmp_doc) engine_doc_abandon_when(g->tmp_doc, &g->cancel); /* its reading ends with the request */
     srv_post(g->r->srv, temporary_pot_opened, g);
 }
 
@@ -1164,6 +1170,12 @@ static void start_generation(request *r, int chat, json_t *responses) {
         return respond_error(r, &e);
     }
     api_gen_request *q = &g->req;
+    size_t seqs = (size_t)q->n_choices * (q->n_batch ? q->n_batch : 1);
+    if (seqs > (size_t)s->cfg.max_answers) { /* each its own copy of up to a window: max_answers bounds them */
+        api_fail(&e, 400, "invalid_value", "n", "n (%d) × prompts (%zu) = %zu answers at once, more than the server's "
+                 "max_answers (%lld)", q->n_choices, q->n_batch ? q->n_batch : 1, seqs, (long long)s->cfg.max_answers);
+        return respond_error(r, &e);
+    }
     int reread = 0; /* answer from a question-guided re-read of the session's document */
     int recall = 0; /* ask with the passages of the session's document that share the question's words */
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);

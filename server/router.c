@@ -302,6 +302,13 @@ static void route_detokenize(request *r) {
             if (text) k = engine_token_text(s->eng, ids[i], text + len, cap - len);
         }
         if (text && k > 0) len += (size_t)k;
+        if (len > (size_t)s->cfg.max_body_bytes) { /* long pieces make text of many times the body's size */
+            free(ids);
+            free(text);
+            api_fail(&e, 413, "text_too_large", "tokens", "the text of these tokens exceeds %lld bytes "
+                     "(max_body_bytes): detokenize fewer at a time", (long long)s->cfg.max_body_bytes);
+            return respond_error(r, &e);
+        }
     }
     free(ids);
     if (!text) {

@@ -132,7 +132,7 @@ static void on_housekeeping(uv_timer_t *t) {
     server *s = t->data;
     double now = monotonic_ms();
     srv_sweep_connections(s);
-    answers_sweep(s);
+    generations_sweep(s);
     for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
         if (r->conn && r->out_cap && !r->out_done && now - r->last_write_ms > 15000)
             stream_write(r, ": ping\n\n", 8);

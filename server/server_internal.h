@@ -213,9 +213,10 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);
-/* Answers waiting their turn whose client left or whose request_timeout passed
- * end now (the housekeeping timer's, each second). */
-void answers_sweep(server *s);
+/* The housekeeping timer's, each second: generations being prepared whose
+ * client left are cancelled, and answers waiting their turn whose client left
+ * or whose request_timeout passed end. */
+void generations_sweep(server *s);
 /* Generated ids are random: prefix + 24 alphanumerics. */
 void random_id(char *out, size_t cap, const char *prefix);
 

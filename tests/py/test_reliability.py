@@ -754,7 +754,10 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
         assert all(b["usage"]["completion_tokens"] > 0 for _, b in answers)
         assert peak["running"] <= 2 and peak["waiting"] >= 5, peak
         assert peak["rss"] < 400, peak  # 16 copies of the pot at once took about 800 MB
-        # a streamed answer waiting its turn says so, and one whose client leaves gives its place up
+        # one request asking for more answers than max_answers could not be bounded: a 400 (it ran alone:
+        # a probe's n=16 over an 8,000-token prompt took 4.7 GB)
+        st, body, _ = s.request("POST", "/v1/completions", {"prompt": "The river", "n": 3, "max_tokens": 2})
+        assert st == 400 and body["error"]["param"] == "n" and "max_answers (2)" in body["error"]["message"], body
         st, m, _ = s.request("GET", "/metrics")
         assert "potserve_answers_running 0" in m and "potserve_answers_waiting 0" in m
     finally:
@@ -794,5 +797,31 @@ def test_an_answer_waiting_its_turn_says_so_and_gives_it_up_when_its_client_leav
         assert "potserve_answers_running 1" in s.request("GET", "/metrics")[1]  # the first still answers
         t.join()
         assert first[0][0] == 200, first
+    finally:
+        s.stop()
+
+
+def test_a_prompt_read_through_a_temporary_pot_stops_when_its_client_leaves(tmp_path):
+    """A sessionless prompt beyond the window is read through a temporary pot: after its client left
+    the engine read on to the end (a probe: 416 s of a core for one request, logged 200)."""
+    s = Server(tmp_path / "d", "--durability", "none", "--threads", "1").start()
+    try:
+        text = " ".join(f"w{i % 997}" for i in range(20000))
+        body = json.dumps({"max_tokens": 4, "messages": [{"role": "user", "content": text},
+                                                         {"role": "user", "content": "Summarize."}]}).encode()
+        with socket.create_connection(("127.0.0.1", s.port)) as c:
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(1.5)
+
+        def cpu_s():
+            with open(f"/proc/{s.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        time.sleep(2.5)  # the sweep (each second) sees the client gone; the read ends at its next chunk
+        before = cpu_s()
+        time.sleep(3)
+        assert cpu_s() - before < 0.5, "the temporary pot was still being read"
+        assert s.request("GET", "/health")[0] == 200
     finally:
         s.stop()

@@ -264,6 +264,20 @@ def test_tokenize_roundtrip(srv):
     assert st == 200 and back["content"] == text
 
 
+def test_detokenized_text_is_bounded_like_a_body(tmp_path, model):
+    # 16 MB of ids of a long piece made 166 MB of text, held per connection (a probe)
+    s = Server(tmp_path / "d", "--max-body-bytes", "1M").start()
+    try:
+        st, ids, _ = s.request("POST", "/tokenize", {"content": " " * 64})
+        piece = ids["tokens"][0]
+        st, body, _ = s.request("POST", "/detokenize", {"tokens": [piece] * 100000})
+        assert st == 413 and body["error"]["code"] == "text_too_large", body
+        st, body, _ = s.request("POST", "/detokenize", {"tokens": [piece] * 100})
+        assert st == 200 and len(body["content"]) > 100
+    finally:
+        s.stop()
+
+
 # ---- errors surface as the right openai exceptions ---------------------------------------------
 
 def test_openai_error_classes(srv, client):
