@@ -50,6 +50,8 @@ struct generation {
     char msg_id[48];
     int seq_no;
     int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
+    int rereading_asked, recall_asked; /* decided before the prompt was tokenized (prompt_work) */
+    api_error prep_err;       /* prompt_work's error (status 0: none) */
     generation *next_waiting; /* in the server's queue of answers waiting their turn */
     atomic_int cancel;
     double deadline_ms;   /* request_timeout: the engine ends the generation there (monotonic_ms clock) */
@@ -1147,6 +1149,9 @@ static int start_recall(server *s, generation *g, api_error *e) {
     return 0;
 }
 
+static void prompt_work(void *arg);
+static void prompt_done(request *r, void *arg);
+
 static void start_generation(request *r, int chat, json_t *responses) {
     server *s = r->srv;
     api_error e;
@@ -1211,24 +1216,44 @@ static void start_generation(request *r, int chat, json_t *responses) {
            of the same budget, drops as much as the session's, and the passages add answers to it
            (docs/results/longdoc.md, "Re-reading with recall") */
         g->recall_after_reread = reread ? mode : API_RECALL_OFF;
-        char err[256];
-        /* a re-read renders the prompt after its pot exists (reread_done), a recall after its
-           passages are chosen (recall_done) */
-        if (!reread && !recall)
-            g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages,
-                                          chat ? NULL : q->prompt ? q->prompt : "", &g->n_prompt, err,
-                                          sizeof err);
-        if (!reread && !recall && !g->prompt) {
-            api_fail(&e, 400, "invalid_value", chat ? "messages" : "prompt", "%s", err);
-            return respond_error(r, &e);
-        }
     } else if (q->reread > 0 || q->recall == API_RECALL_ON) { /* ("auto" has nothing to search: no recall) */
         api_fail(&e, 400, "invalid_value", q->reread > 0 ? "reread" : "recall", "%s needs a session: the document it %s",
                  q->reread > 0 ? "reread" : "recall", q->reread > 0 ? "re-reads" : "searches");
         return respond_error(r, &e);
-    } else if (plain_prompt(s, g, &e) || batch_prompts(s, g, &e)) {
-        return respond_error(r, &e);
     }
+    g->rereading_asked = reread;
+    g->recall_asked = recall;
+    /* tokenizing megabytes of prompt takes seconds: then off the loop (request_work) */
+    request_work(r, r->body_len > OFF_LOOP_BYTES, prompt_work, prompt_done, g);
+}
+
+/* The prompt's tokens (any thread: reads only the request, the engine and the
+ * session's document settings); a re-read renders its prompt after its pot
+ * exists (reread_done), a recall after its passages are chosen (recall_done). */
+static void prompt_work(void *arg) {
+    generation *g = arg;
+    server *s = g->r->srv;
+    api_gen_request *q = &g->req;
+    if (!g->ss) {
+        if (!plain_prompt(s, g, &g->prep_err)) batch_prompts(s, g, &g->prep_err);
+        return;
+    }
+    if (g->rereading_asked || g->recall_asked) return;
+    char err[256];
+    g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt ? q->prompt : "",
+                                  &g->n_prompt, err, sizeof err);
+    if (!g->prompt) api_fail(&g->prep_err, 400, "invalid_value", q->chat ? "messages" : "prompt", "%s", err);
+}
+
+/* The rest of start_generation, once the prompt is tokenized. */
+static void prompt_done(request *r, void *arg) {
+    generation *g = arg;
+    server *s = r->srv;
+    api_gen_request *q = &g->req;
+    int chat = q->chat, reread = g->rereading_asked, recall = g->recall_asked;
+    json_t *responses = g->responses;
+    api_error e;
+    if (g->prep_err.status) return respond_error(r, &g->prep_err);
     if (q->tool_choice == TOOL_CHOICE_REQUIRED || q->tool_choice == TOOL_CHOICE_NAMED) {
         grammar *forced = api_tool_call_grammar(q, &e); /* replaces any response_format */
         if (!forced) return respond_error(r, &e);

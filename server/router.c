@@ -103,6 +103,41 @@ void respond_retry(request *r, const api_error *e, int seconds) {
     respond_raw(r, e->status, resp);
 }
 
+typedef struct off_loop {
+    uv_work_t w;
+    request *r;
+    void (*fn)(void *);
+    void (*done)(request *, void *);
+    void *arg;
+} off_loop;
+
+static void off_loop_work(uv_work_t *w) {
+    off_loop *o = w->data;
+    o->fn(o->arg);
+}
+
+static void off_loop_done(uv_work_t *w, int status) {
+    (void)status;
+    off_loop *o = w->data;
+    o->done(o->r, o->arg);
+    request_unref(o->r);
+    free(o);
+}
+
+void request_work(request *r, int big, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg) {
+    off_loop *o = big ? malloc(sizeof *o) : NULL;
+    if (o) {
+        *o = (off_loop){.r = r, .fn = fn, .done = done, .arg = arg};
+        o->w.data = o;
+        request_ref(r);
+        if (!uv_queue_work(r->srv->loop, &o->w, off_loop_work, off_loop_done)) return request_suspend(r);
+        request_unref(r);
+        free(o);
+    }
+    fn(arg); /* small, or the pool refused: here */
+    done(r, arg);
+}
+
 void request_suspend(request *r) {
     if (r->conn && !r->suspended && !r->srv->stopping) {
         r->suspended = 1;
@@ -257,30 +292,54 @@ static void route_openapi(request *r) {
     respond_raw(r, 200, resp);
 }
 
-static void route_tokenize(request *r) {
-    server *s = r->srv;
-    api_error e;
+typedef struct tokenize_job {
+    server *srv;
+    json_t *root; /* the parsed body, which content points into */
     const char *content;
     int add_special;
-    json_t *root;
-    if (api_parse_tokenize(r->body, r->body_len, &content, &add_special, &root, &e))
-        return respond_error(r, &e);
-    size_t len = strlen(content);
-    int64_t n = engine_tokenize(s->eng, content, len, add_special, 0, NULL, 0);
-    int32_t *ids = n >= 0 ? malloc((size_t)(n ? n : 1) * sizeof *ids) : NULL;
-    if (n < 0 || !ids) {
-        json_decref(root);
-        free(ids);
-        api_fail(&e, 400, "invalid_utf8", "content", "content is not valid UTF-8");
+    int64_t n;
+    int32_t *ids;
+} tokenize_job;
+
+static void tokenize_work(void *arg) {
+    tokenize_job *j = arg;
+    size_t len = strlen(j->content);
+    j->n = engine_tokenize(j->srv->eng, j->content, len, j->add_special, 0, NULL, 0);
+    j->ids = j->n >= 0 ? malloc((size_t)(j->n ? j->n : 1) * sizeof *j->ids) : NULL;
+    if (j->ids) engine_tokenize(j->srv->eng, j->content, len, j->add_special, 0, j->ids, j->n);
+}
+
+static void tokenize_done(request *r, void *arg) {
+    tokenize_job *j = arg;
+    api_error e;
+    if (j->n < 0 || !j->ids) {
+        api_fail(&e, j->n < 0 ? 400 : 500, j->n < 0 ? "invalid_utf8" : NULL, "content",
+                 j->n < 0 ? "content is not valid UTF-8" : "out of memory");
+        respond_error(r, &e);
+    } else {
+        json_t *arr = json_array();
+        for (int64_t i = 0; i < j->n; i++) json_array_append_new(arr, json_integer(j->ids[i]));
+        r->tokens = j->n;
+        respond_json(r, 200, json_pack("{s:o}", "tokens", arr));
+    }
+    free(j->ids);
+    json_decref(j->root);
+    free(j);
+}
+
+static void route_tokenize(request *r) {
+    api_error e;
+    tokenize_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    engine_tokenize(s->eng, content, len, add_special, 0, ids, n);
-    json_t *arr = json_array();
-    for (int64_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-    free(ids);
-    json_decref(root);
-    r->tokens = n;
-    respond_json(r, 200, json_pack("{s:o}", "tokens", arr));
+    j->srv = r->srv;
+    if (api_parse_tokenize(r->body, r->body_len, &j->content, &j->add_special, &j->root, &e)) {
+        free(j);
+        return respond_error(r, &e);
+    }
+    request_work(r, r->body_len > OFF_LOOP_BYTES, tokenize_work, tokenize_done, j);
 }
 
 static void route_detokenize(request *r) {

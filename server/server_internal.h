@@ -107,6 +107,11 @@ void respond_method_not_allowed(request *r, const char *allow);
 void request_wake(request *r);
 /* Suspends the connection while async work runs (call in the access handler). */
 void request_suspend(request *r);
+/* Work on a request's input that may take seconds (tokenizing megabytes): when
+ * big, fn(arg) runs on libuv's thread pool (it must touch no loop state) while
+ * r waits, suspended and held; else inline. Then done(r, arg) runs on the loop. */
+enum { OFF_LOOP_BYTES = 64 * 1024 };
+void request_work(request *r, int big, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg);
 /* Appends to the streamed response and wakes the reader. */
 void stream_write(request *r, const char *data, size_t n);
 void stream_end(request *r);

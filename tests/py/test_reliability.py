@@ -825,3 +825,31 @@ def test_a_prompt_read_through_a_temporary_pot_stops_when_its_client_leaves(tmp_
         assert s.request("GET", "/health")[0] == 200
     finally:
         s.stop()
+
+
+def test_tokenizing_megabytes_does_not_stop_the_server(tmp_path):
+    """Prompts and /tokenize bodies were tokenized on the loop: 16 MB held every connection (and
+    /health) for 15-25 s (a probe). Megabytes are tokenized on the thread pool now."""
+    import threading
+    s = Server(tmp_path / "d", "--durability", "none", "--threads", "1").start()
+    try:
+        big = "a" * (6 << 20)
+        jobs = [("/tokenize", {"content": " " * (6 << 20)}, 200),
+                ("/v1/chat/completions", {"overflow": "error", "max_tokens": 2,
+                                          "messages": [{"role": "user", "content": big}]}, 400)]
+        for path, body, want in jobs:
+            out = []
+            t = threading.Thread(target=lambda: out.append(s.request("POST", path, body, timeout=300)[0]))
+            t0 = time.time()
+            t.start()
+            slowest = 0
+            while t.is_alive():
+                h0 = time.time()
+                assert s.request("GET", "/health", timeout=60)[0] == 200
+                slowest = max(slowest, time.time() - h0)
+                time.sleep(0.1)
+            t.join()
+            assert out == [want], (path, out)
+            assert time.time() - t0 > 1 and slowest < 0.5, (path, time.time() - t0, slowest)
+    finally:
+        s.stop()
