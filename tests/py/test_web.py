@@ -335,11 +335,7 @@ def test_model_output_is_never_parsed_as_html(browser, tiny):
     enter_key(page)
     page.route("**/v1/chat/completions", lambda route: route.fulfill(
         status=200, headers={"Content-Type": "text/event-stream"}, body=events))
-    page.click("#tab-chat")
-    page.select_option("#chat-over", "")
-    page.fill("#chat-input", "Say something.")
-    page.press("#chat-input", "Enter")
-    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=30000)
+    ask_without_session(page, "Say something.")
     body = ".turn.assistant:last-child .body"
     assert page.evaluate("window.pwned") is None
     assert page.locator(f"{body} img, {body} script, {body} b").count() == 0
@@ -619,6 +615,15 @@ def note_is(page, pattern, timeout_s=10):
     return page.inner_text("#upload-note")
 
 
+def ask_without_session(page, question, timeout=30000):
+    """Asks question in Chat with no session and waits for the answer to end."""
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.fill("#chat-input", question)
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=timeout)
+
+
 def answer_events(content, finish="stop", usage=None):
     """A streamed chat answer, as the server sends it, for the browser's request routing."""
     chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": content}}]},
@@ -847,11 +852,7 @@ def test_markdown_underscores_inside_words_stay_text(browser, tiny):
     enter_key(page)
     route_answers(page, [answer_events("Set max_chunk_bytes and budget_tokens; snake_case_names stay. "
                                        "An _emphasis_ here (_this one_), and *that*.")])
-    page.click("#tab-chat")
-    page.select_option("#chat-over", "")
-    page.fill("#chat-input", "Which settings?")
-    page.press("#chat-input", "Enter")
-    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=10000)
+    ask_without_session(page, "Which settings?", timeout=10000)
     body = ".turn.assistant .body"
     assert page.inner_text(body) == ("Set max_chunk_bytes and budget_tokens; snake_case_names stay. "
                                      "An emphasis here (this one), and that.")
