@@ -753,7 +753,7 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
         assert [st for st, _ in answers] == [200] * 16, answers
         assert all(b["usage"]["completion_tokens"] > 0 for _, b in answers)
         assert peak["running"] <= 2 and peak["waiting"] >= 5, peak
-        assert peak["rss"] < 400, peak  # 16 copies of the pot at once took about 800 MB
+        assert SANITIZED or peak["rss"] < 400, peak  # 16 copies at once took 1.27 GB (a sanitizer's shadow adds)
         # one request asking for more answers than max_answers could not be bounded: a 400 (it ran alone:
         # a probe's n=16 over an 8,000-token prompt took 4.7 GB)
         st, body, _ = s.request("POST", "/v1/completions", {"prompt": "The river", "n": 3, "max_tokens": 2})
