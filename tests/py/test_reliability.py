@@ -708,6 +708,7 @@ def test_429_right_after_a_delete_says_retry_in_a_second(tmp_path):
         assert s.stop() == 0
 
 
+@pytest.mark.heavy  # 16 answers over a 2048-token pot: minutes under a sanitizer
 def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
     """Each answer decodes in its own copy of its pot, which pot_memory_limit does not count: 32
     concurrent questions over one budget-2048 session took 1.6 GB (a probe). At most max_answers
@@ -827,6 +828,7 @@ def test_a_prompt_read_through_a_temporary_pot_stops_when_its_client_leaves(tmp_
         s.stop()
 
 
+@pytest.mark.heavy  # 6 MB through an instrumented tokenizer
 def test_tokenizing_megabytes_does_not_stop_the_server(tmp_path):
     """Prompts and /tokenize bodies were tokenized on the loop: 16 MB held every connection (and
     /health) for 15-25 s (a probe). Megabytes are tokenized on the thread pool now."""
