@@ -780,8 +780,8 @@ static void take_turn(server *s, generation *g) {
     else hold_request(g, comment);
 }
 
-/* Why a waiting answer cannot take its turn: its client left (NULL error), or its
- * request_timeout passed (e filled); 0 when it can. */
+/* 1 with e filled when a waiting answer cannot take its turn: its client left, or
+ * its request_timeout passed; 0 when it can. */
 static int turn_lost(generation *g, api_error *e) {
     request *r = g->r;
     if (!r->conn || client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;

@@ -170,8 +170,8 @@ static long digits(const char *p, const char **end) {
 
 int redis_store_init(store *st, const char *spec, char *err, size_t errlen) {
     const char *p = spec + strlen("redis://");
-    const char *at = strchr(p, '@'), *slash = strchr(p, '/');
-    if (at && (!slash || at < slash)) { /* user:password@ or password@ (or :password@) */
+    const char *at = strrchr(p, '@'); /* the last: a password may hold '@', ':' or '/' */
+    if (at) { /* user:password@ or password@ (or :password@) */
         const char *colon = memchr(p, ':', (size_t)(at - p));
         if (colon && colon > p) st->user = strndup(p, (size_t)(colon - p));
         st->password = colon ? strndup(colon + 1, (size_t)(at - colon - 1)) : strndup(p, (size_t)(at - p));

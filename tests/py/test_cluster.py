@@ -391,8 +391,8 @@ def test_a_commit_redis_does_not_answer_is_given_up_and_a_resend_is_a_duplicate(
 
 def test_redis_url_with_a_password(tmp_path, redis):
     from conftest import run
-    redis.cli("CONFIG", "SET", "requirepass", "s3cret")
-    url = f"redis://:s3cret@127.0.0.1:{redis.port}/0"
+    redis.cli("CONFIG", "SET", "requirepass", "s3cret@:/x")  # what a URL's own separators are
+    url = f"redis://:s3cret@:/x@127.0.0.1:{redis.port}/0"
     a = Server(tmp_path / "a", "--store", url, "--replica-name", "a", "--access-log", "false").start()
     try:
         st, body, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
