@@ -257,6 +257,7 @@ struct server {
     size_t pot_memory;
     int store_silent;         /* the shared store answered no lease renewal last time */
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
+    struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* answers take turns (completions.c): at most max_answers sequences decode at once */
     int answers_running;

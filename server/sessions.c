@@ -1942,65 +1942,122 @@ static void taken_over(server *s, doc_job *j) {
     restore_ended(j);
 }
 
+/* A takeover's questions to the shared store (the session's meta, its lease,
+ * its log's index) are asked from the thread pool: a stalled Redis waits up to
+ * 2 s a command, and on the loop every request would wait with it. */
+typedef struct takeover {
+    struct takeover *next; /* s->takeovers: one at a time per session */
+    server *srv;
+    const api_key *key;
+    const char *param;
+    char id[48];
+    char err[256], token[STORE_TOKEN_MAX], owner[STORE_TOKEN_MAX];
+    int unreachable; /* the meta could not be read */
+    int mine;        /* the session exists and belongs to the request's key */
+    int got;         /* store_lease_acquire's answer */
+    double asked;    /* monotonic_ms before the lease was asked for */
+    session *ss;     /* loaded under the lease */
+} takeover;
+
+static void takeover_ask(void *arg) {
+    takeover *t = arg;
+    server *s = t->srv;
+    int absent = 0;
+    char *meta = store_meta_read(s->st, t->id, &absent, t->err, sizeof t->err);
+    json_t *m = meta ? json_loads(meta, 0, NULL) : NULL;
+    const char *key_owner = json_string_value(json_object_get(m, "owner"));
+    t->mine = key_owner && !strcmp(key_owner, t->key->owner);
+    t->unreachable = !meta && !absent;
+    json_decref(m);
+    if (t->mine) {
+        t->asked = monotonic_ms();
+        t->got = store_lease_acquire(s->st, t->id, t->token, t->owner, t->err, sizeof t->err);
+        if (t->got > 0 && !(t->ss = load_session(s, t->id, meta, t->token, t->err, sizeof t->err)))
+            store_lease_release(s->st, t->id, t->token);
+    }
+    free(meta);
+}
+
+/* On the loop: the session is registered and replayed on the engine thread
+ * (r is answered 409 session_busy until that ends), or r is told why not. */
+static void takeover_answer(request *r, void *arg) {
+    takeover *t = arg;
+    server *s = t->srv;
+    for (takeover **p = &s->takeovers; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    session *ss = t->ss;
+    api_error e;
+    if (!t->mine) {
+        if (t->unreachable) {
+            api_fail(&e, 503, "store_unavailable", t->param, "%s", t->err);
+            respond_retry(r, &e, 1);
+        } else {
+            api_fail(&e, 404, "session_not_found", t->param, "no session '%s'", t->id);
+            respond_error(r, &e);
+        }
+    } else if (t->got < 0) {
+        api_fail(&e, 503, "store_unavailable", t->param, "%s", t->err);
+        respond_retry(r, &e, 1);
+    } else if (t->got == 0) {
+        api_fail(&e, 421, "session_elsewhere", t->param,
+                 "session '%s' is held by replica %s; it hands it over when idle: retry", t->id, t->owner);
+        respond_retry(r, &e, 1);
+    } else if (s->stopping) { /* its leases are being released: this one too */
+        if (ss) store_lease_release(s->st, t->id, t->token), free_session(ss);
+        api_fail(&e, 503, "unavailable", t->param, "the server is shutting down");
+        respond_retry(r, &e, 1);
+    } else if (!ss || (mkdir(ss->dir, 0700) && errno != EEXIST)) {
+        if (ss) snprintf(t->err, sizeof t->err, "cannot create %s: %s", ss->dir, strerror(errno));
+        if (ss) store_lease_release(s->st, t->id, t->token), free_session(ss);
+        api_fail(&e, 500, "storage_error", t->param, "%s", t->err);
+        respond_error(r, &e);
+    } else if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
+        free_session(ss);
+        store_lease_release(s->st, t->id, t->token);
+        api_fail(&e, 429, "insufficient_memory", t->param, "this replica has no room for session '%s'", t->id);
+        respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
+    } else {
+        s->pot_memory += ss->memory_bytes;
+        ss->lease_until_ms = t->asked + (double)s->cfg.lease_ms;
+        ss->next = s->sessions;
+        s->sessions = ss;
+        ss->busy = 1;
+        s->m.takeovers++;
+        fprintf(stderr, "potserve: took session %s over (lease %s)\n", t->id, t->token);
+        if (submit_doc_job(s, ss, 1, taken_over, NULL)) {
+            ss->busy = 0;
+            ss->status = SESSION_FAILED;
+            snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: the engine is stopping");
+        }
+        api_fail(&e, 409, "session_busy", t->param, "the session is being restored here; retry");
+        respond_retry(r, &e, 1);
+    }
+    free(t);
+}
+
 /* Shared store: session id is not held here. Takes it over when its lease is
- * free (meta + log index now, the pot replayed on the engine thread; r is
- * answered 409 session_busy until that ends), else answers 421 naming the
- * replica that holds it (which is asked to hand it over once idle). */
+ * free, else answers 421 naming the replica that holds it (which is asked to
+ * hand it over once idle); a takeover of it already under way here: 409. */
 static void take_over(request *r, const char *id, const char *param) {
     server *s = r->srv;
     api_error e;
-    char err[256], token[STORE_TOKEN_MAX], owner[STORE_TOKEN_MAX];
-    int absent = 0;
-    char *meta = store_meta_read(s->st, id, &absent, err, sizeof err);
-    json_t *m = meta ? json_loads(meta, 0, NULL) : NULL;
-    const char *key_owner = json_string_value(json_object_get(m, "owner"));
-    int mine = key_owner && !strcmp(key_owner, r->key->owner);
-    json_decref(m);
-    if (!meta || !mine) {
-        free(meta);
-        if (!absent && !meta) {
-            api_fail(&e, 503, "store_unavailable", param, "%s", err);
+    for (takeover *t = s->takeovers; t; t = t->next)
+        if (!strcmp(t->id, id)) {
+            api_fail(&e, 409, "session_busy", param, "the session is being taken over here; retry");
             return respond_retry(r, &e, 1);
         }
-        api_fail(&e, 404, "session_not_found", param, "no session '%s'", id);
-        return respond_error(r, &e);
-    }
-    double asked = monotonic_ms();
-    int got = store_lease_acquire(s->st, id, token, owner, err, sizeof err);
-    if (got <= 0) {
-        free(meta);
-        if (got < 0) api_fail(&e, 503, "store_unavailable", param, "%s", err);
-        else api_fail(&e, 421, "session_elsewhere", param, "session '%s' is held by replica %s; it hands it over when idle: retry", id, owner);
+    takeover *t = calloc(1, sizeof *t);
+    if (!t) {
+        api_fail(&e, 503, "unavailable", param, "out of memory");
         return respond_retry(r, &e, 1);
     }
-    session *ss = load_session(s, id, meta, token, err, sizeof err);
-    free(meta);
-    if (ss && s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
-        free_session(ss);
-        store_lease_release(s->st, id, token);
-        api_fail(&e, 429, "insufficient_memory", param, "this replica has no room for session '%s'", id);
-        return respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
-    }
-    if (!ss || (mkdir(ss->dir, 0700) && errno != EEXIST)) {
-        if (ss) snprintf(err, sizeof err, "cannot create %s: %s", ss->dir, strerror(errno)), free_session(ss);
-        store_lease_release(s->st, id, token);
-        api_fail(&e, 500, "storage_error", param, "%s", err);
-        return respond_error(r, &e);
-    }
-    s->pot_memory += ss->memory_bytes;
-    ss->lease_until_ms = asked + (double)s->cfg.lease_ms;
-    ss->next = s->sessions;
-    s->sessions = ss;
-    ss->busy = 1;
-    s->m.takeovers++;
-    fprintf(stderr, "potserve: took session %s over (lease %s)\n", id, token);
-    if (submit_doc_job(s, ss, 1, taken_over, NULL)) {
-        ss->busy = 0;
-        ss->status = SESSION_FAILED;
-        snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: the engine is stopping");
-    }
-    api_fail(&e, 409, "session_busy", param, "the session is being restored here; retry");
-    respond_retry(r, &e, 1);
+    *t = (takeover){.next = s->takeovers, .srv = s, .key = r->key, .param = param};
+    snprintf(t->id, sizeof t->id, "%s", id);
+    s->takeovers = t;
+    request_work(r, 1, takeover_ask, takeover_answer, t);
 }
 
 /* Shared store: whether this replica's lease on ss may have lapsed (no

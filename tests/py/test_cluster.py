@@ -7,6 +7,7 @@ load through nginx is tests/cluster/failover.py (make test-cluster)."""
 import random
 import signal
 import string
+import threading
 import time
 
 import pytest
@@ -357,6 +358,51 @@ def test_a_replica_cut_off_from_redis_stops_serving_when_its_lease_lapses(tmp_pa
     finally:
         redis.proc.send_signal(signal.SIGCONT)
         a.stop()
+
+
+def test_a_takeover_waiting_for_redis_holds_up_no_other_request(tmp_path, redis):
+    """A takeover asks Redis for the session's meta, its lease and its log:
+    with Redis stalled, each question waited 2 s on the loop, and every
+    request of every client with it. Now they are asked from the thread pool;
+    a second request for the same session meanwhile is told to retry (409),
+    and the takeover ends with a clear 503 and succeeds once Redis answers."""
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0], final=True)[0] == 200, what="chunk 1 on a")
+        assert a.stop() == 0  # its lease released: free for b to take
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            results = {}
+            asker = threading.Thread(target=lambda: results.update(first=b.request("GET", f"/v1/sessions/{sid}")))
+            asker.start()
+            time.sleep(0.3)
+            t0 = time.time()
+            st, body, hdrs = b.request("GET", f"/v1/sessions/{sid}")
+            assert st == 409 and body["error"]["code"] == "session_busy", body
+            assert hdrs.get("Retry-After") == "1"
+            slowest = 0
+            while asker.is_alive() and time.time() - t0 < 10:
+                t1 = time.time()
+                assert b.request("GET", "/v1/models")[0] == 200
+                slowest = max(slowest, time.time() - t1)
+                time.sleep(0.1)
+            assert slowest < 0.5, slowest
+            asker.join()
+            st, body, hdrs = results["first"]
+            assert st == 503 and body["error"]["code"] == "store_unavailable", body
+            assert hdrs.get("Retry-After") == "1"
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert get_ready(b, sid)["last_seq"] == 1
+        assert text_of(b, sid) == PARTS[0]
+        assert metric(b, "potserve_store_takeovers_total") == 1
+        assert b.stop() == 0
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        a.stop()
+        b.stop()
 
 
 def test_a_commit_redis_does_not_answer_is_given_up_and_a_resend_is_a_duplicate(tmp_path, redis):
