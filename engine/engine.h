@@ -109,6 +109,11 @@ typedef struct engine_gen_params {
     grammar *grammar;
 } engine_gen_params;
 
+/* The start of a generation's error when its prompt and the document's pot
+ * together exceed the model's window (the server answers it as
+ * context_length_exceeded). */
+#define ENGINE_ERR_PROMPT_TOO_LONG "the question does not fit the model's context"
+
 /* TIMEOUT: the scheduler's deadline (engine_gen_request.deadline_ms) passed, in
  * the queue, during the prefill or while decoding. */
 enum engine_finish { ENGINE_FINISH_STOP = 0, ENGINE_FINISH_LENGTH = 1, ENGINE_FINISH_CANCELLED = 2,

@@ -975,7 +975,8 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, size_
     size_t need = base + q->n + answer_room;
     if (need > (size_t)e->m->n_ctx_train) need = (size_t)e->m->n_ctx_train;
     if (need < base + q->n)
-        return snprintf(err, errlen, "the question does not fit the model's context"), NULL;
+        return snprintf(err, errlen, ENGINE_ERR_PROMPT_TOO_LONG ": %zu tokens with the %zu the pot holds; the window is %d",
+                        q->n, base, e->m->n_ctx_train), NULL;
     pot *p = engine_new_decode_pot(e, need, err, errlen);
     if (!p) return NULL;
     if (pot_copy(p, d->pot)) {

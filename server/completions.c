@@ -202,13 +202,16 @@ static const char *finish_reason(const choice *c) { return api_finish_reason(c->
 static const char *prompt_param(const generation *g) { return g->req.chat ? "messages" : "prompt"; }
 
 /* The error of a failed choice: 503 request_timeout when the deadline came
- * before its first token (queued behind other work, or a long prefill),
+ * before its first token (queued behind other work, or a long prefill);
+ * 400 context_length_exceeded when the prompt does not fit beside the pot;
  * else `status` generation_failed about `param`. */
 static void choice_error(const choice *c, int status, const char *param, api_error *e) {
     if (c->timed_out)
         api_fail(e, 503, "request_timeout", NULL,
                  "no token within request_timeout (%lld s): the engine was busy (queued work or a long prompt); retry later",
                  (long long)c->g->r->srv->cfg.request_timeout);
+    else if (!strncmp(c->err, ENGINE_ERR_PROMPT_TOO_LONG, strlen(ENGINE_ERR_PROMPT_TOO_LONG)))
+        api_fail(e, 400, "context_length_exceeded", param, "%s", c->err);
     else api_fail(e, status, "generation_failed", param, "%s", c->err);
 }
 
@@ -1227,6 +1230,21 @@ static void start_generation(request *r, int chat, json_t *responses) {
     request_work(r, r->body_len > OFF_LOOP_BYTES, prompt_work, prompt_done, g);
 }
 
+/* A pot reads the document, never the question: a question whose text alone
+ * has more tokens than the window (a lower bound of its rendered prompt) is
+ * refused here, off the loop, before any pot is read for it; what is rendered
+ * on the loop afterwards is then at most about a window's worth of text. */
+static void question_fits_window(server *s, generation *g) {
+    const char **at = asked_question(&g->req);
+    if (!at || !*at) return; /* (a re-read or recall without one is refused by question_for) */
+    int64_t n = engine_tokenize(s->eng, *at, strlen(*at), 0, 0, NULL, 0);
+    if (n >= s->info.n_ctx_train)
+        api_fail(&g->prep_err, 400, "context_length_exceeded", prompt_param(g),
+                 "the question has %lld tokens; the model's window is %d tokens (a pot reads the document, "
+                 "not the question%s)", (long long)n, s->info.n_ctx_train,
+                 g->ss ? "" : ": upload long text to a session and ask about it");
+}
+
 /* The prompt's tokens (any thread: reads only the request, the engine and the
  * session's document settings); a re-read renders its prompt after its pot
  * exists (reread_done), a recall after its passages are chosen (recall_done). */
@@ -1236,9 +1254,12 @@ static void prompt_work(void *arg) {
     api_gen_request *q = &g->req;
     if (!g->ss) {
         if (!plain_prompt(s, g, &g->prep_err)) batch_prompts(s, g, &g->prep_err);
+        if (!g->prep_err.status && q->chat && !q->overflow_error &&
+            g->n_prompt + (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1) > (size_t)s->info.n_ctx_train)
+            question_fits_window(s, g); /* to be read through a temporary pot */
         return;
     }
-    if (g->rereading_asked || g->recall_asked) return;
+    if (g->rereading_asked || g->recall_asked) return question_fits_window(s, g);
     char err[256];
     g->prompt = engine_doc_prompt(g->ss->doc, q->messages, q->n_messages, q->chat ? NULL : q->prompt ? q->prompt : "",
                                   &g->n_prompt, err, sizeof err);

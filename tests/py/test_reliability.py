@@ -831,14 +831,17 @@ def test_a_prompt_read_through_a_temporary_pot_stops_when_its_client_leaves(tmp_
 @pytest.mark.heavy  # 6 MB through an instrumented tokenizer
 def test_tokenizing_megabytes_does_not_stop_the_server(tmp_path):
     """Prompts and /tokenize bodies were tokenized on the loop: 16 MB held every connection (and
-    /health) for 15-25 s (a probe). Megabytes are tokenized on the thread pool now."""
+    /health) for 15-25 s (a probe). Megabytes are tokenized on the thread pool now, and a
+    question too long for any pot is refused there."""
     import threading
     s = Server(tmp_path / "d", "--durability", "none", "--threads", "1").start()
     try:
         big = "a" * (6 << 20)
         jobs = [("/tokenize", {"content": " " * (6 << 20)}, 200),
                 ("/v1/chat/completions", {"overflow": "error", "max_tokens": 2,
-                                          "messages": [{"role": "user", "content": big}]}, 400)]
+                                          "messages": [{"role": "user", "content": big}]}, 400),
+                # (without "overflow": "error" the question was tokenized again on the loop, for a temporary pot)
+                ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": big}]}, 400)]
         for path, body, want in jobs:
             out = []
             t = threading.Thread(target=lambda: out.append(s.request("POST", path, body, timeout=300)[0]))

@@ -165,12 +165,17 @@ def test_a_question_too_long_to_re_read_with_is_a_400(tmp_path, fixtures):
                              headers={"Content-Type": "text/plain"})
         assert st == 200
         ask = {"session": sid, "reread": True, "max_tokens": 4,
-               "messages": [{"role": "user", "content": "Which code is it? " * 80}]}  # ~400 tokens > 256
+               "messages": [{"role": "user", "content": "Which code is it? " * 15}]}  # ~210 tokens + 64 > 256
         st, body, _ = s.request("POST", "/v1/chat/completions", ask)
         assert st == 400 and body["error"]["code"] == "reread_failed", (st, body)
         assert "exceed the model's context" in body["error"]["message"] and "at most -" not in body["error"]["message"], body
         st, events, _ = s.request("POST", "/v1/chat/completions", dict(ask, stream=True))
         assert st == 200 and '"reread_failed"' in events and events.rstrip().endswith("data: [DONE]"), events
+        # a question longer than the window by itself is refused before any re-read, streamed or not
+        ask["messages"][0]["content"] = "Which code is it? " * 80  # ~1,100 tokens > 256
+        for stream in (False, True):
+            st, body, _ = s.request("POST", "/v1/chat/completions", dict(ask, stream=stream))
+            assert st == 400 and body["error"]["code"] == "context_length_exceeded", (st, body)
     finally:
         assert s.stop() == 0
 

@@ -301,6 +301,10 @@ def test_openai_error_classes(srv, client):
         client.chat.completions.create(model="x", messages=[{"role": "user", "content": "word " * 9000}],
                                        extra_body={"overflow": "error"})
     assert e.value.code == "context_length_exceeded"
+    # read through a temporary pot, the last user message is still asked whole: alone it overflows
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "word " * 9000}])
+    assert e.value.code == "context_length_exceeded" and "tokens" in e.value.message, e.value.body
 
 
 def test_garbage_requests_get_clean_errors(srv):
