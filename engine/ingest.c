@@ -1093,7 +1093,7 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
  * fingerprint, the settings key and the caller's log offset in its header,
  * and this document state as its extra bytes, all under one CRC-32C and one
  * atomic rename. The state, little-endian:
- *   u32 magic "PDOC", u32 version (1)
+ *   u32 magic "PDOC", u32 version (2; version 1 had no run state)
  *   i32 n_prefix, u32 flags (1 ended, 2 have_plan, 4 have_pending,
  *       8 tokenizer continues a raw fragment, 16 recorded tokens follow)
  *   i32 schedule step, i64 tokens_planned
@@ -1103,12 +1103,13 @@ int engine_doc_answer_logits(engine_doc *d, const char *question, float *logits,
  *   u64 ingest_ms, compress_ms (f64 bits)
  *   u64 n + i32[n]: tokens read but not yet run
  *   u64 n + n bytes: what the tokenizer holds back
+ *   i32 class, u32 bytes: the run of one class those bytes continue (tok_run)
  *   u64 n + i32[n]: the recorded tokens (with flag 16)
  * Cascade state is not stored: it is rebuilt from the pot (cascade_rebuild). */
 
 enum {
     DOC_STATE_MAGIC = 0x434f4450u, /* "PDOC" */
-    DOC_STATE_VERSION = 1,
+    DOC_STATE_VERSION = 2,
     DOC_ENDED = 1,
     DOC_HAVE_PLAN = 2,
     DOC_HAVE_PENDING = 4,
@@ -1264,10 +1265,10 @@ static uint64_t model_fingerprint(const engine *e) {
 }
 
 /* Serialises d's state beside its pot (the layout above) into *b. */
-static void doc_state_encode(const engine_doc *d, const char *held, size_t n_held, int cont,
+static void doc_state_encode(const engine_doc *d, const char *held, size_t n_held, const tok_resume *at,
                              byte_out *b) {
     uint32_t flags = (d->ended ? DOC_ENDED : 0) | (d->have_plan ? DOC_HAVE_PLAN : 0) |
-                     (d->have_pending ? DOC_HAVE_PENDING : 0) | (cont ? DOC_TOK_CONT : 0) |
+                     (d->have_pending ? DOC_HAVE_PENDING : 0) | (at->cont ? DOC_TOK_CONT : 0) |
                      (d->record ? DOC_RECORDED : 0);
     uint32_t surprisal;
     memcpy(&surprisal, &d->pending_surprisal, sizeof surprisal);
@@ -1288,6 +1289,8 @@ static void doc_state_encode(const engine_doc *d, const char *held, size_t n_hel
     out_tokens(b, d->queue.v + d->q_pos, d->queue.n - d->q_pos);
     out_u64(b, n_held);
     out_bytes(b, held, n_held);
+    out_u32(b, (uint32_t)at->run.cls);
+    out_u32(b, at->run.bytes);
     if (d->record) out_tokens(b, d->recorded.v, d->recorded.n);
 }
 
@@ -1295,12 +1298,12 @@ static void doc_state_encode(const engine_doc *d, const char *held, size_t n_hel
  * *b (the caller frees b->p). 0, or -1 + err. */
 static int doc_state_bytes(const engine_doc *d, byte_out *b, char *err, size_t errlen) {
     if (d->failed) return snprintf(err, errlen, "the document failed earlier: nothing to save"), -1;
-    int cont = 0;
-    size_t n_held = tok_stream_held(d->ts, NULL, 0, &cont);
+    tok_resume at;
+    size_t n_held = tok_stream_held(d->ts, NULL, 0, &at);
     char *held = malloc(n_held ? n_held : 1);
     if (!held) return snprintf(err, errlen, "out of memory"), -1;
-    tok_stream_held(d->ts, held, n_held, &cont);
-    doc_state_encode(d, held, n_held, cont, b);
+    tok_stream_held(d->ts, held, n_held, &at);
+    doc_state_encode(d, held, n_held, &at, b);
     free(held);
     if (b->oom) return snprintf(err, errlen, "out of memory"), -1;
     return 0;
@@ -1337,7 +1340,7 @@ static int doc_state_decode(engine_doc *d, const unsigned char *p, size_t n, cha
     int32_t n_vocab = d->e->m->n_vocab;
     if (in_u32(&r) != DOC_STATE_MAGIC) return snprintf(err, errlen, "no document state in it (a bare pot snapshot)"), -1;
     uint32_t version = in_u32(&r);
-    if (version != DOC_STATE_VERSION)
+    if (version != DOC_STATE_VERSION) /* (the server then replays the session's log) */
         return snprintf(err, errlen, "document state format version %u (this build reads %d)",
                         version, DOC_STATE_VERSION), -1;
     int32_t n_prefix = (int32_t)in_u32(&r);
@@ -1360,6 +1363,10 @@ static int doc_state_decode(engine_doc *d, const unsigned char *p, size_t n, cha
     uint64_t n_held = in_u64(&r);
     const unsigned char *held = r.bad || n_held > r.n - r.off ? NULL : in_bytes(&r, (size_t)n_held);
     if (!held) goto bad;
+    tok_resume at = {.cont = !!(flags & DOC_TOK_CONT)};
+    at.run.cls = (int32_t)in_u32(&r);
+    at.run.bytes = in_u32(&r);
+    if (at.run.cls < -1 || at.run.cls > 3 || at.run.bytes >= TOK_RUN_CUT) goto bad;
     int_vec recorded = {0};
     if ((flags & DOC_RECORDED) && in_tokens(&r, n_vocab, &recorded)) {
         free(recorded.v);
@@ -1380,7 +1387,7 @@ static int doc_state_decode(engine_doc *d, const unsigned char *p, size_t n, cha
         pt->n_pinned != d->n_prefix || pt->n > d->sched.budget ||
         pt->n_seen != d->n_prefix + d->st.tokens_read)
         goto bad;
-    d->ts = tok_stream_resume(d->e->m->tok, 0, 0, !!(flags & DOC_TOK_CONT));
+    d->ts = tok_stream_resume(d->e->m->tok, 0, 0, &at);
     if (!d->ts) return snprintf(err, errlen, "out of memory"), -1;
     int32_t *ids = NULL;
     size_t n_ids = 0;

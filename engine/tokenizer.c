@@ -2023,6 +2023,34 @@ static int special_crosses(const tokenizer *t, const char *p, size_t n, size_t a
 /* Encodes p[0, n) (valid UTF-8). Closed (open == 0): everything. Open: only
  * the tokens that more text cannot change; *cut = bytes consumed.
  * cont: p starts inside a raw fragment (no SPM prefix space for it). */
+/* The class of a character for the runs cut at TOK_RUN_CUT bytes. */
+static int run_class(uint32_t c) {
+    uint8_t f = uflags(c);
+    return (f & UF_SPACE) ? 0 : (f & (UF_LETTER | UF_MARK)) ? 1 : (f & UF_NUMBER) ? 2 : 3;
+}
+
+/* Scans the valid UTF-8 p[0, n) from run state *r: 1 with *at the offset just
+ * after the character at which the run reaches TOK_RUN_CUT bytes (the state
+ * then that of the cut: its class, 0 bytes), or 0 when there is none (the
+ * state at n). */
+static int next_run_cut(const char *p, size_t n, tok_run *r, size_t *at) {
+    for (size_t i = 0; i < n;) {
+        uint32_t c = (unsigned char)p[i];
+        int l = c < 0x80 ? 1 : utf8_seq((const unsigned char *)p + i, n - i, &c);
+        if (l <= 0) l = 1; /* (valid text: not reached) */
+        int cls = run_class(c);
+        if (cls != r->cls) r->cls = cls, r->bytes = 0;
+        r->bytes += (uint32_t)l;
+        i += (size_t)l;
+        if (r->bytes >= TOK_RUN_CUT) {
+            r->bytes = 0;
+            *at = i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int encode_core(const tokenizer *t, work *w, const char *p, size_t n, int parse_special,
                        int cont, int open, ivec *out, size_t *cut, int *cut_in_raw) {
     if (partition(t, p, n, parse_special, &w->frags, &w->tmpf)) return -1;
@@ -2072,7 +2100,15 @@ int64_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, int a
     ivec ids = {0};
     int rc = 0;
     if (add_special && t->add_bos && t->bos != TOK_NULL) rc |= vec_push(&ids, t->bos);
-    if (!rc) rc = encode_core(t, &w, text ? text : "", len, parse_special, 0, 0, &ids, NULL, NULL);
+    pthread_once(&g_uflags_once, uflags_init);
+    tok_run run = {.cls = -1};
+    const char *p = text ? text : "";
+    for (size_t at = 0, cut; !rc; at += cut) { /* the parts between TOK_RUN_CUT cuts */
+        int more = next_run_cut(p + at, len - at, &run, &cut);
+        if (!more) cut = len - at;
+        rc = encode_core(t, &w, p + at, cut, parse_special, at > 0, 0, &ids, NULL, NULL);
+        if (!more) break;
+    }
     if (!rc && add_special && t->add_eos && t->eos != TOK_NULL) rc = vec_push(&ids, t->eos);
     work_free(&w);
     if (rc) {
@@ -2186,6 +2222,9 @@ struct tok_stream {
     int started, broken, finished;
     int cont;    /* pending text starts inside a raw fragment */
     bbuf pend;   /* complete UTF-8 not yet tokenized */
+    tok_run run0; /* the run of one class where pend starts */
+    tok_run run;  /* ... and where its first `scanned` bytes end */
+    size_t scanned;
     size_t retry_at; /* after a feed that could cut nothing, wait for this much pending text */
     char part[4];
     int npart;   /* bytes of a cut-short UTF-8 sequence */
@@ -2199,26 +2238,43 @@ tok_stream *tok_stream_new(const tokenizer *t, int add_special, int parse_specia
     s->t = t;
     s->add_special = add_special;
     s->parse_special = parse_special;
+    s->run0 = s->run = (tok_run){.cls = -1};
     return s;
 }
 
-tok_stream *tok_stream_resume(const tokenizer *t, int add_special, int parse_special, int cont) {
+tok_stream *tok_stream_resume(const tokenizer *t, int add_special, int parse_special, const tok_resume *at) {
     tok_stream *s = tok_stream_new(t, add_special, parse_special);
     if (s) {
         s->started = 1;
-        s->cont = cont ? 1 : 0;
+        s->cont = at->cont ? 1 : 0;
+        s->run0 = s->run = at->run;
     }
     return s;
 }
 
-size_t tok_stream_held(const tok_stream *s, char *buf, size_t cap, int *cont) {
+size_t tok_stream_held(const tok_stream *s, char *buf, size_t cap, tok_resume *at) {
     size_t n = s->pend.n + (size_t)s->npart;
     if (buf && cap >= n) {
         if (s->pend.n) memcpy(buf, s->pend.p, s->pend.n);
         memcpy(buf + s->pend.n, s->part, (size_t)s->npart);
     }
-    if (cont) *cont = s->cont;
+    if (at) *at = (tok_resume){.cont = s->cont, .run = s->run0};
     return n;
+}
+
+/* Drops the first n pending bytes (tokenized), keeping the run state where
+ * pend starts: after a TOK_RUN_CUT cut it is the scan's, else the bytes are
+ * scanned again (each byte is scanned at most twice). */
+static void pend_drop(tok_stream *s, size_t n, int at_run_cut) {
+    if (at_run_cut) {
+        s->run0 = s->run;
+    } else {
+        size_t ignored;
+        next_run_cut(s->pend.p, n, &s->run0, &ignored); /* (no cut inside: the scan found none) */
+    }
+    memmove(s->pend.p, s->pend.p + n, s->pend.n - n);
+    s->pend.n -= n;
+    s->scanned -= n;
 }
 
 void tok_stream_free(tok_stream *s) {
@@ -2271,11 +2327,23 @@ int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32
         s->started = 1;
         if (s->add_special && t->add_bos && t->bos != TOK_NULL && vec_push(&out, t->bos)) goto oom;
     }
+    /* a run of one class reaching TOK_RUN_CUT bytes ends a part: tokenized whole */
     size_t cut = 0;
+    while (next_run_cut(s->pend.p + s->scanned, s->pend.n - s->scanned, &s->run, &cut)) {
+        cut += s->scanned;
+        if (encode_core(t, &s->w, s->pend.p, cut, s->parse_special, s->cont, 0, &out, NULL, NULL)) goto oom;
+        s->scanned = cut;
+        pend_drop(s, cut, 1);
+        s->cont = 1;
+        s->retry_at = 0;
+    }
+    s->scanned = s->pend.n;
+    cut = 0;
     int in_raw = 0;
-    /* Text without a settled boundary (one huge word, a long run of spaces)
-     * would be re-scanned on every feed: after a fruitless attempt, wait until
-     * the pending text has grown geometrically, keeping the total work linear. */
+    /* Text without a settled boundary (a long word, a run of spaces: at most
+     * TOK_RUN_CUT bytes of one class) would be re-scanned on every feed: after
+     * a fruitless attempt, wait until the pending text has grown
+     * geometrically, keeping the total work linear. */
     if (s->pend.n && (final || s->pend.n >= s->retry_at)) {
         if (encode_core(t, &s->w, s->pend.p, s->pend.n, s->parse_special, s->cont, !final, &out,
                         &cut, &in_raw))
@@ -2284,8 +2352,7 @@ int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32
     }
     if (cut > 0) {
         s->cont = in_raw;
-        memmove(s->pend.p, s->pend.p + cut, s->pend.n - cut);
-        s->pend.n -= cut;
+        pend_drop(s, cut, 0);
     }
     if (final) {
         s->finished = 1;

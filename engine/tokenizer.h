@@ -57,6 +57,21 @@ size_t detok_push(const tokenizer *t, detok_state *st, int32_t id, int render_sp
 /* Flushes what is held back (as U+FFFD if incomplete). */
 size_t detok_flush(detok_state *st, char *out, size_t cap);
 
+/* Text is cut where a run of characters of one class (letters and marks,
+ * digits, white space, the rest) reaches TOK_RUN_CUT bytes: each part is
+ * tokenized on its own, the next as the continuation of a raw fragment. No
+ * pre-token of real text is that long (words, numbers and spaces of prose
+ * and code are far shorter, and their tokens are llama.cpp's), while a
+ * pathological one (megabytes of one letter, of spaces) would otherwise be
+ * held back whole by a stream and merged in time growing with its length.
+ * The run's class and length where a stream's held text starts is part of
+ * its saved state (tok_resume). */
+enum { TOK_RUN_CUT = 4096 };
+typedef struct tok_run {
+    int cls;        /* the run's class, -1 before any character */
+    uint32_t bytes; /* its bytes since it began or was last cut */
+} tok_run;
+
 /* Streaming (splittable) tokenizer: the same ids as tokenizer_encode on the
  * whole text, however the text is split into pieces. It holds back an
  * incomplete UTF-8 sequence and the last pre-token(s) until more bytes or the
@@ -69,16 +84,23 @@ void tok_stream_free(tok_stream *s);
  * Returns 0, or -1 on invalid UTF-8 (the stream is then unusable). */
 int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32_t **ids,
                     size_t *n_ids);
+/* Where a saved stream resumes: whether its held text continues a raw
+ * fragment that was cut (SPM then adds no prefix space), and the run of one
+ * class its held text continues. */
+typedef struct tok_resume {
+    int cont;
+    tok_run run;
+} tok_resume;
 /* What s holds back until more bytes (or the end) arrive, to save a stream:
  * returns how many bytes that is (text not yet tokenized, then a cut-short
  * UTF-8 sequence) and copies them into buf when they fit in cap (buf may be
- * NULL to ask the size); *cont = 1 when they continue a raw fragment that was
- * cut (SPM then adds no prefix space). They always start where s last cut, a
- * boundary no later byte can move, so tok_stream_resume(t, same flags, *cont)
- * fed these bytes, then the rest, gives the ids s would have given. */
-size_t tok_stream_held(const tok_stream *s, char *buf, size_t cap, int *cont);
+ * NULL to ask the size), with where they resume in *at. They always start
+ * where s last cut, a boundary no later byte can move, so
+ * tok_stream_resume(t, same flags, *at) fed these bytes, then the rest, gives
+ * the ids s would have given. */
+size_t tok_stream_held(const tok_stream *s, char *buf, size_t cap, tok_resume *at);
 /* A stream continuing one saved with tok_stream_held: already started (no
- * second BOS), cont as tok_stream_held returned it. Caller owns it. */
-tok_stream *tok_stream_resume(const tokenizer *t, int add_special, int parse_special, int cont);
+ * second BOS). Caller owns it. */
+tok_stream *tok_stream_resume(const tokenizer *t, int add_special, int parse_special, const tok_resume *at);
 
 #endif

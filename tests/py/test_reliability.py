@@ -858,3 +858,29 @@ def test_tokenizing_megabytes_does_not_stop_the_server(tmp_path):
             assert time.time() - t0 > 1 and slowest < 0.5, (path, time.time() - t0, slowest)
     finally:
         s.stop()
+
+
+def test_text_without_spaces_is_read_as_it_arrives(tmp_path, fixtures):
+    """A pre-token is held back until the text after it settles it, and a chunk
+    with no space is one pre-token: 50 MB of one letter held 3 GB of the
+    server's memory, acknowledged yet unread (`tokens_ingested` 0, questions
+    saw none of it), and rebuilt so at every restart. Runs of one class are
+    cut every TOK_RUN_CUT bytes (engine/tokenizer.h): read as they arrive."""
+    s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64",
+               "--threads", "1").start()
+    try:
+        for run in (b"q" * 30_000, b" " * 30_000, "語".encode() * 10_000):
+            sid = new_session(s)
+            st, body, _ = upload(s, sid, run, "?seq=1")
+            assert st == 200, body
+            got = wait_ready(s, sid)
+            assert got["tokens_ingested"] > 0, got  # (was 0: the whole chunk held back)
+            st, kept, _ = s.request("GET", f"/v1/sessions/{sid}/text?start=0&end=64")
+            read = "".join(span["text"] for span in kept["spans"])
+            assert st == 200 and read and set(read) == set(run.decode()), (st, kept)
+        s.kill()  # restored from the log, the same tokens
+        s.start()
+        got2 = wait_ready(s, sid)
+        assert got2["tokens_ingested"] == got["tokens_ingested"], (got, got2)
+    finally:
+        s.stop()
