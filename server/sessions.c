@@ -520,6 +520,7 @@ typedef struct disk_op {
     int rc;
     int full;     /* the failure was a full disk or a file size limit */
     int fenced;   /* the shared store refused it: another replica holds the session */
+    int began;    /* append: this op opened the chunk in the log (which an abort must close) */
     char err[256];
 } disk_op;
 
@@ -532,7 +533,7 @@ static void disk_work(uv_work_t *w) {
     errno = 0; /* a refusal that is no I/O error leaves it 0: not a full disk */
     if (op->kind == 0) {
         op->rc = 0;
-        if (!u->began) op->rc = store_log_begin(log, u->seq, op->err, sizeof op->err);
+        if (!u->began) op->rc = store_log_begin(log, u->seq, op->err, sizeof op->err), op->began = !op->rc;
         if (!op->rc) op->rc = store_log_append(log, op->p->data, op->p->n, op->err, sizeof op->err);
     } else if (op->kind == 1) {
         op->rc = store_log_commit(log, u->final, op->err, sizeof op->err);
@@ -579,7 +580,7 @@ static void disk_done(uv_work_t *w, int status) {
     u->ss->disk_busy = 0;
     if (op->kind == 0) {
         u->to_disk--;
-        if (!op->rc) u->began = 1;
+        if (op->began) u->began = 1; /* even when the append then failed: the abort closes it */
         if (op->rc) {
             fail_storage(u, op, "cannot write the chunk to the log: %s");
             u->in_flight--;

@@ -364,6 +364,24 @@ def test_full_disk_answers_507_and_the_session_recovers(tmp_path):
         assert s.stop() == 0
 
 
+def test_full_disk_at_a_chunks_first_write_leaves_the_session_taking_chunks(tmp_path):
+    """The chunk's first write into the log fails (the disk is full): 507, and
+    then every later chunk was refused, 500 "chunk 2 is already open", until a
+    restart (the failed chunk was never closed in the log)."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", preexec_fn=limit_file_size(8 * 1024)).start()
+    try:
+        sid = new_session(s)
+        st, a, _ = upload(s, sid, text(20).encode(), timeout=120)  # ~1.5 KB
+        assert st == 200, a
+        for attempt in range(2):
+            st, body, _ = upload(s, sid, text(300, seed=7).encode(), timeout=60)  # ~22 KB: its first piece fails
+            assert st == 507 and body["error"]["code"] == "insufficient_storage", (attempt, body)
+        st, body, _ = upload(s, sid, b"A short sentence. ", timeout=60)
+        assert st == 200 and body["last_seq"] == 2, body
+    finally:
+        assert s.stop() == 0
+
+
 def test_chunk_seq_is_a_strict_positive_integer(srv):
     sid = new_session(srv)
     for bad in ["-1", "18446744073709551615", "99999999999999999999", "+1", "1x", "0", ""]:
