@@ -72,6 +72,7 @@ struct generation {
     /* a question asked with its document's passages (recall.c); after a re-read
        (recall_after_reread: the question's api_recall mode): over the re-read's pot */
     int recalling, recall_after_reread;
+    int recall_auto;        /* recall was chosen by "auto": if it fails, the pot answers alone */
     recall_stats recall_st;
     char *recalled;         /* the question with the passages: what req's question points to */
 };
@@ -1004,6 +1005,32 @@ static void prepare_failed(generation *g, int status, const char *code, const ch
 static const char **asked_question(api_gen_request *q);
 static int recall_done(server *s, void *user, char *asked, const recall_stats *st, const char *err);
 
+/* A recall that "auto" chose failed (the log could not be read: a store that
+ * does not answer, a disk error): the question is answered from the pot
+ * alone, as when recall does not apply, and the failure is logged (and told
+ * a streamed client as a comment). */
+static void answer_without_passages(server *s, generation *g, const char *why) {
+    api_gen_request *q = &g->req;
+    request *r = g->r;
+    fprintf(stderr, "potserve: session %s: recall failed (%.200s); answered from the pot alone\n", g->ss->id, why);
+    g->recalling = 0;
+    if (q->stream && r->conn && g->stream_started) {
+        char line[300];
+        int n = snprintf(line, sizeof line, ": recall failed (%.200s): answered from the pot alone\n\n", why);
+        stream_write(r, line, (size_t)n);
+    }
+    char msg[256];
+    engine_doc *over = g->reread_pot ? reread_pot_doc(g->reread_pot) : g->ss->rebuilding ? NULL : g->ss->doc;
+    free(g->prompt);
+    g->prompt = over ? engine_doc_prompt(over, q->messages, q->n_messages, q->chat ? NULL : q->prompt ? q->prompt : "",
+                                         &g->n_prompt, msg, sizeof msg)
+                     : NULL;
+    if (!over) snprintf(msg, sizeof msg, "the session is being restored");
+    if (!g->prompt) return prepare_failed(g, over ? 400 : 409, over ? "invalid_value" : "session_busy",
+                                          "answering from the pot", msg);
+    take_turn(s, g);
+}
+
 static void reread_done(server *s, void *user, reread_pot *pot, const reread_stats *st, const char *err) {
     generation *g = user;
     request *r = g->r;
@@ -1027,8 +1054,10 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
         (g->recall_after_reread == API_RECALL_AUTO && recall_auto_applies(g->ss))) {
         /* recall_done asks the question over this pot, with its passages */
         api_error e;
+        g->recall_auto = g->recall_after_reread == API_RECALL_AUTO;
         if (recall_start(s, g->ss, *asked_question(q), recall_done, g, &e)) {
-            prepare_failed(g, e.status, e.code, "recalling the session's passages", e.message);
+            if (g->recall_auto && e.status != 503) answer_without_passages(s, g, e.message);
+            else prepare_failed(g, e.status, e.code, "recalling the session's passages", e.message);
             return request_unref(r);
         }
         g->recalling = 1;
@@ -1100,6 +1129,11 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
     free(g->recall_st.chosen); /* an earlier try's, when the passages did not fit */
     free(g->recall_st.text);
     g->recall_st = *st;
+    if (!asked && g->recall_auto && !atomic_load(&g->cancel)) {
+        answer_without_passages(s, g, err);
+        request_unref(r);
+        return 0;
+    }
     if (!asked || atomic_load(&g->cancel)) {
         prepare_failed(g, 500, "recall_failed", "recalling the session's passages", asked ? "cancelled" : err);
         free(asked);
@@ -1145,7 +1179,12 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
 
 static int start_recall(server *s, generation *g, api_error *e) {
     const char *question = question_for(&g->req, "recall", e);
-    if (!question || recall_start(s, g->ss, question, recall_done, g, e)) return -1;
+    if (!question) return -1;
+    if (recall_start(s, g->ss, question, recall_done, g, e)) {
+        if (!g->recall_auto || e->status == 503) return -1; /* (503: the server is stopping) */
+        answer_without_passages(s, g, e->message);
+        return 0;
+    }
     g->recalling = 1;
     request_ref(g->r); /* until recall_done */
     hold_request(g, ": recall started\n\n");
@@ -1215,6 +1254,7 @@ static void start_generation(request *r, int chat, json_t *responses) {
         const char **asked = asked_question(q);
         recall = !reread && (mode == API_RECALL_ON || (mode == API_RECALL_AUTO && asked && *asked && **asked &&
                                                        recall_auto_applies(g->ss)));
+        g->recall_auto = recall && mode == API_RECALL_AUTO;
         /* after a re-read, "auto" is decided once its pot is ready (reread_done): a re-read's pot,
            of the same budget, drops as much as the session's, and the passages add answers to it
            (docs/results/longdoc.md, "Re-reading with recall") */

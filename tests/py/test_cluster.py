@@ -405,6 +405,41 @@ def test_a_takeover_waiting_for_redis_holds_up_no_other_request(tmp_path, redis)
         b.stop()
 
 
+def test_recall_auto_answers_from_the_pot_when_redis_does_not_answer(tmp_path, redis):
+    """The passages come from the log in Redis: with Redis stalled, a question
+    with the default recall ("auto") was a 500 recall_failed, though the
+    replica holds the session's pot. It is answered from the pot alone;
+    `"recall": true` still says it failed."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=15000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        for i, part in enumerate(PARTS, 1):
+            until(lambda: put(a, sid, i, part, i == len(PARTS))[0] == 200, what=f"chunk {i}")
+        assert get_ready(a, sid)["compressions"] > 0  # the pot dropped text: "auto" recalls
+        ask = {"messages": [{"role": "user", "content": "What did the keeper do every night?"}], "max_tokens": 8,
+               "temperature": 0}
+        st, body, _ = a.request("POST", "/v1/chat/completions", ask, headers={"X-Session-Id": sid})
+        assert st == 200 and "recall" in body, body
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            st, body, _ = a.request("POST", "/v1/chat/completions", ask, headers={"X-Session-Id": sid})
+            assert st == 200 and "recall" not in body and body["choices"][0]["message"]["content"], body
+            st, events, _ = a.request("POST", "/v1/chat/completions", dict(ask, stream=True),
+                                      headers={"X-Session-Id": sid})
+            assert st == 200 and ": recall failed" in events and '"content"' in events, events
+            assert events.rstrip().endswith("data: [DONE]"), events
+            st, body, _ = a.request("POST", "/v1/chat/completions", dict(ask, recall=True),
+                                    headers={"X-Session-Id": sid})
+            assert st == 500 and body["error"]["code"] == "recall_failed", body
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        a.wait_log("recall failed", timeout=1)
+        assert a.stop() == 0
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        a.stop()
+
+
 def test_a_commit_redis_does_not_answer_is_given_up_and_a_resend_is_a_duplicate(tmp_path, redis):
     """Redis stalls past the commit's timeout and then runs it: the chunk was
     answered 500 though committed, and the replica's view lagged the store.
