@@ -516,6 +516,16 @@ int chunk_log_commit(chunk_log *l, int final, char *err, size_t errlen) {
         set_err(err, errlen, "chunk log %s: out of memory", l->path);
         return -1;
     }
+    struct stat st;
+    if (fstat(l->fd, &st) == 0 && st.st_nlink == 0) { /* its data directory was deleted under it */
+        uint64_t seq = l->open_seq;
+        (void)drop_open(l);
+        l->broken = 1;
+        set_err(err, errlen, "chunk log %s: the file was removed (the data directory deleted?): chunk %llu not kept",
+                l->path, (unsigned long long)seq);
+        errno = ENOENT;
+        return -1;
+    }
     unsigned char payload[CL_COMMIT_PAYLOAD];
     le_put_u64(payload, l->open_bytes);
     le_put_u32(payload + 8, l->open_crc);

@@ -1902,6 +1902,11 @@ int sessions_restore(server *s, char *err, size_t errlen) {
         free(root);
         return -1;
     }
+    if (access(root, W_OK)) { /* (a read-only mount): every session's log would fail to open, and each upload */
+        snprintf(err, errlen, "data_dir: %s is not writable: %s", root, strerror(errno));
+        free(root);
+        return -1;
+    }
     free(root);
     s->restores_pending = 1; /* held until the scan ends */
     store_list(s->st, restore_one, s);

@@ -902,3 +902,37 @@ def test_text_without_spaces_is_read_as_it_arrives(tmp_path, fixtures):
         assert got2["tokens_ingested"] == got["tokens_ingested"], (got, got2)
     finally:
         s.stop()
+
+
+def test_a_read_only_data_dir_refuses_to_start(tmp_path):
+    """On a read-only mount the server said "ready", answered the sessions it
+    could not open 404 (as if deleted) and every create 500. It refuses to start."""
+    from conftest import run
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)")
+    try:
+        (mnt / "sessions").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        p = run("serve", "--data-dir", mnt, "--port", "0", timeout=60)
+        assert p.returncode == 1 and b"is not writable: Read-only file system" in p.stderr, p.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_a_chunk_after_the_data_dir_was_deleted_is_not_acknowledged(tmp_path):
+    """The data directory removed under a running server (an operator's
+    mistake): chunks were still acknowledged 200, into files no restart would
+    find. The commit sees its log unlinked: 500, nothing acknowledged."""
+    import shutil
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--threads", "1").start()
+    try:
+        sid = new_session(s)
+        st, body, _ = upload(s, sid, text(5).encode(), "?seq=1")
+        assert st == 200, body
+        shutil.rmtree(tmp_path / "d")
+        st, body, _ = upload(s, sid, text(5, seed=3).encode(), "?seq=2")
+        assert st == 500 and body["error"]["code"] == "storage_error" and "was removed" in body["error"]["message"], body
+    finally:
+        s.stop()
