@@ -462,7 +462,7 @@ static int admit(request *r) {
     if (!strcmp(r->route, "/ (page)")) return 0; /* public: the page asks for a key itself */
     if (s->draining) {
         api_fail(&e, 503, "shutting_down", NULL, "the server is shutting down");
-        respond_error(r, &e);
+        respond_retry(r, &e, 1); /* (behind a balancer another replica answers) */
         return -1;
     }
     r->key = auth_check(s, r->conn);

@@ -521,6 +521,7 @@ typedef struct disk_op {
     int full;     /* the failure was a full disk or a file size limit */
     int fenced;   /* the shared store refused it: another replica holds the session */
     int began;    /* append: this op opened the chunk in the log (which an abort must close) */
+    int unavailable; /* the shared store did not run it (no connection, loading): retry */
     char err[256];
 } disk_op;
 
@@ -541,6 +542,7 @@ static void disk_work(uv_work_t *w) {
         op->rc = u->began ? store_log_abort(log, op->err, sizeof op->err) : 0;
     }
     op->full = op->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
+    op->unavailable = op->rc && errno == EAGAIN;
     op->fenced = op->rc && store_log_fenced(log);
 }
 
@@ -568,6 +570,7 @@ static void fail_storage(upload *u, const disk_op *op, const char *what) {
         u->ss->srv->m.fenced_writes++;
         return fail_upload(u, 421, "session_moved", "this replica gave the session up; retry: %s", op->err);
     }
+    if (op->unavailable) return fail_upload(u, 503, "store_unavailable", "the store did not take the chunk; retry: %s", op->err);
     fail_upload(u, op->full ? 507 : 500, op->full ? "insufficient_storage" : "storage_error", what, op->err);
 }
 
@@ -707,6 +710,10 @@ static void respond_upload(upload *u, int status, json_t *body) {
         free(text);
         stream_end(r);
         return;
+    }
+    if (status == 503) { /* the engine or the store: both pass, so say when to retry */
+        json_decref(body);
+        return respond_retry(r, &u->err, 1);
     }
     respond_json(r, status, body);
 }
@@ -1728,6 +1735,10 @@ static void delete_session(request *r, session *ss) {
        must not bring the session back */
     char err[256];
     if (store_mark_deleted(s->st, ss->id, ss->token, err, sizeof err)) {
+        if (errno == EAGAIN) {
+            api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the deletion; retry: %s", err);
+            return respond_retry(r, &e, 1);
+        }
         api_fail(&e, 500, "storage_error", NULL, "cannot delete the session: %s", err);
         return respond_error(r, &e);
     }
@@ -1908,6 +1919,7 @@ int sessions_restore(server *s, char *err, size_t errlen) {
         return -1;
     }
     free(root);
+    store_clear_scratch(s->st);
     s->restores_pending = 1; /* held until the scan ends */
     store_list(s->st, restore_one, s);
     if (--s->restores_pending == 0) {

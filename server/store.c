@@ -204,6 +204,21 @@ void store_remove(store *st, const char *id, const char *token) {
     }
 }
 
+void store_clear_scratch(store *st) {
+    if (!st->redis) return;
+    char *root = path_join(st->data_dir, "cache");
+    DIR *d = root ? opendir(root) : NULL;
+    struct dirent *ent;
+    while (d && (ent = readdir(d)))
+        if (ent->d_name[0] != '.') {
+            char *dir = path_join(root, ent->d_name);
+            remove_files(dir);
+            free(dir);
+        }
+    if (d) closedir(d);
+    free(root);
+}
+
 void store_list(store *st, void (*fn)(void *user, const char *id), void *user) {
     if (st->redis) return; /* replicas take sessions over on demand */
     char *root = path_join(st->data_dir, "sessions");

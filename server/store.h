@@ -58,13 +58,18 @@ char *store_meta_read(store *st, const char *id, int *absent, char *err, size_t 
 /* Makes session id's deletion durable before its files go (they may stay
  * while readers finish): dir: its directory renamed out of the sessions'
  * list (synced); Redis: its meta removed (under the lease: token), so no
- * restart or takeover brings it back. -1 + err. */
+ * restart or takeover brings it back. -1 + err (errno EAGAIN: Redis did not
+ * run it, no connection or still loading: nothing changed, retry). */
 int store_mark_deleted(store *st, const char *id, const char *token, char *err, size_t errlen);
 /* Removes everything of session id (a Redis session only while holding its lease: token). */
 void store_remove(store *st, const char *id, const char *token);
 /* Ids of the sessions in the dir store (restore at start): calls fn for each;
  * what store_mark_deleted left is removed on the way. */
 void store_list(store *st, void (*fn)(void *user, const char *id), void *user);
+/* Shared store, at start: removes the local scratch directories (DATA_DIR/cache)
+ * an earlier process left, whose leases are gone (a replica takes sessions
+ * over under new fencing tokens, so new directories). */
+void store_clear_scratch(store *st);
 
 /* ---- leases (Redis; a dir store always grants them) ---- */
 enum { STORE_TOKEN_MAX = 160 };
@@ -95,7 +100,8 @@ int store_log_begin(store_log *l, uint64_t seq, char *err, size_t errlen);
 int store_log_append(store_log *l, const void *data, size_t n, char *err, size_t errlen);
 /* As chunk_log_commit; Redis: the chunk is acknowledged only once Redis has
  * it, and refused when the lease's value is no longer l's token
- * (store_log_fenced then returns 1). */
+ * (store_log_fenced then returns 1); errno EAGAIN when Redis did not run the
+ * commit (no connection, still loading): not committed, retry. */
 int store_log_commit(store_log *l, int final, char *err, size_t errlen);
 int store_log_abort(store_log *l, char *err, size_t errlen);
 int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_data,

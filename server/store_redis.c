@@ -121,17 +121,21 @@ static int stale(const redisContext *c) {
 /* Whether this thread's last command failed without an answer (the
  * connection failed or timed out), so that it may have run or may still run. */
 static _Thread_local int unanswered;
+/* ... and whether it is known not to have run: no connection, or Redis
+ * refused it while loading its data or running a script (retry later). */
+static _Thread_local int not_run;
 
 static redisReply *command(store *st, int argc, const char **argv, const size_t *lens, char *err,
                            size_t errlen) {
     unanswered = 0;
+    not_run = 0;
     int reused = thread_conn && !thread_conn->err;
     redisContext *c = conn(st, err, errlen);
-    if (!c) return NULL;
+    if (!c) return not_run = 1, NULL;
     redisReply *r = redisCommandArgv(c, argc, argv, lens);
     if (!r && reused && stale(c)) { /* Redis restarted since this thread last used it: once more, anew */
         conn_free(c);
-        if (!(c = conn(st, err, errlen))) return NULL;
+        if (!(c = conn(st, err, errlen))) return not_run = 1, NULL;
         r = redisCommandArgv(c, argc, argv, lens);
     }
     if (!r) {
@@ -142,6 +146,7 @@ static redisReply *command(store *st, int argc, const char **argv, const size_t 
     }
     if (r->type == REDIS_REPLY_ERROR) {
         set_err(err, errlen, "%s", r->str);
+        not_run = !strncmp(r->str, "LOADING", 7) || !strncmp(r->str, "BUSY", 4) || !strncmp(r->str, "MASTERDOWN", 10);
         freeReplyObject(r);
         return NULL;
     }
@@ -259,7 +264,7 @@ int redis_store_mark_deleted(store *st, const char *id, const char *token, char 
     for (int i = 0; i < 5; i++) key(k[i], sizeof k[i], id, what[i]);
     const char *argv[] = {"EVAL", MARK_DELETED_SCRIPT, "5", k[0], k[1], k[2], k[3], k[4], token};
     redisReply *r = command_str(st, 9, argv, err, errlen);
-    if (!r) return -1;
+    if (!r) return errno = not_run ? EAGAIN : EIO, -1;
     int rc = r->type == REDIS_REPLY_INTEGER && r->integer == 1 ? 0 : -1;
     if (rc) snprintf(err, errlen, "this replica no longer holds the session's lease");
     freeReplyObject(r);
@@ -533,7 +538,7 @@ int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
                     "chunk with its seq (a committed one is answered as a duplicate)", why);
             return errno = EIO, -1;
         }
-        if (!errno) errno = EIO;
+        errno = not_run ? EAGAIN : errno ? errno : EIO; /* EAGAIN: not committed, the store is unavailable */
         return set_err(err, errlen, "%s", why), -1;
     }
     freeReplyObject(r);

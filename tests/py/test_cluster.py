@@ -221,6 +221,12 @@ def test_graceful_stop_gives_leases_up(tmp_path, redis):
         assert get_ready(b, sid)["final"] is True
         assert time.time() - t0 < 10  # not the 60 s lease
         assert b.stop() == 0
+        # a's scratch directory of the lease it gave up stayed (one per session and stop, for good):
+        # a start clears what an earlier process left
+        assert list((tmp_path / "a" / "cache").iterdir())
+        a.start()
+        assert not list((tmp_path / "a" / "cache").iterdir())
+        assert a.stop() == 0
     finally:
         a.stop()
         b.stop()
@@ -292,6 +298,33 @@ def test_a_redis_restart_costs_no_request(tmp_path, redis):
             st, body, _ = a.request("POST", "/v1/sessions", {"budget_tokens": 96})
             assert st == 201 and body["status"] == "ready", body  # it said "ingesting"
         assert text_of(a, sid) == PARTS[0] + PARTS[1]
+        assert a.stop() == 0
+    finally:
+        a.stop()
+
+
+def test_a_chunk_or_delete_redis_cannot_take_is_a_503_to_retry(tmp_path, redis):
+    """Redis down (connection refused) or loading: a chunk's commit and a
+    delete were 500 storage_error without Retry-After, though nothing was
+    written. Now 503 store_unavailable with Retry-After, and the same seq goes
+    through once Redis is back."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=20000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        redis.stop()
+        try:
+            st, body, hdrs = put(a, sid, 2, PARTS[1])
+            assert st == 503 and body["error"]["code"] == "store_unavailable", body
+            assert hdrs.get("Retry-After") == "1"
+            st, body, hdrs = a.request("DELETE", f"/v1/sessions/{sid}")
+            assert st == 503 and body["error"]["code"] == "store_unavailable", body
+            assert hdrs.get("Retry-After") == "1"
+        finally:
+            redis.start()
+        st, body, _ = put(a, sid, 2, PARTS[1])
+        assert st == 200 and body["last_seq"] == 2 and not body.get("duplicate"), body
+        assert a.request("DELETE", f"/v1/sessions/{sid}")[0] == 200
         assert a.stop() == 0
     finally:
         a.stop()
