@@ -3,12 +3,26 @@
  * every response to an allowed origin, errors and SSE streams included,
  * carries Access-Control-Allow-Origin. With cors_origins "" nothing here
  * changes a response. */
+#include <stdio.h>
 #include <string.h>
 
 #include "server/server_internal.h"
 
-static const char CORS_METHODS[] = "GET, POST, DELETE, OPTIONS";
+static const char CORS_METHODS[] = "GET, POST, PUT, DELETE, OPTIONS";
 static const char CORS_HEADERS[] = "Authorization, Content-Type, X-Session-Id, X-Chunk-Seq";
+
+/* The headers a preflight asked for, when they are a plain list of header
+ * names (clients add their own, e.g. the openai package's X-Stainless-*):
+ * allowed besides ours, since the origin is. NULL otherwise. */
+static const char *asked_headers(request *r) {
+    const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    if (!h || !*h || strlen(h) > 2048) return NULL;
+    for (const char *p = h; *p; p++)
+        if (!(*p == ',' || *p == ' ' || *p == '-' || *p == '_' || (*p >= '0' && *p <= '9') ||
+              ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'z')))
+            return NULL;
+    return h;
+}
 
 /* The value of Access-Control-Allow-Origin for this request's Origin, or
  * NULL when CORS is off, the request has no Origin or it is not allowed. */
@@ -35,10 +49,12 @@ static const char *allowed_origin(request *r) {
 int cors_enabled(const server *s) { return s->cfg.cors_origins && *s->cfg.cors_origins; }
 
 void cors_add_headers(request *r, struct MHD_Response *resp) {
+    const char *list = r->srv->cfg.cors_origins;
+    /* the answer depends on Origin for every request, allowed or not: a shared cache must know */
+    if (cors_enabled(r->srv) && strcmp(list, "*")) MHD_add_response_header(resp, "Vary", "Origin");
     const char *origin = allowed_origin(r);
     if (!origin) return;
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
-    if (strcmp(origin, "*")) MHD_add_response_header(resp, "Vary", "Origin");
     MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Retry-After, X-Session-Id");
 }
 
@@ -48,7 +64,10 @@ int cors_preflight(request *r) {
     if (!resp) return 0;
     if (allowed_origin(r)) {
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", CORS_METHODS);
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", CORS_HEADERS);
+        char allow[2200];
+        const char *asked = asked_headers(r);
+        snprintf(allow, sizeof allow, "%s%s%s", CORS_HEADERS, asked ? ", " : "", asked ? asked : "");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", allow);
         MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
     }
     respond_raw(r, 204, resp); /* adds Allow-Origin through cors_add_headers */

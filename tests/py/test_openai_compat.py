@@ -87,9 +87,18 @@ def test_cors_preflight_before_auth(srv):
     assert "POST" in hdrs["Access-Control-Allow-Methods"]
     allowed = {x.strip().lower() for x in hdrs["Access-Control-Allow-Headers"].split(",")}
     assert {"authorization", "content-type", "x-session-id", "x-chunk-seq"} <= allowed
-    # an origin that is not listed gets no permission
+    assert hdrs["Vary"] == "Origin"
+    # the openai package's own headers (its browser use), and PUT (curl -T and fetch for chunks)
+    asked = dict(h, **{"Access-Control-Request-Method": "PUT",
+                       "Access-Control-Request-Headers": "x-stainless-os, x-stainless-lang, authorization"})
+    st, _, hdrs = srv.request("OPTIONS", "/v1/sessions/sess_x/chunks", headers=asked)
+    allowed = {x.strip().lower() for x in hdrs["Access-Control-Allow-Headers"].split(",")}
+    assert st == 204 and {"x-stainless-os", "x-stainless-lang", "x-chunk-seq"} <= allowed, hdrs
+    assert "PUT" in hdrs["Access-Control-Allow-Methods"]
+    # an origin that is not listed gets no permission; Vary tells a cache the answer depends on it
     st, _, hdrs = srv.request("OPTIONS", "/v1/chat/completions", headers=dict(h, Origin="https://evil.example"))
-    assert "Access-Control-Allow-Origin" not in hdrs
+    assert "Access-Control-Allow-Origin" not in hdrs and hdrs["Vary"] == "Origin"
+    assert srv.request("GET", "/health")[2]["Vary"] == "Origin"
 
 
 def test_cors_headers_on_answers_errors_and_streams(srv):
