@@ -130,7 +130,9 @@ api_key *auth_check(server *s, struct MHD_Connection *c) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7)) return NULL;
     const char *given = h + 7;
+    while (*given == ' ' || *given == '\t') given++;
     size_t n = strlen(given);
+    while (n && (given[n - 1] == ' ' || given[n - 1] == '\t')) n--; /* not part of the value (RFC 9110 5.5) */
     api_key *found = NULL;
     for (size_t i = 0; i < s->n_keys; i++) /* every key is compared: no early exit */
         if (same_secret(given, n, s->keys[i].key, strlen(s->keys[i].key))) found = &s->keys[i];

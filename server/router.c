@@ -469,6 +469,10 @@ static int admit(request *r) {
     if (!r->key) {
         api_fail(&e, 401, "invalid_api_key", NULL,
                  "missing or wrong API key: send Authorization: Bearer <key>");
+        /* a body sent without a key is not read: the connection ends with the answer */
+        const char *length = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
+        if ((length && strcmp(length, "0")) || MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Transfer-Encoding"))
+            r->close_conn = 1;
         respond_error(r, &e);
         return -1;
     }
@@ -609,13 +613,20 @@ static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
+static enum MHD_Result count_query(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) + 1 : 0) + 1; /* "key=value" and '?' or '&' */
+    return MHD_YES;
+}
+
 /* 0, or -1 with an error queued (the connection then closes). body_limit:
- * the most bytes the route reads. */
-static int check_framing(request *r, uint64_t body_limit) {
+ * the most bytes the route reads, checked after the key (check_length). */
+static int check_framing(request *r) {
     framing f = {0};
     api_error e;
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, scan_framing, &f);
     size_t line_bytes = strlen(r->method) + strlen(r->url) + 12; /* " HTTP/1.1\r\n" */
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, count_query, &line_bytes); /* (not in url) */
     if (line_bytes + f.header_bytes > (size_t)r->srv->cfg.max_header_bytes)
         api_fail(&e, line_bytes > (size_t)r->srv->cfg.max_header_bytes ? 414 : 431, "headers_too_large", NULL,
                  "the request line and headers exceed max_header_bytes (%lld)", (long long)r->srv->cfg.max_header_bytes);
@@ -626,11 +637,21 @@ static int check_framing(request *r, uint64_t body_limit) {
     else if (f.n_encoding > 1 || (f.encoding && strcasecmp(f.encoding, "chunked")))
         api_fail(&e, 400, "unsupported_transfer_encoding", NULL,
                  "Transfer-Encoding must be chunked (or absent), not '%.60s'", f.encoding);
-    else if (f.length && strtoull(f.length, NULL, 10) > body_limit)
-        api_fail(&e, 413, "body_too_large", NULL, "Content-Length %.24s exceeds this route's limit (%llu bytes)",
-                 f.length, (unsigned long long)body_limit);
     else
         return 0;
+    r->close_conn = 1;
+    respond_error(r, &e);
+    return -1;
+}
+
+/* As check_framing, for a Content-Length above body_limit (after the key:
+ * a client without one learns that first). */
+static int check_length(request *r, uint64_t body_limit) {
+    const char *length = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
+    if (!length || strtoull(length, NULL, 10) <= body_limit) return 0;
+    api_error e;
+    api_fail(&e, 413, "body_too_large", NULL, "Content-Length %.24s exceeds this route's limit (%llu bytes)", length,
+             (unsigned long long)body_limit);
     r->close_conn = 1;
     respond_error(r, &e);
     return -1;
@@ -667,9 +688,9 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         if (!r->url) return MHD_NO;
         /* uploads check their own (larger) limit once the route knows the body's type */
         uint64_t limit = body == BODY_UPLOAD ? UINT64_MAX : (uint64_t)s->cfg.max_body_bytes;
-        if (check_framing(r, limit)) return MHD_YES;
+        if (check_framing(r)) return MHD_YES;
         if (cors_preflight(r)) return MHD_YES; /* before auth: browsers send no credentials */
-        if (admit(r)) return MHD_YES;
+        if (admit(r) || check_length(r, limit)) return MHD_YES;
         if (body == BODY_NONE) {
             dispatch(r, NULL, upload_data_size);
             return MHD_YES;

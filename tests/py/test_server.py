@@ -500,6 +500,22 @@ def test_sessions_belong_to_their_key(tmp_path):
         assert st == 401 and body["error"]["type"] == "authentication_error"
         st, body, _ = s.request("GET", "/health")
         assert st == 200
+        # white space around the key is not part of it (RFC 9110 5.5): it was a 401
+        for h in ("Bearer alpha-key-000001 ", "Bearer  alpha-key-000001\t"):
+            assert s.request("GET", "/v1/models", headers={"Authorization": h})[0] == 200, repr(h)
+        # a body without a key: the 401 comes first (a JSON route said 413), and its bytes are not read
+        import socket
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 999999999999\r\n\r\n{")
+            got = b""
+            while chunk := c.recv(65536):  # the server closes after its answer
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 401") and b"invalid_api_key" in got, got[:200]
+        # the query string counts toward max_header_bytes (16K): it was not counted at all
+        st, body, _ = s.request("GET", "/v1/models?" + "a" * 20000,
+                                headers={"Authorization": "Bearer alpha-key-000001"})
+        assert st == 414 and body["error"]["code"] == "headers_too_large", body
     finally:
         assert s.stop() == 0
 
