@@ -963,7 +963,8 @@ static int take_json_body(upload *u, api_error *e) {
     json_t *text = json_object_get(root, "text"), *seq = json_object_get(root, "seq"),
            *fin = json_object_get(root, "final");
     int rc = 0;
-    if (!json_is_string(text)) rc = api_fail(e, 400, "invalid_type", "text", "text must be a string");
+    if (!text) rc = api_fail(e, 400, "missing_field", "text", "the chunk's text is missing (\"text\": \"...\")");
+    else if (!json_is_string(text)) rc = api_fail(e, 400, "invalid_type", "text", "text must be a string");
     else if (seq && !json_is_null(seq) && (!json_is_integer(seq) || json_integer_value(seq) < 1))
         rc = api_fail(e, 400, "invalid_type", "seq", "seq must be a positive integer");
     else if (fin && !json_is_null(fin) && !json_is_boolean(fin))
@@ -1071,11 +1072,22 @@ static void start_upload(request *r, session *ss) {
     const char *seq_q = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "seq");
     const char *len_h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
+    while (ct && (*ct == ' ' || *ct == '\t')) ct++;
+    if (ct && !*ct) ct = NULL; /* an empty Content-Type is none */
     int json = ct && !strncasecmp(ct, "application/json", 16);
     if (ct && !json && strncasecmp(ct, "text/plain", 10) && strncasecmp(ct, "application/octet-stream", 24)) {
         api_fail(&e, 415, "unsupported_media_type", NULL,
                  "upload text/plain, application/octet-stream or application/json, not %s", ct);
         return respond_error(r, &e);
+    }
+    const char *charset = ct ? strcasestr(ct, "charset=") : NULL;
+    if (charset) { /* the document is kept and read as UTF-8: another encoding would be misread */
+        charset += 8;
+        if (*charset == '"') charset++;
+        if (strncasecmp(charset, "utf-8", 5) && strncasecmp(charset, "utf8", 4) && strncasecmp(charset, "us-ascii", 8)) {
+            api_fail(&e, 415, "unsupported_media_type", NULL, "the text must be UTF-8, not %.60s (%s)", charset, ct);
+            return respond_error(r, &e);
+        }
     }
     if (len_h && json && strtoull(len_h, NULL, 10) > (unsigned long long)s->cfg.max_body_bytes) {
         api_fail(&e, 413, "body_too_large", NULL, "the JSON body exceeds max_body_bytes (%lld)",

@@ -406,6 +406,24 @@ def test_json_chunk_fields_override_the_query(srv):
     assert st == 409 and body["error"]["code"] == "document_final", body
 
 
+def test_chunk_content_types_and_fields(srv):
+    """An empty Content-Type is none (it was a 415 "not "); a charset other
+    than UTF-8 is refused (it was read as UTF-8); a JSON chunk without text
+    names the missing field (it said invalid_type)."""
+    sid = new_session(srv)
+    path = f"/v1/sessions/{sid}/chunks"
+    st, body, _ = srv.request("POST", path + "?seq=1", raw=b"Plain words. ", headers={"Content-Type": ""})
+    assert st == 200 and body["last_seq"] == 1, body
+    st, body, _ = srv.request("POST", path + "?seq=2", raw="caf\xe9 ".encode("latin-1"),
+                              headers={"Content-Type": "text/plain; charset=latin-1"})
+    assert st == 415 and "UTF-8" in body["error"]["message"], body
+    st, body, _ = srv.request("POST", path + "?seq=2", raw="café ".encode(),
+                              headers={"Content-Type": "text/plain; charset=UTF-8"})
+    assert st == 200 and body["last_seq"] == 2, body
+    st, body, _ = srv.request("POST", path, {"txt": "x", "seq": 3})
+    assert st == 400 and body["error"]["code"] == "missing_field" and body["error"]["param"] == "text", body
+
+
 def test_json_chunk_resends_and_seq_disagreements(srv):
     """A JSON chunk sent again is a duplicate whether its seq is in the body,
     the header or the query (with the seq in the header, the JSON text used to
