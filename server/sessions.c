@@ -1177,13 +1177,16 @@ typedef struct create_job {
     session *ss;
     char *meta;
     int rc;
+    int full; /* the disk is full (or a quota or file size limit) */
     char err[256];
 } create_job;
 
 static void create_work(uv_work_t *w) {
     create_job *j = w->data;
     session *ss = j->ss;
+    errno = 0;
     j->rc = store_create(ss->srv->st, ss->id, j->meta, &ss->log, j->err, sizeof j->err);
+    j->full = j->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
 }
 
 static void created_doc(server *s, doc_job *j) {
@@ -1221,7 +1224,9 @@ static void create_done(uv_work_t *w, int status) {
         free_session(ss);
     } else if (j->rc || submit_doc_job(s, ss, 0, created_doc, r)) {
         api_error e;
-        api_fail(&e, 500, "storage_error", NULL, "%s", j->rc ? j->err : "the engine is stopping");
+        if (j->full) api_fail(&e, 507, "insufficient_storage", NULL, "%s", j->err);
+        else api_fail(&e, j->rc ? 500 : 503, j->rc ? "storage_error" : "shutting_down", NULL, "%s",
+                      j->rc ? j->err : "the engine is stopping");
         respond_error(r, &e);
         unlink_session(s, ss);
         session_going(s, ss);

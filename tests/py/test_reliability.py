@@ -364,6 +364,17 @@ def test_full_disk_answers_507_and_the_session_recovers(tmp_path):
         assert s.stop() == 0
 
 
+def test_a_session_the_full_disk_cannot_hold_is_a_507(tmp_path):
+    """Creating a session on a full disk (a file size limit stands in: EFBIG)
+    was a 500 storage_error where an upload's is a 507; now both are 507."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", preexec_fn=limit_file_size(64)).start()
+    try:
+        st, body, _ = s.request("POST", "/v1/sessions", SETTINGS)
+        assert st == 507 and body["error"]["code"] == "insufficient_storage", body
+    finally:
+        assert s.stop() == 0
+
+
 def test_full_disk_at_a_chunks_first_write_leaves_the_session_taking_chunks(tmp_path):
     """The chunk's first write into the log fails (the disk is full): 507, and
     then every later chunk was refused, 500 "chunk 2 is already open", until a
