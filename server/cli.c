@@ -431,7 +431,9 @@ int cli_recall(int argc, char **argv) {
             (q = recall_question(&rr, question))) {
             fwrite(q, 1, strlen(q), stdout);
             printf("\n");
-            fprintf(stderr, "potserve recall: %d of %d passages, %zu bytes\n", rr.passages, rr.candidates, rr.len);
+            size_t bytes = 0; /* the passages' own, as the server's "bytes" (separators not counted) */
+            for (int i = 0; i < rr.passages; i++) bytes += rr.chosen[i].len;
+            fprintf(stderr, "potserve recall: %d of %d passages, %zu bytes\n", rr.passages, rr.candidates, bytes);
             rc = 0;
         }
         free(q);

@@ -2,6 +2,7 @@
 generate (deterministic greedy and seeded sampling), and hostile model files
 answered with one error line and a non-zero exit, never a crash."""
 import os
+import re
 import shutil
 import subprocess
 
@@ -233,6 +234,13 @@ def test_recall_bytes_is_the_servers_range():
         p = run("recall", "-q", "x", "--bytes", bad, input=b"some text")
         assert p.returncode == 2 and b"[1, 1048576]" in p.stderr, (bad, p.stderr)
     assert run("recall", "-q", "some", "--bytes", "1048576", input=b"some text").returncode == 0
+    # the bytes it reports are the passages' own, as the server's "bytes" (it counted the blank lines too)
+    doc = "\n\n".join(f"Paragraph {i} tells of the lighthouse and the keeper {i}." for i in range(40)).encode()
+    p = run("recall", "-q", "Who kept the lighthouse?", "--bytes", "300", input=doc)
+    passages = p.stdout.decode().rsplit("\n\nWho kept the lighthouse?", 1)[0].split("\n\n")[1:]  # after the heading
+    said = re.search(r"(\d+) of \d+ passages, (\d+) bytes", p.stderr.decode())
+    assert said and int(said[1]) == len(passages) > 1, (p.stderr, passages)
+    assert int(said[2]) == sum(len(x.encode()) for x in passages) <= 300, (p.stderr, passages)
 
 
 def test_serve_refuses_a_header_limit_it_cannot_honour(fixtures, tmp_path):
