@@ -499,7 +499,7 @@ static int32_t *parse_ids(const char *s, size_t *n) {
         char *end;
         errno = 0;
         long v = strtol(s, &end, 10);
-        if (end == s || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+        if (end == s || errno || v < 0 || v > INT32_MAX || (*end && (*end != ',' || !end[1]))) { /* (no trailing ',') */
             free(ids);
             return NULL;
         }
@@ -776,7 +776,7 @@ int cli_ingest(int argc, char **argv) {
         size_t got = fread(buf, 1, sizeof buf, in);
         int final = got < sizeof buf && (feof(in) || ferror(in));
         if (ferror(in)) {
-            fprintf(stderr, "potserve ingest: reading %s failed\n", file);
+            fprintf(stderr, "potserve ingest: reading %s failed: %s\n", file, strerror(errno));
             goto out;
         }
         if (engine_doc_feed(d, buf, got, final, err, sizeof err)) {

@@ -103,6 +103,14 @@ def test_prompt_as_text_or_ids_not_both(model, cmd):
         p = run(cmd, "-m", model, *args)
         assert p.returncode == 2, args
         assert p.stderr == f"potserve {cmd}: give exactly one of -p PROMPT and --tokens IDS\n".encode()
+    for ids in ("1,2,", "1,,2", ",1", "1;2"):  # ("1,2," was taken as 1,2)
+        p = run(cmd, "-m", model, "--tokens", ids)
+        assert p.returncode == 1 and b"--tokens: not a list of token ids" in p.stderr, (ids, p.stderr)
+
+
+def test_ingest_says_why_it_cannot_read(model, tmp_path):
+    p = run("ingest", "-m", model, tmp_path)
+    assert p.returncode == 1 and p.stderr.endswith(b"failed: Is a directory\n"), p.stderr
 
 
 def test_backend_flag(model):
