@@ -2091,34 +2091,26 @@ static int encode_core(const tokenizer *t, work *w, const char *p, size_t n, int
     return 0;
 }
 
+/* Whole texts go through a stream, in pieces: the same ids (tok_stream's
+ * promise), with the work memory of a piece rather than of the text. */
 int64_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, int add_special,
                          int parse_special, int32_t *out, int64_t cap) {
-    int bad = 0;
     if (!t || (!text && len)) return -1;
-    if (utf8_valid_prefix(text, len, &bad) != len) return -1;
-    work w = {0};
-    ivec ids = {0};
-    int rc = 0;
-    if (add_special && t->add_bos && t->bos != TOK_NULL) rc |= vec_push(&ids, t->bos);
-    pthread_once(&g_uflags_once, uflags_init);
-    tok_run run = {.cls = -1};
-    const char *p = text ? text : "";
-    for (size_t at = 0, cut; !rc; at += cut) { /* the parts between TOK_RUN_CUT cuts */
-        int more = next_run_cut(p + at, len - at, &run, &cut);
-        if (!more) cut = len - at;
-        rc = encode_core(t, &w, p + at, cut, parse_special, at > 0, 0, &ids, NULL, NULL);
-        if (!more) break;
+    enum { PIECE = 64 * 1024 };
+    tok_stream *s = tok_stream_new(t, add_special, parse_special);
+    int32_t *ids = NULL;
+    size_t n = 0, at = 0;
+    int rc = s ? 0 : -1;
+    while (!rc) {
+        size_t k = len - at < PIECE ? len - at : PIECE;
+        rc = tok_stream_feed(s, text ? text + at : "", k, at + k == len, &ids, &n);
+        at += k;
+        if (at == len) break;
     }
-    if (!rc && add_special && t->add_eos && t->eos != TOK_NULL) rc = vec_push(&ids, t->eos);
-    work_free(&w);
-    if (rc) {
-        free(ids.v);
-        return -1;
-    }
-    int64_t n = (int64_t)ids.n;
-    if (out && cap > 0 && n > 0) memcpy(out, ids.v, (size_t)(n < cap ? n : cap) * sizeof *out);
-    free(ids.v);
-    return n;
+    tok_stream_free(s);
+    if (!rc && out && cap > 0 && n > 0) memcpy(out, ids, (size_t)((int64_t)n < cap ? (int64_t)n : cap) * sizeof *out);
+    free(ids);
+    return rc ? -1 : (int64_t)n;
 }
 
 /* ------------------------------------------------------------------------- */
