@@ -2020,9 +2020,6 @@ static int special_crosses(const tokenizer *t, const char *p, size_t n, size_t a
     return 0;
 }
 
-/* Encodes p[0, n) (valid UTF-8). Closed (open == 0): everything. Open: only
- * the tokens that more text cannot change; *cut = bytes consumed.
- * cont: p starts inside a raw fragment (no SPM prefix space for it). */
 /* The class of a character for the runs cut at TOK_RUN_CUT bytes. */
 static int run_class(uint32_t c) {
     uint8_t f = uflags(c);
@@ -2051,6 +2048,9 @@ static int next_run_cut(const char *p, size_t n, tok_run *r, size_t *at) {
     return 0;
 }
 
+/* Encodes p[0, n) (valid UTF-8). Closed (open == 0): everything. Open: only
+ * the tokens that more text cannot change; *cut = bytes consumed.
+ * cont: p starts inside a raw fragment (no SPM prefix space for it). */
 static int encode_core(const tokenizer *t, work *w, const char *p, size_t n, int parse_special,
                        int cont, int open, ivec *out, size_t *cut, int *cut_in_raw) {
     if (partition(t, p, n, parse_special, &w->frags, &w->tmpf)) return -1;
