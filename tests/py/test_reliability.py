@@ -478,9 +478,10 @@ def test_429s_carry_retry_after(tmp_path):
                                 {"session": sess["id"], "reread": True, "max_tokens": 4, "messages": question})
         assert st == 429 and body["error"]["code"] == "insufficient_memory", body
         assert 1 <= int(h["Retry-After"]) <= 5, h
-        long_prompt = "The river ran north past the mill. " * 1500  # beyond the 8K window
+        long_prompt = "The river ran north past the mill. " * 1500  # beyond the 8K window: read through a pot
         st, body, h = s.request("POST", "/v1/chat/completions",
-                                {"max_tokens": 4, "messages": [{"role": "user", "content": long_prompt}]})
+                                {"max_tokens": 4, "messages": [{"role": "user", "content": long_prompt},
+                                                               {"role": "user", "content": "Where did the river run?"}]})
         assert st == 429 and body["error"]["code"] == "insufficient_memory", body
         assert 1 <= int(h["Retry-After"]) <= 5, h
     finally:
