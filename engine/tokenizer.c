@@ -2321,7 +2321,7 @@ int tok_stream_feed(tok_stream *s, const char *bytes, size_t n, int final, int32
     }
     /* a run of one class reaching TOK_RUN_CUT bytes ends a part: tokenized whole */
     size_t cut = 0;
-    while (next_run_cut(s->pend.p + s->scanned, s->pend.n - s->scanned, &s->run, &cut)) {
+    while (s->pend.n > s->scanned && next_run_cut(s->pend.p + s->scanned, s->pend.n - s->scanned, &s->run, &cut)) {
         cut += s->scanned;
         if (encode_core(t, &s->w, s->pend.p, cut, s->parse_special, s->cont, 0, &out, NULL, NULL)) goto oom;
         s->scanned = cut;
