@@ -371,8 +371,9 @@ fuzz: model
 	for f in tests/fuzz/schema_seeds/*.json; do { cat $$f; printf '\0%s' "$$(basename $$f)-walk-$$(seq -s, 60)"; } \
 	  > $(BUILD)/fuzz/corpus_schema/seed-$$(basename $$f .json); done
 	@ls $(BUILD)/fixtures/*.gguf >/dev/null 2>&1 && cp $(BUILD)/fixtures/tiny_llama.gguf $(BUILD)/fuzz/corpus_gguf/ || true
+	cp tests/fuzz/tokenizer_seeds/* $(BUILD)/fuzz/corpus_tok/
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus_gguf
-	$(BUILD)/fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus_tok
+	$(BUILD)/fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=16384 $(BUILD)/fuzz/corpus_tok
 	$(BUILD)/fuzz/fuzz_schema -max_total_time=$(FUZZ_SECONDS) -max_len=2048 $(BUILD)/fuzz/corpus_schema
 	$(MAKE) --no-print-directory fuzz-http
 
