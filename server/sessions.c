@@ -1463,6 +1463,11 @@ static void retention_task(engine *e, void *arg) {
  * the job is then not taken). */
 static int start_doc_read(request *r, session *ss, engine_task_fn fn, void *job) {
     api_error e;
+    if (ss->status == SESSION_FAILED && !ss->doc) {
+        api_fail(&e, 409, "session_failed", NULL, "the session failed: %s", ss->fail_msg);
+        respond_error(r, &e);
+        return -1;
+    }
     if (!ss->doc || ss->rebuilding) {
         api_fail(&e, 409, "session_busy", NULL, "the session is being restored; retry");
         respond_error(r, &e);
@@ -1846,7 +1851,7 @@ static void restored(server *s, doc_job *j) {
 
 /* A session from the store: its meta (JSON text) and its log, opened under
  * token (the lease held on it). NULL + err. */
-static session *load_session(server *s, const char *id, const char *meta_text, const char *token,
+static session *load_session(server *s, const char *id, const char *meta_text, const char *token, int keep_failed,
                              char *err, size_t errlen) {
     json_error_t je;
     json_t *meta = json_loads(meta_text, 0, &je);
@@ -1871,7 +1876,11 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
     }
     int damaged = 0;
     ss->log = store_log_open(s->st, id, token, &damaged, err, errlen);
-    if (!ss->log) goto out;
+    if (!ss->log && !keep_failed) goto out;
+    if (!ss->log) { /* its owner sees it failed, with why, rather than gone (404) */
+        ss->status = SESSION_FAILED;
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: %s", err);
+    }
     if (damaged) fprintf(stderr, "potserve: session %s: the log was damaged; kept what precedes the damage\n", id);
     snprintf(ss->id, sizeof ss->id, "%.40s", id);
     snprintf(ss->owner, sizeof ss->owner, "%s", owner);
@@ -1887,9 +1896,9 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
     }
     ss->created = (int64_t)json_integer_value(json_object_get(meta, "created"));
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
-    ss->last_seq = store_log_last_seq(ss->log);
-    ss->final = store_log_is_final(ss->log);
-    ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
+    ss->last_seq = ss->log ? store_log_last_seq(ss->log) : 0;
+    ss->final = ss->log && store_log_is_final(ss->log);
+    ss->memory_bytes = ss->log ? engine_doc_memory(s->eng, &ss->settings.pot) : 0; /* (failed: no pot) */
     ok = ss->dir != NULL;
 out:
     json_decref(meta);
@@ -1908,7 +1917,7 @@ static void restore_one(void *user, const char *id) {
     if (!valid_session_id(id)) return;
     char err[256];
     char *meta = store_meta_read(s->st, id, NULL, err, sizeof err);
-    session *ss = meta ? load_session(s, id, meta, "local", err, sizeof err) : NULL;
+    session *ss = meta ? load_session(s, id, meta, "local", 1, err, sizeof err) : NULL;
     free(meta);
     if (!ss) {
         fprintf(stderr, "potserve: skipping session %s: %s\n", id, err);
@@ -1917,6 +1926,7 @@ static void restore_one(void *user, const char *id) {
     s->pot_memory += ss->memory_bytes;
     ss->next = s->sessions;
     s->sessions = ss;
+    if (ss->status == SESSION_FAILED) return (void)fprintf(stderr, "potserve: session %s failed: %s\n", id, ss->fail_msg);
     ss->busy = 1;
     s->restores_pending++;
     if (submit_doc_job(s, ss, 1, restored, NULL)) s->restores_pending--;
@@ -2007,7 +2017,7 @@ static void takeover_ask(void *arg) {
     if (t->mine) {
         t->asked = monotonic_ms();
         t->got = store_lease_acquire(s->st, t->id, t->token, t->owner, t->err, sizeof t->err);
-        if (t->got > 0 && !(t->ss = load_session(s, t->id, meta, t->token, t->err, sizeof t->err)))
+        if (t->got > 0 && !(t->ss = load_session(s, t->id, meta, t->token, 0, t->err, sizeof t->err)))
             store_lease_release(s->st, t->id, t->token);
     }
     free(meta);

@@ -966,3 +966,36 @@ def test_a_chunk_after_the_data_dir_was_deleted_is_not_acknowledged(tmp_path):
         assert st == 500 and body["error"]["code"] == "storage_error" and "was removed" in body["error"]["message"], body
     finally:
         s.stop()
+
+
+def test_a_session_whose_log_cannot_be_opened_at_start_is_failed_not_gone(tmp_path):
+    """A session whose chunk log cannot be opened at start (here a directory
+    stands in its place) was skipped: 404 to its owner, as if deleted. It is
+    listed as failed, with why, and can be deleted."""
+    import shutil
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--threads", "1").start()
+    try:
+        sid = new_session(s)
+        assert upload(s, sid, text(5).encode(), "?seq=1")[0] == 200
+        assert s.stop() == 0
+        log = tmp_path / "d" / "sessions" / sid / "chunks.log"
+        log.unlink()
+        log.mkdir()
+        s.start()
+        got = session(s, sid)
+        assert got["status"] == "failed" and "Is a directory" in got["error"], got
+        assert upload(s, sid, b"more. ", "?seq=2")[0] == 409
+        for method, path, body in (("GET", f"/v1/sessions/{sid}/text?start=0", None),
+                                   ("GET", f"/v1/sessions/{sid}/retention", None),
+                                   ("POST", "/v1/chat/completions", {"session": sid, "max_tokens": 2,
+                                                                     "messages": [{"role": "user", "content": "Hi?"}]})):
+            st, body, _ = s.request(method, path, body)
+            assert st == 409 and body["error"]["code"] == "session_failed", (path, body)
+        assert s.request("DELETE", f"/v1/sessions/{sid}")[0] == 200
+        assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
+        assert s.stop() == 0
+        shutil.rmtree(log, ignore_errors=True)
+        s.start()
+        assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404  # the deletion held
+    finally:
+        s.stop()
