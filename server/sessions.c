@@ -1745,8 +1745,50 @@ static void list_sessions(request *r) {
     respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
+static int registered(const server *s, const session *ss);
+
+/* A deletion being made durable (store_mark_deleted, on the thread pool: a
+ * rename and a sync, or a Redis round trip that may stall); the session is
+ * busy meanwhile, so no upload starts and no second delete. */
+typedef struct delete_job {
+    session *ss;
+    int rc, again; /* again: the store did not run it (retry) */
+    char err[256];
+} delete_job;
+
+static void delete_work(void *arg) {
+    delete_job *j = arg;
+    session *ss = j->ss;
+    j->rc = store_mark_deleted(ss->srv->st, ss->id, ss->token, j->err, sizeof j->err);
+    j->again = j->rc && errno == EAGAIN;
+}
+
+static void delete_done(request *r, void *arg) {
+    delete_job *j = arg;
+    session *ss = j->ss;
+    server *s = ss->srv;
+    api_error e;
+    ss->busy = 0;
+    if (j->again) {
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the deletion; retry: %s", j->err);
+        respond_retry(r, &e, 1);
+    } else if (j->rc) {
+        api_fail(&e, 500, "storage_error", NULL, "cannot delete the session: %s", j->err);
+        respond_error(r, &e);
+    } else {
+        if (registered(s, ss)) { /* (not dropped meanwhile: a lease lost) */
+            if (ss->acked_ingests) engine_doc_cancel(ss->doc); /* its queued chunks need not be read */
+            unlink_session(s, ss);
+            session_going(s, ss);
+            session_unref(ss); /* the registry's: files go when the last reader is done */
+        }
+        respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted", "deleted", 1));
+    }
+    session_unref(ss); /* the job's */
+    free(j);
+}
+
 static void delete_session(request *r, session *ss) {
-    server *s = r->srv;
     api_error e;
     if (ss->busy) {
         api_fail(&e, 409, "session_busy", NULL, "the session is ingesting an upload; retry when it ends");
@@ -1755,21 +1797,15 @@ static void delete_session(request *r, session *ss) {
     /* durable before the 200: the files may stay while readers (an
        acknowledged chunk's ingest, a question) finish, and a restart then
        must not bring the session back */
-    char err[256];
-    if (store_mark_deleted(s->st, ss->id, ss->token, err, sizeof err)) {
-        if (errno == EAGAIN) {
-            api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the deletion; retry: %s", err);
-            return respond_retry(r, &e, 1);
-        }
-        api_fail(&e, 500, "storage_error", NULL, "cannot delete the session: %s", err);
+    delete_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    if (ss->acked_ingests) engine_doc_cancel(ss->doc); /* its queued chunks need not be read */
-    unlink_session(s, ss);
-    session_going(s, ss);
-    respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted",
-                                   "deleted", 1));
-    session_unref(ss); /* files go when the last reader is done */
+    j->ss = ss;
+    session_ref(ss);
+    ss->busy = 1;
+    request_work(r, 1, delete_work, delete_done, j);
 }
 
 void route_sessions(request *r, const char *rest, const char *upload, size_t *upload_size) {

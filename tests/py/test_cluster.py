@@ -333,6 +333,39 @@ def test_a_chunk_or_delete_redis_cannot_take_is_a_503_to_retry(tmp_path, redis):
         a.stop()
 
 
+def test_a_delete_waiting_for_redis_holds_up_no_other_request(tmp_path, redis):
+    """DELETE marks the session deleted in Redis before its 200: that was asked
+    on the loop, so a stalled Redis held every request 2 s. Now from the
+    thread pool; the delete ends with an error to retry, and then succeeds."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=20000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1 on a")
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            results = {}
+            deleter = threading.Thread(target=lambda: results.update(d=a.request("DELETE", f"/v1/sessions/{sid}")))
+            deleter.start()
+            time.sleep(0.2)
+            slowest = 0
+            while deleter.is_alive():
+                t1 = time.time()
+                assert a.request("GET", "/v1/models")[0] == 200
+                slowest = max(slowest, time.time() - t1)
+                time.sleep(0.1)
+            assert slowest < 0.5, slowest
+            st, body, _ = results["d"]
+            assert st in (500, 503) and body["error"]["code"] in ("storage_error", "store_unavailable"), body
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert until(lambda: a.request("DELETE", f"/v1/sessions/{sid}")[0] in (200, 404), what="the delete")
+        assert a.request("GET", f"/v1/sessions/{sid}")[0] == 404
+        assert a.stop() == 0
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        a.stop()
+
+
 def test_a_takeover_redis_stops_answering_is_let_go_not_failed(tmp_path, redis):
     """Redis stalls while a replica replays a session it took over: the replay
     stops, the lease is released, and the next request takes the session
