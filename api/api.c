@@ -271,7 +271,10 @@ json_t *api_session_settings_json(const api_session_settings *s) {
  * (joined into one string owned by root under a private key). */
 static int message_content(json_t *root, json_t *msg, size_t idx, const char **out, api_error *e) {
     json_t *c = json_object_get(msg, "content");
-    if (!c || json_is_null(c)) {
+    if (!c || json_is_null(c)) { /* only an assistant's may be absent (its tool calls say it all), as OpenAI's */
+        if (strcmp(json_string_value(json_object_get(msg, "role")), "assistant"))
+            return api_fail(e, 400, "missing_field", "messages", "messages[%zu] (%s) needs its content", idx,
+                            json_string_value(json_object_get(msg, "role")));
         *out = "";
         return 0;
     }

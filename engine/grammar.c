@@ -390,9 +390,10 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         f->st = O_KEY;
         return ACCEPT;
     case O_KEY: {
-        if (c == '"') {
-            int i = ended(g, nd, f->cand, f->pos);
-            if (i < 0) return REJECT;
+        /* a '"' ends the key where a name ends; inside a name (kept escaped, as JSON text) it
+           follows an escaping backslash, which no complete name ends with: never both */
+        int i = c == '"' ? ended(g, nd, f->cand, f->pos) : -1;
+        if (i >= 0) {
             f->used |= 1ull << i;
             f->count = (uint32_t)i;
             f->st = O_COLON;

@@ -311,7 +311,8 @@ def test_garbage_requests_get_clean_errors(srv):
     for raw in [b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"messages": "x"}', b'{"messages": [{"role": 1}]}',
                 b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
                 b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"zz": 1}}',
-                b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}']:
+                b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}',
+                b'{"messages": [{"role": "user", "content": null}]}', b'{"messages": [{"role": "system"}]}']:
         st, body, _ = srv.request("POST", "/v1/chat/completions", raw=raw,
                                   headers=dict(auth(), **{"Content-Type": "application/json"}))
         assert st == 400, (raw, body)
