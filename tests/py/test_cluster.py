@@ -43,6 +43,19 @@ def until(fn, timeout=30, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def slowest_while(srv, thread, timeout=10):
+    """The slowest GET /v1/models on srv while thread runs (then joined): how
+    long the replica's loop held its other requests."""
+    slowest, t0 = 0, time.time()
+    while thread.is_alive() and time.time() - t0 < timeout:
+        t1 = time.time()
+        assert srv.request("GET", "/v1/models")[0] == 200
+        slowest = max(slowest, time.time() - t1)
+        time.sleep(0.1)
+    thread.join()
+    return slowest
+
+
 def get_ready(srv, sid):
     """GET the session on srv, retrying while it is being taken over (409/421)."""
     def attempt():
@@ -347,13 +360,7 @@ def test_a_delete_waiting_for_redis_holds_up_no_other_request(tmp_path, redis):
             deleter = threading.Thread(target=lambda: results.update(d=a.request("DELETE", f"/v1/sessions/{sid}")))
             deleter.start()
             time.sleep(0.2)
-            slowest = 0
-            while deleter.is_alive():
-                t1 = time.time()
-                assert a.request("GET", "/v1/models")[0] == 200
-                slowest = max(slowest, time.time() - t1)
-                time.sleep(0.1)
-            assert slowest < 0.5, slowest
+            assert slowest_while(a, deleter) < 0.5
             st, body, _ = results["d"]
             assert st in (500, 503) and body["error"]["code"] in ("storage_error", "store_unavailable"), body
         finally:
@@ -447,18 +454,10 @@ def test_a_takeover_waiting_for_redis_holds_up_no_other_request(tmp_path, redis)
             asker = threading.Thread(target=lambda: results.update(first=b.request("GET", f"/v1/sessions/{sid}")))
             asker.start()
             time.sleep(0.3)
-            t0 = time.time()
             st, body, hdrs = b.request("GET", f"/v1/sessions/{sid}")
             assert st == 409 and body["error"]["code"] == "session_busy", body
             assert hdrs.get("Retry-After") == "1"
-            slowest = 0
-            while asker.is_alive() and time.time() - t0 < 10:
-                t1 = time.time()
-                assert b.request("GET", "/v1/models")[0] == 200
-                slowest = max(slowest, time.time() - t1)
-                time.sleep(0.1)
-            assert slowest < 0.5, slowest
-            asker.join()
+            assert slowest_while(b, asker) < 0.5
             st, body, hdrs = results["first"]
             assert st == 503 and body["error"]["code"] == "store_unavailable", body
             assert hdrs.get("Retry-After") == "1"
