@@ -74,7 +74,17 @@ static int parse_flags(int argc, char **argv, const char *synopsis, const flag *
             }
             v = argv[++i];
         }
+        char err[160];
+        int64_t n;
+        if (!strcmp(flags[k].name, "--threads") && config_parse_int("--threads", v, 1, 1024, &n, err, sizeof err)) {
+            fprintf(stderr, "potserve %s: %s\n", argv[0], err); /* (a usage error of every model command) */
+            return -1;
+        }
         if (!strcmp(flags[k].name, "--stop")) {
+            if (!*v) {
+                fprintf(stderr, "potserve %s: --stop needs a non-empty string\n", argv[0]);
+                return -1;
+            }
             if (p->n_stops == MAX_STOPS) {
                 fprintf(stderr, "potserve %s: at most %d --stop strings\n", argv[0], MAX_STOPS);
                 return -1;

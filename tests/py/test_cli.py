@@ -108,6 +108,14 @@ def test_prompt_as_text_or_ids_not_both(model, cmd):
         assert p.returncode == 1 and b"--tokens: not a list of token ids" in p.stderr, (ids, p.stderr)
 
 
+def test_thread_counts_and_empty_stops_are_usage_errors(model):
+    """Like every other bad flag: exit 2 (a bad --threads exited 1, and --stop "" was taken)."""
+    for cmd, args in (("generate", ["-p", "hi", "-t", "0"]), ("generate", ["-p", "hi", "-t", "abc"]),
+                      ("tokenize", ["-t", "2000"]), ("generate", ["-p", "hi", "--stop", ""])):
+        p = run(cmd, "-m", model, *args, input=b"")
+        assert p.returncode == 2 and (b"--threads" in p.stderr or b"--stop" in p.stderr), (cmd, args, p.stderr)
+
+
 def test_ingest_says_why_it_cannot_read(model, tmp_path):
     p = run("ingest", "-m", model, tmp_path)
     assert p.returncode == 1 and p.stderr.endswith(b"failed: Is a directory\n"), p.stderr
