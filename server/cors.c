@@ -50,8 +50,14 @@ int cors_enabled(const server *s) { return s->cfg.cors_origins && *s->cfg.cors_o
 
 void cors_add_headers(request *r, struct MHD_Response *resp) {
     const char *list = r->srv->cfg.cors_origins;
-    /* the answer depends on Origin for every request, allowed or not: a shared cache must know */
-    if (cors_enabled(r->srv) && strcmp(list, "*")) MHD_add_response_header(resp, "Vary", "Origin");
+    /* the answer depends on Origin for every request, allowed or not, and a preflight's on the
+     * headers it asked for (reflected in Allow-Headers): a shared cache must know */
+    if (cors_enabled(r->srv)) {
+        int any = !strcmp(list, "*"), preflight = !strcmp(r->method, "OPTIONS");
+        const char *vary = preflight ? (any ? "Access-Control-Request-Headers" : "Origin, Access-Control-Request-Headers")
+                                     : (any ? NULL : "Origin");
+        if (vary) MHD_add_response_header(resp, "Vary", vary);
+    }
     const char *origin = allowed_origin(r);
     if (!origin) return;
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);

@@ -87,7 +87,8 @@ def test_cors_preflight_before_auth(srv):
     assert "POST" in hdrs["Access-Control-Allow-Methods"]
     allowed = {x.strip().lower() for x in hdrs["Access-Control-Allow-Headers"].split(",")}
     assert {"authorization", "content-type", "x-session-id", "x-chunk-seq"} <= allowed
-    assert hdrs["Vary"] == "Origin"
+    # the answer reflects the asked headers too: a shared cache must key on them
+    assert hdrs["Vary"] == "Origin, Access-Control-Request-Headers"
     # the openai package's own headers (its browser use), and PUT (curl -T and fetch for chunks)
     asked = dict(h, **{"Access-Control-Request-Method": "PUT",
                        "Access-Control-Request-Headers": "x-stainless-os, x-stainless-lang, authorization"})
@@ -97,7 +98,7 @@ def test_cors_preflight_before_auth(srv):
     assert "PUT" in hdrs["Access-Control-Allow-Methods"]
     # an origin that is not listed gets no permission; Vary tells a cache the answer depends on it
     st, _, hdrs = srv.request("OPTIONS", "/v1/chat/completions", headers=dict(h, Origin="https://evil.example"))
-    assert "Access-Control-Allow-Origin" not in hdrs and hdrs["Vary"] == "Origin"
+    assert "Access-Control-Allow-Origin" not in hdrs and hdrs["Vary"] == "Origin, Access-Control-Request-Headers"
     assert srv.request("GET", "/health")[2]["Vary"] == "Origin"
 
 
