@@ -2007,6 +2007,38 @@ void sessions_expire(server *s) {
 
 /* ---- a shared store: takeover, handoff, leases ------------------------------------------------ */
 
+/* A lease given back from the loop: Redis is asked from the thread pool, as
+ * every other store question of the loop's (a stalled Redis waits up to 2 s a
+ * command, and on the loop every request would wait with it). The lease's
+ * token goes with it, so a late release never frees a lease taken since. */
+typedef struct lease_release {
+    uv_work_t work;
+    server *srv;
+    char id[48], token[STORE_TOKEN_MAX];
+} lease_release;
+
+static void lease_release_work(uv_work_t *w) {
+    lease_release *l = w->data;
+    store_lease_release(l->srv->st, l->id, l->token);
+}
+
+static void lease_release_done(uv_work_t *w, int status) {
+    (void)status;
+    free(w->data);
+}
+
+static void release_lease_later(server *s, const char *id, const char *token) {
+    lease_release *l = calloc(1, sizeof *l);
+    if (l) {
+        l->srv = s, l->work.data = l;
+        snprintf(l->id, sizeof l->id, "%s", id);
+        snprintf(l->token, sizeof l->token, "%s", token);
+        if (!uv_queue_work(s->loop, &l->work, lease_release_work, lease_release_done)) return;
+        free(l);
+    }
+    store_lease_release(s->st, id, token); /* no memory or no pool: here, rather than never */
+}
+
 static void taken_over(server *s, doc_job *j) {
     session *ss = j->ss;
     if (j->rc && !*j->feed_err && store_log_unreachable(ss->log) && !atomic_load(&s->abandon_replays)) {
@@ -2016,7 +2048,7 @@ static void taken_over(server *s, doc_job *j) {
         fprintf(stderr, "potserve: session %s: takeover stopped, the store did not answer (%.200s); released\n",
                 ss->id, j->err);
         ss->busy = 0;
-        store_lease_release(s->st, ss->id, ss->token);
+        release_lease_later(s, ss->id, ss->token);
         session_drop(s, ss);
         return finish_doc_job(j);
     }
@@ -2087,17 +2119,17 @@ static void takeover_answer(request *r, void *arg) {
                  "session '%s' is held by replica %s; it hands it over when idle: retry", t->id, t->owner);
         respond_retry(r, &e, 1);
     } else if (s->stopping) { /* its leases are being released: this one too */
-        if (ss) store_lease_release(s->st, t->id, t->token), free_session(ss);
+        if (ss) release_lease_later(s, t->id, t->token), free_session(ss);
         api_fail(&e, 503, "unavailable", t->param, "the server is shutting down");
         respond_retry(r, &e, 1);
     } else if (!ss || (mkdir(ss->dir, 0700) && errno != EEXIST)) {
         if (ss) snprintf(t->err, sizeof t->err, "cannot create %s: %s", ss->dir, strerror(errno));
-        if (ss) store_lease_release(s->st, t->id, t->token), free_session(ss);
+        if (ss) release_lease_later(s, t->id, t->token), free_session(ss);
         api_fail(&e, 500, "storage_error", t->param, "%s", t->err);
         respond_error(r, &e);
     } else if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
         free_session(ss);
-        store_lease_release(s->st, t->id, t->token);
+        release_lease_later(s, t->id, t->token);
         api_fail(&e, 429, "insufficient_memory", t->param, "this replica has no room for session '%s'", t->id);
         respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
     } else {
@@ -2224,7 +2256,7 @@ static void renew_done(uv_work_t *w, int status) {
         } else if (j->out[i] == 2 && !ss->busy && !ss->disk_busy && !ss->gens && !ss->rebuilding &&
                    !ss->snap_saving && !ss->acked_ingests) {
             fprintf(stderr, "potserve: handing session %s over on request\n", ss->id);
-            store_lease_release(s->st, ss->id, ss->token);
+            release_lease_later(s, ss->id, ss->token);
             s->m.handoffs++;
             session_drop(s, ss);
         }

@@ -388,9 +388,12 @@ def test_a_takeover_redis_stops_answering_is_let_go_not_failed(tmp_path, redis):
         a.kill()
         until(lambda: b.request("GET", f"/v1/sessions/{sid}")[0] == 409, what="b taking the session over")
         # b's next reads get no answer: the snapshot's (if it is still to come) and the log's after it,
-        # each given up after 2 s
+        # each given up after 2 s; the lease is then given back from the thread pool, where it held
+        # b's loop (every request) for another 2 s
         redis.proc.send_signal(signal.SIGSTOP)
-        time.sleep(5)
+        stall = threading.Thread(target=time.sleep, args=(6,))
+        stall.start()
+        assert slowest_while(b, stall) < 0.5
         redis.proc.send_signal(signal.SIGCONT)
         got = get_ready(b, sid)
         assert got["last_seq"] == len(parts) and got["status"] == "ready"
