@@ -81,14 +81,22 @@ static int get_string(json_t *o, const char *key, const char **out, api_error *e
 static int get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out, api_error *e) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
-    double d;
-    if (json_is_integer(v)) d = (double)json_integer_value(v);
-    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) d = json_real_value(v);
-    else return api_fail(e, 400, "invalid_type", key, "%s must be an integer", key);
-    if (d < (double)lo || d > (double)hi)
+    /* an integer is compared as one (through a double, seeds above 2^53 would merge and 2^63 - 1
+       would round out of int64_t's range); a real with no fraction (2048.0) is taken when exact */
+    int64_t n = 0;
+    int in_range = 1;
+    if (json_is_integer(v)) {
+        n = (int64_t)json_integer_value(v);
+    } else {
+        double d = json_real_value(v);
+        if (!json_is_real(v) || d != floor(d)) return api_fail(e, 400, "invalid_type", key, "%s must be an integer", key);
+        in_range = d >= -0x1p63 && d < 0x1p63;
+        if (in_range) n = (int64_t)d;
+    }
+    if (!in_range || n < lo || n > hi)
         return api_fail(e, 400, "invalid_value", key, "%s must be in [%lld, %lld]", key,
                         (long long)lo, (long long)hi);
-    *out = (int64_t)d;
+    *out = n;
     return 0;
 }
 

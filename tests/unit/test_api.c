@@ -1,8 +1,11 @@
 /* api/api.c: document text as JSON strings (api_text_json), which the
  * answers' recall passages and GET /v1/sessions/{id}/text are built with:
- * valid UTF-8 unchanged, anything else as U+FFFD, and garbage never refused. */
+ * valid UTF-8 unchanged, anything else as U+FFFD, and garbage never refused;
+ * integer fields read exactly. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "api/api.h"
 #include "common/common.h"
@@ -55,5 +58,34 @@ TEST(api_text_json_takes_any_bytes) {
         }
         CHECK(k == len);
         json_decref(j);
+    }
+}
+
+/* Integer fields are read as integers: through a double, seeds above 2^53 merged
+ * and 2^63 - 1 rounded to 2^63, out of int64_t's range (undefined behaviour). */
+TEST(api_integers_are_kept_exact) {
+    static const struct { const char *seed; uint64_t want; } cases[] = {
+        {"9007199254740992", 9007199254740992u}, {"9007199254740993", 9007199254740993u},
+        {"9223372036854775807", 9223372036854775807u}, {"9223372036854775806", 9223372036854775806u},
+        {"-9223372036854775808", (uint64_t)INT64_MIN}, {"2048.0", 2048}, {"-0.0", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[160];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"seed\": %s}", cases[i].seed);
+        api_gen_request r;
+        api_error e;
+        CHECK(api_parse_gen_request(body, strlen(body), 0, 100, &r, &e) == 0);
+        CHECK(r.params.sampling.seed == cases[i].want);
+        api_gen_request_free(&r);
+    }
+    static const char *const refused[] = {"1e19", "-1e19", "9.3e18", "1e308", "2048.5", "\"7\""};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char body[160];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"seed\": %s}", refused[i]);
+        api_gen_request r;
+        api_error e;
+        CHECK(api_parse_gen_request(body, strlen(body), 0, 100, &r, &e) != 0);
+        CHECK(e.status == 400 && !strcmp(e.param, "seed"));
+        api_gen_request_free(&r);
     }
 }
