@@ -699,6 +699,11 @@ static void respond_upload(upload *u, int status, json_t *body) {
         return;
     }
     if (u->streaming) {
+        /* the 200 is gone: the status the answer would have had goes in the error object, so a
+           client can tell a refusal (4xx) from a failure to retry (5xx, as Retry-After would say) */
+        json_t *err = status >= 400 ? json_object_get(body, "error") : NULL;
+        if (err) json_object_set_new(err, "status", json_integer(status));
+        if (err && status == 503) json_object_set_new(err, "retry_after", json_integer(1));
         char *text = json_dumps(body, JSON_COMPACT);
         json_decref(body);
         const char *ev = status >= 400 ? "error" : "done";

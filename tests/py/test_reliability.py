@@ -999,3 +999,50 @@ def test_a_session_whose_log_cannot_be_opened_at_start_is_failed_not_gone(tmp_pa
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404  # the deletion held
     finally:
         s.stop()
+
+
+def streamed_upload(s, sid, data, on_progress=None, seq=1):
+    """A chunk sent with Accept: text/event-stream: the events as (name, data) pairs; on_progress
+    runs once, at the first progress event."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+    conn.request("POST", f"/v1/sessions/{sid}/chunks?seq={seq}", body=data,
+                 headers={"Content-Type": "text/plain", "Accept": "text/event-stream"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    events, name = [], None
+    for raw in resp:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+            if name == "progress" and on_progress:
+                on_progress()
+                on_progress = None
+    conn.close()
+    return events
+
+
+def test_a_streamed_chunks_error_event_says_its_status(tmp_path):
+    """Once a chunk's progress streams, its 200 is sent: a failure comes as an `error` event, which
+    said nothing of its kind, so the web page took a server stopping (to retry) for a refusal of the
+    file (dropped). The error object carries the status the answer would have had."""
+    s = Server(tmp_path / "d", "--threads", "1", "--shutdown-grace", "1", "--budget-tokens", "64").start()
+    try:
+        st, body, _ = s.request("POST", "/v1/sessions", {"policy": "none", "budget_tokens": 64})
+        events = streamed_upload(s, body["id"], text(40).encode())
+        assert events[-1][0] == "error", events
+        err = events[-1][1]["error"]
+        assert err["status"] == 422 and err["code"] == "document_too_long" and "retry_after" not in err, err
+        sid = new_session(s)
+        events = streamed_upload(s, sid, text(4000).encode(), on_progress=lambda: s.proc.send_signal(signal.SIGTERM))
+        assert events[-1][0] == "error", events
+        err = events[-1][1]["error"]
+        assert err["status"] == 503 and err["retry_after"] == 1, err
+        assert s.proc.wait(60) == 0
+        s.start()
+        assert session(s, sid)["last_seq"] == 0  # not kept: the same seq is taken again
+        assert upload(s, sid, text(20).encode(), query="?seq=1")[0] == 200
+    finally:
+        s.stop()
