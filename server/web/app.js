@@ -50,6 +50,7 @@
       super(e.message || ('HTTP ' + status));
       this.status = status;
       this.code = e.code || null;
+      this.retryAfter = Number(e.retry_after) || 0; // seconds, a streamed 503's (as Retry-After would say)
     }
   }
 
@@ -88,7 +89,11 @@
       const text = await r.text();
       let body = null;
       try { body = text ? JSON.parse(text) : null; } catch (e) { body = null; }
-      if (!r.ok) throw new ApiError(r.status, body || { error: { message: text.trim() || r.statusText } });
+      if (!r.ok) {
+        const e = new ApiError(r.status, body || { error: { message: text.trim() || r.statusText } });
+        e.retryAfter = Number(r.headers.get('Retry-After')) || e.retryAfter;
+        throw e;
+      }
       return body;
     }
   }
@@ -476,7 +481,7 @@
             e.status === 503 || e.status === 429 || e.code === 'client_closed';
           if (!transient) throw e;
           failures++;
-          const wait = Math.min(15000, 500 * 2 ** Math.min(failures, 5));
+          const wait = Math.max(1000 * (e.retryAfter || 0), Math.min(15000, 500 * 2 ** Math.min(failures, 5)));
           $('upload-note').textContent = (e instanceof ApiError ? e.message : 'Connection lost') +
             ' — retrying in ' + Math.round(wait / 1000) + ' s…';
           await sleep(wait);
@@ -549,7 +554,9 @@
     } else {
       await readEvents(r, (name, data) => {
         const d = JSON.parse(data);
-        if (name === 'error') { error = new ApiError(400, d); return; }
+        // the 200 is already sent: the error object carries the status the answer would have had, a 4xx a
+        // refusal, a 5xx (the server stopping, a full disk) a failure to retry (docs/api.md)
+        if (name === 'error') { error = new ApiError((d.error && d.error.status) || 500, d); return; }
         if (name === 'done') { result = d; return; }
         const now = performance.now();
         if (now > last.t && d.tokens_ingested > last.tokens) {

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import time
 import urllib.request
 
@@ -821,6 +822,50 @@ def test_an_upload_stopped_by_a_server_error_keeps_its_file_and_goes_on_later(br
     assert s["final"] and s["bytes_received"] == len(data) and s["last_seq"] == 2, s
     assert not page.errors, page.errors
     page.context.close()
+
+
+
+def test_a_server_stopped_while_a_chunk_streams_keeps_the_upload_and_goes_on(browser, tmp_path):
+    """SIGTERM while a chunk's progress streams: its answer (200, already sent) ends with an `error` event
+    whose object says status 503 (shutting_down, the chunk not kept). That is a failure to retry, not a
+    refusal: the page keeps the file and retries, and once a server runs again on the same data and port
+    the upload ends whole, instead of stopping for good with the file dropped."""
+    text = FILLER * (400 * 1024 // len(FILLER))
+    data = text.encode()
+    path = tmp_path / "server-restarted.txt"
+    path.write_text(text)
+    with own_tiny_server(tmp_path / "data", "--shutdown-grace", "0") as srv:
+        page = open_page(browser, srv)
+        page.wait_for_selector("#model:not(:empty)", timeout=10000)
+        answers = []
+        page.on("response", lambda r: answers.append(r) if "/chunks" in r.url else None)
+        page.evaluate("""() => {
+            window.notes = [];
+            new MutationObserver(() => window.notes.push(document.getElementById('upload-note').textContent))
+                .observe(document.getElementById('upload-note'), {childList: true, subtree: true, characterData: true});
+        }""")
+        upload_through_page(page, path)
+        note_is(page, "^Chunk 1 stored", 60)
+        stored = int(page.inner_text("#up-tokens").split()[0].replace(",", ""))
+        # the second chunk's progress shows: its answer streams
+        page.wait_for_function("(n) => +document.getElementById('up-tokens').textContent.split(' ')[0]"
+                               ".replace(/\\D/g, '') > n", arg=stored, timeout=60000, polling=20)
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(60) == 0
+        second = [r for r in answers if r.request.headers.get("x-chunk-seq") == "2"][0]
+        assert second.status == 200 and '"status":503' in second.text(), second.text()[-400:]
+        note_is(page, "retrying", 20)
+        assert page.evaluate("localStorage.getItem('potserve.upload')"), "the file was dropped"
+        srv.flags += ["--port", str(srv.port)]
+        srv.start()
+        wait_done(page, 300)
+        s = srv.request("GET", "/v1/sessions")[1]["data"]
+        assert len(s) == 1 and s[0]["final"] and s[0]["bytes_received"] == len(data), s
+        assert s[0]["tokens_ingested"] == len(srv.request("POST", "/tokenize", {"content": text})[1]["tokens"])
+        notes = page.evaluate("window.notes")
+        assert not any(n.startswith("Stopped") for n in notes), notes
+        assert not page.errors, page.errors
+        page.context.close()
 
 
 def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
