@@ -526,11 +526,17 @@
     try { s = await api('/v1/sessions/' + u.id); } catch (err) { s = err.status === 404 ? null : undefined; }
     u.kept = s !== null && !(s && (s.final || s.status === 'failed')) && e instanceof ApiError && e.status >= 500;
     if (!u.kept && s && s.last_seq === 0 && s.bytes_received === 0 && !s.final) {
-      try {
-        await api('/v1/sessions/' + u.id, { method: 'DELETE' });
-        removed = true;
-        if (state.selected === u.id) state.selected = null;
-      } catch (err) { /* it stays, empty; the list offers to delete it */ }
+      // while the server undoes the refused chunk, the session answers 409 session_busy: ask again
+      for (let i = 0; !removed && i < 20; i++) {
+        try {
+          await api('/v1/sessions/' + u.id, { method: 'DELETE' });
+          removed = true;
+          if (state.selected === u.id) state.selected = null;
+        } catch (err) {
+          if (err.code !== 'session_busy') break; // it stays, empty; the list offers to delete it
+          await sleep(500);
+        }
+      }
     }
     let msg = e.message + (removed ? ' (the empty session was removed)' : '');
     if (e.code === 'invalid_utf8') msg += '. This page reads UTF-8 text only: save the file as UTF-8 and read it again';

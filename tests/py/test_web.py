@@ -736,16 +736,27 @@ def test_a_new_upload_does_not_show_the_last_ones_note(browser, tiny, tmp_path):
 
 def test_a_file_that_is_not_utf8_leaves_no_empty_session_and_says_to_save_it_as_utf8(browser, tiny, tmp_path):
     """A Latin-1 file: the server refuses its first chunk (invalid_utf8, nothing kept); the page removes
-    the session it made for it, and says to save the file as UTF-8."""
+    the session it made for it, and says to save the file as UTF-8. The session takes no DELETE while the
+    server undoes the refused chunk (409 session_busy, here the first DELETE's answer): the page asks again."""
     page = open_page(browser, tiny)
     enter_key(page)
+    busy = []
+
+    def delete(route):
+        if route.request.method != "DELETE" or busy:
+            return route.continue_()
+        busy.append(route.request.url)
+        route.fulfill(status=409, headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"error": {"message": "the session is ingesting an upload; retry when it ends", "type": "conflict_error",
+                       "param": None, "code": "session_busy"}}))
+    page.route("**/v1/sessions/sess_*", delete)
     path = latin1_file(tmp_path, "latin1-notes.txt")
     upload_through_page(page, path)
     note = note_is(page, "^Stopped")
     assert note.endswith("(the empty session was removed). This page reads UTF-8 text only: "
                          "save the file as UTF-8 and read it again"), note
     assert shown(page, "save the file as UTF-8") == f"Upload of {path.name} stopped: {note[len('Stopped: '):]}"
-    assert not [x for x in get(tiny, "/v1/sessions")["data"] if x["metadata"].get("title") == path.name]
+    assert busy and not [x for x in get(tiny, "/v1/sessions")["data"] if x["metadata"].get("title") == path.name]
     page.wait_for_function("(n) => ![...document.querySelectorAll('#sessions .name')].some((e) => e.textContent === n)",
                            arg=path.name, timeout=5000)
     assert page.evaluate("localStorage.getItem('potserve.upload')") is None  # nothing left to resume
