@@ -267,6 +267,16 @@
 
   // ---- the server's defaults -----------------------------------------------------------------------
 
+  // GET /v1/server, fetched again where the page has it not (it was opened while the server was down or
+  // draining): what needs the model's name or the session defaults waits for it.
+  async function serverInfo() {
+    if (!state.server) {
+      state.server = await api('/v1/server');
+      renderDefaults();
+    }
+    return state.server;
+  }
+
   function renderDefaults() {
     const d = state.server.session_defaults;
     const opts = (sel, names, dflt) => sel.replaceChildren(...names.map((n) =>
@@ -372,21 +382,22 @@
     }
     if (!blob) return say('Choose a file or paste some text first.');
     if (blob.size === 0) return say('That document is empty.');
-    const settings = { metadata: { title: name, bytes: blob.size } };
-    const d = state.server.session_defaults;
-    if ($('set-policy').value !== d.policy) settings.policy = $('set-policy').value;
-    if ($('set-schedule').value !== d.schedule) settings.schedule = $('set-schedule').value;
-    if ($('set-budget').value) settings.budget_tokens = Number($('set-budget').value);
-    if ($('set-keep').value) settings.keep_tokens = Number($('set-keep').value);
     $('start').disabled = true; // (this takes the focus off it: it goes to the progress, or back here)
     let started = false;
     try {
+      const srv = await serverInfo();
+      const settings = { metadata: { title: name, bytes: blob.size } };
+      const d = srv.session_defaults;
+      if ($('set-policy').value !== d.policy) settings.policy = $('set-policy').value;
+      if ($('set-schedule').value !== d.schedule) settings.schedule = $('set-schedule').value;
+      if ($('set-budget').value) settings.budget_tokens = Number($('set-budget').value);
+      if ($('set-keep').value) settings.keep_tokens = Number($('set-keep').value);
       const s = await api('/v1/sessions', { method: 'POST', json: settings });
       const release = await holdUpload(s.id, false) || (() => {}); // a new session: no other tab holds it
       const old = localStorage.getItem(UPLOAD_STORE); // a stopped upload's kept file: this one replaces it
       if (old) dropDoc(old);
       localStorage.setItem(UPLOAD_STORE, s.id);
-      const rec = { blob, name, chunkBytes: Math.min(CHUNK_BYTES, state.server.max_chunk_bytes) };
+      const rec = { blob, name, chunkBytes: Math.min(CHUNK_BYTES, srv.max_chunk_bytes) };
       await saveDoc(s.id, rec);
       $('file').value = '';
       $('paste').value = '';
@@ -616,7 +627,7 @@
   // sending it (then follow it from here).
   async function resumeUpload() {
     const id = localStorage.getItem(UPLOAD_STORE);
-    if (!id) return;
+    if (!id || uploading()) return; // (this tab started one since it was opened)
     const release = await holdUpload(id, false);
     if (!release) {
       followOtherTab(id).catch((e) => say(e.message));
@@ -813,10 +824,7 @@
     addTurn('user', q);
     const { turn, body } = addTurn('assistant', '');
     turn.classList.add('streaming');
-    const req = { model: state.server.model, messages: state.chat.slice(), stream: true,
-      stream_options: { include_usage: true }, temperature, max_tokens: maxTokens };
-    if (over) req.session = over;
-    if (over && $('chat-reread').checked) req.reread = true;
+    const wantReread = over && $('chat-reread').checked;
     state.chatAbort = new AbortController();
     $('chat-stop').disabled = false;
     $('chat-send').disabled = true;
@@ -827,6 +835,10 @@
       turn.scrollIntoView({ block: 'end' });
     };
     try {
+      const req = { model: (await serverInfo()).model, messages: state.chat.slice(), stream: true,
+        stream_options: { include_usage: true }, temperature, max_tokens: maxTokens };
+      if (over) req.session = over;
+      if (wantReread) req.reread = true;
       const r = await api('/v1/chat/completions', { method: 'POST', json: req, raw: true, signal: state.chatAbort.signal });
       await readEvents(r, (name, data) => {
         if (data === '[DONE]') return;
@@ -1111,19 +1123,27 @@
 
   // ---- start ---------------------------------------------------------------------------------------------
 
-  async function start() {
-    drawLegend();
+  // What the page does once it reaches the server; tried again at each poll until it has succeeded
+  // (a page opened while the server was down or draining).
+  let connected = false, connecting = false;
+  async function connect() {
+    if (connecting) return;
+    connecting = true;
     try {
-      state.server = await api('/v1/server');
+      await serverInfo();
       if (sessionStorage.getItem(KEY_STORE)) $('key-button').hidden = false;
-      renderDefaults();
       await loadSessions();
       if (!state.selected && state.sessions.length) select(state.sessions[0].id);
       await resumeUpload();
-    } catch (e) {
-      say('Cannot reach the server: ' + e.message);
+      connected = true;
+    } finally {
+      connecting = false;
     }
-    setInterval(() => { if (!document.hidden && !uploading()) loadSessions().catch(() => {}); }, 10000);
   }
-  start();
+
+  drawLegend();
+  connect().catch((e) => say('Cannot reach the server: ' + e.message));
+  setInterval(() => {
+    if (!document.hidden && !uploading()) (connected ? loadSessions() : connect()).catch(() => {});
+  }, 10000);
 })();

@@ -879,6 +879,49 @@ def test_a_server_stopped_while_a_chunk_streams_keeps_the_upload_and_goes_on(bro
         page.context.close()
 
 
+
+def page_opened_while_the_api_is_down(browser, srv):
+    """A tab loaded while every /v1 route answers 503 shutting_down (a server draining before a restart),
+    the API back once the page has said so."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    ctx.route("**/v1/**", lambda route: route.fulfill(
+        status=503, headers={"Content-Type": "application/json", "Retry-After": "1"}, body=json.dumps(
+            {"error": {"message": "the server is shutting down", "type": "unavailable_error", "param": None,
+                       "code": "shutting_down"}})))
+    page = open_page(browser, srv, context=ctx)
+    assert shown(page, "Cannot reach") == "Cannot reach the server: the server is shutting down"
+    ctx.unroute("**/v1/**")
+    return page
+
+
+def test_a_page_opened_while_the_server_was_unavailable_works_once_it_is_back(browser, tiny):
+    """The page fetches the server's settings (GET /v1/server) it could not get at its start before it
+    needs them: "Read document" and a question work once the server answers again (they threw on the
+    missing settings: "Cannot read properties of null"), without waiting for the next poll."""
+    page = page_opened_while_the_api_is_down(browser, tiny)
+    page.click("#tab-chat")
+    page.fill("#chat-input", "Say hello.")
+    with page.expect_request("**/v1/chat/completions", timeout=30000) as sent:
+        page.press("#chat-input", "Enter")
+        enter_key(page)  # asked for at the first request that reaches the server
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=30000)
+    assert sent.value.post_data_json["model"] == "tiny_llama"
+    assert page.inner_text(".turn.assistant .body").strip() and page.locator(".turn.failed").count() == 0
+    assert not page.errors, page.errors
+    page.context.close()
+
+    page = page_opened_while_the_api_is_down(browser, tiny)
+    page.click("#paste-box summary")
+    page.fill("#paste", "A note read once the server is back.\n")
+    page.click("#start")
+    enter_key(page)
+    wait_done(page, 60)
+    assert page.inner_text("#model") == "tiny_llama"
+    assert session_titled(tiny, "A note read once the server is back.")["final"]
+    assert not page.errors, page.errors
+    page.context.close()
+
+
 def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
     """finish_reason "length" also ends an answer the model's window or the server's request_timeout
     cut: with fewer tokens than max_tokens the foot says so, at max_tokens it says "cut at max tokens"."""
