@@ -922,6 +922,45 @@ def test_a_page_opened_while_the_server_was_unavailable_works_once_it_is_back(br
     page.context.close()
 
 
+
+def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path):
+    """File names and session titles without a break point (a 31-character name with underscores, one of
+    220 characters, a 3000-character title set through the API) wrap or are cut with an ellipsis, in the
+    session list, the document's card, the upload's card (its Cancel stays inside it) and the messages: the
+    page never scrolls sideways, at 375 px nor at 1280 px."""
+    with own_tiny_server(tmp_path / "data") as srv:
+        st, s, _ = srv.request("POST", "/v1/sessions", {"metadata": {"title": "Quarterly" + "Q" * 2991}})
+        assert st == 201, s
+        names = ["Annual_Report_2024_Final_v3.txt", "Minutes_" + "m" * 208 + ".txt"]
+        for width in (375, 1280):
+            page = open_page(browser, srv, width=width, height=800)
+            page.wait_for_selector("#model:not(:empty)", timeout=10000)
+
+            def fits(what):
+                wide = page.evaluate("document.documentElement.scrollWidth")
+                assert wide <= width, f"{what}: the page is {wide} px wide at {width} px"
+
+            page.click(f'#sessions li[data-id="{s["id"]}"] .pick')
+            fits("the long title")
+            for name in names:
+                path = tmp_path / name
+                path.write_text("Some text.\n" * 10)
+                upload_through_page(page, path)
+                wait_done(page, 60)
+                page.locator("#messages .msg", has_text="Finished reading").last.wait_for(state="visible")
+                fits(name)
+                card, cancel = page.locator("#upload").bounding_box(), page.locator("#upload-cancel").bounding_box()
+                assert cancel["x"] + cancel["width"] <= card["x"] + card["width"], (name, cancel, card)
+            path = latin1_file(tmp_path, "Latin1_" + "l" * 200 + ".txt")
+            upload_through_page(page, path)
+            shown(page, "save the file as UTF-8")
+            fits("the alert")
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / f"long-names-{width}.png"), full_page=True)
+            assert not page.errors, page.errors
+            page.context.close()
+
+
 def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
     """finish_reason "length" also ends an answer the model's window or the server's request_timeout
     cut: with fewer tokens than max_tokens the foot says so, at max_tokens it says "cut at max tokens"."""
