@@ -7,15 +7,21 @@
 
 #include "server/server_internal.h"
 
+/* The slot of route's series, taken when first seen (routes are static
+ * strings). The last slot is "other": unknown paths, and any route beyond the
+ * table (none: it has room for more than router.c's routes), never counted
+ * under another route's name. */
 int metrics_route(metrics *m, const char *route) {
-    for (int i = 0; i < METRIC_ROUTES; i++) {
+    enum { OTHER = METRIC_ROUTES - 1 };
+    m->route_names[OTHER] = "other";
+    for (int i = 0; i < OTHER && strcmp(route, "other"); i++) {
         if (!m->route_names[i]) {
-            m->route_names[i] = route; /* routes are static strings */
+            m->route_names[i] = route;
             return i;
         }
         if (!strcmp(m->route_names[i], route)) return i;
     }
-    return METRIC_ROUTES - 1;
+    return OTHER;
 }
 
 typedef struct text_buf {
@@ -61,9 +67,9 @@ char *metrics_render(server *s) {
     b.s[0] = 0;
     put(&b, "# HELP potserve_requests_total HTTP requests by route and status class.\n"
             "# TYPE potserve_requests_total counter\n");
-    for (int i = 0; i < METRIC_ROUTES && m->route_names[i]; i++)
+    for (int i = 0; i < METRIC_ROUTES; i++)
         for (int c = 1; c < 6; c++)
-            if (m->requests[i][c])
+            if (m->route_names[i] && m->requests[i][c])
                 put(&b, "potserve_requests_total{route=\"%s\",status=\"%dxx\"} %lld\n",
                     m->route_names[i], c, (long long)m->requests[i][c]);
     counter(&b, "potserve_tokens_ingested_total", "Document tokens read into pots.", "counter",

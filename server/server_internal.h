@@ -42,7 +42,7 @@ int auth_rate_limit(server *s, api_key *k);
 void sha256_hex(const void *data, size_t n, char out[65]);
 
 /* ---- metrics (metrics.c) ----------------------------------------------------------- */
-enum { METRIC_ROUTES = 16 };
+enum { METRIC_ROUTES = 32 }; /* router.c classify()'s 16 routes and "other", with room */
 typedef struct metrics {
     const char *route_names[METRIC_ROUTES];
     int64_t requests[METRIC_ROUTES][6]; /* by status class: 1xx..5xx, index status/100 */

@@ -205,6 +205,20 @@ static void unlink_session(server *s, session *ss) {
         }
 }
 
+/* ss leaves the registry for good (deleted, expired): its queued acknowledged
+ * chunks need not be read; its files and memory go when its last reader (a
+ * question still answering) is done. */
+static void session_remove(server *s, session *ss) {
+    if (ss->acked_ingests) engine_doc_cancel(ss->doc);
+    unlink_session(s, ss);
+    session_going(s, ss);
+    session_unref(ss); /* the registry's */
+}
+
+/* Past its expires_at second (created, in whole seconds, + ttl_seconds): so it
+ * lives at least ttl_seconds however late in its second it was created. */
+static int session_expired(const session *ss, int64_t now) { return ss->expires && now > ss->expires; }
+
 /* Forgets ss here (its store copy stays): the registry's reference goes. */
 static void session_drop(server *s, session *ss) {
     for (session *p = s->sessions; p; p = p->next)
@@ -1248,15 +1262,18 @@ static int count_sessions(server *s, const api_key *k) {
 }
 
 /* Retry-After of a 429 that waits for sessions to go: the seconds until the
- * first of them (k's, or anyone's with k NULL) expires; a minute when none
- * has a TTL (they go only when deleted). */
+ * first of them (k's, or anyone's with k NULL) is gone, so that a retry then
+ * finds room (it expires once its expires_at second has passed, and the
+ * once-a-second sweep removes it within the next); a minute when none has a
+ * TTL (they go only when deleted). */
 static int seconds_to_next_expiry(server *s, const api_key *k) {
     int64_t now = (int64_t)time(NULL), best = 0;
     for (session *ss = s->sessions; ss; ss = ss->next)
         if (ss->expires && (!k || !strcmp(ss->owner, k->owner)) && (!best || ss->expires < best))
             best = ss->expires;
     if (!best) return 60;
-    return best - now < 1 ? 1 : best - now > 3600 ? 3600 : (int)(best - now);
+    int64_t wait = best + 2 - now;
+    return wait < 1 ? 1 : wait > 3600 ? 3600 : (int)wait;
 }
 
 static char *sessions_dir(server *s) { return path_join(s->cfg.data_dir, "sessions"); }
@@ -1781,12 +1798,7 @@ static void delete_done(request *r, void *arg) {
         api_fail(&e, 500, "storage_error", NULL, "cannot delete the session: %s", j->err);
         respond_error(r, &e);
     } else {
-        if (registered(s, ss)) { /* (not dropped meanwhile: a lease lost) */
-            if (ss->acked_ingests) engine_doc_cancel(ss->doc); /* its queued chunks need not be read */
-            unlink_session(s, ss);
-            session_going(s, ss);
-            session_unref(ss); /* the registry's: files go when the last reader is done */
-        }
+        if (registered(s, ss)) session_remove(s, ss); /* (not dropped meanwhile: a lease lost) */
         respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted", "deleted", 1));
     }
     session_unref(ss); /* the job's */
@@ -1967,6 +1979,10 @@ static void restore_one(void *user, const char *id) {
     s->pot_memory += ss->memory_bytes;
     ss->next = s->sessions;
     s->sessions = ss;
+    if (session_expired(ss, (int64_t)time(NULL))) { /* while the server was down: gone unread */
+        fprintf(stderr, "potserve: session %s expired\n", id);
+        return session_remove(s, ss);
+    }
     if (ss->status == SESSION_FAILED) return (void)fprintf(stderr, "potserve: session %s failed: %s\n", id, ss->fail_msg);
     ss->busy = 1;
     s->restores_pending++;
@@ -1997,15 +2013,16 @@ int sessions_restore(server *s, char *err, size_t errlen) {
     return 0;
 }
 
+/* Once a second. An expired session answers 404 at once (session_lookup); it
+ * leaves as a DELETE would: questions still answering finish, an upload still
+ * being read (busy) is let end first. */
 void sessions_expire(server *s) {
     int64_t now = (int64_t)time(NULL);
     for (session *ss = s->sessions, *next; ss; ss = next) {
         next = ss->next;
-        if (ss->expires && now >= ss->expires && !ss->busy && !ss->gens) {
+        if (session_expired(ss, now) && !ss->busy) {
             fprintf(stderr, "potserve: session %s expired\n", ss->id);
-            unlink_session(s, ss);
-            session_going(s, ss);
-            session_unref(ss);
+            session_remove(s, ss);
         }
     }
 }
@@ -2192,9 +2209,10 @@ static int lease_lapsed(server *s, session *ss) {
 session *session_lookup(request *r, const char *id, const char *param) {
     server *s = r->srv;
     session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
+    int expired = ss && session_expired(ss, (int64_t)time(NULL)); /* gone, though still busy here */
     if (ss && lease_lapsed(s, ss)) ss = NULL;
-    if (ss) return ss;
-    if (store_is_shared(s->st) && valid_session_id(id) && !session_find(s, id, NULL)) {
+    if (ss && !expired) return ss;
+    if (store_is_shared(s->st) && !expired && valid_session_id(id) && !session_find(s, id, NULL)) {
         take_over(r, id, param);
         return NULL;
     }

@@ -11,6 +11,7 @@ import resource
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -469,7 +470,7 @@ def test_429s_carry_retry_after(tmp_path):
         assert st == 201, sess
         st, body, h = s.request("POST", "/v1/sessions", {})
         assert st == 429 and body["error"]["code"] == "too_many_sessions", body
-        assert 1 <= int(h["Retry-After"]) <= 30, h  # when the session with the TTL goes
+        assert 1 <= int(h["Retry-After"]) <= 32, h  # when the session with the TTL is gone (its second, the sweep)
         # a question's own pot (a re-read's, a prompt beyond the window's) finds no room either
         st, body, _ = upload(s, sess["id"], b"The river ran north past the mill. " * 4, query="?wait=true")
         assert st == 200, body
@@ -1044,5 +1045,52 @@ def test_a_streamed_chunks_error_event_says_its_status(tmp_path):
         s.start()
         assert session(s, sid)["last_seq"] == 0  # not kept: the same seq is taken again
         assert upload(s, sid, text(20).encode(), query="?seq=1")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_a_session_expires_on_time_however_busy_and_across_restarts(tmp_path):
+    """ttl_seconds: a session whose questions kept coming was never swept (it skipped sessions
+    answering), and was served up to 19 s past expires_at; a 429's Retry-After came a second too
+    soon; a session whose time passed while the server was down was replayed at start (the server
+    answering 503 meanwhile) and only then dropped."""
+    s = Server(tmp_path / "d", "--threads", "1", "--budget-tokens", "64", "--max-sessions-per-key", "1").start()
+    try:
+        st, sess, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 3})
+        sid, expires = sess["id"], sess["expires_at"]
+        assert st == 201 and expires == sess["created"] + 3, sess
+        assert upload(s, sid, text(10).encode())[0] == 200
+        st, body, h = s.request("POST", "/v1/sessions", {})
+        assert st == 429 and body["error"]["code"] == "too_many_sessions", body
+        retry_at = time.time() + int(h["Retry-After"])
+        answered = []  # (time the answer came, status)
+
+        def ask():
+            while time.time() < expires + 4:
+                st, _, _ = s.request("POST", "/v1/completions", {"session": sid, "prompt": "The river", "max_tokens": 12})
+                answered.append((time.time(), st))
+        askers = [threading.Thread(target=ask) for _ in range(2)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        served_after = [at - expires for at, st in answered if st == 200 and at > expires + 1]
+        assert not served_after or max(served_after) < 2.5, served_after  # the last answers under way
+        assert answered[-1][1] == 404 and s.request("GET", f"/v1/sessions/{sid}")[0] == 404, answered[-4:]
+        time.sleep(max(0, retry_at - time.time()))
+        st, sess, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 2})  # room again when Retry-After said
+        assert st == 201, sess
+        sid = sess["id"]
+        assert upload(s, sid, text(600).encode(), timeout=120)[0] == 200  # not final: no snapshot
+        s.kill()
+        time.sleep(max(0, sess["expires_at"] + 1.1 - time.time()))
+        s.start()
+        s.wait_log(f"session {sid} expired", timeout=5)
+        assert not [line for line in s.log_lines if sid in line and "restored" in line], s.log_lines
+        assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
+        gone_by = time.time() + 5  # its files go from the thread pool
+        while os.path.exists(os.path.join(s.data_dir, "sessions", sid)) and time.time() < gone_by:
+            time.sleep(0.05)
+        assert not os.path.exists(os.path.join(s.data_dir, "sessions", sid))
     finally:
         s.stop()

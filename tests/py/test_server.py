@@ -558,6 +558,31 @@ def test_metrics_and_access_log(srv, client):
     assert any(l["route"] == "/v1/chat/completions" and l["status"] == 200 and l["tokens"] > 0 for l in lines)
 
 
+def test_every_route_has_its_own_request_series(tmp_path):
+    """The table of routes had 16 slots for 17 labels: past the 16th route seen, requests were
+    counted under the last slot's name (/detokenize's as /tokenize's)."""
+    s = Server(tmp_path / "d").start()
+    try:
+        paths = ["/", "/metrics", "/openapi.json", "/v1/models", "/v1/server", "/v1/sessions", "/v1/sessions/x",
+                 "/v1/sessions/x/chunks", "/v1/sessions/x/retention", "/v1/sessions/x/text", "/nope",
+                 "/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/health"]
+        for path in paths:
+            s.request("GET", path)
+        for _ in range(2):
+            assert s.request("POST", "/detokenize", {"tokens": [1, 2]})[0] == 200
+        text = s.request("GET", "/metrics")[1]
+        series = dict(re.findall(r'^potserve_requests_total\{route="([^"]+)",status="(\dxx)"\}', text, re.M))
+        want = {"/ (page)", "/metrics", "/openapi.json", "/v1/models", "/v1/server", "/v1/sessions",
+                "/v1/sessions/{id}", "/v1/sessions/{id}/chunks", "/v1/sessions/{id}/retention",
+                "/v1/sessions/{id}/text", "other", "/v1/chat/completions", "/v1/completions", "/v1/responses",
+                "/tokenize", "/health", "/detokenize"}
+        assert set(series) == want, set(series) ^ want
+        assert 'potserve_requests_total{route="/detokenize",status="2xx"} 2' in text
+        assert 'route="/tokenize",status="2xx"' not in text  # (a GET: 405)
+    finally:
+        s.stop()
+
+
 def test_config_layers_and_errors(tmp_path, model):
     out = subprocess.run([str(BIN), "serve", "--help"], capture_output=True, timeout=30)
     assert out.returncode == 0
