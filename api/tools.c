@@ -52,6 +52,12 @@ int api_parse_tools(api_gen_request *r, api_error *e) {
                                 "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
             if (params && !json_is_null(params) && !json_is_object(params))
                 return api_fail(e, 400, "invalid_type", "tools", "tools[%zu].function.parameters must be a JSON Schema", i);
+            /* arguments are an object of named values (a call's JSON is {"name": …, "arguments": {…}},
+               and the templates' parsers read it so): a schema of another value is refused, as OpenAI does */
+            json_t *ptype = json_object_get(params, "type");
+            if (json_object_size(params) && !(json_is_string(ptype) && !strcmp(json_string_value(ptype), "object")))
+                return api_fail(e, 400, "invalid_value", "tools",
+                                "tools[%zu].function.parameters must be a JSON Schema of \"type\": \"object\"", i);
             for (size_t j = 0; j < i; j++)
                 if (!strcmp(json_string_value(name),
                             json_string_value(json_object_get(json_object_get(json_array_get(tools, j), "function"), "name"))))
@@ -315,7 +321,7 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e) {
         json_t *params = json_object_get(fn, "parameters");
         json_t *empty = json_pack("{s:s}", "type", "object");
         /* the arguments' schema compiles into this grammar */
-        nodes[n] = api_schema_node(g, params && json_is_object(params) ? params : empty, "tools", e);
+        nodes[n] = api_schema_node(g, json_object_size(params) ? params : empty, "tools", e);
         json_decref(empty);
         prefixes[n] = call_prefix(f, name);
         n++;

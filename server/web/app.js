@@ -210,6 +210,7 @@
   }
 
   function renderSessions() {
+    if (state.map && state.map.ret.id !== state.selected) clearMap();
     const ul = $('sessions');
     ul.replaceChildren(...state.sessions.map((s) => {
       const pick = el('button', { type: 'button', class: 'pick', 'aria-pressed': s.id === state.selected },
@@ -232,8 +233,6 @@
 
   function select(id) {
     state.selected = id;
-    state.map = null;
-    $('region').hidden = true;
     renderSessions();
     if (currentTab() === 'map') loadMap();
   }
@@ -962,6 +961,18 @@
 
   // Tokens [start, end) of bin b: the server puts token i in bin floor(i * bins / n).
   const binStart = (b, bins, n) => Math.ceil(b * n / bins);
+
+  // The map, its numbers and a column's text are the selected session's: another one picked, or this one
+  // deleted or expired, they go.
+  function clearMap() {
+    state.map = null;
+    clearTimeout(regionTimer);
+    regionSeq++; // a column's text still on its way is not shown
+    $('map').hidden = true;
+    $('map-stats').replaceChildren();
+    $('map-empty').hidden = false;
+    $('region').hidden = true;
+  }
 
   let mapBusy = false, mapNext = 0;
   async function loadMap() {

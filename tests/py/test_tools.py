@@ -130,6 +130,12 @@ def test_tool_errors_are_400s(client):
              ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
                  "type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}}],
                "tool_choice": "required"}, "tools")]
+    # arguments are an object: a schema of another value gave arguments with the template's markup in
+    # them ('"Paris"}\n</tool_call>') and finish_reason "stop"
+    for schema in [{"type": "string"}, {"type": "integer"}, {"type": "null"}, {"enum": ["a", "b"]},
+                   {"type": "array", "items": {"type": "string"}}, {"anyOf": [{"type": "object"}]}]:
+        fn = {"name": "f", "parameters": schema}
+        cases.append(({"tools": [{"type": "function", "function": fn}], "tool_choice": "required"}, "tools"))
     for extra, param in cases:
         with pytest.raises(openai.BadRequestError) as ei:
             client.chat.completions.create(model="x", messages=ASK, max_tokens=5, **extra)

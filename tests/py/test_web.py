@@ -961,6 +961,40 @@ def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path)
             page.context.close()
 
 
+
+def test_the_map_of_a_session_that_goes_away_goes_with_it(browser, tiny):
+    """The Memory map, its numbers and the stretch of text shown are the selected session's: when it is
+    deleted with the page's ×, or behind the page's back (as when it expires) and the list is refreshed,
+    they go with it (the map stayed: the CSS display of #map overrode its hidden attribute)."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.on("dialog", lambda d: d.accept())  # the page's "Delete …?"
+    page.click("#tab-map")
+    for how in ("with the page's x", "elsewhere"):
+        st, s, _ = tiny.request("POST", "/v1/sessions", {"metadata": {"title": f"mapped, deleted {how}"}}, auth())
+        sid = s["id"]
+        st, _, _ = tiny.request("POST", f"/v1/sessions/{sid}/chunks?seq=1&final=true", raw=(FILLER * 20).encode(),
+                                headers=dict(auth(), **{"Content-Type": "text/plain"}))
+        assert st == 200
+        page.click("#map-refresh")  # the list learns of the session
+        page.click(f'#sessions li[data-id="{sid}"] .pick')
+        page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=30000)
+        box = page.locator("#map").bounding_box()
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_function("() => document.getElementById('region-text').textContent.length > 0", timeout=30000)
+        if how == "elsewhere":
+            assert tiny.request("DELETE", f"/v1/sessions/{sid}", headers=auth())[0] == 200
+            page.click("#map-refresh")
+        else:
+            page.click(f'#sessions li[data-id="{sid}"] .del')
+        page.wait_for_selector(f'#sessions li[data-id="{sid}"]', state="detached", timeout=10000)
+        page.wait_for_timeout(300)  # a map or text still on its way would show by now
+        assert page.is_hidden("#map") and page.is_hidden("#region"), how
+        assert page.inner_text("#map-stats") == "" and page.is_visible("#map-empty"), how
+    assert not page.errors, page.errors
+    page.context.close()
+
+
 def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
     """finish_reason "length" also ends an answer the model's window or the server's request_timeout
     cut: with fewer tokens than max_tokens the foot says so, at max_tokens it says "cut at max tokens"."""
