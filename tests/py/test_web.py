@@ -835,7 +835,6 @@ def test_an_upload_stopped_by_a_server_error_keeps_its_file_and_goes_on_later(br
     page.context.close()
 
 
-
 def test_a_server_stopped_while_a_chunk_streams_keeps_the_upload_and_goes_on(browser, tmp_path):
     """SIGTERM while a chunk's progress streams: its answer (200, already sent) ends with an `error` event
     whose object says status 503 (shutting_down, the chunk not kept). That is a failure to retry, not a
@@ -877,7 +876,6 @@ def test_a_server_stopped_while_a_chunk_streams_keeps_the_upload_and_goes_on(bro
         assert not any(n.startswith("Stopped") for n in notes), notes
         assert not page.errors, page.errors
         page.context.close()
-
 
 
 def page_opened_while_the_api_is_down(browser, srv):
@@ -922,7 +920,6 @@ def test_a_page_opened_while_the_server_was_unavailable_works_once_it_is_back(br
     page.context.close()
 
 
-
 def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path):
     """File names and session titles without a break point (a 31-character name with underscores, one of
     220 characters, a 3000-character title set through the API) wrap or are cut with an ellipsis, in the
@@ -959,7 +956,6 @@ def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path)
             page.screenshot(path=str(SHOTS / f"long-names-{width}.png"), full_page=True)
             assert not page.errors, page.errors
             page.context.close()
-
 
 
 def test_the_map_of_a_session_that_goes_away_goes_with_it(browser, tiny):
