@@ -2,7 +2,7 @@
 Playwright), against a real server; and the endpoints the page added
 (GET /v1/server, GET /v1/sessions/{id}/text) over plain HTTP.
 
-The long-document part (260 KiB in three chunks, a reload mid-upload) runs on
+The long-document part (260 KiB in six chunks, a reload mid-upload) runs on
 the tiny fixture model, whose ingest is fast enough for `make test`; the pass
 key is asked of the default model over a shorter document through the same
 page. Also on the tiny model: a dropped file and pasted text reach the server whole, a wrong key is asked
@@ -26,9 +26,9 @@ from server_util import Server
 CHROMIUM = os.environ.get("POTSERVE_CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "build" / "web"
 KEY = "web-test-key"
-# the tiny server's max_chunk_bytes: the page cuts uploads no larger (its own size is 256 KiB), so
-# three chunks take a 260 KiB document
-TINY_CHUNK_BYTES = 96 * 1024
+# the tiny server's max_chunk_bytes: the page cuts uploads no larger (its own size is 64 KiB), so
+# six chunks take a 260 KiB document
+TINY_CHUNK_BYTES = 48 * 1024
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there. ")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -197,7 +197,7 @@ def test_page_long_upload_reload_resume_chat_and_map(browser, tiny, big_doc):
     path, text, before = big_doc
     data = text.encode()
     n_chunks = chunk_count(data)
-    assert n_chunks == 3
+    assert n_chunks == 6
     page = open_page(browser, tiny)
     enter_key(page)  # the server has keys: the page asks for one
 
@@ -390,7 +390,7 @@ def test_pasted_and_dropped_documents_reach_the_server_whole(browser, tiny):
     event carries the clipboard, which the browser inserts) each become a session holding every byte,
     read back through the session's text endpoint."""
     line = "Zeile {:04d}: Grüße —\tnaïve 漢字 🙂  two  spaces, 0x{:x}.\n"
-    dropped = "".join(line.format(i, i * 7919) for i in range(2000))  # two chunks
+    dropped = "".join(line.format(i, i * 7919) for i in range(1200))  # two chunks
     data = dropped.encode()
     assert chunk_count(data) == 2
     # a textarea turns CR LF into LF as it takes a paste: the pasted document has LF only
@@ -989,6 +989,39 @@ def test_the_map_of_a_session_that_goes_away_goes_with_it(browser, tiny):
         assert page.inner_text("#map-stats") == "" and page.is_visible("#map-empty"), how
     assert not page.errors, page.errors
     page.context.close()
+
+
+def test_an_uploads_progress_moves_from_the_start_of_each_chunk(browser, tmp_path):
+    """The server streams a chunk's progress once it has read the chunk's body, and it reads at most
+    128 KiB ahead of the engine: the page's 256 KiB chunks showed no progress for the first half of each
+    ("0 of ~…", no speed, no time left). Its chunks of 64 KiB are read at once: the tokens read never
+    stand still for long."""
+    text = FILLER * (600 * 1024 // len(FILLER))
+    path = tmp_path / "progress-from-the-start.txt"
+    path.write_text(text)
+    with own_tiny_server(tmp_path / "data") as srv:  # its max_chunk_bytes: far above the page's size
+        page = open_page(browser, srv)
+        page.wait_for_selector("#model:not(:empty)", timeout=10000)
+        page.evaluate("""() => {
+            const tokens = document.getElementById('up-tokens');
+            window.ticks = [];
+            new MutationObserver(() => {
+                const t = tokens.textContent.split(' ')[0];
+                if (!window.ticks.length || window.ticks[window.ticks.length - 1][1] !== t)
+                    window.ticks.push([performance.now(), t]);
+            }).observe(tokens, {childList: true, subtree: true, characterData: true});
+        }""")
+        upload_through_page(page, path)
+        wait_done(page, 600)
+        ticks = page.evaluate("window.ticks")
+        times = [t for t, _ in ticks]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        assert len(ticks) > 10 and max(gaps) < 0.12 * (times[-1] - times[0]), ticks
+        s = srv.request("GET", "/v1/sessions")[1]["data"][0]
+        assert s["final"] and s["bytes_received"] == len(text.encode()), s
+        assert not page.errors, page.errors
+        page.context.close()
+
 
 
 def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
