@@ -831,10 +831,14 @@
     $('chat-stop').disabled = false;
     $('chat-send').disabled = true;
     let text = '', usage = null, finish = null, pending = false, recall = null, reread = null, failed = null;
+    const log = $('chat-log');
     const paint = () => {
       pending = false;
+      // the answer is followed only while the conversation is scrolled to its end: a reader who
+      // scrolled up stays where they are
+      const follow = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
       body.replaceChildren(markdown(text));
-      turn.scrollIntoView({ block: 'end' });
+      if (follow) log.scrollTop = log.scrollHeight;
     };
     try {
       const req = { model: (await serverInfo()).model, messages: state.chat.slice(), stream: true,
@@ -864,6 +868,7 @@
           body.replaceChildren(el('span', { class: 'muted small reread-progress', text: 'Re-reading the document… ' + pct + ' %' }));
         }
       });
+      if (!finish) throw new Error('the connection closed before the answer ended');
     } catch (e) {
       if (e.name === 'AbortError') finish = 'stopped';
       else if (e.code === 'session_not_found' && over) {
@@ -893,6 +898,10 @@
       if (finish === 'length') notes.push(usage && usage.completion_tokens >= maxTokens ? 'cut at max tokens'
         : usage ? 'cut short by the model\'s window or the server\'s time limit' : 'cut short');
       if (finish === 'stopped') notes.push('stopped');
+      if (failed && text) { // cut off (a lost connection): not to be taken for the whole answer
+        notes.push('interrupted');
+        turn.classList.add('interrupted');
+      }
       if (usage) {
         notes.push(nf.format(usage.completion_tokens) + ' tokens');
         const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;

@@ -1024,6 +1024,85 @@ def test_an_uploads_progress_moves_from_the_start_of_each_chunk(browser, tmp_pat
 
 
 
+def answer_by_hand(page):
+    """The page's next answers come from a stream the test writes as it goes (the browser's request
+    routing only gives whole bodies): window.feed(text) sends a piece of the answer, window.finish() its
+    finish_reason and [DONE], window.cut() breaks the connection, window.end() closes it."""
+    page.evaluate("""() => {
+        const real = window.fetch, enc = new TextEncoder();
+        window.fetch = (url, init) => {
+            if (!String(url).endsWith('/v1/chat/completions')) return real(url, init);
+            const body = new ReadableStream({start(c) {
+                const send = (d) => c.enqueue(enc.encode('data: ' + (typeof d === 'string' ? d : JSON.stringify(d)) + '\\n\\n'));
+                window.feed = (text) => send({choices: [{index: 0, delta: {content: text}}]});
+                window.finish = () => { send({choices: [{index: 0, delta: {}, finish_reason: 'stop'}]}); send('[DONE]'); c.close(); };
+                window.cut = () => c.error(new TypeError('network error'));
+                window.end = () => c.close();
+            }});
+            return Promise.resolve(new Response(body, {status: 200, headers: {'Content-Type': 'text/event-stream'}}));
+        };
+    }""")
+
+
+def test_a_streaming_answer_is_followed_only_while_the_reader_is_at_the_end(browser, tiny):
+    """While an answer streams in, the conversation scrolls along with it only while it is scrolled to
+    its end: a reader who scrolled up to read is left there (every frame scrolled the answer into view)."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    answer_by_hand(page)
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.fill("#chat-input", "Tell a long story.")
+    page.press("#chat-input", "Enter")
+    page.wait_for_function("() => window.feed")
+    at_end = "() => { const l = document.getElementById('chat-log'); return l.scrollHeight - l.scrollTop - l.clientHeight < 2; }"
+
+    def feed(lines, start):
+        page.evaluate("([n, k]) => { for (let i = 0; i < n; i++) window.feed('Line ' + (k + i) + ' of the story.\\n\\n'); }",
+                      [lines, start])
+        page.wait_for_timeout(200)  # a few frames: painted
+
+    feed(60, 0)
+    assert page.evaluate("document.getElementById('chat-log').scrollHeight > 2 * document.getElementById('chat-log').clientHeight")
+    assert page.evaluate(at_end)  # followed
+    page.evaluate("document.getElementById('chat-log').scrollTop = 100")  # the reader scrolls up
+    feed(20, 60)
+    assert page.evaluate("document.getElementById('chat-log').scrollTop") == 100  # left where it was
+    page.evaluate("() => { const l = document.getElementById('chat-log'); l.scrollTop = l.scrollHeight; }")
+    feed(20, 80)
+    assert page.evaluate(at_end)  # back at the end: followed again
+    page.evaluate("window.finish()")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=10000)
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_an_answer_cut_off_by_a_lost_connection_says_so(browser, tiny):
+    """An answer whose stream breaks (the connection lost) or ends without its finish_reason is marked
+    "interrupted", as Stop marks "stopped", not shown as if complete; it stays in the conversation."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    answer_by_hand(page)
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    for i, how in enumerate(("cut", "end")):
+        page.fill("#chat-input", f"Question {i}.")
+        page.press("#chat-input", "Enter")
+        page.wait_for_function("() => window.feed")
+        page.evaluate("() => { window.feed('The first half of'); window.feed(' an answer'); }")
+        page.wait_for_selector(".turn.assistant:last-child .body p")  # read (an error drops what is not)
+        page.evaluate("(how) => { window[how](); window.feed = null; }", how)
+        last = ".turn.assistant:last-child"
+        page.wait_for_selector(f'{last}[data-done="true"]', timeout=10000)
+        assert page.inner_text(f"{last} .body") == "The first half of an answer", how
+        assert page.inner_text(f"{last} .foot span") == "interrupted", how
+        assert page.locator(f"{last}.interrupted").count() == 1
+    shown(page, "The answer failed: the connection closed before the answer ended")
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+
 def test_an_answer_cut_short_is_not_said_to_be_cut_at_max_tokens(browser, tiny):
     """finish_reason "length" also ends an answer the model's window or the server's request_timeout
     cut: with fewer tokens than max_tokens the foot says so, at max_tokens it says "cut at max tokens"."""
