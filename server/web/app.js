@@ -27,7 +27,10 @@
 
   // ---- messages -------------------------------------------------------------------------
 
-  function say(text, kind) {
+  // A message at the foot of the window. It covers no control for good: clicks go through it but for
+  // its ×, and it goes by itself (an info after 6 s, an error after 20 s, when it repeats what the page
+  // shows in place: an upload's note, a failed answer) unless `stay`. Returns it.
+  function say(text, kind, stay) {
     const box = document.createElement('div');
     box.className = 'msg ' + (kind || 'error');
     box.setAttribute('role', kind === 'info' ? 'status' : 'alert');
@@ -41,8 +44,9 @@
     close.addEventListener('click', () => box.remove());
     box.append(span, close);
     $('messages').append(box);
-    if (kind === 'info') setTimeout(() => box.remove(), 6000);
+    if (!stay) setTimeout(() => box.remove(), kind === 'info' ? 6000 : 20000);
     while ($('messages').children.length > 4) $('messages').firstChild.remove();
+    return box;
   }
 
   // ---- the API ------------------------------------------------------------------------------
@@ -1148,7 +1152,7 @@
 
   // What the page does once it reaches the server; tried again at each poll until it has succeeded
   // (a page opened while the server was down or draining).
-  let connected = false, connecting = false;
+  let connected = false, connecting = false, unreachable = null;
   async function connect() {
     if (connecting) return;
     connecting = true;
@@ -1159,13 +1163,14 @@
       if (!state.selected && state.sessions.length) select(state.sessions[0].id);
       await resumeUpload();
       connected = true;
+      if (unreachable) unreachable.remove();
     } finally {
       connecting = false;
     }
   }
 
   drawLegend();
-  connect().catch((e) => say('Cannot reach the server: ' + e.message));
+  connect().catch((e) => { unreachable = say('Cannot reach the server: ' + e.message, 'error', true); });
   setInterval(() => {
     if (!document.hidden && !uploading()) (connected ? loadSessions() : connect()).catch(() => {});
   }, 10000);

@@ -664,7 +664,6 @@ def test_a_chunk_limit_too_small_for_a_character_stops_and_names_it(browser, tmp
                     f"character at byte {at} of this document") in note, note
             time.sleep(0.5)  # nothing more goes up
             assert len(sent) == at // 2, sent  # "ab", or nothing
-            page.evaluate("() => document.getElementById('messages').replaceChildren()")  # they cover it
             page.click("#upload-cancel")  # "Close"
             mine = [x for x in srv.request("GET", "/v1/sessions")[1]["data"] if x["metadata"]["title"] == name]
             if at:
@@ -1100,6 +1099,37 @@ def test_an_answer_cut_off_by_a_lost_connection_says_so(browser, tiny):
     shown(page, "The answer failed: the connection closed before the answer ended")
     assert not page.errors, page.errors
     page.context.close()
+
+
+
+def test_messages_let_clicks_through_and_go_by_themselves(browser, tiny, tmp_path):
+    """The page's messages cover no control for good: clicks go through them (one over the upload card's
+    Close took its clicks), but for their own ×, and they go by themselves (an error after 20 s); each is
+    still an alert for screen readers."""
+    for width, height in ((1280, 860), (375, 700)):
+        ctx = browser.new_context(viewport={"width": width, "height": height})
+        ctx.clock.install()  # the page's timers, to be moved on
+        page = open_page(browser, tiny, context=ctx)
+        enter_key(page)
+        path = latin1_file(tmp_path, "not-utf8-under-a-message.txt")
+        for i in range(2):
+            upload_through_page(page, path)
+            page.locator("#messages .msg[role=alert]", has_text="save the file as UTF-8").nth(i).wait_for(timeout=10000)
+            through = page.evaluate("""() => [...document.querySelectorAll('#messages .msg span')].map((s) => {
+                const r = s.getBoundingClientRect();
+                return !document.getElementById('messages').contains(
+                    document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2));
+            })""")
+            assert through and all(through), (width, through)
+            page.click("#upload-cancel", timeout=5000)  # "Close", wherever the messages are
+            assert page.is_hidden("#upload")
+        n = page.locator("#messages .msg[role=alert]").count()
+        page.locator("#messages .msg[role=alert] button").first.click()  # its × takes clicks
+        assert page.locator("#messages .msg[role=alert]").count() == n - 1
+        ctx.clock.run_for(21000)
+        assert page.locator("#messages .msg").count() == 0, width
+        assert not page.errors, page.errors
+        ctx.close()
 
 
 
