@@ -179,7 +179,7 @@ int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_
     s->policy = default_policy;
     int64_t budget = s->budget_tokens, keep = 0, chunk = 0, ttl = 0, pool = 0;
     double nuc = s->nuc_share;
-    if (get_int(root, "budget_tokens", 1, INT32_MAX, &budget, e) ||
+    if (get_int(root, "budget_tokens", INT32_MIN, INT32_MAX, &budget, e) || /* its range: below */
         get_int(root, "keep_tokens", 1, INT32_MAX, &keep, e) ||
         get_int(root, "chunk_tokens", 1, INT32_MAX, &chunk, e) ||
         get_int(root, "ttl_seconds", 0, INT32_MAX, &ttl, e) ||
@@ -412,9 +412,10 @@ static int parse_prompt(api_gen_request *r, int32_t n_vocab, api_error *e) {
 static int parse_stop(api_gen_request *r, api_error *e) {
     json_t *s = json_object_get(r->root, "stop");
     if (!s || json_is_null(s)) return 0;
-    size_t n = json_is_string(s) ? 1 : json_is_array(s) ? json_array_size(s) : (size_t)-1;
-    if (n == (size_t)-1 || n > 16)
-        return api_fail(e, 400, "invalid_value", "stop", "stop must be a string or up to 16 strings");
+    if (!json_is_string(s) && !json_is_array(s))
+        return api_fail(e, 400, "invalid_type", "stop", "stop must be a string or an array of strings");
+    size_t n = json_is_string(s) ? 1 : json_array_size(s);
+    if (n > 16) return api_fail(e, 400, "invalid_value", "stop", "stop takes up to 16 strings, not %zu", n);
     r->stops = calloc(n ? n : 1, sizeof *r->stops);
     if (!r->stops) return api_fail(e, 500, NULL, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -440,7 +441,9 @@ static int parse_bias(api_gen_request *r, int32_t n_vocab, api_error *e) {
     json_object_foreach(b, key, v) {
         char *end;
         long tok = strtol(key, &end, 10);
-        if (!*key || *end || tok < 0 || tok >= n_vocab)
+        /* a token id written plainly: " 5", "+5" and "05" would name 5 twice over */
+        int plain = key[0] >= '0' && key[0] <= '9' && !(key[0] == '0' && key[1]);
+        if (!plain || *end || tok >= n_vocab)
             return api_fail(e, 400, "invalid_value", "logit_bias", "logit_bias key '%s' is not a token id", key);
         if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
             return api_fail(e, 400, "invalid_value", "logit_bias", "logit_bias values must be in [-100, 100]");

@@ -70,7 +70,7 @@ static int get_count(compiler *c, json_t *s, const char *key, int32_t def, int32
     *out = def;
     if (!v) return 0;
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
-        return fail(c, "%s: %s must be a non-negative integer", where, key);
+        return fail(c, "%s: %s must be an integer in [0, 1000000]", where, key);
     *out = (int32_t)json_integer_value(v);
     return 0;
 }

@@ -365,9 +365,22 @@ static int load_file(server_config *c, const char *path, char *err, size_t errle
         snprintf(err, errlen, "config file %s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    json_error_t jerr;
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    /* read whole (at most 1 MiB: a settings file is small, /dev/zero is not) and parsed with its length, so
+       that a NUL byte does not end the text early; a directory opens, its read says why not */
+    enum { CONFIG_MAX_BYTES = 1 << 20 };
+    char *text = malloc(CONFIG_MAX_BYTES + 1);
+    size_t n = text ? fread(text, 1, CONFIG_MAX_BYTES + 1, f) : 0;
+    int read_errno = ferror(f) ? errno : 0;
     fclose(f);
+    if (!text || read_errno || n > CONFIG_MAX_BYTES) {
+        snprintf(err, errlen, "config file %s: %s", path,
+                 !text ? "out of memory" : read_errno ? strerror(read_errno) : "larger than 1 MiB");
+        free(text);
+        return -1;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root) {
         snprintf(err, errlen, "config file %s: line %d column %d: %s", path, jerr.line,
                  jerr.column, jerr.text);
@@ -603,8 +616,9 @@ void config_print_help(FILE *out) {
             "Each setting is taken from, later winning: its default [shown in brackets], the\n"
             "JSON file named by --config FILE (or POTSERVE_CONFIG), the environment variable,\n"
             "the flag. Flags: --name VALUE or --name=VALUE ('-' or '_'); file keys are the\n"
-            "names in snake_case. Byte sizes take K, M, G suffixes (powers of 1024); booleans\n"
-            "are true/false/1/0/yes/no/on/off, --name alone means true, --no-name false.\n\n");
+            "names in snake_case. Byte sizes take K, M, G suffixes (or KB, KiB; powers of\n"
+            "1024); booleans are true/false/1/0/yes/no/on/off, --name alone means true,\n"
+            "--no-name false.\n\n");
     fprintf(out, "  %-*s  %-*s  %s\n", wflag, "--config FILE", wenv, "POTSERVE_CONFIG",
             "JSON object of settings");
     fprintf(out, "  %-*s  %-*s  %s\n", wflag, "--help, -h", wenv, "", "print this help");

@@ -246,6 +246,8 @@ void engine_doc_on_compress(engine_doc *d, engine_compress_hook hook, void *ctx)
 /* Starts a document: validates the settings (one line naming the bad one) and
  * ingests the pinned prefix. NULL + err on failure. Caller owns it. */
 engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen);
+/* Whether engine_doc_open would take the settings, without a pot: 0, or -1 + err. */
+int engine_doc_check(engine *e, const engine_pot_settings *s, char *err, size_t errlen);
 void engine_doc_close(engine_doc *d);
 /* Feeds n bytes of the document; final = 1 with the last piece. Runs every
  * engine chunk that is ready. 0, or -1 + err (invalid UTF-8, policy none

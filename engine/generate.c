@@ -349,6 +349,18 @@ static int grammar_takes(const gen_seq *q, int32_t tok, uint32_t budget) {
 
 static int64_t sat_left(int64_t max, int64_t used) { return max > used ? max - used : 0; }
 
+/* The tokens the sequence may still write after the one being picked: the
+ * fewer of max_tokens' and the context's (every token but the last is
+ * decoded into the pot, which ends the answer when full); UINT32_MAX with
+ * neither bound near. */
+static uint32_t tokens_left(const gen_seq *q) {
+    int64_t left = INT64_MAX;
+    if (q->max_tokens > 0) left = sat_left(q->max_tokens, q->res.n_generated + 1);
+    int64_t room = sat_left((int64_t)q->p->capacity, (int64_t)q->p->n);
+    if (room < left) left = room;
+    return left >= UINT32_MAX ? UINT32_MAX : (uint32_t)left;
+}
+
 /* Tokens that end the value from state st: the bytes of its shortest
  * completion split into the longest pieces; -1 when they cannot be built. */
 static int32_t closing_tokens(const gen_seq *q, const grammar_state *st, int32_t *ids) {
@@ -406,8 +418,7 @@ static int32_t seq_pick(gen_seq *q, sample_logprobs *lpp) {
         return tok;
     }
     memcpy(q->logits_copy, q->logits, (size_t)n_vocab * sizeof(float));
-    uint32_t left = UINT32_MAX; /* tokens after this one */
-    if (q->max_tokens > 0) left = (uint32_t)sat_left(q->max_tokens, q->res.n_generated + 1);
+    uint32_t left = tokens_left(q); /* tokens after this one */
     int32_t tok = sampler_sample(q->smp, q->logits, lpp);
     if (tok >= 0 && grammar_takes(q, tok, left)) return tok;
     q->res.n_masked++;

@@ -37,6 +37,9 @@ enum {
 /* cascade: per-token decay of the attention average (the Cascading KV Cache paper's gamma) */
 #define CASCADE_GAMMA 0.9999
 
+/* cascade: the sinks of `room` kept entries (after the pinned prefix) */
+static int32_t cascade_sinks(int32_t room) { return room / 4 < CASCADE_SINKS ? room / 4 : CASCADE_SINKS; }
+
 typedef VEC(int32_t) int_vec; /* common/common.h's vec_append */
 
 struct engine_doc {
@@ -840,8 +843,16 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
                       d->n_prefix, err, errlen))
         goto fail;
     if (d->policy == POLICY_CASCADE) {
-        int32_t room = keep - d->n_prefix, sinks = room / 4 < CASCADE_SINKS ? room / 4 : CASCADE_SINKS;
+        int32_t room = keep - d->n_prefix, sinks = cascade_sinks(room);
         int32_t cap = (room - sinks) / CASCADES * CASCADES;
+        if (cap < CASCADES) { /* the fewest kept entries that give each cascade one */
+            int32_t least = CASCADES;
+            while ((least - cascade_sinks(least)) / CASCADES < 1) least++;
+            snprintf(err, errlen, "keep_tokens: %d leaves cascade no room: at least %d here (the pinned prefix's %d "
+                     "tokens, then one entry for each of its %d cascades and its sinks)", keep, d->n_prefix + least,
+                     d->n_prefix, CASCADES);
+            goto fail;
+        }
         d->casc = cascade_new(e->m->n_layer, e->m->n_head_kv, CASCADES, cap, sinks, err, errlen);
         if (!d->casc) goto fail;
     }
@@ -872,20 +883,36 @@ static int32_t doc_slack(const engine_doc *d) {
     return chunk > prefix_piece ? chunk : prefix_piece;
 }
 
+/* 0 when the budget and the policy's scoring rows fit the model's context, else -1 and why. */
+static int doc_fits_context(const engine_doc *d, char *err, size_t errlen) {
+    const engine *e = d->e;
+    size_t over = doc_capacity(d) - (size_t)d->sched.budget; /* the policy's scoring rows */
+    if (doc_capacity(d) <= (size_t)e->m->n_ctx_train) return 0;
+    long long most = (long long)e->m->n_ctx_train - (long long)over;
+    if (most >= 16)
+        snprintf(err, errlen, "budget_tokens: %d and this policy's %zu scoring rows exceed the model's context "
+                 "of %d tokens: budget_tokens can be at most %lld here", d->sched.budget, over,
+                 e->m->n_ctx_train, most);
+    else /* FINCH's rows are its question */
+        snprintf(err, errlen, "question: this policy's %zu scoring rows (a FINCH question's) exceed the model's context "
+                 "of %d tokens with any budget", over, e->m->n_ctx_train);
+    return -1;
+}
+
+int engine_doc_check(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
+    int_vec prefix = {0};
+    engine_doc *d = doc_new(e, s, &prefix, err, errlen);
+    int rc = d ? doc_fits_context(d, err, errlen) : -1;
+    free(prefix.v);
+    engine_doc_close(d);
+    return rc;
+}
+
 engine_doc *engine_doc_open(engine *e, const engine_pot_settings *s, char *err, size_t errlen) {
     int_vec prefix = {0};
     engine_doc *d = doc_new(e, s, &prefix, err, errlen);
     if (!d) return NULL;
-    size_t over = doc_capacity(d) - (size_t)d->sched.budget; /* the policy's scoring rows */
-    if (doc_capacity(d) > (size_t)e->m->n_ctx_train) {
-        long long most = (long long)e->m->n_ctx_train - (long long)over;
-        if (most >= 16)
-            snprintf(err, errlen, "budget_tokens %d and this policy's %zu scoring rows exceed the model's context "
-                     "of %d tokens: budget_tokens can be at most %lld here", d->sched.budget, over,
-                     e->m->n_ctx_train, most);
-        else /* FINCH's rows are its question */
-            snprintf(err, errlen, "this policy's %zu scoring rows (a FINCH question's) exceed the model's context "
-                     "of %d tokens with any budget", over, e->m->n_ctx_train);
+    if (doc_fits_context(d, err, errlen)) {
         free(prefix.v);
         engine_doc_close(d);
         return NULL;

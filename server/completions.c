@@ -654,6 +654,8 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
     g->prompt = engine_tokenize_prompt(s->eng, text, q->chat, &g->n_prompt, err, sizeof err);
     free(text);
     if (!g->prompt) return api_fail(e, 400, "invalid_value", q->chat ? "messages" : "prompt", "%s", err);
+    if (!g->n_prompt) /* (a chat always has its template's tokens) */
+        return api_fail(e, 400, "invalid_value", "prompt", "the prompt is empty: there is nothing to continue");
     return 0;
 }
 
@@ -952,6 +954,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     }
     if (rc) return api_fail(e, 500, NULL, NULL, "out of memory");
     g->tmp_memory = engine_doc_memory(s->eng, ps);
+    if (pot_memory_admit(s, g->tmp_memory, prompt_param(g), "a prompt beyond the window", e)) return -1;
     if (s->pot_memory + g->tmp_memory > (size_t)s->cfg.pot_memory_limit)
         return api_fail(e, 429, "insufficient_memory", prompt_param(g),
                         "the prompt exceeds the window and no pot memory is free to read it");
@@ -1234,6 +1237,10 @@ static void start_generation(request *r, int chat, json_t *responses) {
     if (!sid) sid = header_sid;
     if (sid && q->n_batch > 1) {
         api_fail(&e, 400, "invalid_value", "prompt", "a list of prompts cannot be asked over a session");
+        return respond_error(r, &e);
+    }
+    if (sid && !chat && q->prompt_tokens) { /* recall and re-reading read the question's words */
+        api_fail(&e, 400, "invalid_value", "prompt", "token ids cannot be asked over a session: send the prompt as text");
         return respond_error(r, &e);
     }
     if (sid) {

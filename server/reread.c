@@ -301,6 +301,10 @@ static int join(reread_pass *p, const char *question, api_error *e) {
     pot_settings(p->ss, rows, &ps);
     size_t mem = engine_doc_memory(s->eng, &ps);
     size_t before = own ? 0 : f->memory;
+    if (pot_memory_admit(s, mem, "reread", "a re-read", e)) {
+        free(rows);
+        return -1;
+    }
     if (s->pot_memory - before + mem > (size_t)s->cfg.pot_memory_limit) {
         free(rows);
         return api_fail(e, 429, "insufficient_memory", NULL, "no pot memory is free to re-read the document");

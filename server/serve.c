@@ -251,10 +251,17 @@ static int open_engine(server *s, char *err, size_t errlen) {
         return -1;
     }
     engine_get_info(s->eng, &s->info);
-    if (s->cfg.budget_tokens > s->info.n_ctx_train) { /* else every session made with the default is refused */
-        fprintf(stderr, "potserve: budget_tokens lowered from %lld to %d: half of the model's window (%d tokens)\n",
-                (long long)s->cfg.budget_tokens, s->info.n_ctx_train / 2, s->info.n_ctx_train);
-        s->cfg.budget_tokens = s->info.n_ctx_train / 2;
+    /* a default that makes no session (beyond the window, or not beside the policy's scoring rows) is
+       lowered, else every session made with it would be refused */
+    engine_pot_settings dflt = engine_pot_settings_default();
+    dflt.budget_tokens = (int32_t)s->cfg.budget_tokens;
+    dflt.policy = s->cfg.policy;
+    if (engine_doc_check(s->eng, &dflt, why, sizeof why)) {
+        fprintf(stderr, "potserve: budget_tokens lowered from %lld to %d: half of the model's window (%d tokens): %s\n",
+                (long long)s->cfg.budget_tokens, s->info.n_ctx_train / 2, s->info.n_ctx_train, why);
+        s->cfg.budget_tokens = dflt.budget_tokens = s->info.n_ctx_train / 2;
+        if (engine_doc_check(s->eng, &dflt, why, sizeof why))
+            return snprintf(err, errlen, "the default session settings make no session: %s", why), -1;
     }
     /* pots in device memory: admission control counts them against the device too */
     size_t dev = engine_pot_device_memory(s->eng);
@@ -279,8 +286,23 @@ static int open_engine(server *s, char *err, size_t errlen) {
         return -1;
     }
     s->pot_memory += (size_t)pc_bytes;
+    s->pot_memory_held = (size_t)pc_bytes;
+    size_t one = engine_doc_memory(s->eng, &dflt);
+    if (one + s->pot_memory_held > (size_t)s->cfg.pot_memory_limit)
+        fprintf(stderr, "potserve: pot_memory_limit (%lld MiB, %zu MiB of it the prompt cache's) holds no session of "
+                "the default budget_tokens %lld (%zu MiB each): sessions need a smaller budget_tokens\n",
+                (long long)(s->cfg.pot_memory_limit >> 20), s->pot_memory_held >> 20, (long long)s->cfg.budget_tokens,
+                one >> 20);
     s->sched = engine_sched_new(s->eng, err, errlen);
     return s->sched ? 0 : -1;
+}
+
+int pot_memory_admit(server *s, size_t bytes, const char *param, const char *what, api_error *e) {
+    size_t room = (size_t)s->cfg.pot_memory_limit - s->pot_memory_held;
+    if (bytes > room)
+        return api_fail(e, 422, "pot_too_large", param, "%s needs a pot of %zu bytes, more than the %zu of "
+                        "pot_memory_limit there are for pots: it can never fit this server", what, bytes, room);
+    return 0;
 }
 
 int cli_serve(int argc, char **argv) {

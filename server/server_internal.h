@@ -41,6 +41,11 @@ api_key *auth_check(server *s, struct MHD_Connection *c);
 int auth_rate_limit(server *s, api_key *k);
 void sha256_hex(const void *data, size_t n, char out[65]);
 
+/* A pot of `bytes` must wait for room in pot_memory_limit (0), or can never
+ * have it, being larger than the limit less what is held for good: then e is
+ * a 422 naming param (-1), not a 429 a client would retry for ever. */
+int pot_memory_admit(server *s, size_t bytes, const char *param, const char *what, api_error *e);
+
 /* ---- metrics (metrics.c) ----------------------------------------------------------- */
 enum { METRIC_ROUTES = 32 }; /* router.c classify()'s 16 routes and "other", with room */
 typedef struct metrics {
@@ -255,6 +260,7 @@ struct server {
     store *st;
     session *sessions;
     size_t pot_memory;
+    size_t pot_memory_held;   /* of it, held for good: the prompt cache's share */
     int store_silent;         /* the shared store answered no lease renewal last time */
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */

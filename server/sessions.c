@@ -1208,13 +1208,24 @@ static void create_work(uv_work_t *w) {
     j->full = j->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
 }
 
+/* The session setting an engine error names first ("keep_tokens: ..."), where
+ * it names one; NULL otherwise. */
+static const char *setting_at_fault(const char *err) {
+    static const char *const settings[] = {"budget_tokens", "keep_tokens", "chunk_tokens", "pool_width", "nuc_share",
+                                           "policy", "schedule", "question", "system", "catalyst"};
+    for (size_t i = 0; i < sizeof settings / sizeof *settings; i++) {
+        size_t n = strlen(settings[i]);
+        if (!strncmp(err, settings[i], n) && err[n] == ':') return settings[i];
+    }
+    return NULL;
+}
+
 static void created_doc(server *s, doc_job *j) {
     session *ss = j->ss;
     request *r = j->r;
     if (j->rc) {
         api_error e;
-        /* the engine names the setting at fault first ("keep_tokens: ...") where it can */
-        api_fail(&e, 422, "invalid_value", !strncmp(j->err, "keep_tokens:", 12) ? "keep_tokens" : NULL, "%s", j->err);
+        api_fail(&e, 422, "invalid_value", setting_at_fault(j->err), "%s", j->err);
         respond_error(r, &e);
         session_going(s, ss); /* unref below removes the files */
         unlink_session(s, ss);
@@ -1299,6 +1310,11 @@ static void create_session(request *r) {
         return respond_retry(r, &e, seconds_to_next_expiry(s, r->key));
     }
     ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
+    if (pot_memory_admit(s, ss->memory_bytes, "budget_tokens", "the session", &e)) {
+        api_session_settings_free(&ss->settings);
+        free(ss);
+        return respond_error(r, &e);
+    }
     if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
         api_fail(&e, 429, "insufficient_memory", "budget_tokens",
                  "a pot of %zu bytes does not fit: %zu of pot_memory_limit %lld are in use",

@@ -463,9 +463,10 @@ def test_429s_carry_retry_after(tmp_path):
     s = Server(tmp_path / "d", "--budget-tokens", "64", "--max-sessions-per-key", "1",
                "--pot-memory-limit", "3M").start()
     try:
+        # a pot larger than the limit itself never fits: not a 429 to retry for ever
         st, body, h = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
-        assert st == 429 and body["error"]["code"] == "insufficient_memory", body
-        assert int(h["Retry-After"]) >= 1, h
+        assert st == 422 and body["error"]["code"] == "pot_too_large", body
+        assert body["error"]["param"] == "budget_tokens" and "Retry-After" not in h, (body, h)
         st, sess, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 30})
         assert st == 201, sess
         st, body, h = s.request("POST", "/v1/sessions", {})
@@ -1094,3 +1095,21 @@ def test_a_session_expires_on_time_however_busy_and_across_restarts(tmp_path):
         assert not os.path.exists(os.path.join(s.data_dir, "sessions", sid))
     finally:
         s.stop()
+
+
+def test_a_limit_that_holds_no_default_session_says_so(tmp_path):
+    """pot_memory_limit below one pot of the default budget started silently, and every create and
+    every prompt beyond the window got a 429 with Retry-After, retried for ever."""
+    s = Server(tmp_path / "d", "--pot-memory-limit", "20M").start()
+    try:
+        s.wait_log("holds no session of the default budget_tokens 2048", timeout=5)
+        st, body, h = s.request("POST", "/v1/sessions", {})
+        assert st == 422 and body["error"]["code"] == "pot_too_large" and "Retry-After" not in h, body
+        long_prompt = "The river ran north past the mill. " * 1500  # beyond the 8K window: read through a pot
+        st, body, h = s.request("POST", "/v1/chat/completions", {
+            "max_tokens": 4, "messages": [{"role": "user", "content": long_prompt}, {"role": "user", "content": "Where?"}]})
+        assert st == 422 and body["error"]["code"] == "pot_too_large" and body["error"]["param"] == "messages", body
+        st, body, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 256})  # one that fits
+        assert st == 201, body
+    finally:
+        assert s.stop() == 0

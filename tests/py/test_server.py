@@ -558,6 +558,43 @@ def test_metrics_and_access_log(srv, client):
     assert any(l["route"] == "/v1/chat/completions" and l["status"] == 200 and l["tokens"] > 0 for l in lines)
 
 
+def test_parameter_edges_a_probe_found(srv, tmp_path):
+    """Each answer here was wrong or unclear before: token ids asked over a session ("empty
+    prompt"), an empty prompt as a generation failure, setting errors the engine found without the
+    setting's name, a bare number as stop coded unlike [5], logit_bias keys that name a token twice
+    over, and config files that are a directory or hold a NUL."""
+    def post(path, body):
+        return srv.request("POST", path, body, auth())
+    sid = new_session(srv, budget_tokens=64)["id"]
+    st, body, _ = post("/v1/completions", {"session": sid, "prompt": [504, 3636, 314], "max_tokens": 3})
+    assert st == 400 and body["error"]["param"] == "prompt" and "token ids" in body["error"]["message"], body
+    st, body, _ = post("/v1/completions", {"prompt": "", "max_tokens": 3})
+    assert st == 400 and body["error"]["code"] == "invalid_value" and body["error"]["param"] == "prompt", body
+    for settings, param, says in [({"budget_tokens": 50, "policy": "cascade"}, "keep_tokens", "at least"),
+                                  ({"keep_tokens": 27, "policy": "cascade"}, "keep_tokens", "at least"),
+                                  ({"budget_tokens": 8185}, "budget_tokens", "at most 8179"),
+                                  ({"budget_tokens": 0}, "budget_tokens", "[16, 8192]"),
+                                  ({"budget_tokens": -5}, "budget_tokens", "[16, 8192]")]:
+        st, body, _ = post("/v1/sessions", settings)
+        assert st == 422 and body["error"]["param"] == param and says in body["error"]["message"], (settings, body)
+    most = int(post("/v1/sessions", {"keep_tokens": 27, "policy": "cascade"})[1]["error"]["message"]
+               .split("at least ")[1].split()[0])
+    assert post("/v1/sessions", {"keep_tokens": most, "policy": "cascade"})[0] == 201
+    ask = {"prompt": "Hi", "max_tokens": 2}
+    for stop in (5, {"a": 1}, [5]):
+        st, body, _ = post("/v1/completions", dict(ask, stop=stop))
+        assert st == 400 and body["error"]["code"] == "invalid_type", (stop, body)
+    for key in (" 5", "+5", "05", "5 ", "-5", ""):
+        st, body, _ = post("/v1/completions", dict(ask, logit_bias={key: 1}))
+        assert st == 400 and body["error"]["param"] == "logit_bias", (key, body)
+    assert post("/v1/completions", dict(ask, logit_bias={"0": 1, "5": -1}))[0] == 200
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "nul.json").write_bytes(b'{"threads": 1}\0garbage')
+    for cfg, says in [(tmp_path / "dir", b"Is a directory"), (tmp_path / "nul.json", b"nul.json: line 1")]:
+        out = subprocess.run([str(BIN), "serve", "--config", str(cfg)], capture_output=True, timeout=30)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
 def test_every_route_has_its_own_request_series(tmp_path):
     """The table of routes had 16 slots for 17 labels: past the 16th route seen, requests were
     counted under the last slot's name (/detokenize's as /tokenize's)."""

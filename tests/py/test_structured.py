@@ -14,6 +14,8 @@ import openai
 import pydantic
 import pytest
 
+from server_util import Server
+
 
 SCHEMAS = {
     "person": {
@@ -125,6 +127,26 @@ def test_every_max_tokens_from_the_shortest_value_closes_it(client):
         r = client.completions.create(model="x", prompt="A person as JSON:", max_tokens=max_tokens, temperature=0,
                                       extra_body={"response_format": fmt})
         jsonschema.validate(json.loads(r.choices[0].text), schema)
+
+
+def test_the_value_is_closed_where_the_window_ends(tmp_path, fixtures):
+    """Without max_tokens (or with more than the window holds) the answer ends when the context is
+    full, and the value was cut open there ('...Skin-Skin-' after 8,155 tokens); its ending is now
+    written in the room the window has left. The tiny model's window is 256 tokens."""
+    s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf").start()
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 30}}, "required": ["a"]}
+    try:
+        for words in (40, 60, 90):  # prompts of 81, 121 and 181 tokens
+            for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}):
+                st, body, _ = s.request("POST", "/v1/completions", {
+                    "prompt": "ab " * words, "response_format": fmt, "temperature": 1.0, "seed": 3, "max_tokens": 4000})
+                assert st == 200, body
+                value = json.loads(body["choices"][0]["text"])  # raises when cut open
+                if fmt["type"] == "json_schema":
+                    jsonschema.validate(value, schema)
+                assert body["usage"]["total_tokens"] <= 257, body["usage"]
+    finally:
+        s.stop()
 
 
 def test_numbers_fit_a_double(client):
