@@ -179,7 +179,7 @@
     }));
   }
 
-  const title = (s) => (s.metadata && s.metadata.title) || s.id;
+  const title = (s) => (s.metadata && typeof s.metadata.title === 'string' && s.metadata.title) || s.id;
 
   // ---- tabs ------------------------------------------------------------------------------------
 
@@ -219,6 +219,10 @@
   function renderSessions() {
     if (state.map && state.map.ret.id !== state.selected) clearMap();
     const ul = $('sessions');
+    // the list is built anew (at each poll, each chunk): a focused item keeps the focus, and one gone
+    // (deleted) hands it to the item in its place, or to "+ New document"
+    const focused = document.activeElement, was = focused && focused.closest('#sessions li');
+    const at = was ? [...ul.children].indexOf(was) : -1, part = focused && focused.classList.contains('del') ? '.del' : '.pick';
     ul.replaceChildren(...state.sessions.map((s) => {
       const pick = el('button', { type: 'button', class: 'pick', 'aria-pressed': s.id === state.selected },
         el('span', { class: 'name', text: title(s) }),
@@ -233,6 +237,11 @@
       if (s.id === state.selected) li.classList.add('selected');
       return li;
     }));
+    if (was) {
+      const same = [...ul.children].find((li) => li.dataset.id === was.dataset.id);
+      const li = same || ul.children[Math.min(at, ul.children.length - 1)];
+      (li ? li.querySelector(same ? part : '.pick') : $('new-doc')).focus();
+    }
     $('sessions-empty').hidden = state.sessions.length > 0;
     renderCurrent();
     renderChatOver();
@@ -380,14 +389,20 @@
     const pending = localStorage.getItem(UPLOAD_STORE);
     if (state.remote || pending && await heldElsewhere(pending))
       return say('Another tab of this browser is uploading a document; wait for it to end, or cancel it there.');
-    let blob = $('file').files[0] || null, name = blob ? blob.name : '';
-    const pasted = $('paste').value;
-    if (!blob && pasted.trim()) {
+    const file = $('file').files[0] || null, pasted = $('paste').value;
+    let blob = file, name = file ? file.name : '';
+    if (!file && pasted.trim()) {
       blob = new Blob([pasted], { type: 'text/plain' });
       name = pasted.trim().split('\n')[0].slice(0, 40) || 'Pasted text';
     }
     if (!blob) return say('Choose a file or paste some text first.');
     if (blob.size === 0) return say('That document is empty.');
+    // UTF-16 without a byte order mark is valid UTF-8 to the server (its NULs are characters): refused
+    // here, as a binary file is, rather than read as text full of NULs
+    if (new Uint8Array(await blob.slice(0, 1024).arrayBuffer()).includes(0)) {
+      return say('Not read: ' + name + ' holds NUL bytes (a binary file, or UTF-16). This page reads UTF-8 text ' +
+        'only: save the file as UTF-8 and read it again.');
+    }
     $('start').disabled = true; // (this takes the focus off it: it goes to the progress, or back here)
     let started = false;
     try {
@@ -405,9 +420,13 @@
       localStorage.setItem(UPLOAD_STORE, s.id);
       const rec = { blob, name, chunkBytes: Math.min(CHUNK_BYTES, srv.max_chunk_bytes) };
       await saveDoc(s.id, rec);
-      $('file').value = '';
-      $('paste').value = '';
-      $('drop-text').replaceChildren(el('strong', { text: 'Drop a text file here' }), ' or press to choose one');
+      if (file) { // what was read is emptied, not the other
+        $('file').value = '';
+        $('drop-text').replaceChildren(el('strong', { text: 'Drop a text file here' }), ' or press to choose one');
+        if (pasted.trim()) say('Reading ' + name + ', the file chosen; the pasted text stays in its box, to read next.', 'info');
+      } else {
+        $('paste').value = '';
+      }
       state.selected = s.id;
       await loadSessions();
       runUpload(s, rec, release);
@@ -700,10 +719,12 @@
   drop.addEventListener('drop', (ev) => {
     ev.preventDefault();
     drop.classList.remove('over');
-    if (ev.dataTransfer.files.length) {
-      $('file').files = ev.dataTransfer.files;
+    const files = ev.dataTransfer.files;
+    if (files.length) {
+      $('file').files = files;
       pickedFile();
     }
+    if (files.length > 1) say(files.length + ' files dropped: only the first, ' + files[0].name + ', is read. Drop the others one at a time.', 'info');
   });
   function pickedFile() {
     const f = $('file').files[0];
@@ -730,9 +751,7 @@
       else if (m[2]) parent.append(inline(t.slice(2, -2), el('strong')));
       else if (m[3]) parent.append(inline(t.slice(1, -1), el('em')));
       else {
-        const a = el('a', { href: m[5], rel: 'noopener noreferrer nofollow', target: '_blank' });
-        a.textContent = t.slice(1, t.indexOf(']('));
-        parent.append(a);
+        parent.append(inline(t.slice(1, t.indexOf('](')), el('a', { href: m[5], rel: 'noopener noreferrer nofollow', target: '_blank' })));
       }
     }
     if (at < text.length) parent.append(text.slice(at));
@@ -914,14 +933,17 @@
       if (reread) notes.push('re-read ' + nf.format(reread.tokens) + ' tokens in ' + reread.seconds.toFixed(1) + ' s');
       const n = recall ? recall.passages : 0;
       if (n) notes.push('with ' + nf.format(n) + (n === 1 ? ' passage' : ' passages') + ' of the document');
-      const copy = el('button', { type: 'button', class: 'ghost small', text: 'Copy' });
-      copy.addEventListener('click', () => copyText(text, copy));
       const foot = el('div', { class: 'foot' }, el('span', { class: 'muted small', text: notes.join(' · ') }));
       turn.append(foot);
       if (n && recall.texts && recall.spans) foot.append(passagesButton(turn, recall));
-      foot.append(copy);
+      if (text) { // (a failed turn has nothing to copy)
+        const copy = el('button', { type: 'button', class: 'ghost small', text: 'Copy' });
+        copy.addEventListener('click', () => copyText(text, copy));
+        foot.append(copy);
+      }
       turn.dataset.done = 'true';
       state.chatAbort = null;
+      if (document.activeElement === $('chat-stop')) $('chat-input').focus(); // Stop is about to be disabled
       $('chat-stop').disabled = true;
       $('chat-send').disabled = false;
     }

@@ -1026,12 +1026,13 @@ def test_an_uploads_progress_moves_from_the_start_of_each_chunk(browser, tmp_pat
 def answer_by_hand(page):
     """The page's next answers come from a stream the test writes as it goes (the browser's request
     routing only gives whole bodies): window.feed(text) sends a piece of the answer, window.finish() its
-    finish_reason and [DONE], window.cut() breaks the connection, window.end() closes it."""
+    finish_reason and [DONE], window.cut() breaks the connection, window.end() closes it; Stop aborts it."""
     page.evaluate("""() => {
         const real = window.fetch, enc = new TextEncoder();
         window.fetch = (url, init) => {
             if (!String(url).endsWith('/v1/chat/completions')) return real(url, init);
             const body = new ReadableStream({start(c) {
+                init.signal.addEventListener('abort', () => c.error(new DOMException('stopped', 'AbortError')));
                 const send = (d) => c.enqueue(enc.encode('data: ' + (typeof d === 'string' ? d : JSON.stringify(d)) + '\\n\\n'));
                 window.feed = (text) => send({choices: [{index: 0, delta: {content: text}}]});
                 window.finish = () => { send({choices: [{index: 0, delta: {}, finish_reason: 'stop'}]}); send('[DONE]'); c.close(); };
@@ -1130,6 +1131,108 @@ def test_messages_let_clicks_through_and_go_by_themselves(browser, tiny, tmp_pat
         assert page.locator("#messages .msg").count() == 0, width
         assert not page.errors, page.errors
         ctx.close()
+
+
+
+def test_chat_turns_show_what_they_hold(browser, tiny):
+    """A question keeps its line breaks (Shift+Enter), a link's label its markdown, and an answer that
+    failed offers nothing to copy (its Copy copied "")."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    route_answers(page, [answer_events("See [the **API** docs](https://example.com/api).")])
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.click("#chat-input")
+    page.keyboard.type("First line")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("second line")
+    page.keyboard.press("Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=10000)
+    assert page.inner_text(".turn.user .body") == "First line\nsecond line"
+    assert page.inner_text(".turn.assistant .body a strong") == "API"
+    assert page.inner_text(".turn.assistant .body a") == "the API docs"
+    page.unroute("**/v1/chat/completions")
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=500, headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"error": {"message": "the model failed", "type": "server_error", "param": None, "code": None}})))
+    page.fill("#chat-input", "Again?")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant.failed[data-done="true"]', timeout=10000)
+    assert page.locator(".turn.assistant.failed .foot button").count() == 0
+    assert page.locator(".turn.assistant:not(.failed) .foot button", has_text="Copy").count() == 1
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_stop_and_delete_leave_the_focus_on_a_control(browser, tiny):
+    """Stop (disabled once the answer ends) hands the focus to the question box, and deleting a session
+    from the keyboard to the list's next one, not to the page's body; and a title that is not a string
+    shows as the session's id (it showed "[object Object]")."""
+    st, s, _ = tiny.request("POST", "/v1/sessions", {"metadata": {"title": {"text": "not a string"}}}, auth())
+    sid = s["id"]
+    page = open_page(browser, tiny)
+    enter_key(page)
+    answer_by_hand(page)
+    page.click("#tab-chat")
+    page.select_option("#chat-over", "")
+    page.fill("#chat-input", "Tell a long story.")
+    page.press("#chat-input", "Enter")
+    page.wait_for_function("() => window.feed")
+    page.evaluate("window.feed('Once upon a time')")
+    page.focus("#chat-stop")
+    page.keyboard.press("Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=10000)
+    assert page.inner_text(".turn.assistant .foot span") == "stopped"
+    assert page.evaluate("document.activeElement.id") == "chat-input"
+
+    assert page.inner_text(f'#sessions li[data-id="{sid}"] .name') == sid
+    page.on("dialog", lambda d: d.accept())
+    page.focus(f'#sessions li[data-id="{sid}"] .del')
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f'#sessions li[data-id="{sid}"]', state="detached", timeout=10000)
+    assert page.evaluate("document.activeElement.closest('#sessions-pane') !== null"), \
+        page.evaluate("document.activeElement.outerHTML.slice(0, 80)")
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_documents_are_read_one_at_a_time_and_as_utf8_text(browser, tiny, tmp_path):
+    """Three files dropped at once: the page says only the first is read. A file chosen with text in the
+    paste box: the file is read, and the pasted text stays (it was emptied without a word). A UTF-16 file
+    without a byte order mark (valid UTF-8 to the server: its NUL bytes are characters) is refused before
+    any session is made, as a file that is not UTF-8 is."""
+    page = open_page(browser, tiny)
+    enter_key(page)
+    page.evaluate("""() => {
+        const dt = new DataTransfer();
+        for (const n of ['one.txt', 'two.txt', 'three.txt']) dt.items.add(new File(['Text of ' + n], n, {type: 'text/plain'}));
+        document.getElementById('drop').dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }""")
+    note = page.locator("#messages .msg", has_text="3 files").inner_text(timeout=5000)
+    assert "only the first, one.txt, is read" in note, note
+    assert page.inner_text("#drop-text").startswith("one.txt")
+
+    page.click("#paste-box summary")
+    page.fill("#paste", "Pasted text, to read next.\n")
+    page.click("#start")
+    wait_done(page, 60)
+    assert session_titled(tiny, "one.txt")["final"]
+    assert page.input_value("#paste") == "Pasted text, to read next.\n"
+    page.locator("#messages .msg", has_text="the pasted text stays").wait_for(timeout=5000)
+
+    path = tmp_path / "utf16-no-bom.txt"
+    path.write_bytes("A note saved as UTF-16, little-endian, without a BOM.\n".encode("utf-16-le"))
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if r.method == "POST" else None)
+    page.fill("#paste", "")
+    page.set_input_files("#file", str(path))
+    page.click("#start")
+    assert shown(page, "save the file as UTF-8") == (
+        f"Not read: {path.name} holds NUL bytes (a binary file, or UTF-16). This page reads UTF-8 text only: "
+        "save the file as UTF-8 and read it again.")
+    assert sent == [], sent
+    assert not page.errors, page.errors
+    page.context.close()
 
 
 
