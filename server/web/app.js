@@ -28,8 +28,7 @@
   // ---- messages -------------------------------------------------------------------------
 
   // A message at the foot of the window. It covers no control for good: clicks go through it but for
-  // its ×, and it goes by itself (an info after 6 s, an error after 20 s, when it repeats what the page
-  // shows in place: an upload's note, a failed answer) unless `stay`. Returns it.
+  // its ×, and it goes by itself (an info after 6 s, an error after 20 s) unless `stay`. Returns it.
   function say(text, kind, stay) {
     const box = document.createElement('div');
     box.className = 'msg ' + (kind || 'error');
@@ -240,7 +239,7 @@
     if (was) {
       const same = [...ul.children].find((li) => li.dataset.id === was.dataset.id);
       const li = same || ul.children[Math.min(at, ul.children.length - 1)];
-      (li ? li.querySelector(same ? part : '.pick') : $('new-doc')).focus();
+      (li ? li.querySelector(same ? part : '.pick') : $('new-doc')).focus({ preventScroll: true });
     }
     $('sessions-empty').hidden = state.sessions.length > 0;
     renderCurrent();
