@@ -941,9 +941,11 @@ def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path)
             for name in names:
                 path = tmp_path / name
                 path.write_text("Some text.\n" * 10)
-                upload_through_page(page, path)
-                wait_done(page, 60)
-                page.locator("#messages .msg", has_text="Finished reading").last.wait_for(state="visible")
+                page.set_input_files("#file", str(path))
+                fits(f"{name} chosen")  # in the drop zone
+                page.click("#start")
+                page.wait_for_selector(f'#upload[data-done="true"] #upload-title:text-is("Read {name}")', timeout=60000)
+                page.locator("#messages .msg", has_text=f"Finished reading {name}").wait_for(state="visible")
                 fits(name)
                 card, cancel = page.locator("#upload").bounding_box(), page.locator("#upload-cancel").bounding_box()
                 assert cancel["x"] + cancel["width"] <= card["x"] + card["width"], (name, cancel, card)
