@@ -2,10 +2,12 @@
  * line. Routing, authentication, rate limits, bounded JSON bodies, queued
  * and streamed (SSE) responses with suspend/resume, and the small endpoints
  * (health, models, metrics, tokenize). */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -561,10 +563,31 @@ void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_co
     }
 }
 
+/* Whether the client of r hung up (or shut its side) before its body was
+ * whole, with nothing of it left unread: the rest can never come, and MHD,
+ * woken by epoll only at an edge, misses a hang-up that came in one packet
+ * with the data it read last (the request then held its connection until
+ * idle_timeout). Bytes still unread (an upload held back) are MHD's to read. */
+static int body_abandoned(request *r) {
+    if (!r->conn || !r->receiving_body) return 0;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    int unread = 0;
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
+           !ioctl(ci->connect_fd, FIONREAD, &unread) && unread == 0;
+}
+
 void srv_sweep_connections(server *s) {
     double now = monotonic_ms(), header_ms = (double)s->cfg.idle_timeout * 1e3,
            life_ms = (double)s->cfg.connection_timeout * 1e3;
     int cut = 0;
+    for (request *r = s->live; r; r = r->next_live)
+        if (body_abandoned(r)) {
+            shutdown(MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD)->connect_fd, SHUT_RDWR);
+            r->receiving_body = 0;
+            cut = 1;
+        }
     for (conn_track *t = s->conns; t; t = t->next) {
         if (t->cut) continue;
         int slow_headers = !t->in_request && now - t->waiting_since_ms > header_ms;
@@ -695,9 +718,11 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
             dispatch(r, NULL, upload_data_size);
             return MHD_YES;
         }
+        r->receiving_body = 1;
         if (body == BODY_UPLOAD) dispatch(r, NULL, upload_data_size); /* headers only: set up */
         return MHD_YES;
     }
+    if (!*upload_data_size) r->receiving_body = 0; /* MHD's last call for a request: its body is whole */
     if (r->pending) { /* a response prepared while suspended */
         struct MHD_Response *resp = r->pending;
         r->pending = NULL;

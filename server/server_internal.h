@@ -82,6 +82,7 @@ struct request {
     char *body;
     size_t body_len, body_cap;
     int body_too_large;
+    int receiving_body;          /* its body is still to come (srv_sweep_connections: a client gone meanwhile) */
     int close_conn;              /* its framing is not trusted: close after the answer */
     /* a response prepared while suspended, queued on the next access call */
     struct MHD_Response *pending;

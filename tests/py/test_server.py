@@ -536,9 +536,12 @@ def test_limits(tmp_path):
         assert st == 413 and body["error"]["code"] == "body_too_large", body
         assert "max_body_bytes" in body["error"]["message"], body
         time.sleep(1)  # the rate limit's bucket refills
-        # 64-token pot = 64*30*3*64*2*2 bytes ~ 1.4 MB: a 2048-token one cannot fit in 4 MB
+        # 64-token pot = 64*30*3*64*2*2 bytes ~ 1.4 MB: a 2048-token one can never fit in 4 MB (422), a
+        # second of 64 not beside the first and the prompt cache's 2 MB (429, to retry)
         st, body, hdr = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})
-        assert st == 429 and body["error"]["code"] == "insufficient_memory"
+        assert st == 422 and body["error"]["code"] == "pot_too_large", body
+        st, body, hdr = s.request("POST", "/v1/sessions", {})
+        assert st == 429 and body["error"]["code"] == "insufficient_memory" and "Retry-After" in hdr, body
         time.sleep(2)
         with pytest.raises(openai.RateLimitError) as e:
             for _ in range(10):
