@@ -72,8 +72,10 @@ char *metrics_render(server *s) {
             if (m->route_names[i] && m->requests[i][c])
                 put(&b, "potserve_requests_total{route=\"%s\",status=\"%dxx\"} %lld\n",
                     m->route_names[i], c, (long long)m->requests[i][c]);
-    counter(&b, "potserve_tokens_ingested_total", "Document tokens read into pots.", "counter",
+    counter(&b, "potserve_tokens_ingested_total", "Document tokens read into pots from uploads.", "counter",
             (double)m->tokens_ingested);
+    counter(&b, "potserve_tokens_reread_total", "Document tokens read again into question-guided pots (re-reads).",
+            "counter", (double)m->tokens_reread);
     counter(&b, "potserve_tokens_prompted_total", "Prompt tokens prefilled for generations.",
             "counter", (double)m->tokens_prompted);
     counter(&b, "potserve_tokens_generated_total", "Tokens generated.", "counter",

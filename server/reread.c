@@ -138,6 +138,11 @@ static void feeder_end(feeder *f, const char *err) {
         if (!pot) err = "out of memory";
         else *pot = (reread_pot){.srv = s, .doc = f->doc, .memory = f->memory, .refs = waiting};
     }
+    if (f->doc) { /* what it read, asked for or not (the document is idle) */
+        engine_doc_stats ds;
+        engine_doc_get_stats(f->doc, &ds);
+        s->m.tokens_reread += ds.tokens_read;
+    }
     if (!pot) {
         close_doc(s, f->doc);
         s->pot_memory -= f->memory;

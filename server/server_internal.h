@@ -52,6 +52,7 @@ typedef struct metrics {
     const char *route_names[METRIC_ROUTES];
     int64_t requests[METRIC_ROUTES][6]; /* by status class: 1xx..5xx, index status/100 */
     int64_t tokens_ingested, tokens_prompted, tokens_generated, bytes_uploaded;
+    int64_t tokens_reread; /* read again from sessions' logs for questions (reread.c) */
     int64_t compressions;
     double ingest_ms, decode_ms, compress_ms;
     int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */

@@ -6,6 +6,7 @@ pass key the session's question-agnostic pot lost is found after a re-read;
 a re-read pot that holds the whole document answers exactly as the full
 document does; streamed re-reads report progress as SSE comments."""
 import json
+import re
 import sys
 import urllib.request
 
@@ -53,6 +54,11 @@ def session_with(srv, text, **settings):
     return up
 
 
+def metric(srv, name):
+    text = srv.request("GET", "/metrics")[1]
+    return float(re.search(rf"^{name} (\S+)", text, re.M).group(1))
+
+
 def ask(srv, sid, **extra):
     body = {"model": "x", "max_tokens": 12, "temperature": 0, "session": sid,
             "messages": [{"role": "user", "content": QUESTION}], **extra}
@@ -65,8 +71,10 @@ def test_reread_finds_what_the_pot_lost(srv):
     assert up["compressions"] > 0 and up["reread"] is False
     st, plain, _ = ask(srv, up["id"])
     assert st == 200 and KEY not in plain["choices"][0]["message"]["content"] and "reread" not in plain
+    reread_before = metric(srv, "potserve_tokens_reread_total")
     st, rr, _ = ask(srv, up["id"], reread=True)
     assert st == 200, rr
+    assert metric(srv, "potserve_tokens_reread_total") - reread_before == rr["reread"]["tokens"]
     assert rr["choices"][0]["message"]["content"].strip().startswith(f"The pass key is {KEY}")
     assert rr["reread"]["tokens"] == up["tokens_ingested"] and rr["reread"]["bytes"] == up["bytes_received"]
     assert rr["reread"]["seconds"] > 0
