@@ -616,6 +616,22 @@ def note_is(page, pattern, timeout_s=10):
     return page.inner_text("#upload-note")
 
 
+def filler_file(path, n_bytes):
+    """A file of about n_bytes of FILLER at path: (its text, path)."""
+    text = FILLER * (n_bytes // len(FILLER))
+    path.write_text(text)
+    return text, path
+
+
+def record_upload_notes(page):
+    """From now on, every text the upload note shows is kept in window.notes."""
+    page.evaluate("""() => {
+        window.notes = [];
+        new MutationObserver(() => window.notes.push(document.getElementById('upload-note').textContent))
+            .observe(document.getElementById('upload-note'), {childList: true, subtree: true, characterData: true});
+    }""")
+
+
 def ask_without_session(page, question, timeout=30000):
     """Asks question in Chat with no session and waits for the answer to end."""
     page.click("#tab-chat")
@@ -679,10 +695,8 @@ def test_a_second_tab_leaves_an_upload_to_the_first_and_takes_over_when_it_close
     tab opened while the first uploads shows that upload as the other tab's, sends nothing and offers
     no Cancel (which would drop the first tab's record) or Delete, and carries the upload on once the
     first tab is closed."""
-    text = FILLER * (5 * TINY_CHUNK_BYTES // len(FILLER))
+    text, path = filler_file(tmp_path / "two-tabs.txt", 5 * TINY_CHUNK_BYTES)
     data = text.encode()
-    path = tmp_path / "two-tabs.txt"
-    path.write_text(text)
     first = open_page(browser, tiny)
     enter_key(first)
     upload_through_page(first, path)
@@ -768,18 +782,12 @@ def test_a_server_restarted_with_a_smaller_chunk_limit_gets_smaller_chunks(brows
     """The server restarts mid-upload with a smaller max_chunk_bytes (64 KiB, then 16 KiB): the page's
     next chunk is refused (413 chunk_too_large), and it goes on in chunks of the new limit to the end,
     instead of stopping with the session half read."""
-    text = FILLER * (200 * 1024 // len(FILLER))
+    text, path = filler_file(tmp_path / "limit-lowered.txt", 200 * 1024)
     data = text.encode()
-    path = tmp_path / "limit-lowered.txt"
-    path.write_text(text)
     with own_tiny_server(tmp_path / "data", "--max-chunk-bytes", "65536") as srv:
         page = open_page(browser, srv)
         page.wait_for_selector("#model:not(:empty)", timeout=10000)
-        page.evaluate("""() => {
-            window.notes = [];
-            new MutationObserver(() => window.notes.push(document.getElementById('upload-note').textContent))
-                .observe(document.getElementById('upload-note'), {childList: true, subtree: true, characterData: true});
-        }""")
+        record_upload_notes(page)
         upload_through_page(page, path)
         note_is(page, "^Chunk 1 stored", 60)
         assert srv.stop() == 0
@@ -800,11 +808,9 @@ def test_a_server_restarted_with_a_smaller_chunk_limit_gets_smaller_chunks(brows
 def test_an_upload_stopped_by_a_server_error_keeps_its_file_and_goes_on_later(browser, tiny, tmp_path):
     """A server error (here a full disk, 507, on the second chunk) stops an upload, but the session can
     still take the rest: the page keeps the file, says so, and the page opened again finishes the upload."""
-    text = FILLER * (3 * TINY_CHUNK_BYTES // 2 // len(FILLER))
+    text, path = filler_file(tmp_path / "disk-full-once.txt", 3 * TINY_CHUNK_BYTES // 2)
     data = text.encode()
     assert chunk_count(data) == 2
-    path = tmp_path / "disk-full-once.txt"
-    path.write_text(text)
     page = open_page(browser, tiny)
     enter_key(page)
     posts = []
@@ -839,20 +845,14 @@ def test_a_server_stopped_while_a_chunk_streams_keeps_the_upload_and_goes_on(bro
     whose object says status 503 (shutting_down, the chunk not kept). That is a failure to retry, not a
     refusal: the page keeps the file and retries, and once a server runs again on the same data and port
     the upload ends whole, instead of stopping for good with the file dropped."""
-    text = FILLER * (400 * 1024 // len(FILLER))
+    text, path = filler_file(tmp_path / "server-restarted.txt", 400 * 1024)
     data = text.encode()
-    path = tmp_path / "server-restarted.txt"
-    path.write_text(text)
     with own_tiny_server(tmp_path / "data", "--shutdown-grace", "0") as srv:
         page = open_page(browser, srv)
         page.wait_for_selector("#model:not(:empty)", timeout=10000)
         answers = []
         page.on("response", lambda r: answers.append(r) if "/chunks" in r.url else None)
-        page.evaluate("""() => {
-            window.notes = [];
-            new MutationObserver(() => window.notes.push(document.getElementById('upload-note').textContent))
-                .observe(document.getElementById('upload-note'), {childList: true, subtree: true, characterData: true});
-        }""")
+        record_upload_notes(page)
         upload_through_page(page, path)
         note_is(page, "^Chunk 1 stored", 60)
         stored = int(page.inner_text("#up-tokens").split()[0].replace(",", ""))
@@ -997,9 +997,7 @@ def test_an_uploads_progress_moves_from_the_start_of_each_chunk(browser, tmp_pat
     128 KiB ahead of the engine: the page's 256 KiB chunks showed no progress for the first half of each
     ("0 of ~…", no speed, no time left). Its chunks of 64 KiB are read at once: the tokens read never
     stand still for long."""
-    text = FILLER * (600 * 1024 // len(FILLER))
-    path = tmp_path / "progress-from-the-start.txt"
-    path.write_text(text)
+    text, path = filler_file(tmp_path / "progress-from-the-start.txt", 600 * 1024)
     with own_tiny_server(tmp_path / "data") as srv:  # its max_chunk_bytes: far above the page's size
         page = open_page(browser, srv)
         page.wait_for_selector("#model:not(:empty)", timeout=10000)
@@ -1024,7 +1022,6 @@ def test_an_uploads_progress_moves_from_the_start_of_each_chunk(browser, tmp_pat
         page.context.close()
 
 
-
 def answer_by_hand(page):
     """The page's next answers come from a stream the test writes as it goes (the browser's request
     routing only gives whole bodies): window.feed(text) sends a piece of the answer, window.finish() its
@@ -1046,17 +1043,28 @@ def answer_by_hand(page):
     }""")
 
 
-def test_a_streaming_answer_is_followed_only_while_the_reader_is_at_the_end(browser, tiny):
-    """While an answer streams in, the conversation scrolls along with it only while it is scrolled to
-    its end: a reader who scrolled up to read is left there (every frame scrolled the answer into view)."""
+def chat_by_hand(browser, tiny):
+    """A page on the chat tab, asking without a session, whose answers the test writes (answer_by_hand)."""
     page = open_page(browser, tiny)
     enter_key(page)
     answer_by_hand(page)
     page.click("#tab-chat")
     page.select_option("#chat-over", "")
-    page.fill("#chat-input", "Tell a long story.")
+    return page
+
+
+def ask_by_hand(page, question):
+    """Asks question; returns once its answer's stream is open for window.feed."""
+    page.fill("#chat-input", question)
     page.press("#chat-input", "Enter")
     page.wait_for_function("() => window.feed")
+
+
+def test_a_streaming_answer_is_followed_only_while_the_reader_is_at_the_end(browser, tiny):
+    """While an answer streams in, the conversation scrolls along with it only while it is scrolled to
+    its end: a reader who scrolled up to read is left there (every frame scrolled the answer into view)."""
+    page = chat_by_hand(browser, tiny)
+    ask_by_hand(page, "Tell a long story.")
     at_end = "() => { const l = document.getElementById('chat-log'); return l.scrollHeight - l.scrollTop - l.clientHeight < 2; }"
 
     def feed(lines, start):
@@ -1082,15 +1090,9 @@ def test_a_streaming_answer_is_followed_only_while_the_reader_is_at_the_end(brow
 def test_an_answer_cut_off_by_a_lost_connection_says_so(browser, tiny):
     """An answer whose stream breaks (the connection lost) or ends without its finish_reason is marked
     "interrupted", as Stop marks "stopped", not shown as if complete; it stays in the conversation."""
-    page = open_page(browser, tiny)
-    enter_key(page)
-    answer_by_hand(page)
-    page.click("#tab-chat")
-    page.select_option("#chat-over", "")
+    page = chat_by_hand(browser, tiny)
     for i, how in enumerate(("cut", "end")):
-        page.fill("#chat-input", f"Question {i}.")
-        page.press("#chat-input", "Enter")
-        page.wait_for_function("() => window.feed")
+        ask_by_hand(page, f"Question {i}.")
         page.evaluate("() => { window.feed('The first half of'); window.feed(' an answer'); }")
         page.wait_for_selector(".turn.assistant:last-child .body p")  # read (an error drops what is not)
         page.evaluate("(how) => { window[how](); window.feed = null; }", how)
@@ -1172,14 +1174,8 @@ def test_stop_and_delete_leave_the_focus_on_a_control(browser, tiny):
     shows as the session's id (it showed "[object Object]")."""
     st, s, _ = tiny.request("POST", "/v1/sessions", {"metadata": {"title": {"text": "not a string"}}}, auth())
     sid = s["id"]
-    page = open_page(browser, tiny)
-    enter_key(page)
-    answer_by_hand(page)
-    page.click("#tab-chat")
-    page.select_option("#chat-over", "")
-    page.fill("#chat-input", "Tell a long story.")
-    page.press("#chat-input", "Enter")
-    page.wait_for_function("() => window.feed")
+    page = chat_by_hand(browser, tiny)
+    ask_by_hand(page, "Tell a long story.")
     page.evaluate("window.feed('Once upon a time')")
     page.focus("#chat-stop")
     page.keyboard.press("Enter")
