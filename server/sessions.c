@@ -349,6 +349,7 @@ static void open_doc_task(engine *e, void *arg) {
     }
     char *snap = j->replay ? path_join(ss->dir, SNAPSHOT_FILE) : NULL;
     int have_snap = snap && ss->log ? store_snapshot_get(ss->log, snap, j->snap_err, sizeof j->snap_err) : 1;
+    if (have_snap == 0 && access(snap, F_OK) && errno == ENOENT) have_snap = 1; /* none written yet: not news */
     if (have_snap == 0) { /* the snapshot, then the log past it */
         j->doc = engine_doc_load(e, &ss->settings.pot, snap, &j->from, j->snap_err, sizeof j->snap_err);
         if (j->doc && j->from > store_log_committed_size(ss->log)) {
