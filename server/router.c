@@ -484,11 +484,6 @@ static int admit(request *r) {
         respond_retry(r, &e, wait);
         return -1;
     }
-    if (s->loading && strcmp(r->route, "/metrics")) {
-        api_fail(&e, 503, "loading", NULL, "the server is still restoring sessions");
-        respond_error(r, &e);
-        return -1;
-    }
     if (strcmp(r->route, "other")) return 0;
     not_found(r);
     return -1;

@@ -150,6 +150,7 @@ struct session {
     enum session_status status;
     char fail_msg[256];
     int busy;                 /* an upload is in progress */
+    enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING } restoring; /* read again at start: 503 until done */
     int rebuilding;
     int deleted;
     int refs;

@@ -248,6 +248,7 @@ const char *session_log_busy(const session *ss) {
 
 static const char *status_name(const session *ss) {
     if (ss->status == SESSION_FAILED) return "failed";
+    if (ss->restoring) return "restoring";
     return ss->busy || ss->rebuilding || ss->acked_ingests ? "ingesting" : "ready";
 }
 
@@ -1884,6 +1885,14 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
 /* ---- restore on start and expiry ------------------------------------------------------------------ */
 
 /* A restore's end (at start or at a takeover): the session is ready, or failed. */
+/* One restore less to wait for; /health says ready after the last. */
+static void restore_done_one(server *s) {
+    if (--s->restores_pending == 0) {
+        s->loading = 0;
+        fprintf(stderr, "potserve: ready\n");
+    }
+}
+
 static void restore_ended(doc_job *j) {
     session *ss = j->ss;
     ss->busy = 0;
@@ -1911,12 +1920,13 @@ static void restore_ended(doc_job *j) {
     finish_doc_job(j);
 }
 
+static void restore_next(server *s);
+
 static void restored(server *s, doc_job *j) {
+    j->ss->restoring = RESTORE_NONE;
     restore_ended(j);
-    if (--s->restores_pending == 0) {
-        s->loading = 0;
-        fprintf(stderr, "potserve: ready\n");
-    }
+    restore_done_one(s);
+    restore_next(s);
 }
 
 /* A session from the store: its meta (JSON text) and its log, opened under
@@ -2002,8 +2012,28 @@ static void restore_one(void *user, const char *id) {
     }
     if (ss->status == SESSION_FAILED) return (void)fprintf(stderr, "potserve: session %s failed: %s\n", id, ss->fail_msg);
     ss->busy = 1;
+    ss->restoring = RESTORE_QUEUED; /* read in turn (restore_next) */
     s->restores_pending++;
-    if (submit_doc_job(s, ss, 1, restored, NULL)) s->restores_pending--;
+}
+
+/* Restores run one at a time, each one task on the engine thread, so that
+ * between two of them the engine serves the sessions already restored (and
+ * new ones): a session answers as soon as its own restore ends, not the last
+ * one's (session_lookup answers 503 loading for it until then). */
+static void restore_next(server *s) {
+    for (session *ss = s->sessions; ss; ss = ss->next)
+        if (ss->restoring == RESTORE_RUNNING) return; /* one under way */
+    for (session *ss = s->sessions; ss; ss = ss->next) {
+        if (ss->restoring != RESTORE_QUEUED) continue;
+        if (!s->draining && !s->stopping && !submit_doc_job(s, ss, 1, restored, NULL)) {
+            ss->restoring = RESTORE_RUNNING;
+            return;
+        }
+        ss->restoring = RESTORE_NONE; /* not read: stays busy with no pot until the server stops */
+        ss->status = SESSION_FAILED;
+        snprintf(ss->fail_msg, sizeof ss->fail_msg, "the server is stopping");
+        restore_done_one(s);
+    }
 }
 
 int sessions_restore(server *s, char *err, size_t errlen) {
@@ -2023,10 +2053,8 @@ int sessions_restore(server *s, char *err, size_t errlen) {
     store_clear_scratch(s->st);
     s->restores_pending = 1; /* held until the scan ends */
     store_list(s->st, restore_one, s);
-    if (--s->restores_pending == 0) {
-        s->loading = 0;
-        fprintf(stderr, "potserve: ready\n");
-    }
+    restore_done_one(s);
+    restore_next(s);
     return 0;
 }
 
@@ -2228,6 +2256,12 @@ session *session_lookup(request *r, const char *id, const char *param) {
     session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
     int expired = ss && session_expired(ss, (int64_t)time(NULL)); /* gone, though still busy here */
     if (ss && lease_lapsed(s, ss)) ss = NULL;
+    if (ss && !expired && ss->restoring) {
+        api_error e;
+        api_fail(&e, 503, "loading", param, "session '%s' is still being read again after the server's start", id);
+        respond_retry(r, &e, 2);
+        return NULL;
+    }
     if (ss && !expired) return ss;
     if (store_is_shared(s->st) && !expired && valid_session_id(id) && !session_find(s, id, NULL)) {
         take_over(r, id, param);

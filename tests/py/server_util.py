@@ -28,7 +28,8 @@ class Server:
     def url(self):
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout=120):
+    def start(self, timeout=120, ready=True):
+        """Starts the server; returns once /health says ready, or with ready=False once it listens."""
         cmd = [str(BIN), "serve", "--model", str(MODEL), "--port", "0", "--data-dir", self.data_dir,
                "--threads", "2", *self.flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
@@ -47,6 +48,8 @@ class Server:
         if not got_port.wait(timeout):
             self.kill()
             raise AssertionError("server did not start:\n" + "\n".join(self.log_lines))
+        if not ready:
+            return self
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
