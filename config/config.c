@@ -188,6 +188,7 @@ static const setting settings[] = {
     S_ENUM(recall_order, "best-last", recall_order_values,
            "recalled passages: the best last, or in document order"),
     S_BYTES(snapshot_bytes, "4M", 0, INT64_MAX, "snapshot a pot after this many new bytes"),
+    S_INT(snapshot_seconds, "60", 0, 86400, "or after this many seconds of reading since the last, 0 = off"),
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
     S_INT(prompt_cache_entries, "4", 0, 64, "recent sessionless prompts whose KV is reused, 0 = off"),
     S_BYTES(prompt_cache_bytes, "64M", 0, INT64_MAX, "prompt cache budget, part of pot_memory_limit"),

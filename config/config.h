@@ -64,6 +64,8 @@ typedef struct server_config {
                                  (recall_order_named) */
     int64_t snapshot_bytes;   /* snapshot a session's pot after this many new ingested bytes
                                  (4M); always on shutdown */
+    int64_t snapshot_seconds; /* or after this much engine time reading since the last (60; 0 = off):
+                                 bounds what a restart after a crash reads again */
     int access_log;           /* one JSON line per request on stderr (true) */
     int64_t prompt_cache_entries; /* recent sessionless prompts whose KV is reused (4; 0 = off) */
     int64_t prompt_cache_bytes;   /* their budget, held within pot_memory_limit (64M) */

@@ -162,6 +162,7 @@ struct session {
     uint64_t last_seq;
     int final;
     uint64_t snap_offset;     /* log bytes the snapshot on disk covers (0: none) */
+    double snap_ingest_ms;    /* the document's engine reading time (stats.ingest_ms) the snapshot holds */
     engine_doc *restore_doc;  /* a failed chunk's pre-chunk copy, for the rebuild to put back
                                  (instead of re-reading the log); memory_bytes counted */
     int snap_saving;

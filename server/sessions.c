@@ -283,6 +283,7 @@ typedef struct doc_job {
     session *ss;
     int rc;
     uint64_t from;                 /* log offset the snapshot covered (0: none used) */
+    double snap_ingest_ms;         /* the reading time the snapshot held (0: none used) */
     char snap_err[256];            /* why the snapshot was not used */
     char err[256];
     char feed_err[256];            /* why the engine refused what the replay fed it ("" when it did not) */
@@ -359,6 +360,11 @@ static void open_doc_task(engine *e, void *arg) {
             j->doc = NULL;
         }
         if (!j->doc) j->from = 0;
+        if (j->doc) {
+            engine_doc_stats ds;
+            engine_doc_get_stats(j->doc, &ds);
+            j->snap_ingest_ms = ds.ingest_ms;
+        }
     }
     if (have_snap == 0 && store_is_shared(ss->srv->st)) unlink(snap); /* a copy fetched from the store */
     free(snap);
@@ -372,6 +378,7 @@ static void open_doc_task(engine *e, void *arg) {
             /* a snapshot at an offset the log does not know: start over */
             engine_doc_close(j->doc);
             j->from = 0;
+            j->snap_ingest_ms = 0;
             j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
             if (j->doc) engine_doc_abandon_when(j->doc, &ss->srv->abandon_replays);
             j->rc = j->doc ? store_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err) : -1;
@@ -395,6 +402,7 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
         j->kept = ss->restore_doc;
         j->restored = 1;
         j->from = ss->snap_offset; /* the snapshot on disk is still the one it was */
+        j->snap_ingest_ms = ss->snap_ingest_ms;
     }
     session_ref(ss);
     if (r) request_ref(r);
@@ -431,6 +439,7 @@ static void rebuilt(server *s, doc_job *j) {
         ss->stats = j->stats;
         ss->bytes_acked = ss->stats.bytes_read;
         ss->snap_offset = j->from;
+        ss->snap_ingest_ms = j->snap_ingest_ms;
         fprintf(stderr, "potserve: session %s: after a failed chunk the pot is %s\n", ss->id,
                 j->restored ? "back as it was before the chunk" : "re-read from the log");
     }
@@ -882,7 +891,8 @@ static void upload_step(upload *u) {
     if (!u->committed) return disk_submit(u, 1, NULL);
     acknowledge(u);
     if (u->in_flight == 0) u->finished = 1;
-    if (u->final || store_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes)
+    if (u->final || store_log_committed_size(ss->log) - ss->snap_offset >= (uint64_t)s->cfg.snapshot_bytes ||
+        (s->cfg.snapshot_seconds && ss->stats.ingest_ms - ss->snap_ingest_ms >= (double)s->cfg.snapshot_seconds * 1e3))
         session_snapshot(s, ss);
 }
 
@@ -1368,6 +1378,7 @@ typedef struct save_job {
     session *ss;
     engine_doc *doc;    /* ss->doc when it was queued (the engine thread does not read ss) */
     uint64_t offset;
+    double ingest_ms;   /* the document's reading time when saved */
     char *path;
     int rc;
     char err[256];
@@ -1378,7 +1389,7 @@ static void snapshot_saved(server *s, void *arg) {
     save_job *j = arg;
     session *ss = j->ss;
     ss->snap_saving = 0;
-    if (!j->rc && j->offset > ss->snap_offset) ss->snap_offset = j->offset;
+    if (!j->rc && j->offset > ss->snap_offset) ss->snap_offset = j->offset, ss->snap_ingest_ms = j->ingest_ms;
     if (j->rc) fprintf(stderr, "potserve: session %s: snapshot failed: %s\n", ss->id, j->err);
     free(j->path);
     session_unref(ss);
@@ -1389,6 +1400,11 @@ static void save_task(engine *e, void *arg) {
     (void)e;
     save_job *j = arg;
     j->rc = j->doc ? engine_doc_save(j->doc, j->path, j->offset, j->err, sizeof j->err) : -1;
+    if (j->doc) {
+        engine_doc_stats ds;
+        engine_doc_get_stats(j->doc, &ds);
+        j->ingest_ms = ds.ingest_ms;
+    }
     if (!j->rc) j->rc = store_snapshot_put(j->ss->log, j->path, j->err, sizeof j->err);
     if (!j->doc) snprintf(j->err, sizeof j->err, "no document");
     srv_post(j->ss->srv, snapshot_saved, j);
@@ -1910,6 +1926,7 @@ static void restore_ended(doc_job *j) {
         ss->stats = j->stats;
         ss->bytes_acked = ss->stats.bytes_read; /* the log, read whole */
         ss->snap_offset = j->from;
+        ss->snap_ingest_ms = j->snap_ingest_ms;
         fprintf(stderr, "potserve: restored session %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n",
                 ss->id, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,
                 (unsigned long long)ss->last_seq,

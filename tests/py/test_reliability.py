@@ -1153,7 +1153,7 @@ def test_sessions_answer_as_soon_as_their_own_restore_ends(tmp_path):
     `loading` until the last of them was (75-183 s in a soak of 20 small sessions): now restores run
     one at a time, each session answers once its own ends (503 `loading` with Retry-After before),
     and everything else is served meanwhile; /health still says loading until the last."""
-    s = Server(tmp_path / "d", "--threads", "1", "--budget-tokens", "256").start()
+    s = Server(tmp_path / "d", "--threads", "1", "--budget-tokens", "256", "--snapshot-seconds", "0").start()
     ids = []
     for i in range(4):  # ~10 KB each: seconds of replay each
         ids.append(new_session(s))
@@ -1179,5 +1179,32 @@ def test_sessions_answer_as_soon_as_their_own_restore_ends(tmp_path):
             assert now["status"] == "ready", now
             assert (now["bytes_received"], now["tokens_ingested"], now["tokens_in_pot"]) == \
                 (was["bytes_received"], was["tokens_ingested"], was["tokens_in_pot"]), (was, now)
+    finally:
+        s.stop()
+
+
+def test_a_snapshot_after_so_much_reading_bounds_a_replay(tmp_path):
+    """Snapshots came only every snapshot_bytes (4 MiB: about a million tokens, many minutes of
+    reading on a CPU), so a crash could leave that much to read again at the next start. A pot is
+    also saved once snapshot_seconds of reading have passed since the last: the restart after a
+    SIGKILL reads from that snapshot, not the whole log."""
+    s = Server(tmp_path / "d", "--threads", "1", "--snapshot-bytes", "1G", "--snapshot-seconds", "1").start()
+    try:
+        sid = new_session(s)
+        for seq in (1, 2, 3):  # each chunk a second or more of reading, one thread
+            assert upload(s, sid, text(60, seed=seq * 100).encode(), timeout=120)[0] == 200
+        before = session(s, sid)
+        snap = os.path.join(s.data_dir, "sessions", sid, "pot.snap")
+        deadline = time.time() + 10
+        while not os.path.exists(snap) and time.time() < deadline:
+            time.sleep(0.1)
+        assert os.path.exists(snap), "no snapshot after seconds of reading"
+        s.kill()
+        s.start()
+        s.wait_log(f"restored session {sid}")
+        assert "from its snapshot" in s.wait_log(f"restored session {sid}")
+        now = session(s, sid)
+        assert (now["bytes_received"], now["tokens_ingested"], now["tokens_in_pot"]) == \
+            (before["bytes_received"], before["tokens_ingested"], before["tokens_in_pot"]), (before, now)
     finally:
         s.stop()
