@@ -1043,7 +1043,8 @@ def test_a_streamed_chunks_error_event_says_its_status(tmp_path):
         err = events[-1][1]["error"]
         assert err["status"] == 422 and err["code"] == "document_too_long" and "retry_after" not in err, err
         sid = new_session(s)
-        events = streamed_upload(s, sid, text(4000).encode(), on_progress=lambda: s.proc.send_signal(signal.SIGTERM))
+        # under 128 KiB, the body is read at once and its progress streams while the engine reads it
+        events = streamed_upload(s, sid, text(1500).encode(), on_progress=lambda: s.proc.send_signal(signal.SIGTERM))
         assert events[-1][0] == "error", events
         err = events[-1][1]["error"]
         assert err["status"] == 503 and err["retry_after"] == 1, err
@@ -1081,7 +1082,8 @@ def test_a_session_expires_on_time_however_busy_and_across_restarts(tmp_path):
         for t in askers:
             t.join()
         served_after = [at - expires for at, st in answered if st == 200 and at > expires + 1]
-        assert not served_after or max(served_after) < 2.5, served_after  # the last answers under way
+        under_way = 30 if SANITIZED else 2.5  # the last answers under way end (a sanitizer's pace)
+        assert not served_after or max(served_after) < under_way, served_after
         assert answered[-1][1] == 404 and s.request("GET", f"/v1/sessions/{sid}")[0] == 404, answered[-4:]
         time.sleep(max(0, retry_at - time.time()))
         st, sess, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 2})  # room again when Retry-After said
