@@ -602,7 +602,7 @@ def test_sigterm_during_a_restore_exits_within_the_grace(tmp_path):
         st, body, _ = upload(s, sid, doc, "?wait=false", timeout=120)
         assert st == 202, body
         s.kill()
-        s.proc = subprocess.Popen([*s.proc.args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        s.start(ready=False)  # listening (its signal handlers set right after), not yet ready
         time.sleep(2)  # loading: the restore is under way
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
@@ -1084,7 +1084,8 @@ def test_a_session_expires_on_time_however_busy_and_across_restarts(tmp_path):
         served_after = [at - expires for at, st in answered if st == 200 and at > expires + 1]
         under_way = 30 if SANITIZED else 2.5  # the last answers under way end (a sanitizer's pace)
         assert not served_after or max(served_after) < under_way, served_after
-        assert answered[-1][1] == 404 and s.request("GET", f"/v1/sessions/{sid}")[0] == 404, answered[-4:]
+        st, _, _ = s.request("POST", "/v1/completions", {"session": sid, "prompt": "The river", "max_tokens": 2})
+        assert st == 404 and s.request("GET", f"/v1/sessions/{sid}")[0] == 404, answered[-4:]
         time.sleep(max(0, retry_at - time.time()))
         st, sess, _ = s.request("POST", "/v1/sessions", {"ttl_seconds": 2})  # room again when Retry-After said
         assert st == 201, sess
