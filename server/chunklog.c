@@ -574,11 +574,18 @@ int chunk_log_abort(chunk_log *l, char *err, size_t errlen) {
     return 0;
 }
 
-int chunk_log_replay(chunk_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
-                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+struct chunk_log_cursor {
+    chunk_log *l;
+    size_t idx;         /* the next entry to read */
+    uint64_t off;       /* the next frame's file offset */
+    chunk_state s;      /* the chunk under way (apply_frame's rules) */
+    unsigned char *buf; /* one frame */
+};
+
+chunk_log_cursor *chunk_log_cursor_open(chunk_log *l, uint64_t from_offset, char *err, size_t errlen) {
     if (!l) {
         set_err(err, errlen, "chunk log: no log");
-        return -1;
+        return NULL;
     }
     size_t idx = 0; /* first entry after from_offset */
     if (from_offset != 0) {
@@ -591,62 +598,81 @@ int chunk_log_replay(chunk_log *l, uint64_t from_offset, chunk_log_data_fn on_da
         if (lo == l->n || l->ents[lo].end_offset != from_offset) {
             set_err(err, errlen, "chunk log %s: replay offset %llu is not a commit boundary",
                     l->path, (unsigned long long)from_offset);
-            return -1;
+            return NULL;
         }
         idx = lo + 1;
     }
-    if (idx == l->n) return 0;
-    unsigned char *buf = malloc(CL_BUF);
-    if (!buf) {
+    chunk_log_cursor *r = calloc(1, sizeof *r);
+    if (r) r->buf = malloc(CL_BUF);
+    if (!r || !r->buf) {
+        free(r);
         set_err(err, errlen, "chunk log %s: out of memory", l->path);
-        return -1;
+        return NULL;
     }
-    chunk_state s = {0, 0, 0, 0};
-    uint64_t off = from_offset;
-    int rc = 0;
-    while (idx < l->n) {
-        const chunk_log_entry *want = &l->ents[idx];
+    r->l = l;
+    r->idx = idx;
+    r->off = from_offset;
+    return r;
+}
+
+void chunk_log_cursor_close(chunk_log_cursor *r) {
+    if (!r) return;
+    free(r->buf);
+    free(r);
+}
+
+int chunk_log_cursor_read(chunk_log_cursor *r, uint64_t at_least, chunk_log_data_fn on_data,
+                          chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+    chunk_log *l = r->l;
+    uint64_t delivered = 0;
+    while (r->idx < l->n) {
+        if (delivered >= at_least) return 1; /* after a whole frame: the next read goes on from here */
+        const chunk_log_entry *want = &l->ents[r->idx];
         frame f;
         chunk_log_entry got;
-        int r = read_frame(l->fd, off, want->end_offset, buf, &f);
-        if (r < 0) {
+        int rf = read_frame(l->fd, r->off, want->end_offset, r->buf, &f);
+        if (rf < 0) {
             set_err(err, errlen, "chunk log %s: read at %llu: %s", l->path,
-                    (unsigned long long)off, strerror(errno));
-            rc = -1;
-            break;
+                    (unsigned long long)r->off, strerror(errno));
+            return -1;
         }
-        uint64_t prev = idx ? l->ents[idx - 1].seq : 0; /* only the last entry is final */
-        if (r == 0 || f.seq != want->seq || !apply_frame(&s, prev, 0, &f, &got)) {
+        uint64_t prev = r->idx ? l->ents[r->idx - 1].seq : 0; /* only the last entry is final */
+        if (rf == 0 || f.seq != want->seq || !apply_frame(&r->s, prev, 0, &f, &got)) {
             set_err(err, errlen, "chunk log %s: damaged since open at offset %llu (chunk %llu)",
-                    l->path, (unsigned long long)off, (unsigned long long)want->seq);
-            rc = -1;
-            break;
+                    l->path, (unsigned long long)r->off, (unsigned long long)want->seq);
+            return -1;
         }
-        off += f.total;
+        r->off += f.total;
         if (f.type == CL_DATA) {
+            delivered += f.len;
             if (on_data && on_data(user, f.seq, (const char *)f.payload, f.len) != 0) {
                 set_err(err, errlen, "chunk log %s: replay stopped by the consumer in chunk %llu",
                         l->path, (unsigned long long)f.seq);
-                rc = -1;
-                break;
+                return -1;
             }
             continue;
         }
-        if (off != want->end_offset || got.bytes != want->bytes || got.crc != want->crc ||
+        if (r->off != want->end_offset || got.bytes != want->bytes || got.crc != want->crc ||
             got.final != want->final) {
             set_err(err, errlen, "chunk log %s: chunk %llu changed since open", l->path,
                     (unsigned long long)want->seq);
-            rc = -1;
-            break;
+            return -1;
         }
         if (on_commit && on_commit(user, want) != 0) {
             set_err(err, errlen, "chunk log %s: replay stopped by the consumer after chunk %llu",
                     l->path, (unsigned long long)want->seq);
-            rc = -1;
-            break;
+            return -1;
         }
-        idx++;
+        r->idx++;
     }
-    free(buf);
+    return 0;
+}
+
+int chunk_log_replay(chunk_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
+                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+    chunk_log_cursor *r = chunk_log_cursor_open(l, from_offset, err, errlen);
+    if (!r) return -1;
+    int rc = chunk_log_cursor_read(r, UINT64_MAX, on_data, on_commit, user, err, errlen);
+    chunk_log_cursor_close(r);
     return rc;
 }

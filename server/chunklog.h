@@ -88,4 +88,15 @@ typedef int (*chunk_log_commit_fn)(void *user, const chunk_log_entry *e);
 int chunk_log_replay(chunk_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
                      chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
 
+/* The same replay in steps (a restore fed to the engine a piece at a time):
+ * each chunk_log_cursor_read delivers frames until at least at_least document
+ * bytes have gone to on_data, stopping after a whole frame (mid-chunk too), and
+ * answers 1 (more to read: the next call goes on from there), 0 (the committed
+ * end) or -1 + err. l must not be appended to meanwhile. */
+typedef struct chunk_log_cursor chunk_log_cursor;
+chunk_log_cursor *chunk_log_cursor_open(chunk_log *l, uint64_t from_offset, char *err, size_t errlen);
+int chunk_log_cursor_read(chunk_log_cursor *r, uint64_t at_least, chunk_log_data_fn on_data,
+                          chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
+void chunk_log_cursor_close(chunk_log_cursor *r);
+
 #endif

@@ -295,22 +295,36 @@ typedef struct doc_job {
     int replay;                    /* open + replay the log (restore, rebuild) */
     void (*then)(server *, struct doc_job *);
     request *r;                    /* the request waiting for it, if any */
+    /* a replay, a piece at a time (replay_go) */
+    store_log_cursor *cursor;
+    char *piece;                   /* the log's next bytes, read on the engine thread */
+    size_t piece_len, piece_cap;
+    uint64_t piece_seq;            /* the chunk its last bytes are from (a refusal names it) */
+    int piece_final;               /* it ends with the document's final chunk */
+    int more;                      /* the log has more after it */
+    int restarted;                 /* the snapshot was given up: read from the log's start */
 } doc_job;
 
-static int replay_data(void *user, uint64_t seq, const char *data, size_t n) {
+static int piece_data(void *user, uint64_t seq, const char *data, size_t n) { /* engine thread */
     doc_job *j = user;
-    char why[200];
-    if (!engine_doc_feed(j->doc, data, n, 0, why, sizeof why)) return 0;
-    snprintf(j->feed_err, sizeof j->feed_err, "chunk %llu: %s", (unsigned long long)seq, why);
-    return -1;
+    if (j->piece_len + n > j->piece_cap) {
+        size_t cap = (j->piece_len + n) * 2;
+        char *grown = realloc(j->piece, cap);
+        if (!grown) return -1;
+        j->piece = grown;
+        j->piece_cap = cap;
+    }
+    memcpy(j->piece + j->piece_len, data, n);
+    j->piece_len += n;
+    j->piece_seq = seq;
+    return 0;
 }
 
-static int replay_commit(void *user, const chunk_log_entry *e) {
+static int piece_commit(void *user, const chunk_log_entry *e) { /* engine thread */
     doc_job *j = user;
-    char why[200];
-    if (!e->final || !engine_doc_feed(j->doc, "", 0, 1, why, sizeof why)) return 0;
-    snprintf(j->feed_err, sizeof j->feed_err, "chunk %llu: %s", (unsigned long long)e->seq, why);
-    return -1;
+    j->piece_final |= e->final;
+    if (!j->piece_len) j->piece_seq = e->seq; /* (an empty final chunk) */
+    return 0;
 }
 
 /* Why a replay failed, for the session's error: the engine's reason when it
@@ -332,6 +346,132 @@ static void doc_job_back(server *s, void *arg) {
     doc_job *j = arg;
     j->ss->doc = j->doc;
     j->then(s, j);
+}
+
+/* ---- a replay, a piece at a time: reading REPLAY_PIECE bytes of the log is one
+ * engine task, and feeding them one ingest, which the scheduler interleaves
+ * with other documents' reading and the answers' decode steps; so a restore,
+ * takeover or rebuild of a long log holds no one else's work up ---------------- */
+
+enum { REPLAY_PIECE = 64 * 1024 };
+
+static void replay_go(server *s, void *arg);
+
+/* Engine thread: a snapshot the log does not fit (an offset it does not know,
+ * bytes the engine refuses after it) is given up: a new document, from the
+ * log's first byte. */
+static void restart_from_zero(engine *e, doc_job *j) {
+    session *ss = j->ss;
+    store_log_cursor_close(j->cursor);
+    j->cursor = NULL;
+    engine_doc_close(j->doc);
+    j->from = 0;
+    j->snap_ingest_ms = 0;
+    j->restarted = 1;
+    *j->feed_err = 0;
+    j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
+    if (j->doc) engine_doc_abandon_when(j->doc, &ss->srv->abandon_replays);
+}
+
+/* Engine thread: the log's next piece into j->piece (j->rc on a failure). */
+static void read_piece(engine *e, doc_job *j) {
+    session *ss = j->ss;
+    for (;;) {
+        j->piece_len = 0;
+        j->piece_final = 0;
+        int more = -1;
+        if (!j->cursor) j->cursor = store_log_cursor_open(ss->log, j->from, j->err, sizeof j->err);
+        if (j->cursor)
+            more = store_log_cursor_read(j->cursor, REPLAY_PIECE, piece_data, piece_commit, j, j->err, sizeof j->err);
+        if (more >= 0) {
+            j->more = more;
+            j->rc = 0;
+            return;
+        }
+        j->rc = -1;
+        if (!j->from || j->restarted || atomic_load(&ss->srv->abandon_replays)) return;
+        restart_from_zero(e, j);
+        if (!j->doc) return;
+    }
+}
+
+static void read_piece_task(engine *e, void *arg) { /* engine thread */
+    doc_job *j = arg;
+    read_piece(e, j);
+    srv_post(j->ss->srv, replay_go, j);
+}
+
+static void restart_task(engine *e, void *arg) { /* engine thread */
+    doc_job *j = arg;
+    restart_from_zero(e, j);
+    if (j->doc) read_piece(e, j);
+    else j->rc = -1;
+    srv_post(j->ss->srv, replay_go, j);
+}
+
+static void replay_end_task(engine *e, void *arg) { /* engine thread */
+    (void)e;
+    doc_job *j = arg;
+    store_log_cursor_close(j->cursor);
+    j->cursor = NULL;
+    if (j->doc) {
+        engine_doc_abandon_when(j->doc, NULL);
+        engine_doc_get_stats(j->doc, &j->stats);
+    }
+    srv_post(j->ss->srv, doc_job_back, j);
+}
+
+static void replay_end(server *s, doc_job *j) {
+    free(j->piece);
+    j->piece = NULL;
+    if (!srv_task(s, j->doc, replay_end_task, j)) return;
+    store_log_cursor_close(j->cursor); /* the engine has stopped: nothing of its runs */
+    j->cursor = NULL;
+    if (!j->rc) j->rc = -1, snprintf(j->err, sizeof j->err, "the server is shutting down");
+    doc_job_back(s, j);
+}
+
+static void piece_fed(void *user, int rc, const char *err) { /* engine thread */
+    doc_job *j = user;
+    if (rc) {
+        j->rc = -1;
+        snprintf(j->feed_err, sizeof j->feed_err, "chunk %llu: %.200s", (unsigned long long)j->piece_seq,
+                 err ? err : "refused");
+    }
+    srv_post(j->ss->srv, replay_go, j);
+}
+
+/* The replay's next move, on the loop: feed the piece read, read the next,
+ * or end. j->piece_len is zeroed once the piece went to the engine. */
+static void replay_go(server *s, void *arg) {
+    doc_job *j = arg;
+    int abandoning = atomic_load(&s->abandon_replays);
+    if (j->rc && *j->feed_err && j->from && !j->restarted && !abandoning) {
+        if (srv_task(s, j->doc, restart_task, j)) replay_end(s, j);
+        return;
+    }
+    if (j->rc || abandoning) {
+        if (!j->rc) j->rc = -1, snprintf(j->err, sizeof j->err, "the server is stopping");
+        return replay_end(s, j);
+    }
+    if (j->piece_len || j->piece_final) {
+        size_t n = j->piece_len;
+        int final = j->piece_final;
+        j->piece_len = 0;
+        j->piece_final = 0;
+        if (srv_ingest(s, j->doc, j->piece, n, final, piece_fed, j)) {
+            j->rc = -1;
+            snprintf(j->err, sizeof j->err, "the server is shutting down");
+            replay_end(s, j);
+        }
+        return;
+    }
+    if (!j->more) return replay_end(s, j);
+    if (srv_task(s, j->doc, read_piece_task, j)) {
+        j->rc = -1;
+        snprintf(j->err, sizeof j->err, "the server is shutting down");
+        replay_end(s, j);
+    }
 }
 
 /* Engine thread: (re)opens the session's document, replaying its log. The
@@ -373,17 +513,8 @@ static void open_doc_task(engine *e, void *arg) {
     if (!j->rc && j->replay && ss->log) {
         /* a stopping server abandons the replay (the log stays: the next start reads it) */
         engine_doc_abandon_when(j->doc, &ss->srv->abandon_replays);
-        j->rc = store_log_replay(ss->log, j->from, replay_data, replay_commit, j, j->err, sizeof j->err);
-        if (j->rc && j->from && !atomic_load(&ss->srv->abandon_replays)) {
-            /* a snapshot at an offset the log does not know: start over */
-            engine_doc_close(j->doc);
-            j->from = 0;
-            j->snap_ingest_ms = 0;
-            j->doc = engine_doc_open(e, &ss->settings.pot, j->err, sizeof j->err);
-            if (j->doc) engine_doc_abandon_when(j->doc, &ss->srv->abandon_replays);
-            j->rc = j->doc ? store_log_replay(ss->log, 0, replay_data, replay_commit, j, j->err, sizeof j->err) : -1;
-        }
-        if (j->doc) engine_doc_abandon_when(j->doc, NULL);
+        read_piece(e, j);
+        return srv_post(ss->srv, replay_go, j);
     }
     if (j->doc) engine_doc_get_stats(j->doc, &j->stats);
     srv_post(ss->srv, doc_job_back, j);
@@ -418,6 +549,7 @@ static int submit_doc_job(server *s, session *ss, int replay, void (*then)(serve
 }
 
 static void finish_doc_job(doc_job *j) {
+    free(j->piece);
     if (j->r) request_unref(j->r);
     session_unref(j->ss);
     free(j);

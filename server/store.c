@@ -336,10 +336,40 @@ int store_log_abort(store_log *l, char *err, size_t errlen) {
     return 0;
 }
 
+struct store_log_cursor {
+    chunk_log_cursor *file;
+    redis_log_cursor *rl;
+};
+
+store_log_cursor *store_log_cursor_open(store_log *l, uint64_t from_offset, char *err, size_t errlen) {
+    store_log_cursor *r = calloc(1, sizeof *r);
+    if (!r) return snprintf(err, errlen, "out of memory"), NULL;
+    if (l->rl) r->rl = redis_log_cursor_open(l->rl, from_offset, err, errlen);
+    else r->file = chunk_log_cursor_open(l->file, from_offset, err, errlen);
+    if (!r->rl && !r->file) return free(r), NULL;
+    return r;
+}
+
+int store_log_cursor_read(store_log_cursor *r, uint64_t at_least, chunk_log_data_fn on_data,
+                          chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+    if (r->rl) return redis_log_cursor_read(r->rl, at_least, on_data, on_commit, user, err, errlen);
+    return chunk_log_cursor_read(r->file, at_least, on_data, on_commit, user, err, errlen);
+}
+
+void store_log_cursor_close(store_log_cursor *r) {
+    if (!r) return;
+    redis_log_cursor_close(r->rl);
+    chunk_log_cursor_close(r->file);
+    free(r);
+}
+
 int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
                      chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
-    if (l->rl) return redis_log_replay(l->rl, from_offset, on_data, on_commit, user, err, errlen);
-    return chunk_log_replay(l->file, from_offset, on_data, on_commit, user, err, errlen);
+    store_log_cursor *r = store_log_cursor_open(l, from_offset, err, errlen);
+    if (!r) return -1;
+    int rc = store_log_cursor_read(r, UINT64_MAX, on_data, on_commit, user, err, errlen);
+    store_log_cursor_close(r);
+    return rc;
 }
 
 int store_log_fenced(const store_log *l) { return l->rl && redis_log_fenced(l->rl); }

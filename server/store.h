@@ -106,6 +106,14 @@ int store_log_commit(store_log *l, int final, char *err, size_t errlen);
 int store_log_abort(store_log *l, char *err, size_t errlen);
 int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
                      chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
+/* The same in steps (chunk_log_cursor_read): each read delivers at least
+ * at_least bytes or the rest; 1 more to read, 0 the end, -1 + err. Redis
+ * stops between whole chunks only (a list element is read whole). */
+typedef struct store_log_cursor store_log_cursor;
+store_log_cursor *store_log_cursor_open(store_log *l, uint64_t from_offset, char *err, size_t errlen);
+int store_log_cursor_read(store_log_cursor *r, uint64_t at_least, chunk_log_data_fn on_data,
+                          chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
+void store_log_cursor_close(store_log_cursor *r);
 /* 1 after a write was refused because the lease is gone, or Redis did not
  * answer a commit (committed or not: only the store knows). */
 int store_log_fenced(const store_log *l);

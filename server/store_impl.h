@@ -49,8 +49,11 @@ int redis_log_begin(redis_log *l, uint64_t seq, char *err, size_t errlen);
 int redis_log_append(redis_log *l, const void *data, size_t n, char *err, size_t errlen);
 int redis_log_commit(redis_log *l, int final, char *err, size_t errlen);
 void redis_log_abort(redis_log *l);
-int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
-                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
+typedef struct redis_log_cursor redis_log_cursor;
+redis_log_cursor *redis_log_cursor_open(redis_log *l, uint64_t from_offset, char *err, size_t errlen);
+int redis_log_cursor_read(redis_log_cursor *r, uint64_t at_least, chunk_log_data_fn on_data,
+                          chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen);
+void redis_log_cursor_close(redis_log_cursor *r);
 int redis_log_fenced(const redis_log *l);
 int redis_log_unreachable(const redis_log *l);
 int redis_snapshot_put(redis_log *l, const char *path, char *err, size_t errlen);

@@ -553,31 +553,55 @@ int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
 
 void redis_log_abort(redis_log *l) { l->open = 0; }
 
-int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_data,
-                     chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+struct redis_log_cursor {
+    redis_log *l;
+    size_t next; /* the next entry to read */
+};
+
+redis_log_cursor *redis_log_cursor_open(redis_log *l, uint64_t from_offset, char *err, size_t errlen) {
     size_t start = 0;
     if (from_offset) {
         while (start < l->entries.n && l->entries.v[start].end_offset != from_offset) start++;
         if (start == l->entries.n)
-            return set_err(err, errlen, "offset %llu is no chunk's end", (unsigned long long)from_offset), -1;
+            return set_err(err, errlen, "offset %llu is no chunk's end", (unsigned long long)from_offset), NULL;
         start++;
     }
+    redis_log_cursor *r = calloc(1, sizeof *r);
+    if (!r) return set_err(err, errlen, "out of memory"), NULL;
+    r->l = l;
+    r->next = start;
+    return r;
+}
+
+void redis_log_cursor_close(redis_log_cursor *r) { free(r); }
+
+/* Whole chunks (a list element is read whole): batches of at most
+ * REPLAY_BATCH, ending where at_least bytes are reached, so nothing fetched is
+ * thrown away when the read stops. */
+int redis_log_cursor_read(redis_log_cursor *r, uint64_t at_least, chunk_log_data_fn on_data,
+                          chunk_log_commit_fn on_commit, void *user, char *err, size_t errlen) {
+    redis_log *l = r->l;
     char logk[96];
     key(logk, sizeof logk, l->id, "log");
     l->unreachable = 0;
-    for (size_t i = start; i < l->entries.n; i += REPLAY_BATCH) {
-        size_t last = i + REPLAY_BATCH - 1 < l->entries.n - 1 ? i + REPLAY_BATCH - 1 : l->entries.n - 1;
+    uint64_t delivered = 0;
+    while (r->next < l->entries.n) {
+        if (delivered >= at_least) return 1;
+        size_t i = r->next, last = i;
+        uint64_t batch_bytes = l->entries.v[i].bytes;
+        while (last + 1 < l->entries.n && last + 1 - i < REPLAY_BATCH && delivered + batch_bytes < at_least)
+            batch_bytes += l->entries.v[++last].bytes;
         char a[32], b[32];
         snprintf(a, sizeof a, "%zu", i);
         snprintf(b, sizeof b, "%zu", last);
         const char *argv[] = {"LRANGE", logk, a, b};
-        redisReply *r = command_str(l->st, 4, argv, err, errlen);
-        if (!r) return l->unreachable = unanswered, -1;
-        int rc = r->elements == last - i + 1 ? 0 : -1;
+        redisReply *rep = command_str(l->st, 4, argv, err, errlen);
+        if (!rep) return l->unreachable = unanswered, -1;
+        int rc = rep->elements == last - i + 1 ? 0 : -1;
         if (rc) set_err(err, errlen, "the store's log has fewer chunks than its index");
-        for (size_t k = 0; !rc && k < r->elements; k++) {
+        for (size_t k = 0; !rc && k < rep->elements; k++) {
             const chunk_log_entry *want = &l->entries.v[i + k];
-            redisReply *f = r->element[k];
+            redisReply *f = rep->element[k];
             chunk_log_entry got;
             if (f->type != REDIS_REPLY_STRING || header_get((const unsigned char *)f->str, f->len, &got) ||
                 got.seq != want->seq || got.bytes != want->bytes || got.crc != want->crc ||
@@ -594,9 +618,11 @@ int redis_log_replay(redis_log *l, uint64_t from_offset, chunk_log_data_fn on_da
             }
             if (!rc && on_commit && on_commit(user, want))
                 rc = -1, set_err(err, errlen, "replay stopped at chunk %llu", (unsigned long long)got.seq);
+            delivered += got.bytes;
         }
-        freeReplyObject(r);
+        freeReplyObject(rep);
         if (rc) return -1;
+        r->next = last + 1;
     }
     return 0;
 }

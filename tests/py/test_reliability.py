@@ -1191,6 +1191,47 @@ def test_sessions_answer_as_soon_as_their_own_restore_ends(tmp_path):
         s.stop()
 
 
+@pytest.mark.heavy
+def test_work_submitted_during_a_long_restore_is_not_held_behind_it(tmp_path):
+    """A session's replay after a crash was one engine task: a new session, an upload or a
+    question submitted meanwhile waited for the whole replay (up to a minute's reading and more
+    without a snapshot). The log is now fed a piece at a time, and the engine interleaves the
+    pieces with other work: another session is made, fed and answered while the long one is
+    still being read, and the long one comes back exactly as it was."""
+    s = Server(tmp_path / "d", "--threads", "1", "--budget-tokens", "256", "--snapshot-seconds", "0").start()
+    try:
+        long_id = new_session(s)
+        assert upload(s, long_id, text(450).encode(), timeout=300)[0] == 200  # ~10K tokens: 10-20 s of reading
+        before = session(s, long_id)
+        probe = {"session": long_id, "messages": [{"role": "user", "content": "Which sentence speaks of the meadow?"}],
+                 "max_tokens": 12, "temperature": 0}
+        st, answer_before, _ = s.request("POST", "/v1/chat/completions", probe, timeout=300)
+        assert st == 200, answer_before
+        s.kill()  # no snapshot: its whole log is read again
+        s.start(ready=False)
+        assert s.request("GET", f"/v1/sessions/{long_id}")[0] == 503  # still being read
+        t0 = time.time()
+        other = new_session(s)
+        assert upload(s, other, b"The lantern stands by the orchard gate.", timeout=300)[0] == 200
+        st, body, _ = s.request("POST", "/v1/chat/completions", {
+            "session": other, "messages": [{"role": "user", "content": "Where is the lantern?"}],
+            "max_tokens": 4}, timeout=300)
+        took = time.time() - t0
+        assert st == 200, body
+        st, body, _ = s.request("GET", f"/v1/sessions/{long_id}")
+        assert st == 503 and body["error"]["code"] == "loading", \
+            f"the other session's work ({took:.1f} s) waited for the whole replay"
+        s.wait_log(f"restored session {long_id}", timeout=600)
+        now = session(s, long_id)
+        assert (now["status"], now["bytes_received"], now["tokens_ingested"], now["tokens_in_pot"]) == \
+            ("ready", before["bytes_received"], before["tokens_ingested"], before["tokens_in_pot"]), (before, now)
+        st, answer_after, _ = s.request("POST", "/v1/chat/completions", probe, timeout=300)
+        assert st == 200 and answer_after["choices"][0]["message"]["content"] == \
+            answer_before["choices"][0]["message"]["content"], (answer_before, answer_after)  # the same pot
+    finally:
+        s.stop()
+
+
 def test_a_snapshot_after_so_much_reading_bounds_a_replay(tmp_path):
     """Snapshots came only every snapshot_bytes (4 MiB: about a million tokens, many minutes of
     reading on a CPU), so a crash could leave that much to read again at the next start. A pot is

@@ -266,6 +266,58 @@ TEST(chunklog_replay_from_each_offset) {
     test_remove_dir(t.dir);
 }
 
+/* A cursor read in steps of at_least bytes gives what one replay gives, each
+ * step at least at_least bytes (less only at the end) and at most one frame
+ * more; from every commit boundary, for steps of a byte up to a frame. */
+TEST(chunklog_cursor_reads_in_steps) {
+    test_dir t;
+    if (test_dir_make(&t) != 0) return;
+    char err[256];
+    want_log w = {0};
+    chunk_log *l = build_standard(t.path, &w, 1, 13);
+    CHECK(l != NULL);
+    if (l) {
+        size_t n;
+        const chunk_log_entry *e = chunk_log_entries(l, &n);
+        const uint64_t steps[] = {1, 1000, 65536, 1u << 20};
+        for (size_t b = 0; b <= n; b++) {
+            uint64_t from = b ? e[b - 1].end_offset : 0;
+            collect whole = {0};
+            CHECK_EQ_INT(chunk_log_replay(l, from, on_data, on_commit, &whole, err, sizeof err), 0);
+            for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+                collect c = {0};
+                chunk_log_cursor *cur = chunk_log_cursor_open(l, from, err, sizeof err);
+                CHECK(cur != NULL);
+                int rc = 1, reads = 0;
+                while (cur && rc == 1 && reads < 100000) {
+                    size_t before = c.len;
+                    rc = chunk_log_cursor_read(cur, steps[k], on_data, on_commit, &c, err, sizeof err);
+                    reads++;
+                    if (rc == 1) CHECK(c.len - before >= steps[k]);
+                    CHECK(c.len - before <= steps[k] + (1u << 20));
+                }
+                CHECK_EQ_INT(rc, 0);
+                chunk_log_cursor_close(cur);
+                CHECK_EQ_INT(c.len, whole.len);
+                CHECK(c.len == whole.len && (c.len == 0 || memcmp(c.buf, whole.buf, c.len) == 0));
+                CHECK_EQ_INT(c.commit_calls, whole.commit_calls);
+                for (int i = 0; i < c.commit_calls && i < 16; i++) {
+                    CHECK_EQ_INT(c.commits[i].seq, whole.commits[i].seq);
+                    CHECK(c.commit_len[i] == whole.commit_len[i]);
+                }
+                CHECK(!c.bad_order);
+                if (steps[k] == 1) CHECK(reads > (int)(n - b)); /* it did stop inside chunks */
+                free(c.buf);
+            }
+            free(whole.buf);
+        }
+        CHECK(chunk_log_cursor_open(l, 1, err, sizeof err) == NULL); /* not a boundary */
+        chunk_log_close(l);
+    }
+    want_free(&w);
+    test_remove_dir(t.dir);
+}
+
 TEST(chunklog_reopen_keeps_everything) {
     test_dir t;
     if (test_dir_make(&t) != 0) return;
