@@ -163,7 +163,9 @@ int api_render_tools(api_gen_request *r, const char *family, api_error *e);
 grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e);
 /* The tool calls in generated text as OpenAI's message.tool_calls (caller
  * owns), or NULL when there are none; *content: the text around them
- * (malloc'd, NULL when empty). */
+ * (malloc'd, NULL when empty). A call max_tokens cut open is not text: it is
+ * dropped (the answer's finish_reason says length), and [] comes back when
+ * it was the only one. */
 json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content);
 /* A call that tool_choice required or named forced and max_tokens cut short
  * (text: the answer as generated): [the call], its arguments as far as they

@@ -209,6 +209,8 @@ int api_render_tools(api_gen_request *r, const char *family, api_error *e) {
                         "the model's chat template (%s) has no tool-call format; tools work with the "
                         "chatml (Qwen) and llama3 templates", family ? family : "unknown");
     r->tool_format = f == FORMAT_CHATML ? "chatml" : "llama3";
+    /* a call the model writes itself is not cut open by a stop string (a forced one is under a grammar) */
+    if (r->tools && r->tool_choice == TOOL_CHOICE_AUTO) r->params.stop_guard = f == FORMAT_CHATML ? "<tool_call>" : "{\"name\"";
     /* the rewritten list: at most one more message (a system message for the tools) */
     engine_message *out = calloc(r->n_messages + 1, sizeof *out);
     if (!out) return api_fail(e, 500, NULL, NULL, "out of memory");
@@ -383,6 +385,7 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
     if (!r->tools || r->tool_choice == TOOL_CHOICE_NONE) return NULL;
     json_t *calls = json_array();
     textbuf rest = {0};
+    int cut_off = 0;
     if (format_of(r->tool_format) == FORMAT_CHATML) {
         static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
         const char *p = text, *end = text + len;
@@ -394,18 +397,19 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
             }
             put(&rest, p, (size_t)(a - p));
             const char *body = a + sizeof OPEN - 1, *b = strstr(body, CLOSE);
-            if (!b || b > end) b = end;
+            int closed = b && b <= end;
+            if (!closed) b = end, cut_off = 1; /* max_tokens ended the answer inside the call */
             json_t *call = one_call(r, body, (size_t)(b - body));
             if (call) json_array_append_new(calls, call);
-            else put(&rest, a, (size_t)(b - a)); /* not a call after all: it stays text */
-            p = b < end ? b + sizeof CLOSE - 1 : end;
+            else if (closed) put(&rest, a, (size_t)(b - a)); /* not a call after all: it stays text */
+            p = closed ? b + sizeof CLOSE - 1 : end; /* (a call cut open is no one's text) */
         }
     } else {
         json_t *call = one_call(r, text, len);
         if (call) json_array_append_new(calls, call);
         else put(&rest, text, len);
     }
-    if (!json_array_size(calls)) {
+    if (!json_array_size(calls) && !(cut_off && r->tool_choice == TOOL_CHOICE_AUTO)) { /* (a forced one: api_cut_tool_call) */
         free(rest.p);
         json_decref(calls);
         return NULL;

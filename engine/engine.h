@@ -91,8 +91,10 @@ int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logi
 typedef struct engine_gen_params {
     sample_params sampling;
     int32_t max_tokens;          /* <= 0: until EOS or the context is full */
-    const char *const *stop;     /* stop strings (not included in the output) */
+    const char *const *stop;     /* stop strings (not included in the output); not applied
+                                    under a grammar (they would cut the value open) */
     size_t n_stop;
+    const char *stop_guard;      /* stop strings apply only before it (stop_matcher_new); NULL: everywhere */
     int want_logprobs;
     int32_t *tokens_out;         /* when non-NULL, receives the generated ids (room for max_tokens) */
     /* Recycled attention ("Recycled Attention" paper), off when recycle_stride <= 1: a full

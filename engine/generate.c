@@ -119,7 +119,8 @@ gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, 
     q->tokens_out = gp->tokens_out;
     q->logits = malloc((size_t)e->m->n_vocab * sizeof(float));
     q->smp = q->logits ? sampler_new(&gp->sampling, e->m->n_vocab, err, errlen) : NULL;
-    q->sm = q->smp ? stop_matcher_new(gp->stop, gp->n_stop) : NULL;
+    q->sm = q->smp ? stop_matcher_new(gp->grammar ? NULL : gp->stop, gp->grammar ? 0 : gp->n_stop, gp->stop_guard)
+                   : NULL;
     if (!q->sm) {
         if (!q->logits || q->smp) snprintf(err, errlen, "out of memory"); /* else sampler_new said why */
         gen_seq_free(q);

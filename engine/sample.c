@@ -629,11 +629,19 @@ struct stop_matcher {
     size_t len, cap;
     size_t held; /* bytes at the end of buf not emitted yet */
     int stopped;
+    char *guard;    /* stop strings apply only before it (NULL: everywhere) */
+    size_t guard_len;
+    int guarded;    /* the guard came: nothing more is matched */
 };
 
-stop_matcher *stop_matcher_new(const char *const *stops, size_t n_stops) {
+stop_matcher *stop_matcher_new(const char *const *stops, size_t n_stops, const char *guard) {
     stop_matcher *m = calloc(1, sizeof *m);
     if (!m) return NULL;
+    if (guard && *guard) {
+        m->guard = strdup(guard);
+        if (!m->guard) goto oom;
+        m->guard_len = strlen(guard);
+    }
     if (n_stops) {
         m->stops = calloc(n_stops, sizeof *m->stops);
         m->lens = calloc(n_stops, sizeof *m->lens);
@@ -660,6 +668,7 @@ void stop_matcher_free(stop_matcher *m) {
     free(m->stops);
     free(m->lens);
     free(m->buf);
+    free(m->guard);
     free(m);
 }
 
@@ -678,6 +687,13 @@ static size_t find_stop(const stop_matcher *m, const char *b, size_t n) {
             best_start = start, best_end = end;
     }
     return best_start;
+}
+
+/* length of the longest suffix of b[0..n) that is a proper prefix of s[0..len) */
+static size_t suffix_in(const char *b, size_t n, const char *s, size_t len) {
+    for (size_t l = len - 1 < n ? len - 1 : n; l > 0; l--)
+        if (!memcmp(b + n - l, s, l)) return l;
+    return 0;
 }
 
 /* length of the longest suffix of b[0..n) that is a proper prefix of a stop string */
@@ -719,16 +735,43 @@ int stop_matcher_push(stop_matcher *m, const char *text, size_t len, const char 
     m->len += len;
     m->buf[m->len] = 0;
 
-    size_t at = find_stop(m, m->buf, m->len);
     *emit = m->buf;
-    if (at < m->len) {
+    if (m->guarded) {
+        *n_emit = m->len;
+        m->held = 0;
+        return 0;
+    }
+    /* stop strings count only before the guard: where it is, or where it may be starting */
+    size_t limit = m->len;
+    const char *g = m->guard ? memmem(m->buf, m->len, m->guard, m->guard_len) : NULL;
+    if (g) limit = (size_t)(g - m->buf);
+    else if (m->guard) limit = m->len - suffix_in(m->buf, m->len, m->guard, m->guard_len);
+    size_t at = find_stop(m, m->buf, limit);
+    if (at < limit) {
         *n_emit = at;
         m->held = 0;
         m->stopped = 1;
         return 1;
     }
-    m->held = partial_suffix(m, m->buf, m->len);
-    *n_emit = m->len - m->held;
+    if (g) {
+        m->guarded = 1;
+        *n_emit = m->len;
+        m->held = 0;
+        return 0;
+    }
+    /* held back: a possible start of a stop string, a possible start of the
+       guard, and a stop string that runs into that (it counts if the guard
+       does not come after all) */
+    size_t from = m->len - partial_suffix(m, m->buf, m->len);
+    if (limit < from) from = limit;
+    for (size_t i = 0; i < m->n && limit < m->len; i++)
+        for (size_t st = limit >= m->lens[i] ? limit - m->lens[i] + 1 : 0; st < limit && st < from; st++)
+            if (st + m->lens[i] <= m->len && !memcmp(m->buf + st, m->stops[i], m->lens[i])) {
+                from = st;
+                break;
+            }
+    m->held = m->len - from;
+    *n_emit = from;
     return 0;
 }
 
@@ -740,5 +783,5 @@ void stop_matcher_flush(stop_matcher *m, const char **emit, size_t *n_emit) {
     m->len = m->held;
     m->held = 0;
     *emit = m->buf;
-    *n_emit = m->len;
+    *n_emit = m->guard ? find_stop(m, m->buf, m->len) : m->len; /* the guard never came */
 }

@@ -59,9 +59,12 @@ void sampler_accept(sampler *s, int32_t token);
 
 /* Stop strings: feed generated text; it tells how much can be emitted now
  * (text that cannot be the start of a stop string) and whether a stop string
- * completed (then everything from the stop string on is dropped). */
+ * completed (then everything from the stop string on is dropped). guard
+ * (NULL: none): stop strings apply only to the text before its first
+ * occurrence, and a stop string that runs into it does not count (a tool
+ * call's opening markup: the call is not cut open). */
 typedef struct stop_matcher stop_matcher;
-stop_matcher *stop_matcher_new(const char *const *stops, size_t n_stops);
+stop_matcher *stop_matcher_new(const char *const *stops, size_t n_stops, const char *guard);
 void stop_matcher_free(stop_matcher *m);
 /* Appends len bytes. Writes into *emit and *n_emit (pointer into the matcher's
  * buffer, valid until the next call) the bytes that are safe to send. Returns

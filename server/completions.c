@@ -399,6 +399,12 @@ static void send_tool_calls(choice *c, json_t *calls) {
     }
 }
 
+/* An answer with calls ends "tool_calls", unless max_tokens cut it ("length":
+ * a call may be missing, as OpenAI says then). */
+static const char *tool_answer_finish(const json_t *calls, const char *finish) {
+    return json_array_size(calls) && strcmp(finish, "length") ? "tool_calls" : finish;
+}
+
 /* Streams the buffered answer of a request with tools: its calls, a forced
  * call cut short as far as it came, or its text. Returns the finish_reason. */
 static const char *stream_tool_answer(choice *c, const char *finish) {
@@ -417,8 +423,9 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
     if (content) sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content)));
     free(content);
     send_tool_calls(c, calls);
+    const char *said = tool_answer_finish(calls, finish);
     json_decref(calls);
-    return "tool_calls";
+    return said;
 }
 
 /* A choice of a stream ended: its last chunk (or the error). */
@@ -522,7 +529,8 @@ static json_t *choice_json(choice *c) {
             str = content ? json_string(content) : json_null();
             if (!str) str = json_null();
             free(content);
-            finish = "tool_calls";
+            finish = tool_answer_finish(calls, finish);
+            if (!json_array_size(calls)) json_decref(calls), calls = NULL;
         } else if (tools_active(g) && (calls = api_cut_tool_call(&g->req, text, c->len))) {
             json_decref(str); /* a forced call cut short: no text, the call as far as it came */
             str = json_null();

@@ -96,6 +96,25 @@ def test_json_schema_outputs_validate(client, name):
         assert r.choices[0].finish_reason == "stop", text
 
 
+def test_stop_strings_do_not_cut_the_value_open(client):
+    """A stop string that occurs in JSON (agent frameworks pass "\\n" and the like) cut the value
+    open ('{\\n  "name": "Meet a Prof"\\n\\n', finish_reason "stop"): stop strings do not apply under
+    a grammar, so the value parses and validates, streamed or not."""
+    schema = SCHEMAS["person"]
+    for stop in ([","], ['"'], ["}"], ["\n", ":"]):
+        r = client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Make up a person."}], stop=stop, seed=1,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}},
+            temperature=1.0, max_tokens=160)
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        assert r.choices[0].finish_reason == "stop", (stop, r)
+    parts = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Make up a person."}], stop=[","], seed=2, stream=True,
+        response_format={"type": "json_object"}, temperature=1.0, max_tokens=160)
+    text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    assert isinstance(json.loads(text), dict), text
+
+
 def test_short_max_tokens_still_closes_the_value(client):
     for seed in range(3):
         r = ask(client, SCHEMAS["list_of_objects"], seed, max_tokens=30)

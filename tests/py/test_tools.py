@@ -110,6 +110,68 @@ def test_auto_and_none_answer_with_text_or_calls(client):
             assert m.content and r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_stop_strings_do_not_cut_a_forced_call(client):
+    """tool_choice required with stop "<" (or one inside the arguments) matched the template's own
+    markup: no call, or a call with empty arguments, finish_reason "stop"."""
+    for stop in (["<"], ["call"], ['"']):
+        r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           stop=stop, temperature=0, max_tokens=80)
+        assert len(r.choices[0].message.tool_calls or []) == 1, (stop, r)
+        check_calls(r.choices[0].message.tool_calls)
+        assert r.choices[0].finish_reason == "tool_calls", (stop, r)
+
+
+# a few turns where the small model called tools itself: it then writes <tool_call> unforced
+FEW_SHOT = []
+for _i, _city in enumerate(["Rome", "Oslo", "Lima", "Kyiv"]):
+    FEW_SHOT += [
+        {"role": "user", "content": f"Weather and time in {_city}?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{_i}", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps({"city": _city, "unit": "celsius"})}},
+            {"id": f"c{_i}b", "type": "function", "function": {
+                "name": "get_time", "arguments": json.dumps({"timezone": _city})}}]},
+        {"role": "tool", "tool_call_id": f"c{_i}", "content": "20 C"},
+        {"role": "tool", "tool_call_id": f"c{_i}b", "content": "12:00"},
+        {"role": "assistant", "content": f"20 C in {_city}, 12:00."}]
+FEW_SHOT.append({"role": "user", "content": "Weather and time in Paris?"})
+
+
+def test_a_call_the_model_writes_is_neither_leaked_nor_cut(client):
+    """tool_choice auto: an answer max_tokens cut inside a call gave the template's markup as its
+    content ('<tool_call>\\n{"name":'), and "tool_calls" when one call before it was whole; a stop
+    string ("<") cut the model's own call away. Now a call cut open is dropped, the answer says
+    "length", and stop strings apply only to the text before a call."""
+    whole = client.chat.completions.create(model="x", messages=FEW_SHOT, tools=TOOLS, temperature=0, max_tokens=200)
+    assert whole.choices[0].finish_reason == "tool_calls" and len(whole.choices[0].message.tool_calls) == 2, whole
+    used = whole.usage.completion_tokens
+    for max_tokens in (used // 3, used * 2 // 3, used - 2):
+        for stream in (False, True):
+            if stream:
+                content, calls, finish = "", {}, None
+                for c in client.chat.completions.create(model="x", messages=FEW_SHOT, tools=TOOLS, temperature=0,
+                                                        max_tokens=max_tokens, stream=True):
+                    d = c.choices[0].delta
+                    content += d.content or ""
+                    for t in d.tool_calls or []:
+                        calls.setdefault(t.index, "")
+                    finish = c.choices[0].finish_reason or finish
+            else:
+                r = client.chat.completions.create(model="x", messages=FEW_SHOT, tools=TOOLS, temperature=0,
+                                                   max_tokens=max_tokens)
+                content, finish = r.choices[0].message.content or "", r.choices[0].finish_reason
+                calls = r.choices[0].message.tool_calls or []
+                if calls:
+                    check_calls(calls)
+            assert "<tool_call" not in content and "</tool_call" not in content, (max_tokens, content)
+            assert finish == "length", (max_tokens, stream, finish)
+            assert len(calls) < 2, (max_tokens, calls)
+    stopped = client.chat.completions.create(model="x", messages=FEW_SHOT, tools=TOOLS, temperature=0,
+                                             max_tokens=200, stop=["<", "\n"])
+    assert stopped.choices[0].finish_reason == "tool_calls" and len(stopped.choices[0].message.tool_calls) == 2, stopped
+    check_calls(stopped.choices[0].message.tool_calls)
+
+
 def test_tool_results_continue_the_conversation(client):
     first = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=80)

@@ -720,11 +720,12 @@ static void finish(stop_matcher *m, collected *c) {
     c->out[c->n < sizeof c->out ? c->n : sizeof c->out - 1] = 0;
 }
 
-/* streams text cut at the given points (sorted, within text) */
-static collected stream(const char *const *stops, size_t ns, const char *text, const size_t *cuts,
-                        size_t ncuts) {
+/* streams text cut at the given points (sorted, within text), stop strings
+ * applying before guard only (NULL: everywhere) */
+static collected stream_guarded(const char *const *stops, size_t ns, const char *guard, const char *text,
+                                const size_t *cuts, size_t ncuts) {
     collected c = {{0}, 0, 0, 0};
-    stop_matcher *m = stop_matcher_new(stops, ns);
+    stop_matcher *m = stop_matcher_new(stops, ns, guard);
     size_t len = strlen(text), at = 0;
     for (size_t i = 0; i <= ncuts; i++) {
         size_t to = i < ncuts ? cuts[i] : len;
@@ -734,6 +735,42 @@ static collected stream(const char *const *stops, size_t ns, const char *text, c
     finish(m, &c);
     stop_matcher_free(m);
     return c;
+}
+
+static collected stream(const char *const *stops, size_t ns, const char *text, const size_t *cuts,
+                        size_t ncuts) {
+    return stream_guarded(stops, ns, NULL, text, cuts, ncuts);
+}
+
+/* A tool call's opening markup as the guard: a stop string never cuts the
+ * call open (nor matches inside it), and still stops the text before it, or
+ * text that only looked like the markup's start; for every split in three. */
+TEST(stop_guard_keeps_a_tool_call_whole) {
+    static const struct {
+        const char *stop, *text, *out;
+        int stopped;
+    } cases[] = {
+        {"<", "Sure.<tool_call>\n{\"a\": 1}\n</tool_call>", "Sure.<tool_call>\n{\"a\": 1}\n</tool_call>", 0},
+        {"\n", "<tool_call>\n{\"a\": 1}\n</tool_call>", "<tool_call>\n{\"a\": 1}\n</tool_call>", 0},
+        {"call", "<tool_call>x</tool_call>", "<tool_call>x</tool_call>", 0},
+        {"<", "a<b rest", "a", 1},
+        {"\n", "Let me check.\n<tool_call>", "Let me check.", 1},
+        {"c<t", "abc<tx", "ab", 1},          /* ran into what looked like the markup: it was not */
+        {"c<t", "abc<tool_call>x", "abc<tool_call>x", 0},
+        {"c<t", "abc<t", "ab", 0},           /* ended there: flushed up to the stop string */
+        {"<tool", "x <tool_call>", "x <tool_call>", 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const char *stops[] = {cases[k].stop};
+        size_t len = strlen(cases[k].text);
+        for (size_t i = 0; i <= len; i++)
+            for (size_t j = i; j <= len; j++) {
+                size_t cuts[2] = {i, j};
+                collected c = stream_guarded(stops, 1, "<tool_call>", cases[k].text, cuts, 2);
+                CHECK_STR(c.out, cases[k].out);
+                CHECK_EQ_INT(c.stopped, cases[k].stopped);
+            }
+    }
 }
 
 TEST(stop_split_at_every_byte) {
@@ -761,7 +798,7 @@ TEST(stop_split_at_every_byte) {
 
 TEST(stop_hold_back_is_minimal) {
     const char *stops[] = {"</s>", "###"};
-    stop_matcher *m = stop_matcher_new(stops, 2);
+    stop_matcher *m = stop_matcher_new(stops, 2, NULL);
     const char *e;
     size_t ne;
     CHECK_EQ_INT(stop_matcher_push(m, "abc</", 5, &e, &ne), 0);
@@ -837,7 +874,7 @@ TEST(stop_utf8_bytes_opaque) {
 
 TEST(stop_no_stops_and_empty) {
     const char *stops[] = {"", NULL};
-    stop_matcher *m = stop_matcher_new(stops, 1); /* empty strings are ignored */
+    stop_matcher *m = stop_matcher_new(stops, 1, NULL); /* empty strings are ignored */
     const char *e;
     size_t ne;
     CHECK_EQ_INT(stop_matcher_push(m, "abc", 3, &e, &ne), 0);
@@ -845,7 +882,7 @@ TEST(stop_no_stops_and_empty) {
     CHECK_EQ_INT(stop_matcher_push(m, "", 0, &e, &ne), 0);
     CHECK_EQ_INT(ne, 0);
     stop_matcher_free(m);
-    m = stop_matcher_new(NULL, 0);
+    m = stop_matcher_new(NULL, 0, NULL);
     CHECK_EQ_INT(stop_matcher_push(m, "x", 1, &e, &ne), 0);
     CHECK_EQ_INT(ne, 1);
     stop_matcher_free(m);

@@ -84,6 +84,22 @@ TEST(tools_found_in_generated_text) {
     json_decref(calls);
     calls = api_find_tool_calls(&r, "no calls here", 13, &content);
     CHECK(calls == NULL && content == NULL);
+    /* a call max_tokens cut open is not text (its markup never comes back): [] and the text before */
+    const char *cut = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"";
+    calls = api_find_tool_calls(&r, cut, strlen(cut), &content);
+    CHECK(calls != NULL && json_array_size(calls) == 0);
+    CHECK_STR(content ? content : "(null)", "Checking.");
+    free(content);
+    json_decref(calls);
+    const char *one_and_cut = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+                              "</tool_call>\n<tool_call>\n{\"name\":";
+    calls = api_find_tool_calls(&r, one_and_cut, strlen(one_and_cut), &content);
+    CHECK_EQ_INT(json_array_size(calls), 1);
+    CHECK(content == NULL);
+    free(content);
+    json_decref(calls);
+    /* stop strings do not cut a call the model writes itself */
+    CHECK_STR(r.params.stop_guard ? r.params.stop_guard : "(null)", "<tool_call>");
     api_gen_request_free(&r);
     CHECK_EQ_INT(parse(&r, ",\"parallel_tool_calls\":false"), 0);
     CHECK_EQ_INT(api_render_tools(&r, "chatml", &e), 0);
