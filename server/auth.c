@@ -102,7 +102,7 @@ int auth_load(server *s, char *err, size_t errlen) {
         size_t klen = (size_t)(p - key);
         while (isspace((unsigned char)*p)) p++;
         char *name = p;
-        size_t nlen = strcspn(name, "\r\n");
+        size_t nlen = strcspn(name, "#\r\n"); /* a comment may follow the name */
         while (nlen && isspace((unsigned char)name[nlen - 1])) nlen--;
         char e2[128];
         if (add_key(s, key, klen, name, nlen, e2, sizeof e2)) {

@@ -53,6 +53,10 @@ static void queue(request *r, int status, struct MHD_Response *resp) {
     if (status == 421) { /* another replica holds the session, or will: OpenAI's clients retry only on this header */
         if (!MHD_get_response_header(resp, "Retry-After")) MHD_add_response_header(resp, "Retry-After", "1");
         MHD_add_response_header(resp, "x-should-retry", "true");
+    } else if (status == 409 && !MHD_get_response_header(resp, "Retry-After")) {
+        /* a conflict retrying cannot mend (a failed session, a seq conflict): OpenAI's clients
+           retry every 409 unless told not to (session_busy says Retry-After: it passes) */
+        MHD_add_response_header(resp, "x-should-retry", "false");
     }
     if (r->conn && MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
         r->status = 500;

@@ -452,8 +452,8 @@ def test_json_chunk_resends_and_seq_disagreements(srv):
     assert srv.request("POST", path, {"text": "A first part. "})[0] == 200
     st, body, _ = srv.request("POST", path, {"text": "A first part. "}, headers={"X-Chunk-Seq": "1"})
     assert st == 200 and body["duplicate"] is True, body
-    st, body, _ = srv.request("POST", path + "?seq=1", {"text": "Other bytes. "})
-    assert st == 409 and body["error"]["code"] == "seq_conflict", body
+    st, body, h = srv.request("POST", path + "?seq=1", {"text": "Other bytes. "})
+    assert st == 409 and body["error"]["code"] == "seq_conflict" and h.get("x-should-retry") == "false", (body, h)
     st, body, _ = srv.request("POST", path + "?seq=2", {"text": "More. ", "seq": 3})
     assert st == 400 and body["error"]["param"] == "seq", body
     assert srv.request("POST", path, {"text": "The end. ", "seq": 2, "final": True})[0] == 200
@@ -996,8 +996,18 @@ def test_a_session_whose_log_cannot_be_opened_at_start_is_failed_not_gone(tmp_pa
                                    ("GET", f"/v1/sessions/{sid}/retention", None),
                                    ("POST", "/v1/chat/completions", {"session": sid, "max_tokens": 2,
                                                                      "messages": [{"role": "user", "content": "Hi?"}]})):
-            st, body, _ = s.request(method, path, body)
+            st, body, h = s.request(method, path, body)
             assert st == 409 and body["error"]["code"] == "session_failed", (path, body)
+            assert h.get("x-should-retry") == "false", h  # retrying cannot mend it
+        # OpenAI's clients retry every 409 unless told not to: the question was sent 3 times
+        import openai
+        asked = lambda: sum('"/v1/chat/completions"' in line for line in s.log_lines)
+        before = asked()
+        with pytest.raises(openai.ConflictError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=2).chat.completions.create(
+                model="x", messages=[{"role": "user", "content": "Hi?"}], max_tokens=2, extra_body={"session": sid})
+        time.sleep(0.2)
+        assert asked() - before == 1, asked() - before
         assert s.request("DELETE", f"/v1/sessions/{sid}")[0] == 200
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
         assert s.stop() == 0

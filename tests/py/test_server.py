@@ -488,7 +488,7 @@ def test_upload_progress_sse(srv):
 
 def test_sessions_belong_to_their_key(tmp_path):
     keys = tmp_path / "keys"
-    keys.write_text("# two tenants\nalpha-key-000001 alice\nbravo-key-000002 bob\n")
+    keys.write_text("# two tenants\nalpha-key-000001 alice\nbravo-key-000002 bob  # a comment after the name\n")
     s = Server(tmp_path / "d", "--api-keys-file", keys, "--budget-tokens", "64").start()
     try:
         st, a, _ = s.request("POST", "/v1/sessions", {}, {"Authorization": "Bearer alpha-key-000001"})
@@ -497,6 +497,8 @@ def test_sessions_belong_to_their_key(tmp_path):
         assert st == 404
         st, lst, _ = s.request("GET", "/v1/sessions", headers={"Authorization": "Bearer bravo-key-000002"})
         assert lst["data"] == []
+        line = s.wait_log('"path":"/v1/sessions"')  # named without its comment (it was "bob  # a comment...")
+        assert '"key":"bob"' in [l for l in s.log_lines if '"path":"/v1/sessions"' in l and "GET" in l][-1], line
         st, body, _ = s.request("GET", "/v1/models")
         assert st == 401 and body["error"]["type"] == "authentication_error"
         st, body, _ = s.request("GET", "/health")
