@@ -53,6 +53,12 @@ json_t *api_piece_json(const char *s, size_t n) { return text_json(s, n, 1); }
 json_t *api_parse_object(const char *body, size_t n, api_error *e) {
     json_error_t je;
     json_t *root = json_loadb(body ? body : "", n, JSON_REJECT_DUPLICATES, &je);
+    if (!root && strstr(je.text, "JSON_ALLOW_NUL")) { /* valid JSON, but C strings end at a NUL */
+        api_fail(e, 400, "unsupported_value", NULL,
+                 "a string holds \\u0000 (NUL, line %d, column %d), which JSON requests cannot carry here: "
+                 "remove it (a document with NUL bytes can be uploaded as a text/plain chunk)", je.line, je.column);
+        return NULL;
+    }
     if (!root) {
         api_fail(e, 400, "invalid_json", NULL, "the body is not valid JSON: %s (line %d, column %d)",
                  je.text, je.line, je.column);
@@ -462,6 +468,14 @@ static int refuse_unserved(json_t *root, int chat, api_error *e) {
     int echo = 0;
     if (!chat && get_bool(root, "echo", &echo, e)) return -1;
     if (echo) return api_fail(e, 400, "unsupported_value", "echo", "echo is not supported: the prompt is not repeated in the answer");
+    const char *suffix = NULL;
+    if (!chat && get_string(root, "suffix", &suffix, e)) return -1;
+    if (suffix && *suffix)
+        return api_fail(e, 400, "unsupported_value", "suffix", "suffix is not supported: the text is not written to end before it");
+    int64_t best_of = 1;
+    if (!chat && get_int(root, "best_of", 0, INT32_MAX, &best_of, e)) return -1;
+    if (best_of > 1)
+        return api_fail(e, 400, "unsupported_value", "best_of", "best_of is not supported: ask for n answers and pick one");
     static const char *const legacy[] = {"functions", "function_call"};
     for (size_t i = 0; chat && i < 2; i++) {
         json_t *v = json_object_get(root, legacy[i]);

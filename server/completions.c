@@ -258,10 +258,12 @@ static json_t *chunk_json(const generation *g, int index, const char *text, size
                            "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o]}", "id", g->id, "object",
-                     g->req.chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
-                     system_fingerprint(g->r->srv), "choices", choice);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o]}", "id", g->id, "object",
+                          g->req.chat ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
+                          system_fingerprint(g->r->srv), "choices", choice);
+    if (g->ss) json_object_set_new(o, "session", json_string(g->ss->id)); /* as the whole answer says it */
+    return o;
 }
 
 static void sse_send(request *r, json_t *j) {

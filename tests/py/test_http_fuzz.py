@@ -107,6 +107,12 @@ def test_schemathesis_findings_stay_fixed(tmp_path):
         assert st == 200, body
         st, body, _ = s.request("POST", "/v1/sessions", raw=b"\x00\x00", headers={"Content-Type": "application/json"})
         assert st == 400 and body["error"]["code"] == "invalid_json", body
+        # valid JSON holding \u0000 (text from a PDF): said plainly (it leaked "JSON_ALLOW_NUL", a library flag)
+        st, body, _ = s.request("POST", "/v1/chat/completions",
+                                raw=b'{"messages":[{"role":"user","content":"a\\u0000b"}],"max_tokens":1}',
+                                headers={"Content-Type": "application/json"})
+        assert st == 400 and body["error"]["code"] == "unsupported_value", body
+        assert "NUL" in body["error"]["message"] and "ALLOW" not in body["error"]["message"], body
         for method, path, allow in (("PUT", f"/v1/sessions/{sid}", "GET, DELETE"), ("GET", f"/v1/sessions/{sid}/chunks", "POST, PUT"),
                                     ("DELETE", "/v1/sessions", "GET, POST"), ("POST", "/health", "GET")):
             st, body, hdrs = s.request(method, path)

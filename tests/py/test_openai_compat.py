@@ -200,6 +200,12 @@ def test_fields_that_would_change_the_answer_silently_are_400s(client):
         client.completions.create(model="x", prompt="Hello", max_tokens=2, echo=True)
     assert ei.value.body["param"] == "echo" and ei.value.body["code"] == "unsupported_value"
     assert client.completions.create(model="x", prompt="Hello", max_tokens=2, echo=False).choices
+    # suffix and best_of were ignored (an answer not written to end before the suffix, one sample)
+    for extra in ({"suffix": " and so on."}, {"best_of": 3}):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model="x", prompt="Hello", max_tokens=2, **extra)
+        assert ei.value.body["param"] == next(iter(extra)) and ei.value.body["code"] == "unsupported_value"
+    assert client.completions.create(model="x", prompt="Hello", max_tokens=2, suffix="", best_of=1).choices
     fn = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
     msgs = [{"role": "user", "content": "x"}]
     for extra in ({"functions": [fn]}, {"function_call": {"name": "get_time"}}):

@@ -396,8 +396,9 @@ def test_session_question_without_max_tokens_answers_to_the_end(srv, client):
     assert bounded.choices[0].finish_reason == "stop" and bounded.usage.completion_tokens > 1
     assert free.choices[0].message.content == bounded.choices[0].message.content
     assert free.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(stream=True, **ask)
+    streamed = list(client.chat.completions.create(stream=True, **ask))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == free.choices[0].message.content
+    assert all(c.model_extra.get("session") == sess["id"] for c in streamed)  # as the whole answer says it
     r = client.responses.create(model="x", temperature=0, input=ask["messages"][0]["content"],
                                 extra_body={"session": sess["id"]})
     assert r.status == "completed" and r.output_text == free.choices[0].message.content
