@@ -57,6 +57,7 @@ struct generation {
     double deadline_ms;   /* request_timeout: the engine ends the generation there (monotonic_ms clock) */
     /* a prompt longer than the window, read through a temporary pot */
     engine_doc *tmp_doc;
+    int64_t tmp_tokens;  /* the tokens it read (pinned prefix and document): all are prompt, none cached */
     engine_pot_settings tmp_settings;
     size_t tmp_memory;
     char *doc_text;       /* what goes into the temporary pot */
@@ -170,6 +171,10 @@ static json_t *usage_json(const generation *g) {
         const engine_gen_result *res = &g->choices[i].res;
         if (i % n == 0) prompt += res->n_prompt + res->n_cached, cached += res->n_cached;
         generated += res->n_generated;
+    }
+    if (g->tmp_tokens) { /* read through a temporary pot: every token of the prompt was read now */
+        prompt += g->tmp_tokens - cached;
+        cached = 0;
     }
     return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt,
                      "completion_tokens", (json_int_t)generated, "total_tokens",
@@ -903,6 +908,9 @@ static void temporary_pot_ingested(void *user, int rc, const char *err) {
     generation *g = user; /* engine thread */
     g->tmp_rc = rc;
     if (err) snprintf(g->tmp_err, sizeof g->tmp_err, "%s", err);
+    engine_doc_stats st;
+    engine_doc_get_stats(g->tmp_doc, &st);
+    g->tmp_tokens = st.pinned_tokens + st.tokens_read;
     srv_post(g->r->srv, temporary_pot_read, g);
 }
 
