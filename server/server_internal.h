@@ -150,7 +150,8 @@ struct session {
     enum session_status status;
     char fail_msg[256];
     int busy;                 /* an upload is in progress */
-    enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING } restoring; /* read again at start: 503 until done */
+    /* read again at start (503 loading until done) or taken over from the shared store (409 session_busy) */
+    enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING, RESTORE_TAKEOVER } restoring;
     int rebuilding;
     int deleted;
     int refs;

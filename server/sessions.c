@@ -1928,8 +1928,9 @@ static void session_text(request *r, session *ss) {
 static void list_sessions(request *r) {
     server *s = r->srv;
     json_t *data = json_array();
-    for (session *ss = s->sessions; ss; ss = ss->next)
-        if (!strcmp(ss->owner, r->key->owner)) json_array_append_new(data, session_json(s, ss));
+    int64_t now = (int64_t)time(NULL);
+    for (session *ss = s->sessions; ss; ss = ss->next) /* (an expired one is gone, though the sweep has not run) */
+        if (!strcmp(ss->owner, r->key->owner) && !session_expired(ss, now)) json_array_append_new(data, session_json(s, ss));
     respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
@@ -2255,8 +2256,18 @@ static void release_lease_later(server *s, const char *id, const char *token) {
     store_lease_release(s->st, id, token); /* no memory or no pool: here, rather than never */
 }
 
+/* A session this replica is taking over from the shared store (its lease
+ * asked, or its replay under way): every request for it hears the same. */
+static void session_busy_restoring(request *r, const char *id, const char *param) {
+    api_error e;
+    api_fail(&e, 409, "session_busy", param,
+             "session '%s' is being restored here (taken over from the shared store); retry", id);
+    respond_retry(r, &e, 1);
+}
+
 static void taken_over(server *s, doc_job *j) {
     session *ss = j->ss;
+    ss->restoring = RESTORE_NONE;
     if (j->rc && !*j->feed_err && store_log_unreachable(ss->log) && !atomic_load(&s->abandon_replays)) {
         /* Redis did not answer the replay: the session is whole there, so it is
            let go (lease released) for the next request to take over again,
@@ -2283,6 +2294,7 @@ typedef struct takeover {
     char err[256], token[STORE_TOKEN_MAX], owner[STORE_TOKEN_MAX];
     int unreachable; /* the meta could not be read */
     int mine;        /* the session exists and belongs to the request's key */
+    int expired;     /* ... but its time is up: 404, and removed when its lease was free */
     int got;         /* store_lease_acquire's answer */
     double asked;    /* monotonic_ms before the lease was asked for */
     session *ss;     /* loaded under the lease */
@@ -2297,8 +2309,16 @@ static void takeover_ask(void *arg) {
     const char *key_owner = json_string_value(json_object_get(m, "owner"));
     t->mine = key_owner && !strcmp(key_owner, t->key->owner);
     t->unreachable = !meta && !absent;
+    json_int_t ttl = json_integer_value(json_object_get(json_object_get(m, "settings"), "ttl_seconds"));
+    t->expired = ttl > 0 && (int64_t)time(NULL) > (int64_t)json_integer_value(json_object_get(m, "created")) + ttl;
     json_decref(m);
-    if (t->mine) {
+    if (t->mine && t->expired) { /* its owner gone or stalled at its expiry: not read again, removed */
+        if (store_lease_acquire(s->st, t->id, t->token, t->owner, t->err, sizeof t->err) > 0 &&
+            !store_mark_deleted(s->st, t->id, t->token, t->err, sizeof t->err)) {
+            store_remove(s->st, t->id, t->token);
+            fprintf(stderr, "potserve: session %s expired\n", t->id);
+        }
+    } else if (t->mine) {
         t->asked = monotonic_ms();
         t->got = store_lease_acquire(s->st, t->id, t->token, t->owner, t->err, sizeof t->err);
         if (t->got > 0 && !(t->ss = load_session(s, t->id, meta, t->token, 0, t->err, sizeof t->err)))
@@ -2319,8 +2339,8 @@ static void takeover_answer(request *r, void *arg) {
         }
     session *ss = t->ss;
     api_error e;
-    if (!t->mine) {
-        if (t->unreachable) {
+    if (!t->mine || t->expired) {
+        if (t->unreachable && !t->expired) {
             api_fail(&e, 503, "store_unavailable", t->param, "%s", t->err);
             respond_retry(r, &e, 1);
         } else {
@@ -2354,15 +2374,16 @@ static void takeover_answer(request *r, void *arg) {
         ss->next = s->sessions;
         s->sessions = ss;
         ss->busy = 1;
+        ss->restoring = RESTORE_TAKEOVER;
         s->m.takeovers++;
         fprintf(stderr, "potserve: took session %s over (lease %s)\n", t->id, t->token);
         if (submit_doc_job(s, ss, 1, taken_over, NULL)) {
             ss->busy = 0;
+            ss->restoring = RESTORE_NONE;
             ss->status = SESSION_FAILED;
             snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: the engine is stopping");
         }
-        api_fail(&e, 409, "session_busy", t->param, "the session is being restored here; retry");
-        respond_retry(r, &e, 1);
+        session_busy_restoring(r, t->id, t->param);
     }
     free(t);
 }
@@ -2374,10 +2395,7 @@ static void take_over(request *r, const char *id, const char *param) {
     server *s = r->srv;
     api_error e;
     for (takeover *t = s->takeovers; t; t = t->next)
-        if (!strcmp(t->id, id)) {
-            api_fail(&e, 409, "session_busy", param, "the session is being taken over here; retry");
-            return respond_retry(r, &e, 1);
-        }
+        if (!strcmp(t->id, id)) return session_busy_restoring(r, id, param);
     takeover *t = calloc(1, sizeof *t);
     if (!t) {
         api_fail(&e, 503, "unavailable", param, "out of memory");
@@ -2405,6 +2423,10 @@ session *session_lookup(request *r, const char *id, const char *param) {
     session *ss = valid_session_id(id) ? session_find(s, id, r->key) : NULL;
     int expired = ss && session_expired(ss, (int64_t)time(NULL)); /* gone, though still busy here */
     if (ss && lease_lapsed(s, ss)) ss = NULL;
+    if (ss && !expired && ss->restoring == RESTORE_TAKEOVER) {
+        session_busy_restoring(r, id, param);
+        return NULL;
+    }
     if (ss && !expired && ss->restoring) {
         api_error e;
         api_fail(&e, 503, "loading", param, "session '%s' is still being read again after the server's start", id);

@@ -439,6 +439,70 @@ def test_a_replica_cut_off_from_redis_stops_serving_when_its_lease_lapses(tmp_pa
         a.stop()
 
 
+def test_a_takeover_answers_every_request_alike(tmp_path, redis):
+    """While a replica replayed a session it took over, only the request that started the takeover
+    heard 409 session_busy with Retry-After: every other one got a 409 without it (OpenAI's clients
+    gave up at once), saying an upload was under way, and GET said "ingesting"."""
+    long_doc = open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()[:24000]  # seconds to replay
+    a = replica(tmp_path / "a", redis, "a", "--threads", "1").start()
+    b = replica(tmp_path / "b", redis, "b", "--threads", "1").start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 256})[1]["id"]
+        until(lambda: put(a, sid, 1, long_doc)[0] == 200, timeout=120, what="the document on a")
+        a.kill()  # no snapshot: b replays the log
+        time.sleep(1.2)  # a's lease lapses
+        st, body, hdrs = b.request("GET", f"/v1/sessions/{sid}")  # starts the takeover
+        assert st == 409 and hdrs.get("Retry-After") == "1", (st, body)
+        asks = {"GET": ("GET", f"/v1/sessions/{sid}", None), "text": ("GET", f"/v1/sessions/{sid}/text", None),
+                "chunk": ("POST", f"/v1/sessions/{sid}/chunks?seq=2", None),
+                "chat": ("POST", "/v1/chat/completions", {"session": sid, "max_tokens": 2,
+                                                          "messages": [{"role": "user", "content": "Hi?"}]}),
+                "DELETE": ("DELETE", f"/v1/sessions/{sid}", None)}
+        seen, replaying = set(), True
+        while replaying:
+            listed = {x["id"]: x["status"] for x in b.request("GET", "/v1/sessions")[1]["data"]}
+            for name, (method, path, body) in asks.items():
+                extra = {"raw": b"More. ", "headers": {"Content-Type": "text/plain"}} if name == "chunk" else {}
+                st, got, hdrs = b.request(method, path, body, **extra)
+                if st == 200 and seen:  # the replay ended (a DELETE then deletes it)
+                    replaying, ended_by = False, name
+                    break
+                assert st == 409 and got["error"]["code"] == "session_busy", (name, st, got)
+                assert hdrs.get("Retry-After") == "1" and "restored" in got["error"]["message"], (name, got, hdrs)
+                assert listed.get(sid) == "restoring", listed
+                seen.add(name)
+        assert len(seen) == len(asks), f"the replay ended before every kind of request was asked ({seen}): lengthen it"
+        if ended_by != "DELETE":
+            assert get_ready(b, sid)["bytes_received"] >= len(long_doc.encode())
+        assert b.stop() == 0
+    finally:
+        a.kill()
+        b.stop()
+
+
+def test_a_session_that_expired_with_its_replica_down_is_gone_not_taken_over(tmp_path, redis):
+    """A session whose time ran out while its replica was down (or stalled) was taken over by the
+    next replica asked and read again, answering 409s, before a 404; its keys stayed in Redis."""
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        short = a.request("POST", "/v1/sessions", {"budget_tokens": 96, "ttl_seconds": 2})[1]
+        until(lambda: put(a, short["id"], 1, PARTS[0])[0] == 200, what="the short-lived one on a")
+        a.kill()
+        until(lambda: time.time() > short["expires_at"] + 1.2, what="its expiry and a's lease")
+        for method, path in (("GET", f"/v1/sessions/{short['id']}"), ("GET", f"/v1/sessions/{short['id']}/text"),
+                             ("POST", f"/v1/sessions/{short['id']}/chunks?seq=2")):
+            st, body, _ = b.request(method, path, raw=b"x" if method == "POST" else None,
+                                    headers={"Content-Type": "text/plain"})
+            assert st == 404 and body["error"]["code"] == "session_not_found", (path, st, body)
+        assert not redis.cli("KEYS", f"potserve:s:{short['id']}:*"), "its keys stayed in Redis"
+        assert metric(b, "potserve_store_takeovers_total") == 0
+        assert b.stop() == 0
+    finally:
+        a.kill()
+        b.stop()
+
+
 def test_a_takeover_waiting_for_redis_holds_up_no_other_request(tmp_path, redis):
     """A takeover asks Redis for the session's meta, its lease and its log:
     with Redis stalled, each question waited 2 s on the loop, and every
