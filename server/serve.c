@@ -128,6 +128,8 @@ static int open_requests(server *s) {
     return n;
 }
 
+enum { SNAPSHOTS_AT_STOP_MS = 60000 }; /* the most a stop waits for its last snapshots */
+
 static void on_housekeeping(uv_timer_t *t) {
     server *s = t->data;
     double now = monotonic_ms();
@@ -140,15 +142,21 @@ static void on_housekeeping(uv_timer_t *t) {
         sessions_expire(s);
         return;
     }
+    if (s->snapshots_deadline > 0) { /* (snapshot_saved stops the loop after the last one) */
+        if (!sessions_saving(s) || now > s->snapshots_deadline) uv_stop(s->loop);
+        return;
+    }
     /* draining: wait for open requests and disk work, at most shutdown_grace; what is
      * still open then (an upload whose client went quiet) ends unacknowledged */
-    int done = open_requests(s) == 0 || monotonic_ms() > s->drain_deadline;
+    int done = open_requests(s) == 0 || now > s->drain_deadline;
     if (done) {
-        /* the engine runs its queued tasks before it stops: these snapshots included */
         for (session *ss = s->sessions; ss; ss = ss->next) session_snapshot(s, ss);
         atomic_store(&s->abandon_replays, 1); /* restores under way end at their next engine chunk */
         fprintf(stderr, "potserve: drained, stopping\n");
-        uv_stop(s->loop);
+        /* the loop runs on until the snapshots are written: a shared store's leases are still
+           renewed meanwhile (a snapshot written after its lease lapsed is refused, FENCED) */
+        s->snapshots_deadline = now + SNAPSHOTS_AT_STOP_MS;
+        if (!sessions_saving(s)) uv_stop(s->loop);
     }
 }
 

@@ -201,6 +201,8 @@ void sessions_expire(server *s);
 /* Saves ss's pot (and the rest of its document state) when its log has grown
  * past the last snapshot; skipped while an upload is open. */
 void session_snapshot(server *s, session *ss);
+/* Whether some session's snapshot is still being written. */
+int sessions_saving(const server *s);
 /* A generation over ss ended (a pending rebuild may start). */
 void session_generation_done(session *ss);
 
@@ -257,6 +259,7 @@ struct server {
     atomic_int abandon_replays;  /* set at the drain's end: log replays (restores, rebuilds) stop */
     int restores_pending;     /* sessions still being replayed at start */
     double drain_deadline;
+    double snapshots_deadline; /* > 0: drained, waiting for the last snapshots (leases still renewed) */
     /* keys */
     api_key *keys;
     size_t n_keys;

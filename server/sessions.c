@@ -1517,7 +1517,6 @@ typedef struct save_job {
 } save_job;
 
 static void snapshot_saved(server *s, void *arg) {
-    (void)s;
     save_job *j = arg;
     session *ss = j->ss;
     ss->snap_saving = 0;
@@ -1526,6 +1525,7 @@ static void snapshot_saved(server *s, void *arg) {
     free(j->path);
     session_unref(ss);
     free(j);
+    if (s->snapshots_deadline > 0 && !sessions_saving(s)) uv_stop(s->loop); /* the stop's last snapshot */
 }
 
 static void save_task(engine *e, void *arg) {
@@ -1540,6 +1540,12 @@ static void save_task(engine *e, void *arg) {
     if (!j->rc) j->rc = store_snapshot_put(j->ss->log, j->path, j->err, sizeof j->err);
     if (!j->doc) snprintf(j->err, sizeof j->err, "no document");
     srv_post(j->ss->srv, snapshot_saved, j);
+}
+
+int sessions_saving(const server *s) {
+    for (const session *ss = s->sessions; ss; ss = ss->next)
+        if (ss->snap_saving) return 1;
+    return 0;
 }
 
 void session_snapshot(server *s, session *ss) {

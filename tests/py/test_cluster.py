@@ -503,6 +503,32 @@ def test_a_session_that_expired_with_its_replica_down_is_gone_not_taken_over(tmp
         b.stop()
 
 
+LEASE_MS = 300
+
+
+def test_a_stopping_replica_writes_its_snapshots_under_lease(tmp_path, redis):
+    """SIGTERM queued every session's snapshot on the engine and stopped the loop, so leases were
+    no longer renewed: snapshots still being written once a lease lapsed (1 s here, two large pots)
+    were refused FENCED, and the next owner replayed the whole log. The loop now runs on until the
+    last snapshot is written."""
+    a = replica(tmp_path / "a", redis, "a", "--snapshot-seconds", "0", "--snapshot-bytes", "1G", lease_ms=LEASE_MS).start()
+    try:
+        ids = []
+        for i in range(8):
+            ids.append(a.request("POST", "/v1/sessions", {})[1]["id"])
+            until(lambda: put(a, ids[-1], 1, DOC)[0] == 200, what="a chunk")
+        assert not [sid for sid in ids if redis.cli("STRLEN", f"potserve:s:{sid}:snap") not in ("", "0")]
+        busy = a.request("POST", "/v1/sessions", {})[1]["id"]  # the engine still reading at the stop
+        until(lambda: a.request("POST", f"/v1/sessions/{busy}/chunks?wait=false", raw=((DOC + " ") * 12).encode(),
+                                headers={"Content-Type": "text/plain"})[0] == 202, what="a long chunk acknowledged")
+        assert a.stop() == 0
+        assert not [line for line in a.log_lines if "snapshot failed" in line], a.log_lines
+        sizes = [int(redis.cli("STRLEN", f"potserve:s:{sid}:snap") or 0) for sid in ids]
+        assert all(n > 0 for n in sizes), sizes
+    finally:
+        a.stop()
+
+
 def test_a_takeover_waiting_for_redis_holds_up_no_other_request(tmp_path, redis):
     """A takeover asks Redis for the session's meta, its lease and its log:
     with Redis stalled, each question waited 2 s on the loop, and every
