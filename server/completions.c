@@ -1011,7 +1011,10 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
 static void prepare_failed(generation *g, int status, const char *code, const char *what, const char *msg) {
     request *r = g->r;
     api_error e;
-    api_fail(&e, status, code, NULL, "%s failed: %s", what, msg);
+    if (status >= 500 && (r->srv->draining || r->srv->stopping)) /* the engine stopped at the drain's end */
+        api_fail(&e, 503, "shutting_down", NULL, "%s stopped: the server is shutting down; retry", what);
+    else
+        api_fail(&e, status, code, NULL, "%s failed: %s", what, msg);
     if (g->stream_started) {
         if (r->conn) {
             sse_send(r, api_error_json(&e));

@@ -371,7 +371,13 @@ out:
     s->stopping = 1; /* nothing suspends any more: MHD refuses to stop with suspended connections */
     for (request *r = s->live; r; r = r->next_live) request_wake(r);
     if (s->mhd) {
-        MHD_run(s->mhd);
+        /* the answers the engine's last words completed go out whole (a stream's last chunk and
+           its terminator): a resumed connection takes MHD a round to resume and one to write */
+        for (int i = 0; i < 50; i++) {
+            MHD_run(s->mhd);
+            if (!open_requests(s)) break;
+            usleep(10000);
+        }
         MHD_stop_daemon(s->mhd);
         s->mhd = NULL;
     }

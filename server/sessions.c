@@ -1188,7 +1188,10 @@ void upload_receive(request *r, const char *data, size_t *size) {
             return respond_error(r, &e);
         }
     }
-    if (u->mode == UPLOAD_DUPLICATE && !u->failed) return finish_duplicate(u);
+    if (u->mode == UPLOAD_DUPLICATE && !u->failed) { /* an event stream asked for: its done (or error) event */
+        if (u->sse) u->streaming = !stream_start(r);
+        return finish_duplicate(u);
+    }
     if (!u->failed && u->utf8_need)
         fail_upload(u, 400, "invalid_utf8", "%s", "the chunk ends inside a UTF-8 character; nothing of it was kept");
     dispatch_piece(u);

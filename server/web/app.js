@@ -591,7 +591,7 @@
       headers: { 'Content-Type': 'text/plain; charset=utf-8', 'X-Chunk-Seq': String(seq), Accept: 'text/event-stream' },
     });
     if (!(r.headers.get('Content-Type') || '').startsWith('text/event-stream')) {
-      result = await r.json(); // a duplicate, answered at once
+      result = await r.json(); // plain JSON: how servers before 2026-12 answered a duplicate
     } else {
       await readEvents(r, (name, data) => {
         const d = JSON.parse(data);

@@ -346,3 +346,48 @@ def test_whole_words_default_keeps_words_where_a_question_guides(srv, policy, qu
     same, other = ("on", "off") if default_keeps_words else ("off", "on")
     assert max(abs(x - y) for x, y in zip(logprobs["default"], logprobs[same])) < 1e-3
     assert max(abs(x - y) for x, y in zip(logprobs["default"], logprobs[other])) > 1e-3
+
+
+def test_a_stop_during_a_reread_answers_503_and_ends_the_stream_whole(tmp_path):
+    """SIGTERM while re-reads ran, past shutdown_grace: a plain question got 500 reread_failed
+    ("shutting down"), and a streamed one that error and then a connection closed before the
+    chunked body's end (clients raise "Response ended prematurely"). Now both say 503
+    shutting_down, and the stream ends whole."""
+    import signal
+    import threading
+    import time
+
+    import requests
+    s = Server(tmp_path / "d", "--threads", "1", "--budget-tokens", "256", "--recall", "false",
+               "--shutdown-grace", "1").start()
+    try:
+        up = session_with(s, natural_document(2, 24000), budget_tokens=256)  # a re-read of several seconds
+        got = {}
+
+        def plain():
+            got["plain"] = s.request("POST", "/v1/chat/completions", {
+                "max_tokens": 4, "session": up["id"], "reread": True,
+                "messages": [{"role": "user", "content": QUESTION}]}, timeout=120)
+
+        def streamed():
+            with requests.post(s.url + "/v1/chat/completions", stream=True, timeout=120, json={
+                    "max_tokens": 4, "session": up["id"], "reread": True, "stream": True,
+                    "messages": [{"role": "user", "content": QUESTION}]}) as r:
+                got["stream"] = b"".join(r.iter_content(None))  # a broken chunked ending raises here
+
+        threads = [threading.Thread(target=plain), threading.Thread(target=streamed)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)  # both re-reads under way (the pass reads for seconds)
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0
+        for t in threads:
+            t.join(30)
+        st, body, _ = got["plain"]
+        assert st == 503 and body["error"]["code"] == "shutting_down", (st, body)
+        events = [json.loads(line[6:]) for line in got["stream"].decode().splitlines()
+                  if line.startswith("data: {")]
+        assert events and events[-1]["error"]["code"] == "shutting_down", got["stream"][-400:]
+        assert got["stream"].rstrip().endswith(b"data: [DONE]"), got["stream"][-200:]
+    finally:
+        s.kill()

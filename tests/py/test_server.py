@@ -485,6 +485,19 @@ def test_upload_progress_sse(srv):
     assert "event: done" in text
     done = json.loads(text.split("event: done\ndata: ")[1].split("\n")[0])
     assert done["chunk"]["seq"] == 1
+    # sent again: a duplicate, still answered as the event stream asked for (it was plain JSON),
+    # and a different body for the same seq as an error event carrying its status
+    for body, event in ((document(6), "done"), ("other bytes", "error")):
+        out = subprocess.run(["curl", "-sS", "-N", "-i", "-H", "Accept: text/event-stream", "-H", "Content-Type: text/plain",
+                              "-H", f"Authorization: Bearer {KEY}", "--data-binary", body,
+                              f"{srv.url}/v1/sessions/{sess['id']}/chunks?seq=1"], capture_output=True, timeout=300, check=True)
+        text = out.stdout.decode()
+        assert "content-type: text/event-stream" in text.lower(), text[:300]
+        got = json.loads(text.split(f"event: {event}\ndata: ")[1].split("\n")[0])
+        if event == "done":
+            assert got["duplicate"] is True and got["chunk"]["seq"] == 1, got
+        else:
+            assert got["error"]["code"] == "seq_conflict" and got["error"]["status"] == 409, got
 
 
 def test_sessions_belong_to_their_key(tmp_path):
