@@ -511,8 +511,8 @@ def test_sessions_belong_to_their_key(tmp_path):
         assert st == 404
         st, lst, _ = s.request("GET", "/v1/sessions", headers={"Authorization": "Bearer bravo-key-000002"})
         assert lst["data"] == []
-        line = s.wait_log('"path":"/v1/sessions"')  # named without its comment (it was "bob  # a comment...")
-        assert '"key":"bob"' in [l for l in s.log_lines if '"path":"/v1/sessions"' in l and "GET" in l][-1], line
+        line = s.wait_log('{"method":"GET","route":"/v1/sessions",')  # (logged once answered)
+        assert '"key":"bob"}' in line, line  # named without its comment (it was "bob  # a comment...")
         st, body, _ = s.request("GET", "/v1/models")
         assert st == 401 and body["error"]["type"] == "authentication_error"
         st, body, _ = s.request("GET", "/health")
