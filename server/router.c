@@ -99,7 +99,11 @@ static struct MHD_Response *json_response(request *r, json_t *body) {
 
 void respond_json(request *r, int status, json_t *body) { respond_raw(r, status, json_response(r, body)); }
 
-void respond_error(request *r, const api_error *e) { respond_json(r, e->status, api_error_json(e)); }
+void respond_error(request *r, const api_error *e) {
+    /* a busy session (an upload, a restore, a re-read holding its log) is a wait: say how long */
+    if (e->status == 409 && e->code && !strcmp(e->code, "session_busy")) return respond_retry(r, e, 1);
+    respond_json(r, e->status, api_error_json(e));
+}
 
 void respond_retry(request *r, const api_error *e, int seconds) {
     struct MHD_Response *resp = json_response(r, api_error_json(e));

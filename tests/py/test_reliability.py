@@ -463,6 +463,28 @@ def test_json_chunk_resends_and_seq_disagreements(srv):
         assert st == 200 and body["duplicate"] is True and body["last_seq"] == 2, body
 
 
+def test_a_busy_session_says_when_to_retry(tmp_path):
+    """409 session_busy is a wait (an upload, a restore, a re-read holding the log): it carries
+    Retry-After, and not the x-should-retry: false of the 409s retrying cannot mend. Only some
+    of its answers carried Retry-After; the rest then said not to retry at all."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--threads", "1").start()
+    try:
+        sid = new_session(s)
+        long = threading.Thread(target=lambda: upload(s, sid, text(300).encode(), timeout=120))  # seconds
+        long.start()
+        deadline = time.time() + 30
+        while session(s, sid)["status"] != "ingesting" and time.time() < deadline:
+            time.sleep(0.05)
+        for method, path, raw in (("POST", f"/v1/sessions/{sid}/chunks", b"More. "),
+                                  ("DELETE", f"/v1/sessions/{sid}", None)):
+            st, body, h = s.request(method, path, raw=raw, headers={"Content-Type": "text/plain"})
+            assert st == 409 and body["error"]["code"] == "session_busy", (method, st, body)
+            assert h.get("Retry-After") == "1" and "x-should-retry" not in h, (method, h)
+        long.join(120)
+    finally:
+        s.stop()
+
+
 def test_429s_carry_retry_after(tmp_path):
     # room for one pot of 64 (about 1.5 MB) beside what the server holds, not for a second one
     s = Server(tmp_path / "d", "--budget-tokens", "64", "--max-sessions-per-key", "1",
