@@ -124,7 +124,7 @@ typedef struct {
     setting_type type;
     size_t offset;               /* offsetof(server_config, name) */
     const char *def;             /* the default, as text any source could give */
-    int64_t lo, hi;              /* T_INT, T_BYTES */
+    int64_t lo, hi;              /* T_INT, T_BYTES; T_STRING: lo, a least length when not "" */
     double flo, fhi;             /* T_FLOAT */
     const char *const *allowed;  /* T_ENUM: NULL-terminated */
     const char *help;
@@ -157,7 +157,8 @@ static const setting settings[] = {
     S_ENUM(backend, "cpu", backend_values, "compute backend"),
     S_INT(threads, "0", 0, 1024, "compute threads, 0 = all online CPUs"),
     S_STRING(chat_template, "", "chat template family, \"\" = the model's"),
-    S_STRING(api_key, "", "one accepted API key, \"\" = none"),
+    {"api_key", T_STRING, FIELD(api_key, char *), "", 8, 0, 0, 0, NULL,
+     "one accepted API key (8 characters or more), \"\" = none"},
     S_STRING(api_keys_file, "", "file of keys: one a line, then optional name; # comments"),
     S_ENUM(durability, "fsync", durability_values, "fsync logs before answering, or not"),
     S_BYTES(max_chunk_bytes, "256M", 1, INT64_MAX, "largest upload body (else 413)"),
@@ -264,6 +265,10 @@ static int set_value(server_config *c, const setting *s, const char *text, const
                 snprintf(err, errlen, "%s: '%s' is not one of %s", label, text, list);
                 return -1;
             }
+        }
+        if (s->type == T_STRING && s->lo && *text && strlen(text) < (size_t)s->lo) { /* (lo: a least length) */
+            snprintf(err, errlen, "%s: must be at least %lld characters, or \"\" for none", label, (long long)s->lo);
+            return -1;
         }
         char *copy = strdup(text);
         if (!copy) {

@@ -646,6 +646,10 @@ def test_config_layers_and_errors(tmp_path, model):
         assert name in out.stdout.decode()
     out = subprocess.run([str(BIN), "serve", "--port", "99999"], capture_output=True, timeout=30)
     assert out.returncode != 0 and b"port" in out.stderr
+    # a key too short is an invalid value like any other: named with its source, exit 2 (it was
+    # "api keys must be at least 8 characters", exit 1, the rule written nowhere)
+    out = subprocess.run([str(BIN), "serve", "--api-key", "KEY"], capture_output=True, timeout=30)
+    assert out.returncode == 2 and b"--api-key: must be at least 8 characters" in out.stderr, out.stderr
     cfg = tmp_path / "c.json"
     cfg.write_text('{"policy": "nonsense"}')
     out = subprocess.run([str(BIN), "serve", "--config", str(cfg)], capture_output=True, timeout=30)
