@@ -717,10 +717,9 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         if (check_framing(r)) return MHD_YES;
         if (cors_preflight(r)) return MHD_YES; /* before auth: browsers send no credentials */
         if (admit(r) || check_length(r, limit)) return MHD_YES;
-        if (body == BODY_NONE) {
-            dispatch(r, NULL, upload_data_size);
-            return MHD_YES;
-        }
+        /* a request without a body is answered at MHD's next call: a response queued at the
+           first one (headers only) makes libmicrohttpd 0.9.75 close the connection after it */
+        if (body == BODY_NONE) return MHD_YES;
         r->receiving_body = 1;
         if (body == BODY_UPLOAD) dispatch(r, NULL, upload_data_size); /* headers only: set up */
         return MHD_YES;

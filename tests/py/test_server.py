@@ -878,6 +878,22 @@ def test_slow_and_idle_connections_are_bounded(tmp_path):
             except OSError:  # the address's slots are freed as the server notices the closes
                 time.sleep(0.2)
         assert st == 200
+        # one connection serves request after request (every answer closed its connection: a
+        # response queued at libmicrohttpd's first call, before the empty body, does that), and
+        # an idle one is closed after idle_timeout
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        sock = None
+        for method, path, body in (("GET", "/health", None), ("GET", "/v1/models", None),
+                                   ("POST", "/v1/sessions", "{}"), ("GET", "/v1/sessions", None)):
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status in (200, 201) and resp.getheader("Connection") != "close", (path, resp.getheaders())
+            sock = sock or conn.sock
+            assert conn.sock is sock, path  # still the first connection
+        time.sleep(2.5)
+        assert sock.recv(1) == b""  # closed by the server once idle
     finally:
         assert s.stop() == 0
 
