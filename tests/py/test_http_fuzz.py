@@ -50,10 +50,13 @@ def test_http_fuzz_known_bugs_are_gone(fuzz_run):
 
 
 def test_startup_errors_exit_with_status_1(tmp_path, model):
-    """A bad setting found after the loop was set up (short API key, unusable
-    data_dir, missing model) is a message and exit status 1, not a crash in the
-    shutdown path (it used to stop a libuv handle that was never started)."""
-    for flags in (["--api-key", "short"], ["--data-dir", "/proc/no/such/dir"],
+    """A bad setting found after the loop was set up (a short key in the keys
+    file, unusable data_dir, missing model) is a message and exit status 1, not
+    a crash in the shutdown path (it used to stop a libuv handle that was never
+    started). (A short --api-key is refused earlier, with the other settings: exit 2.)"""
+    keys = tmp_path / "keys"
+    keys.write_text("short\n")
+    for flags in (["--api-keys-file", str(keys)], ["--data-dir", "/proc/no/such/dir"],
                   ["--model", str(tmp_path / "missing.gguf")]):
         p = run("serve", "--model", model, "--port", "0", "--data-dir", tmp_path / "d", *flags, timeout=120)
         assert p.returncode == 1, (flags, p.returncode, p.stderr.decode()[-500:])

@@ -202,16 +202,21 @@ TEST(config_flag_spellings) {
     char err[256] = "";
     server_config c;
     const char *a1[] = {"--max-chunk-bytes", "1K", "--max_body_bytes=2K", "--data-dir=/x=y",
-                        "--api_key", "k-1", "--chat-template=", "--rate-limit", "2.5",
+                        "--api_key", "k-123456", "--chat-template=", "--rate-limit", "2.5",
                         "--max-sessions_per-key=9", NULL};
     CHECK_EQ_INT(load(&c, a1, NULL, err, sizeof err), 0);
     CHECK_EQ_INT(c.max_chunk_bytes, 1024);
     CHECK_EQ_INT(c.max_body_bytes, 2048);
     CHECK_STR(c.data_dir, "/x=y");
-    CHECK_STR(c.api_key, "k-1");
+    CHECK_STR(c.api_key, "k-123456");
     CHECK_STR(c.chat_template, "");
     CHECK(c.rate_limit == 2.5);
     CHECK_EQ_INT(c.max_sessions_per_key, 9);
+    config_free(&c);
+    /* A key has 8 characters or more: a shorter one is refused, named like any bad value. */
+    const char *a3[] = {"--api-key", "k-1", NULL};
+    CHECK_EQ_INT(load(&c, a3, NULL, err, sizeof err), -1);
+    CHECK_CONTAINS(err, "--api-key: must be at least 8 characters");
     config_free(&c);
     /* A negative number is a value (then out of range), not a flag. */
     const char *a2[] = {"--port", "-1", NULL};
