@@ -174,7 +174,7 @@ static const setting settings[] = {
     /* each answer decodes in its own copy of up to a model window: this bounds their memory */
     S_INT(max_answers, "16", 1, 1024, "answers generated at once (each choice one); more wait their turn"),
     S_INT(idle_timeout, "30", 1, 86400, "seconds a connection may be silent"),
-    S_INT(connection_timeout, "3600", 0, 86400, "seconds a connection may live, 0 = no limit"),
+    S_INT(connection_timeout, "3600", 0, 86400, "seconds a connection may live (closed between requests), 0 = no limit"),
     S_INT(request_timeout, "600", 0, 86400, "seconds one generation request may take, 0 = no limit"),
     S_INT(shutdown_grace, "30", 0, 3600, "seconds a SIGTERM drain waits for open requests"),
     S_INT(budget_tokens, "2048", 16, 1048576, "pot budget of new sessions"),

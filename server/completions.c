@@ -54,6 +54,7 @@ struct generation {
     api_error prep_err;       /* prompt_work's error (status 0: none) */
     generation *next_waiting; /* in the server's queue of answers waiting their turn */
     atomic_int cancel;
+    int client_left;      /* cancelled because the client closed its side: no answer is its due */
     double deadline_ms;   /* request_timeout: the engine ends the generation there (monotonic_ms clock) */
     /* a prompt longer than the window, read through a temporary pot */
     engine_doc *tmp_doc;
@@ -287,6 +288,8 @@ static void sse_send(request *r, json_t *j) {
  * its non-streamed answer is generated goes unnoticed until the answer is
  * written. Peeking at the socket with each piece of text notices the close
  * (EOF) within one engine step. */
+static void client_left(generation *g);
+
 static int client_gone(request *r) {
     if (!r->conn) return 1;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -372,7 +375,7 @@ static void on_text_event(server *s, void *arg) {
         if (r->conn) sse_send(r, chunk_json(g, c->index, ev->text, ev->n, 0, NULL, lp));
         else json_decref(lp);
     } else {
-        if (!g->req.stream && client_gone(r)) generation_cancel(g);
+        if (!g->req.stream && client_gone(r)) client_left(g);
         append_text(c, ev->text, ev->n);
         if (ev->has_lp && c->logprobs) {
             if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
@@ -558,6 +561,13 @@ static json_t *choice_json(choice *c) {
 
 static void finish_whole(generation *g) {
     request *r = g->r;
+    if (g->client_left) {
+        api_error e;
+        api_fail(&e, 499, "client_closed", NULL,
+                 "the client closed its side of the connection (a half-close counts as leaving): the answer was stopped");
+        r->close_conn = 1;
+        return respond_error(r, &e);
+    }
     for (int i = 0; i < g->n_choices; i++)
         if (g->choices[i].rc) {
             api_error e;
@@ -850,7 +860,7 @@ void generations_sweep(server *s) {
     /* a suspended connection is not polled: a client that left while its prompt was read through
        a temporary pot (or a recall prepared) is seen only by looking */
     for (request *r = s->live; r; r = r->next_live)
-        if (r->gen && r->suspended && !atomic_load(&r->gen->cancel) && client_gone(r)) generation_cancel(r->gen);
+        if (r->gen && r->suspended && !atomic_load(&r->gen->cancel) && client_gone(r)) client_left(r->gen);
     for (generation **p = &s->answers_waiting, *prev = NULL; *p;) {
         generation *g = *p;
         api_error e;
@@ -997,7 +1007,7 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
     (void)s;
     generation *g = user;
     if (!g->req.stream) { /* suspended: a client that left is noticed only by looking (client_gone) */
-        if (client_gone(g->r)) generation_cancel(g);
+        if (client_gone(g->r)) client_left(g);
         return;
     }
     if (!g->r->conn) return;
@@ -1011,7 +1021,10 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
 static void prepare_failed(generation *g, int status, const char *code, const char *what, const char *msg) {
     request *r = g->r;
     api_error e;
-    if (status >= 500 && (r->srv->draining || r->srv->stopping)) /* the engine stopped at the drain's end */
+    if (g->client_left) {
+        api_fail(&e, 499, "client_closed", NULL, "%s stopped: the client closed its side of the connection", what);
+        r->close_conn = 1;
+    } else if (status >= 500 && (r->srv->draining || r->srv->stopping)) /* the engine stopped at the drain's end */
         api_fail(&e, 503, "shutting_down", NULL, "%s stopped: the server is shutting down; retry", what);
     else
         api_fail(&e, status, code, NULL, "%s failed: %s", what, msg);
@@ -1394,3 +1407,10 @@ void route_generate_responses(request *r, json_t *responses) { start_generation(
 
 /* Called when the client disconnects or the server drains. */
 void generation_cancel(generation *g) { atomic_store(&g->cancel, 1); }
+
+/* The client closed its side (gone, or a half-close: recv cannot tell them apart): the
+ * generation stops, and what it wrote so far is not sent as if it were the answer. */
+static void client_left(generation *g) {
+    g->client_left = 1;
+    generation_cancel(g);
+}

@@ -526,9 +526,12 @@ static void take_body(request *r, const char *data, size_t n) {
  * once the headers are complete. Each connection is therefore tracked from
  * accept: its request line and headers must arrive within idle_timeout of the
  * moment it began waiting for them (accept, or the end of the previous
- * request), and it may live connection_timeout in all. srv_sweep_connections
- * (once a second) cuts those past a deadline with shutdown(2), which MHD sees
- * as the peer going away and cleans up like any other close. */
+ * request), and it may live connection_timeout in all: a kept-alive one is
+ * closed between requests once past that age (a request in flight finishes;
+ * a body still arriving connection_timeout after its request began is cut).
+ * srv_sweep_connections (once a second) cuts those past a deadline with
+ * shutdown(2), which MHD sees as the peer going away and cleans up like any
+ * other close. */
 struct conn_track {
     struct MHD_Connection *conn;
     double opened_ms;       /* accept */
@@ -591,10 +594,18 @@ void srv_sweep_connections(server *s) {
             r->receiving_body = 0;
             cut = 1;
         }
+    for (request *r = s->live; r && life_ms > 0; r = r->next_live) /* a body trickling in for ever */
+        if (r->conn && r->receiving_body && now - r->t0 > life_ms) {
+            shutdown(MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD)->connect_fd, SHUT_RDWR);
+            r->receiving_body = 0;
+            cut = 1;
+        }
     for (conn_track *t = s->conns; t; t = t->next) {
         if (t->cut) continue;
         int slow_headers = !t->in_request && now - t->waiting_since_ms > header_ms;
-        int too_old = life_ms > 0 && now - t->opened_ms > life_ms;
+        /* a kept-alive connection past its age goes between requests, not in the middle of one
+           (its answer would be lost: a generation has request_timeout, a body the check above) */
+        int too_old = life_ms > 0 && now - t->opened_ms > life_ms && !t->in_request;
         if (!slow_headers && !too_old) continue;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(t->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci) shutdown(ci->connect_fd, SHUT_RDWR);
@@ -690,10 +701,6 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
     (void)version;
     server *s = cls;
     request *r = *con_cls;
-    if (connection_expired(s, c)) {
-        if (r && r->up) upload_abandon(r->up);
-        return MHD_NO; /* closes the connection */
-    }
     if (!r) {
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;
@@ -701,6 +708,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         r->conn = c;
         r->refs = 1;
         r->t0 = monotonic_ms();
+        r->close_conn = connection_expired(s, c); /* its age is up: this request is its last */
         snprintf(r->method, sizeof r->method, "%s", method);
         r->url = strdup(url);
         enum body_kind body;

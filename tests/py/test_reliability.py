@@ -335,6 +335,76 @@ def test_slow_headers_are_cut_at_the_idle_timeout(tmp_path):
         assert s.stop() == 0
 
 
+def test_connection_timeout_ends_a_kept_alive_connection_between_requests(tmp_path):
+    """With connections kept alive, connection_timeout cut a connection in the middle of the
+    request it carried: a completion's answer never came (logged 499 though the server closed),
+    a stream stopped without [DONE], and the OpenAI client silently ran the request again. The
+    age now ends a connection between requests; a request that starts past it is its last
+    (Connection: close); a body still trickling in after connection_timeout is still cut."""
+    import http.client
+    s = Server(tmp_path / "d", "--threads", "1", "--connection-timeout", "3", "--idle-timeout", "30").start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+        opened = time.time()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        time.sleep(2)
+        body = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 1500, "temperature": 0})
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+        assert resp.status == 200 and answer["usage"]["completion_tokens"] == 1500, answer  # whole
+        assert time.time() - opened > 4.2, "the answer ended before the connection's age: lengthen it"
+        time.sleep(2)
+        assert conn.sock.recv(1) == b""  # then closed, idle and past its age
+        # a request that starts past the age is answered, and ends the connection
+        raw = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        time.sleep(3.3)  # (the sweep runs once a second: a request may still slip in)
+        try:
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = raw.recv(4096)
+            assert got == b"" or (got.startswith(b"HTTP/1.1 200") and b"Connection: close" in got), got
+        except OSError:
+            pass
+        raw.close()
+        # a body that trickles in for longer than connection_timeout is cut
+        slow = socket.create_connection(("127.0.0.1", s.port), timeout=1)
+        slow.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n")
+        t0, cut = time.time(), None
+        while time.time() - t0 < 15 and cut is None:
+            try:
+                slow.send(b" ")
+                if slow.recv(1) == b"":
+                    cut = time.time() - t0
+            except socket.timeout:
+                pass
+            except OSError:
+                cut = time.time() - t0
+            time.sleep(0.4)
+        assert cut is not None and 2.5 < cut < 6, cut
+    finally:
+        s.stop()
+
+
+def test_a_half_closed_client_never_gets_a_cut_answer_labelled_whole(srv):
+    """A client that sends a whole request and then shuts its writing side (recv cannot tell
+    that from leaving) had its generation stopped, and got the few tokens made so far as a 200
+    with finish_reason "stop". It now gets 499 client_closed, saying the answer was stopped."""
+    body = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 200, "temperature": 0}).encode()
+    for _ in range(3):
+        c = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        c.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := c.recv(65536):
+            got += chunk
+        c.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert got == b"" or (head.startswith(b"HTTP/1.1 499") and b"client_closed" in rest), got[:300]
+
+
 # ---- item 4 ---------------------------------------------------------------------------------------
 
 def limit_file_size(limit):
