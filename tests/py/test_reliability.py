@@ -1093,12 +1093,16 @@ def test_a_session_whose_log_cannot_be_opened_at_start_is_failed_not_gone(tmp_pa
             assert h.get("x-should-retry") == "false", h  # retrying cannot mend it
         # OpenAI's clients retry every 409 unless told not to: the question was sent 3 times
         import openai
-        asked = lambda: sum('"/v1/chat/completions"' in line for line in s.log_lines)
+        def asked():  # access-log lines of questions, once they stop coming (read from stderr by a thread)
+            count = -1
+            while count != (now := sum('"/v1/chat/completions"' in line for line in s.log_lines)):
+                count = now
+                time.sleep(0.3)
+            return count
         before = asked()
         with pytest.raises(openai.ConflictError):
             openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=2).chat.completions.create(
                 model="x", messages=[{"role": "user", "content": "Hi?"}], max_tokens=2, extra_body={"session": sid})
-        time.sleep(0.2)
         assert asked() - before == 1, asked() - before
         assert s.request("DELETE", f"/v1/sessions/{sid}")[0] == 200
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
