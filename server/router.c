@@ -63,10 +63,11 @@ static void queue(request *r, int status, struct MHD_Response *resp) {
     MHD_destroy_response(resp);
 }
 
-/* A response built while the connection is suspended waits in r->pending
- * until the access handler runs again. */
+/* A response built while the connection is suspended, or at the first call
+ * for a request without a body, waits in r->pending until the access handler
+ * runs again. */
 void respond_raw(request *r, int status, struct MHD_Response *resp) {
-    if (r->suspended) {
+    if (r->suspended || r->first_call) {
         if (r->pending) MHD_destroy_response(r->pending);
         r->pending = resp;
         r->pending_status = status;
@@ -400,6 +401,8 @@ typedef struct route_def {
     enum body_kind body;
 } route_def;
 
+int request_reads(const request *r) { return !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD"); }
+
 void respond_method_not_allowed(request *r, const char *allow) {
     api_error e;
     api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);
@@ -445,14 +448,13 @@ static const char *classify(const char *method, const char *url, enum body_kind 
 
 static void dispatch(request *r, const char *upload, size_t *upload_size) {
     const char *rt = r->route, *m = r->method;
-    int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
-    int head = !strcmp(m, "HEAD");
-    if (!strcmp(rt, "/health")) return get ? route_health(r) : respond_method_not_allowed(r, "GET");
-    if (!strcmp(rt, "/ (page)")) return get || head ? route_web(r) : respond_method_not_allowed(r, "GET, HEAD");
-    if (!strcmp(rt, "/v1/server")) return get ? route_server(r) : respond_method_not_allowed(r, "GET");
-    if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : respond_method_not_allowed(r, "GET");
-    if (!strcmp(rt, "/openapi.json")) return get ? route_openapi(r) : respond_method_not_allowed(r, "GET");
-    if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : respond_method_not_allowed(r, "GET");
+    int get = request_reads(r), post = !strcmp(m, "POST");
+    if (!strcmp(rt, "/health")) return get ? route_health(r) : respond_method_not_allowed(r, "GET, HEAD");
+    if (!strcmp(rt, "/ (page)")) return get ? route_web(r) : respond_method_not_allowed(r, "GET, HEAD");
+    if (!strcmp(rt, "/v1/server")) return get ? route_server(r) : respond_method_not_allowed(r, "GET, HEAD");
+    if (!strcmp(rt, "/metrics")) return get ? route_metrics(r) : respond_method_not_allowed(r, "GET, HEAD");
+    if (!strcmp(rt, "/openapi.json")) return get ? route_openapi(r) : respond_method_not_allowed(r, "GET, HEAD");
+    if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : respond_method_not_allowed(r, "GET, HEAD");
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : respond_method_not_allowed(r, "POST");
@@ -461,6 +463,12 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strncmp(rt, "/v1/sessions", 12))
         return route_sessions(r, r->url + strlen("/v1/sessions"), upload, upload_size);
     not_found(r);
+}
+
+/* Whether the request says a body follows. */
+static int has_body(struct MHD_Connection *c) {
+    const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    return (length && strcmp(length, "0")) || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
 }
 
 /* First call for a request: checks that need only the headers. Returns 0 to
@@ -480,9 +488,7 @@ static int admit(request *r) {
         api_fail(&e, 401, "invalid_api_key", NULL,
                  "missing or wrong API key: send Authorization: Bearer <key>");
         /* a body sent without a key is not read: the connection ends with the answer */
-        const char *length = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
-        if ((length && strcmp(length, "0")) || MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Transfer-Encoding"))
-            r->close_conn = 1;
+        if (has_body(r->conn)) r->close_conn = 1;
         respond_error(r, &e);
         return -1;
     }
@@ -717,6 +723,8 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         s->live = r;
         s->n_live++;
         *con_cls = r;
+        /* answered at the next call, which a request without a body gets at once */
+        r->first_call = !has_body(c);
         conn_track *t = conn_of(c);
         if (t) t->in_request = 1;
         if (!r->url) return MHD_NO;
@@ -725,13 +733,12 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         if (check_framing(r)) return MHD_YES;
         if (cors_preflight(r)) return MHD_YES; /* before auth: browsers send no credentials */
         if (admit(r) || check_length(r, limit)) return MHD_YES;
-        /* a request without a body is answered at MHD's next call: a response queued at the
-           first one (headers only) makes libmicrohttpd 0.9.75 close the connection after it */
-        if (body == BODY_NONE) return MHD_YES;
+        if (body == BODY_NONE) return MHD_YES; /* dispatched at the next call */
         r->receiving_body = 1;
         if (body == BODY_UPLOAD) dispatch(r, NULL, upload_data_size); /* headers only: set up */
         return MHD_YES;
     }
+    r->first_call = 0;
     if (!*upload_data_size) r->receiving_body = 0; /* MHD's last call for a request: its body is whole */
     if (r->pending) { /* a response prepared while suspended */
         struct MHD_Response *resp = r->pending;

@@ -85,7 +85,10 @@ struct request {
     int body_too_large;
     int receiving_body;          /* its body is still to come (srv_sweep_connections: a client gone meanwhile) */
     int close_conn;              /* its framing is not trusted: close after the answer */
-    /* a response prepared while suspended, queued on the next access call */
+    /* a response prepared while suspended, or at MHD's first call for a request without a
+       body (one queued there, headers only, makes libmicrohttpd 0.9.75 close the connection
+       after it), queued on the next access call */
+    int first_call;
     struct MHD_Response *pending;
     int pending_status;
     int suspended;
@@ -108,6 +111,8 @@ void respond_json(request *r, int status, json_t *body);
 void respond_error(request *r, const api_error *e);
 /* respond_error with a Retry-After header (seconds, at least 1). */
 void respond_retry(request *r, const api_error *e, int seconds);
+/* GET, or HEAD (the same answer; libmicrohttpd leaves the body out). */
+int request_reads(const request *r);
 /* 405 for r's method, with Allow listing the methods the route takes (e.g. "GET, POST"). */
 void respond_method_not_allowed(request *r, const char *allow);
 /* Resumes a suspended request so MHD calls the access handler again. */

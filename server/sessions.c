@@ -2006,12 +2006,11 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     (void)upload_size;
     server *s = r->srv;
     api_error e;
-    int get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST"),
-        del = !strcmp(r->method, "DELETE");
+    int get = request_reads(r), post = !strcmp(r->method, "POST"), del = !strcmp(r->method, "DELETE");
     if (!*rest) {
         if (post) return create_session(r);
         if (get) return list_sessions(r);
-        return respond_method_not_allowed(r, "GET, POST");
+        return respond_method_not_allowed(r, "GET, HEAD, POST");
     }
     char id[48];
     const char *slash = strchr(rest + 1, '/');
@@ -2025,16 +2024,16 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     if (!slash) {
         if (get) return respond_json(r, 200, session_json(s, ss));
         if (del) return delete_session(r, ss);
-        return respond_method_not_allowed(r, "GET, DELETE");
+        return respond_method_not_allowed(r, "GET, HEAD, DELETE");
     } else if (!strcmp(slash, "/chunks")) {
         if (post || !strcmp(r->method, "PUT")) return start_upload(r, ss);
         return respond_method_not_allowed(r, "POST, PUT");
     } else if (!strcmp(slash, "/retention")) {
         if (get) return session_retention(r, ss);
-        return respond_method_not_allowed(r, "GET");
+        return respond_method_not_allowed(r, "GET, HEAD");
     } else if (!strcmp(slash, "/text")) {
         if (get) return session_text(r, ss);
-        return respond_method_not_allowed(r, "GET");
+        return respond_method_not_allowed(r, "GET, HEAD");
     }
     api_fail(&e, 404, "not_found", NULL, "no route %s %s", r->method, r->url);
     respond_error(r, &e);

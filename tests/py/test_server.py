@@ -898,6 +898,44 @@ def test_slow_and_idle_connections_are_bounded(tmp_path):
         assert s.stop() == 0
 
 
+def test_error_answers_and_head_keep_the_connection(tmp_path):
+    """A 404 on an unknown route, a 401, a 429, a CORS preflight and a 405 each closed their
+    connection (queued at libmicrohttpd's first call for the request, before its empty body), and
+    HEAD on a GET route answered 405. A request that sends a body it is refused keeps closing."""
+    import http.client
+    key = "sk-keepalive-test"
+    s = Server(tmp_path / "d", "--api-key", key, "--rate-limit", "0.5", "--rate-burst", "4",
+               "--cors-origins", "https://page.example").start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        bearer = {"Authorization": f"Bearer {key}"}
+        preflight = {"Origin": "https://page.example", "Access-Control-Request-Method": "POST"}
+        sock, seen = None, []
+        for method, path, headers, want in (("GET", "/nowhere", bearer, 404), ("GET", "/v1/models", {}, 401),
+                                            ("OPTIONS", "/v1/chat/completions", preflight, 204),
+                                            ("HEAD", "/health", {}, 200), ("HEAD", "/v1/models", bearer, 200),
+                                            ("DELETE", "/v1/models", bearer, 405), ("GET", "/v1/models", bearer, 200),
+                                            ("GET", "/v1/models", bearer, 429)):
+            conn.request(method, path, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            seen.append((method, path, resp.status))
+            assert resp.status == want and resp.getheader("Connection") != "close", (seen, resp.getheaders())
+            if method == "HEAD":
+                assert body == b"" and int(resp.getheader("Content-Length")) > 0, resp.getheaders()
+            if want == 405:
+                assert "HEAD" in resp.getheader("Allow"), resp.getheaders()
+            sock = sock or conn.sock
+            assert conn.sock is sock, seen  # still the first connection
+        # a refused request whose body is not read still ends its connection
+        conn.request("POST", "/v1/chat/completions", body=b'{"messages": []}', headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 401 and resp.getheader("Connection") == "close", resp.getheaders()
+    finally:
+        assert s.stop() == 0
+
+
 def test_upload_without_waiting(srv, client):
     """?wait=false answers 202 once the bytes are durable; the ingest goes on
     and ends in the same pot as a waited upload."""
