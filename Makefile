@@ -225,7 +225,7 @@ test-cluster: $(BUILD)/potserve model
 # that start a second server run only in `make pytest` (the others reach the same code).
 ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 or torn or limits \
                      or belong or slow_and_idle or snapshot_restores or without_waiting or tokenize \
-                     or reliability or shutdown_grace
+                     or reliability or shutdown_grace or keep_the_connection
 ASAN_PLAIN_KERNEL_UNIT := sched_ doc_snapshot_
 ASAN_PYTEST := POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 \
                $(VPY) -m pytest -q

@@ -1408,6 +1408,8 @@ void route_generate_responses(request *r, json_t *responses) { start_generation(
 /* Called when the client disconnects or the server drains. */
 void generation_cancel(generation *g) { atomic_store(&g->cancel, 1); }
 
+int generation_client_left(const generation *g) { return g->client_left; }
+
 /* The client closed its side (gone, or a half-close: recv cannot tell them apart): the
  * generation stops, and what it wrote so far is not sent as if it were the answer. */
 static void client_left(generation *g) {

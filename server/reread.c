@@ -26,8 +26,10 @@
 #include "common/common.h"
 #include "server/reread.h"
 
-/* A piece is also how soon a question whose client left stops its pass (about
- * 16K bytes: 2-3 s of a small model on two cores). */
+/* A piece is also how soon a pot fed for several questions stops once all
+ * their clients left (about 16K bytes: 2-3 s of a small model on two cores,
+ * a minute of a 1.5B one); a pot fed for one question stops within an engine
+ * chunk (feeder.abandon). */
 enum { REREAD_PIECE = 16 * 1024, REREAD_MAX_SHARE = 32 };
 
 typedef struct feeder { /* one pot fed from the pass's text */
@@ -39,6 +41,7 @@ typedef struct feeder { /* one pot fed from the pass's text */
     size_t memory;      /* counted in the server's pot_memory until released */
     int sent_last, ended, rc;
     char err[256];
+    const atomic_int *abandon; /* its only question's cancel flag: the pot's reading stops at the next chunk */
 } feeder;
 
 typedef struct member { /* one question waiting on the pass */
@@ -157,6 +160,7 @@ static void feeder_step(server *s, void *arg);
 
 static void piece_done(void *user, int rc, const char *err) { /* engine thread */
     feeder *f = user;
+    if (f->sent_last) engine_doc_abandon_when(f->doc, NULL); /* read: the answer has its own cancel */
     if (rc) {
         f->rc = rc;
         snprintf(f->err, sizeof f->err, "%s", err ? err : "reading failed");
@@ -168,6 +172,7 @@ static void open_task(engine *e, void *arg) { /* engine thread */
     feeder *f = arg;
     f->doc = engine_doc_open(e, &f->settings, f->err, sizeof f->err);
     f->rc = f->doc ? 0 : -1;
+    if (f->doc) engine_doc_abandon_when(f->doc, f->abandon);
     srv_post(f->pass->srv, feeder_step, f);
 }
 
@@ -190,7 +195,10 @@ static void feeder_step(server *s, void *arg) {
     }
     if (f->rc) return feeder_end(f, f->err);
     if (!waiting) return feeder_end(f, "cancelled");
-    if (!f->doc) {
+    if (!f->doc) { /* its questions are all here now ("rows" takes none once the log is read) */
+        f->abandon = NULL;
+        for (int i = 0; waiting == 1 && i < p->n_members; i++)
+            if (p->members[i].f == f && !p->members[i].ended) f->abandon = p->members[i].cancel;
         if (srv_task(s, NULL, open_task, f)) feeder_end(f, "the server is shutting down");
         return;
     }

@@ -235,6 +235,9 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);
+/* Whether g stopped because the server saw its client leave (a stream may have ended
+ * meanwhile, with that error event, before libmicrohttpd found the socket closed). */
+int generation_client_left(const generation *g);
 /* The housekeeping timer's, each second: generations being prepared whose
  * client left are cancelled, and answers waiting their turn whose client left
  * or whose request_timeout passed end. */

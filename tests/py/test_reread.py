@@ -111,18 +111,23 @@ def test_session_setting_and_streamed_progress(srv):
     assert raw.rstrip().endswith("data: [DONE]")
 
 
-def test_a_reread_whose_client_left_stops(srv):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reread_whose_client_left_stops(srv, stream):
     # a non-streamed re-read went on to the end of the document (the pot's memory held, the engine
-    # busy) after its client left: its suspended connection is looked at after each piece now
+    # busy) after its client left; then to the end of the piece of the log it was reading (16 KiB:
+    # a minute of a 1.5B model on CPU). It stops within an engine chunk of the server noticing now.
+    # A streamed one whose client left was logged 200 (its stream had ended with the error event).
     import socket
     import time
     from test_openai_compat import metric
+    doc = natural_document(3, 64000)
     t0 = time.time()
-    up = session_with(srv, natural_document(3, 64000), budget_tokens=512, keep_tokens=256)
+    up = session_with(srv, doc, budget_tokens=512, keep_tokens=256)
     upload_s = time.time() - t0  # about what a whole re-read takes
-    base = metric(srv, "potserve_pot_memory_bytes")
+    piece_tokens = up["tokens_ingested"] * 16384 / len(doc.encode())  # server/reread.c's REREAD_PIECE
+    base, reread_before = metric(srv, "potserve_pot_memory_bytes"), metric(srv, "potserve_tokens_reread_total")
     body = json.dumps({"model": "x", "max_tokens": 12, "temperature": 0, "session": up["id"], "reread": True,
-                       "messages": [{"role": "user", "content": QUESTION}]}).encode()
+                       "stream": stream, "messages": [{"role": "user", "content": QUESTION}]}).encode()
     with socket.create_connection(("127.0.0.1", srv.port)) as c:
         c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -134,6 +139,16 @@ def test_a_reread_whose_client_left_stops(srv):
     while metric(srv, "potserve_pot_memory_bytes") > base:
         assert time.time() - left < 0.6 * upload_s, "the re-read went on after its client left"
         time.sleep(0.05)
+    reread = metric(srv, "potserve_tokens_reread_total") - reread_before
+    assert reread < 0.5 * piece_tokens, f"{reread:.0f} tokens re-read after the client left (a piece: {piece_tokens:.0f})"
+    while True:  # its access-log line
+        lines = [json.loads(l) for l in srv.log_lines if l.startswith("{") and up["id"] in l]
+        asked = [l for l in lines if l["route"] == "/v1/chat/completions"]
+        if asked:
+            break
+        assert time.time() - left < 30
+        time.sleep(0.05)
+    assert asked[0]["status"] == 499, asked
 
 
 def test_reread_with_room_for_everything_is_full_attention(srv):
