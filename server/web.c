@@ -47,9 +47,8 @@ void route_web(request *r) {
     snprintf(etag, sizeof etag, "\"%08x\"", crc32c(0, a->data, *a->len));
     const char *inm = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "If-None-Match");
     int fresh = inm && strstr(inm, etag);
-    struct MHD_Response *resp =
-        fresh ? MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT)
-              : MHD_create_response_from_buffer(*a->len, (void *)a->data, MHD_RESPMEM_PERSISTENT);
+    /* a 304 too: its Content-Length must be the 200's (RFC 9110 8.6); libmicrohttpd sends no body with it */
+    struct MHD_Response *resp = MHD_create_response_from_buffer(*a->len, (void *)a->data, MHD_RESPMEM_PERSISTENT);
     MHD_add_response_header(resp, "Content-Type", a->type);
     MHD_add_response_header(resp, "Cache-Control", "no-cache"); /* revalidate: the ETag makes it cheap */
     MHD_add_response_header(resp, "ETag", etag);
