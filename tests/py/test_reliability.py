@@ -455,15 +455,17 @@ def test_full_disk_at_a_chunks_first_write_leaves_the_session_taking_chunks(tmp_
         sid = new_session(s)
         st, a, _ = upload(s, sid, text(20).encode(), timeout=120)  # ~1.5 KB
         assert st == 200, a
+        def upload_when_idle(data):  # 409 session_busy while the pot is put back as it was before a failed chunk
+            deadline = time.time() + 60
+            while True:
+                st, body, _ = upload(s, sid, data, timeout=60)
+                if st != 409 or body["error"]["code"] != "session_busy" or time.time() > deadline:
+                    return st, body
+                time.sleep(0.2)
         for attempt in range(2):
-            st, body, _ = upload(s, sid, text(300, seed=7).encode(), timeout=60)  # ~22 KB: its first piece fails
+            st, body = upload_when_idle(text(300, seed=7).encode())  # ~22 KB: its first piece fails
             assert st == 507 and body["error"]["code"] == "insufficient_storage", (attempt, body)
-        deadline = time.time() + 60
-        while True:  # (409 session_busy while the pot is put back as it was before the failed chunk)
-            st, body, _ = upload(s, sid, b"A short sentence. ", timeout=60)
-            if st != 409 or body["error"]["code"] != "session_busy" or time.time() > deadline:
-                break
-            time.sleep(0.2)
+        st, body = upload_when_idle(b"A short sentence. ")
         assert st == 200 and body["last_seq"] == 2, body
     finally:
         assert s.stop() == 0
