@@ -5,7 +5,9 @@
  * bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
  * $comment). Any other keyword is a 400 naming it: a constraint silently
- * dropped would let the output break the schema.
+ * dropped would let the output break the schema. For the same reason a
+ * keyword beside $ref, enum or const that they would not honour is a 400,
+ * and anyOf/oneOf's siblings are merged into each alternative.
  *
  * What is generated is a subset of what the schema allows, always valid:
  * an object with properties gets only those properties (whatever
@@ -31,6 +33,7 @@ typedef struct compiler {
     ref_entry refs[MAX_REFS];
     int n_refs;
     int depth;
+    json_t *made; /* the schemas merge_parent built: refs[].ref points into them */
 } compiler;
 
 static int compile(compiler *c, json_t *s, const char *where);
@@ -65,6 +68,28 @@ static int check_keywords(compiler *c, json_t *s, const char *where) {
     return 0;
 }
 
+/* Keywords that describe a schema or hold definitions: beside others they constrain nothing. */
+static int is_annotation(const char *key) {
+    static const char *const notes[] = {"title", "description", "default", "examples", "$schema",
+                                        "$id", "$comment", "$defs", "definitions", NULL};
+    for (const char *const *k = notes; *k; k++)
+        if (!strcmp(*k, key)) return 1;
+    return 0;
+}
+
+/* The first keyword of s that constrains its value, other than those in
+ * allowed (NULL-terminated); NULL when there is none. */
+static const char *other_constraint(json_t *s, const char *const *allowed) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(s, key, v) {
+        int ok = is_annotation(key);
+        for (const char *const *a = allowed; *a && !ok; a++) ok = !strcmp(*a, key);
+        if (!ok) return key;
+    }
+    return NULL;
+}
+
 static int get_count(compiler *c, json_t *s, const char *key, int32_t def, int32_t *out, const char *where) {
     json_t *v = json_object_get(s, key);
     *out = def;
@@ -73,6 +98,13 @@ static int get_count(compiler *c, json_t *s, const char *key, int32_t def, int32
         return fail(c, "%s: %s must be an integer in [0, 1000000]", where, key);
     *out = (int32_t)json_integer_value(v);
     return 0;
+}
+
+static int hex_digit(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
 }
 
 /* Resolves a "#/..." JSON pointer against the root schema. */
@@ -85,7 +117,10 @@ static json_t *resolve(compiler *c, const char *ref) {
         char tok[256];
         size_t n = 0;
         while (*p && *p != '/' && n + 1 < sizeof tok) {
-            if (p[0] == '~' && p[1] == '1') tok[n++] = '/', p += 2;
+            int hi, lo; /* a URI fragment's %XX (RFC 6901 section 6), then the pointer's ~1 and ~0 */
+            if (p[0] == '%' && (hi = hex_digit(p[1])) >= 0 && (lo = hex_digit(p[2])) >= 0)
+                tok[n++] = (char)(hi * 16 + lo), p += 3;
+            else if (p[0] == '~' && p[1] == '1') tok[n++] = '/', p += 2;
             else if (p[0] == '~' && p[1] == '0') tok[n++] = '~', p += 2;
             else tok[n++] = *p++;
         }
@@ -113,7 +148,25 @@ static int compile_ref(compiler *c, const char *ref) {
     return node;
 }
 
-static int compile_literals(compiler *c, json_t *values, const char *type, const char *where) {
+static int value_is_type(json_t *v, const char *type) {
+    return (!strcmp(type, "string") && json_is_string(v)) || (!strcmp(type, "integer") && json_is_integer(v)) ||
+           (!strcmp(type, "number") && json_is_number(v)) || (!strcmp(type, "boolean") && json_is_boolean(v)) ||
+           (!strcmp(type, "null") && json_is_null(v)) || (!strcmp(type, "object") && json_is_object(v)) ||
+           (!strcmp(type, "array") && json_is_array(v));
+}
+
+/* Whether v is of type (a name or a list of names; NULL: any). */
+static int value_fits(json_t *v, json_t *type) {
+    if (!type) return 1;
+    if (json_is_string(type)) return value_is_type(v, json_string_value(type));
+    for (size_t i = 0; i < json_array_size(type); i++)
+        if (json_is_string(json_array_get(type, i)) && value_is_type(v, json_string_value(json_array_get(type, i))))
+            return 1;
+    return 0;
+}
+
+/* The values of an enum (or a const) as literals; with a type beside them, only those of that type. */
+static int compile_literals(compiler *c, json_t *values, json_t *type, const char *where) {
     size_t n = json_array_size(values);
     char **texts = calloc(n ? n : 1, sizeof *texts);
     if (!texts) return api_fail(c->e, 500, NULL, NULL, "out of memory");
@@ -121,25 +174,29 @@ static int compile_literals(compiler *c, json_t *values, const char *type, const
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         json_t *v = json_array_get(values, i);
-        /* with a type beside enum, only the values of that type are valid */
-        if (type && ((!strcmp(type, "string") && !json_is_string(v)) ||
-                     (!strcmp(type, "integer") && !json_is_integer(v)) ||
-                     (!strcmp(type, "number") && !json_is_number(v)) ||
-                     (!strcmp(type, "boolean") && !json_is_boolean(v)) ||
-                     (!strcmp(type, "null") && !json_is_null(v)) ||
-                     (!strcmp(type, "object") && !json_is_object(v)) ||
-                     (!strcmp(type, "array") && !json_is_array(v))))
-            continue;
+        if (!value_fits(v, type)) continue;
         texts[m] = literal_text(v);
         if (!texts[m]) rc = api_fail(c->e, 500, NULL, NULL, "out of memory");
         else m++;
     }
     char err[200];
     int node = rc ? -1 : grammar_literals(c->g, (const char *const *)texts, m, err, sizeof err);
-    if (!rc && node < 0) grammar_fail(c, where, m ? err : "enum has no value of the schema's type");
+    if (!rc && node < 0) grammar_fail(c, where, m ? err : "no value of enum or const is of the schema's type");
     for (size_t i = 0; i < m; i++) free(texts[i]);
     free(texts);
     return node;
+}
+
+/* A property name as the output spells it: JSON-escaped, without its quotes (malloc'd). */
+static char *property_text(const char *key) {
+    json_t *js = json_string(key);
+    char *quoted = js ? literal_text(js) : NULL;
+    json_decref(js);
+    if (!quoted) return NULL;
+    size_t len = strlen(quoted);
+    memmove(quoted, quoted + 1, len - 2);
+    quoted[len - 2] = 0;
+    return quoted;
 }
 
 static int compile_object(compiler *c, json_t *s, const char *where) {
@@ -147,55 +204,60 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
     json_t *extra = json_object_get(s, "additionalProperties");
     if (props && !json_is_object(props)) return fail(c, "%s: properties must be an object%s", where, "");
     if (req && !json_is_array(req)) return fail(c, "%s: required must be an array%s", where, "");
-    size_t n = props ? json_object_size(props) : 0, i = 0;
-    if (n > GRAMMAR_MAX_PROPS) return fail(c, "%s: more properties than the %s supported", where, "64");
+    if (extra && !json_is_boolean(extra) && !json_is_object(extra))
+        return fail(c, "%s: additionalProperties must be a boolean or a schema%s", where, "");
+    /* the properties generated: those listed, then the required ones not listed (their
+       values as additionalProperties says) */
+    const char *keys[GRAMMAR_MAX_PROPS];
+    json_t *schemas[GRAMMAR_MAX_PROPS];
+    size_t n = 0;
+    const char *key;
+    json_t *v;
+    if (props) json_object_foreach(props, key, v) {
+        if (n == GRAMMAR_MAX_PROPS) return fail(c, "%s: more properties than the %s supported", where, "64");
+        keys[n] = key;
+        schemas[n++] = v;
+    }
     for (size_t k = 0; req && k < json_array_size(req); k++) {
         json_t *name = json_array_get(req, k);
         if (!json_is_string(name)) return fail(c, "%s: required must list strings%s", where, "");
-        if (!props || !json_object_get(props, json_string_value(name)))
-            return fail(c, "%s: required property '%s' is not in properties", where, json_string_value(name));
+        if (props && json_object_get(props, json_string_value(name))) continue;
+        int listed = 0;
+        for (size_t i = 0; i < n && !listed; i++) listed = !strcmp(keys[i], json_string_value(name));
+        if (listed) continue;
+        if (json_is_false(extra))
+            return fail(c, "%s: required property '%s' is not in properties, and additionalProperties is false", where,
+                        json_string_value(name));
+        if (n == GRAMMAR_MAX_PROPS) return fail(c, "%s: more properties than the %s supported", where, "64");
+        keys[n] = json_string_value(name);
+        schemas[n++] = extra ? extra : json_true();
     }
+    char err[200];
     if (n == 0) {
         int values;
         if (!extra || json_is_true(extra)) values = grammar_any(c->g);
         else if (json_is_false(extra)) values = -1;
         else if ((values = compile(c, extra, where)) < 0) return -1;
-        char err[200];
         int node = grammar_object(c->g, NULL, NULL, NULL, 0, values, err, sizeof err);
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
-    if (extra && !json_is_boolean(extra) && !json_is_object(extra))
-        return fail(c, "%s: additionalProperties must be a boolean or a schema%s", where, "");
     char *names[GRAMMAR_MAX_PROPS];
     int nodes[GRAMMAR_MAX_PROPS], required[GRAMMAR_MAX_PROPS], rc = 0;
-    const char *key;
-    json_t *v;
-    json_object_foreach(props, key, v) {
+    size_t i = 0;
+    for (; i < n && !rc; i++) {
         char sub[300];
-        snprintf(sub, sizeof sub, "%s.properties.%s", where, key);
-        json_t *js = json_string(key);
-        char *quoted = js ? literal_text(js) : NULL;
-        json_decref(js);
-        if (!quoted) {
+        snprintf(sub, sizeof sub, "%s.properties.%s", where, keys[i]);
+        if (!(names[i] = property_text(keys[i]))) {
             rc = api_fail(c->e, 500, NULL, NULL, "out of memory");
             break;
         }
-        size_t len = strlen(quoted);
-        memmove(quoted, quoted + 1, len - 2); /* without its quotes */
-        quoted[len - 2] = 0;
-        names[i] = quoted;
         required[i] = 0;
         for (size_t k = 0; req && k < json_array_size(req); k++)
-            required[i] |= !strcmp(json_string_value(json_array_get(req, k)), key);
-        i++;
-        if ((nodes[i - 1] = compile(c, v, sub)) < 0) {
-            rc = -1;
-            break;
-        }
+            required[i] |= !strcmp(json_string_value(json_array_get(req, k)), keys[i]);
+        if ((nodes[i] = compile(c, schemas[i], sub)) < 0) rc = -1;
     }
     int node = -1;
     if (!rc) {
-        char err[200];
         node = grammar_object(c->g, (const char *const *)names, nodes, required, n, -1, err, sizeof err);
         if (node < 0) grammar_fail(c, where, err);
     }
@@ -204,11 +266,6 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
 }
 
 static int compile_type(compiler *c, json_t *s, const char *type, const char *where) {
-    json_t *en = json_object_get(s, "enum");
-    if (en) {
-        if (!json_is_array(en) || !json_array_size(en)) return fail(c, "%s: enum must be a non-empty array%s", where, "");
-        return compile_literals(c, en, type, where);
-    }
     char err[200];
     int node;
     if (!type) return grammar_any(c->g);
@@ -252,22 +309,139 @@ static const char *implied_type(json_t *s) {
     return NULL;
 }
 
+/* Whether type (a name or a list of names) lets a value of type `name` through; an integer
+ * is a number too. */
+static int type_allows(json_t *type, const char *name) {
+    size_t n = json_is_array(type) ? json_array_size(type) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_is_array(type) ? json_array_get(type, i) : type;
+        const char *tn = json_is_string(t) ? json_string_value(t) : "";
+        if (!strcmp(tn, name) || (!strcmp(name, "integer") && !strcmp(tn, "number"))) return 1;
+    }
+    return 0;
+}
+
+/* The types both a and b (a name or a list of names each) allow: a new list, maybe empty. */
+static json_t *type_intersection(json_t *a, json_t *b) {
+    static const char *const names[] = {"string", "integer", "number", "boolean", "null", "object", "array"};
+    json_t *both = json_array();
+    for (size_t i = 0; both && i < sizeof names / sizeof *names; i++)
+        if (type_allows(a, names[i]) && type_allows(b, names[i]) &&
+            json_array_append_new(both, json_string(names[i]))) {
+            json_decref(both);
+            both = NULL;
+        }
+    return both;
+}
+
+/* The schema an alternative of parent's anyOf/oneOf (list_key) must satisfy: alt with
+ * parent's other constraints, which hold for every alternative too. The two may say the
+ * same, join their required lists and (while neither bounds additionalProperties) their
+ * properties, and meet in the types both allow (none: *never is set, the alternative can
+ * match nothing); anything else both say is a 400. A new schema (kept in c->made), or
+ * alt itself when parent adds nothing; NULL after a 400 or with *never. */
+static json_t *merge_parent(compiler *c, json_t *parent, const char *list_key, json_t *alt, const char *where,
+                            int *never) {
+    static const char *const none[] = {NULL};
+    json_t *rest = json_deep_copy(parent);
+    if (!rest) return api_fail(c->e, 500, NULL, NULL, "out of memory"), NULL;
+    json_object_del(rest, list_key);
+    if (!other_constraint(rest, none)) {
+        json_decref(rest);
+        return alt;
+    }
+    json_t *target = alt;
+    for (int hops = 0; json_is_object(target) && json_object_get(target, "$ref") && hops < 8; hops++) {
+        json_t *ref = json_object_get(target, "$ref");
+        static const char *const only_ref[] = {"$ref", NULL};
+        if (!json_is_string(ref) || other_constraint(target, only_ref)) break; /* refused by compile */
+        json_t *to = resolve(c, json_string_value(ref));
+        if (!to) break;
+        target = to;
+    }
+    json_t *merged = json_is_true(target) ? json_object() : json_is_object(target) ? json_deep_copy(target) : NULL;
+    if (!merged || json_array_append_new(c->made, merged)) {
+        json_decref(rest);
+        if (!json_is_object(target) && !json_is_true(target)) return fail(c, "%s: a schema must be an object%s", where, ""), NULL;
+        return api_fail(c->e, 500, NULL, NULL, "out of memory"), NULL;
+    }
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(rest, key, v) {
+        json_t *mine = json_object_get(merged, key);
+        if (rc || is_annotation(key)) continue;
+        if (!mine) {
+            rc = json_object_set(merged, key, v);
+        } else if (json_equal(mine, v)) {
+        } else if (!strcmp(key, "type")) {
+            json_t *both = type_intersection(mine, v);
+            if (!both) rc = -1;
+            else if (!json_array_size(both)) *never = 1, rc = -3;
+            else rc = json_object_set(merged, key, both);
+            json_decref(both);
+        } else if (!strcmp(key, "required") && json_is_array(mine) && json_is_array(v)) {
+            rc = json_array_extend(mine, v);
+        } else if (!strcmp(key, "properties") && json_is_object(mine) && json_is_object(v) &&
+                   !json_object_get(merged, "additionalProperties") && !json_object_get(rest, "additionalProperties")) {
+            const char *name;
+            json_t *ps;
+            json_object_foreach(v, name, ps) {
+                json_t *had = json_object_get(mine, name);
+                if (had && !json_equal(had, ps)) {
+                    fail(c, "%s: property '%s' has one schema inside anyOf/oneOf and another beside it", where, name);
+                    rc = -2;
+                    break;
+                }
+                if (!had && json_object_set(mine, name, ps)) rc = -1;
+            }
+        } else {
+            fail(c, "%s: '%s' both beside anyOf/oneOf and in an alternative, with different values, is not supported",
+                 where, key);
+            rc = -2;
+        }
+    }
+    json_decref(rest);
+    if (rc == -1) api_fail(c->e, 500, NULL, NULL, "out of memory");
+    return rc ? NULL : merged;
+}
+
 static int compile(compiler *c, json_t *s, const char *where) {
     if (json_is_true(s)) return grammar_any(c->g);
     if (!json_is_object(s)) return fail(c, "%s: a schema must be an object%s", where, "");
     if (++c->depth > MAX_SCHEMA_DEPTH) return fail(c, "%s: the schema nests too deeply%s", where, "");
+    static const char *const with_ref[] = {"$ref", NULL}, *const with_const[] = {"const", "type", NULL},
+                             *const with_enum[] = {"enum", "type", NULL};
     int node = -1;
     json_t *ref = json_object_get(s, "$ref"), *cst = json_object_get(s, "const");
-    json_t *any_of = json_object_get(s, "anyOf");
-    if (!any_of) any_of = json_object_get(s, "oneOf");
+    const char *list_key = json_object_get(s, "anyOf") ? "anyOf" : json_object_get(s, "oneOf") ? "oneOf" : NULL;
+    json_t *any_of = list_key ? json_object_get(s, list_key) : NULL, *en = json_object_get(s, "enum");
     json_t *type = json_object_get(s, "type");
+    const char *other;
     if (check_keywords(c, s, where)) goto out;
+    if (type && !json_is_string(type) && !json_is_array(type)) {
+        fail(c, "%s: type must be a string or a list of strings%s", where, "");
+        goto out;
+    }
+    /* a keyword beside $ref, const or enum would be ignored by what they compile to, and the
+       output could break it: refused (anyOf and oneOf take theirs into each alternative) */
     if (ref) {
-        if (!json_is_string(ref)) fail(c, "%s: $ref must be a string%s", where, "");
-        else node = compile_ref(c, json_string_value(ref));
-    } else if (cst) {
-        json_t *one = json_pack("[O]", cst);
-        node = one ? compile_literals(c, one, NULL, where) : api_fail(c->e, 500, NULL, NULL, "out of memory");
+        if ((other = other_constraint(s, with_ref)))
+            fail(c, "%s: '%s' beside $ref is not supported (move it into the schema $ref points to)", where, other);
+        else if (!json_is_string(ref))
+            fail(c, "%s: $ref must be a string%s", where, "");
+        else
+            node = compile_ref(c, json_string_value(ref));
+    } else if (cst || (en && !any_of)) {
+        json_t *one = cst ? json_pack("[O]", cst) : json_incref(en);
+        if ((other = other_constraint(s, cst ? with_const : with_enum)))
+            fail(c, "%s: '%s' beside enum or const is not supported (list only the values it allows)", where, other);
+        else if (!one)
+            api_fail(c->e, 500, NULL, NULL, "out of memory");
+        else if (!json_is_array(one) || !json_array_size(one))
+            fail(c, "%s: enum must be a non-empty array%s", where, "");
+        else
+            node = compile_literals(c, one, type, where);
         json_decref(one);
     } else if (any_of || json_is_array(type)) {
         json_t *list = any_of ? any_of : type;
@@ -277,20 +451,30 @@ static int compile(compiler *c, json_t *s, const char *where) {
             goto out;
         }
         int alts[16];
+        size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             json_t *alt = json_array_get(list, i);
             if (!any_of && !json_is_string(alt)) {
                 fail(c, "%s: type must list type names%s", where, "");
                 goto out;
             }
-            alts[i] = any_of ? compile(c, alt, where) : compile_type(c, s, json_string_value(alt), where);
-            if (alts[i] < 0) goto out;
+            int never = 0;
+            if (any_of) {
+                json_t *full = merge_parent(c, s, list_key, alt, where, &never);
+                if (never) continue; /* of a type the schema beside it does not allow */
+                alts[m] = full ? compile(c, full, where) : -1;
+            } else {
+                alts[m] = compile_type(c, s, json_string_value(alt), where);
+            }
+            if (alts[m++] < 0) goto out;
+        }
+        if (!m) {
+            fail(c, "%s: no alternative of %s is of the type beside it", where, list_key);
+            goto out;
         }
         char err[200];
-        node = grammar_any_of(c->g, alts, n, err, sizeof err);
+        node = grammar_any_of(c->g, alts, m, err, sizeof err);
         if (node < 0) grammar_fail(c, where, err);
-    } else if (type && !json_is_string(type)) {
-        fail(c, "%s: type must be a string or a list of strings%s", where, "");
     } else {
         node = compile_type(c, s, type ? json_string_value(type) : implied_type(s), where);
     }
@@ -300,8 +484,11 @@ out:
 }
 
 int api_schema_node(grammar *g, json_t *schema, const char *param, api_error *e) {
-    compiler c = {.g = g, .root = schema, .param = param, .e = e};
-    return compile(&c, schema, "schema");
+    compiler c = {.g = g, .root = schema, .param = param, .e = e, .made = json_array()};
+    if (!c.made) return api_fail(e, 500, NULL, NULL, "out of memory");
+    int node = compile(&c, schema, "schema");
+    json_decref(c.made);
+    return node;
 }
 
 grammar *api_schema_grammar(json_t *schema, const char *param, api_error *e) {

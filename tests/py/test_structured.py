@@ -49,6 +49,14 @@ SCHEMAS = {
         "required": ["title"]},
     "top_level_array": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 5},
     "free_object": {"type": "object", "additionalProperties": {"type": "integer"}},
+    # keywords beside enum, anyOf/oneOf and an unlisted required property (each was ignored or a 400)
+    "siblings": {
+        "type": "object",
+        "properties": {"units": {"type": ["string", "null"], "enum": ["celsius", "fahrenheit"]},
+                       "code": {"oneOf": [{"type": "string"}, {"type": "null"}], "maxLength": 3},
+                       "pet": {"type": "object", "anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]}},
+        "required": ["units", "code", "pet", "extra"], "additionalProperties": {"type": "boolean"},
+        "$defs": {"Pet": {"properties": {"legs": {"type": "integer"}}, "required": ["legs"]}}},
     "list_of_objects": {
         "type": "object",
         "properties": {"steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
@@ -245,6 +253,8 @@ def test_bad_response_formats_are_400s(client):
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}}, "'pattern'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "date-time"}}}, "'format'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}}, "'minimum'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                 "type": "string", "maxLength": 1, "enum": ["aa", "b"]}}}, "'maxLength' beside enum"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
                  "$ref": "#/$defs/N"}}}, "recursive")]

@@ -89,6 +89,61 @@ TEST(grammar_unsupported_keywords_are_named) {
     }
 }
 
+/* A keyword beside $ref, const, enum or anyOf/oneOf was ignored (only the first of them was
+ * compiled): output that broke the schema came back "stop" (a probe with SchemaStore's and
+ * OpenAI's schemas). Now each holds, or the schema is a 400 naming the keyword. */
+TEST(grammar_keywords_beside_ref_enum_const_and_anyof_hold) {
+    const char *refused[][2] = {
+        {"{\"type\":\"string\",\"maxLength\":1,\"enum\":[\"aa\",\"b\"]}", "'maxLength' beside enum"},
+        {"{\"$ref\":\"#/$defs/s\",\"enum\":[\"red\"],\"$defs\":{\"s\":{\"type\":\"string\"}}}", "'enum' beside $ref"},
+        {"{\"type\":\"array\",\"minItems\":2,\"const\":[1]}", "'minItems' beside enum or const"},
+        {"{\"type\":\"string\",\"const\":5}", "no value of enum or const"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false,"
+         "\"anyOf\":[{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}", "'properties' both"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"],\"additionalProperties\":false}",
+         "required property 'b'"},
+        {"{\"type\":\"null\",\"anyOf\":[{\"type\":\"string\"}]}", "no alternative of anyOf"}};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        json_t *s = json_loads(refused[i][0], 0, NULL);
+        api_error e;
+        grammar *g = api_schema_grammar(s, "response_format", &e);
+        CHECK(g == NULL);
+        if (!g) CHECK(strstr(e.message, refused[i][1]) != NULL);
+        if (g || !strstr(e.message, refused[i][1])) fprintf(stderr, "  %s: %s\n", refused[i][0], g ? "compiled" : e.message);
+        grammar_unref(g);
+        json_decref(s);
+    }
+    /* a type list beside enum keeps the values of any listed type (OpenAI's "units" example) */
+    grammar *g = compile("{\"type\":[\"string\",\"null\"],\"enum\":[\"celsius\",\"fahrenheit\"]}");
+    CHECK(g && accepts(g, "\"celsius\"") && !accepts(g, "null") && !accepts(g, "\"kelvin\""));
+    grammar_unref(g);
+    /* anyOf's siblings hold in every alternative; an alternative of a type they exclude is dropped */
+    g = compile("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"maxLength\":2}");
+    CHECK(g && accepts(g, "\"ab\"") && !accepts(g, "\"abc\"") && accepts(g, "null"));
+    grammar_unref(g);
+    g = compile("{\"type\":\"object\",\"anyOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"null\"}],"
+                "\"$defs\":{\"A\":{\"properties\":{\"k\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"k\"]}}}");
+    CHECK(g && accepts(g, "{\"k\":\"abc\"}") && !accepts(g, "null") && !accepts(g, "{}"));
+    grammar_unref(g);
+    g = compile("{\"enum\":[\"a\",1,null],\"anyOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}");
+    CHECK(g && accepts(g, "\"a\"") && accepts(g, "1") && !accepts(g, "null"));
+    grammar_unref(g);
+    /* both anyOf and oneOf: each must hold (oneOf was ignored) */
+    g = compile("{\"anyOf\":[{\"type\":\"string\"}],\"oneOf\":[{\"maxLength\":2}]}");
+    CHECK(g && accepts(g, "\"ab\"") && !accepts(g, "\"abc\""));
+    grammar_unref(g);
+    /* required properties not listed take additionalProperties' values (they were a 400) */
+    g = compile("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"t\"],"
+                "\"additionalProperties\":{\"type\":\"boolean\"}}");
+    CHECK(g && accepts(g, "{\"t\":true}") && accepts(g, "{\"a\":1,\"t\":false}") && !accepts(g, "{\"a\":1}") &&
+          !accepts(g, "{\"t\":1}"));
+    grammar_unref(g);
+    /* a $ref written as a URI fragment, percent-encoded (RFC 6901 section 6) */
+    g = compile("{\"$defs\":{\"sp ace\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/sp%20ace\"}");
+    CHECK(g && accepts(g, "7") && !accepts(g, "\"7\""));
+    grammar_unref(g);
+}
+
 /* A toy vocabulary: single bytes and some multi-byte pieces. */
 static vocab_trie *toy_vocab(int32_t *n_out, const char ***pieces_out) {
     static const char *extra[] = {"{\"", "\":", "\",", "name", "age", "\"}", "true", "null", "12",
