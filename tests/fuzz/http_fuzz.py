@@ -713,8 +713,8 @@ def judge(req, status, hdrs, body, how, elapsed, stats):
         seq = j.get("chunk", {}).get("seq") if isinstance(j, dict) and isinstance(j.get("chunk"), dict) else None
         if isinstance(seq, int) and (seq > 2**40):
             stats.find("seq_wraps", f"acknowledged seq {seq} for {req.summary()}", req)
-    if status < 300 and hdrs.get("content-type", "").startswith("application/json"):
-        if parse_json(body) is None:
+    if status < 300 and hdrs.get("content-type", "").startswith("application/json") and req.method != "HEAD":
+        if parse_json(body) is None:  # (HEAD answers a GET's headers with no body)
             stats.find("bad_json_success_body", f"{req.gen}: {status} {body[:120]!r}", req)
 
 

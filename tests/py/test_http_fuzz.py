@@ -116,8 +116,8 @@ def test_schemathesis_findings_stay_fixed(tmp_path):
                                 headers={"Content-Type": "application/json"})
         assert st == 400 and body["error"]["code"] == "unsupported_value", body
         assert "NUL" in body["error"]["message"] and "ALLOW" not in body["error"]["message"], body
-        for method, path, allow in (("PUT", f"/v1/sessions/{sid}", "GET, DELETE"), ("GET", f"/v1/sessions/{sid}/chunks", "POST, PUT"),
-                                    ("DELETE", "/v1/sessions", "GET, POST"), ("POST", "/health", "GET")):
+        for method, path, allow in (("PUT", f"/v1/sessions/{sid}", "GET, HEAD, DELETE"), ("GET", f"/v1/sessions/{sid}/chunks", "POST, PUT"),
+                                    ("DELETE", "/v1/sessions", "GET, HEAD, POST"), ("POST", "/health", "GET, HEAD")):
             st, body, hdrs = s.request(method, path)
             assert st == 405 and hdrs.get("Allow") == allow, (method, path, st, hdrs)
         st, body, _ = s.request("GET", f"/v1/sessions/{sid}/nothing")

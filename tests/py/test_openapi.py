@@ -42,7 +42,7 @@ def test_served_document_is_api_openapi_json(srv):
     assert st == 200 and hdrs["Content-Type"] == "application/json"
     assert body == json.loads(DOC.read_text())
     st, body, hdrs = srv.request("POST", "/openapi.json", {}, {"Authorization": f"Bearer {KEY}"})
-    assert st == 405 and hdrs["Allow"] == "GET" and body["error"]["code"] == "method_not_allowed"
+    assert st == 405 and hdrs["Allow"] == "GET, HEAD" and body["error"]["code"] == "method_not_allowed"
 
 
 def test_document_names_every_route_of_the_router():
