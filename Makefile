@@ -377,6 +377,15 @@ fuzz: model
 	$(BUILD)/fuzz/fuzz_schema -max_total_time=$(FUZZ_SECONDS) -max_len=2048 $(BUILD)/fuzz/corpus_schema
 	$(MAKE) --no-print-directory fuzz-http
 
+# Structured outputs against JSON Schemas nobody here wrote (SchemaStore's, as the pinned
+# check-jsonschema vendors them, and Pydantic's of the openai package's models); not part of
+# `make test` (about 10 minutes on 2 cores). tests/bench/schema_conformance.py says what it checks.
+SCHEMA_SOURCES := check-jsonschema==0.39.0
+.PHONY: bench-schemas
+bench-schemas: deps $(BUILD)/potserve model
+	$(VPY) -m pip install -q --disable-pip-version-check $(SCHEMA_SOURCES)
+	$(VPY) tests/bench/schema_conformance.py --json-out $(BUILD)/bench/schema_conformance.json
+
 # --- reliability harness (docs/reliability.md) -----------------------------------
 # fuzz-http: the grammar/JSON fuzzer of the live server for FUZZ_SECONDS
 # (tests/py/test_http_fuzz.py runs 25 s of it in `make pytest`).
