@@ -417,6 +417,11 @@ typedef struct engine_gen_request {
      * TIMEOUT (rc 0; n_generated says how far it got). Checked between
      * engine steps, so behind a document's ingest it ends within one chunk. */
     double deadline_ms;
+    /* A flag another thread sets (the client left), or NULL: once nonzero, a
+     * generation prefilling or decoding ends with finish CANCELLED at the next
+     * engine step (on_text's return is seen only when text comes, and a long
+     * prompt's prefill makes none for seconds). */
+    const atomic_int *cancel;
 } engine_gen_request;
 /* Queues a generation; 0, or -1 + err (stopping, out of memory, invalid
  * sampling parameters: those are checked here), and on_done is then never

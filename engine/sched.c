@@ -55,6 +55,7 @@ typedef struct item {
     int n_forks;
     double deadline_ms;   /* 0: none (engine_gen_request.deadline_ms) */
     int timed_out;        /* the deadline cut it: it reports finish TIMEOUT */
+    const atomic_int *cancel; /* engine_gen_request.cancel */
 } item;
 
 /* A document with ingests whose chunks have not all run. */
@@ -379,7 +380,8 @@ static int past_deadline(const item *it, double now) { return it->deadline_ms > 
 
 /* Ends the generations whose deadline has passed: those still waiting for
  * their turn report TIMEOUT now; the active ones (prefilling or decoding)
- * are cancelled and report TIMEOUT when the next step collects them. */
+ * are cancelled and report TIMEOUT when the next step collects them. The
+ * active ones whose cancel flag is set end CANCELLED at that step too. */
 static void expire_generations(engine_sched *s) {
     double now = monotonic_ms();
     item **link = &s->wait_head;
@@ -393,11 +395,15 @@ static void expire_generations(engine_sched *s) {
         s->n_wait--;
         time_out_gen(it);
     }
-    for (int i = 0; i < s->n_gens; i++)
-        if (!gen_seq_done(s->seqs[i]) && past_deadline(s->gens[i], now)) {
+    for (int i = 0; i < s->n_gens; i++) {
+        if (gen_seq_done(s->seqs[i])) continue;
+        if (past_deadline(s->gens[i], now)) {
             s->gens[i]->timed_out = 1;
             gen_seq_cancel(s->seqs[i]);
+        } else if (s->gens[i]->cancel && atomic_load(s->gens[i]->cancel)) {
+            gen_seq_cancel(s->seqs[i]);
         }
+    }
 }
 
 /* ---- decoding ---------------------------------------------------------------------- */
@@ -649,7 +655,8 @@ static int make_forks(engine_sched *s, const engine_gen_request *r, item *first,
             return -1;
         }
         *f = (item){.kind = ITEM_GEN, .user = r->users[i], .seq = q, .n_prompt = r->n_prompt,
-                    .max_tokens = r->params.max_tokens, .on_done = r->on_done, .deadline_ms = r->deadline_ms};
+                    .max_tokens = r->params.max_tokens, .on_done = r->on_done, .deadline_ms = r->deadline_ms,
+                    .cancel = r->cancel};
         first->forks[first->n_forks++] = f;
     }
     return 0;
@@ -680,7 +687,7 @@ int engine_sched_generate(engine_sched *s, const engine_gen_request *r, char *er
     if (r->n_prompt) memcpy(prompt, r->prompt, r->n_prompt * sizeof *prompt);
     *it = (item){.kind = ITEM_GEN, .doc = r->doc, .user = r->n > 1 ? r->users[0] : r->user, .seq = q,
                  .prompt = prompt, .n_prompt = r->n_prompt, .max_tokens = r->params.max_tokens,
-                 .on_done = r->on_done, .deadline_ms = r->deadline_ms};
+                 .on_done = r->on_done, .deadline_ms = r->deadline_ms, .cancel = r->cancel};
     if (r->n > 1 && make_forks(s, r, it, err, errlen)) {
         discard(it);
         return -1;

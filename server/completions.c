@@ -507,8 +507,26 @@ static void responses_stream_end(generation *g) {
     stream_end(g->r);
 }
 
+/* The 499 of a generation whose client left (a half-close counts as leaving). */
+static void client_closed_error(api_error *e, const char *what) {
+    api_fail(e, 499, "client_closed", NULL,
+             "the client closed its side of the connection (a half-close counts as leaving): %s was stopped", what);
+}
+
 static void finish_stream(generation *g) {
     request *r = g->r;
+    if (g->client_left) { /* never an ending that reads as a whole answer */
+        api_error e;
+        client_closed_error(&e, "the answer");
+        r->close_conn = 1;
+        if (g->responses) {
+            responses_event(g, "error", api_error_json(&e));
+        } else {
+            sse_send(r, api_error_json(&e));
+            stream_write(r, "data: [DONE]\n\n", 14);
+        }
+        return stream_end(r);
+    }
     if (g->responses && !g->choices[0].rc) return responses_stream_end(g);
     int failed = 0;
     for (int i = 0; i < g->n_choices; i++) failed |= g->choices[i].rc;
@@ -563,8 +581,7 @@ static void finish_whole(generation *g) {
     request *r = g->r;
     if (g->client_left) {
         api_error e;
-        api_fail(&e, 499, "client_closed", NULL,
-                 "the client closed its side of the connection (a half-close counts as leaving): the answer was stopped");
+        client_closed_error(&e, "the answer");
         r->close_conn = 1;
         return respond_error(r, &e);
     }
@@ -613,7 +630,7 @@ static void on_done_event(server *s, void *arg) {
     s->m.masked_steps += c->res.n_masked;
     s->m.decode_ms += c->res.decode_ms;
     r->tokens += (c->index % g->req.n_choices == 0 ? c->res.n_prompt : 0) + c->res.n_generated;
-    if (r->conn && g->req.stream && !g->responses) stream_choice_done(c);
+    if (r->conn && g->req.stream && !g->responses && !g->client_left) stream_choice_done(c);
     if (r->conn && g->req.stream && g->responses && c->rc) {
         api_error e;
         choice_error(c, 500, "input", &e);
@@ -736,7 +753,7 @@ static void submit(server *s, generation *g) {
         engine_gen_request er = {.doc = doc, .prompt = p ? g->batch[p].ids : g->prompt,
                                  .n_prompt = p ? g->batch[p].n : g->n_prompt, .params = q->params,
                                  .on_text = gen_on_text, .on_done = gen_on_done, .user = users[0],
-                                 .n = n, .users = users, .deadline_ms = g->deadline_ms};
+                                 .n = n, .users = users, .deadline_ms = g->deadline_ms, .cancel = &g->cancel};
         char err[256];
         for (int i = 0; i < n; i++) request_ref(r); /* held by the engine until on_done arrives */
         if (srv_generate(s, &er, err, sizeof err)) {
@@ -896,7 +913,12 @@ static void release_temporary_pot(server *s, generation *g) {
 
 static void temporary_pot_failed(server *s, generation *g, int status, const char *msg) {
     api_error e;
-    api_fail(&e, status, "overflow_failed", prompt_param(g), "reading the prompt through a pot failed: %s", msg);
+    if (g->client_left) { /* its reading was abandoned for that */
+        client_closed_error(&e, "reading the prompt through a pot");
+        g->r->close_conn = 1;
+    } else {
+        api_fail(&e, status, "overflow_failed", prompt_param(g), "reading the prompt through a pot failed: %s", msg);
+    }
     if (g->tmp_doc) release_temporary_pot(s, g);
     respond_error(g->r, &e);
     request_unref(g->r);
@@ -1022,7 +1044,7 @@ static void prepare_failed(generation *g, int status, const char *code, const ch
     request *r = g->r;
     api_error e;
     if (g->client_left) {
-        api_fail(&e, 499, "client_closed", NULL, "%s stopped: the client closed its side of the connection", what);
+        client_closed_error(&e, what);
         r->close_conn = 1;
     } else if (status >= 500 && (r->srv->draining || r->srv->stopping)) /* the engine stopped at the drain's end */
         api_fail(&e, 503, "shutting_down", NULL, "%s stopped: the server is shutting down; retry", what);

@@ -782,9 +782,9 @@ void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     request *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
-    /* the client went away: before its answer was whole, or seen gone by its generation (whose
-       stream then ended with an error event libmicrohttpd could not send) */
-    int cut = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && (!r->out_done || (r->gen && generation_client_left(r->gen)));
+    /* the client went away before its answer was whole, or its generation saw it go (a
+       half-close: the stream's error event may still have been sent) */
+    int cut = (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->out_done) || (r->gen && generation_client_left(r->gen));
     if (cut && r->status < 400) r->status = 499;
     srv_access_log(r);
     r->conn = NULL;

@@ -387,12 +387,31 @@ def test_connection_timeout_ends_a_kept_alive_connection_between_requests(tmp_pa
         s.stop()
 
 
-def test_a_half_closed_client_never_gets_a_cut_answer_labelled_whole(srv):
+def next_access_log_line(srv, route, seen, timeout=60):
+    """The first access-log line of route after the `seen` there were (waiting for it)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        lines = [json.loads(l) for l in list(srv.log_lines) if l.startswith("{") and f'"route":"{route}"' in l]
+        if len(lines) > seen:
+            return lines[seen]
+        time.sleep(0.05)
+    raise AssertionError(f"no new access-log line for {route}")
+
+
+def log_count(srv, route):
+    return sum(1 for l in list(srv.log_lines) if l.startswith("{") and f'"route":"{route}"' in l)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_half_closed_client_never_gets_a_cut_answer_labelled_whole(srv, stream):
     """A client that sends a whole request and then shuts its writing side (recv cannot tell
     that from leaving) had its generation stopped, and got the few tokens made so far as a 200
-    with finish_reason "stop". It now gets 499 client_closed, saying the answer was stopped."""
-    body = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 200, "temperature": 0}).encode()
+    with finish_reason "stop". It now gets 499 client_closed, saying the answer was stopped.
+    Streamed, it got an empty delta with finish_reason "stop" and [DONE], logged 200: now an
+    error event client_closed, logged 499."""
+    body = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 200, "temperature": 0, "stream": stream}).encode()
     for _ in range(3):
+        seen = log_count(srv, "/v1/completions")
         c = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
         c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -402,7 +421,40 @@ def test_a_half_closed_client_never_gets_a_cut_answer_labelled_whole(srv):
             got += chunk
         c.close()
         head, _, rest = got.partition(b"\r\n\r\n")
-        assert got == b"" or (head.startswith(b"HTTP/1.1 499") and b"client_closed" in rest), got[:300]
+        if stream:
+            assert b'"finish_reason":"stop"' not in rest and b'"finish_reason":"length"' not in rest, got[:600]
+            assert got == b"" or b"client_closed" in rest, got[:600]
+        else:
+            assert got == b"" or (head.startswith(b"HTTP/1.1 499") and b"client_closed" in rest), got[:300]
+        assert next_access_log_line(srv, "/v1/completions", seen)["status"] == 499
+
+
+def test_a_client_that_leaves_during_a_long_prefill_stops_it(srv):
+    """A prompt of ~7K tokens (the window holds it: no pot) was prefilled to its end after its
+    client left, 48 s on one thread, and the requests behind it waited: the generation's cancel
+    was seen only when text came. The engine now looks at it every step of the prefill."""
+    prompt = open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()[:30000]
+    body = json.dumps({"messages": [{"role": "user", "content": prompt + "\n\nSummarize."}], "max_tokens": 8}).encode()
+    t0 = time.time()
+    st, whole, _ = srv.request("POST", "/v1/chat/completions", json.loads(body))
+    full_s = time.time() - t0  # the whole prefill, the client staying
+    assert st == 200 and whole["usage"]["prompt_tokens"] > 5000, whole["usage"]
+    for how in ("close", "half-close"):  # (a prompt of its own each: a prompt-cache hit has no prefill)
+        body = json.dumps({"messages": [{"role": "user", "content": f"{how}: {prompt}\n\nSummarize."}],
+                           "max_tokens": 8}).encode()
+        seen = log_count(srv, "/v1/chat/completions")
+        c = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.1 * full_s)
+        c.shutdown(socket.SHUT_WR) if how == "half-close" else c.close()
+        left = time.time()
+        line = next_access_log_line(srv, "/v1/chat/completions", seen, timeout=2 * full_s + 30)
+        stopped_s = time.time() - left
+        c.close()
+        print(f"{how}: 499 {stopped_s:.1f} s after leaving, whole prefill {full_s:.1f} s")
+        assert line["status"] == 499, line
+        assert stopped_s < 0.5 * full_s, f"{how}: 499 {stopped_s:.1f} s after leaving; the whole prefill takes {full_s:.1f} s"
 
 
 # ---- item 4 ---------------------------------------------------------------------------------------
