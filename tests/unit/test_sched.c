@@ -8,7 +8,8 @@
  * - stopping cancels active generations cleanly and still runs queued tasks;
  * - tasks run in submission order, after the ingests queued before them;
  * - a deadline ends a generation still queued behind a document's ingest
- *   (and its forks), or one decoding, with finish TIMEOUT. */
+ *   (and its forks), or one decoding, with finish TIMEOUT;
+ * - a cancel flag set by another thread ends a generation in its prefill. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -689,4 +690,45 @@ TEST(sched_deadline_ends_queued_and_decoding_generations) {
     sched_stop(e, s, &w);
     free(p);
     free(doc);
+}
+
+/* A client that left during a long prompt's prefill: the server sets the generation's
+ * cancel flag, and it ends CANCELLED at the next step instead of after the whole prefill
+ * (on_text's return, the other way to cancel, is seen only once text comes). */
+TEST(sched_cancel_flag_ends_a_generation_in_its_prefill) {
+    engine *e;
+    waiter w;
+    engine_sched *s = sched_start(&e, &w);
+    if (!s) return;
+    char err[512];
+    char *text = test_lighthouse_doc(8000); /* several prefill pieces */
+    size_t n;
+    int32_t *p = engine_tokenize_prompt(e, text, 0, &n, err, sizeof err);
+    CHECK(p != NULL && n > 1500);
+    static gen_out cancelled, whole;
+    memset(&cancelled, 0, sizeof cancelled);
+    memset(&whole, 0, sizeof whole);
+    cancelled.w = whole.w = &w;
+    static atomic_int gone = 1; /* set before it starts: it must stop within the prefill's first step */
+    engine_gen_request r = {.prompt = p, .n_prompt = n, .params = request_params(0), .on_text = on_text,
+                            .on_done = on_done, .user = &cancelled, .cancel = &gone};
+    r.params.max_tokens = 4;
+    double t0 = now_ms();
+    CHECK_EQ_INT(engine_sched_generate(s, &r, err, sizeof err), 0);
+    CHECK_EQ_INT(waiter_wait(&w, 1), 0);
+    double cancelled_ms = now_ms() - t0;
+    r.user = &whole, r.cancel = NULL;
+    CHECK_EQ_INT(engine_sched_generate(s, &r, err, sizeof err), 0);
+    CHECK_EQ_INT(waiter_wait(&w, 2), 0);
+    double whole_ms = now_ms() - t0 - cancelled_ms;
+    CHECK_EQ_INT(cancelled.rc, 0);
+    CHECK_EQ_INT(cancelled.res.finish, ENGINE_FINISH_CANCELLED);
+    CHECK_EQ_INT(cancelled.res.n_generated, 0);
+    CHECK_EQ_INT(whole.rc, 0);
+    CHECK(whole.res.n_generated > 0);
+    CHECK(cancelled_ms < whole_ms / 2);
+    fprintf(stderr, "  %zu-token prompt: cancelled after %.0f ms, whole answer %.0f ms\n", n, cancelled_ms, whole_ms);
+    sched_stop(e, s, &w);
+    free(p);
+    free(text);
 }
