@@ -355,6 +355,13 @@ static void on_text_event(server *s, void *arg) {
     choice *c = ev->c;
     generation *g = c->g;
     request *r = g->r;
+    /* a half-closed client still reads: a stream's writes succeed, and only a look at the
+       socket (EOF) tells it left; the engine stops at its next step */
+    if (!g->client_left && client_gone(r)) client_left(g);
+    if (g->client_left) {
+        free(ev);
+        return;
+    }
     if (g->responses && g->req.stream) {
         append_text(c, ev->text, ev->n);
         json_t *d = ev->n ? json_stringn(ev->text, ev->n) : NULL; /* a token's logprobs alone: no delta */
@@ -375,7 +382,6 @@ static void on_text_event(server *s, void *arg) {
         if (r->conn) sse_send(r, chunk_json(g, c->index, ev->text, ev->n, 0, NULL, lp));
         else json_decref(lp);
     } else {
-        if (!g->req.stream && client_gone(r)) client_left(g);
         append_text(c, ev->text, ev->n);
         if (ev->has_lp && c->logprobs) {
             if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
