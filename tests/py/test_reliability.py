@@ -399,7 +399,15 @@ def next_access_log_line(srv, route, seen, timeout=60):
 
 
 def log_count(srv, route):
-    return sum(1 for l in list(srv.log_lines) if l.startswith("{") and f'"route":"{route}"' in l)
+    """Access-log lines of route so far, once no more come for 0.3 s (a line is written just
+    after its answer is sent: one answered a moment ago may not be there yet)."""
+    count = lambda: sum(1 for l in list(srv.log_lines) if l.startswith("{") and f'"route":"{route}"' in l)
+    n = count()
+    while True:
+        time.sleep(0.3)
+        if count() == n:
+            return n
+        n = count()
 
 
 @pytest.mark.parametrize("stream", [False, True])
