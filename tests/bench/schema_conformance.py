@@ -56,11 +56,11 @@ def alone(root, container, name):
     sub = copy.deepcopy(root[container][name])
     if not isinstance(sub, dict):
         return None
-    seen, todo = set(), [sub]
-    while todo:
-        node = todo.pop()
+    seen, pending = set(), [sub]
+    while pending:
+        node = pending.pop()
         if isinstance(node, list):
-            todo.extend(node)
+            pending.extend(node)
         if not isinstance(node, dict):
             continue
         for key, value in list(node.items()):
@@ -75,9 +75,9 @@ def alone(root, container, name):
                 defs = sub.setdefault(parts[0], {})
                 name_ = parts[1].replace("~1", "/").replace("~0", "~")
                 defs.setdefault(name_, copy.deepcopy(root[parts[0]][name_]))
-                todo.append(target)
+                pending.append(target)
             else:
-                todo.append(value)
+                pending.append(value)
     return sub
 
 
