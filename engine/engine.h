@@ -309,6 +309,11 @@ void engine_doc_cancel(engine_doc *d);
  * nonzero (one flag set by another thread for many documents: the server
  * abandons the replays under way when it stops); NULL: no longer. */
 void engine_doc_abandon_when(engine_doc *d, const atomic_int *flag);
+/* Engine thread: the same, once every one of the n flags is nonzero (a pot
+ * read for several questions stops when all their clients have left); the
+ * array stays the caller's, unchanged but for flags swapped for ones already
+ * set, until d is closed or flags is NULL. */
+void engine_doc_abandon_when_all(engine_doc *d, const atomic_int *const *flags, int n);
 /* Document tokens pushed so far (run or waiting). */
 int64_t engine_doc_tokens_pushed(const engine_doc *d);
 /* 1 when an engine chunk is ready using only the first `limit` document

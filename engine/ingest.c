@@ -80,7 +80,9 @@ struct engine_doc {
     engine_doc_stats st;
     int failed;
     atomic_int cancelled;     /* engine_doc_cancel: set by another thread */
-    const atomic_int *abandon; /* engine_doc_abandon_when: a flag another thread sets, or NULL */
+    const atomic_int *const *abandon; /* engine_doc_abandon_when(_all): flags other threads set */
+    int n_abandon;                    /* how many; 0: never abandoned */
+    const atomic_int *abandon_one;    /* engine_doc_abandon_when's one flag (abandon points here) */
     int ended;                /* the final piece has been pushed */
     cascade *casc;            /* POLICY_CASCADE's state */
     engine_compress_hook on_compress; /* diagnostics (engine_doc_on_compress), or NULL */
@@ -621,11 +623,25 @@ void engine_doc_cancel(engine_doc *d) {
     if (d) atomic_store(&d->cancelled, 1);
 }
 
-void engine_doc_abandon_when(engine_doc *d, const atomic_int *flag) { d->abandon = flag; }
+void engine_doc_abandon_when_all(engine_doc *d, const atomic_int *const *flags, int n) {
+    d->abandon = flags;
+    d->n_abandon = flags ? n : 0;
+}
+
+void engine_doc_abandon_when(engine_doc *d, const atomic_int *flag) {
+    d->abandon_one = flag;
+    engine_doc_abandon_when_all(d, &d->abandon_one, flag != NULL);
+}
+
+static int abandoned(const engine_doc *d) {
+    for (int i = 0; i < d->n_abandon; i++)
+        if (!atomic_load(d->abandon[i])) return 0;
+    return d->n_abandon > 0;
+}
 
 /* A cancelled document fails at the next push or chunk, on the engine thread. */
 static int doc_cancelled(engine_doc *d, char *err, size_t errlen) {
-    if (!atomic_load(&d->cancelled) && !(d->abandon && atomic_load(d->abandon))) return 0;
+    if (!atomic_load(&d->cancelled) && !abandoned(d)) return 0;
     doc_fail(d);
     snprintf(err, errlen, "the document's ingest was cancelled");
     return -1;

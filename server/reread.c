@@ -26,10 +26,8 @@
 #include "common/common.h"
 #include "server/reread.h"
 
-/* A piece is also how soon a pot fed for several questions stops once all
- * their clients left (about 16K bytes: 2-3 s of a small model on two cores,
- * a minute of a 1.5B one); a pot fed for one question stops within an engine
- * chunk (feeder.abandon). */
+/* A pot stops within an engine chunk once every question it is read for has
+ * been cancelled (feeder.abandon: their cancel flags). */
 enum { REREAD_PIECE = 16 * 1024, REREAD_MAX_SHARE = 32 };
 
 typedef struct feeder { /* one pot fed from the pass's text */
@@ -41,8 +39,11 @@ typedef struct feeder { /* one pot fed from the pass's text */
     size_t memory;      /* counted in the server's pot_memory until released */
     int sent_last, ended, rc;
     char err[256];
-    const atomic_int *abandon; /* its only question's cancel flag: the pot's reading stops at the next chunk */
+    const atomic_int *abandon[REREAD_MAX_SHARE]; /* its questions' cancel flags, an ended one's */
+    int n_abandon;                               /* swapped for `ended_flag` (its flag may be gone) */
 } feeder;
+
+static const atomic_int ended_flag = 1;
 
 typedef struct member { /* one question waiting on the pass */
     reread_progress_fn progress;
@@ -50,6 +51,7 @@ typedef struct member { /* one question waiting on the pass */
     void *user;
     const atomic_int *cancel;
     feeder *f;
+    int abandon_slot;   /* its place in f->abandon, or -1 */
     double t0_ms;
     int ended;
 } member;
@@ -114,6 +116,7 @@ static void pass_maybe_end(reread_pass *p) {
 static void member_end(reread_pass *p, member *m, reread_pot *pot, const char *err) {
     m->ended = 1;
     feeder *f = m->f;
+    if (m->abandon_slot >= 0) f->abandon[m->abandon_slot] = &ended_flag; /* the pot is idle here */
     reread_stats st = {.bytes = p->log.len, .ms = monotonic_ms() - m->t0_ms, .log_ms = p->log.ms, .pass = p->id,
                        .questions = p->n_members, .pots = p->n_feeders};
     if (pot) {
@@ -160,7 +163,7 @@ static void feeder_step(server *s, void *arg);
 
 static void piece_done(void *user, int rc, const char *err) { /* engine thread */
     feeder *f = user;
-    if (f->sent_last) engine_doc_abandon_when(f->doc, NULL); /* read: the answer has its own cancel */
+    if (f->sent_last) engine_doc_abandon_when_all(f->doc, NULL, 0); /* read: each answer has its own cancel */
     if (rc) {
         f->rc = rc;
         snprintf(f->err, sizeof f->err, "%s", err ? err : "reading failed");
@@ -172,7 +175,7 @@ static void open_task(engine *e, void *arg) { /* engine thread */
     feeder *f = arg;
     f->doc = engine_doc_open(e, &f->settings, f->err, sizeof f->err);
     f->rc = f->doc ? 0 : -1;
-    if (f->doc) engine_doc_abandon_when(f->doc, f->abandon);
+    if (f->doc) engine_doc_abandon_when_all(f->doc, f->abandon, f->n_abandon);
     srv_post(f->pass->srv, feeder_step, f);
 }
 
@@ -196,9 +199,14 @@ static void feeder_step(server *s, void *arg) {
     if (f->rc) return feeder_end(f, f->err);
     if (!waiting) return feeder_end(f, "cancelled");
     if (!f->doc) { /* its questions are all here now ("rows" takes none once the log is read) */
-        f->abandon = NULL;
-        for (int i = 0; waiting == 1 && i < p->n_members; i++)
-            if (p->members[i].f == f && !p->members[i].ended) f->abandon = p->members[i].cancel;
+        f->n_abandon = 0;
+        for (int i = 0; i < p->n_members; i++) {
+            member *m = &p->members[i];
+            if (m->f != f || m->ended || !m->cancel) continue;
+            m->abandon_slot = f->n_abandon;
+            f->abandon[f->n_abandon++] = m->cancel;
+        }
+        if (f->n_abandon < waiting) f->n_abandon = 0; /* a question that cannot be cancelled: read on */
         if (srv_task(s, NULL, open_task, f)) feeder_end(f, "the server is shutting down");
         return;
     }
@@ -354,6 +362,7 @@ int reread_start(server *s, session *ss, const char *question, const atomic_int 
     }
     p->members[p->n_members++] = (member){.progress = progress, .done = done, .user = user, .cancel = cancel,
                                           .f = p->rows ? &p->feeders[0] : &p->feeders[p->n_feeders - 1],
+                                          .abandon_slot = -1,
                                           .t0_ms = monotonic_ms()};
     if (!fresh) {
         feeder *f = p->members[p->n_members - 1].f;

@@ -291,6 +291,59 @@ def test_shared_pass_one_pot_per_question(tmp_path_factory, model):
         assert srv.stop() == 0
 
 
+def test_a_shared_pass_reads_on_for_its_last_client_and_stops_when_it_leaves(tmp_path_factory, model):
+    """share "rows": one pot read for two questions. It read on to the end of its
+    16 KiB piece of the log after both clients had left (a minute of a 1.5B model
+    on CPU); now it reads on while one of them is there and stops within an
+    engine chunk of the server noticing the last one gone."""
+    import socket
+    import time
+    srv = shared_server(tmp_path_factory, "rows")
+    try:
+        doc = natural_document(4, 56000)
+        up = session_with(srv, doc, budget_tokens=512, keep_tokens=256)
+        piece = 16384  # server/reread.c's REREAD_PIECE
+        tokens_per_byte = up["tokens_ingested"] / len(doc.encode())
+        reread_before = metric(srv, "potserve_tokens_reread_total")
+        body = json.dumps({"model": "x", "max_tokens": 12, "temperature": 0, "session": up["id"], "reread": True,
+                           "stream": True, "messages": [{"role": "user", "content": QUESTION}]}).encode()
+        clients = [socket.create_connection(("127.0.0.1", srv.port), timeout=120) for _ in range(2)]
+        for c in clients:
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+        def read_until(c, progress):
+            got = b""
+            while progress not in got:
+                more = c.recv(65536)
+                assert more, got
+                got += more
+            return got
+
+        first = b": reread %d/" % piece
+        for c in clients:
+            read_until(c, first)
+        clients[0].close()  # one leaves: the pass reads on for the other
+        read_until(clients[1], b": reread %d/" % (2 * piece))
+        clients[1].close()
+        deadline = time.time() + 120
+        while metric(srv, "potserve_tokens_reread_total") == reread_before:  # counted when the pot ends
+            assert time.time() < deadline
+            time.sleep(0.05)
+        reread = metric(srv, "potserve_tokens_reread_total") - reread_before
+        bound = (2 * piece + piece / 2) * tokens_per_byte
+        assert reread < bound, f"{reread:.0f} tokens re-read; the last client left at {2 * piece * tokens_per_byte:.0f}"
+        statuses = []
+        while len(statuses) < 2:
+            statuses = [json.loads(l)["status"] for l in srv.log_lines
+                        if l.startswith("{") and up["id"] in l and "/v1/chat/completions" in l]
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert statuses == [499, 499]
+    finally:
+        assert srv.stop() == 0
+
+
 def test_share_setting_rejects_unknown_values(tmp_path):
     import subprocess
     from conftest import BIN
