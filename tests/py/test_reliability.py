@@ -463,6 +463,21 @@ def test_a_client_that_leaves_during_a_long_prefill_stops_it(srv):
         print(f"{how}: 499 {stopped_s:.1f} s after leaving, whole prefill {full_s:.1f} s")
         assert line["status"] == 499, line
         assert stopped_s < 0.5 * full_s, f"{how}: 499 {stopped_s:.1f} s after leaving; the whole prefill takes {full_s:.1f} s"
+    # beyond the window the earlier messages are read through a temporary pot, which stopped too
+    # but answered 500 overflow_failed ("the document's ingest was cancelled")
+    beyond = prompt + open("/usr/share/common-licenses/GPL-2", encoding="utf-8").read()
+    body = json.dumps({"messages": [{"role": "user", "content": beyond}, {"role": "assistant", "content": "Read."},
+                                    {"role": "user", "content": "Summarize."}], "max_tokens": 8}).encode()
+    seen = log_count(srv, "/v1/chat/completions")
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as c:
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.1 * full_s)
+    left = time.time()
+    line = next_access_log_line(srv, "/v1/chat/completions", seen, timeout=4 * full_s + 30)
+    print(f"beyond the window: {line['status']} {time.time() - left:.1f} s after leaving")
+    assert line["status"] == 499, line
+    assert time.time() - left < 0.5 * full_s
 
 
 # ---- item 4 ---------------------------------------------------------------------------------------
