@@ -332,6 +332,7 @@ def test_a_shared_pass_reads_on_for_its_last_client_and_stops_when_it_leaves(tmp
             time.sleep(0.05)
         reread = metric(srv, "potserve_tokens_reread_total") - reread_before
         bound = (2 * piece + piece / 2) * tokens_per_byte
+        print(f"{reread:.0f} tokens re-read; the last client left at {2 * piece * tokens_per_byte:.0f}, bound {bound:.0f}")
         assert reread < bound, f"{reread:.0f} tokens re-read; the last client left at {2 * piece * tokens_per_byte:.0f}"
         statuses = []
         while len(statuses) < 2:
