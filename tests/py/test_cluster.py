@@ -275,6 +275,11 @@ def test_nginx_routes_each_session_to_one_replica(tmp_path, redis):
         assert (takeovers, handoffs) == (len(sids), 0)
         for r in reps:
             assert r.stop() == 0
+        # no replica left: nginx's own 502 is potserve's JSON error, to be retried
+        st, body, headers = proxy.request("POST", f"/v1/sessions/{sids[0]}/chunks?seq=4", raw=b"more",
+                                          headers={"Content-Type": "text/plain"})
+        assert st == 502 and body["error"]["code"] == "replica_unavailable", body
+        assert body["error"]["type"] == "unavailable_error" and headers.get("Retry-After") == "1", headers
     finally:
         nginx.stop()
         for r in reps:
