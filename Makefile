@@ -250,23 +250,26 @@ asan: fixtures model
 # threads; slow: every model test runs under TSan) and on the server tests,
 # built with -fsanitize=thread in build/tsan: a reported race makes the
 # process exit 66 (halt_on_error), so its test fails.
-# tests/tsan.supp holds the suppressions, each with its reason. `make test`
-# runs the TSAN_QUICK subset of the server tests against a server whose
-# compute kernels are not instrumented (potserve-plain-kernels, above; `make
-# tsan` checks them): instrumented, an AVX2 machine ingested at 4 tokens/s there.
+# tests/tsan.supp holds the suppressions, each with its reason. The server
+# tests run against a server whose compute kernels are not instrumented
+# (potserve-plain-kernels, above; the unit suite runs them instrumented on the
+# thread pool): instrumented, an AVX2 machine ingested at 4 tokens/s, and a
+# 7K-token prompt took half an hour. `make test` runs the TSAN_QUICK subset.
 TSAN_FLAGS   := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
 TSAN_OPTS    := halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp
 TSAN_SERVER_TESTS := $(ASAN_SERVER_TESTS) or sigterm
 TSAN_QUICK   := hangup or full_disk or draining
+TSAN_PLAIN_KERNELS := $(MAKE) --no-print-directory -j2 BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" \
+                      PLAIN_KERNEL_CFLAGS=-fno-sanitize=thread
 tsan-build: fixtures model
-	$(MAKE) --no-print-directory -j2 BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" build/tsan/unit_tests build/tsan/potserve
+	$(MAKE) --no-print-directory -j2 BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" build/tsan/unit_tests
+	$(TSAN_PLAIN_KERNELS) build/tsan/potserve-plain-kernels
 tsan: tsan-build
 	POTSERVE_FIXTURES=$(BUILD)/fixtures TSAN_OPTIONS="$(TSAN_OPTS)" build/tsan/unit_tests
-	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/tsan/potserve TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
+	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/tsan/potserve-plain-kernels TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
 	  -k '$(TSAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
 tsan-quick: fixtures model
-	$(MAKE) --no-print-directory -j2 BUILD=build/tsan CC=gcc CFLAGS="$(TSAN_FLAGS)" \
-	  PLAIN_KERNEL_CFLAGS=-fno-sanitize=thread build/tsan/potserve-plain-kernels
+	$(TSAN_PLAIN_KERNELS) build/tsan/potserve-plain-kernels
 	POTSERVE_SANITIZED=1 POTSERVE_BIN=build/tsan/potserve-plain-kernels TSAN_OPTIONS="$(TSAN_OPTS)" $(VPY) -m pytest -q -m 'not heavy' \
 	  -k '$(TSAN_QUICK)' tests/py/test_server.py tests/py/test_reliability.py
 
