@@ -39,8 +39,10 @@ typedef struct feeder { /* one pot fed from the pass's text */
     size_t memory;      /* counted in the server's pot_memory until released */
     int sent_last, ended, rc;
     char err[256];
-    const atomic_int *abandon[REREAD_MAX_SHARE]; /* its questions' cancel flags, an ended one's */
-    int n_abandon;                               /* swapped for `ended_flag` (its flag may be gone) */
+    /* The pot is abandoned once all of these are set: its questions' cancel flags, an ended
+     * question's swapped for ended_flag (the generation holding its own may be freed). */
+    const atomic_int *abandon[REREAD_MAX_SHARE];
+    int n_abandon;
 } feeder;
 
 static const atomic_int ended_flag = 1;

@@ -441,12 +441,12 @@ def test_a_client_that_leaves_during_a_long_prefill_stops_it(srv):
     """A prompt of ~7K tokens (the window holds it: no pot) was prefilled to its end after its
     client left, 48 s on one thread, and the requests behind it waited: the generation's cancel
     was seen only when text came. The engine now looks at it every step of the prefill."""
-    prompt = open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()[:30000]
+    prompt = open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()[:20000]
     body = json.dumps({"messages": [{"role": "user", "content": prompt + "\n\nSummarize."}], "max_tokens": 8}).encode()
     t0 = time.time()
     st, whole, _ = srv.request("POST", "/v1/chat/completions", json.loads(body))
     full_s = time.time() - t0  # the whole prefill, the client staying
-    assert st == 200 and whole["usage"]["prompt_tokens"] > 5000, whole["usage"]
+    assert st == 200 and whole["usage"]["prompt_tokens"] > 4000, whole["usage"]
     for how in ("close", "half-close"):  # (a prompt of its own each: a prompt-cache hit has no prefill)
         body = json.dumps({"messages": [{"role": "user", "content": f"{how}: {prompt}\n\nSummarize."}],
                            "max_tokens": 8}).encode()
@@ -951,16 +951,16 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
 
         def ask(i):
             st, body, _ = s.request("POST", "/v1/chat/completions", {
-                "session": sess["id"], "max_tokens": 24, "temperature": 0,
+                "session": sess["id"], "max_tokens": 12, "temperature": 0,
                 "messages": [{"role": "user", "content": f"Question {i}: which places are named?"}]}, timeout=600)
             return st, body
         w = threading.Thread(target=watch)
         w.start()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(ask, range(16)))
+            answers = list(pool.map(ask, range(10)))
         done.set()
         w.join()
-        assert [st for st, _ in answers] == [200] * 16, answers
+        assert [st for st, _ in answers] == [200] * 10, answers
         assert all(b["usage"]["completion_tokens"] > 0 for _, b in answers)
         assert peak["running"] <= 2 and peak["waiting"] >= 5, peak
         assert SANITIZED or peak["rss"] < 400, peak  # 16 copies at once took 1.27 GB (a sanitizer's shadow adds)
@@ -1083,7 +1083,7 @@ def test_text_without_spaces_is_read_as_it_arrives(tmp_path, fixtures):
     s = Server(tmp_path / "d", "--model", fixtures / "tiny_llama.gguf", "--budget-tokens", "64",
                "--threads", "1").start()
     try:
-        for run in (b"q" * 30_000, b" " * 30_000, "語".encode() * 10_000):
+        for run in (b"q" * 12_000, b" " * 12_000, "語".encode() * 4_000):  # each past TOK_RUN_CUT twice
             sid = new_session(s)
             st, body, _ = upload(s, sid, run, "?seq=1")
             assert st == 200, body
@@ -1336,7 +1336,7 @@ def test_sessions_answer_as_soon_as_their_own_restore_ends(tmp_path):
     and everything else is served meanwhile; /health still says loading until the last."""
     s = Server(tmp_path / "d", "--threads", "1", "--budget-tokens", "256", "--snapshot-seconds", "0").start()
     ids = []
-    for i in range(4):  # ~10 KB each: seconds of replay each
+    for i in range(3):  # ~10 KB each: seconds of replay each
         ids.append(new_session(s))
         assert upload(s, ids[-1], text(140, seed=i * 1000).encode(), timeout=120)[0] == 200
     before = [session(s, sid) for sid in ids]
