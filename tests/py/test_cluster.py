@@ -526,7 +526,7 @@ def test_a_stopping_replica_writes_its_snapshots_under_lease(tmp_path, redis):
         busy = a.request("POST", "/v1/sessions", {})[1]["id"]  # the engine still reading at the stop
         until(lambda: a.request("POST", f"/v1/sessions/{busy}/chunks?wait=false", raw=((DOC + " ") * 12).encode(),
                                 headers={"Content-Type": "text/plain"})[0] == 202, what="a long chunk acknowledged")
-        assert a.stop() == 0
+        assert a.stop() == 0, "\n".join(a.log_lines[-60:])
         assert not [line for line in a.log_lines if "snapshot failed" in line], a.log_lines
         sizes = [int(redis.cli("STRLEN", f"potserve:s:{sid}:snap") or 0) for sid in ids]
         assert all(n > 0 for n in sizes), sizes
