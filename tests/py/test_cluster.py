@@ -286,6 +286,26 @@ def test_nginx_routes_each_session_to_one_replica(tmp_path, redis):
             r.stop()
 
 
+def test_nginx_answers_a_replica_that_does_not_answer_in_time_with_a_json_504(tmp_path, redis):
+    """nginx's own 504 (no answer within proxy_read_timeout) was an HTML page; it is
+    potserve's JSON error with Retry-After, as its 502 is (the test above)."""
+    from cluster_util import Nginx
+    rep = replica(tmp_path / "r", redis, "r").start()
+    nginx = Nginx(tmp_path / "nginx", [rep.port], read_timeout_s=1).start()
+    proxy = Server(tmp_path / "unused")
+    proxy.port = nginx.port
+    try:
+        assert proxy.request("GET", "/v1/models")[0] == 200
+        rep.proc.send_signal(signal.SIGSTOP)  # its socket still takes the connection; nothing answers
+        st, body, headers = proxy.request("GET", "/v1/models", timeout=30)
+        assert st == 504 and body["error"]["code"] == "replica_timeout", body
+        assert body["error"]["type"] == "unavailable_error" and headers.get("Retry-After") == "1", headers
+    finally:
+        rep.proc.send_signal(signal.SIGCONT)
+        nginx.stop()
+        rep.stop()
+
+
 def test_bad_store_spec_is_refused(tmp_path):
     from conftest import run
     for spec, why in (("mysql://x", "neither dir nor redis"), ("redis://127.0.0.1:1/0", "redis 127.0.0.1:1")):

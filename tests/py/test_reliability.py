@@ -956,7 +956,7 @@ def test_answers_take_turns_and_their_memory_is_bounded(tmp_path):
             return st, body
         w = threading.Thread(target=watch)
         w.start()
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
             answers = list(pool.map(ask, range(10)))
         done.set()
         w.join()
