@@ -1,7 +1,8 @@
 /* JSON Schema -> grammar (engine/grammar.h) for response_format and tool
  * arguments. The subset: type (one or a list), properties, required,
  * additionalProperties, enum, const, items, minItems/maxItems,
- * minLength/maxLength, anyOf/oneOf (alternatives that start with different
+ * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum
+ * (numbers then have no exponent), anyOf/oneOf (alternatives that start with different
  * bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
  * $comment). Any other keyword is a 400 naming it: a constraint silently
@@ -12,6 +13,7 @@
  * What is generated is a subset of what the schema allows, always valid:
  * an object with properties gets only those properties (whatever
  * additionalProperties says), in any order. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +55,8 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items",
-    "minItems", "maxItems", "minLength", "maxLength", "anyOf", "oneOf", "$ref", "$defs",
+    "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "anyOf", "oneOf", "$ref", "$defs",
     "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
     NULL};
 
@@ -265,6 +268,36 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
     return node;
 }
 
+/* minimum, maximum, exclusiveMinimum, exclusiveMaximum on number node `node`. */
+static int compile_limits(compiler *c, json_t *s, int node, int integer, const char *where) {
+    static const char *const keys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    for (int k = 0; k < 4; k++) {
+        json_t *v = json_object_get(s, keys[k]);
+        if (!v) continue;
+        if (!json_is_number(v))
+            return fail(c, "%s: %s must be a number (the boolean form of draft 4 is not supported)", where, keys[k]);
+        int upper = k & 1, exclusive = k >= 2;
+        char text[1600]; /* a double's exact decimal expansion: up to 309 integer and 1,074 fraction digits */
+        if (exclusive && !integer) {
+            /* A fraction written to 16 digits is read back by most JSON readers as the nearest
+               double: that keeps <= and >= against a double, but 9.9999999999999999 reads as 10.0,
+               onto an exclusive limit of 10. So a number's exclusive limit is the next double
+               inside it, inclusive. */
+            double d = nextafter(json_number_value(v), upper ? -INFINITY : INFINITY);
+            snprintf(text, sizeof text, "%.1100f", d);
+            exclusive = 0;
+        } else if (json_is_integer(v)) {
+            snprintf(text, sizeof text, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        } else {
+            snprintf(text, sizeof text, "%.1100f", json_real_value(v));
+        }
+        char err[200];
+        if (grammar_number_limit(c->g, node, text, upper, exclusive, err, sizeof err))
+            return fail(c, "%s: %s", where, err);
+    }
+    return node;
+}
+
 static int compile_type(compiler *c, json_t *s, const char *type, const char *where) {
     char err[200];
     int node;
@@ -287,7 +320,9 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         if (hi >= 0 && lo > hi) return fail(c, "%s: minLength exceeds maxLength%s", where, "");
         node = grammar_string(c->g, lo, hi);
     } else if (!strcmp(type, "number") || !strcmp(type, "integer")) {
-        node = grammar_number(c->g, !strcmp(type, "integer"));
+        int integer = !strcmp(type, "integer");
+        node = grammar_number(c->g, integer);
+        if (node >= 0) return compile_limits(c, s, node, integer, where);
     } else if (!strcmp(type, "boolean") || !strcmp(type, "null")) {
         static const char *const tf[] = {"true", "false"}, *const nul[] = {"null"};
         int b = !strcmp(type, "boolean");
@@ -306,6 +341,9 @@ static const char *implied_type(json_t *s) {
     if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
         return "array";
     if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) return "string";
+    if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
+        json_object_get(s, "exclusiveMaximum"))
+        return "number";
     return NULL;
 }
 

@@ -27,8 +27,14 @@ enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 
 
 enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED };
 
+/* A bounded number's value in units of 1e-16 (MAX_FRAC_DIGITS): every number
+ * the automaton writes is a whole count of them, below 1e32 in magnitude. */
+typedef __int128 units;
+
 typedef struct gnode {
     enum kind kind;
+    int bounded;        /* number: lo/hi set (no exponent then) */
+    units lo, hi;       /* number: the values allowed, inclusive, in units */
     int32_t min, max;   /* string length, array items (max < 0: none) */
     int32_t child;      /* array items; object values when it has no properties */
     int32_t first, n;   /* object: props[first..+n); literals: lits; anyOf: alts */
@@ -133,10 +139,30 @@ int grammar_string(grammar *g, int32_t min_len, int32_t max_len) {
     return id;
 }
 
+static units pow10u(int k) { /* k in [0, 32] */
+    static const units p[] = {
+        1, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL, 1000000000ULL,
+        10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL, 100000000000000ULL,
+        1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL, 1000000000000000000ULL,
+        (units)1000000000000000000ULL * 10ULL, (units)1000000000000000000ULL * 100ULL,
+        (units)1000000000000000000ULL * 1000ULL, (units)1000000000000000000ULL * 10000ULL,
+        (units)1000000000000000000ULL * 100000ULL, (units)1000000000000000000ULL * 1000000ULL,
+        (units)1000000000000000000ULL * 10000000ULL, (units)1000000000000000000ULL * 100000000ULL,
+        (units)1000000000000000000ULL * 1000000000ULL, (units)1000000000000000000ULL * 10000000000ULL,
+        (units)1000000000000000000ULL * 100000000000ULL, (units)1000000000000000000ULL * 1000000000000ULL,
+        (units)1000000000000000000ULL * 10000000000000ULL, (units)1000000000000000000ULL * 100000000000000ULL,
+    };
+    return p[k];
+}
+#define UNIT pow10u(MAX_FRAC_DIGITS) /* 1 in units */
+#define BEYOND pow10u(MAX_INT_DIGITS + MAX_FRAC_DIGITS) /* no number written reaches it */
+
 int grammar_number(grammar *g, int integer) {
     int id = add_node(g, integer ? K_INTEGER : K_NUMBER);
     if (id < 0) return -1;
     g->nodes[id].min_len = 1;
+    g->nodes[id].lo = -BEYOND;
+    g->nodes[id].hi = BEYOND;
     for (const char *c = "-0123456789"; *c; c++) set_start(&g->nodes[id], (unsigned char)*c);
     return id;
 }
@@ -331,6 +357,82 @@ static int required_met(const grammar *g, const gnode *nd, uint64_t used) {
     return 1;
 }
 
+/* ---- numbers with bounds ----
+ * A bounded number is written without an exponent, so the value of what can
+ * follow a prefix is known: after the integer part I (k digits) come m more
+ * digits and maybe a fraction of d digits, a value of [I·10^m, (I+1)·10^m)
+ * on a grid of 10^-d. number_rest finds the fewest bytes that reach [lo, hi]
+ * this way; a byte that leaves no way there is refused, so every state the
+ * automaton reaches can still end in range. */
+
+/* Whether a value of the given sign whose magnitude (units) lies in [a, b] and
+ * is a multiple of step lies in [nd->lo, nd->hi]. A minus sign writes only
+ * values below zero (no -0 where nothing negative is allowed). */
+static int number_meets(const gnode *nd, int negative, units a, units b, units step) {
+    units x = negative ? -b : a, y = negative ? (a ? -a : -1) : b;
+    if (x < nd->lo) x = nd->lo;
+    if (y > nd->hi) y = nd->hi;
+    if (x > y) return 0;
+    units first = x / step * step; /* C division truncates: up for x < 0, down for x >= 0 */
+    if (first < x) first += step;
+    return first <= y;
+}
+
+/* The fewest bytes frame f of a bounded number node needs to a value in
+ * [lo, hi] (0: it may end now), or UINT32_MAX when none is reachable. */
+static uint32_t number_rest(const gnode *nd, const grammar_frame *f) {
+    int negative = f->aux, frac_ok = nd->kind == K_NUMBER;
+    units I = (units)f->cand;
+    switch (f->st) {
+    case N_SIGN: { /* the first digit, then as from there */
+        uint32_t best = UINT32_MAX;
+        for (int d = 0; d <= 9; d++) {
+            grammar_frame next = *f;
+            next.st = d ? N_INT : N_ZERO;
+            next.count = 1;
+            next.cand = (uint64_t)d;
+            uint32_t r = number_rest(nd, &next);
+            if (r != UINT32_MAX && r + 1 < best) best = r + 1;
+        }
+        return best;
+    }
+    case N_FRAC: { /* more fraction digits only */
+        units step = pow10u(MAX_FRAC_DIGITS - (int)f->count);
+        units at = I * UNIT + (units)f->used * step;
+        for (uint32_t more = 0; more <= MAX_FRAC_DIGITS - f->count; more++)
+            if (number_meets(nd, negative, at, at + step - 1, pow10u(MAX_FRAC_DIGITS - (int)f->count - (int)more)))
+                return more;
+        return UINT32_MAX;
+    }
+    case N_ZERO:
+    case N_INT:
+    case N_DOT: {
+        int dot = f->st == N_DOT, max_more = f->st == N_INT ? MAX_INT_DIGITS - (int)f->count : 0;
+        /* bytes = m more integer digits + (a fraction of d digits: d, and 1 for the dot unless written) */
+        for (int bytes = 0; bytes <= max_more + 1 + MAX_FRAC_DIGITS; bytes++)
+            for (int m = 0; m <= max_more && m <= bytes; m++) {
+                int d = bytes - m - (dot ? 0 : 1);
+                if (bytes == m ? dot : (!frac_ok || d < 1 || d > MAX_FRAC_DIGITS)) continue;
+                units scale = pow10u(m), a = I * scale * UNIT, b = (I + 1) * scale * UNIT - 1;
+                if (number_meets(nd, negative, a, b, pow10u(MAX_FRAC_DIGITS - (bytes == m ? 0 : d))))
+                    return (uint32_t)bytes;
+            }
+        return UINT32_MAX;
+    }
+    default: return UINT32_MAX;
+    }
+}
+
+/* ACCEPT when the number can still end in range, else REJECT. */
+static enum step number_checked(const gnode *nd, const grammar_frame *f) {
+    return !nd->bounded || number_rest(nd, f) != UINT32_MAX ? ACCEPT : REJECT;
+}
+
+/* The number ends at a byte it cannot take: POP when its value is in range. */
+static enum step number_pop(const gnode *nd, const grammar_frame *f) {
+    return !nd->bounded || number_rest(nd, f) == 0 ? POP : REJECT;
+}
+
 /* Steps frame f of node nd on c. PUSH: *child is the node of a value that
  * starts with c (the caller pushes it and feeds c to it). */
 static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c, int *child) {
@@ -360,7 +462,10 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         case K_INTEGER:
             f->count = c == '-' ? 0 : 1;
             f->st = c == '-' ? N_SIGN : c == '0' ? N_ZERO : N_INT;
-            return ACCEPT;
+            f->aux = c == '-'; /* the value so far: sign, integer part (cand), fraction digits (used) */
+            f->cand = is_digit(c) ? (uint64_t)(c - '0') : 0;
+            f->used = 0;
+            return number_checked(nd, f);
         case K_LITERALS:
         case K_TAGGED:
             f->cand = narrow(g, nd, all_bits(nd->n), 0, c);
@@ -494,23 +599,34 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         if (!is_digit(c)) return REJECT;
         f->st = c == '0' ? N_ZERO : N_INT;
         f->count = 1;
-        return ACCEPT;
+        f->cand = (uint64_t)(c - '0');
+        return number_checked(nd, f);
     case N_ZERO:
     case N_INT:
-        if (f->st == N_INT && is_digit(c)) return f->count < MAX_INT_DIGITS ? (f->count++, ACCEPT) : REJECT;
-        if (is_int) return POP;
-        if (c == '.') return f->st = N_DOT, ACCEPT;
-        if (c == 'e' || c == 'E') return f->st = N_EXP, ACCEPT;
-        return POP;
+        if (f->st == N_INT && is_digit(c)) {
+            if (f->count == MAX_INT_DIGITS) return REJECT;
+            f->count++;
+            f->cand = f->cand * 10 + (uint64_t)(c - '0');
+            return number_checked(nd, f);
+        }
+        if (c == '.' && !is_int) return f->st = N_DOT, number_checked(nd, f);
+        if ((c == 'e' || c == 'E') && !is_int && !nd->bounded) return f->st = N_EXP, ACCEPT;
+        return number_pop(nd, f);
     case N_DOT:
         if (!is_digit(c)) return REJECT;
         f->st = N_FRAC;
         f->count = 1;
-        return ACCEPT;
+        f->used = (uint64_t)(c - '0');
+        return number_checked(nd, f);
     case N_FRAC:
-        if (is_digit(c)) return f->count < MAX_FRAC_DIGITS ? (f->count++, ACCEPT) : REJECT;
-        if (c == 'e' || c == 'E') return f->st = N_EXP, ACCEPT;
-        return POP;
+        if (is_digit(c)) {
+            if (f->count == MAX_FRAC_DIGITS) return REJECT;
+            f->count++;
+            f->used = f->used * 10 + (uint64_t)(c - '0');
+            return number_checked(nd, f);
+        }
+        if ((c == 'e' || c == 'E') && !nd->bounded) return f->st = N_EXP, ACCEPT;
+        return number_pop(nd, f);
     case N_EXP:
         if (c == '+' || c == '-') return f->st = N_EXP_SIGN, ACCEPT;
         /* fall through */
@@ -616,7 +732,7 @@ static int frame_complete(const grammar *g, const grammar_frame *f) {
     case ST_DONE: return 1;
     case N_ZERO:
     case N_INT:
-    case N_FRAC:
+    case N_FRAC: return !nd->bounded || number_rest(nd, f) == 0;
     case N_EXP_DIG: return 1;
     case L_MATCH: return ended(g, nd, f->cand, f->pos) >= 0;
     default: return 0;
@@ -632,11 +748,90 @@ int grammar_must_end(const grammar *g, const grammar_state *st) {
     if (st->depth > 1) return 0;
     const grammar_frame *f = &st->f[0];
     if (f->st == ST_DONE) return 1;
-    if (f->st != L_MATCH || !frame_complete(g, f)) return 0;
     const gnode *nd = &g->nodes[f->node];
+    if (nd->bounded && frame_complete(g, f)) { /* in range: may another digit or a fraction follow? */
+        for (const char *c = "0123456789."; *c; c++) {
+            grammar_frame next = *f;
+            int child;
+            if (step_frame(g, &next, (unsigned char)*c, &child) == ACCEPT) return 0;
+        }
+        return 1;
+    }
+    if (f->st != L_MATCH || !frame_complete(g, f)) return 0;
     for (int i = 0; i < nd->n; i++) /* a longer literal could still follow */
         if ((f->cand >> i & 1) && g->texts[nd->first + i].len > f->pos) return 0;
     return 1;
+}
+
+/* text: [-]digits[.digits] exactly (no exponent). *v: its value in units,
+ * rounded up when up, else down. 1 when |value| < 1e16, 0 when beyond
+ * (*negative says which side), -1 when text is no such number. */
+static int parse_units(const char *text, int up, units *v, int *negative) {
+    const char *p = text;
+    *negative = *p == '-';
+    p += *negative;
+    units mag = 0;
+    int int_digits = 0, frac_digits = 0, rest = 0;
+    for (; is_digit((unsigned char)*p); p++)
+        if (int_digits || *p != '0') {
+            if (++int_digits > MAX_INT_DIGITS) return 0;
+            mag = mag * 10 + (*p - '0');
+        }
+    if (p == text + *negative) return -1;
+    if (*p == '.') {
+        const char *start = ++p;
+        for (; is_digit((unsigned char)*p); p++)
+            if (frac_digits < MAX_FRAC_DIGITS) mag = mag * 10 + (*p - '0'), frac_digits++;
+            else rest |= *p != '0';
+        if (p == start) return -1;
+    }
+    if (*p) return -1;
+    mag *= pow10u(MAX_FRAC_DIGITS - frac_digits);
+    if (rest && up != *negative) mag++; /* away from zero: up for a positive value, down for a negative one */
+    *v = *negative ? -mag : mag;
+    return 1;
+}
+
+int grammar_number_limit(grammar *g, int node, const char *value, int upper, int exclusive, char *err,
+                         size_t errlen) {
+    gnode *nd = node >= 0 && node < g->n_nodes ? &g->nodes[node] : NULL;
+    if (!nd || (nd->kind != K_NUMBER && nd->kind != K_INTEGER)) return snprintf(err, errlen, "not a number"), -1;
+    units v;
+    int negative, got = parse_units(value, !upper, &v, &negative);
+    if (got < 0) return snprintf(err, errlen, "'%s' is not a decimal number", value), -1;
+    if (!got && negative == upper)
+        return snprintf(err, errlen, "no number of at most %d integer digits is %s %s", MAX_INT_DIGITS,
+                        upper ? "below" : "above", value), -1;
+    nd->bounded = 1; /* without an exponent even a limit beyond every number written holds */
+    if (got) {
+        /* exclusive: the next value of the grid (v was rounded toward the allowed side,
+           so a limit between grid points is already excluded) */
+        units v_other;
+        int neg_other;
+        parse_units(value, upper, &v_other, &neg_other);
+        if (exclusive && v_other == v) v += upper ? -1 : 1;
+        if (nd->kind == K_INTEGER) { /* to whole numbers, toward the allowed side */
+            units q = v / UNIT * UNIT;
+            if (!upper && q < v) q += UNIT;
+            if (upper && q > v) q -= UNIT;
+            v = q;
+        }
+        if (upper && v < nd->hi) nd->hi = v;
+        if (!upper && v > nd->lo) nd->lo = v;
+    }
+    if (nd->lo > nd->hi) return snprintf(err, errlen, "no number lies within the minimum and maximum given"), -1;
+    /* the bytes a value may start with, and the shortest value */
+    memset(nd->starts, 0, sizeof nd->starts);
+    nd->min_len = UINT32_MAX;
+    for (const char *c = "-0123456789"; *c; c++) {
+        grammar_frame f = {.node = node, .st = *c == '-' ? N_SIGN : *c == '0' ? N_ZERO : N_INT, .count = *c != '-',
+                           .aux = *c == '-', .cand = is_digit((unsigned char)*c) ? (uint64_t)(*c - '0') : 0};
+        uint32_t rest = number_rest(nd, &f);
+        if (rest == UINT32_MAX) continue;
+        set_start(nd, (unsigned char)*c);
+        if (rest + 1 < nd->min_len) nd->min_len = rest + 1;
+    }
+    return 0;
 }
 
 /* ---- the shortest way to finish --------------------------------------------------------
@@ -698,6 +893,11 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     case S_LOW_U: return 5 + sat_sub((uint32_t)nd->min, f->count) + 1;
     case N_SIGN:
     case N_DOT:
+    case N_ZERO:
+    case N_INT:
+    case N_FRAC:
+        if (nd->bounded) return number_rest(nd, f);
+        return f->st == N_SIGN || f->st == N_DOT;
     case N_EXP:
     case N_EXP_SIGN: return 1;
     case L_MATCH:

@@ -25,6 +25,12 @@ void grammar_unref(grammar *g);
 int grammar_any(grammar *g);                              /* any JSON value */
 int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
 int grammar_number(grammar *g, int integer);
+/* Bounds number node `node`: its values <= value (upper) or >= value, or
+ * strictly so when exclusive; value is a decimal text ([-]digits[.digits],
+ * exact). A bounded number has no exponent; the limits tighten each other.
+ * 0, or -1 with one line in err (no number written could meet them). */
+int grammar_number_limit(grammar *g, int node, const char *value, int upper, int exclusive, char *err,
+                         size_t errlen);
 /* Exactly one of the given JSON texts (compact: what enum and const allow). */
 int grammar_literals(grammar *g, const char *const *texts, size_t n, char *err, size_t errlen);
 /* items: node of every item; max_items < 0: no limit. */

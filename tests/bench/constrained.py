@@ -2,8 +2,9 @@
 
 Starts `build/potserve serve` on loopback with the default model and, run
 after run, alternates one streamed chat request of each kind with the same
-prompt: unconstrained, response_format json_object, and a json_schema with
-nested objects, arrays, enums and free strings. Decode tokens/s of a request
+prompt: unconstrained, response_format json_object, a json_schema with
+nested objects, arrays, enums and free strings, and the same schema with
+numeric limits (minimum, maximum, exclusiveMinimum). Decode tokens/s of a request
 = (completion tokens - 1) / (time from its first content chunk to its last),
 so the prefill is left out; reports the median of each kind and its ratio to
 unconstrained, and how often the mask had to be built. The constrained runs pay the sampler's check of each token
@@ -38,10 +39,16 @@ SCHEMA = {
     "required": ["title", "chapters", "rating"], "additionalProperties": False,
 }
 
+# the same with numeric limits: each digit is checked against them (engine/grammar.c, number_rest)
+LIMITED = json.loads(json.dumps(SCHEMA))
+LIMITED["properties"]["chapters"]["items"]["properties"]["pages"].update(minimum=1, maximum=2000)
+LIMITED["properties"]["rating"].update(exclusiveMinimum=0, maximum=5)
+
 KINDS = {
     "unconstrained": None,
     "json_object": {"type": "json_object"},
     "json_schema": {"type": "json_schema", "json_schema": {"name": "book", "schema": SCHEMA}},
+    "json_schema_limits": {"type": "json_schema", "json_schema": {"name": "book", "schema": LIMITED}},
 }
 
 

@@ -57,6 +57,15 @@ SCHEMAS = {
                        "pet": {"type": "object", "anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]}},
         "required": ["units", "code", "pet", "extra"], "additionalProperties": {"type": "boolean"},
         "$defs": {"Pet": {"properties": {"legs": {"type": "integer"}}, "required": ["legs"]}}},
+    # numeric limits (Pydantic's Field(ge=, le=, gt=, lt=)): the sampled digits are held within them
+    "limits": {
+        "type": "object",
+        "properties": {"stars": {"type": "integer", "minimum": 1, "maximum": 5},
+                       "year": {"type": "integer", "minimum": 1900, "exclusiveMaximum": 2100},
+                       "share": {"type": "number", "minimum": 0, "maximum": 1},
+                       "temperature": {"type": "number", "exclusiveMinimum": -273.15, "maximum": 60.5},
+                       "debt": {"anyOf": [{"type": "integer", "maximum": -1}, {"type": "null"}]}},
+        "required": ["stars", "year", "share", "temperature", "debt"], "additionalProperties": False},
     "list_of_objects": {
         "type": "object",
         "properties": {"steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
@@ -228,6 +237,12 @@ class Step(pydantic.BaseModel):
     output: str
 
 
+class Review(pydantic.BaseModel):
+    stars: int = pydantic.Field(ge=1, le=5)
+    confidence: float = pydantic.Field(gt=0, lt=1)
+    votes: Optional[int] = pydantic.Field(default=None, ge=0)
+
+
 class MathReasoning(pydantic.BaseModel):
     steps: List[Step]
     final_answer: str
@@ -245,6 +260,29 @@ def test_parse_with_a_pydantic_model(client):
         assert parsed.kind in ("arithmetic", "algebra")
 
 
+def test_parse_with_pydantic_field_limits(client):
+    """Field(ge=, le=, gt=, lt=) are JSON Schema's minimum, maximum and exclusive limits: each was a 400
+    ('minimum' is not supported); now every parsed value lies within them."""
+    for seed in range(3):
+        r = client.chat.completions.parse(
+            model="x", messages=[{"role": "user", "content": "Review the film Alien (1979)."}],
+            response_format=Review, temperature=1.0, seed=seed, max_tokens=120)
+        parsed = r.choices[0].message.parsed
+        assert isinstance(parsed, Review) and 1 <= parsed.stars <= 5 and 0 < parsed.confidence < 1, parsed
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+
+
+def test_a_bounded_integer_alone_ends_at_its_last_digit(client):
+    """A number standing alone as the whole value can always take one more digit, so it ran to
+    max_tokens ("length"); within limits, the automaton knows when no digit may follow."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 1, "maximum": 10}}}
+    for seed in range(4):
+        r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Rate cats from 1 to 10."}],
+                                           response_format=fmt, temperature=1.0, seed=seed, max_tokens=20)
+        v = json.loads(r.choices[0].message.content)
+        assert isinstance(v, int) and 1 <= v <= 10 and r.choices[0].finish_reason == "stop", r
+
+
 def test_bad_response_formats_are_400s(client):
     msgs = [{"role": "user", "content": "Hi"}]
     cases = [({"type": "sound"}, "sound"),
@@ -252,7 +290,9 @@ def test_bad_response_formats_are_400s(client):
              ({"type": "json_schema"}, "json_schema"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}}, "'pattern'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "date-time"}}}, "'format'"),
-             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}}, "'minimum'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 5}}}, "'multipleOf'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                 "type": "integer", "minimum": 3, "maximum": 2}}}, "no number lies within"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "type": "string", "maxLength": 1, "enum": ["aa", "b"]}}}, "'maxLength' beside enum"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {

@@ -85,7 +85,7 @@ static void check_refused(const char *schema_text, const char *needle) {
 
 TEST(grammar_unsupported_keywords_are_named) {
     const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"a\"}", "'pattern'"},
-                            {"{\"type\":\"integer\",\"minimum\":3}", "'minimum'"},
+                            {"{\"type\":\"integer\",\"multipleOf\":3}", "'multipleOf'"},
                             {"{\"allOf\":[{}]}", "'allOf'"},
                             {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "anyOf"},
                             {"{\"$ref\":\"#\"}", "recursive"},
@@ -282,6 +282,108 @@ TEST(grammar_strings_are_text_every_json_reader_takes) {
     grammar_unref(g);
 }
 
+/* A short number text's value in millionths (texts of at most 5 bytes: 4 fraction digits). */
+static long long millionths(const char *text) {
+    int negative = *text == '-';
+    long long whole = 0, frac = 0, scale = 1000000;
+    const char *p = text + negative;
+    for (; *p >= '0' && *p <= '9'; p++) whole = whole * 10 + (*p - '0');
+    if (*p == '.')
+        for (p++; *p; p++) frac += (scale /= 10) * (*p - '0');
+    long long v = whole * 1000000 + frac;
+    return negative ? -v : v;
+}
+
+TEST(grammar_number_limits_accept_exactly_the_numbers_within) {
+    /* every text of up to 5 bytes of "-0123456789." is a whole value of the bounded schema
+       exactly when the unbounded one takes it and its value is within the limits */
+    static const struct {
+        const char *type, *limits;
+        long long lo, hi; /* millionths, inclusive (the oracle) */
+    } cases[] = {
+        {"integer", "\"minimum\":3,\"maximum\":42", 3000000, 42000000},
+        {"integer", "\"minimum\":-17,\"exclusiveMaximum\":-3", -17000000, -4000000},
+        {"integer", "\"exclusiveMinimum\":-2.5,\"maximum\":7.9", -2000000, 7000000},
+        {"integer", "\"minimum\":120", 120000000, 999999999999},
+        {"integer", "\"maximum\":0", -999999999999, 0},
+        {"number", "\"minimum\":0,\"maximum\":1", 0, 1000000},
+        {"number", "\"minimum\":-1.25,\"maximum\":0.5", -1250000, 500000},
+        {"number", "\"exclusiveMinimum\":0,\"exclusiveMaximum\":10", 1, 9999999},
+        {"number", "\"minimum\":99.5", 99500000, 999999999999},
+        {"number", "\"maximum\":-0.001", -999999999999, -1000},
+        {"number", "\"minimum\":2,\"exclusiveMinimum\":2.5,\"maximum\":3.75,\"exclusiveMaximum\":4", 2500001, 3750000},
+    };
+    static const char alphabet[] = "-0123456789.";
+    int wrong = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char text[200];
+        snprintf(text, sizeof text, "{\"type\":\"%s\",%s}", cases[k].type, cases[k].limits);
+        grammar *g = compile(text);
+        snprintf(text, sizeof text, "{\"type\":\"%s\"}", cases[k].type);
+        grammar *plain = compile(text);
+        CHECK(g != NULL && plain != NULL);
+        if (!g || !plain) continue;
+        int taken = 0;
+        for (int len = 1; len <= 5; len++) {
+            int digit[5] = {0};
+            for (;;) {
+                char t[6];
+                for (int i = 0; i < len; i++) t[i] = alphabet[digit[i]];
+                t[len] = 0;
+                int want = accepts(plain, t) && millionths(t) >= cases[k].lo && millionths(t) <= cases[k].hi &&
+                           (t[0] != '-' || millionths(t) < 0); /* no -0 */
+                int got = accepts(g, t);
+                taken += got;
+                if (got != want && wrong++ < 5) fprintf(stderr, "  %s: '%s' %s\n", cases[k].limits, t, got ? "taken" : "refused");
+                int i = len - 1;
+                while (i >= 0 && ++digit[i] == (int)sizeof alphabet - 1) digit[i--] = 0;
+                if (i < 0) break;
+            }
+        }
+        CHECK(taken > 0);
+        CHECK(!accepts(g, "5e0") && !accepts(g, "1E1")); /* no exponent once bounded */
+        grammar_unref(g);
+        grammar_unref(plain);
+    }
+    CHECK_EQ_INT(wrong, 0);
+
+    /* the shortest value, and an end the automaton knows: 42 of [3, 42] takes no digit after it */
+    grammar *g = compile("{\"type\":\"integer\",\"minimum\":100,\"maximum\":420}");
+    CHECK(g != NULL);
+    if (g) {
+        grammar_state st;
+        grammar_start(g, &st);
+        CHECK_EQ_INT(grammar_cost(g, &st), 3);
+        char out[8];
+        CHECK_EQ_INT(grammar_shortest_completion(g, &st, out, sizeof out), 3);
+        CHECK(!memcmp(out, "100", 3));
+        CHECK(!grammar_feed(g, &st, "5", 1)); /* 5, 50..59, 500..: none within */
+        grammar_start(g, &st);
+        CHECK(grammar_feed(g, &st, "42", 2) && !grammar_can_end(g, &st) && grammar_cost(g, &st) == 1);
+        CHECK(grammar_feed(g, &st, "0", 1) && grammar_can_end(g, &st) && grammar_must_end(g, &st));
+        grammar_start(g, &st);
+        CHECK(grammar_feed(g, &st, "399", 3) && grammar_must_end(g, &st));
+        grammar_start(g, &st);
+        CHECK(grammar_feed(g, &st, "39", 2) && !grammar_must_end(g, &st));
+        grammar_unref(g);
+    }
+    g = compile("{\"type\":\"number\",\"maximum\":5}");
+    if (g) { /* 5 may still take a fraction of zeros: it cannot end the answer by itself */
+        grammar_state st;
+        grammar_start(g, &st);
+        CHECK(grammar_feed(g, &st, "5", 1) && grammar_can_end(g, &st) && !grammar_must_end(g, &st));
+        CHECK(grammar_feed(g, &st, ".000", 4) && !grammar_feed(g, &st, "1", 1));
+        grammar_unref(g);
+    }
+    /* limits that no number written meets, and limits of the wrong kind, are a 400 naming them */
+    check_refused("{\"type\":\"integer\",\"minimum\":1.5,\"maximum\":1.9}", "no number lies within");
+    check_refused("{\"type\":\"number\",\"minimum\":3,\"exclusiveMaximum\":3}", "no number lies within");
+    check_refused("{\"type\":\"number\",\"minimum\":1e20}", "at most 16 integer digits");
+    check_refused("{\"type\":\"integer\",\"maximum\":\"7\"}", "maximum must be a number");
+    check_refused("{\"type\":\"number\",\"exclusiveMinimum\":true,\"minimum\":1}", "exclusiveMinimum must be a number");
+    check_refused("{\"enum\":[1,2],\"minimum\":1}", "'minimum' beside enum");
+}
+
 static void walk_failed(const char *what, const char *text, size_t n) {
     fprintf(stderr, "  %s after %zu bytes: '%.*s'\n", what, n, (int)n, text);
 }
@@ -303,6 +405,10 @@ TEST(grammar_random_walks_keep_their_promises) {
         "{\"type\":[\"string\",\"null\",\"integer\"]}",
         "{\"type\":\"object\",\"properties\":{\"a\\\"b\":{\"type\":\"integer\"},\"a\":{\"type\":\"string\"},"
         "\"\\\\\\\"\":{\"type\":\"null\"}}}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-300,\"exclusiveMaximum\":1000000}}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0.125,\"maximum\":0.5}}",
+        "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\",\"maximum\":-7.5e-9},{\"type\":\"null\"}]}}",
+        "{\"type\":\"array\",\"items\":{\"exclusiveMinimum\":1234567890123.5,\"maximum\":1e300}}",
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     unsigned char walk[300];
