@@ -2,7 +2,8 @@
  * arguments. The subset: type (one or a list), properties, required,
  * additionalProperties, enum, const, items, minItems/maxItems,
  * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum
- * (numbers then have no exponent), anyOf/oneOf (alternatives that start with different
+ * (numbers then have no exponent), format (date, time, date-time, uuid,
+ * ipv4), anyOf/oneOf (alternatives that start with different
  * bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
  * $comment). Any other keyword is a 400 naming it: a constraint silently
@@ -56,7 +57,7 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "anyOf", "oneOf", "$ref", "$defs",
+    "exclusiveMaximum", "format", "anyOf", "oneOf", "$ref", "$defs",
     "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
     NULL};
 
@@ -314,6 +315,14 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         node = grammar_array(c->g, item, lo, hi, err, sizeof err);
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
+    if (!strcmp(type, "string") && json_object_get(s, "format")) {
+        json_t *format = json_object_get(s, "format");
+        if (!json_is_string(format)) return fail(c, "%s: format must be a string%s", where, "");
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+            return fail(c, "%s: minLength or maxLength beside format is not supported%s", where, "");
+        node = grammar_format(c->g, json_string_value(format), err, sizeof err);
+        return node < 0 ? grammar_fail(c, where, err) : node;
+    }
     if (!strcmp(type, "string")) {
         int32_t lo, hi;
         if (get_count(c, s, "minLength", 0, &lo, where) || get_count(c, s, "maxLength", -1, &hi, where)) return -1;
@@ -340,7 +349,8 @@ static const char *implied_type(json_t *s) {
         return "object";
     if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
         return "array";
-    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) return "string";
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format"))
+        return "string";
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
         json_object_get(s, "exclusiveMaximum"))
         return "number";

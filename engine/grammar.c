@@ -25,7 +25,7 @@
  * a double (what most JSON readers parse numbers into). */
 enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 2 };
 
-enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED };
+enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT };
 
 /* A bounded number's value in units of 1e-16 (MAX_FRAC_DIGITS): every number
  * the automaton writes is a whole count of them, below 1e32 in magnitude. */
@@ -35,7 +35,7 @@ typedef struct gnode {
     enum kind kind;
     int bounded;        /* number: lo/hi set (no exponent then) */
     units lo, hi;       /* number: the values allowed, inclusive, in units */
-    int32_t min, max;   /* string length, array items (max < 0: none) */
+    int32_t min, max;   /* string length, array items (max < 0: none); format: its index in formats[] */
     int32_t child;      /* array items; object values when it has no properties */
     int32_t first, n;   /* object: props[first..+n); literals: lits; anyOf: alts */
     uint32_t min_len;   /* bytes of the shortest value */
@@ -77,6 +77,8 @@ enum {
     L_MATCH,
     /* tagged: prefix text, the value, suffix text */
     T_PREFIX, T_VALUE, T_SUFFIX,
+    /* format: along its template (pos), then a time's tail: fraction, offset, closing quote */
+    F_TEMPLATE, F_TAIL, F_FRAC, F_OFFSET, F_CLOSE, F_IP,
     ST_DONE,
 };
 
@@ -276,6 +278,39 @@ int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, si
     return id;
 }
 
+/* String formats (JSON Schema's "format"), written one way each: a template
+ * of literal bytes and digit classes (Y year, M month, D day, h hour, m
+ * minute, s second, x hex digit), and for times a tail of an optional
+ * fraction (1-6 digits) and an offset (Z or +hh:mm); ipv4 has its own states.
+ * Every digit is checked against those before it (month 01-12, the month's
+ * days in that year, hour 00-23), so each value is a valid date, time or
+ * address, not only its shape. */
+static const struct format {
+    const char *name, *template;
+    int time_tail;
+} formats[] = {
+    {"date", "\"YYYY-MM-DD\"", 0},
+    {"time", "\"hh:mm:ss", 1},
+    {"date-time", "\"YYYY-MM-DDThh:mm:ss", 1},
+    {"uuid", "\"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx\"", 0},
+    {"ipv4", "\"", 0},
+};
+enum { FORMAT_IPV4 = 4, FORMAT_FRAC_DIGITS = 6 };
+
+int grammar_format(grammar *g, const char *name, char *err, size_t errlen) {
+    int k = 0, n = (int)(sizeof formats / sizeof *formats);
+    while (k < n && strcmp(formats[k].name, name)) k++;
+    if (k == n)
+        return snprintf(err, errlen, "format '%s' is not supported (date, time, date-time, uuid and ipv4 are)", name), -1;
+    int id = add_node(g, K_FORMAT);
+    if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
+    g->nodes[id].min = k;
+    /* the shortest value: the template, then "Z\"" for a time, "0.0.0.0\"" for an address */
+    g->nodes[id].min_len = (uint32_t)strlen(formats[k].template) + (formats[k].time_tail ? 2 : 0) + (k == FORMAT_IPV4 ? 8 : 0);
+    set_start(&g->nodes[id], '"');
+    return id;
+}
+
 int grammar_any(grammar *g) { return g->any; }
 
 void grammar_set_root(grammar *g, int node) {
@@ -433,6 +468,94 @@ static enum step number_pop(const gnode *nd, const grammar_frame *f) {
     return !nd->bounded || number_rest(nd, f) == 0 ? POP : REJECT;
 }
 
+/* ---- formats ---- */
+
+static int days_in_month(int year, int month) {
+    static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    return month == 2 && leap ? 29 : days[month - 1];
+}
+
+/* Whether c may stand at a template position of class k; prev is the digit before it
+ * in the same field (-1 at a field's first digit) and f->cand the date's digits so far
+ * (year then month, as one number). */
+static int format_digit_ok(char k, int prev, const grammar_frame *f, unsigned char c) {
+    if (k == 'x') return is_hex(c);
+    if (!is_digit(c)) return 0;
+    int d = c - '0';
+    switch (k) {
+    case 'Y': return f->count != 3 || f->cand != 0 || d > 0; /* year 0001 and later */
+    case 'M': return prev < 0 ? d <= 1 : prev == 0 ? d >= 1 : d <= 2;
+    case 'D': {
+        int days = days_in_month((int)(f->cand / 100), (int)(f->cand % 100));
+        return prev < 0 ? d * 10 <= days : prev == 0 ? d >= 1 : prev * 10 + d <= days;
+    }
+    case 'h': return prev < 0 ? d <= 2 : prev < 2 || d <= 3;
+    case 'm':
+    case 's': return prev >= 0 || d <= 5;
+    default: return 0;
+    }
+}
+
+/* One byte of a format value. */
+static enum step format_step(const gnode *nd, grammar_frame *f, unsigned char c) {
+    static const char offset[] = "hh:mm\"";
+    const char *t = f->st == F_OFFSET ? offset : formats[nd->min].template;
+    switch (f->st) {
+    case F_TEMPLATE:
+    case F_OFFSET: {
+        char k = t[f->pos];
+        if (strchr("YMDhmsx", k)) {
+            int prev = f->pos > 0 && t[f->pos - 1] == k ? f->aux : -1;
+            if (!format_digit_ok(k, prev, f, c)) return REJECT;
+            if (k == 'Y' || k == 'M') f->cand = f->cand * 10 + (uint64_t)(c - '0'), f->count++;
+            f->aux = (uint8_t)(c - '0');
+        } else if ((unsigned char)k != c) {
+            return REJECT;
+        }
+        if (t[++f->pos]) return ACCEPT;
+        f->st = f->st == F_TEMPLATE && formats[nd->min].time_tail ? F_TAIL : ST_DONE;
+        return ACCEPT;
+    }
+    case F_TAIL: /* after the seconds */
+    case F_FRAC:
+        if (f->st == F_TAIL && c == '.') return f->st = F_FRAC, f->count = 0, ACCEPT;
+        if (f->st == F_FRAC && is_digit(c)) return f->count < FORMAT_FRAC_DIGITS ? (f->count++, ACCEPT) : REJECT;
+        if (f->st == F_FRAC && f->count == 0) return REJECT;
+        if (c == 'Z') return f->st = F_CLOSE, ACCEPT;
+        if (c == '+' || c == '-') return f->st = F_OFFSET, f->pos = 0, ACCEPT;
+        return REJECT;
+    case F_CLOSE: return c == '"' ? (f->st = ST_DONE, ACCEPT) : REJECT;
+    case F_IP: /* four parts of 0-255 without leading zeros: count parts done, aux digits, cand value */
+        if (is_digit(c)) {
+            uint64_t v = f->cand * 10 + (uint64_t)(c - '0');
+            if (f->aux == 3 || (f->aux && f->cand == 0) || v > 255) return REJECT;
+            f->cand = v;
+            f->aux++;
+            return ACCEPT;
+        }
+        if (!f->aux) return REJECT;
+        if (c == '.' && f->count < 3) return f->count++, f->aux = 0, f->cand = 0, ACCEPT;
+        if (c == '"' && f->count == 3) return f->st = ST_DONE, ACCEPT;
+        return REJECT;
+    default: return REJECT;
+    }
+}
+
+/* Bytes a format value needs to end (every position has a byte that keeps it valid). */
+static uint32_t format_rest(const gnode *nd, const grammar_frame *f) {
+    const struct format *fm = &formats[nd->min];
+    switch (f->st) {
+    case F_TEMPLATE: return (uint32_t)(strlen(fm->template) - f->pos) + (fm->time_tail ? 2 : 0);
+    case F_TAIL: return 2;
+    case F_FRAC: return f->count ? 2 : 3;
+    case F_OFFSET: return 6 - f->pos;
+    case F_CLOSE: return 1;
+    case F_IP: return (f->aux ? 0 : 1) + (3 - f->count) * 2 + 1;
+    default: return 0;
+    }
+}
+
 /* Steps frame f of node nd on c. PUSH: *child is the node of a value that
  * starts with c (the caller pushes it and feeds c to it). */
 static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c, int *child) {
@@ -466,6 +589,13 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
             f->cand = is_digit(c) ? (uint64_t)(c - '0') : 0;
             f->used = 0;
             return number_checked(nd, f);
+        case K_FORMAT:
+            f->pos = 1;
+            f->cand = 0;
+            f->count = 0;
+            f->aux = 0;
+            f->st = nd->min == FORMAT_IPV4 ? F_IP : F_TEMPLATE;
+            return ACCEPT;
         case K_LITERALS:
         case K_TAGGED:
             f->cand = narrow(g, nd, all_bits(nd->n), 0, c);
@@ -669,6 +799,12 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         if (++f->pos == sfx->len) f->st = ST_DONE;
         return ACCEPT;
     }
+    case F_TEMPLATE:
+    case F_TAIL:
+    case F_FRAC:
+    case F_OFFSET:
+    case F_CLOSE:
+    case F_IP: return format_step(nd, f, c);
     case ST_DONE: return POP;
     default: return REJECT; /* O_KEY_CHILD, O_VALUE, A_VALUE, T_VALUE: a child is open above */
     }
@@ -917,6 +1053,12 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
         return best + (uint32_t)g->texts[nd->first + nd->n].len;
     case T_VALUE: return (uint32_t)g->texts[nd->first + nd->n].len;
     case T_SUFFIX: return (uint32_t)g->texts[nd->first + nd->n].len - f->pos;
+    case F_TEMPLATE:
+    case F_TAIL:
+    case F_FRAC:
+    case F_OFFSET:
+    case F_CLOSE:
+    case F_IP: return format_rest(nd, f);
     default: return 0;
     }
 }

@@ -25,6 +25,9 @@ void grammar_unref(grammar *g);
 int grammar_any(grammar *g);                              /* any JSON value */
 int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
 int grammar_number(grammar *g, int integer);
+/* A string of a format: "date", "time", "date-time" (RFC 3339, a time with
+ * its offset), "uuid" or "ipv4"; any other name is -1 with err. */
+int grammar_format(grammar *g, const char *name, char *err, size_t errlen);
 /* Bounds number node `node`: its values <= value (upper) or >= value, or
  * strictly so when exclusive; value is a decimal text ([-]digits[.digits],
  * exact). A bounded number has no exponent; the limits tighten each other.

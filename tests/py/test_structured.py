@@ -4,8 +4,11 @@ validated with the `jsonschema` package over many schemas and seeds (the
 model's own outputs would not validate), the official client's
 chat.completions.parse with a Pydantic model, and 400s that name the
 unsupported keyword."""
+import datetime
+import ipaddress
 import json
 import math
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Literal, Optional
 
@@ -66,6 +69,14 @@ SCHEMAS = {
                        "temperature": {"type": "number", "exclusiveMinimum": -273.15, "maximum": 60.5},
                        "debt": {"anyOf": [{"type": "integer", "maximum": -1}, {"type": "null"}]}},
         "required": ["stars", "year", "share", "temperature", "debt"], "additionalProperties": False},
+    # string formats, as Pydantic writes datetime, date, time, UUID and IPv4Address fields
+    "formats": {
+        "type": "object",
+        "properties": {"day": {"type": "string", "format": "date"}, "at": {"type": "string", "format": "date-time"},
+                       "alarm": {"type": "string", "format": "time"}, "id": {"type": "string", "format": "uuid"},
+                       "host": {"type": "string", "format": "ipv4"},
+                       "seen": {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "null"}]}},
+        "required": ["day", "at", "alarm", "id", "host", "seen"], "additionalProperties": False},
     "list_of_objects": {
         "type": "object",
         "properties": {"steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
@@ -283,13 +294,44 @@ def test_a_bounded_integer_alone_ends_at_its_last_digit(client):
         assert isinstance(v, int) and 1 <= v <= 10 and r.choices[0].finish_reason == "stop", r
 
 
+class Event(pydantic.BaseModel):
+    day: datetime.date
+    starts: datetime.datetime
+    alarm: datetime.time
+    id: uuid.UUID
+    host: ipaddress.IPv4Address
+
+
+def test_formats_are_real_dates_times_and_addresses(client):
+    """format date, time, date-time, uuid and ipv4 were a 400; the values written are real ones: a
+    second validator that checks formats (jsonschema_rs, Rust) and Python's own parsers take them."""
+    import jsonschema_rs
+    schema = SCHEMAS["formats"]
+    check = jsonschema_rs.validator_for(schema, validate_formats=True)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda seed: ask(client, schema, seed, max_tokens=200), range(8)))
+    for r in results:
+        value = json.loads(r.choices[0].message.content)
+        assert check.is_valid(value) and r.choices[0].finish_reason == "stop", value
+        datetime.date.fromisoformat(value["day"])
+        datetime.datetime.fromisoformat(value["at"])
+        datetime.time.fromisoformat(value["alarm"])
+        uuid.UUID(value["id"])
+        ipaddress.IPv4Address(value["host"])
+    for seed in range(2):
+        r = client.chat.completions.parse(
+            model="x", messages=[{"role": "user", "content": "Plan a server upgrade."}],
+            response_format=Event, temperature=1.0, seed=seed, max_tokens=160)
+        assert isinstance(r.choices[0].message.parsed, Event), r.choices[0].message.content
+
+
 def test_bad_response_formats_are_400s(client):
     msgs = [{"role": "user", "content": "Hi"}]
     cases = [({"type": "sound"}, "sound"),
              ("json", "response_format"),
              ({"type": "json_schema"}, "json_schema"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}}, "'pattern'"),
-             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "date-time"}}}, "'format'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "email"}}}, "format 'email'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 5}}}, "'multipleOf'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "type": "integer", "minimum": 3, "maximum": 2}}}, "no number lies within"),

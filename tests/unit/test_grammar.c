@@ -3,6 +3,7 @@
  * feeding every token on its own, and that the shortest-completion cost
  * always leads to a finished value. */
 #include <stdlib.h>
+#include <time.h>
 
 #include "api/api.h"
 #include "test.h"
@@ -384,6 +385,85 @@ TEST(grammar_number_limits_accept_exactly_the_numbers_within) {
     check_refused("{\"enum\":[1,2],\"minimum\":1}", "'minimum' beside enum");
 }
 
+/* 1 when the quoted text is a whole value of g. */
+static int accepts_quoted(const grammar *g, const char *text) {
+    char q[96];
+    snprintf(q, sizeof q, "\"%s\"", text);
+    return accepts(g, q);
+}
+
+TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
+    grammar *date = compile("{\"type\":\"string\",\"format\":\"date\"}");
+    grammar *time_ = compile("{\"format\":\"time\"}"); /* format alone implies a string */
+    grammar *stamp = compile("{\"type\":\"string\",\"format\":\"date-time\"}");
+    grammar *uuid = compile("{\"type\":\"string\",\"format\":\"uuid\"}");
+    grammar *ip = compile("{\"type\":\"string\",\"format\":\"ipv4\"}");
+    CHECK(date && time_ && stamp && uuid && ip);
+    if (!date || !time_ || !stamp || !uuid || !ip) return;
+    /* dates against the C library's calendar (timegm normalises 2023-02-29 to March 1st) */
+    static const int years[] = {0, 1, 4, 99, 100, 400, 1899, 1900, 1999, 2000, 2023, 2024, 2100, 2400, 9999};
+    int wrong = 0;
+    for (size_t y = 0; y < sizeof years / sizeof *years; y++)
+        for (int m = 0; m <= 13; m++)
+            for (int d = 0; d <= 32; d++) {
+                char text[16];
+                snprintf(text, sizeof text, "%04d-%02d-%02d", years[y], m, d);
+                struct tm tm = {.tm_year = years[y] - 1900, .tm_mon = m - 1, .tm_mday = d, .tm_hour = 12};
+                time_t t = timegm(&tm);
+                struct tm back;
+                gmtime_r(&t, &back);
+                int real = years[y] >= 1 && m >= 1 && d >= 1 && back.tm_mon == m - 1 && back.tm_mday == d;
+                if (accepts_quoted(date, text) != real && wrong++ < 5) fprintf(stderr, "  date %s\n", text);
+                char full[40];
+                snprintf(full, sizeof full, "%sT23:59:59Z", text);
+                if (accepts_quoted(stamp, full) != real && wrong++ < 5) fprintf(stderr, "  date-time %s\n", full);
+            }
+    for (int h = 0; h <= 25; h++)
+        for (int m = 0; m <= 61; m++)
+            for (int sec = 0; sec <= 61; sec += 1) {
+                char text[16];
+                snprintf(text, sizeof text, "%02d:%02d:%02dZ", h, m, sec);
+                if (accepts_quoted(time_, text) != (h < 24 && m < 60 && sec < 60) && wrong++ < 5)
+                    fprintf(stderr, "  time %s\n", text);
+            }
+    CHECK_EQ_INT(wrong, 0);
+    const char *times_ok[] = {"00:00:00Z", "12:30:05.5Z", "12:30:05.123456+05:30", "23:59:59-23:59", "08:00:00+00:00"};
+    const char *times_bad[] = {"12:30:05", "12:30:05z", "12:30:05.Z", "12:30:05.1234567Z", "12:30:05+24:00",
+                               "12:30:05+05:60", "12:30:05+0530", "1:30:05Z", "12:30Z", "12:30:05ZZ"};
+    for (size_t i = 0; i < sizeof times_ok / sizeof *times_ok; i++) CHECK(accepts_quoted(time_, times_ok[i]));
+    for (size_t i = 0; i < sizeof times_bad / sizeof *times_bad; i++) CHECK(!accepts_quoted(time_, times_bad[i]));
+    CHECK(accepts_quoted(stamp, "2024-02-29T08:15:00.250+01:00"));
+    CHECK(!accepts_quoted(stamp, "2024-02-29 08:15:00Z") && !accepts_quoted(stamp, "2024-02-29t08:15:00Z"));
+    CHECK(accepts_quoted(uuid, "123e4567-e89b-12d3-a456-426614174000"));
+    CHECK(accepts_quoted(uuid, "123E4567-E89B-12D3-A456-426614174000"));
+    CHECK(!accepts_quoted(uuid, "123e4567e89b12d3a456426614174000") && !accepts_quoted(uuid, "123e4567-e89b-12d3-a456-42661417400g"));
+    /* an address's first part, every text of up to 4 digits, against its rule: 0-255, no leading zero */
+    for (int len = 1; len <= 4; len++)
+        for (int v = 0; v < (len == 1 ? 10 : len == 2 ? 100 : len == 3 ? 1000 : 10000); v++) {
+            char part[8], text[24];
+            snprintf(part, sizeof part, "%0*d", len, v);
+            snprintf(text, sizeof text, "%s.10.0.255", part);
+            int real = v <= 255 && (len == 1 || part[0] != '0');
+            if (accepts_quoted(ip, text) != real && wrong++ < 5) fprintf(stderr, "  ipv4 %s\n", text);
+        }
+    CHECK_EQ_INT(wrong, 0);
+    CHECK(!accepts_quoted(ip, "1.2.3") && !accepts_quoted(ip, "1.2.3.4.5") && !accepts_quoted(ip, "1..3.4"));
+    /* shortest values */
+    grammar *all[] = {date, time_, stamp, uuid, ip};
+    const char *shortest[] = {"\"0001-01-01\"", "\"00:00:00Z\"", "\"0001-01-01T00:00:00Z\"",
+                              "\"00000000-0000-0000-0000-000000000000\"", "\"0.0.0.0\""};
+    for (int i = 0; i < 5; i++) {
+        grammar_state st;
+        grammar_start(all[i], &st);
+        char out[64];
+        int64_t n = grammar_shortest_completion(all[i], &st, out, sizeof out);
+        CHECK(n == (int64_t)strlen(shortest[i]) && !memcmp(out, shortest[i], (size_t)n));
+        grammar_unref(all[i]);
+    }
+    check_refused("{\"type\":\"string\",\"format\":\"email\"}", "format 'email' is not supported");
+    check_refused("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":8}", "beside format");
+}
+
 static void walk_failed(const char *what, const char *text, size_t n) {
     fprintf(stderr, "  %s after %zu bytes: '%.*s'\n", what, n, (int)n, text);
 }
@@ -409,6 +489,9 @@ TEST(grammar_random_walks_keep_their_promises) {
         "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0.125,\"maximum\":0.5}}",
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\",\"maximum\":-7.5e-9},{\"type\":\"null\"}]}}",
         "{\"type\":\"array\",\"items\":{\"exclusiveMinimum\":1234567890123.5,\"maximum\":1e300}}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"format\":\"date\"},\"t\":{\"format\":\"time\"},"
+        "\"at\":{\"type\":[\"string\",\"null\"],\"format\":\"date-time\"},\"id\":{\"format\":\"uuid\"},"
+        "\"ip\":{\"type\":\"array\",\"items\":{\"format\":\"ipv4\"}}}}",
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     unsigned char walk[300];
