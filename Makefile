@@ -187,7 +187,7 @@ unit: $(BUILD)/unit_tests fixtures model
 # one-thread server, so two workers use the two cores CI has (14.5 min alone,
 # 9 min in two on the 2-core VM).
 PYTEST_WORKERS ?= 2
-pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench $(BUILD)/faultfs.so fixtures model $(BUILD)/.web-test-deps
+pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench $(BUILD)/faultfs.so $(BUILD)/regex_match fixtures model $(BUILD)/.web-test-deps
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=20 tests/py
 
 # The page's browser test (tests/py/test_web.py) drives Debian's Chromium
@@ -371,7 +371,7 @@ bench-batch: $(BUILD)/bench_batch model
 # with its grammar automaton (tests/grammar_walk.h's promises), FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
 FUZZ_SRC := common/common.c engine/gguf.c engine/quant.c $(wildcard engine/tokenizer*.c)
-FUZZ_SCHEMA_SRC := common/common.c api/schema.c api/error.c engine/grammar.c
+FUZZ_SCHEMA_SRC := common/common.c api/schema.c api/error.c engine/grammar.c engine/regex.c
 FUZZ_FLAGS := -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz: model
 	@mkdir -p $(BUILD)/fuzz/corpus_gguf $(BUILD)/fuzz/corpus_tok
@@ -404,6 +404,10 @@ fuzz-http: $(BUILD)/potserve model
 	@mkdir -p $(BUILD)/fuzz
 	$(VPY) tests/fuzz/http_fuzz.py --bin $(BUILD)/potserve --model $(MODEL) --seconds $(FUZZ_SECONDS) \
 	  --json-out $(BUILD)/fuzz/http_fuzz.json
+# The DFA of a pattern on strings, for tests/py/test_regex.py (compared with Python's re).
+$(BUILD)/regex_match: tests/regex_match.c engine/regex.c engine/regex.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -I. tests/regex_match.c engine/regex.c -o $@ -ljansson
 # The LD_PRELOAD storage-fault shim of tests/py/test_faults.py; test-faults runs
 # every fault site in every mode (`make pytest` runs a spread subset of 14 cases).
 $(BUILD)/faultfs.so: tests/fault/faultfs.c

@@ -3,7 +3,7 @@
  * additionalProperties, enum, const, items, minItems/maxItems,
  * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum
  * (numbers then have no exponent), format (date, time, date-time, uuid,
- * ipv4), anyOf/oneOf (alternatives that start with different
+ * ipv4), pattern (engine/regex.h), anyOf/oneOf (alternatives that start with different
  * bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
  * $comment). Any other keyword is a 400 naming it: a constraint silently
@@ -57,7 +57,7 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "format", "anyOf", "oneOf", "$ref", "$defs",
+    "exclusiveMaximum", "format", "pattern", "anyOf", "oneOf", "$ref", "$defs",
     "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
     NULL};
 
@@ -315,6 +315,15 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         node = grammar_array(c->g, item, lo, hi, err, sizeof err);
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
+    if (!strcmp(type, "string") && json_object_get(s, "pattern")) {
+        json_t *pattern = json_object_get(s, "pattern");
+        if (!json_is_string(pattern)) return fail(c, "%s: pattern must be a string%s", where, "");
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format"))
+            return fail(c, "%s: minLength, maxLength or format beside pattern is not supported (put the length in "
+                           "the pattern: {m,n})%s", where, "");
+        node = grammar_pattern(c->g, json_string_value(pattern), err, sizeof err);
+        return node < 0 ? fail(c, "%s: pattern: %s", where, err) : node;
+    }
     if (!strcmp(type, "string") && json_object_get(s, "format")) {
         json_t *format = json_object_get(s, "format");
         if (!json_is_string(format)) return fail(c, "%s: format must be a string%s", where, "");
@@ -349,7 +358,8 @@ static const char *implied_type(json_t *s) {
         return "object";
     if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
         return "array";
-    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format"))
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format") ||
+        json_object_get(s, "pattern"))
         return "string";
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
         json_object_get(s, "exclusiveMaximum"))

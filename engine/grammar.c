@@ -15,6 +15,8 @@
  * cut at its first level; inside a free string most of it is walked. */
 #include "grammar.h"
 
+#include "regex.h"
+
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,7 @@
  * a double (what most JSON readers parse numbers into). */
 enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 2 };
 
-enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT };
+enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT, K_PATTERN };
 
 /* A bounded number's value in units of 1e-16 (MAX_FRAC_DIGITS): every number
  * the automaton writes is a whole count of them, below 1e32 in magnitude. */
@@ -58,6 +60,11 @@ struct grammar {
     int *alts;
     int n_alts, cap_alts;
     int root;
+    struct pattern { /* a K_PATTERN node's DFA (node.first indexes them) */
+        regex_dfa *dfa;
+        uint32_t *dist; /* bytes of JSON text from each DFA state to a match */
+    } *patterns;
+    int n_patterns, cap_patterns;
     /* the pieces of "any value" */
     int any, any_object, any_array, any_string, any_number, any_literal;
 };
@@ -79,6 +86,8 @@ enum {
     T_PREFIX, T_VALUE, T_SUFFIX,
     /* format: along its template (pos), then a time's tail: fraction, offset, closing quote */
     F_TEMPLATE, F_TAIL, F_FRAC, F_OFFSET, F_CLOSE, F_IP,
+    /* pattern: the string's text, the DFA state in count; after a backslash */
+    P_BODY, P_ESC,
     ST_DONE,
 };
 
@@ -311,6 +320,43 @@ int grammar_format(grammar *g, const char *name, char *err, size_t errlen) {
     return id;
 }
 
+/* The JSON text of a string byte: most are themselves, '"' and '\\' and five control
+ * characters take a two-byte escape; the other control characters are not written. */
+static const char short_escapes[] = "\"\\/bfnrt", short_escaped[] = "\"\\/\b\f\n\r\t";
+
+static uint8_t text_cost(uint8_t b) {
+    if (b == '"' || b == '\\') return 2;
+    if (b < 0x20) return memchr(short_escaped + 3, b, 5) ? 2 : 0;
+    return 1;
+}
+
+int grammar_pattern(grammar *g, const char *pattern, char *err, size_t errlen) {
+    regex_dfa *dfa = regex_compile(pattern, err, errlen);
+    if (!dfa) return -1;
+    uint8_t cost[256];
+    for (int b = 0; b < 256; b++) cost[b] = text_cost((uint8_t)b);
+    uint32_t *dist = malloc((size_t)regex_n_states(dfa) * sizeof *dist);
+    int id = -1;
+    if (!dist || regex_distances(dfa, cost, dist) ||
+        grow((void **)&g->patterns, &g->cap_patterns, g->n_patterns + 1, sizeof *g->patterns) ||
+        (id = add_node(g, K_PATTERN)) < 0) {
+        snprintf(err, errlen, "out of memory");
+    } else if (regex_start(dfa) < 0 || dist[regex_start(dfa)] == UINT32_MAX) {
+        snprintf(err, errlen, "the pattern matches no string a JSON text can hold");
+        g->n_nodes--, id = -1;
+    }
+    if (id < 0) {
+        regex_free(dfa);
+        free(dist);
+        return -1;
+    }
+    g->patterns[g->n_patterns] = (struct pattern){dfa, dist};
+    g->nodes[id].first = g->n_patterns++;
+    g->nodes[id].min_len = dist[regex_start(dfa)] + 2;
+    set_start(&g->nodes[id], '"');
+    return id;
+}
+
 int grammar_any(grammar *g) { return g->any; }
 
 void grammar_set_root(grammar *g, int node) {
@@ -352,6 +398,11 @@ void grammar_unref(grammar *g) {
     free(g->texts);
     free(g->nodes);
     free(g->alts);
+    for (int i = 0; i < g->n_patterns; i++) {
+        regex_free(g->patterns[i].dfa);
+        free(g->patterns[i].dist);
+    }
+    free(g->patterns);
     free(g);
 }
 
@@ -466,6 +517,45 @@ static enum step number_checked(const gnode *nd, const grammar_frame *f) {
 /* The number ends at a byte it cannot take: POP when its value is in range. */
 static enum step number_pop(const gnode *nd, const grammar_frame *f) {
     return !nd->bounded || number_rest(nd, f) == 0 ? POP : REJECT;
+}
+
+/* ---- patterns ---- */
+
+/* The DFA state after decoded byte b, or -1 when no match that can be written follows. */
+static int32_t pattern_next(const struct pattern *p, uint32_t state, uint8_t b) {
+    int32_t t = regex_next(p->dfa, (int32_t)state, b);
+    return t >= 0 && p->dist[t] != UINT32_MAX ? t : -1;
+}
+
+static enum step pattern_step(const struct pattern *p, grammar_frame *f, unsigned char c) {
+    if (f->st == P_ESC) {
+        const char *e = memchr(short_escapes, c, sizeof short_escapes - 1);
+        int32_t t = e ? pattern_next(p, f->count, (uint8_t)short_escaped[e - short_escapes]) : -1;
+        if (t < 0) return REJECT;
+        f->count = (uint32_t)t;
+        f->st = P_BODY;
+        return ACCEPT;
+    }
+    if (c == '"') return regex_accepting(p->dfa, (int32_t)f->count) ? (f->st = ST_DONE, ACCEPT) : REJECT;
+    if (c == '\\') { /* only when some escape leads on */
+        for (size_t i = 0; i < sizeof short_escaped - 1; i++)
+            if (pattern_next(p, f->count, (uint8_t)short_escaped[i]) >= 0) return f->st = P_ESC, ACCEPT;
+        return REJECT;
+    }
+    int32_t t = c < 0x20 ? -1 : pattern_next(p, f->count, c);
+    if (t < 0) return REJECT;
+    f->count = (uint32_t)t;
+    return ACCEPT;
+}
+
+static uint32_t pattern_rest(const struct pattern *p, const grammar_frame *f) {
+    if (f->st == P_BODY) return p->dist[f->count] + 1;
+    uint32_t best = UINT32_MAX;
+    for (size_t i = 0; i < sizeof short_escaped - 1; i++) {
+        int32_t t = pattern_next(p, f->count, (uint8_t)short_escaped[i]);
+        if (t >= 0 && p->dist[t] + 2 < best) best = p->dist[t] + 2;
+    }
+    return best;
 }
 
 /* ---- formats ---- */
@@ -589,6 +679,10 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
             f->cand = is_digit(c) ? (uint64_t)(c - '0') : 0;
             f->used = 0;
             return number_checked(nd, f);
+        case K_PATTERN:
+            f->st = P_BODY;
+            f->count = (uint32_t)regex_start(g->patterns[nd->first].dfa);
+            return ACCEPT;
         case K_FORMAT:
             f->pos = 1;
             f->cand = 0;
@@ -805,6 +899,8 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
     case F_OFFSET:
     case F_CLOSE:
     case F_IP: return format_step(nd, f, c);
+    case P_BODY:
+    case P_ESC: return pattern_step(&g->patterns[nd->first], f, c);
     case ST_DONE: return POP;
     default: return REJECT; /* O_KEY_CHILD, O_VALUE, A_VALUE, T_VALUE: a child is open above */
     }
@@ -824,7 +920,7 @@ static void child_ended(const grammar *g, grammar_frame *f) {
 static int in_text(const grammar_state *s) {
     if (!s->depth) return 0;
     uint8_t st = s->f[s->depth - 1].st;
-    return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U;
+    return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U || st == P_BODY || st == P_ESC;
 }
 
 static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {
@@ -1059,6 +1155,8 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     case F_OFFSET:
     case F_CLOSE:
     case F_IP: return format_rest(nd, f);
+    case P_BODY:
+    case P_ESC: return pattern_rest(&g->patterns[nd->first], f);
     default: return 0;
     }
 }

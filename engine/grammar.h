@@ -28,6 +28,9 @@ int grammar_number(grammar *g, int integer);
 /* A string of a format: "date", "time", "date-time" (RFC 3339, a time with
  * its offset), "uuid" or "ipv4"; any other name is -1 with err. */
 int grammar_format(grammar *g, const char *name, char *err, size_t errlen);
+/* A string that the ECMA-262 regular expression `pattern` matches somewhere
+ * (engine/regex.h); -1 with err when it is not supported or nothing matches. */
+int grammar_pattern(grammar *g, const char *pattern, char *err, size_t errlen);
 /* Bounds number node `node`: its values <= value (upper) or >= value, or
  * strictly so when exclusive; value is a decimal text ([-]digits[.digits],
  * exact). A bounded number has no exponent; the limits tighten each other.

@@ -1,7 +1,7 @@
 /* Cost of one grammar token mask (engine/grammar.c) on the default model's
  * vocabulary: the trie walk from a state inside structure (after '{'), inside
  * a free string, after a number, inside numbers with limits and inside a
- * date-time, without and with the max_tokens budget.
+ * date-time and a pattern, without and with the max_tokens budget.
  * Build and run from the repository root after `make all`:
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -I. tests/bench/bench_grammar_mask.c \
  *     $(find build/obj/engine build/obj/cache build/obj/config build/obj/api build/obj/common -name '*.o') \
@@ -29,12 +29,12 @@ int main(void) {
     const vocab_trie *t = engine_vocab_trie(e);
     json_t *s = json_loads("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
                            "\"age\":{\"type\":\"integer\"},\"score\":{\"type\":\"number\",\"minimum\":-2.5,"
-                           "\"maximum\":1234.5},\"at\":{\"format\":\"date-time\"}},\"required\":[\"name\",\"age\",\"score\"]}",
+                           "\"maximum\":1234.5},\"at\":{\"format\":\"date-time\"},\"tag\":{\"pattern\":\"^[a-z]+(-[a-z0-9]+)*$\"}},\"required\":[\"name\",\"age\",\"score\"]}",
                            0, NULL);
     api_error ae;
     grammar *g = api_schema_grammar(s, "response_format", &ae);
     const char *prefixes[] = {"{", "{\"name\":\"Al", "{\"name\":\"Al\",\"age\":1", "{\"score\":12",
-                              "{\"score\":-", "{\"at\":\"2024-0"};
+                              "{\"score\":-", "{\"at\":\"2024-0", "{\"tag\":\"long-"};
     uint8_t *allowed = malloc(1 << 20);
     for (int i = 0; i < (int)(sizeof prefixes / sizeof *prefixes); i++) {
         grammar_state st;

@@ -85,7 +85,7 @@ static void check_refused(const char *schema_text, const char *needle) {
 }
 
 TEST(grammar_unsupported_keywords_are_named) {
-    const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"a\"}", "'pattern'"},
+    const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookahead"},
                             {"{\"type\":\"integer\",\"multipleOf\":3}", "'multipleOf'"},
                             {"{\"allOf\":[{}]}", "'allOf'"},
                             {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "anyOf"},
@@ -464,6 +464,33 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
     check_refused("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":8}", "beside format");
 }
 
+TEST(grammar_patterns_write_matching_json_strings) {
+    /* the DFA runs on the string's decoded bytes: escapes in, raw control characters out */
+    grammar *g = compile("{\"type\":\"string\",\"pattern\":\"^a\\\"\\\\\\\\[\\n\\t]\\\\d{2,3}$\"}"); /* ^a"\\[\n\t]\d{2,3}$ */
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "\"a\\\"\\\\\\n12\""));       /* "a\"\\\n12" */
+        CHECK(accepts(g, "\"a\\\"\\\\\\t123\""));
+        CHECK(!accepts(g, "\"a\\\"\\\\\n12\""));        /* a raw newline is no JSON */
+        CHECK(!accepts(g, "\"a\\\"\\\\\\n1234\""));
+        CHECK(!accepts(g, "\"a\\\"\\\\\\r12\""));
+        grammar_state st;
+        grammar_start(g, &st);
+        CHECK_EQ_INT(grammar_cost(g, &st), 11); /* "a\"\\\n00" */
+        grammar_unref(g);
+    }
+    g = compile("{\"pattern\":\"日本\"}"); /* a search: anything around it */
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "\"日本\"") && accepts(g, "\"x 日本語\"") && !accepts(g, "\"日\""));
+        CHECK(!accepts(g, "\"\xe6\x97\"")); /* half a character */
+        grammar_unref(g);
+    }
+    check_refused("{\"type\":\"string\",\"pattern\":\"^\\\\x01$\"}", "no string a JSON text can hold");
+    check_refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "beside pattern");
+    check_refused("{\"type\":\"string\",\"pattern\":\"(a|b)\\\\1\"}", "backreferences");
+}
+
 static void walk_failed(const char *what, const char *text, size_t n) {
     fprintf(stderr, "  %s after %zu bytes: '%.*s'\n", what, n, (int)n, text);
 }
@@ -492,6 +519,9 @@ TEST(grammar_random_walks_keep_their_promises) {
         "{\"type\":\"object\",\"properties\":{\"d\":{\"format\":\"date\"},\"t\":{\"format\":\"time\"},"
         "\"at\":{\"type\":[\"string\",\"null\"],\"format\":\"date-time\"},\"id\":{\"format\":\"uuid\"},"
         "\"ip\":{\"type\":\"array\",\"items\":{\"format\":\"ipv4\"}}}}",
+        "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"pattern\":\"^[A-Z]{2}-\\\\d{3,5}(\\\\.[a-z\\\"\\\\\\\\é]+)?$\"},"
+        "{\"type\":\"null\"}]}}",
+        "{\"type\":\"object\",\"properties\":{\"p\":{\"pattern\":\"x[\\\\s\\\\S]y\"},\"q\":{\"pattern\":\"^(ab|c){2,4}$\"}}}",
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     unsigned char walk[300];
