@@ -190,7 +190,7 @@ def test_tool_errors_are_400s(client):
              ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
              ({"tool_choice": "required"}, "tool_choice"),
              ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-                 "type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}}],
+                 "type": "object", "properties": {"x": {"type": "string", "pattern": "(?=a)"}}}}}],
                "tool_choice": "required"}, "tools")]
     # arguments are an object: a schema of another value gave arguments with the template's markup in
     # them ('"Paris"}\n</tool_call>') and finish_reason "stop"
