@@ -306,11 +306,29 @@ static const struct format {
 };
 enum { FORMAT_IPV4 = 4, FORMAT_FRAC_DIGITS = 6 };
 
+/* Formats whose values are a language of words, written as patterns (grammar_pattern):
+ * a subset every checker takes. An email's local part is dot-atoms of letters and
+ * digits, at most 63 bytes; its domain has up to three labels before a common
+ * top-level domain (checkers such as Pydantic's refuse special-use ones like .local
+ * or .test); a hostname has up to four labels of at most 51 bytes (253 in all at
+ * most, as RFC 1123 asks). */
+static const struct {
+    const char *name, *pattern;
+} format_patterns[] = {
+    {"email", "^[A-Za-z0-9]{1,15}([._+-][A-Za-z0-9]{1,15}){0,3}@([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}"
+              "(com|org|net|edu|gov|io|dev|app|info|biz|co|uk|de|fr|es|it|nl|ca|au|jp|in|br|ch|se)$"},
+    {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?){0,3}$"},
+};
+
 int grammar_format(grammar *g, const char *name, char *err, size_t errlen) {
+    for (size_t i = 0; i < sizeof format_patterns / sizeof *format_patterns; i++)
+        if (!strcmp(format_patterns[i].name, name)) return grammar_pattern(g, format_patterns[i].pattern, err, errlen);
     int k = 0, n = (int)(sizeof formats / sizeof *formats);
     while (k < n && strcmp(formats[k].name, name)) k++;
     if (k == n)
-        return snprintf(err, errlen, "format '%s' is not supported (date, time, date-time, uuid and ipv4 are)", name), -1;
+        return snprintf(err, errlen,
+                        "format '%s' is not supported (date, time, date-time, uuid, ipv4, email and hostname are)", name),
+               -1;
     int id = add_node(g, K_FORMAT);
     if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
     g->nodes[id].min = k;

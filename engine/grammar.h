@@ -26,7 +26,8 @@ int grammar_any(grammar *g);                              /* any JSON value */
 int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
 int grammar_number(grammar *g, int integer);
 /* A string of a format: "date", "time", "date-time" (RFC 3339, a time with
- * its offset), "uuid" or "ipv4"; any other name is -1 with err. */
+ * its offset), "uuid", "ipv4", "email" or "hostname"; any other name is -1
+ * with err. */
 int grammar_format(grammar *g, const char *name, char *err, size_t errlen);
 /* A string that the ECMA-262 regular expression `pattern` matches somewhere
  * (engine/regex.h); -1 with err when it is not supported or nothing matches. */

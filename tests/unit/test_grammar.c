@@ -460,7 +460,19 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
         CHECK(n == (int64_t)strlen(shortest[i]) && !memcmp(out, shortest[i], (size_t)n));
         grammar_unref(all[i]);
     }
-    check_refused("{\"type\":\"string\",\"format\":\"email\"}", "format 'email' is not supported");
+    check_refused("{\"type\":\"string\",\"format\":\"duration\"}", "format 'duration' is not supported");
+    grammar *email = compile("{\"type\":\"string\",\"format\":\"email\"}");
+    grammar *host = compile("{\"type\":\"string\",\"format\":\"hostname\"}");
+    CHECK(email && host);
+    if (email && host) {
+        CHECK(accepts_quoted(email, "ada.lovelace+notes@mail.example.co.uk") && accepts_quoted(email, "x@y.io"));
+        CHECK(!accepts_quoted(email, "ada..l@y.io") && !accepts_quoted(email, "ada@localhost") &&
+              !accepts_quoted(email, "ada@y.local") && !accepts_quoted(email, ".ada@y.io") && !accepts_quoted(email, "a@-y.io"));
+        CHECK(accepts_quoted(host, "db-1.internal.example") && accepts_quoted(host, "localhost"));
+        CHECK(!accepts_quoted(host, "-db.x") && !accepts_quoted(host, "db..x") && !accepts_quoted(host, "db_1"));
+    }
+    grammar_unref(email);
+    grammar_unref(host);
     check_refused("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":8}", "beside format");
 }
 
