@@ -8,7 +8,8 @@ Sources (installed from PyPI, pinned by `make bench-schemas`):
 Starts `build/potserve serve` on loopback (the default model) and sends each
 schema as a chat `response_format`: temperature 0, then, when that is
 answered, temperature 1 with seeds 1 and 2. Every 200 is parsed and validated
-with `jsonschema` (Draft 2020-12 unless the schema names its draft); every
+with `jsonschema` (Draft 2020-12 unless the schema names its draft) and with
+`jsonschema_rs` asserting formats (ECMA-262 patterns, dates, emails); every
 400 must name `response_format`. Prints the counts of each outcome and every
 failure; exit status 1 when an answered output does not validate, a 400
 names another param, or anything else came back (5xx, a hang, a crash).
@@ -31,6 +32,7 @@ import urllib.error
 import urllib.request
 
 import jsonschema
+import jsonschema_rs
 from jsonschema import validators
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -138,6 +140,14 @@ def check(schema, status, body):
     errors = [e.message for e in cls(schema).iter_errors(value)]
     if errors:
         return "200 invalid", f"{errors[0][:150]} in {text[:150]!r} ({choice['finish_reason']})"
+    # a second validator, in Rust, that also asserts formats and reads patterns as ECMA-262
+    try:
+        rs = jsonschema_rs.validator_for(schema, validate_formats=True)
+    except Exception:  # a schema it cannot compile: nothing to compare
+        return f"200 valid, {choice['finish_reason']} (jsonschema_rs cannot read the schema)", None
+    rs_errors = [e.message for e in rs.iter_errors(value)]
+    if rs_errors:
+        return "200 invalid for jsonschema_rs", f"{rs_errors[0][:150]} in {text[:150]!r}"
     return f"200 valid, {choice['finish_reason']}", None
 
 

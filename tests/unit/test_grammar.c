@@ -406,7 +406,7 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
     for (size_t y = 0; y < sizeof years / sizeof *years; y++)
         for (int m = 0; m <= 13; m++)
             for (int d = 0; d <= 32; d++) {
-                char text[16];
+                char text[48];
                 snprintf(text, sizeof text, "%04d-%02d-%02d", years[y], m, d);
                 struct tm tm = {.tm_year = years[y] - 1900, .tm_mon = m - 1, .tm_mday = d, .tm_hour = 12};
                 time_t t = timegm(&tm);
@@ -414,14 +414,14 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
                 gmtime_r(&t, &back);
                 int real = years[y] >= 1 && m >= 1 && d >= 1 && back.tm_mon == m - 1 && back.tm_mday == d;
                 if (accepts_quoted(date, text) != real && wrong++ < 5) fprintf(stderr, "  date %s\n", text);
-                char full[40];
+                char full[64];
                 snprintf(full, sizeof full, "%sT23:59:59Z", text);
                 if (accepts_quoted(stamp, full) != real && wrong++ < 5) fprintf(stderr, "  date-time %s\n", full);
             }
     for (int h = 0; h <= 25; h++)
         for (int m = 0; m <= 61; m++)
             for (int sec = 0; sec <= 61; sec += 1) {
-                char text[16];
+                char text[48];
                 snprintf(text, sizeof text, "%02d:%02d:%02dZ", h, m, sec);
                 if (accepts_quoted(time_, text) != (h < 24 && m < 60 && sec < 60) && wrong++ < 5)
                     fprintf(stderr, "  time %s\n", text);
@@ -440,7 +440,7 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
     /* an address's first part, every text of up to 4 digits, against its rule: 0-255, no leading zero */
     for (int len = 1; len <= 4; len++)
         for (int v = 0; v < (len == 1 ? 10 : len == 2 ? 100 : len == 3 ? 1000 : 10000); v++) {
-            char part[8], text[24];
+            char part[16], text[48];
             snprintf(part, sizeof part, "%0*d", len, v);
             snprintf(text, sizeof text, "%s.10.0.255", part);
             int real = v <= 255 && (len == 1 || part[0] != '0');
