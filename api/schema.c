@@ -315,27 +315,22 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         node = grammar_array(c->g, item, lo, hi, err, sizeof err);
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
-    if (!strcmp(type, "string") && json_object_get(s, "pattern")) {
-        json_t *pattern = json_object_get(s, "pattern");
-        if (!json_is_string(pattern)) return fail(c, "%s: pattern must be a string%s", where, "");
-        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format"))
-            return fail(c, "%s: minLength, maxLength or format beside pattern is not supported (put the length in "
-                           "the pattern: {m,n})%s", where, "");
-        node = grammar_pattern(c->g, json_string_value(pattern), err, sizeof err);
-        return node < 0 ? fail(c, "%s: pattern: %s", where, err) : node;
-    }
-    if (!strcmp(type, "string") && json_object_get(s, "format")) {
-        json_t *format = json_object_get(s, "format");
-        if (!json_is_string(format)) return fail(c, "%s: format must be a string%s", where, "");
-        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
-            return fail(c, "%s: minLength or maxLength beside format is not supported%s", where, "");
-        node = grammar_format(c->g, json_string_value(format), err, sizeof err);
-        return node < 0 ? grammar_fail(c, where, err) : node;
-    }
     if (!strcmp(type, "string")) {
         int32_t lo, hi;
+        json_t *pattern = json_object_get(s, "pattern"), *format = json_object_get(s, "format");
         if (get_count(c, s, "minLength", 0, &lo, where) || get_count(c, s, "maxLength", -1, &hi, where)) return -1;
         if (hi >= 0 && lo > hi) return fail(c, "%s: minLength exceeds maxLength%s", where, "");
+        if (pattern && !json_is_string(pattern)) return fail(c, "%s: pattern must be a string%s", where, "");
+        if (format && !json_is_string(format)) return fail(c, "%s: format must be a string%s", where, "");
+        if (pattern && format) return fail(c, "%s: format beside pattern is not supported%s", where, "");
+        if (pattern) {
+            node = grammar_pattern(c->g, json_string_value(pattern), lo, hi, err, sizeof err);
+            return node < 0 ? fail(c, "%s: pattern: %s", where, err) : node;
+        }
+        if (format) {
+            node = grammar_format(c->g, json_string_value(format), lo, hi, err, sizeof err);
+            return node < 0 ? grammar_fail(c, where, err) : node;
+        }
         node = grammar_string(c->g, lo, hi);
     } else if (!strcmp(type, "number") || !strcmp(type, "integer")) {
         int integer = !strcmp(type, "integer");

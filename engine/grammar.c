@@ -297,12 +297,13 @@ int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, si
 static const struct format {
     const char *name, *template;
     int time_tail;
+    int32_t min_chars, max_chars; /* the lengths of its values */
 } formats[] = {
-    {"date", "\"YYYY-MM-DD\"", 0},
-    {"time", "\"hh:mm:ss", 1},
-    {"date-time", "\"YYYY-MM-DDThh:mm:ss", 1},
-    {"uuid", "\"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx\"", 0},
-    {"ipv4", "\"", 0},
+    {"date", "\"YYYY-MM-DD\"", 0, 10, 10},
+    {"time", "\"hh:mm:ss", 1, 9, 21},
+    {"date-time", "\"YYYY-MM-DDThh:mm:ss", 1, 20, 32},
+    {"uuid", "\"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx\"", 0, 36, 36},
+    {"ipv4", "\"", 0, 7, 15},
 };
 enum { FORMAT_IPV4 = 4, FORMAT_FRAC_DIGITS = 6 };
 
@@ -320,14 +321,19 @@ static const struct {
     {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?){0,3}$"},
 };
 
-int grammar_format(grammar *g, const char *name, char *err, size_t errlen) {
+int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_len, char *err, size_t errlen) {
     for (size_t i = 0; i < sizeof format_patterns / sizeof *format_patterns; i++)
-        if (!strcmp(format_patterns[i].name, name)) return grammar_pattern(g, format_patterns[i].pattern, err, errlen);
+        if (!strcmp(format_patterns[i].name, name))
+            return grammar_pattern(g, format_patterns[i].pattern, min_len, max_len, err, errlen);
     int k = 0, n = (int)(sizeof formats / sizeof *formats);
     while (k < n && strcmp(formats[k].name, name)) k++;
     if (k == n)
         return snprintf(err, errlen,
                         "format '%s' is not supported (date, time, date-time, uuid, ipv4, email and hostname are)", name),
+               -1;
+    if (min_len > formats[k].min_chars || (max_len >= 0 && max_len < formats[k].max_chars))
+        return snprintf(err, errlen, "format '%s' writes %d to %d characters: minLength/maxLength would cut it", name,
+                        formats[k].min_chars, formats[k].max_chars),
                -1;
     int id = add_node(g, K_FORMAT);
     if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
@@ -348,9 +354,17 @@ static uint8_t text_cost(uint8_t b) {
     return 1;
 }
 
-int grammar_pattern(grammar *g, const char *pattern, char *err, size_t errlen) {
+int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t max_len, char *err, size_t errlen) {
     regex_dfa *dfa = regex_compile(pattern, err, errlen);
     if (!dfa) return -1;
+    int64_t fewest, most;
+    if ((min_len > 0 || max_len >= 0) && !regex_length_bounds(dfa, &fewest, &most) &&
+        (fewest < min_len || (max_len >= 0 && (most < 0 || most > max_len)))) { /* the lengths cut the matches */
+        regex_dfa *within = regex_limit_length(dfa, min_len, max_len, err, errlen);
+        regex_free(dfa);
+        if (!within) return -1;
+        dfa = within;
+    }
     uint8_t cost[256];
     for (int b = 0; b < 256; b++) cost[b] = text_cost((uint8_t)b);
     uint32_t *dist = malloc((size_t)regex_n_states(dfa) * sizeof *dist);

@@ -26,12 +26,14 @@ int grammar_any(grammar *g);                              /* any JSON value */
 int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
 int grammar_number(grammar *g, int integer);
 /* A string of a format: "date", "time", "date-time" (RFC 3339, a time with
- * its offset), "uuid", "ipv4", "email" or "hostname"; any other name is -1
- * with err. */
-int grammar_format(grammar *g, const char *name, char *err, size_t errlen);
-/* A string that the ECMA-262 regular expression `pattern` matches somewhere
- * (engine/regex.h); -1 with err when it is not supported or nothing matches. */
-int grammar_pattern(grammar *g, const char *pattern, char *err, size_t errlen);
+ * its offset), "uuid", "ipv4", "email" or "hostname", of min_len to max_len
+ * characters (max_len < 0: any); any other name, or lengths that would cut a
+ * fixed-shape format's values, is -1 with err. */
+int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_len, char *err, size_t errlen);
+/* A string of min_len to max_len characters (max_len < 0: any) that the
+ * ECMA-262 regular expression `pattern` matches somewhere (engine/regex.h);
+ * -1 with err when it is not supported or nothing matches. */
+int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t max_len, char *err, size_t errlen);
 /* Bounds number node `node`: its values <= value (upper) or >= value, or
  * strictly so when exclusive; value is a decimal text ([-]digits[.digits],
  * exact). A bounded number has no exponent; the limits tighten each other.

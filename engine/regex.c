@@ -576,6 +576,19 @@ static int32_t subset_id(subset_table *t, const int32_t *set, int n) {
     return t->n++;
 }
 
+/* Cuts the edges into states from which no match is reachable (the start too: -1). */
+static int prune_dead(regex_dfa *d) {
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    uint32_t *dist = malloc((size_t)(d->n_states > 0 ? d->n_states : 1) * sizeof *dist);
+    if (!dist || regex_distances(d, ones, dist)) return free(dist), -1;
+    for (size_t i = 0; i < (size_t)d->n_states * (size_t)d->n_classes; i++)
+        if (d->next[i] >= 0 && dist[d->next[i]] == UINT32_MAX) d->next[i] = -1;
+    if (d->start >= 0 && dist[d->start] == UINT32_MAX) d->start = -1;
+    free(dist);
+    return 0;
+}
+
 static regex_dfa *build_dfa(parser *ps, frag f, int32_t match) {
     const nstate *st = ps->st;
     int n = ps->n;
@@ -588,6 +601,7 @@ static regex_dfa *build_dfa(parser *ps, frag f, int32_t match) {
     if (!d || !seen || !stack || !set || !tp) goto oom;
     for (int i = 0; i < n; i++)
         if (st[i].is_byte && st[i].lo <= st[i].hi) cut[st[i].lo] = cut[st[i].hi + 1] = 1;
+    cut[0x80] = cut[0xC0] = 1; /* a class either starts characters or continues them (regex_limit_length) */
     for (int b = 0, c = -1; b < 256; b++) d->cls[b] = (uint8_t)(c += (b == 0 || cut[b]));
     d->n_classes = d->cls[255] + 1;
     uint8_t rep[256]; /* a byte of each class */
@@ -633,22 +647,8 @@ static regex_dfa *build_dfa(parser *ps, frag f, int32_t match) {
     d->n_states = tp->n;
     d->next = next;
     d->accepting = acc;
-    /* states from which no match is reachable are dead: edges into them are cut */
-    uint8_t *live = calloc(tp->n > 0 ? (size_t)tp->n : 1, 1);
-    if (!live) goto oom;
-    for (int i = 0; i < tp->n; i++) live[i] = acc[i];
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int i = 0; i < tp->n; i++)
-            for (int c = 0; c < d->n_classes && !live[i]; c++) {
-                int32_t to = next[(size_t)i * (size_t)d->n_classes + (size_t)c];
-                if (to >= 0 && live[to]) live[i] = 1, changed = 1;
-            }
-    }
-    for (size_t i = 0; i < (size_t)tp->n * (size_t)d->n_classes; i++)
-        if (next[i] >= 0 && !live[next[i]]) next[i] = -1;
-    d->start = live[0] ? 0 : -1;
-    free(live);
+    d->start = 0;
+    if (prune_dead(d)) goto oom;
     goto done;
 oom:
     snprintf(ps->err, ps->errlen, "out of memory");
@@ -759,4 +759,138 @@ int regex_distances(const regex_dfa *d, const uint8_t cost[256], uint32_t *dist)
     free(weight);
     free(done);
     return rc;
+}
+
+/* ---- lengths in characters (JSON Schema's minLength and maxLength count code points) ---- */
+
+static int starts_char(const regex_dfa *d, int cls) {
+    for (int b = 0; b < 256; b++) /* classes never mix bytes that start characters with others */
+        if (d->cls[b] == cls) return b < 0x80 || b >= 0xC0;
+    return 0;
+}
+
+int regex_length_bounds(const regex_dfa *d, int64_t *min_chars, int64_t *max_chars) {
+    int32_t n = d->n_states, k = d->n_classes;
+    *min_chars = -1;
+    *max_chars = -1;
+    if (d->start < 0) return 0;
+    int64_t *lo = malloc((size_t)n * sizeof *lo), *hi = malloc((size_t)n * sizeof *hi);
+    int32_t *indeg = calloc((size_t)n, sizeof *indeg), *order = malloc((size_t)n * sizeof *order);
+    uint8_t *seen = calloc((size_t)n, 1), w[256];
+    int rc = lo && hi && indeg && order && seen ? 0 : -1;
+    for (int c = 0; c < k; c++) w[c] = (uint8_t)starts_char(d, c);
+    int32_t m = 0; /* the states reachable from the start, then Kahn's order of them */
+    if (!rc) seen[d->start] = 1, order[m++] = d->start;
+    for (int32_t i = 0; !rc && i < m; i++)
+        for (int c = 0; c < k; c++) {
+            int32_t t = d->next[(size_t)order[i] * (size_t)k + (size_t)c];
+            if (t >= 0 && !seen[t]) seen[t] = 1, order[m++] = t;
+            if (t >= 0) indeg[t]++;
+        }
+    int32_t sorted = 0, head = 0;
+    int32_t *queue = rc ? NULL : malloc((size_t)n * sizeof *queue);
+    if (!rc && !queue) rc = -1;
+    if (!rc) {
+        for (int32_t i = 0; i < n; i++) lo[i] = INT64_MAX, hi[i] = -1;
+        lo[d->start] = hi[d->start] = 0;
+        queue[sorted++] = d->start; /* the start has no edge in on an acyclic DFA */
+        if (indeg[d->start]) sorted = 0;
+        while (head < sorted) {
+            int32_t x = queue[head++];
+            for (int c = 0; c < k; c++) {
+                int32_t t = d->next[(size_t)x * (size_t)k + (size_t)c];
+                if (t < 0) continue;
+                if (hi[x] + w[c] > hi[t]) hi[t] = hi[x] + w[c];
+                if (--indeg[t] == 0) queue[sorted++] = t;
+            }
+        }
+        if (sorted == m) { /* acyclic: the longest match is finite */
+            for (int32_t i = 0; i < m; i++)
+                if (d->accepting[order[i]] && hi[order[i]] > *max_chars) *max_chars = hi[order[i]];
+        }
+        /* the shortest: 0-1 weights, relaxed in rounds (a pass per character at most) */
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (int32_t i = 0; i < m; i++) {
+                int32_t x = order[i];
+                if (lo[x] == INT64_MAX) continue;
+                for (int c = 0; c < k; c++) {
+                    int32_t t = d->next[(size_t)x * (size_t)k + (size_t)c];
+                    if (t >= 0 && lo[x] + w[c] < lo[t]) lo[t] = lo[x] + w[c], changed = 1;
+                }
+            }
+        }
+        for (int32_t i = 0; i < m; i++)
+            if (d->accepting[order[i]] && (*min_chars < 0 || lo[order[i]] < *min_chars)) *min_chars = lo[order[i]];
+    }
+    free(lo);
+    free(hi);
+    free(indeg);
+    free(order);
+    free(seen);
+    free(queue);
+    return rc;
+}
+
+regex_dfa *regex_limit_length(const regex_dfa *d, int32_t min_chars, int32_t max_chars, char *err, size_t errlen) {
+    int32_t cap = max_chars >= 0 ? max_chars : min_chars, k = d->n_classes; /* counts above cap: cap (no max) */
+    size_t pairs = (size_t)d->n_states * (size_t)(cap + 1);
+    if (pairs > (size_t)REGEX_MAX_STATES * 64)
+        return snprintf(err, errlen, "the pattern with this minLength/maxLength is too complex"), NULL;
+    regex_dfa *p = calloc(1, sizeof *p);
+    int32_t *id = malloc(pairs * sizeof *id), *pair = malloc((size_t)REGEX_MAX_STATES * sizeof *pair);
+    int32_t *next = malloc((size_t)REGEX_MAX_STATES * (size_t)k * sizeof *next);
+    uint8_t *acc = malloc(REGEX_MAX_STATES), w[256];
+    if (!p || !id || !pair || !next || !acc) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (int c = 0; c < k; c++) w[c] = (uint8_t)starts_char(d, c);
+    for (size_t i = 0; i < pairs; i++) id[i] = -1;
+    int32_t n = 0;
+    if (d->start >= 0) id[(size_t)d->start * (size_t)(cap + 1)] = 0, pair[n++] = d->start * (cap + 1);
+    for (int32_t i = 0; i < n; i++) { /* breadth first over (state, characters so far) */
+        int32_t s = pair[i] / (cap + 1), count = pair[i] % (cap + 1);
+        acc[i] = d->accepting[s] && count >= min_chars;
+        for (int c = 0; c < k; c++) {
+            int32_t t = d->next[(size_t)s * (size_t)k + (size_t)c], after = count + w[c];
+            if (after > cap) after = max_chars >= 0 ? -1 : cap;
+            int32_t to = -1;
+            if (t >= 0 && after >= 0) {
+                size_t key = (size_t)t * (size_t)(cap + 1) + (size_t)after;
+                if (id[key] < 0) {
+                    if (n == REGEX_MAX_STATES) {
+                        snprintf(err, errlen, "the pattern with this minLength/maxLength needs more than %d states",
+                                 REGEX_MAX_STATES);
+                        goto fail;
+                    }
+                    id[key] = n;
+                    pair[n++] = (int32_t)key;
+                }
+                to = id[key];
+            }
+            next[(size_t)i * (size_t)k + (size_t)c] = to;
+        }
+    }
+    memcpy(p->cls, d->cls, sizeof p->cls);
+    p->n_classes = k;
+    p->n_states = n;
+    p->start = n ? 0 : -1;
+    p->next = next;
+    p->accepting = acc;
+    if (prune_dead(p)) {
+        snprintf(err, errlen, "out of memory");
+        p->next = NULL, p->accepting = NULL;
+        goto fail;
+    }
+    free(id);
+    free(pair);
+    return p;
+fail:
+    free(p);
+    free(id);
+    free(pair);
+    free(next);
+    free(acc);
+    return NULL;
 }

@@ -28,5 +28,11 @@ int32_t regex_n_states(const regex_dfa *d);
  * byte b costs cost[b] (0: b cannot be written); UINT32_MAX when none.
  * 0, or -1 when out of memory. */
 int regex_distances(const regex_dfa *d, const uint8_t cost[256], uint32_t *dist);
+/* The fewest and the most characters (code points) of a match: -1 for none
+ * (no match; no most when matches are unbounded). 0, or -1 when out of memory. */
+int regex_length_bounds(const regex_dfa *d, int64_t *min_chars, int64_t *max_chars);
+/* A new DFA of d's matches of min_chars to max_chars characters (max_chars < 0:
+ * no most); NULL with err when out of memory or past REGEX_MAX_STATES. */
+regex_dfa *regex_limit_length(const regex_dfa *d, int32_t min_chars, int32_t max_chars, char *err, size_t errlen);
 
 #endif

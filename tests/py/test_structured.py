@@ -305,7 +305,8 @@ def test_a_bounded_integer_alone_ends_at_its_last_digit(client):
 
 
 class Ticket(pydantic.BaseModel):
-    code: str = pydantic.Field(pattern=r"^[A-Z]{2,4}-[0-9]{1,5}$")
+    code: str = pydantic.Field(pattern=r"^[A-Z]{2,4}-[0-9]{1,5}$", max_length=7)
+    tag: str = pydantic.Field(pattern=r"bug|feature", min_length=5, max_length=12)
     title: str
 
 

@@ -473,7 +473,10 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
     }
     grammar_unref(email);
     grammar_unref(host);
-    check_refused("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":8}", "beside format");
+    check_refused("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":8}", "would cut it");
+    grammar *sized = compile("{\"type\":\"string\",\"format\":\"uuid\",\"minLength\":36,\"maxLength\":36}");
+    CHECK(sized != NULL); /* lengths the format implies */
+    grammar_unref(sized);
 }
 
 TEST(grammar_patterns_write_matching_json_strings) {
@@ -499,7 +502,32 @@ TEST(grammar_patterns_write_matching_json_strings) {
         grammar_unref(g);
     }
     check_refused("{\"type\":\"string\",\"pattern\":\"^\\\\x01$\"}", "no string a JSON text can hold");
-    check_refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "beside pattern");
+    /* minLength and maxLength beside a pattern count characters, not bytes */
+    g = compile("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "\"ba\"") && accepts(g, "\"aaa\"") && accepts(g, "\"日a本\""));
+        CHECK(!accepts(g, "\"bbba\"") && !accepts(g, "\"\"") && !accepts(g, "\"日本語a\""));
+        grammar_unref(g);
+    }
+    g = compile("{\"pattern\":\"^.+$\",\"minLength\":2,\"maxLength\":2}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "\"日本\"") && accepts(g, "\"\\\"x\""));
+        CHECK(!accepts(g, "\"日本語\"") && !accepts(g, "\"日\""));
+        grammar_state st;
+        grammar_start(g, &st);
+        CHECK_EQ_INT(grammar_cost(g, &st), 4);
+        grammar_unref(g);
+    }
+    g = compile("{\"type\":\"string\",\"format\":\"email\",\"maxLength\":12}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "\"ab@cd.io\"") && !accepts(g, "\"abcdefg@cd.io\""));
+        grammar_unref(g);
+    }
+    check_refused("{\"type\":\"string\",\"pattern\":\"^ab$\",\"minLength\":3}", "matches no string");
+    check_refused("{\"type\":\"string\",\"pattern\":\"a\",\"format\":\"date\"}", "format beside pattern");
     check_refused("{\"type\":\"string\",\"pattern\":\"(a|b)\\\\1\"}", "backreferences");
 }
 
@@ -534,6 +562,7 @@ TEST(grammar_random_walks_keep_their_promises) {
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"pattern\":\"^[A-Z]{2}-\\\\d{3,5}(\\\\.[a-z\\\"\\\\\\\\é]+)?$\"},"
         "{\"type\":\"null\"}]}}",
         "{\"type\":\"object\",\"properties\":{\"p\":{\"pattern\":\"x[\\\\s\\\\S]y\"},\"q\":{\"pattern\":\"^(ab|c){2,4}$\"}}}",
+        "{\"type\":\"array\",\"items\":{\"pattern\":\"é|[0-9]\",\"minLength\":2,\"maxLength\":5}}",
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     unsigned char walk[300];
