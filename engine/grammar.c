@@ -312,13 +312,16 @@ enum { FORMAT_IPV4 = 4, FORMAT_FRAC_DIGITS = 6 };
  * digits, at most 63 bytes; its domain has up to three labels before a common
  * top-level domain (checkers such as Pydantic's refuse special-use ones like .local
  * or .test); a hostname has up to four labels of at most 51 bytes (253 in all at
- * most, as RFC 1123 asks). */
+ * most, as RFC 1123 asks); a uri is an http or https URL of such a domain and up to
+ * six path segments (at most 296 characters: Pydantic's HttpUrl allows 2,083). */
 static const struct {
     const char *name, *pattern;
 } format_patterns[] = {
     {"email", "^[A-Za-z0-9]{1,15}([._+-][A-Za-z0-9]{1,15}){0,3}@([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}"
               "(com|org|net|edu|gov|io|dev|app|info|biz|co|uk|de|fr|es|it|nl|ca|au|jp|in|br|ch|se)$"},
     {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?){0,3}$"},
+    {"uri", "^https?://([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}(com|org|net|edu|gov|io|dev|app|info|co|uk|de)"
+            "(/[A-Za-z0-9._~-]{1,30}){0,6}/?$"},
 };
 
 int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_len, char *err, size_t errlen) {
@@ -329,7 +332,7 @@ int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_le
     while (k < n && strcmp(formats[k].name, name)) k++;
     if (k == n)
         return snprintf(err, errlen,
-                        "format '%s' is not supported (date, time, date-time, uuid, ipv4, email and hostname are)", name),
+                        "format '%s' is not supported (date, time, date-time, uuid, ipv4, email, hostname and uri are)", name),
                -1;
     if (min_len > formats[k].min_chars || (max_len >= 0 && max_len < formats[k].max_chars))
         return snprintf(err, errlen, "format '%s' writes %d to %d characters: minLength/maxLength would cut it", name,

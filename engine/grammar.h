@@ -26,7 +26,7 @@ int grammar_any(grammar *g);                              /* any JSON value */
 int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
 int grammar_number(grammar *g, int integer);
 /* A string of a format: "date", "time", "date-time" (RFC 3339, a time with
- * its offset), "uuid", "ipv4", "email" or "hostname", of min_len to max_len
+ * its offset), "uuid", "ipv4", "email", "hostname" or "uri", of min_len to max_len
  * characters (max_len < 0: any); any other name, or lengths that would cut a
  * fixed-shape format's values, is -1 with err. */
 int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_len, char *err, size_t errlen);

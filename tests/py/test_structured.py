@@ -76,8 +76,10 @@ SCHEMAS = {
                        "alarm": {"type": "string", "format": "time"}, "id": {"type": "string", "format": "uuid"},
                        "host": {"type": "string", "format": "ipv4"}, "owner": {"type": "string", "format": "email"},
                        "server": {"type": "string", "format": "hostname"},
+                       "docs": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
                        "seen": {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "null"}]}},
-        "required": ["day", "at", "alarm", "id", "host", "owner", "server", "seen"], "additionalProperties": False},
+        "required": ["day", "at", "alarm", "id", "host", "owner", "server", "docs", "seen"],
+        "additionalProperties": False},
     # patterns (ECMA-262; jsonschema checks them with Python's re): anchored, searched, with escapes
     "patterns": {
         "type": "object",
@@ -335,10 +337,11 @@ class Event(pydantic.BaseModel):
     id: uuid.UUID
     host: ipaddress.IPv4Address
     owner: pydantic.EmailStr
+    docs: pydantic.HttpUrl
 
 
 def test_formats_are_real_dates_times_and_addresses(client):
-    """format date, time, date-time, uuid, ipv4, email and hostname were a 400; the values written are
+    """format date, time, date-time, uuid, ipv4, email, hostname and uri were a 400; the values written are
     real ones: a second validator that checks formats (jsonschema_rs, Rust), Python's own parsers
     and email-validator (what Pydantic's EmailStr uses) take them."""
     import email_validator

@@ -473,6 +473,13 @@ TEST(grammar_formats_write_only_real_dates_times_and_addresses) {
     }
     grammar_unref(email);
     grammar_unref(host);
+    grammar *uri = compile("{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,\"maxLength\":2083}");
+    CHECK(uri != NULL); /* Pydantic's HttpUrl */
+    if (uri) {
+        CHECK(accepts_quoted(uri, "https://docs.example.org/guide/intro.html") && accepts_quoted(uri, "http://a.io/"));
+        CHECK(!accepts_quoted(uri, "ftp://a.io") && !accepts_quoted(uri, "https://a.io/b c") && !accepts_quoted(uri, "https:/a.io"));
+        grammar_unref(uri);
+    }
     check_refused("{\"type\":\"string\",\"format\":\"date\",\"maxLength\":8}", "would cut it");
     grammar *sized = compile("{\"type\":\"string\",\"format\":\"uuid\",\"minLength\":36,\"maxLength\":36}");
     CHECK(sized != NULL); /* lengths the format implies */
