@@ -1,8 +1,8 @@
 /* JSON Schema -> grammar (engine/grammar.h) for response_format and tool
  * arguments. The subset: type (one or a list), properties, required,
  * additionalProperties, enum, const, items, minItems/maxItems,
- * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum
- * (numbers then have no exponent), format (date, time, date-time, uuid,
+ * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
+ * a whole multipleOf (numbers then have no exponent), format (date, time, date-time, uuid,
  * ipv4), pattern (engine/regex.h), anyOf/oneOf (alternatives that start with different
  * bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
@@ -57,7 +57,7 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "format", "pattern", "anyOf", "oneOf", "$ref", "$defs",
+    "exclusiveMaximum", "multipleOf", "format", "pattern", "anyOf", "oneOf", "$ref", "$defs",
     "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
     NULL};
 
@@ -269,8 +269,18 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
     return node;
 }
 
-/* minimum, maximum, exclusiveMinimum, exclusiveMaximum on number node `node`. */
+/* multipleOf, minimum, maximum, exclusiveMinimum, exclusiveMaximum on number node `node`. */
 static int compile_limits(compiler *c, json_t *s, int node, int integer, const char *where) {
+    json_t *multiple = json_object_get(s, "multipleOf");
+    if (multiple) {
+        /* whole numbers only: validators divide by a fractional multipleOf in floating point
+           (Python's jsonschema finds 0.3 no multiple of 0.1) */
+        char err[200];
+        if (!json_is_integer(multiple) || json_integer_value(multiple) < 1)
+            return fail(c, "%s: multipleOf must be a whole number above 0 (a fraction is not supported)%s", where, "");
+        if (grammar_number_multiple(c->g, node, json_integer_value(multiple), err, sizeof err))
+            return fail(c, "%s: %s", where, err);
+    }
     static const char *const keys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
     for (int k = 0; k < 4; k++) {
         json_t *v = json_object_get(s, keys[k]);
@@ -357,7 +367,7 @@ static const char *implied_type(json_t *s) {
         json_object_get(s, "pattern"))
         return "string";
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
-        json_object_get(s, "exclusiveMaximum"))
+        json_object_get(s, "exclusiveMaximum") || json_object_get(s, "multipleOf"))
         return "number";
     return NULL;
 }

@@ -37,6 +37,7 @@ typedef struct gnode {
     enum kind kind;
     int bounded;        /* number: lo/hi set (no exponent then) */
     units lo, hi;       /* number: the values allowed, inclusive, in units */
+    units multiple;     /* number: its values are multiples of this (0: any), a whole number of units */
     int32_t min, max;   /* string length, array items (max < 0: none); format: its index in formats[] */
     int32_t child;      /* array items; object values when it has no properties */
     int32_t first, n;   /* object: props[first..+n); literals: lits; anyOf: alts */
@@ -491,6 +492,7 @@ static int required_met(const grammar *g, const gnode *nd, uint64_t used) {
  * values below zero (no -0 where nothing negative is allowed). */
 static int number_meets(const gnode *nd, int negative, units a, units b, units step) {
     units x = negative ? -b : a, y = negative ? (a ? -a : -1) : b;
+    if (nd->multiple) step = nd->multiple; /* a whole multiple of 1, so of every step of the grid too */
     if (x < nd->lo) x = nd->lo;
     if (y > nd->hi) y = nd->hi;
     if (x > y) return 0;
@@ -1059,6 +1061,15 @@ static int parse_units(const char *text, int up, units *v, int *negative) {
     return 1;
 }
 
+int grammar_number_multiple(grammar *g, int node, int64_t k, char *err, size_t errlen) {
+    gnode *nd = node >= 0 && node < g->n_nodes ? &g->nodes[node] : NULL;
+    if (!nd || (nd->kind != K_NUMBER && nd->kind != K_INTEGER)) return snprintf(err, errlen, "not a number"), -1;
+    if (k < 1) return snprintf(err, errlen, "multipleOf must be a whole number above 0 here"), -1;
+    if (k >= 10000000000000000LL) k = 10000000000000000LL; /* beyond 16 digits only 0 is a multiple */
+    nd->multiple = (units)k * UNIT;
+    return grammar_number_limit(g, node, "-99999999999999999", 0, 0, err, errlen); /* bounded: no exponent */
+}
+
 int grammar_number_limit(grammar *g, int node, const char *value, int upper, int exclusive, char *err,
                          size_t errlen) {
     gnode *nd = node >= 0 && node < g->n_nodes ? &g->nodes[node] : NULL;
@@ -1098,6 +1109,8 @@ int grammar_number_limit(grammar *g, int node, const char *value, int upper, int
         set_start(nd, (unsigned char)*c);
         if (rest + 1 < nd->min_len) nd->min_len = rest + 1;
     }
+    if (nd->min_len == UINT32_MAX) /* limits and multipleOf that no number meets */
+        return snprintf(err, errlen, "no number lies within the minimum and maximum given"), -1;
     return 0;
 }
 

@@ -40,6 +40,9 @@ int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t ma
  * 0, or -1 with one line in err (no number written could meet them). */
 int grammar_number_limit(grammar *g, int node, const char *value, int upper, int exclusive, char *err,
                          size_t errlen);
+/* Number node `node`'s values are multiples of k (a whole number >= 1; with
+ * limits too, call this first). 0, or -1 with err. */
+int grammar_number_multiple(grammar *g, int node, int64_t k, char *err, size_t errlen);
 /* Exactly one of the given JSON texts (compact: what enum and const allow). */
 int grammar_literals(grammar *g, const char *const *texts, size_t n, char *err, size_t errlen);
 /* items: node of every item; max_items < 0: no limit. */

@@ -67,8 +67,9 @@ SCHEMAS = {
                        "year": {"type": "integer", "minimum": 1900, "exclusiveMaximum": 2100},
                        "share": {"type": "number", "minimum": 0, "maximum": 1},
                        "temperature": {"type": "number", "exclusiveMinimum": -273.15, "maximum": 60.5},
-                       "debt": {"anyOf": [{"type": "integer", "maximum": -1}, {"type": "null"}]}},
-        "required": ["stars", "year", "share", "temperature", "debt"], "additionalProperties": False},
+                       "debt": {"anyOf": [{"type": "integer", "maximum": -1}, {"type": "null"}]},
+                       "minutes": {"type": "integer", "multipleOf": 15, "minimum": 0, "maximum": 120}},
+        "required": ["stars", "year", "share", "temperature", "debt", "minutes"], "additionalProperties": False},
     # string formats, as Pydantic writes datetime, date, time, UUID and IPv4Address fields
     "formats": {
         "type": "object",
@@ -373,7 +374,7 @@ def test_bad_response_formats_are_400s(client):
              ({"type": "json_schema"}, "json_schema"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(a)\\1"}}}, "backreferences"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "duration"}}}, "format 'duration'"),
-             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 5}}}, "'multipleOf'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 0.5}}}, "a fraction is not supported"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "type": "integer", "minimum": 3, "maximum": 2}}}, "no number lies within"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {

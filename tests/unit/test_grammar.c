@@ -86,7 +86,7 @@ static void check_refused(const char *schema_text, const char *needle) {
 
 TEST(grammar_unsupported_keywords_are_named) {
     const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookahead"},
-                            {"{\"type\":\"integer\",\"multipleOf\":3}", "'multipleOf'"},
+                            {"{\"type\":\"integer\",\"not\":{\"const\":3}}", "'not'"},
                             {"{\"allOf\":[{}]}", "'allOf'"},
                             {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "anyOf"},
                             {"{\"$ref\":\"#\"}", "recursive"},
@@ -301,18 +301,22 @@ TEST(grammar_number_limits_accept_exactly_the_numbers_within) {
     static const struct {
         const char *type, *limits;
         long long lo, hi; /* millionths, inclusive (the oracle) */
+        long long multiple; /* whole; 0: none */
     } cases[] = {
-        {"integer", "\"minimum\":3,\"maximum\":42", 3000000, 42000000},
-        {"integer", "\"minimum\":-17,\"exclusiveMaximum\":-3", -17000000, -4000000},
-        {"integer", "\"exclusiveMinimum\":-2.5,\"maximum\":7.9", -2000000, 7000000},
-        {"integer", "\"minimum\":120", 120000000, 999999999999},
-        {"integer", "\"maximum\":0", -999999999999, 0},
-        {"number", "\"minimum\":0,\"maximum\":1", 0, 1000000},
-        {"number", "\"minimum\":-1.25,\"maximum\":0.5", -1250000, 500000},
-        {"number", "\"exclusiveMinimum\":0,\"exclusiveMaximum\":10", 1, 9999999},
-        {"number", "\"minimum\":99.5", 99500000, 999999999999},
-        {"number", "\"maximum\":-0.001", -999999999999, -1000},
-        {"number", "\"minimum\":2,\"exclusiveMinimum\":2.5,\"maximum\":3.75,\"exclusiveMaximum\":4", 2500001, 3750000},
+        {"integer", "\"multipleOf\":7", -999999999999, 999999999999, 7},
+        {"integer", "\"multipleOf\":25,\"minimum\":-60,\"maximum\":130", -60000000, 130000000, 25},
+        {"number", "\"multipleOf\":4,\"exclusiveMinimum\":0", 1, 999999999999, 4},
+        {"integer", "\"minimum\":3,\"maximum\":42", 3000000, 42000000, 0},
+        {"integer", "\"minimum\":-17,\"exclusiveMaximum\":-3", -17000000, -4000000, 0},
+        {"integer", "\"exclusiveMinimum\":-2.5,\"maximum\":7.9", -2000000, 7000000, 0},
+        {"integer", "\"minimum\":120", 120000000, 999999999999, 0},
+        {"integer", "\"maximum\":0", -999999999999, 0, 0},
+        {"number", "\"minimum\":0,\"maximum\":1", 0, 1000000, 0},
+        {"number", "\"minimum\":-1.25,\"maximum\":0.5", -1250000, 500000, 0},
+        {"number", "\"exclusiveMinimum\":0,\"exclusiveMaximum\":10", 1, 9999999, 0},
+        {"number", "\"minimum\":99.5", 99500000, 999999999999, 0},
+        {"number", "\"maximum\":-0.001", -999999999999, -1000, 0},
+        {"number", "\"minimum\":2,\"exclusiveMinimum\":2.5,\"maximum\":3.75,\"exclusiveMaximum\":4", 2500001, 3750000, 0},
     };
     static const char alphabet[] = "-0123456789.";
     int wrong = 0;
@@ -332,7 +336,8 @@ TEST(grammar_number_limits_accept_exactly_the_numbers_within) {
                 for (int i = 0; i < len; i++) t[i] = alphabet[digit[i]];
                 t[len] = 0;
                 int want = accepts(plain, t) && millionths(t) >= cases[k].lo && millionths(t) <= cases[k].hi &&
-                           (t[0] != '-' || millionths(t) < 0); /* no -0 */
+                           (t[0] != '-' || millionths(t) < 0) && /* no -0 */
+                           (!cases[k].multiple || millionths(t) % (cases[k].multiple * 1000000) == 0);
                 int got = accepts(g, t);
                 taken += got;
                 if (got != want && wrong++ < 5) fprintf(stderr, "  %s: '%s' %s\n", cases[k].limits, t, got ? "taken" : "refused");
@@ -383,6 +388,8 @@ TEST(grammar_number_limits_accept_exactly_the_numbers_within) {
     check_refused("{\"type\":\"integer\",\"maximum\":\"7\"}", "maximum must be a number");
     check_refused("{\"type\":\"number\",\"exclusiveMinimum\":true,\"minimum\":1}", "exclusiveMinimum must be a number");
     check_refused("{\"enum\":[1,2],\"minimum\":1}", "'minimum' beside enum");
+    check_refused("{\"type\":\"number\",\"multipleOf\":0.5}", "a fraction is not supported");
+    check_refused("{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":1,\"maximum\":9}", "no number lies within");
 }
 
 /* 1 when the quoted text is a whole value of g. */
@@ -561,6 +568,7 @@ TEST(grammar_random_walks_keep_their_promises) {
         "\"\\\\\\\"\":{\"type\":\"null\"}}}",
         "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-300,\"exclusiveMaximum\":1000000}}",
         "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0.125,\"maximum\":0.5}}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"multipleOf\":15,\"minimum\":-100,\"maximum\":2000}}",
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\",\"maximum\":-7.5e-9},{\"type\":\"null\"}]}}",
         "{\"type\":\"array\",\"items\":{\"exclusiveMinimum\":1234567890123.5,\"maximum\":1e300}}",
         "{\"type\":\"object\",\"properties\":{\"d\":{\"format\":\"date\"},\"t\":{\"format\":\"time\"},"
