@@ -2,9 +2,10 @@
  * arguments. The subset: type (one or a list), properties, required,
  * additionalProperties, enum, const, items, minItems/maxItems,
  * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
- * a whole multipleOf (numbers then have no exponent), format (date, time, date-time, uuid,
- * ipv4), pattern (engine/regex.h), anyOf/oneOf (alternatives that start with different
- * bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
+ * a whole multipleOf (numbers then have no exponent), format (date, time,
+ * date-time, uuid, ipv4, email, hostname, uri), pattern (engine/regex.h),
+ * allOf (merged as anyOf's siblings are), anyOf/oneOf (alternatives that start
+ * with different bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
  * $comment). Any other keyword is a 400 naming it: a constraint silently
  * dropped would let the output break the schema. For the same reason a
@@ -57,7 +58,7 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "format", "pattern", "anyOf", "oneOf", "$ref", "$defs",
+    "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", "$defs",
     "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
     NULL};
 
@@ -452,15 +453,16 @@ static json_t *merge_parent(compiler *c, json_t *parent, const char *list_key, j
             json_object_foreach(v, name, ps) {
                 json_t *had = json_object_get(mine, name);
                 if (had && !json_equal(had, ps)) {
-                    fail(c, "%s: property '%s' has one schema inside anyOf/oneOf and another beside it", where, name);
+                    fail(c, "%s: property '%s' has one schema inside anyOf/oneOf/allOf and another beside it", where,
+                         name);
                     rc = -2;
                     break;
                 }
                 if (!had && json_object_set(mine, name, ps)) rc = -1;
             }
         } else {
-            fail(c, "%s: '%s' both beside anyOf/oneOf and in an alternative, with different values, is not supported",
-                 where, key);
+            fail(c, "%s: '%s' both beside anyOf/oneOf/allOf and in one of its schemas, with different values, is "
+                    "not supported", where, key);
             rc = -2;
         }
     }
@@ -482,6 +484,32 @@ static int compile(compiler *c, json_t *s, const char *where) {
     json_t *type = json_object_get(s, "type");
     const char *other;
     if (check_keywords(c, s, where)) goto out;
+    json_t *all_of = json_object_get(s, "allOf");
+    if (all_of) { /* every schema of the list holds: each merged into the rest, as anyOf's siblings are */
+        if (!json_is_array(all_of) || !json_array_size(all_of) || json_array_size(all_of) > 16) {
+            fail(c, "%s: allOf needs 1 to 16 entries%s", where, "");
+            goto out;
+        }
+        json_t *acc = s;
+        for (size_t i = 0; i < json_array_size(all_of) && acc; i++) {
+            static const char *const only_ref[] = {"$ref", NULL};
+            json_t *ref = json_object_get(acc, "$ref");
+            for (int hops = 0; i && json_is_string(ref) && !other_constraint(acc, only_ref) && hops < 8; hops++) {
+                json_t *to = resolve(c, json_string_value(ref)); /* what the schemas so far came to is a $ref */
+                if (!to) break;
+                acc = to;
+                ref = json_is_object(acc) ? json_object_get(acc, "$ref") : NULL;
+            }
+            int never = 0;
+            acc = merge_parent(c, acc, "allOf", json_array_get(all_of, i), where, &never);
+            if (never) {
+                fail(c, "%s: the schemas of allOf allow no type in common%s", where, "");
+                goto out;
+            }
+        }
+        if (acc) node = compile(c, acc, where);
+        goto out;
+    }
     if (type && !json_is_string(type) && !json_is_array(type)) {
         fail(c, "%s: type must be a string or a list of strings%s", where, "");
         goto out;

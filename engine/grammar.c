@@ -27,7 +27,9 @@
  * a double (what most JSON readers parse numbers into). */
 enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 2 };
 
-enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT, K_PATTERN };
+enum kind {
+    K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT, K_PATTERN
+};
 
 /* A bounded number's value in units of 1e-16 (MAX_FRAC_DIGITS): every number
  * the automaton writes is a whole count of them, below 1e32 in magnitude. */
@@ -333,7 +335,8 @@ int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_le
     while (k < n && strcmp(formats[k].name, name)) k++;
     if (k == n)
         return snprintf(err, errlen,
-                        "format '%s' is not supported (date, time, date-time, uuid, ipv4, email, hostname and uri are)", name),
+                        "format '%s' is not supported (date, time, date-time, uuid, ipv4, email, hostname and uri "
+                        "are)", name),
                -1;
     if (min_len > formats[k].min_chars || (max_len >= 0 && max_len < formats[k].max_chars))
         return snprintf(err, errlen, "format '%s' writes %d to %d characters: minLength/maxLength would cut it", name,
@@ -343,7 +346,8 @@ int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_le
     if (id < 0) return snprintf(err, errlen, "out of memory"), -1;
     g->nodes[id].min = k;
     /* the shortest value: the template, then "Z\"" for a time, "0.0.0.0\"" for an address */
-    g->nodes[id].min_len = (uint32_t)strlen(formats[k].template) + (formats[k].time_tail ? 2 : 0) + (k == FORMAT_IPV4 ? 8 : 0);
+    g->nodes[id].min_len =
+        (uint32_t)strlen(formats[k].template) + (formats[k].time_tail ? 2 : 0) + (k == FORMAT_IPV4 ? 8 : 0);
     set_start(&g->nodes[id], '"');
     return id;
 }

@@ -90,6 +90,16 @@ SCHEMAS = {
                        "quote": {"type": "string", "pattern": "^\"[^\"\\n]{1,20}\"$"},
                        "mentions": {"type": "string", "pattern": "@potserve"}},
         "required": ["code", "phone", "slug", "quote", "mentions"], "additionalProperties": False},
+    # allOf: a $ref extended (as generators write inheritance) and a described $ref (as Pydantic v1 did)
+    "all_of": {
+        "allOf": [{"$ref": "#/$defs/Base"},
+                  {"properties": {"tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                                  "owner": {"allOf": [{"$ref": "#/$defs/Person"}], "description": "who owns it"}},
+                   "required": ["tags", "owner"]}],
+        "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}},
+                           "required": ["id"]},
+                  "Person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                             "additionalProperties": False}}},
     "list_of_objects": {
         "type": "object",
         "properties": {"steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
@@ -375,6 +385,8 @@ def test_bad_response_formats_are_400s(client):
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(a)\\1"}}}, "backreferences"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "duration"}}}, "format 'duration'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 0.5}}}, "a fraction is not supported"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                 "allOf": [{"type": "string"}, {"type": "integer"}]}}}, "no type in common"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "type": "integer", "minimum": 3, "maximum": 2}}}, "no number lies within"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {

@@ -87,7 +87,7 @@ static void check_refused(const char *schema_text, const char *needle) {
 TEST(grammar_unsupported_keywords_are_named) {
     const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookahead"},
                             {"{\"type\":\"integer\",\"not\":{\"const\":3}}", "'not'"},
-                            {"{\"allOf\":[{}]}", "'allOf'"},
+                            {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "no type in common"},
                             {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "anyOf"},
                             {"{\"$ref\":\"#\"}", "recursive"},
                             {"{\"type\":\"sound\"}", "'sound'"}};
@@ -543,6 +543,39 @@ TEST(grammar_patterns_write_matching_json_strings) {
     check_refused("{\"type\":\"string\",\"pattern\":\"^ab$\",\"minLength\":3}", "matches no string");
     check_refused("{\"type\":\"string\",\"pattern\":\"a\",\"format\":\"date\"}", "format beside pattern");
     check_refused("{\"type\":\"string\",\"pattern\":\"(a|b)\\\\1\"}", "backreferences");
+}
+
+TEST(grammar_all_of_holds_every_schema) {
+    /* Pydantic v1 and other generators wrap a $ref in allOf to describe it; two objects join */
+    grammar *g = compile("{\"type\":\"object\",\"properties\":{\"pet\":{\"allOf\":[{\"$ref\":\"#/$defs/Pet\"}],"
+                         "\"description\":\"the pet\"},\"n\":{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":3},"
+                         "{\"maximum\":5}]}},\"required\":[\"pet\",\"n\"],\"$defs\":{\"Pet\":{\"type\":\"object\","
+                         "\"properties\":{\"legs\":{\"type\":\"integer\"}},\"required\":[\"legs\"]}}}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "{\"pet\":{\"legs\":4},\"n\":3}") && accepts(g, "{\"n\":5,\"pet\":{\"legs\":0}}"));
+        CHECK(!accepts(g, "{\"pet\":{},\"n\":3}") && !accepts(g, "{\"pet\":{\"legs\":4},\"n\":6}") &&
+              !accepts(g, "{\"pet\":{\"legs\":4},\"n\":4.5}"));
+        grammar_unref(g);
+    }
+    g = compile("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]},"
+                "{\"properties\":{\"b\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}]}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "{\"a\":\"x\",\"b\":true}") && !accepts(g, "{\"a\":\"x\"}") && !accepts(g, "{\"b\":true}"));
+        grammar_unref(g);
+    }
+    check_refused("{\"allOf\":[{\"type\":\"string\",\"maxLength\":3},{\"maxLength\":5}]}", "maxLength");
+    check_refused("{\"allOf\":[]}", "allOf needs 1 to 16");
+    /* a $ref, then more: the $ref's schema is what the rest is merged into */
+    g = compile("{\"allOf\":[{\"$ref\":\"#/$defs/Base\"},{\"properties\":{\"extra\":{\"type\":\"boolean\"}},"
+                "\"required\":[\"extra\"]}],\"$defs\":{\"Base\":{\"type\":\"object\",\"properties\":{\"id\":"
+                "{\"type\":\"integer\"}},\"required\":[\"id\"]}}}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "{\"id\":1,\"extra\":false}") && !accepts(g, "{\"id\":1}") && !accepts(g, "{\"extra\":true}"));
+        grammar_unref(g);
+    }
 }
 
 static void walk_failed(const char *what, const char *text, size_t n) {
