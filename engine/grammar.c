@@ -68,6 +68,7 @@ struct grammar {
         uint32_t *dist; /* bytes of JSON text from each DFA state to a match */
     } *patterns;
     int n_patterns, cap_patterns;
+    int64_t pattern_states; /* of all patterns: at most GRAMMAR_MAX_PATTERN_STATES */
     /* the pieces of "any value" */
     int any, any_object, any_array, any_string, any_number, any_literal;
 };
@@ -373,6 +374,12 @@ int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t ma
         if (!within) return -1;
         dfa = within;
     }
+    if (g->pattern_states + regex_n_states(dfa) > GRAMMAR_MAX_PATTERN_STATES) {
+        regex_free(dfa);
+        return snprintf(err, errlen, "the schema's patterns need more than %d automaton states together",
+                        GRAMMAR_MAX_PATTERN_STATES), -1;
+    }
+    g->pattern_states += regex_n_states(dfa);
     uint8_t cost[256];
     for (int b = 0; b < 256; b++) cost[b] = text_cost((uint8_t)b);
     uint32_t *dist = malloc((size_t)regex_n_states(dfa) * sizeof *dist);

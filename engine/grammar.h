@@ -11,7 +11,7 @@
 
 typedef struct grammar grammar;
 
-enum { GRAMMAR_MAX_PROPS = 64, GRAMMAR_MAX_LITERALS = 64, GRAMMAR_MAX_DEPTH = 32 };
+enum { GRAMMAR_MAX_PROPS = 64, GRAMMAR_MAX_LITERALS = 64, GRAMMAR_MAX_DEPTH = 32, GRAMMAR_MAX_PATTERN_STATES = 65536 };
 
 /* An empty grammar; its root is any JSON value until grammar_set_root.
  * Caller owns it (grammar_unref). NULL when out of memory. */

@@ -543,6 +543,12 @@ TEST(grammar_patterns_write_matching_json_strings) {
     check_refused("{\"type\":\"string\",\"pattern\":\"^ab$\",\"minLength\":3}", "matches no string");
     check_refused("{\"type\":\"string\",\"pattern\":\"a\",\"format\":\"date\"}", "format beside pattern");
     check_refused("{\"type\":\"string\",\"pattern\":\"(a|b)\\\\1\"}", "backreferences");
+    /* a schema's patterns share one bound (each ^.{0,1000}$ takes 10,001 states) */
+    char many[600] = "{\"type\":\"object\",\"properties\":{";
+    for (int i = 0; i < 7; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%s\"p%d\":{\"pattern\":\"^.{0,1000}$\"}", i ? "," : "", i);
+    strcat(many, "}}");
+    check_refused(many, "need more than 65536 automaton states together");
 }
 
 TEST(grammar_all_of_holds_every_schema) {
