@@ -1,6 +1,8 @@
 """A second real client: LangChain's ChatOpenAI (langchain-openai) against a
 real server on the default model: with_structured_output (json_schema),
 bind_tools with a forced tool, and streaming."""
+import datetime
+
 import pydantic
 import pytest
 from langchain_core.tools import tool
@@ -19,7 +21,9 @@ def llm(tmp_path_factory, model):
 class City(pydantic.BaseModel):
     name: str = pydantic.Field(max_length=40)
     country: str = pydantic.Field(max_length=40)
-    population: int
+    population: int = pydantic.Field(ge=0)
+    founded: datetime.date
+    code: str = pydantic.Field(pattern=r"^[A-Z]{3}$")
 
 
 @tool
@@ -30,7 +34,7 @@ def get_weather(city: str, unit: str) -> str:
 
 def test_with_structured_output(llm):
     city = llm.with_structured_output(City).invoke("Tell me about Paris.")
-    assert isinstance(city, City) and city.name
+    assert isinstance(city, City) and city.population >= 0 and len(city.code) == 3, city  # parsed: every field valid
 
 
 def test_bind_tools_forced_call(llm):
