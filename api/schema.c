@@ -1,6 +1,6 @@
 /* JSON Schema -> grammar (engine/grammar.h) for response_format and tool
  * arguments. The subset: type (one or a list), properties, required,
- * additionalProperties, enum, const, items, minItems/maxItems,
+ * additionalProperties, enum, const, items, prefixItems, minItems/maxItems,
  * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
  * a whole multipleOf (numbers then have no exponent), format (date, time,
  * date-time, uuid, ipv4, email, hostname, uri), pattern (engine/regex.h),
@@ -58,7 +58,7 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", "$defs",
+    "exclusiveMaximum", "multipleOf", "format", "pattern", "prefixItems", "allOf", "anyOf", "oneOf", "$ref", "$defs",
     "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
     NULL};
 
@@ -316,14 +316,26 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
     if (!type) return grammar_any(c->g);
     if (!strcmp(type, "object")) return compile_object(c, s, where);
     if (!strcmp(type, "array")) {
-        json_t *items = json_object_get(s, "items");
+        json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
         int32_t lo, hi;
         if (get_count(c, s, "minItems", 0, &lo, where) || get_count(c, s, "maxItems", -1, &hi, where)) return -1;
-        if (items && !json_is_object(items) && !json_is_true(items))
+        if (items && !json_is_object(items) && !json_is_boolean(items))
             return fail(c, "%s: items must be a schema%s", where, "");
+        if (prefix && (!json_is_array(prefix) || json_array_size(prefix) > GRAMMAR_MAX_PROPS))
+            return fail(c, "%s: prefixItems must be a list of at most %s schemas", where, "64");
+        size_t n_prefix = json_array_size(prefix);
+        if (json_is_false(items) && (hi < 0 || hi > (int32_t)n_prefix)) hi = (int32_t)n_prefix; /* none after them */
         int item = items && json_is_object(items) ? compile(c, items, where) : grammar_any(c->g);
         if (item < 0) return -1;
+        int first[GRAMMAR_MAX_PROPS];
+        for (size_t i = 0; i < n_prefix; i++) {
+            char sub[300];
+            snprintf(sub, sizeof sub, "%s.prefixItems[%zu]", where, i);
+            json_t *one = json_array_get(prefix, i);
+            if ((first[i] = json_is_true(one) ? grammar_any(c->g) : compile(c, one, sub)) < 0) return -1;
+        }
         node = grammar_array(c->g, item, lo, hi, err, sizeof err);
+        if (node >= 0 && n_prefix && grammar_array_prefix(c->g, node, first, n_prefix, err, sizeof err)) node = -1;
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
     if (!strcmp(type, "string")) {
@@ -362,7 +374,8 @@ static const char *implied_type(json_t *s) {
     if (json_object_get(s, "properties") || json_object_get(s, "required") ||
         json_object_get(s, "additionalProperties"))
         return "object";
-    if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
+    if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems") ||
+        json_object_get(s, "prefixItems"))
         return "array";
     if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format") ||
         json_object_get(s, "pattern"))

@@ -214,6 +214,34 @@ int grammar_array(grammar *g, int items, int32_t min_items, int32_t max_items, c
     return id;
 }
 
+/* The node of array item i: its prefixItems entry, or items. */
+static int item_node(const grammar *g, const gnode *nd, uint32_t i) {
+    return i < (uint32_t)nd->n ? g->alts[nd->first + (int)i] : nd->child;
+}
+
+/* Bytes of the items from `from` up to minItems, each with a comma or the ']' after it. */
+static uint32_t items_rest(const grammar *g, const gnode *nd, uint32_t from) {
+    uint32_t sum = 0;
+    for (uint32_t i = from; i < (uint32_t)nd->min; i++) sum += g->nodes[item_node(g, nd, i)].min_len + 1;
+    return sum;
+}
+
+int grammar_array_prefix(grammar *g, int array, const int *items, size_t n, char *err, size_t errlen) {
+    if (array < 0 || array >= g->n_nodes || g->nodes[array].kind != K_ARRAY || n > GRAMMAR_MAX_PROPS)
+        return snprintf(err, errlen, "bad prefixItems"), -1;
+    for (size_t i = 0; i < n; i++)
+        if (items[i] < 0 || items[i] >= g->n_nodes) return snprintf(err, errlen, "bad prefixItems node"), -1;
+    if (grow((void **)&g->alts, &g->cap_alts, g->n_alts + (int)n, sizeof *g->alts))
+        return snprintf(err, errlen, "out of memory"), -1;
+    gnode *nd = &g->nodes[array];
+    nd->first = g->n_alts;
+    nd->n = (int32_t)n;
+    memcpy(g->alts + g->n_alts, items, n * sizeof *items);
+    g->n_alts += (int)n;
+    nd->min_len = nd->min ? 1 + items_rest(g, nd, 0) : 2;
+    return 0;
+}
+
 int grammar_object(grammar *g, const char *const *names, const int *nodes, const int *required,
                    size_t n, int values, char *err, size_t errlen) {
     if (n > GRAMMAR_MAX_PROPS)
@@ -806,7 +834,7 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         if (c == ']' && f->st == A_OPEN && nd->min == 0) return f->st = ST_DONE, ACCEPT;
         if (nd->max >= 0 && f->count >= (uint32_t)nd->max) return REJECT;
         f->st = A_VALUE;
-        *child = nd->child;
+        *child = item_node(g, nd, f->count);
         return PUSH;
     case A_AFTER:
         if (is_ws(c)) return ACCEPT;
@@ -1168,10 +1196,10 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     case O_VALUE:
     case O_AFTER:
         return (nd->n ? rest_required(g, nd, f->used, -1) : 0) + 1;
-    case A_OPEN: return nd->min ? (uint32_t)nd->min * (item + 1) : 1;
-    case A_NEXT: return item + sat_sub((uint32_t)nd->min, f->count + 1) * (item + 1) + 1;
-    case A_VALUE: return sat_sub((uint32_t)nd->min, f->count + 1) * (item + 1) + 1;
-    case A_AFTER: return sat_sub((uint32_t)nd->min, f->count) * (item + 1) + 1;
+    case A_OPEN: return nd->min ? items_rest(g, nd, 0) : 1;
+    case A_NEXT: return g->nodes[item_node(g, nd, f->count)].min_len + items_rest(g, nd, f->count + 1) + 1;
+    case A_VALUE: return items_rest(g, nd, f->count + 1) + 1;
+    case A_AFTER: return items_rest(g, nd, f->count) + 1;
     case S_BODY: return sat_sub((uint32_t)nd->min, f->count) + 1 + f->aux;
     case S_ESC: return 1 + sat_sub((uint32_t)nd->min, f->count) + 1;
     case S_HEX: { /* the rest of the escape, and a second half when every completion is a high surrogate */

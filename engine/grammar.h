@@ -48,6 +48,9 @@ int grammar_literals(grammar *g, const char *const *texts, size_t n, char *err, 
 /* items: node of every item; max_items < 0: no limit. */
 int grammar_array(grammar *g, int items, int32_t min_items, int32_t max_items, char *err,
                   size_t errlen);
+/* Array node `array`'s first n items are of nodes items[0..n) (JSON Schema's
+ * prefixItems), the rest of its items node. 0, or -1 with err. */
+int grammar_array_prefix(grammar *g, int array, const int *items, size_t n, char *err, size_t errlen);
 /* An object of the named properties only (names JSON-escaped, without quotes),
  * in any order, each at most once, every required one present. With n == 0,
  * any keys, each value of node `values` (-1: only {}). */

@@ -551,6 +551,37 @@ TEST(grammar_patterns_write_matching_json_strings) {
     check_refused(many, "need more than 65536 automaton states together");
 }
 
+TEST(grammar_prefix_items_type_each_position) {
+    /* Pydantic's Tuple[int, str]: prefixItems, and items false after them */
+    grammar *g = compile("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],"
+                         "\"minItems\":2,\"maxItems\":2}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "[1,\"a\"]") && accepts(g, "[ -7 , \"\" ]"));
+        CHECK(!accepts(g, "[\"a\",1]") && !accepts(g, "[1]") && !accepts(g, "[1,\"a\",2]") && !accepts(g, "[]"));
+        grammar_state st;
+        grammar_start(g, &st);
+        char out[16];
+        int64_t n = grammar_shortest_completion(g, &st, out, sizeof out);
+        CHECK(n == 6 && !memcmp(out, "[0,\"\"]", 6));
+        grammar_unref(g);
+    }
+    g = compile("{\"prefixItems\":[{\"type\":\"boolean\"}],\"items\":{\"type\":\"integer\"}}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "[]") && accepts(g, "[true]") && accepts(g, "[false,1,2]"));
+        CHECK(!accepts(g, "[1]") && !accepts(g, "[true,\"x\"]"));
+        grammar_unref(g);
+    }
+    g = compile("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"}],\"items\":false}");
+    CHECK(g != NULL);
+    if (g) {
+        CHECK(accepts(g, "[]") && accepts(g, "[null]") && !accepts(g, "[null,null]"));
+        grammar_unref(g);
+    }
+    check_refused("{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", "minItems 2 exceeds maxItems 1");
+}
+
 TEST(grammar_all_of_holds_every_schema) {
     /* Pydantic v1 and other generators wrap a $ref in allOf to describe it; two objects join */
     grammar *g = compile("{\"type\":\"object\",\"properties\":{\"pet\":{\"allOf\":[{\"$ref\":\"#/$defs/Pet\"}],"
@@ -617,6 +648,8 @@ TEST(grammar_random_walks_keep_their_promises) {
         "{\"type\":\"null\"}]}}",
         "{\"type\":\"object\",\"properties\":{\"p\":{\"pattern\":\"x[\\\\s\\\\S]y\"},\"q\":{\"pattern\":\"^(ab|c){2,4}$\"}}}",
         "{\"type\":\"array\",\"items\":{\"pattern\":\"é|[0-9]\",\"minLength\":2,\"maxLength\":5}}",
+        "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"enum\":[\"a\",\"bc\"]},{\"type\":\"object\"}],"
+        "\"items\":{\"type\":\"boolean\"},\"minItems\":4,\"maxItems\":6}",
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     unsigned char walk[300];
