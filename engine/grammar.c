@@ -996,7 +996,9 @@ static void child_ended(const grammar *g, grammar_frame *f) {
 static int in_text(const grammar_state *s) {
     if (!s->depth) return 0;
     uint8_t st = s->f[s->depth - 1].st;
-    return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U || st == P_BODY || st == P_ESC;
+    /* a string's text, and fixed text matched byte by byte: a property name, a literal, a tag */
+    return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U || st == P_BODY ||
+           st == P_ESC || st == O_KEY || st == L_MATCH || st == T_PREFIX || st == T_SUFFIX;
 }
 
 static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {

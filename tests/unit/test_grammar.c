@@ -551,6 +551,24 @@ TEST(grammar_patterns_write_matching_json_strings) {
     check_refused(many, "need more than 65536 automaton states together");
 }
 
+TEST(grammar_spaces_inside_names_and_literals_are_text) {
+    /* whitespace was counted as padding between tokens (at most 20 in a row) inside a property
+       name or an enum string too: one with 21 spaces could never be written (make fuzz found it) */
+    char spaces[31];
+    memset(spaces, ' ', 30);
+    spaces[30] = 0;
+    char schema[256], text[256];
+    snprintf(schema, sizeof schema, "{\"type\":\"object\",\"properties\":{\"%s\":{\"enum\":[\"%s\"]}},\"required\":[\"%s\"]}",
+             spaces, spaces, spaces);
+    grammar *g = compile(schema);
+    CHECK(g != NULL);
+    if (g) {
+        snprintf(text, sizeof text, "{\"%s\":\"%s\"}", spaces, spaces);
+        CHECK(accepts(g, text));
+        grammar_unref(g);
+    }
+}
+
 TEST(grammar_prefix_items_type_each_position) {
     /* Pydantic's Tuple[int, str]: prefixItems, and items false after them */
     grammar *g = compile("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],"
