@@ -203,6 +203,7 @@ def main():
     for f in failures:
         print("FAIL", *f)
     if args.json_out:
+        pathlib.Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         json.dump(summary, open(args.json_out, "w"), indent=1)
     return 1 if failures else 0
 
