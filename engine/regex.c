@@ -299,7 +299,11 @@ static int parse_escape(parser *ps, cpset *s, uint32_t *cp, int in_class) {
     case 'r': *cp = '\r'; return 0;
     case 'v': *cp = '\v'; return 0;
     case 'f': *cp = '\f'; return 0;
-    case '0': *cp = 0; return 0;
+    case '0':
+        if (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') /* Python reads \01 as an octal escape */
+            return fail(ps, "\\0 followed by a digit reads differently in ECMA-262 and Python (write \\x00)");
+        *cp = 0;
+        return 0;
     case 'b':
         if (in_class) return *cp = '\b', 0;
         return fail(ps, "\\b (a word boundary) is not supported in a pattern");
