@@ -488,8 +488,11 @@ static frag parse_repeat(parser *ps) {
         return f;
     }
     if (ps->p < ps->end && *ps->p == '?') ps->p++; /* lazy: the same strings */
-    if (!ps->failed && ps->p < ps->end && (*ps->p == '*' || *ps->p == '+' || *ps->p == '?'))
-        return fail(ps, "a quantifier follows a quantifier"), f;
+    long n2, m2;
+    const char *at = ps->p;
+    if (!ps->failed && ps->p < ps->end &&
+        (*ps->p == '*' || *ps->p == '+' || *ps->p == '?' || (*ps->p == '{' && parse_braces(ps, &n2, &m2))))
+        return ps->p = at, fail(ps, "a quantifier follows a quantifier"), f;
     return f;
 }
 
