@@ -7,10 +7,12 @@
  * allOf (merged as anyOf's siblings are), anyOf/oneOf (alternatives that start
  * with different bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
- * $comment). Any other keyword is a 400 naming it: a constraint silently
- * dropped would let the output break the schema. For the same reason a
- * keyword beside $ref, enum or const that they would not honour is a 400,
- * and anyOf/oneOf's siblings are merged into each alternative.
+ * $comment). JSON Schema's other constraining keywords are a 400 naming them:
+ * a constraint silently dropped would let the output break the schema.
+ * Keywords JSON Schema does not define (markdownDescription, x-...) are
+ * annotations, as validators treat them. A constraint beside $ref, enum or
+ * const that they would not honour is a 400 too, and anyOf/oneOf's siblings
+ * are merged into each alternative.
  *
  * What is generated is a subset of what the schema allows, always valid:
  * an object with properties gets only those properties (whatever
@@ -55,31 +57,41 @@ static int grammar_fail(compiler *c, const char *where, const char *err) {
 /* A JSON text of v as the literal the output must spell (compact). */
 static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY); }
 
-static const char *const known_keywords[] = {
-    "type", "properties", "required", "additionalProperties", "enum", "const", "items",
+/* The keywords compiled here: each constrains the value. */
+static const char *const compiled_keywords[] = {
+    "type", "properties", "required", "additionalProperties", "enum", "const", "items", "prefixItems",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "format", "pattern", "prefixItems", "allOf", "anyOf", "oneOf", "$ref", "$defs",
-    "definitions", "title", "description", "default", "examples", "$schema", "$id", "$comment",
-    NULL};
+    "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", NULL};
+
+/* JSON Schema's other keywords that constrain a value (drafts 4 to 2020-12): a 400, since
+ * an output that ignored one could break the schema. */
+static const char *const refused_keywords[] = {
+    "not", "if", "then", "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+    "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+    "dependencies", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef",
+    "$recursiveRef", NULL};
+
+static int listed(const char *const *list, const char *key) {
+    for (const char *const *k = list; *k; k++)
+        if (!strcmp(*k, key)) return 1;
+    return 0;
+}
 
 static int check_keywords(compiler *c, json_t *s, const char *where) {
     const char *key;
     json_t *v;
     json_object_foreach(s, key, v) {
-        int known = 0;
-        for (const char *const *k = known_keywords; *k && !known; k++) known = !strcmp(*k, key);
-        if (!known) return fail(c, "%s: the JSON Schema keyword '%s' is not supported", where, key);
+        if (listed(refused_keywords, key))
+            return fail(c, "%s: the JSON Schema keyword '%s' is not supported", where, key);
     }
     return 0;
 }
 
-/* Keywords that describe a schema or hold definitions: beside others they constrain nothing. */
+/* Keywords that describe a schema or hold definitions (title, $defs, ...) and those JSON
+ * Schema does not define (markdownDescription, x-...), which validators ignore: beside
+ * others they constrain nothing. */
 static int is_annotation(const char *key) {
-    static const char *const notes[] = {"title", "description", "default", "examples", "$schema",
-                                        "$id", "$comment", "$defs", "definitions", NULL};
-    for (const char *const *k = notes; *k; k++)
-        if (!strcmp(*k, key)) return 1;
-    return 0;
+    return !listed(compiled_keywords, key) && !listed(refused_keywords, key);
 }
 
 /* The first keyword of s that constrains its value, other than those in

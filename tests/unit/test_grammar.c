@@ -92,6 +92,14 @@ TEST(grammar_unsupported_keywords_are_named) {
                             {"{\"$ref\":\"#\"}", "recursive"},
                             {"{\"type\":\"sound\"}", "'sound'"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) check_refused(bad[i][0], bad[i][1]);
+    check_refused("{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'");
+    check_refused("{\"type\":\"object\",\"patternProperties\":{\"^a\":{}}}", "'patternProperties'");
+    /* keywords JSON Schema does not define are annotations (validators ignore them), beside $ref too */
+    grammar *g = compile("{\"type\":\"object\",\"markdownDescription\":\"**x**\",\"x-order\":3,\"properties\":"
+                         "{\"a\":{\"$ref\":\"#/$defs/A\",\"deprecationMessage\":\"old\"}},\"$defs\":{\"A\":{\"type\":\"integer\"}}}");
+    CHECK(g != NULL);
+    if (g) CHECK(accepts(g, "{\"a\":1}") && !accepts(g, "{\"a\":\"x\"}"));
+    grammar_unref(g);
 }
 
 /* A keyword beside $ref, const, enum or anyOf/oneOf was ignored (only the first of them was
