@@ -321,7 +321,7 @@ int grammar_tagged(grammar *g, const char *const *prefixes, const int *nodes, si
 
 /* String formats (JSON Schema's "format"), written one way each: a template
  * of literal bytes and digit classes (Y year, M month, D day, h hour, m
- * minute, s second, x hex digit), and for times a tail of an optional
+ * minute, s second, H hex digit), and for times a tail of an optional
  * fraction (1-6 digits) and an offset (Z or +hh:mm); ipv4 has its own states.
  * Every digit is checked against those before it (month 01-12, the month's
  * days in that year, hour 00-23), so each value is a valid date, time or
@@ -334,7 +334,7 @@ static const struct format {
     {"date", "\"YYYY-MM-DD\"", 0, 10, 10},
     {"time", "\"hh:mm:ss", 1, 9, 21},
     {"date-time", "\"YYYY-MM-DDThh:mm:ss", 1, 20, 32},
-    {"uuid", "\"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx\"", 0, 36, 36},
+    {"uuid", "\"HHHHHHHH-HHHH-HHHH-HHHH-HHHHHHHHHHHH\"", 0, 36, 36},
     {"ipv4", "\"", 0, 7, 15},
 };
 enum { FORMAT_IPV4 = 4, FORMAT_FRAC_DIGITS = 6 };
@@ -646,7 +646,7 @@ static int days_in_month(int year, int month) {
  * in the same field (-1 at a field's first digit) and f->cand the date's digits so far
  * (year then month, as one number). */
 static int format_digit_ok(char k, int prev, const grammar_frame *f, unsigned char c) {
-    if (k == 'x') return is_hex(c);
+    if (k == 'H') return is_hex(c);
     if (!is_digit(c)) return 0;
     int d = c - '0';
     switch (k) {
@@ -671,7 +671,7 @@ static enum step format_step(const gnode *nd, grammar_frame *f, unsigned char c)
     case F_TEMPLATE:
     case F_OFFSET: {
         char k = t[f->pos];
-        if (strchr("YMDhmsx", k)) {
+        if (strchr("YMDhmsH", k)) {
             int prev = f->pos > 0 && t[f->pos - 1] == k ? f->aux : -1;
             if (!format_digit_ok(k, prev, f, c)) return REJECT;
             if (k == 'Y' || k == 'M') f->cand = f->cand * 10 + (uint64_t)(c - '0'), f->count++;
