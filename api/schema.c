@@ -2,15 +2,15 @@
  * arguments. The subset: type (one or a list), properties, required,
  * additionalProperties, enum, const, items, prefixItems, minItems/maxItems,
  * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
- * a whole multipleOf (numbers then have no exponent), format (date, time,
- * date-time, uuid, ipv4, email, hostname, uri), pattern (engine/regex.h),
+ * a whole multipleOf (numbers then have no exponent), format (each JSON
+ * Schema defines, engine/grammar.h; others are annotations), pattern (engine/regex.h),
  * allOf (merged as anyOf's siblings are), anyOf/oneOf (alternatives that start
  * with different bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
  * annotations (title, description, default, examples, $schema, $id,
- * $comment). JSON Schema's other constraining keywords are a 400 naming them:
+ * $comment). Constraints beside $ref hold with its target's (merged as allOf's). JSON Schema's other constraining keywords are a 400 naming them:
  * a constraint silently dropped would let the output break the schema.
  * Keywords JSON Schema does not define (markdownDescription, x-...) are
- * annotations, as validators treat them. A constraint beside $ref, enum or
+ * annotations, as validators treat them. A constraint beside enum or
  * const that they would not honour is a 400 too, and anyOf/oneOf's siblings
  * are merged into each alternative.
  *
@@ -40,6 +40,8 @@ typedef struct compiler {
     int n_refs;
     int depth;
     json_t *made; /* the schemas merge_parent built: refs[].ref points into them */
+    const char *merging[MAX_SCHEMA_DEPTH]; /* the $refs whose targets are being compiled merged with siblings */
+    int n_merging;
 } compiler;
 
 static int compile(compiler *c, json_t *s, const char *where);
@@ -61,13 +63,13 @@ static char *literal_text(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_
 static const char *const compiled_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items", "prefixItems",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", NULL};
+    "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", "patternProperties",
+    "propertyNames", "minProperties", "maxProperties", NULL};
 
 /* JSON Schema's other keywords that constrain a value (drafts 4 to 2020-12): a 400, since
  * an output that ignored one could break the schema. */
 static const char *const refused_keywords[] = {
-    "not", "if", "then", "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
-    "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef",
     "$recursiveRef", NULL};
 
@@ -149,7 +151,15 @@ static json_t *resolve(compiler *c, const char *ref) {
     return *p ? NULL : at;
 }
 
+/* Whether ref's target is being compiled merged with the constraints beside a $ref. */
+static int merging(const compiler *c, const char *ref) {
+    for (int i = 0; i < c->n_merging; i++)
+        if (!strcmp(c->merging[i], ref)) return 1;
+    return 0;
+}
+
 static int compile_ref(compiler *c, const char *ref) {
+    if (merging(c, ref)) return fail(c, "$ref '%s' is recursive, which is not supported%s", ref, "");
     for (int i = 0; i < c->n_refs; i++)
         if (!strcmp(c->refs[i].ref, ref)) {
             if (c->refs[i].node == -2) return fail(c, "$ref '%s' is recursive, which is not supported%s", ref, "");
@@ -216,55 +226,126 @@ static char *property_text(const char *key) {
     return quoted;
 }
 
+/* Whether property name `key` is a whole value of string node `node` (a pattern
+ * matches it, propertyNames takes it). */
+static int name_fits(compiler *c, int node, const char *key) {
+    json_t *js = json_string(key);
+    char *quoted = js ? literal_text(js) : NULL;
+    int fits = quoted && grammar_node_accepts(c->g, node, quoted, strlen(quoted));
+    json_decref(js);
+    free(quoted);
+    return fits;
+}
+
+/* The schema property `key` must meet: its own (from properties; NULL: none there) with
+ * every patternProperties schema whose pattern matches it, or, matching none and not
+ * listed, additionalProperties' (`extra`; NULL: any value). patterns[i] is the node of
+ * the i-th pattern. A new allOf schema (kept in c->made) when several hold; NULL after
+ * a 400. */
+static json_t *property_schema(compiler *c, json_t *own, json_t *pattern_props, const int *patterns, json_t *extra,
+                               const char *key) {
+    json_t *all = json_array();
+    if (!all || json_array_append_new(c->made, all)) return api_fail(c->e, 500, NULL, NULL, "out of memory"), NULL;
+    if (own && json_array_append(all, own)) return api_fail(c->e, 500, NULL, NULL, "out of memory"), NULL;
+    const char *pattern;
+    json_t *ps;
+    size_t i = 0;
+    json_object_foreach(pattern_props, pattern, ps) {
+        if (name_fits(c, patterns[i++], key) && json_array_append(all, ps))
+            return api_fail(c->e, 500, NULL, NULL, "out of memory"), NULL;
+    }
+    if (!json_array_size(all)) return extra ? extra : json_true();
+    if (json_array_size(all) == 1) return json_array_get(all, 0);
+    json_t *both = json_pack("{s:O}", "allOf", all);
+    if (!both || json_array_append_new(c->made, both)) return api_fail(c->e, 500, NULL, NULL, "out of memory"), NULL;
+    return both;
+}
+
 static int compile_object(compiler *c, json_t *s, const char *where) {
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
-    json_t *extra = json_object_get(s, "additionalProperties");
+    json_t *extra = json_object_get(s, "additionalProperties"), *pattern_props = json_object_get(s, "patternProperties");
+    json_t *names_schema = json_object_get(s, "propertyNames");
+    int32_t min_props, max_props;
     if (props && !json_is_object(props)) return fail(c, "%s: properties must be an object%s", where, "");
     if (req && !json_is_array(req)) return fail(c, "%s: required must be an array%s", where, "");
     if (extra && !json_is_boolean(extra) && !json_is_object(extra))
         return fail(c, "%s: additionalProperties must be a boolean or a schema%s", where, "");
+    if (pattern_props && (!json_is_object(pattern_props) || json_object_size(pattern_props) > 16))
+        return fail(c, "%s: patternProperties must be an object of at most %s patterns", where, "16");
+    if (get_count(c, s, "minProperties", 0, &min_props, where) || get_count(c, s, "maxProperties", -1, &max_props, where))
+        return -1;
+    char err[200];
+    /* the patterns of patternProperties, and propertyNames, as nodes that names are checked
+       against (or, in an object without listed properties, its keys are written as) */
+    int patterns[16], names = -1;
+    const char *key;
+    json_t *v;
+    size_t n_patterns = 0;
+    if (pattern_props) json_object_foreach(pattern_props, key, v) {
+        if ((patterns[n_patterns++] = grammar_pattern(c->g, key, 0, -1, err, sizeof err)) < 0)
+            return fail(c, "%s: patternProperties: %s", where, err);
+    }
+    if (names_schema && (names = compile(c, names_schema, where)) < 0) return -1;
     /* the properties generated: those listed, then the required ones not listed (their
-       values as additionalProperties says) */
+       values as patternProperties or additionalProperties say); a listed one whose name
+       propertyNames refuses is left out */
     const char *keys[GRAMMAR_MAX_PROPS];
     json_t *schemas[GRAMMAR_MAX_PROPS];
     size_t n = 0;
-    const char *key;
-    json_t *v;
     if (props) json_object_foreach(props, key, v) {
+        if (names >= 0 && !name_fits(c, names, key)) continue;
         if (n == GRAMMAR_MAX_PROPS) return fail(c, "%s: more properties than the %s supported", where, "64");
         keys[n] = key;
-        schemas[n++] = v;
+        if (!(schemas[n++] = property_schema(c, v, pattern_props, patterns, NULL, key))) return -1;
     }
     for (size_t k = 0; req && k < json_array_size(req); k++) {
         json_t *name = json_array_get(req, k);
         if (!json_is_string(name)) return fail(c, "%s: required must list strings%s", where, "");
-        if (props && json_object_get(props, json_string_value(name))) continue;
+        const char *rn = json_string_value(name);
         int listed = 0;
-        for (size_t i = 0; i < n && !listed; i++) listed = !strcmp(keys[i], json_string_value(name));
+        for (size_t i = 0; i < n && !listed; i++) listed = !strcmp(keys[i], rn);
         if (listed) continue;
-        if (json_is_false(extra))
+        if (names >= 0 && !name_fits(c, names, rn))
+            return fail(c, "%s: required property '%s' is not a name propertyNames allows", where, rn);
+        json_t *ps = property_schema(c, NULL, pattern_props, patterns, extra, rn);
+        if (!ps) return -1;
+        if (json_is_false(ps))
             return fail(c, "%s: required property '%s' is not in properties, and additionalProperties is false", where,
-                        json_string_value(name));
+                        rn);
         if (n == GRAMMAR_MAX_PROPS) return fail(c, "%s: more properties than the %s supported", where, "64");
-        keys[n] = json_string_value(name);
-        schemas[n++] = extra ? extra : json_true();
+        keys[n] = rn;
+        schemas[n++] = ps;
     }
-    char err[200];
+    int node = -1;
     if (n == 0) {
-        int values;
-        if (!extra || json_is_true(extra)) values = grammar_any(c->g);
+        /* no property listed: any keys (of the one pattern, or as propertyNames says), each
+           value of that pattern's schema or of additionalProperties */
+        int values, key_node = names;
+        if (props && json_object_size(props)) values = -1; /* every listed name refused: only {} */
+        else if (n_patterns > 1)
+            return fail(c, "%s: patternProperties with more than one pattern needs the properties listed%s", where, "");
+        else if (n_patterns == 1 && names >= 0)
+            return fail(c, "%s: patternProperties beside propertyNames needs the properties listed%s", where, "");
+        else if (n_patterns == 1) {
+            json_t *ps = json_object_iter_value(json_object_iter(pattern_props));
+            key_node = patterns[0];
+            if ((values = json_is_false(ps) ? -1 : compile(c, ps, where)) < 0 && !json_is_false(ps)) return -1;
+        } else if (!extra || json_is_true(extra)) values = grammar_any(c->g);
         else if (json_is_false(extra)) values = -1;
         else if ((values = compile(c, extra, where)) < 0) return -1;
-        int node = grammar_object(c->g, NULL, NULL, NULL, 0, values, err, sizeof err);
+        node = grammar_object(c->g, NULL, NULL, NULL, 0, values, err, sizeof err);
+        if (node >= 0 && grammar_object_limits(c->g, node, min_props, max_props, values >= 0 ? key_node : -1, err,
+                                               sizeof err))
+            node = -1;
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
-    char *names[GRAMMAR_MAX_PROPS];
+    char *prop_names[GRAMMAR_MAX_PROPS];
     int nodes[GRAMMAR_MAX_PROPS], required[GRAMMAR_MAX_PROPS], rc = 0;
     size_t i = 0;
     for (; i < n && !rc; i++) {
         char sub[300];
         snprintf(sub, sizeof sub, "%s.properties.%s", where, keys[i]);
-        if (!(names[i] = property_text(keys[i]))) {
+        if (!(prop_names[i] = property_text(keys[i]))) {
             rc = api_fail(c->e, 500, NULL, NULL, "out of memory");
             break;
         }
@@ -273,12 +354,12 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
             required[i] |= !strcmp(json_string_value(json_array_get(req, k)), keys[i]);
         if ((nodes[i] = compile(c, schemas[i], sub)) < 0) rc = -1;
     }
-    int node = -1;
     if (!rc) {
-        node = grammar_object(c->g, (const char *const *)names, nodes, required, n, -1, err, sizeof err);
+        node = grammar_object(c->g, (const char *const *)prop_names, nodes, required, n, -1, err, sizeof err);
+        if (node >= 0 && grammar_object_limits(c->g, node, min_props, max_props, -1, err, sizeof err)) node = -1;
         if (node < 0) grammar_fail(c, where, err);
     }
-    for (size_t k = 0; k < i; k++) free(names[k]);
+    for (size_t k = 0; k < i; k++) free(prop_names[k]);
     return node;
 }
 
@@ -357,6 +438,8 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         if (hi >= 0 && lo > hi) return fail(c, "%s: minLength exceeds maxLength%s", where, "");
         if (pattern && !json_is_string(pattern)) return fail(c, "%s: pattern must be a string%s", where, "");
         if (format && !json_is_string(format)) return fail(c, "%s: format must be a string%s", where, "");
+        if (format && !grammar_has_format(json_string_value(format)))
+            format = NULL; /* a format JSON Schema does not define is an annotation, as validators read it */
         if (pattern && format) return fail(c, "%s: format beside pattern is not supported%s", where, "");
         if (pattern) {
             node = grammar_pattern(c->g, json_string_value(pattern), lo, hi, err, sizeof err);
@@ -384,7 +467,9 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
 /* The type a schema without "type" has by its keywords (NULL: any value). */
 static const char *implied_type(json_t *s) {
     if (json_object_get(s, "properties") || json_object_get(s, "required") ||
-        json_object_get(s, "additionalProperties"))
+        json_object_get(s, "additionalProperties") || json_object_get(s, "patternProperties") ||
+        json_object_get(s, "propertyNames") || json_object_get(s, "minProperties") ||
+        json_object_get(s, "maxProperties"))
         return "object";
     if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems") ||
         json_object_get(s, "prefixItems"))
@@ -478,7 +563,7 @@ static json_t *merge_parent(compiler *c, json_t *parent, const char *list_key, j
             json_object_foreach(v, name, ps) {
                 json_t *had = json_object_get(mine, name);
                 if (had && !json_equal(had, ps)) {
-                    fail(c, "%s: property '%s' has one schema inside anyOf/oneOf/allOf and another beside it", where,
+                    fail(c, "%s: property '%s' has one schema inside anyOf/oneOf/allOf/$ref and another beside it", where,
                          name);
                     rc = -2;
                     break;
@@ -486,7 +571,7 @@ static json_t *merge_parent(compiler *c, json_t *parent, const char *list_key, j
                 if (!had && json_object_set(mine, name, ps)) rc = -1;
             }
         } else {
-            fail(c, "%s: '%s' both beside anyOf/oneOf/allOf and in one of its schemas, with different values, is "
+            fail(c, "%s: '%s' both beside anyOf/oneOf/allOf/$ref and in a schema it names, with different values, is "
                     "not supported", where, key);
             rc = -2;
         }
@@ -542,12 +627,27 @@ static int compile(compiler *c, json_t *s, const char *where) {
     /* a keyword beside $ref, const or enum would be ignored by what they compile to, and the
        output could break it: refused (anyOf and oneOf take theirs into each alternative) */
     if (ref) {
-        if ((other = other_constraint(s, with_ref)))
-            fail(c, "%s: '%s' beside $ref is not supported (move it into the schema $ref points to)", where, other);
-        else if (!json_is_string(ref))
+        if (!json_is_string(ref)) {
             fail(c, "%s: $ref must be a string%s", where, "");
-        else
+        } else if (other_constraint(s, with_ref)) {
+            /* constraints beside $ref hold too (drafts 2019-09 on; earlier drafts ignore them, so
+               what meets both is valid either way): the target merged with them, as allOf's are */
+            json_t *alone = json_pack("{s:O}", "$ref", ref), *merged = NULL;
+            int never = 0;
+            if (merging(c, json_string_value(ref)))
+                fail(c, "$ref '%s' is recursive, which is not supported%s", json_string_value(ref), "");
+            else if (!alone || json_array_append_new(c->made, alone))
+                api_fail(c->e, 500, NULL, NULL, "out of memory");
+            else if (!(merged = merge_parent(c, s, "$ref", alone, where, &never)) && never)
+                fail(c, "%s: the schema $ref points to and the type beside it have no type in common%s", where, "");
+            if (merged) {
+                c->merging[c->n_merging++] = json_string_value(ref); /* depth <= MAX_SCHEMA_DEPTH: room */
+                node = compile(c, merged, where);
+                c->n_merging--;
+            }
+        } else {
             node = compile_ref(c, json_string_value(ref));
+        }
     } else if (cst || (en && !any_of)) {
         json_t *one = cst ? json_pack("[O]", cst) : json_incref(en);
         if ((other = other_constraint(s, cst ? with_const : with_enum)))
@@ -562,11 +662,11 @@ static int compile(compiler *c, json_t *s, const char *where) {
     } else if (any_of || json_is_array(type)) {
         json_t *list = any_of ? any_of : type;
         size_t n = json_array_size(list);
-        if (!json_is_array(list) || !n || n > 16) {
-            fail(c, "%s: anyOf, oneOf and a type list need 1 to 16 entries%s", where, "");
+        if (!json_is_array(list) || !n || n > 64) {
+            fail(c, "%s: anyOf, oneOf and a type list need 1 to 64 entries%s", where, "");
             goto out;
         }
-        int alts[16];
+        int alts[64];
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             json_t *alt = json_array_get(list, i);
@@ -589,7 +689,9 @@ static int compile(compiler *c, json_t *s, const char *where) {
             goto out;
         }
         char err[200];
-        node = grammar_any_of(c->g, alts, m, err, sizeof err);
+        /* a value valid for two alternatives breaks oneOf, not anyOf nor a type list */
+        if (list_key && !strcmp(list_key, "oneOf")) node = grammar_any_of(c->g, alts, m, err, sizeof err);
+        else node = grammar_any_of_overlapping(c->g, alts, m, err, sizeof err);
         if (node < 0) grammar_fail(c, where, err);
     } else {
         node = compile_type(c, s, type ? json_string_value(type) : implied_type(s), where);

@@ -40,8 +40,9 @@ typedef struct gnode {
     int bounded;        /* number: lo/hi set (no exponent then) */
     units lo, hi;       /* number: the values allowed, inclusive, in units */
     units multiple;     /* number: its values are multiples of this (0: any), a whole number of units */
-    int32_t min, max;   /* string length, array items (max < 0: none); format: its index in formats[] */
+    int32_t min, max;   /* string length, array items, object properties (max < 0: none); format: its index in formats[] */
     int32_t child;      /* array items; object values when it has no properties */
+    int32_t key;        /* object without properties: the node of its keys (-1: any string) */
     int32_t first, n;   /* object: props[first..+n); literals: lits; anyOf: alts */
     uint32_t min_len;   /* bytes of the shortest value */
     uint8_t starts[32]; /* bitmask of the bytes a value of this node can start with */
@@ -111,17 +112,55 @@ static int grow(void **v, int *cap, int need, size_t size) {
 static void set_start(gnode *n, unsigned char c) { n->starts[c >> 3] |= (uint8_t)(1u << (c & 7)); }
 static int has_start(const gnode *n, unsigned char c) { return n->starts[c >> 3] >> (c & 7) & 1; }
 
-/* Bytes the required properties not in `used` (nor `except`) still need,
- * each with the comma before it; with none, 0. An object's own shortest
- * form is '{' + this - 1 + '}' (its first property has no comma). */
+/* Bytes of property i written whole, with the comma before it. */
+static uint32_t property_cost(const grammar *g, const gnode *nd, int i) {
+    const gtext *t = &g->texts[nd->first + i];
+    return 1 + (uint32_t)t->len + 3 + g->nodes[t->node].min_len;
+}
+
+/* Bytes the properties an object of named properties still needs once those in
+ * `used` (and `except`) are written: the required ones not written, and the
+ * cheapest others up to minProperties; each with the comma before it; with none,
+ * 0. An object's own shortest form is '{' + this - 1 + '}' (its first property
+ * has no comma). */
 static uint32_t rest_required(const grammar *g, const gnode *nd, uint64_t used, int except) {
-    uint32_t sum = 0;
+    if (except >= 0) used |= 1ull << except;
+    uint32_t sum = 0, optional[GRAMMAR_MAX_PROPS];
+    int written = __builtin_popcountll(used), missing = 0, n_optional = 0;
     for (int i = 0; i < nd->n; i++) {
-        const gtext *t = &g->texts[nd->first + i];
-        if (t->required && !(used >> i & 1) && i != except)
-            sum += 1 + (uint32_t)t->len + 3 + g->nodes[t->node].min_len;
+        if (used >> i & 1) continue;
+        if (g->texts[nd->first + i].required) sum += property_cost(g, nd, i), missing++;
+        else optional[n_optional++] = property_cost(g, nd, i);
+    }
+    for (int more = nd->min - written - missing; more > 0 && n_optional > 0; more--) { /* the cheapest first */
+        int best = 0;
+        for (int k = 1; k < n_optional; k++)
+            if (optional[k] < optional[best]) best = k;
+        sum += optional[best];
+        optional[best] = optional[--n_optional];
     }
     return sum;
+}
+
+/* The named properties that may come next after those in `used`: any not written while
+ * maxProperties leaves room for the required ones still missing, else only those. */
+static uint64_t next_properties(const grammar *g, const gnode *nd, uint64_t used) {
+    uint64_t unused = 0, missing = 0;
+    for (int i = 0; i < nd->n; i++)
+        if (!(used >> i & 1)) {
+            unused |= 1ull << i;
+            if (g->texts[nd->first + i].required) missing |= 1ull << i;
+        }
+    if (nd->max >= 0 && __builtin_popcountll(used) + 1 + __builtin_popcountll(missing) > nd->max) return missing;
+    return unused;
+}
+
+/* Bytes of an object without named properties, after '{' (O_OPEN) or a comma (O_NEXT):
+ * '}' alone, or one entry and '}' where one must come. */
+static uint32_t free_object_rest(const grammar *g, const gnode *nd, int after_comma) {
+    if (nd->child < 0) return 1; /* only {} */
+    uint32_t entry = g->nodes[nd->key >= 0 ? nd->key : g->any_string].min_len + 1 + g->nodes[nd->child].min_len;
+    return after_comma || nd->min > 0 ? entry + 1 : 1;
 }
 
 static int add_node(grammar *g, enum kind k) {
@@ -130,6 +169,7 @@ static int add_node(grammar *g, enum kind k) {
     memset(n, 0, sizeof *n);
     n->kind = k;
     n->child = -1;
+    n->key = -1;
     n->max = -1;
     return g->n_nodes++;
 }
@@ -268,6 +308,110 @@ int grammar_object(grammar *g, const char *const *names, const int *nodes, const
     return id;
 }
 
+int grammar_object_limits(grammar *g, int object, int32_t min_props, int32_t max_props, int keys, char *err,
+                          size_t errlen) {
+    gnode *nd = object >= 0 && object < g->n_nodes && g->nodes[object].kind == K_OBJECT ? &g->nodes[object] : NULL;
+    if (!nd) return snprintf(err, errlen, "not an object"), -1;
+    if (max_props >= 0 && min_props > max_props)
+        return snprintf(err, errlen, "minProperties %d exceeds maxProperties %d", min_props, max_props), -1;
+    int required = 0;
+    for (int i = 0; i < nd->n; i++) required += g->texts[nd->first + i].required;
+    if (nd->n && min_props > nd->n)
+        return snprintf(err, errlen, "minProperties %d exceeds the %d properties that may be written", min_props,
+                        nd->n), -1;
+    if (max_props >= 0 && required > max_props)
+        return snprintf(err, errlen, "maxProperties %d is below the %d required properties", max_props, required), -1;
+    if (!nd->n && min_props > 1) /* a key written twice counts once for a JSON reader */
+        return snprintf(err, errlen, "minProperties above 1 needs the properties listed"), -1;
+    if (!nd->n && min_props && nd->child < 0)
+        return snprintf(err, errlen, "minProperties %d, but no property is allowed", min_props), -1;
+    if (keys >= 0) {
+        static const uint8_t quote_only[32] = {['"' >> 3] = 1u << ('"' & 7)};
+        if (nd->n || keys >= g->n_nodes || memcmp(g->nodes[keys].starts, quote_only, sizeof quote_only))
+            return snprintf(err, errlen, "property names must be strings of an object without listed properties"), -1;
+        nd->key = keys;
+    }
+    nd->min = min_props;
+    nd->max = max_props;
+    if (nd->n) {
+        uint32_t rest = rest_required(g, nd, 0, -1);
+        nd->min_len = 2 + (rest ? rest - 1 : 0);
+    } else {
+        nd->min_len = 1 + free_object_rest(g, nd, 0);
+    }
+    return 0;
+}
+
+/* Whether every value of node b is a value of node a, as far as cheap checks tell (a
+ * no where unsure): any value covers all; a string of no limits (or of wider ones)
+ * every string; a number without bounds every number; an object or array of anything
+ * every object or array; and a node every literal it accepts whole. */
+static int covers(const grammar *g, int a, int b) {
+    const gnode *na = &g->nodes[a], *nb = &g->nodes[b];
+    if (a == b || na->kind == K_ANY) return 1;
+    if (nb->kind == K_LITERALS) {
+        for (int i = 0; i < nb->n; i++) {
+            const gtext *t = &g->texts[nb->first + i];
+            if (!grammar_node_accepts(g, a, t->s, t->len)) return 0;
+        }
+        return 1;
+    }
+    switch (na->kind) {
+    case K_STRING:
+        if (nb->kind == K_STRING) return na->min <= nb->min && (na->max < 0 || (nb->max >= 0 && nb->max <= na->max));
+        return na->min == 0 && na->max < 0 && (nb->kind == K_PATTERN || nb->kind == K_FORMAT);
+    case K_NUMBER: return !na->bounded && (nb->kind == K_NUMBER || nb->kind == K_INTEGER);
+    case K_INTEGER: return !na->bounded && nb->kind == K_INTEGER;
+    case K_OBJECT:
+        return nb->kind == K_OBJECT && !na->n && na->child == g->any && na->key < 0 && !na->min && na->max < 0;
+    case K_ARRAY: return nb->kind == K_ARRAY && !na->n && na->child == g->any && !na->min && na->max < 0;
+    default: return 0;
+    }
+}
+
+int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
+    if (n == 0 || n > 64) return snprintf(err, errlen, "anyOf needs 1 to 64 alternatives"), -1;
+    int kept[64], m = 0, lits = -1;
+    /* literal sets joined into one (a value in two of them written once) */
+    const char *texts[GRAMMAR_MAX_LITERALS];
+    size_t n_texts = 0;
+    int n_sets = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (alts[i] < 0 || alts[i] >= g->n_nodes) return snprintf(err, errlen, "bad alternative"), -1;
+        const gnode *nd = &g->nodes[alts[i]];
+        if (nd->kind != K_LITERALS) continue;
+        n_sets++;
+        for (int k = 0; k < nd->n; k++) {
+            const char *t = g->texts[nd->first + k].s;
+            size_t j = 0;
+            while (j < n_texts && strcmp(texts[j], t)) j++;
+            if (j < n_texts) continue;
+            if (n_texts == GRAMMAR_MAX_LITERALS)
+                return snprintf(err, errlen, "the values of anyOf's enums and consts together exceed %d",
+                                GRAMMAR_MAX_LITERALS), -1;
+            texts[n_texts++] = t;
+        }
+    }
+    if (n_sets > 1 && (lits = grammar_literals(g, texts, n_texts, err, errlen)) < 0) return -1;
+    for (size_t i = 0; i < n; i++) {
+        int a = alts[i];
+        if (lits >= 0 && g->nodes[a].kind == K_LITERALS) {
+            if (lits == -2) continue; /* the joined set stands in the first set's place */
+            a = lits, lits = -2;
+        }
+        kept[m++] = a;
+    }
+    /* an alternative another covers is dropped (of two that cover each other, the later) */
+    int out[64], k = 0;
+    for (int i = 0; i < m; i++) {
+        int dropped = 0;
+        for (int j = 0; j < m && !dropped; j++)
+            dropped = j != i && covers(g, kept[j], kept[i]) && (j < i || !covers(g, kept[i], kept[j]));
+        if (!dropped) out[k++] = kept[i];
+    }
+    return grammar_any_of(g, out, (size_t)k, err, errlen);
+}
+
 int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
     if (n == 0) return snprintf(err, errlen, "anyOf needs at least one alternative"), -1;
     uint8_t seen[32] = {0};
@@ -344,17 +488,49 @@ enum { FORMAT_IPV4 = 4, FORMAT_FRAC_DIGITS = 6 };
  * digits, at most 63 bytes; its domain has up to three labels before a common
  * top-level domain (checkers such as Pydantic's refuse special-use ones like .local
  * or .test); a hostname has up to four labels of at most 51 bytes (253 in all at
- * most, as RFC 1123 asks); a uri is an http or https URL of such a domain and up to
- * six path segments (at most 296 characters: Pydantic's HttpUrl allows 2,083). */
+ * most, as RFC 1123 asks), lower case where IDNA checkers read it; a uri is an http
+ * or https URL of such a domain and up to six path segments (at most 296 characters:
+ * Pydantic's HttpUrl allows 2,083), which is also a uri-reference, an iri and a
+ * uri-template without expressions. A regex is letters, digits, spaces, '_' and '-'
+ * (a literal in every dialect); a duration is RFC 3339's (appendix A) with numbers of
+ * up to four digits; an ipv6 address is eight groups, uncompressed. */
+#define EMAIL "^[A-Za-z0-9]{1,15}([._+-][A-Za-z0-9]{1,15}){0,3}@([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}" \
+              "(com|org|net|edu|gov|io|dev|app|info|biz|co|uk|de|fr|es|it|nl|ca|au|jp|in|br|ch|se)$"
+#define URI "^https?://([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}(com|org|net|edu|gov|io|dev|app|info|co|uk|de)" \
+            "(/[A-Za-z0-9._~-]{1,30}){0,6}/?$"
+#define POINTER "(/[A-Za-z0-9_.-]{0,20}){0,8}"
+#define DUR_TIME "T([0-9]{1,4}H([0-9]{1,4}M([0-9]{1,4}S)?)?|[0-9]{1,4}M([0-9]{1,4}S)?|[0-9]{1,4}S)"
 static const struct {
     const char *name, *pattern;
 } format_patterns[] = {
-    {"email", "^[A-Za-z0-9]{1,15}([._+-][A-Za-z0-9]{1,15}){0,3}@([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}"
-              "(com|org|net|edu|gov|io|dev|app|info|biz|co|uk|de|fr|es|it|nl|ca|au|jp|in|br|ch|se)$"},
+    {"email", EMAIL},
+    {"idn-email", EMAIL},
     {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,49}[A-Za-z0-9])?){0,3}$"},
-    {"uri", "^https?://([a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\\.){1,3}(com|org|net|edu|gov|io|dev|app|info|co|uk|de)"
-            "(/[A-Za-z0-9._~-]{1,30}){0,6}/?$"},
+    {"idn-hostname", "^[a-z0-9]([a-z0-9-]{0,49}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,49}[a-z0-9])?){0,3}$"},
+    {"uri", URI},
+    {"uri-reference", URI},
+    {"iri", URI},
+    {"iri-reference", URI},
+    {"uri-template", URI},
+    {"ipv6", "^[0-9a-f]{1,4}(:[0-9a-f]{1,4}){7}$"},
+    {"json-pointer", "^" POINTER "$"},
+    {"relative-json-pointer", "^(0|[1-9][0-9]{0,3})(#|" POINTER ")$"},
+    {"regex", "^[A-Za-z0-9 _-]*$"},
+    {"duration", "^P(([0-9]{1,4}D|[0-9]{1,4}M([0-9]{1,4}D)?|[0-9]{1,4}Y([0-9]{1,4}M([0-9]{1,4}D)?)?)(" DUR_TIME ")?|"
+                 DUR_TIME "|[0-9]{1,4}W)$"},
 };
+#undef EMAIL
+#undef URI
+#undef POINTER
+#undef DUR_TIME
+
+int grammar_has_format(const char *name) {
+    for (size_t i = 0; i < sizeof format_patterns / sizeof *format_patterns; i++)
+        if (!strcmp(format_patterns[i].name, name)) return 1;
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+        if (!strcmp(formats[i].name, name)) return 1;
+    return 0;
+}
 
 int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_len, char *err, size_t errlen) {
     for (size_t i = 0; i < sizeof format_patterns / sizeof *format_patterns; i++)
@@ -364,8 +540,7 @@ int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_le
     while (k < n && strcmp(formats[k].name, name)) k++;
     if (k == n)
         return snprintf(err, errlen,
-                        "format '%s' is not supported (date, time, date-time, uuid, ipv4, email, hostname and uri "
-                        "are)", name),
+                        "format '%s' is not supported", name),
                -1;
     if (min_len > formats[k].min_chars || (max_len >= 0 && max_len < formats[k].max_chars))
         return snprintf(err, errlen, "format '%s' writes %d to %d characters: minLength/maxLength would cut it", name,
@@ -512,10 +687,13 @@ static int ended(const grammar *g, const gnode *nd, uint64_t cand, uint32_t pos)
 
 static uint64_t all_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
-static int required_met(const grammar *g, const gnode *nd, uint64_t used) {
+/* Whether an object may close after `used` (its named properties written, or with
+ * none named, the count of entries): every required one and minProperties met. */
+static int object_may_end(const grammar *g, const gnode *nd, uint64_t used) {
+    if (!nd->n) return used >= (uint64_t)nd->min;
     for (int i = 0; i < nd->n; i++)
         if (g->texts[nd->first + i].required && !(used >> i & 1)) return 0;
-    return 1;
+    return __builtin_popcountll(used) >= nd->min;
 }
 
 /* ---- numbers with bounds ----
@@ -781,15 +959,16 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
     case O_OPEN:
     case O_NEXT:
         if (is_ws(c)) return ACCEPT;
-        if (c == '}' && f->st == O_OPEN && required_met(g, nd, f->used)) return f->st = ST_DONE, ACCEPT;
+        if (c == '}' && f->st == O_OPEN && object_may_end(g, nd, f->used)) return f->st = ST_DONE, ACCEPT;
         if (c != '"') return REJECT;
-        if (nd->n == 0) {
+        if (nd->n == 0) { /* used counts the entries */
             if (nd->child < 0) return REJECT; /* additionalProperties false: only {} */
             f->st = O_KEY_CHILD;
-            *child = g->any_string;
+            f->used++;
+            *child = nd->key >= 0 ? nd->key : g->any_string;
             return PUSH;
         }
-        f->cand = all_bits(nd->n) & ~f->used;
+        f->cand = next_properties(g, nd, f->used);
         if (!f->cand) return REJECT;
         f->pos = 0;
         f->st = O_KEY;
@@ -822,9 +1001,9 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         return PUSH;
     case O_AFTER:
         if (is_ws(c)) return ACCEPT;
-        if (c == '}') return required_met(g, nd, f->used) ? (f->st = ST_DONE, ACCEPT) : REJECT;
+        if (c == '}') return object_may_end(g, nd, f->used) ? (f->st = ST_DONE, ACCEPT) : REJECT;
         if (c != ',') return REJECT;
-        if (nd->n && !(all_bits(nd->n) & ~f->used)) return REJECT;
+        if (nd->n ? !next_properties(g, nd, f->used) : nd->max >= 0 && f->used >= (uint64_t)nd->max) return REJECT;
         f->st = O_NEXT;
         return ACCEPT;
     /* ---- array ---- */
@@ -1035,6 +1214,12 @@ int grammar_feed(const grammar *g, grammar_state *st, const char *bytes, size_t 
     return 1;
 }
 
+int grammar_node_accepts(const grammar *g, int node, const char *text, size_t n) {
+    if (node < 0 || node >= g->n_nodes) return 0;
+    grammar_state st = {.depth = 1, .ws = MAX_WS, .f[0] = {.node = node, .st = ST_START}};
+    return grammar_feed(g, &st, text, n) && grammar_can_end(g, &st);
+}
+
 /* Whether frame f could end its value now. */
 static int frame_complete(const grammar *g, const grammar_frame *f) {
     const gnode *nd = &g->nodes[f->node];
@@ -1169,14 +1354,13 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     switch (f->st) {
     case O_OPEN:
     case O_NEXT:
-        if (nd->n == 0) return f->st == O_OPEN ? 1 : 4 + item;
+        if (nd->n == 0) return free_object_rest(g, nd, f->st == O_NEXT);
         rest = rest_required(g, nd, f->used, -1);
         if (rest) return rest; /* the first needs no comma, the '}' ends it */
         if (f->st == O_OPEN) return 1;
         for (int i = 0; i < nd->n; i++) /* after a comma some property must follow */
-            if (!(f->used >> i & 1)) {
-                const gtext *t = &g->texts[nd->first + i];
-                uint32_t c = (uint32_t)t->len + 3 + g->nodes[t->node].min_len + 1;
+            if (next_properties(g, nd, f->used) >> i & 1) {
+                uint32_t c = property_cost(g, nd, i);
                 if (c < best) best = c;
             }
         return best;

@@ -25,11 +25,15 @@ void grammar_unref(grammar *g);
 int grammar_any(grammar *g);                              /* any JSON value */
 int grammar_string(grammar *g, int32_t min_len, int32_t max_len); /* max_len < 0: no limit */
 int grammar_number(grammar *g, int integer);
-/* A string of a format: "date", "time", "date-time" (RFC 3339, a time with
- * its offset), "uuid", "ipv4", "email", "hostname" or "uri", of min_len to max_len
- * characters (max_len < 0: any); any other name, or lengths that would cut a
- * fixed-shape format's values, is -1 with err. */
+/* A string of one of JSON Schema's formats (2020-12: "date", "time", "date-time"
+ * as RFC 3339 with the offset, "duration", "uuid", "ipv4", "ipv6", "email",
+ * "idn-email", "hostname", "idn-hostname", "uri", "uri-reference", "iri",
+ * "iri-reference", "uri-template", "json-pointer", "relative-json-pointer",
+ * "regex"), of min_len to max_len characters (max_len < 0: any); any other
+ * name, or lengths that would cut a fixed-shape format's values, is -1 with err. */
 int grammar_format(grammar *g, const char *name, int32_t min_len, int32_t max_len, char *err, size_t errlen);
+/* 1 when grammar_format writes the format `name`. */
+int grammar_has_format(const char *name);
 /* A string of min_len to max_len characters (max_len < 0: any) that the
  * ECMA-262 regular expression `pattern` matches somewhere (engine/regex.h);
  * -1 with err when it is not supported or nothing matches. */
@@ -56,9 +60,24 @@ int grammar_array_prefix(grammar *g, int array, const int *items, size_t n, char
  * any keys, each value of node `values` (-1: only {}). */
 int grammar_object(grammar *g, const char *const *names, const int *nodes, const int *required,
                    size_t n, int values, char *err, size_t errlen);
+/* Object node `object` holds min_props to max_props properties (max_props < 0:
+ * any number); an object without named properties writes its keys as node
+ * `keys` (a string node; -1: any string) and may need at most one property (a
+ * key written twice counts once). 0, or -1 with err when no object meets them. */
+int grammar_object_limits(grammar *g, int object, int32_t min_props, int32_t max_props, int keys, char *err,
+                          size_t errlen);
+/* 1 when `text` is a whole value of node `node` (a schema compiler's check of a
+ * property name against a pattern, say). */
+int grammar_node_accepts(const grammar *g, int node, const char *text, size_t n);
 /* One of the alternatives; they must start with different bytes (a string
  * and an object, not two objects), else -1 + err. */
 int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
+/* anyOf's alternatives, which may overlap (a value valid for several): their enums
+ * and consts are joined into one set, and an alternative another covers (a string of
+ * no limits covers every string, an enum whose values another takes) is dropped;
+ * the rest must start with different bytes, as for grammar_any_of. Not for oneOf,
+ * where a value two alternatives take is invalid. */
+int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
 /* A value written inside fixed text: prefixes[i] then a value of nodes[i],
  * then suffix (a tool call: `{"name": "f", "arguments": ` args `}`). The
  * prefixes must not be prefixes of one another. */

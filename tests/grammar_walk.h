@@ -45,7 +45,11 @@ static int grammar_walk_state_ok(const grammar *g, const grammar_state *st, cons
     uint32_t cost = grammar_cost(g, st);
     memcpy(buf, text, n);
     int64_t k = grammar_shortest_completion(g, st, buf + n, sizeof buf - n);
-    if (k < 0) return 1; /* longer than the buffer: nothing to check */
+    if (k < 0 && cost > sizeof buf - n) return 1; /* longer than the buffer: nothing to check */
+    if (k < 0) {
+        report("no completion of grammar_cost bytes (a cost that is not exact)", text, n);
+        return 0;
+    }
     if ((uint32_t)k != cost) {
         report("the shortest completion's length is not grammar_cost", buf, n + (size_t)k);
         return 0;

@@ -8,6 +8,7 @@ import datetime
 import ipaddress
 import json
 import math
+import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Literal, Optional, Tuple
@@ -81,6 +82,20 @@ SCHEMAS = {
                        "seen": {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "null"}]}},
         "required": ["day", "at", "alarm", "id", "host", "owner", "server", "docs", "seen"],
         "additionalProperties": False},
+    # the rest of JSON Schema's formats, and one it does not define (an annotation)
+    "more_formats": {
+        "type": "object",
+        "properties": {"wait": {"type": "string", "format": "duration"}, "v6": {"type": "string", "format": "ipv6"},
+                       "ref": {"type": "string", "format": "uri-reference"}, "page": {"type": "string", "format": "iri"},
+                       "link": {"type": "string", "format": "uri-template"},
+                       "at": {"type": "string", "format": "json-pointer"},
+                       "up": {"type": "string", "format": "relative-json-pointer"},
+                       "rule": {"type": "string", "format": "regex"},
+                       "site": {"type": "string", "format": "idn-hostname"},
+                       "mail": {"type": "string", "format": "idn-email"},
+                       "note": {"type": "string", "format": "x-free-text", "maxLength": 20}},
+        "required": ["wait", "v6", "ref", "page", "link", "at", "up", "rule", "site", "mail", "note"],
+        "additionalProperties": False},
     # patterns (ECMA-262; jsonschema checks them with Python's re): anchored, searched, with escapes
     "patterns": {
         "type": "object",
@@ -100,6 +115,23 @@ SCHEMAS = {
                            "required": ["id"]},
                   "Person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
                              "additionalProperties": False}}},
+    # keywords SchemaStore's schemas use (each was a 400): constraints beside $ref, property counts and
+    # names, patternProperties, and anyOf alternatives that overlap (an enum of suggestions or any string)
+    "maps_and_unions": {
+        "type": "object",
+        "properties": {
+            "labels": {"type": "object", "propertyNames": {"pattern": "^[a-z][a-z0-9-]{0,15}$"},
+                       "additionalProperties": {"type": "string", "maxLength": 20}, "minProperties": 1,
+                       "maxProperties": 3},
+            "env": {"type": "object", "patternProperties": {"^[A-Z][A-Z0-9_]{0,15}$": {"type": "string"}},
+                    "additionalProperties": False, "minProperties": 1},
+            "limits": {"$ref": "#/$defs/Limits", "required": ["cpu"], "maxProperties": 2},
+            "level": {"anyOf": [{"type": "string", "enum": ["debug", "info", "warn"]}, {"type": "string"}]},
+            "retries": {"anyOf": [{"enum": [0, 1]}, {"const": 3}, {"type": "null"}]}},
+        "required": ["labels", "env", "limits", "level", "retries"],
+        "additionalProperties": False,
+        "$defs": {"Limits": {"type": "object", "properties": {"cpu": {"type": "integer", "minimum": 1},
+                                                              "memory": {"type": "string"}, "disk": {"type": "string"}}}}},
     "list_of_objects": {
         "type": "object",
         "properties": {"steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
@@ -390,13 +422,49 @@ def test_formats_are_real_dates_times_and_addresses(client):
         assert isinstance(r.choices[0].message.parsed, Event), r.choices[0].message.content
 
 
+class Job(pydantic.BaseModel):
+    every: datetime.timedelta
+    node: ipaddress.IPv6Address
+
+
+def test_every_format_json_schema_defines(client):
+    """duration, ipv6, uri-reference, iri, uri-template, json-pointer, relative-json-pointer, regex,
+    idn-hostname and idn-email were a 400 (SchemaStore's schemas use several), and so was a format JSON Schema
+    does not define, which validators ignore. Both validators (jsonschema with its format checkers, which
+    use idna and jsonpointer here, and jsonschema_rs) take every value, and so do the parsers behind them."""
+    import idna
+    import jsonpointer
+    import jsonschema_rs
+    schema = SCHEMAS["more_formats"]
+    check = jsonschema_rs.validator_for(schema, validate_formats=True)
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    duration = pydantic.TypeAdapter(datetime.timedelta)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda seed: ask(client, schema, seed, max_tokens=400), range(8)))
+    for r in results:
+        value = json.loads(r.choices[0].message.content)
+        assert r.choices[0].finish_reason == "stop", value
+        assert check.is_valid(value), (value, [e.message for e in check.iter_errors(value)])
+        assert not list(checker.iter_errors(value)), value
+        duration.validate_json(json.dumps(value["wait"]))
+        ipaddress.IPv6Address(value["v6"])
+        re.compile(value["rule"])
+        jsonpointer.JsonPointer(value["at"])
+        idna.encode(value["site"])
+    for seed in range(2):
+        r = client.chat.completions.parse(
+            model="x", messages=[{"role": "user", "content": "Schedule a backup job."}],
+            response_format=Job, temperature=1.0, seed=seed, max_tokens=120)
+        assert isinstance(r.choices[0].message.parsed, Job), r.choices[0].message.content
+
+
 def test_bad_response_formats_are_400s(client):
     msgs = [{"role": "user", "content": "Hi"}]
     cases = [({"type": "sound"}, "sound"),
              ("json", "response_format"),
              ({"type": "json_schema"}, "json_schema"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(a)\\1"}}}, "backreferences"),
-             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "duration"}}}, "format 'duration'"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "not": {"const": 3}}}}, "'not'"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 0.5}}}, "a fraction is not supported"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "allOf": [{"type": "string"}, {"type": "integer"}]}}}, "no type in common"),
