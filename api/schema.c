@@ -632,11 +632,13 @@ static int compile(compiler *c, json_t *s, const char *where) {
         } else if (other_constraint(s, with_ref)) {
             /* constraints beside $ref hold too (drafts 2019-09 on; earlier drafts ignore them, so
                what meets both is valid either way): the target merged with them, as allOf's are */
-            json_t *alone = json_pack("{s:O}", "$ref", ref), *merged = NULL;
+            json_t *alone = NULL, *merged = NULL;
             int never = 0;
-            if (merging(c, json_string_value(ref)))
+            if (!resolve(c, json_string_value(ref)))
+                fail(c, "$ref '%s' does not point into this schema%s", json_string_value(ref), "");
+            else if (merging(c, json_string_value(ref)))
                 fail(c, "$ref '%s' is recursive, which is not supported%s", json_string_value(ref), "");
-            else if (!alone || json_array_append_new(c->made, alone))
+            else if (!(alone = json_pack("{s:O}", "$ref", ref)) || json_array_append_new(c->made, alone))
                 api_fail(c->e, 500, NULL, NULL, "out of memory");
             else if (!(merged = merge_parent(c, s, "$ref", alone, where, &never)) && never)
                 fail(c, "%s: the schema $ref points to and the type beside it have no type in common%s", where, "");

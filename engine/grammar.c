@@ -342,20 +342,13 @@ int grammar_object_limits(grammar *g, int object, int32_t min_props, int32_t max
     return 0;
 }
 
-/* Whether every value of node b is a value of node a, as far as cheap checks tell (a
- * no where unsure): any value covers all; a string of no limits (or of wider ones)
- * every string; a number without bounds every number; an object or array of anything
- * every object or array; and a node every literal it accepts whole. */
+/* Whether every value of node b (not a literal set) is a value of node a, as far as
+ * cheap checks tell (a no where unsure): any value covers all; a string of no limits
+ * (or of wider ones) every string; a number without bounds every number; an object or
+ * array of anything every object or array. */
 static int covers(const grammar *g, int a, int b) {
     const gnode *na = &g->nodes[a], *nb = &g->nodes[b];
     if (a == b || na->kind == K_ANY) return 1;
-    if (nb->kind == K_LITERALS) {
-        for (int i = 0; i < nb->n; i++) {
-            const gtext *t = &g->texts[nb->first + i];
-            if (!grammar_node_accepts(g, a, t->s, t->len)) return 0;
-        }
-        return 1;
-    }
     switch (na->kind) {
     case K_STRING:
         if (nb->kind == K_STRING) return na->min <= nb->min && (na->max < 0 || (nb->max >= 0 && nb->max <= na->max));
@@ -371,43 +364,42 @@ static int covers(const grammar *g, int a, int b) {
 
 int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
     if (n == 0 || n > 64) return snprintf(err, errlen, "anyOf needs 1 to 64 alternatives"), -1;
-    int kept[64], m = 0, lits = -1;
-    /* literal sets joined into one (a value in two of them written once) */
+    int others[64], m = 0, sets = 0, first_set = -1;
     const char *texts[GRAMMAR_MAX_LITERALS];
-    size_t n_texts = 0;
-    int n_sets = 0;
+    size_t n_texts = 0, n_all = 0;
     for (size_t i = 0; i < n; i++) {
         if (alts[i] < 0 || alts[i] >= g->n_nodes) return snprintf(err, errlen, "bad alternative"), -1;
+        if (g->nodes[alts[i]].kind != K_LITERALS) others[m++] = alts[i];
+        else if (!sets++) first_set = alts[i];
+    }
+    /* the enums' and consts' values, once each, but those another alternative takes */
+    for (size_t i = 0; i < n; i++) {
         const gnode *nd = &g->nodes[alts[i]];
-        if (nd->kind != K_LITERALS) continue;
-        n_sets++;
-        for (int k = 0; k < nd->n; k++) {
-            const char *t = g->texts[nd->first + k].s;
-            size_t j = 0;
-            while (j < n_texts && strcmp(texts[j], t)) j++;
-            if (j < n_texts) continue;
+        for (int k = 0; nd->kind == K_LITERALS && k < nd->n; k++) {
+            const gtext *t = &g->texts[nd->first + k];
+            int taken = 0;
+            for (size_t j = 0; j < n_texts && !taken; j++) taken = !strcmp(texts[j], t->s);
+            for (int j = 0; j < m && !taken; j++) taken = grammar_node_accepts(g, others[j], t->s, t->len);
+            n_all++;
+            if (taken) continue;
             if (n_texts == GRAMMAR_MAX_LITERALS)
                 return snprintf(err, errlen, "the values of anyOf's enums and consts together exceed %d",
                                 GRAMMAR_MAX_LITERALS), -1;
-            texts[n_texts++] = t;
+            texts[n_texts++] = t->s;
         }
-    }
-    if (n_sets > 1 && (lits = grammar_literals(g, texts, n_texts, err, errlen)) < 0) return -1;
-    for (size_t i = 0; i < n; i++) {
-        int a = alts[i];
-        if (lits >= 0 && g->nodes[a].kind == K_LITERALS) {
-            if (lits == -2) continue; /* the joined set stands in the first set's place */
-            a = lits, lits = -2;
-        }
-        kept[m++] = a;
     }
     /* an alternative another covers is dropped (of two that cover each other, the later) */
-    int out[64], k = 0;
+    int out[65], k = 0;
     for (int i = 0; i < m; i++) {
         int dropped = 0;
         for (int j = 0; j < m && !dropped; j++)
-            dropped = j != i && covers(g, kept[j], kept[i]) && (j < i || !covers(g, kept[i], kept[j]));
-        if (!dropped) out[k++] = kept[i];
+            dropped = j != i && covers(g, others[j], others[i]) && (j < i || !covers(g, others[i], others[j]));
+        if (!dropped) out[k++] = others[i];
+    }
+    if (n_texts) {
+        int lits = sets == 1 && n_texts == n_all ? first_set : grammar_literals(g, texts, n_texts, err, errlen);
+        if (lits < 0) return -1;
+        out[k++] = lits;
     }
     return grammar_any_of(g, out, (size_t)k, err, errlen);
 }

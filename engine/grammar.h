@@ -72,11 +72,11 @@ int grammar_node_accepts(const grammar *g, int node, const char *text, size_t n)
 /* One of the alternatives; they must start with different bytes (a string
  * and an object, not two objects), else -1 + err. */
 int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
-/* anyOf's alternatives, which may overlap (a value valid for several): their enums
- * and consts are joined into one set, and an alternative another covers (a string of
- * no limits covers every string, an enum whose values another takes) is dropped;
- * the rest must start with different bytes, as for grammar_any_of. Not for oneOf,
- * where a value two alternatives take is invalid. */
+/* anyOf's alternatives, which may overlap (a value valid for several): their enums'
+ * and consts' values are joined into one set, less those another alternative takes,
+ * and an alternative another covers (a string of no limits covers every string) is
+ * dropped; the rest must start with different bytes, as for grammar_any_of. Not for
+ * oneOf, where a value two alternatives take is invalid. */
 int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
 /* A value written inside fixed text: prefixes[i] then a value of nodes[i],
  * then suffix (a tool call: `{"name": "f", "arguments": ` args `}`). The

@@ -235,6 +235,7 @@ TEST(grammar_any_of_alternatives_may_overlap) {
         {"{\"anyOf\":[{\"enum\":[\"a\",1]},{\"const\":\"c\"},{\"type\":\"null\"},{\"enum\":[1,12]}]}",
          {"\"a\"", "1", "12", "\"c\"", "null"}, {"\"d\"", "2"}},
         {"{\"type\":[\"integer\",\"number\"]}", {"3", "1.5"}, {"\"3\""}},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"enum\":[\"x\",1]}]}", {"\"x\"", "\"q\"", "1"}, {"2", "null"}},
         {"{\"anyOf\":[{\"type\":\"object\"},{\"properties\":{\"a\":{\"type\":\"integer\"}}}]}", {"{\"a\":\"x\"}", "{}"}, {"[]"}},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"pattern\":\"^ab$\",\"maxLength\":2},{\"enum\":[\"xy\"]}]}",
          {"\"ab\"", "\"xy\"", "\"q\"", "\"abc\""}, {"1"}},
