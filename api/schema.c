@@ -1,18 +1,21 @@
 /* JSON Schema -> grammar (engine/grammar.h) for response_format and tool
  * arguments. The subset: type (one or a list), properties, required,
- * additionalProperties, enum, const, items, prefixItems, minItems/maxItems,
+ * additionalProperties, patternProperties, propertyNames, minProperties/
+ * maxProperties, enum, const, items, prefixItems, minItems/maxItems,
  * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
  * a whole multipleOf (numbers then have no exponent), format (each JSON
- * Schema defines, engine/grammar.h; others are annotations), pattern (engine/regex.h),
- * allOf (merged as anyOf's siblings are), anyOf/oneOf (alternatives that start
- * with different bytes), $ref to any "#/..." pointer (with $defs/definitions), and the
- * annotations (title, description, default, examples, $schema, $id,
- * $comment). Constraints beside $ref hold with its target's (merged as allOf's). JSON Schema's other constraining keywords are a 400 naming them:
- * a constraint silently dropped would let the output break the schema.
- * Keywords JSON Schema does not define (markdownDescription, x-...) are
- * annotations, as validators treat them. A constraint beside enum or
- * const that they would not honour is a 400 too, and anyOf/oneOf's siblings
- * are merged into each alternative.
+ * Schema defines, engine/grammar.h; others are annotations), pattern
+ * (engine/regex.h), allOf (merged as anyOf's siblings are), anyOf (overlapping
+ * alternatives joined, or dropped where another covers them) and oneOf
+ * (alternatives that start with different bytes), $ref to any "#/..." pointer
+ * (with $defs/definitions; constraints beside it merged with its target as
+ * allOf's are), and the annotations (title, description, default, examples,
+ * $schema, $id, $comment). JSON Schema's other constraining keywords are a 400
+ * naming them: a constraint silently dropped would let the output break the
+ * schema. Keywords JSON Schema does not define (markdownDescription, x-...) are
+ * annotations, as validators treat them. A constraint beside enum or const
+ * that they would not honour is a 400 too, and anyOf/oneOf's siblings are
+ * merged into each alternative.
  *
  * What is generated is a subset of what the schema allows, always valid:
  * an object with properties gets only those properties (whatever
