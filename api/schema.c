@@ -695,7 +695,7 @@ static int compile(compiler *c, json_t *s, const char *where) {
         }
         char err[200];
         /* a value valid for two alternatives breaks oneOf, not anyOf nor a type list */
-        if (list_key && !strcmp(list_key, "oneOf")) node = grammar_any_of(c->g, alts, m, err, sizeof err);
+        if (list_key && !strcmp(list_key, "oneOf")) node = grammar_one_of(c->g, alts, m, err, sizeof err);
         else node = grammar_any_of_overlapping(c->g, alts, m, err, sizeof err);
         if (node < 0) grammar_fail(c, where, err);
     } else {

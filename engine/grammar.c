@@ -28,7 +28,8 @@
 enum { MAX_WS = 20, MAX_INT_DIGITS = 16, MAX_FRAC_DIGITS = 16, MAX_EXP_DIGITS = 2 };
 
 enum kind {
-    K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT, K_PATTERN
+    K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERALS, K_ANY_OF, K_TAGGED, K_FORMAT, K_PATTERN,
+    K_UNION
 };
 
 /* A bounded number's value in units of 1e-16 (MAX_FRAC_DIGITS): every number
@@ -41,7 +42,7 @@ typedef struct gnode {
     units lo, hi;       /* number: the values allowed, inclusive, in units */
     units multiple;     /* number: its values are multiples of this (0: any), a whole number of units */
     int32_t min, max;   /* string length, array items, object properties (max < 0: none); format: its index in formats[] */
-    int32_t child;      /* array items; object values when it has no properties */
+    int32_t child;      /* array items; object values when it has no properties; union: its index in unions */
     int32_t key;        /* object without properties: the node of its keys (-1: any string) */
     int32_t first, n;   /* object: props[first..+n); literals: lits; anyOf: alts */
     uint32_t min_len;   /* bytes of the shortest value */
@@ -70,6 +71,17 @@ struct grammar {
     } *patterns;
     int n_patterns, cap_patterns;
     int64_t pattern_states; /* of all patterns: at most GRAMMAR_MAX_PATTERN_STATES */
+    /* A K_UNION node: objects of which the first property written tells which one is
+       written (engine/grammar.c, "unions of objects"). node.first/n: the names of all
+       of them (texts); each alternative's own object node is alts[first_alt + i]. */
+    struct object_union {
+        int first_alt, n_alts;
+        int first_lit, n_lits;  /* the values that tell them apart: texts (node: which alternative, required: which name) */
+        int8_t *index;          /* [name * n_alts + alt]: the name's property index in that alternative, -1: none */
+        uint64_t first_names;   /* names that may be written first */
+        int empty_ok;           /* some alternative may be {} */
+    } *unions;
+    int n_unions, cap_unions;
     /* the pieces of "any value" */
     int any, any_object, any_array, any_string, any_number, any_literal;
 };
@@ -93,6 +105,9 @@ enum {
     F_TEMPLATE, F_TAIL, F_FRAC, F_OFFSET, F_CLOSE, F_IP,
     /* pattern: the string's text, the DFA state in count; after a backslash */
     P_BODY, P_ESC,
+    /* union of objects until its first property tells which: after '{'; in the name
+       (cand, pos); after a name whose value tells (count: the name); in that value */
+    U_OPEN, U_KEY, U_COLON, U_VALUE_WS, U_VALUE,
     ST_DONE,
 };
 
@@ -108,6 +123,9 @@ static int grow(void **v, int *cap, int need, size_t size) {
     *cap = cap2;
     return 0;
 }
+
+static uint32_t union_cost(const grammar *g, const grammar_frame *f);
+static int add_pattern(grammar *g, regex_dfa *dfa, char *err, size_t errlen);
 
 static void set_start(gnode *n, unsigned char c) { n->starts[c >> 3] |= (uint8_t)(1u << (c & 7)); }
 static int has_start(const gnode *n, unsigned char c) { return n->starts[c >> 3] >> (c & 7) & 1; }
@@ -362,6 +380,202 @@ static int covers(const grammar *g, int a, int b) {
     }
 }
 
+/* ---- unions of objects ----
+ * Objects among anyOf's alternatives all start with '{', and the automaton keeps
+ * no alternatives: their union commits to one of them at its first property. That
+ * property is one only that object lists, or one every object listing it gives an
+ * enum or const of values the others do not have (a discriminator, as Pydantic's
+ * tagged unions write `"type": "cat"`): after the name, or after the value, the
+ * frame becomes that object's own, with the property written. With `exclusive`
+ * (oneOf: a value two alternatives take is invalid) only a discriminator every
+ * object lists may come first, and {} never. What is written is valid for the
+ * object committed to. */
+
+/* Replaces the objects among alts[0..*n) by one union node; 0 when they are fewer than
+ * two, or not all of named properties, or nothing tells them apart (alts unchanged:
+ * grammar_any_of then names the clash), -1 when out of memory. */
+static int join_objects(grammar *g, int *alts, size_t *n, int exclusive) {
+    int objs[16], k = 0, rest[64], m = 0;
+    for (size_t i = 0; i < *n; i++) {
+        const gnode *nd = &g->nodes[alts[i]];
+        if (nd->kind == K_OBJECT && nd->n && k < 16) objs[k++] = alts[i];
+        else if (nd->kind == K_OBJECT) return 0; /* an object of any keys: no name is its own */
+        else rest[m++] = alts[i];
+    }
+    if (k < 2) return 0;
+    /* the names of all of them */
+    int names[GRAMMAR_MAX_PROPS], n_names = 0; /* as indices of texts: add_text moves them */
+    for (int a = 0; a < k; a++) {
+        const gnode *nd = &g->nodes[objs[a]];
+        for (int i = 0; i < nd->n; i++) {
+            const gtext *t = &g->texts[nd->first + i];
+            int j = 0;
+            while (j < n_names && strcmp(g->texts[names[j]].s, t->s)) j++;
+            if (j < n_names) continue;
+            if (n_names == GRAMMAR_MAX_PROPS) return 0;
+            names[n_names++] = nd->first + i;
+        }
+    }
+    int8_t *index = malloc((size_t)n_names * (size_t)k);
+    if (!index) return -1;
+    for (int j = 0; j < n_names; j++)
+        for (int a = 0; a < k; a++) {
+            const gnode *nd = &g->nodes[objs[a]];
+            index[j * k + a] = -1;
+            for (int i = 0; i < nd->n; i++)
+                if (!strcmp(g->texts[nd->first + i].s, g->texts[names[j]].s)) index[j * k + a] = (int8_t)i;
+        }
+    struct object_union u = {.n_alts = k, .index = index};
+    for (int a = 0; a < k && !exclusive; a++) {
+        const gnode *nd = &g->nodes[objs[a]];
+        if (!nd->min && !rest_required(g, nd, 0, -1)) u.empty_ok = 1;
+    }
+    /* which names may come first; the values that tell them apart, as (alternative, name) texts */
+    const char *lit_s[64];
+    int lit_owner[64], lit_name[64], n_lits = 0;
+    for (int j = 0; j < n_names; j++) {
+        int owners = 0, literal = 1, first = n_lits;
+        for (int a = 0; a < k; a++) {
+            if (index[j * k + a] < 0) continue;
+            owners++;
+            const gnode *v = &g->nodes[g->texts[g->nodes[objs[a]].first + index[j * k + a]].node];
+            literal &= v->kind == K_LITERALS;
+        }
+        if (owners == 1 && !exclusive) {
+            u.first_names |= 1ull << j;
+            continue;
+        }
+        if (!literal || (exclusive && owners < k)) continue;
+        int apart = 1;
+        for (int a = 0; a < k && apart; a++) {
+            if (index[j * k + a] < 0) continue;
+            const gnode *v = &g->nodes[g->texts[g->nodes[objs[a]].first + index[j * k + a]].node];
+            for (int i = 0; i < v->n && apart; i++) {
+                const char *t = g->texts[v->first + i].s;
+                for (int l = first; l < n_lits && apart; l++) apart = !(lit_owner[l] != a && !strcmp(lit_s[l], t));
+                if (apart && n_lits == 64) apart = 0;
+                if (apart) lit_s[n_lits] = t, lit_owner[n_lits] = a, lit_name[n_lits++] = j;
+            }
+        }
+        if (apart) u.first_names |= 1ull << j;
+        else n_lits = first;
+    }
+    int id = -1;
+    if (!u.first_names && !u.empty_ok) {
+        free(index);
+        return 0;
+    }
+    if (grow((void **)&g->unions, &g->cap_unions, g->n_unions + 1, sizeof *g->unions) ||
+        grow((void **)&g->alts, &g->cap_alts, g->n_alts + k, sizeof *g->alts) || (id = add_node(g, K_UNION)) < 0) {
+        free(index);
+        return -1;
+    }
+    gnode *nd = &g->nodes[id];
+    nd->first = g->n_texts;
+    nd->n = n_names;
+    for (int j = 0; j < n_names; j++)
+        if (add_text(g, g->texts[names[j]].s, g->texts[names[j]].len, -1, 0) < 0) return free(index), -1;
+    u.first_lit = g->n_texts;
+    u.n_lits = n_lits;
+    for (int l = 0; l < n_lits; l++)
+        if (add_text(g, lit_s[l], strlen(lit_s[l]), lit_owner[l], lit_name[l]) < 0) return free(index), -1;
+    u.first_alt = g->n_alts;
+    memcpy(g->alts + g->n_alts, objs, (size_t)k * sizeof *objs);
+    g->n_alts += k;
+    nd = &g->nodes[id];
+    nd->child = g->n_unions;
+    g->unions[g->n_unions++] = u;
+    set_start(nd, '{');
+    grammar_frame f = {.node = id, .st = U_OPEN};
+    nd->min_len = 1 + union_cost(g, &f);
+    rest[m++] = id;
+    memcpy(alts, rest, (size_t)m * sizeof *rest);
+    *n = (size_t)m;
+    return 0;
+}
+
+/* A DFA of exactly the strings among the JSON texts (each a compact JSON value: those
+ * that are strings, '"'-quoted, with JSON's escapes), built as the pattern
+ * ^text$|^text$...; NULL with err. */
+static regex_dfa *strings_dfa(const char *const *texts, size_t n, char *err, size_t errlen) {
+    size_t cap = 16;
+    for (size_t i = 0; i < n; i++) cap += strlen(texts[i]) * 2 + 4;
+    char *re = malloc(cap), *o = re;
+    if (!re) return snprintf(err, errlen, "out of memory"), NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *t = texts[i];
+        if (t[0] != '"') continue;
+        if (o != re) *o++ = '|';
+        *o++ = '^';
+        for (const char *p = t + 1; *p && !(p[0] == '"' && !p[1]); p++) {
+            if (*p == '\\') { /* JSON's escapes are the pattern's, but \" and \/, which stand for themselves */
+                p++;
+                if (*p == '"' || *p == '/') *o++ = *p;
+                else if (*p == 'b') o += sprintf(o, "\\x08");
+                else *o++ = '\\', *o++ = *p;
+            } else {
+                if (strchr("\\^$.|?*+()[]{}/", *p)) *o++ = '\\';
+                *o++ = *p;
+            }
+        }
+        *o++ = '$';
+    }
+    *o = 0;
+    regex_dfa *d = regex_compile(re, err, errlen);
+    free(re);
+    return d;
+}
+
+/* Joins the patterns among alts[0..*n) and the string literals of texts[0..*n_texts)
+ * (when there is a pattern) into one pattern node; 0, or -1 with err. */
+static int join_patterns(grammar *g, int *alts, size_t *n, const char **texts, size_t *n_texts, char *err,
+                         size_t errlen) {
+    regex_dfa *all = NULL;
+    size_t m = 0, strings = 0;
+    for (size_t i = 0; i < *n_texts; i++) strings += texts[i][0] == '"';
+    int joined = 0;
+    for (size_t i = 0; i < *n; i++) joined += g->nodes[alts[i]].kind == K_PATTERN;
+    if (!joined || joined + (strings > 0) < 2) return 0;
+    if (strings) {
+        if (!(all = strings_dfa(texts, *n_texts, err, errlen))) return -1;
+        size_t k = 0;
+        for (size_t i = 0; i < *n_texts; i++)
+            if (texts[i][0] != '"') texts[k++] = texts[i];
+        *n_texts = k;
+    }
+    const regex_dfa *first = NULL; /* the first pattern's, while nothing is joined to it */
+    for (size_t i = 0; i < *n; i++) {
+        const gnode *nd = &g->nodes[alts[i]];
+        if (nd->kind != K_PATTERN) {
+            alts[m++] = alts[i];
+            continue;
+        }
+        const regex_dfa *d = g->patterns[nd->first].dfa;
+        if (!all && !first) {
+            first = d;
+            continue;
+        }
+        regex_dfa *u = regex_union(all ? all : first, d, err, errlen);
+        regex_free(all);
+        if (!(all = u)) return -1;
+    }
+    int id = add_pattern(g, all, err, errlen);
+    if (id < 0) return -1;
+    alts[m++] = id;
+    *n = m;
+    return 0;
+}
+
+int grammar_one_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
+    int list[64];
+    if (n == 0 || n > 64) return snprintf(err, errlen, "oneOf needs 1 to 64 alternatives"), -1;
+    memcpy(list, alts, n * sizeof *alts);
+    for (size_t i = 0; i < n; i++)
+        if (alts[i] < 0 || alts[i] >= g->n_nodes) return snprintf(err, errlen, "bad alternative"), -1;
+    if (join_objects(g, list, &n, 1)) return snprintf(err, errlen, "out of memory"), -1;
+    return grammar_any_of(g, list, n, err, errlen);
+}
+
 int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
     if (n == 0 || n > 64) return snprintf(err, errlen, "anyOf needs 1 to 64 alternatives"), -1;
     int others[64], m = 0, sets = 0, first_set = -1;
@@ -396,12 +610,15 @@ int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err,
             dropped = j != i && covers(g, others[j], others[i]) && (j < i || !covers(g, others[i], others[j]));
         if (!dropped) out[k++] = others[i];
     }
+    size_t n_out = (size_t)k;
+    if (join_patterns(g, out, &n_out, texts, &n_texts, err, errlen)) return -1;
     if (n_texts) {
         int lits = sets == 1 && n_texts == n_all ? first_set : grammar_literals(g, texts, n_texts, err, errlen);
         if (lits < 0) return -1;
-        out[k++] = lits;
+        out[n_out++] = lits;
     }
-    return grammar_any_of(g, out, (size_t)k, err, errlen);
+    if (join_objects(g, out, &n_out, 0)) return snprintf(err, errlen, "out of memory"), -1;
+    return grammar_any_of(g, out, n_out, err, errlen);
 }
 
 int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen) {
@@ -569,6 +786,11 @@ int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t ma
         if (!within) return -1;
         dfa = within;
     }
+    return add_pattern(g, dfa, err, errlen);
+}
+
+/* A string node of dfa's matches (owned now, freed on failure). */
+static int add_pattern(grammar *g, regex_dfa *dfa, char *err, size_t errlen) {
     if (g->pattern_states + regex_n_states(dfa) > GRAMMAR_MAX_PATTERN_STATES) {
         regex_free(dfa);
         return snprintf(err, errlen, "the schema's patterns need more than %d automaton states together",
@@ -645,6 +867,8 @@ void grammar_unref(grammar *g) {
         free(g->patterns[i].dist);
     }
     free(g->patterns);
+    for (int i = 0; i < g->n_unions; i++) free(g->unions[i].index);
+    free(g->unions);
     free(g);
 }
 
@@ -687,6 +911,79 @@ static int object_may_end(const grammar *g, const gnode *nd, uint64_t used) {
         if (g->texts[nd->first + i].required && !(used >> i & 1)) return 0;
     return __builtin_popcountll(used) >= nd->min;
 }
+
+/* ---- unions of objects (built by join_objects) ---- */
+
+/* Bytes alternative a needs once name j and its value are written: its other properties and '}'. */
+static uint32_t union_after(const grammar *g, const struct object_union *u, int j, int a) {
+    const gnode *obj = &g->nodes[g->alts[u->first_alt + a]];
+    return rest_required(g, obj, 1ull << u->index[j * u->n_alts + a], -1) + 1;
+}
+
+/* The shortest value of name j in alternative a. */
+static uint32_t union_value_min(const grammar *g, const struct object_union *u, int j, int a) {
+    const gnode *obj = &g->nodes[g->alts[u->first_alt + a]];
+    return g->nodes[g->texts[obj->first + u->index[j * u->n_alts + a]].node].min_len;
+}
+
+/* The values that tell the alternatives apart, as a node whose texts narrow() and ended() read. */
+static gnode union_values(const struct object_union *u) {
+    gnode v = {.kind = K_LITERALS, .first = u->first_lit, .n = u->n_lits};
+    return v;
+}
+
+/* The values of name j that tell the alternatives apart (bits of union_values' texts; 0: none). */
+static uint64_t union_name_values(const grammar *g, const struct object_union *u, int j) {
+    uint64_t out = 0;
+    for (int l = 0; l < u->n_lits; l++)
+        if (g->texts[u->first_lit + l].required == j) out |= 1ull << l;
+    return out;
+}
+
+/* The frame becomes alternative a's object with name j written (its value too when
+ * after_value). */
+static void union_commit(const grammar *g, grammar_frame *f, const struct object_union *u, int j, int a,
+                         int after_value) {
+    int i = u->index[j * u->n_alts + a];
+    f->node = g->alts[u->first_alt + a];
+    f->used = 1ull << i;
+    f->count = (uint32_t)i;
+    f->st = after_value ? O_AFTER : O_COLON;
+}
+
+static uint32_t union_cost(const grammar *g, const grammar_frame *f) {
+    const gnode *nd = &g->nodes[f->node];
+    const struct object_union *u = &g->unions[nd->child];
+    uint32_t best = UINT32_MAX;
+    if (f->st == U_VALUE) {
+        for (int l = 0; l < u->n_lits; l++)
+            if (f->cand >> l & 1) {
+                const gtext *t = &g->texts[u->first_lit + l];
+                uint32_t c = (uint32_t)t->len - f->pos + union_after(g, u, (int)f->count, t->node);
+                if (c < best) best = c;
+            }
+        return best;
+    }
+    if (f->st == U_OPEN && u->empty_ok) best = 1;
+    uint64_t names = f->st == U_OPEN ? u->first_names : f->st == U_KEY ? f->cand : 1ull << f->count;
+    for (int j = 0; j < nd->n; j++) {
+        if (!(names >> j & 1)) continue;
+        /* what comes before the value: the rest of the name, its quote and ':' */
+        uint32_t before = f->st == U_OPEN    ? (uint32_t)g->texts[nd->first + j].len + 3
+                        : f->st == U_KEY     ? (uint32_t)g->texts[nd->first + j].len - f->pos + 2
+                        : f->st == U_COLON   ? 1
+                                             : 0;
+        for (int a = 0; a < u->n_alts; a++)
+            if (u->index[j * u->n_alts + a] >= 0) {
+                uint32_t c = before + union_value_min(g, u, j, a) + union_after(g, u, j, a);
+                if (c < best) best = c;
+            }
+    }
+    return best;
+}
+
+/* One byte of a union frame before it commits. */
+static enum step union_step(const grammar *g, grammar_frame *f, unsigned char c, int *child);
 
 /* ---- numbers with bounds ----
  * A bounded number is written without an exponent, so the value of what can
@@ -915,6 +1212,7 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         if (!has_start(nd, c)) return REJECT;
         switch (nd->kind) {
         case K_OBJECT: f->st = O_OPEN; f->used = 0; return ACCEPT;
+        case K_UNION: f->st = U_OPEN; return ACCEPT;
         case K_ARRAY: f->st = A_OPEN; f->count = 0; return ACCEPT;
         case K_STRING: f->st = S_BODY; f->count = 0; f->aux = 0; return ACCEPT;
         case K_NUMBER:
@@ -1148,8 +1446,65 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
     case F_IP: return format_step(nd, f, c);
     case P_BODY:
     case P_ESC: return pattern_step(&g->patterns[nd->first], f, c);
+    case U_OPEN:
+    case U_KEY:
+    case U_COLON:
+    case U_VALUE_WS:
+    case U_VALUE: return union_step(g, f, c, child);
     case ST_DONE: return POP;
     default: return REJECT; /* O_KEY_CHILD, O_VALUE, A_VALUE, T_VALUE: a child is open above */
+    }
+}
+
+static enum step union_step(const grammar *g, grammar_frame *f, unsigned char c, int *child) {
+    const gnode *nd = &g->nodes[f->node];
+    const struct object_union *u = &g->unions[nd->child];
+    gnode values = union_values(u);
+    switch (f->st) {
+    case U_OPEN:
+        if (is_ws(c)) return ACCEPT;
+        if (c == '}' && u->empty_ok) return f->st = ST_DONE, ACCEPT;
+        if (c != '"') return REJECT;
+        f->cand = u->first_names;
+        f->pos = 0;
+        f->st = U_KEY;
+        return ACCEPT;
+    case U_KEY: {
+        int j = c == '"' ? ended(g, nd, f->cand, f->pos) : -1;
+        if (j >= 0) {
+            if (union_name_values(g, u, j)) return f->count = (uint32_t)j, f->st = U_COLON, ACCEPT;
+            for (int a = 0; a < u->n_alts; a++) /* a name only one object has */
+                if (u->index[j * u->n_alts + a] >= 0) return union_commit(g, f, u, j, a, 0), ACCEPT;
+            return REJECT;
+        }
+        uint64_t cand = narrow(g, nd, f->cand, f->pos, c);
+        if (!cand) return REJECT;
+        f->cand = cand;
+        f->pos++;
+        return ACCEPT;
+    }
+    case U_COLON:
+        if (is_ws(c)) return ACCEPT;
+        return c == ':' ? (f->st = U_VALUE_WS, ACCEPT) : REJECT;
+    case U_VALUE_WS:
+        if (is_ws(c)) return ACCEPT;
+        f->cand = union_name_values(g, u, (int)f->count);
+        f->pos = 0;
+        f->st = U_VALUE; /* c is the value's first byte */
+        /* fall through */
+    case U_VALUE: {
+        uint64_t cand = narrow(g, &values, f->cand, f->pos, c);
+        if (cand) {
+            f->cand = cand;
+            f->pos++;
+            return ACCEPT;
+        }
+        int l = f->pos ? ended(g, &values, f->cand, f->pos) : -1;
+        if (l < 0) return REJECT;
+        union_commit(g, f, u, (int)f->count, g->texts[u->first_lit + l].node, 1);
+        return step_frame(g, f, c, child); /* c follows the value */
+    }
+    default: return REJECT;
     }
 }
 
@@ -1169,7 +1524,8 @@ static int in_text(const grammar_state *s) {
     uint8_t st = s->f[s->depth - 1].st;
     /* a string's text, and fixed text matched byte by byte: a property name, a literal, a tag */
     return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U || st == P_BODY ||
-           st == P_ESC || st == O_KEY || st == L_MATCH || st == T_PREFIX || st == T_SUFFIX;
+           st == P_ESC || st == O_KEY || st == L_MATCH || st == T_PREFIX || st == T_SUFFIX || st == U_KEY ||
+           st == U_VALUE;
 }
 
 static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {
@@ -1422,6 +1778,11 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     case F_IP: return format_rest(nd, f);
     case P_BODY:
     case P_ESC: return pattern_rest(&g->patterns[nd->first], f);
+    case U_OPEN:
+    case U_KEY:
+    case U_COLON:
+    case U_VALUE_WS:
+    case U_VALUE: return union_cost(g, f);
     default: return 0;
     }
 }

@@ -74,10 +74,16 @@ int grammar_node_accepts(const grammar *g, int node, const char *text, size_t n)
 int grammar_any_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
 /* anyOf's alternatives, which may overlap (a value valid for several): their enums'
  * and consts' values are joined into one set, less those another alternative takes,
- * and an alternative another covers (a string of no limits covers every string) is
- * dropped; the rest must start with different bytes, as for grammar_any_of. Not for
- * oneOf, where a value two alternatives take is invalid. */
+ * an alternative another covers (a string of no limits covers every string) is
+ * dropped, and objects are written as the one their first property tells apart (a
+ * property only one of them lists, or a discriminator); the rest must start with
+ * different bytes, as for grammar_any_of. Not for oneOf, where a value two
+ * alternatives take is invalid. */
 int grammar_any_of_overlapping(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
+/* oneOf's alternatives: as grammar_any_of, but objects among them are written as
+ * the one a property every one of them lists tells apart (an enum or const of
+ * values no other has: a discriminator). */
+int grammar_one_of(grammar *g, const int *alts, size_t n, char *err, size_t errlen);
 /* A value written inside fixed text: prefixes[i] then a value of nodes[i],
  * then suffix (a tool call: `{"name": "f", "arguments": ` args `}`). The
  * prefixes must not be prefixes of one another. */

@@ -901,3 +901,71 @@ fail:
     free(acc);
     return NULL;
 }
+
+regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen) {
+    /* the product's byte classes: the pairs of a's and b's classes that some byte has */
+    int32_t *pair_class = malloc((size_t)a->n_classes * (size_t)b->n_classes * sizeof *pair_class);
+    int32_t na = a->n_states, nb = b->n_states, k = 0, class_a[256], class_b[256];
+    uint8_t cls[256];
+    if (!pair_class) return snprintf(err, errlen, "out of memory"), NULL;
+    for (int i = 0; i < a->n_classes * b->n_classes; i++) pair_class[i] = -1;
+    for (int byte = 0; byte < 256; byte++) {
+        int32_t key = a->cls[byte] * b->n_classes + b->cls[byte];
+        if (pair_class[key] < 0) class_a[k] = a->cls[byte], class_b[k] = b->cls[byte], pair_class[key] = k++;
+        cls[byte] = (uint8_t)pair_class[key];
+    }
+    free(pair_class);
+    /* states: pairs (a's state or na for none, b's state or nb for none), numbered breadth first */
+    size_t pairs = (size_t)(na + 1) * (size_t)(nb + 1);
+    if (pairs > (size_t)REGEX_MAX_STATES * 256)
+        return snprintf(err, errlen, "the union of these patterns is too complex"), NULL;
+    regex_dfa *u = calloc(1, sizeof *u);
+    int32_t *id = malloc(pairs * sizeof *id), *pair = malloc((size_t)REGEX_MAX_STATES * sizeof *pair);
+    int32_t *next = malloc((size_t)REGEX_MAX_STATES * (size_t)k * sizeof *next);
+    uint8_t *acc = malloc(REGEX_MAX_STATES);
+    if (!u || !id || !pair || !next || !acc) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < pairs; i++) id[i] = -1;
+    int32_t n = 0, sa0 = a->start >= 0 ? a->start : na, sb0 = b->start >= 0 ? b->start : nb;
+    if (sa0 < na || sb0 < nb) id[(size_t)sa0 * (size_t)(nb + 1) + (size_t)sb0] = 0, pair[n++] = sa0 * (nb + 1) + sb0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t sa = pair[i] / (nb + 1), sb = pair[i] % (nb + 1);
+        acc[i] = (sa < na && a->accepting[sa]) || (sb < nb && b->accepting[sb]);
+        for (int c = 0; c < k; c++) {
+            int32_t ta = sa < na ? a->next[(size_t)sa * (size_t)a->n_classes + (size_t)class_a[c]] : -1;
+            int32_t tb = sb < nb ? b->next[(size_t)sb * (size_t)b->n_classes + (size_t)class_b[c]] : -1;
+            int32_t to = -1;
+            if (ta >= 0 || tb >= 0) {
+                size_t key = (size_t)(ta >= 0 ? ta : na) * (size_t)(nb + 1) + (size_t)(tb >= 0 ? tb : nb);
+                if (id[key] < 0) {
+                    if (n == REGEX_MAX_STATES) {
+                        snprintf(err, errlen, "the union of these patterns needs more than %d states", REGEX_MAX_STATES);
+                        goto fail;
+                    }
+                    id[key] = n;
+                    pair[n++] = (int32_t)key;
+                }
+                to = id[key];
+            }
+            next[(size_t)i * (size_t)k + (size_t)c] = to;
+        }
+    }
+    memcpy(u->cls, cls, sizeof cls);
+    u->n_classes = k;
+    u->n_states = n;
+    u->start = n ? 0 : -1;
+    u->next = next;
+    u->accepting = acc;
+    free(id);
+    free(pair);
+    return u; /* both were pruned: every state of the product leads to a match */
+fail:
+    free(u);
+    free(id);
+    free(pair);
+    free(next);
+    free(acc);
+    return NULL;
+}

@@ -35,4 +35,8 @@ int regex_length_bounds(const regex_dfa *d, int64_t *min_chars, int64_t *max_cha
  * no most); NULL with err when out of memory or past REGEX_MAX_STATES. */
 regex_dfa *regex_limit_length(const regex_dfa *d, int32_t min_chars, int32_t max_chars, char *err, size_t errlen);
 
+/* A new DFA of the strings a or b accepts (their product); NULL with err when out
+ * of memory or past REGEX_MAX_STATES. */
+regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen);
+
 #endif

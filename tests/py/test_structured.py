@@ -11,7 +11,7 @@ import math
 import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Literal, Optional, Tuple
+from typing import Annotated, List, Literal, Optional, Tuple, Union
 
 import jsonschema
 import openai
@@ -456,6 +456,44 @@ def test_every_format_json_schema_defines(client):
             model="x", messages=[{"role": "user", "content": "Schedule a backup job."}],
             response_format=Job, temperature=1.0, seed=seed, max_tokens=120)
         assert isinstance(r.choices[0].message.parsed, Job), r.choices[0].message.content
+
+
+class Cat(pydantic.BaseModel):
+    pet_type: Literal["cat"]
+    meows: int
+
+
+class Dog(pydantic.BaseModel):
+    pet_type: Literal["dog"]
+    barks: float
+
+
+class Household(pydantic.BaseModel):
+    pet: Union[Cat, Dog]                                                   # anyOf
+    other: Annotated[Union[Cat, Dog], pydantic.Field(discriminator="pet_type")]  # oneOf + discriminator
+    level: Union[Literal["low", "high"], str]                              # anyOf of an enum and any string
+
+
+def test_unions_of_models_parse(client):
+    """Pydantic unions of models (anyOf or oneOf of two objects, "Union[Cat, Dog]") were a 400 "two
+    objects"; an enum beside any string too. Each output parses into the models and validates in both
+    validators."""
+    import jsonschema_rs
+    schema = Household.model_json_schema()
+    check = jsonschema_rs.validator_for(schema)
+    kinds = set()
+    for seed in range(6):
+        r = client.chat.completions.parse(
+            model="x", messages=[{"role": "user", "content": "Describe a household's pets."}],
+            response_format=Household, temperature=1.0, seed=seed, max_tokens=120)
+        parsed = r.choices[0].message.parsed
+        assert isinstance(parsed, Household), r.choices[0].message.content
+        value = json.loads(r.choices[0].message.content)
+        jsonschema.validate(value, schema)
+        assert check.is_valid(value), value
+        kinds.add(type(parsed.pet).__name__)
+        kinds.add(type(parsed.other).__name__)
+    assert kinds == {"Cat", "Dog"}, kinds  # both alternatives are reachable
 
 
 def test_bad_response_formats_are_400s(client):

@@ -88,7 +88,8 @@ TEST(grammar_unsupported_keywords_are_named) {
     const char *bad[][2] = {{"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookahead"},
                             {"{\"type\":\"integer\",\"not\":{\"const\":3}}", "'not'"},
                             {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "no type in common"},
-                            {"{\"anyOf\":[{\"properties\":{\"a\":{}}},{\"type\":\"object\",\"properties\":{\"b\":{}}}]}", "anyOf"},
+                            {"{\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+                             "{\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}]}", "anyOf"},
                             {"{\"$ref\":\"#\"}", "recursive"},
                             {"{\"type\":\"sound\"}", "'sound'"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) check_refused(bad[i][0], bad[i][1]);
@@ -249,8 +250,75 @@ TEST(grammar_any_of_alternatives_may_overlap) {
         }
         grammar_unref(g);
     }
+    /* patterns, and strings among the enums beside them, joined into one automaton (Azure
+       Pipelines' "boolean" is eight anchored patterns) */
+    struct {
+        const char *schema;
+        const char *yes[7], *no[7];
+    } joined[] = {
+        {"{\"anyOf\":[{\"pattern\":\"^true$\"},{\"type\":\"string\",\"pattern\":\"^y$\"},{\"pattern\":\"^(on|off)$\"}]}",
+         {"\"true\"", "\"y\"", "\"on\"", "\"off\""}, {"\"yes\"", "\"tru\"", "\"\"", "\"onoff\""}},
+        {"{\"anyOf\":[{\"pattern\":\"^[0-9]+$\"},{\"enum\":[\"auto\",\"a.b*\",\"q\\\"x/\\n\",5]}]}",
+         {"\"12\"", "\"auto\"", "\"a.b*\"", "\"q\\\"x/\\n\"", "\"q\\\"x\\/\\n\"", "5"},
+         {"\"a.bb\"", "\"aut\"", "6", "\"12a\"", "\"q\\\"x/\""}},
+    };
+    for (size_t i = 0; i < sizeof joined / sizeof *joined; i++) {
+        grammar *g = compile(joined[i].schema);
+        CHECK(g != NULL);
+        if (g && !takes_exactly(g, joined[i].yes, joined[i].no)) {
+            fprintf(stderr, "  in %s\n", joined[i].schema);
+            CHECK(0);
+        }
+        grammar_unref(g);
+    }
     check_refused("{\"oneOf\":[{\"enum\":[\"a\"]},{\"type\":\"string\"}]}", "start alike");
     check_refused("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"number\",\"maximum\":3}]}", "start alike");
+}
+
+#define CAT_DOG(list)                                                                                          \
+    "{\"" list "\":[{\"$ref\":\"#/$defs/Cat\"},{\"$ref\":\"#/$defs/Dog\"}],\"$defs\":{"                               \
+    "\"Cat\":{\"type\":\"object\",\"properties\":{\"pet_type\":{\"const\":\"cat\"},\"meows\":{\"type\":\"integer\"}},"       \
+    "\"required\":[\"pet_type\",\"meows\"]},"                                                                  \
+    "\"Dog\":{\"type\":\"object\",\"properties\":{\"pet_type\":{\"enum\":[\"dog\"]},\"barks\":{\"type\":\"number\"}},"       \
+    "\"required\":[\"pet_type\",\"barks\"]}}}"
+
+/* Objects among the alternatives (Pydantic's Union[Cat, Dog]) were a 400 "two objects": the
+ * first property tells which is written, a name only one lists or a discriminator's value. */
+TEST(grammar_objects_in_any_of_commit_at_their_first_property) {
+    struct {
+        const char *schema;
+        const char *yes[6], *no[6];
+    } cases[] = {
+        {CAT_DOG("anyOf"),
+         {"{\"pet_type\":\"cat\",\"meows\":3}", "{\"pet_type\" : \"dog\", \"barks\":1.5}", "{\"meows\":3,\"pet_type\":\"cat\"}",
+          "{\"barks\":2,\"pet_type\":\"dog\"}"},
+         {"{\"pet_type\":\"cat\",\"barks\":1}", "{\"pet_type\":\"dog\"}", "{}", "{\"pet_type\":\"bird\",\"meows\":1}",
+          "{\"meows\":1,\"pet_type\":\"dog\"}"}},
+        /* oneOf: only the discriminator may come first (a name only one lists could leave the
+           value valid for another that allows more properties) */
+        {CAT_DOG("oneOf"), {"{\"pet_type\":\"cat\",\"meows\":3}", "{\"pet_type\":\"dog\",\"barks\":0}"},
+         {"{\"meows\":3,\"pet_type\":\"cat\"}", "{}"}},
+        /* numbers as discriminators, one the start of the other */
+        {"{\"anyOf\":[{\"properties\":{\"v\":{\"const\":1},\"a\":{\"type\":\"string\"}},\"required\":[\"v\",\"a\"]},"
+         "{\"properties\":{\"v\":{\"const\":12},\"b\":{\"type\":\"string\"}},\"required\":[\"v\",\"b\"]},{\"type\":\"null\"}]}",
+         {"{\"v\":1,\"a\":\"x\"}", "{\"v\":12,\"b\":\"x\"}", "{\"v\":1 ,\"a\":\"x\"}", "null"},
+         {"{\"v\":12,\"a\":\"x\"}", "{\"v\":1,\"b\":\"x\"}", "{\"v\":2,\"a\":\"x\"}"}},
+        /* no property required: {} is one of them */
+        {"{\"anyOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"b\":{}}}]}", {"{}", "{\"a\":1}", "{\"b\":[2]}"},
+         {"{\"a\":1,\"b\":2}", "{\"c\":1}"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        grammar *g = compile(cases[i].schema);
+        CHECK(g != NULL);
+        if (g && !takes_exactly(g, cases[i].yes, cases[i].no)) {
+            fprintf(stderr, "  in %s\n", cases[i].schema);
+            CHECK(0);
+        }
+        grammar_unref(g);
+    }
+    /* oneOf without a discriminator all of them list */
+    check_refused("{\"oneOf\":[{\"properties\":{\"a\":{}},\"required\":[\"a\"]},{\"properties\":{\"b\":{}},\"required\":[\"b\"]}]}",
+                  "start alike");
 }
 
 /* A toy vocabulary: single bytes and some multi-byte pieces. */
@@ -820,6 +888,13 @@ TEST(grammar_random_walks_keep_their_promises) {
         "\"duration\"},\"minProperties\":1}}",
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"enum\":[\"a\",1,true]},{\"const\":12},{\"type\":\"string\",\"enum\":"
         "[\"\\u00e9\"]},{\"type\":\"object\"}]}}",
+        CAT_DOG("anyOf"),
+        CAT_DOG("oneOf"),
+        "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"pattern\":\"^(ab)+$\"},{\"pattern\":\"x\",\"maxLength\":3},"
+        "{\"enum\":[\"\\u00e9\\t\",\"{x}\",null]}]}}",
+        "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"properties\":{\"v\":{\"enum\":[1,\"x\"]},\"long\":{\"minLength\":30}},"
+        "\"required\":[\"v\",\"long\"]},{\"properties\":{\"v\":{\"enum\":[12,\"xy\"]},\"n\":{}},\"required\":[\"v\"]},"
+        "{\"properties\":{\"only\":{\"type\":\"boolean\"},\"v\":{\"type\":\"string\"}}},{\"type\":\"string\"}]}}",
         "{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/v\",\"format\":\"ipv6\"},\"$defs\":{\"v\":{\"type\":\"string\"}}}",
     };
     uint64_t rng = 0x9e3779b97f4a7c15ull;
