@@ -27,11 +27,16 @@
 
 #include "api.h"
 
-enum { MAX_REFS = 128, MAX_SCHEMA_DEPTH = 24 };
+/* A recursive $ref is written MAX_UNROLL levels deep (and while the schema's nesting
+ * and MAX_UNROLLED_SCHEMAS compiled in all allow), then cut: at the cut no value can
+ * be written (NEVER), so an optional property, an array's further items or an anyOf
+ * alternative there is left out, and a value that needs one is NEVER itself. */
+enum { MAX_REFS = 128, MAX_SCHEMA_DEPTH = 24, MAX_UNROLL = 3, MAX_UNROLLED_SCHEMAS = 4000, NEVER = -3 };
 
 typedef struct ref_entry {
     const char *ref;
-    int node; /* -2 while being compiled */
+    int node;     /* -2 while being compiled */
+    int unrolled; /* its target's copies being compiled inside itself (a recursion) */
 } ref_entry;
 
 typedef struct compiler {
@@ -45,6 +50,8 @@ typedef struct compiler {
     json_t *made; /* the schemas merge_parent built: refs[].ref points into them */
     const char *merging[MAX_SCHEMA_DEPTH]; /* the $refs whose targets are being compiled merged with siblings */
     int n_merging;
+    int unrolling;     /* recursions being unrolled */
+    long n_compiled;   /* schemas compiled while unrolling */
 } compiler;
 
 static int compile(compiler *c, json_t *s, const char *where);
@@ -165,14 +172,19 @@ static int compile_ref(compiler *c, const char *ref) {
     if (merging(c, ref)) return fail(c, "$ref '%s' is recursive, which is not supported%s", ref, "");
     for (int i = 0; i < c->n_refs; i++)
         if (!strcmp(c->refs[i].ref, ref)) {
-            if (c->refs[i].node == -2) return fail(c, "$ref '%s' is recursive, which is not supported%s", ref, "");
-            return c->refs[i].node;
+            if (c->refs[i].node != -2) return c->refs[i].node;
+            /* a recursion: its target again, a copy nested in the one being compiled */
+            if (c->refs[i].unrolled >= MAX_UNROLL || c->n_compiled > MAX_UNROLLED_SCHEMAS) return NEVER;
+            c->refs[i].unrolled++, c->unrolling++;
+            int node = compile(c, resolve(c, ref), ref);
+            c->refs[i].unrolled--, c->unrolling--;
+            return node;
         }
     json_t *target = resolve(c, ref);
     if (!target) return fail(c, "$ref '%s' does not point into this schema%s", ref, "");
     if (c->n_refs == MAX_REFS) return fail(c, "too many $ref targets%s%s", "", "");
     int slot = c->n_refs++;
-    c->refs[slot] = (ref_entry){ref, -2};
+    c->refs[slot] = (ref_entry){ref, -2, 0};
     int node = compile(c, target, ref);
     c->refs[slot].node = node;
     return node;
@@ -288,7 +300,8 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
         if ((patterns[n_patterns++] = grammar_pattern(c->g, key, 0, -1, err, sizeof err)) < 0)
             return fail(c, "%s: patternProperties: %s", where, err);
     }
-    if (names_schema && (names = compile(c, names_schema, where)) < 0) return -1;
+    if (names_schema && (names = compile(c, names_schema, where)) < 0)
+        return names == NEVER ? fail(c, "%s: propertyNames: a recursion that never ends%s", where, "") : -1;
     /* the properties generated: those listed, then the required ones not listed (their
        values as patternProperties or additionalProperties say); a listed one whose name
        propertyNames refuses is left out */
@@ -332,10 +345,11 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
         else if (n_patterns == 1) {
             json_t *ps = json_object_iter_value(json_object_iter(pattern_props));
             key_node = patterns[0];
-            if ((values = json_is_false(ps) ? -1 : compile(c, ps, where)) < 0 && !json_is_false(ps)) return -1;
+            if ((values = json_is_false(ps) ? -1 : compile(c, ps, where)) == -1 && !json_is_false(ps)) return -1;
         } else if (!extra || json_is_true(extra)) values = grammar_any(c->g);
         else if (json_is_false(extra)) values = -1;
-        else if ((values = compile(c, extra, where)) < 0) return -1;
+        else if ((values = compile(c, extra, where)) == -1) return -1;
+        if (values == NEVER) values = -1; /* a recursion cut there: no property */
         node = grammar_object(c->g, NULL, NULL, NULL, 0, values, err, sizeof err);
         if (node >= 0 && grammar_object_limits(c->g, node, min_props, max_props, values >= 0 ? key_node : -1, err,
                                                sizeof err))
@@ -344,26 +358,28 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
     }
     char *prop_names[GRAMMAR_MAX_PROPS];
     int nodes[GRAMMAR_MAX_PROPS], required[GRAMMAR_MAX_PROPS], rc = 0;
-    size_t i = 0;
+    size_t i = 0, kept = 0; /* a property whose value a recursion cut is left out, or cuts the object */
     for (; i < n && !rc; i++) {
         char sub[300];
         snprintf(sub, sizeof sub, "%s.properties.%s", where, keys[i]);
-        if (!(prop_names[i] = property_text(keys[i]))) {
-            rc = api_fail(c->e, 500, NULL, NULL, "out of memory");
-            break;
-        }
-        required[i] = 0;
+        required[kept] = 0;
         for (size_t k = 0; req && k < json_array_size(req); k++)
-            required[i] |= !strcmp(json_string_value(json_array_get(req, k)), keys[i]);
-        if ((nodes[i] = compile(c, schemas[i], sub)) < 0) rc = -1;
+            required[kept] |= !strcmp(json_string_value(json_array_get(req, k)), keys[i]);
+        if ((nodes[kept] = compile(c, schemas[i], sub)) == NEVER) {
+            if (required[kept]) rc = NEVER;
+            continue;
+        }
+        if (nodes[kept] < 0) rc = -1;
+        else if (!(prop_names[kept++] = property_text(keys[i]))) rc = api_fail(c->e, 500, NULL, NULL, "out of memory");
     }
     if (!rc) {
-        node = grammar_object(c->g, (const char *const *)prop_names, nodes, required, n, -1, err, sizeof err);
+        /* with every property cut (kept 0), only {} */
+        node = grammar_object(c->g, (const char *const *)prop_names, nodes, required, kept, -1, err, sizeof err);
         if (node >= 0 && grammar_object_limits(c->g, node, min_props, max_props, -1, err, sizeof err)) node = -1;
         if (node < 0) grammar_fail(c, where, err);
     }
-    for (size_t k = 0; k < i; k++) free(prop_names[k]);
-    return node;
+    for (size_t k = 0; k < kept; k++) free(prop_names[k]);
+    return rc == NEVER ? NEVER : node;
 }
 
 /* multipleOf, minimum, maximum, exclusiveMinimum, exclusiveMaximum on number node `node`. */
@@ -422,13 +438,22 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         size_t n_prefix = json_array_size(prefix);
         if (json_is_false(items) && (hi < 0 || hi > (int32_t)n_prefix)) hi = (int32_t)n_prefix; /* none after them */
         int item = items && json_is_object(items) ? compile(c, items, where) : grammar_any(c->g);
-        if (item < 0) return -1;
+        if (item == -1) return -1;
         int first[GRAMMAR_MAX_PROPS];
         for (size_t i = 0; i < n_prefix; i++) {
             char sub[300];
             snprintf(sub, sizeof sub, "%s.prefixItems[%zu]", where, i);
             json_t *one = json_array_get(prefix, i);
-            if ((first[i] = json_is_true(one) ? grammar_any(c->g) : compile(c, one, sub)) < 0) return -1;
+            if ((first[i] = json_is_true(one) ? grammar_any(c->g) : compile(c, one, sub)) == -1) return -1;
+            if (first[i] == NEVER) { /* a recursion cut: no item from here on */
+                if ((int32_t)i < lo) return NEVER;
+                n_prefix = i, hi = (int32_t)i, item = grammar_any(c->g);
+            }
+        }
+        if (item == NEVER) { /* a recursion cut: no items after the prefix */
+            if (lo > (int32_t)n_prefix) return NEVER;
+            if (hi < 0 || hi > (int32_t)n_prefix) hi = (int32_t)n_prefix;
+            item = grammar_any(c->g);
         }
         node = grammar_array(c->g, item, lo, hi, err, sizeof err);
         if (node >= 0 && n_prefix && grammar_array_prefix(c->g, node, first, n_prefix, err, sizeof err)) node = -1;
@@ -587,7 +612,11 @@ static json_t *merge_parent(compiler *c, json_t *parent, const char *list_key, j
 static int compile(compiler *c, json_t *s, const char *where) {
     if (json_is_true(s)) return grammar_any(c->g);
     if (!json_is_object(s)) return fail(c, "%s: a schema must be an object%s", where, "");
-    if (++c->depth > MAX_SCHEMA_DEPTH) return fail(c, "%s: the schema nests too deeply%s", where, "");
+    c->n_compiled += c->unrolling > 0;
+    if (++c->depth > MAX_SCHEMA_DEPTH) {
+        c->depth--;
+        return c->unrolling ? NEVER : fail(c, "%s: the schema nests too deeply%s", where, "");
+    }
     static const char *const with_ref[] = {"$ref", NULL}, *const with_const[] = {"const", "type", NULL},
                              *const with_enum[] = {"enum", "type", NULL};
     int node = -1;
@@ -671,7 +700,7 @@ static int compile(compiler *c, json_t *s, const char *where) {
             fail(c, "%s: anyOf, oneOf and a type list need 1 to 64 entries%s", where, "");
             goto out;
         }
-        int alts[64];
+        int alts[64], cut = 0;
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             json_t *alt = json_array_get(list, i);
@@ -687,7 +716,15 @@ static int compile(compiler *c, json_t *s, const char *where) {
             } else {
                 alts[m] = compile_type(c, s, json_string_value(alt), where);
             }
+            if (alts[m] == NEVER) { /* a recursion cut: not this alternative */
+                cut = 1;
+                continue;
+            }
             if (alts[m++] < 0) goto out;
+        }
+        if (!m && cut) {
+            node = NEVER;
+            goto out;
         }
         if (!m) {
             fail(c, "%s: no alternative of %s is of the type beside it", where, list_key);
@@ -710,6 +747,7 @@ int api_schema_node(grammar *g, json_t *schema, const char *param, api_error *e)
     compiler c = {.g = g, .root = schema, .param = param, .e = e, .made = json_array()};
     if (!c.made) return api_fail(e, 500, NULL, NULL, "out of memory");
     int node = compile(&c, schema, "schema");
+    if (node == NEVER) node = fail(&c, "schema: its recursion never ends (each value needs another inside it)%s%s", "", "");
     json_decref(c.made);
     return node;
 }

@@ -90,7 +90,7 @@ TEST(grammar_unsupported_keywords_are_named) {
                             {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "no type in common"},
                             {"{\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
                              "{\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}]}", "anyOf"},
-                            {"{\"$ref\":\"#\"}", "recursive"},
+                            {"{\"$ref\":\"#\"}", "never ends"},
                             {"{\"type\":\"sound\"}", "'sound'"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) check_refused(bad[i][0], bad[i][1]);
     check_refused("{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'");
@@ -319,6 +319,35 @@ TEST(grammar_objects_in_any_of_commit_at_their_first_property) {
     /* oneOf without a discriminator all of them list */
     check_refused("{\"oneOf\":[{\"properties\":{\"a\":{}},\"required\":[\"a\"]},{\"properties\":{\"b\":{}},\"required\":[\"b\"]}]}",
                   "start alike");
+}
+
+#define TREE                                                                                              \
+    "{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\","         \
+    "\"items\":{\"$ref\":\"#/$defs/N\"}}},\"required\":[\"v\"]}},\"$ref\":\"#/$defs/N\"}"
+
+/* A recursive $ref (a tree, a JSON value of JSON values) was a 400: it is written four
+ * levels deep (MAX_UNROLL copies inside the first), where what holds the next level is left
+ * out (an optional property, an array's items, an anyOf alternative). */
+TEST(grammar_recursive_refs_are_written_a_few_levels_deep) {
+    grammar *g = compile(TREE);
+    CHECK(g != NULL);
+    static const char *const yes[] = {"{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[]}]}",
+                                      "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}]}", NULL};
+    static const char *const no[] = {"{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[{\"v\":5}]}]}]}]}",
+                                     "{\"kids\":[]}", NULL};
+    CHECK(g && takes_exactly(g, yes, no));
+    grammar_unref(g);
+    g = compile("{\"$defs\":{\"J\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/J\"}},"
+                "{\"type\":\"object\",\"additionalProperties\":{\"$ref\":\"#/$defs/J\"}}]}},\"$ref\":\"#/$defs/J\"}");
+    static const char *const json_yes[] = {"\"a\"", "[\"a\",[\"b\",{\"k\":[]}]]", "{\"k\":{\"l\":\"x\"}}", NULL};
+    static const char *const json_no[] = {"1", "[[[[[\"deep\"]]]]]", NULL};
+    CHECK(g && takes_exactly(g, json_yes, json_no));
+    grammar_unref(g);
+    /* where every level needs the next, no value ends */
+    check_refused("{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#/$defs/N\"}},"
+                  "\"required\":[\"next\"]}},\"$ref\":\"#/$defs/N\"}", "never ends");
+    check_refused("{\"$defs\":{\"L\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/L\"},\"minItems\":1}},\"$ref\":\"#/$defs/L\"}",
+                  "never ends");
 }
 
 /* A toy vocabulary: single bytes and some multi-byte pieces. */
@@ -890,6 +919,9 @@ TEST(grammar_random_walks_keep_their_promises) {
         "[\"\\u00e9\"]},{\"type\":\"object\"}]}}",
         CAT_DOG("anyOf"),
         CAT_DOG("oneOf"),
+        TREE,
+        "{\"$defs\":{\"J\":{\"anyOf\":[{\"type\":[\"string\",\"null\",\"number\"]},{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/J\"}},"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/J\"},\"b\":{\"$ref\":\"#/$defs/J\"}}}]}},\"$ref\":\"#/$defs/J\"}",
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"pattern\":\"^(ab)+$\"},{\"pattern\":\"x\",\"maxLength\":3},"
         "{\"enum\":[\"\\u00e9\\t\",\"{x}\",null]}]}}",
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"properties\":{\"v\":{\"enum\":[1,\"x\"]},\"long\":{\"minLength\":30}},"
