@@ -74,12 +74,12 @@ static const char *const compiled_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items", "prefixItems",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", "patternProperties",
-    "propertyNames", "minProperties", "maxProperties", NULL};
+    "propertyNames", "minProperties", "maxProperties", "uniqueItems", NULL};
 
 /* JSON Schema's other keywords that constrain a value (drafts 4 to 2020-12): a 400, since
  * an output that ignored one could break the schema. */
 static const char *const refused_keywords[] = {
-    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+    "not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef",
     "$recursiveRef", NULL};
 
@@ -455,8 +455,11 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
             if (hi < 0 || hi > (int32_t)n_prefix) hi = (int32_t)n_prefix;
             item = grammar_any(c->g);
         }
+        json_t *unique = json_object_get(s, "uniqueItems");
+        if (unique && !json_is_boolean(unique)) return fail(c, "%s: uniqueItems must be a boolean%s", where, "");
         node = grammar_array(c->g, item, lo, hi, err, sizeof err);
         if (node >= 0 && n_prefix && grammar_array_prefix(c->g, node, first, n_prefix, err, sizeof err)) node = -1;
+        if (node >= 0 && json_is_true(unique) && grammar_array_unique(c->g, node, err, sizeof err)) node = -1;
         return node < 0 ? grammar_fail(c, where, err) : node;
     }
     if (!strcmp(type, "string")) {
@@ -500,7 +503,7 @@ static const char *implied_type(json_t *s) {
         json_object_get(s, "maxProperties"))
         return "object";
     if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems") ||
-        json_object_get(s, "prefixItems"))
+        json_object_get(s, "prefixItems") || json_object_get(s, "uniqueItems"))
         return "array";
     if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "format") ||
         json_object_get(s, "pattern"))

@@ -39,6 +39,7 @@ typedef __int128 units;
 typedef struct gnode {
     enum kind kind;
     int bounded;        /* number: lo/hi set (no exponent then) */
+    int unique;         /* array of literals (child), each written at most once (uniqueItems) */
     units lo, hi;       /* number: the values allowed, inclusive, in units */
     units multiple;     /* number: its values are multiples of this (0: any), a whole number of units */
     int32_t min, max;   /* string length, array items, object properties (max < 0: none); format: its index in formats[] */
@@ -91,8 +92,8 @@ enum {
     ST_START = 0,
     /* object */
     O_OPEN, O_KEY, O_KEY_CHILD, O_COLON, O_VALUE_WS, O_VALUE, O_AFTER, O_NEXT,
-    /* array */
-    A_OPEN, A_VALUE, A_AFTER, A_NEXT,
+    /* array; A_LIT: inside an item of a uniqueItems array of literals (cand, pos) */
+    A_OPEN, A_VALUE, A_AFTER, A_NEXT, A_LIT,
     /* string */
     S_BODY, S_ESC, S_HEX, S_LOW_BS, S_LOW_U, /* S_LOW_*: the \\u of a surrogate pair's second half */
     /* number */
@@ -297,6 +298,24 @@ int grammar_array_prefix(grammar *g, int array, const int *items, size_t n, char
     memcpy(g->alts + g->n_alts, items, n * sizeof *items);
     g->n_alts += (int)n;
     nd->min_len = nd->min ? 1 + items_rest(g, nd, 0) : 2;
+    return 0;
+}
+
+static uint32_t unique_rest(const grammar *g, const gnode *nd, uint64_t used, int32_t k);
+
+int grammar_array_unique(grammar *g, int array, char *err, size_t errlen) {
+    gnode *nd = array >= 0 && array < g->n_nodes && g->nodes[array].kind == K_ARRAY ? &g->nodes[array] : NULL;
+    if (!nd) return snprintf(err, errlen, "not an array"), -1;
+    if (nd->max >= 0 && nd->max <= 1) return 0; /* one item at most: unique as it is */
+    const gnode *items = &g->nodes[nd->child];
+    if (nd->n || items->kind != K_LITERALS)
+        return snprintf(err, errlen, "uniqueItems needs items that are an enum or const (or maxItems 1)"), -1;
+    if (nd->min > items->n)
+        return snprintf(err, errlen, "uniqueItems: minItems %d exceeds the %d values of the items' enum", nd->min,
+                        items->n), -1;
+    if (nd->max < 0 || nd->max > items->n) nd->max = items->n;
+    nd->unique = 1;
+    nd->min_len = 1 + (nd->min ? unique_rest(g, nd, 0, nd->min) - 1 : 1);
     return 0;
 }
 
@@ -912,6 +931,79 @@ static int object_may_end(const grammar *g, const gnode *nd, uint64_t used) {
     return __builtin_popcountll(used) >= nd->min;
 }
 
+/* ---- arrays of distinct literals (uniqueItems) ----
+ * The array frame matches its items' literals itself (A_LIT, like a property name),
+ * so its cost knows which one an item is: used holds those written. */
+
+/* Bytes of the k shortest literals not in used, each with the ',' before it, and the
+ * ']' after them: what k more items and the end need; UINT32_MAX when fewer are left. */
+static uint32_t unique_rest(const grammar *g, const gnode *nd, uint64_t used, int32_t k) {
+    const gnode *items = &g->nodes[nd->child];
+    uint32_t sum = 1, taken = 0;
+    uint64_t left = all_bits(items->n) & ~used;
+    for (int32_t i = 0; i < k; i++) {
+        int best = -1;
+        for (int l = 0; l < items->n; l++)
+            if ((left >> l & 1) && (best < 0 || g->texts[items->first + l].len < g->texts[items->first + best].len))
+                best = l;
+        if (best < 0) return UINT32_MAX;
+        left &= ~(1ull << best);
+        taken += 1 + (uint32_t)g->texts[items->first + best].len;
+    }
+    return sum + taken;
+}
+
+static uint32_t unique_cost(const grammar *g, const gnode *nd, const grammar_frame *f) {
+    int32_t need = nd->min - (int32_t)f->count;
+    switch (f->st) {
+    case A_OPEN: return need > 0 ? unique_rest(g, nd, f->used, need) - 1 : 1; /* the first has no ',' */
+    case A_NEXT: return unique_rest(g, nd, f->used, need > 1 ? need : 1) - 1;
+    case A_AFTER: return unique_rest(g, nd, f->used, need > 0 ? need : 0);
+    case A_LIT: {
+        const gnode *items = &g->nodes[nd->child];
+        uint32_t best = UINT32_MAX;
+        for (int l = 0; l < items->n; l++)
+            if (f->cand >> l & 1) {
+                uint32_t r = unique_rest(g, nd, f->used | 1ull << l, need > 1 ? need - 1 : 0);
+                uint32_t c = r == UINT32_MAX ? r : (uint32_t)g->texts[items->first + l].len - f->pos + r;
+                if (c < best) best = c;
+            }
+        return best;
+    }
+    default: return 0;
+    }
+}
+
+static enum step unique_step(const grammar *g, const gnode *nd, grammar_frame *f, unsigned char c) {
+    const gnode *items = &g->nodes[nd->child];
+    switch (f->st) {
+    case A_OPEN:
+    case A_NEXT: {
+        if (is_ws(c)) return ACCEPT;
+        if (c == ']' && f->st == A_OPEN && nd->min == 0) return f->st = ST_DONE, ACCEPT;
+        uint64_t cand = narrow(g, items, all_bits(items->n) & ~f->used, 0, c);
+        if (!cand) return REJECT;
+        return f->cand = cand, f->pos = 1, f->st = A_LIT, ACCEPT;
+    }
+    case A_LIT: {
+        uint64_t cand = narrow(g, items, f->cand, f->pos, c);
+        if (cand) return f->cand = cand, f->pos++, ACCEPT;
+        int l = ended(g, items, f->cand, f->pos);
+        if (l < 0) return REJECT;
+        f->used |= 1ull << l;
+        f->count++;
+        f->st = A_AFTER; /* c follows the item */
+    }
+    /* fall through */
+    case A_AFTER:
+        if (is_ws(c)) return ACCEPT;
+        if (c == ']') return f->count >= (uint32_t)nd->min ? (f->st = ST_DONE, ACCEPT) : REJECT;
+        if (c != ',' || f->count >= (uint32_t)nd->max) return REJECT;
+        return f->st = A_NEXT, ACCEPT;
+    default: return REJECT;
+    }
+}
+
 /* ---- unions of objects (built by join_objects) ---- */
 
 /* Bytes alternative a needs once name j and its value are written: its other properties and '}'. */
@@ -1299,6 +1391,8 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
     /* ---- array ---- */
     case A_OPEN:
     case A_NEXT:
+    case A_LIT:
+        if (nd->unique) return unique_step(g, nd, f, c);
         if (is_ws(c)) return ACCEPT;
         if (c == ']' && f->st == A_OPEN && nd->min == 0) return f->st = ST_DONE, ACCEPT;
         if (nd->max >= 0 && f->count >= (uint32_t)nd->max) return REJECT;
@@ -1306,6 +1400,7 @@ static enum step step_frame(const grammar *g, grammar_frame *f, unsigned char c,
         *child = item_node(g, nd, f->count);
         return PUSH;
     case A_AFTER:
+        if (nd->unique) return unique_step(g, nd, f, c);
         if (is_ws(c)) return ACCEPT;
         if (c == ']') return f->count >= (uint32_t)nd->min ? (f->st = ST_DONE, ACCEPT) : REJECT;
         if (c != ',' || (nd->max >= 0 && f->count >= (uint32_t)nd->max)) return REJECT;
@@ -1525,7 +1620,7 @@ static int in_text(const grammar_state *s) {
     /* a string's text, and fixed text matched byte by byte: a property name, a literal, a tag */
     return st == S_BODY || st == S_ESC || st == S_HEX || st == S_LOW_BS || st == S_LOW_U || st == P_BODY ||
            st == P_ESC || st == O_KEY || st == L_MATCH || st == T_PREFIX || st == T_SUFFIX || st == U_KEY ||
-           st == U_VALUE;
+           st == U_VALUE || st == A_LIT;
 }
 
 static int feed_byte(const grammar *g, grammar_state *s, unsigned char c) {
@@ -1698,6 +1793,7 @@ static void copy_state(grammar_state *dst, const grammar_state *src);
 static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
     const gnode *nd = &g->nodes[f->node];
     if (f->st == ST_START) return nd->min_len;
+    if (nd->kind == K_ARRAY && nd->unique) return unique_cost(g, nd, f);
     uint32_t item = nd->child >= 0 ? g->nodes[nd->child].min_len : 0, rest, best = UINT32_MAX;
     switch (f->st) {
     case O_OPEN:

@@ -55,6 +55,10 @@ int grammar_array(grammar *g, int items, int32_t min_items, int32_t max_items, c
 /* Array node `array`'s first n items are of nodes items[0..n) (JSON Schema's
  * prefixItems), the rest of its items node. 0, or -1 with err. */
 int grammar_array_prefix(grammar *g, int array, const int *items, size_t n, char *err, size_t errlen);
+/* Array node `array` (of an enum or const's items, or of at most one item) writes
+ * each item at most once (JSON Schema's uniqueItems); its maxItems becomes at most
+ * the number of values. 0, or -1 with err for other items. */
+int grammar_array_unique(grammar *g, int array, char *err, size_t errlen);
 /* An object of the named properties only (names JSON-escaped, without quotes),
  * in any order, each at most once, every required one present. With n == 0,
  * any keys, each value of node `values` (-1: only {}). */

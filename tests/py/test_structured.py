@@ -496,6 +496,24 @@ def test_unions_of_models_parse(client):
     assert kinds == {"Cat", "Dog"}, kinds  # both alternatives are reachable
 
 
+class Listing(pydantic.BaseModel):
+    features: set[Literal["garden", "pool", "garage", "cellar"]]
+    rooms: frozenset[Literal[1, 2, 3, 4, 5]] = pydantic.Field(min_length=1)
+
+
+def test_sets_of_choices_parse(client):
+    """uniqueItems (Pydantic's set and frozenset) was a 400: a set of an enum's values writes each once."""
+    schema = Listing.model_json_schema()
+    for seed in range(4):
+        r = client.chat.completions.parse(
+            model="x", messages=[{"role": "user", "content": "Describe a house for sale."}],
+            response_format=Listing, temperature=1.0, seed=seed, max_tokens=100)
+        value = json.loads(r.choices[0].message.content)
+        jsonschema.validate(value, schema)
+        assert len(set(map(json.dumps, value["features"]))) == len(value["features"]), value
+        assert isinstance(r.choices[0].message.parsed, Listing), value
+
+
 class Section(pydantic.BaseModel):
     title: str
     subsections: List["Section"] = []

@@ -93,7 +93,7 @@ TEST(grammar_unsupported_keywords_are_named) {
                             {"{\"$ref\":\"#\"}", "never ends"},
                             {"{\"type\":\"sound\"}", "'sound'"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) check_refused(bad[i][0], bad[i][1]);
-    check_refused("{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'");
+    check_refused("{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems needs items that are an enum");
     check_refused("{\"type\":\"integer\",\"if\":{\"minimum\":3}}", "'if'");
     /* keywords JSON Schema does not define are annotations (validators ignore them), beside $ref too */
     grammar *g = compile("{\"type\":\"object\",\"markdownDescription\":\"**x**\",\"x-order\":3,\"properties\":"
@@ -348,6 +348,36 @@ TEST(grammar_recursive_refs_are_written_a_few_levels_deep) {
                   "\"required\":[\"next\"]}},\"$ref\":\"#/$defs/N\"}", "never ends");
     check_refused("{\"$defs\":{\"L\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/L\"},\"minItems\":1}},\"$ref\":\"#/$defs/L\"}",
                   "never ends");
+}
+
+/* uniqueItems was a 400: an array of an enum's values (Pydantic's set[Literal[...]]) writes
+ * each at most once; an array of at most one item is unique as it is. */
+TEST(grammar_unique_items_are_written_once) {
+    struct {
+        const char *schema;
+        const char *yes[6], *no[6];
+    } cases[] = {
+        {"{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",1,12]},\"uniqueItems\":true}",
+         {"[]", "[\"red\"]", "[1,12]", "[12 , 1,\"green\",\"red\"]"},
+         {"[\"red\",\"red\"]", "[1,12,1]", "[\"blue\"]", "[12,12]"}},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"uniqueItems\":true,\"minItems\":2}",
+         {"[true,false]", "[false,true]"}, {"[true]", "[true,true]", "[true,false,true]"}},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true,\"maxItems\":1}", {"[]", "[\"x\"]"},
+         {"[\"x\",\"y\"]"}},
+        {"{\"type\":\"array\",\"items\":{\"const\":0},\"uniqueItems\":false}", {"[0,0]"}, {"[1]"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        grammar *g = compile(cases[i].schema);
+        CHECK(g != NULL);
+        if (g && !takes_exactly(g, cases[i].yes, cases[i].no)) {
+            fprintf(stderr, "  in %s\n", cases[i].schema);
+            CHECK(0);
+        }
+        grammar_unref(g);
+    }
+    check_refused("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}",
+                  "minItems 3 exceeds the 2 values");
+    check_refused("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", "uniqueItems needs");
 }
 
 /* A toy vocabulary: single bytes and some multi-byte pieces. */
@@ -920,6 +950,8 @@ TEST(grammar_random_walks_keep_their_promises) {
         CAT_DOG("anyOf"),
         CAT_DOG("oneOf"),
         TREE,
+        "{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"enum\":[\"aaaa\",\"b\",1,12,123,null,\"\\u00e9\"]},"
+        "\"uniqueItems\":true,\"minItems\":3}}",
         "{\"$defs\":{\"J\":{\"anyOf\":[{\"type\":[\"string\",\"null\",\"number\"]},{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/J\"}},"
         "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/J\"},\"b\":{\"$ref\":\"#/$defs/J\"}}}]}},\"$ref\":\"#/$defs/J\"}",
         "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"pattern\":\"^(ab)+$\"},{\"pattern\":\"x\",\"maxLength\":3},"
