@@ -7,7 +7,12 @@
  * ends lazily: the byte it cannot take pops it and goes to its parent.
  * Parents own the whitespace between values; at most MAX_WS bytes of it in a
  * row (a small model would otherwise pad forever). anyOf is decided by the
- * value's first byte, so the automaton never keeps alternatives.
+ * value's first byte, so the automaton never keeps alternatives: alternatives
+ * that start alike are joined before (enums into one set, patterns into one
+ * DFA, objects into a union that commits at the first property that tells them
+ * apart). A frame whose next step depends on which of several fixed texts it
+ * writes (a property name, a union's discriminator, an item of a uniqueItems
+ * array) matches those texts itself, so its cost stays exact.
  *
  * The token mask walks a byte trie of the vocabulary depth-first with the
  * state, so a prefix the grammar rejects cuts off every token below it: in
