@@ -450,9 +450,26 @@ static int join_objects(grammar *g, int *alts, size_t *n, int exclusive) {
                 if (!strcmp(g->texts[nd->first + i].s, g->texts[names[j]].s)) index[j * k + a] = (int8_t)i;
         }
     struct object_union u = {.n_alts = k, .index = index};
-    for (int a = 0; a < k && !exclusive; a++) {
+    /* apart[a]: the alternatives that an object of a's properties fails, for each requires
+       a property a does not list (what oneOf needs of the one written) */
+    uint32_t apart[16] = {0};
+    for (int a = 0; a < k; a++)
+        for (int b = 0; b < k; b++) {
+            const gnode *nb = &g->nodes[objs[b]];
+            for (int i = 0; i < nb->n && b != a; i++)
+                if (g->texts[nb->first + i].required) {
+                    int j = 0;
+                    while (strcmp(g->texts[names[j]].s, g->texts[nb->first + i].s)) j++;
+                    if (index[j * k + a] < 0) apart[a] |= 1u << b;
+                }
+        }
+    uint32_t all = (1u << k) - 1;
+    for (int a = 0; a < k; a++) {
         const gnode *nd = &g->nodes[objs[a]];
-        if (!nd->min && !rest_required(g, nd, 0, -1)) u.empty_ok = 1;
+        int others_require = 1; /* {} fails each of the others */
+        for (int b = 0; b < k; b++)
+            others_require &= b == a || rest_required(g, &g->nodes[objs[b]], 0, -1) > 0;
+        if (!nd->min && !rest_required(g, nd, 0, -1) && (!exclusive || others_require)) u.empty_ok = 1;
     }
     /* which names may come first; the values that tell them apart, as (alternative, name) texts */
     const char *lit_s[64];
@@ -465,11 +482,18 @@ static int join_objects(grammar *g, int *alts, size_t *n, int exclusive) {
             const gnode *v = &g->nodes[g->texts[g->nodes[objs[a]].first + index[j * k + a]].node];
             literal &= v->kind == K_LITERALS;
         }
-        if (owners == 1 && !exclusive) {
+        uint32_t owned = 0;
+        for (int a = 0; a < k; a++) owned |= (uint32_t)(index[j * k + a] >= 0) << a;
+        int sole = owners == 1 ? __builtin_ctz(owned) : -1;
+        if (sole >= 0 && (!exclusive || (apart[sole] | 1u << sole) == all)) {
             u.first_names |= 1ull << j;
             continue;
         }
-        if (!literal || (exclusive && owners < k)) continue;
+        /* a discriminator: the owners fail on each other's values, the rest must fail otherwise */
+        int others_fail = 1;
+        for (int a = 0; a < k; a++)
+            if (owned >> a & 1) others_fail &= ((apart[a] | owned) & all) == all;
+        if (!literal || (exclusive && !others_fail)) continue;
         int apart = 1;
         for (int a = 0; a < k && apart; a++) {
             if (index[j * k + a] < 0) continue;
