@@ -390,7 +390,7 @@ fuzz: model
 
 # Structured outputs against JSON Schemas nobody here wrote (SchemaStore's, as the pinned
 # check-jsonschema vendors them, and Pydantic's of the openai package's models); not part of
-# `make test` (about 10 minutes on 2 cores). tests/bench/schema_conformance.py says what it checks.
+# `make test` (15 to 40 minutes on 2 cores). tests/bench/schema_conformance.py says what it checks.
 SCHEMA_SOURCES := check-jsonschema==0.39.0
 .PHONY: bench-schemas
 bench-schemas: deps $(BUILD)/potserve model
