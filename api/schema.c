@@ -2,14 +2,15 @@
  * arguments. The subset: type (one or a list), properties, required,
  * additionalProperties, patternProperties, propertyNames, minProperties/
  * maxProperties, enum, const, items, prefixItems, minItems/maxItems,
- * minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
+ * uniqueItems (of an enum's values), minLength/maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum and
  * a whole multipleOf (numbers then have no exponent), format (each JSON
  * Schema defines, engine/grammar.h; others are annotations), pattern
  * (engine/regex.h), allOf (merged as anyOf's siblings are), anyOf (overlapping
  * alternatives joined, or dropped where another covers them) and oneOf
- * (alternatives that start with different bytes), $ref to any "#/..." pointer
+ * (objects told apart by what fails the others), $ref to any "#/..." pointer
  * (with $defs/definitions; constraints beside it merged with its target as
- * allOf's are), and the annotations (title, description, default, examples,
+ * allOf's are; a recursion unrolled MAX_UNROLL levels), not ({} and
+ * {"required": [...]}: not_form), and the annotations (title, description, default, examples,
  * $schema, $id, $comment). JSON Schema's other constraining keywords are a 400
  * naming them: a constraint silently dropped would let the output break the
  * schema. Keywords JSON Schema does not define (markdownDescription, x-...) are
@@ -74,12 +75,12 @@ static const char *const compiled_keywords[] = {
     "type", "properties", "required", "additionalProperties", "enum", "const", "items", "prefixItems",
     "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "multipleOf", "format", "pattern", "allOf", "anyOf", "oneOf", "$ref", "patternProperties",
-    "propertyNames", "minProperties", "maxProperties", "uniqueItems", NULL};
+    "propertyNames", "minProperties", "maxProperties", "uniqueItems", "not", NULL};
 
 /* JSON Schema's other keywords that constrain a value (drafts 4 to 2020-12): a 400, since
  * an output that ignored one could break the schema. */
 static const char *const refused_keywords[] = {
-    "not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+    "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef",
     "$recursiveRef", NULL};
 
@@ -241,6 +242,29 @@ static char *property_text(const char *key) {
     return quoted;
 }
 
+/* What `not` asks of schema s: 0 nothing (none, or `not: false`); 1 no value at all
+ * (`not: {}`, which every value meets, or `not: true`: a property that must be
+ * absent); 2 an object without all of the names *names lists (`not: {"required":
+ * [...]}`); -1 after a 400 for any other form (a complement no automaton here holds). */
+static int not_form(compiler *c, json_t *s, const char *where, json_t **names) {
+    static const char *const nothing[] = {NULL}, *const only_required[] = {"required", NULL};
+    json_t *no = json_object_get(s, "not"), *req = json_is_object(no) ? json_object_get(no, "required") : NULL;
+    *names = NULL;
+    if (!no || json_is_false(no)) return 0;
+    if (json_is_true(no) || (json_is_object(no) && !other_constraint(no, nothing))) return 1;
+    int strings = json_is_array(req) && json_array_size(req) > 0;
+    for (size_t i = 0; strings && i < json_array_size(req); i++) strings = json_is_string(json_array_get(req, i));
+    if (strings && !other_constraint(no, only_required)) return *names = req, 2;
+    return fail(c, "%s: 'not' is supported as {} (no value: the property is absent) and as {\"required\": [...]}%s",
+                where, "");
+}
+
+static int listed_in(json_t *names, const char *key) {
+    for (size_t i = 0; i < json_array_size(names); i++)
+        if (!strcmp(json_string_value(json_array_get(names, i)), key)) return 1;
+    return 0;
+}
+
 /* Whether property name `key` is a whole value of string node `node` (a pattern
  * matches it, propertyNames takes it). */
 static int name_fits(compiler *c, int node, const char *key) {
@@ -289,6 +313,15 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
         return fail(c, "%s: patternProperties must be an object of at most %s patterns", where, "16");
     if (get_count(c, s, "minProperties", 0, &min_props, where) || get_count(c, s, "maxProperties", -1, &max_props, where))
         return -1;
+    /* not: {"required": [...]}: those that are not required are left out; all required: no object */
+    json_t *forbidden;
+    if (not_form(c, s, where, &forbidden) == 2) {
+        int all_required = 1;
+        for (size_t i = 0; i < json_array_size(forbidden); i++)
+            all_required &= listed_in(req, json_string_value(json_array_get(forbidden, i)));
+        if (all_required) return NEVER;
+        if (!props) return fail(c, "%s: 'not' with required needs the properties listed%s", where, "");
+    }
     char err[200];
     /* the patterns of patternProperties, and propertyNames, as nodes that names are checked
        against (or, in an object without listed properties, its keys are written as) */
@@ -310,6 +343,7 @@ static int compile_object(compiler *c, json_t *s, const char *where) {
     size_t n = 0;
     if (props) json_object_foreach(props, key, v) {
         if (names >= 0 && !name_fits(c, names, key)) continue;
+        if (forbidden && listed_in(forbidden, key) && !listed_in(req, key)) continue;
         if (n == GRAMMAR_MAX_PROPS) return fail(c, "%s: more properties than the %s supported", where, "64");
         keys[n] = key;
         if (!(schemas[n++] = property_schema(c, v, pattern_props, patterns, NULL, key))) return -1;
@@ -614,6 +648,7 @@ static json_t *merge_parent(compiler *c, json_t *parent, const char *list_key, j
 
 static int compile(compiler *c, json_t *s, const char *where) {
     if (json_is_true(s)) return grammar_any(c->g);
+    if (json_is_false(s)) return NEVER; /* no value: a property there is absent */
     if (!json_is_object(s)) return fail(c, "%s: a schema must be an object%s", where, "");
     c->n_compiled += c->unrolling > 0;
     if (++c->depth > MAX_SCHEMA_DEPTH) {
@@ -629,6 +664,12 @@ static int compile(compiler *c, json_t *s, const char *where) {
     json_t *type = json_object_get(s, "type");
     const char *other;
     if (check_keywords(c, s, where)) goto out;
+    json_t *forbidden;
+    int no = not_form(c, s, where, &forbidden);
+    if (no) {
+        node = no == 1 ? NEVER : no < 0 ? -1 : node;
+        if (no != 2) goto out;
+    }
     json_t *all_of = json_object_get(s, "allOf");
     if (all_of) { /* every schema of the list holds: each merged into the rest, as anyOf's siblings are */
         if (!json_is_array(all_of) || !json_array_size(all_of) || json_array_size(all_of) > 16) {
@@ -750,7 +791,9 @@ int api_schema_node(grammar *g, json_t *schema, const char *param, api_error *e)
     compiler c = {.g = g, .root = schema, .param = param, .e = e, .made = json_array()};
     if (!c.made) return api_fail(e, 500, NULL, NULL, "out of memory");
     int node = compile(&c, schema, "schema");
-    if (node == NEVER) node = fail(&c, "schema: its recursion never ends (each value needs another inside it)%s%s", "", "");
+    if (node == NEVER)
+        node = fail(&c, "schema: no value meets it (false, 'not': {}, or a recursion that never ends: each value "
+                        "needs another inside it)%s%s", "", "");
     json_decref(c.made);
     return node;
 }

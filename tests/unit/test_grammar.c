@@ -333,6 +333,28 @@ TEST(grammar_recursive_refs_are_written_a_few_levels_deep) {
                   "never ends");
 }
 
+/* `not` was a 400: `not: {}` (and the schema false) is no value, so a property that has it is left
+ * out (SchemaStore's schemas use it 80 times, as "this property must be absent"), and `not:
+ * {"required": [...]}` leaves out a property it names. Other complements stay a 400. */
+TEST(grammar_not_leaves_properties_out) {
+    struct {
+        const char *schema;
+        const char *yes[4], *no[4];
+    } cases[] = {
+        {"{\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"not\":{}},\"c\":false}}", {"{}", "{\"a\":1}"},
+         {"{\"b\":1}", "{\"c\":null}"}},
+        {"{\"properties\":{\"a\":{},\"b\":{}},\"required\":[\"a\"],\"not\":{\"required\":[\"a\",\"b\"]}}",
+         {"{\"a\":1}"}, {"{\"a\":1,\"b\":2}", "{}"}},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"not\":{}}]}", {"\"x\""}, {"1", "null"}},
+        {"{\"type\":\"integer\",\"not\":false}", {"1"}, {"\"1\""}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_values(cases[i].schema, cases[i].yes, cases[i].no);
+    check_refused("{\"properties\":{\"a\":{}},\"required\":[\"a\"],\"not\":{\"required\":[\"a\"]}}", "no value meets it");
+    check_refused("{\"properties\":{\"a\":{\"not\":{}}},\"required\":[\"a\"]}", "no value meets it");
+    check_refused("{\"not\":{\"type\":\"string\"}}", "'not' is supported as {}");
+    check_refused("{\"type\":\"object\",\"not\":{\"required\":[\"x\"]}}", "needs the properties listed");
+}
+
 /* uniqueItems was a 400: an array of an enum's values (Pydantic's set[Literal[...]]) writes
  * each at most once; an array of at most one item is unique as it is. */
 TEST(grammar_unique_items_are_written_once) {
