@@ -444,7 +444,7 @@ def test_every_format_json_schema_defines(client):
     checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     duration = pydantic.TypeAdapter(datetime.timedelta)
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda seed: ask(client, schema, seed, max_tokens=400), range(8)))
+        results = list(pool.map(lambda seed: ask(client, schema, seed, max_tokens=400), range(4)))
     for r in results:
         value = json.loads(r.choices[0].message.content)
         assert r.choices[0].finish_reason == "stop", value
@@ -455,8 +455,7 @@ def test_every_format_json_schema_defines(client):
         re.compile(value["rule"])
         jsonpointer.JsonPointer(value["at"])
         idna.encode(value["site"])
-    for seed in range(2):
-        r = parse(client, Job, "Schedule a backup job.", seed, 120)
+    parse(client, Job, "Schedule a backup job.", 0, 120)
 
 
 class Cat(pydantic.BaseModel):
