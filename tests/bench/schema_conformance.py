@@ -110,6 +110,30 @@ def collect():
     return found
 
 
+def collect_langchain():
+    """Every Pydantic model langchain_core's modules define: schemas the compiled keywords were not
+    chosen on (they were chosen on the refusals of collect()'s)."""
+    import importlib
+    import pkgutil
+    import warnings
+    import langchain_core
+    import pydantic
+    warnings.filterwarnings("ignore")
+    found = []
+    for info in pkgutil.walk_packages(langchain_core.__path__, "langchain_core."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # an optional dependency missing: not a module to read
+            continue
+        for name, obj in sorted(vars(module).items()):
+            if inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel) and obj.__module__ == module.__name__:
+                try:
+                    found.append((f"langchain_core:{obj.__module__}.{name}", obj.model_json_schema()))
+                except Exception:  # a model pydantic cannot describe: not a schema to test
+                    pass
+    return found
+
+
 def ask(port, schema, temperature, seed, max_tokens):
     body = {"messages": [{"role": "user", "content": "Write an example JSON value for this schema."}],
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
@@ -160,8 +184,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--limit", type=int, default=0, help="the first N schemas only")
     ap.add_argument("--json-out")
+    ap.add_argument("--langchain", action="store_true", help="langchain_core's Pydantic models instead")
     args = ap.parse_args()
-    schemas = collect()
+    schemas = collect_langchain() if args.langchain else collect()
     if args.limit:
         schemas = schemas[:args.limit]
     data = tempfile.mkdtemp(prefix="schema-conformance-")
