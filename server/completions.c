@@ -49,6 +49,7 @@ struct generation {
     json_t *responses;
     char msg_id[48];
     int seq_no;
+    json_t *output; /* its output items once the answer is done (responses_output) */
     int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
     int rereading_asked, recall_asked; /* decided before the prompt was tokenized (prompt_work) */
     api_error prep_err;       /* prompt_work's error (status 0: none) */
@@ -107,6 +108,7 @@ void generation_free(generation *g) {
     free(g->recall_st.text);
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
+    json_decref(g->output);
     free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
@@ -362,7 +364,7 @@ static void on_text_event(server *s, void *arg) {
         free(ev);
         return;
     }
-    if (g->responses && g->req.stream) {
+    if (g->responses && g->req.stream && !tools_active(g)) {
         append_text(c, ev->text, ev->n);
         json_t *d = ev->n ? json_stringn(ev->text, ev->n) : NULL; /* a token's logprobs alone: no delta */
         if (r->conn && d)
@@ -458,14 +460,47 @@ static void stream_choice_done(choice *c) {
     sse_send(r, chunk_json(g, c->index, NULL, 0, 0, finish, NULL));
 }
 
+/* The status of a finished /v1/responses generation. */
+static const char *responses_status(generation *g) {
+    return strcmp(finish_reason(&g->choices[0]), "length") ? "completed" : "incomplete";
+}
+
+/* The finished answer's output items, made once (the stream's events and the
+ * response object name the same ids): its message, then a function_call item
+ * for each tool call; with calls, the message only when text came with them. */
+static json_t *responses_output(generation *g) {
+    if (g->output) return g->output;
+    choice *c = &g->choices[0];
+    const char *text = c->text ? c->text : "", *status = responses_status(g);
+    char *content = NULL;
+    json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, text, c->len, &content) : NULL;
+    if (!calls && tools_active(g)) calls = api_cut_tool_call(&g->req, text, c->len); /* cut short: incomplete */
+    json_t *items = json_array();
+    if (!calls || content) {
+        json_t *t = calls ? json_string(content) : json_stringn(text, c->len);
+        json_array_append_new(items, responses_message(g->msg_id, status, t ? t : json_string("")));
+        json_decref(t);
+    }
+    free(content);
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        json_t *fn = json_object_get(call, "function");
+        char fc_id[48];
+        random_id(fc_id, sizeof fc_id, "fc_");
+        json_array_append_new(items, json_pack("{s:s, s:s, s:O, s:O, s:O, s:s}", "type", "function_call", "id", fc_id,
+                                               "call_id", json_object_get(call, "id"), "name",
+                                               json_object_get(fn, "name"), "arguments",
+                                               json_object_get(fn, "arguments"), "status", status));
+    }
+    json_decref(calls);
+    return g->output = items;
+}
+
 static json_t *responses_now(generation *g, const char *status, int with_output) {
     json_t *output = NULL, *usage = NULL;
     if (with_output) {
-        choice *c = &g->choices[0];
-        json_t *text = json_stringn(c->text ? c->text : "", c->len);
-        /* OpenAI marks the message itself incomplete when the response is. */
-        output = json_pack("[o]", responses_message(g->msg_id, status, text ? text : json_string("")));
-        json_decref(text);
+        output = json_incref(responses_output(g));
         json_t *chat_usage = usage_json(g);
         usage = responses_usage(chat_usage);
         json_decref(chat_usage);
@@ -477,39 +512,73 @@ static json_t *responses_now(generation *g, const char *status, int with_output)
     return o;
 }
 
-/* The status of a finished /v1/responses generation. */
-static const char *responses_status(generation *g) {
-    return strcmp(finish_reason(&g->choices[0]), "length") ? "completed" : "incomplete";
+/* The events that open an output item (a message: its text part too). */
+static void responses_item_added(generation *g, int index, json_t *item) {
+    json_t *open = json_deep_copy(item);
+    json_object_set_new(open, "status", json_string("in_progress"));
+    int message = !strcmp(json_string_value(json_object_get(item, "type")), "message");
+    if (message) json_object_set_new(open, "content", json_array());
+    else json_object_set_new(open, "arguments", json_string(""));
+    responses_event(g, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", index, "item", open));
+    if (message)
+        responses_event(g, "response.content_part.added",
+                        json_pack("{s:O, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", json_object_get(item, "id"),
+                                  "output_index", index, "content_index", 0, "part", "type", "output_text", "text",
+                                  "", "annotations"));
 }
 
-/* The events that open a /v1/responses stream. */
+/* The events that close an output item, after a function call's arguments in one delta. */
+static void responses_item_done(generation *g, int index, json_t *item) {
+    json_t *id = json_object_get(item, "id");
+    if (!strcmp(json_string_value(json_object_get(item, "type")), "message")) {
+        json_t *text = json_object_get(json_array_get(json_object_get(item, "content"), 0), "text");
+        responses_event(g, "response.output_text.done",
+                        json_pack("{s:O, s:i, s:i, s:O}", "item_id", id, "output_index", index, "content_index", 0,
+                                  "text", text));
+        responses_event(g, "response.content_part.done",
+                        json_pack("{s:O, s:i, s:i, s:{s:s, s:O, s:[]}}", "item_id", id, "output_index", index,
+                                  "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+    } else {
+        json_t *args = json_object_get(item, "arguments");
+        responses_event(g, "response.function_call_arguments.delta",
+                        json_pack("{s:O, s:i, s:O}", "item_id", id, "output_index", index, "delta", args));
+        responses_event(g, "response.function_call_arguments.done",
+                        json_pack("{s:O, s:i, s:O, s:O}", "item_id", id, "output_index", index, "name",
+                                  json_object_get(item, "name"), "arguments", args));
+    }
+    responses_event(g, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", index, "item", item));
+}
+
+/* The events that open a /v1/responses stream; with tools the answer is
+ * parsed whole, so its items open only at the end (as chat's tool calls do). */
 static void responses_stream_start(generation *g) {
     responses_event(g, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
     responses_event(g, "response.in_progress", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
-    responses_event(g, "response.output_item.added",
-                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, "in_progress", NULL)));
-    responses_event(g, "response.content_part.added",
-                    json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", g->msg_id, "output_index", 0,
-                              "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
+    if (tools_active(g)) return;
+    json_t *open = responses_message(g->msg_id, "in_progress", NULL);
+    responses_item_added(g, 0, open);
+    json_decref(open);
 }
 
 /* The events that close it. */
 static void responses_stream_end(generation *g) {
-    choice *c = &g->choices[0];
-    json_t *text = json_stringn(c->text ? c->text : "", c->len);
-    if (!text) text = json_string("");
-    responses_event(g, "response.output_text.done",
-                    json_pack("{s:s, s:i, s:i, s:O}", "item_id", g->msg_id, "output_index", 0, "content_index", 0,
-                              "text", text));
-    responses_event(g, "response.content_part.done",
-                    json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[]}}", "item_id", g->msg_id, "output_index", 0,
-                              "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+    json_t *items = responses_output(g);
+    size_t i;
+    json_t *item;
+    json_array_foreach(items, i, item) {
+        if (tools_active(g)) {
+            responses_item_added(g, (int)i, item);
+            json_t *text = json_object_get(json_array_get(json_object_get(item, "content"), 0), "text");
+            if (json_string_length(text))
+                responses_event(g, "response.output_text.delta",
+                                json_pack("{s:s, s:i, s:i, s:O}", "item_id", g->msg_id, "output_index", (int)i,
+                                          "content_index", 0, "delta", text));
+        }
+        responses_item_done(g, (int)i, item);
+    }
     const char *status = responses_status(g);
-    responses_event(g, "response.output_item.done",
-                    json_pack("{s:i, s:o}", "output_index", 0, "item", responses_message(g->msg_id, status, text)));
     responses_event(g, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
                     json_pack("{s:o}", "response", responses_now(g, status, 1)));
-    json_decref(text);
     stream_end(g->r);
 }
 

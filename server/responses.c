@@ -10,13 +10,14 @@
 #include "server/server_internal.h"
 
 /* The text of an input item's content: a string or input_text/output_text parts. */
-static int item_text(json_t *content, size_t idx, json_t **out, api_error *e) {
+static int item_text(json_t *content, size_t idx, const char *field, json_t **out, api_error *e) {
     if (json_is_string(content)) {
         *out = json_incref(content);
         return 0;
     }
     if (!json_is_array(content))
-        return api_fail(e, 400, "invalid_value", "input", "input[%zu].content must be a string or an array of parts", idx);
+        return api_fail(e, 400, "invalid_value", "input", "input[%zu].%s must be a string or an array of parts", idx,
+                        field);
     json_t *parts = json_array();
     size_t i;
     json_t *p;
@@ -27,11 +28,100 @@ static int item_text(json_t *content, size_t idx, json_t **out, api_error *e) {
             !json_is_string(text)) {
             json_decref(parts);
             return api_fail(e, 400, "invalid_value", "input",
-                            "input[%zu].content[%zu]: only input_text and output_text parts are supported", idx, i);
+                            "input[%zu].%s[%zu]: only input_text and output_text parts are supported", idx, field, i);
         }
         json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
     }
     *out = parts;
+    return 0;
+}
+
+/* The chat message an input item stands for, appended to msgs: a message; a
+ * function_call (the model's earlier call, joined to the assistant turn before
+ * it); a function_call_output (a tool's result). Reasoning items are dropped:
+ * no template here renders them, and a client may send back what another
+ * server wrote. */
+static int input_item(json_t *msgs, json_t *item, size_t idx, api_error *e) {
+    const char *type = json_string_value(json_object_get(item, "type"));
+    const char *role = json_string_value(json_object_get(item, "role"));
+    if (!json_is_object(item))
+        return api_fail(e, 400, "invalid_value", "input", "input[%zu] must be an object", idx);
+    if (!type || !strcmp(type, "message")) {
+        if (!role) return api_fail(e, 400, "invalid_value", "input", "input[%zu] must be a message with a role", idx);
+        json_t *content = NULL;
+        if (item_text(json_object_get(item, "content"), idx, "content", &content, e)) return -1;
+        json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", role, "content", content));
+        return 0;
+    }
+    if (!strcmp(type, "reasoning")) return 0;
+    json_t *call_id = json_object_get(item, "call_id");
+    if (!json_is_string(call_id))
+        return api_fail(e, 400, "invalid_value", "input", "input[%zu] (%s) must have a call_id", idx, type);
+    if (!strcmp(type, "function_call")) {
+        json_t *name = json_object_get(item, "name"), *args = json_object_get(item, "arguments");
+        if (!json_is_string(name) || !json_is_string(args))
+            return api_fail(e, 400, "invalid_value", "input",
+                            "input[%zu] (function_call) must have a name and arguments (a JSON text)", idx);
+        json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+        if (!last || strcmp(json_string_value(json_object_get(last, "role")), "assistant")) {
+            last = json_pack("{s:s, s:n}", "role", "assistant", "content");
+            json_array_append_new(msgs, last);
+        }
+        json_t *calls = json_object_get(last, "tool_calls");
+        if (!calls) json_object_set_new(last, "tool_calls", calls = json_array());
+        json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
+                                               "function", "name", name, "arguments", args));
+        return 0;
+    }
+    if (!strcmp(type, "function_call_output")) {
+        json_t *output = NULL;
+        if (item_text(json_object_get(item, "output"), idx, "output", &output, e)) return -1;
+        json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id,
+                                              "content", output));
+        return 0;
+    }
+    return api_fail(e, 400, "invalid_value", "input",
+                    "input[%zu] is a %s item: messages, function_call and function_call_output items are served here",
+                    idx, type);
+}
+
+/* tools and tool_choice in chat's shape: a Responses function tool is
+ * {"type": "function", "name", "description", "parameters", "strict"}, chat's
+ * has them under "function"; hosted tools (web search, files, ...) are not served. */
+static int chat_tools(json_t *in, json_t *out, api_error *e) {
+    json_t *tools = json_object_get(in, "tools"), *choice = json_object_get(in, "tool_choice");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools)) return api_fail(e, 400, "invalid_type", "tools", "tools must be an array");
+        json_t *chat = json_array();
+        json_object_set_new(out, "tools", chat);
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            const char *type = json_string_value(json_object_get(t, "type"));
+            if (!type || strcmp(type, "function"))
+                return api_fail(e, 400, "invalid_value", "tools",
+                                "tools[%zu] is a %s tool: only function tools are served here", i,
+                                type ? type : "typeless");
+            if (!json_is_string(json_object_get(t, "name")))
+                return api_fail(e, 400, "invalid_value", "tools",
+                                "tools[%zu] must be {\"type\": \"function\", \"name\": ..., \"parameters\": ...}", i);
+            json_t *fn = json_object();
+            static const char *const keys[] = {"name", "description", "parameters", "strict", NULL};
+            for (const char *const *k = keys; *k; k++)
+                if (json_object_get(t, *k)) json_object_set(fn, *k, json_object_get(t, *k));
+            json_array_append_new(chat, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        }
+    }
+    if (json_is_object(choice)) {
+        const char *type = json_string_value(json_object_get(choice, "type"));
+        json_t *name = json_object_get(choice, "name");
+        if (!type || strcmp(type, "function") || !json_is_string(name))
+            return api_fail(e, 400, "invalid_value", "tool_choice",
+                            "tool_choice must be none, auto, required or {\"type\": \"function\", \"name\": ...}");
+        json_object_set_new(out, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
+    } else if (choice) {
+        json_object_set(out, "tool_choice", choice);
+    }
     return 0;
 }
 
@@ -41,7 +131,6 @@ static json_t *chat_body(json_t *in, api_error *e) {
     static const char *const refused[][2] = {
         {"previous_response_id", " (responses are not stored: send the whole conversation as input)"},
         {"conversation", " (conversations are not stored: send the whole conversation as input)"},
-        {"tools", " (tool calls are served by /v1/chat/completions)"},
         {"reasoning", ""},
         {"include", " (logprobs are served by /v1/chat/completions and /v1/completions)"},
         {"top_logprobs", " (logprobs are served by /v1/chat/completions and /v1/completions)"},
@@ -70,15 +159,7 @@ static json_t *chat_body(json_t *in, api_error *e) {
         size_t i;
         json_t *item;
         json_array_foreach(input, i, item) {
-            const char *type = json_string_value(json_object_get(item, "type"));
-            const char *role = json_string_value(json_object_get(item, "role"));
-            if (!json_is_object(item) || (type && strcmp(type, "message")) || !role) {
-                api_fail(e, 400, "invalid_value", "input", "input[%zu] must be a message with a role", i);
-                goto fail;
-            }
-            json_t *content = NULL;
-            if (item_text(json_object_get(item, "content"), i, &content, e)) goto fail;
-            json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", role, "content", content));
+            if (input_item(msgs, item, i, e)) goto fail;
         }
     } else {
         api_fail(e, 400, "invalid_value", "input", "input must be a string or a non-empty array of messages");
@@ -86,8 +167,9 @@ static json_t *chat_body(json_t *in, api_error *e) {
     }
     json_object_set_new(out, "messages", msgs);
     msgs = NULL;
+    if (chat_tools(in, out, e)) goto fail;
     static const char *const copied[] = {"temperature", "top_p", "stream", "seed", "session", "model",
-                                         "overflow", "stop", "reread", "recall", NULL};
+                                         "overflow", "stop", "reread", "recall", "parallel_tool_calls", NULL};
     for (const char *const *k = copied; *k; k++)
         if (json_object_get(in, *k)) json_object_set(out, *k, json_object_get(in, *k));
     json_t *mot = json_object_get(in, "max_output_tokens");
@@ -166,5 +248,11 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
                           "previous_response_id", "reasoning", "metadata", json_object_get(request, "metadata"));
     if (o && !fmt) json_object_set_new(json_object_get(o, "text"), "format", json_pack("{s:s}", "type", "text"));
     if (o && !json_object_get(o, "metadata")) json_object_set_new(o, "metadata", json_object());
+    /* the request's tools as it sent them (Responses' shape) */
+    static const char *const echoed[] = {"tools", "tool_choice", "parallel_tool_calls", NULL};
+    for (const char *const *k = echoed; o && *k; k++) {
+        json_t *v = json_object_get(request, *k);
+        if (v && !json_is_null(v)) json_object_set(o, *k, v);
+    }
     return o;
 }

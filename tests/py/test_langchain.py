@@ -1,6 +1,7 @@
 """A second real client: LangChain's ChatOpenAI (langchain-openai) against a
 real server on the default model: with_structured_output (json_schema),
-bind_tools with a forced tool, and streaming."""
+bind_tools with a forced tool, and streaming; the same over the Responses API
+(use_responses_api), with a tool's result sent back."""
 import datetime
 
 import pydantic
@@ -12,10 +13,15 @@ from server_util import serve
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory, model):
+def server(tmp_path_factory, model):
     for s in serve(tmp_path_factory):
-        yield ChatOpenAI(base_url=s.url + "/v1", api_key="none", model="x", temperature=0, max_tokens=80,
-                         max_retries=0, timeout=300)
+        yield s
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["chat", "responses"])
+def llm(request, server):
+    return ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="x", temperature=0, max_tokens=80,
+                      max_retries=0, timeout=300, use_responses_api=request.param)
 
 
 class City(pydantic.BaseModel):
@@ -41,10 +47,25 @@ def test_bind_tools_forced_call(llm):
     msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Rome?")
     assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
     assert set(msg.tool_calls[0]["args"]) == {"city", "unit"}
-    assert msg.response_metadata["finish_reason"] == "tool_calls"
+    if not llm.use_responses_api:  # (the Responses API has no finish_reason: its items say it)
+        assert msg.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_a_tool_result_goes_back(llm):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    ask = HumanMessage("What is the weather in Rome?")
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke([ask])
+    streamed = list(llm.bind_tools([get_weather], tool_choice="get_weather").stream([ask]))
+    whole = streamed[0]
+    for c in streamed[1:]:
+        whole = whole + c
+    assert whole.tool_calls == [{**c, "id": whole.tool_calls[0]["id"]} for c in msg.tool_calls]
+    back = [ask, msg, ToolMessage("sunny, 21 degrees", tool_call_id=msg.tool_calls[0]["id"])]
+    answer = llm.bind_tools([get_weather]).invoke(back)
+    assert answer.usage_metadata["input_tokens"] > 20 + llm.invoke([ask]).usage_metadata["input_tokens"]
 
 
 def test_streaming(llm):
     chunks = list(llm.stream("Say hello in one sentence."))
-    text = "".join(c.content for c in chunks)
-    assert len(chunks) > 2 and text == llm.invoke("Say hello in one sentence.").content
+    text = "".join(c.text for c in chunks)
+    assert len(chunks) > 2 and text == llm.invoke("Say hello in one sentence.").text

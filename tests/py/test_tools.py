@@ -216,3 +216,103 @@ def test_template_without_a_tool_format_is_a_400(tmp_path):
         assert st == 200  # without tools the template still works
     finally:
         s.stop()
+
+
+# ---- /v1/responses: function tools ---------------------------------------------------------
+
+# Responses' function tools: name and parameters at the top, not under "function"
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+def calls_of(response):
+    items = [o for o in response.output if o.type == "function_call"]
+    for o in items:
+        assert o.id.startswith("fc_") and o.call_id.startswith("call_") and o.name in SCHEMA_OF
+    return items
+
+
+def test_responses_call_the_tools_the_chat_route_calls(client):
+    """Each tool_choice gives the call the chat route gives for the same conversation
+    (the same prompt, so at temperature 0 the same arguments), as function_call items."""
+    choices = [("required", "required"),
+               ({"type": "function", "name": "get_time"}, {"type": "function", "function": {"name": "get_time"}}),
+               ("auto", "auto"), ("none", "none")]
+    for responses_choice, chat_choice in choices:
+        r = client.responses.create(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS,
+                                    tool_choice=responses_choice, temperature=0, max_output_tokens=80)
+        c = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=chat_choice,
+                                           temperature=0, max_tokens=80)
+        chat_calls = c.choices[0].message.tool_calls or []
+        calls = calls_of(r)
+        assert [(o.name, o.arguments) for o in calls] == [(t.function.name, t.function.arguments) for t in chat_calls]
+        assert [o.call_id for o in calls] == [t.id for t in chat_calls] or chat_calls  # ids are each answer's own
+        text = "".join(p.text for o in r.output if o.type == "message" for p in o.content)
+        assert text == (c.choices[0].message.content or "")
+        for o in calls:
+            jsonschema.validate(json.loads(o.arguments), SCHEMA_OF[o.name])
+        if responses_choice != "auto":
+            assert bool(calls) == (responses_choice != "none"), r.output
+        assert r.usage.input_tokens == c.usage.prompt_tokens
+    # the response names the tools it was given, as sent
+    assert r.tools[0].name == "get_weather" and r.tool_choice == "none"
+
+
+def test_responses_streamed_call_events(client):
+    kw = dict(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS, tool_choice="required", temperature=0,
+              max_output_tokens=80)
+    events = list(client.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"], types
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added, delta, done, item_done, completed = events[2:]
+    assert added.item.status == "in_progress" and added.item.arguments == ""
+    assert delta.item_id == done.item_id == added.item.id == item_done.item.id
+    assert delta.delta == done.arguments == item_done.item.arguments == completed.response.output[0].arguments
+    jsonschema.validate(json.loads(done.arguments), WEATHER)
+    whole = client.responses.create(**kw)
+    assert [(o.name, o.arguments) for o in calls_of(whole)] == [(item_done.item.name, done.arguments)]
+
+
+def test_responses_call_cut_short_is_incomplete(client):
+    r = client.responses.create(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS, temperature=0,
+                                tool_choice={"type": "function", "name": "get_time"}, max_output_tokens=24)
+    assert r.status == "incomplete" and [(o.type, o.status) for o in r.output] == [("function_call", "incomplete")]
+    assert r.output[0].name == "get_time" and r.output[0].arguments  # as far as it came
+
+
+def test_responses_tool_turns_are_the_chat_conversation(client):
+    """A function_call and its function_call_output in input are the chat route's assistant
+    tool_calls and tool message: the same prompt, the same answer."""
+    first = client.responses.create(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS,
+                                    tool_choice="required", temperature=0, max_output_tokens=80)
+    call = calls_of(first)[0]
+    result = '{"temperature": 21, "sky": "clear"}'
+    r = client.responses.create(model="x", tools=RESPONSES_TOOLS, temperature=0, max_output_tokens=30, input=[
+        {"role": "user", "content": ASK[0]["content"]}, *[o.model_dump(exclude_none=True) for o in first.output],
+        {"type": "reasoning", "id": "rs_1", "summary": []},  # another server's reasoning: dropped
+        {"type": "function_call_output", "call_id": call.call_id, "output": result}])
+    msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": result}]
+    c = client.chat.completions.create(model="x", messages=msgs, tools=TOOLS, temperature=0, max_tokens=30)
+    assert r.usage.input_tokens == c.usage.prompt_tokens > first.usage.input_tokens + 20
+    text = "".join(p.text for o in r.output if o.type == "message" for p in o.content)
+    assert text == (c.choices[0].message.content or "")
+
+
+def test_responses_tool_errors_are_400s(client):
+    cases = [({"tools": [{"type": "web_search"}]}, "tools", "function tools"),
+             ({"tools": [{"type": "function", "parameters": WEATHER}]}, "tools", "name"),
+             ({"tools": RESPONSES_TOOLS, "tool_choice": {"type": "file_search"}}, "tool_choice", "function"),
+             ({"tools": RESPONSES_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "nope"),
+             ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input", "call_id"),
+             ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input", "arguments"),
+             ({"input": [{"type": "function_call_output", "call_id": "c", "output": 7}]}, "input", "output"),
+             ({"input": [{"type": "item_reference", "id": "x"}]}, "input", "item_reference")]
+    for extra, param, said in cases:
+        kw = {"input": "Hi", **extra}
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.responses.create(model="x", max_output_tokens=5, **kw)
+        assert ei.value.body["param"] == param and said in ei.value.body["message"], (extra, ei.value.body)

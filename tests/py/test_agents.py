@@ -1,0 +1,71 @@
+"""A third real client: the OpenAI Agents SDK (openai-agents), whose models
+speak the Responses API (and chat completions), against a real server on the
+default model: an agent that calls a function tool, streamed and not, and
+agents whose output is a Pydantic model."""
+import asyncio
+
+import pydantic
+import pytest
+
+agents = pytest.importorskip("agents")
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner  # noqa: E402
+from openai import AsyncOpenAI  # noqa: E402
+
+from server_util import serve  # noqa: E402
+
+agents.set_tracing_disabled(True)  # (it would post traces to OpenAI)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model):
+    yield from serve(tmp_path_factory)
+
+
+@pytest.fixture(params=[OpenAIResponsesModel, OpenAIChatCompletionsModel], ids=["responses", "chat"])
+def model_of(request, server):
+    """A model on a new client: an async client belongs to the event loop it first ran in."""
+    return lambda: request.param(model="potserve", openai_client=AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300))
+
+
+CALLED = []
+
+
+@agents.function_tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    CALLED.append(city)
+    return f"sunny, 21 degrees in {city}"
+
+
+class Report(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=40)
+    degrees: int
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_agent_calls_its_tool(model_of, streamed):
+    """The SDK sends the tool, reads the model's call, runs the function and (told to stop
+    at the first tool) answers with its result."""
+    agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model_of(),
+                  model_settings=ModelSettings(temperature=0, max_tokens=80, tool_choice="required"),
+                  tool_use_behavior="stop_on_first_tool")
+
+    async def run():
+        if not streamed:
+            return (await Runner.run(agent, "What is the weather in Paris?")).final_output
+        r = Runner.run_streamed(agent, "What is the weather in Paris?")
+        kinds = [e.type async for e in r.stream_events()]
+        assert "raw_response_event" in kinds
+        return r.final_output
+
+    CALLED.clear()
+    out = asyncio.run(run())
+    assert len(CALLED) == 1 and out == f"sunny, 21 degrees in {CALLED[0]}", (out, CALLED)
+
+
+def test_agent_output_type(model_of):
+    agent = Agent(name="report", instructions="Report the weather as JSON.", output_type=Report, model=model_of(),
+                  model_settings=ModelSettings(temperature=0, max_tokens=80))
+    out = asyncio.run(Runner.run(agent, "Paris: sunny, 21 degrees.")).final_output
+    assert isinstance(out, Report), out  # parsed and validated by the SDK
