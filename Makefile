@@ -248,7 +248,7 @@ asan: fixtures model
 	$(ASAN_PYTEST) -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
 	$(ASAN_PYTEST) -k 'not survives_a_restart and not spans_say' tests/py/test_recall.py
 	$(ASAN_PYTEST) -k 'headers or defaults or text_maps' tests/py/test_web.py
-	$(ASAN_PYTEST) -k responses tests/py/test_tools.py tests/py/test_openai_compat.py
+	$(ASAN_PYTEST) -k 'responses or previous or stored' tests/py/test_tools.py tests/py/test_openai_compat.py
 	$(ASAN_PYTEST) tests/py/test_cluster.py
 
 # --- ThreadSanitizer (issue 21) -------------------------------------------------

@@ -50,6 +50,7 @@ struct generation {
     char msg_id[48];
     int seq_no;
     json_t *output; /* its output items once the answer is done (responses_output) */
+    json_t *conversation; /* its chat messages, stored with the answer (NULL: not stored) */
     int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
     int rereading_asked, recall_asked; /* decided before the prompt was tokenized (prompt_work) */
     api_error prep_err;       /* prompt_work's error (status 0: none) */
@@ -109,6 +110,7 @@ void generation_free(generation *g) {
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
     json_decref(g->output);
+    json_decref(g->conversation);
     free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
@@ -512,6 +514,13 @@ static json_t *responses_now(generation *g, const char *status, int with_output)
     return o;
 }
 
+/* The finished response object, stored unless the request said not to. */
+static json_t *responses_final(generation *g) {
+    json_t *o = responses_now(g, responses_status(g), 1);
+    if (o && g->conversation) responses_store(g->r, g->conversation, o);
+    return o;
+}
+
 /* The events that open an output item (a message: its text part too). */
 static void responses_item_added(generation *g, int index, json_t *item) {
     json_t *open = json_deep_copy(item);
@@ -576,9 +585,8 @@ static void responses_stream_end(generation *g) {
         }
         responses_item_done(g, (int)i, item);
     }
-    const char *status = responses_status(g);
-    responses_event(g, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
-                    json_pack("{s:o}", "response", responses_now(g, status, 1)));
+    responses_event(g, !strcmp(responses_status(g), "completed") ? "response.completed" : "response.incomplete",
+                    json_pack("{s:o}", "response", responses_final(g)));
     stream_end(g->r);
 }
 
@@ -667,7 +675,7 @@ static void finish_whole(generation *g) {
             if (g->choices[i].timed_out) return respond_retry(r, &e, timeout_retry_seconds(r->srv));
             return respond_error(r, &e);
         }
-    if (g->responses) return respond_json(r, 200, responses_now(g, responses_status(g), 1));
+    if (g->responses) return respond_json(r, 200, responses_final(g));
     json_t *choices = json_array();
     for (int i = 0; i < g->n_choices; i++) json_array_append_new(choices, choice_json(&g->choices[i]));
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
@@ -1328,18 +1336,20 @@ static int start_recall(server *s, generation *g, api_error *e) {
 static void prompt_work(void *arg);
 static void prompt_done(request *r, void *arg);
 
-static void start_generation(request *r, int chat, json_t *responses) {
+static void start_generation(request *r, int chat, json_t *responses, json_t *conversation) {
     server *s = r->srv;
     api_error e;
     generation *g = calloc(1, sizeof *g);
     if (!g) {
         json_decref(responses);
+        json_decref(conversation);
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
     g->r = r;
     r->gen = g;
     g->responses = responses;
+    g->conversation = conversation;
     if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e)) {
         if (responses && e.param && !strcmp(e.param, "max_tokens")) {
             e.param = "max_output_tokens";
@@ -1498,9 +1508,11 @@ static void prompt_done(request *r, void *arg) {
     take_turn(s, g);
 }
 
-void route_generate(request *r, int chat) { start_generation(r, chat, NULL); }
+void route_generate(request *r, int chat) { start_generation(r, chat, NULL, NULL); }
 
-void route_generate_responses(request *r, json_t *responses) { start_generation(r, 1, responses); }
+void route_generate_responses(request *r, json_t *responses, json_t *conversation) {
+    start_generation(r, 1, responses, conversation);
+}
 
 /* Called when the client disconnects or the server drains. */
 void generation_cancel(generation *g) { atomic_store(&g->cancel, 1); }

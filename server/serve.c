@@ -336,6 +336,7 @@ int cli_serve(int argc, char **argv) {
         return 2;
     }
     pthread_mutex_init(&s->ev_lock, NULL);
+    s->stored = json_object();
     s->started = (int64_t)time(NULL);
     s->loading = 1;
     uv_loop_init(&loop);
@@ -385,6 +386,7 @@ out:
     close_handles(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     sessions_free_all(s);
+    responses_store_free(s);
     store_close(s->st);
     uv_loop_close(&loop);
     engine_close(s->eng);

@@ -220,11 +220,19 @@ void route_web(request *r);
 /* ---- generation (completions.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
 /* /v1/responses once responses.c has turned r->body into a chat body;
- * takes `responses` (the original body, echoed in the answer). */
-void route_generate_responses(request *r, json_t *responses);
+ * takes `responses` (the original body, echoed in the answer) and
+ * `conversation` (its chat messages to store with the answer; NULL: not stored). */
+void route_generate_responses(request *r, json_t *responses, json_t *conversation);
 
 /* ---- /v1/responses (responses.c) --------------------------------------------------- */
 void route_responses(request *r);
+/* GET and DELETE /v1/responses/{id}. */
+void route_response_id(request *r, const char *id);
+/* Keeps a finished response (borrowed) with its conversation (borrowed: the chat
+ * messages before the answer) for previous_response_id, under the request's key;
+ * the least recently used go past response_store_bytes. */
+void responses_store(request *r, json_t *conversation, json_t *response);
+void responses_store_free(server *s);
 /* The Responses API's usage from a chat usage object (borrowed); new reference. */
 json_t *responses_usage(json_t *chat_usage);
 /* An output message item with one output_text part (text borrowed; NULL: no part yet). */
@@ -285,6 +293,10 @@ struct server {
     int answers_running;
     generation *answers_waiting, *answers_waiting_last; /* their turn comes in this order */
     int n_answers_waiting;
+    /* stored /v1/responses answers (responses.c): id -> {owner, conversation, response,
+       bytes}, the least recently used first; stored_bytes their size */
+    json_t *stored;
+    size_t stored_bytes;
     /* live requests, and every open connection (router.c) */
     request *live;
     int n_live;

@@ -69,3 +69,30 @@ def test_agent_output_type(model_of):
                   model_settings=ModelSettings(temperature=0, max_tokens=80))
     out = asyncio.run(Runner.run(agent, "Paris: sunny, 21 degrees.")).final_output
     assert isinstance(out, Report), out  # parsed and validated by the SDK
+
+
+def test_previous_response_id_continues_a_run(server):
+    """A second run chained to the first's last response (previous_response_id) is read after
+    the first's conversation, its tool call included, which the server kept."""
+    def model():
+        return OpenAIResponsesModel(model="potserve", openai_client=AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300))
+
+    settings = ModelSettings(temperature=0, max_tokens=80)
+
+    async def runs():
+        caller = Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model(),
+                       model_settings=ModelSettings(temperature=0, max_tokens=80, tool_choice="required"),
+                       tool_use_behavior="stop_on_first_tool")
+        first = await Runner.run(caller, "What is the weather in Paris?")
+        reporter = Agent(name="report", instructions="Report the weather as JSON.", output_type=Report,
+                         model=model(), model_settings=settings)
+        chained = await Runner.run(reporter, "Report it.", previous_response_id=first.last_response_id)
+        alone = await Runner.run(reporter, "Report it.")
+        return first, chained, alone
+
+    first, chained, alone = asyncio.run(runs())
+    assert isinstance(chained.final_output, Report)
+    # the first run's question and call (its tools' definitions are the first agent's, not sent again)
+    before = chained.raw_responses[-1].usage.input_tokens - alone.raw_responses[-1].usage.input_tokens
+    assert before >= 30, (before, first.raw_responses[-1].output)

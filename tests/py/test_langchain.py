@@ -69,3 +69,17 @@ def test_streaming(llm):
     chunks = list(llm.stream("Say hello in one sentence."))
     text = "".join(c.text for c in chunks)
     assert len(chunks) > 2 and text == llm.invoke("Say hello in one sentence.").text
+
+
+def test_previous_response_id_is_the_whole_conversation(server):
+    """use_previous_response_id: LangChain sends only the new messages and the id of the
+    response before them; the server's stored conversation makes it the same prompt, so the
+    same answer, as sending the whole conversation."""
+    from langchain_core.messages import HumanMessage
+    kw = dict(base_url=server.url + "/v1", api_key="none", model="x", temperature=0, max_tokens=20, max_retries=0,
+              timeout=300, use_responses_api=True)
+    chained, whole = ChatOpenAI(use_previous_response_id=True, **kw), ChatOpenAI(**kw)
+    first = chained.invoke([HumanMessage("My name is Ada. Say hi.")])
+    talk = [HumanMessage("My name is Ada. Say hi."), first, HumanMessage("What is my name?")]
+    a, b = chained.invoke(talk), whole.invoke(talk)
+    assert a.text == b.text and a.usage_metadata["input_tokens"] == b.usage_metadata["input_tokens"]

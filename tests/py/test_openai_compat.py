@@ -294,8 +294,8 @@ def test_responses_structured_text_format(client):
 
 
 def test_responses_errors(client):
-    for kw, param in [({"previous_response_id": "resp_123"}, "previous_response_id"),
-                      ({"max_output_tokens": 0}, "max_output_tokens"),
+    for kw, param in [({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"extra_body": {"conversation": "conv_1"}}, "conversation"),
                       ({"text": {"format": {"type": "sound"}}}, "response_format"),
                       ({"extra_body": {"text": [None, None]}}, "text"),  # was ignored (Schemathesis)
                       ({"include": ["message.output_text.logprobs"], "top_logprobs": 2}, "include"),  # was ignored
@@ -309,6 +309,83 @@ def test_responses_errors(client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     assert ei.value.body["param"] == "input"
+
+
+def test_previous_response_id_continues_the_conversation(srv, client):
+    """A stored response's conversation (its input, less its instructions, and its answer)
+    stands before the next request's input: the same prompt as the chat route's for the whole
+    conversation, so the same answer. GET returns it; DELETE forgets it; store: false keeps none."""
+    first = client.responses.create(model="x", input="My name is Ada. Say hi.", instructions="Be brief.",
+                                    max_output_tokens=20, temperature=0)
+    assert first.store is True
+    second = client.responses.create(model="x", previous_response_id=first.id, input="What is my name?",
+                                     max_output_tokens=20, temperature=0)
+    chat = client.chat.completions.create(model="x", max_tokens=20, temperature=0, messages=[
+        {"role": "user", "content": "My name is Ada. Say hi."}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"}])
+    assert second.previous_response_id == first.id
+    assert (second.usage.input_tokens, second.output_text) == (chat.usage.prompt_tokens, chat.choices[0].message.content)
+    # a chain of three: the second's stored conversation holds the first's
+    third = client.responses.create(model="x", previous_response_id=second.id, input="Thanks.", max_output_tokens=5)
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+    got = client.responses.retrieve(second.id)
+    assert (got.id, got.output_text, got.usage.input_tokens) == (second.id, second.output_text, second.usage.input_tokens)
+    st, body, _ = srv.request("DELETE", f"/v1/responses/{second.id}", headers=auth())
+    assert st == 200 and body == {"id": second.id, "object": "response", "deleted": True}
+    for call in (lambda: client.responses.retrieve(second.id),
+                 lambda: client.responses.create(model="x", previous_response_id=second.id, input="Hi")):
+        with pytest.raises(openai.NotFoundError) as ei:
+            call()
+        assert ei.value.body["code"] == "response_not_found"
+    assert ei.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model="x", input="Hi", max_output_tokens=2, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    for bad, param in [({"previous_response_id": 7}, "previous_response_id"), ({"store": "yes"}, "store")]:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.responses.create(model="x", input="Hi", max_output_tokens=2, extra_body=bad)
+        assert ei.value.body["param"] == param
+    st, _, hdrs = srv.request("POST", f"/v1/responses/{first.id}", {}, headers=auth())
+    assert st == 405 and "DELETE" in hdrs["Allow"]
+
+
+def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
+    """Another key neither reads nor continues a response; the least recently used go first
+    past response_store_bytes; a conversation over a session goes on over it."""
+    keys = tmp_path / "keys"
+    keys.write_text("key-one-0123456789 one\nkey-two-0123456789 two\n")
+    s = Server(tmp_path / "d", "--api-keys-file", keys, "--response-store-bytes", "6K").start()
+    try:
+        one, two = (openai_client(s, k) for k in ("key-one-0123456789", "key-two-0123456789"))
+        mine = one.responses.create(model="x", input="Hi", max_output_tokens=4)
+        for call in (lambda: two.responses.retrieve(mine.id),
+                     lambda: two.responses.create(model="x", previous_response_id=mine.id, input="Hi")):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert one.responses.retrieve(mine.id).id == mine.id
+        # about 1.5K each (the response object and its conversation): 6K holds a few
+        made = [one.responses.create(model="x", input=f"Count to {i}.", max_output_tokens=4) for i in range(8)]
+        one.responses.create(model="x", previous_response_id=made[1].id, input="Go on.", max_output_tokens=4)  # used
+        kept = []
+        for r in [mine] + made:
+            try:
+                kept.append(one.responses.retrieve(r.id).id == r.id)
+            except openai.NotFoundError:
+                kept.append(False)
+        assert kept[0] is False and kept[-1] and kept[2], kept  # the oldest went, the used one stayed
+        # a session's conversation
+        st, sess, _ = s.request("POST", "/v1/sessions", {}, headers={"Authorization": "Bearer key-one-0123456789"})
+        st, _, _ = s.request("POST", f"/v1/sessions/{sess['id']}/chunks?final=true", raw=b"The key is 4417.",
+                             headers={"Authorization": "Bearer key-one-0123456789", "Content-Type": "text/plain"})
+        assert st == 200
+        asked = one.responses.create(model="x", input="What is the key?", max_output_tokens=8,
+                                     extra_body={"session": sess["id"]})
+        followed = one.responses.create(model="x", input="Say it again.", max_output_tokens=8,
+                                        previous_response_id=asked.id)
+        assert followed.model_extra["session"] == sess["id"]
+    finally:
+        s.stop()
 
 
 # ---- prompt cache -------------------------------------------------------------------------------
