@@ -356,6 +356,28 @@ def completion_template(rng, sid):
     return body
 
 
+def responses_template(rng, sid, prev):
+    turns = [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+             {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'},
+             {"type": "reasoning", "summary": []},
+             {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
+    body = {"input": rng.choice(["Hi", turns]), "instructions": "Be brief.",
+            "max_output_tokens": rng.choice([1, 2, 4]), "temperature": 0}
+    if rng.random() < 0.5:
+        body["tools"] = [{"type": "function", "name": "f", "strict": True,
+                          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}]
+        body["tool_choice"] = rng.choice(["auto", "required", "none", {"type": "function", "name": "f"}])
+    if prev and rng.random() < 0.4:
+        body["previous_response_id"] = prev
+    if rng.random() < 0.2:
+        body["store"] = False
+    if rng.random() < 0.3:
+        body["stream"] = True
+    if sid and rng.random() < 0.3:
+        body["session"] = sid
+    return body
+
+
 SESSION_TEMPLATE = {"budget_tokens": 64, "keep_tokens": 32, "policy": "infinipot", "catalyst": "Key facts.",
                     "schedule": "fixed", "chunk_tokens": 32, "system": "You are terse.", "metadata": {"t": 1},
                     "ttl_seconds": 600, "pool_width": 3, "nuc_share": 0.5, "question": "What?"}
@@ -488,9 +510,13 @@ class Pool:
     """Sessions the fuzzer keeps alive, shared by the workers."""
 
     def __init__(self, port, rng):
-        self.port, self.lock, self.ids = port, threading.Lock(), []
+        self.port, self.lock, self.ids, self.responses = port, threading.Lock(), [], []
         for _ in range(4):
             self.add()
+        for _ in range(2):  # stored responses for previous_response_id and /v1/responses/{id}
+            st, b = call(port, "POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 1})
+            if st == 200:
+                self.responses.append(b["id"])
 
     def add(self):
         st, b = call(self.port, "POST", "/v1/sessions", {"budget_tokens": 64, "keep_tokens": 32})
@@ -505,8 +531,15 @@ class Pool:
 
 def gen_json_route(rng, pool):
     sid = pool.pick(rng)
-    route = rng.choice(["create", "chat", "completions", "tokenize", "detokenize", "chunk_json"])
-    if route == "create":
+    route = rng.choice(["create", "chat", "completions", "tokenize", "detokenize", "chunk_json", "responses",
+                        "response_id"])
+    prev = rng.choice(pool.responses + ["resp_none0", "x" * 300, "%00", "../x"]) if pool.responses else None
+    if route == "responses":
+        r = build(rng, "json", "POST", "/v1/responses", json_body(rng, responses_template(rng, sid, prev)))
+        r.generation = True
+    elif route == "response_id":
+        r = build(rng, "json", rng.choice(["GET", "DELETE", "HEAD", "POST"]), f"/v1/responses/{prev}", b"")
+    elif route == "create":
         body = json_body(rng, SESSION_TEMPLATE)
         r = build(rng, "json", "POST", "/v1/sessions", body)
     elif route == "chat":
