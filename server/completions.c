@@ -20,6 +20,7 @@ typedef struct choice {
     char *text;
     size_t len, cap;
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
+    size_t lp_sent;   /* /v1/responses streamed: the entries its deltas have sent */
     engine_gen_result res;
     int done, rc;
     int timed_out; /* request_timeout passed before its first token (rc is then -1) */
@@ -368,12 +369,21 @@ static void on_text_event(server *s, void *arg) {
     }
     if (g->responses && g->req.stream && !tools_active(g)) {
         append_text(c, ev->text, ev->n);
-        json_t *d = ev->n ? json_stringn(ev->text, ev->n) : NULL; /* a token's logprobs alone: no delta */
-        if (r->conn && d)
+        /* a token whose text is held back (a character not yet whole) has its logprobs sent with
+           the next delta */
+        if (ev->has_lp && c->logprobs) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
+        json_t *d = ev->n ? json_stringn(ev->text, ev->n) : NULL;
+        if (r->conn && d) {
+            size_t from = c->lp_sent, to = json_array_size(c->logprobs);
+            json_t *lp = json_array();
+            for (size_t i = from; i < to; i++) json_array_append(lp, json_array_get(c->logprobs, i));
+            c->lp_sent = to;
             responses_event(g, "response.output_text.delta",
-                            json_pack("{s:s, s:i, s:i, s:o}", "item_id", g->msg_id, "output_index", 0,
-                                      "content_index", 0, "delta", d));
-        else json_decref(d);
+                            json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", g->msg_id, "output_index", 0,
+                                      "content_index", 0, "delta", d, "logprobs", lp));
+        } else {
+            json_decref(d);
+        }
     } else if (g->req.stream && !tools_active(g)) {
         json_t *lp = NULL;
         if (ev->has_lp && g->req.chat) {
@@ -480,7 +490,11 @@ static json_t *responses_output(generation *g) {
     json_t *items = json_array();
     if (!calls || content) {
         json_t *t = calls ? json_string(content) : json_stringn(text, c->len);
-        json_array_append_new(items, responses_message(g->msg_id, status, t ? t : json_string("")));
+        json_t *msg = responses_message(g->msg_id, status, t ? t : json_string(""));
+        /* the tokens' logprobs, when asked for and they are the text's (not a call's markup too) */
+        json_object_set_new(json_array_get(json_object_get(msg, "content"), 0), "logprobs",
+                            !calls && c->logprobs ? json_incref(c->logprobs) : json_array());
+        json_array_append_new(items, msg);
         json_decref(t);
     }
     free(content);
@@ -540,13 +554,14 @@ static void responses_item_added(generation *g, int index, json_t *item) {
 static void responses_item_done(generation *g, int index, json_t *item) {
     json_t *id = json_object_get(item, "id");
     if (!strcmp(json_string_value(json_object_get(item, "type")), "message")) {
-        json_t *text = json_object_get(json_array_get(json_object_get(item, "content"), 0), "text");
+        json_t *part = json_array_get(json_object_get(item, "content"), 0);
+        json_t *text = json_object_get(part, "text"), *lp = json_object_get(part, "logprobs");
         responses_event(g, "response.output_text.done",
-                        json_pack("{s:O, s:i, s:i, s:O}", "item_id", id, "output_index", index, "content_index", 0,
-                                  "text", text));
+                        json_pack("{s:O, s:i, s:i, s:O, s:O}", "item_id", id, "output_index", index, "content_index", 0,
+                                  "text", text, "logprobs", lp));
         responses_event(g, "response.content_part.done",
-                        json_pack("{s:O, s:i, s:i, s:{s:s, s:O, s:[]}}", "item_id", id, "output_index", index,
-                                  "content_index", 0, "part", "type", "output_text", "text", text, "annotations"));
+                        json_pack("{s:O, s:i, s:i, s:O}", "item_id", id, "output_index", index, "content_index", 0,
+                                  "part", part));
     } else {
         json_t *args = json_object_get(item, "arguments");
         responses_event(g, "response.function_call_arguments.delta",
@@ -580,8 +595,8 @@ static void responses_stream_end(generation *g) {
             json_t *text = json_object_get(json_array_get(json_object_get(item, "content"), 0), "text");
             if (json_string_length(text))
                 responses_event(g, "response.output_text.delta",
-                                json_pack("{s:s, s:i, s:i, s:O}", "item_id", g->msg_id, "output_index", (int)i,
-                                          "content_index", 0, "delta", text));
+                                json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", g->msg_id, "output_index", (int)i,
+                                          "content_index", 0, "delta", text, "logprobs"));
         }
         responses_item_done(g, (int)i, item);
     }
@@ -1494,7 +1509,7 @@ static void prompt_done(request *r, void *arg) {
     }
     for (int i = 0; i < g->n_choices; i++) {
         g->choices[i] = (choice){.g = g, .index = i};
-        if (q->logprobs && !q->stream)
+        if (q->logprobs && (!q->stream || responses)) /* (a stream of the Responses API sends them at the end too) */
             g->choices[i].logprobs = chat ? json_array()
                                           : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
     }

@@ -132,6 +132,37 @@ static int chat_tools(json_t *in, json_t *out, api_error *e) {
     return 0;
 }
 
+/* include's "message.output_text.logprobs" and top_logprobs as chat's logprobs and
+ * top_logprobs. The other values OpenAI defines name outputs of tools and reasoning
+ * this server never writes: there is nothing of them to include. */
+static int chat_logprobs(json_t *in, json_t *out, api_error *e) {
+    static const char *const known[] = {
+        "message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
+        "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+        "computer_call_output.output.image_url", "code_interpreter_call.outputs", NULL};
+    json_t *include = json_object_get(in, "include"), *top = json_object_get(in, "top_logprobs");
+    if (include && !json_is_null(include) && !json_is_array(include))
+        return api_fail(e, 400, "invalid_type", "include", "include must be an array of strings");
+    int logprobs = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(include, i, v) {
+        const char *const *k = known;
+        while (*k && !(json_is_string(v) && !strcmp(json_string_value(v), *k))) k++;
+        if (!*k)
+            return api_fail(e, 400, "invalid_value", "include",
+                            "include[%zu] is not one of OpenAI's values (message.output_text.logprobs, "
+                            "reasoning.encrypted_content, ...)", i);
+        logprobs |= k == known;
+    }
+    if (top && !json_is_null(top)) {
+        json_object_set(out, "top_logprobs", top); /* (chat checks it) */
+        logprobs |= json_is_integer(top) && json_integer_value(top) > 0;
+    }
+    if (logprobs) json_object_set_new(out, "logprobs", json_true());
+    return 0;
+}
+
 /* The chat completions body of a Responses body, after the stored conversation
  * `before` (NULL: none); *conversation: before and the input's messages (what is
  * stored with the answer). NULL + e. */
@@ -140,13 +171,10 @@ static json_t *chat_body(json_t *in, json_t *before, json_t **conversation, api_
     static const char *const refused[][2] = {
         {"conversation", " (send the whole conversation as input, or previous_response_id)"},
         {"reasoning", ""},
-        {"include", " (logprobs are served by /v1/chat/completions and /v1/completions)"},
-        {"top_logprobs", " (logprobs are served by /v1/chat/completions and /v1/completions)"},
     };
     for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
         json_t *v = json_object_get(in, refused[k][0]);
-        if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v)) &&
-            !(json_is_integer(v) && !json_integer_value(v))) { /* top_logprobs 0 asks for nothing */
+        if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v))) {
             api_fail(e, 400, "unsupported_parameter", refused[k][0], "%s is not supported on /v1/responses here%s",
                      refused[k][0], refused[k][1]);
             return NULL;
@@ -181,7 +209,7 @@ static json_t *chat_body(json_t *in, json_t *before, json_t **conversation, api_
         json_array_append(*conversation, json_array_get(msgs, i));
     json_object_set_new(out, "messages", msgs);
     msgs = NULL;
-    if (chat_tools(in, out, e)) goto fail;
+    if (chat_tools(in, out, e) || chat_logprobs(in, out, e)) goto fail;
     static const char *const copied[] = {"temperature", "top_p", "stream", "seed", "session", "model",
                                          "overflow", "stop", "reread", "recall", "parallel_tool_calls", NULL};
     for (const char *const *k = copied; *k; k++)
@@ -347,8 +375,10 @@ void route_responses(request *r) {
 
 json_t *responses_usage(json_t *chat_usage) {
     json_t *details = json_object_get(chat_usage, "prompt_tokens_details");
-    return json_pack("{s:O, s:{s:O}, s:O, s:{s:i}, s:O}", "input_tokens", json_object_get(chat_usage, "prompt_tokens"),
+    /* cache writes are not counted apart (a sessionless prompt may enter the prompt cache): 0 */
+    return json_pack("{s:O, s:{s:O, s:i}, s:O, s:{s:i}, s:O}", "input_tokens", json_object_get(chat_usage, "prompt_tokens"),
                      "input_tokens_details", "cached_tokens", json_object_get(details, "cached_tokens"),
+                     "cache_write_tokens", 0,
                      "output_tokens", json_object_get(chat_usage, "completion_tokens"), "output_tokens_details",
                      "reasoning_tokens", 0, "total_tokens", json_object_get(chat_usage, "total_tokens"));
 }
