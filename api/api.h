@@ -167,6 +167,12 @@ grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e);
  * dropped (the answer's finish_reason says length), and [] comes back when
  * it was the only one. */
 json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content);
+/* With tool_choice auto, how many bytes at the start of the text generated so
+ * far are surely an answer's text, not the start of a call: what a stream may
+ * send as content now (api_find_tool_calls' content, or the whole text when no
+ * call comes, begins with them, less any whitespace before them). Whitespace
+ * at their end waits, as it would be trimmed before a call. 0 with other choices. */
+size_t api_tool_text_ready(const api_gen_request *r, const char *text, size_t len);
 /* A call that tool_choice required or named forced and max_tokens cut short
  * (text: the answer as generated): [the call], its arguments as far as they
  * came (a JSON string that need not parse yet), or [] when it was cut before

@@ -424,6 +424,29 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
     return calls;
 }
 
+size_t api_tool_text_ready(const api_gen_request *r, const char *text, size_t len) {
+    if (!r->tools || r->tool_choice != TOOL_CHOICE_AUTO) return 0;
+    size_t lead = 0, ready = len;
+    while (lead < len && strchr(" \t\r\n", text[lead])) lead++;
+    if (format_of(r->tool_format) == FORMAT_CHATML) {
+        static const char OPEN[] = "<tool_call>";
+        const char *a = memmem(text, len, OPEN, sizeof OPEN - 1);
+        if (a) {
+            ready = (size_t)(a - text);
+        } else { /* the end may be the start of the tag */
+            for (size_t k = sizeof OPEN - 2; k > 0; k--)
+                if (len >= k && !memcmp(text + len - k, OPEN, k)) {
+                    ready = len - k;
+                    break;
+                }
+        }
+    } else if (lead == len || text[lead] == '{') { /* llama3: a call is the whole answer, a JSON object */
+        return 0;
+    }
+    while (ready > lead && strchr(" \t\r\n", text[ready - 1])) ready--; /* a call after it would trim it */
+    return ready > lead ? ready : 0;
+}
+
 json_t *api_cut_tool_call(const api_gen_request *r, const char *text, size_t len) {
     if (!r->tools || (r->tool_choice != TOOL_CHOICE_REQUIRED && r->tool_choice != TOOL_CHOICE_NAMED)) return NULL;
     enum tool_format f = format_of(r->tool_format);

@@ -21,6 +21,7 @@ typedef struct choice {
     size_t len, cap;
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     size_t lp_sent;   /* /v1/responses streamed: the entries its deltas have sent */
+    size_t text_sent; /* a chat stream with tools (auto): the bytes of text sent as content so far */
     engine_gen_result res;
     int done, rc;
     int timed_out; /* request_timeout passed before its first token (rc is then -1) */
@@ -332,6 +333,15 @@ static void responses_event(generation *g, const char *type, json_t *data) {
     sse_send(r, data);
 }
 
+/* A chat stream with tools (auto) sends the answer's text as it comes, as far
+ * as it is surely not the start of a call; the calls are parsed at the end. */
+static void stream_ready_text(choice *c) {
+    size_t ready = api_tool_text_ready(&c->g->req, c->text, c->len);
+    if (ready <= c->text_sent) return;
+    sse_send(c->g->r, chunk_json(c->g, c->index, c->text + c->text_sent, ready - c->text_sent, 0, NULL, NULL));
+    c->text_sent = ready;
+}
+
 /* The answer's "reread" object. */
 static json_t *reread_json(const reread_stats *st) {
     return json_pack("{s:I, s:I, s:f, s:f, s:I, s:i, s:i}", "bytes", (json_int_t)st->bytes, "tokens",
@@ -397,6 +407,7 @@ static void on_text_event(server *s, void *arg) {
         else json_decref(lp);
     } else {
         append_text(c, ev->text, ev->n);
+        if (g->req.stream && !g->responses && r->conn) stream_ready_text(c);
         if (ev->has_lp && c->logprobs) {
             if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
             else completion_logprob_add(s, c->logprobs, &ev->lp);
@@ -446,11 +457,18 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
     if (!calls) {
         json_t *cut = api_cut_tool_call(&g->req, text, c->len);
         if (cut) send_tool_calls(c, cut);
-        else if (c->len) sse_send(r, chunk_json(g, c->index, c->text, c->len, 0, NULL, NULL));
+        else if (c->len > c->text_sent)
+            sse_send(r, chunk_json(g, c->index, c->text + c->text_sent, c->len - c->text_sent, 0, NULL, NULL));
         json_decref(cut);
         return finish;
     }
-    if (content) sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content)));
+    /* the content is the text around the calls, trimmed; what was sent of it is its start
+       (stream_ready_text), after the whitespace the answer may have begun with */
+    size_t sent = 0;
+    while (sent < c->text_sent && strchr(" \t\r\n", text[sent])) sent++;
+    sent = c->text_sent - sent;
+    if (content && strlen(content) > sent)
+        sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content + sent)));
     free(content);
     send_tool_calls(c, calls);
     const char *said = tool_answer_finish(calls, finish);

@@ -172,6 +172,26 @@ def test_a_call_the_model_writes_is_neither_leaked_nor_cut(client):
     check_calls(stopped.choices[0].message.tool_calls)
 
 
+def test_streamed_answers_with_tools_send_their_text_as_it_comes(client):
+    """tool_choice auto, streamed: the text was held until the answer ended (one chunk), as
+    any text might turn into a call. Now it comes token by token as far as it cannot be the
+    start of a call's markup; the calls come at the end; both as the whole answer has them."""
+    for messages in (ASK, FEW_SHOT):
+        whole = client.chat.completions.create(model="x", messages=messages, tools=TOOLS, temperature=0,
+                                               max_tokens=60)
+        chunks = list(client.chat.completions.create(model="x", messages=messages, tools=TOOLS, temperature=0,
+                                                     max_tokens=60, stream=True))
+        texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        calls = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+        m = whole.choices[0].message
+        assert "".join(texts) == (m.content or ""), (texts, m.content)
+        assert [(t.function.name, t.function.arguments) for t in calls if t.function.name] == \
+            [(t.function.name, "") for t in m.tool_calls or []]
+        assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+        if messages is ASK:
+            assert not m.tool_calls and len(texts) > 10, texts  # (the model answers this one in words)
+
+
 def test_tool_results_continue_the_conversation(client):
     first = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=80)

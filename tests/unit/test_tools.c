@@ -109,3 +109,59 @@ TEST(tools_found_in_generated_text) {
     json_decref(calls);
     api_gen_request_free(&r);
 }
+
+/* What a stream may send as content while an answer with tools (auto) is generated:
+ * at every prefix of an answer, the bytes said ready are the start of the content
+ * the whole answer gets (its text around the calls, or all of it without calls),
+ * less any whitespace before it; never the start of a call's markup. */
+TEST(tools_text_ready_is_the_content_so_far) {
+    static const char *const chatml[] = {
+        "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>",
+        "It is sunny in Paris, 21 degrees.  \n",
+        "  Hello <b>there</b> < tool_call> <tool_cal",
+        "One.\n\n<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call> Two.",
+    };
+    static const char *const llama3[] = {
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
+        "  {\"name\": \"get_weather\", \"parameters\": {}}",
+        "The weather is fine. {not a call}",
+    };
+    for (int fam = 0; fam < 2; fam++) {
+        api_gen_request r;
+        api_error e;
+        CHECK_EQ_INT(parse(&r, ""), 0);
+        CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
+        const char *const *answers = fam ? llama3 : chatml;
+        size_t n = fam ? sizeof llama3 / sizeof *llama3 : sizeof chatml / sizeof *chatml;
+        for (size_t i = 0; i < n; i++) {
+            const char *text = answers[i];
+            size_t len = strlen(text);
+            char *content = NULL;
+            json_t *calls = api_find_tool_calls(&r, text, len, &content);
+            const char *whole = calls ? (content ? content : "") : text;
+            size_t lead = 0;
+            while (!calls && strchr(" \t\r\n", text[lead]) && text[lead]) lead++; /* (content is trimmed) */
+            size_t last = 0;
+            for (size_t k = 0; k <= len; k++) {
+                size_t ready = api_tool_text_ready(&r, text, k);
+                size_t from = 0;
+                while (from < ready && strchr(" \t\r\n", text[from])) from++;
+                CHECK(ready >= last || ready == 0);
+                CHECK(ready == 0 || !strncmp(text + from, whole + (calls ? 0 : lead), ready - from));
+                if (ready) last = ready;
+            }
+            if (!calls && !strchr(text, '<')) /* a plain answer is all sent, but for the whitespace at its end */
+                CHECK_EQ_INT((int)last, (int)(strlen(text) - (strstr(text, "  \n") ? 3 : 0)));
+            free(content);
+            json_decref(calls);
+        }
+        api_gen_request_free(&r);
+    }
+    api_gen_request r;
+    CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"required\""), 0); /* a forced call is never text */
+    api_error e;
+    CHECK_EQ_INT(api_render_tools(&r, "chatml", &e), 0);
+    CHECK_EQ_INT((int)api_tool_text_ready(&r, "Sure", 4), 0);
+    api_gen_request_free(&r);
+}
