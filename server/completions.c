@@ -53,6 +53,7 @@ struct generation {
     int seq_no;
     json_t *output; /* its output items once the answer is done (responses_output) */
     json_t *conversation; /* its chat messages, stored with the answer (NULL: not stored) */
+    int message_open;     /* a stream with tools: its message item is open (stream_ready_text) */
     int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
     int rereading_asked, recall_asked; /* decided before the prompt was tokenized (prompt_work) */
     api_error prep_err;       /* prompt_work's error (status 0: none) */
@@ -333,13 +334,38 @@ static void responses_event(generation *g, const char *type, json_t *data) {
     sse_send(r, data);
 }
 
-/* A chat stream with tools (auto) sends the answer's text as it comes, as far
- * as it is surely not the start of a call; the calls are parsed at the end. */
+static void responses_item_added(generation *g, int index, json_t *item);
+
+/* A stream with tools (auto) sends the answer's text as it comes, as far as it
+ * is surely not the start of a call (chat: content deltas; /v1/responses: the
+ * message item, opened at its first text); the calls are parsed at the end. */
 static void stream_ready_text(choice *c) {
-    size_t ready = api_tool_text_ready(&c->g->req, c->text, c->len);
+    generation *g = c->g;
+    size_t ready = api_tool_text_ready(&g->req, c->text, c->len);
     if (ready <= c->text_sent) return;
-    sse_send(c->g->r, chunk_json(c->g, c->index, c->text + c->text_sent, ready - c->text_sent, 0, NULL, NULL));
+    if (!g->responses) {
+        sse_send(g->r, chunk_json(g, c->index, c->text + c->text_sent, ready - c->text_sent, 0, NULL, NULL));
+    } else {
+        if (!g->message_open) {
+            json_t *open = responses_message(g->msg_id, "in_progress", NULL);
+            responses_item_added(g, 0, open);
+            json_decref(open);
+            g->message_open = 1;
+        }
+        responses_event(g, "response.output_text.delta",
+                        json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", g->msg_id, "output_index", 0,
+                                  "content_index", 0, "delta", json_stringn(c->text + c->text_sent, ready - c->text_sent),
+                                  "logprobs"));
+    }
     c->text_sent = ready;
+}
+
+/* Of the content an answer with calls gets (its text around them, trimmed), the bytes
+ * stream_ready_text sent: what it sent, less the whitespace the answer began with. */
+static size_t content_sent(const choice *c) {
+    size_t lead = 0;
+    while (lead < c->text_sent && strchr(" \t\r\n", c->text[lead])) lead++;
+    return c->text_sent - lead;
 }
 
 /* The answer's "reread" object. */
@@ -407,7 +433,7 @@ static void on_text_event(server *s, void *arg) {
         else json_decref(lp);
     } else {
         append_text(c, ev->text, ev->n);
-        if (g->req.stream && !g->responses && r->conn) stream_ready_text(c);
+        if (g->req.stream && r->conn) stream_ready_text(c);
         if (ev->has_lp && c->logprobs) {
             if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
             else completion_logprob_add(s, c->logprobs, &ev->lp);
@@ -462,11 +488,7 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
         json_decref(cut);
         return finish;
     }
-    /* the content is the text around the calls, trimmed; what was sent of it is its start
-       (stream_ready_text), after the whitespace the answer may have begun with */
-    size_t sent = 0;
-    while (sent < c->text_sent && strchr(" \t\r\n", text[sent])) sent++;
-    sent = c->text_sent - sent;
+    size_t sent = content_sent(c); /* (the stream may carry whitespace the answer began with) */
     if (content && strlen(content) > sent)
         sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content + sent)));
     free(content);
@@ -608,13 +630,19 @@ static void responses_stream_end(generation *g) {
     size_t i;
     json_t *item;
     json_array_foreach(items, i, item) {
-        if (tools_active(g)) {
-            responses_item_added(g, (int)i, item);
+        if (tools_active(g)) { /* the rest of the message's text, or the whole item */
             json_t *text = json_object_get(json_array_get(json_object_get(item, "content"), 0), "text");
-            if (json_string_length(text))
+            size_t sent = 0;
+            if (text && g->message_open) { /* (raw without calls; trimmed, with) */
+                choice *c = &g->choices[0];
+                sent = strncmp(json_string_value(text), c->text, c->text_sent) ? content_sent(c) : c->text_sent;
+            } else {
+                responses_item_added(g, (int)i, item);
+            }
+            if (json_string_length(text) > sent)
                 responses_event(g, "response.output_text.delta",
-                                json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", g->msg_id, "output_index", (int)i,
-                                          "content_index", 0, "delta", text, "logprobs"));
+                                json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", g->msg_id, "output_index", (int)i,
+                                          "content_index", 0, "delta", json_string_value(text) + sent, "logprobs"));
         }
         responses_item_done(g, (int)i, item);
     }

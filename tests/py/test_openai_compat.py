@@ -328,7 +328,8 @@ def test_responses_objects_are_the_sdks_own_types(client):
     bodies = [dict(input="Say hi", max_output_tokens=30), dict(input="Tell a long story.", max_output_tokens=3),
               dict(input="Say hi", max_output_tokens=4, include=["message.output_text.logprobs"], top_logprobs=1),
               dict(input="Call f.", tools=tools, tool_choice="required", max_output_tokens=40),
-              dict(input="Call f.", tools=tools, tool_choice="required", max_output_tokens=5)]
+              dict(input="Call f.", tools=tools, tool_choice="required", max_output_tokens=5),
+              dict(input="Say hi", tools=tools, max_output_tokens=12)]
     seen = set()
     for body in bodies:
         raw = client.responses.with_raw_response.create(model="x", temperature=0, **body)

@@ -295,6 +295,42 @@ def test_responses_streamed_call_events(client):
     assert [(o.name, o.arguments) for o in calls_of(whole)] == [(item_done.item.name, done.arguments)]
 
 
+def responses_input(messages):
+    """A chat conversation as Responses input items."""
+    items = []
+    for m in messages:
+        if m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+            continue
+        if m.get("content"):
+            items.append({"role": m["role"], "content": m["content"]})
+        for t in m.get("tool_calls") or []:
+            items.append({"type": "function_call", "call_id": t["id"], "name": t["function"]["name"],
+                          "arguments": t["function"]["arguments"]})
+    return items
+
+
+def test_responses_streamed_with_tools_send_their_text_as_it_comes(client):
+    """tool_choice auto, streamed: the message item opens at the answer's first text and its
+    deltas come as it is written; the calls' items follow at the end; as the whole answer."""
+    for messages in (ASK, FEW_SHOT):
+        kw = dict(model="x", input=responses_input(messages), tools=RESPONSES_TOOLS, temperature=0,
+                  max_output_tokens=60)
+        whole = client.responses.create(**kw)
+        events = list(client.responses.create(stream=True, **kw))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        text = "".join(p.text for o in whole.output if o.type == "message" for p in o.content)
+        assert "".join(deltas) == text
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        assert [(o.type, getattr(o, "arguments", None)) for o in done] == \
+            [(o.type, getattr(o, "arguments", None)) for o in whole.output]
+        assert events[-1].response.output_text == whole.output_text
+        if messages is ASK:
+            assert len(deltas) > 10 and not calls_of(whole), deltas
+        else:
+            assert calls_of(whole)
+
+
 def test_responses_call_cut_short_is_incomplete(client):
     r = client.responses.create(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS, temperature=0,
                                 tool_choice={"type": "function", "name": "get_time"}, max_output_tokens=24)
