@@ -245,7 +245,22 @@ static char *property_text(const char *key) {
 /* What `not` asks of schema s: 0 nothing (none, or `not: false`); 1 no value at all
  * (`not: {}`, which every value meets, or `not: true`: a property that must be
  * absent); 2 an object without all of the names *names lists (`not: {"required":
- * [...]}`); -1 after a 400 for any other form (a complement no automaton here holds). */
+ * [...]}`); 3 a string the pattern of *names (its `not`) does not match, or that is
+ * none of its enum or const (`not: {"pattern": ...}`, `not: {"enum": [...]}`, or
+ * `not: {"anyOf": [...]}` of them: string_taken); as
+ * their complements hold every value of other types too, what is written is a
+ * string: a part of what they allow); -1 after a 400 for any other form (a complement
+ * no automaton here holds). */
+/* 1 when schema f holds only strings of a pattern, or only given values (among what
+ * a string meets): {"pattern": ...}, {"enum": [...]}, {"const": ...}, with "type": "string" or none. */
+static int string_taken(json_t *f) {
+    static const char *const forms[] = {"pattern", "enum", "const", "type", NULL};
+    json_t *pattern = json_object_get(f, "pattern"), *en = json_object_get(f, "enum"), *type = json_object_get(f, "type");
+    return json_is_object(f) && !other_constraint(f, forms) && (pattern || en || json_object_get(f, "const")) &&
+           (!pattern || json_is_string(pattern)) && (!en || (json_is_array(en) && json_array_size(en))) &&
+           (!type || (json_is_string(type) && !strcmp(json_string_value(type), "string")));
+}
+
 static int not_form(compiler *c, json_t *s, const char *where, json_t **names) {
     static const char *const nothing[] = {NULL}, *const only_required[] = {"required", NULL};
     json_t *no = json_object_get(s, "not"), *req = json_is_object(no) ? json_object_get(no, "required") : NULL;
@@ -255,8 +270,14 @@ static int not_form(compiler *c, json_t *s, const char *where, json_t **names) {
     int strings = json_is_array(req) && json_array_size(req) > 0;
     for (size_t i = 0; strings && i < json_array_size(req); i++) strings = json_is_string(json_array_get(req, i));
     if (strings && !other_constraint(no, only_required)) return *names = req, 2;
-    return fail(c, "%s: 'not' is supported as {} (no value: the property is absent) and as {\"required\": [...]}%s",
-                where, "");
+    json_t *alts = json_object_get(no, "anyOf");
+    int taken = json_is_object(no) && (alts ? json_is_array(alts) && json_array_size(alts) &&
+                                                  json_array_size(alts) <= 64 && json_object_size(no) == 1
+                                            : string_taken(no));
+    for (size_t i = 0; taken && alts && i < json_array_size(alts); i++) taken = string_taken(json_array_get(alts, i));
+    if (taken) return *names = no, 3;
+    return fail(c, "%s: 'not' is supported as {} (no value: the property is absent), as {\"required\": [...]} and "
+                   "as a string's {\"pattern\": ...}, {\"enum\": [...]} or {\"const\": ...}%s", where, "");
 }
 
 static int listed_in(json_t *names, const char *key) {
@@ -456,6 +477,38 @@ static int compile_limits(compiler *c, json_t *s, int node, int integer, const c
     return node;
 }
 
+/* A string of lo to hi characters that pattern matches (NULL: any) and that `no`,
+ * a string form of `not` (not_form 3), does not take. */
+static int compile_string_except(compiler *c, json_t *pattern, json_t *no, int32_t lo, int32_t hi, const char *where) {
+    json_t *alts = json_object_get(no, "anyOf"), *one = json_pack("[O]", no);
+    json_t *forms = alts ? alts : one, *taken = json_array(), *f;
+    const char *patterns[64];
+    size_t n_patterns = 0, i;
+    int oom = !one || !taken || json_array_size(forms) > 64;
+    json_array_foreach(forms, i, f) {
+        json_t *p = json_object_get(f, "pattern"), *en = json_object_get(f, "enum"), *cst = json_object_get(f, "const");
+        if (p && n_patterns < 64) patterns[n_patterns++] = json_string_value(p);
+        if ((en && json_array_extend(taken, en)) || (cst && json_array_append(taken, cst))) oom = 1;
+    }
+    size_t n = json_array_size(taken);
+    char **texts = calloc(n ? n : 1, sizeof *texts), err[200];
+    int node = -1;
+    oom |= !texts;
+    for (i = 0; !oom && i < n; i++) oom = !(texts[i] = literal_text(json_array_get(taken, i)));
+    if (oom) {
+        api_fail(c->e, 500, NULL, NULL, "out of memory");
+    } else {
+        node = grammar_pattern_except(c->g, pattern ? json_string_value(pattern) : NULL, patterns, n_patterns,
+                                      (const char *const *)texts, n, lo, hi, err, sizeof err);
+        if (node < 0) fail(c, "%s: pattern and 'not': %s", where, err);
+    }
+    json_decref(one);
+    for (size_t i = 0; texts && i < n; i++) free(texts[i]);
+    free(texts);
+    json_decref(taken);
+    return node;
+}
+
 static int compile_type(compiler *c, json_t *s, const char *type, const char *where) {
     char err[200];
     int node;
@@ -506,6 +559,10 @@ static int compile_type(compiler *c, json_t *s, const char *type, const char *wh
         if (format && !grammar_has_format(json_string_value(format)))
             format = NULL; /* a format JSON Schema does not define is an annotation, as validators read it */
         if (pattern && format) return fail(c, "%s: format beside pattern is not supported%s", where, "");
+        json_t *no;
+        if (not_form(c, s, where, &no) != 3) no = NULL; /* (another form was refused or handled by compile) */
+        if (no && format) return fail(c, "%s: format beside 'not' is not supported%s", where, "");
+        if (no) return compile_string_except(c, pattern, no, lo, hi, where);
         if (pattern) {
             node = grammar_pattern(c->g, json_string_value(pattern), lo, hi, err, sizeof err);
             return node < 0 ? fail(c, "%s: pattern: %s", where, err) : node;
@@ -668,7 +725,16 @@ static int compile(compiler *c, json_t *s, const char *where) {
     int no = not_form(c, s, where, &forbidden);
     if (no) {
         node = no == 1 ? NEVER : no < 0 ? -1 : node;
-        if (no != 2) goto out;
+        if (no != 2 && no != 3) goto out;
+    }
+    if (no == 3) { /* a string that `not` does not take (compile_type's string) */
+        if (ref || cst || en || list_key || json_object_get(s, "allOf"))
+            fail(c, "%s: 'not' of a string beside $ref, enum, const, anyOf, oneOf or allOf is not supported%s", where, "");
+        else if (type && !type_allows(type, "string"))
+            fail(c, "%s: 'not' with a pattern, enum or const writes strings here, and type allows none%s", where, "");
+        else
+            node = compile_type(c, s, "string", where);
+        goto out;
     }
     json_t *all_of = json_object_get(s, "allOf");
     if (all_of) { /* every schema of the list holds: each merged into the rest, as anyOf's siblings are */

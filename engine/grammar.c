@@ -823,9 +823,53 @@ static uint8_t text_cost(uint8_t b) {
     return 1;
 }
 
+static regex_dfa *strings_dfa(const char *const *texts, size_t n, char *err, size_t errlen);
+
 int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t max_len, char *err, size_t errlen) {
-    regex_dfa *dfa = regex_compile(pattern, err, errlen);
+    return grammar_pattern_except(g, pattern, NULL, 0, NULL, 0, min_len, max_len, err, errlen);
+}
+
+/* *acc joined with d (both may be NULL; d is taken); 0, or -1 with err. */
+static int join_dfa(regex_dfa **acc, regex_dfa *d, char *err, size_t errlen) {
+    if (!*acc || !d) {
+        if (!*acc) *acc = d;
+        return 0;
+    }
+    regex_dfa *u = regex_union(*acc, d, err, errlen);
+    regex_free(*acc);
+    regex_free(d);
+    return (*acc = u) ? 0 : -1;
+}
+
+int grammar_pattern_except(grammar *g, const char *pattern, const char *const *except_patterns, size_t n_patterns,
+                           const char *const *except_texts, size_t n_except, int32_t min_len, int32_t max_len,
+                           char *err, size_t errlen) {
+    regex_dfa *dfa = regex_compile(pattern ? pattern : "", err, errlen), *out = NULL;
     if (!dfa) return -1;
+    if (n_patterns || n_except) {
+        size_t strings = 0;
+        for (size_t i = 0; i < n_except; i++) strings += except_texts[i][0] == '"';
+        regex_dfa *taken = NULL, *d; /* NULL at the end: only non-strings to leave out */
+        int ok = 1;
+        for (size_t i = 0; ok && i < n_patterns; i++)
+            ok = (d = regex_compile(except_patterns[i], err, errlen)) && !join_dfa(&taken, d, err, errlen);
+        if (ok && strings) ok = (d = strings_dfa(except_texts, n_except, err, errlen)) && !join_dfa(&taken, d, err, errlen);
+        if (ok && taken) {
+            out = regex_minus(dfa, taken, err, errlen);
+            if (out && regex_start(out) < 0) {
+                snprintf(err, errlen, "no string is left once 'not' takes its strings out");
+                regex_free(out);
+                out = NULL;
+            }
+            ok = out != NULL;
+        } else if (ok) {
+            out = dfa, dfa = NULL;
+        }
+        regex_free(taken);
+        regex_free(dfa);
+        if (!ok) return -1;
+        dfa = out;
+    }
     int64_t fewest, most;
     if ((min_len > 0 || max_len >= 0) && !regex_length_bounds(dfa, &fewest, &most) &&
         (fewest < min_len || (max_len >= 0 && (most < 0 || most > max_len)))) { /* the lengths cut the matches */

@@ -38,6 +38,14 @@ int grammar_has_format(const char *name);
  * ECMA-262 regular expression `pattern` matches somewhere (engine/regex.h);
  * -1 with err when it is not supported or nothing matches. */
 int grammar_pattern(grammar *g, const char *pattern, int32_t min_len, int32_t max_len, char *err, size_t errlen);
+/* As grammar_pattern (pattern NULL: any string), less the strings any of
+ * except_patterns[0..n_patterns) matches and those among the JSON texts
+ * except_texts[0..n_except) (non-strings are skipped): JSON Schema's
+ * `not: {pattern}`, `not: {enum}` and `not: {anyOf: [...]}` of them.
+ * -1 with err when not supported or no string is left. */
+int grammar_pattern_except(grammar *g, const char *pattern, const char *const *except_patterns, size_t n_patterns,
+                           const char *const *except_texts, size_t n_except, int32_t min_len, int32_t max_len,
+                           char *err, size_t errlen);
 /* Bounds number node `node`: its values <= value (upper) or >= value, or
  * strictly so when exclusive; value is a decimal text ([-]digits[.digits],
  * exact). A bounded number has no exponent; the limits tighten each other.

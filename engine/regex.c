@@ -902,7 +902,9 @@ fail:
     return NULL;
 }
 
-regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen) {
+/* The product of a and b: with minus 0 the strings either accepts (a union), with
+ * minus 1 those a accepts and b does not (a difference). */
+static regex_dfa *product(const regex_dfa *a, const regex_dfa *b, int minus, char *err, size_t errlen) {
     /* the product's byte classes: the pairs of a's and b's classes that some byte has */
     int32_t *pair_class = malloc((size_t)a->n_classes * (size_t)b->n_classes * sizeof *pair_class);
     int32_t na = a->n_states, nb = b->n_states, k = 0, class_a[256], class_b[256];
@@ -918,7 +920,7 @@ regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t
     /* states: pairs (a's state or na for none, b's state or nb for none), numbered breadth first */
     size_t pairs = (size_t)(na + 1) * (size_t)(nb + 1);
     if (pairs > (size_t)REGEX_MAX_STATES * 256)
-        return snprintf(err, errlen, "the union of these patterns is too complex"), NULL;
+        return snprintf(err, errlen, "the %s of these patterns is too complex", minus ? "difference" : "union"), NULL;
     regex_dfa *u = calloc(1, sizeof *u);
     int32_t *id = malloc(pairs * sizeof *id), *pair = malloc((size_t)REGEX_MAX_STATES * sizeof *pair);
     int32_t *next = malloc((size_t)REGEX_MAX_STATES * (size_t)k * sizeof *next);
@@ -929,19 +931,22 @@ regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t
     }
     for (size_t i = 0; i < pairs; i++) id[i] = -1;
     int32_t n = 0, sa0 = a->start >= 0 ? a->start : na, sb0 = b->start >= 0 ? b->start : nb;
-    if (sa0 < na || sb0 < nb) id[(size_t)sa0 * (size_t)(nb + 1) + (size_t)sb0] = 0, pair[n++] = sa0 * (nb + 1) + sb0;
+    if (sa0 < na || (sb0 < nb && !minus))
+        id[(size_t)sa0 * (size_t)(nb + 1) + (size_t)sb0] = 0, pair[n++] = sa0 * (nb + 1) + sb0;
     for (int32_t i = 0; i < n; i++) {
         int32_t sa = pair[i] / (nb + 1), sb = pair[i] % (nb + 1);
-        acc[i] = (sa < na && a->accepting[sa]) || (sb < nb && b->accepting[sb]);
+        int in_a = sa < na && a->accepting[sa], in_b = sb < nb && b->accepting[sb];
+        acc[i] = minus ? in_a && !in_b : in_a || in_b;
         for (int c = 0; c < k; c++) {
             int32_t ta = sa < na ? a->next[(size_t)sa * (size_t)a->n_classes + (size_t)class_a[c]] : -1;
             int32_t tb = sb < nb ? b->next[(size_t)sb * (size_t)b->n_classes + (size_t)class_b[c]] : -1;
             int32_t to = -1;
-            if (ta >= 0 || tb >= 0) {
+            if (ta >= 0 || (tb >= 0 && !minus)) {
                 size_t key = (size_t)(ta >= 0 ? ta : na) * (size_t)(nb + 1) + (size_t)(tb >= 0 ? tb : nb);
                 if (id[key] < 0) {
                     if (n == REGEX_MAX_STATES) {
-                        snprintf(err, errlen, "the union of these patterns needs more than %d states", REGEX_MAX_STATES);
+                        snprintf(err, errlen, "the %s of these patterns needs more than %d states",
+                                 minus ? "difference" : "union", REGEX_MAX_STATES);
                         goto fail;
                     }
                     id[key] = n;
@@ -960,7 +965,13 @@ regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t
     u->accepting = acc;
     free(id);
     free(pair);
-    return u; /* both were pruned: every state of the product leads to a match */
+    /* both were pruned, so every state of a union leads to a match; a difference's may
+       lead only into b */
+    if (minus && prune_dead(u)) {
+        regex_free(u);
+        return snprintf(err, errlen, "out of memory"), NULL;
+    }
+    return u;
 fail:
     free(u);
     free(id);
@@ -968,4 +979,12 @@ fail:
     free(next);
     free(acc);
     return NULL;
+}
+
+regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen) {
+    return product(a, b, 0, err, errlen);
+}
+
+regex_dfa *regex_minus(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen) {
+    return product(a, b, 1, err, errlen);
 }

@@ -38,5 +38,8 @@ regex_dfa *regex_limit_length(const regex_dfa *d, int32_t min_chars, int32_t max
 /* A new DFA of the strings a or b accepts (their product); NULL with err when out
  * of memory or past REGEX_MAX_STATES. */
 regex_dfa *regex_union(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen);
+/* A new DFA of the strings a accepts and b does not (start -1 when none is
+ * left); NULL with err when out of memory or past REGEX_MAX_STATES. */
+regex_dfa *regex_minus(const regex_dfa *a, const regex_dfa *b, char *err, size_t errlen);
 
 #endif

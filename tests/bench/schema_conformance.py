@@ -183,10 +183,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--limit", type=int, default=0, help="the first N schemas only")
+    ap.add_argument("--match", default="", help="only the schemas whose name holds this text (e.g. buildkite)")
     ap.add_argument("--json-out")
     ap.add_argument("--langchain", action="store_true", help="langchain_core's Pydantic models instead")
     args = ap.parse_args()
     schemas = collect_langchain() if args.langchain else collect()
+    schemas = [(name, schema) for name, schema in schemas if args.match in name]
     if args.limit:
         schemas = schemas[:args.limit]
     data = tempfile.mkdtemp(prefix="schema-conformance-")

@@ -355,6 +355,35 @@ TEST(grammar_not_leaves_properties_out) {
     check_refused("{\"type\":\"object\",\"not\":{\"required\":[\"x\"]}}", "needs the properties listed");
 }
 
+/* `not` of a pattern, enum or const was a 400 (SchemaStore's "not: {pattern: '^(and|or)$'}",
+ * "a string that starts with no space"): strings the pattern does not match, or that are
+ * none of the values, within the string's own pattern and lengths (a difference of DFAs). */
+TEST(grammar_not_takes_strings_out) {
+    struct {
+        const char *schema;
+        const char *yes[6], *no[6];
+    } cases[] = {
+        {"{\"type\":\"string\",\"not\":{\"pattern\":\"^(and|or)$\"}}", {"\"an\"", "\"andor\"", "\"\"", "\"Or\""},
+         {"\"and\"", "\"or\"", "1"}},
+        {"{\"not\":{\"pattern\":\"^\\\\s|\\\\s$\"},\"minLength\":1}", {"\"a b\"", "\"x\""},
+         {"\" a\"", "\"a \"", "\"\"", "null"}},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":3,\"not\":{\"enum\":[\"abc\",\"x\",7]}}",
+         {"\"ab\"", "\"abd\"", "\"y\""}, {"\"abc\"", "\"x\"", "\"abcd\"", "7", "\"A\""}},
+        {"{\"type\":[\"string\",\"null\"],\"not\":{\"const\":\"a\\\"b\"}}", {"\"a\\\"c\"", "\"ab\""},
+         {"\"a\\\"b\"", "null"}},
+        {"{\"not\":{\"type\":\"string\",\"enum\":[1,2]}}", {"\"1\"", "\"\""}, {"1", "true"}},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z-]+$\",\"not\":{\"anyOf\":[{\"pattern\":\"^ab\"},{\"enum\":[\"x\"]},"
+         "{\"pattern\":\"--\"}]}}",
+         {"\"a\"", "\"ba\"", "\"xy\"", "\"a-b\""}, {"\"ab\"", "\"abc\"", "\"x\"", "\"a--b\"", "\"A\""}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_values(cases[i].schema, cases[i].yes, cases[i].no);
+    check_refused("{\"type\":\"string\",\"enum\":[\"a\"],\"not\":{\"const\":\"a\"}}", "beside $ref, enum");
+    check_refused("{\"type\":\"string\",\"pattern\":\"^a$\",\"not\":{\"pattern\":\"a\"}}", "no string is left");
+    check_refused("{\"type\":\"integer\",\"not\":{\"pattern\":\"a\"}}", "type allows none");
+    check_refused("{\"type\":\"string\",\"format\":\"date\",\"not\":{\"pattern\":\"a\"}}", "format beside 'not'");
+    check_refused("{\"type\":\"string\",\"not\":{\"pattern\":\"(?=a)\"}}", "pattern and 'not'");
+}
+
 /* uniqueItems was a 400: an array of an enum's values (Pydantic's set[Literal[...]]) writes
  * each at most once; an array of at most one item is unique as it is. */
 TEST(grammar_unique_items_are_written_once) {
@@ -914,6 +943,8 @@ TEST(grammar_random_walks_keep_their_promises) {
         PERSON,
         "{}",
         "{\"type\":\"string\",\"minLength\":2,\"maxLength\":40}",
+        "{\"type\":\"string\",\"maxLength\":6,\"not\":{\"pattern\":\"^(and|or|a)$|^\\\\s\"}}",
+        "{\"type\":\"string\",\"pattern\":\"^[a-c]{1,3}$\",\"not\":{\"enum\":[\"a\",\"b\",\"ab\",\"abc\"]}}",
         "{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":6}",
         "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
         "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"x\",null,true,2.5]}}}]}",
