@@ -21,7 +21,7 @@ typedef struct choice {
     size_t len, cap;
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     size_t lp_sent;   /* /v1/responses streamed: the entries its deltas have sent */
-    size_t text_sent; /* a chat stream with tools (auto): the bytes of text sent as content so far */
+    size_t text_sent; /* a stream with tools (auto): the bytes of its text sent so far (stream_ready_text) */
     engine_gen_result res;
     int done, rc;
     int timed_out; /* request_timeout passed before its first token (rc is then -1) */
