@@ -20,11 +20,15 @@ def test_corpus_two_sources_both_splits_no_repeats():
     assert len(texts) == len(set(texts))
     by = collections.Counter((src, split) for src, split, _ in UNITS)
     for src in corpus.SOURCES:
-        for split in corpus.SPLITS:
+        for split in ("tune", "test"):
             assert by[(src, split)] > 100, by
+    # the held-out source (when `make longdoc-data` installed it) is all HELDOUT, and only it
+    held = {src for src, path in corpus.HELDOUT_SOURCES.items() if path.exists()}
+    assert {src for src, split, _ in UNITS if split == "heldout"} == held
+    assert all(split == "heldout" for src, split, _ in UNITS if src in held)
     # 128K tokens without repeats: English runs about 4 bytes a token in these
     # models' vocabularies; the smaller TUNE split must still hold 128K
-    for split in corpus.SPLITS:
+    for split in ("tune", "test") + (("heldout",) if held else ()):
         assert sum(len(t.encode()) for _, s, t in UNITS if s == split) > 4.0 * 131072
 
 
@@ -43,6 +47,22 @@ def test_corpus_parsers():
     ref = ("1.2.3. A heading\n\n   Some prose\n   wrapped here.\n\n"
            "   +------+-----+\n   |cmd   |what |\n   |------+-----|\n   |ls    |list |\n   +------+-----+\n")
     assert corpus.debref_units(ref) == ["Some prose wrapped here.", "cmd | what\nls | list"]
+
+
+def test_held_out_parser(tmp_path):
+    """The Python documentation's reStructuredText: prose paragraphs with their markup read
+    as text (a cross-reference as its label); headings, directives, code, field lists and
+    tables left out."""
+    (tmp_path / "howto").mkdir()
+    (tmp_path / "howto" / "x.rst.txt").write_text(
+        ".. _label:\n\nSorting HOW TO\n**************\n\n:Author: A. Person\n\n"
+        "Python lists have a built-in :meth:`list.sort` method and\nthe ``sorted`` *function*; see\n"
+        "`the guide <https://example.org>`_ and :ref:`keys <sortinghowto>`.\n\n"
+        ".. doctest::\n\n    >>> sorted([2, 1])\n    [1, 2]\n\n+---+---+\n| a | b |\n+---+---+\n\n"
+        "Basics\n======\n\nA **simple** sort.\n")
+    assert corpus.pydoc_units(tmp_path) == [
+        "Python lists have a built-in list.sort method and the sorted function; see the guide and sortinghowto.",
+        "A simple sort."]
 
 
 def test_document_needles_once_at_depth_and_no_repeated_paragraph():

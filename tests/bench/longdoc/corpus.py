@@ -13,6 +13,14 @@ hash of each unit's text puts it in the TUNE split (about a third) or the
 TEST split (the rest), so a knob tuned on TUNE documents is judged on text it
 never saw. A document is a shuffle of one split's units, cut to length: no
 paragraph appears twice in one document.
+
+A third source, held out from both splits (the HELDOUT split), checks that
+what holds on the two above holds on text of another domain and authors that
+no knob was chosen on:
+
+- python3.11-doc: the Python 3.11 documentation (PSF licence), its
+  reStructuredText sources, one unit per prose paragraph (code, directives,
+  headings and tables left out, inline markup reduced to its text).
 """
 import gzip
 import hashlib
@@ -24,7 +32,10 @@ SOURCES = {
     "jargon": pathlib.Path("/usr/share/doc/jargon-text/jargon.txt.gz"),
     "debref": pathlib.Path("/usr/share/debian-reference/debian-reference.en.txt.gz"),
 }
-SPLITS = ("tune", "test")
+HELDOUT_SOURCES = {
+    "pydoc": pathlib.Path("/usr/share/doc/python3.11/html/_sources"),
+}
+SPLITS = ("tune", "test", "heldout")
 MIN_CHARS, MAX_CHARS = 120, 2400  # a unit long enough to be prose, short enough to place needles finely
 
 
@@ -73,27 +84,56 @@ def debref_units(text):
     return units
 
 
+def _rest_text(line):
+    """A reStructuredText line's text: roles, literals, links and emphasis reduced to their words."""
+    line = re.sub(r":[\w:.-]+:`(?:[^`<]*<)?~?([^`>]*)>?`", r"\1", line)  # :func:`sorted`; :ref:`text <label>`: label
+    line = re.sub(r"`([^`<]*?)\s*<[^`>]*>`_+", r"\1", line)             # `text <url>`_
+    line = re.sub(r"``([^`]*)``", r"\1", line)
+    line = re.sub(r"`([^`]*)`_*", r"\1", line)
+    return re.sub(r"(?<!\w)\*\*?([^*]+?)\*\*?(?!\w)", r"\1", line)
+
+
+def pydoc_units(root):
+    """One unit per prose paragraph of the Python documentation's sources
+    (tutorial, how-tos, FAQ, language and library reference, what's new):
+    blank-line separated blocks that start at the margin and are not a
+    directive, a comment, a heading, a field list or a table."""
+    units = []
+    for part in ("tutorial", "howto", "faq", "reference", "library", "whatsnew"):
+        for path in sorted((root / part).glob("*.rst.txt")):
+            for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
+                lines = block.splitlines()
+                if not lines or lines[0][:1].isspace() or lines[0].startswith(("..", ":", "|", "+", ">>>")):
+                    continue
+                if any(re.match(r"^([=\-~^*#\"'+`])\1{2,}\s*$", x) for x in lines):  # a heading's rule
+                    continue
+                units.append(_squash(_rest_text(x) for x in lines))
+    return units
+
+
 def split_of(unit):
     """TUNE for about a third of the units, TEST for the rest; stable across
     machines and runs (a hash of the text, not a random draw)."""
     return "tune" if hashlib.sha1(unit.encode()).digest()[0] % 3 == 0 else "test"
 
 
-def load_units(sources=SOURCES):
-    """[(source, split, text)] of every usable unit, each text once."""
-    readers = {"jargon": jargon_units, "debref": debref_units}
+def load_units(sources=SOURCES, heldout=HELDOUT_SOURCES):
+    """[(source, split, text)] of every usable unit, each text once (the held-out
+    sources' units, read last, in the HELDOUT split; absent ones are skipped)."""
+    readers = {"jargon": jargon_units, "debref": debref_units, "pydoc": pydoc_units}
     seen, out = set(), []
-    for name, path in sources.items():
+    for name, path in {**sources, **{k: v for k, v in heldout.items() if v.exists()}}.items():
         if not path.exists():
             raise FileNotFoundError(f"{path} missing: run `make longdoc-data` (Debian package of source {name})")
-        text = gzip.open(path, "rt", encoding="utf-8", errors="replace").read()
-        for u in readers[name](text):
+        units = (readers[name](path) if path.is_dir() else
+                 readers[name](gzip.open(path, "rt", encoding="utf-8", errors="replace").read()))
+        for u in units:
             if not (MIN_CHARS <= len(u) <= MAX_CHARS) or u in seen:
                 continue
             if sum(c.isalpha() for c in u) < 0.5 * len(u):  # code listings, ASCII art
                 continue
             seen.add(u)
-            out.append((name, split_of(u), u))
+            out.append((name, "heldout" if name in heldout else split_of(u), u))
     return out
 
 

@@ -721,7 +721,7 @@ def main():
                                                               "with its memory curve, nothing else")
     ap.add_argument("--tasks", action="store_true",
                     help="the five tasks over non-repetitive natural text (corpus.py, tasks.py) into OUT/tasks.jsonl")
-    ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test)")
+    ap.add_argument("--splits", default="test", help="--tasks: corpus splits (tune, test, heldout)")
     ap.add_argument("--trials", type=int, default=5, help="--tasks: documents per (length, rotation)")
     ap.add_argument("--from-trial", type=int, default=0,
                     help="--tasks: start at this trial (0-based), so trials can be split between runs or machines")
