@@ -234,6 +234,13 @@ test-cluster: $(BUILD)/potserve model
 ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 or torn or limits \
                      or belong or slow_and_idle or snapshot_restores or without_waiting or tokenize \
                      or reliability or shutdown_grace or keep_the_connection
+# The server tests run in one pytest, a file per worker (-k matches a file's name too).
+ASAN_PYTEST_FILES := tests/py/test_server.py tests/py/test_reliability.py tests/py/test_recall.py tests/py/test_web.py \
+                     tests/py/test_tools.py tests/py/test_openai_compat.py tests/py/test_cluster.py
+ASAN_PYTEST_TESTS := ((test_server.py or test_reliability.py) and ($(ASAN_SERVER_TESTS))) \
+                     or (test_recall.py and not survives_a_restart and not spans_say) \
+                     or (test_web.py and (headers or defaults or text_maps)) \
+                     or ((test_tools.py or test_openai_compat.py) and (responses or previous or stored)) or test_cluster.py
 ASAN_PLAIN_KERNEL_UNIT := sched_ doc_snapshot_
 ASAN_PYTEST := POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 \
                $(VPY) -m pytest -q
@@ -245,11 +252,7 @@ asan: fixtures model
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests $(ASAN_PLAIN_KERNEL_UNIT:%='!%')
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests-plain-kernels \
 	  $(ASAN_PLAIN_KERNEL_UNIT)
-	$(ASAN_PYTEST) -m 'not heavy' -k '$(ASAN_SERVER_TESTS)' tests/py/test_server.py tests/py/test_reliability.py
-	$(ASAN_PYTEST) -k 'not survives_a_restart and not spans_say' tests/py/test_recall.py
-	$(ASAN_PYTEST) -k 'headers or defaults or text_maps' tests/py/test_web.py
-	$(ASAN_PYTEST) -k 'responses or previous or stored' tests/py/test_tools.py tests/py/test_openai_compat.py
-	$(ASAN_PYTEST) tests/py/test_cluster.py
+	$(ASAN_PYTEST) -n $(PYTEST_WORKERS) --dist loadfile -m 'not heavy' -k '$(ASAN_PYTEST_TESTS)' $(ASAN_PYTEST_FILES)
 
 # --- ThreadSanitizer (issue 21) -------------------------------------------------
 # The loop thread owns requests and sessions, the engine thread owns documents,
@@ -543,7 +546,7 @@ $(BUILD)/cuda_emu/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BE
 # --- long-document evaluation data and models (issue 22) ------------------------------
 # The natural haystacks' sources (tests/bench/longdoc/corpus.py), also in
 # DEB_PACKAGES for its tests; `make longdoc-data` installs just them.
-LONGDOC_DEBS := jargon-text debian-reference-en
+LONGDOC_DEBS := jargon-text debian-reference-en python3.11-doc
 longdoc-data:
 	@missing=""; for p in $(LONGDOC_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
