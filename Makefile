@@ -544,8 +544,9 @@ $(BUILD)/cuda_emu/longdoc_bench: $(BUILD)/obj/tests/bench/longdoc/longdoc.o $(BE
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
 
 # --- long-document evaluation data and models (issue 22) ------------------------------
-# The natural haystacks' sources (tests/bench/longdoc/corpus.py), also in
-# DEB_PACKAGES for its tests; `make longdoc-data` installs just them.
+# The natural haystacks' sources (tests/bench/longdoc/corpus.py): the first two
+# also in DEB_PACKAGES for its tests; python3.11-doc (the held-out source, 70 MB)
+# only here. `make longdoc-data` installs just them.
 LONGDOC_DEBS := jargon-text debian-reference-en python3.11-doc
 longdoc-data:
 	@missing=""; for p in $(LONGDOC_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
