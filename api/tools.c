@@ -415,8 +415,15 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
         return NULL;
     }
     while (json_array_size(calls) > 1 && !r->parallel_tool_calls) json_array_remove(calls, json_array_size(calls) - 1);
-    /* what is left around the calls, without surrounding whitespace */
+    /* what is left around the calls, without surrounding whitespace, nor the start of a
+       further call's tag that max_tokens cut ("<tool") */
     size_t a = 0, b = rest.n;
+    if (format_of(r->tool_format) == FORMAT_CHATML)
+        for (size_t k = sizeof "<tool_call>" - 2; k > 0; k--)
+            if (b >= k && !memcmp(rest.p + b - k, "<tool_call>", k)) {
+                b -= k;
+                break;
+            }
     while (a < b && strchr(" \t\r\n", rest.p[a])) a++;
     while (b > a && strchr(" \t\r\n", rest.p[b - 1])) b--;
     if (b > a) *content = strndup(rest.p + a, b - a);

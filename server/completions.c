@@ -22,6 +22,8 @@ typedef struct choice {
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     size_t lp_sent;   /* /v1/responses streamed: the entries its deltas have sent */
     size_t text_sent; /* a stream with tools (auto): the bytes of its text sent so far (stream_ready_text) */
+    VEC(size_t) lp_end; /* a stream with tools: where each logprobs entry's token ends in text (SIZE_MAX:
+                           its character is not whole yet, it ends with the next text) */
     engine_gen_result res;
     int done, rc;
     int timed_out; /* request_timeout passed before its first token (rc is then -1) */
@@ -122,6 +124,7 @@ void generation_free(generation *g) {
     for (int i = 0; i < g->n_choices; i++) {
         free(g->choices[i].text);
         json_decref(g->choices[i].logprobs);
+        free(g->choices[i].lp_end.v);
     }
     free(g->choices);
     free(g);
@@ -336,6 +339,16 @@ static void responses_event(generation *g, const char *type, json_t *data) {
 
 static void responses_item_added(generation *g, int index, json_t *item);
 
+/* The logprobs entries (new references, in an array) of the tokens whose text ends
+ * within the first `upto` bytes and were not sent yet; NULL without logprobs. */
+static json_t *released_logprobs(choice *c, size_t upto) {
+    if (!c->logprobs) return NULL;
+    json_t *lp = json_array();
+    while (c->lp_sent < c->lp_end.n && c->lp_end.v[c->lp_sent] <= upto)
+        json_array_append(lp, json_array_get(c->logprobs, c->lp_sent++));
+    return lp;
+}
+
 /* A stream with tools (auto) sends the answer's text as it comes, as far as it
  * is surely not the start of a call (chat: content deltas; /v1/responses: the
  * message item, opened at its first text); the calls are parsed at the end. */
@@ -344,7 +357,8 @@ static void stream_ready_text(choice *c) {
     size_t ready = api_tool_text_ready(&g->req, c->text, c->len);
     if (ready <= c->text_sent) return;
     if (!g->responses) {
-        sse_send(g->r, chunk_json(g, c->index, c->text + c->text_sent, ready - c->text_sent, 0, NULL, NULL));
+        sse_send(g->r, chunk_json(g, c->index, c->text + c->text_sent, ready - c->text_sent, 0, NULL,
+                                  released_logprobs(c, ready)));
     } else {
         if (!g->message_open) {
             json_t *open = responses_message(g->msg_id, "in_progress", NULL);
@@ -352,10 +366,11 @@ static void stream_ready_text(choice *c) {
             json_decref(open);
             g->message_open = 1;
         }
+        json_t *lp = released_logprobs(c, ready);
         responses_event(g, "response.output_text.delta",
-                        json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", g->msg_id, "output_index", 0,
+                        json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", g->msg_id, "output_index", 0,
                                   "content_index", 0, "delta", json_stringn(c->text + c->text_sent, ready - c->text_sent),
-                                  "logprobs"));
+                                  "logprobs", lp ? lp : json_array()));
     }
     c->text_sent = ready;
 }
@@ -433,11 +448,14 @@ static void on_text_event(server *s, void *arg) {
         else json_decref(lp);
     } else {
         append_text(c, ev->text, ev->n);
-        if (g->req.stream && r->conn) stream_ready_text(c);
+        if (g->req.stream) /* where the held-back tokens' text ends, and this token's */
+            for (size_t i = c->lp_end.n; ev->n && i-- > 0 && c->lp_end.v[i] == SIZE_MAX;) c->lp_end.v[i] = c->len;
         if (ev->has_lp && c->logprobs) {
             if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
             else completion_logprob_add(s, c->logprobs, &ev->lp);
+            if (g->req.stream) vec_push(&c->lp_end, ev->n ? c->len : SIZE_MAX);
         }
+        if (g->req.stream && r->conn) stream_ready_text(c);
     }
     free(ev);
 }
@@ -484,13 +502,20 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
         json_t *cut = api_cut_tool_call(&g->req, text, c->len);
         if (cut) send_tool_calls(c, cut);
         else if (c->len > c->text_sent)
-            sse_send(r, chunk_json(g, c->index, c->text + c->text_sent, c->len - c->text_sent, 0, NULL, NULL));
+            sse_send(r, chunk_json(g, c->index, c->text + c->text_sent, c->len - c->text_sent, 0, NULL,
+                                   released_logprobs(c, SIZE_MAX)));
         json_decref(cut);
         return finish;
     }
     size_t sent = content_sent(c); /* (the stream may carry whitespace the answer began with) */
-    if (content && strlen(content) > sent)
-        sse_send(r, delta_chunk(g, c->index, json_pack("{s:s}", "content", content + sent)));
+    if (content && strlen(content) > sent) {
+        /* the text before the first call with its tokens' logprobs (the calls' markup has none here) */
+        json_t *chunk = delta_chunk(g, c->index, json_pack("{s:s}", "content", content + sent));
+        json_t *lp = released_logprobs(c, api_tool_text_ready(&g->req, text, c->len));
+        if (lp) json_object_set_new(json_array_get(json_object_get(chunk, "choices"), 0), "logprobs",
+                                    json_pack("{s:o}", "content", lp));
+        sse_send(r, chunk);
+    }
     free(content);
     send_tool_calls(c, calls);
     const char *said = tool_answer_finish(calls, finish);
@@ -639,10 +664,15 @@ static void responses_stream_end(generation *g) {
             } else {
                 responses_item_added(g, (int)i, item);
             }
-            if (json_string_length(text) > sent)
+            if (json_string_length(text) > sent) { /* with its tokens' logprobs: all, or those before a call */
+                choice *c = &g->choices[0];
+                json_t *lp = released_logprobs(
+                    c, json_array_size(items) > 1 ? api_tool_text_ready(&g->req, c->text, c->len) : SIZE_MAX);
                 responses_event(g, "response.output_text.delta",
-                                json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", g->msg_id, "output_index", (int)i,
-                                          "content_index", 0, "delta", json_string_value(text) + sent, "logprobs"));
+                                json_pack("{s:s, s:i, s:i, s:s, s:o}", "item_id", g->msg_id, "output_index", (int)i,
+                                          "content_index", 0, "delta", json_string_value(text) + sent, "logprobs",
+                                          lp ? lp : json_array()));
+            }
         }
         responses_item_done(g, (int)i, item);
     }
@@ -1555,7 +1585,8 @@ static void prompt_done(request *r, void *arg) {
     }
     for (int i = 0; i < g->n_choices; i++) {
         g->choices[i] = (choice){.g = g, .index = i};
-        if (q->logprobs && (!q->stream || responses)) /* (a stream of the Responses API sends them at the end too) */
+        /* (a stream of the Responses API sends them at the end too; one with tools, as its text is released) */
+        if (q->logprobs && (!q->stream || responses || tools_active(g)))
             g->choices[i].logprobs = chat ? json_array()
                                           : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
     }

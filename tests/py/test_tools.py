@@ -192,6 +192,31 @@ def test_streamed_answers_with_tools_send_their_text_as_it_comes(client):
             assert not m.tool_calls and len(texts) > 10, texts  # (the model answers this one in words)
 
 
+def test_streamed_answers_with_tools_carry_their_tokens_logprobs(client):
+    """logprobs with tools, streamed: the chunks carried none. Now each text chunk carries its
+    tokens' entries: joined, the whole answer's (a text answer), or their start (the tokens
+    of the text before a call)."""
+    for messages in (ASK, FEW_SHOT):
+        kw = dict(model="x", messages=messages, tools=TOOLS, temperature=0, max_tokens=40, logprobs=True,
+                  top_logprobs=2)
+        whole = client.chat.completions.create(**kw)
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        streamed = [(t.token, round(t.logprob, 4)) for c in chunks if c.choices and c.choices[0].logprobs
+                    for t in c.choices[0].logprobs.content or []]
+        entries = [(t.token, round(t.logprob, 4)) for t in whole.choices[0].logprobs.content]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        if whole.choices[0].message.tool_calls:
+            assert streamed == entries[:len(streamed)] and "".join(t for t, _ in streamed).strip() == text.strip()
+        else:
+            assert streamed == entries and len(streamed) > 10, (streamed, entries)
+    r = client.responses.create(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS, temperature=0,
+                                max_output_tokens=40, include=["message.output_text.logprobs"])
+    events = list(client.responses.create(model="x", input=ASK[0]["content"], tools=RESPONSES_TOOLS, temperature=0,
+                                          max_output_tokens=40, include=["message.output_text.logprobs"], stream=True))
+    deltas = [x.token for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert deltas == [x.token for x in r.output[0].content[0].logprobs] and deltas
+
+
 def test_tool_results_continue_the_conversation(client):
     first = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=80)

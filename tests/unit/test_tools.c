@@ -98,6 +98,13 @@ TEST(tools_found_in_generated_text) {
     CHECK(content == NULL);
     free(content);
     json_decref(calls);
+    /* cut inside the next call's tag: its start is not text either (it came back as "<tool") */
+    const char *cut_in_tag = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>\n<tool";
+    calls = api_find_tool_calls(&r, cut_in_tag, strlen(cut_in_tag), &content);
+    CHECK_EQ_INT(json_array_size(calls), 1);
+    CHECK_STR(content ? content : "(null)", "(null)");
+    free(content);
+    json_decref(calls);
     /* stop strings do not cut a call the model writes itself */
     CHECK_STR(r.params.stop_guard ? r.params.stop_guard : "(null)", "<tool_call>");
     api_gen_request_free(&r);
