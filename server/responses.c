@@ -364,7 +364,8 @@ void route_responses(request *r) {
     free(r->body);
     r->body = text;
     r->body_len = r->body_cap = strlen(text);
-    if (json_is_false(store) || !r->srv->cfg.response_store_bytes) { /* (the answer says "store": false) */
+    if (!r->srv->cfg.response_store_bytes) json_object_set_new(in, "store", json_false()); /* as the answer says */
+    if (json_is_false(json_object_get(in, "store"))) {
         json_decref(conversation);
         conversation = NULL;
     }

@@ -438,6 +438,16 @@ def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
         assert followed.model_extra["session"] == sess["id"]
     finally:
         s.stop()
+    # storing off: the answer says so, and nothing is there to read or continue
+    s = Server(tmp_path / "d0", "--response-store-bytes", "0").start()
+    try:
+        c = openai_client(s)
+        r = c.responses.create(model="x", input="Hi", max_output_tokens=2)
+        assert r.store is False
+        with pytest.raises(openai.NotFoundError):
+            c.responses.create(model="x", input="Hi", max_output_tokens=2, previous_response_id=r.id)
+    finally:
+        s.stop()
 
 
 # ---- prompt cache -------------------------------------------------------------------------------
