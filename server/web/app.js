@@ -207,8 +207,14 @@
 
   // ---- sessions ------------------------------------------------------------------------------------
 
+  // Lists come back out of order (a poll's and a refresh's): one older than the list shown is dropped, or a
+  // session just picked could vanish from the page again, its selection with it.
+  let listAsked = 0, listShown = 0;
   async function loadSessions() {
+    const asked = ++listAsked;
     const list = await api('/v1/sessions');
+    if (asked < listShown) return;
+    listShown = asked;
     state.sessions = list.data.sort((a, b) => b.created - a.created);
     if (state.selected && !state.sessions.some((s) => s.id === state.selected)) state.selected = null;
     renderSessions();
@@ -1011,12 +1017,15 @@
     $('region').hidden = true;
   }
 
-  let mapBusy = false, mapNext = 0;
+  // One request at a time; one asked for meanwhile runs when it ends (dropped, a session picked while
+  // another's map was loading never showed its own).
+  let mapBusy = false, mapAgain = false, mapNext = 0;
   async function loadMap() {
     const s = state.sessions.find((x) => x.id === state.selected);
     $('map-empty').hidden = !!(s && s.tokens_ingested);
     if (!s || !s.tokens_ingested) { $('map').hidden = true; $('map-stats').replaceChildren(); }
-    if (!s || mapBusy) return;
+    if (!s) return;
+    if (mapBusy) { mapAgain = true; return; }
     const wrap = document.querySelector('.map-wrap');
     const bins = Math.max(16, Math.min(256, Math.floor(wrap.clientWidth / 5)));
     mapBusy = true;
@@ -1027,8 +1036,10 @@
       drawMap();
     } catch (e) {
       if (e.code !== 'session_busy') say('Retention map: ' + e.message);
+      else setTimeout(() => { if (state.selected === s.id) loadMap(); }, 1000 * (e.retryAfter || 1));
     } finally {
       mapBusy = false;
+      if (mapAgain) { mapAgain = false; loadMap(); }
     }
   }
 

@@ -87,8 +87,20 @@ def open_page(browser, srv, width=1280, height=860, context=None):
     # the browser logs every 4xx (the key prompt's 401, a busy session's 409): those are expected
     page.on("console", lambda m: page.errors.append(m.text)
             if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
+    page.refused = []  # the answers that were not 2xx: what a wait that times out tells
+    page.on("response", lambda r: page.refused.append(f"{r.request.method} {r.url} {r.status}") if r.status >= 300 else None)
     page.goto(srv.url + "/")
     return page
+
+
+def wait_shown(page, selector, timeout=30000):
+    """wait_for_selector that, timing out, says what the page said and which requests it was refused."""
+    try:
+        return page.wait_for_selector(selector, timeout=timeout)
+    except Exception as e:
+        said = page.eval_on_selector_all(".msg", "els => els.map(e => e.textContent)")
+        raise AssertionError(f"{selector} not shown: {e}; the page said {said}; refused: {page.refused}; "
+                             f"sessions listed: {page.eval_on_selector_all('#sessions li', 'ls => ls.map(l => l.dataset.id)')}")
 
 
 def enter_key(page, key=KEY):
@@ -270,7 +282,7 @@ def test_page_long_upload_reload_resume_chat_and_map(browser, tiny, big_doc):
     # 4. the retention map is drawn from the API's numbers
     page.click(f'#sessions li[data-id="{first["id"]}"] .pick')
     page.click("#tab-map")
-    page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=30000)
+    wait_shown(page, "#map:not([hidden])[data-bins]")
     bins = int(page.get_attribute("#map", "data-bins"))
     ret = get(tiny, f"/v1/sessions/{first['id']}/retention?bins={bins}")
     n = ret["tokens_ingested"]
@@ -976,7 +988,7 @@ def test_the_map_of_a_session_that_goes_away_goes_with_it(browser, tiny):
         assert st == 200
         page.click("#map-refresh")  # the list learns of the session
         page.click(f'#sessions li[data-id="{sid}"] .pick')
-        page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=30000)
+        wait_shown(page, "#map:not([hidden])[data-bins]")
         box = page.locator("#map").bounding_box()
         page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.wait_for_function("() => document.getElementById('region-text').textContent.length > 0", timeout=30000)
@@ -1405,7 +1417,7 @@ def test_page_pass_key_answer_and_screenshots(browser, real, tmp_path):
     assert page.is_hidden("#upload")
     page.evaluate("() => document.getElementById('messages').replaceChildren()")
     page.click("#tab-map")
-    page.wait_for_selector("#map:not([hidden])[data-bins]", timeout=60000)
+    wait_shown(page, "#map:not([hidden])[data-bins]", 60000)
     bins = int(page.get_attribute("#map", "data-bins"))
     key_at = len(get_tokens(real, before + "The pass key is 7")) - 1  # the key's first token
     col = key_at * bins // s["tokens_ingested"]
