@@ -69,8 +69,9 @@ typedef struct server_config {
     int access_log;           /* one JSON line per request on stderr (true) */
     int64_t prompt_cache_entries; /* recent sessionless prompts whose KV is reused (4; 0 = off) */
     int64_t prompt_cache_bytes;   /* their budget, held within pot_memory_limit (64M) */
-    int64_t response_store_bytes; /* /v1/responses answers kept in memory for previous_response_id
-                                     and GET /v1/responses/{id} (16M; 0 = off; server/responses.c) */
+    int64_t response_store_bytes; /* /v1/responses answers kept for previous_response_id and
+                                     GET /v1/responses/{id}: in memory, or with a shared store in
+                                     Redis for all replicas (16M; 0 = off; server/responses.c) */
     char *store;              /* session store: "dir" or redis://host:port/db (dir) */
     char *replica_name;       /* this replica's name in leases, "" = hostname:port ("") */
     int64_t lease_ms;         /* a session lease's lifetime in a shared store (3000) */

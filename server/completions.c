@@ -54,7 +54,7 @@ struct generation {
     char msg_id[48];
     int seq_no;
     json_t *output; /* its output items once the answer is done (responses_output) */
-    json_t *conversation; /* its chat messages, stored with the answer (NULL: not stored) */
+    json_t *history; /* stored with the answer: {messages, items} (NULL: not stored) */
     int message_open;     /* a stream with tools: its message item is open (stream_ready_text) */
     int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
     int rereading_asked, recall_asked; /* decided before the prompt was tokenized (prompt_work) */
@@ -115,7 +115,7 @@ void generation_free(generation *g) {
     if (g->ss) session_unref(g->ss);
     json_decref(g->responses);
     json_decref(g->output);
-    json_decref(g->conversation);
+    json_decref(g->history);
     free(g->doc_text);
     api_gen_request_free(&g->req);
     free(g->prompt);
@@ -593,11 +593,15 @@ static json_t *responses_now(generation *g, const char *status, int with_output)
     return o;
 }
 
-/* The finished response object, stored unless the request said not to. */
-static json_t *responses_final(generation *g) {
+/* The finished response, stored unless the request said not to, then sent by send. */
+static void responses_final(generation *g, void (*send)(request *r, json_t *response)) {
     json_t *o = responses_now(g, responses_status(g), 1);
-    if (o && g->conversation) responses_store(g->r, g->conversation, o);
-    return o;
+    if (!o) {
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(g->r, &e);
+    }
+    responses_keep(g->r, g->history, o, send);
 }
 
 /* The events that open an output item (a message: its text part too). */
@@ -649,6 +653,14 @@ static void responses_stream_start(generation *g) {
     json_decref(open);
 }
 
+/* The last event of a /v1/responses stream, with the response. */
+static void send_stream_end(request *r, json_t *response) {
+    const char *status = json_string_value(json_object_get(response, "status"));
+    responses_event(r->gen, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
+                    json_pack("{s:o}", "response", response));
+    stream_end(r);
+}
+
 /* The events that close it. */
 static void responses_stream_end(generation *g) {
     json_t *items = responses_output(g);
@@ -676,9 +688,7 @@ static void responses_stream_end(generation *g) {
         }
         responses_item_done(g, (int)i, item);
     }
-    responses_event(g, !strcmp(responses_status(g), "completed") ? "response.completed" : "response.incomplete",
-                    json_pack("{s:o}", "response", responses_final(g)));
-    stream_end(g->r);
+    responses_final(g, send_stream_end);
 }
 
 /* The 499 of a generation whose client left (a half-close counts as leaving). */
@@ -751,6 +761,8 @@ static json_t *choice_json(choice *c) {
     return out;
 }
 
+static void send_whole_response(request *r, json_t *response) { respond_json(r, 200, response); }
+
 static void finish_whole(generation *g) {
     request *r = g->r;
     if (g->client_left) {
@@ -766,7 +778,7 @@ static void finish_whole(generation *g) {
             if (g->choices[i].timed_out) return respond_retry(r, &e, timeout_retry_seconds(r->srv));
             return respond_error(r, &e);
         }
-    if (g->responses) return respond_json(r, 200, responses_final(g));
+    if (g->responses) return responses_final(g, send_whole_response);
     json_t *choices = json_array();
     for (int i = 0; i < g->n_choices; i++) json_array_append_new(choices, choice_json(&g->choices[i]));
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
@@ -1427,20 +1439,20 @@ static int start_recall(server *s, generation *g, api_error *e) {
 static void prompt_work(void *arg);
 static void prompt_done(request *r, void *arg);
 
-static void start_generation(request *r, int chat, json_t *responses, json_t *conversation) {
+static void start_generation(request *r, int chat, json_t *responses, json_t *history) {
     server *s = r->srv;
     api_error e;
     generation *g = calloc(1, sizeof *g);
     if (!g) {
         json_decref(responses);
-        json_decref(conversation);
+        json_decref(history);
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
     g->r = r;
     r->gen = g;
     g->responses = responses;
-    g->conversation = conversation;
+    g->history = history;
     if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e)) {
         if (responses && e.param && !strcmp(e.param, "max_tokens")) {
             e.param = "max_output_tokens";
@@ -1602,8 +1614,8 @@ static void prompt_done(request *r, void *arg) {
 
 void route_generate(request *r, int chat) { start_generation(r, chat, NULL, NULL); }
 
-void route_generate_responses(request *r, json_t *responses, json_t *conversation) {
-    start_generation(r, 1, responses, conversation);
+void route_generate_responses(request *r, json_t *responses, json_t *history) {
+    start_generation(r, 1, responses, history);
 }
 
 /* Called when the client disconnects or the server drains. */

@@ -5,10 +5,14 @@
  * completions.c, which answers with the objects and stream events built here.
  *
  * Finished responses are kept in memory (response_store_bytes, the least
- * recently used dropped first), each with its conversation as chat messages,
- * so a later request's previous_response_id continues it and
- * GET/DELETE /v1/responses/{id} reach it. Only the key that made one sees it.
- * Not durable, and not shared between replicas. */
+ * recently used dropped first), each with its conversation as chat messages
+ * and the input items that made it, so a later request's previous_response_id
+ * continues it, its item_reference input items name their items, and
+ * GET/DELETE /v1/responses/{id} and GET .../input_items reach it. Only the key
+ * that made one sees it. Not durable. With a shared store (Redis) they live
+ * there instead, for every replica: each request first fetches the entries it
+ * names into s->stored (then a scratch of that request's), and an answer is
+ * sent once its entry is stored. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,24 +46,97 @@ static int item_text(json_t *content, size_t idx, const char *field, json_t **ou
     return 0;
 }
 
-/* The chat message an input item stands for, appended to msgs: a message; a
- * function_call (the model's earlier call, joined to the assistant turn before
- * it); a function_call_output (a tool's result). Reasoning items are dropped:
- * no template here renders them, and a client may send back what another
- * server wrote. */
-static int input_item(json_t *msgs, size_t own_from, json_t *item, size_t idx, api_error *e) {
+/* The stored item `id` (an input item or an output item of a response this
+ * request's key stored; borrowed), or NULL. */
+static json_t *stored_item(request *r, const char *id) {
+    const char *rid;
+    json_t *entry, *found = NULL;
+    json_object_foreach(r->srv->stored, rid, entry) {
+        if (strcmp(json_string_value(json_object_get(entry, "owner")), r->key->owner)) continue;
+        json_t *lists[] = {json_object_get(entry, "items"), json_object_get(json_object_get(entry, "response"), "output")};
+        for (size_t l = 0; l < 2; l++) {
+            size_t i;
+            json_t *item;
+            json_array_foreach(lists[l], i, item) {
+                const char *item_id = json_string_value(json_object_get(item, "id"));
+                if (item_id && !strcmp(item_id, id)) found = item; /* (the newest entry's: the last seen) */
+            }
+        }
+    }
+    return found;
+}
+
+/* An input item as GET /v1/responses/{id}/input_items lists it, in the SDK's
+ * ResponseItem shapes: its own id or a new one, a status, a message's content
+ * as input_text parts (output_text for the assistant's). New reference. */
+static json_t *listed_item(json_t *item, const char *type) {
+    json_t *out = json_deep_copy(item);
+    json_object_set_new(out, "type", json_string(type));
+    if (!json_is_string(json_object_get(out, "id")) || !json_string_length(json_object_get(out, "id"))) {
+        char id[48];
+        random_id(id, sizeof id, !strcmp(type, "message") ? "msg_" : !strcmp(type, "function_call") ? "fc_"
+                                 : !strcmp(type, "function_call_output") ? "fco_" : "item_");
+        json_object_set_new(out, "id", json_string(id));
+    }
+    if (!strcmp(type, "reasoning")) {
+        if (!json_is_array(json_object_get(out, "summary"))) json_object_set_new(out, "summary", json_array());
+        return out;
+    }
+    if (!json_is_string(json_object_get(out, "status"))) json_object_set_new(out, "status", json_string("completed"));
+    if (strcmp(type, "message")) return out;
+    int assistant = !strcmp(json_string_value(json_object_get(out, "role")), "assistant");
+    json_t *content = json_object_get(out, "content"), *parts = json_array();
+    if (json_is_string(content)) content = json_pack("[{s:O}]", "text", content);
+    else json_incref(content);
+    size_t i;
+    json_t *p;
+    json_array_foreach(content, i, p) {
+        json_t *part = json_pack("{s:s, s:O}", "type", assistant ? "output_text" : "input_text", "text",
+                                 json_object_get(p, "text"));
+        if (assistant) json_object_set_new(part, "annotations", json_array());
+        json_array_append_new(parts, part);
+    }
+    json_decref(content);
+    json_object_set_new(out, "content", parts);
+    return out;
+}
+
+/* The chat message an input item stands for, appended to msgs, and the item as
+ * it is listed, appended to items: a message; a function_call (the model's
+ * earlier call, joined to the assistant turn before it); a function_call_output
+ * (a tool's result); an item_reference (the stored item it names). Reasoning
+ * items are listed but not sent to the model: no template here renders them,
+ * and a client may send back what another server wrote. */
+static int input_item(request *r, json_t *msgs, json_t *items, size_t own_from, json_t *item, size_t idx,
+                      api_error *e) {
     const char *type = json_string_value(json_object_get(item, "type"));
     const char *role = json_string_value(json_object_get(item, "role"));
     if (!json_is_object(item))
         return api_fail(e, 400, "invalid_value", "input", "input[%zu] must be an object", idx);
+    if (type && !strcmp(type, "item_reference")) {
+        const char *id = json_string_value(json_object_get(item, "id"));
+        json_t *named = id ? stored_item(r, id) : NULL;
+        if (!named)
+            return api_fail(e, 400, "invalid_value", "input",
+                            "input[%zu] is an item_reference to %s%s%s: no stored response of this key has that item",
+                            idx, id ? "'" : "no id", id ? id : "", id ? "'" : "");
+        const char *named_type = json_string_value(json_object_get(named, "type"));
+        if (named_type && !strcmp(named_type, "item_reference")) /* (never stored, but a loop must not be possible) */
+            return api_fail(e, 400, "invalid_value", "input", "input[%zu] names a reference", idx);
+        return input_item(r, msgs, items, own_from, named, idx, e);
+    }
     if (!type || !strcmp(type, "message")) {
         if (!role) return api_fail(e, 400, "invalid_value", "input", "input[%zu] must be a message with a role", idx);
         json_t *content = NULL;
         if (item_text(json_object_get(item, "content"), idx, "content", &content, e)) return -1;
+        json_array_append_new(items, listed_item(item, "message"));
         json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", role, "content", content));
         return 0;
     }
-    if (!strcmp(type, "reasoning")) return 0;
+    if (!strcmp(type, "reasoning")) {
+        json_array_append_new(items, listed_item(item, type));
+        return 0;
+    }
     json_t *call_id = json_object_get(item, "call_id");
     if (!json_is_string(call_id))
         return api_fail(e, 400, "invalid_value", "input", "input[%zu] (%s) must have a call_id", idx, type);
@@ -78,6 +155,7 @@ static int input_item(json_t *msgs, size_t own_from, json_t *item, size_t idx, a
         if (!calls) json_object_set_new(last, "tool_calls", calls = json_array());
         json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
                                                "function", "name", name, "arguments", args));
+        json_array_append_new(items, listed_item(item, type));
         return 0;
     }
     if (!strcmp(type, "function_call_output")) {
@@ -85,10 +163,12 @@ static int input_item(json_t *msgs, size_t own_from, json_t *item, size_t idx, a
         if (item_text(json_object_get(item, "output"), idx, "output", &output, e)) return -1;
         json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id,
                                               "content", output));
+        json_array_append_new(items, listed_item(item, type));
         return 0;
     }
     return api_fail(e, 400, "invalid_value", "input",
-                    "input[%zu] is a %s item: messages, function_call and function_call_output items are served here",
+                    "input[%zu] is a %s item: messages, function_call, function_call_output and item_reference "
+                    "items are served here",
                     idx, type);
 }
 
@@ -163,10 +243,11 @@ static int chat_logprobs(json_t *in, json_t *out, api_error *e) {
     return 0;
 }
 
-/* The chat completions body of a Responses body, after the stored conversation
- * `before` (NULL: none); *conversation: before and the input's messages (what is
- * stored with the answer). NULL + e. */
-static json_t *chat_body(json_t *in, json_t *before, json_t **conversation, api_error *e) {
+/* The chat completions body of a Responses body, after the stored response
+ * `before` (its entry; NULL: none); *history: what is stored with the answer,
+ * {"messages": before's conversation and the input's messages, "items": before's
+ * items and output, and the input's items}. NULL + e. */
+static json_t *chat_body(request *r, json_t *in, json_t *before, json_t **history, api_error *e) {
     /* what each refused field would need, said in its 400 */
     static const char *const refused[][2] = {
         {"conversation", " (send the whole conversation as input, or previous_response_id)"},
@@ -180,7 +261,7 @@ static json_t *chat_body(json_t *in, json_t *before, json_t **conversation, api_
             return NULL;
         }
     }
-    json_t *msgs = json_array(), *out = json_object();
+    json_t *msgs = json_array(), *out = json_object(), *items = json_array();
     json_t *instr = json_object_get(in, "instructions"), *input = json_object_get(in, "input");
     if (instr && !json_is_null(instr)) {
         if (!json_is_string(instr)) {
@@ -190,23 +271,28 @@ static json_t *chat_body(json_t *in, json_t *before, json_t **conversation, api_
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instr));
     }
     size_t own_from = json_array_size(msgs); /* where the conversation starts */
-    json_array_extend(msgs, before);
-    own_from += json_array_size(before);
+    json_array_extend(msgs, json_object_get(before, "conversation"));
+    own_from += json_array_size(json_object_get(before, "conversation"));
+    json_array_extend(items, json_object_get(before, "items"));
+    json_array_extend(items, json_object_get(json_object_get(before, "response"), "output"));
     if (json_is_string(input)) {
-        json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input));
+        json_t *message = json_pack("{s:s, s:O}", "role", "user", "content", input);
+        json_array_append_new(items, listed_item(message, "message"));
+        json_array_append_new(msgs, message);
     } else if (json_is_array(input) && json_array_size(input)) {
         size_t i;
         json_t *item;
         json_array_foreach(input, i, item) {
-            if (input_item(msgs, own_from, item, i, e)) goto fail;
+            if (input_item(r, msgs, items, own_from, item, i, e)) goto fail;
         }
     } else {
         api_fail(e, 400, "invalid_value", "input", "input must be a string or a non-empty array of messages");
         goto fail;
     }
-    *conversation = json_array();
+    json_t *conversation = json_array();
     for (size_t i = instr && !json_is_null(instr) ? 1 : 0; i < json_array_size(msgs); i++)
-        json_array_append(*conversation, json_array_get(msgs, i));
+        json_array_append(conversation, json_array_get(msgs, i));
+    *history = json_pack("{s:o, s:O}", "messages", conversation, "items", items);
     json_object_set_new(out, "messages", msgs);
     msgs = NULL;
     if (chat_tools(in, out, e) || chat_logprobs(in, out, e)) goto fail;
@@ -232,9 +318,11 @@ static json_t *chat_body(json_t *in, json_t *before, json_t **conversation, api_
             json_object_set(out, "response_format", fmt);
         }
     }
+    json_decref(items);
     return out;
 fail:
     json_decref(msgs);
+    json_decref(items);
     json_decref(out);
     return NULL;
 }
@@ -263,9 +351,9 @@ static void response_not_found(request *r, const char *param, const char *id) {
     respond_error(r, &e);
 }
 
-void responses_store(request *r, json_t *conversation, json_t *response) {
-    server *s = r->srv;
-    const char *id = json_string_value(json_object_get(response, "id"));
+/* The entry stored for a finished response: {owner, conversation (the
+ * history's messages and the answer's turn), items, response, bytes}. */
+static json_t *stored_entry_of(request *r, json_t *history, json_t *response) {
     json_t *turn = json_pack("{s:s, s:n}", "role", "assistant", "content"), *calls = json_array();
     size_t i;
     json_t *item;
@@ -280,26 +368,121 @@ void responses_store(request *r, json_t *conversation, json_t *response) {
     }
     if (json_array_size(calls)) json_object_set(turn, "tool_calls", calls);
     json_decref(calls);
-    json_t *conv = json_array();
-    json_array_extend(conv, conversation);
+    json_t *conv = json_array(), *items = json_object_get(history, "items");
+    json_array_extend(conv, json_object_get(history, "messages"));
     json_array_append_new(conv, turn);
-    char *a = json_dumps(conv, JSON_COMPACT), *b = json_dumps(response, JSON_COMPACT);
-    size_t bytes = (a ? strlen(a) : 0) + (b ? strlen(b) : 0);
+    char *a = json_dumps(conv, JSON_COMPACT), *b = json_dumps(response, JSON_COMPACT),
+         *c = json_dumps(items, JSON_COMPACT);
+    size_t bytes = (a ? strlen(a) : 0) + (b ? strlen(b) : 0) + (c ? strlen(c) : 0);
     free(a);
     free(b);
-    if (bytes <= (size_t)s->cfg.response_store_bytes) {
-        const char *oldest;
-        json_t *v;
-        void *tmp;
-        json_object_foreach_safe(s->stored, tmp, oldest, v) {
-            if (s->stored_bytes + bytes <= (size_t)s->cfg.response_store_bytes) break;
-            stored_drop(s, oldest);
-        }
-        json_object_set_new(s->stored, id, json_pack("{s:s, s:O, s:O, s:I}", "owner", r->key->owner, "conversation",
-                                                     conv, "response", response, "bytes", (json_int_t)bytes));
-        s->stored_bytes += bytes;
+    free(c);
+    return json_pack("{s:s, s:o, s:O, s:O, s:I}", "owner", r->key->owner, "conversation", conv, "items", items,
+                     "response", response, "bytes", (json_int_t)bytes);
+}
+
+/* Into the server's memory (a shared store: the request's scratch). */
+static void stored_put(server *s, const char *id, json_t *entry) {
+    size_t bytes = (size_t)json_integer_value(json_object_get(entry, "bytes"));
+    if (bytes > (size_t)s->cfg.response_store_bytes) return json_decref(entry);
+    const char *oldest;
+    json_t *v;
+    void *tmp;
+    stored_drop(s, id);
+    json_object_foreach_safe(s->stored, tmp, oldest, v) {
+        if (s->stored_bytes + bytes <= (size_t)s->cfg.response_store_bytes) break;
+        stored_drop(s, oldest);
     }
-    json_decref(conv);
+    json_object_set_new(s->stored, id, entry);
+    s->stored_bytes += bytes;
+}
+
+typedef struct keep_job {
+    uv_work_t work;
+    request *r;
+    json_t *response;
+    void (*send)(request *r, json_t *response);
+    char *id, *entry;
+    const char **items;
+    size_t n_items;
+    int rc;
+    char err[160];
+} keep_job;
+
+static void keep_work(uv_work_t *w) {
+    keep_job *j = w->data;
+    server *s = j->r->srv;
+    j->rc = store_response_put(s->st, j->id, j->entry, j->items, j->n_items, s->cfg.response_store_bytes, j->err,
+                               sizeof j->err);
+}
+
+static void keep_done(uv_work_t *w, int status) {
+    (void)status;
+    keep_job *j = w->data;
+    if (j->rc) { /* answered all the same, saying it is not kept */
+        fprintf(stderr, "potserve: response %s not stored: %s\n", j->id, j->err);
+        json_object_set_new(j->response, "store", json_false());
+    }
+    if (j->r->conn) j->send(j->r, j->response);
+    else json_decref(j->response);
+    request_unref(j->r);
+    for (size_t i = 0; i < j->n_items; i++) free((char *)j->items[i]);
+    free(j->items);
+    free(j->entry);
+    free(j->id);
+    free(j);
+}
+
+void responses_keep(request *r, json_t *history, json_t *response, void (*send)(request *r, json_t *response)) {
+    server *s = r->srv;
+    const char *id = json_string_value(json_object_get(response, "id"));
+    json_t *entry = history && id ? stored_entry_of(r, history, response) : NULL;
+    if (!entry) return send(r, response);
+    if (json_integer_value(json_object_get(entry, "bytes")) > s->cfg.response_store_bytes) { /* never fits */
+        json_decref(entry);
+        json_object_set_new(response, "store", json_false());
+        return send(r, response);
+    }
+    if (!store_is_shared(s->st)) {
+        stored_put(s, id, entry);
+        return send(r, response);
+    }
+    keep_job *j = calloc(1, sizeof *j);
+    json_t *lists[] = {json_object_get(entry, "items"), json_object_get(response, "output")};
+    size_t n = json_array_size(lists[0]) + json_array_size(lists[1]);
+    if (j) {
+        j->entry = json_dumps(entry, JSON_COMPACT);
+        j->id = strdup(id);
+        j->items = calloc(n ? n : 1, sizeof *j->items);
+    }
+    for (size_t l = 0; j && j->items && l < 2; l++) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(lists[l], i, item) {
+            const char *item_id = json_string_value(json_object_get(item, "id"));
+            if (item_id) j->items[j->n_items++] = strdup(item_id);
+        }
+    }
+    json_decref(entry);
+    if (!j || !j->entry || !j->id || !j->items) {
+        fprintf(stderr, "potserve: response %s not stored: out of memory\n", id);
+        json_object_set_new(response, "store", json_false());
+        if (j) {
+            for (size_t i = 0; i < j->n_items; i++) free((char *)j->items[i]);
+            free(j->items), free(j->entry), free(j->id), free(j);
+        }
+        return send(r, response);
+    }
+    j->r = r;
+    j->response = response;
+    j->send = send;
+    j->work.data = j;
+    request_ref(r);
+    if (uv_queue_work(s->loop, &j->work, keep_work, keep_done)) {
+        snprintf(j->err, sizeof j->err, "cannot queue work");
+        j->rc = -1;
+        keep_done(&j->work, 0);
+    }
 }
 
 void responses_store_free(server *s) {
@@ -308,21 +491,208 @@ void responses_store_free(server *s) {
     s->stored_bytes = 0;
 }
 
-/* GET /v1/responses/{id}: the stored response; DELETE: forgets it. */
-void route_response_id(request *r, const char *id) {
-    int get = request_reads(r), del = !strcmp(r->method, "DELETE");
-    if (!get && !del) return respond_method_not_allowed(r, "GET, HEAD, DELETE");
-    json_t *entry = stored_entry(r, id);
-    if (!entry) return response_not_found(r, NULL, id);
-    if (get) return respond_json(r, 200, json_incref(json_object_get(entry, "response")));
-    json_t *gone = json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1);
-    stored_drop(r->srv, id);
-    respond_json(r, 200, gone);
+/* GET /v1/responses/{id}/input_items: the items that made the response (its
+ * input's, and before them the earlier responses' inputs and outputs, when it
+ * continued one), a page at a time as OpenAI lists them: `order` desc (the
+ * last first) or asc, `limit` 1-100 (20), `after` an item id. */
+static void list_input_items(request *r, json_t *entry) {
+    api_error e;
+    const char *order = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "order");
+    const char *limit_arg = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "after");
+    int64_t limit = 20;
+    char err[128];
+    if (order && strcmp(order, "asc") && strcmp(order, "desc")) {
+        api_fail(&e, 400, "invalid_value", "order", "order must be asc or desc");
+        return respond_error(r, &e);
+    }
+    if (limit_arg && config_parse_int("limit", limit_arg, 1, 100, &limit, err, sizeof err)) {
+        api_fail(&e, 400, "invalid_value", "limit", "%s", err);
+        return respond_error(r, &e);
+    }
+    json_t *items = json_object_get(entry, "items");
+    size_t n = json_array_size(items), at = 0;
+    int asc = order && !strcmp(order, "asc");
+    if (after) {
+        while (at < n && strcmp(json_string_value(json_object_get(json_array_get(items, asc ? at : n - 1 - at), "id")),
+                                after))
+            at++;
+        if (at == n) {
+            api_fail(&e, 400, "invalid_value", "after", "after: the response has no input item '%s'", after);
+            return respond_error(r, &e);
+        }
+        at++;
+    }
+    json_t *data = json_array();
+    for (size_t k = at; k < n && json_array_size(data) < (size_t)limit; k++)
+        json_array_append(data, json_array_get(items, asc ? k : n - 1 - k));
+    size_t got = json_array_size(data);
+    json_t *first = json_object_get(json_array_get(data, 0), "id"), *last = json_object_get(json_array_get(data, got ? got - 1 : 0), "id");
+    respond_json(r, 200, json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data, "first_id", first,
+                                   "last_id", last, "has_more", at + got < n));
 }
 
-void route_responses(request *r) {
+/* ---- a shared store: what a request names is fetched first ------------------------------- */
+
+/* Whether id can name a stored response (what random_id makes, and more): a
+ * store key is made of it. */
+static int response_id_ok(const char *id) {
+    size_t n = strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-");
+    return n && n <= 100 && !id[n];
+}
+
+typedef struct fetch_job {
+    server *s;
+    size_t n;
+    char **ids;  /* response ids, or item ids where by_item */
+    int *by_item;
+    char **entries; /* what the store has (NULL: none) */
+    int touch_first; /* the first is continued: it becomes the most recently used */
+    int failed;
+    char err[160];
+    void (*then)(request *r);
+} fetch_job;
+
+static void fetch_job_free(fetch_job *j) {
+    for (size_t i = 0; i < j->n; i++) free(j->ids[i]), free(j->entries[i]);
+    free(j->ids);
+    free(j->by_item);
+    free(j->entries);
+    free(j);
+}
+
+static void fetch_work(void *arg) {
+    fetch_job *j = arg;
+    for (size_t i = 0; i < j->n && !j->failed; i++) {
+        int absent = 0;
+        j->entries[i] = store_response_get(j->s->st, j->ids[i], j->by_item[i], j->touch_first && i == 0, &absent,
+                                           j->err, sizeof j->err);
+        j->failed = !j->entries[i] && !absent;
+    }
+}
+
+static void fetch_done(request *r, void *arg) {
+    fetch_job *j = arg;
+    server *s = r->srv;
+    if (j->failed) {
+        api_error e;
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not answer; retry: %s", j->err);
+        respond_retry(r, &e, 1);
+        return fetch_job_free(j);
+    }
+    json_object_clear(s->stored); /* this request's scratch: what the store has now */
+    s->stored_bytes = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        json_t *entry = j->entries[i] ? json_loads(j->entries[i], 0, NULL) : NULL;
+        const char *id = json_string_value(json_object_get(json_object_get(entry, "response"), "id"));
+        if (id) stored_put(s, id, entry);
+        else json_decref(entry);
+    }
+    void (*then)(request *) = j->then;
+    fetch_job_free(j);
+    then(r);
+}
+
+/* Runs then(r) once the stored responses and items named by ids are in
+ * s->stored: at once without a shared store. */
+static void fetch_then(request *r, char **ids, int *by_item, size_t n, int touch_first, void (*then)(request *r)) {
+    if (!store_is_shared(r->srv->st) || !n) {
+        for (size_t i = 0; i < n; i++) free(ids[i]);
+        free(ids);
+        free(by_item);
+        return then(r);
+    }
+    fetch_job *j = calloc(1, sizeof *j);
+    char **entries = calloc(n, sizeof *entries);
+    if (!j || !entries) {
+        free(j);
+        free(entries);
+        for (size_t i = 0; i < n; i++) free(ids[i]);
+        free(ids);
+        free(by_item);
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    *j = (fetch_job){.s = r->srv, .n = n, .ids = ids, .by_item = by_item, .entries = entries,
+                     .touch_first = touch_first, .then = then};
+    request_work(r, 1, fetch_work, fetch_done, j);
+}
+
+/* ---- GET and DELETE /v1/responses/{id}, GET .../input_items ------------------------------ */
+
+/* The id in a path "{id}" or "{id}/input_items". */
+static void path_id(const char *path, char id[128]) {
+    const char *slash = strchr(path, '/');
+    snprintf(id, 128, "%.*s", slash ? (int)(slash - path) : (int)strlen(path), path);
+}
+
+typedef struct forget_job {
+    server *s;
+    char id[128];
+    int rc;
+    char err[160];
+} forget_job;
+
+static void forget_work(void *arg) {
+    forget_job *j = arg;
+    j->rc = store_response_delete(j->s->st, j->id, j->err, sizeof j->err);
+}
+
+static void forget_done(request *r, void *arg) {
+    forget_job *j = arg;
     api_error e;
-    json_t *in = api_parse_object(r->body, r->body_len, &e), *before = NULL, *conversation = NULL;
+    if (j->rc < 0) {
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the deletion; retry: %s", j->err);
+        respond_retry(r, &e, 1);
+    } else {
+        respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", j->id, "object", "response", "deleted", 1));
+    }
+    free(j);
+}
+
+static void answer_response_id(request *r) {
+    const char *path = r->url + strlen("/v1/responses/");
+    char id[128];
+    path_id(path, id);
+    json_t *entry = stored_entry(r, id);
+    if (!entry) return response_not_found(r, NULL, id);
+    if (strchr(path, '/')) return list_input_items(r, entry);
+    if (request_reads(r)) return respond_json(r, 200, json_incref(json_object_get(entry, "response")));
+    stored_drop(r->srv, id);
+    forget_job *j = store_is_shared(r->srv->st) ? calloc(1, sizeof *j) : NULL;
+    if (!j) return respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+    j->s = r->srv;
+    snprintf(j->id, sizeof j->id, "%s", id);
+    request_work(r, 1, forget_work, forget_done, j);
+}
+
+/* GET /v1/responses/{id}: the stored response; DELETE: forgets it;
+ * GET /v1/responses/{id}/input_items (path "{id}/input_items"). */
+void route_response_id(request *r, const char *path) {
+    int get = request_reads(r), del = !strcmp(r->method, "DELETE");
+    if (strchr(path, '/') && !get) return respond_method_not_allowed(r, "GET, HEAD");
+    if (!get && !del) return respond_method_not_allowed(r, "GET, HEAD, DELETE");
+    char id[128];
+    path_id(path, id);
+    if (!response_id_ok(id)) return response_not_found(r, NULL, id);
+    char **ids = malloc(sizeof *ids);
+    int *by_item = calloc(1, sizeof *by_item);
+    if (ids) ids[0] = strdup(id);
+    if (!ids || !by_item || !ids[0]) {
+        if (ids) free(ids[0]);
+        free(ids);
+        free(by_item);
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    fetch_then(r, ids, by_item, 1, 0, answer_response_id);
+}
+
+static void answer_responses(request *r) {
+    api_error e;
+    json_t *in = api_parse_object(r->body, r->body_len, &e), *before = NULL, *history = NULL;
     json_t *prev = json_object_get(in, "previous_response_id"), *store = json_object_get(in, "store");
     if (store && !json_is_null(store) && !json_is_boolean(store)) {
         api_fail(&e, 400, "invalid_type", "store", "store must be a boolean");
@@ -341,7 +711,7 @@ void route_responses(request *r) {
             json_decref(in);
             return;
         }
-        before = json_incref(json_object_get(entry, "conversation"));
+        before = json_incref(entry);
         /* a conversation over a session goes on over it, unless the request names one */
         json_t *sid = json_object_get(json_object_get(entry, "response"), "session");
         if (sid && !json_object_get(in, "session") &&
@@ -351,13 +721,13 @@ void route_responses(request *r) {
         json_object_del(r->srv->stored, id);
         json_object_set_new(r->srv->stored, id, entry);
     }
-    json_t *body = in ? chat_body(in, before, &conversation, &e) : NULL;
+    json_t *body = in ? chat_body(r, in, before, &history, &e) : NULL;
     json_decref(before);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     if (!text) {
         json_decref(in);
-        json_decref(conversation);
+        json_decref(history);
         if (body) api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
@@ -366,10 +736,46 @@ void route_responses(request *r) {
     r->body_len = r->body_cap = strlen(text);
     if (!r->srv->cfg.response_store_bytes) json_object_set_new(in, "store", json_false()); /* as the answer says */
     if (json_is_false(json_object_get(in, "store"))) {
-        json_decref(conversation);
-        conversation = NULL;
+        json_decref(history);
+        history = NULL;
     }
-    route_generate_responses(r, in, conversation);
+    route_generate_responses(r, in, history);
+}
+
+/* The stored responses and items a Responses body names: previous_response_id
+ * (first) and its input's item_reference ids. */
+static size_t named_in_body(request *r, char ***ids_out, int **by_item_out) {
+    json_t *in = json_loadb(r->body, r->body_len, 0, NULL);
+    json_t *prev = json_object_get(in, "previous_response_id"), *input = json_object_get(in, "input");
+    size_t cap = 1 + json_array_size(input), n = 0;
+    char **ids = calloc(cap, sizeof *ids);
+    int *by_item = calloc(cap, sizeof *by_item);
+    if (ids && by_item) {
+        /* (out of memory, an id is not fetched: not found) */
+        if (json_is_string(prev) && response_id_ok(json_string_value(prev)) &&
+            (ids[n] = strdup(json_string_value(prev))))
+            n++;
+        size_t i;
+        json_t *item;
+        json_array_foreach(input, i, item) {
+            const char *type = json_string_value(json_object_get(item, "type"));
+            const char *id = json_string_value(json_object_get(item, "id"));
+            if (type && !strcmp(type, "item_reference") && id && strlen(id) <= 256 && (ids[n] = strdup(id)))
+                by_item[n++] = 1;
+        }
+    }
+    json_decref(in);
+    *ids_out = ids;
+    *by_item_out = by_item;
+    return n;
+}
+
+void route_responses(request *r) {
+    if (!store_is_shared(r->srv->st)) return answer_responses(r);
+    char **ids = NULL;
+    int *by_item = NULL;
+    size_t n = named_in_body(r, &ids, &by_item);
+    fetch_then(r, ids, by_item, n, n && !by_item[0] /* a previous_response_id: continued */, answer_responses);
 }
 
 /* ---- what the route answers ---------------------------------------------------------- */

@@ -430,7 +430,11 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
     if (!strcmp(url, "/v1/server")) return "/v1/server";
     if (!strcmp(url, "/v1/responses")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/responses";
-    if (!strncmp(url, "/v1/responses/", 14) && url[14] && !strchr(url + 14, '/')) return "/v1/responses/{id}";
+    if (!strncmp(url, "/v1/responses/", 14) && url[14] && url[14] != '/') {
+        const char *slash = strchr(url + 14, '/');
+        if (!slash) return "/v1/responses/{id}";
+        if (!strcmp(slash, "/input_items")) return "/v1/responses/{id}/input_items";
+    }
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
@@ -459,7 +463,7 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : respond_method_not_allowed(r, "POST");
-    if (!strcmp(rt, "/v1/responses/{id}")) return route_response_id(r, r->url + strlen("/v1/responses/"));
+    if (!strncmp(rt, "/v1/responses/{id}", 18)) return route_response_id(r, r->url + strlen("/v1/responses/"));
     if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/sessions", 12))

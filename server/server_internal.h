@@ -220,18 +220,22 @@ void route_web(request *r);
 /* ---- generation (completions.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
 /* /v1/responses once responses.c has turned r->body into a chat body;
- * takes `responses` (the original body, echoed in the answer) and
- * `conversation` (its chat messages to store with the answer; NULL: not stored). */
-void route_generate_responses(request *r, json_t *responses, json_t *conversation);
+ * takes `responses` (the original body, echoed in the answer) and `history`
+ * (what is stored with the answer, see responses_keep; NULL: not stored). */
+void route_generate_responses(request *r, json_t *responses, json_t *history);
 
 /* ---- /v1/responses (responses.c) --------------------------------------------------- */
 void route_responses(request *r);
-/* GET and DELETE /v1/responses/{id}. */
-void route_response_id(request *r, const char *id);
-/* Keeps a finished response (borrowed) with its conversation (borrowed: the chat
- * messages before the answer) for previous_response_id, under the request's key;
- * the least recently used go past response_store_bytes. */
-void responses_store(request *r, json_t *conversation, json_t *response);
+/* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items (path: what follows /v1/responses/). */
+void route_response_id(request *r, const char *path);
+/* Keeps a finished response with its history (borrowed: {"messages": the chat
+ * messages before the answer, "items": the input items that made it, the
+ * earlier responses' too}; NULL: not kept) for previous_response_id,
+ * item_reference and input_items, under the request's key (the least recently
+ * used go past response_store_bytes), then calls send(r, response), which
+ * takes the response: at once, or once a shared store has it (said "store":
+ * false when it could not). */
+void responses_keep(request *r, json_t *history, json_t *response, void (*send)(request *r, json_t *response));
 void responses_store_free(server *s);
 /* The Responses API's usage from a chat usage object (borrowed); new reference. */
 json_t *responses_usage(json_t *chat_usage);
@@ -293,8 +297,8 @@ struct server {
     int answers_running;
     generation *answers_waiting, *answers_waiting_last; /* their turn comes in this order */
     int n_answers_waiting;
-    /* stored /v1/responses answers (responses.c): id -> {owner, conversation, response,
-       bytes}, the least recently used first; stored_bytes their size */
+    /* stored /v1/responses answers (responses.c): id -> {owner, conversation, items,
+       response, bytes}, the least recently used first; stored_bytes their size */
     json_t *stored;
     size_t stored_bytes;
     /* live requests, and every open connection (router.c) */

@@ -257,6 +257,25 @@ void store_lease_release(store *st, const char *id, const char *token) {
     if (st->redis) redis_lease_release(st, id, token);
 }
 
+/* ---- stored responses (Redis only) ---- */
+
+int store_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
+                       int64_t max_bytes, char *err, size_t errlen) {
+    if (st->redis) return redis_response_put(st, id, entry, items, n_items, max_bytes, err, errlen);
+    return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
+}
+
+char *store_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen) {
+    if (st->redis) return redis_response_get(st, id, by_item, touch, absent, err, errlen);
+    set_err(err, errlen, "store: responses are kept in a shared store only");
+    return NULL;
+}
+
+int store_response_delete(store *st, const char *id, char *err, size_t errlen) {
+    if (st->redis) return redis_response_delete(st, id, err, errlen);
+    return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
+}
+
 /* ---- the chunk log ---- */
 
 store_log *store_log_open(store *st, const char *id, const char *token, int *damaged, char *err,

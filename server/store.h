@@ -121,6 +121,26 @@ int store_log_fenced(const store_log *l);
  * whole there, and a later replay may read it (dir: 0). */
 int store_log_unreachable(const store_log *l);
 
+/* ---- stored /v1/responses (a shared store only: Redis; server/responses.c
+ * keeps them in its memory otherwise) ----
+ *   potserve:r:<id>        string: the stored entry (JSON)
+ *   potserve:r:<id>:items  set: the ids of its items (input and output)
+ *   potserve:r:item        hash: item id -> the last stored response holding it
+ *   potserve:r:lru         sorted set: response ids by their last use (a counter)
+ *   potserve:r:clock       integer: that counter
+ *   potserve:r:bytes       integer: the entries' total size
+ * All in one script per call, so the total stays the sum of the entries. */
+/* Stores response id's entry (JSON text) with the ids of its items, then drops
+ * the least recently used entries while all of them pass max_bytes. -1 + err. */
+int store_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
+                       int64_t max_bytes, char *err, size_t errlen);
+/* The entry of response id (by_item: of the last stored response holding item
+ * id), the caller frees; touch: it becomes the most recently used. NULL and
+ * *absent = 1 when none, NULL + err when the store did not answer. */
+char *store_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen);
+/* Forgets response id: 1, 0 when it was not stored, -1 + err. */
+int store_response_delete(store *st, const char *id, char *err, size_t errlen);
+
 /* ---- snapshots ---- */
 /* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)
  * and removes the file; dir: nothing to do (path is in the session's

@@ -37,6 +37,10 @@ int redis_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
 void redis_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
                        int *out);
 void redis_lease_release(store *st, const char *id, const char *token);
+int redis_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
+                       int64_t max_bytes, char *err, size_t errlen);
+char *redis_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen);
+int redis_response_delete(store *st, const char *id, char *err, size_t errlen);
 
 redis_log *redis_log_open(store *st, const char *id, const char *token, char *err, size_t errlen);
 redis_log *redis_log_copy(const redis_log *l, char *err, size_t errlen);

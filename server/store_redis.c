@@ -352,6 +352,97 @@ void redis_lease_release(store *st, const char *id, const char *token) {
 
 /* ---- the log ---- */
 
+/* ---- stored responses ---------------------------------------------------------------------- */
+
+/* drop(rid): forgets a stored response, its items' names where they are its
+ * own, and its size; the total left. (Other entries' keys are named here, not
+ * in KEYS: a single Redis, as everywhere in this store.) */
+#define RESPONSE_DROP_FN                                                                                 \
+    "local function drop(rid) local k = 'potserve:r:' .. rid local size = redis.call('STRLEN', k) "       \
+    "for _, item in ipairs(redis.call('SMEMBERS', k .. ':items')) do "                                    \
+    "if redis.call('HGET', KEYS[3], item) == rid then redis.call('HDEL', KEYS[3], item) end end "         \
+    "redis.call('DEL', k, k .. ':items') redis.call('ZREM', KEYS[4], rid) "                               \
+    "return redis.call('DECRBY', KEYS[5], size) end "
+
+/* KEYS: entry, its items, potserve:r:item, :lru, :bytes, :clock; ARGV: id,
+ * entry, max_bytes, item ids... */
+static const char RESPONSE_PUT_SCRIPT[] =
+    RESPONSE_DROP_FN
+    "if redis.call('EXISTS', KEYS[1]) == 1 then drop(ARGV[1]) end "
+    "redis.call('SET', KEYS[1], ARGV[2]) "
+    "for i = 4, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end "
+    "redis.call('ZADD', KEYS[4], redis.call('INCR', KEYS[6]), ARGV[1]) "
+    "local total = redis.call('INCRBY', KEYS[5], string.len(ARGV[2])) "
+    "while total > tonumber(ARGV[3]) do "
+    "local oldest = redis.call('ZRANGE', KEYS[4], 0, 0)[1] "
+    "if not oldest or oldest == ARGV[1] then break end total = drop(oldest) end "
+    "return total";
+
+int redis_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
+                       int64_t max_bytes, char *err, size_t errlen) {
+    char k[2][128], max[24];
+    snprintf(k[0], sizeof k[0], "potserve:r:%s", id);
+    snprintf(k[1], sizeof k[1], "potserve:r:%s:items", id);
+    snprintf(max, sizeof max, "%lld", (long long)max_bytes);
+    size_t argc = 12 + n_items;
+    const char **argv = malloc(argc * sizeof *argv);
+    size_t *lens = malloc(argc * sizeof *lens);
+    if (!argv || !lens) {
+        free(argv);
+        free(lens);
+        return set_err(err, errlen, "out of memory"), -1;
+    }
+    const char *head[] = {"EVAL", RESPONSE_PUT_SCRIPT, "6", k[0], k[1], "potserve:r:item", "potserve:r:lru",
+                          "potserve:r:bytes", "potserve:r:clock", id, entry, max};
+    for (size_t i = 0; i < 12; i++) argv[i] = head[i];
+    for (size_t i = 0; i < n_items; i++) argv[12 + i] = items[i];
+    for (size_t i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
+    redisReply *r = command(st, (int)argc, argv, lens, err, errlen);
+    free(argv);
+    free(lens);
+    if (r) freeReplyObject(r);
+    return r ? 0 : -1;
+}
+
+/* KEYS: potserve:r:item, :lru, :clock; ARGV: id, by_item, touch */
+static const char RESPONSE_GET_SCRIPT[] =
+    "local rid = ARGV[1] "
+    "if ARGV[2] == '1' then rid = redis.call('HGET', KEYS[1], ARGV[1]) if not rid then return false end end "
+    "local e = redis.call('GET', 'potserve:r:' .. rid) "
+    "if not e then return false end "
+    "if ARGV[3] == '1' then redis.call('ZADD', KEYS[2], 'XX', redis.call('INCR', KEYS[3]), rid) end "
+    "return e";
+
+char *redis_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen) {
+    const char *argv[] = {"EVAL", RESPONSE_GET_SCRIPT, "3", "potserve:r:item", "potserve:r:lru", "potserve:r:clock",
+                          id, by_item ? "1" : "0", touch ? "1" : "0"};
+    redisReply *r = command_str(st, 9, argv, err, errlen);
+    if (!r) return NULL;
+    char *entry = NULL;
+    if (r->type == REDIS_REPLY_STRING) {
+        if (!(entry = strndup(r->str, r->len))) set_err(err, errlen, "out of memory");
+    } else {
+        *absent = 1;
+    }
+    freeReplyObject(r);
+    return entry;
+}
+
+/* KEYS: (none of its own), (none), potserve:r:item, :lru, :bytes; ARGV: id */
+static const char RESPONSE_DELETE_SCRIPT[] =
+    RESPONSE_DROP_FN "if redis.call('EXISTS', 'potserve:r:' .. ARGV[1]) == 0 then return 0 end "
+                     "drop(ARGV[1]) return 1";
+
+int redis_response_delete(store *st, const char *id, char *err, size_t errlen) {
+    const char *argv[] = {"EVAL", RESPONSE_DELETE_SCRIPT, "5", "potserve:r:none", "potserve:r:none",
+                          "potserve:r:item", "potserve:r:lru", "potserve:r:bytes", id};
+    redisReply *r = command_str(st, 9, argv, err, errlen);
+    if (!r) return -1;
+    int gone = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    return gone;
+}
+
 static void header_put(unsigned char *h, const chunk_log_entry *e) {
     memset(h, 0, HEADER_BYTES);
     memcpy(h, HEADER_MAGIC, 4);

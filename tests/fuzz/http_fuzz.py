@@ -361,6 +361,8 @@ def responses_template(rng, sid, prev):
              {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'},
              {"type": "reasoning", "summary": []},
              {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
+    if prev and rng.random() < 0.3:  # a stored item or none: an id as found in responses' outputs
+        turns.insert(1, {"type": "item_reference", "id": rng.choice(["msg_none", "fc_x" * 50, prev])})
     body = {"input": rng.choice(["Hi", turns]), "instructions": "Be brief.",
             "max_output_tokens": rng.choice([1, 2, 4]), "temperature": 0}
     if rng.random() < 0.5:
@@ -538,7 +540,9 @@ def gen_json_route(rng, pool):
         r = build(rng, "json", "POST", "/v1/responses", json_body(rng, responses_template(rng, sid, prev)))
         r.generation = True
     elif route == "response_id":
-        r = build(rng, "json", rng.choice(["GET", "DELETE", "HEAD", "POST"]), f"/v1/responses/{prev}", b"")
+        tail = rng.choice(["", "", "/input_items", "/input_items?order=asc&limit=2", "/input_items?after=%00&limit=-1",
+                           "/input_items/x"])
+        r = build(rng, "json", rng.choice(["GET", "DELETE", "HEAD", "POST"]), f"/v1/responses/{prev}{tail}", b"")
     elif route == "create":
         body = json_body(rng, SESSION_TEMPLATE)
         r = build(rng, "json", "POST", "/v1/sessions", body)

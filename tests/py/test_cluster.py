@@ -676,3 +676,61 @@ def test_redis_url_with_a_password(tmp_path, redis):
         p = run("serve", "--store", spec, "--data-dir", tmp_path / "b", "--port", "0")
         err = p.stderr.decode()
         assert p.returncode != 0 and why in err and "wrong" not in err, err
+
+
+def test_stored_responses_are_every_replicas(tmp_path, redis):
+    """With the Redis store a stored /v1/responses answer is in Redis before the client has it, so
+    a chain whose requests reach other replicas goes on (previous_response_id, item_reference,
+    GET, input_items, DELETE), other keys still do not see it, and the entries of all replicas
+    together stay within response_store_bytes (the least recently used dropped first)."""
+    import openai
+    from server_util import openai_client
+    keys = tmp_path / "keys"
+    keys.write_text("key-one-0123456789 one\nkey-two-0123456789 two\n")
+    flags = ("--api-keys-file", keys, "--response-store-bytes", "12K")
+    a = replica(tmp_path / "a", redis, "a", *flags).start()
+    b = replica(tmp_path / "b", redis, "b", *flags).start()
+    try:
+        on_a, on_b = (openai_client(s, "key-one-0123456789") for s in (a, b))
+        first = on_a.responses.create(model="x", input="My name is Ada. Say hi.", max_output_tokens=12, temperature=0)
+        assert first.store is True and redis.cli("EXISTS", f"potserve:r:{first.id}") == "1"
+        second = on_b.responses.create(model="x", previous_response_id=first.id, input="What is my name?",
+                                       max_output_tokens=12, temperature=0)
+        whole = on_a.responses.create(model="x", max_output_tokens=12, temperature=0, store=False, input=[
+            {"role": "user", "content": "My name is Ada. Say hi."}, {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "What is my name?"}])
+        assert (second.usage.input_tokens, second.output_text) == (whole.usage.input_tokens, whole.output_text)
+        assert on_b.responses.retrieve(first.id).output_text == first.output_text
+        assert [i.id for i in on_a.responses.input_items.list(second.id)][1] == first.output[0].id
+        by_ref = on_b.responses.create(model="x", max_output_tokens=12, temperature=0, input=[
+            {"role": "user", "content": "My name is Ada. Say hi."}, {"type": "item_reference", "id": first.output[0].id},
+            {"role": "user", "content": "What is my name?"}])
+        assert by_ref.usage.input_tokens == whole.usage.input_tokens
+        two = openai_client(b, "key-two-0123456789")
+        with pytest.raises(openai.NotFoundError):
+            two.responses.retrieve(first.id)
+        st, body, _ = b.request("DELETE", f"/v1/responses/{first.id}", headers={"Authorization": "Bearer key-one-0123456789"})
+        assert st == 200 and body["deleted"] is True
+        with pytest.raises(openai.NotFoundError):
+            on_a.responses.retrieve(first.id)
+        assert redis.cli("EXISTS", f"potserve:r:{first.id}") == "0"
+        assert redis.cli("HGET", "potserve:r:item", first.output[0].id) in ("", by_ref.id)  # (by_ref lists it too)
+        # both replicas' entries share the budget: the oldest go, the total stays within it
+        made = [(on_a if i % 2 else on_b).responses.create(model="x", input=f"Count to {i}.", max_output_tokens=4)
+                for i in range(16)]
+        total = int(redis.cli("GET", "potserve:r:bytes"))
+        sizes = [int(redis.cli("STRLEN", f"potserve:r:{k}")) for k in redis.cli("ZRANGE", "potserve:r:lru", 0, -1).split()]
+        assert total == sum(sizes) <= 12 * 1024, (total, sizes)
+        kept = [redis.cli("EXISTS", f"potserve:r:{r.id}") == "1" for r in made]
+        assert kept[-1] and not kept[0] and kept == sorted(kept), kept  # the newest kept, the oldest gone
+        # Redis down: what needs it is a 503 to retry, not a 404
+        redis.stop()
+        with pytest.raises(openai.InternalServerError) as ei:
+            on_b.responses.retrieve(made[-1].id)
+        assert ei.value.status_code == 503 and ei.value.body["code"] == "store_unavailable"
+        st, body, _ = a.request("POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 2},
+                                headers={"Authorization": "Bearer key-one-0123456789"})
+        assert st == 200 and body["store"] is False, body  # answered, and says it was not kept
+    finally:
+        a.stop()
+        b.stop()

@@ -401,6 +401,55 @@ def test_previous_response_id_continues_the_conversation(srv, client):
     assert st == 405 and "DELETE" in hdrs["Allow"]
 
 
+def test_input_items_list_what_made_the_response_and_item_references_name_them(srv, client):
+    """GET /v1/responses/{id}/input_items (the SDK's input_items.list) lists the items that made a
+    response, the earlier responses' inputs and outputs too when it continued one, newest first, a
+    page at a time; an item_reference input item stands for the stored item it names (the same
+    prompt as sending the item itself), as Codex-like clients send back calls they were given."""
+    from openai.types.responses import ResponseItem
+    from pydantic import TypeAdapter
+    items_of = TypeAdapter(ResponseItem)
+    first = client.responses.create(model="x", input=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "input_text", "text": "Hi."}]}],
+        max_output_tokens=8, temperature=0)
+    second = client.responses.create(model="x", previous_response_id=first.id, input="And again?",
+                                     max_output_tokens=8, temperature=0)
+    listed = list(client.responses.input_items.list(second.id))  # desc: the last first
+    kinds = [(i.type, getattr(i, "role", None)) for i in listed]
+    assert kinds == [("message", "user"), ("message", "assistant"), ("message", "user"), ("message", "system")], kinds
+    assert listed[0].content[0].text == "And again?" and listed[1].id == first.output[0].id
+    assert listed[1].content[0].text == first.output_text and listed[3].content[0].type == "input_text"
+    st, raw, _ = srv.request("GET", f"/v1/responses/{second.id}/input_items?order=asc&limit=3", headers=auth())
+    assert st == 200 and raw["object"] == "list" and raw["has_more"] is True and len(raw["data"]) == 3
+    assert [d["id"] for d in raw["data"]] == [i.id for i in reversed(listed)][:3]
+    assert (raw["first_id"], raw["last_id"]) == (raw["data"][0]["id"], raw["data"][2]["id"])
+    for d in raw["data"]:
+        items_of.validate_python(d, strict=False)
+    st, rest, _ = srv.request("GET", f"/v1/responses/{second.id}/input_items?order=asc&limit=3&after={raw['last_id']}",
+                              headers=auth())
+    assert st == 200 and [d["id"] for d in rest["data"]] == [listed[0].id] and rest["has_more"] is False
+    for d in rest["data"]:
+        items_of.validate_python(d, strict=False)
+    for q, param in [("order=up", "order"), ("limit=0", "limit"), ("limit=101", "limit"), ("after=msg_nope", "after")]:
+        st, err, _ = srv.request("GET", f"/v1/responses/{second.id}/input_items?{q}", headers=auth())
+        assert st == 400 and err["error"]["param"] == param, (q, err)
+    assert srv.request("GET", "/v1/responses/resp_nope/input_items", headers=auth())[0] == 404
+    assert srv.request("DELETE", f"/v1/responses/{second.id}/input_items", headers=auth())[0] == 405
+
+    # an item_reference to the first answer's message: the same prompt as the message itself
+    said = {"role": "assistant", "content": first.output_text}
+    by_ref = client.responses.create(model="x", max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": "Hi."}, {"type": "item_reference", "id": first.output[0].id},
+        {"role": "user", "content": "And again?"}])
+    inline = client.responses.create(model="x", max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": "Hi."}, said, {"role": "user", "content": "And again?"}])
+    assert (by_ref.usage.input_tokens, by_ref.output_text) == (inline.usage.input_tokens, inline.output_text)
+    assert list(client.responses.input_items.list(by_ref.id))[1].id == first.output[0].id
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", input=[{"type": "item_reference", "id": "fc_nowhere"}], max_output_tokens=2)
+    assert ei.value.body["param"] == "input" and "fc_nowhere" in ei.value.body["message"]
+
+
 def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
     """Another key neither reads nor continues a response; the least recently used go first
     past response_store_bytes; a conversation over a session goes on over it."""

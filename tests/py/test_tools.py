@@ -381,6 +381,14 @@ def test_responses_tool_turns_are_the_chat_conversation(client):
     assert r.usage.input_tokens == c.usage.prompt_tokens > first.usage.input_tokens + 20
     text = "".join(p.text for o in r.output if o.type == "message" for p in o.content)
     assert text == (c.choices[0].message.content or "")
+    # the call named by an item_reference (as Codex-like clients send it back): the same prompt
+    by_ref = client.responses.create(model="x", tools=RESPONSES_TOOLS, temperature=0, max_output_tokens=30, input=[
+        {"role": "user", "content": ASK[0]["content"]}, {"type": "item_reference", "id": call.id},
+        {"type": "function_call_output", "call_id": call.call_id, "output": result}])
+    assert by_ref.usage.input_tokens == r.usage.input_tokens
+    listed = list(client.responses.input_items.list(by_ref.id, order="asc"))
+    assert [i.type for i in listed] == ["message", "function_call", "function_call_output"]
+    assert (listed[1].id, listed[1].arguments, listed[2].output) == (call.id, call.arguments, result)
 
 
 def test_responses_tool_errors_are_400s(client):
