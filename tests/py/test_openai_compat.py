@@ -401,7 +401,7 @@ def test_previous_response_id_continues_the_conversation(srv, client):
     assert st == 405 and "DELETE" in hdrs["Allow"]
 
 
-def test_input_items_list_what_made_the_response_and_item_references_name_them(srv, client):
+def test_responses_input_items_list_what_made_them_and_item_references_name_them(srv, client):
     """GET /v1/responses/{id}/input_items (the SDK's input_items.list) lists the items that made a
     response, the earlier responses' inputs and outputs too when it continued one, newest first, a
     page at a time; an item_reference input item stands for the stored item it names (the same
