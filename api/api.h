@@ -173,6 +173,13 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
  * call comes, begins with them, less any whitespace before them). Whitespace
  * at their end waits, as it would be trimmed before a call. 0 with other choices. */
 size_t api_tool_text_ready(const api_gen_request *r, const char *text, size_t len);
+/* The call tool_choice required or named forces, as far as text has come: the
+ * tool's name once sure (NULL before, or when no call is forced), where its
+ * arguments start (*args_at) and how many bytes of them are written
+ * (*args_len: through their closing brace once written, *whole then 1; never
+ * the call's end after them). A stream sends the arguments as they come. */
+const char *api_forced_call_progress(const api_gen_request *r, const char *text, size_t len, size_t *args_at,
+                                     size_t *args_len, int *whole);
 /* A call that tool_choice required or named forced and max_tokens cut short
  * (text: the answer as generated): [the call], its arguments as far as they
  * came (a JSON string that need not parse yet), or [] when it was cut before

@@ -380,9 +380,65 @@ static json_t *one_call(const api_gen_request *r, const char *s, size_t n) {
     return call;
 }
 
+/* The bytes of a JSON value written at the start of s (n bytes): through its
+ * end once written (a string, object or array closed; a bare number or word
+ * ends at the first byte that cannot be its), else all of s; *whole says which. */
+static size_t json_value_extent(const char *s, size_t n, int *whole) {
+    size_t i = 0;
+    int depth = 0, in_string = 0, started = 0;
+    *whole = 0;
+    while (i < n && !started && strchr(" \t\r\n", s[i])) i++;
+    for (; i < n; i++) {
+        char ch = s[i];
+        if (in_string) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_string = 0;
+            else continue;
+            if (!in_string && depth == 0) return *whole = 1, i + 1;
+            continue;
+        }
+        if (ch == '"') in_string = 1;
+        else if (ch == '{' || ch == '[') depth++;
+        else if (ch == '}' || ch == ']') {
+            if (--depth == 0) return *whole = 1, i + 1;
+        } else if (depth == 0 && started && strchr(" \t\r\n,}]", ch)) {
+            return *whole = 1, i;
+        }
+        started = 1;
+    }
+    return n;
+}
+
+const char *api_forced_call_progress(const api_gen_request *r, const char *text, size_t len, size_t *args_at,
+                                     size_t *args_len, int *whole) {
+    if (!r->tools || (r->tool_choice != TOOL_CHOICE_REQUIRED && r->tool_choice != TOOL_CHOICE_NAMED)) return NULL;
+    enum tool_format f = format_of(r->tool_format);
+    for (size_t i = 0; i < json_array_size(r->tools); i++) {
+        const char *name = tool_name_at(r, i);
+        char *prefix = name ? call_prefix(f, name) : NULL;
+        if (!prefix) continue;
+        size_t np = strlen(prefix);
+        int sure = len >= np && !memcmp(text, prefix, np);
+        free(prefix);
+        if (!sure) continue;
+        *args_at = np;
+        *args_len = json_value_extent(text + np, len - np, whole);
+        return name;
+    }
+    return NULL;
+}
+
 json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content) {
     *content = NULL;
     if (!r->tools || r->tool_choice == TOOL_CHOICE_NONE) return NULL;
+    size_t at, n;
+    int whole;
+    const char *forced = api_forced_call_progress(r, text, len, &at, &n, &whole);
+    if (forced && whole) { /* its arguments as written (what a stream sent as it came) */
+        json_t *calls = json_array();
+        json_array_append_new(calls, call_json(forced, text + at, n));
+        return calls;
+    }
     json_t *calls = json_array();
     textbuf rest = {0};
     int cut_off = 0;
@@ -456,33 +512,26 @@ size_t api_tool_text_ready(const api_gen_request *r, const char *text, size_t le
 
 json_t *api_cut_tool_call(const api_gen_request *r, const char *text, size_t len) {
     if (!r->tools || (r->tool_choice != TOOL_CHOICE_REQUIRED && r->tool_choice != TOOL_CHOICE_NAMED)) return NULL;
-    enum tool_format f = format_of(r->tool_format);
-    const char *suffix = call_suffix(f), *only = NULL;
     json_t *calls = json_array();
-    int callable = 0;
-    for (size_t i = 0; i < json_array_size(r->tools) && !json_array_size(calls); i++) {
+    size_t at, n;
+    int whole;
+    const char *sure = api_forced_call_progress(r, text, len, &at, &n, &whole);
+    if (sure) { /* the arguments as far as they came */
+        json_array_append_new(calls, call_json(sure, text + at, n));
+        return calls;
+    }
+    enum tool_format f = format_of(r->tool_format);
+    const char *only = NULL;
+    int callable = 0; /* cut before the arguments: the tools whose call starts so */
+    for (size_t i = 0; i < json_array_size(r->tools); i++) {
         const char *name = tool_name_at(r, i);
         char *prefix = name ? call_prefix(f, name) : NULL;
-        if (!prefix) continue;
-        size_t np = strlen(prefix);
-        if (len >= np && !memcmp(text, prefix, np)) {
-            /* the arguments as far as they came, without the part of the call's end written after them */
-            const char *args = text + np;
-            size_t n = len - np;
-            for (size_t k = strlen(suffix); k > 0; k--)
-                if (n >= k && !memcmp(args + n - k, suffix, k)) {
-                    json_t *v = json_loadb(args, n - k, 0, NULL);
-                    if (v) n -= k;
-                    json_decref(v);
-                    break;
-                }
-            json_array_append_new(calls, call_json(name, args, n));
-        } else if (len < np && !memcmp(text, prefix, len)) { /* cut before the arguments */
+        if (prefix && !memcmp(text, prefix, len < strlen(prefix) ? len : strlen(prefix))) {
             callable++;
             only = name;
         }
         free(prefix);
     }
-    if (!json_array_size(calls) && callable == 1) json_array_append_new(calls, call_json(only, "", 0));
+    if (callable == 1) json_array_append_new(calls, call_json(only, "", 0));
     return calls;
 }

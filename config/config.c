@@ -193,7 +193,7 @@ static const setting settings[] = {
     S_BOOL(access_log, "true", "one JSON line per request on stderr"),
     S_INT(prompt_cache_entries, "4", 0, 64, "recent sessionless prompts whose KV is reused, 0 = off"),
     S_BYTES(prompt_cache_bytes, "64M", 0, INT64_MAX, "prompt cache budget, part of pot_memory_limit"),
-    S_BYTES(response_store_bytes, "16M", 0, INT64_MAX, "answers of /v1/responses kept (in memory; Redis store: there, for all replicas), 0 = off"),
+    S_BYTES(response_store_bytes, "16M", 0, INT64_MAX, "kept /v1/responses answers (a Redis store shares them), 0 = off"),
     S_STRING(store, "dir", "session store: dir, or redis://host:port/db shared by replicas"),
     S_STRING(replica_name, "", "this replica's name in a shared store's leases, \"\" = hostname:port"),
     S_INT(lease_ms, "3000", 300, 600000, "ms a shared store's session lease lasts unrenewed"),

@@ -24,6 +24,11 @@ typedef struct choice {
     size_t text_sent; /* a stream with tools (auto): the bytes of its text sent so far (stream_ready_text) */
     VEC(size_t) lp_end; /* a stream with tools: where each logprobs entry's token ends in text (SIZE_MAX:
                            its character is not whole yet, it ends with the next text) */
+    /* a stream's forced call (stream_forced_call): opened (its ids and name sent), the bytes of its
+       arguments sent */
+    int call_open;
+    size_t args_sent;
+    char call_id[48], fc_id[48];
     engine_gen_result res;
     int done, rc;
     int timed_out; /* request_timeout passed before its first token (rc is then -1) */
@@ -338,6 +343,7 @@ static void responses_event(generation *g, const char *type, json_t *data) {
 }
 
 static void responses_item_added(generation *g, int index, json_t *item);
+static json_t *delta_chunk(const generation *g, int index, json_t *delta);
 
 /* The logprobs entries (new references, in an array) of the tokens whose text ends
  * within the first `upto` bytes and were not sent yet; NULL without logprobs. */
@@ -373,6 +379,42 @@ static void stream_ready_text(choice *c) {
                                   "logprobs", lp ? lp : json_array()));
     }
     c->text_sent = ready;
+}
+
+/* A stream's forced call (tool_choice required or named) as it is written: its
+ * id and name once the name is sure, then its arguments as they come (chat:
+ * tool_calls deltas; /v1/responses: the function_call item's events). The
+ * answer's end sends the rest (send_tool_calls, responses_item_done). */
+static void stream_forced_call(choice *c) {
+    generation *g = c->g;
+    size_t at, n;
+    int whole;
+    const char *name = api_forced_call_progress(&g->req, c->text, c->len, &at, &n, &whole);
+    if (!name) return;
+    if (!c->call_open) {
+        random_id(c->call_id, sizeof c->call_id, "call_");
+        if (!g->responses) {
+            sse_send(g->r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls",
+                                                              "index", 0, "id", c->call_id, "type", "function",
+                                                              "function", "name", name, "arguments", "")));
+        } else {
+            random_id(c->fc_id, sizeof c->fc_id, "fc_");
+            json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", c->fc_id, "call_id",
+                                     c->call_id, "name", name, "arguments", "");
+            responses_item_added(g, 0, item);
+            json_decref(item);
+        }
+        c->call_open = 1;
+    }
+    json_t *d = n > c->args_sent ? json_stringn(c->text + at + c->args_sent, n - c->args_sent) : NULL;
+    if (!d) return; /* (nothing new, or a character not whole yet: with the next text) */
+    if (!g->responses)
+        sse_send(g->r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", 0,
+                                                          "function", "arguments", d)));
+    else
+        responses_event(g, "response.function_call_arguments.delta",
+                        json_pack("{s:s, s:i, s:o}", "item_id", c->fc_id, "output_index", 0, "delta", d));
+    c->args_sent = n;
 }
 
 /* Of the content an answer with calls gets (its text around them, trimmed), the bytes
@@ -455,7 +497,10 @@ static void on_text_event(server *s, void *arg) {
             else completion_logprob_add(s, c->logprobs, &ev->lp);
             if (g->req.stream) vec_push(&c->lp_end, ev->n ? c->len : SIZE_MAX);
         }
-        if (g->req.stream && r->conn) stream_ready_text(c);
+        if (g->req.stream && r->conn) {
+            stream_ready_text(c);
+            stream_forced_call(c);
+        }
     }
     free(ev);
 }
@@ -476,11 +521,16 @@ static void send_tool_calls(choice *c, json_t *calls) {
     json_t *call;
     json_array_foreach(calls, i, call) {
         json_t *fn = json_object_get(call, "function");
-        sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index",
-                                                       (int)i, "id", json_object_get(call, "id"), "type", "function",
-                                                       "function", "name", json_object_get(fn, "name"), "arguments", "")));
-        sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:O}}]}", "tool_calls", "index", (int)i,
-                                                       "function", "arguments", json_object_get(fn, "arguments"))));
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        size_t from = i == 0 && c->call_open ? c->args_sent : 0; /* (a forced call: sent as it came) */
+        if (!(i == 0 && c->call_open))
+            sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls",
+                                                           "index", (int)i, "id", json_object_get(call, "id"), "type",
+                                                           "function", "function", "name", json_object_get(fn, "name"),
+                                                           "arguments", "")));
+        if (!from || strlen(args) > from)
+            sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:s}}]}", "tool_calls", "index", (int)i,
+                                                           "function", "arguments", args + from)));
     }
 }
 
@@ -569,6 +619,10 @@ static json_t *responses_output(generation *g) {
         json_t *fn = json_object_get(call, "function");
         char fc_id[48];
         random_id(fc_id, sizeof fc_id, "fc_");
+        if (i == 0 && c->call_open) { /* a forced call streamed as it came: the ids it was sent with */
+            snprintf(fc_id, sizeof fc_id, "%s", c->fc_id);
+            json_object_set_new(call, "id", json_string(c->call_id));
+        }
         json_array_append_new(items, json_pack("{s:s, s:s, s:O, s:O, s:O, s:s}", "type", "function_call", "id", fc_id,
                                                "call_id", json_object_get(call, "id"), "name",
                                                json_object_get(fn, "name"), "arguments",
@@ -633,8 +687,12 @@ static void responses_item_done(generation *g, int index, json_t *item) {
                                   "part", part));
     } else {
         json_t *args = json_object_get(item, "arguments");
-        responses_event(g, "response.function_call_arguments.delta",
-                        json_pack("{s:O, s:i, s:O}", "item_id", id, "output_index", index, "delta", args));
+        choice *c = &g->choices[0];
+        size_t from = index == 0 && c->call_open ? c->args_sent : 0; /* (a forced call: sent as it came) */
+        if (!from || json_string_length(args) > from)
+            responses_event(g, "response.function_call_arguments.delta",
+                            json_pack("{s:O, s:i, s:s}", "item_id", id, "output_index", index, "delta",
+                                      json_string_value(args) + from));
         responses_event(g, "response.function_call_arguments.done",
                         json_pack("{s:O, s:i, s:O, s:O}", "item_id", id, "output_index", index, "name",
                                   json_object_get(item, "name"), "arguments", args));
@@ -673,7 +731,7 @@ static void responses_stream_end(generation *g) {
             if (text && g->message_open) { /* (raw without calls; trimmed, with) */
                 choice *c = &g->choices[0];
                 sent = strncmp(json_string_value(text), c->text, c->text_sent) ? content_sent(c) : c->text_sent;
-            } else {
+            } else if (!(i == 0 && g->choices[0].call_open)) { /* (a forced call's item is open) */
                 responses_item_added(g, (int)i, item);
             }
             if (json_string_length(text) > sent) { /* with its tokens' logprobs: all, or those before a call */

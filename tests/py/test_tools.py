@@ -53,17 +53,22 @@ def test_named_function_is_the_one_called(client):
 
 
 def test_streamed_tool_call_chunks(client):
+    """A forced call streams as it is written: its id and name once the name is sure, then its
+    arguments a token or so at a time (they came in one delta at the end), which join to the whole
+    answer's arguments, as written."""
     chunks = list(client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, stream=True,
                                                  tool_choice="required", temperature=0, max_tokens=80))
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
     args = "".join(d.function.arguments or "" for d in deltas)
     jsonschema.validate(json.loads(args), WEATHER)
+    assert len([d for d in deltas if d.function.arguments]) >= 4, deltas  # not one block
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # the same as the whole answer
     whole = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=80)
-    assert json.loads(whole.choices[0].message.tool_calls[0].function.arguments) == json.loads(args)
+    assert whole.choices[0].message.tool_calls[0].function.arguments == args
 
 
 def test_forced_call_is_closed_in_max_tokens_or_cut_as_a_call(client):
@@ -307,14 +312,17 @@ def test_responses_streamed_call_events(client):
               max_output_tokens=80)
     events = list(client.responses.create(stream=True, **kw))
     types = [e.type for e in events]
-    assert types == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                     "response.output_item.done", "response.completed"], types
+    n = types.count("response.function_call_arguments.delta")
+    assert n >= 4 and types == ["response.created", "response.in_progress", "response.output_item.added"] + \
+        ["response.function_call_arguments.delta"] * n + \
+        ["response.function_call_arguments.done", "response.output_item.done", "response.completed"], types
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    added, delta, done, item_done, completed = events[2:]
+    added, deltas, (done, item_done, completed) = events[2], events[3:3 + n], events[3 + n:]
     assert added.item.status == "in_progress" and added.item.arguments == ""
-    assert delta.item_id == done.item_id == added.item.id == item_done.item.id
-    assert delta.delta == done.arguments == item_done.item.arguments == completed.response.output[0].arguments
+    assert {d.item_id for d in deltas} == {done.item_id} == {added.item.id} == {item_done.item.id}
+    assert added.item.call_id == item_done.item.call_id == completed.response.output[0].call_id
+    assert "".join(d.delta for d in deltas) == done.arguments == item_done.item.arguments == \
+        completed.response.output[0].arguments
     jsonschema.validate(json.loads(done.arguments), WEATHER)
     whole = client.responses.create(**kw)
     assert [(o.name, o.arguments) for o in calls_of(whole)] == [(item_done.item.name, done.arguments)]

@@ -172,3 +172,48 @@ TEST(tools_text_ready_is_the_content_so_far) {
     CHECK_EQ_INT((int)api_tool_text_ready(&r, "Sure", 4), 0);
     api_gen_request_free(&r);
 }
+
+/* A forced call as a stream sends it: at every prefix of the call (both formats), the
+ * name once the whole prefix is written, arguments that only grow, are the start of
+ * the whole answer's arguments (as written: spaces kept), and are whole (through
+ * their closing brace, nothing of the call's end) from the moment that brace comes. */
+TEST(tools_forced_call_streams_its_arguments_as_written) {
+    static const char *const calls[] = {
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}}\n"
+        "</tool_call>",
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Nice\"}}",
+    };
+    static const char *const args[] = {"{\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}", "{\"city\": \"Nice\"}"};
+    for (int fam = 0; fam < 2; fam++) {
+        api_gen_request r;
+        api_error e;
+        CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"required\""), 0);
+        CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
+        const char *text = calls[fam], *want = args[fam];
+        size_t len = strlen(text), at0 = (size_t)(strstr(text, want) - text), last = 0;
+        int was_whole = 0;
+        for (size_t k = 0; k <= len; k++) {
+            size_t at = 0, n = 0;
+            int whole = 0;
+            const char *name = api_forced_call_progress(&r, text, k, &at, &n, &whole);
+            CHECK((name != NULL) == (k >= at0));
+            if (!name) continue;
+            CHECK_STR(name, "get_weather");
+            CHECK_EQ_INT((int)at, (int)at0);
+            CHECK(n >= last && n <= strlen(want) && !strncmp(text + at, want, n));
+            CHECK_EQ_INT(whole, k >= at0 + strlen(want));
+            CHECK(!was_whole || whole);
+            last = n;
+            was_whole = whole;
+        }
+        CHECK(was_whole && last == strlen(want));
+        char *content = NULL;
+        json_t *found = api_find_tool_calls(&r, text, len, &content);
+        CHECK_EQ_INT(json_array_size(found), 1);
+        CHECK_STR(json_string_value(json_object_get(json_object_get(json_array_get(found, 0), "function"), "arguments")),
+                  want);
+        CHECK(content == NULL);
+        json_decref(found);
+        api_gen_request_free(&r);
+    }
+}
