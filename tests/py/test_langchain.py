@@ -65,6 +65,15 @@ def test_a_tool_result_goes_back(llm):
     assert answer.usage_metadata["input_tokens"] > 20 + llm.invoke([ask]).usage_metadata["input_tokens"]
 
 
+def test_structured_output_by_a_tool_streams_partial_objects(llm):
+    """with_structured_output(method="function_calling") forces a call; streamed, LangChain parses
+    its arguments as they come, so the object grows field by field (it came whole at the end)."""
+    schema = City.model_json_schema()  # (a Pydantic class is yielded only once whole: it cannot be partial)
+    parts = list(llm.with_structured_output(schema, method="function_calling").stream("Tell me about Paris."))
+    assert len(parts) >= 3 and len(parts[0]) < len(parts[-1]) == 5, parts
+    City.model_validate(parts[-1])
+
+
 def test_streaming(llm):
     chunks = list(llm.stream("Say hello in one sentence."))
     text = "".join(c.text for c in chunks)
