@@ -435,6 +435,16 @@ static const char *classify(const char *method, const char *url, enum body_kind 
         if (!slash) return "/v1/responses/{id}";
         if (!strcmp(slash, "/input_items")) return "/v1/responses/{id}/input_items";
     }
+    if (!strcmp(url, "/v1/conversations")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/conversations";
+    if (!strncmp(url, "/v1/conversations/", 18) && url[18] && url[18] != '/') {
+        const char *slash = strchr(url + 18, '/');
+        *body = post ? BODY_JSON : BODY_NONE;
+        if (!slash) return "/v1/conversations/{id}";
+        if (!strcmp(slash, "/items")) return "/v1/conversations/{id}/items";
+        if (!strncmp(slash, "/items/", 7) && slash[7] && !strchr(slash + 7, '/'))
+            return *body = BODY_NONE, "/v1/conversations/{id}/items/{item_id}";
+        *body = BODY_NONE;
+    }
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
@@ -464,6 +474,8 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/responses/{id}", 18)) return route_response_id(r, r->url + strlen("/v1/responses/"));
+    if (!strcmp(rt, "/v1/conversations")) return route_conversations(r);
+    if (!strncmp(rt, "/v1/conversations/{id}", 22)) return route_conversation_id(r, r->url + strlen("/v1/conversations/"));
     if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/sessions", 12))

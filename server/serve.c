@@ -386,7 +386,7 @@ out:
     close_handles(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     sessions_free_all(s);
-    responses_store_free(s);
+    stored_free(s);
     store_close(s->st);
     uv_loop_close(&loop);
     engine_close(s->eng);

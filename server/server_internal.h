@@ -224,6 +224,46 @@ void route_generate(request *r, int chat);
  * (what is stored with the answer, see responses_keep; NULL: not stored). */
 void route_generate_responses(request *r, json_t *responses, json_t *history);
 
+/* ---- stored responses and conversations (stored.c) ---------------------------------- */
+/* Whether id can name a stored object (a store key is made of it). */
+int stored_id_ok(const char *id);
+/* The entry of id this request's key stored (kind "response" or "conversation";
+ * NULL: either), borrowed; NULL when none (fetched first with a shared store). */
+json_t *stored_get(request *r, const char *id, const char *kind);
+/* The item item_id of an entry this key stored (an item, or a response's output), borrowed, or NULL. */
+json_t *stored_item(request *r, const char *item_id);
+/* A new entry (takes object, items and messages; messages may be NULL), its size measured. */
+json_t *stored_new(request *r, const char *kind, json_t *object, json_t *items, json_t *messages);
+/* Whether entry fits in response_store_bytes at all. */
+int stored_fits(const server *s, const json_t *entry);
+/* The entry id becomes the most recently used (in memory). */
+void stored_touch(server *s, const char *id);
+void stored_drop(server *s, const char *id);
+void stored_free(server *s);
+/* Runs then(r) once the entries named by ids (item ids where by_item; the first
+ * made the most recently used with touch_first) are in s->stored: fetched from
+ * a shared store (a 503 if it does not answer), at once otherwise. Takes ids
+ * and by_item. */
+void stored_fetch(request *r, char **ids, int *by_item, size_t n, int touch_first, void (*then)(request *r));
+void stored_fetch_one(request *r, const char *id, void (*then)(request *r));
+/* Stores entry under id (takes it), then then(r, arg, rc): rc 0 kept, -1 not
+ * (too large, or the store did not take it). suspend: r is not answered yet. */
+void stored_write(request *r, const char *id, json_t *entry, int suspend, void (*then)(request *r, void *arg, int rc),
+                  void *arg);
+/* Adds items (borrowed) to entry id's, then then(r, arg, rc) as stored_write. */
+void stored_append(request *r, const char *id, json_t *items, int suspend, void (*then)(request *r, void *arg, int rc),
+                   void *arg);
+/* Forgets entry id and answers {"id", "object": object, "deleted": true} (503 when the store did not answer). */
+void stored_delete_answer(request *r, const char *id, const char *object);
+/* Answers a page of items as OpenAI lists them: ?order desc (the last first) or asc, ?limit 1-100 (20),
+ * ?after an item's id; {"object": "list", "data", "first_id", "last_id", "has_more"}. */
+void stored_list_page(request *r, json_t *items);
+
+/* ---- /v1/conversations (conversations.c) --------------------------------------------- */
+void route_conversations(request *r);
+/* /v1/conversations/{id}[/items[/{item_id}]] (path: what follows /v1/conversations/). */
+void route_conversation_id(request *r, const char *path);
+
 /* ---- /v1/responses (responses.c) --------------------------------------------------- */
 void route_responses(request *r);
 /* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items (path: what follows /v1/responses/). */
@@ -236,7 +276,9 @@ void route_response_id(request *r, const char *path);
  * takes the response: at once, or once a shared store has it (said "store":
  * false when it could not). */
 void responses_keep(request *r, json_t *history, json_t *response, void (*send)(request *r, json_t *response));
-void responses_store_free(server *s);
+/* A request's input items checked and as they are listed (appended to listed):
+ * what POST /v1/conversations and its items take. 0, or -1 + e (param "items"). */
+int responses_listed_items(request *r, json_t *items, json_t *listed, api_error *e);
 /* The Responses API's usage from a chat usage object (borrowed); new reference. */
 json_t *responses_usage(json_t *chat_usage);
 /* An output message item with one output_text part (text borrowed; NULL: no part yet). */

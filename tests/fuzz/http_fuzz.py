@@ -371,6 +371,8 @@ def responses_template(rng, sid, prev):
         body["tool_choice"] = rng.choice(["auto", "required", "none", {"type": "function", "name": "f"}])
     if prev and rng.random() < 0.4:
         body["previous_response_id"] = prev
+    elif rng.random() < 0.2:
+        body["conversation"] = rng.choice(["conv_none0", {"id": "conv_none0"}, 7])
     if rng.random() < 0.2:
         body["store"] = False
     if rng.random() < 0.3:
@@ -512,13 +514,17 @@ class Pool:
     """Sessions the fuzzer keeps alive, shared by the workers."""
 
     def __init__(self, port, rng):
-        self.port, self.lock, self.ids, self.responses = port, threading.Lock(), [], []
+        self.port, self.lock, self.ids, self.responses, self.conversations = port, threading.Lock(), [], [], []
         for _ in range(4):
             self.add()
         for _ in range(2):  # stored responses for previous_response_id and /v1/responses/{id}
             st, b = call(port, "POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 1})
             if st == 200:
                 self.responses.append(b["id"])
+        for _ in range(2):  # conversations for /v1/conversations/{id} and responses' conversation
+            st, b = call(port, "POST", "/v1/conversations", {"items": [{"role": "user", "content": "Hi"}]})
+            if st == 200:
+                self.conversations.append(b["id"])
 
     def add(self):
         st, b = call(self.port, "POST", "/v1/sessions", {"budget_tokens": 64, "keep_tokens": 32})
@@ -534,7 +540,7 @@ class Pool:
 def gen_json_route(rng, pool):
     sid = pool.pick(rng)
     route = rng.choice(["create", "chat", "completions", "tokenize", "detokenize", "chunk_json", "responses",
-                        "response_id"])
+                        "response_id", "conversations"])
     prev = rng.choice(pool.responses + ["resp_none0", "x" * 300, "%00", "../x"]) if pool.responses else None
     if route == "responses":
         r = build(rng, "json", "POST", "/v1/responses", json_body(rng, responses_template(rng, sid, prev)))
@@ -543,6 +549,17 @@ def gen_json_route(rng, pool):
         tail = rng.choice(["", "", "/input_items", "/input_items?order=asc&limit=2", "/input_items?after=%00&limit=-1",
                            "/input_items/x"])
         r = build(rng, "json", rng.choice(["GET", "DELETE", "HEAD", "POST"]), f"/v1/responses/{prev}{tail}", b"")
+    elif route == "conversations":  # made, read, added to, deleted; ids real or not
+        conv = rng.choice(pool.conversations + ["conv_none0", "x" * 300, "%00"]) if pool.conversations else "conv_none0"
+        method, target, body = rng.choice([
+            ("POST", "/v1/conversations", json_body(rng, {"items": [{"role": "user", "content": "Hi"}],
+                                                          "metadata": {"k": "v"}})),
+            ("GET", f"/v1/conversations/{conv}", b""), ("DELETE", f"/v1/conversations/{conv}", b""),
+            ("POST", f"/v1/conversations/{conv}", json_body(rng, {"metadata": {"k": "w"}})),
+            ("GET", f"/v1/conversations/{conv}/items?order=asc&limit=2", b""),
+            ("POST", f"/v1/conversations/{conv}/items", json_body(rng, {"items": [{"role": "user", "content": "x"}]})),
+            ("GET", f"/v1/conversations/{conv}/items/msg_x", b""), ("DELETE", f"/v1/conversations/{conv}/items/x/y", b"")])
+        r = build(rng, "json", method, target, body)
     elif route == "create":
         body = json_body(rng, SESSION_TEMPLATE)
         r = build(rng, "json", "POST", "/v1/sessions", body)

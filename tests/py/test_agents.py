@@ -96,3 +96,28 @@ def test_previous_response_id_continues_a_run(server):
     # the first run's question and call (its tools' definitions are the first agent's, not sent again)
     before = chained.raw_responses[-1].usage.input_tokens - alone.raw_responses[-1].usage.input_tokens
     assert before >= 30, (before, first.raw_responses[-1].output)
+
+
+def test_a_conversations_session_remembers_the_turns(server):
+    """An agent with OpenAIConversationsSession keeps its history in a conversation on this
+    server (the Conversations API): a second run reads after the first's turn, and the session's
+    items are what both runs said."""
+    from agents import OpenAIConversationsSession
+
+    def client():
+        return AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    async def runs():
+        session = OpenAIConversationsSession(openai_client=client())
+        agent = Agent(name="talk", instructions="Be brief.", model=OpenAIResponsesModel(
+            model="potserve", openai_client=client()), model_settings=ModelSettings(temperature=0, max_tokens=300))
+        first = await Runner.run(agent, "My name is Ada.", session=session)
+        second = await Runner.run(agent, "What is my name?", session=session)
+        alone = await Runner.run(agent, "What is my name?")
+        return first, second, alone, await session.get_items()
+
+    first, second, alone, items = asyncio.run(runs())
+    grown = second.raw_responses[-1].usage.input_tokens - alone.raw_responses[-1].usage.input_tokens
+    assert grown >= 8, grown  # the first turn (its question and answer) before the second
+    said = [i.get("content") if isinstance(i.get("content"), str) else i["content"][0]["text"] for i in items]
+    assert said[0] == "My name is Ada." and said[2] == "What is my name?" and len(items) == 4, items

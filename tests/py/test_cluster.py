@@ -681,8 +681,8 @@ def test_redis_url_with_a_password(tmp_path, redis):
 def test_stored_responses_are_every_replicas(tmp_path, redis):
     """With the Redis store a stored /v1/responses answer is in Redis before the client has it, so
     a chain whose requests reach other replicas goes on (previous_response_id, item_reference,
-    GET, input_items, DELETE), other keys still do not see it, and the entries of all replicas
-    together stay within response_store_bytes (the least recently used dropped first)."""
+    GET, input_items, DELETE, conversations), other keys still do not see it, and the entries of
+    all replicas together stay within response_store_bytes (the least recently used dropped first)."""
     import openai
     from server_util import openai_client
     keys = tmp_path / "keys"
@@ -715,6 +715,14 @@ def test_stored_responses_are_every_replicas(tmp_path, redis):
             on_a.responses.retrieve(first.id)
         assert redis.cli("EXISTS", f"potserve:r:{first.id}") == "0"
         assert redis.cli("HGET", "potserve:r:item", first.output[0].id) in ("", by_ref.id)  # (by_ref lists it too)
+        # a conversation made on one replica goes on on the other, and its items follow
+        conv = on_a.conversations.create(items=[{"role": "user", "content": "My name is Ada."}])
+        asked = on_b.responses.create(model="x", conversation=conv.id, input="What is my name?", max_output_tokens=8)
+        assert [i.id for i in on_a.conversations.items.list(conv.id, order="asc")][1:] == \
+            [on_b.conversations.items.list(conv.id, order="asc").data[1].id, asked.output[0].id]
+        assert on_b.conversations.delete(conv.id).deleted
+        with pytest.raises(openai.NotFoundError):
+            on_a.conversations.retrieve(conv.id)
         # both replicas' entries share the budget: the oldest go, the total stays within it
         made = [(on_a if i % 2 else on_b).responses.create(model="x", input=f"Count to {i}.", max_output_tokens=4)
                 for i in range(16)]

@@ -345,9 +345,13 @@ def test_responses_objects_are_the_sdks_own_types(client):
     assert pydantic.VERSION
 
 
-def test_responses_errors(client):
+def test_responses_errors(srv, client):
+    for raw in (b"", b"[1]", b"{"):  # (an empty body was once answered with no status at all)
+        st, err, _ = srv.request("POST", "/v1/responses", raw=raw, headers=auth(**{"Content-Type": "application/json"}))
+        assert st == 400 and err["error"]["type"] == "invalid_request_error", (raw, st, err)
     for kw, param in [({"max_output_tokens": 0}, "max_output_tokens"),
-                      ({"extra_body": {"conversation": "conv_1"}}, "conversation"),
+                      ({"extra_body": {"conversation": 7}}, "conversation"),
+                      ({"extra_body": {"conversation": "conv_1", "previous_response_id": "resp_1"}}, "conversation"),
                       ({"text": {"format": {"type": "sound"}}}, "response_format"),
                       ({"extra_body": {"text": [None, None]}}, "text"),  # was ignored (Schemathesis)
                       ({"include": ["message.output_text.logprob"]}, "include"),
@@ -360,6 +364,57 @@ def test_responses_errors(client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     assert ei.value.body["param"] == "input"
+
+
+def test_responses_over_a_conversation(srv, client):
+    """The Conversations API as the SDK drives it: a conversation made with items, a response asked
+    over it (the same prompt as sending its items and the input whole) whose input and output then
+    join it, its items listed, added, read and deleted, its metadata updated; another key sees
+    none of it, and a deleted one is 404."""
+    from openai.types.conversations import ConversationItem
+    from pydantic import TypeAdapter
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "My name is Ada."}],
+                                       metadata={"topic": "names"})
+    assert conv.id.startswith("conv_") and conv.metadata == {"topic": "names"}
+    r = client.responses.create(model="x", conversation=conv.id, input="What is my name?", max_output_tokens=12,
+                                temperature=0)
+    whole = client.responses.create(model="x", max_output_tokens=12, temperature=0, store=False, input=[
+        {"role": "user", "content": "My name is Ada."}, {"role": "user", "content": "What is my name?"}])
+    assert (r.usage.input_tokens, r.output_text) == (whole.usage.input_tokens, whole.output_text)
+    assert r.conversation.id == conv.id
+    items = list(client.conversations.items.list(conv.id, order="asc"))
+    assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "user"), ("message", "assistant")]
+    assert items[1].content[0].text == "What is my name?" and items[2].id == r.output[0].id
+    for i in items:
+        TypeAdapter(ConversationItem).validate_python(i.model_dump(), strict=False)
+    # the next turn sees the answer too
+    again = client.responses.create(model="x", conversation={"id": conv.id}, input="Say it again.",
+                                    max_output_tokens=4)
+    assert again.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens
+    added = client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "Hi"}])
+    assert len(added.data) == 1 and client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id).id \
+        == added.data[0].id
+    assert len(list(client.conversations.items.list(conv.id))) == 6  # 3 + 2 of again + 1
+    client.conversations.items.delete(added.data[0].id, conversation_id=conv.id)
+    assert added.data[0].id not in [i.id for i in client.conversations.items.list(conv.id)]
+    assert client.conversations.update(conv.id, metadata={"topic": "x"}).metadata == {"topic": "x"}
+    assert client.conversations.retrieve(conv.id).metadata == {"topic": "x"}
+    st, err, _ = srv.request("POST", "/v1/conversations", {"items": [{"type": "message", "content": "no role"}]},
+                             headers=auth())
+    assert st == 400 and err["error"]["param"] == "items", err
+    st, err, _ = srv.request("POST", "/v1/conversations", {"metadata": {"k": 7}}, headers=auth())
+    assert st == 400 and err["error"]["param"] == "metadata"
+    st, err, _ = srv.request("GET", f"/v1/conversations/{conv.id}/items/msg_nope", headers=auth())
+    assert st == 404 and err["error"]["code"] == "item_not_found"
+    assert srv.request("PUT", f"/v1/conversations/{conv.id}", {}, headers=auth())[0] == 405
+    gone = client.conversations.delete(conv.id)
+    assert gone.deleted and gone.object == "conversation.deleted"
+    with pytest.raises(openai.NotFoundError) as ei:
+        client.conversations.retrieve(conv.id)
+    assert ei.value.body["code"] == "conversation_not_found"
+    with pytest.raises(openai.NotFoundError) as ei:
+        client.responses.create(model="x", conversation=conv.id, input="Hi", max_output_tokens=2)
+    assert ei.value.body["param"] == "conversation"
 
 
 def test_previous_response_id_continues_the_conversation(srv, client):
@@ -464,6 +519,14 @@ def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
             with pytest.raises(openai.NotFoundError):
                 call()
         assert one.responses.retrieve(mine.id).id == mine.id
+        conv = one.conversations.create(items=[{"role": "user", "content": "Hi"}])
+        for call in (lambda: two.conversations.retrieve(conv.id), lambda: two.conversations.items.list(conv.id),
+                     lambda: two.responses.create(model="x", conversation=conv.id, input="Hi")):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        with pytest.raises(openai.BadRequestError) as ei:  # more than response_store_bytes holds
+            one.conversations.items.create(conv.id, items=[{"role": "user", "content": "word " * 1500}])
+        assert ei.value.body["param"] == "items" and len(one.conversations.items.list(conv.id).data) == 1
         # about 1K each (the response object and its conversation): 6K holds a few
         made = [one.responses.create(model="x", input=f"Count to {i}.", max_output_tokens=4) for i in range(8)]
         one.responses.create(model="x", previous_response_id=made[-2].id, input="Go on.", max_output_tokens=4)  # used
