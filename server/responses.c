@@ -536,7 +536,7 @@ static void answer_responses(request *r) {
 /* The stored responses, conversations and items a Responses body names:
  * previous_response_id (first) or conversation, and its input's
  * item_reference ids. */
-static size_t named_in_body(request *r, char ***ids_out, int **by_item_out) {
+static size_t named_in_body(request *r, char ***ids_out, int **by_item_out, int *continued) {
     json_t *in = json_loadb(r->body, r->body_len, 0, NULL);
     json_t *prev = json_object_get(in, "previous_response_id"), *input = json_object_get(in, "input");
     const char *conv = named_conversation(in);
@@ -547,7 +547,7 @@ static size_t named_in_body(request *r, char ***ids_out, int **by_item_out) {
         /* (out of memory, an id is not fetched: not found) */
         if (json_is_string(prev) && stored_id_ok(json_string_value(prev)) &&
             (ids[n] = strdup(json_string_value(prev))))
-            n++;
+            *continued = ++n; /* the first: it becomes the most recently used */
         if (conv && stored_id_ok(conv) && (ids[n] = strdup(conv))) n++;
         size_t i;
         json_t *item;
@@ -566,12 +566,9 @@ static size_t named_in_body(request *r, char ***ids_out, int **by_item_out) {
 
 void route_responses(request *r) {
     char **ids = NULL;
-    int *by_item = NULL;
-    size_t n = store_is_shared(r->srv->st) ? named_in_body(r, &ids, &by_item) : 0;
-    json_t *in = n ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
-    int touch = json_is_string(json_object_get(in, "previous_response_id")); /* continued: the most recently used */
-    json_decref(in);
-    stored_fetch(r, ids, by_item, n, touch, answer_responses);
+    int *by_item = NULL, continued = 0;
+    size_t n = store_is_shared(r->srv->st) ? named_in_body(r, &ids, &by_item, &continued) : 0;
+    stored_fetch(r, ids, by_item, n, continued, answer_responses);
 }
 
 /* ---- what the route answers ---------------------------------------------------------- */

@@ -404,6 +404,11 @@ def test_responses_over_a_conversation(srv, client):
     assert st == 400 and err["error"]["param"] == "items", err
     st, err, _ = srv.request("POST", "/v1/conversations", {"metadata": {"k": 7}}, headers=auth())
     assert st == 400 and err["error"]["param"] == "metadata"
+    for path in ("/v1/conversations", f"/v1/conversations/{conv.id}", f"/v1/conversations/{conv.id}/items"):
+        for raw in (b"{", b"[1]", b"null", b'{"items": 7, "metadata": "x"}', b"\xff"):
+            st, err, _ = srv.request("POST", path, raw=raw, headers=auth(**{"Content-Type": "application/json"}))
+            assert st == 400 and err["error"]["type"] == "invalid_request_error", (path, raw, st, err)
+    assert len(list(client.conversations.items.list(conv.id))) == 5  # garbage added nothing
     st, err, _ = srv.request("GET", f"/v1/conversations/{conv.id}/items/msg_nope", headers=auth())
     assert st == 404 and err["error"]["code"] == "item_not_found"
     assert srv.request("PUT", f"/v1/conversations/{conv.id}", {}, headers=auth())[0] == 405
