@@ -52,19 +52,38 @@ static int check_metadata(json_t *m, api_error *e) {
 }
 
 /* Once the entry is written: its answer (arg, taken), or why not. */
+static void answer_conversation(request *r);
+
+enum { REDONE_AT_MOST = 16 }; /* a change that finds the conversation changed meanwhile is redone this often */
+
+typedef struct written {
+    json_t *answer;
+    char id[128];
+} written;
+
 static void conversation_written(request *r, void *arg, int rc) {
-    json_t *answer = arg;
-    if (rc < 0) { /* (what does not fit is refused before) */
+    written *w = arg;
+    json_t *answer = w->answer;
+    char id[128];
+    snprintf(id, sizeof id, "%s", w->id);
+    free(w);
+    if (rc == 1 && ++r->stored_redone <= REDONE_AT_MOST) { /* another request changed it: read it again, redo */
+        json_decref(answer);
+        return stored_fetch_one(r, id, answer_conversation);
+    }
+    if (rc) { /* (what does not fit is refused before) */
         api_error e;
-        api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the conversation; retry");
+        api_fail(&e, 503, "store_unavailable", NULL, rc < 0 ? "the store did not take the conversation; retry"
+                                                            : "the conversation kept changing under this change; retry");
         respond_retry(r, &e, 1);
         return json_decref(answer);
     }
     respond_json(r, 200, answer);
 }
 
-/* Writes entry under id (taken), then answers answer (taken). */
-static void write_then_answer(request *r, const char *id, json_t *entry, json_t *answer) {
+/* Writes entry under id (taken), then answers answer (taken); update: entry
+ * is the conversation read by this request, changed (stored_update). */
+static void write_then_answer(request *r, const char *id, json_t *entry, json_t *answer, int update) {
     if (!entry || !answer) {
         json_decref(entry);
         json_decref(answer);
@@ -78,7 +97,15 @@ static void write_then_answer(request *r, const char *id, json_t *entry, json_t 
         json_decref(answer);
         return respond_error(r, &e);
     }
-    stored_write(r, id, entry, 1, conversation_written, answer);
+    written *w = malloc(sizeof *w);
+    if (!w) {
+        json_decref(entry);
+        json_decref(answer);
+        return out_of_memory(r);
+    }
+    w->answer = answer;
+    snprintf(w->id, sizeof w->id, "%s", id);
+    (update ? stored_update : stored_write)(r, id, entry, 1, conversation_written, w);
 }
 
 /* POST /v1/conversations */
@@ -102,7 +129,7 @@ void route_conversations(request *r) {
                                (json_int_t)time(NULL), "metadata",
                                meta && !json_is_null(meta) ? json_incref(meta) : json_object());
     json_decref(in);
-    write_then_answer(r, id, stored_new(r, "conversation", json_incref(object), listed, NULL), object);
+    write_then_answer(r, id, stored_new(r, "conversation", json_incref(object), listed, NULL), object, 0);
 }
 
 /* ---- /v1/conversations/{id}[/items[/{item}]] ------------------------------------------- */
@@ -163,7 +190,7 @@ static void answer_conversation(request *r) {
         json_t *answer = json_incref(json_object_get(updated, "object"));
         json_t *fresh = stored_new(r, "conversation", json_incref(answer), json_incref(json_object_get(updated, "items")), NULL);
         json_decref(updated);
-        return write_then_answer(r, id, fresh, answer);
+        return write_then_answer(r, id, fresh, answer, 1);
     }
     if (!item_id[0]) {
         if (get) return stored_list_page(r, items);
@@ -183,7 +210,7 @@ static void answer_conversation(request *r) {
         json_t *grown = json_deep_copy(items);
         json_array_extend(grown, listed);
         json_decref(listed);
-        return write_then_answer(r, id, stored_new(r, "conversation", json_incref(object), grown, NULL), answer);
+        return write_then_answer(r, id, stored_new(r, "conversation", json_incref(object), grown, NULL), answer, 1);
     }
     long at = item_index(items, item_id);
     if (at < 0) {
@@ -193,7 +220,7 @@ static void answer_conversation(request *r) {
     if (get) return respond_json(r, 200, json_incref(json_array_get(items, (size_t)at)));
     json_t *fewer = json_deep_copy(items);
     json_array_remove(fewer, (size_t)at);
-    write_then_answer(r, id, stored_new(r, "conversation", json_incref(object), fewer, NULL), json_incref(object));
+    write_then_answer(r, id, stored_new(r, "conversation", json_incref(object), fewer, NULL), json_incref(object), 1);
 }
 
 void route_conversation_id(request *r, const char *path) {

@@ -337,6 +337,7 @@ int cli_serve(int argc, char **argv) {
     }
     pthread_mutex_init(&s->ev_lock, NULL);
     s->stored = json_object();
+    s->stored_read = json_object();
     s->started = (int64_t)time(NULL);
     s->loading = 1;
     uv_loop_init(&loop);

@@ -92,6 +92,7 @@ struct request {
     struct MHD_Response *pending;
     int pending_status;
     int suspended;
+    int stored_redone;           /* its stored_update found the entry changed and ran again (stored.c) */
     upload *up;
     generation *gen;
     /* streamed response bytes (SSE), read by the content reader */
@@ -250,6 +251,11 @@ void stored_fetch_one(request *r, const char *id, void (*then)(request *r));
  * (too large, or the store did not take it). suspend: r is not answered yet. */
 void stored_write(request *r, const char *id, json_t *entry, int suspend, void (*then)(request *r, void *arg, int rc),
                   void *arg);
+/* stored_write for an entry changed from what this request fetched: with a
+ * shared store it is written only while the store still holds what was read;
+ * else rc 1 (another request changed it meanwhile: fetch again and redo). */
+void stored_update(request *r, const char *id, json_t *entry, int suspend, void (*then)(request *r, void *arg, int rc),
+                   void *arg);
 /* Adds items (borrowed) to entry id's, then then(r, arg, rc) as stored_write. */
 void stored_append(request *r, const char *id, json_t *items, int suspend, void (*then)(request *r, void *arg, int rc),
                    void *arg);
@@ -343,6 +349,7 @@ struct server {
        response, bytes}, the least recently used first; stored_bytes their size */
     json_t *stored;
     size_t stored_bytes;
+    json_t *stored_read; /* a shared store: id -> the entry's text as the last fetch read it (stored_update) */
     /* live requests, and every open connection (router.c) */
     request *live;
     int n_live;

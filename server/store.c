@@ -260,8 +260,8 @@ void store_lease_release(store *st, const char *id, const char *token) {
 /* ---- stored responses (Redis only) ---- */
 
 int store_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
-                       int64_t max_bytes, char *err, size_t errlen) {
-    if (st->redis) return redis_response_put(st, id, entry, items, n_items, max_bytes, err, errlen);
+                       int64_t max_bytes, const char *expect, char *err, size_t errlen) {
+    if (st->redis) return redis_response_put(st, id, entry, items, n_items, max_bytes, expect, err, errlen);
     return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
 }
 

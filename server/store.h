@@ -131,9 +131,12 @@ int store_log_unreachable(const store_log *l);
  *   potserve:r:bytes       integer: the entries' total size
  * All in one script per call, so the total stays the sum of the entries. */
 /* Stores response id's entry (JSON text) with the ids of its items, then drops
- * the least recently used entries while all of them pass max_bytes. -1 + err. */
+ * the least recently used entries while all of them pass max_bytes. With
+ * `expect` (the entry as it was read), only while the store still holds
+ * exactly that: 1 when another write came between (read again and retry).
+ * 0, or -1 + err. */
 int store_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
-                       int64_t max_bytes, char *err, size_t errlen);
+                       int64_t max_bytes, const char *expect, char *err, size_t errlen);
 /* The entry of response id (by_item: of the last stored response holding item
  * id), the caller frees; touch: it becomes the most recently used. NULL and
  * *absent = 1 when none, NULL + err when the store did not answer. */

@@ -38,7 +38,7 @@ void redis_lease_renew(store *st, const char *const *ids, const char *const *tok
                        int *out);
 void redis_lease_release(store *st, const char *id, const char *token);
 int redis_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
-                       int64_t max_bytes, char *err, size_t errlen);
+                       int64_t max_bytes, const char *expect, char *err, size_t errlen);
 char *redis_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen);
 int redis_response_delete(store *st, const char *id, char *err, size_t errlen);
 

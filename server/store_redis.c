@@ -365,12 +365,15 @@ void redis_lease_release(store *st, const char *id, const char *token) {
     "return redis.call('DECRBY', KEYS[5], size) end "
 
 /* KEYS: entry, its items, potserve:r:item, :lru, :bytes, :clock; ARGV: id,
- * entry, max_bytes, item ids... */
+ * entry, max_bytes, expect ("0": none; else "1" and the entry as read),
+ * item ids... -1: the entry is no longer what was read. */
 static const char RESPONSE_PUT_SCRIPT[] =
     RESPONSE_DROP_FN
+    "local first = 5 "
+    "if ARGV[4] == '1' then first = 6 if redis.call('GET', KEYS[1]) ~= ARGV[5] then return -1 end end "
     "if redis.call('EXISTS', KEYS[1]) == 1 then drop(ARGV[1]) end "
     "redis.call('SET', KEYS[1], ARGV[2]) "
-    "for i = 4, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end "
+    "for i = first, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end "
     "redis.call('ZADD', KEYS[4], redis.call('INCR', KEYS[6]), ARGV[1]) "
     "local total = redis.call('INCRBY', KEYS[5], string.len(ARGV[2])) "
     "while total > tonumber(ARGV[3]) do "
@@ -379,12 +382,12 @@ static const char RESPONSE_PUT_SCRIPT[] =
     "return total";
 
 int redis_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
-                       int64_t max_bytes, char *err, size_t errlen) {
+                       int64_t max_bytes, const char *expect, char *err, size_t errlen) {
     char k[2][128], max[24];
     snprintf(k[0], sizeof k[0], "potserve:r:%s", id);
     snprintf(k[1], sizeof k[1], "potserve:r:%s:items", id);
     snprintf(max, sizeof max, "%lld", (long long)max_bytes);
-    size_t argc = 12 + n_items;
+    size_t n_head = expect ? 14 : 13, argc = n_head + n_items;
     const char **argv = malloc(argc * sizeof *argv);
     size_t *lens = malloc(argc * sizeof *lens);
     if (!argv || !lens) {
@@ -393,15 +396,16 @@ int redis_response_put(store *st, const char *id, const char *entry, const char 
         return set_err(err, errlen, "out of memory"), -1;
     }
     const char *head[] = {"EVAL", RESPONSE_PUT_SCRIPT, "6", k[0], k[1], "potserve:r:item", "potserve:r:lru",
-                          "potserve:r:bytes", "potserve:r:clock", id, entry, max};
-    for (size_t i = 0; i < 12; i++) argv[i] = head[i];
-    for (size_t i = 0; i < n_items; i++) argv[12 + i] = items[i];
+                          "potserve:r:bytes", "potserve:r:clock", id, entry, max, expect ? "1" : "0", expect};
+    for (size_t i = 0; i < n_head; i++) argv[i] = head[i];
+    for (size_t i = 0; i < n_items; i++) argv[n_head + i] = items[i];
     for (size_t i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
     redisReply *r = command(st, (int)argc, argv, lens, err, errlen);
     free(argv);
     free(lens);
+    int changed = r && r->type == REDIS_REPLY_INTEGER && r->integer == -1;
     if (r) freeReplyObject(r);
-    return r ? 0 : -1;
+    return !r ? -1 : changed;
 }
 
 /* KEYS: potserve:r:item, :lru, :clock; ARGV: id, by_item, touch */

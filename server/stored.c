@@ -101,7 +101,8 @@ void stored_touch(server *s, const char *id) {
 
 void stored_free(server *s) {
     json_decref(s->stored);
-    s->stored = NULL;
+    json_decref(s->stored_read);
+    s->stored = s->stored_read = NULL;
     s->stored_bytes = 0;
 }
 
@@ -152,10 +153,12 @@ static void fetch_done(request *r, void *arg) {
         return fetch_job_free(j);
     }
     json_object_clear(s->stored); /* this request's scratch: what the store has now */
+    json_object_clear(s->stored_read);
     s->stored_bytes = 0;
     for (size_t i = 0; i < j->n; i++) {
         json_t *entry = j->entries[i] ? json_loads(j->entries[i], 0, NULL) : NULL;
         const char *id = json_string_value(json_object_get(json_object_get(entry, "object"), "id"));
+        if (id) json_object_set_new(s->stored_read, id, json_string(j->entries[i]));
         if (id) stored_set(s, id, entry);
         else json_decref(entry);
     }
@@ -196,6 +199,7 @@ void stored_fetch_one(request *r, const char *id, void (*then)(request *r)) {
 /* ---- writing ------------------------------------------------------------------------------ */
 
 enum write_op { WRITE_PUT, WRITE_APPEND, WRITE_DELETE };
+enum { APPEND_TRIES = 16 }; /* an append that finds the entry changed reads it again, at most this often */
 
 typedef struct write_job {
     uv_work_t work;
@@ -204,6 +208,7 @@ typedef struct write_job {
     enum write_op op;
     char id[128];
     json_t *entry;  /* WRITE_PUT: what to store */
+    char *expect;   /* WRITE_PUT: only over this text (what was read; NULL: over anything) */
     json_t *append; /* WRITE_APPEND: the items to add */
     int rc;         /* put, append: 0 or -1; delete: 1, 0 (none), -1 */
     char err[160];
@@ -212,7 +217,7 @@ typedef struct write_job {
 } write_job;
 
 /* The entry into the store, with its items' ids (and a response's output's). */
-static int put_entry(server *s, const char *id, json_t *entry, char *err, size_t errlen) {
+static int put_entry(server *s, const char *id, json_t *entry, const char *expect, char *err, size_t errlen) {
     json_t *lists[] = {json_object_get(entry, "items"), json_object_get(json_object_get(entry, "object"), "output")};
     size_t n = json_array_size(lists[0]) + json_array_size(lists[1]), k = 0;
     const char **items = calloc(n ? n : 1, sizeof *items);
@@ -225,7 +230,7 @@ static int put_entry(server *s, const char *id, json_t *entry, char *err, size_t
             json_array_foreach(lists[l], i, item)
                 if (json_string_value(json_object_get(item, "id"))) items[k++] = json_string_value(json_object_get(item, "id"));
         }
-        rc = store_response_put(s->st, id, text, items, k, s->cfg.response_store_bytes, err, errlen);
+        rc = store_response_put(s->st, id, text, items, k, s->cfg.response_store_bytes, expect, err, errlen);
     } else {
         snprintf(err, errlen, "out of memory");
     }
@@ -237,24 +242,32 @@ static int put_entry(server *s, const char *id, json_t *entry, char *err, size_t
 static void write_work(uv_work_t *w) {
     write_job *j = w->data;
     if (j->op == WRITE_PUT) {
-        j->rc = put_entry(j->s, j->id, j->entry, j->err, sizeof j->err);
+        j->rc = put_entry(j->s, j->id, j->entry, j->expect, j->err, sizeof j->err);
     } else if (j->op == WRITE_DELETE) {
         j->rc = store_response_delete(j->s->st, j->id, j->err, sizeof j->err);
-    } else { /* read, add, write: a concurrent append elsewhere in between is lost (docs/cluster.md) */
-        int absent = 0;
-        char *text = store_response_get(j->s->st, j->id, 0, 0, &absent, j->err, sizeof j->err);
-        json_t *entry = text ? json_loads(text, 0, NULL) : NULL;
-        free(text);
-        j->rc = -1;
-        if (entry) {
-            json_array_extend(json_object_get(entry, "items"), j->append);
-            stored_measure(entry);
-            if (stored_fits(j->s, entry)) j->rc = put_entry(j->s, j->id, entry, j->err, sizeof j->err);
-            else snprintf(j->err, sizeof j->err, "it would pass response_store_bytes");
-        } else if (absent) {
-            snprintf(j->err, sizeof j->err, "it is no longer stored");
+    } else { /* read, add, write while it is still what was read: else again (another replica added
+                to it in between; that addition is kept) */
+        j->rc = 1;
+        for (int tries = 0; j->rc == 1 && tries < APPEND_TRIES; tries++) {
+            int absent = 0;
+            char *text = store_response_get(j->s->st, j->id, 0, 0, &absent, j->err, sizeof j->err);
+            json_t *entry = text ? json_loads(text, 0, NULL) : NULL;
+            j->rc = -1;
+            if (entry) {
+                json_array_extend(json_object_get(entry, "items"), j->append);
+                stored_measure(entry);
+                if (stored_fits(j->s, entry)) j->rc = put_entry(j->s, j->id, entry, text, j->err, sizeof j->err);
+                else snprintf(j->err, sizeof j->err, "it would pass response_store_bytes");
+            } else if (absent) {
+                snprintf(j->err, sizeof j->err, "it is no longer stored");
+            }
+            json_decref(entry);
+            free(text);
         }
-        json_decref(entry);
+        if (j->rc == 1) {
+            snprintf(j->err, sizeof j->err, "other writes to it came between %d tries", APPEND_TRIES);
+            j->rc = -1;
+        }
     }
 }
 
@@ -266,19 +279,24 @@ static void write_done(uv_work_t *w, int status) {
     request_unref(j->r);
     json_decref(j->entry);
     json_decref(j->append);
+    free(j->expect);
     free(j);
 }
 
 /* Runs op on the thread pool (a shared store), then `then` on the loop. */
-static void write_shared(request *r, enum write_op op, const char *id, json_t *entry, json_t *append, int suspend,
-                         void (*then)(request *r, void *arg, int rc), void *arg) {
+static void write_shared(request *r, enum write_op op, const char *id, json_t *entry, const char *expect,
+                         json_t *append, int suspend, void (*then)(request *r, void *arg, int rc), void *arg) {
     write_job *j = calloc(1, sizeof *j);
-    if (!j) {
+    char *expected = expect ? strdup(expect) : NULL;
+    if (!j || (expect && !expected)) {
+        free(j);
+        free(expected);
         json_decref(entry);
         json_decref(append);
         return then(r, arg, -1);
     }
-    *j = (write_job){.r = r, .s = r->srv, .op = op, .entry = entry, .append = append, .then = then, .arg = arg};
+    *j = (write_job){.r = r, .s = r->srv, .op = op, .entry = entry, .expect = expected, .append = append,
+                     .then = then, .arg = arg};
     snprintf(j->id, sizeof j->id, "%s", id);
     j->work.data = j;
     request_ref(r);
@@ -290,8 +308,8 @@ static void write_shared(request *r, enum write_op op, const char *id, json_t *e
     }
 }
 
-void stored_write(request *r, const char *id, json_t *entry, int suspend, void (*then)(request *r, void *arg, int rc),
-                  void *arg) {
+static void write_entry(request *r, const char *id, json_t *entry, const char *expect, int suspend,
+                        void (*then)(request *r, void *arg, int rc), void *arg) {
     server *s = r->srv;
     if (!entry || !stored_fits(s, entry)) {
         json_decref(entry);
@@ -300,16 +318,27 @@ void stored_write(request *r, const char *id, json_t *entry, int suspend, void (
     if (store_is_shared(s->st)) {
         json_t *mine = json_deep_copy(entry); /* (the store's copy is written on the pool) */
         stored_set(s, id, entry);
-        return write_shared(r, WRITE_PUT, id, mine, NULL, suspend, then, arg);
+        return write_shared(r, WRITE_PUT, id, mine, expect, NULL, suspend, then, arg);
     }
     stored_set(s, id, entry);
     then(r, arg, 0);
 }
 
+void stored_write(request *r, const char *id, json_t *entry, int suspend, void (*then)(request *r, void *arg, int rc),
+                  void *arg) {
+    write_entry(r, id, entry, NULL, suspend, then, arg);
+}
+
+void stored_update(request *r, const char *id, json_t *entry, int suspend, void (*then)(request *r, void *arg, int rc),
+                   void *arg) {
+    /* (in memory the loop runs the read and the write with nothing between them) */
+    write_entry(r, id, entry, json_string_value(json_object_get(r->srv->stored_read, id)), suspend, then, arg);
+}
+
 void stored_append(request *r, const char *id, json_t *items, int suspend, void (*then)(request *r, void *arg, int rc),
                    void *arg) {
     server *s = r->srv;
-    if (store_is_shared(s->st)) return write_shared(r, WRITE_APPEND, id, NULL, json_deep_copy(items), suspend, then, arg);
+    if (store_is_shared(s->st)) return write_shared(r, WRITE_APPEND, id, NULL, NULL, json_deep_copy(items), suspend, then, arg);
     json_t *entry = json_object_get(s->stored, id);
     if (!entry) return then(r, arg, -1);
     json_t *grown = json_deep_copy(entry);
@@ -328,7 +357,7 @@ static void stored_delete(request *r, const char *id, void (*then)(request *r, v
     server *s = r->srv;
     int had = json_object_get(s->stored, id) != NULL;
     stored_drop(s, id);
-    if (store_is_shared(s->st)) return write_shared(r, WRITE_DELETE, id, NULL, NULL, 1, then, arg);
+    if (store_is_shared(s->st)) return write_shared(r, WRITE_DELETE, id, NULL, NULL, NULL, 1, then, arg);
     then(r, arg, had);
 }
 

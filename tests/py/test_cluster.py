@@ -742,3 +742,37 @@ def test_stored_responses_are_every_replicas(tmp_path, redis):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_conversation_added_to_from_two_replicas_at_once_keeps_every_item(tmp_path, redis):
+    """Items added to one conversation through both replicas at the same moment are all kept: an
+    addition is written only while Redis still holds the conversation as it was read, else read
+    again (without that check, one replica's write replaced what the other had just added)."""
+    from server_util import openai_client
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        clients = [openai_client(s) for s in (a, b)]
+        conv = clients[0].conversations.create(items=[{"role": "user", "content": "start"}])
+        errors = []
+
+        def add(n, client):
+            try:
+                for k in range(12):
+                    client.conversations.items.create(conv.id, items=[{"role": "user", "content": f"w{n} i{k}"}])
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+
+        workers = [threading.Thread(target=add, args=(n, clients[n % 2])) for n in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert not errors, errors
+        texts = [i.content[0].text for i in clients[1].conversations.items.list(conv.id, order="asc", limit=100)]
+        assert len(texts) == 1 + 4 * 12, len(texts)
+        for n in range(4):  # each writer's items, in the order it added them
+            assert [t for t in texts if t.startswith(f"w{n} ")] == [f"w{n} i{k}" for k in range(12)]
+    finally:
+        a.stop()
+        b.stop()
