@@ -306,7 +306,7 @@ static void sse_send(request *r, json_t *j) {
 static void client_left(generation *g);
 
 static int client_gone(request *r) {
-    if (!r->conn) return 1;
+    if (!r->conn) return !r->bg; /* (a background response has no client to leave) */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 0;
     char b;
@@ -589,7 +589,7 @@ static void stream_choice_done(choice *c) {
 
 /* The status of a finished /v1/responses generation. */
 static const char *responses_status(generation *g) {
-    return strcmp(finish_reason(&g->choices[0]), "length") ? "completed" : "incomplete";
+    return background_final_status(g->r, strcmp(finish_reason(&g->choices[0]), "length") ? "completed" : "incomplete");
 }
 
 /* The finished answer's output items, made once (the stream's events and the
@@ -882,7 +882,7 @@ static void on_done_event(server *s, void *arg) {
     }
     if (g->n_done == g->n_submitted) {
         if (g->tmp_doc) release_temporary_pot(s, g);
-        if (r->conn) {
+        if (r->conn || r->bg) {
             if (g->req.stream) finish_stream(g);
             else finish_whole(g);
         }
@@ -1076,7 +1076,7 @@ static void take_turn(server *s, generation *g) {
  * its request_timeout passed; 0 when it can. */
 static int turn_lost(generation *g, api_error *e) {
     request *r = g->r;
-    if (!r->conn || client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
+    if (client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
     if (g->deadline_ms && monotonic_ms() > g->deadline_ms)
         return api_fail(e, 503, "request_timeout", NULL,
                         "no turn to answer within request_timeout (%lld s): %d answers were running "
@@ -1497,6 +1497,26 @@ static int start_recall(server *s, generation *g, api_error *e) {
 static void prompt_work(void *arg);
 static void prompt_done(request *r, void *arg);
 
+/* r's body as a generation request; a Responses request's errors name its own fields. */
+static int parse_request(request *r, int chat, int responses, api_gen_request *q, api_error *e) {
+    if (!api_parse_gen_request(r->body, r->body_len, chat, r->srv->info.n_vocab, q, e)) return 0;
+    if (responses && e->param && !strcmp(e->param, "max_tokens")) {
+        e->param = "max_output_tokens";
+        snprintf(e->message, sizeof e->message, "max_output_tokens must be a positive integer");
+    } else if (responses && e->param && !strcmp(e->param, "messages")) {
+        e->param = "input";
+    }
+    return -1;
+}
+
+int generation_check_responses(request *r, api_error *e) {
+    api_gen_request q;
+    memset(&q, 0, sizeof q);
+    int rc = parse_request(r, 1, 1, &q, e);
+    api_gen_request_free(&q);
+    return rc;
+}
+
 static void start_generation(request *r, int chat, json_t *responses, json_t *history) {
     server *s = r->srv;
     api_error e;
@@ -1511,16 +1531,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     r->gen = g;
     g->responses = responses;
     g->history = history;
-    if (api_parse_gen_request(r->body, r->body_len, chat, s->info.n_vocab, &g->req, &e)) {
-        if (responses && e.param && !strcmp(e.param, "max_tokens")) {
-            e.param = "max_output_tokens";
-            char *at = strstr(e.message, "max_tokens");
-            if (at) snprintf(e.message, sizeof e.message, "max_output_tokens must be a positive integer");
-        } else if (responses && e.param && !strcmp(e.param, "messages")) {
-            e.param = "input";
-        }
-        return respond_error(r, &e);
-    }
+    if (parse_request(r, chat, responses != NULL, &g->req, &e)) return respond_error(r, &e);
     api_gen_request *q = &g->req;
     size_t seqs = (size_t)q->n_choices * (q->n_batch ? q->n_batch : 1);
     if (seqs > (size_t)s->cfg.max_answers) { /* each its own copy of up to a window: max_answers bounds them */
@@ -1531,7 +1542,8 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     int reread = 0; /* answer from a question-guided re-read of the session's document */
     int recall = 0; /* ask with the passages of the session's document that share the question's words */
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
-    const char *sid = q->session, *header_sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
+    const char *sid = q->session,
+               *header_sid = r->conn ? MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id") : NULL;
     if (sid && header_sid && strcmp(sid, header_sid)) { /* nginx routes by the header: one of them is a mistake */
         api_fail(&e, 400, "invalid_value", "session", "the body's session and the X-Session-Id header name two sessions");
         return respond_error(r, &e);
@@ -1642,7 +1654,8 @@ static void prompt_done(request *r, void *arg) {
         }
         overflow = 1;
     }
-    random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
+    if (background_id(r)) snprintf(g->id, sizeof g->id, "%s", background_id(r)); /* (answered with it already) */
+    else random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
     random_id(g->msg_id, sizeof g->msg_id, "msg_");
     g->created = (int64_t)time(NULL);
     g->deadline_ms = request_deadline(s);
@@ -1680,6 +1693,12 @@ void route_generate_responses(request *r, json_t *responses, json_t *history) {
 void generation_cancel(generation *g) { atomic_store(&g->cancel, 1); }
 
 int generation_client_left(const generation *g) { return g->client_left; }
+
+int generation_waiting(const generation *g) {
+    for (const generation *w = g->r->srv->answers_waiting; w; w = w->next_waiting)
+        if (w == g) return 1;
+    return 0;
+}
 
 /* The client closed its side (gone, or a half-close: recv cannot tell them apart): the
  * generation stops, and what it wrote so far is not sent as if it were the answer. */

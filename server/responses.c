@@ -366,7 +366,7 @@ typedef struct keep_ctx {
 } keep_ctx;
 
 static void keep_finish(request *r, keep_ctx *k) {
-    if (r->conn) k->send(r, k->response);
+    if (r->conn || r->bg) k->send(r, k->response);
     else json_decref(k->response);
     json_decref(k->added);
     free(k);
@@ -400,6 +400,7 @@ void responses_keep(request *r, json_t *history, json_t *response, void (*send)(
     if (conv) snprintf(k->conversation, sizeof k->conversation, "%s", conv);
     json_t *entry = stored_new(r, "response", json_deep_copy(response), json_incref(items),
                                answered_messages(history, response));
+    if (r->bg) return background_keep(r, entry, kept_response, k); /* over its queued entry */
     stored_write(r, id, entry, 0, kept_response, k);
 }
 
@@ -420,11 +421,25 @@ static void answer_response_id(request *r) {
     /* GET .../input_items: the items that made it (its input's, and before them, when it continued a
        response, that chain's inputs and outputs) */
     if (strchr(path, '/')) return stored_list_page(r, json_object_get(entry, "items"));
-    if (request_reads(r)) return respond_json(r, 200, json_incref(json_object_get(entry, "object")));
+    if (request_reads(r)) {
+        json_t *object = json_object_get(entry, "object");
+        const char *now = background_status(r->srv, id); /* running here: how far it is */
+        if (!now) return respond_json(r, 200, json_incref(object));
+        object = json_deep_copy(object);
+        json_object_set_new(object, "status", json_string(now));
+        return respond_json(r, 200, object);
+    }
     stored_delete_answer(r, id, "response");
 }
 
 void route_response_id(request *r, const char *path) {
+    const char *slash = strchr(path, '/');
+    if (slash && !strcmp(slash, "/cancel")) {
+        char id[128];
+        path_id(path, id);
+        if (!stored_id_ok(id)) return response_not_found(r, NULL, id);
+        return background_cancel(r, id);
+    }
     int get = request_reads(r), del = !strcmp(r->method, "DELETE");
     if (strchr(path, '/') && !get) return respond_method_not_allowed(r, "GET, HEAD");
     if (!get && !del) return respond_method_not_allowed(r, "GET, HEAD, DELETE");
@@ -463,7 +478,7 @@ static void answer_responses(request *r) {
     api_error e;
     json_t *in = api_parse_object(r->body, r->body_len, &e), *before = NULL, *history = NULL;
     json_t *prev = json_object_get(in, "previous_response_id"), *store = json_object_get(in, "store");
-    json_t *conv_field = json_object_get(in, "conversation");
+    json_t *conv_field = json_object_get(in, "conversation"), *background = json_object_get(in, "background");
     char conv_buf[128] = "";
     const char *named = named_conversation(in);
     if (named) snprintf(conv_buf, sizeof conv_buf, "%s", named);
@@ -478,6 +493,14 @@ static void answer_responses(request *r) {
         api_fail(&e, 400, "invalid_value", "conversation", "conversation and previous_response_id cannot both be given");
     else if (prev && !json_is_null(prev) && !json_is_string(prev))
         api_fail(&e, 400, "invalid_type", "previous_response_id", "previous_response_id must be a string");
+    else if (background && !json_is_null(background) && !json_is_boolean(background))
+        api_fail(&e, 400, "invalid_type", "background", "background must be a boolean");
+    else if (json_is_true(background) && (json_is_false(store) || !r->srv->cfg.response_store_bytes))
+        api_fail(&e, 400, "invalid_value", "background", "a background response is polled from the store: it needs "
+                 "store (not false) and a server with response_store_bytes");
+    else if (json_is_true(background) && json_is_true(json_object_get(in, "stream")))
+        api_fail(&e, 400, "unsupported_parameter", "stream", "a background response is not streamed here: poll "
+                 "GET /v1/responses/{id} until its status is no longer queued or in_progress");
     else e.status = 0;
     if (!in || e.status) {
         json_decref(in);
@@ -489,6 +512,13 @@ static void answer_responses(request *r) {
         if (!entry) {
             response_not_found(r, "previous_response_id", id);
             return json_decref(in); /* (id is in it) */
+        }
+        const char *status = json_string_value(json_object_get(json_object_get(entry, "object"), "status"));
+        if (status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {
+            api_fail(&e, 400, "invalid_value", "previous_response_id",
+                     "response '%s' has not ended: poll GET /v1/responses/%s until it has", id, id);
+            json_decref(in);
+            return respond_error(r, &e);
         }
         before = json_incref(entry);
         /* a conversation over a session goes on over it, unless the request names one */
@@ -510,6 +540,9 @@ static void answer_responses(request *r) {
         }
         json_object_set_new(in, "conversation", json_pack("{s:s}", "id", conv_id)); /* (as the answer says it) */
     }
+    const char *header_sid = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
+    if (json_is_true(background) && header_sid && !json_object_get(in, "session")) /* (its request has no headers) */
+        json_object_set_new(in, "session", json_string(header_sid));
     json_t *body = chat_body(r, in, before, &history, &e);
     json_decref(before);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
@@ -529,6 +562,18 @@ static void answer_responses(request *r) {
         history = NULL;
     } else if (conv_id) {
         json_object_set_new(history, "conversation", json_string(conv_id));
+    }
+    if (json_is_true(json_object_get(in, "background"))) {
+        /* what would fail at once fails now, not as a stored "failed" response; and the session
+           must be served here (else 421: the client asks the replica holding it) */
+        const char *sid = json_string_value(json_object_get(in, "session"));
+        e.status = 0;
+        if (generation_check_responses(r, &e) || (sid && !session_lookup(r, sid, "session"))) {
+            json_decref(in);
+            json_decref(history);
+            return e.status ? respond_error(r, &e) : (void)0;
+        }
+        return background_start(r, in, history);
     }
     route_generate_responses(r, in, history);
 }
@@ -611,7 +656,7 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
     /* the request's tools as it sent them (Responses' shape) */
     if (o) json_object_set_new(o, "store", json_boolean(!json_is_false(store)));
     static const char *const echoed[] = {"tools", "tool_choice", "parallel_tool_calls", "previous_response_id",
-                                         "conversation", NULL};
+                                         "conversation", "background", NULL};
     for (const char *const *k = echoed; o && *k; k++) {
         json_t *v = json_object_get(request, *k);
         if (v && !json_is_null(v)) json_object_set(o, *k, v);

@@ -31,6 +31,7 @@ void request_unref(request *r) {
     if (r->pending) MHD_destroy_response(r->pending);
     if (r->up) upload_free(r->up);
     if (r->gen) generation_free(r->gen);
+    background_free(r->bg);
     free(r->url);
     free(r->body);
     free(r->out);
@@ -67,6 +68,10 @@ static void queue(request *r, int status, struct MHD_Response *resp) {
  * for a request without a body, waits in r->pending until the access handler
  * runs again. */
 void respond_raw(request *r, int status, struct MHD_Response *resp) {
+    if (r->bg) { /* (no answer of a background request is other than JSON) */
+        MHD_destroy_response(resp);
+        return background_answered(r, status, NULL);
+    }
     if (r->suspended || r->first_call) {
         if (r->pending) MHD_destroy_response(r->pending);
         r->pending = resp;
@@ -98,7 +103,10 @@ static struct MHD_Response *json_response(request *r, json_t *body) {
     return resp;
 }
 
-void respond_json(request *r, int status, json_t *body) { respond_raw(r, status, json_response(r, body)); }
+void respond_json(request *r, int status, json_t *body) {
+    if (r->bg) return background_answered(r, status, body);
+    respond_raw(r, status, json_response(r, body));
+}
 
 void respond_error(request *r, const api_error *e) {
     /* a busy session (an upload, a restore, a re-read holding its log) is a wait: say how long */
@@ -107,6 +115,7 @@ void respond_error(request *r, const api_error *e) {
 }
 
 void respond_retry(request *r, const api_error *e, int seconds) {
+    if (r->bg) return background_answered(r, e->status, api_error_json(e));
     struct MHD_Response *resp = json_response(r, api_error_json(e));
     char v[24];
     snprintf(v, sizeof v, "%d", seconds < 1 ? 1 : seconds);
@@ -434,6 +443,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
         const char *slash = strchr(url + 14, '/');
         if (!slash) return "/v1/responses/{id}";
         if (!strcmp(slash, "/input_items")) return "/v1/responses/{id}/input_items";
+        if (!strcmp(slash, "/cancel")) return "/v1/responses/{id}/cancel";
     }
     if (!strcmp(url, "/v1/conversations")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/conversations";
     if (!strncmp(url, "/v1/conversations/", 18) && url[18] && url[18] != '/') {

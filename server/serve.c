@@ -124,7 +124,7 @@ static void close_handles(server *s) {
 /* Requests whose client is still connected. */
 static int open_requests(server *s) {
     int n = 0;
-    for (request *r = s->live; r; r = r->next_live) n += r->conn != NULL;
+    for (request *r = s->live; r; r = r->next_live) n += r->conn != NULL || (r->bg && !r->status);
     return n;
 }
 

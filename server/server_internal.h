@@ -65,6 +65,7 @@ char *metrics_render(server *s);
 typedef struct piece piece;
 typedef struct upload upload;
 typedef struct generation generation;
+typedef struct background background;
 
 struct request {
     server *srv;
@@ -95,6 +96,7 @@ struct request {
     int stored_redone;           /* its stored_update found the entry changed and ran again (stored.c) */
     upload *up;
     generation *gen;
+    background *bg;              /* a background response's own request: no connection (background.c) */
     /* streamed response bytes (SSE), read by the content reader */
     char *out;
     size_t out_len, out_pos, out_cap;
@@ -265,6 +267,29 @@ void stored_delete_answer(request *r, const char *id, const char *object);
  * ?after an item's id; {"object": "list", "data", "first_id", "last_id", "has_more"}. */
 void stored_list_page(request *r, json_t *items);
 
+/* ---- background responses (background.c) --------------------------------------------- */
+/* POST /v1/responses with "background": true, its body checked and r->body its
+ * chat body: stores the response as "queued" and answers that (takes in and
+ * history), then generates it on a request of its own with no connection. */
+void background_start(request *r, json_t *in, json_t *history);
+/* Where a background request's answer goes (respond_json and the like on a
+ * request with bg): an error is stored as a "failed" (or "cancelled") response;
+ * takes body (may be NULL). */
+void background_answered(request *d, int status, json_t *body);
+/* A background request's finished response entry (taken) stored in place of
+ * its queued one, unless a cancel or a delete replaced that; then then(). */
+void background_keep(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg);
+/* The response id a background request generates (NULL: not one). */
+const char *background_id(const request *r);
+/* status, or "cancelled" for a background request cancelled while it ran. */
+const char *background_final_status(const request *r, const char *status);
+/* The status of response id's generation on this replica ("queued" waiting
+ * for a turn, "in_progress", "cancelled"), or NULL when none runs here. */
+const char *background_status(server *s, const char *id);
+/* POST /v1/responses/{id}/cancel. */
+void background_cancel(request *r, const char *id);
+void background_free(background *bg);
+
 /* ---- /v1/conversations (conversations.c) --------------------------------------------- */
 void route_conversations(request *r);
 /* /v1/conversations/{id}[/items[/{item_id}]] (path: what follows /v1/conversations/). */
@@ -298,6 +323,11 @@ void generation_cancel(generation *g);
 /* Whether g stopped because the server saw its client leave (a stream may have ended
  * meanwhile, with that error event, before libmicrohttpd found the socket closed). */
 int generation_client_left(const generation *g);
+/* Whether r's body (a Responses request's chat body) would be taken by
+ * route_generate_responses as a request: 0, or -1 + e. */
+int generation_check_responses(request *r, api_error *e);
+/* Whether g waits for its turn to decode (max_answers). */
+int generation_waiting(const generation *g);
 /* The housekeeping timer's, each second: generations being prepared whose
  * client left are cancelled, and answers waiting their turn whose client left
  * or whose request_timeout passed end. */

@@ -377,6 +377,8 @@ def responses_template(rng, sid, prev):
         body["store"] = False
     if rng.random() < 0.3:
         body["stream"] = True
+    if rng.random() < 0.2:  # generated apart, polled, cancelled (route response_id)
+        body["background"] = rng.choice([True, True, False, "yes"])
     if sid and rng.random() < 0.3:
         body["session"] = sid
     return body
@@ -517,8 +519,9 @@ class Pool:
         self.port, self.lock, self.ids, self.responses, self.conversations = port, threading.Lock(), [], [], []
         for _ in range(4):
             self.add()
-        for _ in range(2):  # stored responses for previous_response_id and /v1/responses/{id}
-            st, b = call(port, "POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 1})
+        for bg in (False, False, True):  # stored responses for previous_response_id and /v1/responses/{id}
+            st, b = call(port, "POST", "/v1/responses", {"input": "Count to 900.", "max_output_tokens": 1 + 800 * bg,
+                                                         "background": bg})
             if st == 200:
                 self.responses.append(b["id"])
         for _ in range(2):  # conversations for /v1/conversations/{id} and responses' conversation
@@ -547,7 +550,7 @@ def gen_json_route(rng, pool):
         r.generation = True
     elif route == "response_id":
         tail = rng.choice(["", "", "/input_items", "/input_items?order=asc&limit=2", "/input_items?after=%00&limit=-1",
-                           "/input_items/x"])
+                           "/input_items/x", "/cancel", "/cancel", "/cancel/x"])
         r = build(rng, "json", rng.choice(["GET", "DELETE", "HEAD", "POST"]), f"/v1/responses/{prev}{tail}", b"")
     elif route == "conversations":  # made, read, added to, deleted; ids real or not
         conv = rng.choice(pool.conversations + ["conv_none0", "x" * 300, "%00"]) if pool.conversations else "conv_none0"

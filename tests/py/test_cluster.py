@@ -776,3 +776,35 @@ def test_a_conversation_added_to_from_two_replicas_at_once_keeps_every_item(tmp_
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_path, redis):
+    """A background response made on one replica is polled on the other (queued until its answer
+    is in Redis, then that answer); cancelled through the replica not running it, it stays
+    cancelled: the running replica's answer, ending later, does not replace it."""
+    from server_util import openai_client
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        on_a, on_b = (openai_client(s) for s in (a, b))
+        ask = dict(model="x", input="Name three colours.", max_output_tokens=16, temperature=0)
+        made = on_a.responses.create(background=True, **ask)
+        t0 = time.time()
+        while (got := on_b.responses.retrieve(made.id)).status in ("queued", "in_progress"):
+            assert time.time() - t0 < 60
+            time.sleep(0.05)
+        assert got.output_text == on_b.responses.create(**ask).output_text
+        long = on_a.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
+                                     max_output_tokens=400, temperature=0)
+        assert on_b.responses.cancel(long.id).status == "cancelled"
+        t0 = time.time()
+        while metric(a, "potserve_answers_running") != 0:  # replica a ends its answer (not stopped: see docs)
+            assert time.time() - t0 < 120
+            time.sleep(0.2)
+        time.sleep(0.5)
+        for client in (on_a, on_b):
+            kept = client.responses.retrieve(long.id)
+            assert kept.status == "cancelled" and kept.output == [], kept
+    finally:
+        a.stop()
+        b.stop()

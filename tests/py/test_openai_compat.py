@@ -567,6 +567,98 @@ def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
         s.stop()
 
 
+# ---- background responses -----------------------------------------------------------------------
+
+def poll(client, rid, limit_s=120):
+    """The response once it has ended (neither queued nor in_progress), and the statuses seen."""
+    seen, t0 = [], time.time()
+    while time.time() - t0 < limit_s:
+        r = client.responses.retrieve(rid)
+        seen.append(r.status)
+        if r.status not in ("queued", "in_progress"):
+            return r, seen
+        time.sleep(0.05)
+    raise AssertionError(f"{rid} still {seen[-1]} after {limit_s} s")
+
+
+def test_background_responses_are_polled_to_the_answer_a_client_would_have_waited_for(srv, client):
+    """background: true answers at once with the response queued; polled, it ends as the same
+    answer a waiting client gets (text, usage), listed and continued as any stored response; over a
+    session too. One that fails once started ends "failed" with its error; what would fail at once
+    is a 400, as without background."""
+    from openai.types.responses import Response
+    ask = dict(model="x", input="Name three colours.", max_output_tokens=16, temperature=0)
+    t0 = time.time()
+    queued = client.responses.create(background=True, **ask)
+    assert queued.status == "queued" and queued.background is True and queued.output == [], queued
+    assert time.time() - t0 < 5
+    done, seen = poll(client, queued.id)
+    whole = client.responses.create(**ask)
+    assert done.status == whole.status and done.output_text == whole.output_text and done.id == queued.id
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (whole.usage.input_tokens, whole.usage.output_tokens)
+    assert set(seen) <= {"queued", "in_progress", whole.status}, seen
+    Response.model_validate(done.model_dump())  # (the SDK's own type, strictly)
+    assert [i.type for i in client.responses.input_items.list(done.id)] == ["message"]
+    after = client.responses.create(model="x", previous_response_id=done.id, input="One more.", max_output_tokens=4)
+    assert after.usage.input_tokens > done.usage.input_tokens
+    # over a session (its header or the body's field)
+    st, sess, _ = srv.request("POST", "/v1/sessions", {}, headers=auth())
+    st, _, _ = srv.request("POST", f"/v1/sessions/{sess['id']}/chunks?final=true", raw=b"The door code is 7731.",
+                           headers=auth(**{"Content-Type": "text/plain"}))
+    q = dict(model="x", input="What is the door code?", max_output_tokens=10, temperature=0)
+    by_header = client.responses.create(background=True, extra_headers={"X-Session-Id": sess["id"]}, **q)
+    over, _ = poll(client, by_header.id)
+    direct = client.responses.create(extra_body={"session": sess["id"]}, **q)
+    assert over.output_text == direct.output_text and over.model_extra["session"] == sess["id"]
+    # failed once started: a re-read needs a session (found when the generation starts)
+    failed, _ = poll(client, client.responses.create(background=True, extra_body={"reread": True}, **ask).id)
+    assert failed.status == "failed" and failed.error.code == "invalid_prompt" and "reread" in failed.error.message
+    Response.model_validate(failed.model_dump())
+    # refused at once
+    for kw, param in [({"store": False}, "background"), ({"extra_body": {"background": "yes"}}, "background"),
+                      ({"max_output_tokens": 0}, "max_output_tokens")]:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.responses.create(model="x", input="Hi", **({"background": True} | kw))
+        assert ei.value.body["param"] == param, ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", input="Hi", background=True, stream=True)
+    assert ei.value.body["param"] == "stream"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="x", input="Hi", background=True, extra_body={"session": "sess_nosuchone00"})
+
+
+def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
+    """POST /v1/responses/{id}/cancel stops a running background response: it says cancelled at
+    once, its generation stops (its decoding turn is given back), and it stays cancelled (its answer,
+    ending later, does not replace that). An ended one is answered as it is; one not made in the
+    background cannot be cancelled; an unknown one is 404."""
+    long = client.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
+                                   max_output_tokens=3000, temperature=0)
+    t0 = time.time()
+    while client.responses.retrieve(long.id).status != "in_progress":
+        assert time.time() - t0 < 60
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert metric(srv, "potserve_answers_running") == 1
+    assert client.responses.cancel(long.id).status == "cancelled"
+    t0 = time.time()
+    while metric(srv, "potserve_answers_running") != 0:  # its generation stopped (else: 3,000 tokens to go)
+        assert time.time() - t0 < 3, "the cancelled generation still runs"
+        time.sleep(0.05)
+    gone = client.responses.retrieve(long.id)
+    assert gone.status == "cancelled" and gone.output == [], gone
+    assert client.responses.cancel(long.id).status == "cancelled"
+    short = client.responses.create(model="x", input="Hi", background=True, max_output_tokens=4)
+    ended, _ = poll(client, short.id)
+    assert client.responses.cancel(short.id).status == ended.status
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(client.responses.create(model="x", input="Hi", max_output_tokens=2).id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nosuchresponse")
+    st, _, _ = srv.request("GET", f"/v1/responses/{long.id}/cancel", headers=auth())
+    assert st == 405
+
+
 # ---- prompt cache -------------------------------------------------------------------------------
 
 def test_prompt_cache_reuses_prefixes_and_changes_no_output(srv, client, tmp_path):

@@ -1,0 +1,298 @@
+/* Background responses: POST /v1/responses with "background": true (OpenAI's
+ * background mode, for answers that take minutes, such as a re-read).
+ *
+ * The request is answered at once with the response stored as "queued". Its
+ * generation runs on a request of its own with no connection (its `bg` set),
+ * made here: everything a generation answers on it ends in
+ * background_answered instead of a client. The finished response is stored
+ * as any stored response (responses_keep, through background_keep), an error
+ * as a "failed" response with its error. GET /v1/responses/{id} polls it: on
+ * the replica running it the object says "queued" while it waits for a turn
+ * and "in_progress" after; POST /v1/responses/{id}/cancel stops it.
+ *
+ * The entry written as "queued" is replaced by the answer only while it is
+ * still that entry: a cancel (which stores "cancelled") or a DELETE that came
+ * first, on any replica, is kept. With a shared store the check is Redis's
+ * (the entry's text as it was written); in memory, the entry's status. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/common.h"
+#include "server/server_internal.h"
+
+struct background {
+    char id[48];
+    json_t *in;       /* the Responses body, echoed by the objects */
+    json_t *history;  /* what it is stored with: {messages, items, own_from} */
+    char *queued;     /* the entry as written while queued (its text): the answer replaces only that */
+    int64_t created;
+    int cancelled;    /* a cancel reached it here */
+};
+
+void background_free(background *bg) {
+    if (!bg) return;
+    json_decref(bg->in);
+    json_decref(bg->history);
+    free(bg->queued);
+    free(bg);
+}
+
+/* The response object in status (no output), as the SDK's Response has it. */
+static json_t *background_object(server *s, const background *bg, const char *status) {
+    json_t *o = responses_object(bg->id, bg->created, s->model_id, status, NULL, NULL, bg->in);
+    json_t *sid = json_object_get(bg->in, "session");
+    if (o && json_is_string(sid)) json_object_set(o, "session", sid);
+    return o;
+}
+
+/* The request that runs bg's generation: no connection, the key and the chat
+ * body of the one that asked, on the server's live list (a drain waits for it). */
+static request *detached_request(request *r, background *bg) {
+    server *s = r->srv;
+    request *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->srv = s;
+    d->refs = 1; /* until background_answered */
+    d->t0 = monotonic_ms();
+    snprintf(d->method, sizeof d->method, "POST");
+    d->route = r->route;
+    d->key = r->key;
+    d->url = strdup("/v1/responses");
+    d->body = malloc(r->body_len + 1);
+    if (!d->url || !d->body) {
+        free(d->url);
+        free(d->body);
+        free(d);
+        return NULL;
+    }
+    memcpy(d->body, r->body, r->body_len);
+    d->body[r->body_len] = 0;
+    d->body_len = d->body_cap = r->body_len;
+    d->bg = bg;
+    d->next_live = s->live;
+    s->live = d;
+    s->n_live++;
+    return d;
+}
+
+/* ---- the answer: stored over the queued entry only ----------------------------------------- */
+
+typedef struct keep_ctx {
+    void (*then)(request *r, void *arg, int rc);
+    void *arg;
+} keep_ctx;
+
+static void over_queued_kept(request *r, void *arg, int rc) {
+    keep_ctx k = *(keep_ctx *)arg;
+    free(arg);
+    if (rc == 1)
+        fprintf(stderr, "potserve: %s was cancelled or deleted before it ended: its answer is not stored\n", r->bg->id);
+    k.then(r, k.arg, rc == 1 ? 0 : rc);
+}
+
+/* Stores entry (taken) in place of d's queued entry, if it is still there
+ * (else nothing: a cancel or a delete came first), then then(d, arg, rc). */
+static void write_over_queued(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg) {
+    server *s = d->srv;
+    background *bg = d->bg;
+    keep_ctx *k = malloc(sizeof *k);
+    json_t *mine = json_object_get(s->stored, bg->id);
+    const char *status = json_string_value(json_object_get(json_object_get(mine, "object"), "status"));
+    if (!k || (!store_is_shared(s->st) && !(status && !strcmp(status, "queued")))) {
+        json_decref(entry);
+        free(k);
+        return then(d, arg, k ? 0 : -1);
+    }
+    *k = (keep_ctx){then, arg};
+    /* (a shared store compares the entry's text: what stored_update writes over) */
+    json_object_set_new(s->stored_read, bg->id, json_string(bg->queued));
+    stored_update(d, bg->id, entry, 0, over_queued_kept, k);
+}
+
+void background_keep(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg) {
+    write_over_queued(d, entry, then, arg);
+}
+
+static void failed_kept(request *d, void *arg, int rc) {
+    (void)arg;
+    (void)rc;
+    request_unref(d);
+}
+
+void background_answered(request *d, int status, json_t *body) {
+    server *s = d->srv;
+    background *bg = d->bg;
+    if (d->status) return json_decref(body); /* (answered already) */
+    d->status = status;
+    srv_access_log(d);
+    if (status == 200) { /* stored already (responses_keep) */
+        json_decref(body);
+        return request_unref(d);
+    }
+    /* an error: the response failed, or (cancelled) stopped */
+    json_t *o = background_object(s, bg, bg->cancelled ? "cancelled" : "failed");
+    if (o && !bg->cancelled) { /* in OpenAI's codes (the SDK's ResponseError), ours in the message */
+        json_t *err = json_object_get(body, "error");
+        const char *code = json_string_value(json_object_get(err, "code"));
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        char text[1200];
+        snprintf(text, sizeof text, "%d %s: %s", status, code ? code : "error", msg ? msg : "");
+        json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", status == 429 ? "rate_limit_exceeded"
+                                                                         : status < 500 ? "invalid_prompt"
+                                                                                        : "server_error",
+                                                  "message", text));
+    }
+    json_decref(body);
+    json_t *entry = o ? stored_new(d, "response", o, json_incref(json_object_get(bg->history, "items")),
+                                   json_incref(json_object_get(bg->history, "messages")))
+                      : NULL;
+    write_over_queued(d, entry, failed_kept, NULL);
+}
+
+/* ---- starting ----------------------------------------------------------------------- */
+
+typedef struct queued_ctx {
+    request *d;
+    json_t *answer; /* the queued object, for the client */
+} queued_ctx;
+
+static void queued_kept(request *r, void *arg, int rc) {
+    queued_ctx q = *(queued_ctx *)arg;
+    free(arg);
+    if (rc < 0) { /* nothing runs: the request is answered as not taken */
+        json_decref(q.answer);
+        q.d->status = 503;
+        request_unref(q.d);
+        api_error e;
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the background response; retry");
+        return respond_retry(r, &e, 1);
+    }
+    respond_json(r, 200, q.answer);
+    background *bg = q.d->bg;
+    route_generate_responses(q.d, json_incref(bg->in), json_incref(bg->history));
+}
+
+void background_start(request *r, json_t *in, json_t *history) {
+    server *s = r->srv;
+    api_error e;
+    background *bg = calloc(1, sizeof *bg);
+    queued_ctx *q = bg ? calloc(1, sizeof *q) : NULL;
+    request *d = q ? detached_request(r, bg) : NULL;
+    if (!d) {
+        free(q);
+        free(bg);
+        json_decref(in);
+        json_decref(history);
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    random_id(bg->id, sizeof bg->id, "resp_");
+    bg->in = in;
+    bg->history = history;
+    bg->created = (int64_t)time(NULL);
+    json_t *object = background_object(s, bg, "queued");
+    json_t *entry = stored_new(r, "response", json_incref(object), json_incref(json_object_get(history, "items")),
+                               json_incref(json_object_get(history, "messages")));
+    bg->queued = entry ? json_dumps(entry, JSON_COMPACT) : NULL; /* (the very text a shared store is given) */
+    if (!bg->queued || !stored_fits(s, entry)) {
+        json_decref(entry);
+        json_decref(object);
+        free(q);
+        d->status = 400;
+        request_unref(d);
+        api_fail(&e, 400, "invalid_value", "input", "the response would not fit in response_store_bytes (%lld bytes)",
+                 (long long)s->cfg.response_store_bytes);
+        return respond_error(r, &e);
+    }
+    *q = (queued_ctx){.d = d, .answer = object};
+    stored_write(r, bg->id, entry, 1, queued_kept, q);
+}
+
+/* ---- polling and cancelling -------------------------------------------------------------- */
+
+const char *background_id(const request *r) { return r->bg ? r->bg->id : NULL; }
+
+const char *background_final_status(const request *r, const char *status) {
+    return r->bg && r->bg->cancelled ? "cancelled" : status;
+}
+
+/* The request running response id here, or NULL. */
+static request *running(server *s, const char *id) {
+    for (request *r = s->live; r; r = r->next_live)
+        if (r->bg && !r->status && !strcmp(r->bg->id, id)) return r;
+    return NULL;
+}
+
+const char *background_status(server *s, const char *id) {
+    request *d = running(s, id);
+    if (!d) return NULL;
+    if (d->bg->cancelled) return "cancelled";
+    return d->gen && generation_waiting(d->gen) ? "queued" : "in_progress";
+}
+
+typedef struct cancel_ctx {
+    char id[48];
+    json_t *answer;
+} cancel_ctx;
+
+static void answer_cancel(request *r);
+
+static void cancel_kept(request *r, void *arg, int rc) {
+    cancel_ctx c = *(cancel_ctx *)arg;
+    free(arg);
+    if (rc == 1 && ++r->stored_redone <= 16) { /* it changed meanwhile (it ended): look again */
+        json_decref(c.answer);
+        return stored_fetch_one(r, c.id, answer_cancel);
+    }
+    if (rc) {
+        json_decref(c.answer);
+        api_error e;
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the cancel; retry");
+        return respond_retry(r, &e, 1);
+    }
+    respond_json(r, 200, c.answer);
+}
+
+static void answer_cancel(request *r) {
+    server *s = r->srv;
+    char id[48];
+    snprintf(id, sizeof id, "%.*s", (int)strcspn(r->url + strlen("/v1/responses/"), "/"),
+             r->url + strlen("/v1/responses/"));
+    api_error e;
+    json_t *entry = stored_get(r, id, "response"), *object = json_object_get(entry, "object");
+    if (!entry) {
+        api_fail(&e, 404, "response_not_found", NULL, "no stored response '%s'", id);
+        return respond_error(r, &e);
+    }
+    if (!json_is_true(json_object_get(object, "background"))) {
+        api_fail(&e, 400, "invalid_value", NULL, "only a response created with background: true can be cancelled");
+        return respond_error(r, &e);
+    }
+    const char *status = json_string_value(json_object_get(object, "status"));
+    if (strcmp(status, "queued") && strcmp(status, "in_progress")) /* it ended: as it is */
+        return respond_json(r, 200, json_incref(object));
+    request *d = running(s, id);
+    if (d) { /* here: stopped now (its answer ends in background_answered, as cancelled) */
+        d->bg->cancelled = 1;
+        if (d->gen) generation_cancel(d->gen);
+    }
+    cancel_ctx *c = malloc(sizeof *c);
+    json_t *fresh = json_deep_copy(entry);
+    if (!c || !fresh) {
+        free(c);
+        json_decref(fresh);
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    json_object_set_new(json_object_get(fresh, "object"), "status", json_string("cancelled"));
+    snprintf(c->id, sizeof c->id, "%s", id);
+    c->answer = json_incref(json_object_get(fresh, "object"));
+    stored_update(r, id, fresh, 1, cancel_kept, c);
+}
+
+void background_cancel(request *r, const char *id) {
+    if (strcmp(r->method, "POST")) return respond_method_not_allowed(r, "POST");
+    stored_fetch_one(r, id, answer_cancel);
+}
