@@ -60,6 +60,7 @@ struct generation {
     int seq_no;
     json_t *output; /* its output items once the answer is done (responses_output) */
     json_t *history; /* stored with the answer: {messages, items} (NULL: not stored) */
+    int count_only;  /* POST /v1/responses/input_tokens: the prompt's tokens counted, nothing generated */
     int message_open;     /* a stream with tools: its message item is open (stream_ready_text) */
     int seqs;                 /* sequences it decodes: choices × prompts (what max_answers counts) */
     int rereading_asked, recall_asked; /* decided before the prompt was tokenized (prompt_work) */
@@ -1517,7 +1518,7 @@ int generation_check_responses(request *r, api_error *e) {
     return rc;
 }
 
-static void start_generation(request *r, int chat, json_t *responses, json_t *history) {
+static void start_generation(request *r, int chat, json_t *responses, json_t *history, int count_only) {
     server *s = r->srv;
     api_error e;
     generation *g = calloc(1, sizeof *g);
@@ -1531,6 +1532,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     r->gen = g;
     g->responses = responses;
     g->history = history;
+    g->count_only = count_only;
     if (parse_request(r, chat, responses != NULL, &g->req, &e)) return respond_error(r, &e);
     api_gen_request *q = &g->req;
     size_t seqs = (size_t)q->n_choices * (q->n_batch ? q->n_batch : 1);
@@ -1575,6 +1577,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
         const char **asked = asked_question(q);
         recall = !reread && (mode == API_RECALL_ON || (mode == API_RECALL_AUTO && asked && *asked && **asked &&
                                                        recall_auto_applies(g->ss)));
+        if (count_only) reread = recall = 0; /* counted: the question as asked over the session's pot */
         g->recall_auto = recall && mode == API_RECALL_AUTO;
         /* after a re-read, "auto" is decided once its pot is ready (reread_done): a re-read's pot,
            of the same budget, drops as much as the session's, and the passages add answers to it
@@ -1636,6 +1639,12 @@ static void prompt_done(request *r, void *arg) {
     json_t *responses = g->responses;
     api_error e;
     if (g->prep_err.status) return respond_error(r, &g->prep_err);
+    if (g->count_only) { /* POST /v1/responses/input_tokens: what usage.input_tokens would say (over a
+                            session, the pot's entries count as cached prompt tokens, as they do there) */
+        int64_t n = (int64_t)g->n_prompt + (g->ss ? g->ss->stats.tokens_in_pot : 0);
+        return respond_json(r, 200, json_pack("{s:s, s:I}", "object", "response.input_tokens", "input_tokens",
+                                              (json_int_t)n));
+    }
     if (q->tool_choice == TOOL_CHOICE_REQUIRED || q->tool_choice == TOOL_CHOICE_NAMED) {
         grammar *forced = api_tool_call_grammar(q, &e); /* replaces any response_format */
         if (!forced) return respond_error(r, &e);
@@ -1683,10 +1692,14 @@ static void prompt_done(request *r, void *arg) {
     take_turn(s, g);
 }
 
-void route_generate(request *r, int chat) { start_generation(r, chat, NULL, NULL); }
+void route_generate(request *r, int chat) { start_generation(r, chat, NULL, NULL, 0); }
 
 void route_generate_responses(request *r, json_t *responses, json_t *history) {
-    start_generation(r, 1, responses, history);
+    start_generation(r, 1, responses, history, 0);
+}
+
+void route_count_responses(request *r, json_t *responses, json_t *history) {
+    start_generation(r, 1, responses, history, 1);
 }
 
 /* Called when the client disconnects or the server drains. */

@@ -563,6 +563,10 @@ static void answer_responses(request *r) {
     } else if (conv_id) {
         json_object_set_new(history, "conversation", json_string(conv_id));
     }
+    if (!strcmp(r->route, "/v1/responses/input_tokens")) { /* counted: nothing generated or stored */
+        json_decref(history);
+        return route_count_responses(r, in, NULL);
+    }
     if (json_is_true(json_object_get(in, "background"))) {
         /* what would fail at once fails now, not as a stored "failed" response; and the session
            must be served here (else 421: the client asks the replica holding it) */

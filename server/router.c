@@ -439,6 +439,8 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/v1/completions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/completions";
     if (!strcmp(url, "/v1/server")) return "/v1/server";
     if (!strcmp(url, "/v1/responses")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/responses";
+    if (!strcmp(url, "/v1/responses/input_tokens"))
+        return *body = post ? BODY_JSON : BODY_NONE, "/v1/responses/input_tokens";
     if (!strncmp(url, "/v1/responses/", 14) && url[14] && url[14] != '/') {
         const char *slash = strchr(url + 14, '/');
         if (!slash) return "/v1/responses/{id}";
@@ -482,7 +484,8 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strcmp(rt, "/v1/models")) return get ? route_models(r) : respond_method_not_allowed(r, "GET, HEAD");
     if (!strcmp(rt, "/v1/chat/completions")) return post ? route_generate(r, 1) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/v1/completions")) return post ? route_generate(r, 0) : respond_method_not_allowed(r, "POST");
-    if (!strcmp(rt, "/v1/responses")) return post ? route_responses(r) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/v1/responses") || !strcmp(rt, "/v1/responses/input_tokens"))
+        return post ? route_responses(r) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/responses/{id}", 18)) return route_response_id(r, r->url + strlen("/v1/responses/"));
     if (!strcmp(rt, "/v1/conversations")) return route_conversations(r);
     if (!strncmp(rt, "/v1/conversations/{id}", 22)) return route_conversation_id(r, r->url + strlen("/v1/conversations/"));

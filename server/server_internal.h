@@ -226,6 +226,9 @@ void route_generate(request *r, int chat);
  * takes `responses` (the original body, echoed in the answer) and `history`
  * (what is stored with the answer, see responses_keep; NULL: not stored). */
 void route_generate_responses(request *r, json_t *responses, json_t *history);
+/* POST /v1/responses/input_tokens: as route_generate_responses, but answers the
+ * prompt's token count ({"object": "response.input_tokens", "input_tokens"}). */
+void route_count_responses(request *r, json_t *responses, json_t *history);
 
 /* ---- stored responses and conversations (stored.c) ---------------------------------- */
 /* Whether id can name a stored object (a store key is made of it). */

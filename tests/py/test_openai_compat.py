@@ -567,6 +567,40 @@ def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
         s.stop()
 
 
+def test_responses_input_tokens_counts_what_usage_would_say(srv, client):
+    """POST /v1/responses/input_tokens (the SDK's responses.input_tokens.count) answers the
+    input_tokens the same request's usage reports, with instructions, tools, a previous response,
+    a conversation or a session; it generates and stores nothing; bad bodies are 400s."""
+    tools = [{"type": "function", "name": "weather", "description": "Weather of a city.",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    first = client.responses.create(model="x", input="My name is Ada.", max_output_tokens=4)
+    conv = client.conversations.create(items=[{"role": "user", "content": "My name is Ada."}])
+    st, sess, _ = srv.request("POST", "/v1/sessions", {}, headers=auth())
+    srv.request("POST", f"/v1/sessions/{sess['id']}/chunks?final=true", raw=b"The door code is 7731.",
+                headers=auth(**{"Content-Type": "text/plain"}))
+    cases = [dict(input="Hi"), dict(input="Hi", instructions="Be brief."), dict(input="Weather in Oslo?", tools=tools),
+             dict(input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]),
+             dict(input="What is my name?", previous_response_id=first.id),
+             dict(input="What is my name?", conversation=conv.id)]
+    for kw in cases:
+        counted = client.responses.input_tokens.count(model="x", **kw)
+        assert counted.object == "response.input_tokens"
+        used = client.responses.create(model="x", max_output_tokens=1, store=False, **kw).usage.input_tokens
+        assert counted.input_tokens == used, (kw, counted.input_tokens, used)
+    counted = client.responses.input_tokens.count(model="x", input="What is the door code?",
+                                                  extra_body={"session": sess["id"]})
+    asked = client.responses.create(model="x", input="What is the door code?", max_output_tokens=1,
+                                    extra_body={"session": sess["id"], "recall": False})
+    assert counted.input_tokens == asked.usage.input_tokens
+    assert len(client.conversations.items.list(conv.id).data) == 1  # nothing added by counting
+    for body in (b"", b"{", b'{"input": 7}', b'{"input": "Hi", "tools": [{"type": "web_search"}]}'):
+        st, err, _ = srv.request("POST", "/v1/responses/input_tokens", raw=body,
+                                 headers=auth(**{"Content-Type": "application/json"}))
+        assert st == 400 and err["error"]["type"] == "invalid_request_error", (body, st, err)
+    st, _, _ = srv.request("GET", "/v1/responses/input_tokens", headers=auth())
+    assert st == 405
+
+
 # ---- background responses -----------------------------------------------------------------------
 
 def poll(client, rid, limit_s=120):
