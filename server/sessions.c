@@ -1105,7 +1105,9 @@ static void take_bytes(upload *u, const char *data, size_t n) {
 static void finish_duplicate(upload *u) {
     u->finished = 1;
     u->ss->busy = 0;
-    if (u->bytes == u->dup->bytes && u->crc == u->dup->crc) {
+    int same_final = (u->final != 0) == (u->dup->final != 0); /* (a retry that now says final would leave
+                                                                  the document open while its client thinks it closed) */
+    if (u->bytes == u->dup->bytes && u->crc == u->dup->crc && same_final) {
         json_t *o = session_json(u->ss->srv, u->ss);
         json_object_set_new(o, "duplicate", json_true());
         json_object_set_new(o, "chunk", json_pack("{s:I, s:I}", "seq", (json_int_t)u->seq, "bytes",
@@ -1113,8 +1115,12 @@ static void finish_duplicate(upload *u) {
         return respond_upload(u, 200, o);
     }
     api_error e;
-    api_fail(&e, 409, "seq_conflict", "seq",
-             "chunk %llu was acknowledged with different bytes", (unsigned long long)u->seq);
+    if (!same_final)
+        api_fail(&e, 409, "seq_conflict", "final", "chunk %llu was acknowledged with final=%s", (unsigned long long)u->seq,
+                 u->dup->final ? "true" : "false");
+    else
+        api_fail(&e, 409, "seq_conflict", "seq", "chunk %llu was acknowledged with different bytes",
+                 (unsigned long long)u->seq);
     respond_upload(u, 409, api_error_json(&e));
 }
 

@@ -590,9 +590,11 @@ def test_json_chunk_resends_and_seq_disagreements(srv):
     assert st == 400 and body["error"]["param"] == "seq", body
     assert srv.request("POST", path, {"text": "The end. ", "seq": 2, "final": True})[0] == 200
     for extra in ({"seq": 2}, {}):
-        st, body, _ = srv.request("POST", path, {"text": "The end. ", **extra},
+        st, body, _ = srv.request("POST", path, {"text": "The end. ", "final": True, **extra},
                                   headers={} if extra else {"X-Chunk-Seq": "2"})
         assert st == 200 and body["duplicate"] is True and body["last_seq"] == 2, body
+    st, body, _ = srv.request("POST", path, {"text": "The end. ", "seq": 2})  # (it was final)
+    assert st == 409 and body["error"]["param"] == "final", body
 
 
 def test_a_busy_session_says_when_to_retry(tmp_path):

@@ -366,7 +366,12 @@ def test_session_upload_and_answer(srv, client):
     st, d, _ = upload(srv, sess["id"], doc[:half], seq=1)
     assert st == 200 and d["duplicate"] is True and d["bytes_received"] == b["bytes_received"]
     st, d, _ = upload(srv, sess["id"], doc[:half] + "x", seq=1)
-    assert st == 409
+    assert st == 409 and d["error"]["param"] == "seq"
+    # the same bytes saying otherwise of the document's end: its client would think it closed (or open)
+    for seq, part, final in ((1, doc[:half], True), (2, doc[half:], False)):
+        st, d, _ = upload(srv, sess["id"], part, seq=seq, final=final)
+        assert st == 409 and d["error"]["code"] == "seq_conflict" and d["error"]["param"] == "final", d
+        assert f"final={'false' if final else 'true'}" in d["error"]["message"]
     r = client.chat.completions.create(model="x", max_tokens=8, temperature=0,
                                        messages=[{"role": "user", "content": "Which town is mentioned?"}],
                                        extra_body={"session": sess["id"]})
