@@ -121,6 +121,9 @@ char *metrics_render(server *s) {
             s->answers_running);
     counter(&b, "potserve_answers_waiting", "Requests waiting for a turn to answer.", "gauge",
             s->n_answers_waiting);
+    if (store_is_shared(s->st))
+        counter(&b, "potserve_store_up", "1 when the shared store answered the last lease renewal (or PING).",
+                "gauge", !s->store_silent);
     if (b.oom) {
         free(b.s);
         return NULL;

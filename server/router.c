@@ -244,7 +244,10 @@ void srv_access_log(request *r) {
 static void route_health(request *r) {
     server *s = r->srv;
     const char *st = s->loading ? "loading" : s->draining ? "draining" : "ok";
-    respond_json(r, s->loading || s->draining ? 503 : 200, json_pack("{s:s}", "status", st));
+    json_t *body = json_pack("{s:s}", "status", st);
+    /* a shared store that answered no renewal (or PING) last time: said, not a 503 (docs/cluster.md) */
+    if (store_is_shared(s->st)) json_object_set_new(body, "store", json_string(s->store_silent ? "unavailable" : "ok"));
+    respond_json(r, s->loading || s->draining ? 503 : 200, body);
 }
 
 static void route_models(request *r) {

@@ -2468,6 +2468,7 @@ typedef struct renew_job {
     session **list;
     const char **ids, **tokens;
     int *out;
+    int ping;     /* without sessions to renew: store_ping's answer */
     double asked; /* monotonic_ms before the renewals were sent */
 } renew_job;
 
@@ -2482,7 +2483,8 @@ static void renew_job_free(renew_job *j) {
 
 static void renew_work(uv_work_t *w) {
     renew_job *j = w->data;
-    store_lease_renew(j->srv->st, j->ids, j->tokens, j->n, j->out);
+    if (j->n) store_lease_renew(j->srv->st, j->ids, j->tokens, j->n, j->out);
+    else j->ping = store_ping(j->srv->st);
 }
 
 static int registered(const server *s, const session *ss) {
@@ -2496,12 +2498,12 @@ static void renew_done(uv_work_t *w, int status) {
     renew_job *j = w->data;
     server *s = j->srv;
     s->renewing = 0;
-    int answered = 0;
+    int answered = !j->n && j->ping == 0;
     for (size_t i = 0; i < j->n; i++) answered |= j->out[i] >= 0;
     if (answered == s->store_silent) /* said once per outage, and once when it ends */
         fprintf(stderr, answered ? "potserve: the store answers lease renewals again\n"
-                                 : "potserve: the store does not answer lease renewals; sessions whose lease "
-                                   "lapses meanwhile are dropped here\n");
+                                 : "potserve: the store does not answer lease renewals (or PING); sessions whose "
+                                   "lease lapses meanwhile are dropped here\n");
     s->store_silent = !answered;
     for (size_t i = 0; i < j->n; i++) {
         session *ss = j->list[i];
@@ -2526,10 +2528,12 @@ static void renew_done(uv_work_t *w, int status) {
 void sessions_renew_leases(server *s) {
     size_t n = 0;
     for (session *ss = s->sessions; ss; ss = ss->next) n++;
-    if (!n || s->renewing) return; /* one round out at a time: a stalled Redis answers none */
+    if (s->renewing) return; /* one round out at a time: a stalled Redis answers none */
+    /* (no session: a PING, so that /health knows whether the store answers) */
     renew_job *j = calloc(1, sizeof *j);
-    if (!j || !(j->list = malloc(n * sizeof *j->list)) || !(j->ids = malloc(n * sizeof *j->ids)) ||
-        !(j->tokens = malloc(n * sizeof *j->tokens)) || !(j->out = malloc(n * sizeof *j->out))) {
+    size_t m = n ? n : 1;
+    if (!j || !(j->list = malloc(m * sizeof *j->list)) || !(j->ids = malloc(m * sizeof *j->ids)) ||
+        !(j->tokens = malloc(m * sizeof *j->tokens)) || !(j->out = malloc(m * sizeof *j->out))) {
         if (j) renew_job_free(j);
         return;
     }

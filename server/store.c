@@ -247,6 +247,8 @@ int store_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
     return 1;
 }
 
+int store_ping(store *st) { return st->redis ? redis_ping(st) : 0; }
+
 void store_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
                        int *out) {
     if (st->redis) return redis_lease_renew(st, ids, tokens, n, out);

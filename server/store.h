@@ -82,6 +82,9 @@ int store_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
  * asked for it, 0 lost, -1 the store did not answer (the lease may still run). */
 void store_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
                        int *out);
+/* Whether the store answers now: 0, or -1 (Redis did not answer a PING; a
+ * directory always answers). */
+int store_ping(store *st);
 /* Gives the lease up (only if still ours). */
 void store_lease_release(store *st, const char *id, const char *token);
 

@@ -37,6 +37,7 @@ int redis_lease_acquire(store *st, const char *id, char token[STORE_TOKEN_MAX],
 void redis_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
                        int *out);
 void redis_lease_release(store *st, const char *id, const char *token);
+int redis_ping(store *st);
 int redis_response_put(store *st, const char *id, const char *entry, const char *const *items, size_t n_items,
                        int64_t max_bytes, const char *expect, char *err, size_t errlen);
 char *redis_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen);

@@ -212,6 +212,14 @@ int redis_store_init(store *st, const char *spec, char *err, size_t errlen) {
     return 0;
 }
 
+int redis_ping(store *st) {
+    char err[128];
+    const char *ping[] = {"PING"};
+    redisReply *r = command_str(st, 1, ping, err, sizeof err);
+    if (r) freeReplyObject(r);
+    return r ? 0 : -1;
+}
+
 /* ---- meta ---- */
 
 int redis_store_create(store *st, const char *id, const char *meta, char *err, size_t errlen) {

@@ -808,3 +808,31 @@ def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_p
     finally:
         a.stop()
         b.stop()
+
+
+def test_health_and_metrics_say_whether_the_store_answers(tmp_path, redis):
+    """A replica's /health and /metrics say whether Redis answers (asked with the lease renewals,
+    or a PING when it holds no session): "store": "unavailable" and potserve_store_up 0 while it
+    does not, "ok" and 1 again once it does. /health stays 200 (a probe failing on every replica
+    at once would restart them all, and none starts without Redis: docs/cluster.md)."""
+    a = replica(tmp_path / "a", redis, "a").start()
+
+    def state():
+        st, body, _ = a.request("GET", "/health")
+        assert st == 200 and body["status"] == "ok", body
+        return body["store"], metric(a, "potserve_store_up")
+
+    try:
+        assert state() == ("ok", 1)
+        redis.stop()
+        t0 = time.time()
+        while state() != ("unavailable", 0):
+            assert time.time() - t0 < 10, "the store's outage never showed"
+            time.sleep(0.1)
+        redis.start()
+        t0 = time.time()
+        while state() != ("ok", 1):
+            assert time.time() - t0 < 10, "the store's return never showed"
+            time.sleep(0.1)
+    finally:
+        a.stop()
