@@ -173,6 +173,13 @@ json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t l
  * call comes, begins with them, less any whitespace before them). Whitespace
  * at their end waits, as it would be trimmed before a call. 0 with other choices. */
 size_t api_tool_text_ready(const api_gen_request *r, const char *text, size_t len);
+/* The answer's first call as far as text has come, to stream as it is written:
+ * a forced call (api_forced_call_progress), or with tool_choice auto one the
+ * model writes in its template's format once its name is whole and names a
+ * tool; the same outputs. NULL before (an auto call written in another shape,
+ * arguments first, comes whole at the end). */
+const char *api_call_progress(const api_gen_request *r, const char *text, size_t len, size_t *args_at,
+                              size_t *args_len, int *whole);
 /* The call tool_choice required or named forces, as far as text has come: the
  * tool's name once sure (NULL before, or when no call is forced), where its
  * arguments start (*args_at) and how many bytes of them are written

@@ -359,27 +359,6 @@ static json_t *call_json(const char *name, const char *args, size_t n_args) {
     return json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", id, "type", "function", "function", "name", name, "arguments", a);
 }
 
-/* The call in one JSON text, or NULL when it is not one of the tools. */
-static json_t *one_call(const api_gen_request *r, const char *s, size_t n) {
-    json_t *v = json_loadb(s, n, 0, NULL);
-    json_t *name = json_object_get(v, "name"), *args = json_object_get(v, "arguments");
-    if (!args) args = json_object_get(v, "parameters");
-    json_t *call = NULL;
-    size_t i;
-    json_t *tool;
-    if (json_is_string(name) && json_is_object(args))
-        json_array_foreach(r->tools, i, tool)
-            if (!strcmp(json_string_value(json_object_get(json_object_get(tool, "function"), "name")),
-                        json_string_value(name))) {
-                char *a = json_dumps(args, JSON_COMPACT);
-                call = a ? call_json(json_string_value(name), a, strlen(a)) : NULL;
-                free(a);
-                break;
-            }
-    json_decref(v);
-    return call;
-}
-
 /* The bytes of a JSON value written at the start of s (n bytes): through its
  * end once written (a string, object or array closed; a bare number or word
  * ends at the first byte that cannot be its), else all of s; *whole says which. */
@@ -409,6 +388,86 @@ static size_t json_value_extent(const char *s, size_t n, int *whole) {
     return n;
 }
 
+/* Whether s (n bytes) has lit at *i, which then passes it. */
+static int lit_at(const char *s, size_t n, size_t *i, const char *lit) {
+    size_t k = strlen(lit);
+    if (*i + k > n || memcmp(s + *i, lit, k)) return 0;
+    *i += k;
+    return 1;
+}
+
+/* A call as the model writes one, {"name": "<tool>", "arguments": {...}} (or
+ * "parameters"), as far as s (n bytes) has come: the tool (one of r's) once its
+ * name is written whole, and where the arguments' object starts (*args_at);
+ * NULL before that, or when the call is written otherwise (another key order:
+ * it is then read whole at the end). */
+static const char *call_head(const api_gen_request *r, const char *s, size_t n, size_t *args_at) {
+    size_t i = 0;
+#define SKIP_WS() while (i < n && strchr(" \t\r\n", s[i])) i++
+    SKIP_WS();
+    if (!lit_at(s, n, &i, "{")) return NULL;
+    SKIP_WS();
+    if (!lit_at(s, n, &i, "\"name\"")) return NULL;
+    SKIP_WS();
+    if (!lit_at(s, n, &i, ":")) return NULL;
+    SKIP_WS();
+    if (!lit_at(s, n, &i, "\"")) return NULL;
+    size_t name_at = i;
+    while (i < n && s[i] != '"' && s[i] != '\\') i++;
+    if (i >= n || s[i] != '"') return NULL;
+    size_t name_len = i++ - name_at;
+    const char *tool = NULL;
+    for (size_t t = 0; t < json_array_size(r->tools) && !tool; t++) {
+        const char *name = tool_name_at(r, t);
+        if (name && strlen(name) == name_len && !memcmp(name, s + name_at, name_len)) tool = name;
+    }
+    if (!tool) return NULL;
+    SKIP_WS();
+    if (!lit_at(s, n, &i, ",")) return NULL;
+    SKIP_WS();
+    if (!lit_at(s, n, &i, "\"arguments\"") && !lit_at(s, n, &i, "\"parameters\"")) return NULL;
+    SKIP_WS();
+    if (!lit_at(s, n, &i, ":")) return NULL;
+    SKIP_WS();
+#undef SKIP_WS
+    if (i >= n || s[i] != '{') return NULL;
+    *args_at = i;
+    return tool;
+}
+
+/* The call in one JSON text, or NULL when it is not one of the tools. Its
+ * arguments are the text the model wrote (what a stream sent as it came), or,
+ * written in another shape, the object as parsed. */
+static json_t *one_call(const api_gen_request *r, const char *s, size_t n) {
+    json_t *v = json_loadb(s, n, 0, NULL);
+    json_t *name = json_object_get(v, "name"), *args = json_object_get(v, "arguments");
+    if (!args) args = json_object_get(v, "parameters");
+    json_t *call = NULL;
+    size_t i;
+    json_t *tool;
+    if (json_is_string(name) && json_is_object(args))
+        json_array_foreach(r->tools, i, tool)
+            if (!strcmp(json_string_value(json_object_get(json_object_get(tool, "function"), "name")),
+                        json_string_value(name))) {
+                size_t at = 0, len = 0;
+                int whole = 0;
+                const char *head = call_head(r, s, n, &at);
+                if (head && !strcmp(head, json_string_value(name))) len = json_value_extent(s + at, n - at, &whole);
+                json_t *raw = whole ? json_loadb(s + at, len, 0, NULL) : NULL;
+                if (raw && json_equal(raw, args)) {
+                    call = call_json(head, s + at, len);
+                } else {
+                    char *a = json_dumps(args, JSON_COMPACT);
+                    call = a ? call_json(json_string_value(name), a, strlen(a)) : NULL;
+                    free(a);
+                }
+                json_decref(raw);
+                break;
+            }
+    json_decref(v);
+    return call;
+}
+
 const char *api_forced_call_progress(const api_gen_request *r, const char *text, size_t len, size_t *args_at,
                                      size_t *args_len, int *whole) {
     if (!r->tools || (r->tool_choice != TOOL_CHOICE_REQUIRED && r->tool_choice != TOOL_CHOICE_NAMED)) return NULL;
@@ -426,6 +485,25 @@ const char *api_forced_call_progress(const api_gen_request *r, const char *text,
         return name;
     }
     return NULL;
+}
+
+const char *api_call_progress(const api_gen_request *r, const char *text, size_t len, size_t *args_at,
+                              size_t *args_len, int *whole) {
+    const char *forced = api_forced_call_progress(r, text, len, args_at, args_len, whole);
+    if (forced || !r->tools || r->tool_choice != TOOL_CHOICE_AUTO) return forced;
+    size_t from = 0; /* chatml: the first <tool_call>; llama3: the answer is the call */
+    if (format_of(r->tool_format) == FORMAT_CHATML) {
+        static const char OPEN[] = "<tool_call>";
+        const char *a = memmem(text, len, OPEN, sizeof OPEN - 1);
+        if (!a) return NULL;
+        from = (size_t)(a - text) + sizeof OPEN - 1;
+    }
+    size_t at;
+    const char *name = call_head(r, text + from, len - from, &at);
+    if (!name) return NULL;
+    *args_at = from + at;
+    *args_len = json_value_extent(text + *args_at, len - *args_at, whole);
+    return name;
 }
 
 json_t *api_find_tool_calls(const api_gen_request *r, const char *text, size_t len, char **content) {

@@ -24,10 +24,12 @@ typedef struct choice {
     size_t text_sent; /* a stream with tools (auto): the bytes of its text sent so far (stream_ready_text) */
     VEC(size_t) lp_end; /* a stream with tools: where each logprobs entry's token ends in text (SIZE_MAX:
                            its character is not whole yet, it ends with the next text) */
-    /* a stream's forced call (stream_forced_call): opened (its ids and name sent), the bytes of its
-       arguments sent */
+    /* a stream's first call, streamed as it is written (stream_first_call): opened (its ids and name
+       sent), the bytes of its arguments sent, its output item's index (/v1/responses: 1 when the
+       message item was open before it) */
     int call_open;
     size_t args_sent;
+    int call_index;
     char call_id[48], fc_id[48];
     engine_gen_result res;
     int done, rc;
@@ -382,17 +384,19 @@ static void stream_ready_text(choice *c) {
     c->text_sent = ready;
 }
 
-/* A stream's forced call (tool_choice required or named) as it is written: its
- * id and name once the name is sure, then its arguments as they come (chat:
- * tool_calls deltas; /v1/responses: the function_call item's events). The
- * answer's end sends the rest (send_tool_calls, responses_item_done). */
-static void stream_forced_call(choice *c) {
+/* A stream's first call as it is written (forced by tool_choice required or
+ * named, or written by the model with auto): its id and name once the name is
+ * sure, then its arguments as they come (chat: tool_calls deltas; /v1/responses:
+ * the function_call item's events). The answer's end sends the rest
+ * (send_tool_calls, responses_item_done) and any further calls whole. */
+static void stream_first_call(choice *c) {
     generation *g = c->g;
     size_t at, n;
     int whole;
-    const char *name = api_forced_call_progress(&g->req, c->text, c->len, &at, &n, &whole);
+    const char *name = api_call_progress(&g->req, c->text, c->len, &at, &n, &whole);
     if (!name) return;
     if (!c->call_open) {
+        c->call_index = g->responses && g->message_open; /* (after the message item its text opened) */
         random_id(c->call_id, sizeof c->call_id, "call_");
         if (!g->responses) {
             sse_send(g->r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls",
@@ -402,7 +406,7 @@ static void stream_forced_call(choice *c) {
             random_id(c->fc_id, sizeof c->fc_id, "fc_");
             json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", c->fc_id, "call_id",
                                      c->call_id, "name", name, "arguments", "");
-            responses_item_added(g, 0, item);
+            responses_item_added(g, c->call_index, item);
             json_decref(item);
         }
         c->call_open = 1;
@@ -414,8 +418,34 @@ static void stream_forced_call(choice *c) {
                                                           "function", "arguments", d)));
     else
         responses_event(g, "response.function_call_arguments.delta",
-                        json_pack("{s:s, s:i, s:o}", "item_id", c->fc_id, "output_index", 0, "delta", d));
+                        json_pack("{s:s, s:i, s:o}", "item_id", c->fc_id, "output_index", c->call_index, "delta", d));
     c->args_sent = n;
+}
+
+/* The answer's calls as its stream sent them: the first, when streamed as it
+ * was written, with the id it was sent with and its arguments as written (also
+ * when max_tokens cut it, or cut it so that the answer's calls lost it: then it
+ * is the only one). Takes calls (may be NULL); NULL when there are none. */
+static json_t *calls_as_streamed(choice *c, json_t *calls) {
+    if (!c->call_open) return calls;
+    generation *g = c->g;
+    size_t at, n;
+    int whole;
+    const char *name = api_call_progress(&g->req, c->text, c->len, &at, &n, &whole);
+    if (!name) return calls; /* (cannot be: it was sent) */
+    if (!calls) calls = json_array();
+    json_t *first = json_array_get(calls, 0);
+    const char *had = json_string_value(json_object_get(json_object_get(first, "function"), "name"));
+    if (!first || !had || strcmp(had, name)) { /* cut (or not parsed as a call after all): as far as it came */
+        json_array_clear(calls);
+        json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", c->call_id, "type", "function",
+                                               "function", "name", name, "arguments", ""));
+        first = json_array_get(calls, 0);
+    }
+    json_object_set_new(first, "id", json_string(c->call_id));
+    json_t *args = json_stringn(c->text + at, n);
+    json_object_set_new(json_object_get(first, "function"), "arguments", args ? args : json_string(""));
+    return calls;
 }
 
 /* Of the content an answer with calls gets (its text around them, trimmed), the bytes
@@ -500,7 +530,7 @@ static void on_text_event(server *s, void *arg) {
         }
         if (g->req.stream && r->conn) {
             stream_ready_text(c);
-            stream_forced_call(c);
+            stream_first_call(c);
         }
     }
     free(ev);
@@ -523,7 +553,7 @@ static void send_tool_calls(choice *c, json_t *calls) {
     json_array_foreach(calls, i, call) {
         json_t *fn = json_object_get(call, "function");
         const char *args = json_string_value(json_object_get(fn, "arguments"));
-        size_t from = i == 0 && c->call_open ? c->args_sent : 0; /* (a forced call: sent as it came) */
+        size_t from = i == 0 && c->call_open ? c->args_sent : 0; /* (the first: sent as it came) */
         if (!(i == 0 && c->call_open))
             sse_send(r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls",
                                                            "index", (int)i, "id", json_object_get(call, "id"), "type",
@@ -549,7 +579,7 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
     char *content = NULL;
     const char *text = c->text ? c->text : "";
     json_t *calls = api_find_tool_calls(&g->req, text, c->len, &content);
-    if (!calls) {
+    if (!calls && !c->call_open) {
         json_t *cut = api_cut_tool_call(&g->req, text, c->len);
         if (cut) send_tool_calls(c, cut);
         else if (c->len > c->text_sent)
@@ -558,6 +588,7 @@ static const char *stream_tool_answer(choice *c, const char *finish) {
         json_decref(cut);
         return finish;
     }
+    calls = calls_as_streamed(c, calls);
     size_t sent = content_sent(c); /* (the stream may carry whitespace the answer began with) */
     if (content && strlen(content) > sent) {
         /* the text before the first call with its tokens' logprobs (the calls' markup has none here) */
@@ -602,33 +633,35 @@ static json_t *responses_output(generation *g) {
     const char *text = c->text ? c->text : "", *status = responses_status(g);
     char *content = NULL;
     json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, text, c->len, &content) : NULL;
-    if (!calls && tools_active(g)) calls = api_cut_tool_call(&g->req, text, c->len); /* cut short: incomplete */
-    json_t *items = json_array();
+    if (!calls && tools_active(g) && !c->call_open) calls = api_cut_tool_call(&g->req, text, c->len); /* cut short */
+    calls = calls_as_streamed(c, calls);
+    json_t *items = json_array(), *msg = NULL;
     if (!calls || content) {
         json_t *t = calls ? json_string(content) : json_stringn(text, c->len);
-        json_t *msg = responses_message(g->msg_id, status, t ? t : json_string(""));
+        msg = responses_message(g->msg_id, status, t ? t : json_string(""));
         /* the tokens' logprobs, when asked for and they are the text's (not a call's markup too) */
         json_object_set_new(json_array_get(json_object_get(msg, "content"), 0), "logprobs",
                             !calls && c->logprobs ? json_incref(c->logprobs) : json_array());
-        json_array_append_new(items, msg);
         json_decref(t);
     }
     free(content);
+    /* the message first, unless a call streamed as it came opened before it (text after that call) */
+    int message_last = c->call_open && c->call_index == 0;
+    if (msg && !message_last) json_array_append_new(items, msg);
     size_t i;
     json_t *call;
     json_array_foreach(calls, i, call) {
         json_t *fn = json_object_get(call, "function");
         char fc_id[48];
         random_id(fc_id, sizeof fc_id, "fc_");
-        if (i == 0 && c->call_open) { /* a forced call streamed as it came: the ids it was sent with */
+        if (i == 0 && c->call_open) /* streamed as it came: the item id it was sent with */
             snprintf(fc_id, sizeof fc_id, "%s", c->fc_id);
-            json_object_set_new(call, "id", json_string(c->call_id));
-        }
         json_array_append_new(items, json_pack("{s:s, s:s, s:O, s:O, s:O, s:s}", "type", "function_call", "id", fc_id,
                                                "call_id", json_object_get(call, "id"), "name",
                                                json_object_get(fn, "name"), "arguments",
                                                json_object_get(fn, "arguments"), "status", status));
     }
+    if (msg && message_last) json_array_append_new(items, msg);
     json_decref(calls);
     return g->output = items;
 }
@@ -689,7 +722,7 @@ static void responses_item_done(generation *g, int index, json_t *item) {
     } else {
         json_t *args = json_object_get(item, "arguments");
         choice *c = &g->choices[0];
-        size_t from = index == 0 && c->call_open ? c->args_sent : 0; /* (a forced call: sent as it came) */
+        size_t from = index == c->call_index && c->call_open ? c->args_sent : 0; /* (sent as it came) */
         if (!from || json_string_length(args) > from)
             responses_event(g, "response.function_call_arguments.delta",
                             json_pack("{s:O, s:i, s:s}", "item_id", id, "output_index", index, "delta",
@@ -732,7 +765,7 @@ static void responses_stream_end(generation *g) {
             if (text && g->message_open) { /* (raw without calls; trimmed, with) */
                 choice *c = &g->choices[0];
                 sent = strncmp(json_string_value(text), c->text, c->text_sent) ? content_sent(c) : c->text_sent;
-            } else if (!(i == 0 && g->choices[0].call_open)) { /* (a forced call's item is open) */
+            } else if (!((int)i == g->choices[0].call_index && g->choices[0].call_open)) { /* (its item is open) */
                 responses_item_added(g, (int)i, item);
             }
             if (json_string_length(text) > sent) { /* with its tokens' logprobs: all, or those before a call */

@@ -192,9 +192,18 @@ def test_streamed_answers_with_tools_send_their_text_as_it_comes(client):
         assert "".join(texts) == (m.content or ""), (texts, m.content)
         assert [(t.function.name, t.function.arguments) for t in calls if t.function.name] == \
             [(t.function.name, "") for t in m.tool_calls or []]
+        built = {}
+        for t in calls:  # each call's name, then its arguments in pieces
+            built.setdefault(t.index, [t.function.name, ""])[1] += t.function.arguments or ""
+        assert [tuple(built[i]) for i in sorted(built)] == \
+            [(t.function.name, t.function.arguments) for t in m.tool_calls or []]
         assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
         if messages is ASK:
             assert not m.tool_calls and len(texts) > 10, texts  # (the model answers this one in words)
+        else:  # the first call the model writes streams as it is written: its arguments in many chunks
+            first = [i for i, c in enumerate(chunks) if c.choices and any(
+                t.index == 0 and t.function.arguments for t in c.choices[0].delta.tool_calls or [])]
+            assert len(first) >= 4 and first[-1] - first[0] >= 3, first
 
 
 def test_streamed_answers_with_tools_carry_their_tokens_logprobs(client):
@@ -360,8 +369,16 @@ def test_responses_streamed_with_tools_send_their_text_as_it_comes(client):
         assert events[-1].response.output_text == whole.output_text
         if messages is ASK:
             assert len(deltas) > 10 and not calls_of(whole), deltas
-        else:
+        else:  # the first call streams as it is written, at the index the finished output gives it
             assert calls_of(whole)
+            args = [e for e in events if e.type == "response.function_call_arguments.delta"]
+            first = whole.output.index(next(o for o in whole.output if o.type == "function_call"))
+            assert len([e for e in args if e.output_index == first]) >= 4, args
+            added = [e for e in events if e.type == "response.output_item.added"]
+            assert [(e.output_index, e.item.type) for e in added] == \
+                sorted((e.output_index, e.item.type) for e in added)  # each item opened at its own index
+            assert [(e.output_index, e.item.id) for e in added] == \
+                [(i, o.id) for i, o in enumerate(events[-1].response.output)]  # as the stream's own response says
 
 
 def test_responses_call_cut_short_is_incomplete(client):

@@ -78,7 +78,7 @@ TEST(tools_found_in_generated_text) {
     CHECK_EQ_INT(json_array_size(calls), 2); /* the unknown tool stays text; the unclosed last one counts */
     json_t *fn = json_object_get(json_array_get(calls, 0), "function");
     CHECK_STR(json_string_value(json_object_get(fn, "name")), "get_weather");
-    CHECK_STR(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Rome\"}");
+    CHECK_STR(json_string_value(json_object_get(fn, "arguments")), "{\"city\": \"Rome\"}"); /* as written */
     CHECK(content && !strncmp(content, "Let me check.", 13) && strstr(content, "nope"));
     free(content);
     json_decref(calls);
@@ -216,4 +216,69 @@ TEST(tools_forced_call_streams_its_arguments_as_written) {
         json_decref(found);
         api_gen_request_free(&r);
     }
+}
+
+/* A call the model writes itself (tool_choice auto) as a stream sends it: after the
+ * text before it, the name once it is written whole and names a tool (not while it
+ * could still be another: "get_weather" is not "get_weather_now"), arguments that
+ * only grow and are the whole answer's as written; a call written in another shape
+ * (arguments first), or naming no tool, is not streamed, and its arguments are the
+ * object as parsed. */
+TEST(tools_auto_call_streams_its_arguments_as_written) {
+    static const char *const texts[] = {
+        "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"n\": [1, 2]}}\n"
+        "</tool_call>",
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Nice\"}}",
+    };
+    static const char *const args[] = {"{\"city\": \"Oslo\", \"n\": [1, 2]}", "{\"city\": \"Nice\"}"};
+    for (int fam = 0; fam < 2; fam++) {
+        api_gen_request r;
+        api_error e;
+        CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"auto\""), 0);
+        CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
+        const char *text = texts[fam], *want = args[fam];
+        size_t len = strlen(text), at0 = (size_t)(strstr(text, want) - text), last = 0;
+        for (size_t k = 0; k <= len; k++) {
+            size_t at = 0, n = 0;
+            int whole = 0;
+            const char *name = api_call_progress(&r, text, k, &at, &n, &whole);
+            CHECK((name != NULL) == (k > at0)); /* (once the arguments' brace is there) */
+            if (!name) continue;
+            CHECK_STR(name, "get_weather");
+            CHECK_EQ_INT((int)at, (int)at0);
+            CHECK(n >= last && n <= strlen(want) && !strncmp(text + at, want, n));
+            CHECK_EQ_INT(whole, k >= at0 + strlen(want));
+            last = n;
+        }
+        char *content = NULL;
+        json_t *found = api_find_tool_calls(&r, text, len, &content);
+        CHECK_EQ_INT(json_array_size(found), 1);
+        CHECK_STR(json_string_value(json_object_get(json_object_get(json_array_get(found, 0), "function"), "arguments")),
+                  want);
+        CHECK(fam ? content == NULL : content && !strcmp(content, "Let me look."));
+        free(content);
+        json_decref(found);
+        api_gen_request_free(&r);
+    }
+    api_gen_request r;
+    api_error e;
+    CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"auto\""), 0);
+    CHECK_EQ_INT(api_render_tools(&r, "chatml", &e), 0);
+    static const char *const unstreamed[] = {
+        "<tool_call>\n{\"arguments\": {\"city\": \"Oslo\"}, \"name\": \"get_weather\"}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"get_weather_now\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        "The weather is fine.",
+    };
+    for (int i = 0; i < 3; i++) {
+        size_t at, n;
+        int whole;
+        CHECK(api_call_progress(&r, unstreamed[i], strlen(unstreamed[i]), &at, &n, &whole) == NULL);
+    }
+    char *content = NULL;
+    json_t *found = api_find_tool_calls(&r, unstreamed[0], strlen(unstreamed[0]), &content);
+    CHECK_STR(json_string_value(json_object_get(json_object_get(json_array_get(found, 0), "function"), "arguments")),
+              "{\"city\":\"Oslo\"}");
+    json_decref(found);
+    free(content);
+    api_gen_request_free(&r);
 }
