@@ -173,10 +173,33 @@ TEST(tools_text_ready_is_the_content_so_far) {
     api_gen_request_free(&r);
 }
 
-/* A forced call as a stream sends it: at every prefix of the call (both formats), the
- * name once the whole prefix is written, arguments that only grow, are the start of
- * the whole answer's arguments (as written: spaces kept), and are whole (through
- * their closing brace, nothing of the call's end) from the moment that brace comes. */
+/* A call as a stream sends it (api_call_progress at every prefix of text): the
+ * name from prefix length `from` on, arguments that only grow, are the start of
+ * want (the whole answer's, as written) and whole (through their closing brace,
+ * nothing of the call's end) from the moment that brace comes. */
+static void check_streamed_call(const api_gen_request *r, const char *text, const char *want, size_t from) {
+    size_t len = strlen(text), at0 = (size_t)(strstr(text, want) - text), last = 0;
+    int was_whole = 0;
+    for (size_t k = 0; k <= len; k++) {
+        size_t at = 0, n = 0;
+        int whole = 0;
+        const char *name = api_call_progress(r, text, k, &at, &n, &whole);
+        CHECK((name != NULL) == (k >= from));
+        if (!name) continue;
+        CHECK_STR(name, "get_weather");
+        CHECK_EQ_INT((int)at, (int)at0);
+        CHECK(n >= last && n <= strlen(want) && !strncmp(text + at, want, n));
+        CHECK_EQ_INT(whole, k >= at0 + strlen(want));
+        CHECK(!was_whole || whole);
+        last = n;
+        was_whole = whole;
+    }
+    CHECK(was_whole && last == strlen(want));
+}
+
+/* A forced call as a stream sends it (check_streamed_call, both formats): its name
+ * once the whole prefix the grammar forces is written; and the whole answer's
+ * arguments are the text the model wrote (spaces kept). */
 TEST(tools_forced_call_streams_its_arguments_as_written) {
     static const char *const calls[] = {
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}}\n"
@@ -190,23 +213,8 @@ TEST(tools_forced_call_streams_its_arguments_as_written) {
         CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"required\""), 0);
         CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
         const char *text = calls[fam], *want = args[fam];
-        size_t len = strlen(text), at0 = (size_t)(strstr(text, want) - text), last = 0;
-        int was_whole = 0;
-        for (size_t k = 0; k <= len; k++) {
-            size_t at = 0, n = 0;
-            int whole = 0;
-            const char *name = api_forced_call_progress(&r, text, k, &at, &n, &whole);
-            CHECK((name != NULL) == (k >= at0));
-            if (!name) continue;
-            CHECK_STR(name, "get_weather");
-            CHECK_EQ_INT((int)at, (int)at0);
-            CHECK(n >= last && n <= strlen(want) && !strncmp(text + at, want, n));
-            CHECK_EQ_INT(whole, k >= at0 + strlen(want));
-            CHECK(!was_whole || whole);
-            last = n;
-            was_whole = whole;
-        }
-        CHECK(was_whole && last == strlen(want));
+        size_t len = strlen(text);
+        check_streamed_call(&r, text, want, (size_t)(strstr(text, want) - text));
         char *content = NULL;
         json_t *found = api_find_tool_calls(&r, text, len, &content);
         CHECK_EQ_INT(json_array_size(found), 1);
@@ -237,19 +245,8 @@ TEST(tools_auto_call_streams_its_arguments_as_written) {
         CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"auto\""), 0);
         CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
         const char *text = texts[fam], *want = args[fam];
-        size_t len = strlen(text), at0 = (size_t)(strstr(text, want) - text), last = 0;
-        for (size_t k = 0; k <= len; k++) {
-            size_t at = 0, n = 0;
-            int whole = 0;
-            const char *name = api_call_progress(&r, text, k, &at, &n, &whole);
-            CHECK((name != NULL) == (k > at0)); /* (once the arguments' brace is there) */
-            if (!name) continue;
-            CHECK_STR(name, "get_weather");
-            CHECK_EQ_INT((int)at, (int)at0);
-            CHECK(n >= last && n <= strlen(want) && !strncmp(text + at, want, n));
-            CHECK_EQ_INT(whole, k >= at0 + strlen(want));
-            last = n;
-        }
+        size_t len = strlen(text);
+        check_streamed_call(&r, text, want, (size_t)(strstr(text, want) - text) + 1); /* (its brace written) */
         char *content = NULL;
         json_t *found = api_find_tool_calls(&r, text, len, &content);
         CHECK_EQ_INT(json_array_size(found), 1);
