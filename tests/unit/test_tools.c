@@ -197,62 +197,46 @@ static void check_streamed_call(const api_gen_request *r, const char *text, cons
     CHECK(was_whole && last == strlen(want));
 }
 
-/* A forced call as a stream sends it (check_streamed_call, both formats): its name
- * once the whole prefix the grammar forces is written; and the whole answer's
- * arguments are the text the model wrote (spaces kept). */
-TEST(tools_forced_call_streams_its_arguments_as_written) {
-    static const char *const calls[] = {
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}}\n"
-        "</tool_call>",
-        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Nice\"}}",
+/* A call as a stream sends it (check_streamed_call), forced (required) or written by
+ * the model itself (auto), both formats: the name once the prefix the grammar forces
+ * is written, or (auto) once the model has written it whole and it names a tool (not
+ * while it could still be another: "get_weather" is not "get_weather_now"), after
+ * the text before it; the whole answer's arguments are the text the model wrote
+ * (spaces kept). A call written in another shape (arguments first), or naming no
+ * tool, is not streamed, and its arguments are the object as parsed. */
+TEST(tools_calls_stream_their_arguments_as_written) {
+    static const struct {
+        const char *choice, *family, *text, *args, *content;
+        size_t after; /* the name is sure this many bytes after the arguments start */
+    } cases[] = {
+        {"required", "chatml",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}}\n"
+         "</tool_call>",
+         "{\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}", NULL, 0},
+        {"required", "llama3", "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Nice\"}}",
+         "{\"city\": \"Nice\"}", NULL, 0},
+        {"auto", "chatml",
+         "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"n\": [1, 2]}}\n"
+         "</tool_call>",
+         "{\"city\": \"Oslo\", \"n\": [1, 2]}", "Let me look.", 1},
+        {"auto", "llama3", "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Nice\"}}",
+         "{\"city\": \"Nice\"}", NULL, 1},
     };
-    static const char *const args[] = {"{\"city\": \"Rome \\\"}{\\\"\", \"n\": [1, {}]}", "{\"city\": \"Nice\"}"};
-    for (int fam = 0; fam < 2; fam++) {
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         api_gen_request r;
         api_error e;
-        CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"required\""), 0);
-        CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
-        const char *text = calls[fam], *want = args[fam];
-        size_t len = strlen(text);
-        check_streamed_call(&r, text, want, (size_t)(strstr(text, want) - text));
+        char extra[64];
+        snprintf(extra, sizeof extra, ",\"tool_choice\":\"%s\"", cases[i].choice);
+        CHECK_EQ_INT(parse(&r, extra), 0);
+        CHECK_EQ_INT(api_render_tools(&r, cases[i].family, &e), 0);
+        const char *text = cases[i].text, *want = cases[i].args;
+        check_streamed_call(&r, text, want, (size_t)(strstr(text, want) - text) + cases[i].after);
         char *content = NULL;
-        json_t *found = api_find_tool_calls(&r, text, len, &content);
+        json_t *found = api_find_tool_calls(&r, text, strlen(text), &content);
         CHECK_EQ_INT(json_array_size(found), 1);
         CHECK_STR(json_string_value(json_object_get(json_object_get(json_array_get(found, 0), "function"), "arguments")),
                   want);
-        CHECK(content == NULL);
-        json_decref(found);
-        api_gen_request_free(&r);
-    }
-}
-
-/* A call the model writes itself (tool_choice auto) as a stream sends it: after the
- * text before it, the name once it is written whole and names a tool (not while it
- * could still be another: "get_weather" is not "get_weather_now"), arguments that
- * only grow and are the whole answer's as written; a call written in another shape
- * (arguments first), or naming no tool, is not streamed, and its arguments are the
- * object as parsed. */
-TEST(tools_auto_call_streams_its_arguments_as_written) {
-    static const char *const texts[] = {
-        "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"n\": [1, 2]}}\n"
-        "</tool_call>",
-        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Nice\"}}",
-    };
-    static const char *const args[] = {"{\"city\": \"Oslo\", \"n\": [1, 2]}", "{\"city\": \"Nice\"}"};
-    for (int fam = 0; fam < 2; fam++) {
-        api_gen_request r;
-        api_error e;
-        CHECK_EQ_INT(parse(&r, ",\"tool_choice\":\"auto\""), 0);
-        CHECK_EQ_INT(api_render_tools(&r, fam ? "llama3" : "chatml", &e), 0);
-        const char *text = texts[fam], *want = args[fam];
-        size_t len = strlen(text);
-        check_streamed_call(&r, text, want, (size_t)(strstr(text, want) - text) + 1); /* (its brace written) */
-        char *content = NULL;
-        json_t *found = api_find_tool_calls(&r, text, len, &content);
-        CHECK_EQ_INT(json_array_size(found), 1);
-        CHECK_STR(json_string_value(json_object_get(json_object_get(json_array_get(found, 0), "function"), "arguments")),
-                  want);
-        CHECK(fam ? content == NULL : content && !strcmp(content, "Let me look."));
+        CHECK(cases[i].content ? content && !strcmp(content, cases[i].content) : content == NULL);
         free(content);
         json_decref(found);
         api_gen_request_free(&r);
