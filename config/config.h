@@ -37,6 +37,7 @@ typedef struct server_config {
                                  '#' comments ("") */
     char *durability;         /* fsync | none (fsync) */
     int64_t max_chunk_bytes;  /* largest upload body (256M) -> 413 */
+    int64_t upload_buffer_bytes; /* ?wait=false chunks' bytes read ahead of the engine, all uploads (64M) */
     int64_t max_body_bytes;   /* largest JSON request body (16M) -> 413 */
     int64_t max_header_bytes; /* request line + headers (16K) */
     int64_t max_connections;  /* open connections (256) */

@@ -383,6 +383,7 @@ struct server {
     json_t *stored;
     size_t stored_bytes;
     json_t *stored_read; /* a shared store: id -> the entry's text as the last fetch read it (stored_update) */
+    int64_t upload_pieces; /* uploads' pieces between arrival and ingest, all together (sessions.c) */
     /* live requests, and every open connection (router.c) */
     request *live;
     int n_live;

@@ -5,7 +5,8 @@
  * An upload's bytes go: MHD piece -> 16 KiB piece -> log append (thread pool,
  * one disk operation per session at a time) -> engine ingest (engine thread)
  * -> done event (loop). At most MAX_IN_FLIGHT pieces are between arrival and
- * ingest; beyond that the connection is suspended, so memory does not grow
+ * ingest (a ?wait=false chunk: more, within upload_buffer_bytes for all
+ * uploads); beyond that the connection is suspended, so memory does not grow
  * with the body. A chunk is committed (fsync) only after every piece is
  * ingested, and acknowledged after the commit. A chunk that fails is
  * truncated out of the log and the pot is rebuilt from the log, so a failed
@@ -64,6 +65,22 @@ struct upload {
 };
 
 /* ---- small helpers ------------------------------------------------------------------- */
+
+static void in_flight_add(upload *u, int d) {
+    u->in_flight += d;
+    u->ss->srv->upload_pieces += d;
+}
+
+/* Whether u must wait for the engine before reading on: MAX_IN_FLIGHT pieces
+ * are between arrival and ingest. A ?wait=false chunk (acknowledged once
+ * durable, before its ingest) reads on past them while all uploads together
+ * hold less than upload_buffer_bytes, so that its 202 need not wait for the
+ * engine to come within 128 KiB of its end. */
+static int in_flight_full(const upload *u) {
+    if (u->in_flight < MAX_IN_FLIGHT) return 0;
+    const server *s = u->ss->srv;
+    return u->wait || s->upload_pieces * PIECE_BYTES >= s->cfg.upload_buffer_bytes;
+}
 
 static char *path_join(const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
@@ -743,10 +760,10 @@ static void disk_done(uv_work_t *w, int status) {
         if (op->began) u->began = 1; /* even when the append then failed: the abort closes it */
         if (op->rc) {
             fail_storage(u, op, "cannot write the chunk to the log: %s");
-            u->in_flight--;
+            in_flight_add(u, -1);
             free(op->p);
         } else if (u->failed || !op->p->n) { /* an empty chunk's record: nothing to ingest */
-            u->in_flight--;
+            in_flight_add(u, -1);
             free(op->p);
         } else {
             ingest_ctx *c = calloc(1, sizeof *c);
@@ -758,7 +775,7 @@ static void disk_done(uv_work_t *w, int status) {
             if (srv_ingest(s, u->ss->doc, op->p->data, op->p->n, 0, piece_ingested, c)) {
                 request_unref(u->r);
                 fail_upload(u, 503, "unavailable", "%s", "the engine is stopping");
-                u->in_flight--;
+                in_flight_add(u, -1);
                 free(op->p);
                 free(c);
             }
@@ -802,7 +819,7 @@ static void piece_ingested_loop(server *s, void *arg) {
     s->m.compressions += ss->stats.compressions - comp;
     s->m.ingest_ms += ss->stats.ingest_ms - ims;
     s->m.compress_ms += ss->stats.compress_ms - cms;
-    u->in_flight--;
+    in_flight_add(u, -1);
     if (c->rc) {
         if ((s->draining || s->stopping) && strstr(c->err, "shutting down")) /* the engine stopped at the drain's end */
             fail_upload(u, 503, "shutting_down", "%s", "the server is shutting down; the chunk was not kept");
@@ -896,7 +913,7 @@ static void drop_queued_pieces(upload *u) {
         piece *p = u->disk_head;
         u->disk_head = p->next;
         free(p);
-        u->in_flight--;
+        in_flight_add(u, -1);
         u->to_disk--;
     }
     u->disk_tail = NULL;
@@ -989,7 +1006,7 @@ static void upload_step(upload *u) {
         if (!u->disk_head) u->disk_tail = NULL;
         return disk_submit(u, 0, p);
     }
-    if (r->suspended && !u->body_done && u->in_flight < MAX_IN_FLIGHT) request_wake(r);
+    if (r->suspended && !u->body_done && !in_flight_full(u)) request_wake(r);
     if (!u->body_done) return;
     if (u->acked) {
         if (u->in_flight == 0) acked_ingest_ended(u);
@@ -1003,12 +1020,12 @@ static void upload_step(upload *u) {
         c->doc = ss->doc;
         u->final_pushed = 1;
         touch_engine(u);
-        u->in_flight++;
+        in_flight_add(u, 1);
         request_ref(r);
         if (srv_ingest(s, ss->doc, "", 0, 1, piece_ingested, c)) {
             request_unref(r);
             free(c);
-            u->in_flight--;
+            in_flight_add(u, -1);
             fail_upload(u, 503, "unavailable", "%s", "the engine is stopping");
         }
         return upload_step(u);
@@ -1016,7 +1033,7 @@ static void upload_step(upload *u) {
     if (!u->began) { /* an empty chunk still gets its record */
         piece *p = calloc(1, sizeof *p);
         if (!p) abort();
-        u->in_flight++;
+        in_flight_add(u, 1);
         u->to_disk++;
         return disk_submit(u, 0, p);
     }
@@ -1036,6 +1053,7 @@ void upload_free(upload *u) {
     }
     free(u->cur);
     if (u->ss) {
+        u->ss->srv->upload_pieces -= u->in_flight; /* (pieces never handed to the log or the engine) */
         drop_kept(u);
         if (!u->finished && u->ss->busy) {
             /* the client left: the chunk was never acknowledged */
@@ -1064,7 +1082,7 @@ static void dispatch_piece(upload *u) {
     if (u->disk_tail) u->disk_tail->next = p;
     else u->disk_head = p;
     u->disk_tail = p;
-    u->in_flight++;
+    in_flight_add(u, 1);
     u->to_disk++;
     upload_step(u);
 }
@@ -1180,7 +1198,7 @@ void upload_receive(request *r, const char *data, size_t *size) {
         if (!u->failed) take_bytes(u, data, *size);
         *size = 0;
         /* back-pressure: stop reading while the engine is behind */
-        if (u->in_flight >= MAX_IN_FLIGHT && !u->failed) request_suspend(r);
+        if (in_flight_full(u) && !u->failed) request_suspend(r);
         return;
     }
     if (u->body_done) return;

@@ -224,6 +224,31 @@ def test_acknowledged_chunks_waiting_for_the_engine_are_bounded(tmp_path):
         assert s.stop() == 0
 
 
+def test_a_large_chunk_without_waiting_is_acknowledged_once_durable(tmp_path):
+    """?wait=false on a chunk larger than the 128 KiB an upload reads ahead of the engine: its 202
+    came only once the engine was within 128 KiB of its end (a 400 KB chunk: after 70 s of a 98 s
+    ingest). Now the upload reads on within upload_buffer_bytes (all uploads together), so the 202
+    comes once the chunk is in the log, long before its ingest ends; with upload_buffer_bytes 0
+    the old bound holds."""
+    doc = text(3600).encode()[:144 * 1024]  # past the 128 KiB read-ahead by ~4K tokens
+    took, seen = {}, {}
+    for knob in ("64M", "0"):
+        s = Server(tmp_path / knob, "--durability", "none", "--upload-buffer-bytes", knob).start()
+        try:
+            st, made, _ = s.request("POST", "/v1/sessions", {})  # (the default pot: a faster ingest)
+            sid = made["id"]
+            t0 = time.time()
+            st, body, _ = upload(s, sid, doc, "?wait=false", timeout=300)
+            took[knob] = time.time() - t0
+            assert st == 202 and body["bytes_received"] == len(doc), body
+            seen[knob] = session(s, sid)
+        finally:
+            s.kill()
+    assert seen["64M"]["status"] == "ingesting", seen["64M"]
+    assert seen["64M"]["tokens_ingested"] < seen["0"]["tokens_ingested"] / 2, seen
+    assert took["64M"] < took["0"] / 5, took
+
+
 def test_bad_byte_in_a_later_segment_is_answered(srv):
     sid = new_session(srv)
     first, bad = b"Hello world. ", b"\xff"
