@@ -29,6 +29,7 @@ struct background {
     char *queued;     /* the entry as written while queued (its text): the answer replaces only that */
     int64_t created;
     int cancelled;    /* a cancel reached it here */
+    int stopped;      /* the server stopped it at the end of a drain: it ends "failed" */
 };
 
 void background_free(background *bg) {
@@ -112,6 +113,11 @@ static void write_over_queued(request *d, json_t *entry, void (*then)(request *r
 }
 
 void background_keep(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg) {
+    if (d->bg->stopped) /* (its status says failed already: background_final_status) */
+        json_object_set_new(json_object_get(entry, "object"), "error",
+                            json_pack("{s:s, s:s}", "code", "server_error", "message",
+                                      "the server stopped before the answer ended (the output is what it had "
+                                      "generated): ask again"));
     write_over_queued(d, entry, then, arg);
 }
 
@@ -215,7 +221,21 @@ void background_start(request *r, json_t *in, json_t *history) {
 const char *background_id(const request *r) { return r->bg ? r->bg->id : NULL; }
 
 const char *background_final_status(const request *r, const char *status) {
-    return r->bg && r->bg->cancelled ? "cancelled" : status;
+    return !r->bg ? status : r->bg->cancelled ? "cancelled" : r->bg->stopped ? "failed" : status;
+}
+
+void background_stop_all(server *s) {
+    for (request *r = s->live; r; r = r->next_live)
+        if (r->bg && !r->status) {
+            r->bg->stopped = 1;
+            if (r->gen) generation_cancel(r->gen);
+        }
+}
+
+int background_pending(const server *s) {
+    for (const request *r = s->live; r; r = r->next_live)
+        if (r->bg) return 1; /* (answered, its entry may still be on its way to the store) */
+    return 0;
 }
 
 /* The request running response id here, or NULL. */

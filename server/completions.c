@@ -1111,6 +1111,8 @@ static void take_turn(server *s, generation *g) {
 static int turn_lost(generation *g, api_error *e) {
     request *r = g->r;
     if (client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
+    if (r->bg && atomic_load(&g->cancel)) /* a background response cancelled, or stopped by a drain */
+        return api_fail(e, 503, "shutting_down", NULL, "stopped before its turn came"), 1;
     if (g->deadline_ms && monotonic_ms() > g->deadline_ms)
         return api_fail(e, 503, "request_timeout", NULL,
                         "no turn to answer within request_timeout (%lld s): %d answers were running "

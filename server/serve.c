@@ -143,7 +143,7 @@ static void on_housekeeping(uv_timer_t *t) {
         return;
     }
     if (s->snapshots_deadline > 0) { /* (snapshot_saved stops the loop after the last one) */
-        if (!sessions_saving(s) || now > s->snapshots_deadline) uv_stop(s->loop);
+        if ((!sessions_saving(s) && !background_pending(s)) || now > s->snapshots_deadline) uv_stop(s->loop);
         return;
     }
     /* draining: wait for open requests and disk work, at most shutdown_grace; what is
@@ -151,12 +151,13 @@ static void on_housekeeping(uv_timer_t *t) {
     int done = open_requests(s) == 0 || now > s->drain_deadline;
     if (done) {
         for (session *ss = s->sessions; ss; ss = ss->next) session_snapshot(s, ss);
+        background_stop_all(s); /* stored as failed, not left queued (the loop waits for them below) */
         atomic_store(&s->abandon_replays, 1); /* restores under way end at their next engine chunk */
         fprintf(stderr, "potserve: drained, stopping\n");
         /* the loop runs on until the snapshots are written: a shared store's leases are still
            renewed meanwhile (a snapshot written after its lease lapsed is refused, FENCED) */
         s->snapshots_deadline = now + SNAPSHOTS_AT_STOP_MS;
-        if (!sessions_saving(s)) uv_stop(s->loop);
+        if (!sessions_saving(s) && !background_pending(s)) uv_stop(s->loop);
     }
 }
 

@@ -289,6 +289,12 @@ const char *background_final_status(const request *r, const char *status);
 /* The status of response id's generation on this replica ("queued" waiting
  * for a turn, "in_progress", "cancelled"), or NULL when none runs here. */
 const char *background_status(server *s, const char *id);
+/* At the end of a drain: every background response still running here is
+ * stopped, to be stored as "failed" (not left queued in a shared store). */
+void background_stop_all(server *s);
+/* Whether a background response's request is still live here (running, or its
+ * entry on its way to the store): a stopping server waits for it. */
+int background_pending(const server *s);
 /* POST /v1/responses/{id}/cancel. */
 void background_cancel(request *r, const char *id);
 void background_free(background *bg);

@@ -1552,7 +1552,8 @@ static void snapshot_saved(server *s, void *arg) {
     free(j->path);
     session_unref(ss);
     free(j);
-    if (s->snapshots_deadline > 0 && !sessions_saving(s)) uv_stop(s->loop); /* the stop's last snapshot */
+    if (s->snapshots_deadline > 0 && !sessions_saving(s) && !background_pending(s))
+        uv_stop(s->loop); /* the stop's last snapshot */
 }
 
 static void save_task(engine *e, void *arg) {

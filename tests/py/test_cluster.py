@@ -836,3 +836,27 @@ def test_health_and_metrics_say_whether_the_store_answers(tmp_path, redis):
             time.sleep(0.1)
     finally:
         a.stop()
+
+
+def test_a_background_response_a_stopping_replica_cannot_finish_ends_failed(tmp_path, redis):
+    """A replica stopped (SIGTERM) while its background response runs past shutdown_grace stops
+    it and stores it as failed, with what it had generated and an error saying to ask again,
+    before it exits: it was left queued in Redis, and its client polled for ever."""
+    from server_util import openai_client
+    a = replica(tmp_path / "a", redis, "a", "--shutdown-grace", "1").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        on_a, on_b = openai_client(a), openai_client(b)
+        long = on_a.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
+                                     max_output_tokens=3000, temperature=0)
+        t0 = time.time()
+        while on_a.responses.retrieve(long.id).status != "in_progress":
+            assert time.time() - t0 < 60
+            time.sleep(0.05)
+        assert a.stop(timeout=90) == 0
+        ended = on_b.responses.retrieve(long.id)
+        assert ended.status == "failed" and ended.error.code == "server_error", ended
+        assert "ask again" in ended.error.message and ended.output_text, ended
+    finally:
+        a.stop()
+        b.stop()
