@@ -58,11 +58,11 @@ KNOWN = {
     # "Request content too large"), before the application sees the request.
     "mhd_html_malformed_request": "MHD's own HTML 400 for unparsable framing",
     # libmicrohttpd 0.9.75 sends "100 Continue" for "Expect: 100-continue" over an
-    # empty body (Content-Length: 0), and when any byte follows the headers it
-    # closes the connection without the response it was given: a 30-line MHD
-    # server answering every request at once does the same (its handler is called
-    # and queues a 200 that never reaches the socket).
-    "mhd_expect_continue_empty_body": "MHD closes an Expect: 100-continue request with Content-Length 0 and bytes after it",
+    # empty body (Content-Length: 0), and when any byte follows the headers the
+    # response it is given never reaches the socket: a 30-line MHD server answering
+    # every request at once closes such a connection without it; here it waits for
+    # its idle timeout (connection_timeout).
+    "mhd_expect_continue_empty_body": "MHD loses the answer to Expect: 100-continue over Content-Length 0 with bytes after it",
 }
 # (hang_generation_over_session, a chat over a session answered only at
 # shutdown, is fixed: request_timeout was checked per generated token, so a
