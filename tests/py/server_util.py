@@ -128,3 +128,27 @@ def serve(tmp_path_factory, *flags):
 def openai_client(server, key="none"):
     import openai
     return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=300)
+
+
+def background_ended(client, rid, limit_s=120):
+    """A background response once it has ended (neither queued nor in_progress), and the
+    statuses polling saw."""
+    seen, t0 = [], time.time()
+    while time.time() - t0 < limit_s:
+        r = client.responses.retrieve(rid)
+        seen.append(r.status)
+        if r.status not in ("queued", "in_progress"):
+            return r, seen
+        time.sleep(0.05)
+    raise AssertionError(f"{rid} still {seen[-1]} after {limit_s} s")
+
+
+def background_running(client):
+    """A background response that decodes for a while (a count to 3,000), once it runs."""
+    long = client.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
+                                   max_output_tokens=3000, temperature=0)
+    t0 = time.time()
+    while client.responses.retrieve(long.id).status != "in_progress":
+        assert time.time() - t0 < 60, "the background response never ran"
+        time.sleep(0.05)
+    return long

@@ -782,17 +782,14 @@ def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_p
     """A background response made on one replica is polled on the other (queued until its answer
     is in Redis, then that answer); cancelled through the replica not running it, it stays
     cancelled: the running replica's answer, ending later, does not replace it."""
-    from server_util import openai_client
+    from server_util import background_ended, openai_client
     a = replica(tmp_path / "a", redis, "a").start()
     b = replica(tmp_path / "b", redis, "b").start()
     try:
         on_a, on_b = (openai_client(s) for s in (a, b))
         ask = dict(model="x", input="Name three colours.", max_output_tokens=16, temperature=0)
         made = on_a.responses.create(background=True, **ask)
-        t0 = time.time()
-        while (got := on_b.responses.retrieve(made.id)).status in ("queued", "in_progress"):
-            assert time.time() - t0 < 60
-            time.sleep(0.05)
+        got, _ = background_ended(on_b, made.id)
         assert got.output_text == on_b.responses.create(**ask).output_text
         long = on_a.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
                                      max_output_tokens=400, temperature=0)
@@ -842,17 +839,12 @@ def test_a_background_response_a_stopping_replica_cannot_finish_ends_failed(tmp_
     """A replica stopped (SIGTERM) while its background response runs past shutdown_grace stops
     it and stores it as failed, with what it had generated and an error saying to ask again,
     before it exits: it was left queued in Redis, and its client polled for ever."""
-    from server_util import openai_client
+    from server_util import background_running, openai_client
     a = replica(tmp_path / "a", redis, "a", "--shutdown-grace", "1").start()
     b = replica(tmp_path / "b", redis, "b").start()
     try:
         on_a, on_b = openai_client(a), openai_client(b)
-        long = on_a.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
-                                     max_output_tokens=3000, temperature=0)
-        t0 = time.time()
-        while on_a.responses.retrieve(long.id).status != "in_progress":
-            assert time.time() - t0 < 60
-            time.sleep(0.05)
+        long = background_running(on_a)
         assert a.stop(timeout=90) == 0
         ended = on_b.responses.retrieve(long.id)
         assert ended.status == "failed" and ended.error.code == "server_error", ended

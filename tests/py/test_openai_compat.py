@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from server_util import Server, openai_client, serve
+from server_util import Server, background_ended, background_running, openai_client, serve
 
 KEY = "compat-key-0123456789"
 ORIGIN = "https://app.example"
@@ -603,18 +603,6 @@ def test_responses_input_tokens_counts_what_usage_would_say(srv, client):
 
 # ---- background responses -----------------------------------------------------------------------
 
-def poll(client, rid, limit_s=120):
-    """The response once it has ended (neither queued nor in_progress), and the statuses seen."""
-    seen, t0 = [], time.time()
-    while time.time() - t0 < limit_s:
-        r = client.responses.retrieve(rid)
-        seen.append(r.status)
-        if r.status not in ("queued", "in_progress"):
-            return r, seen
-        time.sleep(0.05)
-    raise AssertionError(f"{rid} still {seen[-1]} after {limit_s} s")
-
-
 def test_background_responses_are_polled_to_the_answer_a_client_would_have_waited_for(srv, client):
     """background: true answers at once with the response queued; polled, it ends as the same
     answer a waiting client gets (text, usage), listed and continued as any stored response; over a
@@ -626,7 +614,7 @@ def test_background_responses_are_polled_to_the_answer_a_client_would_have_waite
     queued = client.responses.create(background=True, **ask)
     assert queued.status == "queued" and queued.background is True and queued.output == [], queued
     assert time.time() - t0 < 5
-    done, seen = poll(client, queued.id)
+    done, seen = background_ended(client, queued.id)
     whole = client.responses.create(**ask)
     assert done.status == whole.status and done.output_text == whole.output_text and done.id == queued.id
     assert (done.usage.input_tokens, done.usage.output_tokens) == (whole.usage.input_tokens, whole.usage.output_tokens)
@@ -641,11 +629,11 @@ def test_background_responses_are_polled_to_the_answer_a_client_would_have_waite
                            headers=auth(**{"Content-Type": "text/plain"}))
     q = dict(model="x", input="What is the door code?", max_output_tokens=10, temperature=0)
     by_header = client.responses.create(background=True, extra_headers={"X-Session-Id": sess["id"]}, **q)
-    over, _ = poll(client, by_header.id)
+    over, _ = background_ended(client, by_header.id)
     direct = client.responses.create(extra_body={"session": sess["id"]}, **q)
     assert over.output_text == direct.output_text and over.model_extra["session"] == sess["id"]
     # failed once started: a re-read needs a session (found when the generation starts)
-    failed, _ = poll(client, client.responses.create(background=True, extra_body={"reread": True}, **ask).id)
+    failed, _ = background_ended(client, client.responses.create(background=True, extra_body={"reread": True}, **ask).id)
     assert failed.status == "failed" and failed.error.code == "invalid_prompt" and "reread" in failed.error.message
     Response.model_validate(failed.model_dump())
     # refused at once
@@ -666,12 +654,7 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
     once, its generation stops (its decoding turn is given back), and it stays cancelled (its answer,
     ending later, does not replace that). An ended one is answered as it is; one not made in the
     background cannot be cancelled; an unknown one is 404."""
-    long = client.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
-                                   max_output_tokens=3000, temperature=0)
-    t0 = time.time()
-    while client.responses.retrieve(long.id).status != "in_progress":
-        assert time.time() - t0 < 60
-        time.sleep(0.05)
+    long = background_running(client)
     time.sleep(0.3)
     assert metric(srv, "potserve_answers_running") == 1
     assert client.responses.cancel(long.id).status == "cancelled"
@@ -683,7 +666,7 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
     assert gone.status == "cancelled" and gone.output == [], gone
     assert client.responses.cancel(long.id).status == "cancelled"
     short = client.responses.create(model="x", input="Hi", background=True, max_output_tokens=4)
-    ended, _ = poll(client, short.id)
+    ended, _ = background_ended(client, short.id)
     assert client.responses.cancel(short.id).status == ended.status
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(client.responses.create(model="x", input="Hi", max_output_tokens=2).id)

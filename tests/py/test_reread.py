@@ -90,18 +90,14 @@ def test_a_background_response_rereads_while_its_client_polls(srv):
     documents): asked as a background response over the Responses API, it is queued at once and
     polled, and ends with the answer and the "reread" object a waiting client would have had."""
     import time
-    from server_util import openai_client
+    from server_util import background_ended, openai_client
     up = session_with(srv, natural_document(1, 10000), budget_tokens=512, keep_tokens=256)
     client = openai_client(srv)
     t0 = time.time()
     queued = client.responses.create(model="x", input=QUESTION, max_output_tokens=12, temperature=0, background=True,
                                      extra_body={"session": up["id"], "reread": True})
     assert queued.status == "queued" and time.time() - t0 < 5
-    seen = set()
-    while (got := client.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
-        seen.add(got.status)
-        assert time.time() - t0 < 600
-        time.sleep(0.5)
+    got, seen = background_ended(client, queued.id, limit_s=600)
     assert "in_progress" in seen and got.status in ("completed", "incomplete"), (seen, got)
     assert got.output_text.strip().startswith(f"The pass key is {KEY}"), got.output_text
     assert got.model_extra["reread"]["tokens"] == up["tokens_ingested"]
