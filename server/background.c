@@ -13,7 +13,15 @@
  * The entry written as "queued" is replaced by the answer only while it is
  * still that entry: a cancel (which stores "cancelled") or a DELETE that came
  * first, on any replica, is kept. With a shared store the check is Redis's
- * (the entry's text as it was written); in memory, the entry's status. */
+ * (the entry's text as it was written); in memory, the entry's status.
+ *
+ * With a shared store the replica running a response also keeps its run mark
+ * (server/store.h) alive, renewed with the session leases. A mark gone at a
+ * renewal means the entry was replaced elsewhere (a cancel or a delete through
+ * another replica): the generation stops. A poll through another replica that
+ * finds the entry still unfinished and its mark gone knows its runner died (or
+ * lost the store for lease_ms), and stores it as "failed", so that a client
+ * never polls a response nobody runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +38,17 @@ struct background {
     int64_t created;
     int cancelled;    /* a cancel reached it here */
     int stopped;      /* the server stopped it at the end of a drain: it ends "failed" */
+    int lost;         /* its run mark was gone at a renewal: stopped, it ends "failed" (stored only where
+                         its entry is still the queued one) */
 };
+
+/* Why bg ended "failed" though its generation did not fail, or NULL. */
+static const char *stopped_why(const background *bg) {
+    return bg->stopped ? "the server stopped before the answer ended (the output is what it had generated): ask again"
+           : bg->lost  ? "the response was replaced through another replica, or this replica lost the store for "
+                         "longer than lease_ms, before the answer ended: ask again"
+                       : NULL;
+}
 
 void background_free(background *bg) {
     if (!bg) return;
@@ -113,11 +131,10 @@ static void write_over_queued(request *d, json_t *entry, void (*then)(request *r
 }
 
 void background_keep(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg) {
-    if (d->bg->stopped) /* (its status says failed already: background_final_status) */
+    const char *why = stopped_why(d->bg);
+    if (why) /* (its status says failed already: background_final_status) */
         json_object_set_new(json_object_get(entry, "object"), "error",
-                            json_pack("{s:s, s:s}", "code", "server_error", "message",
-                                      "the server stopped before the answer ended (the output is what it had "
-                                      "generated): ask again"));
+                            json_pack("{s:s, s:s}", "code", "server_error", "message", why));
     write_over_queued(d, entry, then, arg);
 }
 
@@ -144,7 +161,8 @@ void background_answered(request *d, int status, json_t *body) {
         const char *code = json_string_value(json_object_get(err, "code"));
         const char *msg = json_string_value(json_object_get(err, "message"));
         char text[1200];
-        snprintf(text, sizeof text, "%d %s: %s", status, code ? code : "error", msg ? msg : "");
+        snprintf(text, sizeof text, "%d %s: %s", status, code ? code : "error",
+                 stopped_why(bg) ? stopped_why(bg) : msg ? msg : "");
         json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", status == 429 ? "rate_limit_exceeded"
                                                                          : status < 500 ? "invalid_prompt"
                                                                                         : "server_error",
@@ -162,6 +180,9 @@ void background_answered(request *d, int status, json_t *body) {
 typedef struct queued_ctx {
     request *d;
     json_t *answer; /* the queued object, for the client */
+    json_t *entry;  /* what is stored (a shared store: once its run mark is there) */
+    int marked;     /* store_response_run_mark's answer */
+    char err[160];
 } queued_ctx;
 
 static void queued_kept(request *r, void *arg, int rc) {
@@ -169,6 +190,7 @@ static void queued_kept(request *r, void *arg, int rc) {
     free(arg);
     if (rc < 0) { /* nothing runs: the request is answered as not taken */
         json_decref(q.answer);
+        json_decref(q.entry);
         q.d->status = 503;
         request_unref(q.d);
         api_error e;
@@ -178,6 +200,23 @@ static void queued_kept(request *r, void *arg, int rc) {
     respond_json(r, 200, q.answer);
     background *bg = q.d->bg;
     route_generate_responses(q.d, json_incref(bg->in), json_incref(bg->history));
+}
+
+static void mark_work(void *arg) {
+    queued_ctx *q = arg;
+    q->marked = store_response_run_mark(q->d->srv->st, q->d->bg->id, q->err, sizeof q->err);
+}
+
+/* The run mark is there before the queued entry: a reader never sees the entry without it. */
+static void marked(request *r, void *arg) {
+    queued_ctx *q = arg;
+    if (q->marked < 0) {
+        fprintf(stderr, "potserve: %s not stored: %s\n", q->d->bg->id, q->err);
+        return queued_kept(r, q, -1);
+    }
+    json_t *entry = q->entry;
+    q->entry = NULL;
+    stored_write(r, q->d->bg->id, entry, 1, queued_kept, q);
 }
 
 void background_start(request *r, json_t *in, json_t *history) {
@@ -212,7 +251,9 @@ void background_start(request *r, json_t *in, json_t *history) {
                  (long long)s->cfg.response_store_bytes);
         return respond_error(r, &e);
     }
-    *q = (queued_ctx){.d = d, .answer = object};
+    *q = (queued_ctx){.d = d, .answer = object, .entry = entry};
+    if (store_is_shared(s->st)) return request_work(r, 1, mark_work, marked, q);
+    q->entry = NULL;
     stored_write(r, bg->id, entry, 1, queued_kept, q);
 }
 
@@ -221,7 +262,7 @@ void background_start(request *r, json_t *in, json_t *history) {
 const char *background_id(const request *r) { return r->bg ? r->bg->id : NULL; }
 
 const char *background_final_status(const request *r, const char *status) {
-    return !r->bg ? status : r->bg->cancelled ? "cancelled" : r->bg->stopped ? "failed" : status;
+    return !r->bg ? status : r->bg->cancelled ? "cancelled" : stopped_why(r->bg) ? "failed" : status;
 }
 
 void background_stop_all(server *s) {
@@ -245,11 +286,151 @@ static request *running(server *s, const char *id) {
     return NULL;
 }
 
-const char *background_status(server *s, const char *id) {
-    request *d = running(s, id);
-    if (!d) return NULL;
-    if (d->bg->cancelled) return "cancelled";
-    return d->gen && generation_waiting(d->gen) ? "queued" : "in_progress";
+/* ---- the run marks: renewed while running, their runner's life for pollers --------------- */
+
+typedef struct renew_job {
+    uv_work_t work;
+    server *s;
+    size_t n;
+    char (*ids)[48];
+    const char **names; /* ids[i] */
+    int *out;
+} renew_job;
+
+static void renew_job_free(renew_job *j) {
+    free(j->ids);
+    free(j->names);
+    free(j->out);
+    free(j);
+}
+
+static void renew_work(uv_work_t *w) {
+    renew_job *j = w->data;
+    store_response_run_renew(j->s->st, j->names, j->n, j->out);
+}
+
+static void renew_done(uv_work_t *w, int status) {
+    (void)status;
+    renew_job *j = w->data;
+    j->s->bg_renewing = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        request *d = j->out[i] == 0 ? running(j->s, j->ids[i]) : NULL;
+        if (!d || d->bg->cancelled || d->bg->lost) continue; /* (ended meanwhile: its own write removed the mark) */
+        fprintf(stderr, "potserve: %s was cancelled or deleted through another replica (its run mark is gone): "
+                        "stopping it\n", d->bg->id);
+        d->bg->lost = 1;
+        if (d->gen) generation_cancel(d->gen);
+    }
+    renew_job_free(j);
+}
+
+void background_renew(server *s) {
+    size_t n = 0;
+    for (request *r = s->live; r; r = r->next_live) n += r->bg && !r->status;
+    if (!n || s->bg_renewing || !store_is_shared(s->st)) return;
+    renew_job *j = calloc(1, sizeof *j);
+    if (!j || !(j->ids = calloc(n, sizeof *j->ids)) || !(j->names = calloc(n, sizeof *j->names)) ||
+        !(j->out = calloc(n, sizeof *j->out))) {
+        if (j) renew_job_free(j);
+        return;
+    }
+    j->s = s;
+    for (request *r = s->live; r; r = r->next_live)
+        if (r->bg && !r->status) {
+            snprintf(j->ids[j->n], sizeof j->ids[j->n], "%s", r->bg->id);
+            j->names[j->n] = j->ids[j->n];
+            j->n++;
+        }
+    j->work.data = j;
+    if (uv_queue_work(s->loop, &j->work, renew_work, renew_done)) return renew_job_free(j);
+    s->bg_renewing = 1;
+}
+
+typedef struct poll_ctx {
+    server *s;
+    char id[48];
+    json_t *entry; /* as fetched (the request's scratch may be another's by the time the store answers) */
+    char *read;    /* its text, what a write over it expects */
+    int held;
+    char err[160];
+    void (*again)(request *r);
+} poll_ctx;
+
+static void poll_ctx_free(poll_ctx *p) {
+    json_decref(p->entry);
+    free(p->read);
+    free(p);
+}
+
+static void held_work(void *arg) {
+    poll_ctx *p = arg;
+    p->held = store_response_run_held(p->s->st, p->id, p->err, sizeof p->err);
+}
+
+static void failed_written(request *r, void *arg, int rc) {
+    poll_ctx *p = arg;
+    if (rc == 1 && ++r->stored_redone <= 16) { /* it ended (or was cancelled) meanwhile: as it is now */
+        void (*again)(request *) = p->again;
+        char id[48];
+        snprintf(id, sizeof id, "%s", p->id);
+        poll_ctx_free(p);
+        return stored_fetch_one(r, id, again);
+    }
+    if (rc) { /* not stored: said as it stands, the next poll tries again */
+        fprintf(stderr, "potserve: %s: its runner is gone, but the store did not take it as failed\n", p->id);
+        api_error e;
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not answer; retry");
+        poll_ctx_free(p);
+        return respond_retry(r, &e, 1);
+    }
+    respond_json(r, 200, json_incref(json_object_get(p->entry, "object")));
+    poll_ctx_free(p);
+}
+
+static void held_known(request *r, void *arg) {
+    poll_ctx *p = arg;
+    server *s = r->srv;
+    if (p->held != 0) { /* running somewhere (or the store did not say): as stored */
+        if (p->held < 0) fprintf(stderr, "potserve: %s: %s\n", p->id, p->err);
+        respond_json(r, 200, json_incref(json_object_get(p->entry, "object")));
+        return poll_ctx_free(p);
+    }
+    /* no replica runs it: failed, written over the very entry read (a late answer or a cancel wins) */
+    fprintf(stderr, "potserve: %s: no replica runs it (its run mark is gone): storing it as failed\n", p->id);
+    json_t *object = json_object_get(p->entry, "object");
+    json_object_set_new(object, "status", json_string("failed"));
+    json_object_set_new(object, "error",
+                        json_pack("{s:s, s:s}", "code", "server_error", "message",
+                                  "the replica running the response stopped (or lost the store for longer than "
+                                  "lease_ms) before the answer ended: ask again"));
+    json_object_set_new(s->stored_read, p->id, json_string(p->read));
+    stored_update(r, p->id, json_deep_copy(p->entry), 1, failed_written, p);
+}
+
+void background_poll(request *r, const char *id, json_t *entry, void (*again)(request *r)) {
+    server *s = r->srv;
+    json_t *object = json_object_get(entry, "object");
+    const char *status = json_string_value(json_object_get(object, "status"));
+    int unfinished = status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"));
+    request *d = unfinished ? running(s, id) : NULL;
+    if (d && !d->bg->lost) { /* running here: how far it is */
+        object = json_deep_copy(object);
+        json_object_set_new(object, "status", json_string(d->bg->cancelled ? "cancelled"
+                                                           : d->gen && generation_waiting(d->gen) ? "queued"
+                                                                                                : "in_progress"));
+        return respond_json(r, 200, object);
+    }
+    if (!unfinished || !store_is_shared(s->st)) return respond_json(r, 200, json_incref(object));
+    poll_ctx *p = calloc(1, sizeof *p);
+    const char *read = json_string_value(json_object_get(s->stored_read, id));
+    if (!p || !read || !(p->read = strdup(read)) || !(p->entry = json_deep_copy(entry))) {
+        if (p) poll_ctx_free(p);
+        return respond_json(r, 200, json_incref(object));
+    }
+    snprintf(p->id, sizeof p->id, "%s", id);
+    p->s = s;
+    p->again = again;
+    request_work(r, 1, held_work, held_known, p);
 }
 
 typedef struct cancel_ctx {

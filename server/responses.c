@@ -421,14 +421,7 @@ static void answer_response_id(request *r) {
     /* GET .../input_items: the items that made it (its input's, and before them, when it continued a
        response, that chain's inputs and outputs) */
     if (strchr(path, '/')) return stored_list_page(r, json_object_get(entry, "items"));
-    if (request_reads(r)) {
-        json_t *object = json_object_get(entry, "object");
-        const char *now = background_status(r->srv, id); /* running here: how far it is */
-        if (!now) return respond_json(r, 200, json_incref(object));
-        object = json_deep_copy(object);
-        json_object_set_new(object, "status", json_string(now));
-        return respond_json(r, 200, object);
-    }
+    if (request_reads(r)) return background_poll(r, id, entry, answer_response_id); /* (any response) */
     stored_delete_answer(r, id, "response");
 }
 

@@ -169,7 +169,10 @@ static int make_dir(const char *path, char *err, size_t errlen) {
     return 0;
 }
 
-static void on_leases(uv_timer_t *t) { sessions_renew_leases(t->data); }
+static void on_leases(uv_timer_t *t) {
+    sessions_renew_leases(t->data);
+    background_renew(t->data);
+}
 
 /* Opens the session store; a shared one gets its lease renewals and a local
  * scratch directory (data_dir/cache) for snapshots on their way. */

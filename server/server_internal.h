@@ -286,9 +286,15 @@ void background_keep(request *d, json_t *entry, void (*then)(request *r, void *a
 const char *background_id(const request *r);
 /* status, or "cancelled" for a background request cancelled while it ran. */
 const char *background_final_status(const request *r, const char *status);
-/* The status of response id's generation on this replica ("queued" waiting
- * for a turn, "in_progress", "cancelled"), or NULL when none runs here. */
-const char *background_status(server *s, const char *id);
+/* GET /v1/responses/{id}: answers entry's object (r's scratch, as fetched).
+ * Running here: with its live status ("queued" while it waits for a turn,
+ * "in_progress"). Unfinished in a shared store and no replica's run mark:
+ * stored and answered as "failed" (when the entry changed meanwhile, it is
+ * fetched again and again(r) answers). */
+void background_poll(request *r, const char *id, json_t *entry, void (*again)(request *r));
+/* With a shared store, each lease_ms/3: renews the run marks of the background
+ * responses running here; one gone stops its generation. */
+void background_renew(server *s);
 /* At the end of a drain: every background response still running here is
  * stopped, to be stored as "failed" (not left queued in a shared store). */
 void background_stop_all(server *s);
@@ -378,6 +384,7 @@ struct server {
     size_t pot_memory_held;   /* of it, held for good: the prompt cache's share */
     int store_silent;         /* the shared store answered no lease renewal last time */
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
+    int bg_renewing;          /* a round of run-mark renewals is out (background_renew) */
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* answers take turns (completions.c): at most max_answers sequences decode at once */

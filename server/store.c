@@ -278,6 +278,21 @@ int store_response_delete(store *st, const char *id, char *err, size_t errlen) {
     return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
 }
 
+int store_response_run_mark(store *st, const char *id, char *err, size_t errlen) {
+    if (st->redis) return redis_response_run_mark(st, id, err, errlen);
+    return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
+}
+
+void store_response_run_renew(store *st, const char *const *ids, size_t n, int *out) {
+    if (st->redis) return redis_response_run_renew(st, ids, n, out);
+    for (size_t i = 0; i < n; i++) out[i] = -1;
+}
+
+int store_response_run_held(store *st, const char *id, char *err, size_t errlen) {
+    if (st->redis) return redis_response_run_held(st, id, err, errlen);
+    return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
+}
+
 /* ---- the chunk log ---- */
 
 store_log *store_log_open(store *st, const char *id, const char *token, int *damaged, char *err,

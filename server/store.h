@@ -128,6 +128,7 @@ int store_log_unreachable(const store_log *l);
  * keeps them in its memory otherwise) ----
  *   potserve:r:<id>        string: the stored entry (JSON)
  *   potserve:r:<id>:items  set: the ids of its items (input and output)
+ *   potserve:r:<id>:run    string: a background response's runner (below)
  *   potserve:r:item        hash: item id -> the last stored response holding it
  *   potserve:r:lru         sorted set: response ids by their last use (a counter)
  *   potserve:r:clock       integer: that counter
@@ -146,6 +147,18 @@ int store_response_put(store *st, const char *id, const char *entry, const char 
 char *store_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen);
 /* Forgets response id: 1, 0 when it was not stored, -1 + err. */
 int store_response_delete(store *st, const char *id, char *err, size_t errlen);
+/* A background response's run mark, potserve:r:<id>:run (this replica's
+ * name, expiring after lease_ms unrenewed): while it is there the replica
+ * running the response is alive. Set before its queued entry is written;
+ * any later write or drop of the entry (the answer, a cancel, a delete, an
+ * eviction) removes it, so a mark that is gone tells the runner to stop and
+ * tells a reader whose entry still says queued that its runner died.
+ * store_response_run_mark: 0, or -1 + err. store_response_run_renew: n marks
+ * in one round trip, out[i] = 1 renewed, 0 gone, -1 the store did not answer.
+ * store_response_run_held: 1 there, 0 gone, -1 + err. */
+int store_response_run_mark(store *st, const char *id, char *err, size_t errlen);
+void store_response_run_renew(store *st, const char *const *ids, size_t n, int *out);
+int store_response_run_held(store *st, const char *id, char *err, size_t errlen);
 
 /* ---- snapshots ---- */
 /* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)

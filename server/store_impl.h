@@ -42,6 +42,9 @@ int redis_response_put(store *st, const char *id, const char *entry, const char 
                        int64_t max_bytes, const char *expect, char *err, size_t errlen);
 char *redis_response_get(store *st, const char *id, int by_item, int touch, int *absent, char *err, size_t errlen);
 int redis_response_delete(store *st, const char *id, char *err, size_t errlen);
+int redis_response_run_mark(store *st, const char *id, char *err, size_t errlen);
+void redis_response_run_renew(store *st, const char *const *ids, size_t n, int *out);
+int redis_response_run_held(store *st, const char *id, char *err, size_t errlen);
 
 redis_log *redis_log_open(store *st, const char *id, const char *token, char *err, size_t errlen);
 redis_log *redis_log_copy(const redis_log *l, char *err, size_t errlen);

@@ -363,13 +363,13 @@ void redis_lease_release(store *st, const char *id, const char *token) {
 /* ---- stored responses ---------------------------------------------------------------------- */
 
 /* drop(rid): forgets a stored response, its items' names where they are its
- * own, and its size; the total left. (Other entries' keys are named here, not
+ * own, its run mark, and its size; the total left. (Other entries' keys are named here, not
  * in KEYS: a single Redis, as everywhere in this store.) */
 #define RESPONSE_DROP_FN                                                                                 \
     "local function drop(rid) local k = 'potserve:r:' .. rid local size = redis.call('STRLEN', k) "       \
     "for _, item in ipairs(redis.call('SMEMBERS', k .. ':items')) do "                                    \
     "if redis.call('HGET', KEYS[3], item) == rid then redis.call('HDEL', KEYS[3], item) end end "         \
-    "redis.call('DEL', k, k .. ':items') redis.call('ZREM', KEYS[4], rid) "                               \
+    "redis.call('DEL', k, k .. ':items', k .. ':run') redis.call('ZREM', KEYS[4], rid) "                   \
     "return redis.call('DECRBY', KEYS[5], size) end "
 
 /* KEYS: entry, its items, potserve:r:item, :lru, :bytes, :clock; ARGV: id,
@@ -453,6 +453,55 @@ int redis_response_delete(store *st, const char *id, char *err, size_t errlen) {
     int gone = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
     freeReplyObject(r);
     return gone;
+}
+
+int redis_response_run_mark(store *st, const char *id, char *err, size_t errlen) {
+    char k[128], ms[32];
+    snprintf(k, sizeof k, "potserve:r:%s:run", id);
+    snprintf(ms, sizeof ms, "%lld", (long long)st->lease_ms);
+    const char *argv[] = {"SET", k, st->replica, "PX", ms};
+    redisReply *r = command_str(st, 5, argv, err, errlen);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+void redis_response_run_renew(store *st, const char *const *ids, size_t n, int *out) {
+    char err[128], ms[32];
+    snprintf(ms, sizeof ms, "%lld", (long long)st->lease_ms);
+    for (size_t i = 0; i < n; i++) out[i] = -1;
+    redisContext *c = conn(st, err, sizeof err);
+    if (!c) return;
+    size_t sent = 0;
+    for (; sent < n; sent++) { /* pipelined: one round trip for all */
+        char k[128];
+        snprintf(k, sizeof k, "potserve:r:%s:run", ids[sent]);
+        const char *argv[] = {"PEXPIRE", k, ms};
+        size_t lens[3] = {strlen(argv[0]), strlen(argv[1]), strlen(argv[2])};
+        if (redisAppendCommandArgv(c, 3, argv, lens) != REDIS_OK) break;
+    }
+    for (size_t i = 0; i < sent; i++) {
+        void *reply = NULL;
+        if (redisGetReply(c, &reply) != REDIS_OK) {
+            conn_free(c);
+            return;
+        }
+        redisReply *r = reply;
+        if (r->type == REDIS_REPLY_INTEGER) out[i] = r->integer == 1;
+        freeReplyObject(r);
+    }
+}
+
+int redis_response_run_held(store *st, const char *id, char *err, size_t errlen) {
+    char k[128];
+    snprintf(k, sizeof k, "potserve:r:%s:run", id);
+    const char *argv[] = {"EXISTS", k};
+    redisReply *r = command_str(st, 2, argv, err, errlen);
+    if (!r) return -1;
+    int held = r->type == REDIS_REPLY_INTEGER ? r->integer == 1 : -1;
+    if (held < 0) set_err(err, errlen, "redis: unexpected reply to EXISTS");
+    freeReplyObject(r);
+    return held;
 }
 
 static void header_put(unsigned char *h, const chunk_log_entry *e) {

@@ -781,8 +781,9 @@ def test_a_conversation_added_to_from_two_replicas_at_once_keeps_every_item(tmp_
 def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_path, redis):
     """A background response made on one replica is polled on the other (queued until its answer
     is in Redis, then that answer); cancelled through the replica not running it, it stays
-    cancelled: the running replica's answer, ending later, does not replace it."""
-    from server_util import background_ended, openai_client
+    cancelled, and the running replica stops generating it at its next run-mark renewal (its
+    answer, had it ended, would not replace the cancel)."""
+    from server_util import background_ended, background_running, openai_client
     a = replica(tmp_path / "a", redis, "a").start()
     b = replica(tmp_path / "b", redis, "b").start()
     try:
@@ -791,13 +792,15 @@ def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_p
         made = on_a.responses.create(background=True, **ask)
         got, _ = background_ended(on_b, made.id)
         assert got.output_text == on_b.responses.create(**ask).output_text
-        long = on_a.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
-                                     max_output_tokens=400, temperature=0)
+        assert redis.cli("EXISTS", f"potserve:r:{made.id}:run") == "0"  # its answer's write took the mark
+        long = background_running(on_a)  # 3,000 tokens: a minute or more here
+        assert redis.cli("EXISTS", f"potserve:r:{long.id}:run") == "1"
         assert on_b.responses.cancel(long.id).status == "cancelled"
         t0 = time.time()
-        while metric(a, "potserve_answers_running") != 0:  # replica a ends its answer (not stopped: see docs)
-            assert time.time() - t0 < 120
-            time.sleep(0.2)
+        while metric(a, "potserve_answers_running") != 0:  # stopped on a within a renewal (lease_ms/3)
+            assert time.time() - t0 < 5, "the replica running it never stopped"
+            time.sleep(0.1)
+        a.wait_log("cancelled or deleted through another replica", timeout=5)
         time.sleep(0.5)
         for client in (on_a, on_b):
             kept = client.responses.retrieve(long.id)
@@ -849,6 +852,33 @@ def test_a_background_response_a_stopping_replica_cannot_finish_ends_failed(tmp_
         ended = on_b.responses.retrieve(long.id)
         assert ended.status == "failed" and ended.error.code == "server_error", ended
         assert "ask again" in ended.error.message and ended.output_text, ended
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_background_response_whose_replica_dies_ends_failed(tmp_path, redis):
+    """A replica killed (SIGKILL) while its background response runs can store nothing; its run
+    mark lapses after lease_ms, and a poll through another replica then finds the response
+    unfinished with no replica running it and stores it as failed (before, it stayed queued in
+    Redis and its client polled for ever). A response still running is not failed by polls."""
+    from server_util import background_running, openai_client
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        on_a, on_b = openai_client(a), openai_client(b)
+        long = background_running(on_a)
+        time.sleep(2.5)  # beyond lease_ms (1 s): renewed meanwhile, so still running for b
+        assert on_b.responses.retrieve(long.id).status == "queued"
+        a.kill()
+        t0 = time.time()
+        while (got := on_b.responses.retrieve(long.id)).status == "queued":
+            assert time.time() - t0 < 10, "no poll found its runner gone"
+            time.sleep(0.2)
+        assert 0.5 < time.time() - t0, "failed before its run mark could lapse"
+        assert got.status == "failed" and got.error.code == "server_error" and "ask again" in got.error.message, got
+        assert on_b.responses.retrieve(long.id).status == "failed"  # stored so
+        assert redis.cli("GET", f"potserve:r:{long.id}").count('"failed"') == 1
     finally:
         a.stop()
         b.stop()
