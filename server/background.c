@@ -30,7 +30,22 @@
 #include "common/common.h"
 #include "server/server_internal.h"
 
+/* The events of a streamed background response ("stream": true), as its
+ * generation writes them, for the requests that follow it: the one that asked,
+ * and GET .../{id}?stream=true. Kept a while after its end (s->bg_logs, within
+ * response_store_bytes together) for those that come later. */
+struct event_log {
+    int refs; /* its response's request, each follower, the kept list */
+    char id[48];
+    char *text;
+    size_t len, cap;
+    int ended;
+    VEC(request *) readers; /* woken as it grows */
+    event_log *next_kept;
+};
+
 struct background {
+    event_log *log;   /* "stream": true: its events (else NULL) */
     char id[48];
     json_t *in;       /* the Responses body, echoed by the objects */
     json_t *history;  /* what it is stored with: {messages, items, own_from} */
@@ -50,8 +65,16 @@ static const char *stopped_why(const background *bg) {
                        : NULL;
 }
 
+static void log_unref(event_log *l) {
+    if (!l || --l->refs > 0) return;
+    free(l->text);
+    free(l->readers.v);
+    free(l);
+}
+
 void background_free(background *bg) {
     if (!bg) return;
+    log_unref(bg->log);
     json_decref(bg->in);
     json_decref(bg->history);
     free(bg->queued);
@@ -138,6 +161,8 @@ void background_keep(request *d, json_t *entry, void (*then)(request *r, void *a
     write_over_queued(d, entry, then, arg);
 }
 
+static void log_close(request *d);
+
 static void failed_kept(request *d, void *arg, int rc) {
     (void)arg;
     (void)rc;
@@ -169,10 +194,164 @@ void background_answered(request *d, int status, json_t *body) {
                                                   "message", text));
     }
     json_decref(body);
+    if (bg->log && o) { /* its followers' last event */
+        responses_stream_ended(d, o);
+        log_close(d);
+    }
     json_t *entry = o ? stored_new(d, "response", o, json_incref(json_object_get(bg->history, "items")),
                                    json_incref(json_object_get(bg->history, "messages")))
                       : NULL;
     write_over_queued(d, entry, failed_kept, NULL);
+}
+
+/* ---- the event log of a streamed one ------------------------------------------------------ */
+
+int background_log_start(request *d) { return d->bg->log ? 0 : -1; }
+
+void background_log_write(request *d, const char *data, size_t n) {
+    event_log *l = d->bg->log;
+    if (!l || l->ended) return;
+    if (l->len + n > l->cap) {
+        size_t cap = (l->len + n) * 2 + 4096;
+        char *t = realloc(l->text, cap);
+        if (!t) return; /* dropped: a follower sees a stream with a gap */
+        l->text = t;
+        l->cap = cap;
+    }
+    memcpy(l->text + l->len, data, n);
+    l->len += n;
+    for (size_t i = 0; i < l->readers.n; i++) request_wake(l->readers.v[i]);
+}
+
+/* Keeps l for GET ?stream=true after its end, the oldest kept going past response_store_bytes. */
+static void log_keep(server *s, event_log *l) {
+    l->refs++;
+    l->next_kept = s->bg_logs;
+    s->bg_logs = l;
+    s->bg_logs_bytes += l->len;
+    size_t kept = 0;
+    for (event_log **p = &s->bg_logs; *p;) {
+        kept += (*p)->len;
+        if (kept > (size_t)s->cfg.response_store_bytes && *p != l) {
+            event_log *old = *p;
+            *p = old->next_kept;
+            s->bg_logs_bytes -= old->len;
+            log_unref(old);
+        } else {
+            p = &(*p)->next_kept;
+        }
+    }
+}
+
+void background_logs_free(server *s) {
+    while (s->bg_logs) {
+        event_log *l = s->bg_logs;
+        s->bg_logs = l->next_kept;
+        log_unref(l);
+    }
+    s->bg_logs_bytes = 0;
+}
+
+static void log_close(request *d) {
+    event_log *l = d->bg->log;
+    if (!l || l->ended) return;
+    l->ended = 1;
+    for (size_t i = 0; i < l->readers.n; i++) request_wake(l->readers.v[i]);
+    log_keep(d->srv, l);
+}
+
+void background_log_end(request *d) {
+    log_close(d);
+    if (!d->status) background_answered(d, 200, NULL); /* (its stream ended with the answer, stored already) */
+}
+
+ssize_t background_follow_read(request *f, char *buf, size_t max) {
+    event_log *l = f->follows;
+    size_t avail = l->len - f->follows_at;
+    if (!avail) return l->ended ? -1 : 0;
+    size_t n = avail < max ? avail : max;
+    memcpy(buf, l->text + f->follows_at, n);
+    f->follows_at += n;
+    return (ssize_t)n;
+}
+
+void background_unfollow(request *f) {
+    event_log *l = f->follows;
+    for (size_t i = 0; i < l->readers.n; i++)
+        if (l->readers.v[i] == f) {
+            l->readers.v[i] = l->readers.v[--l->readers.n];
+            break;
+        }
+    f->follows = NULL;
+    log_unref(l);
+}
+
+/* r streams l's events from byte `from` on, as they come. */
+static void follow(request *r, event_log *l, size_t from) {
+    if (vec_push(&l->readers, r)) {
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    l->refs++;
+    r->follows = l;
+    r->follows_at = from;
+    if (stream_start(r)) { /* (out of memory: the reader was not made) */
+        background_unfollow(r);
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        respond_error(r, &e);
+    }
+}
+
+/* Where l's events after the one numbered n begin: past that event's block
+ * (each is "event: T\ndata: {...,"sequence_number":K}\n\n"); its end when l has
+ * not come that far yet (what comes next), 0 for n < 0. */
+static size_t log_offset_after(const event_log *l, int64_t n) {
+    if (n < 0) return 0;
+    static const char KEY[] = "\"sequence_number\":";
+    size_t at = 0;
+    while (at < l->len) {
+        const char *end = memmem(l->text + at, l->len - at, "\n\n", 2);
+        if (!end) break;
+        size_t block_end = (size_t)(end - l->text) + 2;
+        const char *k = memmem(l->text + at, block_end - at, KEY, sizeof KEY - 1);
+        if (k && strtoll(k + sizeof KEY - 1, NULL, 10) == n) return block_end;
+        at = block_end;
+    }
+    return l->len;
+}
+
+/* The log of response id here: its running request's, or one kept. */
+static event_log *log_of(server *s, const char *id) {
+    for (request *r = s->live; r; r = r->next_live)
+        if (r->bg && r->bg->log && !strcmp(r->bg->id, id)) return r->bg->log;
+    for (event_log *l = s->bg_logs; l; l = l->next_kept)
+        if (!strcmp(l->id, id)) return l;
+    return NULL;
+}
+
+void background_stream_get(request *r, const char *id, json_t *entry, int64_t starting_after) {
+    server *s = r->srv;
+    json_t *object = json_object_get(entry, "object");
+    event_log *l = log_of(s, id);
+    if (l) return follow(r, l, log_offset_after(l, starting_after));
+    const char *status = json_string_value(json_object_get(object, "status"));
+    if (status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {
+        api_error e;
+        api_fail(&e, 400, "invalid_value", "stream",
+                 "response '%s' is still being generated, and only the replica generating a response made with "
+                 "\"stream\": true streams it before its end: poll it (GET without stream) until it has ended, "
+                 "or stream it then",
+                 id);
+        return respond_error(r, &e);
+    }
+    if (stream_start(r)) {
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    responses_replay(r, json_deep_copy(object), starting_after);
 }
 
 /* ---- starting ----------------------------------------------------------------------- */
@@ -197,8 +376,13 @@ static void queued_kept(request *r, void *arg, int rc) {
         api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the background response; retry");
         return respond_retry(r, &e, 1);
     }
-    respond_json(r, 200, q.answer);
     background *bg = q.d->bg;
+    if (bg->log) { /* "stream": the asking client follows its events (and may leave: it runs on) */
+        json_decref(q.answer);
+        follow(r, bg->log, 0);
+    } else {
+        respond_json(r, 200, q.answer);
+    }
     route_generate_responses(q.d, json_incref(bg->in), json_incref(bg->history));
 }
 
@@ -234,6 +418,10 @@ void background_start(request *r, json_t *in, json_t *history) {
         return respond_error(r, &e);
     }
     random_id(bg->id, sizeof bg->id, "resp_");
+    if (json_is_true(json_object_get(in, "stream")) && (bg->log = calloc(1, sizeof *bg->log))) {
+        bg->log->refs = 1;
+        snprintf(bg->log->id, sizeof bg->log->id, "%s", bg->id);
+    }
     bg->in = in;
     bg->history = history;
     bg->created = (int64_t)time(NULL);

@@ -56,10 +56,10 @@ struct generation {
     choice *choices;     /* n_batch * n, prompt-major */
     int n_choices, n_done, n_submitted;
     /* /v1/responses: the original body (echoed), the output message's id, the
-       stream's event count */
+       stream's events */
     json_t *responses;
     char msg_id[48];
-    int seq_no;
+    response_events ev;
     json_t *output; /* its output items once the answer is done (responses_output) */
     json_t *history; /* stored with the answer: {messages, items} (NULL: not stored) */
     int count_only;  /* POST /v1/responses/input_tokens: the prompt's tokens counted, nothing generated */
@@ -308,6 +308,10 @@ static void sse_send(request *r, json_t *j) {
  * (EOF) within one engine step. */
 static void client_left(generation *g);
 
+/* Whether what r's stream writes is read: by its client, or (a background
+ * response's request) by the event log its followers read. */
+static int streams_to(const request *r) { return r->conn || r->bg; }
+
 static int client_gone(request *r) {
     if (!r->conn) return !r->bg; /* (a background response has no client to leave) */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -335,17 +339,18 @@ static void append_text(choice *c, const char *text, size_t n) {
 }
 
 /* One event of a /v1/responses stream (takes data; adds its type and number). */
-static void responses_event(generation *g, const char *type, json_t *data) {
-    request *r = g->r;
+static void responses_event(response_events *ev, const char *type, json_t *data) {
     json_object_set_new(data, "type", json_string(type));
-    json_object_set_new(data, "sequence_number", json_integer(g->seq_no++));
-    stream_write(r, "event: ", 7);
-    stream_write(r, type, strlen(type));
-    stream_write(r, "\n", 1);
-    sse_send(r, data);
+    json_object_set_new(data, "sequence_number", json_integer(ev->seq));
+    if (ev->seq++ <= ev->skip_through) return json_decref(data);
+    stream_write(ev->r, "event: ", 7);
+    stream_write(ev->r, type, strlen(type));
+    stream_write(ev->r, "\n", 1);
+    sse_send(ev->r, data);
 }
 
-static void responses_item_added(generation *g, int index, json_t *item);
+
+static void responses_item_added(response_events *ev, int index, json_t *item);
 static json_t *delta_chunk(const generation *g, int index, json_t *delta);
 
 /* The logprobs entries (new references, in an array) of the tokens whose text ends
@@ -371,12 +376,12 @@ static void stream_ready_text(choice *c) {
     } else {
         if (!g->message_open) {
             json_t *open = responses_message(g->msg_id, "in_progress", NULL);
-            responses_item_added(g, 0, open);
+            responses_item_added(&g->ev, 0, open);
             json_decref(open);
             g->message_open = 1;
         }
         json_t *lp = released_logprobs(c, ready);
-        responses_event(g, "response.output_text.delta",
+        responses_event(&g->ev, "response.output_text.delta",
                         json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", g->msg_id, "output_index", 0,
                                   "content_index", 0, "delta", json_stringn(c->text + c->text_sent, ready - c->text_sent),
                                   "logprobs", lp ? lp : json_array()));
@@ -406,7 +411,7 @@ static void stream_first_call(choice *c) {
             random_id(c->fc_id, sizeof c->fc_id, "fc_");
             json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", c->fc_id, "call_id",
                                      c->call_id, "name", name, "arguments", "");
-            responses_item_added(g, c->call_index, item);
+            responses_item_added(&g->ev, c->call_index, item);
             json_decref(item);
         }
         c->call_open = 1;
@@ -417,7 +422,7 @@ static void stream_first_call(choice *c) {
         sse_send(g->r, delta_chunk(g, c->index, json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", 0,
                                                           "function", "arguments", d)));
     else
-        responses_event(g, "response.function_call_arguments.delta",
+        responses_event(&g->ev, "response.function_call_arguments.delta",
                         json_pack("{s:s, s:i, s:o}", "item_id", c->fc_id, "output_index", c->call_index, "delta", d));
     c->args_sent = n;
 }
@@ -497,12 +502,12 @@ static void on_text_event(server *s, void *arg) {
            the next delta */
         if (ev->has_lp && c->logprobs) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
         json_t *d = ev->n ? json_stringn(ev->text, ev->n) : NULL;
-        if (r->conn && d) {
+        if (streams_to(r) && d) {
             size_t from = c->lp_sent, to = json_array_size(c->logprobs);
             json_t *lp = json_array();
             for (size_t i = from; i < to; i++) json_array_append(lp, json_array_get(c->logprobs, i));
             c->lp_sent = to;
-            responses_event(g, "response.output_text.delta",
+            responses_event(&g->ev, "response.output_text.delta",
                             json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", g->msg_id, "output_index", 0,
                                       "content_index", 0, "delta", d, "logprobs", lp));
         } else {
@@ -528,7 +533,7 @@ static void on_text_event(server *s, void *arg) {
             else completion_logprob_add(s, c->logprobs, &ev->lp);
             if (g->req.stream) vec_push(&c->lp_end, ev->n ? c->len : SIZE_MAX);
         }
-        if (g->req.stream && r->conn) {
+        if (g->req.stream && streams_to(r)) {
             stream_ready_text(c);
             stream_first_call(c);
         }
@@ -693,63 +698,108 @@ static void responses_final(generation *g, void (*send)(request *r, json_t *resp
 }
 
 /* The events that open an output item (a message: its text part too). */
-static void responses_item_added(generation *g, int index, json_t *item) {
+static void responses_item_added(response_events *ev, int index, json_t *item) {
     json_t *open = json_deep_copy(item);
     json_object_set_new(open, "status", json_string("in_progress"));
     int message = !strcmp(json_string_value(json_object_get(item, "type")), "message");
     if (message) json_object_set_new(open, "content", json_array());
     else json_object_set_new(open, "arguments", json_string(""));
-    responses_event(g, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", index, "item", open));
+    responses_event(ev, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", index, "item", open));
     if (message)
-        responses_event(g, "response.content_part.added",
+        responses_event(ev, "response.content_part.added",
                         json_pack("{s:O, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", json_object_get(item, "id"),
                                   "output_index", index, "content_index", 0, "part", "type", "output_text", "text",
                                   "", "annotations"));
 }
 
-/* The events that close an output item, after a function call's arguments in one delta. */
-static void responses_item_done(generation *g, int index, json_t *item) {
+/* The events that close an output item, after a function call's arguments from byte
+ * args_sent on (what a stream sent of them as they came) in one delta. */
+static void responses_item_done(response_events *ev, int index, json_t *item, size_t args_sent) {
     json_t *id = json_object_get(item, "id");
     if (!strcmp(json_string_value(json_object_get(item, "type")), "message")) {
         json_t *part = json_array_get(json_object_get(item, "content"), 0);
         json_t *text = json_object_get(part, "text"), *lp = json_object_get(part, "logprobs");
-        responses_event(g, "response.output_text.done",
+        responses_event(ev, "response.output_text.done",
                         json_pack("{s:O, s:i, s:i, s:O, s:O}", "item_id", id, "output_index", index, "content_index", 0,
                                   "text", text, "logprobs", lp));
-        responses_event(g, "response.content_part.done",
+        responses_event(ev, "response.content_part.done",
                         json_pack("{s:O, s:i, s:i, s:O}", "item_id", id, "output_index", index, "content_index", 0,
                                   "part", part));
     } else {
         json_t *args = json_object_get(item, "arguments");
-        choice *c = &g->choices[0];
-        size_t from = index == c->call_index && c->call_open ? c->args_sent : 0; /* (sent as it came) */
-        if (!from || json_string_length(args) > from)
-            responses_event(g, "response.function_call_arguments.delta",
+        if (!args_sent || json_string_length(args) > args_sent)
+            responses_event(ev, "response.function_call_arguments.delta",
                             json_pack("{s:O, s:i, s:s}", "item_id", id, "output_index", index, "delta",
-                                      json_string_value(args) + from));
-        responses_event(g, "response.function_call_arguments.done",
+                                      json_string_value(args) + args_sent));
+        responses_event(ev, "response.function_call_arguments.done",
                         json_pack("{s:O, s:i, s:O, s:O}", "item_id", id, "output_index", index, "name",
                                   json_object_get(item, "name"), "arguments", args));
     }
-    responses_event(g, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", index, "item", item));
+    responses_event(ev, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", index, "item", item));
 }
 
 /* The events that open a /v1/responses stream; with tools the answer is
  * parsed whole, so its items open only at the end (as chat's tool calls do). */
 static void responses_stream_start(generation *g) {
-    responses_event(g, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
-    responses_event(g, "response.in_progress", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    responses_event(&g->ev, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    responses_event(&g->ev, "response.in_progress", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
     if (tools_active(g)) return;
     json_t *open = responses_message(g->msg_id, "in_progress", NULL);
-    responses_item_added(g, 0, open);
+    responses_item_added(&g->ev, 0, open);
     json_decref(open);
 }
 
-/* The last event of a /v1/responses stream, with the response. */
-static void send_stream_end(request *r, json_t *response) {
+/* The last event of a /v1/responses stream, with the response (by its status). */
+static void responses_end_event(response_events *ev, json_t *response) {
     const char *status = json_string_value(json_object_get(response, "status"));
-    responses_event(r->gen, !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
+    responses_event(ev, !strcmp(status, "completed") ? "response.completed"
+                        : !strcmp(status, "failed")  ? "response.failed"
+                                                     : "response.incomplete",
                     json_pack("{s:o}", "response", response));
+}
+
+static void send_stream_end(request *r, json_t *response) {
+    responses_end_event(&r->gen->ev, response);
+    stream_end(r);
+}
+
+/* A copy of response as a stream's first events give it: in progress, no output yet. */
+static json_t *response_head(json_t *response) {
+    json_t *head = json_deep_copy(response);
+    json_object_set_new(head, "status", json_string("in_progress"));
+    json_object_set_new(head, "output", json_array());
+    json_object_del(head, "usage");
+    json_object_del(head, "error");
+    return head;
+}
+
+void responses_stream_ended(request *r, json_t *response) {
+    response_events fresh = {.r = r, .skip_through = -1}, *ev = r->gen ? &r->gen->ev : &fresh;
+    if (!ev->seq) responses_event(ev, "response.created", json_pack("{s:o}", "response", response_head(response)));
+    responses_end_event(ev, json_incref(response));
+}
+
+void responses_replay(request *r, json_t *response, int64_t starting_after) {
+    response_events ev = {.r = r, .skip_through = starting_after};
+    json_t *head = response_head(response);
+    responses_event(&ev, "response.created", json_pack("{s:O}", "response", head));
+    responses_event(&ev, "response.in_progress", json_pack("{s:o}", "response", head));
+    size_t i;
+    json_t *item;
+    json_array_foreach(json_object_get(response, "output"), i, item) {
+        responses_item_added(&ev, (int)i, item);
+        json_t *part = json_array_get(json_object_get(item, "content"), 0);
+        if (!strcmp(json_string_value(json_object_get(item, "type")), "message"))
+            responses_event(&ev, "response.output_text.delta",
+                            json_pack("{s:O, s:i, s:i, s:s, s:o}", "item_id", json_object_get(item, "id"),
+                                      "output_index", (int)i, "content_index", 0, "delta",
+                                      json_string_value(json_object_get(part, "text")) ? json_string_value(json_object_get(part, "text")) : "", "logprobs",
+                                      json_is_array(json_object_get(part, "logprobs"))
+                                          ? json_incref(json_object_get(part, "logprobs"))
+                                          : json_array()));
+        responses_item_done(&ev, (int)i, item, 0);
+    }
+    responses_end_event(&ev, json_incref(response));
     stream_end(r);
 }
 
@@ -766,19 +816,21 @@ static void responses_stream_end(generation *g) {
                 choice *c = &g->choices[0];
                 sent = strncmp(json_string_value(text), c->text, c->text_sent) ? content_sent(c) : c->text_sent;
             } else if (!((int)i == g->choices[0].call_index && g->choices[0].call_open)) { /* (its item is open) */
-                responses_item_added(g, (int)i, item);
+                responses_item_added(&g->ev, (int)i, item);
             }
             if (json_string_length(text) > sent) { /* with its tokens' logprobs: all, or those before a call */
                 choice *c = &g->choices[0];
                 json_t *lp = released_logprobs(
                     c, json_array_size(items) > 1 ? api_tool_text_ready(&g->req, c->text, c->len) : SIZE_MAX);
-                responses_event(g, "response.output_text.delta",
+                responses_event(&g->ev, "response.output_text.delta",
                                 json_pack("{s:s, s:i, s:i, s:s, s:o}", "item_id", g->msg_id, "output_index", (int)i,
                                           "content_index", 0, "delta", json_string_value(text) + sent, "logprobs",
                                           lp ? lp : json_array()));
             }
         }
-        responses_item_done(g, (int)i, item);
+        choice *c = &g->choices[0];
+        responses_item_done(&g->ev, (int)i, item,
+                            (int)i == c->call_index && c->call_open ? c->args_sent : 0); /* (sent as it came) */
     }
     responses_final(g, send_stream_end);
 }
@@ -796,7 +848,7 @@ static void finish_stream(generation *g) {
         client_closed_error(&e, "the answer");
         r->close_conn = 1;
         if (g->responses) {
-            responses_event(g, "error", api_error_json(&e));
+            responses_event(&g->ev, "error", api_error_json(&e));
         } else {
             sse_send(r, api_error_json(&e));
             stream_write(r, "data: [DONE]\n\n", 14);
@@ -806,6 +858,11 @@ static void finish_stream(generation *g) {
     if (g->responses && !g->choices[0].rc) return responses_stream_end(g);
     int failed = 0;
     for (int i = 0; i < g->n_choices; i++) failed |= g->choices[i].rc;
+    if (r->bg) { /* (a background one: stored as failed, its stream's last event) */
+        api_error e;
+        choice_error(&g->choices[0], 500, "input", &e);
+        return respond_error(r, &e);
+    }
     if (g->req.include_usage && !failed) {
         json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[], s:o}", "id", g->id, "object",
                               g->req.chat ? "chat.completion.chunk" : "text_completion",
@@ -912,7 +969,7 @@ static void on_done_event(server *s, void *arg) {
     if (r->conn && g->req.stream && g->responses && c->rc) {
         api_error e;
         choice_error(c, 500, "input", &e);
-        responses_event(g, "error", api_error_json(&e));
+        responses_event(&g->ev, "error", api_error_json(&e));
     }
     if (g->n_done == g->n_submitted) {
         if (g->tmp_doc) release_temporary_pot(s, g);
@@ -1124,7 +1181,7 @@ static int turn_lost(generation *g, api_error *e) {
 /* Ends a waiting answer that lost its turn (taken off the queue already). */
 static void end_waiting(generation *g, const api_error *e) {
     request *r = g->r;
-    if (g->stream_started) {
+    if (g->stream_started && !r->bg) { /* (a background one's failure is stored, its stream's last event) */
         if (r->conn) {
             sse_send(r, api_error_json(e));
             stream_write(r, "data: [DONE]\n\n", 14);
@@ -1312,7 +1369,7 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
         if (client_gone(g->r)) client_left(g);
         return;
     }
-    if (!g->r->conn) return;
+    if (!streams_to(g->r)) return;
     char line[96];
     int n = snprintf(line, sizeof line, ": reread %llu/%llu bytes\n\n", (unsigned long long)done,
                      (unsigned long long)total);
@@ -1330,7 +1387,7 @@ static void prepare_failed(generation *g, int status, const char *code, const ch
         api_fail(&e, 503, "shutting_down", NULL, "%s stopped: the server is shutting down; retry", what);
     else
         api_fail(&e, status, code, NULL, "%s failed: %s", what, msg);
-    if (g->stream_started) {
+    if (g->stream_started && !r->bg) { /* (a background one's failure is stored, its stream's last event) */
         if (r->conn) {
             sse_send(r, api_error_json(&e));
             stream_write(r, "data: [DONE]\n\n", 14);
@@ -1353,7 +1410,7 @@ static void answer_without_passages(server *s, generation *g, const char *why) {
     request *r = g->r;
     fprintf(stderr, "potserve: session %s: recall failed (%.200s); answered from the pot alone\n", g->ss->id, why);
     g->recalling = 0;
-    if (q->stream && r->conn && g->stream_started) {
+    if (q->stream && streams_to(r) && g->stream_started) {
         char line[300];
         int n = snprintf(line, sizeof line, ": recall failed (%.200s): answered from the pot alone\n\n", why);
         stream_write(r, line, (size_t)n);
@@ -1382,7 +1439,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     g->reread_pot = pot; /* released with the generation (generation_free) */
     api_gen_request *q = &g->req;
     g->deadline_ms = request_deadline(s); /* the answer's own time */
-    if (q->stream && r->conn) {
+    if (q->stream && streams_to(r)) {
         char line[160];
         int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s (pass %llu, %d questions)\n\n",
                          (long long)st->tokens, st->ms / 1e3, (unsigned long long)st->pass, st->questions);
@@ -1401,7 +1458,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
         }
         g->recalling = 1;
         static const char started[] = ": recall started\n\n";
-        if (q->stream && r->conn) stream_write(r, started, sizeof started - 1);
+        if (q->stream && streams_to(r)) stream_write(r, started, sizeof started - 1);
         return; /* r's reference passes to recall_done */
     }
     char msg[256];
@@ -1505,7 +1562,7 @@ static int recall_done(server *s, void *user, char *asked, const recall_stats *s
         request_unref(r);
         return 0;
     }
-    if (q->stream && r->conn) {
+    if (q->stream && streams_to(r)) {
         char line[160];
         int n = snprintf(line, sizeof line, ": recall %d passages (%zu bytes) in %.3f s\n\n", st->passages, st->bytes,
                          st->ms / 1e3);
@@ -1564,6 +1621,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
         return respond_error(r, &e);
     }
     g->r = r;
+    g->ev = (response_events){.r = r, .skip_through = -1};
     r->gen = g;
     g->responses = responses;
     g->history = history;

@@ -421,8 +421,23 @@ static void answer_response_id(request *r) {
     /* GET .../input_items: the items that made it (its input's, and before them, when it continued a
        response, that chain's inputs and outputs) */
     if (strchr(path, '/')) return stored_list_page(r, json_object_get(entry, "items"));
-    if (request_reads(r)) return background_poll(r, id, entry, answer_response_id); /* (any response) */
-    stored_delete_answer(r, id, "response");
+    if (!request_reads(r)) return stored_delete_answer(r, id, "response");
+    /* ?stream=true[&starting_after=N]: its events (the SDK's retrieve(stream=True), responses.stream(response_id)) */
+    const char *stream = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "stream");
+    const char *after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "starting_after");
+    api_error e;
+    int64_t starting_after = -1;
+    char err[128];
+    if (stream && strcmp(stream, "true") && strcmp(stream, "false")) {
+        api_fail(&e, 400, "invalid_value", "stream", "stream must be true or false");
+        return respond_error(r, &e);
+    }
+    if (after && config_parse_int("starting_after", after, 0, INT64_MAX, &starting_after, err, sizeof err)) {
+        api_fail(&e, 400, "invalid_value", "starting_after", "%s", err);
+        return respond_error(r, &e);
+    }
+    if (stream && !strcmp(stream, "true")) return background_stream_get(r, id, entry, starting_after);
+    background_poll(r, id, entry, answer_response_id); /* (any response) */
 }
 
 void route_response_id(request *r, const char *path) {
@@ -491,9 +506,6 @@ static void answer_responses(request *r) {
     else if (json_is_true(background) && (json_is_false(store) || !r->srv->cfg.response_store_bytes))
         api_fail(&e, 400, "invalid_value", "background", "a background response is polled from the store: it needs "
                  "store (not false) and a server with response_store_bytes");
-    else if (json_is_true(background) && json_is_true(json_object_get(in, "stream")))
-        api_fail(&e, 400, "unsupported_parameter", "stream", "a background response is not streamed here: poll "
-                 "GET /v1/responses/{id} until its status is no longer queued or in_progress");
     else e.status = 0;
     if (!in || e.status) {
         json_decref(in);

@@ -29,6 +29,7 @@ void request_unref(request *r) {
             break;
         }
     if (r->pending) MHD_destroy_response(r->pending);
+    if (r->follows) background_unfollow(r);
     if (r->up) upload_free(r->up);
     if (r->gen) generation_free(r->gen);
     background_free(r->bg);
@@ -170,6 +171,13 @@ void request_suspend(request *r) {
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     request *r = cls;
+    if (r->follows) {
+        ssize_t got = background_follow_read(r, buf, max);
+        if (got < 0) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!got) request_suspend(r);
+        r->bytes_out += (size_t)got;
+        return got;
+    }
     size_t avail = r->out_len - r->out_pos;
     if (!avail) {
         if (r->out_done) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -187,6 +195,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) { request_unref(cls); }
 
 int stream_start(request *r) {
+    if (r->bg) return background_log_start(r);
     request_ref(r); /* the response's reader holds the request */
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, r, stream_free);
@@ -202,6 +211,7 @@ int stream_start(request *r) {
 }
 
 void stream_write(request *r, const char *data, size_t n) {
+    if (r->bg) return background_log_write(r, data, n);
     if (r->out_len + n > r->out_cap) {
         size_t cap = (r->out_len + n) * 2 + 1024;
         char *t = realloc(r->out, cap);
@@ -216,6 +226,7 @@ void stream_write(request *r, const char *data, size_t n) {
 }
 
 void stream_end(request *r) {
+    if (r->bg) return background_log_end(r);
     r->out_done = 1;
     request_wake(r);
 }

@@ -392,6 +392,7 @@ out:
     uv_run(&loop, UV_RUN_DEFAULT);
     sessions_free_all(s);
     stored_free(s);
+    background_logs_free(s);
     store_close(s->st);
     uv_loop_close(&loop);
     engine_close(s->eng);

@@ -66,6 +66,7 @@ typedef struct piece piece;
 typedef struct upload upload;
 typedef struct generation generation;
 typedef struct background background;
+typedef struct event_log event_log;
 
 struct request {
     server *srv;
@@ -97,6 +98,8 @@ struct request {
     upload *up;
     generation *gen;
     background *bg;              /* a background response's own request: no connection (background.c) */
+    event_log *follows;          /* a stream that reads a background response's events (background.c) */
+    size_t follows_at;           /* how far it has read them */
     /* streamed response bytes (SSE), read by the content reader */
     char *out;
     size_t out_len, out_pos, out_cap;
@@ -127,10 +130,12 @@ void request_suspend(request *r);
  * r waits, suspended and held; else inline. Then done(r, arg) runs on the loop. */
 enum { OFF_LOOP_BYTES = 64 * 1024 };
 void request_work(request *r, int big, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg);
-/* Appends to the streamed response and wakes the reader. */
+/* Appends to the streamed response and wakes the reader (a background
+ * response's request: to its event log, for the streams that follow it). */
 void stream_write(request *r, const char *data, size_t n);
 void stream_end(request *r);
-/* Starts an SSE response (queued now). */
+/* Starts an SSE response (queued now; a background response's request: its
+ * event log, 0 when it has one). */
 int stream_start(request *r);
 /* ---- CORS (cors.c) ----------------------------------------------------------------- */
 int cors_enabled(const server *s);
@@ -303,6 +308,24 @@ void background_stop_all(server *s);
 int background_pending(const server *s);
 /* POST /v1/responses/{id}/cancel. */
 void background_cancel(request *r, const char *id);
+/* A background request's event log (its stream's bytes, for the requests that
+ * follow it): stream_write, stream_end and stream_start of such a request. */
+void background_log_write(request *d, const char *data, size_t n);
+/* The logs kept after their end, freed (the server's end). */
+void background_logs_free(server *s);
+void background_log_end(request *d);
+int background_log_start(request *d);
+/* A following stream's reader: up to max bytes more of its log into buf, 0
+ * when it has read all so far (it then waits, suspended), -1 at its end. */
+ssize_t background_follow_read(request *f, char *buf, size_t max);
+/* At a following request's end: it leaves its log. */
+void background_unfollow(request *f);
+/* GET /v1/responses/{id}?stream=true[&starting_after=N]: the response's events
+ * after N: from its log where this replica has it (a response made with
+ * "stream": true, running here or ended here lately), else replayed from the
+ * stored response (entry: r's scratch, as fetched) once it has ended; a 400
+ * while it runs elsewhere (or was made without "stream"). */
+void background_stream_get(request *r, const char *id, json_t *entry, int64_t starting_after);
 void background_free(background *bg);
 
 /* ---- /v1/conversations (conversations.c) --------------------------------------------- */
@@ -332,6 +355,21 @@ json_t *responses_message(const char *msg_id, const char *status, json_t *text);
 /* A response object; takes output and usage (either may be NULL), echoes request's fields. */
 json_t *responses_object(const char *id, int64_t created, const char *model, const char *status,
                          json_t *output, json_t *usage, json_t *request);
+/* A /v1/responses stream's events: written to r's stream, numbered from 0;
+ * those numbered at most skip_through are not written (a replay after
+ * starting_after; -1: all). */
+typedef struct response_events {
+    request *r;
+    int64_t seq, skip_through;
+} response_events;
+/* The last event of the stream r's generation writes, for response (borrowed)
+ * by its status (response.completed, .failed or .incomplete), after a
+ * response.created when none was written yet (it failed before it began). */
+void responses_stream_ended(request *r, json_t *response);
+/* Writes a finished response's events to r's stream as a stream of it would
+ * have sent them, its text in one delta per message, and ends the stream:
+ * those numbered after starting_after (-1: all). */
+void responses_replay(request *r, json_t *response, int64_t starting_after);
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);
@@ -385,6 +423,8 @@ struct server {
     int store_silent;         /* the shared store answered no lease renewal last time */
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
     int bg_renewing;          /* a round of run-mark renewals is out (background_renew) */
+    event_log *bg_logs;       /* streamed background responses' events, kept after their end (background.c) */
+    size_t bg_logs_bytes;
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* answers take turns (completions.c): at most max_answers sequences decode at once */

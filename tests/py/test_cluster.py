@@ -793,6 +793,11 @@ def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_p
         got, _ = background_ended(on_b, made.id)
         assert got.output_text == on_b.responses.create(**ask).output_text
         assert redis.cli("EXISTS", f"potserve:r:{made.id}:run") == "0"  # its answer's write took the mark
+        # streamed on a: b, without its events, streams it again from the stored answer once it ended
+        events = list(on_a.responses.create(background=True, stream=True, **ask))
+        replay = list(on_b.responses.retrieve(events[0].response.id, stream=True))
+        assert replay[-1].response.model_dump() == events[-1].response.model_dump()
+        assert "".join(e.delta for e in replay if e.type == "response.output_text.delta") == got.output_text
         long = background_running(on_a)  # 3,000 tokens: a minute or more here
         assert redis.cli("EXISTS", f"potserve:r:{long.id}:run") == "1"
         assert on_b.responses.cancel(long.id).status == "cancelled"

@@ -642,11 +642,76 @@ def test_background_responses_are_polled_to_the_answer_a_client_would_have_waite
         with pytest.raises(openai.BadRequestError) as ei:
             client.responses.create(model="x", input="Hi", **({"background": True} | kw))
         assert ei.value.body["param"] == param, ei.value.body
-    with pytest.raises(openai.BadRequestError) as ei:
-        client.responses.create(model="x", input="Hi", background=True, stream=True)
-    assert ei.value.body["param"] == "stream"
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="x", input="Hi", background=True, extra_body={"session": "sess_nosuchone00"})
+
+
+def test_background_responses_stream_and_are_streamed_again(srv, client):
+    """background with stream: the asking client reads its events as a plain stream's (the same
+    types, text and final response); it may leave and the response runs on; GET ?stream=true (the
+    SDK's retrieve(stream=True) and responses.stream(response_id=...)) follows it from the start or
+    after starting_after while it runs, and streams it again after its end: the same events where
+    they were kept here, else (made without stream) replayed from the stored answer. A response
+    running without its events here is a 400 to stream; bad stream or starting_after values 400."""
+    ask = dict(model="x", input="Say hello.", max_output_tokens=64, temperature=0)  # (it completes: 23 tokens)
+    events = list(client.responses.create(background=True, stream=True, **ask))
+    plain = list(client.responses.create(stream=True, **ask))
+    assert [e.type for e in events] == [e.type for e in plain], ([e.type for e in events], [e.type for e in plain])
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    rid, final = events[0].response.id, events[-1].response
+    assert final.id == rid and final.status == plain[-1].response.status == "completed" and final.background is True
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == final.output_text == plain[-1].response.output_text == client.responses.retrieve(rid).output_text
+    # again, after its end: the same events, all or after starting_after
+    again = list(client.responses.retrieve(rid, stream=True))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
+    after = list(client.responses.retrieve(rid, stream=True, starting_after=3))
+    assert [e.model_dump() for e in after] == [e.model_dump() for e in events[4:]]
+    with client.responses.stream(response_id=rid, starting_after=3) as s:
+        assert s.get_final_response().output_text == final.output_text
+    # the asking client leaves after the first events: it runs on to its end
+    stream = client.responses.create(background=True, stream=True, model="x",
+                                     input="Count from 1 to 3000, separated by commas.", max_output_tokens=48,
+                                     temperature=0)
+    first = next(iter(stream))
+    stream.close()
+    left, _ = background_ended(client, first.response.id)
+    assert left.status == "incomplete" and left.usage.output_tokens == 48, left  # (cut by max_output_tokens)
+    # followed while it runs: its text comes as it is written, then the end
+    long = client.responses.create(background=True, stream=True, model="x",
+                                   input="Count from 1 to 3000, separated by commas.", max_output_tokens=300,
+                                   temperature=0)
+    lid = next(iter(long)).response.id
+    long.close()
+    t0, arrived = time.time(), []
+    for e in client.responses.retrieve(lid, stream=True):
+        arrived.append((time.time() - t0, e))
+    kinds = [e.type for _, e in arrived]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete", kinds
+    text_times = [t for t, e in arrived if e.type == "response.output_text.delta"]
+    assert len(text_times) > 100 and text_times[-1] - text_times[0] > 0.5, text_times  # not all at the end
+    # made without stream: polled while it runs (a 400 to stream), replayed from its answer after
+    plain_bg = client.responses.create(background=True, **ask)
+    running = background_running(client)
+    with pytest.raises(openai.BadRequestError) as ei:
+        list(client.responses.retrieve(running.id, stream=True))
+    assert ei.value.body["param"] == "stream"
+    client.responses.cancel(running.id)
+    done, _ = background_ended(client, plain_bg.id)
+    replay = list(client.responses.retrieve(plain_bg.id, stream=True))
+    assert [e.sequence_number for e in replay] == list(range(len(replay)))
+    assert replay[0].type == "response.created" and replay[-1].type == "response.completed", replay
+    assert "".join(e.delta for e in replay if e.type == "response.output_text.delta") == done.output_text
+    assert replay[-1].response.model_dump() == done.model_dump()
+    with client.responses.stream(response_id=plain_bg.id) as s:  # the SDK's own accumulation
+        assert s.get_final_response().output_text == done.output_text
+    # a response not made in the background streams its answer again too
+    whole = client.responses.create(**ask)
+    assert list(client.responses.retrieve(whole.id, stream=True))[-1].response.output_text == whole.output_text
+    for query, param in [("stream=maybe", "stream"), ("stream=true&starting_after=-1", "starting_after"),
+                         ("stream=true&starting_after=x", "starting_after")]:
+        st, body, _ = srv.request("GET", f"/v1/responses/{rid}?{query}", headers=auth())
+        assert st == 400 and body["error"]["param"] == param, (query, st, body)
 
 
 def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
