@@ -351,7 +351,7 @@ void background_stream_get(request *r, const char *id, json_t *entry, int64_t st
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    responses_replay(r, json_deep_copy(object), starting_after);
+    responses_replay(r, object, starting_after);
 }
 
 /* ---- starting ----------------------------------------------------------------------- */

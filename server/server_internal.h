@@ -367,7 +367,7 @@ typedef struct response_events {
  * response.created when none was written yet (it failed before it began). */
 void responses_stream_ended(request *r, json_t *response);
 /* Writes a finished response's events to r's stream as a stream of it would
- * have sent them, its text in one delta per message, and ends the stream:
+ * have sent them (response borrowed), its text in one delta per message, and ends the stream:
  * those numbered after starting_after (-1: all). */
 void responses_replay(request *r, json_t *response, int64_t starting_after);
 void generation_free(generation *g);
