@@ -557,7 +557,8 @@ def gen_json_route(rng, pool):
         r.generation = True
     elif route == "response_id":
         tail = rng.choice(["", "", "/input_items", "/input_items?order=asc&limit=2", "/input_items?after=%00&limit=-1",
-                           "/input_items/x", "/cancel", "/cancel", "/cancel/x"])
+                           "/input_items/x", "/cancel", "/cancel", "/cancel/x", "?stream=true",
+                           "?stream=true&starting_after=3", "?stream=yes&starting_after=-9", "?starting_after=%00"])
         r = build(rng, "json", rng.choice(["GET", "DELETE", "HEAD", "POST"]), f"/v1/responses/{prev}{tail}", b"")
     elif route == "conversations":  # made, read, added to, deleted; ids real or not
         conv = rng.choice(pool.conversations + ["conv_none0", "x" * 300, "%00"]) if pool.conversations else "conv_none0"
