@@ -44,6 +44,19 @@ struct event_log {
     event_log *next_kept;
 };
 
+/* A GET ?stream=true waiting for an answer with no events here (below). */
+struct waiting_stream {
+    request *r;
+    char id[48];
+    int64_t after;   /* starting_after */
+    int looking;     /* a look at the shared store is out (its work holds w) */
+    int done;        /* its stream ended: w goes at the next sweep with no look out */
+    char *text;      /* the look's answer: the entry's text (NULL: none) */
+    int held;        /* the response's run mark (store_response_run_held) */
+    char err[160];
+    waiting_stream *next;
+};
+
 struct background {
     event_log *log;   /* "stream": true: its events (else NULL) */
     char id[48];
@@ -56,6 +69,11 @@ struct background {
     int lost;         /* its run mark was gone at a renewal: stopped, it ends "failed" (stored only where
                          its entry is still the queued one) */
 };
+
+/* Why a response no replica runs (its run mark gone) ended "failed". */
+static const char RUNNER_GONE[] =
+    "the replica running the response stopped (or lost the store for longer than lease_ms) before the answer ended: "
+    "ask again";
 
 /* Why bg ended "failed" though its generation did not fail, or NULL. */
 static const char *stopped_why(const background *bg) {
@@ -220,7 +238,10 @@ void background_log_write(request *d, const char *data, size_t n) {
     }
     memcpy(l->text + l->len, data, n);
     l->len += n;
-    for (size_t i = 0; i < l->readers.n; i++) request_wake(l->readers.v[i]);
+    for (size_t i = 0; i < l->readers.n; i++) {
+        l->readers.v[i]->last_write_ms = monotonic_ms(); /* (no keep-alive ping needed) */
+        request_wake(l->readers.v[i]);
+    }
 }
 
 /* Keeps l for GET ?stream=true after its end, the oldest kept going past response_store_bytes. */
@@ -244,6 +265,12 @@ static void log_keep(server *s, event_log *l) {
 }
 
 void background_logs_free(server *s) {
+    while (s->bg_waiting) {
+        waiting_stream *w = s->bg_waiting;
+        s->bg_waiting = w->next;
+        request_unref(w->r);
+        free(w);
+    }
     while (s->bg_logs) {
         event_log *l = s->bg_logs;
         s->bg_logs = l->next_kept;
@@ -331,27 +358,113 @@ static event_log *log_of(server *s, const char *id) {
     return NULL;
 }
 
+/* ---- streams that wait for an answer with no events here ---------------------------------
+ * GET ?stream=true of a response still running without its events here (made
+ * without stream, or by another replica): its stream waits, the entry looked at
+ * each second (background_sweep), and replays the answer once it has ended. */
+
+
+static int unfinished(json_t *object) {
+    const char *status = json_string_value(json_object_get(object, "status"));
+    return status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"));
+}
+
+/* w's stream, given what the store has of its response now (entry, NULL: gone). */
+static void waiting_look(waiting_stream *w, json_t *entry, int runner) {
+    json_t *object = json_object_get(entry, "object");
+    request *r = w->r;
+    if (!object) { /* deleted (or dropped) meanwhile */
+        api_error e;
+        api_fail(&e, 404, "response_not_found", NULL, "response '%s' is no longer stored", w->id);
+        stream_write(r, "event: error\ndata: ", 19);
+        char *text = json_dumps(api_error_json(&e), JSON_COMPACT);
+        if (text) stream_write(r, text, strlen(text));
+        free(text);
+        stream_write(r, "\n\n", 2);
+        stream_end(r);
+        w->done = 1;
+    } else if (!unfinished(object)) {
+        responses_replay(r, object, w->after);
+        w->done = 1;
+    } else if (!runner) { /* its runner is gone: failed, as a poll finds it (background_poll stores that) */
+        json_t *failed = json_deep_copy(object);
+        json_object_set_new(failed, "status", json_string("failed"));
+        json_object_set_new(failed, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", RUNNER_GONE));
+        responses_replay(r, failed, w->after);
+        json_decref(failed);
+        w->done = 1;
+    } /* (else it waits on: the housekeeping's pings keep the connection open) */
+}
+
+static void look_work(uv_work_t *work) {
+    waiting_stream *w = work->data;
+    server *s = w->r->srv;
+    int absent = 0;
+    w->text = store_response_get(s->st, w->id, 0, 0, &absent, w->err, sizeof w->err);
+    w->held = w->text ? store_response_run_held(s->st, w->id, w->err, sizeof w->err) : 1;
+    if (!w->text && !absent) w->held = -1; /* (the store did not answer: look again) */
+}
+
+static void look_done(uv_work_t *work, int status) {
+    (void)status;
+    waiting_stream *w = work->data;
+    free(work);
+    w->looking = 0;
+    json_t *entry = w->text ? json_loads(w->text, 0, NULL) : NULL;
+    free(w->text);
+    w->text = NULL;
+    if (!w->done && w->r->conn && (entry || w->held >= 0)) waiting_look(w, entry, w->held != 0);
+    json_decref(entry);
+}
+
+void background_sweep(server *s) {
+    for (waiting_stream **p = &s->bg_waiting; *p;) {
+        waiting_stream *w = *p;
+        if (w->looking) {
+            p = &w->next;
+            continue;
+        }
+        if (w->done || !w->r->conn) { /* ended, or its client left */
+            *p = w->next;
+            request_unref(w->r);
+            free(w);
+            continue;
+        }
+        p = &w->next;
+        if (!store_is_shared(s->st)) { /* (in memory: the entry itself) */
+            waiting_look(w, json_object_get(s->stored, w->id), 1);
+            continue;
+        }
+        uv_work_t *work = calloc(1, sizeof *work);
+        if (!work) continue;
+        work->data = w;
+        w->looking = 1;
+        if (uv_queue_work(s->loop, work, look_work, look_done)) {
+            w->looking = 0;
+            free(work);
+        }
+    }
+}
+
 void background_stream_get(request *r, const char *id, json_t *entry, int64_t starting_after) {
     server *s = r->srv;
     json_t *object = json_object_get(entry, "object");
     event_log *l = log_of(s, id);
     if (l) return follow(r, l, log_offset_after(l, starting_after));
-    const char *status = json_string_value(json_object_get(object, "status"));
-    if (status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {
-        api_error e;
-        api_fail(&e, 400, "invalid_value", "stream",
-                 "response '%s' is still being generated, and only the replica generating a response made with "
-                 "\"stream\": true streams it before its end: poll it (GET without stream) until it has ended, "
-                 "or stream it then",
-                 id);
-        return respond_error(r, &e);
-    }
-    if (stream_start(r)) {
+    waiting_stream *w = unfinished(object) ? calloc(1, sizeof *w) : NULL;
+    if ((unfinished(object) && !w) || stream_start(r)) {
+        free(w);
         api_error e;
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    responses_replay(r, object, starting_after);
+    if (!w) return responses_replay(r, object, starting_after);
+    *w = (waiting_stream){.r = r, .after = starting_after, .next = s->bg_waiting};
+    snprintf(w->id, sizeof w->id, "%s", id);
+    request_ref(r);
+    s->bg_waiting = w;
+    static const char WAIT[] = ": waiting for its end (it is generated without its events here)\n\n";
+    stream_write(r, WAIT, sizeof WAIT - 1);
 }
 
 /* ---- starting ----------------------------------------------------------------------- */
@@ -454,6 +567,13 @@ const char *background_final_status(const request *r, const char *status) {
 }
 
 void background_stop_all(server *s) {
+    for (waiting_stream *w = s->bg_waiting; w; w = w->next) /* (their connections close) */
+        if (!w->done && w->r->conn) {
+            static const char STOP[] = ": the server is stopping: stream it again from another replica, or later\n\n";
+            stream_write(w->r, STOP, sizeof STOP - 1);
+            stream_end(w->r);
+            w->done = 1;
+        }
     for (request *r = s->live; r; r = r->next_live)
         if (r->bg && !r->status) {
             r->bg->stopped = 1;
@@ -587,10 +707,7 @@ static void held_known(request *r, void *arg) {
     fprintf(stderr, "potserve: %s: no replica runs it (its run mark is gone): storing it as failed\n", p->id);
     json_t *object = json_object_get(p->entry, "object");
     json_object_set_new(object, "status", json_string("failed"));
-    json_object_set_new(object, "error",
-                        json_pack("{s:s, s:s}", "code", "server_error", "message",
-                                  "the replica running the response stopped (or lost the store for longer than "
-                                  "lease_ms) before the answer ended: ask again"));
+    json_object_set_new(object, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", RUNNER_GONE));
     json_object_set_new(s->stored_read, p->id, json_string(p->read));
     stored_update(r, p->id, json_deep_copy(p->entry), 1, failed_written, p);
 }

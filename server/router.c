@@ -171,12 +171,11 @@ void request_suspend(request *r) {
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     request *r = cls;
-    if (r->follows) {
+    if (r->follows) { /* a background response's events; between them its own keep-alive pings (below) */
         ssize_t got = background_follow_read(r, buf, max);
         if (got < 0) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (!got) request_suspend(r);
         r->bytes_out += (size_t)got;
-        return got;
+        if (got) return got;
     }
     size_t avail = r->out_len - r->out_pos;
     if (!avail) {

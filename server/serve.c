@@ -135,8 +135,9 @@ static void on_housekeeping(uv_timer_t *t) {
     double now = monotonic_ms();
     srv_sweep_connections(s);
     generations_sweep(s);
+    background_sweep(s);
     for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
-        if (r->conn && r->out_cap && !r->out_done && now - r->last_write_ms > 15000)
+        if (r->conn && (r->out_cap || r->follows) && !r->out_done && now - r->last_write_ms > 15000)
             stream_write(r, ": ping\n\n", 8);
     if (!s->draining) {
         sessions_expire(s);

@@ -67,6 +67,7 @@ typedef struct upload upload;
 typedef struct generation generation;
 typedef struct background background;
 typedef struct event_log event_log;
+typedef struct waiting_stream waiting_stream;
 
 struct request {
     server *srv;
@@ -311,8 +312,10 @@ void background_cancel(request *r, const char *id);
 /* A background request's event log (its stream's bytes, for the requests that
  * follow it): stream_write, stream_end and stream_start of such a request. */
 void background_log_write(request *d, const char *data, size_t n);
-/* The logs kept after their end, freed (the server's end). */
+/* The logs kept after their end and the streams waiting, freed (the server's end). */
 void background_logs_free(server *s);
+/* The housekeeping timer's, each second: streams waiting for an answer look again. */
+void background_sweep(server *s);
 void background_log_end(request *d);
 int background_log_start(request *d);
 /* A following stream's reader: up to max bytes more of its log into buf, 0
@@ -323,8 +326,8 @@ void background_unfollow(request *f);
 /* GET /v1/responses/{id}?stream=true[&starting_after=N]: the response's events
  * after N: from its log where this replica has it (a response made with
  * "stream": true, running here or ended here lately), else replayed from the
- * stored response (entry: r's scratch, as fetched) once it has ended; a 400
- * while it runs elsewhere (or was made without "stream"). */
+ * stored response (entry: r's scratch, as fetched) once it has ended (the
+ * stream waits for that: background_sweep). */
 void background_stream_get(request *r, const char *id, json_t *entry, int64_t starting_after);
 void background_free(background *bg);
 
@@ -424,6 +427,7 @@ struct server {
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
     int bg_renewing;          /* a round of run-mark renewals is out (background_renew) */
     event_log *bg_logs;       /* streamed background responses' events, kept after their end (background.c) */
+    waiting_stream *bg_waiting; /* GET ?stream=true waiting for an answer with no events here (background.c) */
     size_t bg_logs_bytes;
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */

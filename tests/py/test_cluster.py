@@ -794,6 +794,12 @@ def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_p
         assert got.output_text == on_b.responses.create(**ask).output_text
         assert redis.cli("EXISTS", f"potserve:r:{made.id}:run") == "0"  # its answer's write took the mark
         # streamed on a: b, without its events, streams it again from the stored answer once it ended
+        # (one running on a: b's stream waits for its end)
+        running = on_a.responses.create(background=True, model="x", input="Count from 1 to 3000, separated by commas.",
+                                        max_output_tokens=200, temperature=0)
+        waited = list(on_b.responses.retrieve(running.id, stream=True))
+        assert waited[-1].response.model_dump() == on_b.responses.retrieve(running.id).model_dump()
+        assert waited[-1].type == "response.incomplete"
         events = list(on_a.responses.create(background=True, stream=True, **ask))
         replay = list(on_b.responses.retrieve(events[0].response.id, stream=True))
         assert replay[-1].response.model_dump() == events[-1].response.model_dump()
@@ -866,7 +872,8 @@ def test_a_background_response_whose_replica_dies_ends_failed(tmp_path, redis):
     """A replica killed (SIGKILL) while its background response runs can store nothing; its run
     mark lapses after lease_ms, and a poll through another replica then finds the response
     unfinished with no replica running it and stores it as failed (before, it stayed queued in
-    Redis and its client polled for ever). A response still running is not failed by polls."""
+    Redis and its client polled for ever). A response still running is not failed by polls; a
+    stream of it through the other replica, waiting for its end, ends with response.failed."""
     from server_util import background_running, openai_client
     a = replica(tmp_path / "a", redis, "a").start()
     b = replica(tmp_path / "b", redis, "b").start()
@@ -875,12 +882,21 @@ def test_a_background_response_whose_replica_dies_ends_failed(tmp_path, redis):
         long = background_running(on_a)
         time.sleep(2.5)  # beyond lease_ms (1 s): renewed meanwhile, so still running for b
         assert on_b.responses.retrieve(long.id).status == "queued"
+        waiting = []  # a stream of it through b waits for its end (it has no events there)
+        follower = threading.Thread(target=lambda: waiting.extend(on_b.responses.retrieve(long.id, stream=True)))
+        follower.start()
+        time.sleep(1)
         a.kill()
+        t0 = time.time()
+        follower.join(timeout=15)  # (no poll meanwhile: the stream finds the runner gone itself)
+        assert not follower.is_alive() and waiting[-1].type == "response.failed", waiting[-1:]
+        assert "ask again" in waiting[-1].response.error.message
+        assert 0.5 < time.time() - t0, "failed before its run mark could lapse"
+        assert redis.cli("GET", f"potserve:r:{long.id}").count('"queued"') == 1  # (a stream stores nothing)
         t0 = time.time()
         while (got := on_b.responses.retrieve(long.id)).status == "queued":
             assert time.time() - t0 < 10, "no poll found its runner gone"
             time.sleep(0.2)
-        assert 0.5 < time.time() - t0, "failed before its run mark could lapse"
         assert got.status == "failed" and got.error.code == "server_error" and "ask again" in got.error.message, got
         assert on_b.responses.retrieve(long.id).status == "failed"  # stored so
         assert redis.cli("GET", f"potserve:r:{long.id}").count('"failed"') == 1

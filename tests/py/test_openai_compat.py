@@ -651,8 +651,8 @@ def test_background_responses_stream_and_are_streamed_again(srv, client):
     types, text and final response); it may leave and the response runs on; GET ?stream=true (the
     SDK's retrieve(stream=True) and responses.stream(response_id=...)) follows it from the start or
     after starting_after while it runs, and streams it again after its end: the same events where
-    they were kept here, else (made without stream) replayed from the stored answer. A response
-    running without its events here is a 400 to stream; bad stream or starting_after values 400."""
+    they were kept here, else (made without stream) replayed from the stored answer, a stream of one
+    still running without its events here waiting for that; bad stream or starting_after values 400."""
     ask = dict(model="x", input="Say hello.", max_output_tokens=64, temperature=0)  # (it completes: 23 tokens)
     events = list(client.responses.create(background=True, stream=True, **ask))
     plain = list(client.responses.create(stream=True, **ask))
@@ -690,13 +690,14 @@ def test_background_responses_stream_and_are_streamed_again(srv, client):
     assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete", kinds
     text_times = [t for t, e in arrived if e.type == "response.output_text.delta"]
     assert len(text_times) > 100 and text_times[-1] - text_times[0] > 0.5, text_times  # not all at the end
-    # made without stream: polled while it runs (a 400 to stream), replayed from its answer after
+    # made without stream: a stream of it waits for its end, then replays its answer
     plain_bg = client.responses.create(background=True, **ask)
-    running = background_running(client)
-    with pytest.raises(openai.BadRequestError) as ei:
-        list(client.responses.retrieve(running.id, stream=True))
-    assert ei.value.body["param"] == "stream"
-    client.responses.cancel(running.id)
+    running = client.responses.create(background=True, model="x", input="Count from 1 to 3000, separated by commas.",
+                                      max_output_tokens=200, temperature=0)
+    assert client.responses.retrieve(running.id).status in ("queued", "in_progress")
+    waited = list(client.responses.retrieve(running.id, stream=True))
+    ended = client.responses.retrieve(running.id)
+    assert ended.status == "incomplete" and waited[-1].response.model_dump() == ended.model_dump(), waited[-1]
     done, _ = background_ended(client, plain_bg.id)
     replay = list(client.responses.retrieve(plain_bg.id, stream=True))
     assert [e.sequence_number for e in replay] == list(range(len(replay)))
