@@ -317,22 +317,28 @@ static const char RENEW_SCRIPT[] =
     "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
     "redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 + redis.call('EXISTS', KEYS[2])";
 
-void redis_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
-                       int *out) {
-    char err[128], ms[32];
-    snprintf(ms, sizeof ms, "%lld", (long long)st->lease_ms);
+/* One command of a pipeline (pipelined_integers): its arguments, and room for two keys. */
+typedef struct pipe_cmd {
+    const char *argv[8];
+    int argc;
+    char keys[2][128];
+} pipe_cmd;
+
+/* Sends n commands at once (one round trip), build(user, i, cmd) making the
+ * i-th; out[i] = its integer reply, -1 when Redis did not answer it. */
+static void pipelined_integers(store *st, size_t n, void (*build)(void *user, size_t i, pipe_cmd *cmd), void *user,
+                               int *out) {
+    char err[128];
     for (size_t i = 0; i < n; i++) out[i] = -1;
     redisContext *c = conn(st, err, sizeof err);
     if (!c) return;
     size_t sent = 0;
-    for (; sent < n; sent++) { /* pipelined: one round trip for all */
-        char lease[96], want[96];
-        key(lease, sizeof lease, ids[sent], "lease");
-        key(want, sizeof want, ids[sent], "want");
-        const char *argv[] = {"EVAL", RENEW_SCRIPT, "2", lease, want, tokens[sent], ms};
-        size_t lens[7];
-        for (int k = 0; k < 7; k++) lens[k] = strlen(argv[k]);
-        if (redisAppendCommandArgv(c, 7, argv, lens) != REDIS_OK) break;
+    for (; sent < n; sent++) {
+        pipe_cmd cmd = {0};
+        build(user, sent, &cmd);
+        size_t lens[8];
+        for (int k = 0; k < cmd.argc; k++) lens[k] = strlen(cmd.argv[k]);
+        if (redisAppendCommandArgv(c, cmd.argc, cmd.argv, lens) != REDIS_OK) break;
     }
     for (size_t i = 0; i < sent; i++) {
         void *reply = NULL;
@@ -344,6 +350,27 @@ void redis_lease_renew(store *st, const char *const *ids, const char *const *tok
         if (r->type == REDIS_REPLY_INTEGER) out[i] = (int)r->integer;
         freeReplyObject(r);
     }
+}
+
+typedef struct renew_args {
+    const char *const *ids, *const *tokens;
+    char ms[32];
+} renew_args;
+
+static void lease_renew_cmd(void *user, size_t i, pipe_cmd *cmd) {
+    renew_args *a = user;
+    key(cmd->keys[0], sizeof cmd->keys[0], a->ids[i], "lease");
+    key(cmd->keys[1], sizeof cmd->keys[1], a->ids[i], "want");
+    const char *argv[] = {"EVAL", RENEW_SCRIPT, "2", cmd->keys[0], cmd->keys[1], a->tokens[i], a->ms};
+    memcpy(cmd->argv, argv, sizeof argv);
+    cmd->argc = 7;
+}
+
+void redis_lease_renew(store *st, const char *const *ids, const char *const *tokens, size_t n,
+                       int *out) {
+    renew_args a = {.ids = ids, .tokens = tokens};
+    snprintf(a.ms, sizeof a.ms, "%lld", (long long)st->lease_ms);
+    pipelined_integers(st, n, lease_renew_cmd, &a, out);
 }
 
 static const char RELEASE_SCRIPT[] =
@@ -466,30 +493,18 @@ int redis_response_run_mark(store *st, const char *id, char *err, size_t errlen)
     return 0;
 }
 
+static void run_renew_cmd(void *user, size_t i, pipe_cmd *cmd) {
+    renew_args *a = user;
+    snprintf(cmd->keys[0], sizeof cmd->keys[0], "potserve:r:%s:run", a->ids[i]);
+    const char *argv[] = {"PEXPIRE", cmd->keys[0], a->ms};
+    memcpy(cmd->argv, argv, sizeof argv);
+    cmd->argc = 3;
+}
+
 void redis_response_run_renew(store *st, const char *const *ids, size_t n, int *out) {
-    char err[128], ms[32];
-    snprintf(ms, sizeof ms, "%lld", (long long)st->lease_ms);
-    for (size_t i = 0; i < n; i++) out[i] = -1;
-    redisContext *c = conn(st, err, sizeof err);
-    if (!c) return;
-    size_t sent = 0;
-    for (; sent < n; sent++) { /* pipelined: one round trip for all */
-        char k[128];
-        snprintf(k, sizeof k, "potserve:r:%s:run", ids[sent]);
-        const char *argv[] = {"PEXPIRE", k, ms};
-        size_t lens[3] = {strlen(argv[0]), strlen(argv[1]), strlen(argv[2])};
-        if (redisAppendCommandArgv(c, 3, argv, lens) != REDIS_OK) break;
-    }
-    for (size_t i = 0; i < sent; i++) {
-        void *reply = NULL;
-        if (redisGetReply(c, &reply) != REDIS_OK) {
-            conn_free(c);
-            return;
-        }
-        redisReply *r = reply;
-        if (r->type == REDIS_REPLY_INTEGER) out[i] = r->integer == 1;
-        freeReplyObject(r);
-    }
+    renew_args a = {.ids = ids};
+    snprintf(a.ms, sizeof a.ms, "%lld", (long long)st->lease_ms);
+    pipelined_integers(st, n, run_renew_cmd, &a, out); /* (PEXPIRE: 1 renewed, 0 gone) */
 }
 
 int redis_response_run_held(store *st, const char *id, char *err, size_t errlen) {
