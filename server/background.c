@@ -232,7 +232,12 @@ void background_log_write(request *d, const char *data, size_t n) {
     if (l->len + n > l->cap) {
         size_t cap = (l->len + n) * 2 + 4096;
         char *t = realloc(l->text, cap);
-        if (!t) return; /* dropped: a follower sees a stream with a gap */
+        if (!t) { /* out of memory: its followers' streams end here (never a gap; SSE drops an unended event) */
+            fprintf(stderr, "potserve: %s: out of memory for its events: its streams end early\n", d->bg->id);
+            l->ended = 1;
+            for (size_t i = 0; i < l->readers.n; i++) request_wake(l->readers.v[i]);
+            return;
+        }
         l->text = t;
         l->cap = cap;
     }
