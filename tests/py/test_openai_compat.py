@@ -669,6 +669,12 @@ def test_background_responses_stream_and_are_streamed_again(srv, client):
     assert [e.model_dump() for e in after] == [e.model_dump() for e in events[4:]]
     with client.responses.stream(response_id=rid, starting_after=3) as s:
         assert s.get_final_response().output_text == final.output_text
+    # the SDK's own example (examples/responses/background_streaming.py): leave at event 10, resume after it
+    with client.responses.stream(background=True, **ask) as s:
+        sid = next(e for e in s if e.type == "response.created").response.id
+        assert next(e for e in s if e.sequence_number == 10)
+    with client.responses.stream(response_id=sid, starting_after=10) as s:
+        assert [e.sequence_number for e in s][0] == 11 and s.get_final_response().output_text == final.output_text
     # the asking client leaves after the first events: it runs on to its end
     stream = client.responses.create(background=True, stream=True, model="x",
                                      input="Count from 1 to 3000, separated by commas.", max_output_tokens=48,
