@@ -21,7 +21,14 @@
  * another replica): the generation stops. A poll through another replica that
  * finds the entry still unfinished and its mark gone knows its runner died (or
  * lost the store for lease_ms), and stores it as "failed", so that a client
- * never polls a response nobody runs. */
+ * never polls a response nobody runs.
+ *
+ * With "stream": true its generation streams as any: what it writes goes to
+ * an event log here, which the asking client and GET .../{id}?stream=true
+ * follow (each from its own offset, woken as the log grows) and which is kept
+ * a while after its end. A stream of a response with no log here waits for
+ * its end (waiting_stream, looked at each second) and replays the stored
+ * answer's events (responses_replay). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
