@@ -593,6 +593,13 @@ void background_stop_all(server *s) {
         }
 }
 
+void background_gauges(const server *s, int *running, int *waiting, size_t *kept_log_bytes) {
+    *running = *waiting = 0;
+    for (const request *r = s->live; r; r = r->next_live) *running += r->bg && !r->status;
+    for (const waiting_stream *w = s->bg_waiting; w; w = w->next) *waiting += !w->done;
+    *kept_log_bytes = s->bg_logs_bytes;
+}
+
 int background_pending(const server *s) {
     for (const request *r = s->live; r; r = r->next_live)
         if (r->bg) return 1; /* (answered, its entry may still be on its way to the store) */

@@ -121,6 +121,16 @@ char *metrics_render(server *s) {
             s->answers_running);
     counter(&b, "potserve_answers_waiting", "Requests waiting for a turn to answer.", "gauge",
             s->n_answers_waiting);
+    int bg_running, bg_waiting;
+    size_t bg_log_bytes;
+    background_gauges(s, &bg_running, &bg_waiting, &bg_log_bytes);
+    counter(&b, "potserve_background_running", "Background responses generating here.", "gauge", bg_running);
+    counter(&b, "potserve_background_streams_waiting",
+            "Streams of background responses waiting for an answer whose events are not kept here.", "gauge",
+            bg_waiting);
+    counter(&b, "potserve_background_event_log_bytes",
+            "Bytes of ended streamed background responses' events kept here for later streams.", "gauge",
+            (double)bg_log_bytes);
     if (store_is_shared(s->st))
         counter(&b, "potserve_store_up", "1 when the shared store answered the last lease renewal (or PING).",
                 "gauge", !s->store_silent);

@@ -304,6 +304,9 @@ void background_renew(server *s);
 /* At the end of a drain: every background response still running here is
  * stopped, to be stored as "failed" (not left queued in a shared store). */
 void background_stop_all(server *s);
+/* For /metrics: background responses generating here, streams waiting for an
+ * answer with no events here, bytes of the ended ones' events kept. */
+void background_gauges(const server *s, int *running, int *waiting, size_t *kept_log_bytes);
 /* Whether a background response's request is still live here (running, or its
  * entry on its way to the store): a stopping server waits for it. */
 int background_pending(const server *s);

@@ -886,11 +886,12 @@ def test_a_background_response_whose_replica_dies_ends_failed(tmp_path, redis):
         follower = threading.Thread(target=lambda: waiting.extend(on_b.responses.retrieve(long.id, stream=True)))
         follower.start()
         time.sleep(1)
+        assert metric(b, "potserve_background_streams_waiting") == 1 and metric(a, "potserve_background_running") == 1
         a.kill()
         t0 = time.time()
         follower.join(timeout=15)  # (no poll meanwhile: the stream finds the runner gone itself)
         assert not follower.is_alive() and waiting[-1].type == "response.failed", waiting[-1:]
-        assert "ask again" in waiting[-1].response.error.message
+        assert "ask again" in waiting[-1].response.error.message and metric(b, "potserve_background_streams_waiting") == 0
         assert 0.5 < time.time() - t0, "failed before its run mark could lapse"
         assert redis.cli("GET", f"potserve:r:{long.id}").count('"queued"') == 1  # (a stream stores nothing)
         t0 = time.time()

@@ -662,6 +662,7 @@ def test_background_responses_stream_and_are_streamed_again(srv, client):
     assert final.id == rid and final.status == plain[-1].response.status == "completed" and final.background is True
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert "".join(deltas) == final.output_text == plain[-1].response.output_text == client.responses.retrieve(rid).output_text
+    assert metric(srv, "potserve_background_event_log_bytes") > 1000  # (its events, kept for later streams)
     # again, after its end: the same events, all or after starting_after
     again = list(client.responses.retrieve(rid, stream=True))
     assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
@@ -728,7 +729,7 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
     background cannot be cancelled; an unknown one is 404."""
     long = background_running(client)
     time.sleep(0.3)
-    assert metric(srv, "potserve_answers_running") == 1
+    assert metric(srv, "potserve_answers_running") == 1 and metric(srv, "potserve_background_running") == 1
     assert client.responses.cancel(long.id).status == "cancelled"
     t0 = time.time()
     while metric(srv, "potserve_answers_running") != 0:  # its generation stopped (else: 3,000 tokens to go)
@@ -736,6 +737,7 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
         time.sleep(0.05)
     gone = client.responses.retrieve(long.id)
     assert gone.status == "cancelled" and gone.output == [], gone
+    assert metric(srv, "potserve_background_running") == 0
     assert client.responses.cancel(long.id).status == "cancelled"
     short = client.responses.create(model="x", input="Hi", background=True, max_output_tokens=4)
     ended, _ = background_ended(client, short.id)
