@@ -2,7 +2,9 @@
 time to its first text delta and to its end (medians of alternated rounds, one server), the bytes
 its event log keeps per generated token, and how far behind the asking client a second client
 following it (GET ?stream=true) receives each text delta.
-Usage: .venv/bin/python tests/bench/background_stream.py [rounds] (default 7)."""
+Usage: .venv/bin/python tests/bench/background_stream.py [rounds] [--jargon] (default 7 rounds; the
+input is a counting prompt written here, or with --jargon "Explain this passage:" and a passage of the
+Jargon File, /usr/share/doc/jargon-text/jargon.txt.gz, text no one here wrote)."""
 import pathlib
 import statistics
 import sys
@@ -14,6 +16,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "py"))
 from server_util import Server, openai_client  # noqa: E402
 
 ASK = dict(model="x", input="Count from 1 to 3000, separated by commas.", max_output_tokens=200, temperature=0)
+if "--jargon" in sys.argv:
+    sys.argv.remove("--jargon")
+    import gzip
+    text = gzip.open("/usr/share/doc/jargon-text/jargon.txt.gz", "rt", errors="replace").read()
+    entry = text[text.index("hackers love to take various words"):][:1200]  # (its passage on verbing, as written)
+    ASK["input"] = "Explain this entry:\n" + entry
 
 
 def timed(events):
