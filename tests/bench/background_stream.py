@@ -21,7 +21,7 @@ if "--jargon" in sys.argv:
     import gzip
     text = gzip.open("/usr/share/doc/jargon-text/jargon.txt.gz", "rt", errors="replace").read()
     entry = text[text.index("hackers love to take various words"):][:1200]  # (its passage on verbing, as written)
-    ASK["input"] = "Explain this entry:\n" + entry
+    ASK["input"] = "Explain this passage:\n" + entry
 
 
 def timed(events):
