@@ -24,61 +24,17 @@
  * never polls a response nobody runs.
  *
  * With "stream": true its generation streams as any: what it writes goes to
- * an event log here, which the asking client and GET .../{id}?stream=true
- * follow (each from its own offset, woken as the log grows) and which is kept
- * a while after its end. A stream of a response with no log here waits for
- * its end (waiting_stream, looked at each second) and replays the stored
- * answer's events (responses_replay). */
+ * an event log, which the asking client and GET .../{id}?stream=true follow
+ * (server/background_events.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "common/common.h"
-#include "server/server_internal.h"
+#include "server/background_internal.h"
 
-/* The events of a streamed background response ("stream": true), as its
- * generation writes them, for the requests that follow it: the one that asked,
- * and GET .../{id}?stream=true. Kept a while after its end (s->bg_logs, within
- * response_store_bytes together) for those that come later. */
-struct event_log {
-    int refs; /* its response's request, each follower, the kept list */
-    char id[48];
-    char *text;
-    size_t len, cap;
-    int ended;
-    VEC(request *) readers; /* woken as it grows */
-    event_log *next_kept;
-};
-
-/* A GET ?stream=true waiting for an answer with no events here (below). */
-struct waiting_stream {
-    request *r;
-    char id[48];
-    int64_t after;   /* starting_after */
-    int looking;     /* a look at the shared store is out (its work holds w) */
-    int done;        /* its stream ended: w goes at the next sweep with no look out */
-    char *text;      /* the look's answer: the entry's text (NULL: none) */
-    int held;        /* the response's run mark (store_response_run_held) */
-    char err[160];
-    waiting_stream *next;
-};
-
-struct background {
-    event_log *log;   /* "stream": true: its events (else NULL) */
-    char id[48];
-    json_t *in;       /* the Responses body, echoed by the objects */
-    json_t *history;  /* what it is stored with: {messages, items, own_from} */
-    char *queued;     /* the entry as written while queued (its text): the answer replaces only that */
-    int64_t created;
-    int cancelled;    /* a cancel reached it here */
-    int stopped;      /* the server stopped it at the end of a drain: it ends "failed" */
-    int lost;         /* its run mark was gone at a renewal: stopped, it ends "failed" (stored only where
-                         its entry is still the queued one) */
-};
-
-/* Why a response no replica runs (its run mark gone) ended "failed". */
-static const char RUNNER_GONE[] =
+const char BACKGROUND_RUNNER_GONE[] =
     "the replica running the response stopped (or lost the store for longer than lease_ms) before the answer ended: "
     "ask again";
 
@@ -90,16 +46,9 @@ static const char *stopped_why(const background *bg) {
                        : NULL;
 }
 
-static void log_unref(event_log *l) {
-    if (!l || --l->refs > 0) return;
-    free(l->text);
-    free(l->readers.v);
-    free(l);
-}
-
 void background_free(background *bg) {
     if (!bg) return;
-    log_unref(bg->log);
+    event_log_unref(bg->log);
     json_decref(bg->in);
     json_decref(bg->history);
     free(bg->queued);
@@ -186,8 +135,6 @@ void background_keep(request *d, json_t *entry, void (*then)(request *r, void *a
     write_over_queued(d, entry, then, arg);
 }
 
-static void log_close(request *d);
-
 static void failed_kept(request *d, void *arg, int rc) {
     (void)arg;
     (void)rc;
@@ -221,262 +168,12 @@ void background_answered(request *d, int status, json_t *body) {
     json_decref(body);
     if (bg->log && o) { /* its followers' last event */
         responses_stream_ended(d, o);
-        log_close(d);
+        event_log_close(d);
     }
     json_t *entry = o ? stored_new(d, "response", o, json_incref(json_object_get(bg->history, "items")),
                                    json_incref(json_object_get(bg->history, "messages")))
                       : NULL;
     write_over_queued(d, entry, failed_kept, NULL);
-}
-
-/* ---- the event log of a streamed one ------------------------------------------------------ */
-
-int background_log_start(request *d) { return d->bg->log ? 0 : -1; }
-
-void background_log_write(request *d, const char *data, size_t n) {
-    event_log *l = d->bg->log;
-    if (!l || l->ended) return;
-    if (l->len + n > l->cap) {
-        size_t cap = (l->len + n) * 2 + 4096;
-        char *t = realloc(l->text, cap);
-        if (!t) { /* out of memory: its followers' streams end here (never a gap; SSE drops an unended event) */
-            fprintf(stderr, "potserve: %s: out of memory for its events: its streams end early\n", d->bg->id);
-            l->ended = 1;
-            for (size_t i = 0; i < l->readers.n; i++) request_wake(l->readers.v[i]);
-            return;
-        }
-        l->text = t;
-        l->cap = cap;
-    }
-    memcpy(l->text + l->len, data, n);
-    l->len += n;
-    for (size_t i = 0; i < l->readers.n; i++) {
-        l->readers.v[i]->last_write_ms = monotonic_ms(); /* (no keep-alive ping needed) */
-        request_wake(l->readers.v[i]);
-    }
-}
-
-/* Keeps l for GET ?stream=true after its end, the oldest kept going past response_store_bytes. */
-static void log_keep(server *s, event_log *l) {
-    l->refs++;
-    l->next_kept = s->bg_logs;
-    s->bg_logs = l;
-    s->bg_logs_bytes += l->len;
-    size_t kept = 0;
-    for (event_log **p = &s->bg_logs; *p;) {
-        kept += (*p)->len;
-        if (kept > (size_t)s->cfg.response_store_bytes && *p != l) {
-            event_log *old = *p;
-            *p = old->next_kept;
-            s->bg_logs_bytes -= old->len;
-            log_unref(old);
-        } else {
-            p = &(*p)->next_kept;
-        }
-    }
-}
-
-void background_logs_free(server *s) {
-    while (s->bg_waiting) {
-        waiting_stream *w = s->bg_waiting;
-        s->bg_waiting = w->next;
-        request_unref(w->r);
-        free(w);
-    }
-    while (s->bg_logs) {
-        event_log *l = s->bg_logs;
-        s->bg_logs = l->next_kept;
-        log_unref(l);
-    }
-    s->bg_logs_bytes = 0;
-}
-
-static void log_close(request *d) {
-    event_log *l = d->bg->log;
-    if (!l || l->ended) return;
-    l->ended = 1;
-    for (size_t i = 0; i < l->readers.n; i++) request_wake(l->readers.v[i]);
-    log_keep(d->srv, l);
-}
-
-void background_log_end(request *d) {
-    log_close(d);
-    if (!d->status) background_answered(d, 200, NULL); /* (its stream ended with the answer, stored already) */
-}
-
-ssize_t background_follow_read(request *f, char *buf, size_t max) {
-    event_log *l = f->follows;
-    size_t avail = l->len - f->follows_at;
-    if (!avail) return l->ended ? -1 : 0;
-    size_t n = avail < max ? avail : max;
-    memcpy(buf, l->text + f->follows_at, n);
-    f->follows_at += n;
-    return (ssize_t)n;
-}
-
-void background_unfollow(request *f) {
-    event_log *l = f->follows;
-    for (size_t i = 0; i < l->readers.n; i++)
-        if (l->readers.v[i] == f) {
-            l->readers.v[i] = l->readers.v[--l->readers.n];
-            break;
-        }
-    f->follows = NULL;
-    log_unref(l);
-}
-
-/* r streams l's events from byte `from` on, as they come. */
-static void follow(request *r, event_log *l, size_t from) {
-    if (vec_push(&l->readers, r)) {
-        api_error e;
-        api_fail(&e, 500, NULL, NULL, "out of memory");
-        return respond_error(r, &e);
-    }
-    l->refs++;
-    r->follows = l;
-    r->follows_at = from;
-    if (stream_start(r)) { /* (out of memory: the reader was not made) */
-        background_unfollow(r);
-        api_error e;
-        api_fail(&e, 500, NULL, NULL, "out of memory");
-        respond_error(r, &e);
-    }
-}
-
-/* Where l's events after the one numbered n begin: past that event's block
- * (each is "event: T\ndata: {...,"sequence_number":K}\n\n"); its end when l has
- * not come that far yet (what comes next), 0 for n < 0. */
-static size_t log_offset_after(const event_log *l, int64_t n) {
-    if (n < 0) return 0;
-    static const char KEY[] = "\"sequence_number\":";
-    size_t at = 0;
-    while (at < l->len) {
-        const char *end = memmem(l->text + at, l->len - at, "\n\n", 2);
-        if (!end) break;
-        size_t block_end = (size_t)(end - l->text) + 2;
-        const char *k = memmem(l->text + at, block_end - at, KEY, sizeof KEY - 1);
-        if (k && strtoll(k + sizeof KEY - 1, NULL, 10) == n) return block_end;
-        at = block_end;
-    }
-    return l->len;
-}
-
-/* The log of response id here: its running request's, or one kept. */
-static event_log *log_of(server *s, const char *id) {
-    for (request *r = s->live; r; r = r->next_live)
-        if (r->bg && r->bg->log && !strcmp(r->bg->id, id)) return r->bg->log;
-    for (event_log *l = s->bg_logs; l; l = l->next_kept)
-        if (!strcmp(l->id, id)) return l;
-    return NULL;
-}
-
-/* ---- streams that wait for an answer with no events here ---------------------------------
- * GET ?stream=true of a response still running without its events here (made
- * without stream, or by another replica): its stream waits, the entry looked at
- * each second (background_sweep), and replays the answer once it has ended. */
-
-
-static int unfinished(json_t *object) {
-    const char *status = json_string_value(json_object_get(object, "status"));
-    return status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"));
-}
-
-/* w's stream, given what the store has of its response now (entry, NULL: gone). */
-static void waiting_look(waiting_stream *w, json_t *entry, int runner) {
-    json_t *object = json_object_get(entry, "object");
-    request *r = w->r;
-    if (!object) { /* deleted (or dropped) meanwhile */
-        api_error e;
-        api_fail(&e, 404, "response_not_found", NULL, "response '%s' is no longer stored", w->id);
-        stream_write(r, "event: error\ndata: ", 19);
-        char *text = json_dumps(api_error_json(&e), JSON_COMPACT);
-        if (text) stream_write(r, text, strlen(text));
-        free(text);
-        stream_write(r, "\n\n", 2);
-        stream_end(r);
-        w->done = 1;
-    } else if (!unfinished(object)) {
-        responses_replay(r, object, w->after);
-        w->done = 1;
-    } else if (!runner) { /* its runner is gone: failed, as a poll finds it (background_poll stores that) */
-        json_t *failed = json_deep_copy(object);
-        json_object_set_new(failed, "status", json_string("failed"));
-        json_object_set_new(failed, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", RUNNER_GONE));
-        responses_replay(r, failed, w->after);
-        json_decref(failed);
-        w->done = 1;
-    } /* (else it waits on: the housekeeping's pings keep the connection open) */
-}
-
-static void look_work(uv_work_t *work) {
-    waiting_stream *w = work->data;
-    server *s = w->r->srv;
-    int absent = 0;
-    w->text = store_response_get(s->st, w->id, 0, 0, &absent, w->err, sizeof w->err);
-    w->held = w->text ? store_response_run_held(s->st, w->id, w->err, sizeof w->err) : 1;
-    if (!w->text && !absent) w->held = -1; /* (the store did not answer: look again) */
-}
-
-static void look_done(uv_work_t *work, int status) {
-    (void)status;
-    waiting_stream *w = work->data;
-    free(work);
-    w->looking = 0;
-    json_t *entry = w->text ? json_loads(w->text, 0, NULL) : NULL;
-    free(w->text);
-    w->text = NULL;
-    if (!w->done && w->r->conn && (entry || w->held >= 0)) waiting_look(w, entry, w->held != 0);
-    json_decref(entry);
-}
-
-void background_sweep(server *s) {
-    for (waiting_stream **p = &s->bg_waiting; *p;) {
-        waiting_stream *w = *p;
-        if (w->looking) {
-            p = &w->next;
-            continue;
-        }
-        if (w->done || !w->r->conn) { /* ended, or its client left */
-            *p = w->next;
-            request_unref(w->r);
-            free(w);
-            continue;
-        }
-        p = &w->next;
-        if (!store_is_shared(s->st)) { /* (in memory: the entry itself) */
-            waiting_look(w, json_object_get(s->stored, w->id), 1);
-            continue;
-        }
-        uv_work_t *work = calloc(1, sizeof *work);
-        if (!work) continue;
-        work->data = w;
-        w->looking = 1;
-        if (uv_queue_work(s->loop, work, look_work, look_done)) {
-            w->looking = 0;
-            free(work);
-        }
-    }
-}
-
-void background_stream_get(request *r, const char *id, json_t *entry, int64_t starting_after) {
-    server *s = r->srv;
-    json_t *object = json_object_get(entry, "object");
-    event_log *l = log_of(s, id);
-    if (l) return follow(r, l, log_offset_after(l, starting_after));
-    waiting_stream *w = unfinished(object) ? calloc(1, sizeof *w) : NULL;
-    if ((unfinished(object) && !w) || stream_start(r)) {
-        free(w);
-        api_error e;
-        api_fail(&e, 500, NULL, NULL, "out of memory");
-        return respond_error(r, &e);
-    }
-    if (!w) return responses_replay(r, object, starting_after);
-    *w = (waiting_stream){.r = r, .after = starting_after, .next = s->bg_waiting};
-    snprintf(w->id, sizeof w->id, "%s", id);
-    request_ref(r);
-    s->bg_waiting = w;
-    static const char WAIT[] = ": waiting for its end (it is generated without its events here)\n\n";
-    stream_write(r, WAIT, sizeof WAIT - 1);
 }
 
 /* ---- starting ----------------------------------------------------------------------- */
@@ -504,7 +201,7 @@ static void queued_kept(request *r, void *arg, int rc) {
     background *bg = q.d->bg;
     if (bg->log) { /* "stream": the asking client follows its events (and may leave: it runs on) */
         json_decref(q.answer);
-        follow(r, bg->log, 0);
+        event_log_follow(r, bg->log);
     } else {
         respond_json(r, 200, q.answer);
     }
@@ -543,10 +240,7 @@ void background_start(request *r, json_t *in, json_t *history) {
         return respond_error(r, &e);
     }
     random_id(bg->id, sizeof bg->id, "resp_");
-    if (json_is_true(json_object_get(in, "stream")) && (bg->log = calloc(1, sizeof *bg->log))) {
-        bg->log->refs = 1;
-        snprintf(bg->log->id, sizeof bg->log->id, "%s", bg->id);
-    }
+    if (json_is_true(json_object_get(in, "stream"))) bg->log = event_log_new(s, bg->id);
     bg->in = in;
     bg->history = history;
     bg->created = (int64_t)time(NULL);
@@ -579,13 +273,7 @@ const char *background_final_status(const request *r, const char *status) {
 }
 
 void background_stop_all(server *s) {
-    for (waiting_stream *w = s->bg_waiting; w; w = w->next) /* (their connections close) */
-        if (!w->done && w->r->conn) {
-            static const char STOP[] = ": the server is stopping: stream it again from another replica, or later\n\n";
-            stream_write(w->r, STOP, sizeof STOP - 1);
-            stream_end(w->r);
-            w->done = 1;
-        }
+    background_streams_stop(s);
     for (request *r = s->live; r; r = r->next_live)
         if (r->bg && !r->status) {
             r->bg->stopped = 1;
@@ -596,7 +284,7 @@ void background_stop_all(server *s) {
 void background_gauges(const server *s, int *running, int *waiting, size_t *kept_log_bytes) {
     *running = *waiting = 0;
     for (const request *r = s->live; r; r = r->next_live) *running += r->bg && !r->status;
-    for (const waiting_stream *w = s->bg_waiting; w; w = w->next) *waiting += !w->done;
+    *waiting = background_streams_waiting(s);
     *kept_log_bytes = s->bg_logs_bytes;
 }
 
@@ -724,9 +412,7 @@ static void held_known(request *r, void *arg) {
     }
     /* no replica runs it: failed, written over the very entry read (a late answer or a cancel wins) */
     fprintf(stderr, "potserve: %s: no replica runs it (its run mark is gone): storing it as failed\n", p->id);
-    json_t *object = json_object_get(p->entry, "object");
-    json_object_set_new(object, "status", json_string("failed"));
-    json_object_set_new(object, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", RUNNER_GONE));
+    json_object_set_new(p->entry, "object", background_runner_gone(json_object_get(p->entry, "object")));
     json_object_set_new(s->stored_read, p->id, json_string(p->read));
     stored_update(r, p->id, json_deep_copy(p->entry), 1, failed_written, p);
 }
@@ -734,8 +420,7 @@ static void held_known(request *r, void *arg) {
 void background_poll(request *r, const char *id, json_t *entry, void (*again)(request *r)) {
     server *s = r->srv;
     json_t *object = json_object_get(entry, "object");
-    const char *status = json_string_value(json_object_get(object, "status"));
-    int unfinished = status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"));
+    int unfinished = background_unfinished(object);
     request *d = unfinished ? running(s, id) : NULL;
     if (d && !d->bg->lost) { /* running here: how far it is */
         object = json_deep_copy(object);

@@ -773,10 +773,21 @@ static json_t *response_head(json_t *response) {
     return head;
 }
 
-void responses_stream_ended(request *r, json_t *response) {
-    response_events fresh = {.r = r, .skip_through = -1}, *ev = r->gen ? &r->gen->ev : &fresh;
+/* The last event, after a response.created when none was written yet. */
+static void stream_last_event(response_events *ev, json_t *response) {
     if (!ev->seq) responses_event(ev, "response.created", json_pack("{s:o}", "response", response_head(response)));
     responses_end_event(ev, json_incref(response));
+}
+
+void responses_stream_ended(request *r, json_t *response) {
+    response_events fresh = {.r = r, .skip_through = -1};
+    stream_last_event(r->gen ? &r->gen->ev : &fresh, response);
+}
+
+void responses_stream_end_from(request *r, json_t *response, int64_t seq, int64_t skip_through) {
+    response_events ev = {.r = r, .seq = seq, .skip_through = skip_through};
+    stream_last_event(&ev, response);
+    stream_end(r);
 }
 
 void responses_replay(request *r, json_t *response, int64_t starting_after) {

@@ -112,6 +112,10 @@ static void close_handles(server *s) {
     uv_timer_stop(&s->housekeeping);
     uv_timer_stop(&s->leases);
     uv_close((uv_handle_t *)&s->leases, NULL);
+    uv_timer_stop(&s->bg_follow);
+    uv_close((uv_handle_t *)&s->bg_follow, NULL);
+    uv_timer_stop(&s->bg_ship);
+    uv_close((uv_handle_t *)&s->bg_ship, NULL);
     uv_signal_stop(&s->sig_term);
     uv_signal_stop(&s->sig_int);
     uv_close((uv_handle_t *)&s->mhd_timer, NULL);
@@ -135,7 +139,6 @@ static void on_housekeeping(uv_timer_t *t) {
     double now = monotonic_ms();
     srv_sweep_connections(s);
     generations_sweep(s);
-    background_sweep(s);
     for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
         if (r->conn && (r->out_cap || r->follows) && !r->out_done && now - r->last_write_ms > 15000)
             stream_write(r, ": ping\n\n", 8);
@@ -351,9 +354,11 @@ int cli_serve(int argc, char **argv) {
     uv_timer_init(&loop, &s->mhd_timer);
     uv_timer_init(&loop, &s->housekeeping);
     uv_timer_init(&loop, &s->leases);
+    uv_timer_init(&loop, &s->bg_follow);
+    uv_timer_init(&loop, &s->bg_ship);
     uv_signal_init(&loop, &s->sig_term);
     uv_signal_init(&loop, &s->sig_int);
-    s->wake.data = s->mhd_timer.data = s->housekeeping.data = s->leases.data = s->sig_term.data = s->sig_int.data = s;
+    s->wake.data = s->mhd_timer.data = s->housekeeping.data = s->leases.data = s->bg_follow.data = s->bg_ship.data = s->sig_term.data = s->sig_int.data = s;
     if (auth_load(s, err, sizeof err) || make_dir(s->cfg.data_dir, err, sizeof err) ||
         open_store(s, err, sizeof err) || open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
         fprintf(stderr, "potserve serve: %s\n", err);

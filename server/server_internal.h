@@ -317,8 +317,6 @@ void background_cancel(request *r, const char *id);
 void background_log_write(request *d, const char *data, size_t n);
 /* The logs kept after their end and the streams waiting, freed (the server's end). */
 void background_logs_free(server *s);
-/* The housekeeping timer's, each second: streams waiting for an answer look again. */
-void background_sweep(server *s);
 void background_log_end(request *d);
 int background_log_start(request *d);
 /* A following stream's reader: up to max bytes more of its log into buf, 0
@@ -328,9 +326,9 @@ ssize_t background_follow_read(request *f, char *buf, size_t max);
 void background_unfollow(request *f);
 /* GET /v1/responses/{id}?stream=true[&starting_after=N]: the response's events
  * after N: from its log where this replica has it (a response made with
- * "stream": true, running here or ended here lately), else replayed from the
- * stored response (entry: r's scratch, as fetched) once it has ended (the
- * stream waits for that: background_sweep). */
+ * "stream": true, running here or ended here lately), else from a shared
+ * store's copy of them, else replayed from the stored response (entry: r's
+ * scratch, as fetched) once it has ended (the stream waits for that). */
 void background_stream_get(request *r, const char *id, json_t *entry, int64_t starting_after);
 void background_free(background *bg);
 
@@ -376,6 +374,10 @@ void responses_stream_ended(request *r, json_t *response);
  * have sent them (response borrowed), its text in one delta per message, and ends the stream:
  * those numbered after starting_after (-1: all). */
 void responses_replay(request *r, json_t *response, int64_t starting_after);
+/* Ends r's stream with response's last event (borrowed; by its status),
+ * numbered seq (after a response.created when seq is 0), unless seq is at
+ * most skip_through. */
+void responses_stream_end_from(request *r, json_t *response, int64_t seq, int64_t skip_through);
 void generation_free(generation *g);
 /* Asks the engine to stop (client gone, server draining). */
 void generation_cancel(generation *g);
@@ -430,7 +432,9 @@ struct server {
     int renewing;             /* a round of lease renewals is out (sessions_renew_leases) */
     int bg_renewing;          /* a round of run-mark renewals is out (background_renew) */
     event_log *bg_logs;       /* streamed background responses' events, kept after their end (background.c) */
-    waiting_stream *bg_waiting; /* GET ?stream=true waiting for an answer with no events here (background.c) */
+    waiting_stream *bg_waiting; /* GET ?stream=true of events not kept here (background_events.c) */
+    uv_timer_t bg_follow;       /* looks at those while there are any */
+    uv_timer_t bg_ship;         /* ships streamed ones' events written since the last append */
     size_t bg_logs_bytes;
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */

@@ -129,10 +129,12 @@ int store_log_unreachable(const store_log *l);
  *   potserve:r:<id>        string: the stored entry (JSON)
  *   potserve:r:<id>:items  set: the ids of its items (input and output)
  *   potserve:r:<id>:run    string: a background response's runner (below)
+ *   potserve:r:<id>:events string: a streamed background response's events (below)
+ *   potserve:r:<id>:events:end  "1" once its runner wrote the last of them
  *   potserve:r:item        hash: item id -> the last stored response holding it
  *   potserve:r:lru         sorted set: response ids by their last use (a counter)
  *   potserve:r:clock       integer: that counter
- *   potserve:r:bytes       integer: the entries' total size
+ *   potserve:r:bytes       integer: the entries' total size, their events' too
  * All in one script per call, so the total stays the sum of the entries. */
 /* Stores response id's entry (JSON text) with the ids of its items, then drops
  * the least recently used entries while all of them pass max_bytes. With
@@ -159,6 +161,26 @@ int store_response_delete(store *st, const char *id, char *err, size_t errlen);
 int store_response_run_mark(store *st, const char *id, char *err, size_t errlen);
 void store_response_run_renew(store *st, const char *const *ids, size_t n, int *out);
 int store_response_run_held(store *st, const char *id, char *err, size_t errlen);
+/* A streamed background response's events (SSE text, as its runner wrote
+ * them), shared so that a stream through any replica reads the same events
+ * with the same numbers while they are written. They count in the response's
+ * size, are kept when its entry is rewritten (its answer, a cancel) and
+ * dropped with it. store_response_events_append: appends data and, with
+ * end, marks them whole; only while the entry is stored: 0, 1 when it is not
+ * (nothing appended), -1 + err. store_response_events_look: at once, the
+ * entry (NULL: none), whether its run mark is there, whether it has events,
+ * and at most max of them from byte `from` on (the caller frees entry and
+ * events), and whether they are whole; 0, or -1 + err. */
+typedef struct store_events_look {
+    char *entry;
+    int held, has_events, ended;
+    char *events;
+    size_t len;
+} store_events_look;
+int store_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
+                                 size_t errlen);
+int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, store_events_look *out,
+                               char *err, size_t errlen);
 
 /* ---- snapshots ---- */
 /* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)

@@ -385,18 +385,20 @@ void redis_lease_release(store *st, const char *id, const char *token) {
     if (r) freeReplyObject(r);
 }
 
-/* ---- the log ---- */
-
 /* ---- stored responses ---------------------------------------------------------------------- */
 
-/* drop(rid): forgets a stored response, its items' names where they are its
- * own, its run mark, and its size; the total left. (Other entries' keys are named here, not
- * in KEYS: a single Redis, as everywhere in this store.) */
+/* drop(rid, rewritten): forgets a stored response, its items' names where
+ * they are its own, its run mark, and its size; the total left. A response
+ * rewritten (its answer, a cancel over its queued entry) keeps its events
+ * (their bytes stay counted); one dropped loses them too. (Other entries' keys
+ * are named here, not in KEYS: a single Redis, as everywhere in this store.) */
 #define RESPONSE_DROP_FN                                                                                 \
-    "local function drop(rid) local k = 'potserve:r:' .. rid local size = redis.call('STRLEN', k) "       \
+    "local function drop(rid, rewritten) local k = 'potserve:r:' .. rid local size = redis.call('STRLEN', k) " \
     "for _, item in ipairs(redis.call('SMEMBERS', k .. ':items')) do "                                    \
     "if redis.call('HGET', KEYS[3], item) == rid then redis.call('HDEL', KEYS[3], item) end end "         \
     "redis.call('DEL', k, k .. ':items', k .. ':run') redis.call('ZREM', KEYS[4], rid) "                   \
+    "if not rewritten then size = size + redis.call('STRLEN', k .. ':events') "                           \
+    "redis.call('DEL', k .. ':events', k .. ':events:end') end "                                          \
     "return redis.call('DECRBY', KEYS[5], size) end "
 
 /* KEYS: entry, its items, potserve:r:item, :lru, :bytes, :clock; ARGV: id,
@@ -406,7 +408,7 @@ static const char RESPONSE_PUT_SCRIPT[] =
     RESPONSE_DROP_FN
     "local first = 5 "
     "if ARGV[4] == '1' then first = 6 if redis.call('GET', KEYS[1]) ~= ARGV[5] then return -1 end end "
-    "if redis.call('EXISTS', KEYS[1]) == 1 then drop(ARGV[1]) end "
+    "if redis.call('EXISTS', KEYS[1]) == 1 then drop(ARGV[1], true) end "
     "redis.call('SET', KEYS[1], ARGV[2]) "
     "for i = first, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end "
     "redis.call('ZADD', KEYS[4], redis.call('INCR', KEYS[6]), ARGV[1]) "
@@ -517,6 +519,70 @@ int redis_response_run_held(store *st, const char *id, char *err, size_t errlen)
     if (held < 0) set_err(err, errlen, "redis: unexpected reply to EXISTS");
     freeReplyObject(r);
     return held;
+}
+
+/* KEYS: entry, its events, their end, potserve:r:bytes; ARGV: bytes, end.
+ * Appended only while the entry is stored (never an orphan after its drop). */
+static const char EVENTS_APPEND_SCRIPT[] =
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end "
+    "if #ARGV[1] > 0 then redis.call('APPEND', KEYS[2], ARGV[1]) redis.call('INCRBY', KEYS[4], #ARGV[1]) end "
+    "if ARGV[2] == '1' then redis.call('SET', KEYS[3], '1') end "
+    "return 0";
+
+int redis_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
+                                 size_t errlen) {
+    char k[3][128];
+    snprintf(k[0], sizeof k[0], "potserve:r:%s", id);
+    snprintf(k[1], sizeof k[1], "potserve:r:%s:events", id);
+    snprintf(k[2], sizeof k[2], "potserve:r:%s:events:end", id);
+    const char *argv[] = {"EVAL", EVENTS_APPEND_SCRIPT, "4", k[0], k[1], k[2], "potserve:r:bytes", data,
+                          end ? "1" : "0"};
+    size_t lens[9];
+    for (int i = 0; i < 9; i++) lens[i] = i == 7 ? n : strlen(argv[i]);
+    redisReply *r = command(st, 9, argv, lens, err, errlen);
+    if (!r) return -1;
+    int gone = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    return gone;
+}
+
+/* KEYS: entry, its run mark, its events, their end; ARGV: first byte, last byte. */
+static const char EVENTS_LOOK_SCRIPT[] =
+    "return {redis.call('GET', KEYS[1]), redis.call('EXISTS', KEYS[2]), redis.call('EXISTS', KEYS[3]), "
+    "redis.call('GETRANGE', KEYS[3], ARGV[1], ARGV[2]), redis.call('EXISTS', KEYS[4])}";
+
+int redis_response_events_look(store *st, const char *id, uint64_t from, size_t max, store_events_look *out,
+                               char *err, size_t errlen) {
+    char k[4][128], first[24], last[24];
+    snprintf(k[0], sizeof k[0], "potserve:r:%s", id);
+    snprintf(k[1], sizeof k[1], "potserve:r:%s:run", id);
+    snprintf(k[2], sizeof k[2], "potserve:r:%s:events", id);
+    snprintf(k[3], sizeof k[3], "potserve:r:%s:events:end", id);
+    snprintf(first, sizeof first, "%llu", (unsigned long long)from);
+    snprintf(last, sizeof last, "%llu", (unsigned long long)(from + (max ? max : 1) - 1));
+    const char *argv[] = {"EVAL", EVENTS_LOOK_SCRIPT, "4", k[0], k[1], k[2], k[3], first, last};
+    redisReply *r = command_str(st, 9, argv, err, errlen);
+    if (!r) return -1;
+    memset(out, 0, sizeof *out);
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 5 && r->element[3]->type == REDIS_REPLY_STRING;
+    if (ok && r->element[0]->type == REDIS_REPLY_STRING &&
+        !(out->entry = strndup(r->element[0]->str, r->element[0]->len)))
+        ok = 0;
+    if (ok) {
+        out->held = r->element[1]->integer == 1;
+        out->has_events = r->element[2]->integer == 1;
+        out->ended = r->element[4]->integer == 1;
+        out->len = r->element[3]->len;
+        if (out->len && !(out->events = malloc(out->len))) ok = 0;
+        else if (out->len) memcpy(out->events, r->element[3]->str, out->len);
+    }
+    freeReplyObject(r);
+    if (!ok) {
+        free(out->entry);
+        memset(out, 0, sizeof *out);
+        return set_err(err, errlen, "redis: unexpected reply to the events look (or out of memory)"), -1;
+    }
+    return 0;
 }
 
 static void header_put(unsigned char *h, const chunk_log_entry *e) {

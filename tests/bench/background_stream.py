@@ -2,9 +2,11 @@
 time to its first text delta and to its end (medians of alternated rounds, one server), the bytes
 its event log keeps per generated token, and how far behind the asking client a second client
 following it (GET ?stream=true) receives each text delta.
-Usage: .venv/bin/python tests/bench/background_stream.py [rounds] [--jargon] (default 7 rounds; the
-input is a counting prompt written here, or with --jargon "Explain this passage:" and a passage of the
-Jargon File, /usr/share/doc/jargon-text/jargon.txt.gz, text no one here wrote)."""
+Usage: .venv/bin/python tests/bench/background_stream.py [rounds] [--jargon] [--redis] (default 7
+rounds; the input is a counting prompt written here, or with --jargon "Explain this passage:" and a
+passage of the Jargon File, /usr/share/doc/jargon-text/jargon.txt.gz, text no one here wrote; with
+--redis two replicas share a Redis store: the asking client's replica ships the events there, and
+the follower reads them through the other replica)."""
 import pathlib
 import statistics
 import sys
@@ -14,6 +16,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "py"))
 from server_util import Server, openai_client  # noqa: E402
+
+REDIS = "--redis" in sys.argv
+if REDIS:
+    sys.argv.remove("--redis")
 
 ASK = dict(model="x", input="Count from 1 to 3000, separated by commas.", max_output_tokens=200, temperature=0)
 if "--jargon" in sys.argv:
@@ -36,9 +42,15 @@ def timed(events):
     return first, time.time() - t0, got, times
 
 
-s = Server(pathlib.Path(tempfile.mkdtemp()), "--durability", "none").start()
+work = pathlib.Path(tempfile.mkdtemp())
+if REDIS:
+    from cluster_util import Redis, replica
+    redis = Redis(work / "redis").start()
+    s, other = (replica(work / n, redis, n, "--durability", "none").start() for n in ("a", "b"))
+else:
+    s = other = Server(work, "--durability", "none").start()
 try:
-    client = openai_client(s)
+    client, follower_client = openai_client(s), openai_client(other)
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     plain, background, log_bytes, lag = [], [], [], []
     for i in range(rounds):
@@ -55,7 +67,7 @@ try:
     for _ in range(rounds):
         it = iter(client.responses.create(stream=True, background=True, **ASK))
         rid, follower = next(it).response.id, {}
-        th = threading.Thread(target=lambda: follower.update(t=timed(client.responses.retrieve(rid, stream=True))))
+        th = threading.Thread(target=lambda: follower.update(t=timed(follower_client.responses.retrieve(rid, stream=True))))
         th.start()
         _, _, got, times = timed(it)
         th.join()
@@ -64,7 +76,8 @@ try:
         f_at = {e.sequence_number: t for e, t in zip(fgot, ftimes)}
         lag.extend(f_at[e.sequence_number] - t for e, t in zip(got, times) if t > caught_up and e.sequence_number in f_at)
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
-    print(f"{rounds} rounds alternated, max_output_tokens {ASK['max_output_tokens']}:")
+    print(f"{rounds} rounds alternated, max_output_tokens {ASK['max_output_tokens']}"
+          f"{', two replicas sharing Redis (the follower through the other one)' if REDIS else ''}:")
     print(f"  plain stream:      first delta {med(plain, 0) * 1e3:.1f} ms, end {med(plain, 1):.3f} s")
     print(f"  background stream: first delta {med(background, 0) * 1e3:.1f} ms, end {med(background, 1):.3f} s")
     print(f"  event log: {statistics.median(log_bytes):.0f} bytes per generated token (median)")
@@ -72,3 +85,6 @@ try:
           f"95th percentile {sorted(lag)[int(len(lag) * 0.95)] * 1e3:.2f} ms")
 finally:
     s.kill()
+    if REDIS:
+        other.kill()
+        redis.stop()

@@ -904,3 +904,62 @@ def test_a_background_response_whose_replica_dies_ends_failed(tmp_path, redis):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_streamed_background_response_is_followed_live_through_any_replica(tmp_path, redis):
+    """A streamed background response's events are shipped to Redis as they are written, so a
+    stream of it through the replica not running it gets the same events with the same numbers
+    while they are generated (not the stored answer's replay once it has ended); a resume there
+    with starting_after continues the asking client's numbering; the events count in the
+    stored responses' bytes and go with the response; a follower whose runner dies ends with
+    response.failed numbered after the last event it had."""
+    from server_util import openai_client
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        on_a, on_b = openai_client(a), openai_client(b)
+        ask = dict(model="x", input="Count from 1 to 3000, separated by commas.", temperature=0)
+        asked = on_a.responses.create(background=True, stream=True, max_output_tokens=300, **ask)
+        first = next(iter(asked))
+        rid = first.response.id
+        followed = []  # (arrival time, event) through b, from the start
+        follower = threading.Thread(
+            target=lambda: followed.extend((time.time(), e) for e in on_b.responses.retrieve(rid, stream=True)))
+        follower.start()
+        timed = [(time.time(), first)] + [(time.time(), e) for e in asked]  # the asking client, through a
+        events = [e for _, e in timed]
+        follower.join(timeout=30)
+        assert not follower.is_alive()
+        dump = lambda evs: [e.model_dump() for e in evs]
+        assert dump(e for _, e in followed) == dump(events)  # the same events, numbered alike
+        spread = lambda timed: (lambda ts: ts[-1] - ts[0])([t for t, e in timed if e.type == "response.output_text.delta"])
+        assert spread(followed) > 0.5 * spread(timed), "b's stream was not live"  # (a replay: all at once)
+        # a resume through b after event N: the rest of the asking client's events
+        n = events[len(events) // 2].sequence_number
+        resumed = list(on_b.responses.retrieve(rid, stream=True, starting_after=n))
+        assert dump(resumed) == dump(events[n + 1:])
+        assert redis.cli("EXISTS", f"potserve:r:{rid}:events:end") == "1"
+        size = lambda k: int(redis.cli("STRLEN", k))
+        keys = [k for k in redis.cli("KEYS", "potserve:r:resp_*").split() if not k.endswith((":items", ":end"))]
+        assert int(redis.cli("GET", "potserve:r:bytes")) == sum(size(k) for k in keys)  # events counted
+        on_b.responses.delete(rid)
+        assert redis.cli("EXISTS", f"potserve:r:{rid}:events") == "0"
+        assert int(redis.cli("GET", "potserve:r:bytes")) == sum(size(k) for k in keys if rid not in k)
+        # its runner killed while b follows it: response.failed, numbered on
+        long = on_a.responses.create(background=True, stream=True, max_output_tokens=3000, **ask)
+        lid = next(iter(long)).response.id
+        seen = []
+        follower = threading.Thread(target=lambda: seen.extend(on_b.responses.retrieve(lid, stream=True)))
+        follower.start()
+        t0 = time.time()
+        while sum(e.type == "response.output_text.delta" for e in list(seen)) < 20:
+            assert time.time() - t0 < 30, "b's stream got no text"
+            time.sleep(0.05)
+        a.kill()
+        follower.join(timeout=15)
+        assert not follower.is_alive() and seen[-1].type == "response.failed", seen[-1:]
+        assert [e.sequence_number for e in seen] == list(range(len(seen)))
+        assert "ask again" in seen[-1].response.error.message
+    finally:
+        a.stop()
+        b.stop()
