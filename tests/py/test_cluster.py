@@ -911,8 +911,9 @@ def test_a_streamed_background_response_is_followed_live_through_any_replica(tmp
     stream of it through the replica not running it gets the same events with the same numbers
     while they are generated (not the stored answer's replay once it has ended); a resume there
     with starting_after continues the asking client's numbering; the events count in the
-    stored responses' bytes and go with the response; a follower whose runner dies ends with
-    response.failed numbered after the last event it had."""
+    stored responses' bytes and go with the response; a stream of events whose last ones never
+    came (the answer stored) ends with the answer's end after a grace; a follower whose runner
+    dies ends with response.failed numbered after the last event it had."""
     from server_util import openai_client
     a = replica(tmp_path / "a", redis, "a").start()
     b = replica(tmp_path / "b", redis, "b").start()
@@ -942,6 +943,20 @@ def test_a_streamed_background_response_is_followed_live_through_any_replica(tmp
         size = lambda k: int(redis.cli("STRLEN", k))
         keys = [k for k in redis.cli("KEYS", "potserve:r:resp_*").split() if not k.endswith((":items", ":end"))]
         assert int(redis.cli("GET", "potserve:r:bytes")) == sum(size(k) for k in keys)  # events counted
+        # its last events lost after its answer was stored (a replica dying between the two writes):
+        # a stream through b ends after a grace (5 s) with the stored answer's end, numbered on
+        whole = redis.cli("GET", f"potserve:r:{rid}:events", raw=True)[:-1]  # (less redis-cli's newline)
+        cut = whole.index(b"event: response.output_text.done")
+        redis.cli("SET", f"potserve:r:{rid}:events", whole[:cut].decode())
+        redis.cli("DEL", f"potserve:r:{rid}:events:end")
+        t0 = time.time()
+        short = list(on_b.responses.retrieve(rid, stream=True))
+        assert 4.5 < time.time() - t0 < 15
+        ends = [e for e in events if e.type.startswith("response.output_text.done")]
+        assert dump(short[:-1]) == dump(events[:ends[0].sequence_number])
+        assert short[-1].type == events[-1].type and short[-1].sequence_number == ends[0].sequence_number
+        assert short[-1].response.model_dump() == events[-1].response.model_dump()
+        redis.cli("SET", f"potserve:r:{rid}:events", whole.decode())
         on_b.responses.delete(rid)
         assert redis.cli("EXISTS", f"potserve:r:{rid}:events") == "0"
         assert int(redis.cli("GET", "potserve:r:bytes")) == sum(size(k) for k in keys if rid not in k)
