@@ -68,6 +68,7 @@ struct waiting_stream {
     size_t partial_len;
     int64_t last_seq;         /* the last event's number (-1: none yet) */
     double final_since_ms;    /* the answer stored, its last events not yet read: since when (0: not) */
+    int want_entry;           /* the next look fetches the entry: the last one read no new events */
     /* a look's answer */
     store_events_look seen;
     int look_rc;
@@ -158,7 +159,7 @@ static void log_ship(event_log *l) {
         fprintf(stderr, "potserve: %s: out of memory: its events are no longer shipped to the store\n", l->id);
         return;
     }
-    memcpy(j->data, l->text + l->shipped, n);
+    if (n) memcpy(j->data, l->text + l->shipped, n);
     *j = (ship_job){.l = l, .st = s->st, .data = j->data, .n = n, .end = end};
     j->work.data = j;
     if (uv_queue_work(s->loop, &j->work, ship_work, ship_done)) {
@@ -409,10 +410,13 @@ static void follow_store(waiting_stream *w, json_t *entry, double now) {
     }
     json_t *object = json_object_get(entry, "object");
     json_t *last = NULL; /* the end this stream gets from the entry, its runner's never coming */
+    w->want_entry = !seen->len;
     if (seen->len == FOLLOW_MAX) {
         w->next_look_ms = 0; /* more to read at once */
     } else if (seen->ended) {
         return waiting_end(w);
+    } else if (seen->len || !seen->entry_read) {
+        return; /* events came (more will), or none and the next look brings the entry to judge by */
     } else if (!object) {
         return waiting_gone(w);
     } else if (background_unfinished(object)) {
@@ -435,7 +439,8 @@ static void follow_store(waiting_stream *w, json_t *entry, double now) {
 static void look_work(uv_work_t *work) {
     waiting_stream *w = work->data;
     server *s = w->r->srv;
-    w->look_rc = store_response_events_look(s->st, w->id, w->offset, FOLLOW_MAX, &w->seen, w->err, sizeof w->err);
+    w->look_rc = store_response_events_look(s->st, w->id, w->offset, FOLLOW_MAX, w->want_entry, &w->seen, w->err,
+                                            sizeof w->err);
 }
 
 static void look_done(uv_work_t *work, int status) {
@@ -511,7 +516,7 @@ void background_stream_get(request *r, const char *id, json_t *entry, int64_t st
         return respond_error(r, &e);
     }
     if (!w) return responses_replay(r, object, starting_after);
-    *w = (waiting_stream){.r = r, .after = starting_after, .last_seq = -1, .next = s->bg_waiting};
+    *w = (waiting_stream){.r = r, .after = starting_after, .last_seq = -1, .want_entry = 1, .next = s->bg_waiting};
     snprintf(w->id, sizeof w->id, "%s", id);
     request_ref(r);
     s->bg_waiting = w;

@@ -299,9 +299,9 @@ int store_response_events_append(store *st, const char *id, const char *data, si
     return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
 }
 
-int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, store_events_look *out,
-                               char *err, size_t errlen) {
-    if (st->redis) return redis_response_events_look(st, id, from, max, out, err, errlen);
+int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, int want_entry,
+                               store_events_look *out, char *err, size_t errlen) {
+    if (st->redis) return redis_response_events_look(st, id, from, max, want_entry, out, err, errlen);
     return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
 }
 

@@ -167,20 +167,22 @@ int store_response_run_held(store *st, const char *id, char *err, size_t errlen)
  * size, are kept when its entry is rewritten (its answer, a cancel) and
  * dropped with it. store_response_events_append: appends data and, with
  * end, marks them whole; only while the entry is stored: 0, 1 when it is not
- * (nothing appended), -1 + err. store_response_events_look: at once, the
- * entry (NULL: none), whether its run mark is there, whether it has events,
- * and at most max of them from byte `from` on (the caller frees entry and
- * events), and whether they are whole; 0, or -1 + err. */
+ * (nothing appended), -1 + err. store_response_events_look: at once,
+ * whether its run mark is there, whether it has events, at most max of them
+ * from byte `from` on, whether they are whole, and the entry (NULL: none)
+ * when want_entry or when it has no events (entry_read says which: a large
+ * entry is not fetched each time a follower looks for more events); the
+ * caller frees entry and events. 0, or -1 + err. */
 typedef struct store_events_look {
     char *entry;
-    int held, has_events, ended;
+    int entry_read, held, has_events, ended;
     char *events;
     size_t len;
 } store_events_look;
 int store_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
                                  size_t errlen);
-int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, store_events_look *out,
-                               char *err, size_t errlen);
+int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, int want_entry,
+                               store_events_look *out, char *err, size_t errlen);
 
 /* ---- snapshots ---- */
 /* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)

@@ -546,13 +546,16 @@ int redis_response_events_append(store *st, const char *id, const char *data, si
     return gone;
 }
 
-/* KEYS: entry, its run mark, its events, their end; ARGV: first byte, last byte. */
+/* KEYS: entry, its run mark, its events, their end; ARGV: first byte, last
+ * byte, whether the entry is wanted (also fetched when it has no events). */
 static const char EVENTS_LOOK_SCRIPT[] =
-    "return {redis.call('GET', KEYS[1]), redis.call('EXISTS', KEYS[2]), redis.call('EXISTS', KEYS[3]), "
-    "redis.call('GETRANGE', KEYS[3], ARGV[1], ARGV[2]), redis.call('EXISTS', KEYS[4])}";
+    "local has = redis.call('EXISTS', KEYS[3]) local e, read = false, 0 "
+    "if ARGV[3] == '1' or has == 0 then e, read = redis.call('GET', KEYS[1]), 1 end "
+    "return {e, redis.call('EXISTS', KEYS[2]), has, redis.call('GETRANGE', KEYS[3], ARGV[1], ARGV[2]), "
+    "redis.call('EXISTS', KEYS[4]), read}";
 
-int redis_response_events_look(store *st, const char *id, uint64_t from, size_t max, store_events_look *out,
-                               char *err, size_t errlen) {
+int redis_response_events_look(store *st, const char *id, uint64_t from, size_t max, int want_entry,
+                               store_events_look *out, char *err, size_t errlen) {
     char k[4][128], first[24], last[24];
     snprintf(k[0], sizeof k[0], "potserve:r:%s", id);
     snprintf(k[1], sizeof k[1], "potserve:r:%s:run", id);
@@ -560,11 +563,11 @@ int redis_response_events_look(store *st, const char *id, uint64_t from, size_t 
     snprintf(k[3], sizeof k[3], "potserve:r:%s:events:end", id);
     snprintf(first, sizeof first, "%llu", (unsigned long long)from);
     snprintf(last, sizeof last, "%llu", (unsigned long long)(from + (max ? max : 1) - 1));
-    const char *argv[] = {"EVAL", EVENTS_LOOK_SCRIPT, "4", k[0], k[1], k[2], k[3], first, last};
-    redisReply *r = command_str(st, 9, argv, err, errlen);
+    const char *argv[] = {"EVAL", EVENTS_LOOK_SCRIPT, "4", k[0], k[1], k[2], k[3], first, last, want_entry ? "1" : "0"};
+    redisReply *r = command_str(st, 10, argv, err, errlen);
     if (!r) return -1;
     memset(out, 0, sizeof *out);
-    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 5 && r->element[3]->type == REDIS_REPLY_STRING;
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 6 && r->element[3]->type == REDIS_REPLY_STRING;
     if (ok && r->element[0]->type == REDIS_REPLY_STRING &&
         !(out->entry = strndup(r->element[0]->str, r->element[0]->len)))
         ok = 0;
@@ -572,6 +575,7 @@ int redis_response_events_look(store *st, const char *id, uint64_t from, size_t 
         out->held = r->element[1]->integer == 1;
         out->has_events = r->element[2]->integer == 1;
         out->ended = r->element[4]->integer == 1;
+        out->entry_read = r->element[5]->integer == 1;
         out->len = r->element[3]->len;
         if (out->len && !(out->events = malloc(out->len))) ok = 0;
         else if (out->len) memcpy(out->events, r->element[3]->str, out->len);

@@ -2,11 +2,12 @@
 time to its first text delta and to its end (medians of alternated rounds, one server), the bytes
 its event log keeps per generated token, and how far behind the asking client a second client
 following it (GET ?stream=true) receives each text delta.
-Usage: .venv/bin/python tests/bench/background_stream.py [rounds] [--jargon] [--redis] (default 7
-rounds; the input is a counting prompt written here, or with --jargon "Explain this passage:" and a
-passage of the Jargon File, /usr/share/doc/jargon-text/jargon.txt.gz, text no one here wrote; with
---redis two replicas share a Redis store: the asking client's replica ships the events there, and
-the follower reads them through the other replica)."""
+Usage: .venv/bin/python tests/bench/background_stream.py [rounds] [--jargon] [--redis] [--followers N]
+(default 7 rounds; the input is a counting prompt written here, or with --jargon "Explain this
+passage:" and a passage of the Jargon File, /usr/share/doc/jargon-text/jargon.txt.gz, text no one
+here wrote; with --redis two replicas share a Redis store: the asking client's replica ships the
+events there, and the followers read them through the other replica; --followers: how many follow
+each response at once, 1 by default, with the asking client's time to the end beside them)."""
 import pathlib
 import statistics
 import sys
@@ -20,6 +21,11 @@ from server_util import Server, openai_client  # noqa: E402
 REDIS = "--redis" in sys.argv
 if REDIS:
     sys.argv.remove("--redis")
+FOLLOWERS = 1
+if "--followers" in sys.argv:
+    at = sys.argv.index("--followers")
+    FOLLOWERS = int(sys.argv[at + 1])
+    del sys.argv[at:at + 2]
 
 ASK = dict(model="x", input="Count from 1 to 3000, separated by commas.", max_output_tokens=200, temperature=0)
 if "--jargon" in sys.argv:
@@ -62,26 +68,34 @@ try:
                 st, text, _ = s.request("GET", f"/v1/responses/{rid}?stream=true")  # its kept log, whole
                 tokens = got[-1].response.usage.output_tokens
                 log_bytes.append(len(text.encode()) / tokens)
-    # a follower beside the asking client: each event's arrival there less its arrival at the asker,
-    # for the events generated after the follower had caught up (its first events are the log so far)
+    # followers beside the asking client: each event's arrival there less its arrival at the asker,
+    # for the events generated after a follower had caught up (its first events are the log so far)
+    followed_end = []
     for _ in range(rounds):
         it = iter(client.responses.create(stream=True, background=True, **ASK))
+        t0 = time.time()  # (as timed() counts: from the stream's headers)
         rid, follower = next(it).response.id, {}
-        th = threading.Thread(target=lambda: follower.update(t=timed(follower_client.responses.retrieve(rid, stream=True))))
-        th.start()
+        ths = [threading.Thread(target=lambda k=k: follower.update(
+            {k: timed(follower_client.responses.retrieve(rid, stream=True))})) for k in range(FOLLOWERS)]
+        for th in ths:
+            th.start()
         _, _, got, times = timed(it)
-        th.join()
-        _, _, fgot, ftimes = follower["t"]
-        caught_up = ftimes[0] + 0.05
-        f_at = {e.sequence_number: t for e, t in zip(fgot, ftimes)}
-        lag.extend(f_at[e.sequence_number] - t for e, t in zip(got, times) if t > caught_up and e.sequence_number in f_at)
+        followed_end.append(time.time() - t0)
+        for th in ths:
+            th.join()
+        for _, _, fgot, ftimes in follower.values():
+            caught_up = ftimes[0] + 0.05
+            f_at = {e.sequence_number: t for e, t in zip(fgot, ftimes)}
+            lag.extend(f_at[e.sequence_number] - t for e, t in zip(got, times)
+                       if t > caught_up and e.sequence_number in f_at)
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
     print(f"{rounds} rounds alternated, max_output_tokens {ASK['max_output_tokens']}"
           f"{', two replicas sharing Redis (the follower through the other one)' if REDIS else ''}:")
     print(f"  plain stream:      first delta {med(plain, 0) * 1e3:.1f} ms, end {med(plain, 1):.3f} s")
     print(f"  background stream: first delta {med(background, 0) * 1e3:.1f} ms, end {med(background, 1):.3f} s")
     print(f"  event log: {statistics.median(log_bytes):.0f} bytes per generated token (median)")
-    print(f"  a follower's lag behind the asker, per event once caught up: median {statistics.median(lag) * 1e3:.2f} ms, "
+    print(f"  {FOLLOWERS} follower(s): the asker's end {statistics.median(followed_end):.3f} s; a follower's lag behind "
+          f"the asker, per event once caught up: median {statistics.median(lag) * 1e3:.2f} ms, "
           f"95th percentile {sorted(lag)[int(len(lag) * 0.95)] * 1e3:.2f} ms")
 finally:
     s.kill()
