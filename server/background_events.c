@@ -33,6 +33,8 @@ enum {
     FINAL_GRACE_MS = 5000,   /* the answer stored, how long its last events may take to come */
     SHIP_EVERY_MS = 20,      /* appends at most this often while it runs (one per token cost the
                                 generation some 15 % here: tests/bench/background_stream.py --redis) */
+    SHIP_RETRY_MS = 1000,    /* an append the store did not take is tried again after this, */
+    SHIP_RETRIES = 60,       /* at most this many times in a row (a Redis restart costs no event) */
     SHIP_MAX = 256 * 1024,   /* the most one append ships */
     FOLLOW_MAX = 256 * 1024, /* the most one look reads */
 };
@@ -48,7 +50,9 @@ struct event_log {
     server *shipped_by; /* a shared store's copy: the server whose store has it (NULL: none) */
     size_t shipped;     /* bytes the store has */
     int shipping;       /* an append is out */
-    double shipped_ms;  /* (monotonic_ms) when the last one went */
+    double shipped_ms;  /* (monotonic_ms) when the last one went (a failed one: when the next may go, less
+                           SHIP_EVERY_MS) */
+    int ship_failures;  /* appends in a row the store did not take */
     int ship_ended;     /* the store has them whole */
     int ship_stopped;   /* the entry is gone, or the store failed: no more appends */
 };
@@ -99,7 +103,7 @@ typedef struct ship_job {
     event_log *l;
     store *st;
     char *data;
-    size_t n;
+    size_t at, n;
     int end, rc;
     char err[160];
 } ship_job;
@@ -108,7 +112,7 @@ static void log_ship(event_log *l);
 
 static void ship_work(uv_work_t *w) {
     ship_job *j = w->data;
-    j->rc = store_response_events_append(j->st, j->l->id, j->data, j->n, j->end, j->err, sizeof j->err);
+    j->rc = store_response_events_append(j->st, j->l->id, j->at, j->data, j->n, j->end, j->err, sizeof j->err);
 }
 
 static void ship_done(uv_work_t *w, int status) {
@@ -119,11 +123,18 @@ static void ship_done(uv_work_t *w, int status) {
     if (!j->rc) {
         l->shipped += j->n;
         l->ship_ended = j->end;
-    } else { /* (gone: deleted or dropped, nobody can follow it there) */
+        l->ship_failures = 0;
+    } else if (j->rc < 0 && ++l->ship_failures <= SHIP_RETRIES) {
+        l->shipped_ms = monotonic_ms() + SHIP_RETRY_MS - SHIP_EVERY_MS;
+        if (l->ship_failures == 1)
+            fprintf(stderr, "potserve: %s: the store did not take its events (%s): trying again each second\n", l->id,
+                    j->err);
+    } else { /* (1: gone, deleted or dropped, nobody can follow it there) */
         l->ship_stopped = 1;
-        if (j->rc < 0)
+        if (j->rc != 1)
             fprintf(stderr, "potserve: %s: its events are no longer shipped to the store (%s): streams through "
-                            "other replicas end with the stored answer\n", l->id, j->err);
+                            "other replicas end with the stored answer\n", l->id,
+                    j->rc < 0 ? j->err : "its copy there is not what was shipped");
     }
     free(j->data);
     free(j);
@@ -135,20 +146,23 @@ static void on_ship_tick(uv_timer_t *t) {
     server *s = t->data;
     for (request *r = s->live; r; r = r->next_live)
         if (r->bg && r->bg->log) log_ship(r->bg->log);
+    for (event_log *l = s->bg_logs; l; l = l->next_kept) log_ship(l); /* (ended, an append to try again) */
 }
 
 /* Ships what the store does not have yet, unless an append is out (its end
- * ships the rest) or went less than SHIP_EVERY_MS ago (then at that time). */
+ * ships the rest) or may not go yet: less than SHIP_EVERY_MS after the last
+ * while it runs, SHIP_RETRY_MS after one that failed (then at that time). */
 static void log_ship(event_log *l) {
     server *s = l->shipped_by;
     if (!s || l->shipping || l->ship_stopped || l->ship_ended) return;
     size_t n = l->len - l->shipped < SHIP_MAX ? l->len - l->shipped : SHIP_MAX;
     int end = l->ended && l->shipped + n == l->len;
     if (!n && !end) return;
-    double now = monotonic_ms();
-    if (!l->ended && now - l->shipped_ms < SHIP_EVERY_MS) {
-        if (!uv_is_active((uv_handle_t *)&s->bg_ship))
-            uv_timer_start(&s->bg_ship, on_ship_tick, (uint64_t)(l->shipped_ms + SHIP_EVERY_MS - now) + 1, 0);
+    double now = monotonic_ms(), due = l->shipped_ms + (l->ended && !l->ship_failures ? 0 : SHIP_EVERY_MS);
+    if (now < due) {
+        uint64_t wait = (uint64_t)(due - now) + 1;
+        if (!uv_is_active((uv_handle_t *)&s->bg_ship) || uv_timer_get_due_in(&s->bg_ship) > wait)
+            uv_timer_start(&s->bg_ship, on_ship_tick, wait, 0);
         return;
     }
     l->shipped_ms = now;
@@ -160,7 +174,7 @@ static void log_ship(event_log *l) {
         return;
     }
     if (n) memcpy(j->data, l->text + l->shipped, n);
-    *j = (ship_job){.l = l, .st = s->st, .data = j->data, .n = n, .end = end};
+    *j = (ship_job){.l = l, .st = s->st, .data = j->data, .at = l->shipped, .n = n, .end = end};
     j->work.data = j;
     if (uv_queue_work(s->loop, &j->work, ship_work, ship_done)) {
         free(j->data);

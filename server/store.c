@@ -293,9 +293,9 @@ int store_response_run_held(store *st, const char *id, char *err, size_t errlen)
     return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
 }
 
-int store_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
-                                 size_t errlen) {
-    if (st->redis) return redis_response_events_append(st, id, data, n, end, err, errlen);
+int store_response_events_append(store *st, const char *id, uint64_t at, const char *data, size_t n, int end,
+                                 char *err, size_t errlen) {
+    if (st->redis) return redis_response_events_append(st, id, at, data, n, end, err, errlen);
     return set_err(err, errlen, "store: responses are kept in a shared store only"), -1;
 }
 

@@ -165,9 +165,11 @@ int store_response_run_held(store *st, const char *id, char *err, size_t errlen)
  * them), shared so that a stream through any replica reads the same events
  * with the same numbers while they are written. They count in the response's
  * size, are kept when its entry is rewritten (its answer, a cancel) and
- * dropped with it. store_response_events_append: appends data and, with
- * end, marks them whole; only while the entry is stored: 0, 1 when it is not
- * (nothing appended), -1 + err. store_response_events_look: at once,
+ * dropped with it. store_response_events_append: appends data at byte `at`
+ * of them and, with end, marks them whole; only while the entry is stored and
+ * the events are `at` bytes long (or already hold data there: a retry after
+ * a lost answer): 0, 1 when the entry is gone, 2 when the events' length is
+ * another (nothing appended), -1 + err (retry). store_response_events_look: at once,
  * whether its run mark is there, whether it has events, at most max of them
  * from byte `from` on, whether they are whole, and the entry (NULL: none)
  * when want_entry or when it has no events (entry_read says which: a large
@@ -179,8 +181,8 @@ typedef struct store_events_look {
     char *events;
     size_t len;
 } store_events_look;
-int store_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
-                                 size_t errlen);
+int store_response_events_append(store *st, const char *id, uint64_t at, const char *data, size_t n, int end,
+                                 char *err, size_t errlen);
 int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, int want_entry,
                                store_events_look *out, char *err, size_t errlen);
 

@@ -45,8 +45,8 @@ int redis_response_delete(store *st, const char *id, char *err, size_t errlen);
 int redis_response_run_mark(store *st, const char *id, char *err, size_t errlen);
 void redis_response_run_renew(store *st, const char *const *ids, size_t n, int *out);
 int redis_response_run_held(store *st, const char *id, char *err, size_t errlen);
-int redis_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
-                                 size_t errlen);
+int redis_response_events_append(store *st, const char *id, uint64_t at, const char *data, size_t n, int end,
+                                 char *err, size_t errlen);
 int redis_response_events_look(store *st, const char *id, uint64_t from, size_t max, int want_entry,
                                store_events_look *out, char *err, size_t errlen);
 

@@ -521,29 +521,36 @@ int redis_response_run_held(store *st, const char *id, char *err, size_t errlen)
     return held;
 }
 
-/* KEYS: entry, its events, their end, potserve:r:bytes; ARGV: bytes, end.
- * Appended only while the entry is stored (never an orphan after its drop). */
+/* KEYS: entry, its events, their end, potserve:r:bytes; ARGV: bytes, end,
+ * where they go. Appended only while the entry is stored (never an orphan
+ * after its drop), and only at that offset: an append retried after an
+ * answer lost on the way finds itself done. 1: gone, 2: the copy differs. */
 static const char EVENTS_APPEND_SCRIPT[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end "
-    "if #ARGV[1] > 0 then redis.call('APPEND', KEYS[2], ARGV[1]) redis.call('INCRBY', KEYS[4], #ARGV[1]) end "
+    "local have, at = redis.call('STRLEN', KEYS[2]), tonumber(ARGV[3]) "
+    "if have == at and #ARGV[1] > 0 then "
+    "redis.call('APPEND', KEYS[2], ARGV[1]) redis.call('INCRBY', KEYS[4], #ARGV[1]) "
+    "elseif have ~= at + #ARGV[1] then return 2 end "
     "if ARGV[2] == '1' then redis.call('SET', KEYS[3], '1') end "
     "return 0";
 
-int redis_response_events_append(store *st, const char *id, const char *data, size_t n, int end, char *err,
-                                 size_t errlen) {
-    char k[3][128];
+int redis_response_events_append(store *st, const char *id, uint64_t at, const char *data, size_t n, int end,
+                                 char *err, size_t errlen) {
+    char k[3][128], offset[24];
     snprintf(k[0], sizeof k[0], "potserve:r:%s", id);
     snprintf(k[1], sizeof k[1], "potserve:r:%s:events", id);
     snprintf(k[2], sizeof k[2], "potserve:r:%s:events:end", id);
+    snprintf(offset, sizeof offset, "%llu", (unsigned long long)at);
     const char *argv[] = {"EVAL", EVENTS_APPEND_SCRIPT, "4", k[0], k[1], k[2], "potserve:r:bytes", data,
-                          end ? "1" : "0"};
-    size_t lens[9];
-    for (int i = 0; i < 9; i++) lens[i] = i == 7 ? n : strlen(argv[i]);
-    redisReply *r = command(st, 9, argv, lens, err, errlen);
+                          end ? "1" : "0", offset};
+    size_t lens[10];
+    for (int i = 0; i < 10; i++) lens[i] = i == 7 ? n : strlen(argv[i]);
+    redisReply *r = command(st, 10, argv, lens, err, errlen);
     if (!r) return -1;
-    int gone = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    int rc = r->type == REDIS_REPLY_INTEGER ? (int)r->integer : -1;
+    if (rc < 0) set_err(err, errlen, "redis: unexpected reply to the events append");
     freeReplyObject(r);
-    return gone;
+    return rc;
 }
 
 /* KEYS: entry, its run mark, its events, their end; ARGV: first byte, last

@@ -978,3 +978,37 @@ def test_a_streamed_background_response_is_followed_live_through_any_replica(tmp
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_redis_restart_costs_a_streamed_background_response_no_event(tmp_path, redis):
+    """Redis restarting while a streamed background response runs: the appends of its events
+    the store did not take are tried again (each at the offset it was meant for, so one whose
+    answer was lost is not appended twice), and a stream of it through the other replica,
+    which cannot read meanwhile, gets every event of the asking client's, in order."""
+    from server_util import openai_client
+    a = replica(tmp_path / "a", redis, "a", lease_ms=5000).start()
+    b = replica(tmp_path / "b", redis, "b", lease_ms=5000).start()
+    try:
+        on_a, on_b = openai_client(a), openai_client(b)
+        asked = on_a.responses.create(background=True, stream=True, model="x", temperature=0, max_output_tokens=1500,
+                                      input="Count from 1 to 3000, separated by commas.")
+        events = [next(iter(asked))]
+        asker = threading.Thread(target=lambda: events.extend(asked))
+        asker.start()
+        followed = []
+        follower = threading.Thread(
+            target=lambda: followed.extend(on_b.responses.retrieve(events[0].response.id, stream=True)))
+        follower.start()
+        until(lambda: sum(e.type == "response.output_text.delta" for e in list(followed)) > 20, what="b's text")
+        redis.stop()
+        time.sleep(1.5)
+        redis.start()
+        asker.join(timeout=60)
+        follower.join(timeout=60)
+        assert not asker.is_alive() and not follower.is_alive()
+        assert events[-1].type in ("response.completed", "response.incomplete"), events[-1]
+        assert [e.model_dump() for e in followed] == [e.model_dump() for e in events]
+        a.wait_log("the store did not take its events", timeout=1)
+    finally:
+        a.stop()
+        b.stop()
