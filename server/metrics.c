@@ -126,7 +126,9 @@ char *metrics_render(server *s) {
     background_gauges(s, &bg_running, &bg_waiting, &bg_log_bytes);
     counter(&b, "potserve_background_running", "Background responses generating here.", "gauge", bg_running);
     counter(&b, "potserve_background_streams_waiting",
-            "Streams of background responses waiting for an answer whose events are not kept here.", "gauge",
+            "Streams of background responses whose events are not kept here (following the store's copy, or "
+            "waiting for the answer).",
+            "gauge",
             bg_waiting);
     counter(&b, "potserve_background_event_log_bytes",
             "Bytes of ended streamed background responses' events kept here for later streams.", "gauge",

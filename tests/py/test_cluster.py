@@ -970,11 +970,13 @@ def test_a_streamed_background_response_is_followed_live_through_any_replica(tmp
         while sum(e.type == "response.output_text.delta" for e in list(seen)) < 20:
             assert time.time() - t0 < 30, "b's stream got no text"
             time.sleep(0.05)
+        assert metric(b, "potserve_background_streams_waiting") == 1  # (following Redis's copy)
         a.kill()
         follower.join(timeout=15)
         assert not follower.is_alive() and seen[-1].type == "response.failed", seen[-1:]
         assert [e.sequence_number for e in seen] == list(range(len(seen)))
         assert "ask again" in seen[-1].response.error.message
+        until(lambda: metric(b, "potserve_background_streams_waiting") == 0, what="b's stream gone")
     finally:
         a.stop()
         b.stop()
