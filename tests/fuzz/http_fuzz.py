@@ -215,8 +215,8 @@ def get_status(port, path, timeout):
         return None, b""
 
 
-def call(port, method, path, body=None, timeout=30):
-    """A well-formed JSON request; (status, parsed body or None)."""
+def call(port, method, path, body=None, timeout=30, raw=False):
+    """A well-formed JSON request; (status, parsed body or None; raw: its bytes)."""
     data = json.dumps(body).encode() if body is not None else b""
     req = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n"
            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
@@ -226,6 +226,8 @@ def call(port, method, path, body=None, timeout=30):
             st, _, b, _ = read_response(s, time.time() + timeout)
     except OSError:
         return None, None
+    if raw:
+        return st, b
     try:
         return st, json.loads(b)
     except ValueError:
@@ -530,6 +532,12 @@ class Pool:
                                                          "background": bg})
             if st == 200:
                 self.responses.append(b["id"])
+        # a streamed background one, whose events GET ?stream=true follows (kept here, or the store's copy)
+        st, b = call(port, "POST", "/v1/responses", {"input": "Count to 900.", "max_output_tokens": 100,
+                                                     "background": True, "stream": True}, raw=True)
+        made = re.search(rb'"id":"(resp_[A-Za-z0-9]+)"', b or b"")
+        if st == 200 and made:
+            self.responses.append(made.group(1).decode())
         for _ in range(2):  # conversations for /v1/conversations/{id} and responses' conversation
             st, b = call(port, "POST", "/v1/conversations", {"items": [{"role": "user", "content": "Hi"}]})
             if st == 200:
