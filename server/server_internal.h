@@ -206,6 +206,9 @@ void session_ref(session *ss);
  * write under way), or NULL when it can. */
 const char *session_log_busy(const session *ss);
 void session_unref(session *ss);
+/* GET /v1/sessions/{id}/retention and GET /v1/sessions/{id}/text (session_read.c). */
+void session_retention(request *r, session *ss);
+void session_text(request *r, session *ss);
 /* Upload data (called with pieces, then with size 0 at the end). */
 void upload_receive(request *r, const char *data, size_t *size);
 void upload_free(upload *u);
