@@ -167,9 +167,10 @@ int store_response_run_held(store *st, const char *id, char *err, size_t errlen)
  * size, are kept when its entry is rewritten (its answer, a cancel) and
  * dropped with it. store_response_events_append: appends data at byte `at`
  * of them and, with end, marks them whole; only while the entry is stored and
- * the events are `at` bytes long (or already hold data there: a retry after
- * a lost answer): 0, 1 when the entry is gone, 2 when the events' length is
- * another (nothing appended), -1 + err (retry). store_response_events_look: at once,
+ * the events are `at` bytes long, or already hold a first part of data there
+ * (a retry after a lost answer, with what came since: the rest is added):
+ * 0, 1 when the entry is gone, 2 when the events hold something else
+ * (nothing appended), -1 + err (retry). store_response_events_look: at once,
  * whether its run mark is there, whether it has events, at most max of them
  * from byte `from` on, whether they are whole, and the entry (NULL: none)
  * when want_entry or when it has no events (entry_read says which: a large

@@ -524,13 +524,16 @@ int redis_response_run_held(store *st, const char *id, char *err, size_t errlen)
 /* KEYS: entry, its events, their end, potserve:r:bytes; ARGV: bytes, end,
  * where they go. Appended only while the entry is stored (never an orphan
  * after its drop), and only at that offset: an append retried after an
- * answer lost on the way finds itself done. 1: gone, 2: the copy differs. */
+ * answer lost on the way (with what was written since added to it) finds
+ * its first part there and adds the rest. 1: gone, 2: the copy differs. */
 static const char EVENTS_APPEND_SCRIPT[] =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end "
     "local have, at = redis.call('STRLEN', KEYS[2]), tonumber(ARGV[3]) "
-    "if have == at and #ARGV[1] > 0 then "
-    "redis.call('APPEND', KEYS[2], ARGV[1]) redis.call('INCRBY', KEYS[4], #ARGV[1]) "
-    "elseif have ~= at + #ARGV[1] then return 2 end "
+    "if have < at or have > at + #ARGV[1] then return 2 end "
+    "if have > at and redis.call('GETRANGE', KEYS[2], at, have - 1) ~= string.sub(ARGV[1], 1, have - at) then "
+    "return 2 end "
+    "local rest = string.sub(ARGV[1], have - at + 1) "
+    "if #rest > 0 then redis.call('APPEND', KEYS[2], rest) redis.call('INCRBY', KEYS[4], #rest) end "
     "if ARGV[2] == '1' then redis.call('SET', KEYS[3], '1') end "
     "return 0";
 
