@@ -167,17 +167,14 @@ static int one_of(const char *v, const char *const *names) {
     return 0;
 }
 
-int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_t default_budget,
-                               const char *default_policy, api_session_settings *out,
-                               api_error *e) {
+int api_parse_session_settings(json_t *body, int32_t n_ctx, int32_t default_budget, const char *default_policy,
+                               api_session_settings *out, api_error *e) {
     memset(out, 0, sizeof *out);
     out->recall = API_RECALL_UNSET;
     out->whole_words = API_WHOLE_WORDS_QUESTION;
-    int blank = 1;
-    for (size_t i = 0; i < n; i++)
-        if (!body[i] || !strchr(" \t\r\n", body[i])) blank = 0; /* strchr finds a NUL too */
-    json_t *root = blank ? json_object() : api_parse_object(body, n, e);
-    if (!root) return -1;
+    if (body && !json_is_object(body)) return api_fail(e, 400, "invalid_json", NULL, "the body must be a JSON object");
+    json_t *root = body ? json_incref(body) : json_object();
+    if (!root) return api_fail(e, 500, NULL, NULL, "out of memory");
     out->root = root;
     engine_pot_settings *s = &out->pot;
     *s = engine_pot_settings_default();
@@ -486,14 +483,13 @@ static int refuse_unserved(json_t *root, int chat, api_error *e) {
     return 0;
 }
 
-int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
-                          api_gen_request *r, api_error *e) {
+int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_request *r, api_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
     r->reread = -1;
     r->recall = API_RECALL_UNSET;
-    r->root = api_parse_object(body, n, e);
-    if (!r->root) return -1;
+    if (!json_is_object(body)) return api_fail(e, 400, "invalid_json", NULL, "the body must be a JSON object");
+    r->root = json_incref(body);
     engine_gen_params *gp = &r->params;
     gp->sampling = sample_params_default();
     gp->max_tokens = chat ? 0 : 16;
@@ -583,10 +579,9 @@ void api_gen_request_free(api_gen_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-int api_parse_tokenize(const char *body, size_t n, const char **content, int *add_special,
-                       json_t **root, api_error *e) {
-    *root = api_parse_object(body, n, e);
-    if (!*root) return -1;
+int api_parse_tokenize(json_t *body, const char **content, int *add_special, json_t **root, api_error *e) {
+    if (!json_is_object(body)) return api_fail(e, 400, "invalid_json", NULL, "the body must be a JSON object");
+    *root = json_incref(body);
     *content = NULL;
     *add_special = 0;
     if (get_string(*root, "content", content, e) || get_bool(*root, "add_special", add_special, e))
@@ -602,15 +597,14 @@ fail:
     return -1;
 }
 
-int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **tokens,
-                         size_t *n_tokens, api_error *e) {
-    json_t *root = api_parse_object(body, n, e);
-    if (!root) return -1;
-    json_t *t = json_object_get(root, "tokens");
+int api_parse_detokenize(json_t *body, int32_t n_vocab, int32_t **tokens, size_t *n_tokens, api_error *e) {
+    json_t *t = json_object_get(body, "tokens");
     int rc = 0;
     *tokens = NULL;
     *n_tokens = 0;
-    if (!json_is_array(t)) {
+    if (!json_is_object(body)) {
+        rc = api_fail(e, 400, "invalid_json", NULL, "the body must be a JSON object");
+    } else if (!json_is_array(t)) {
         rc = api_fail(e, 400, "missing_field", "tokens", "tokens must be an array of token ids");
     } else {
         *n_tokens = json_array_size(t);
@@ -627,7 +621,6 @@ int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **
         free(*tokens);
         *tokens = NULL;
     }
-    json_decref(root);
     return rc;
 }
 

@@ -74,12 +74,12 @@ typedef struct api_session_settings {
     json_t *root;            /* owns everything above */
 } api_session_settings;
 
-/* Validates a session-creation body (empty = every default) against the
+/* Validates a session-creation body (NULL = every default) against the
  * model's window: 400 for wrong types, 422 naming the field for settings that
- * cannot work. default_budget / default_policy come from the server's config. */
-int api_parse_session_settings(const char *body, size_t n, int32_t n_ctx, int32_t default_budget,
-                               const char *default_policy, api_session_settings *out,
-                               api_error *e);
+ * cannot work. default_budget / default_policy come from the server's config.
+ * out keeps a reference to body. */
+int api_parse_session_settings(json_t *body, int32_t n_ctx, int32_t default_budget, const char *default_policy,
+                               api_session_settings *out, api_error *e);
 void api_session_settings_free(api_session_settings *s);
 
 /* Settings as stored in a session's meta file and restored from it. */
@@ -124,17 +124,17 @@ typedef struct api_gen_request {
 
 enum { API_MAX_N = 16, API_MAX_BATCH = 64 };
 
-/* Validates a chat (chat = 1) or completions request. n_vocab bounds token
- * ids and logit_bias keys. */
-int api_parse_gen_request(const char *body, size_t n, int chat, int32_t n_vocab,
-                          api_gen_request *out, api_error *e);
+/* Validates a chat (chat = 1) or completions request body (parsed with
+ * api_parse_object). n_vocab bounds token ids and logit_bias keys. out keeps
+ * a reference to body, whose strings it points into, and adds to body the
+ * strings it composes (under keys that start with \x01). */
+int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_request *out, api_error *e);
 void api_gen_request_free(api_gen_request *r);
 
-/* /tokenize and /detokenize bodies. */
-int api_parse_tokenize(const char *body, size_t n, const char **content, int *add_special,
-                       json_t **root, api_error *e);
-int api_parse_detokenize(const char *body, size_t n, int32_t n_vocab, int32_t **tokens,
-                         size_t *n_tokens, api_error *e);
+/* /tokenize and /detokenize bodies (parsed with api_parse_object). tokenize:
+ * *root is a new reference to body, which *content points into. */
+int api_parse_tokenize(json_t *body, const char **content, int *add_special, json_t **root, api_error *e);
+int api_parse_detokenize(json_t *body, int32_t n_vocab, int32_t **tokens, size_t *n_tokens, api_error *e);
 
 /* ---- structured outputs (schema.c) ------------------------------------------------- */
 

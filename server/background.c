@@ -76,16 +76,12 @@ static request *detached_request(request *r, background *bg) {
     d->route = r->route;
     d->key = r->key;
     d->url = strdup("/v1/responses");
-    d->body = malloc(r->body_len + 1);
-    if (!d->url || !d->body) {
-        free(d->url);
-        free(d->body);
+    if (!d->url) {
         free(d);
         return NULL;
     }
-    memcpy(d->body, r->body, r->body_len);
-    d->body[r->body_len] = 0;
-    d->body_len = d->body_cap = r->body_len;
+    d->json = json_incref(r->json);
+    d->body_len = r->body_len;
     d->bg = bg;
     d->next_live = s->live;
     s->live = d;
@@ -259,7 +255,7 @@ void background_start(request *r, json_t *in, json_t *history) {
         return respond_error(r, &e);
     }
     *q = (queued_ctx){.d = d, .answer = object, .entry = entry};
-    if (store_is_shared(s->st)) return request_work(r, 1, mark_work, marked, q);
+    if (store_is_shared(s->st)) return request_work(r, WORK_POOL, mark_work, marked, q);
     q->entry = NULL;
     stored_write(r, bg->id, entry, 1, queued_kept, q);
 }
@@ -439,7 +435,7 @@ void background_poll(request *r, const char *id, json_t *entry, void (*again)(re
     snprintf(p->id, sizeof p->id, "%s", id);
     p->s = s;
     p->again = again;
-    request_work(r, 1, held_work, held_known, p);
+    request_work(r, WORK_POOL, held_work, held_known, p);
 }
 
 typedef struct cancel_ctx {

@@ -1603,7 +1603,10 @@ static void prompt_done(request *r, void *arg);
 
 /* r's body as a generation request; a Responses request's errors name its own fields. */
 static int parse_request(request *r, int chat, int responses, api_gen_request *q, api_error *e) {
-    if (!api_parse_gen_request(r->body, r->body_len, chat, r->srv->info.n_vocab, q, e)) return 0;
+    json_t *body = request_json(r, e);
+    int bad = !body || api_parse_gen_request(body, chat, r->srv->info.n_vocab, q, e);
+    json_decref(body);
+    if (!bad) return 0;
     if (responses && e->param && !strcmp(e->param, "max_tokens")) {
         e->param = "max_output_tokens";
         snprintf(e->message, sizeof e->message, "max_output_tokens must be a positive integer");
@@ -1695,7 +1698,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     g->rereading_asked = reread;
     g->recall_asked = recall;
     /* tokenizing megabytes of prompt takes seconds: then off the loop (request_work) */
-    request_work(r, r->body_len > OFF_LOOP_BYTES, prompt_work, prompt_done, g);
+    request_work_input(r, prompt_work, prompt_done, g);
 }
 
 /* A pot reads the document, never the question: a question whose text alone

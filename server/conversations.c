@@ -112,7 +112,7 @@ static void write_then_answer(request *r, const char *id, json_t *entry, json_t 
 void route_conversations(request *r) {
     if (strcmp(r->method, "POST")) return respond_method_not_allowed(r, "POST");
     api_error e;
-    json_t *in = r->body_len ? api_parse_object(r->body, r->body_len, &e) : json_object();
+    json_t *in = r->body_len ? request_json(r, &e) : json_object();
     if (!in) return respond_error(r, &e);
     json_t *items = json_object_get(in, "items"), *meta = json_object_get(in, "metadata"), *listed = json_array();
     int rc = 0;
@@ -178,7 +178,7 @@ static void answer_conversation(request *r) {
     if (!items_route) {
         if (get) return respond_json(r, 200, json_incref(object));
         if (!post) return stored_delete_answer(r, id, "conversation.deleted");
-        json_t *in = api_parse_object(r->body, r->body_len, &e), *meta = json_object_get(in, "metadata");
+        json_t *in = request_json(r, &e), *meta = json_object_get(in, "metadata");
         if (in && !meta) api_fail(&e, 400, "missing_field", "metadata", "the update's metadata is missing");
         if (!in || !meta || check_metadata(meta, &e)) {
             json_decref(in);
@@ -194,7 +194,7 @@ static void answer_conversation(request *r) {
     }
     if (!item_id[0]) {
         if (get) return stored_list_page(r, items);
-        json_t *in = api_parse_object(r->body, r->body_len, &e), *listed = json_array();
+        json_t *in = request_json(r, &e), *listed = json_array();
         json_t *given = json_object_get(in, "items");
         if (in && !given) api_fail(&e, 400, "missing_field", "items", "the items to add are missing");
         if (!in || !given || responses_listed_items(r, given, listed, &e)) {

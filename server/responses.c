@@ -484,7 +484,7 @@ static json_t *conversation_before(request *r, json_t *conv, api_error *e) {
 
 static void answer_responses(request *r) {
     api_error e;
-    json_t *in = api_parse_object(r->body, r->body_len, &e), *before = NULL, *history = NULL;
+    json_t *in = request_json(r, &e), *before = NULL, *history = NULL;
     json_t *prev = json_object_get(in, "previous_response_id"), *store = json_object_get(in, "store");
     json_t *conv_field = json_object_get(in, "conversation"), *background = json_object_get(in, "background");
     char conv_buf[128] = "";
@@ -550,17 +550,13 @@ static void answer_responses(request *r) {
         json_object_set_new(in, "session", json_string(header_sid));
     json_t *body = chat_body(r, in, before, &history, &e);
     json_decref(before);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    if (!text) {
+    if (!body) {
         json_decref(in);
         json_decref(history);
-        if (body) api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    free(r->body);
-    r->body = text;
-    r->body_len = r->body_cap = strlen(text);
+    json_decref(r->json); /* (in holds the Responses body) */
+    r->json = body;       /* what the generation parses: a chat body */
     if (!r->srv->cfg.response_store_bytes) json_object_set_new(in, "store", json_false()); /* as the answer says */
     if (json_is_false(json_object_get(in, "store"))) {
         json_decref(history);
@@ -591,7 +587,7 @@ static void answer_responses(request *r) {
  * previous_response_id (first) or conversation, and its input's
  * item_reference ids. */
 static size_t named_in_body(request *r, char ***ids_out, int **by_item_out, int *continued) {
-    json_t *in = json_loadb(r->body, r->body_len, 0, NULL);
+    json_t *in = r->json;
     json_t *prev = json_object_get(in, "previous_response_id"), *input = json_object_get(in, "input");
     const char *conv = named_conversation(in);
     size_t cap = 2 + json_array_size(input), n = 0;
@@ -612,7 +608,6 @@ static size_t named_in_body(request *r, char ***ids_out, int **by_item_out, int 
                 by_item[n++] = 1;
         }
     }
-    json_decref(in);
     *ids_out = ids;
     *by_item_out = by_item;
     return n;

@@ -17,6 +17,25 @@
 
 /* ---- request lifetime --------------------------------------------------------------- */
 
+static void body_free_work(uv_work_t *w) { json_decref(w->data); }
+
+static void body_freed(uv_work_t *w, int status) {
+    (void)status;
+    free(w);
+}
+
+/* A large body is let go on libuv's pool: a million values (a list of token
+ * ids) take the loop tens of milliseconds to free. */
+static void body_free(request *r) {
+    uv_work_t *w = r->json && r->body_len > OFF_LOOP_BYTES && !r->srv->stopping ? malloc(sizeof *w) : NULL;
+    if (w) {
+        w->data = r->json;
+        if (!uv_queue_work(r->srv->loop, w, body_free_work, body_freed)) return;
+        free(w);
+    }
+    json_decref(r->json);
+}
+
 void request_ref(request *r) { r->refs++; }
 
 void request_unref(request *r) {
@@ -35,8 +54,15 @@ void request_unref(request *r) {
     background_free(r->bg);
     free(r->url);
     free(r->body);
+    body_free(r);
     free(r->out);
     free(r);
+}
+
+json_t *request_json(request *r, api_error *e) {
+    if (r->json) return json_incref(r->json);
+    *e = r->json_err;
+    return NULL;
 }
 
 void request_wake(request *r) {
@@ -83,26 +109,41 @@ void respond_raw(request *r, int status, struct MHD_Response *resp) {
     queue(r, status, resp);
 }
 
-/* The body of every JSON response: compact JSON and a newline. */
-static struct MHD_Response *json_response(request *r, json_t *body) {
+char *json_text(json_t *body, size_t *n) {
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    size_t n = text ? strlen(text) : 0;
-    char *t = text ? realloc(text, n + 2) : NULL;
+    *n = text ? strlen(text) : 0;
+    char *t = text ? realloc(text, *n + 2) : NULL;
     if (!t) {
         free(text);
+        return NULL;
+    }
+    t[(*n)++] = '\n';
+    t[*n] = 0;
+    return t;
+}
+
+/* A JSON response of text (json_text's; NULL: out of memory); takes text. */
+static struct MHD_Response *text_response(request *r, char *text, size_t n) {
+    if (!text) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n";
         struct MHD_Response *resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
         if (resp) MHD_add_response_header(resp, "Content-Type", "application/json");
         return resp;
     }
-    t[n++] = '\n';
-    t[n] = 0;
-    struct MHD_Response *resp = MHD_create_response_from_buffer(n, t, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, text, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(resp, "Content-Type", "application/json");
     r->bytes_out += n;
     return resp;
 }
+
+static struct MHD_Response *json_response(request *r, json_t *body) {
+    size_t n;
+    char *text = json_text(body, &n);
+    return text_response(r, text, n);
+}
+
+void respond_json_text(request *r, int status, char *text, size_t n) { respond_raw(r, status, text_response(r, text, n)); }
 
 void respond_json(request *r, int status, json_t *body) {
     if (r->bg) return background_answered(r, status, body);
@@ -130,6 +171,8 @@ typedef struct off_loop {
     void (*fn)(void *);
     void (*done)(request *, void *);
     void *arg;
+    int heavy;
+    struct off_loop *next_waiting; /* (heavy ones waiting their turn) */
 } off_loop;
 
 static void off_loop_work(uv_work_t *w) {
@@ -137,26 +180,56 @@ static void off_loop_work(uv_work_t *w) {
     o->fn(o->arg);
 }
 
+static void off_loop_start(server *s, off_loop *o);
+
 static void off_loop_done(uv_work_t *w, int status) {
     (void)status;
     off_loop *o = w->data;
+    server *s = o->r->srv;
+    if (o->heavy) {
+        s->heavy_running--;
+        off_loop *next = s->heavy_waiting; /* the next in line */
+        if (next && !(s->heavy_waiting = next->next_waiting)) s->heavy_waiting_last = NULL;
+        if (next) off_loop_start(s, next);
+    }
     o->done(o->r, o->arg);
     request_unref(o->r);
     free(o);
 }
 
-void request_work(request *r, int big, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg) {
-    off_loop *o = big ? malloc(sizeof *o) : NULL;
-    if (o) {
-        *o = (off_loop){.r = r, .fn = fn, .done = done, .arg = arg};
-        o->w.data = o;
-        request_ref(r);
-        if (!uv_queue_work(r->srv->loop, &o->w, off_loop_work, off_loop_done)) return request_suspend(r);
-        request_unref(r);
-        free(o);
+static void off_loop_start(server *s, off_loop *o) {
+    s->heavy_running += o->heavy;
+    if (!uv_queue_work(s->loop, &o->w, off_loop_work, off_loop_done)) return;
+    o->fn(o->arg); /* the pool refused (the loop is closing): here */
+    off_loop_done(&o->w, 0);
+}
+
+int srv_heavy_max(void) {
+    const char *v = getenv("UV_THREADPOOL_SIZE"); /* (as libuv reads it: 4 when unset) */
+    long pool = v && atol(v) > 0 ? atol(v) : 4;
+    return pool / 2 > 1 ? (int)(pool / 2) : 1;
+}
+
+void request_work(request *r, enum work_where where, void (*fn)(void *arg), void (*done)(request *r, void *arg),
+                  void *arg) {
+    server *s = r->srv;
+    off_loop *o = where != WORK_HERE ? malloc(sizeof *o) : NULL;
+    if (!o) { /* (out of memory: here) */
+        fn(arg);
+        return done(r, arg);
     }
-    fn(arg); /* small, or the pool refused: here */
-    done(r, arg);
+    *o = (off_loop){.r = r, .fn = fn, .done = done, .arg = arg, .heavy = where == WORK_HEAVY};
+    o->w.data = o;
+    request_ref(r);
+    request_suspend(r);
+    if (!o->heavy || s->heavy_running < s->heavy_max) return off_loop_start(s, o);
+    if (s->heavy_waiting_last) s->heavy_waiting_last->next_waiting = o;
+    else s->heavy_waiting = o;
+    s->heavy_waiting_last = o;
+}
+
+void request_work_input(request *r, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg) {
+    request_work(r, r->body_len > OFF_LOOP_BYTES ? WORK_HEAVY : WORK_HERE, fn, done, arg);
 }
 
 void request_suspend(request *r) {
@@ -325,92 +398,96 @@ static void route_openapi(request *r) {
     respond_raw(r, 200, resp);
 }
 
-typedef struct tokenize_job {
+/* /tokenize and /detokenize: megabytes of text or ids take the pool
+ * (request_work), their answer's JSON text made there too. */
+typedef struct token_job {
     server *srv;
-    json_t *root; /* the parsed body, which content points into */
+    json_t *root;     /* the parsed body: tokenize's content points into it */
     const char *content;
     int add_special;
-    int64_t n;
-    int32_t *ids;
-} tokenize_job;
+    int32_t *ids;     /* detokenize's */
+    size_t n_ids;
+    int64_t n_tokens; /* tokenize: how many it made */
+    char *text;       /* the answer */
+    size_t len;
+    api_error e;      /* or why not (e.status) */
+} token_job;
 
-static void tokenize_work(void *arg) {
-    tokenize_job *j = arg;
-    size_t len = strlen(j->content);
-    j->n = engine_tokenize(j->srv->eng, j->content, len, j->add_special, 0, NULL, 0);
-    j->ids = j->n >= 0 ? malloc((size_t)(j->n ? j->n : 1) * sizeof *j->ids) : NULL;
-    if (j->ids) engine_tokenize(j->srv->eng, j->content, len, j->add_special, 0, j->ids, j->n);
-}
-
-static void tokenize_done(request *r, void *arg) {
-    tokenize_job *j = arg;
-    api_error e;
-    if (j->n < 0 || !j->ids) {
-        api_fail(&e, j->n < 0 ? 400 : 500, j->n < 0 ? "invalid_utf8" : NULL, "content",
-                 j->n < 0 ? "content is not valid UTF-8" : "out of memory");
-        respond_error(r, &e);
+static void token_job_done(request *r, void *arg) {
+    token_job *j = arg;
+    if (j->e.status) {
+        respond_error(r, &j->e);
     } else {
-        json_t *arr = json_array();
-        for (int64_t i = 0; i < j->n; i++) json_array_append_new(arr, json_integer(j->ids[i]));
-        r->tokens = j->n;
-        respond_json(r, 200, json_pack("{s:o}", "tokens", arr));
+        r->tokens = j->n_tokens;
+        respond_json_text(r, 200, j->text, j->len);
     }
     free(j->ids);
     json_decref(j->root);
     free(j);
 }
 
-static void route_tokenize(request *r) {
-    api_error e;
-    tokenize_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        api_fail(&e, 500, NULL, NULL, "out of memory");
-        return respond_error(r, &e);
+static void tokenize_work(void *arg) {
+    token_job *j = arg;
+    size_t len = strlen(j->content);
+    int64_t n = engine_tokenize(j->srv->eng, j->content, len, j->add_special, 0, NULL, 0);
+    int32_t *ids = n >= 0 ? malloc((size_t)(n ? n : 1) * sizeof *ids) : NULL;
+    json_t *arr = ids ? json_array() : NULL;
+    if (arr) engine_tokenize(j->srv->eng, j->content, len, j->add_special, 0, ids, n);
+    for (int64_t i = 0; arr && i < n; i++)
+        if (json_array_append_new(arr, json_integer(ids[i]))) json_decref(arr), arr = NULL;
+    free(ids);
+    if (n < 0) {
+        api_fail(&j->e, 400, "invalid_utf8", "content", "content is not valid UTF-8");
+        return;
     }
-    j->srv = r->srv;
-    if (api_parse_tokenize(r->body, r->body_len, &j->content, &j->add_special, &j->root, &e)) {
-        free(j);
-        return respond_error(r, &e);
-    }
-    request_work(r, r->body_len > OFF_LOOP_BYTES, tokenize_work, tokenize_done, j);
+    j->n_tokens = n;
+    if (!arr || !(j->text = json_text(json_pack("{s:o}", "tokens", arr), &j->len)))
+        api_fail(&j->e, 500, NULL, NULL, "out of memory");
 }
 
-static void route_detokenize(request *r) {
-    server *s = r->srv;
-    api_error e;
-    int32_t *ids;
-    size_t n;
-    if (api_parse_detokenize(r->body, r->body_len, s->info.n_vocab, &ids, &n, &e))
-        return respond_error(r, &e);
-    size_t cap = n * 8 + 64, len = 0;
+static void detokenize_work(void *arg) {
+    token_job *j = arg;
+    if (api_parse_detokenize(j->root, j->srv->info.n_vocab, &j->ids, &j->n_ids, &j->e)) return; /* (a million ids) */
+    size_t cap = j->n_ids * 8 + 64, len = 0, limit = (size_t)j->srv->cfg.max_body_bytes;
     char *text = malloc(cap);
-    for (size_t i = 0; text && i < n; i++) {
-        int k = engine_token_text(s->eng, ids[i], text + len, cap - len);
+    for (size_t i = 0; text && i < j->n_ids; i++) {
+        int k = engine_token_text(j->srv->eng, j->ids[i], text + len, cap - len);
         if (k > 0 && (size_t)k > cap - len) { /* a long piece (a run of spaces is 160 bytes in SmolLM2) */
             cap = (cap + (size_t)k) * 2;
             char *t = realloc(text, cap);
             if (!t) free(text);
             text = t;
-            if (text) k = engine_token_text(s->eng, ids[i], text + len, cap - len);
+            if (text) k = engine_token_text(j->srv->eng, j->ids[i], text + len, cap - len);
         }
         if (text && k > 0) len += (size_t)k;
-        if (len > (size_t)s->cfg.max_body_bytes) { /* long pieces make text of many times the body's size */
-            free(ids);
+        if (len > limit) { /* long pieces make text of many times the body's size */
             free(text);
-            api_fail(&e, 413, "text_too_large", "tokens", "the text of these tokens exceeds %lld bytes "
-                     "(max_body_bytes): detokenize fewer at a time", (long long)s->cfg.max_body_bytes);
-            return respond_error(r, &e);
+            api_fail(&j->e, 413, "text_too_large", "tokens", "the text of these tokens exceeds %lld bytes "
+                     "(max_body_bytes): detokenize fewer at a time", (long long)limit);
+            return;
         }
     }
-    free(ids);
-    if (!text) {
-        api_fail(&e, 500, NULL, NULL, "out of memory");
+    json_t *str = text ? json_stringn(text, len) : NULL;
+    if (text && !str) str = json_string(""); /* pieces of one character split across tokens */
+    free(text);
+    if (!str || !(j->text = json_text(json_pack("{s:o}", "content", str), &j->len)))
+        api_fail(&j->e, 500, NULL, NULL, "out of memory");
+}
+
+static void route_tokens(request *r, int detokenize) {
+    api_error e;
+    token_job *j = calloc(1, sizeof *j);
+    json_t *body = request_json(r, &e);
+    int bad = !j || !body || (!detokenize && api_parse_tokenize(body, &j->content, &j->add_special, &j->root, &e));
+    if (detokenize && !bad) j->root = json_incref(body);
+    json_decref(body);
+    if (bad) {
+        if (!j) api_fail(&e, 500, NULL, NULL, "out of memory");
+        free(j);
         return respond_error(r, &e);
     }
-    json_t *str = json_stringn(text, len);
-    free(text);
-    if (!str) str = json_string(""); /* pieces of one character split across tokens */
-    respond_json(r, 200, json_pack("{s:o}", "content", str));
+    j->srv = r->srv;
+    request_work_input(r, detokenize ? detokenize_work : tokenize_work, token_job_done, j);
 }
 
 /* ---- routing --------------------------------------------------------------------------- */
@@ -502,11 +579,59 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strncmp(rt, "/v1/responses/{id}", 18)) return route_response_id(r, r->url + strlen("/v1/responses/"));
     if (!strcmp(rt, "/v1/conversations")) return route_conversations(r);
     if (!strncmp(rt, "/v1/conversations/{id}", 22)) return route_conversation_id(r, r->url + strlen("/v1/conversations/"));
-    if (!strcmp(rt, "/tokenize")) return post ? route_tokenize(r) : respond_method_not_allowed(r, "POST");
-    if (!strcmp(rt, "/detokenize")) return post ? route_detokenize(r) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/tokenize")) return post ? route_tokens(r, 0) : respond_method_not_allowed(r, "POST");
+    if (!strcmp(rt, "/detokenize")) return post ? route_tokens(r, 1) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/sessions", 12))
         return route_sessions(r, r->url + strlen("/v1/sessions"), upload, upload_size);
     not_found(r);
+}
+
+/* ---- JSON bodies: parsed once, before dispatch ---------------------------------------- */
+
+/* A body over OFF_LOOP_BYTES is parsed on libuv's pool: megabytes take tens of
+ * milliseconds, which the loop (answering, renewing leases) cannot spare. */
+typedef struct body_parse {
+    const char *text;
+    size_t n;
+    json_t *root;
+    api_error err;
+    void (*then)(request *r);
+} body_parse;
+
+static void body_parse_work(void *arg) {
+    body_parse *p = arg;
+    p->root = api_parse_object(p->text, p->n, &p->err);
+}
+
+static void body_parsed(request *r, void *arg) {
+    body_parse *p = arg;
+    void (*then)(request *r) = p->then;
+    r->json = p->root;
+    r->json_err = p->err;
+    free(p);
+    free(r->body); /* (what follows reads the parsed body; body_len stays) */
+    r->body = NULL;
+    r->body_cap = 0;
+    if (r->conn) then(r); /* (else its client left meanwhile: nothing to answer) */
+}
+
+void request_parse_json(request *r, void (*then)(request *r)) {
+    body_parse *p = calloc(1, sizeof *p);
+    if (!p) {
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    int blank = 1;
+    for (size_t i = 0; blank && i < r->body_len; i++) blank = r->body[i] && strchr(" \t\r\n", r->body[i]);
+    r->body_blank = blank;
+    *p = (body_parse){.text = r->body ? r->body : "", .n = r->body_len, .then = then};
+    request_work_input(r, body_parse_work, body_parsed, p);
+}
+
+static void dispatch_parsed(request *r) {
+    size_t none = 0;
+    dispatch(r, NULL, &none);
 }
 
 /* Whether the request says a body follows. */
@@ -763,6 +888,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         r->url = strdup(url);
         enum body_kind body;
         r->route = classify(method, url, &body);
+        r->takes_json = body == BODY_JSON;
         r->next_live = s->live;
         s->live = r;
         s->n_live++;
@@ -811,7 +937,8 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         respond_error(r, &e);
         return MHD_YES;
     }
-    dispatch(r, NULL, upload_data_size);
+    if (r->takes_json) request_parse_json(r, dispatch_parsed);
+    else dispatch(r, NULL, upload_data_size);
     return MHD_YES;
 }
 

@@ -348,6 +348,7 @@ int cli_serve(int argc, char **argv) {
     s->stored_read = json_object();
     s->started = (int64_t)time(NULL);
     s->loading = 1;
+    s->heavy_max = srv_heavy_max();
     uv_loop_init(&loop);
     s->loop = &loop;
     uv_async_init(&loop, &s->wake, on_wake);

@@ -82,10 +82,15 @@ struct request {
     api_key *key;
     char session_id[48];
     int64_t tokens;
-    /* JSON body */
+    /* JSON body: its text as it arrives, then parsed once before dispatch (off the loop
+       when large: router.c) and the text freed; body_len stays */
     char *body;
     size_t body_len, body_cap;
     int body_too_large;
+    int takes_json;              /* its route's body is JSON (parsed before dispatch) */
+    int body_blank;              /* empty or white space only: json is NULL */
+    json_t *json;                /* the parsed body (request_json); NULL when blank or not an object */
+    api_error json_err;          /* why json is NULL */
     int receiving_body;          /* its body is still to come (srv_sweep_connections: a client gone meanwhile) */
     int close_conn;              /* its framing is not trusted: close after the answer */
     /* a response prepared while suspended, or at MHD's first call for a request without a
@@ -111,10 +116,22 @@ struct request {
 
 void request_ref(request *r);
 void request_unref(request *r);
+/* Parses r's body (a JSON route's before dispatch, a JSON chunk's once it has
+ * come: off the loop when large, r waiting suspended), frees its text, then
+ * calls then(r) on the loop unless the client has left. */
+void request_parse_json(request *r, void (*then)(request *r));
+/* r's parsed JSON body (a new reference), or NULL with e saying why (blank,
+ * not JSON, not an object). */
+json_t *request_json(request *r, api_error *e);
 /* Queues (or, while suspended, prepares) resp; takes it. */
 void respond_raw(request *r, int status, struct MHD_Response *resp);
 /* Queues (or, while suspended, prepares) a JSON response; takes body. */
 void respond_json(request *r, int status, json_t *body);
+/* body as every JSON response sends it (compact, then a newline; NULL when out
+ * of memory): made off the loop where it is large. Takes body. */
+char *json_text(json_t *body, size_t *n);
+/* respond_json for json_text's text (takes it; NULL: out of memory). */
+void respond_json_text(request *r, int status, char *text, size_t n);
 void respond_error(request *r, const api_error *e);
 /* respond_error with a Retry-After header (seconds, at least 1). */
 void respond_retry(request *r, const api_error *e, int seconds);
@@ -126,11 +143,20 @@ void respond_method_not_allowed(request *r, const char *allow);
 void request_wake(request *r);
 /* Suspends the connection while async work runs (call in the access handler). */
 void request_suspend(request *r);
-/* Work on a request's input that may take seconds (tokenizing megabytes): when
- * big, fn(arg) runs on libuv's thread pool (it must touch no loop state) while
- * r waits, suspended and held; else inline. Then done(r, arg) runs on the loop. */
+/* Work for a request that must not hold the loop: fn(arg) runs on libuv's
+ * thread pool (it must touch no loop state) while r waits, suspended and
+ * held, then done(r, arg) on the loop. WORK_POOL: a call that waits (Redis,
+ * the disk); WORK_HEAVY: seconds of CPU (parsing or tokenizing megabytes),
+ * at most server.heavy_max of them at once, the others waiting in order, so
+ * that the pool keeps threads for the calls that must not wait behind them
+ * (lease renewals, run marks, disk writes); WORK_HERE: inline. */
+typedef enum work_where { WORK_HERE, WORK_POOL, WORK_HEAVY } work_where;
+void request_work(request *r, work_where where, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg);
+/* request_work on r's input: WORK_HEAVY for a body over OFF_LOOP_BYTES, else here. */
 enum { OFF_LOOP_BYTES = 64 * 1024 };
-void request_work(request *r, int big, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg);
+void request_work_input(request *r, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg);
+/* Half of libuv's pool (UV_THREADPOOL_SIZE, 4 by default), at least 1. */
+int srv_heavy_max(void);
 /* Appends to the streamed response and wakes the reader (a background
  * response's request: to its event log, for the streams that follow it). */
 void stream_write(request *r, const char *data, size_t n);
@@ -440,6 +466,8 @@ struct server {
     uv_timer_t bg_ship;         /* ships streamed ones' events written since the last append */
     size_t bg_logs_bytes;
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
+    int heavy_running, heavy_max; /* WORK_HEAVY jobs on the pool, and how many may be (router.c) */
+    struct off_loop *heavy_waiting, *heavy_waiting_last; /* the others, in order */
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* answers take turns (completions.c): at most max_answers sequences decode at once */
     int answers_running;

@@ -1144,8 +1144,7 @@ static void finish_duplicate(upload *u) {
 
 /* JSON body {"text": ..., "seq": N, "final": bool}: fields override the query. */
 static int take_json_body(upload *u, api_error *e) {
-    request *r = u->r;
-    json_t *root = api_parse_object(r->body, r->body_len, e);
+    json_t *root = request_json(u->r, e);
     if (!root) return -1;
     json_t *text = json_object_get(root, "text"), *seq = json_object_get(root, "seq"),
            *fin = json_object_get(root, "final");
@@ -1177,6 +1176,9 @@ static int take_json_body(upload *u, api_error *e) {
     return rc;
 }
 
+static void json_chunk_parsed(request *r);
+static void body_ended(upload *u);
+
 void upload_receive(request *r, const char *data, size_t *size) {
     upload *u = r->up;
     if (*size) {
@@ -1204,14 +1206,24 @@ void upload_receive(request *r, const char *data, size_t *size) {
     if (u->body_done) return;
     /* the body has ended */
     u->body_done = 1;
-    if (u->mode == UPLOAD_JSON && !u->failed) {
-        api_error e;
-        if (take_json_body(u, &e)) {
-            u->finished = 1;
-            u->ss->busy = 0;
-            return respond_error(r, &e);
-        }
+    if (u->mode == UPLOAD_JSON && !u->failed) return request_parse_json(r, json_chunk_parsed);
+    body_ended(u);
+}
+
+static void json_chunk_parsed(request *r) {
+    upload *u = r->up;
+    api_error e;
+    if (take_json_body(u, &e)) {
+        u->finished = 1;
+        u->ss->busy = 0;
+        return respond_error(r, &e);
     }
+    body_ended(u);
+}
+
+/* The chunk's body has come (a JSON one's text taken from it): answered, or sent on. */
+static void body_ended(upload *u) {
+    request *r = u->r;
     if (u->mode == UPLOAD_DUPLICATE && !u->failed) { /* an event stream asked for: its done (or error) event */
         if (u->sse) u->streaming = !stream_start(r);
         return finish_duplicate(u);
@@ -1468,11 +1480,14 @@ static void create_session(request *r) {
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    if (api_parse_session_settings(r->body, r->body_len, s->info.n_ctx_train,
-                                   (int32_t)s->cfg.budget_tokens, s->cfg.policy, &ss->settings, &e)) {
+    json_t *body = r->body_blank ? NULL : request_json(r, &e); /* blank: every default */
+    if ((!r->body_blank && !body) || api_parse_session_settings(body, s->info.n_ctx_train, (int32_t)s->cfg.budget_tokens,
+                                                                 s->cfg.policy, &ss->settings, &e)) {
+        json_decref(body);
         free(ss);
         return respond_error(r, &e);
     }
+    json_decref(body);
     if (count_sessions(s, r->key) >= s->cfg.max_sessions_per_key) {
         api_session_settings_free(&ss->settings);
         free(ss);
@@ -1666,7 +1681,7 @@ static void delete_session(request *r, session *ss) {
     j->ss = ss;
     session_ref(ss);
     ss->busy = 1;
-    request_work(r, 1, delete_work, delete_done, j);
+    request_work(r, WORK_POOL, delete_work, delete_done, j);
 }
 
 void route_sessions(request *r, const char *rest, const char *upload, size_t *upload_size) {
@@ -1770,12 +1785,9 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
     }
     json_t *settings = json_object_get(meta, "settings");
     const char *owner = json_string_value(json_object_get(meta, "owner"));
-    char *text = settings ? json_dumps(settings, JSON_COMPACT) : NULL;
-    int rc = text ? api_parse_session_settings(text, strlen(text), s->info.n_ctx_train,
-                                               (int32_t)s->cfg.budget_tokens, s->cfg.policy,
-                                               &ss->settings, &e)
-                  : -1;
-    free(text);
+    int rc = settings ? api_parse_session_settings(settings, s->info.n_ctx_train, (int32_t)s->cfg.budget_tokens,
+                                                   s->cfg.policy, &ss->settings, &e)
+                      : -1;
     if (rc || !owner || !*owner || strlen(owner) > 16) {
         snprintf(err, errlen, "%.60s: bad settings in meta.json%s%.150s", id, rc ? ": " : "", rc ? e.message : "");
         goto out;
@@ -2080,7 +2092,7 @@ static void take_over(request *r, const char *id, const char *param) {
     *t = (takeover){.next = s->takeovers, .srv = s, .key = r->key, .param = param};
     snprintf(t->id, sizeof t->id, "%s", id);
     s->takeovers = t;
-    request_work(r, 1, takeover_ask, takeover_answer, t);
+    request_work(r, WORK_POOL, takeover_ask, takeover_answer, t);
 }
 
 /* Shared store: whether this replica's lease on ss may have lapsed (no

@@ -182,7 +182,7 @@ void stored_fetch(request *r, char **ids, int *by_item, size_t n, int touch_firs
     }
     *j = (fetch_job){.s = r->srv, .n = n, .ids = ids, .by_item = by_item, .entries = entries,
                      .touch_first = touch_first, .then = then};
-    request_work(r, 1, fetch_work, fetch_done, j);
+    request_work(r, WORK_POOL, fetch_work, fetch_done, j);
 }
 
 void stored_fetch_one(request *r, const char *id, void (*then)(request *r)) {

@@ -339,6 +339,9 @@ def json_body(rng, template):
     b = json.dumps(v, ensure_ascii=rng.random() < 0.5, allow_nan=True).encode("utf-8", "surrogatepass")
     if rng.random() < 0.3:
         b = mutate_text(rng, b)
+    if rng.random() < 0.1:  # past 64 KB: parsed off the loop, with what the pool's work does to it
+        pad = rng.choice([b" ", b"\n", b"\t"]) * rng.choice([70_000, 300_000])
+        b = pad + b if rng.random() < 0.5 else b + pad
     return b
 
 

@@ -554,6 +554,43 @@ def test_a_stopping_replica_writes_its_snapshots_under_lease(tmp_path, redis):
         a.stop()
 
 
+def test_large_bodies_let_no_lease_lapse(tmp_path, redis):
+    """Six 8 MB bodies at once held the loop up to 1.3 s (each parsed there, a Responses body up
+    to four times) and filled libuv's pool (each tokenized there for seconds), so renewals, which
+    need both, came too late and a lease of 1 s lapsed (tests/bench/large_bodies.py --lease-ms
+    1000: in every run). Bodies are parsed once, off the loop, and such work takes at most half of
+    the pool: the renewals come every lease_ms / 3."""
+    import json
+    import urllib.request
+    a = replica(tmp_path / "a", redis, "a", "--durability", "none", lease_ms=1000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {})[1]["id"]
+        until(lambda: put(a, sid, 1, DOC)[0] == 200, what="a chunk (the lease taken)")
+        text = "".join(f"Line {k}: the quick brown fox jumps over the lazy dog. " for k in range(150_000))  # 8 MB
+        bodies = [json.dumps({"model": "x", "input": f"{i} {text}"}).encode() for i in range(6)]
+        answers, lowest = [], []
+
+        def send(body):
+            req = urllib.request.Request(a.url + "/v1/responses/input_tokens", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                answers.append(urllib.request.urlopen(req, timeout=120).status)
+            except urllib.error.HTTPError as e:
+                answers.append(e.code)
+        senders = [threading.Thread(target=send, args=(b,)) for b in bodies]
+        for t in senders:
+            t.start()
+        while any(t.is_alive() for t in senders):
+            lowest.append(int(redis.cli("PTTL", f"potserve:s:{sid}:lease")))
+            time.sleep(0.02)
+        assert answers == [400] * 6  # (longer than the window, once tokenized)
+        assert min(lowest) > 0, sorted(lowest)[:5]  # (-2: the lease gone)
+        assert not [line for line in a.log_lines if "dropping it here" in line]
+        assert get_ready(a, sid)["last_seq"] == 1
+    finally:
+        a.stop()
+
+
 def test_a_takeover_waiting_for_redis_holds_up_no_other_request(tmp_path, redis):
     """A takeover asks Redis for the session's meta, its lease and its log:
     with Redis stalled, each question waited 2 s on the loop, and every

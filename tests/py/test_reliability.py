@@ -1101,6 +1101,60 @@ def test_tokenizing_megabytes_does_not_stop_the_server(tmp_path):
         s.stop()
 
 
+def test_parsing_megabytes_of_json_does_not_stop_the_server(tmp_path):
+    """JSON bodies were parsed on the loop, a Responses body up to four times and its answer's
+    JSON made there too: six 9 MB bodies at once held /health (and, in a cluster, lease renewals)
+    for 0.3-1.3 s (tests/bench/large_bodies.py). Each body is parsed once now, off the loop when
+    large, and /tokenize's and /detokenize's work and answers are made there too."""
+    import threading
+    s = Server(tmp_path / "d", "--durability", "none", "--max_body_bytes", str(32 << 20)).start()
+    try:
+        ids = [(k * 7919) % 49152 for k in range(2_000_000)]  # (about 12 MB of JSON: two million values)
+        words = " ".join(str(k) for k in range(1_500_000))
+        jobs = [("/detokenize", {"tokens": ids}, 200),
+                ("/v1/completions", {"model": "x", "prompt": ids, "max_tokens": 1}, 400),
+                ("/tokenize", {"content": "x", "ignored": ids}, 200),
+                ("/v1/responses/input_tokens", {"model": "x", "input": [{"role": "user", "content": words}]}, 400),
+                ("/v1/sessions/{sid}/chunks?wait=false", {"text": words}, 202)]
+        sid = s.request("POST", "/v1/sessions", {})[1]["id"]
+        bodies = [(path.format(sid=sid), json.dumps(body).encode(), want) for path, body, want in jobs]
+        out, slowest = [], 0
+        senders = [threading.Thread(target=lambda p=p, b=b: out.append((p, s.request("POST", p, raw=b, timeout=300,
+                                                                                        headers={"Content-Type": "application/json"})[0])))
+                   for p, b, _ in bodies]
+        for t in senders:
+            t.start()
+        while any(t.is_alive() for t in senders):
+            h0 = time.time()
+            assert s.request("GET", "/health", timeout=60)[0] == 200
+            slowest = max(slowest, time.time() - h0)
+            time.sleep(0.01)
+        assert sorted(out) == sorted((p, want) for p, _, want in bodies)
+        assert SANITIZED or slowest < 0.2, slowest  # (0.32-0.41 s before, 0.03-0.04 s after, here)
+    finally:
+        s.kill()  # (the chunk's ingest would take minutes)
+
+
+def test_a_large_body_is_refused_or_taken_as_a_small_one(srv):
+    """Bodies over 64 KB are parsed off the loop (above): the same answers as small ones, for
+    JSON that is broken, not an object, or blank, on every JSON route."""
+    pad = " " * (100 << 10)
+    h = {"Content-Type": "application/json"}
+    for path in ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
+                 "/v1/conversations", "/tokenize", "/detokenize", "/v1/sessions"]:
+        for body, code in [(b'{"a": "' + b"x" * (100 << 10), "invalid_json"), (b"[1, 2]" + pad.encode(), "invalid_json"),
+                           (b'{"a": "\\u0000"}' + pad.encode(), "unsupported_value")]:
+            small = srv.request("POST", path, raw=body.strip(), headers=h)
+            large = srv.request("POST", path, raw=body, headers=h)
+            assert large[0] == small[0] and large[1]["error"]["code"] == small[1]["error"]["code"], (path, small, large)
+            assert large[0] == 400 and large[1]["error"]["code"] == code or path == "/v1/sessions", (path, large)
+    st, made, _ = srv.request("POST", "/v1/sessions", raw=pad.encode(), headers=h)  # blank: every default
+    assert st == 201 and made["budget_tokens"] > 0, made
+    assert srv.request("DELETE", f"/v1/sessions/{made['id']}")[0] == 200
+    st, conv, _ = srv.request("POST", "/v1/conversations", raw=pad.encode(), headers=h)
+    assert st == 400 and conv["error"]["code"] == "invalid_json", conv  # (only an empty body is {})
+
+
 def test_text_without_spaces_is_read_as_it_arrives(tmp_path, fixtures):
     """A pre-token is held back until the text after it settles it, and a chunk
     with no space is one pre-token: 50 MB of one letter held 3 GB of the

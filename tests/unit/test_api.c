@@ -74,7 +74,9 @@ TEST(api_integers_are_kept_exact) {
         snprintf(body, sizeof body, "{\"prompt\": \"x\", \"seed\": %s}", cases[i].seed);
         api_gen_request r;
         api_error e;
-        CHECK(api_parse_gen_request(body, strlen(body), 0, 100, &r, &e) == 0);
+        json_t *root = api_parse_object(body, strlen(body), &e);
+        CHECK(root && api_parse_gen_request(root, 0, 100, &r, &e) == 0);
+        json_decref(root);
         CHECK(r.params.sampling.seed == cases[i].want);
         api_gen_request_free(&r);
     }
@@ -84,7 +86,9 @@ TEST(api_integers_are_kept_exact) {
         snprintf(body, sizeof body, "{\"prompt\": \"x\", \"seed\": %s}", refused[i]);
         api_gen_request r;
         api_error e;
-        CHECK(api_parse_gen_request(body, strlen(body), 0, 100, &r, &e) != 0);
+        json_t *root = api_parse_object(body, strlen(body), &e);
+        CHECK(root && api_parse_gen_request(root, 0, 100, &r, &e) != 0);
+        json_decref(root);
         CHECK(e.status == 400 && !strcmp(e.param, "seed"));
         api_gen_request_free(&r);
     }

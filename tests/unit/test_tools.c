@@ -19,7 +19,9 @@ static int parse(api_gen_request *r, const char *extra) {
     char body[2048];
     snprintf(body, sizeof body, REQUEST, extra);
     api_error e;
-    int rc = api_parse_gen_request(body, strlen(body), 1, 1000, r, &e);
+    json_t *root = api_parse_object(body, strlen(body), &e);
+    int rc = root ? api_parse_gen_request(root, 1, 1000, r, &e) : -1;
+    json_decref(root);
     if (rc) fprintf(stderr, "  %s\n", e.message);
     return rc;
 }
