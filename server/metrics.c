@@ -121,6 +121,11 @@ char *metrics_render(server *s) {
             s->answers_running);
     counter(&b, "potserve_answers_waiting", "Requests waiting for a turn to answer.", "gauge",
             s->n_answers_waiting);
+    counter(&b, "potserve_input_work_running",
+            "Request bodies being parsed or tokenized on the thread pool (at most half of it).", "gauge",
+            s->heavy_running);
+    counter(&b, "potserve_input_work_waiting", "Request bodies waiting for their turn to be parsed or tokenized.",
+            "gauge", s->n_heavy_waiting);
     int bg_running, bg_waiting;
     size_t bg_log_bytes;
     background_gauges(s, &bg_running, &bg_waiting, &bg_log_bytes);

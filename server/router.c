@@ -190,7 +190,7 @@ static void off_loop_done(uv_work_t *w, int status) {
         s->heavy_running--;
         off_loop *next = s->heavy_waiting; /* the next in line */
         if (next && !(s->heavy_waiting = next->next_waiting)) s->heavy_waiting_last = NULL;
-        if (next) off_loop_start(s, next);
+        if (next) s->n_heavy_waiting--, off_loop_start(s, next);
     }
     o->done(o->r, o->arg);
     request_unref(o->r);
@@ -226,6 +226,7 @@ void request_work(request *r, enum work_where where, void (*fn)(void *arg), void
     if (s->heavy_waiting_last) s->heavy_waiting_last->next_waiting = o;
     else s->heavy_waiting = o;
     s->heavy_waiting_last = o;
+    s->n_heavy_waiting++;
 }
 
 void request_work_input(request *r, void (*fn)(void *arg), void (*done)(request *r, void *arg), void *arg) {

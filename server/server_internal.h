@@ -468,6 +468,7 @@ struct server {
     struct takeover *takeovers; /* takeovers asking the shared store (sessions.c take_over) */
     int heavy_running, heavy_max; /* WORK_HEAVY jobs on the pool, and how many may be (router.c) */
     struct off_loop *heavy_waiting, *heavy_waiting_last; /* the others, in order */
+    int n_heavy_waiting;
     size_t pot_memory_going;  /* of it, deleted sessions' pots still held by their last readers */
     /* answers take turns (completions.c): at most max_answers sequences decode at once */
     int answers_running;

@@ -568,7 +568,7 @@ def test_large_bodies_let_no_lease_lapse(tmp_path, redis):
         until(lambda: put(a, sid, 1, DOC)[0] == 200, what="a chunk (the lease taken)")
         text = "".join(f"Line {k}: the quick brown fox jumps over the lazy dog. " for k in range(150_000))  # 8 MB
         bodies = [json.dumps({"model": "x", "input": f"{i} {text}"}).encode() for i in range(6)]
-        answers, lowest = [], []
+        answers, lowest, work = [], [], []
 
         def send(body):
             req = urllib.request.Request(a.url + "/v1/responses/input_tokens", data=body, method="POST",
@@ -582,9 +582,12 @@ def test_large_bodies_let_no_lease_lapse(tmp_path, redis):
             t.start()
         while any(t.is_alive() for t in senders):
             lowest.append(int(redis.cli("PTTL", f"potserve:s:{sid}:lease")))
+            work.append((metric(a, "potserve_input_work_running"), metric(a, "potserve_input_work_waiting")))
             time.sleep(0.02)
         assert answers == [400] * 6  # (longer than the window, once tokenized)
         assert min(lowest) > 0, sorted(lowest)[:5]  # (-2: the lease gone)
+        assert max(r for r, _ in work) == 2 and max(w for _, w in work) >= 2, work  # (half of libuv's 4 threads)
+        assert (metric(a, "potserve_input_work_running"), metric(a, "potserve_input_work_waiting")) == (0, 0)
         assert not [line for line in a.log_lines if "dropping it here" in line]
         assert get_ready(a, sid)["last_seq"] == 1
     finally:
