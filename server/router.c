@@ -630,7 +630,7 @@ void request_parse_json(request *r, void (*then)(request *r)) {
     request_work_input(r, body_parse_work, body_parsed, p);
 }
 
-static void dispatch_parsed(request *r) {
+void request_dispatch(request *r) {
     size_t none = 0;
     dispatch(r, NULL, &none);
 }
@@ -906,10 +906,17 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         if (admit(r) || check_length(r, limit)) return MHD_YES;
         if (body == BODY_NONE) return MHD_YES; /* dispatched at the next call */
         r->receiving_body = 1;
-        if (body == BODY_UPLOAD) dispatch(r, NULL, upload_data_size); /* headers only: set up */
+        if (body == BODY_UPLOAD) {
+            dispatch(r, NULL, upload_data_size); /* headers only: set up */
+            r->headers_again = r->suspended && !r->status && !r->pending;
+        }
         return MHD_YES;
     }
     r->first_call = 0;
+    if (r->headers_again && !r->pending) {
+        r->headers_again = 0;
+        if (!*upload_data_size) return MHD_YES; /* MHD's headers call once more, after the resume: not the end */
+    }
     if (!*upload_data_size) r->receiving_body = 0; /* MHD's last call for a request: its body is whole */
     if (r->pending) { /* a response prepared while suspended */
         struct MHD_Response *resp = r->pending;
@@ -938,7 +945,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         respond_error(r, &e);
         return MHD_YES;
     }
-    if (r->takes_json) request_parse_json(r, dispatch_parsed);
+    if (r->takes_json) request_parse_json(r, request_dispatch);
     else dispatch(r, NULL, upload_data_size);
     return MHD_YES;
 }

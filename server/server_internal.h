@@ -97,6 +97,9 @@ struct request {
        body (one queued there, headers only, makes libmicrohttpd 0.9.75 close the connection
        after it), queued on the next access call */
     int first_call;
+    /* suspended in MHD's headers call (an upload waiting for a takeover): once resumed without
+       an answer, MHD calls with no data again before the body, which is not the body's end */
+    int headers_again;
     struct MHD_Response *pending;
     int pending_status;
     int suspended;
@@ -112,6 +115,7 @@ struct request {
     int out_done;
     double last_write_ms;
     request *next_live; /* server's list of live requests */
+    request *next_waiting; /* a session's takeover_waiting */
 };
 
 void request_ref(request *r);
@@ -120,6 +124,9 @@ void request_unref(request *r);
  * come: off the loop when large, r waiting suspended), frees its text, then
  * calls then(r) on the loop unless the client has left. */
 void request_parse_json(request *r, void (*then)(request *r));
+/* Routes r again, as when its headers (and a JSON body) came: for a request
+ * that waited, suspended, for what its route needs. */
+void request_dispatch(request *r);
 /* r's parsed JSON body (a new reference), or NULL with e saying why (blank,
  * not JSON, not an object). */
 json_t *request_json(request *r, api_error *e);
@@ -192,6 +199,7 @@ struct session {
     int busy;                 /* an upload is in progress */
     /* read again at start (503 loading until done) or taken over from the shared store (409 session_busy) */
     enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING, RESTORE_TAKEOVER } restoring;
+    request *takeover_waiting;   /* requests dispatched again once its takeover ends (sessions.c) */
     int rebuilding;
     int deleted;
     int refs;

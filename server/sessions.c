@@ -1953,8 +1953,40 @@ static void session_busy_restoring(request *r, const char *id, const char *param
     respond_retry(r, &e, 1);
 }
 
+/* A request for a session taken over with an empty log (a new one: its
+ * replay takes moments) waits for it, suspended, rather than being answered
+ * 409: the first upload after creating a session in a cluster (curl does not
+ * retry a 409). Only the session routes wait: their handling starts at the
+ * lookup, so they are dispatched again as they came. */
+static int waits_for_takeover(const request *r, const session *ss) {
+    return !strncmp(r->route, "/v1/sessions/{id}", strlen("/v1/sessions/{id}")) && logged_bytes(ss) == 0;
+}
+
+static void wait_for_takeover(request *r, session *ss) {
+    request_ref(r); /* (suspended since its takeover began) */
+    r->next_waiting = ss->takeover_waiting;
+    ss->takeover_waiting = r;
+}
+
+/* The requests that waited for a takeover's end, dispatched again (those
+ * whose client is still there); an upload's body is read from now on. */
+static void takeover_waiters_go(request *w) {
+    while (w) {
+        request *r = w;
+        w = r->next_waiting;
+        r->next_waiting = NULL;
+        if (r->conn) {
+            request_dispatch(r);
+            if (r->up && !r->status && !r->pending) request_wake(r);
+        }
+        request_unref(r);
+    }
+}
+
 static void taken_over(server *s, doc_job *j) {
     session *ss = j->ss;
+    request *waiting = ss->takeover_waiting;
+    ss->takeover_waiting = NULL;
     ss->restoring = RESTORE_NONE;
     if (j->rc && !*j->feed_err && store_log_unreachable(ss->log) && !atomic_load(&s->abandon_replays)) {
         /* Redis did not answer the replay: the session is whole there, so it is
@@ -1965,9 +1997,11 @@ static void taken_over(server *s, doc_job *j) {
         ss->busy = 0;
         release_lease_later(s, ss->id, ss->token);
         session_drop(s, ss);
-        return finish_doc_job(j);
+        finish_doc_job(j);
+    } else {
+        restore_ended(j);
     }
-    restore_ended(j);
+    takeover_waiters_go(waiting);
 }
 
 /* A takeover's questions to the shared store (the session's meta, its lease,
@@ -2070,8 +2104,12 @@ static void takeover_answer(request *r, void *arg) {
             ss->restoring = RESTORE_NONE;
             ss->status = SESSION_FAILED;
             snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: the engine is stopping");
+            session_busy_restoring(r, t->id, t->param);
+        } else if (waits_for_takeover(r, ss)) {
+            wait_for_takeover(r, ss);
+        } else {
+            session_busy_restoring(r, t->id, t->param);
         }
-        session_busy_restoring(r, t->id, t->param);
     }
     free(t);
 }

@@ -4,6 +4,7 @@ replica's SIGKILL (another takes it over from the store), a paused replica's
 late write is refused by the fencing token, a session held by a live replica
 is answered 421 naming it and handed over when idle. The failover under
 load through nginx is tests/cluster/failover.py (make test-cluster)."""
+import json
 import random
 import signal
 import string
@@ -552,6 +553,43 @@ def test_a_stopping_replica_writes_its_snapshots_under_lease(tmp_path, redis):
         assert all(n > 0 for n in sizes), sizes
     finally:
         a.stop()
+
+
+def test_a_new_sessions_first_request_waits_for_its_takeover(tmp_path, redis):
+    """A session made through one replica is taken over by the first that is asked for it; that
+    request was answered 409 session_busy while the (empty) log was replayed, so a first upload
+    with curl, which does not retry a 409, failed. A new session's first request to a session
+    route now waits for the takeover (moments) and is answered as if the session had been there:
+    an upload with curl -T (a small file, and one of 2 MB that curl sends with Expect:
+    100-continue), a GET, and the text then read back. A question (not a session route) still
+    gets the 409 with Retry-After."""
+    import subprocess
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        small, large = tmp_path / "small.txt", tmp_path / "large.txt"
+        small.write_text(DOC)
+        large.write_text((DOC + "\n") * ((2 << 20) // len(DOC)) + DOC)
+        for doc in (small, large):
+            sid = a.request("POST", "/v1/sessions", {})[1]["id"]
+            out = subprocess.run(["curl", "-sS", "--fail-with-body", "-T", str(doc), "-H", "Content-Type: text/plain",
+                                  f"{b.url}/v1/sessions/{sid}/chunks?wait=false"], capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 0, (out.stdout, out.stderr)
+            took = json.loads(out.stdout)
+            assert took["chunk"]["seq"] == 1 and took["chunk"]["bytes"] == doc.stat().st_size, took
+            b.wait_log(f"took session {sid} over")
+            assert b.request("DELETE", f"/v1/sessions/{sid}")[0] == 200  # (its ingest would take minutes)
+        sid = a.request("POST", "/v1/sessions", {})[1]["id"]
+        st, body, _ = b.request("GET", f"/v1/sessions/{sid}")
+        assert st == 200 and body["status"] == "ready" and body["last_seq"] == 0, body
+        sid = a.request("POST", "/v1/sessions", {})[1]["id"]
+        st, body, h = b.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                                  "max_tokens": 2}, headers={"X-Session-Id": sid})
+        assert st == 409 and body["error"]["code"] == "session_busy" and h["Retry-After"] == "1", (st, body)
+    finally:
+        a.stop()
+        b.stop()
 
 
 def test_large_bodies_let_no_lease_lapse(tmp_path, redis):
