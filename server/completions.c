@@ -1799,7 +1799,9 @@ static void prompt_done(request *r, void *arg) {
     take_turn(s, g);
 }
 
-void route_generate(request *r, int chat) { start_generation(r, chat, NULL, NULL, 0); }
+void route_generate(request *r, int chat) {
+    if (!session_take_over_first(r)) start_generation(r, chat, NULL, NULL, 0);
+}
 
 void route_generate_responses(request *r, json_t *responses, json_t *history) {
     start_generation(r, 1, responses, history, 0);

@@ -614,6 +614,7 @@ static size_t named_in_body(request *r, char ***ids_out, int **by_item_out, int 
 }
 
 void route_responses(request *r) {
+    if (session_take_over_first(r)) return;
     char **ids = NULL;
     int *by_item = NULL, continued = 0;
     size_t n = store_is_shared(r->srv->st) ? named_in_body(r, &ids, &by_item, &continued) : 0;

@@ -228,6 +228,11 @@ session *session_find(server *s, const char *id, const api_key *k);
 /* The session id names for r's key, held here (a shared store: taken over
  * when free); NULL once r has been answered (404 with param, 421, 409, 503). */
 session *session_lookup(request *r, const char *id, const char *param);
+/* A question (chat, completions, responses) naming a session (X-Session-Id or
+ * the body's "session") that a shared store holds and this replica does not:
+ * taken over before the body is handled, so that, a new session's, r waits
+ * for it and is dispatched again (sessions.c). 1 when r waits or was answered. */
+int session_take_over_first(request *r);
 /* Shared store: renews the leases of the sessions held here; drops those lost,
  * hands idle ones over to a replica that asked for them. */
 void sessions_renew_leases(server *s);

@@ -1956,10 +1956,15 @@ static void session_busy_restoring(request *r, const char *id, const char *param
 /* A request for a session taken over with an empty log (a new one: its
  * replay takes moments) waits for it, suspended, rather than being answered
  * 409: the first upload after creating a session in a cluster (curl does not
- * retry a 409). Only the session routes wait: their handling starts at the
- * lookup, so they are dispatched again as they came. */
+ * retry a 409). Only routes whose handling starts at the lookup wait, to be
+ * dispatched again as they came: the session's own, and the questions, which
+ * take a session over before their body is handled (session_take_over_first). */
 static int waits_for_takeover(const request *r, const session *ss) {
-    return !strncmp(r->route, "/v1/sessions/{id}", strlen("/v1/sessions/{id}")) && logged_bytes(ss) == 0;
+    static const char *const routes[] = {"/v1/sessions/{id}", "/v1/chat/completions", "/v1/completions",
+                                         "/v1/responses", NULL}; /* (prefixes: the session's own routes too) */
+    for (const char *const *p = routes; *p; p++)
+        if (!strncmp(r->route, *p, strlen(*p))) return logged_bytes(ss) == 0;
+    return 0;
 }
 
 static void wait_for_takeover(request *r, session *ss) {
@@ -2131,6 +2136,16 @@ static void take_over(request *r, const char *id, const char *param) {
     snprintf(t->id, sizeof t->id, "%s", id);
     s->takeovers = t;
     request_work(r, WORK_POOL, takeover_ask, takeover_answer, t);
+}
+
+int session_take_over_first(request *r) {
+    server *s = r->srv;
+    if (!store_is_shared(s->st)) return 0;
+    const char *sid = r->conn ? MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id") : NULL;
+    if (!sid) sid = json_string_value(json_object_get(r->json, "session"));
+    if (!sid || !valid_session_id(sid) || session_find(s, sid, NULL)) return 0;
+    take_over(r, sid, "session");
+    return 1;
 }
 
 /* Shared store: whether this replica's lease on ss may have lapsed (no

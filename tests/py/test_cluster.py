@@ -561,8 +561,8 @@ def test_a_new_sessions_first_request_waits_for_its_takeover(tmp_path, redis):
     with curl, which does not retry a 409, failed. A new session's first request to a session
     route now waits for the takeover (moments) and is answered as if the session had been there:
     an upload with curl -T (a small file, and one of 2 MB that curl sends with Expect:
-    100-continue), a GET, and the text then read back. A question (not a session route) still
-    gets the 409 with Retry-After."""
+    100-continue), a GET, and questions (chat, completions, responses) naming it by header or
+    body."""
     import subprocess
     a = replica(tmp_path / "a", redis, "a").start()
     b = replica(tmp_path / "b", redis, "b").start()
@@ -583,10 +583,17 @@ def test_a_new_sessions_first_request_waits_for_its_takeover(tmp_path, redis):
         sid = a.request("POST", "/v1/sessions", {})[1]["id"]
         st, body, _ = b.request("GET", f"/v1/sessions/{sid}")
         assert st == 200 and body["status"] == "ready" and body["last_seq"] == 0, body
-        sid = a.request("POST", "/v1/sessions", {})[1]["id"]
-        st, body, h = b.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                                                                  "max_tokens": 2}, headers={"X-Session-Id": sid})
-        assert st == 409 and body["error"]["code"] == "session_busy" and h["Retry-After"] == "1", (st, body)
+        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        for path, body, headers in [("/v1/chat/completions", ask, "header"), ("/v1/chat/completions", ask, "body"),
+                                    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "header"),
+                                    ("/v1/responses", {"model": "x", "input": "Hi", "max_output_tokens": 16}, "body")]:
+            sid = a.request("POST", "/v1/sessions", {})[1]["id"]
+            named = {"headers": {"X-Session-Id": sid}} if headers == "header" else {}
+            st, got, _ = b.request("POST", path, body if named else dict(body, session=sid), **named)
+            assert st == 200 and got["session"] == sid, (path, headers, st, got)
+        sid = a.request("POST", "/v1/sessions", {})[1]["id"]  # (a body that is wrong: answered once it is taken)
+        st, got, _ = b.request("POST", "/v1/chat/completions", dict(ask, temperature=9), headers={"X-Session-Id": sid})
+        assert st == 400 and got["error"]["param"] == "temperature", got
     finally:
         a.stop()
         b.stop()
