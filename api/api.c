@@ -346,16 +346,18 @@ static int parse_messages(api_gen_request *r, api_error *e) {
     return 0;
 }
 
-/* The token ids of array a into a malloc'd array; 400 naming prompt[where]. */
-static int token_list(json_t *a, int32_t n_vocab, const char *where, int32_t **out, size_t *n, api_error *e) {
+/* The token ids of array a into a malloc'd array; 400 naming param (where: the
+ * element's path, for the message). */
+static int token_list(json_t *a, int32_t n_vocab, const char *param, const char *where, int32_t **out, size_t *n,
+                      api_error *e) {
     *n = json_array_size(a);
-    if (!*n) return api_fail(e, 400, "invalid_value", "prompt", "%s must not be empty", where);
+    if (!*n) return api_fail(e, 400, "invalid_value", param, "%s must not be empty", where);
     *out = malloc(*n * sizeof **out);
     if (!*out) return api_fail(e, 500, NULL, NULL, "out of memory");
     for (size_t i = 0; i < *n; i++) {
         json_t *t = json_array_get(a, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
-            return api_fail(e, 400, "invalid_value", "prompt", "%s[%zu] must be a token id in [0, %d)", where, i, n_vocab);
+            return api_fail(e, 400, "invalid_value", param, "%s[%zu] must be a token id in [0, %d)", where, i, n_vocab);
         (*out)[i] = (int32_t)json_integer_value(t);
     }
     return 0;
@@ -379,7 +381,7 @@ static int parse_batch(api_gen_request *r, json_t *p, int32_t n_vocab, api_error
         if (strings && json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)) {
             r->batch_texts[i] = json_string_value(v);
         } else if (!strings && json_is_array(v)) {
-            if (token_list(v, n_vocab, where, &r->batch_tokens[i], &r->batch_counts[i], e)) return -1;
+            if (token_list(v, n_vocab, "prompt", where, &r->batch_tokens[i], &r->batch_counts[i], e)) return -1;
         } else {
             return api_fail(e, 400, "invalid_value", "prompt", "%s must be a %s like the first prompt", where,
                             strings ? "string" : "token-id array");
@@ -409,7 +411,7 @@ static int parse_prompt(api_gen_request *r, int32_t n_vocab, api_error *e) {
     if (!json_is_array(p) || json_array_size(p) == 0)
         return api_fail(e, 400, "invalid_value", "prompt",
                         "prompt must be a string, an array of token ids, or a list of either");
-    return token_list(p, n_vocab, "prompt", &r->prompt_tokens, &r->n_prompt_tokens, e);
+    return token_list(p, n_vocab, "prompt", "prompt", &r->prompt_tokens, &r->n_prompt_tokens, e);
 }
 
 static int parse_stop(api_gen_request *r, api_error *e) {
@@ -622,6 +624,70 @@ int api_parse_detokenize(json_t *body, int32_t n_vocab, int32_t **tokens, size_t
         *tokens = NULL;
     }
     return rc;
+}
+
+/* One input of /v1/embeddings: a string (not empty, no NUL) or token ids. */
+static int embed_input(api_embed_request *q, size_t i, json_t *v, int strings, int32_t n_vocab, const char *where,
+                       api_error *e) {
+    if (strings && json_is_string(v)) {
+        if (!json_string_length(v)) return api_fail(e, 400, "invalid_value", "input", "%s must not be empty", where);
+        if (strlen(json_string_value(v)) != json_string_length(v))
+            return api_fail(e, 400, "invalid_value", "input", "%s must not contain NUL characters", where);
+        q->texts[i] = json_string_value(v);
+        return 0;
+    }
+    if (!strings && json_is_array(v)) return token_list(v, n_vocab, "input", where, &q->tokens[i], &q->counts[i], e);
+    return api_fail(e, 400, "invalid_type", "input", "%s must be a %s like the first input", where,
+                    strings ? "string" : "token-id array");
+}
+
+int api_parse_embeddings(json_t *body, int32_t n_vocab, int32_t n_embd, api_embed_request *q, api_error *e) {
+    memset(q, 0, sizeof *q);
+    if (!json_is_object(body)) return api_fail(e, 400, "invalid_json", NULL, "the body must be a JSON object");
+    q->root = json_incref(body);
+    json_t *in = json_object_get(body, "input");
+    const char *format = NULL;
+    int64_t dims = n_embd;
+    if (get_string(body, "encoding_format", &format, e) || get_int(body, "dimensions", 1, INT32_MAX, &dims, e))
+        return -1;
+    if (format && strcmp(format, "float") && strcmp(format, "base64"))
+        return api_fail(e, 400, "invalid_value", "encoding_format", "encoding_format must be \"float\" or \"base64\"");
+    q->base64 = format && !strcmp(format, "base64");
+    if (dims != n_embd)
+        return api_fail(e, 400, "unsupported_value", "dimensions",
+                        "this model's embeddings have %d dimensions; shortening them is not supported", n_embd);
+    if (!in || json_is_null(in)) return api_fail(e, 400, "missing_field", "input", "input is required");
+    /* a list of inputs, or one: a string or a token-id array */
+    int list = json_is_array(in) && json_array_size(in) &&
+               (json_is_string(json_array_get(in, 0)) || json_is_array(json_array_get(in, 0)));
+    if (!json_is_string(in) && !json_is_array(in))
+        return api_fail(e, 400, "invalid_type", "input",
+                        "input must be a string, an array of strings, an array of token ids, or a list of those");
+    q->n = list ? json_array_size(in) : 1;
+    if (q->n > API_MAX_EMBED_INPUTS)
+        return api_fail(e, 400, "invalid_value", "input", "input has at most %d items, not %zu", API_MAX_EMBED_INPUTS,
+                        q->n);
+    q->texts = calloc(q->n, sizeof *q->texts);
+    q->tokens = calloc(q->n, sizeof *q->tokens);
+    q->counts = calloc(q->n, sizeof *q->counts);
+    if (!q->texts || !q->tokens || !q->counts) return api_fail(e, 500, NULL, NULL, "out of memory");
+    if (!list) return embed_input(q, 0, in, json_is_string(in), n_vocab, "input", e);
+    int strings = json_is_string(json_array_get(in, 0));
+    for (size_t i = 0; i < q->n; i++) {
+        char where[32];
+        snprintf(where, sizeof where, "input[%zu]", i);
+        if (embed_input(q, i, json_array_get(in, i), strings, n_vocab, where, e)) return -1;
+    }
+    return 0;
+}
+
+void api_embed_request_free(api_embed_request *q) {
+    for (size_t i = 0; q->tokens && i < q->n; i++) free(q->tokens[i]);
+    free(q->tokens);
+    free(q->texts);
+    free(q->counts);
+    json_decref(q->root);
+    memset(q, 0, sizeof *q);
 }
 
 void api_random_id(char *out, size_t cap, const char *prefix) {

@@ -136,6 +136,23 @@ void api_gen_request_free(api_gen_request *r);
 int api_parse_tokenize(json_t *body, const char **content, int *add_special, json_t **root, api_error *e);
 int api_parse_detokenize(json_t *body, int32_t n_vocab, int32_t **tokens, size_t *n_tokens, api_error *e);
 
+/* /v1/embeddings: input is a string, an array of strings, an array of token
+ * ids, or an array of such arrays (one kind per request); texts[i] (pointing
+ * into root) or tokens[i] (counts[i] ids) for each of the n inputs. */
+enum { API_MAX_EMBED_INPUTS = 2048 };
+typedef struct api_embed_request {
+    json_t *root;
+    size_t n;
+    const char **texts; /* [n]: NULL for an input of token ids */
+    int32_t **tokens;   /* [n]: NULL for a text input */
+    size_t *counts;
+    int base64;         /* encoding_format "base64": little-endian float32s */
+} api_embed_request;
+/* 0, or -1 + a 400 naming the field (dimensions other than n_embd: 400
+ * unsupported_value). Free q with api_embed_request_free either way. */
+int api_parse_embeddings(json_t *body, int32_t n_vocab, int32_t n_embd, api_embed_request *q, api_error *e);
+void api_embed_request_free(api_embed_request *q);
+
 /* ---- structured outputs (schema.c) ------------------------------------------------- */
 
 /* Compiles a JSON Schema into a grammar (the subset schema.c lists); NULL +

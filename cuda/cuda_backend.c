@@ -327,6 +327,28 @@ static int32_t key_bucket(int32_t keys) {
     return b;
 }
 
+/* Adds the span's rows, final-normed, to its hidden_sum (xn holds T rows). */
+static int span_hidden_sum(cuda_backend *cb, backend_span *sp, int64_t t0, char *err, size_t errlen) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd;
+    float *rows = malloc((size_t)sp->n_tokens * (size_t)d * sizeof(float));
+    if (!rows) {
+        snprintf(err, errlen, "forward: out of memory for hidden states");
+        return -1;
+    }
+    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x) + t0 * d, cb->output_norm, sp->n_tokens, d, m->norm_eps, cb->stream));
+    CK(cudaMemcpyAsync(rows, cb->xn.p, (size_t)sp->n_tokens * (size_t)d * sizeof(float), cudaMemcpyDeviceToHost,
+                       cb->stream));
+    CK(cudaStreamSynchronize(cb->stream));
+    for (int64_t r = 0; r < sp->n_tokens; r++)
+        for (int64_t i = 0; i < d; i++) sp->hidden_sum[i] += rows[r * d + i];
+    free(rows);
+    return 0;
+fail:
+    free(rows);
+    return -1;
+}
+
 /* Decides what runs where (fp->sp filled) and the buffer sizes. */
 static void plan_forward(cuda_backend *cb, fwd_plan *fp, fwd_sizes *z) {
     const model *m = cb->m;
@@ -360,7 +382,7 @@ static void plan_forward(cuda_backend *cb, fwd_plan *fp, fwd_sizes *z) {
         if (sp->kv->original_positions) z->positions += (size_t)m->n_layer * m->n_head_kv * sp->kv->capacity;
         fp->T += sp->n_tokens;
         if (sp->n_tokens > z->max_q) z->max_q = sp->n_tokens;
-        labels |= sp->labels != NULL;
+        labels |= sp->labels != NULL || sp->hidden_sum != NULL; /* (both read rows after the body) */
     }
     fp->grid_splits = fp->n_batched ? cuda_attention_batch_splits(key_bucket(max_batched_keys)) : 1;
     size_t part = cuda_attention_batch_scratch_floats(fp->n_batched, m->n_head, m->head_dim, fp->grid_splits);
@@ -495,6 +517,7 @@ static int download_outputs(cuda_backend *cb, const fwd_plan *fp, char *err, siz
                 CK(cudaStreamSynchronize(cb->stream)); /* the logits buffer is reused */
             }
         }
+        if (sp->hidden_sum && span_hidden_sum(cb, sp, pl->t0, err, errlen)) return -1;
         if (sp->labels) {
             CK(dbuf_need(&cb->rows, LOGIT_ROWS * sizeof(int32_t)));
             CK(dbuf_need(&cb->labels, LOGIT_ROWS * sizeof(int32_t)));

@@ -88,6 +88,13 @@ int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, s
 int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,
                          size_t errlen);
 
+/* Embeddings of n token lists (each non-empty, at most the model's window)
+ * into out[n][n_embd]: the mean of each list's final-normed hidden states,
+ * scaled to length 1 (llama.cpp's pooling "mean", normalised). A pot of each
+ * list's length is held while they are read. 0 or -1 + err. */
+int engine_embed(engine *e, const int32_t *const *inputs, const size_t *lens, size_t n, float *out, char *err,
+                 size_t errlen);
+
 typedef struct engine_gen_params {
     sample_params sampling;
     int32_t max_tokens;          /* <= 0: until EOS or the context is full */

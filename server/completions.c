@@ -302,24 +302,11 @@ static void sse_send(request *r, json_t *j) {
 
 /* ---- engine thread -> loop ----------------------------------------------------------- */
 
-/* A suspended connection is not polled by MHD, so a client that leaves while
- * its non-streamed answer is generated goes unnoticed until the answer is
- * written. Peeking at the socket with each piece of text notices the close
- * (EOF) within one engine step. */
 static void client_left(generation *g);
 
 /* Whether what r's stream writes is read: by its client, or (a background
  * response's request) by the event log its followers read. */
 static int streams_to(const request *r) { return r->conn || r->bg; }
-
-static int client_gone(request *r) {
-    if (!r->conn) return !r->bg; /* (a background response has no client to leave) */
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 0;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
 
 /* Tool calls are parsed from the whole text, so a request that may call a
  * tool streams its answer only once it is complete. */
@@ -491,7 +478,7 @@ static void on_text_event(server *s, void *arg) {
     request *r = g->r;
     /* a half-closed client still reads: a stream's writes succeed, and only a look at the
        socket (EOF) tells it left; the engine stops at its next step */
-    if (!g->client_left && client_gone(r)) client_left(g);
+    if (!g->client_left && request_client_gone(r)) client_left(g);
     if (g->client_left) {
         free(ev);
         return;
@@ -846,12 +833,6 @@ static void responses_stream_end(generation *g) {
     responses_final(g, send_stream_end);
 }
 
-/* The 499 of a generation whose client left (a half-close counts as leaving). */
-static void client_closed_error(api_error *e, const char *what) {
-    api_fail(e, 499, "client_closed", NULL,
-             "the client closed its side of the connection (a half-close counts as leaving): %s was stopped", what);
-}
-
 static void finish_stream(generation *g) {
     request *r = g->r;
     if (g->client_left) { /* never an ending that reads as a whole answer */
@@ -1178,7 +1159,7 @@ static void take_turn(server *s, generation *g) {
  * its request_timeout passed; 0 when it can. */
 static int turn_lost(generation *g, api_error *e) {
     request *r = g->r;
-    if (client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
+    if (request_client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
     if (r->bg && atomic_load(&g->cancel)) /* a background response cancelled, or stopped by a drain */
         return api_fail(e, 503, "shutting_down", NULL, "stopped before its turn came"), 1;
     if (g->deadline_ms && monotonic_ms() > g->deadline_ms)
@@ -1225,7 +1206,7 @@ void generations_sweep(server *s) {
     /* a suspended connection is not polled: a client that left while its prompt was read through
        a temporary pot (or a recall prepared) is seen only by looking */
     for (request *r = s->live; r; r = r->next_live)
-        if (r->gen && r->suspended && !atomic_load(&r->gen->cancel) && client_gone(r)) client_left(r->gen);
+        if (r->gen && r->suspended && !atomic_load(&r->gen->cancel) && request_client_gone(r)) client_left(r->gen);
     for (generation **p = &s->answers_waiting, *prev = NULL; *p;) {
         generation *g = *p;
         api_error e;
@@ -1377,7 +1358,7 @@ static void reread_progress(server *s, void *user, uint64_t done, uint64_t total
     (void)s;
     generation *g = user;
     if (!g->req.stream) { /* suspended: a client that left is noticed only by looking (client_gone) */
-        if (client_gone(g->r)) client_left(g);
+        if (request_client_gone(g->r)) client_left(g);
         return;
     }
     if (!streams_to(g->r)) return;

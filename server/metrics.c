@@ -74,6 +74,8 @@ char *metrics_render(server *s) {
                     m->route_names[i], c, (long long)m->requests[i][c]);
     counter(&b, "potserve_tokens_ingested_total", "Document tokens read into pots from uploads.", "counter",
             (double)m->tokens_ingested);
+    counter(&b, "potserve_tokens_embedded_total", "Tokens read for /v1/embeddings.", "counter",
+            (double)m->tokens_embedded);
     counter(&b, "potserve_tokens_reread_total", "Document tokens read again into question-guided pots (re-reads).",
             "counter", (double)m->tokens_reread);
     counter(&b, "potserve_tokens_prompted_total", "Prompt tokens prefilled for generations.",

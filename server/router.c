@@ -2,6 +2,7 @@
  * line. Routing, authentication, rate limits, bounded JSON bodies, queued
  * and streamed (SSE) responses with suspend/resume, and the small endpoints
  * (health, models, metrics, tokenize). */
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,8 +110,27 @@ void respond_raw(request *r, int status, struct MHD_Response *resp) {
     queue(r, status, resp);
 }
 
-char *json_text(json_t *body, size_t *n) {
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+/* A suspended connection is not polled by MHD, so a client that leaves while
+ * its non-streamed answer is made goes unnoticed until the answer is written.
+ * Peeking at the socket notices the close (EOF). */
+int request_client_gone(request *r) {
+    if (!r->conn) return !r->bg; /* (a background response has no client to leave) */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void client_closed_error(api_error *e, const char *what) {
+    api_fail(e, 499, "client_closed", NULL,
+             "the client closed its side of the connection (a half-close counts as leaving): %s was stopped", what);
+}
+
+char *json_text(json_t *body, size_t *n) { return json_text_flags(body, JSON_COMPACT, n); }
+
+char *json_text_flags(json_t *body, size_t flags, size_t *n) {
+    char *text = body ? json_dumps(body, flags) : NULL;
     json_decref(body);
     *n = text ? strlen(text) : 0;
     char *t = text ? realloc(text, *n + 2) : NULL;
@@ -548,6 +568,7 @@ static const char *classify(const char *method, const char *url, enum body_kind 
             return *body = BODY_NONE, "/v1/conversations/{id}/items/{item_id}";
         *body = BODY_NONE;
     }
+    if (!strcmp(url, "/v1/embeddings")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/embeddings";
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
@@ -580,6 +601,7 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strncmp(rt, "/v1/responses/{id}", 18)) return route_response_id(r, r->url + strlen("/v1/responses/"));
     if (!strcmp(rt, "/v1/conversations")) return route_conversations(r);
     if (!strncmp(rt, "/v1/conversations/{id}", 22)) return route_conversation_id(r, r->url + strlen("/v1/conversations/"));
+    if (!strcmp(rt, "/v1/embeddings")) return post ? route_embeddings(r) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/tokenize")) return post ? route_tokens(r, 0) : respond_method_not_allowed(r, "POST");
     if (!strcmp(rt, "/detokenize")) return post ? route_tokens(r, 1) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/sessions", 12))

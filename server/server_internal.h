@@ -53,6 +53,7 @@ typedef struct metrics {
     int64_t requests[METRIC_ROUTES][6]; /* by status class: 1xx..5xx, index status/100 */
     int64_t tokens_ingested, tokens_prompted, tokens_generated, bytes_uploaded;
     int64_t tokens_reread; /* read again from sessions' logs for questions (reread.c) */
+    int64_t tokens_embedded; /* read for /v1/embeddings (embeddings.c) */
     int64_t compressions;
     double ingest_ms, decode_ms, compress_ms;
     int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */
@@ -137,6 +138,8 @@ void respond_json(request *r, int status, json_t *body);
 /* body as every JSON response sends it (compact, then a newline; NULL when out
  * of memory): made off the loop where it is large. Takes body. */
 char *json_text(json_t *body, size_t *n);
+/* json_text with json_dumps's flags (JSON_COMPACT and more). */
+char *json_text_flags(json_t *body, size_t flags, size_t *n);
 /* respond_json for json_text's text (takes it; NULL: out of memory). */
 void respond_json_text(request *r, int status, char *text, size_t n);
 void respond_error(request *r, const api_error *e);
@@ -146,6 +149,12 @@ void respond_retry(request *r, const api_error *e, int seconds);
 int request_reads(const request *r);
 /* 405 for r's method, with Allow listing the methods the route takes (e.g. "GET, POST"). */
 void respond_method_not_allowed(request *r, const char *allow);
+/* Whether r's client has left (a suspended request's socket peeked at; a
+ * background response's request never has one to leave). */
+int request_client_gone(request *r);
+/* The 499 of work stopped because its client left (a half-close counts as
+ * leaving): answering it resumes the connection, so MHD finds it closed. */
+void client_closed_error(api_error *e, const char *what);
 /* Resumes a suspended request so MHD calls the access handler again. */
 void request_wake(request *r);
 /* Suspends the connection while async work runs (call in the access handler). */
@@ -277,6 +286,9 @@ void route_generate_responses(request *r, json_t *responses, json_t *history);
 /* POST /v1/responses/input_tokens: as route_generate_responses, but answers the
  * prompt's token count ({"object": "response.input_tokens", "input_tokens"}). */
 void route_count_responses(request *r, json_t *responses, json_t *history);
+
+/* ---- embeddings (embeddings.c) --------------------------------------------------------- */
+void route_embeddings(request *r);
 
 /* ---- stored responses and conversations (stored.c) ---------------------------------- */
 /* Whether id can name a stored object (a store key is made of it). */

@@ -839,6 +839,16 @@ static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, b
     matmul(cb, output_of(cb), B->xb, sp->n_tokens, sp->logits, B);
 }
 
+/* Adds every row's final-normed hidden state to the span's hidden_sum. */
+static void span_hidden_sum(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
+    const model *m = cb->m;
+    int64_t d = m->n_embd;
+    for (int64_t r = 0; r < sp->n_tokens; r++) {
+        simd_rmsnorm(B->xb, x + r * d, m->output_norm, d, m->norm_eps);
+        for (int64_t i = 0; i < d; i++) sp->hidden_sum[i] += B->xb[i];
+    }
+}
+
 typedef struct logits_job {
     backend_span *spans;
     const int32_t *which; /* row i of `all` is span which[i]'s */
@@ -971,6 +981,7 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
         backend_span *sp = &spans[s];
         pot_append_done(sp->kv, sp->n_tokens);
         if (sp->logits_mode == BACKEND_LOGITS_ALL) span_logits_all(cb, sp, B.x + t0 * d, &B);
+        if (sp->hidden_sum) span_hidden_sum(cb, sp, B.x + t0 * d, &B);
         if (sp->labels && span_label_logprobs(cb, sp, B.x + t0 * d, &B)) rc = -1;
         t0 += sp->n_tokens;
     }

@@ -2,7 +2,8 @@
  * activations times dequantised weights) on the default model
  * (SmolLM2-135M, Q4_1): prefill logits of every row, a decode step on the
  * same pot, score rows (sum and max over a KV group), label
- * log-probabilities, partial attention, two spans in one batch, and the pot
+ * log-probabilities, partial attention, two spans in one batch (with their
+ * hidden-state sums, the embeddings' input), and the pot
  * pots held on the device through host-side changes (pot_compact on the
  * device, pot_truncate, pot_copy).
  * Under the emulator the kernels run on the CPU; on a GPU (make test-cuda)
@@ -217,23 +218,28 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     fprintf(stderr, "  e2e after pot_copy: logits %.2e [%.1f s]\n", d, now_s() - t_start);
     CHECK(d <= TOL_LOGITS);
 
-    /* 8. two spans (two pots) in one forward */
+    /* 8. two spans (two pots) in one forward, each also summing its hidden states (embeddings) */
     pot *qc = pot_new(m->n_layer, m->n_head_kv, m->head_dim, CAP, POT_F16, err, sizeof err);
     pot *qg = pot_new(m->n_layer, m->n_head_kv, m->head_dim, CAP, POT_F16, err, sizeof err);
     float *lc2 = malloc(V * sizeof(float)), *lg2 = malloc(V * sizeof(float));
+    size_t D = (size_t)m->n_embd;
+    float *hc = calloc(2 * D, sizeof(float)), *hg = calloc(2 * D, sizeof(float));
     backend_span bc[2] = {{.tokens = prompt + 11, .n_tokens = 1, .kv = pc, .logits_mode = BACKEND_LOGITS_LAST,
-                           .logits = lc},
+                           .logits = lc, .hidden_sum = hc},
                           {.tokens = prompt, .n_tokens = 6, .kv = qc, .logits_mode = BACKEND_LOGITS_LAST,
-                           .logits = lc2}};
+                           .logits = lc2, .hidden_sum = hc + D}};
     backend_span bg[2] = {bc[0], bc[1]};
-    bg[0].kv = pg, bg[0].logits = lg;
-    bg[1].kv = qg, bg[1].logits = lg2;
+    bg[0].kv = pg, bg[0].logits = lg, bg[0].hidden_sum = hg;
+    bg[1].kv = qg, bg[1].logits = lg2, bg[1].hidden_sum = hg + D;
     CHECK_EQ_INT(P.cpu->forward(P.cpu, bc, 2, err, sizeof err), 0);
     CHECK_EQ_INT(P.gpu->forward(P.gpu, bg, 2, err, sizeof err), 0);
     double d2 = fmax(rel_to_range(lg, lc, V), rel_to_range(lg2, lc2, V));
+    double dh = fmax(rel_to_range(hg, hc, D), rel_to_range(hg + D, hc + D, D));
     worst_logits = fmax(worst_logits, d2);
-    fprintf(stderr, "  e2e batch of two spans: logits %.2e [%.1f s]\n", d2, now_s() - t_start);
+    fprintf(stderr, "  e2e batch of two spans: logits %.2e, hidden sums %.2e [%.1f s]\n", d2, dh, now_s() - t_start);
     CHECK(d2 <= TOL_LOGITS_F16);
+    CHECK(dh <= TOL_LOGITS_F16);
+    CHECK(rel_to_range(hc, hc + D, D) > 0.01); /* (the sums are not alike by accident) */
     CHECK(cuda_backend_holds_pot(P.gpu, qg));
 
     /* a bad span is refused and leaves the pot alone */
@@ -248,7 +254,7 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     CHECK(!cuda_backend_holds_pot(P.gpu, pg));
     CHECK(tiny_pot_diff(pg, pc) <= TOL_POT); /* taken back to the host intact */
     pot_free(qc), pot_free(qg), pot_free(fresh), pot_free(pc), pot_free(pg);
-    free(lc), free(lg), free(lc2), free(lg2), free(sc), free(sg), free(keep), free(att);
+    free(lc), free(lg), free(lc2), free(lg2), free(hc), free(hg), free(sc), free(sg), free(keep), free(att);
 done_model:
     if (P.gpu) P.gpu->free(P.gpu);
     if (P.cpu) P.cpu->free(P.cpu);

@@ -560,7 +560,7 @@ class Pool:
 def gen_json_route(rng, pool):
     sid = pool.pick(rng)
     route = rng.choice(["create", "chat", "completions", "tokenize", "detokenize", "chunk_json", "responses",
-                        "response_id", "conversations"])
+                        "response_id", "conversations", "embeddings"])
     prev = rng.choice(pool.responses + ["resp_none0", "x" * 300, "%00", "../x"]) if pool.responses else None
     if route == "responses":
         path = rng.choice(["/v1/responses", "/v1/responses", "/v1/responses/input_tokens"])
@@ -595,6 +595,10 @@ def gen_json_route(rng, pool):
         r = build(rng, "json", "POST", "/tokenize", json_body(rng, {"content": "Hello world", "add_special": True}))
     elif route == "detokenize":
         r = build(rng, "json", "POST", "/detokenize", json_body(rng, {"tokens": [1, 2, 300, 49151]}))
+    elif route == "embeddings":
+        inp = rng.choice(["Hello world", ["a", "b c"], [1, 2, 300], [[1, 2], [49151]], ["x" * 2000] * 3])
+        r = build(rng, "json", "POST", "/v1/embeddings",
+                  json_body(rng, {"input": inp, "encoding_format": rng.choice(["float", "base64"]), "dimensions": 576}))
     else:
         body = json_body(rng, {"text": doc_text(rng), "seq": rng.choice([1, 2, 3]), "final": False})
         r = build(rng, "json", "POST", f"/v1/sessions/{sid or 'sess_none0'}/chunks", body)
@@ -643,7 +647,7 @@ TARGETS = ["/health", "/metrics", "/openapi.json", "/v1/models", "/v1/models/x",
            "/v1/sessions/{sid}", "/v1/sessions/{sid}/", "/v1/sessions/{sid}/chunks", "/v1/sessions/{sid}/retention",
            "/v1/sessions/{sid}/retention?bins=0", "/v1/sessions/{sid}/retention?bins=99999",
            "/v1/sessions/{sid}/retention?bins=3", "/v1/sessions/{sid}/retention?bins=-1&bins=2",
-           "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/", "*", "", "//health",
+           "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize", "/", "*", "", "//health",
            "/health?x=1", "/v1/sessions/sess_%00abc", "/v1/sessions/sess_" + "A" * 100, "/v1/sessions/../../etc",
            "/v1/sessions/{sid}/chunks/../..", "http://127.0.0.1/health", "/%ff%fe", "/" + "a" * 9000,
            "/v1/sessions/{sid}?%zz", "/v1/sessions/{sid}/chunks?seq=%31"]

@@ -4,7 +4,7 @@ weights dequantised by the `gguf` package: the plain-math reference that the
 CPU backend must equal (before any activation quantisation).
 
     numpy_forward.py MODEL IDS   -> prints the last-position logits' argmax
-    (import: logits(path, ids) -> np.ndarray)
+    (import: logits(path, ids) -> np.ndarray; hidden(), embedding())
 """
 import sys
 
@@ -100,7 +100,8 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def logits(path, ids, model=None):
+def hidden(path, ids, model=None):
+    """Every position's final-normed hidden state (what the LM head reads), [T][n_embd]."""
     hp, w = model or load(path)
     arch = hp["arch"]
     neox = arch in ARCH_NEOX
@@ -158,8 +159,20 @@ def logits(path, ids, model=None):
         if p + "post_ffw_norm.weight" in w:
             ffn = norm(ffn, w[p + "post_ffw_norm.weight"])
         x = x + ffn
+    return norm(x, w["output_norm.weight"])
+
+
+def logits(path, ids, model=None):
+    hp, w = model or load(path)
     out_w = w.get("output.weight", w["token_embd.weight"])
-    return norm(x[-1], w["output_norm.weight"]) @ out_w.T
+    return hidden(path, ids, (hp, w))[-1] @ out_w.T
+
+
+def embedding(path, ids, model=None):
+    """The mean of the final-normed hidden states, scaled to length 1 (llama.cpp's pooling
+    "mean", normalised)."""
+    v = hidden(path, ids, model).mean(0)
+    return v / np.linalg.norm(v)
 
 
 if __name__ == "__main__":
