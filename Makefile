@@ -438,7 +438,7 @@ test-reference: all model fixtures
 	@failed=""; run() { echo "$$*"; "$$@" || failed="$$failed\n  $$*"; }; \
 	run $(VPY) tests/reference/record_logits.py $(MODEL) tests/fixtures/ref_logits.npz --check; \
 	run $(VPY) tests/reference/record_tiny_logits.py $(BUILD)/fixtures tests/fixtures/ref_tiny_logits.npz --check; \
-	run $(VPY) tests/reference/record_embeddings.py $(MODEL) tests/fixtures/ref_embeddings.npz --check; \
+	run $(VPY) tests/reference/record_embeddings.py $(MODEL) tests/fixtures/ref_embeddings.npz --fixtures $(BUILD)/fixtures --check; \
 	run $(VPY) tests/reference/record_tokens.py --check; \
 	run $(VPY) tests/reference/record_chat.py --check; \
 	if [ -f $(GEMMA3) ]; then run $(VPY) tests/reference/record_gemma3.py $(GEMMA3) tests/fixtures/ref_gemma3_270m.json --check; fi; \

@@ -5,6 +5,7 @@
  * software conversion was a fifth of decode time). */
 #include "cache.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,9 +31,15 @@ __attribute__((target("f16c,avx"))) static void f32_to_f16_f16c(const float *src
 }
 
 static int have_f16c(void) {
-    static int known = -1; /* benign race: every thread computes the same answer */
-    if (known < 0) known = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-    return known;
+    /* every thread computes the same answer; atomic so that two first calls at once (two
+       spans stored in parallel by a process's first forward) are no data race */
+    static atomic_int known = -1;
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k < 0) {
+        k = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k;
 }
 #endif
 

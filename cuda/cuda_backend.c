@@ -327,20 +327,20 @@ static int32_t key_bucket(int32_t keys) {
     return b;
 }
 
-/* Adds the span's rows, final-normed, to its hidden_sum (xn holds T rows). */
+/* Adds the span's chosen rows, final-normed, to its hidden_sum (xn holds T rows). */
 static int span_hidden_sum(cuda_backend *cb, backend_span *sp, int64_t t0, char *err, size_t errlen) {
     const model *m = cb->m;
-    int64_t d = m->n_embd;
-    float *rows = malloc((size_t)sp->n_tokens * (size_t)d * sizeof(float));
+    int64_t d = m->n_embd, n = sp->n_hidden_rows;
+    float *rows = malloc((size_t)n * (size_t)d * sizeof(float));
     if (!rows) {
         snprintf(err, errlen, "forward: out of memory for hidden states");
         return -1;
     }
-    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x) + t0 * d, cb->output_norm, sp->n_tokens, d, m->norm_eps, cb->stream));
-    CK(cudaMemcpyAsync(rows, cb->xn.p, (size_t)sp->n_tokens * (size_t)d * sizeof(float), cudaMemcpyDeviceToHost,
-                       cb->stream));
+    CK(cuda_rmsnorm_f32(F(cb->xn), F(cb->x) + (t0 + sp->hidden_row0) * d, cb->output_norm, n, d, m->norm_eps,
+                        cb->stream));
+    CK(cudaMemcpyAsync(rows, cb->xn.p, (size_t)n * (size_t)d * sizeof(float), cudaMemcpyDeviceToHost, cb->stream));
     CK(cudaStreamSynchronize(cb->stream));
-    for (int64_t r = 0; r < sp->n_tokens; r++)
+    for (int64_t r = 0; r < n; r++)
         for (int64_t i = 0; i < d; i++) sp->hidden_sum[i] += rows[r * d + i];
     free(rows);
     return 0;

@@ -66,6 +66,11 @@ int backend_check_spans(const struct model *m, const backend_span *spans, int32_
             snprintf(err, errlen, "forward: score rows lie outside span %d", s);
             return -1;
         }
+        if (sp->hidden_sum && (sp->hidden_row0 < 0 || sp->n_hidden_rows < 0 ||
+                               sp->hidden_row0 + sp->n_hidden_rows > sp->n_tokens)) {
+            snprintf(err, errlen, "forward: hidden-state rows lie outside span %d", s);
+            return -1;
+        }
         if (sp->attend_slots) {
             if (sp->scores || sp->n_attend < 0 || sp->n_attend > p->n) {
                 snprintf(err, errlen, "forward: span %d: bad partial attention (%d of %d slots%s)", s,

@@ -30,9 +30,11 @@ typedef struct backend_span {
                 positions); kv->n advances; needs kv->capacity >= kv->n + n_tokens */
     enum backend_logits logits_mode;
     float *logits; /* [1 or n_tokens][n_vocab], written when logits_mode != NONE */
-    /* When non-NULL, every row's final-normed hidden state (what the LM head
-     * reads) is added to hidden_sum[n_embd]: mean-pooled embeddings. */
+    /* When non-NULL, the final-normed hidden states (what the LM head reads)
+     * of rows [hidden_row0, hidden_row0 + n_hidden_rows) are added to
+     * hidden_sum[n_embd]: pooled embeddings. */
     float *hidden_sum;
+    int32_t hidden_row0, n_hidden_rows;
     /* Attention scores, when scores != NULL: for query rows [score_row0,
      * score_row0 + n_score_rows) of this span, the softmax probabilities over
      * every key (pot slots, then this span's tokens: n_keys = kv->n before the

@@ -89,6 +89,7 @@ void engine_get_info(const engine *e, engine_info *info) {
     info->quant = quant_type_name(m->main_type);
     info->tokenizer = tokenizer_model_name(m->tok);
     info->chat_family = m->chat.family == CHAT_UNKNOWN ? "unrecognised" : chat_family_name(m->chat.family);
+    info->pooling = m->pooling == POOLING_CLS ? "cls" : m->pooling == POOLING_LAST ? "last" : "mean";
     info->n_layer = m->n_layer;
     info->n_embd = m->n_embd;
     info->n_ff = m->n_ff;

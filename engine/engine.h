@@ -45,6 +45,7 @@ void engine_close(engine *e);
 
 typedef struct engine_info {
     const char *arch, *name, *quant, *tokenizer, *chat_family; /* owned by the engine */
+    const char *pooling;             /* how engine_embed pools: "mean", "cls", "last" */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     float rope_base, norm_eps;
     const char *rope_scaling;        /* "none", "linear", "yarn", "llama3" */
@@ -89,8 +90,9 @@ int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logi
                          size_t errlen);
 
 /* Embeddings of n token lists (each non-empty, at most the model's window)
- * into out[n][n_embd]: the mean of each list's final-normed hidden states,
- * scaled to length 1 (llama.cpp's pooling "mean", normalised). A pot of each
+ * into out[n][n_embd]: each list's final-normed hidden states pooled as the
+ * model says (engine_info.pooling: their mean, or the first or the last
+ * token's), scaled to length 1, as llama.cpp computes them. A pot of each
  * list's length is held while they are read. 0 or -1 + err. */
 int engine_embed(engine *e, const int32_t *const *inputs, const size_t *lens, size_t n, float *out, char *err,
                  size_t errlen);

@@ -319,6 +319,9 @@ static int load_hparams(loader *L) {
     if (gguf_get_f64(m->file, key, &v)) return lfail(L, "model: missing %s", key);
     m->norm_eps = (float)v;
     if (!(m->norm_eps > 0) || m->norm_eps > 1) return lfail(L, "model: invalid rms epsilon %g", m->norm_eps);
+    int32_t pooling = 0;
+    if (get_hparam(L, "pooling_type", 0, 0, 4, &pooling)) return -1;
+    m->pooling = pooling == 2 ? POOLING_CLS : pooling == 3 ? POOLING_LAST : POOLING_MEAN;
     model_set_llama_defaults(m); /* then what the file says otherwise */
     if (load_rope(L)) return -1;
     m->rope_base = m->rope[0].base;

@@ -19,6 +19,12 @@ enum rope_layout { ROPE_PAIRS_ADJACENT = 0, ROPE_PAIRS_HALVES = 1 };
  * the model fields below say so (QK-norm, extra norms, fused matrices). */
 enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_PHI3 };
 
+/* How an embedding pools an input's final hidden states: the GGUF's
+ * {arch}.pooling_type, as llama.cpp reads it (1 mean, 2 cls: the first
+ * token's, 3 last: the last token's, as Qwen3-Embedding's files say); a
+ * file without one (a chat model), or with none (0) or rank (4): mean. */
+enum model_pooling { POOLING_MEAN = 0, POOLING_CLS = 1, POOLING_LAST = 2 };
+
 /* The FFN's gate activation: SwiGLU's SiLU, or GELU (tanh form) for gemma3. */
 enum ffn_act { FFN_SILU = 0, FFN_GELU_TANH = 1 };
 
@@ -68,6 +74,7 @@ typedef struct model {
     enum rope_layout rope_layout;
     enum model_arch arch_id;
     enum ffn_act ffn_act;
+    enum model_pooling pooling;
     rope_params rope[2];         /* [0] every layer's, [1] gemma3's sliding layers' */
     int32_t n_rope;
     char rope_scaling[16];       /* "none", "linear", "yarn", "llama3" (rope_freqs), for `info` */

@@ -357,12 +357,13 @@ static void route_health(request *r) {
 static void route_models(request *r) {
     server *s = r->srv;
     engine_info *in = &s->info;
-    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:s, s:I, s:s, s:s}}", "id",
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:s, s:I, s:s, s:s, s:i, s:s}}", "id",
                           s->model_id, "object", "model", "created", (json_int_t)s->started,
                           "owned_by", "potserve", "meta", "context_length", in->n_ctx_train,
                           "vocab_size", in->n_vocab, "quantization", in->quant ? in->quant : "",
                           "parameters", (json_int_t)in->n_params, "architecture",
-                          in->arch ? in->arch : "", "chat_template", in->chat_family ? in->chat_family : "");
+                          in->arch ? in->arch : "", "chat_template", in->chat_family ? in->chat_family : "",
+                          "embedding_length", in->n_embd, "embedding_pooling", in->pooling);
     const char *id = r->url + strlen("/v1/models");
     if (*id == '/') {
         if (strcmp(id + 1, s->model_id)) {

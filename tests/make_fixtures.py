@@ -594,6 +594,12 @@ def write_tiny_families(out):
                 name="tiny fused-qkv model")
     write_model(os.path.join(out, "tiny_phi3_q4_0.gguf"), arch="phi3", fused=True, qtype=T.Q4_0, seed=7172,
                 name="tiny fused-qkv model, q4_0")
+    # embedding models: pooled by the last token, with EOS appended (as Qwen3-Embedding's files
+    # say), and by the first; /v1/embeddings reads pooling_type (not tiny_*: no logits recording)
+    write_model(os.path.join(out, "embed_qwen3_last.gguf"), arch="qwen3", head_dim=32, qk_norm=True,
+                rope_base=1000000.0, seed=5153,
+                keys={"add_pooling_type": gguf.PoolingType.LAST, "add_add_eos_token": True})
+    write_model(os.path.join(out, "embed_llama_cls.gguf"), seed=5154, keys={"add_pooling_type": gguf.PoolingType.CLS})
     # llama RoPE scaling: linear, YaRN (original context 64), llama3's rope_freqs
     write_model(os.path.join(out, "tiny_llama_rope_linear.gguf"), seed=8181,
                 keys={"add_rope_scaling_type": gguf.RopeScalingType.LINEAR, "add_rope_scaling_factor": 4.0})

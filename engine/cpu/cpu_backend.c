@@ -839,11 +839,11 @@ static void span_logits_all(cpu_backend *cb, backend_span *sp, const float *x, b
     matmul(cb, output_of(cb), B->xb, sp->n_tokens, sp->logits, B);
 }
 
-/* Adds every row's final-normed hidden state to the span's hidden_sum. */
+/* Adds the chosen rows' final-normed hidden states to the span's hidden_sum. */
 static void span_hidden_sum(cpu_backend *cb, backend_span *sp, const float *x, buffers *B) {
     const model *m = cb->m;
     int64_t d = m->n_embd;
-    for (int64_t r = 0; r < sp->n_tokens; r++) {
+    for (int64_t r = sp->hidden_row0; r < sp->hidden_row0 + sp->n_hidden_rows; r++) {
         simd_rmsnorm(B->xb, x + r * d, m->output_norm, d, m->norm_eps);
         for (int64_t i = 0; i < d; i++) sp->hidden_sum[i] += B->xb[i];
     }

@@ -218,16 +218,16 @@ TEST(cuda_backend_matches_cpu_end_to_end) {
     fprintf(stderr, "  e2e after pot_copy: logits %.2e [%.1f s]\n", d, now_s() - t_start);
     CHECK(d <= TOL_LOGITS);
 
-    /* 8. two spans (two pots) in one forward, each also summing its hidden states (embeddings) */
+    /* 8. two spans (two pots) in one forward, each also summing hidden states (embeddings; rows 2..5 of the second) */
     pot *qc = pot_new(m->n_layer, m->n_head_kv, m->head_dim, CAP, POT_F16, err, sizeof err);
     pot *qg = pot_new(m->n_layer, m->n_head_kv, m->head_dim, CAP, POT_F16, err, sizeof err);
     float *lc2 = malloc(V * sizeof(float)), *lg2 = malloc(V * sizeof(float));
     size_t D = (size_t)m->n_embd;
     float *hc = calloc(2 * D, sizeof(float)), *hg = calloc(2 * D, sizeof(float));
     backend_span bc[2] = {{.tokens = prompt + 11, .n_tokens = 1, .kv = pc, .logits_mode = BACKEND_LOGITS_LAST,
-                           .logits = lc, .hidden_sum = hc},
+                           .logits = lc, .hidden_sum = hc, .n_hidden_rows = 1},
                           {.tokens = prompt, .n_tokens = 6, .kv = qc, .logits_mode = BACKEND_LOGITS_LAST,
-                           .logits = lc2, .hidden_sum = hc + D}};
+                           .logits = lc2, .hidden_sum = hc + D, .hidden_row0 = 2, .n_hidden_rows = 4}};
     backend_span bg[2] = {bc[0], bc[1]};
     bg[0].kv = pg, bg[0].logits = lg, bg[0].hidden_sum = hg;
     bg[1].kv = qg, bg[1].logits = lg2, bg[1].hidden_sum = hg + D;

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from conftest import REF, ROOT
-from server_util import openai_client, serve
+from server_util import Server, openai_client, serve
 
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 import record_embeddings  # noqa: E402  (the texts the fixture was recorded from)
@@ -167,15 +167,56 @@ def test_work_stops_when_the_client_leaves(srv, client):
            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     t0 = metric(srv, "potserve_tokens_embedded_total")
     sock = socket.create_connection(("127.0.0.1", srv.port))
+    start = time.time()
     sock.sendall(req)
-    deadline = time.time() + 60
+    deadline = start + 60
     while time.time() < deadline and metric(srv, "potserve_tokens_embedded_total") < t0 + 2000:
         time.sleep(0.1)
     assert metric(srv, "potserve_tokens_embedded_total") >= t0 + 2000  # it is reading
+    group_s = (time.time() - start) / 2  # (two groups of about 1,000 tokens, and the tokenizing)
     sock.close()
-    time.sleep(2.0)  # a group or two more at most
-    stopped = metric(srv, "potserve_tokens_embedded_total")
-    time.sleep(2.0)
+    stopped, deadline = None, time.time() + 60  # the group under way ends; then nothing more
+    while time.time() < deadline:
+        time.sleep(max(1.0, 3 * group_s))
+        now = metric(srv, "potserve_tokens_embedded_total")
+        if now == stopped:
+            break
+        stopped = now
     assert metric(srv, "potserve_tokens_embedded_total") == stopped
     assert stopped - t0 < 60000  # far from the 200K asked for
     assert client.embeddings.create(model="x", input="hello").data[0].embedding
+
+
+# ---- models that say how to pool: the tiny embedding fixtures of tests/make_fixtures.py -------
+
+@pytest.mark.parametrize("name,pooling", [("embed_qwen3_last", "last"), ("embed_llama_cls", "cls")])
+def test_a_models_pooling_type_is_followed(tmp_path, fixtures, ref, name, pooling):
+    """A file with pooling_type last (EOS appended, as Qwen3-Embedding's say) or cls: each
+    input's vector is that token's hidden state, as llama.cpp's and the float64 forward's."""
+    import numpy_forward
+    path = fixtures / f"{name}.gguf"
+    srv = Server(tmp_path / "data", "--model", path).start()
+    try:
+        st, models, _ = srv.request("GET", "/v1/models")
+        assert models["data"][0]["meta"]["embedding_pooling"] == pooling
+        texts = record_embeddings.FIXTURE_TEXTS
+        ours = vectors(embed(srv, texts))
+        weights = numpy_forward.load(str(path))
+        for i, text in enumerate(texts):
+            ids = ref[f"{name}_ids_{i}"].tolist()
+            st, tok, _ = srv.request("POST", "/tokenize", {"content": text, "add_special": True})
+            assert tok["tokens"] == ids
+            hidden = numpy_forward.hidden(str(path), ids, weights)
+            row = hidden[-1] if pooling == "last" else hidden[0]
+            want, mean = row / np.linalg.norm(row), numpy_forward.embedding(None, ids, weights)
+            assert ours[i] @ ref[f"{name}_embedding_{i}"] >= 0.9999, (text, ours[i] @ ref[f"{name}_embedding_{i}"])
+            assert ours[i] @ want >= 0.9999
+            if len(ids) > 1:
+                assert ours[i] @ mean < 0.99  # (pooled otherwise, it would not be that row)
+        # three inputs of 200 tokens: the third is read in two forwards (512 tokens each at most)
+        long = [[(k * 7 + j) % 299 for k in range(200)] for j in range(3)]
+        together = vectors(embed(srv, long))
+        for j in range(3):
+            np.testing.assert_allclose(together[j], vectors(embed(srv, [long[j]]))[0], atol=1e-5)
+    finally:
+        assert srv.stop() == 0
