@@ -96,6 +96,17 @@ int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logi
  * list's length is held while they are read. 0 or -1 + err. */
 int engine_embed(engine *e, const int32_t *const *inputs, const size_t *lens, size_t n, float *out, char *err,
                  size_t errlen);
+/* engine_embed one forward at a time (at most 512 tokens of the inputs), so
+ * that other work can run between steps: new (the arrays must outlive it; out
+ * zeroed; NULL + err for an empty or too long input), then step until it
+ * returns 0 (every embedding written; 1: more to read, *tokens: read by this
+ * step; -1 + err), then free. Each input's pot is held from its first piece
+ * to its last. */
+typedef struct engine_embedder engine_embedder;
+engine_embedder *engine_embedder_new(engine *e, const int32_t *const *inputs, const size_t *lens, size_t n,
+                                     float *out, char *err, size_t errlen);
+int engine_embedder_step(engine_embedder *x, int64_t *tokens, char *err, size_t errlen);
+void engine_embedder_free(engine_embedder *x);
 
 typedef struct engine_gen_params {
     sample_params sampling;

@@ -1,15 +1,16 @@
 /* POST /v1/embeddings: OpenAI's embeddings request and response. Inputs are
  * tokenized (off the loop when the body is large), then read on the engine
- * thread a group at a time (engine_embed: mean-pooled, normalised), so that
- * generations take a step between groups; a client that leaves stops the
- * work at the next group. The answer's text is made off the loop. */
+ * thread by engine tasks of about EMBED_TASK_TOKENS tokens each
+ * (engine_embedder), so that generations and ingests take their turns in
+ * between; a client that leaves stops the work after the task under way.
+ * The answer's text is made off the loop. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
 #include "server_internal.h"
 
-enum { EMBED_GROUP_TOKENS = 1024 }; /* tokens read in one engine task (a longer input alone) */
+enum { EMBED_TASK_TOKENS = 1024 }; /* tokens read in one engine task: then the engine's other work */
 
 typedef struct embed_job {
     server *srv;
@@ -18,9 +19,11 @@ typedef struct embed_job {
     int32_t **ids;  /* [n]: each input's token ids (q's own, or tokenized here) */
     size_t *lens;
     float *vecs;    /* [n][n_embd] */
-    size_t next, end; /* the inputs of the engine task under way: [next, end) */
-    int64_t tokens;
-    int rc;
+    engine_embedder *x; /* on the engine thread */
+    int64_t tokens;     /* of all inputs */
+    int64_t task_tokens; /* read by the last engine task */
+    int rc;             /* of the last step: 1 more to read, 0 done, -1 failed (err) */
+    int stop;           /* the next task frees the embedder, and the job is done */
     char err[256];
     char *text;     /* the answer */
     size_t len;
@@ -28,6 +31,7 @@ typedef struct embed_job {
 } embed_job;
 
 static void embed_job_free(embed_job *j) {
+    engine_embedder_free(j->x);
     for (size_t i = 0; j->ids && i < j->q.n; i++)
         if (j->q.texts[i]) free(j->ids[i]);
     free(j->ids);
@@ -143,25 +147,33 @@ static void embed_answered(request *r, void *arg) {
     embed_job_free(j);
 }
 
-static void embed_next_group(embed_job *j);
+static void embed_submit(embed_job *j);
 
-static void embed_group_back(server *s, void *arg) {
+/* The loop, after each engine task: answer, stop, or read on. */
+static void embed_task_back(server *s, void *arg) {
     embed_job *j = arg;
     request *r = j->r;
-    for (size_t i = j->next; !j->rc && i < j->end; i++) s->m.tokens_embedded += (int64_t)j->lens[i];
-    if (!r->conn) {
+    s->m.tokens_embedded += j->task_tokens;
+    if (j->stop) { /* the embedder is freed: nothing more to do */
         embed_job_free(j);
-    } else if (request_client_gone(r)) { /* stopped here; the answer lets MHD see the close */
-        client_closed_error(&j->e, "reading the inputs");
-        r->close_conn = 1;
-        respond_error(r, &j->e);
-        embed_job_free(j);
-    } else if (j->rc) {
+    } else if (!r->conn || request_client_gone(r)) {
+        if (r->conn) { /* the answer lets MHD see the close */
+            client_closed_error(&j->e, "reading the inputs");
+            r->close_conn = 1;
+            respond_error(r, &j->e);
+        }
+        if (j->x) { /* its pots are freed on the engine thread */
+            j->stop = 1;
+            embed_submit(j);
+        } else {
+            embed_job_free(j);
+        }
+    } else if (j->rc < 0) {
         api_fail(&j->e, 500, NULL, NULL, "embedding failed: %s", j->err);
         respond_error(r, &j->e);
         embed_job_free(j);
-    } else if ((j->next = j->end) < j->q.n) {
-        embed_next_group(j);
+    } else if (j->rc > 0) {
+        embed_submit(j);
     } else {
         request_work(r, j->q.n * (size_t)s->info.n_embd > 64 * 1024 ? WORK_POOL : WORK_HERE, embed_answer,
                      embed_answered, j);
@@ -169,24 +181,36 @@ static void embed_group_back(server *s, void *arg) {
     request_unref(r);
 }
 
-static void embed_group_task(engine *e, void *arg) {
+/* Engine thread: reads on for about EMBED_TASK_TOKENS tokens (or frees the
+ * embedder when told to stop, or when it is done). */
+static void embed_task(engine *e, void *arg) {
     embed_job *j = arg;
-    j->rc = engine_embed(e, (const int32_t *const *)j->ids + j->next, j->lens + j->next, j->end - j->next,
-                         j->vecs + j->next * (size_t)j->srv->info.n_embd, j->err, sizeof j->err);
-    srv_post(j->srv, embed_group_back, j);
+    j->task_tokens = 0;
+    if (!j->stop && !j->x &&
+        !(j->x = engine_embedder_new(e, (const int32_t *const *)j->ids, j->lens, j->q.n, j->vecs, j->err,
+                                     sizeof j->err)))
+        j->rc = -1;
+    while (!j->stop && j->x && j->task_tokens < EMBED_TASK_TOKENS) {
+        int64_t n = 0;
+        j->rc = engine_embedder_step(j->x, &n, j->err, sizeof j->err);
+        j->task_tokens += n;
+        if (j->rc != 1) break;
+    }
+    if (j->stop || j->rc != 1) {
+        engine_embedder_free(j->x);
+        j->x = NULL;
+    }
+    srv_post(j->srv, embed_task_back, j);
 }
 
-/* Reads the next inputs, up to EMBED_GROUP_TOKENS of them, on the engine thread. */
-static void embed_next_group(embed_job *j) {
-    size_t sum = 0;
-    j->end = j->next;
-    while (j->end < j->q.n && (j->end == j->next || sum + j->lens[j->end] <= EMBED_GROUP_TOKENS))
-        sum += j->lens[j->end++];
+static void embed_submit(embed_job *j) {
     request_ref(j->r);
-    request_suspend(j->r);
-    if (srv_task(j->srv, NULL, embed_group_task, j)) {
-        api_fail(&j->e, 503, "unavailable", NULL, "the server is shutting down");
-        respond_error(j->r, &j->e);
+    if (!j->stop) request_suspend(j->r); /* (a stopping job's request has its answer) */
+    if (srv_task(j->srv, NULL, embed_task, j)) { /* the engine is stopping */
+        if (!j->stop) {
+            api_fail(&j->e, 503, "unavailable", NULL, "the server is shutting down");
+            respond_error(j->r, &j->e);
+        }
         request_unref(j->r);
         embed_job_free(j);
     }
@@ -198,7 +222,7 @@ static void embed_tokenized(request *r, void *arg) {
         respond_error(r, &j->e);
         return embed_job_free(j);
     }
-    embed_next_group(j);
+    embed_submit(j);
 }
 
 void route_embeddings(request *r) {

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from conftest import REF, ROOT
-from server_util import Server, openai_client, serve
+from server_util import Server
 
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 import record_embeddings  # noqa: E402  (the texts the fixture was recorded from)
@@ -24,13 +24,13 @@ TEXTS = record_embeddings.TEXTS
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model):
-    yield from serve(tmp_path_factory)
+def srv(plain_srv):
+    return plain_srv
 
 
 @pytest.fixture(scope="module")
-def client(srv):
-    return openai_client(srv)
+def client(plain_client):
+    return plain_client
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,35 @@ def test_what_is_accepted(srv):
     assert st == 405 and hdrs["Allow"] == "POST"
     st, err, _ = srv.request("POST", "/v1/embeddings", raw=b"[1, 2")
     assert st == 400 and err["error"]["code"] == "invalid_json"
+
+
+def test_a_question_is_answered_while_a_long_input_is_read(srv, client):
+    """An input of 8,000 tokens (the window is 8,192) is read in engine tasks of about 1,024
+    tokens, so a short completion sent once the reading has begun ends after a few of them (5
+    measured here), not after the input."""
+    import threading
+    done = {}
+    n = 8000
+
+    def long_embedding():
+        embed(srv, [[(k * 31) % 49000 + 100 for k in range(n)]])
+        done["embeddings"] = time.time()
+    t0 = metric(srv, "potserve_tokens_embedded_total")
+    th = threading.Thread(target=long_embedding)
+    th.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and metric(srv, "potserve_tokens_embedded_total") == t0:
+        time.sleep(0.02)
+    r = client.completions.create(model="x", prompt="The capital of France is", max_tokens=3, temperature=0)
+    done["completion"] = time.time()
+    read_by_then = metric(srv, "potserve_tokens_embedded_total") - t0
+    th.join()
+    assert r.choices[0].text
+    assert metric(srv, "potserve_tokens_embedded_total") == t0 + n
+    assert done["completion"] < done["embeddings"]
+    # its steps, each after one task of about 1,024 tokens (read whole, the input would have
+    # come first: 8,000)
+    assert read_by_then <= 7000, read_by_then
 
 
 def test_work_stops_when_the_client_leaves(srv, client):
