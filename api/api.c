@@ -462,11 +462,8 @@ static int parse_bias(api_gen_request *r, int32_t n_vocab, api_error *e) {
 
 /* Fields other servers act on that this one does not: refused rather than
  * ignored, since ignoring them would change what the client gets back
- * silently (an answer without its prompt, text instead of a call). */
+ * silently (text not written to end before a suffix, text instead of a call). */
 static int refuse_unserved(json_t *root, int chat, api_error *e) {
-    int echo = 0;
-    if (!chat && get_bool(root, "echo", &echo, e)) return -1;
-    if (echo) return api_fail(e, 400, "unsupported_value", "echo", "echo is not supported: the prompt is not repeated in the answer");
     const char *suffix = NULL;
     if (!chat && get_string(root, "suffix", &suffix, e)) return -1;
     if (suffix && *suffix)
@@ -516,7 +513,7 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
         get_float(r->root, "repetition_penalty", 0.01, 10, &rep, e) ||
         get_string(r->root, "session", &r->session, e) ||
         get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) ||
-        get_recall(r->root, &r->recall, e) || parse_stop(r, e) ||
+        get_recall(r->root, &r->recall, e) || parse_stop(r, e) || (!chat && get_bool(r->root, "echo", &r->echo, e)) ||
         parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
         (chat && api_parse_tools(r, e)))
         return -1;

@@ -122,6 +122,29 @@ int engine_token_text(const engine *e, int32_t id, char *buf, size_t cap) {
     return tokenizer_piece(e->m->tok, id, 1, buf, cap);
 }
 
+char *engine_detokenize(const engine *e, const int32_t *ids, size_t n, size_t limit, size_t *len) {
+    size_t cap = n * 8 + 64;
+    char *text = malloc(cap);
+    *len = 0;
+    for (size_t i = 0; text && i < n; i++) {
+        int k = engine_token_text(e, ids[i], text + *len, cap - *len - 1);
+        if (k > 0 && (size_t)k > cap - *len - 1) { /* a long piece (a run of spaces is 160 bytes in SmolLM2) */
+            cap = (cap + (size_t)k) * 2;
+            char *t = realloc(text, cap);
+            if (!t) free(text);
+            text = t;
+            if (text) k = engine_token_text(e, ids[i], text + *len, cap - *len - 1);
+        }
+        if (text && k > 0) *len += (size_t)k;
+        if (*len > limit) { /* long pieces make text of many times the ids' size */
+            free(text);
+            return NULL;
+        }
+    }
+    if (text) text[*len] = 0;
+    return text;
+}
+
 int engine_set_prompt_cache(engine *e, int entries, size_t max_bytes) {
     prompt_cache_free(e->pc);
     e->pc = entries > 0 ? prompt_cache_new(entries, max_bytes) : NULL;
@@ -277,6 +300,36 @@ pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen)
         return NULL;
     }
     return p;
+}
+
+enum { LOGPROB_ROWS = 32 }; /* rows of logits at once for prompt log-probabilities */
+
+int engine_prompt_logprobs(engine *e, const int32_t *tokens, size_t n, int32_t n_top, sample_logprobs *out,
+                           char *err, size_t errlen) {
+    const int32_t V = e->m->n_vocab;
+    if (n == 0) {
+        snprintf(err, errlen, "empty prompt");
+        return -1;
+    }
+    pot *p = engine_new_pot(e, n, err, errlen);
+    float *logits = p ? malloc((size_t)LOGPROB_ROWS * (size_t)V * sizeof *logits) : NULL;
+    int rc = logits ? 0 : -1;
+    if (p && !logits) snprintf(err, errlen, "out of memory");
+    memset(&out[0], 0, sizeof out[0]);
+    out[0].token = tokens[0];
+    out[0].n_top = -1;
+    /* row t's logits predict token t + 1; the last row predicts nothing asked for */
+    for (size_t i = 0; !rc && i + 1 < n; i += LOGPROB_ROWS) {
+        size_t len = n - 1 - i < LOGPROB_ROWS ? n - 1 - i : LOGPROB_ROWS;
+        backend_span sp = {.tokens = tokens + i, .n_tokens = (int32_t)len, .kv = p,
+                           .logits_mode = BACKEND_LOGITS_ALL, .logits = logits};
+        rc = e->be->forward(e->be, &sp, 1, err, errlen);
+        for (size_t r = 0; !rc && r < len; r++)
+            sample_logprobs_of(logits + r * (size_t)V, V, tokens[i + r + 1], n_top, &out[i + r + 1]);
+    }
+    free(logits);
+    pot_free(p);
+    return rc;
 }
 
 int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,

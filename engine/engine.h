@@ -67,6 +67,10 @@ int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_s
 /* Text of one token (special tokens rendered); returns its length or -1. */
 int engine_token_text(const engine *e, int32_t id, char *buf, size_t cap);
 int32_t engine_eos(const engine *e);
+/* The text of n token ids (special tokens rendered), malloc'd and NUL-ended,
+ * its length in *len; NULL when out of memory, or with *len > limit when the
+ * text would be longer than limit bytes. */
+char *engine_detokenize(const engine *e, const int32_t *ids, size_t n, size_t limit, size_t *len);
 
 typedef struct engine_message {
     const char *role, *content;
@@ -107,6 +111,13 @@ engine_embedder *engine_embedder_new(engine *e, const int32_t *const *inputs, co
                                      float *out, char *err, size_t errlen);
 int engine_embedder_step(engine_embedder *x, int64_t *tokens, char *err, size_t errlen);
 void engine_embedder_free(engine_embedder *x);
+
+/* Each prompt token's log-probability given the tokens before it, and the
+ * n_top likeliest tokens there, under the model's own distribution (no
+ * sampling settings): out[1..n) (out[0] has token tokens[0] and n_top -1:
+ * the first token has none). For echo on /v1/completions. 0 or -1 + err. */
+int engine_prompt_logprobs(engine *e, const int32_t *tokens, size_t n, int32_t n_top, sample_logprobs *out,
+                           char *err, size_t errlen);
 
 typedef struct engine_gen_params {
     sample_params sampling;

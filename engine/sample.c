@@ -570,6 +570,34 @@ static float max_after_changes(const sampler *s, float *l, float lmax, int32_t *
     return lmax;
 }
 
+/* lp for token under logits (log-softmax; lmax their largest), with the n_top likeliest. */
+static void fill_logprobs(const float *logits, int32_t nv, float lmax, int32_t token, int32_t want,
+                          sample_logprobs *lp) {
+    double z = 0.0;
+    for (int32_t i = 0; i < nv; i++) z += det_exp((double)logits[i] - (double)lmax);
+    const double logz = log(z);
+    memset(lp, 0, sizeof *lp);
+    lp->token = token;
+    lp->logprob = (float)((double)logits[token] - (double)lmax - logz);
+    int32_t n = 0;
+    int32_t *top = lp->top_tokens;
+    if (want > SAMPLE_MAX_TOP_LOGPROBS) want = SAMPLE_MAX_TOP_LOGPROBS;
+    if (want > 0) {
+        for (int32_t i = 0; i < nv; i++) {
+            if (!(logits[i] > -INFINITY)) continue;
+            if (n == want && !before(logits, i, top[n - 1])) continue;
+            int32_t j = n < want ? n++ : n - 1;
+            while (j > 0 && before(logits, i, top[j - 1])) {
+                top[j] = top[j - 1];
+                j--;
+            }
+            top[j] = i;
+        }
+        for (int32_t j = 0; j < n; j++) lp->top_logprobs[j] = (float)((double)logits[top[j]] - (double)lmax - logz);
+    }
+    lp->n_top = n;
+}
+
 int32_t sampler_sample(sampler *s, float *logits, sample_logprobs *lp) {
     const int32_t nv = s->n_vocab;
     int32_t best; /* the lowest id with the maximum */
@@ -590,33 +618,13 @@ int32_t sampler_sample(sampler *s, float *logits, sample_logprobs *lp) {
     }
 
     int32_t tok = s->p.temperature <= 0.0f ? best : sample_dist(s, logits, lmax);
-
-    if (lp) {
-        double z = 0.0;
-        for (int32_t i = 0; i < nv; i++) z += det_exp((double)logits[i] - (double)lmax);
-        const double logz = log(z);
-        memset(lp, 0, sizeof *lp);
-        lp->token = tok;
-        lp->logprob = (float)((double)logits[tok] - (double)lmax - logz);
-        int32_t n = 0, want = s->p.n_top_logprobs;
-        int32_t *top = lp->top_tokens;
-        if (want > 0) {
-            for (int32_t i = 0; i < nv; i++) {
-                if (!(logits[i] > -INFINITY)) continue;
-                if (n == want && !before(logits, i, top[n - 1])) continue;
-                int32_t j = n < want ? n++ : n - 1;
-                while (j > 0 && before(logits, i, top[j - 1])) {
-                    top[j] = top[j - 1];
-                    j--;
-                }
-                top[j] = i;
-            }
-            for (int32_t j = 0; j < n; j++)
-                lp->top_logprobs[j] = (float)((double)logits[top[j]] - (double)lmax - logz);
-        }
-        lp->n_top = n;
-    }
+    if (lp) fill_logprobs(logits, nv, lmax, tok, s->p.n_top_logprobs, lp);
     return tok;
+}
+
+void sample_logprobs_of(float *logits, int32_t n_vocab, int32_t token, int32_t n_top, sample_logprobs *lp) {
+    int32_t best;
+    fill_logprobs(logits, n_vocab, sanitize_max(logits, n_vocab, &best), token, n_top, lp);
 }
 
 /* ---- stop strings --------------------------------------------------------------------- */

@@ -54,6 +54,10 @@ void sampler_free(sampler *s);
  * The same seed and the same logits give the same token.
  * (Added detail: returns -1, lp->token = -1, when every token is banned.) */
 int32_t sampler_sample(sampler *s, float *logits, sample_logprobs *lp);
+/* lp of token under the model's own distribution (log-softmax of logits, which
+ * are sanitised as sampling does: NaN counts as -inf), with the n_top likeliest
+ * tokens: a prompt token's log-probability (echo). */
+void sample_logprobs_of(float *logits, int32_t n_vocab, int32_t token, int32_t n_top, sample_logprobs *lp);
 /* Records a token of the context (prompt or generated) for the penalties. */
 void sampler_accept(sampler *s, int32_t token);
 

@@ -37,6 +37,14 @@ typedef struct choice {
     char err[256];
 } choice;
 
+/* A prompt as echo repeats it: its text, and (logprobs asked) each of its
+ * tokens' log-probability given those before it (lp[0]: none). */
+typedef struct echo_prompt {
+    char *text;
+    size_t len;
+    sample_logprobs *lp;
+} echo_prompt;
+
 /* A prompt of a batch (/v1/completions with a list of prompts) after the first. */
 typedef struct batch_prompt {
     int32_t *ids;
@@ -92,6 +100,11 @@ struct generation {
     int recall_auto;        /* recall was chosen by "auto": if it fails, the pot answers alone */
     recall_stats recall_st;
     char *recalled;         /* the question with the passages: what req's question points to */
+    /* echo (/v1/completions): each prompt's text and, with logprobs, its tokens' log-probabilities,
+       put before each of its answers */
+    echo_prompt *echo;      /* [n_batch] */
+    int echo_rc;
+    char echo_err[256];
 };
 
 static void release_temporary_pot(server *s, generation *g);
@@ -129,6 +142,11 @@ void generation_free(generation *g) {
     free(g->prompt);
     for (size_t i = 1; i < g->n_batch; i++) free(g->batch[i].ids);
     free(g->batch);
+    for (size_t p = 0; g->echo && p < g->n_batch; p++) {
+        free(g->echo[p].text);
+        free(g->echo[p].lp);
+    }
+    free(g->echo);
     for (int i = 0; i < g->n_choices; i++) {
         free(g->choices[i].text);
         json_decref(g->choices[i].logprobs);
@@ -180,6 +198,22 @@ static void completion_logprob_add(server *s, json_t *acc, const sample_logprobs
     }
     json_array_append_new(json_object_get(acc, "top_logprobs"), top);
     json_decref(t);
+}
+
+/* Adds a prompt's tokens to a completions logprobs object: the first token
+ * with null log-probability and alternatives, as OpenAI's echo shows it. */
+static void echo_logprobs_add(server *s, json_t *acc, const echo_prompt *ep, const int32_t *ids, size_t n) {
+    for (size_t t = 0; t < n; t++) {
+        if (t == 0) {
+            json_t *tok = token_json(s, ids[0], 0.0f);
+            json_array_append(json_object_get(acc, "tokens"), json_object_get(tok, "token"));
+            json_array_append_new(json_object_get(acc, "token_logprobs"), json_null());
+            json_array_append_new(json_object_get(acc, "top_logprobs"), json_null());
+            json_decref(tok);
+        } else {
+            completion_logprob_add(s, acc, &ep->lp[t]);
+        }
+    }
 }
 
 /* Usage over every choice: each prompt counted once (its n answers share it). */
@@ -1058,6 +1092,89 @@ static int batch_prompts(server *s, generation *g, api_error *e) {
     return 0;
 }
 
+/* ---- echo: the prompt before each answer (/v1/completions) ----------------------------- */
+
+static void take_turn(server *s, generation *g);
+
+static const int32_t *prompt_ids(const generation *g, size_t p, size_t *n) {
+    *n = p ? g->batch[p].n : g->n_prompt;
+    return p ? g->batch[p].ids : g->prompt;
+}
+
+/* Puts each prompt's echo before its answers' text (and logprobs, in a whole
+ * answer; a stream sends them in its first chunk: submit). */
+static void echo_fill(server *s, generation *g) {
+    for (int i = 0; i < g->n_choices; i++) {
+        choice *c = &g->choices[i];
+        size_t p = (size_t)i / (size_t)g->req.n_choices, n;
+        const int32_t *ids = prompt_ids(g, p, &n);
+        append_text(c, g->echo[p].text, g->echo[p].len);
+        if (c->logprobs && g->echo[p].lp) echo_logprobs_add(s, c->logprobs, &g->echo[p], ids, n);
+    }
+}
+
+static void echo_read(server *s, void *arg) {
+    generation *g = arg;
+    api_error e;
+    if (g->client_left) {
+        client_closed_error(&e, "reading the prompt's log-probabilities");
+        g->r->close_conn = 1;
+        respond_error(g->r, &e);
+    } else if (g->echo_rc) {
+        api_fail(&e, 500, NULL, NULL, "reading the prompt's log-probabilities failed: %s", g->echo_err);
+        respond_error(g->r, &e);
+    } else {
+        echo_fill(s, g);
+        take_turn(s, g);
+    }
+    request_unref(g->r);
+}
+
+static void echo_task(engine *e, void *arg) {
+    generation *g = arg;
+    for (size_t p = 0; !g->echo_rc && p < g->n_batch; p++) {
+        size_t n;
+        const int32_t *ids = prompt_ids(g, p, &n);
+        if (!(g->echo[p].lp = malloc(n * sizeof *g->echo[p].lp))) {
+            g->echo_rc = -1;
+            snprintf(g->echo_err, sizeof g->echo_err, "out of memory");
+        } else if (!atomic_load(&g->cancel)) {
+            g->echo_rc = engine_prompt_logprobs(e, ids, n, g->req.params.sampling.n_top_logprobs, g->echo[p].lp,
+                                                g->echo_err, sizeof g->echo_err);
+        }
+    }
+    srv_post(g->r->srv, echo_read, g);
+}
+
+/* Each prompt's text as given (a prompt of token ids: their text); with
+ * logprobs, its tokens' log-probabilities are read on the engine thread
+ * first. Then the answers take their turn. */
+static int start_echo(server *s, generation *g, api_error *e) {
+    api_gen_request *q = &g->req;
+    if (!(g->echo = calloc(g->n_batch, sizeof *g->echo))) return api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t p = 0; p < g->n_batch; p++) {
+        const char *given = p ? q->batch_texts[p] : q->prompt;
+        size_t n;
+        const int32_t *ids = prompt_ids(g, p, &n);
+        echo_prompt *ep = &g->echo[p];
+        ep->text = given ? strdup(given) : engine_detokenize(s->eng, ids, n, SIZE_MAX, &ep->len);
+        if (!ep->text) return api_fail(e, 500, NULL, NULL, "out of memory");
+        if (given) ep->len = strlen(given);
+    }
+    if (!q->logprobs) {
+        echo_fill(s, g);
+        take_turn(s, g);
+        return 0;
+    }
+    request_ref(g->r);
+    request_suspend(g->r);
+    if (srv_task(s, NULL, echo_task, g)) {
+        request_unref(g->r);
+        return api_fail(e, 503, "unavailable", NULL, "the server is shutting down");
+    }
+    return 0;
+}
+
 /* Hands the prepared generation to the engine thread: each prompt once,
  * with n answers from its one prefill. */
 static void submit(server *s, generation *g) {
@@ -1104,7 +1221,13 @@ static void submit(server *s, generation *g) {
         if (g->responses) responses_stream_start(g);
         else
             for (int i = 0; i < g->n_choices; i++) {
-                json_t *chunk = chunk_json(g, i, NULL, 0, 1, NULL, NULL);
+                size_t p = (size_t)i / (size_t)n, n_ids;
+                const int32_t *ids = prompt_ids(g, p, &n_ids);
+                json_t *lp = g->echo && g->echo[p].lp ? json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                                                  "top_logprobs") : NULL;
+                if (lp) echo_logprobs_add(s, lp, &g->echo[p], ids, n_ids);
+                json_t *chunk = g->echo ? chunk_json(g, i, g->echo[p].text, g->echo[p].len, 1, NULL, lp)
+                                        : chunk_json(g, i, NULL, 0, 1, NULL, NULL);
                 if (i == 0 && g->rereading) json_object_set_new(chunk, "reread", reread_json(&g->reread_st));
                 if (i == 0 && g->recalling) json_object_set_new(chunk, "recall", recall_json(&g->recall_st));
                 sse_send(r, chunk);
@@ -1643,6 +1766,11 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
         api_fail(&e, 400, "invalid_value", "prompt", "a list of prompts cannot be asked over a session");
         return respond_error(r, &e);
     }
+    if (sid && q->echo) {
+        api_fail(&e, 400, "unsupported_value", "echo", "echo cannot be asked over a session: the prompt follows "
+                 "the session's pot, whose document is not repeated");
+        return respond_error(r, &e);
+    }
     if (sid && !chat && q->prompt_tokens) { /* recall and re-reading read the question's words */
         api_fail(&e, 400, "invalid_value", "prompt", "token ids cannot be asked over a session: send the prompt as text");
         return respond_error(r, &e);
@@ -1772,6 +1900,14 @@ static void prompt_done(request *r, void *arg) {
     }
     if (reread) return start_reread(s, g, &e) ? respond_question_error(r, &e) : (void)0;
     if (recall) return start_recall(s, g, &e) ? respond_question_error(r, &e) : (void)0;
+    if (q->echo && overflow) {
+        api_fail(&e, 400, "context_length_exceeded", "echo",
+                 "the prompt has %zu tokens and max_tokens %d; the model's window is %d tokens: echo needs "
+                 "the prompt in the window (its tokens' log-probabilities are not read through a pot)",
+                 g->n_prompt, q->params.max_tokens, n_ctx);
+        return respond_error(r, &e);
+    }
+    if (q->echo) return start_echo(s, g, &e) ? respond_error(r, &e) : (void)0;
     if (overflow) {
         if (start_temporary_pot(s, g, &e)) return respond_question_error(r, &e);
         request_suspend(r);

@@ -470,24 +470,12 @@ static void tokenize_work(void *arg) {
 static void detokenize_work(void *arg) {
     token_job *j = arg;
     if (api_parse_detokenize(j->root, j->srv->info.n_vocab, &j->ids, &j->n_ids, &j->e)) return; /* (a million ids) */
-    size_t cap = j->n_ids * 8 + 64, len = 0, limit = (size_t)j->srv->cfg.max_body_bytes;
-    char *text = malloc(cap);
-    for (size_t i = 0; text && i < j->n_ids; i++) {
-        int k = engine_token_text(j->srv->eng, j->ids[i], text + len, cap - len);
-        if (k > 0 && (size_t)k > cap - len) { /* a long piece (a run of spaces is 160 bytes in SmolLM2) */
-            cap = (cap + (size_t)k) * 2;
-            char *t = realloc(text, cap);
-            if (!t) free(text);
-            text = t;
-            if (text) k = engine_token_text(j->srv->eng, j->ids[i], text + len, cap - len);
-        }
-        if (text && k > 0) len += (size_t)k;
-        if (len > limit) { /* long pieces make text of many times the body's size */
-            free(text);
-            api_fail(&j->e, 413, "text_too_large", "tokens", "the text of these tokens exceeds %lld bytes "
-                     "(max_body_bytes): detokenize fewer at a time", (long long)limit);
-            return;
-        }
+    size_t len, limit = (size_t)j->srv->cfg.max_body_bytes;
+    char *text = engine_detokenize(j->srv->eng, j->ids, j->n_ids, limit, &len);
+    if (!text && len > limit) { /* long pieces make text of many times the body's size */
+        api_fail(&j->e, 413, "text_too_large", "tokens", "the text of these tokens exceeds %lld bytes "
+                 "(max_body_bytes): detokenize fewer at a time", (long long)limit);
+        return;
     }
     json_t *str = text ? json_stringn(text, len) : NULL;
     if (text && !str) str = json_string(""); /* pieces of one character split across tokens */

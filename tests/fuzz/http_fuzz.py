@@ -364,6 +364,10 @@ def completion_template(rng, sid):
         body["session"] = sid
     if rng.random() < 0.2:
         body["stream"] = True
+    if rng.random() < 0.2:
+        body.update(echo=True, logprobs=rng.choice([0, 2]))
+        if rng.random() < 0.3:
+            body["prompt"] = rng.choice([["a b", "c"], [[5, 6, 7], [8]]])  # a batch
     return body
 
 
