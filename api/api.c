@@ -462,12 +462,8 @@ static int parse_bias(api_gen_request *r, int32_t n_vocab, api_error *e) {
 
 /* Fields other servers act on that this one does not: refused rather than
  * ignored, since ignoring them would change what the client gets back
- * silently (text not written to end before a suffix, text instead of a call). */
+ * silently (one sample for best_of, text instead of a call). */
 static int refuse_unserved(json_t *root, int chat, api_error *e) {
-    const char *suffix = NULL;
-    if (!chat && get_string(root, "suffix", &suffix, e)) return -1;
-    if (suffix && *suffix)
-        return api_fail(e, 400, "unsupported_value", "suffix", "suffix is not supported: the text is not written to end before it");
     int64_t best_of = 1;
     if (!chat && get_int(root, "best_of", 0, INT32_MAX, &best_of, e)) return -1;
     if (best_of > 1)
@@ -514,6 +510,7 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
         get_string(r->root, "session", &r->session, e) ||
         get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) ||
         get_recall(r->root, &r->recall, e) || parse_stop(r, e) || (!chat && get_bool(r->root, "echo", &r->echo, e)) ||
+        (!chat && get_string(r->root, "suffix", &r->suffix, e)) ||
         parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
         (chat && api_parse_tools(r, e)))
         return -1;
@@ -536,6 +533,10 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
         if (get_int(r->root, "logprobs", 0, 5, &top_lp, e)) return -1;
         lp_bool = 1;
     }
+    if (r->suffix && !*r->suffix) r->suffix = NULL; /* "" asks for nothing after the answer */
+    if (r->suffix && (r->prompt_tokens || r->n_batch > 1 || r->echo || r->session))
+        return api_fail(e, 400, "unsupported_value", "suffix", "suffix (fill-in-the-middle) takes one text prompt, "
+                        "without echo or a session");
     if (overflow && strcmp(overflow, "error") && strcmp(overflow, "pot"))
         return api_fail(e, 400, "invalid_value", "overflow", "overflow must be \"error\" or \"pot\"");
     json_t *so = json_object_get(r->root, "stream_options");

@@ -97,6 +97,7 @@ typedef struct api_gen_request {
     engine_gen_params params;  /* stop and bias arrays owned here */
     int stream, include_usage, logprobs, top_logprobs;
     int echo;                  /* completions: the prompt (and its tokens' logprobs) before each answer */
+    const char *suffix;        /* completions: the text after the answer (fill-in-the-middle), or NULL */
     const char *session;       /* "session" field or NULL */
     int overflow_error;        /* "overflow": "error" */
     int enable_thinking;       /* chat: "enable_thinking" (or chat_template_kwargs'), default 1 (Qwen3) */

@@ -235,6 +235,37 @@ int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, s
     return ids;
 }
 
+int32_t *engine_fim_prompt(const engine *e, const char *prefix, const char *suffix, size_t *n, char *err,
+                           size_t errlen) {
+    int32_t pre, suf, mid, bos = tokenizer_bos(e->m->tok);
+    if (!tokenizer_fim(e->m->tok, &pre, &suf, &mid)) {
+        snprintf(err, errlen, "the model has no fill-in-the-middle tokens (such as <|fim_prefix|>, <|fim_suffix|>, "
+                 "<|fim_middle|>)");
+        return NULL;
+    }
+    int add_bos = tokenizer_adds_bos(e->m->tok);
+    int64_t np = engine_tokenize(e, prefix, strlen(prefix), 0, 0, NULL, 0);
+    int64_t ns = engine_tokenize(e, suffix, strlen(suffix), 0, 0, NULL, 0);
+    if (np < 0 || ns < 0) {
+        snprintf(err, errlen, "%s is not valid UTF-8", np < 0 ? "prompt" : "suffix");
+        return NULL;
+    }
+    int32_t *ids = malloc((size_t)(add_bos + np + ns + 3) * sizeof *ids);
+    if (!ids) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    size_t k = 0;
+    if (add_bos) ids[k++] = bos;
+    ids[k++] = pre;
+    k += (size_t)engine_tokenize(e, prefix, strlen(prefix), 0, 0, ids + k, np);
+    ids[k++] = suf;
+    k += (size_t)engine_tokenize(e, suffix, strlen(suffix), 0, 0, ids + k, ns);
+    ids[k++] = mid;
+    *n = k;
+    return ids;
+}
+
 /* Runs tokens through the pot in PREFILL_CHUNK pieces; logits of the last
  * token into `logits` when non-NULL. */
 int engine_prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *logits, char *err,

@@ -88,6 +88,14 @@ char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, s
 int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, size_t *n,
                                 char *err, size_t errlen);
 
+/* A fill-in-the-middle prompt, as llama.cpp's infill builds it: BOS (when the
+ * model adds one), the prefix marker, prefix's tokens, the suffix marker,
+ * suffix's tokens, the middle marker (text never parsed for special tokens).
+ * Malloc'd ids and their count in *n; NULL + err when the model has no FIM
+ * markers (tokenizer_fim) or the text is not UTF-8. */
+int32_t *engine_fim_prompt(const engine *e, const char *prefix, const char *suffix, size_t *n, char *err,
+                           size_t errlen);
+
 /* Logits of the last position after a full prefill of tokens, into
  * logits[n_vocab]. 0 or -1 + err. */
 int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,

@@ -487,6 +487,7 @@ struct tokenizer {
 
     uint8_t *eog;
     int32_t bos, eos, eot, eom, unk;
+    int32_t fim_pre, fim_suf, fim_mid; /* fill-in-the-middle's markers (TOK_NULL: none) */
     int add_bos, add_eos, add_space_prefix, ignore_merges;
 
     pre_stage stages[8];
@@ -572,11 +573,19 @@ static int merge_rank(const tokenizer *t, const char *l, size_t ln, const char *
 
 int32_t tokenizer_n_vocab(const tokenizer *t) { return t->n_vocab; }
 int32_t tokenizer_bos(const tokenizer *t) { return t->bos; }
+int tokenizer_adds_bos(const tokenizer *t) { return t->add_bos && t->bos != TOK_NULL; }
 int32_t tokenizer_eos(const tokenizer *t) { return t->eos; }
 const char *tokenizer_model_name(const tokenizer *t) { return t->model == MODEL_BPE ? "gpt2" : "llama"; }
 
 int tokenizer_is_eog(const tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab && t->eog[id];
+}
+
+int tokenizer_fim(const tokenizer *t, int32_t *pre, int32_t *suf, int32_t *mid) {
+    *pre = t->fim_pre;
+    *suf = t->fim_suf;
+    *mid = t->fim_mid;
+    return t->fim_pre != TOK_NULL && t->fim_suf != TOK_NULL && t->fim_mid != TOK_NULL;
 }
 
 int32_t tokenizer_find(const tokenizer *t, const char *text, size_t len) {
@@ -732,6 +741,7 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
     }
     byte_map_init(&t->bmap);
     t->bos = t->eos = t->eot = t->eom = t->unk = TOK_NULL;
+    t->fim_pre = t->fim_suf = t->fim_mid = TOK_NULL;
 
     /* model */
     gguf_str model;
@@ -1050,6 +1060,9 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
             if ((t->attr[i] & ATTR_CONTROL) && memmem(tok_text(t, i), t->tok_len[i], "unused", 6))
                 t->attr[i] |= ATTR_UNUSED;
         }
+        t->fim_pre = fim_pre;
+        t->fim_suf = fim_suf;
+        t->fim_mid = fim_mid;
         if (fim_pad != TOK_NULL) t->eog[fim_pad] = 1;
         if (fim_rep != TOK_NULL) t->eog[fim_rep] = 1;
         if (fim_sep != TOK_NULL) t->eog[fim_sep] = 1;

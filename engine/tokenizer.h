@@ -19,10 +19,15 @@ void tokenizer_free(tokenizer *t);
 
 int32_t tokenizer_n_vocab(const tokenizer *t);
 int32_t tokenizer_bos(const tokenizer *t);   /* -1 when none */
+int tokenizer_adds_bos(const tokenizer *t);  /* 1: add_special puts BOS first */
 int32_t tokenizer_eos(const tokenizer *t);   /* -1 when none */
 /* 1 if generation should stop at this token (EOS, EOT, <|im_end|>, ... as the
  * metadata and token types say). */
 int tokenizer_is_eog(const tokenizer *t, int32_t id);
+/* Fill-in-the-middle's prefix, suffix and middle markers, from the metadata
+ * (fim_pre/suf/mid_token_id) or their texts as llama.cpp detects them
+ * ("<|fim_prefix|>", "<fim_prefix>", "<PRE>", ...): 1 when the model has all three. */
+int tokenizer_fim(const tokenizer *t, int32_t *pre, int32_t *suf, int32_t *mid);
 /* Token id of an exact token text (e.g. "<|im_end|>"), or -1. */
 int32_t tokenizer_find(const tokenizer *t, const char *text, size_t len);
 /* "gpt2" or "llama" */

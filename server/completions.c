@@ -1050,6 +1050,10 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
         memcpy(g->prompt, q->prompt_tokens, g->n_prompt * sizeof *g->prompt);
         return 0;
     }
+    if (q->suffix) { /* the answer goes between the prompt and the suffix */
+        g->prompt = engine_fim_prompt(s->eng, q->prompt, q->suffix, &g->n_prompt, err, sizeof err);
+        return g->prompt ? 0 : api_fail(e, 400, "unsupported_value", "suffix", "%s", err);
+    }
     char *text = q->chat ? engine_render_chat_thinking(s->eng, q->messages, q->n_messages, q->enable_thinking, err,
                                                        sizeof err)
                          : strdup(q->prompt);
@@ -1766,9 +1770,9 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
         api_fail(&e, 400, "invalid_value", "prompt", "a list of prompts cannot be asked over a session");
         return respond_error(r, &e);
     }
-    if (sid && q->echo) {
-        api_fail(&e, 400, "unsupported_value", "echo", "echo cannot be asked over a session: the prompt follows "
-                 "the session's pot, whose document is not repeated");
+    if (sid && (q->echo || q->suffix)) {
+        api_fail(&e, 400, "unsupported_value", q->echo ? "echo" : "suffix", "%s cannot be asked over a session",
+                 q->echo ? "echo (the session's document is not repeated)" : "suffix (fill-in-the-middle)");
         return respond_error(r, &e);
     }
     if (sid && !chat && q->prompt_tokens) { /* recall and re-reading read the question's words */
@@ -1870,7 +1874,7 @@ static void prompt_done(request *r, void *arg) {
     int32_t n_ctx = s->info.n_ctx_train;
     int overflow = 0;
     if (!g->ss && g->n_prompt + (q->params.max_tokens > 0 ? (size_t)q->params.max_tokens : 1) > (size_t)n_ctx) {
-        if (q->overflow_error || (!chat && q->prompt_tokens) || q->n_batch > 1) {
+        if (q->overflow_error || (!chat && q->prompt_tokens) || q->n_batch > 1 || q->suffix) {
             api_fail(&e, 400, "context_length_exceeded", chat ? "messages" : "prompt",
                      "the prompt has %zu tokens and max_tokens %d; the model's window is %d tokens "
                      "(create a session and upload long documents to read them through a pot)",

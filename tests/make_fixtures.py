@@ -384,11 +384,11 @@ def bytes_to_unicode():
     return bs, [chr(c) for c in cs]
 
 
-def make_tokenizer(n_vocab):
+def make_tokenizer(n_vocab, specials=SPECIALS):
     bs, cs = bytes_to_unicode()
     b2u = dict(zip(bs, cs))
     tokens = list(cs)  # ids 0..255 in GPT-2 order
-    n_merges = n_vocab - 256 - len(SPECIALS)
+    n_merges = n_vocab - 256 - len(specials)
     pat = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""")
     words = {}
     for piece in pat.findall(CORPUS):
@@ -422,13 +422,13 @@ def make_tokenizer(n_vocab):
             nw[tuple(out)] = nw.get(tuple(out), 0) + c
         words = nw
     assert len(tokens) == 256 + n_merges, "corpus too small for the requested vocab"
-    types = [1] * len(tokens) + [3] * len(SPECIALS)
-    tokens += SPECIALS
+    types = [1] * len(tokens) + [3] * len(specials)
+    tokens += specials
     return tokens, types, merges
 
 
-def add_tokenizer(w, n_vocab, chat_template=CHAT_TEMPLATE):
-    tokens, types, merges = make_tokenizer(n_vocab)
+def add_tokenizer(w, n_vocab, chat_template=CHAT_TEMPLATE, specials=SPECIALS, add_bos=False):
+    tokens, types, merges = make_tokenizer(n_vocab, specials)
     assert len(tokens) == n_vocab
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -438,7 +438,7 @@ def add_tokenizer(w, n_vocab, chat_template=CHAT_TEMPLATE):
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     w.add_chat_template(chat_template)
 
 
@@ -458,7 +458,7 @@ FILE_TYPES = {
 def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2, n_head=4,
                 n_head_kv=2, n_vocab=300, n_ctx=256, tied=True, bias=False, rope_base=10000.0,
                 seed=1234, mix=None, head_dim=None, qk_norm=False, post_norms=False, fused=False,
-                keys=None, rope_freqs=None, name=None, chat_template=CHAT_TEMPLATE):
+                keys=None, rope_freqs=None, name=None, chat_template=CHAT_TEMPLATE, specials=SPECIALS, add_bos=False):
     """mix: tensor kind ("attn_k", "ffn_up", ...) -> a type other than qtype.
     head_dim: other than n_embd / n_head (written as key/value_length);
     qk_norm: attn_q_norm / attn_k_norm per head (qwen3, gemma3); post_norms:
@@ -490,7 +490,7 @@ def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2,
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for method, value in (keys or {}).items():
         getattr(w, method)(value)
-    add_tokenizer(w, n_vocab, chat_template)
+    add_tokenizer(w, n_vocab, chat_template, specials, add_bos)
 
     def mat(name, n_in, n_out, std=None):
         # numpy shape (n_out, n_in) == gguf ne [n_in, n_out]
@@ -600,6 +600,12 @@ def write_tiny_families(out):
                 rope_base=1000000.0, seed=5153,
                 keys={"add_pooling_type": gguf.PoolingType.LAST, "add_add_eos_token": True})
     write_model(os.path.join(out, "embed_llama_cls.gguf"), seed=5154, keys={"add_pooling_type": gguf.PoolingType.CLS})
+    # fill-in-the-middle: Qwen2.5-Coder's markers in the vocabulary (detected by their text, as
+    # llama.cpp does), one file adding BOS (not tiny_*: no logits recording)
+    fim = SPECIALS + ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    write_model(os.path.join(out, "fim_qwen2.gguf"), arch="qwen2", bias=True, rope_base=1000000.0, seed=4322,
+                specials=fim)
+    write_model(os.path.join(out, "fim_llama_bos.gguf"), seed=4323, specials=fim, add_bos=True)
     # llama RoPE scaling: linear, YaRN (original context 64), llama3's rope_freqs
     write_model(os.path.join(out, "tiny_llama_rope_linear.gguf"), seed=8181,
                 keys={"add_rope_scaling_type": gguf.RopeScalingType.LINEAR, "add_rope_scaling_factor": 4.0})

@@ -194,9 +194,10 @@ def test_n_out_of_range_is_a_400(client):
 
 
 def test_fields_that_would_change_the_answer_silently_are_400s(client):
-    """suffix, best_of and the deprecated functions / function_call are refused, not
-    ignored: a client asking for them would otherwise get another answer than it
-    asked for without knowing (text not written to end before a suffix, text for a call)."""
+    """best_of, the deprecated functions / function_call, and suffix on a model without
+    fill-in-the-middle tokens (the default one) are refused, not ignored: a client asking
+    for them would otherwise get another answer than it asked for without knowing (one
+    sample, text not written to end before the suffix, text for a call)."""
     # suffix and best_of were ignored (an answer not written to end before the suffix, one sample)
     for extra in ({"suffix": " and so on."}, {"best_of": 3}):
         with pytest.raises(openai.BadRequestError) as ei:
@@ -286,6 +287,39 @@ def test_echo_in_streams_batches_and_errors(srv, client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model="x", prompt="Hi", max_tokens=2, extra_body={"echo": "yes"})
     assert ei.value.body["param"] == "echo"
+
+
+# ---- suffix: fill in the middle -------------------------------------------------------------
+
+@pytest.mark.parametrize("name,bos", [("fim_qwen2", None), ("fim_llama_bos", 294)])
+def test_suffix_fills_in_the_middle(tmp_path, fixtures, name, bos):
+    """A model with fill-in-the-middle markers (tests/make_fixtures.py: Qwen2.5-Coder's texts
+    at ids 297-299) answers prompt + suffix as the prompt llama.cpp's infill builds: BOS when
+    the model adds one, <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>."""
+    srv = Server(tmp_path / "data", "--model", fixtures / f"{name}.gguf").start()
+    try:
+        c = openai_client(srv)
+        st, marks, _ = srv.request("POST", "/detokenize", {"tokens": [297, 298, 299]})
+        assert marks["content"] == "<|fim_prefix|><|fim_suffix|><|fim_middle|>"
+        prefix, suffix = "def add(a, b):\n    ", "\n    return c\n"
+        tok = {t: srv.request("POST", "/tokenize", {"content": t})[1]["tokens"] for t in (prefix, suffix)}
+        ids = ([bos] if bos is not None else []) + [297] + tok[prefix] + [298] + tok[suffix] + [299]
+        no_end = {str(i): -100 for i in range(294, 300)}  # (the tiny model would end at once)
+        fim = c.completions.create(model="x", prompt=prefix, suffix=suffix, max_tokens=8, temperature=0,
+                                   logit_bias=no_end)
+        raw = c.completions.create(model="x", prompt=ids, max_tokens=8, temperature=0, logit_bias=no_end)
+        assert fim.choices[0].text == raw.choices[0].text and fim.choices[0].text
+        assert fim.usage.prompt_tokens == len(ids)
+        plain = c.completions.create(model="x", prompt=prefix, max_tokens=8, temperature=0, logit_bias=no_end)
+        assert plain.usage.prompt_tokens == len(tok[prefix]) + (bos is not None)
+        assert c.completions.create(model="x", prompt=prefix, suffix="", max_tokens=8, temperature=0,
+                                    logit_bias=no_end).choices[0].text == plain.choices[0].text
+        for bad in ({"prompt": tok[prefix]}, {"prompt": [prefix, prefix]}, {"prompt": prefix, "echo": True}):
+            with pytest.raises(openai.BadRequestError) as ei:
+                c.completions.create(model="x", suffix=suffix, max_tokens=2, **bad)
+            assert ei.value.body["param"] == "suffix"
+    finally:
+        assert srv.stop() == 0
 
 
 def test_batch_completions_in_order(client):
