@@ -458,7 +458,8 @@ FILE_TYPES = {
 def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2, n_head=4,
                 n_head_kv=2, n_vocab=300, n_ctx=256, tied=True, bias=False, rope_base=10000.0,
                 seed=1234, mix=None, head_dim=None, qk_norm=False, post_norms=False, fused=False,
-                keys=None, rope_freqs=None, name=None, chat_template=CHAT_TEMPLATE, specials=SPECIALS, add_bos=False):
+                keys=None, rope_freqs=None, name=None, chat_template=CHAT_TEMPLATE, specials=SPECIALS, add_bos=False,
+                u32=None):
     """mix: tensor kind ("attn_k", "ffn_up", ...) -> a type other than qtype.
     head_dim: other than n_embd / n_head (written as key/value_length);
     qk_norm: attn_q_norm / attn_k_norm per head (qwen3, gemma3); post_norms:
@@ -490,6 +491,8 @@ def write_model(path, arch="llama", qtype=T.F32, n_embd=64, n_ff=128, n_layer=2,
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for method, value in (keys or {}).items():
         getattr(w, method)(value)
+    for key, value in (u32 or {}).items():  # (metadata keys the writer has no method for)
+        w.add_uint32(key, value)
     add_tokenizer(w, n_vocab, chat_template, specials, add_bos)
 
     def mat(name, n_in, n_out, std=None):
@@ -606,6 +609,10 @@ def write_tiny_families(out):
     write_model(os.path.join(out, "fim_qwen2.gguf"), arch="qwen2", bias=True, rope_base=1000000.0, seed=4322,
                 specials=fim)
     write_model(os.path.join(out, "fim_llama_bos.gguf"), seed=4323, specials=fim, add_bos=True)
+    # ... and markers of other texts that only the metadata names
+    write_model(os.path.join(out, "fim_llama_ids.gguf"), seed=4324, specials=SPECIALS + ["<A>", "<B>", "<C>"],
+                u32={"tokenizer.ggml.fim_pre_token_id": 297, "tokenizer.ggml.fim_suf_token_id": 298,
+                     "tokenizer.ggml.fim_mid_token_id": 299})
     # llama RoPE scaling: linear, YaRN (original context 64), llama3's rope_freqs
     write_model(os.path.join(out, "tiny_llama_rope_linear.gguf"), seed=8181,
                 keys={"add_rope_scaling_type": gguf.RopeScalingType.LINEAR, "add_rope_scaling_factor": 4.0})

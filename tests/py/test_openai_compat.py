@@ -291,16 +291,19 @@ def test_echo_in_streams_batches_and_errors(srv, client):
 
 # ---- suffix: fill in the middle -------------------------------------------------------------
 
-@pytest.mark.parametrize("name,bos", [("fim_qwen2", None), ("fim_llama_bos", 294)])
-def test_suffix_fills_in_the_middle(tmp_path, fixtures, name, bos):
-    """A model with fill-in-the-middle markers (tests/make_fixtures.py: Qwen2.5-Coder's texts
-    at ids 297-299) answers prompt + suffix as the prompt llama.cpp's infill builds: BOS when
-    the model adds one, <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>."""
+@pytest.mark.parametrize("name,bos,marks", [("fim_qwen2", None, "<|fim_prefix|><|fim_suffix|><|fim_middle|>"),
+                                            ("fim_llama_bos", 294, "<|fim_prefix|><|fim_suffix|><|fim_middle|>"),
+                                            ("fim_llama_ids", None, "<A><B><C>")])
+def test_suffix_fills_in_the_middle(tmp_path, fixtures, name, bos, marks):
+    """A model with fill-in-the-middle markers (tests/make_fixtures.py: at ids 297-299, Qwen2.5-
+    Coder's texts, or others named by tokenizer.ggml.fim_*_token_id) answers prompt + suffix as
+    the prompt llama.cpp's infill builds: BOS when the model adds one, then the prefix marker,
+    the prompt, the suffix marker, the suffix, the middle marker."""
     srv = Server(tmp_path / "data", "--model", fixtures / f"{name}.gguf").start()
     try:
         c = openai_client(srv)
-        st, marks, _ = srv.request("POST", "/detokenize", {"tokens": [297, 298, 299]})
-        assert marks["content"] == "<|fim_prefix|><|fim_suffix|><|fim_middle|>"
+        st, got, _ = srv.request("POST", "/detokenize", {"tokens": [297, 298, 299]})
+        assert got["content"] == marks
         prefix, suffix = "def add(a, b):\n    ", "\n    return c\n"
         tok = {t: srv.request("POST", "/tokenize", {"content": t})[1]["tokens"] for t in (prefix, suffix)}
         ids = ([bos] if bos is not None else []) + [297] + tok[prefix] + [298] + tok[suffix] + [299]
