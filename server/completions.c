@@ -274,18 +274,6 @@ static void choice_error(const choice *c, int status, const char *param, api_err
     else api_fail(e, status, "generation_failed", param, "%s", c->err);
 }
 
-/* When a generation starting now must end: request_timeout from now (0:
- * none, the engine's no deadline). */
-static double request_deadline(const server *s) {
-    return s->cfg.request_timeout ? monotonic_ms() + (double)s->cfg.request_timeout * 1e3 : 0;
-}
-
-/* Retry-After of a request_timeout: the timeout itself, 1 to 30 s. */
-static int timeout_retry_seconds(const server *s) {
-    int64_t t = s->cfg.request_timeout;
-    return t < 1 ? 1 : t > 30 ? 30 : (int)t;
-}
-
 /* A question's own pot (a re-read's or a long prompt's) that finds no pot memory free is a 429
  * whose Retry-After is short: that memory is held mostly by other questions' pots, each freed
  * when its answer ends, which the server cannot time. */
@@ -950,7 +938,7 @@ static void finish_whole(generation *g) {
         if (g->choices[i].rc) {
             api_error e;
             choice_error(&g->choices[i], 400, g->responses ? "input" : prompt_param(g), &e);
-            if (g->choices[i].timed_out) return respond_retry(r, &e, timeout_retry_seconds(r->srv));
+            if (g->choices[i].timed_out) return respond_retry(r, &e, srv_timeout_retry_seconds(r->srv));
             return respond_error(r, &e);
         }
     if (g->responses) return responses_final(g, send_whole_response);
@@ -1307,7 +1295,7 @@ static void end_waiting(generation *g, const api_error *e) {
         }
         stream_end(r);
     } else {
-        respond_retry(r, e, timeout_retry_seconds(r->srv));
+        respond_retry(r, e, srv_timeout_retry_seconds(r->srv));
     }
     request_unref(r);
 }
@@ -1557,7 +1545,7 @@ static void reread_done(server *s, void *user, reread_pot *pot, const reread_sta
     }
     g->reread_pot = pot; /* released with the generation (generation_free) */
     api_gen_request *q = &g->req;
-    g->deadline_ms = request_deadline(s); /* the answer's own time */
+    g->deadline_ms = srv_request_deadline(s); /* the answer's own time */
     if (q->stream && streams_to(r)) {
         char line[160];
         int n = snprintf(line, sizeof line, ": reread done: %lld tokens in %.1f s (pass %llu, %d questions)\n\n",
@@ -1887,7 +1875,7 @@ static void prompt_done(request *r, void *arg) {
     else random_id(g->id, sizeof g->id, responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-");
     random_id(g->msg_id, sizeof g->msg_id, "msg_");
     g->created = (int64_t)time(NULL);
-    g->deadline_ms = request_deadline(s);
+    g->deadline_ms = srv_request_deadline(s);
     g->n_batch = q->n_batch ? q->n_batch : 1;
     g->n_choices = (int)g->n_batch * q->n_choices;
     g->choices = calloc((size_t)g->n_choices, sizeof *g->choices);

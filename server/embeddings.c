@@ -24,6 +24,7 @@ typedef struct embed_job {
     int64_t task_tokens; /* read by the last engine task */
     int rc;             /* of the last step: 1 more to read, 0 done, -1 failed (err) */
     int stop;           /* the next task frees the embedder, and the job is done */
+    double deadline_ms; /* request_timeout (0: none) */
     char err[256];
     char *text;     /* the answer */
     size_t len;
@@ -168,6 +169,12 @@ static void embed_task_back(server *s, void *arg) {
         } else {
             embed_job_free(j);
         }
+    } else if (j->rc > 0 && j->deadline_ms && monotonic_ms() > j->deadline_ms) {
+        api_fail(&j->e, 503, "request_timeout", NULL, "the inputs were not read within request_timeout (%lld s): "
+                 "send fewer or shorter inputs at a time", (long long)s->cfg.request_timeout);
+        respond_retry(r, &j->e, srv_timeout_retry_seconds(s));
+        j->stop = 1;
+        embed_submit(j); /* (its pots are freed on the engine thread) */
     } else if (j->rc < 0) {
         api_fail(&j->e, 500, NULL, NULL, "embedding failed: %s", j->err);
         respond_error(r, &j->e);
@@ -241,5 +248,6 @@ void route_embeddings(request *r) {
     }
     j->srv = r->srv;
     j->r = r;
+    j->deadline_ms = srv_request_deadline(r->srv);
     request_work_input(r, embed_tokenize, embed_tokenized, j);
 }

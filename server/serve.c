@@ -313,6 +313,15 @@ static int open_engine(server *s, char *err, size_t errlen) {
     return s->sched ? 0 : -1;
 }
 
+double srv_request_deadline(const server *s) {
+    return s->cfg.request_timeout ? monotonic_ms() + (double)s->cfg.request_timeout * 1e3 : 0;
+}
+
+int srv_timeout_retry_seconds(const server *s) {
+    int64_t t = s->cfg.request_timeout;
+    return t < 1 ? 1 : t > 30 ? 30 : (int)t;
+}
+
 int pot_memory_admit(server *s, size_t bytes, const char *param, const char *what, api_error *e) {
     size_t room = (size_t)s->cfg.pot_memory_limit - s->pot_memory_held;
     if (bytes > room)

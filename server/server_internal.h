@@ -524,6 +524,10 @@ void srv_kick_soon(server *s);
 /* The engine scheduler's calls; -1 once shutdown has stopped the engine. */
 /* fn runs after d's earlier work (d NULL: ordered with nothing). */
 int srv_task(server *s, engine_doc *d, engine_task_fn fn, void *user);
+/* When a request arriving now must end: request_timeout from now (monotonic_ms;
+ * 0: no limit); and the Retry-After of its 503 (the timeout, 1 to 30 s). */
+double srv_request_deadline(const server *s);
+int srv_timeout_retry_seconds(const server *s);
 int srv_ingest(server *s, engine_doc *d, const char *bytes, size_t n, int final,
                engine_ingest_done_fn done, void *user);
 int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errlen);

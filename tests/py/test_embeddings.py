@@ -249,3 +249,25 @@ def test_a_models_pooling_type_is_followed(tmp_path, fixtures, ref, name, poolin
             np.testing.assert_allclose(together[j], vectors(embed(srv, [long[j]]))[0], atol=1e-5)
     finally:
         assert srv.stop() == 0
+
+
+def test_request_timeout_bounds_the_reading(tmp_path):
+    """request_timeout bounds an embeddings request as it bounds a generation: a 503
+    request_timeout with Retry-After, and the engine stops reading its inputs."""
+    srv = Server(tmp_path / "data", "--request-timeout", "1").start()
+    try:
+        t = time.time()
+        st, err, hdrs = srv.request("POST", "/v1/embeddings", {"input": ["the river ran past the mill " * 170] * 200})
+        assert st == 503 and err["error"]["code"] == "request_timeout" and hdrs["Retry-After"] == "1", err
+        assert time.time() - t < 30
+        stopped, deadline = None, time.time() + 30  # the task under way ends; none follows
+        while time.time() < deadline:
+            now = metric(srv, "potserve_tokens_embedded_total")
+            if now == stopped:
+                break
+            stopped = now
+            time.sleep(2)
+        assert 0 < stopped < 60000 and metric(srv, "potserve_tokens_embedded_total") == stopped
+        assert len(vectors(embed(srv, "hello"))[0]) == 576  # a short one is read within the second
+    finally:
+        assert srv.stop() == 0
