@@ -11,9 +11,9 @@ log-probabilities are one position off, each token scored by the logits after it
 
 Needs llama-cpp-python (`make test-reference` installs it in the venv).
 """
-import argparse
-import json
 import sys
+
+import json_fixture
 
 PROMPTS = [
     "The capital of France is",
@@ -45,31 +45,11 @@ def record(model_path):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("out")
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    got = record(a.model)
-    if not a.check:
-        with open(a.out, "w") as f:
-            json.dump(got, f, indent=1)
-            f.write("\n")
-        print(f"wrote {a.out}: {len(got)} prompts")
-        return 0
-    with open(a.out) as f:
-        ref = json.load(f)
-    bad = 0
-    for r, g in zip(ref, got):
-        same = r["ids"] == g["ids"] and all(
-            (x is None and y is None) or abs(x - y) < 1e-3 for x, y in zip(r["token_logprobs"], g["token_logprobs"]))
-        if not same:
-            bad += 1
-            print(f"{r['prompt']!r}: llama.cpp now differs from the stored reference")
-    print(f"{len(ref) - bad} passed, {bad} failed")
-    return 1 if bad else 0
+def failing(ref, got):
+    return [r["prompt"] for r, g in zip(ref, got)
+            if r["ids"] != g["ids"] or any((x is None) != (y is None) or (x is not None and abs(x - y) >= 1e-3)
+                                           for x, y in zip(r["token_logprobs"], g["token_logprobs"]))]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(json_fixture.main(record, failing, len))

@@ -8,12 +8,11 @@ layers' mask is exercised. tests/py/test_gemma3.py holds potserve to it.
 
     record_gemma3.py MODEL OUT.json [--check]
 """
-import argparse
-import json
 import sys
 
 import numpy as np
 
+import json_fixture
 from lcpp import Llama
 
 N_TOP, N_GREEDY = 64, 24
@@ -65,30 +64,15 @@ def record(model):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("out")
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    got = record(a.model)
-    if not a.check:
-        with open(a.out, "w") as f:
-            json.dump(got, f, indent=1)
-            f.write("\n")
-        print(f"wrote {a.out}: {len(got['prompts'])} prompts")
-        return 0
-    with open(a.out) as f:
-        ref = json.load(f)
+def failing(ref, got):
     bad = []
     for name, p in got["prompts"].items():
         r = ref["prompts"].get(name)
         if (not r or r["ids"] != p["ids"] or r["greedy"] != p["greedy"] or r["top_ids"][:8] != p["top_ids"][:8]
                 or not np.allclose(r["top_logits"], p["top_logits"], atol=1e-2)):
             bad.append(name)
-    print(f"{len(got['prompts']) - len(bad)} passed, {len(bad)} failed {bad}")
-    return 1 if bad else 0
+    return bad
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(json_fixture.main(record, failing, lambda o: len(o["prompts"])))
