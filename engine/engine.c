@@ -90,6 +90,7 @@ void engine_get_info(const engine *e, engine_info *info) {
     info->tokenizer = tokenizer_model_name(m->tok);
     info->chat_family = m->chat.family == CHAT_UNKNOWN ? "unrecognised" : chat_family_name(m->chat.family);
     info->pooling = m->pooling == POOLING_CLS ? "cls" : m->pooling == POOLING_LAST ? "last" : "mean";
+    info->bos_added = tokenizer_adds_bos(m->tok) ? tokenizer_bos(m->tok) : -1;
     info->n_layer = m->n_layer;
     info->n_embd = m->n_embd;
     info->n_ff = m->n_ff;

@@ -46,6 +46,7 @@ void engine_close(engine *e);
 typedef struct engine_info {
     const char *arch, *name, *quant, *tokenizer, *chat_family; /* owned by the engine */
     const char *pooling;             /* how engine_embed pools: "mean", "cls", "last" */
+    int32_t bos_added;               /* the BOS id tokenizing with add_special puts first, or -1 */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx_train;
     float rope_base, norm_eps;
     const char *rope_scaling;        /* "none", "linear", "yarn", "llama3" */

@@ -21,6 +21,7 @@ typedef struct choice {
     size_t len, cap;
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     size_t lp_sent;   /* /v1/responses streamed: the entries its deltas have sent */
+    size_t chars;     /* characters of its text so far (echo included): completions' text_offset */
     size_t text_sent; /* a stream with tools (auto): the bytes of its text sent so far (stream_ready_text) */
     VEC(size_t) lp_end; /* a stream with tools: where each logprobs entry's token ends in text (SIZE_MAX:
                            its character is not whole yet, it ends with the next text) */
@@ -43,6 +44,7 @@ typedef struct echo_prompt {
     char *text;
     size_t len;
     sample_logprobs *lp;
+    int bos_added; /* its first token is the BOS its text was given (not in its text) */
 } echo_prompt;
 
 /* A prompt of a batch (/v1/completions with a list of prompts) after the first. */
@@ -186,10 +188,24 @@ static json_t *chat_logprob_entry(server *s, const sample_logprobs *lp) {
     return e;
 }
 
-static void completion_logprob_add(server *s, json_t *acc, const sample_logprobs *lp) {
+/* Characters of UTF-8 text (its bytes that start one). */
+static size_t utf8_chars(const char *text, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)text[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* A completions logprobs object, empty. */
+static json_t *completion_logprobs_new(void) {
+    return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+/* Adds one token; offset: where its text starts in the choice's text, in characters. */
+static void completion_logprob_add(server *s, json_t *acc, const sample_logprobs *lp, size_t offset) {
     json_t *t = token_json(s, lp->token, lp->logprob), *top = json_object();
     json_array_append(json_object_get(acc, "tokens"), json_object_get(t, "token"));
     json_array_append_new(json_object_get(acc, "token_logprobs"), json_real(lp->logprob));
+    json_array_append_new(json_object_get(acc, "text_offset"), json_integer((json_int_t)offset));
     for (int i = 0; i < lp->n_top; i++) {
         json_t *alt = token_json(s, lp->top_tokens[i], lp->top_logprobs[i]);
         json_object_set(top, json_string_value(json_object_get(alt, "token")),
@@ -203,16 +219,22 @@ static void completion_logprob_add(server *s, json_t *acc, const sample_logprobs
 /* Adds a prompt's tokens to a completions logprobs object: the first token
  * with null log-probability and alternatives, as OpenAI's echo shows it. */
 static void echo_logprobs_add(server *s, json_t *acc, const echo_prompt *ep, const int32_t *ids, size_t n) {
+    size_t offset = 0;
     for (size_t t = 0; t < n; t++) {
         if (t == 0) {
             json_t *tok = token_json(s, ids[0], 0.0f);
             json_array_append(json_object_get(acc, "tokens"), json_object_get(tok, "token"));
             json_array_append_new(json_object_get(acc, "token_logprobs"), json_null());
             json_array_append_new(json_object_get(acc, "top_logprobs"), json_null());
+            json_array_append_new(json_object_get(acc, "text_offset"), json_integer(0));
             json_decref(tok);
         } else {
-            completion_logprob_add(s, acc, &ep->lp[t]);
+            completion_logprob_add(s, acc, &ep->lp[t], offset);
         }
+        if (t == 0 && ep->bos_added) continue; /* (not in the text) */
+        char piece[256];
+        int k = engine_token_text(s->eng, ids[t], piece, sizeof piece);
+        offset += k > 0 ? utf8_chars(piece, (size_t)k < sizeof piece ? (size_t)k : sizeof piece) : 0;
     }
 }
 
@@ -528,18 +550,21 @@ static void on_text_event(server *s, void *arg) {
             lp = json_array();
             json_array_append_new(lp, chat_logprob_entry(s, &ev->lp));
         } else if (ev->has_lp) {
-            lp = json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
-            completion_logprob_add(s, lp, &ev->lp);
+            lp = completion_logprobs_new();
+            completion_logprob_add(s, lp, &ev->lp, c->chars);
         }
+        c->chars += utf8_chars(ev->text, ev->n);
         if (r->conn) sse_send(r, chunk_json(g, c->index, ev->text, ev->n, 0, NULL, lp));
         else json_decref(lp);
     } else {
+        size_t at = c->chars; /* (where this token's text starts) */
         append_text(c, ev->text, ev->n);
+        c->chars += utf8_chars(ev->text, ev->n);
         if (g->req.stream) /* where the held-back tokens' text ends, and this token's */
             for (size_t i = c->lp_end.n; ev->n && i-- > 0 && c->lp_end.v[i] == SIZE_MAX;) c->lp_end.v[i] = c->len;
         if (ev->has_lp && c->logprobs) {
             if (g->req.chat) json_array_append_new(c->logprobs, chat_logprob_entry(s, &ev->lp));
-            else completion_logprob_add(s, c->logprobs, &ev->lp);
+            else completion_logprob_add(s, c->logprobs, &ev->lp, at);
             if (g->req.stream) vec_push(&c->lp_end, ev->n ? c->len : SIZE_MAX);
         }
         if (g->req.stream && streams_to(r)) {
@@ -1101,6 +1126,7 @@ static void echo_fill(server *s, generation *g) {
         size_t p = (size_t)i / (size_t)g->req.n_choices, n;
         const int32_t *ids = prompt_ids(g, p, &n);
         append_text(c, g->echo[p].text, g->echo[p].len);
+        c->chars = utf8_chars(g->echo[p].text, g->echo[p].len);
         if (c->logprobs && g->echo[p].lp) echo_logprobs_add(s, c->logprobs, &g->echo[p], ids, n);
     }
 }
@@ -1152,6 +1178,7 @@ static int start_echo(server *s, generation *g, api_error *e) {
         ep->text = given ? strdup(given) : engine_detokenize(s->eng, ids, n, SIZE_MAX, &ep->len);
         if (!ep->text) return api_fail(e, 500, NULL, NULL, "out of memory");
         if (given) ep->len = strlen(given);
+        ep->bos_added = given && n && ids[0] == s->info.bos_added;
     }
     if (!q->logprobs) {
         echo_fill(s, g);
@@ -1215,8 +1242,7 @@ static void submit(server *s, generation *g) {
             for (int i = 0; i < g->n_choices; i++) {
                 size_t p = (size_t)i / (size_t)n, n_ids;
                 const int32_t *ids = prompt_ids(g, p, &n_ids);
-                json_t *lp = g->echo && g->echo[p].lp ? json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs",
-                                                                  "top_logprobs") : NULL;
+                json_t *lp = g->echo && g->echo[p].lp ? completion_logprobs_new() : NULL;
                 if (lp) echo_logprobs_add(s, lp, &g->echo[p], ids, n_ids);
                 json_t *chunk = g->echo ? chunk_json(g, i, g->echo[p].text, g->echo[p].len, 1, NULL, lp)
                                         : chunk_json(g, i, NULL, 0, 1, NULL, NULL);
@@ -1888,7 +1914,7 @@ static void prompt_done(request *r, void *arg) {
         /* (a stream of the Responses API sends them at the end too; one with tools, as its text is released) */
         if (q->logprobs && (!q->stream || responses || tools_active(g)))
             g->choices[i].logprobs = chat ? json_array()
-                                          : json_pack("{s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs");
+                                          : completion_logprobs_new();
     }
     if (reread) return start_reread(s, g, &e) ? respond_question_error(r, &e) : (void)0;
     if (recall) return start_recall(s, g, &e) ? respond_question_error(r, &e) : (void)0;

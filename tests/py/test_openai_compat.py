@@ -263,6 +263,35 @@ def test_echo_agrees_with_the_logprobs_of_what_was_generated(srv, client):
         assert abs(a - b) < 0.02, (a, b)
 
 
+def test_text_offsets_point_at_each_token(client):
+    """logprobs.text_offset (OpenAI's legacy field): where each token's text starts in the
+    choice's text, in characters: echoed prompt, answer, and streamed chunk by chunk."""
+    def check(text, lp):
+        assert len(lp.text_offset) == len(lp.tokens)
+        assert lp.text_offset == sorted(lp.text_offset)
+        for tok, off in zip(lp.tokens, lp.text_offset):
+            if "\\x" not in tok:  # (a byte of a character split over tokens is written \xNN)
+                assert text[off:].startswith(tok), (text, tok, off)
+    for prompt in ("The river ran past the mill and", "Emoji test: 😀 means", [504, 3575, 282]):
+        for echo in (False, True):
+            a = client.completions.create(model="x", prompt=prompt, max_tokens=12, temperature=0, logprobs=2,
+                                          echo=echo)
+            check(a.choices[0].text, a.choices[0].logprobs)
+            if echo:
+                assert a.choices[0].logprobs.text_offset[0] == 0
+    text, offsets, tokens = "", [], []
+    for ch in client.completions.create(model="x", prompt="Emoji test: 😀 means", max_tokens=12, temperature=0,
+                                        logprobs=1, echo=True, stream=True):
+        c = ch.choices[0]
+        if c.logprobs:
+            offsets += c.logprobs.text_offset
+            tokens += c.logprobs.tokens
+        text += c.text
+    whole = client.completions.create(model="x", prompt="Emoji test: 😀 means", max_tokens=12, temperature=0,
+                                      logprobs=1, echo=True).choices[0]
+    assert (text, offsets, tokens) == (whole.text, whole.logprobs.text_offset, whole.logprobs.tokens)
+
+
 def test_echo_in_streams_batches_and_errors(srv, client):
     plain = client.completions.create(model="x", prompt=["Hello there", "One two"], max_tokens=2, temperature=0,
                                       echo=True, n=2)
