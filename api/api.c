@@ -462,12 +462,8 @@ static int parse_bias(api_gen_request *r, int32_t n_vocab, api_error *e) {
 
 /* Fields other servers act on that this one does not: refused rather than
  * ignored, since ignoring them would change what the client gets back
- * silently (one sample for best_of, text instead of a call). */
+ * silently (text instead of a call). */
 static int refuse_unserved(json_t *root, int chat, api_error *e) {
-    int64_t best_of = 1;
-    if (!chat && get_int(root, "best_of", 0, INT32_MAX, &best_of, e)) return -1;
-    if (best_of > 1)
-        return api_fail(e, 400, "unsupported_value", "best_of", "best_of is not supported: ask for n answers and pick one");
     static const char *const legacy[] = {"functions", "function_call"};
     for (size_t i = 0; chat && i < 2; i++) {
         json_t *v = json_object_get(root, legacy[i]);
@@ -546,7 +542,16 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
         if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     }
     r->overflow_error = overflow && !strcmp(overflow, "error");
-    r->n_choices = (int)n_choices;
+    int64_t best_of = n_choices; /* completions: answers made, of which the n likeliest are returned */
+    if (!chat && get_int(r->root, "best_of", 1, API_MAX_N, &best_of, e)) return -1;
+    if (best_of < n_choices)
+        return api_fail(e, 400, "invalid_value", "best_of", "best_of (%lld) must be at least n (%lld)",
+                        (long long)best_of, (long long)n_choices);
+    if (best_of > n_choices && r->stream)
+        return api_fail(e, 400, "invalid_value", "best_of", "best_of above n cannot be streamed: the answers are "
+                        "compared once they are whole");
+    r->n_returned = (int)n_choices;
+    r->n_choices = (int)best_of;
     if (chat) r->n_batch = 1;
     gp->max_tokens = (int32_t)max_tokens;
     sp->temperature = (float)temp;
@@ -560,7 +565,7 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
     sp->n_top_logprobs = (int32_t)top_lp;
     r->logprobs = lp_bool;
     r->top_logprobs = (int)top_lp;
-    gp->want_logprobs = lp_bool;
+    gp->want_logprobs = lp_bool || r->n_choices > r->n_returned; /* (best_of compares them) */
     return 0;
 }
 

@@ -96,6 +96,7 @@ typedef struct api_gen_request {
     size_t n_prompt_tokens;
     engine_gen_params params;  /* stop and bias arrays owned here */
     int stream, include_usage, logprobs, top_logprobs;
+    int n_returned;            /* answers returned per prompt (n): the likeliest of n_choices when fewer */
     int echo;                  /* completions: the prompt (and its tokens' logprobs) before each answer */
     const char *suffix;        /* completions: the text after the answer (fill-in-the-middle), or NULL */
     const char *session;       /* "session" field or NULL */
@@ -114,7 +115,7 @@ typedef struct api_gen_request {
     const char *tool_name;     /* TOOL_CHOICE_NAMED */
     int parallel_tool_calls;
     const char *tool_format;   /* "chatml" or "llama3" once api_render_tools ran with tools */
-    int n_choices;             /* "n": answers per prompt (1..API_MAX_N) */
+    int n_choices;             /* answers made per prompt (1..API_MAX_N): "n", or "best_of" when larger */
     /* completions with a list of prompts: prompt i is batch_texts[i] or
      * batch_tokens[i][0..batch_counts[i]); the first is also prompt /
      * prompt_tokens. n_batch is 1 for one prompt. */

@@ -22,6 +22,7 @@ typedef struct choice {
     json_t *logprobs; /* chat: array of token entries; completions: {tokens, token_logprobs, top_logprobs} */
     size_t lp_sent;   /* /v1/responses streamed: the entries its deltas have sent */
     size_t chars;     /* characters of its text so far (echo included): completions' text_offset */
+    double lp_sum;    /* its tokens' log-probabilities summed (best_of compares the answers by them) */
     size_t text_sent; /* a stream with tools (auto): the bytes of its text sent so far (stream_ready_text) */
     VEC(size_t) lp_end; /* a stream with tools: where each logprobs entry's token ends in text (SIZE_MAX:
                            its character is not whole yet, it ends with the next text) */
@@ -558,6 +559,7 @@ static void on_text_event(server *s, void *arg) {
         else json_decref(lp);
     } else {
         size_t at = c->chars; /* (where this token's text starts) */
+        if (ev->has_lp) c->lp_sum += ev->lp.logprob;
         append_text(c, ev->text, ev->n);
         c->chars += utf8_chars(ev->text, ev->n);
         if (g->req.stream) /* where the held-back tokens' text ends, and this token's */
@@ -951,6 +953,10 @@ static json_t *choice_json(choice *c) {
 
 static void send_whole_response(request *r, json_t *response) { respond_json(r, 200, response); }
 
+static double mean_logprob(const choice *c) {
+    return c->res.n_generated ? c->lp_sum / (double)c->res.n_generated : 0.0;
+}
+
 static void finish_whole(generation *g) {
     request *r = g->r;
     if (g->client_left) {
@@ -968,7 +974,21 @@ static void finish_whole(generation *g) {
         }
     if (g->responses) return responses_final(g, send_whole_response);
     json_t *choices = json_array();
-    for (int i = 0; i < g->n_choices; i++) json_array_append_new(choices, choice_json(&g->choices[i]));
+    const int made = g->req.n_choices, kept = g->req.n_returned;
+    for (size_t p = 0; p < g->n_batch; p++) { /* best_of: each prompt's likeliest n, by mean log-probability */
+        choice *all = &g->choices[p * (size_t)made];
+        int order[API_MAX_N];
+        for (int k = 0; k < made; k++) {
+            int j = k;
+            for (; j > 0 && mean_logprob(&all[order[j - 1]]) < mean_logprob(&all[k]); j--) order[j] = order[j - 1];
+            order[j] = k;
+        }
+        for (int k = 0; k < kept; k++) {
+            choice *c = made > kept ? &all[order[k]] : &all[k];
+            c->index = (int)p * kept + k;
+            json_array_append_new(choices, choice_json(c));
+        }
+    }
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
                              g->req.chat ? "chat.completion" : "text_completion", "created",
                              (json_int_t)g->created, "model", model_name(g), "system_fingerprint",
@@ -1766,8 +1786,10 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     api_gen_request *q = &g->req;
     size_t seqs = (size_t)q->n_choices * (q->n_batch ? q->n_batch : 1);
     if (seqs > (size_t)s->cfg.max_answers) { /* each its own copy of up to a window: max_answers bounds them */
-        api_fail(&e, 400, "invalid_value", "n", "n (%d) × prompts (%zu) = %zu answers at once, more than the server's "
-                 "max_answers (%lld)", q->n_choices, q->n_batch ? q->n_batch : 1, seqs, (long long)s->cfg.max_answers);
+        const char *field = q->n_choices > q->n_returned ? "best_of" : "n";
+        api_fail(&e, 400, "invalid_value", field, "%s (%d) × prompts (%zu) = %zu answers at once, more than the server's "
+                 "max_answers (%lld)", field, q->n_choices, q->n_batch ? q->n_batch : 1, seqs,
+                 (long long)s->cfg.max_answers);
         return respond_error(r, &e);
     }
     int reread = 0; /* answer from a question-guided re-read of the session's document */

@@ -198,8 +198,8 @@ def test_fields_that_would_change_the_answer_silently_are_400s(client):
     fill-in-the-middle tokens (the default one) are refused, not ignored: a client asking
     for them would otherwise get another answer than it asked for without knowing (one
     sample, text not written to end before the suffix, text for a call)."""
-    # suffix and best_of were ignored (an answer not written to end before the suffix, one sample)
-    for extra in ({"suffix": " and so on."}, {"best_of": 3}):
+    # suffix was ignored (an answer not written to end before the suffix)
+    for extra in ({"suffix": " and so on."},):
         with pytest.raises(openai.BadRequestError) as ei:
             client.completions.create(model="x", prompt="Hello", max_tokens=2, **extra)
         assert ei.value.body["param"] == next(iter(extra)) and ei.value.body["code"] == "unsupported_value"
@@ -352,6 +352,36 @@ def test_suffix_fills_in_the_middle(tmp_path, fixtures, name, bos, marks):
             assert ei.value.body["param"] == "suffix"
     finally:
         assert srv.stop() == 0
+
+
+def test_best_of_returns_the_likeliest_of_its_answers(client):
+    """best_of answers are made as n of them would be (seed + i each) and the n with the highest
+    log-probability per token come back, in that order; usage counts every answer made."""
+    kw = dict(model="x", prompt=["Once upon a time", "The mill"], max_tokens=6, temperature=1.0, seed=1)
+    every = client.completions.create(n=4, logprobs=0, **kw)
+    usage_all = every.usage.completion_tokens
+    per_prompt = [sorted([c for c in every.choices if c.index // 4 == p], key=lambda c: c.index) for p in (0, 1)]
+
+    def mean(c):
+        return sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs)
+    # (seed 1: neither prompt's likeliest answer is its first, nor are they in order)
+    assert [max(range(4), key=lambda k: mean(per_prompt[p][k])) for p in (0, 1)] != [0, 0]
+    for n in (1, 2):
+        best = client.completions.create(n=n, best_of=4, **kw)
+        assert best.usage.completion_tokens == usage_all
+        got = sorted(best.choices, key=lambda c: c.index)
+        assert [c.index for c in got] == list(range(2 * n))
+        for p in (0, 1):
+            want = sorted(per_prompt[p], key=mean, reverse=True)[:n]
+            assert [c.text for c in got[p * n:(p + 1) * n]] == [c.text for c in want]
+            assert all(c.logprobs is None for c in got)  # (not asked for)
+    for extra, field in (({"n": 3, "best_of": 2}, "best_of"), ({"best_of": 17}, "best_of"),
+                         ({"best_of": 2, "stream": True}, "best_of"), ({"n": 1, "best_of": 5,
+                                                                        "prompt": ["a"] * 4}, "best_of")):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(**dict(kw, max_tokens=2, **extra))
+        assert ei.value.body["param"] == field, ei.value.body
+    assert len(client.completions.create(**dict(kw, n=2, best_of=2)).choices) == 4  # best_of = n: as n
 
 
 def test_batch_completions_in_order(client):
