@@ -240,7 +240,7 @@ ASAN_PYTEST_FILES := tests/py/test_server.py tests/py/test_reliability.py tests/
 ASAN_PYTEST_TESTS := ((test_server.py or test_reliability.py) and ($(ASAN_SERVER_TESTS))) \
                      or (test_recall.py and not survives_a_restart and not spans_say) \
                      or (test_web.py and (headers or defaults or text_maps)) \
-                     or ((test_tools.py or test_openai_compat.py) and (responses or previous or stored or streamed or background or echo)) \
+                     or ((test_tools.py or test_openai_compat.py) and (responses or previous or stored or streamed or background or echo or best_of or suffix or offsets)) \
                      or test_cluster.py \
                      or (test_embeddings.py and (bad_requests or accepted or agree or official or leaves or pooling))
 ASAN_PLAIN_KERNEL_UNIT := sched_ doc_snapshot_
