@@ -364,6 +364,10 @@ def completion_template(rng, sid):
         body["session"] = sid
     if rng.random() < 0.2:
         body["stream"] = True
+    if rng.random() < 0.1:
+        body.update(best_of=rng.choice([1, 2, 3]), n=rng.choice([1, 2]))
+    if rng.random() < 0.1:
+        body["suffix"] = rng.choice(["", " end", "\u00e9"])
     if rng.random() < 0.2:
         body.update(echo=True, logprobs=rng.choice([0, 2]))
         if rng.random() < 0.3:
