@@ -242,7 +242,7 @@ ASAN_PYTEST_TESTS := ((test_server.py or test_reliability.py) and ($(ASAN_SERVER
                      or (test_web.py and (headers or defaults or text_maps)) \
                      or ((test_tools.py or test_openai_compat.py) and (responses or previous or stored or streamed or background or echo or best_of or suffix or offsets)) \
                      or test_cluster.py \
-                     or (test_embeddings.py and (bad_requests or accepted or agree or official or leaves or pooling))
+                     or (test_embeddings.py and (bad_requests or accepted or agree or official or leaves or pooling or pot_memory or timeout))
 ASAN_PLAIN_KERNEL_UNIT := sched_ doc_snapshot_
 ASAN_PYTEST := POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 \
                $(VPY) -m pytest -q

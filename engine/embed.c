@@ -63,6 +63,18 @@ engine_embedder *engine_embedder_new(engine *e, const int32_t *const *inputs, co
     return x;
 }
 
+size_t engine_embed_memory(const engine *e, const size_t *lens, size_t n) {
+    const model *m = e->m;
+    size_t longest = 0, all = 0;
+    for (size_t i = 0; i < n; i++) {
+        longest = lens[i] > longest ? lens[i] : longest;
+        all += lens[i];
+    }
+    size_t tokens = 2 * longest + EMBED_FORWARD_TOKENS; /* (a forward's middle inputs are read whole in it) */
+    if (tokens > all) tokens = all;
+    return pot_bytes(m->n_layer, m->n_head_kv, m->head_dim, (int32_t)(tokens ? tokens : 1), e->kv_dtype);
+}
+
 /* Which rows of a piece of an input its embedding takes (first, last: whether
  * the piece starts or ends the input). */
 static void pool_rows(enum model_pooling pooling, backend_span *sp, int first, int last, float *sum) {

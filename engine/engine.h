@@ -116,6 +116,9 @@ int engine_embed(engine *e, const int32_t *const *inputs, const size_t *lens, si
  * step; -1 + err), then free. Each input's pot is held from its first piece
  * to its last. */
 typedef struct engine_embedder engine_embedder;
+/* The most pot bytes an embedder of these inputs holds at once: the inputs of
+ * one forward, of which only the first and the last can be longer than it. */
+size_t engine_embed_memory(const engine *e, const size_t *lens, size_t n);
 engine_embedder *engine_embedder_new(engine *e, const int32_t *const *inputs, const size_t *lens, size_t n,
                                      float *out, char *err, size_t errlen);
 int engine_embedder_step(engine_embedder *x, int64_t *tokens, char *err, size_t errlen);

@@ -10,7 +10,10 @@
 #include "common/common.h"
 #include "server_internal.h"
 
-enum { EMBED_TASK_TOKENS = 1024 }; /* tokens read in one engine task: then the engine's other work */
+enum {
+    EMBED_TASK_TOKENS = 1024, /* tokens read in one engine task: then the engine's other work */
+    EMBED_RETRY_SECONDS = 2,  /* a 429's Retry-After: other requests' pots are freed as they end */
+};
 
 typedef struct embed_job {
     server *srv;
@@ -25,6 +28,7 @@ typedef struct embed_job {
     int rc;             /* of the last step: 1 more to read, 0 done, -1 failed (err) */
     int stop;           /* the next task frees the embedder, and the job is done */
     double deadline_ms; /* request_timeout (0: none) */
+    size_t memory;      /* its pots' bytes at most, counted in the server's pot_memory while it runs */
     char err[256];
     char *text;     /* the answer */
     size_t len;
@@ -33,6 +37,7 @@ typedef struct embed_job {
 
 static void embed_job_free(embed_job *j) {
     engine_embedder_free(j->x);
+    if (j->memory) j->srv->pot_memory -= j->memory;
     for (size_t i = 0; j->ids && i < j->q.n; i++)
         if (j->q.texts[i]) free(j->ids[i]);
     free(j->ids);
@@ -223,10 +228,23 @@ static void embed_submit(embed_job *j) {
     }
 }
 
+/* Its pots count against pot_memory_limit while it runs, as every pot does. */
+static int embed_admit(server *s, embed_job *j) {
+    size_t bytes = engine_embed_memory(s->eng, j->lens, j->q.n);
+    if (pot_memory_admit(s, bytes, "input", "these inputs' reading", &j->e)) return -1;
+    if (s->pot_memory + bytes > (size_t)s->cfg.pot_memory_limit)
+        return api_fail(&j->e, 429, "insufficient_memory", "input",
+                        "reading these inputs needs %zu bytes of pots: %zu of pot_memory_limit %lld are in use",
+                        bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
+    s->pot_memory += j->memory = bytes;
+    return 0;
+}
+
 static void embed_tokenized(request *r, void *arg) {
     embed_job *j = arg;
-    if (j->e.status) {
-        respond_error(r, &j->e);
+    if (j->e.status || embed_admit(r->srv, j)) {
+        if (j->e.status == 429) respond_retry(r, &j->e, EMBED_RETRY_SECONDS);
+        else respond_error(r, &j->e);
         return embed_job_free(j);
     }
     embed_submit(j);

@@ -271,3 +271,29 @@ def test_request_timeout_bounds_the_reading(tmp_path):
         assert len(vectors(embed(srv, "hello"))[0]) == 576  # a short one is read within the second
     finally:
         assert srv.stop() == 0
+
+
+def test_the_inputs_pots_count_against_pot_memory_limit(tmp_path):
+    """The pots an embeddings request holds count in pot_memory while it runs, as every pot
+    does: 422 when they could never fit, 429 with Retry-After while others hold the room."""
+    srv = Server(tmp_path / "data", "--pot-memory-limit", "100M", "--prompt-cache-entries", "0").start()
+    try:
+        st, err, _ = srv.request("POST", "/v1/embeddings", {"input": [[7] * 8000]})  # about 196 MB of pots
+        assert st == 422 and err["error"]["code"] == "pot_too_large" and err["error"]["param"] == "input", err
+        import threading
+        first = {}
+        th = threading.Thread(target=lambda: first.update(r=srv.request("POST", "/v1/embeddings",
+                                                                          {"input": [[7] * 3000]})))
+        th.start()  # about 74 MB while it runs, and another 37 MB do not fit beside it in 100 MB
+        deadline = time.time() + 60
+        while time.time() < deadline and metric(srv, "potserve_pot_memory_bytes") == 0:
+            time.sleep(0.02)
+        assert metric(srv, "potserve_pot_memory_bytes") > 50e6
+        st, err, hdrs = srv.request("POST", "/v1/embeddings", {"input": [[7] * 1500]})
+        assert st == 429 and err["error"]["code"] == "insufficient_memory" and "Retry-After" in hdrs, err
+        th.join()
+        assert first["r"][0] == 200
+        assert metric(srv, "potserve_pot_memory_bytes") == 0
+        assert srv.request("POST", "/v1/embeddings", {"input": [[7] * 3000]})[0] == 200
+    finally:
+        assert srv.stop() == 0
