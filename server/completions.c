@@ -1782,6 +1782,9 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     g->responses = responses;
     g->history = history;
     g->count_only = count_only;
+    int retry = 0;
+    if (chat && r->json && files_in_messages(r, r->json, &e, &retry))
+        return retry ? respond_retry(r, &e, retry) : respond_error(r, &e);
     if (parse_request(r, chat, responses != NULL, &g->req, &e)) return respond_error(r, &e);
     api_gen_request *q = &g->req;
     size_t seqs = (size_t)q->n_choices * (q->n_batch ? q->n_batch : 1);

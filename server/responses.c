@@ -17,7 +17,8 @@
 
 #include "server/server_internal.h"
 
-/* The text of an input item's content: a string or input_text/output_text parts. */
+/* The text of an input item's content: a string or input_text/output_text
+ * parts; input_file parts become the chat's file parts (files.c reads them). */
 static int item_text(json_t *content, size_t idx, const char *field, json_t **out, api_error *e) {
     if (json_is_string(content)) {
         *out = json_incref(content);
@@ -32,11 +33,25 @@ static int item_text(json_t *content, size_t idx, const char *field, json_t **ou
     json_array_foreach(content, i, p) {
         const char *type = json_string_value(json_object_get(p, "type"));
         json_t *text = json_object_get(p, "text");
+        if (type && !strcmp(type, "input_file")) {
+            json_t *id = json_object_get(p, "file_id"), *data = json_object_get(p, "file_data");
+            if (json_object_get(p, "file_url") || (!json_is_string(id) && !json_is_string(data))) {
+                json_decref(parts);
+                return api_fail(e, 400, "invalid_value", "input",
+                                "input[%zu].%s[%zu]: an input_file needs file_id (POST /v1/files) or file_data; "
+                                "file_url is not fetched", idx, field, i);
+            }
+            json_array_append_new(parts, json_pack("{s:s, s:{s:O*, s:O*}}", "type", "file", "file", "file_id",
+                                                   json_is_string(id) ? id : NULL, "file_data",
+                                                   json_is_string(data) ? data : NULL));
+            continue;
+        }
         if (!type || (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text")) ||
             !json_is_string(text)) {
             json_decref(parts);
             return api_fail(e, 400, "invalid_value", "input",
-                            "input[%zu].%s[%zu]: only input_text and output_text parts are supported", idx, field, i);
+                            "input[%zu].%s[%zu]: only input_text, output_text and input_file parts are supported", idx,
+                            field, i);
         }
         json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
     }
@@ -69,6 +84,11 @@ static json_t *listed_item(json_t *item, const char *type) {
     size_t i;
     json_t *p;
     json_array_foreach(content, i, p) {
+        const char *type = json_string_value(json_object_get(p, "type"));
+        if (type && !strcmp(type, "input_file")) { /* as it was given */
+            json_array_append(parts, p);
+            continue;
+        }
         json_t *part = json_pack("{s:s, s:O}", "type", assistant ? "output_text" : "input_text", "text",
                                  json_object_get(p, "text"));
         if (assistant) json_object_set_new(part, "annotations", json_array());

@@ -51,6 +51,7 @@ void request_unref(request *r) {
     if (r->pending) MHD_destroy_response(r->pending);
     if (r->follows) background_unfollow(r);
     if (r->up) upload_free(r->up);
+    if (r->form) files_form_free(r->form);
     if (r->gen) generation_free(r->gen);
     background_free(r->bg);
     free(r->url);
@@ -561,6 +562,11 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/tokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/tokenize";
     if (!strcmp(url, "/detokenize")) return *body = post ? BODY_JSON : BODY_NONE, "/detokenize";
     if (!strcmp(url, "/v1/sessions")) return *body = post ? BODY_JSON : BODY_NONE, "/v1/sessions";
+    if (!strcmp(url, "/v1/files")) return *body = post ? BODY_UPLOAD : BODY_NONE, "/v1/files";
+    if (!strncmp(url, "/v1/files/", 10) && url[10] && url[10] != '/') {
+        const char *slash = strchr(url + 10, '/');
+        return slash && !strcmp(slash, "/content") ? "/v1/files/{id}/content" : "/v1/files/{id}";
+    }
     if (!strncmp(url, "/v1/sessions/", 13)) {
         const char *slash = strchr(url + 13, '/');
         if (slash && !strcmp(slash, "/chunks")) { /* PUT too: what `curl -T` sends */
@@ -595,6 +601,7 @@ static void dispatch(request *r, const char *upload, size_t *upload_size) {
     if (!strcmp(rt, "/detokenize")) return post ? route_tokens(r, 1) : respond_method_not_allowed(r, "POST");
     if (!strncmp(rt, "/v1/sessions", 12))
         return route_sessions(r, r->url + strlen("/v1/sessions"), upload, upload_size);
+    if (!strncmp(rt, "/v1/files", 9)) return route_files(r, r->url + strlen("/v1/files"));
     not_found(r);
 }
 
@@ -937,6 +944,10 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
     }
     if (r->status) { /* already answered (an error before the body ended): drop the rest */
         *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->form) { /* POST /v1/files: a form whose file is streamed as an upload */
+        files_receive(r, upload_data, upload_data_size);
         return MHD_YES;
     }
     if (r->up) { /* streamed upload */

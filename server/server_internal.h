@@ -65,6 +65,7 @@ char *metrics_render(server *s);
 /* ---- requests (router.c) ----------------------------------------------------------- */
 typedef struct piece piece;
 typedef struct upload upload;
+typedef struct file_form file_form;
 typedef struct generation generation;
 typedef struct background background;
 typedef struct event_log event_log;
@@ -106,6 +107,7 @@ struct request {
     int suspended;
     int stored_redone;           /* its stored_update found the entry changed and ran again (stored.c) */
     upload *up;
+    file_form *form;             /* POST /v1/files: its form, read as it arrives (files.c) */
     generation *gen;
     background *bg;              /* a background response's own request: no connection (background.c) */
     event_log *follows;          /* a stream that reads a background response's events (background.c) */
@@ -226,6 +228,7 @@ struct session {
     int snap_saving;
     struct reread_pass *reread_open; /* the re-read pass new questions join (reread.c) */
     struct recall_read *recall_read; /* the log read new recalls join (recall.c) */
+    json_t *file;             /* a file's (POST /v1/files) {"filename", "purpose"}, as in its meta; NULL: none */
     session *next;
 };
 
@@ -257,6 +260,22 @@ void session_unref(session *ss);
 /* GET /v1/sessions/{id}/retention and GET /v1/sessions/{id}/text (session_read.c). */
 void session_retention(request *r, session *ss);
 void session_text(request *r, session *ss);
+/* Registers and opens a new session for r's key with these settings (taken
+ * over) and, for a file, its {"filename", "purpose"} (taken over): answers 201
+ * with the session, or, for a file, calls files_session_created once it is
+ * open; errors are answered here. */
+void session_create(request *r, api_session_settings *settings, json_t *file);
+/* DELETE of ss (answered as a session's deletion, or as_file as a file's). */
+void session_delete(request *r, session *ss, int as_file);
+/* An upload of ss's next chunk whose bytes come from elsewhere than r's raw
+ * body (a form's file): upload_open (the document's last chunk, acknowledged
+ * once durable), upload_take for its bytes (1: stop reading until the engine
+ * catches up, as a raw upload is held), upload_end when they have all come,
+ * or upload_abort with why (nothing of the chunk is kept). r->up owns it. */
+upload *upload_open(request *r, session *ss);
+int upload_take(upload *u, const char *data, size_t n);
+void upload_end(upload *u);
+void upload_abort(upload *u, const api_error *e);
 /* Upload data (called with pieces, then with size 0 at the end). */
 void upload_receive(request *r, const char *data, size_t *size);
 void upload_free(upload *u);
@@ -270,6 +289,23 @@ void session_snapshot(server *s, session *ss);
 int sessions_saving(const server *s);
 /* A generation over ss ended (a pending rebuild may start). */
 void session_generation_done(session *ss);
+
+/* ---- files (files.c): OpenAI's Files API over sessions ---------------------------------- */
+/* /v1/files and /v1/files/{id}[/content]; rest is what follows /v1/files. */
+void route_files(request *r, const char *rest);
+/* POST /v1/files's body (pieces, then size 0 at the end). */
+void files_receive(request *r, const char *data, size_t *size);
+void files_form_free(file_form *f);
+/* The file's session is open: its upload begins. */
+void files_session_created(request *r, session *ss);
+/* What a file's upload answers: the file object instead of the session's. */
+void files_upload_answer(session *ss, int *status, json_t **body);
+/* "file-" + the session id's own part. */
+void file_id_of(const char *session_id, char *out, size_t cap);
+/* A chat body's file parts ({"type": "file", "file": {"file_id" | "file_data"}}):
+ * file_data becomes a text part, a file_id the body's session. 0, or -1 + e
+ * (with *retry_after > 0 when retrying later helps). */
+int files_in_messages(request *r, json_t *body, api_error *e, int *retry_after);
 
 /* ---- the web page (web.c) ----------------------------------------------------------- */
 /* 1 when path is one of the page's files. */

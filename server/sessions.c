@@ -127,6 +127,7 @@ void session_ref(session *ss) { ss->refs++; }
 
 static void free_session(session *ss) {
     api_session_settings_free(&ss->settings);
+    json_decref(ss->file);
     store_log_close(ss->log);
     free(ss->dir);
     free(ss);
@@ -291,6 +292,13 @@ json_t *session_json(server *s, const session *ss) {
     json_object_set_new(o, "recall", api_recall_json(recall_mode(s, ss, API_RECALL_UNSET)));
     if (st->ring_entries) json_object_set_new(o, "ring_entries", json_integer(st->ring_entries));
     if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));
+    if (ss->file) {
+        json_t *f = json_deep_copy(ss->file);
+        char fid[48];
+        file_id_of(ss->id, fid, sizeof fid);
+        json_object_set_new(f, "id", json_string(fid));
+        json_object_set_new(o, "file", f);
+    }
     return o;
 }
 
@@ -868,6 +876,7 @@ static json_t *chunk_result(upload *u) {
 static void respond_upload(upload *u, int status, json_t *body) {
     request *r = u->r;
     u->answered = 1;
+    if (u->ss->file) files_upload_answer(u->ss, &status, &body);
     if (!r->conn) {
         json_decref(body);
         return;
@@ -1210,6 +1219,42 @@ void upload_receive(request *r, const char *data, size_t *size) {
     body_ended(u);
 }
 
+/* ---- uploads whose bytes come from elsewhere (a form's file) ----------------------------- */
+
+upload *upload_open(request *r, session *ss) {
+    upload *u = calloc(1, sizeof *u);
+    if (!u) return NULL;
+    u->r = r;
+    u->ss = ss;
+    session_ref(ss);
+    u->mode = UPLOAD_RAW;
+    u->seq = ss->last_seq + 1;
+    u->final = 1;
+    u->wait = ss->acked_ingests >= MAX_IN_FLIGHT; /* (as start_upload's back-pressure) */
+    u->t0 = monotonic_ms();
+    ss->busy = 1;
+    return u;
+}
+
+int upload_take(upload *u, const char *data, size_t n) {
+    if (!u->failed) take_bytes(u, data, n);
+    return !u->failed && in_flight_full(u);
+}
+
+void upload_end(upload *u) {
+    if (u->body_done) return;
+    u->body_done = 1;
+    body_ended(u);
+}
+
+void upload_abort(upload *u, const api_error *e) {
+    if (!u->failed) {
+        u->failed = 1;
+        u->err = *e;
+    }
+    upload_end(u);
+}
+
 static void json_chunk_parsed(request *r) {
     upload *u = r->up;
     api_error e;
@@ -1418,7 +1463,8 @@ static void created_doc(server *s, doc_job *j) {
     }
     ss->stats = j->stats;
     ss->busy = 0;
-    respond_json(r, 201, session_json(s, ss));
+    if (ss->file) files_session_created(r, ss); /* POST /v1/files: the form's file is its first chunk */
+    else respond_json(r, 201, session_json(s, ss));
     finish_doc_job(j);
 }
 
@@ -1475,40 +1521,47 @@ static char *sessions_dir(server *s) { return path_join(s->cfg.data_dir, "sessio
 static void create_session(request *r) {
     server *s = r->srv;
     api_error e;
-    session *ss = calloc(1, sizeof *ss);
-    if (!ss) {
-        api_fail(&e, 500, NULL, NULL, "out of memory");
-        return respond_error(r, &e);
-    }
+    api_session_settings settings;
     json_t *body = r->body_blank ? NULL : request_json(r, &e); /* blank: every default */
     if ((!r->body_blank && !body) || api_parse_session_settings(body, s->info.n_ctx_train, (int32_t)s->cfg.budget_tokens,
-                                                                 s->cfg.policy, &ss->settings, &e)) {
+                                                                 s->cfg.policy, &settings, &e)) {
         json_decref(body);
-        free(ss);
         return respond_error(r, &e);
     }
     json_decref(body);
+    session_create(r, &settings, NULL);
+}
+
+void session_create(request *r, api_session_settings *settings, json_t *file) {
+    server *s = r->srv;
+    api_error e;
+    session *ss = calloc(1, sizeof *ss);
+    if (!ss) {
+        api_session_settings_free(settings);
+        json_decref(file);
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    ss->settings = *settings;
+    ss->file = file;
     if (count_sessions(s, r->key) >= s->cfg.max_sessions_per_key) {
-        api_session_settings_free(&ss->settings);
-        free(ss);
+        free_session(ss);
         api_fail(&e, 429, "too_many_sessions", NULL, "this key already has %lld sessions (max_sessions_per_key)",
                  (long long)s->cfg.max_sessions_per_key);
         return respond_retry(r, &e, seconds_to_next_expiry(s, r->key));
     }
     ss->memory_bytes = engine_doc_memory(s->eng, &ss->settings.pot);
     if (pot_memory_admit(s, ss->memory_bytes, "budget_tokens", "the session", &e)) {
-        api_session_settings_free(&ss->settings);
-        free(ss);
+        free_session(ss);
         return respond_error(r, &e);
     }
     if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
         api_fail(&e, 429, "insufficient_memory", "budget_tokens",
                  "a pot of %zu bytes does not fit: %zu of pot_memory_limit %lld are in use",
                  ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
-        api_session_settings_free(&ss->settings);
         /* deleted pots about to be freed would make room: retry in a second, not at the next expiry */
         int soon = s->pot_memory - s->pot_memory_going + ss->memory_bytes <= (size_t)s->cfg.pot_memory_limit;
-        free(ss);
+        free_session(ss);
         return respond_retry(r, &e, soon ? 1 : seconds_to_next_expiry(s, NULL));
     }
     ss->srv = s;
@@ -1521,6 +1574,7 @@ static void create_session(request *r) {
     json_t *meta = json_pack("{s:s, s:s, s:I, s:o, s:s}", "id", ss->id, "owner", ss->owner,
                              "created", (json_int_t)ss->created, "settings",
                              api_session_settings_json(&ss->settings), "model", s->model_id);
+    if (meta && ss->file) json_object_set(meta, "file", ss->file);
     create_job *j = calloc(1, sizeof *j);
     if (j) j->meta = meta ? json_dumps(meta, JSON_INDENT(1)) : NULL;
     json_decref(meta);
@@ -1633,6 +1687,7 @@ static int registered(const server *s, const session *ss);
  * busy meanwhile, so no upload starts and no second delete. */
 typedef struct delete_job {
     session *ss;
+    int as_file; /* answered as a file's deletion */
     int rc, again; /* again: the store did not run it (retry) */
     char err[256];
 } delete_job;
@@ -1658,13 +1713,16 @@ static void delete_done(request *r, void *arg) {
         respond_error(r, &e);
     } else {
         if (registered(s, ss)) session_remove(s, ss); /* (not dropped meanwhile: a lease lost) */
-        respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", ss->id, "object", "session.deleted", "deleted", 1));
+        char fid[48];
+        if (j->as_file) file_id_of(ss->id, fid, sizeof fid);
+        respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", j->as_file ? fid : ss->id, "object",
+                                       j->as_file ? "file" : "session.deleted", "deleted", 1));
     }
     session_unref(ss); /* the job's */
     free(j);
 }
 
-static void delete_session(request *r, session *ss) {
+void session_delete(request *r, session *ss, int as_file) {
     api_error e;
     if (ss->busy) {
         api_fail(&e, 409, "session_busy", NULL, "the session is ingesting an upload; retry when it ends");
@@ -1679,6 +1737,7 @@ static void delete_session(request *r, session *ss) {
         return respond_error(r, &e);
     }
     j->ss = ss;
+    j->as_file = as_file;
     session_ref(ss);
     ss->busy = 1;
     request_work(r, WORK_POOL, delete_work, delete_done, j);
@@ -1706,7 +1765,7 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     if (!ss) return;
     if (!slash) {
         if (get) return respond_json(r, 200, session_json(s, ss));
-        if (del) return delete_session(r, ss);
+        if (del) return session_delete(r, ss, 0);
         return respond_method_not_allowed(r, "GET, HEAD, DELETE");
     } else if (!strcmp(slash, "/chunks")) {
         if (post || !strcmp(r->method, "PUT")) return start_upload(r, ss);
@@ -1813,6 +1872,8 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
         ss->dir = store_session_dir(s->st, id);
     }
     ss->created = (int64_t)json_integer_value(json_object_get(meta, "created"));
+    json_t *file = json_object_get(meta, "file");
+    ss->file = json_is_object(file) ? json_incref(file) : NULL;
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
     ss->last_seq = ss->log ? store_log_last_seq(ss->log) : 0;
     ss->final = ss->log && store_log_is_final(ss->log);
@@ -1846,6 +1907,10 @@ static void restore_one(void *user, const char *id) {
     s->sessions = ss;
     if (session_expired(ss, (int64_t)time(NULL))) { /* while the server was down: gone unread */
         fprintf(stderr, "potserve: session %s expired\n", id);
+        return session_remove(s, ss);
+    }
+    if (ss->file && !ss->final && ss->status != SESSION_FAILED) { /* its upload never ended: no file was made */
+        fprintf(stderr, "potserve: session %s: a file upload that never ended, removed\n", id);
         return session_remove(s, ss);
     }
     if (ss->status == SESSION_FAILED) return (void)fprintf(stderr, "potserve: session %s failed: %s\n", id, ss->fail_msg);

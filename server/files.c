@@ -1,0 +1,628 @@
+/* OpenAI's Files API over sessions: a file is a session whose document is the
+ * file's text, read into its pot as it is uploaded.
+ *
+ * POST /v1/files takes the official clients' multipart form (purpose, then
+ * file; optionally expires_after[anchor]/[seconds] and potserve's "settings",
+ * a session's settings as JSON). The form is read as it arrives (multipart.c);
+ * at the file part it pauses, the session is created with the file's name and
+ * purpose in its meta, and the file's bytes go through the session's upload
+ * path (sessions.c: log, durability, UTF-8 check, back-pressure) as its one,
+ * final chunk; the answer (the file object) comes once the file is durable,
+ * while its pot is still being read ("status": "uploaded", then "processed").
+ * An upload that fails leaves no file: its session expires at once and the
+ * once-a-second sweep removes it; one cut by a crash is removed at the next
+ * start (its log never ended).
+ *
+ * A question names a file as OpenAI's do: a chat message's part
+ * {"type": "file", "file": {"file_id": ...}} (a Responses input_file part
+ * becomes one), which makes the file's session the question's; a part's
+ * inline file_data is decoded into the message as text. Loop thread. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/common.h"
+#include "server/multipart.h"
+#include "server/reread.h"
+#include "server/server_internal.h"
+
+enum { FIELD_MAX = 64, SETTINGS_MAX = 65536 };
+
+struct file_form {
+    request *r;
+    multipart mp;
+    enum { IN_NONE, IN_FIELD, IN_FILE } in;
+    char field[FIELD_MAX];
+    char *value; /* the current field's value as it comes */
+    size_t value_len, value_cap;
+    char purpose[32];
+    char *settings; /* the "settings" field: a session's settings as JSON */
+    char anchor[32];
+    char seconds[24];
+    char filename[256];
+    int file_seen, file_ended;
+    uint64_t file_bytes;
+    int creating;    /* paused at the file part while its session is created */
+    int backlogged;  /* the upload asked to stop reading until the engine catches up */
+    int failed;      /* answered with an error: the rest of the body is dropped */
+    upload *u;       /* the file's upload once its session exists (r->up too) */
+    api_error err;
+};
+
+static const char *const purposes[] = {"assistants", "batch", "fine-tune", "vision", "user_data", "evals", NULL};
+
+void file_id_of(const char *session_id, char *out, size_t cap) {
+    snprintf(out, cap, "file-%s", session_id + 5); /* "sess_" + its own part */
+}
+
+/* The session id a file id names, or NULL when it is not one ("sess_" ids too: a
+ * session made by POST /v1/sessions can stand for a file in a question). */
+static const char *session_of_file(const char *id, char *out, size_t cap) {
+    const char *own = !strncmp(id, "file-", 5) ? id + 5 : !strncmp(id, "sess_", 5) ? id + 5 : NULL;
+    size_t n = own ? strlen(own) : 0;
+    if (!own || n < 5 || n > 35) return NULL;
+    for (const char *p = own; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) return NULL;
+    snprintf(out, cap, "sess_%s", own);
+    return out;
+}
+
+static int session_expired_now(const session *ss) { return ss->expires && (int64_t)time(NULL) > ss->expires; }
+
+/* An upload that made no file: its session goes (sessions_expire removes it once idle). */
+static void forget_file(session *ss) { ss->expires = 1; }
+
+static json_t *file_json(const session *ss) {
+    char fid[48];
+    file_id_of(ss->id, fid, sizeof fid);
+    const char *status = ss->status == SESSION_FAILED ? "error"
+                         : ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring ? "uploaded"
+                                                                                             : "processed";
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:O, s:O, s:s, s:s}", "id", fid, "object", "file", "bytes",
+                          (json_int_t)ss->bytes_acked, "created_at", (json_int_t)ss->created, "filename",
+                          json_object_get(ss->file, "filename"), "purpose", json_object_get(ss->file, "purpose"),
+                          "status", status, "session", ss->id);
+    json_object_set_new(o, "status_details", ss->status == SESSION_FAILED ? json_string(ss->fail_msg) : json_null());
+    json_object_set_new(o, "expires_at", ss->expires ? json_integer(ss->expires) : json_null());
+    return o;
+}
+
+/* A file of r's key, or NULL (answered 404 or as session_lookup answers). */
+static session *file_lookup(request *r, const char *fid) {
+    char sid[48];
+    session *ss = session_of_file(fid, sid, sizeof sid) ? session_find(r->srv, sid, r->key) : NULL;
+    if (!ss || !ss->file || session_expired_now(ss) || ss->deleted) {
+        api_error e;
+        api_fail(&e, 404, "file_not_found", "file_id", "no file '%.60s'", fid);
+        respond_error(r, &e);
+        return NULL;
+    }
+    snprintf(r->session_id, sizeof r->session_id, "%s", ss->id);
+    return session_lookup(r, sid, "file_id"); /* (a restore under way: 503 loading) */
+}
+
+/* ---- GET /v1/files -------------------------------------------------------------------------- */
+
+static int by_created(const void *a, const void *b) {
+    const session *x = *(session *const *)a, *y = *(session *const *)b;
+    return x->created != y->created ? (x->created < y->created ? -1 : 1) : strcmp(x->id, y->id);
+}
+
+static void list_files(request *r) {
+    server *s = r->srv;
+    api_error e;
+    const char *purpose = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "purpose");
+    const char *order = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "order");
+    const char *after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "after");
+    const char *limit_q = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
+    int64_t limit = 10000;
+    char err[128];
+    if (limit_q && config_parse_int("limit", limit_q, 1, 10000, &limit, err, sizeof err)) {
+        api_fail(&e, 400, "invalid_value", "limit", "%s", err);
+        return respond_error(r, &e);
+    }
+    if (order && strcmp(order, "asc") && strcmp(order, "desc")) {
+        api_fail(&e, 400, "invalid_value", "order", "order must be asc or desc, not '%.40s'", order);
+        return respond_error(r, &e);
+    }
+    int desc = !order || !strcmp(order, "desc");
+    size_t n = 0, cap = 0;
+    session **all = NULL;
+    for (session *ss = s->sessions; ss; ss = ss->next) {
+        if (!ss->file || ss->deleted || session_expired_now(ss) || strcmp(ss->owner, r->key->owner)) continue;
+        if (purpose && strcmp(json_string_value(json_object_get(ss->file, "purpose")), purpose)) continue;
+        if (n == cap) {
+            session **grown = realloc(all, (cap = cap ? cap * 2 : 16) * sizeof *all);
+            if (!grown) {
+                free(all);
+                api_fail(&e, 500, NULL, NULL, "out of memory");
+                return respond_error(r, &e);
+            }
+            all = grown;
+        }
+        all[n++] = ss;
+    }
+    if (n) qsort(all, n, sizeof *all, by_created);
+    if (desc)
+        for (size_t i = 0; i < n / 2; i++) {
+            session *t = all[i];
+            all[i] = all[n - 1 - i];
+            all[n - 1 - i] = t;
+        }
+    size_t from = 0;
+    if (after) { /* the page after that file (one gone since: from the start, as nothing matches) */
+        char fid[48];
+        for (size_t i = 0; i < n; i++) {
+            file_id_of(all[i]->id, fid, sizeof fid);
+            if (!strcmp(fid, after)) from = i + 1;
+        }
+    }
+    json_t *data = json_array();
+    for (size_t i = from; i < n && (int64_t)(i - from) < limit; i++) json_array_append_new(data, file_json(all[i]));
+    size_t shown = json_array_size(data);
+    json_t *o = json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", from + shown < n);
+    json_object_set(o, "first_id", shown ? json_object_get(json_array_get(data, 0), "id") : json_null());
+    json_object_set(o, "last_id", shown ? json_object_get(json_array_get(data, shown - 1), "id") : json_null());
+    free(all);
+    respond_json(r, 200, o);
+}
+
+/* ---- GET /v1/files/{id}/content ------------------------------------------------------------- */
+
+typedef struct content_job {
+    request *r;
+    session *ss;
+    session_log_text log;
+} content_job;
+
+static void content_read(server *s, void *user) {
+    (void)s;
+    content_job *j = user;
+    request *r = j->r;
+    if (j->log.rc) {
+        api_error e;
+        api_fail(&e, 500, "storage_error", NULL, "cannot read the file: %s", j->log.err);
+        respond_error(r, &e);
+        free(j->log.text);
+    } else {
+        struct MHD_Response *resp = MHD_create_response_from_buffer(j->log.len, j->log.text ? j->log.text : (void *)"",
+                                                                    j->log.text ? MHD_RESPMEM_MUST_FREE
+                                                                                : MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(resp, "Content-Type", "text/plain; charset=utf-8");
+        r->bytes_out += j->log.len;
+        respond_raw(r, 200, resp);
+    }
+    session_unref(j->ss);
+    request_unref(r);
+    free(j);
+}
+
+static void file_content(request *r, session *ss) {
+    api_error e;
+    const char *busy = session_log_busy(ss);
+    if (busy) {
+        api_fail(&e, 409, "file_busy", "file_id", "the file cannot be read now: %s", busy);
+        return respond_retry(r, &e, 1);
+    }
+    content_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    j->r = r;
+    j->ss = ss;
+    session_ref(ss);
+    request_ref(r);
+    request_suspend(r);
+    if (session_log_fetch(r->srv, ss, &j->log, content_read, j)) content_read(r->srv, j);
+}
+
+/* ---- POST /v1/files: the form --------------------------------------------------------------- */
+
+static int form_error(file_form *f, int status, const char *code, const char *param, const char *msg) {
+    if (!f->err.status) api_fail(&f->err, status, code, param, "%s", msg);
+    return -1;
+}
+
+/* The answer to a form that cannot be taken: the upload's (which drops what
+ * it holds) once there is one, else this one. */
+static void form_fail(file_form *f) {
+    if (f->failed) return;
+    f->failed = 1;
+    if (f->u) return upload_abort(f->u, &f->err);
+    respond_error(f->r, &f->err);
+}
+
+static void create_file_session(file_form *f) {
+    request *r = f->r;
+    server *s = r->srv;
+    api_error e;
+    json_t *given = NULL;
+    if (f->settings) {
+        json_error_t je;
+        given = json_loads(f->settings, JSON_REJECT_DUPLICATES, &je);
+        if (!json_is_object(given)) {
+            json_decref(given);
+            api_fail(&e, 400, "invalid_value", "settings", "settings must be a JSON object of session settings (%.80s)",
+                     je.text);
+            return respond_error(r, &e);
+        }
+    }
+    api_session_settings settings;
+    int rc = api_parse_session_settings(given, s->info.n_ctx_train, (int32_t)s->cfg.budget_tokens, s->cfg.policy,
+                                        &settings, &e);
+    json_decref(given);
+    if (rc) return respond_error(r, &e);
+    if (f->anchor[0] || f->seconds[0]) { /* OpenAI's expiry: anchored at creation, as ttl_seconds is */
+        int64_t secs = 0;
+        char err[128];
+        if (strcmp(f->anchor, "created_at"))
+            rc = api_fail(&e, 400, "invalid_value", "expires_after[anchor]", "expires_after[anchor] must be created_at");
+        else if (config_parse_int("expires_after[seconds]", f->seconds, 1, 2592000, &secs, err, sizeof err))
+            rc = api_fail(&e, 400, "invalid_value", "expires_after[seconds]", "%s", err);
+        else if (settings.ttl_seconds)
+            rc = api_fail(&e, 400, "invalid_value", "expires_after[seconds]",
+                          "give expires_after or settings' ttl_seconds, not both");
+        if (rc) {
+            api_session_settings_free(&settings);
+            return respond_error(r, &e);
+        }
+        settings.ttl_seconds = secs;
+    }
+    json_t *file = json_pack("{s:s, s:s}", "filename", f->filename, "purpose", f->purpose);
+    if (!file) { /* (a name that is not UTF-8: a JSON string cannot hold it) */
+        api_session_settings_free(&settings);
+        api_fail(&e, 400, "invalid_value", "file", "the file's name is not UTF-8");
+        return respond_error(r, &e);
+    }
+    session_create(r, &settings, file);
+}
+
+void files_session_created(request *r, session *ss) {
+    file_form *f = r->form;
+    if (!f || !r->conn || r->status) return forget_file(ss); /* the client left meanwhile */
+    f->u = upload_open(r, ss);
+    if (!f->u) {
+        forget_file(ss);
+        f->failed = 1;
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    r->up = f->u;
+    f->creating = 0;
+    snprintf(r->session_id, sizeof r->session_id, "%s", ss->id);
+    request_wake(r); /* the rest of the form: the file's bytes */
+}
+
+void files_upload_answer(session *ss, int *status, json_t **body) {
+    if (*status < 400) {
+        json_decref(*body);
+        *body = file_json(ss);
+        *status = 200; /* (OpenAI's: the file exists, whatever its processing) */
+        return;
+    }
+    forget_file(ss);
+    json_t *err = json_object_get(*body, "error");
+    const char *code = json_string_value(json_object_get(err, "code"));
+    if (code && !strcmp(code, "invalid_utf8"))
+        json_object_set_new(err, "message",
+                            json_string("the file is not UTF-8 text: potserve reads text files (plain text, Markdown, "
+                                        "HTML, code); nothing of it was kept"));
+}
+
+static int is_purpose(const char *v) {
+    for (const char *const *p = purposes; *p; p++)
+        if (!strcmp(*p, v)) return 1;
+    return 0;
+}
+
+static int take_field(file_form *f) {
+    const char *v = f->value ? f->value : "";
+    if (!strcmp(f->field, "purpose")) {
+        if (!is_purpose(v))
+            return form_error(f, 400, "invalid_value", "purpose",
+                              "purpose must be one of assistants, batch, fine-tune, vision, user_data, evals");
+        snprintf(f->purpose, sizeof f->purpose, "%s", v);
+    } else if (!strcmp(f->field, "expires_after[anchor]")) {
+        snprintf(f->anchor, sizeof f->anchor, "%s", v);
+    } else if (!strcmp(f->field, "expires_after[seconds]")) {
+        snprintf(f->seconds, sizeof f->seconds, "%s", v);
+    } else { /* settings */
+        free(f->settings);
+        f->settings = strdup(v);
+    }
+    return 0;
+}
+
+static int form_event(void *user, multipart_event ev, const multipart_part *pt, const char *data, size_t n) {
+    file_form *f = user;
+    switch (ev) {
+    case MULTIPART_PART:
+        if (f->file_seen)
+            return form_error(f, 400, "invalid_value", pt->name,
+                              "the file must be the form's last part (purpose and the other fields before it)");
+        if (!strcmp(pt->name, "file")) {
+            if (!f->purpose[0])
+                return form_error(f, 400, "missing_field", "purpose", "purpose is required, before the file");
+            snprintf(f->filename, sizeof f->filename, "%s", pt->has_filename && pt->filename[0] ? pt->filename : "file");
+            f->file_seen = 1;
+            f->in = IN_FILE;
+            return 1; /* pause: its session first */
+        }
+        if (strcmp(pt->name, "purpose") && strcmp(pt->name, "settings") && strcmp(pt->name, "expires_after[anchor]") &&
+            strcmp(pt->name, "expires_after[seconds]"))
+            return form_error(f, 400, "unknown_parameter", pt->name,
+                              "unknown form field: POST /v1/files takes file, purpose, expires_after[anchor], "
+                              "expires_after[seconds] and settings");
+        snprintf(f->field, sizeof f->field, "%s", pt->name);
+        f->in = IN_FIELD;
+        f->value_len = 0;
+        return 0;
+    case MULTIPART_DATA:
+        if (f->in == IN_FILE) {
+            f->file_bytes += n;
+            if (upload_take(f->u, data, n)) f->backlogged = 1;
+            return 0;
+        }
+        if (f->value_len + n > (strcmp(f->field, "settings") ? FIELD_MAX : SETTINGS_MAX))
+            return form_error(f, 400, "invalid_value", f->field, "a form field's value is too long");
+        if (f->value_len + n + 1 > f->value_cap) {
+            size_t cap = (f->value_len + n + 1) * 2;
+            char *grown = realloc(f->value, cap);
+            if (!grown) return form_error(f, 500, NULL, NULL, "out of memory");
+            f->value = grown;
+            f->value_cap = cap;
+        }
+        memcpy(f->value + f->value_len, data, n);
+        f->value_len += n;
+        f->value[f->value_len] = 0;
+        if (strlen(f->value) != f->value_len) return form_error(f, 400, "invalid_value", f->field, "a form field holds NUL");
+        return 0;
+    case MULTIPART_PART_END:
+        if (f->in == IN_FILE) {
+            f->file_ended = 1;
+            if (!f->file_bytes) return form_error(f, 400, "invalid_value", "file", "the file is empty");
+        } else if (take_field(f)) {
+            return -1;
+        }
+        f->in = IN_NONE;
+        return 0;
+    case MULTIPART_END:
+        return 0;
+    }
+    return 0;
+}
+
+void files_receive(request *r, const char *data, size_t *size) {
+    file_form *f = r->form;
+    if (f->failed) { /* answered: the rest is dropped */
+        *size = 0;
+        return;
+    }
+    if (*size) {
+        if (f->creating) return; /* (held until the session exists) */
+        size_t used = 0;
+        int rc = multipart_feed(&f->mp, data, *size, &used, form_event, f);
+        if (rc < 0) {
+            *size = 0;
+            if (!f->err.status) api_fail(&f->err, 400, "invalid_multipart", NULL, "%s", f->mp.err);
+            return form_fail(f);
+        }
+        *size -= used;
+        if (rc == 1) { /* the file part: its session is made before its bytes are read */
+            f->creating = 1;
+            request_suspend(r);
+            return create_file_session(f);
+        }
+        if (f->backlogged) { /* the upload's own back-pressure: woken when the engine catches up */
+            f->backlogged = 0;
+            request_suspend(r);
+        }
+        return;
+    }
+    /* the body has ended */
+    if (multipart_finish(&f->mp)) {
+        if (!f->err.status) api_fail(&f->err, 400, "invalid_multipart", NULL, "%s", f->mp.err);
+        return form_fail(f);
+    }
+    if (!f->file_seen) {
+        form_error(f, 400, "missing_field", "file", "the form has no file");
+        return form_fail(f);
+    }
+    upload_end(f->u);
+}
+
+void files_form_free(file_form *f) {
+    free(f->value);
+    free(f->settings);
+    free(f);
+}
+
+static void start_form(request *r) {
+    server *s = r->srv;
+    api_error e;
+    const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Type");
+    const char *len = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
+    /* the form's own parts come on top of the file: a megabyte of room for them */
+    if (len && strtoull(len, NULL, 10) > (unsigned long long)s->cfg.max_chunk_bytes + (1u << 20)) {
+        api_fail(&e, 413, "file_too_large", NULL, "the file exceeds max_chunk_bytes (%lld)", (long long)s->cfg.max_chunk_bytes);
+        return respond_error(r, &e);
+    }
+    file_form *f = calloc(1, sizeof *f);
+    if (!f) {
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    f->r = r;
+    if (multipart_init(&f->mp, ct)) {
+        api_fail(&e, 415, "unsupported_media_type", NULL, "%s (as the OpenAI clients and curl -F send it)", f->mp.err);
+        files_form_free(f);
+        return respond_error(r, &e);
+    }
+    r->form = f;
+}
+
+/* ---- a question's file parts --------------------------------------------------------------- */
+
+/* Standard base64 (padding optional, no line breaks) into a new string; NULL when malformed. */
+static char *base64_decode(const char *in, size_t n, size_t *out_len) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    while (n && in[n - 1] == '=') n--;
+    if (n % 4 == 1) return NULL;
+    char *out = malloc(n / 4 * 3 + 3);
+    if (!out) return NULL;
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = in[i] ? strchr(alphabet, in[i]) : NULL;
+        if (!p) {
+            free(out);
+            return NULL;
+        }
+        acc = acc << 6 | (uint32_t)(p - alphabet);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (char)(acc >> bits & 0xff);
+        }
+    }
+    out[o] = 0;
+    *out_len = o;
+    return out;
+}
+
+/* A file_data part's text: "data:<type>;base64,<data>" or bare base64 of UTF-8 text. */
+static json_t *inline_file_text(const char *data, api_error *e) {
+    const char *b64 = data;
+    if (!strncmp(data, "data:", 5)) {
+        const char *comma = strchr(data, ',');
+        if (!comma || comma - data < 12 || strncmp(comma - 7, ";base64", 7)) {
+            api_fail(e, 400, "invalid_value", "messages", "file_data must be base64: data:<type>;base64,<data>");
+            return NULL;
+        }
+        b64 = comma + 1;
+    }
+    size_t n = 0;
+    char *text = base64_decode(b64, strlen(b64), &n);
+    json_t *t = text ? json_stringn(text, n) : NULL; /* (NULL when not UTF-8 or holding NUL) */
+    if (t && strlen(text) != n) json_decref(t), t = NULL;
+    free(text);
+    if (!t)
+        api_fail(e, 400, "invalid_value", "messages",
+                 text ? "file_data is not UTF-8 text: potserve reads text files" : "file_data is not valid base64");
+    return t;
+}
+
+int files_in_messages(request *r, json_t *body, api_error *e, int *retry_after) {
+    *retry_after = 0;
+    json_t *msgs = json_object_get(body, "messages");
+    if (!json_is_array(msgs)) return 0; /* (the parser says what is wrong) */
+    char sid[48] = "";
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *content = json_object_get(json_array_get(msgs, i), "content");
+        if (!json_is_array(content)) continue;
+        int files = 0;
+        for (size_t k = 0; k < json_array_size(content);) {
+            json_t *part = json_array_get(content, k);
+            const char *type = json_string_value(json_object_get(part, "type"));
+            if (!type || strcmp(type, "file")) {
+                k++;
+                continue;
+            }
+            json_t *file = json_object_get(part, "file");
+            const char *id = json_string_value(json_object_get(file, "file_id"));
+            const char *data = json_string_value(json_object_get(file, "file_data"));
+            if (!!id == !!data)
+                return api_fail(e, 400, "invalid_value", "messages",
+                                "messages[%zu].content[%zu]: a file part needs file.file_id or file.file_data", i, k);
+            if (data) { /* its text, in its place */
+                json_t *text = inline_file_text(data, e);
+                if (!text) return -1;
+                json_array_set_new(content, k++, json_pack("{s:s, s:o}", "type", "text", "text", text));
+                continue;
+            }
+            char named[48];
+            if (!session_of_file(id, named, sizeof named)) {
+                api_fail(e, 404, "file_not_found", "messages", "no file '%.60s'", id);
+                return -1;
+            }
+            if (*sid && strcmp(sid, named))
+                return api_fail(e, 400, "invalid_value", "messages",
+                                "a question reads one file (or session): this one names %.60s and another", id);
+            snprintf(sid, sizeof sid, "%s", named);
+            json_array_remove(content, k);
+            files++;
+        }
+        if (files && !json_array_size(content)) { /* a message that was only the file: the pot stands for it */
+            json_array_remove(msgs, i--);
+        }
+    }
+    if (!*sid) return 0;
+    if (!json_array_size(msgs))
+        return api_fail(e, 400, "invalid_value", "messages", "ask something about the file: the messages hold only it");
+    const char *given = json_string_value(json_object_get(body, "session"));
+    if (given && strcmp(given, sid))
+        return api_fail(e, 400, "invalid_value", "session", "the body's session and its file name two documents");
+    session *ss = session_find(r->srv, sid, r->key);
+    if (!strncmp(sid, "sess_", 5) && ss && ss->file) { /* a file: it must exist and have been read */
+        if (session_expired_now(ss) || ss->deleted) {
+            api_fail(e, 404, "file_not_found", "messages", "no file 'file-%s'", sid + 5);
+            return -1;
+        }
+        if (ss->status != SESSION_FAILED && (ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring)) {
+            /* answered from a part of the file would be a wrong answer: wait for the rest, as long as the
+               rate so far says (clients retry a 409 with Retry-After, OpenAI's after up to a minute) */
+            double secs = 2;
+            if (ss->stats.ingest_ms > 0 && ss->stats.bytes_read > 0 && ss->bytes_acked > ss->stats.bytes_read)
+                secs = (double)(ss->bytes_acked - ss->stats.bytes_read) * ss->stats.ingest_ms / 1e3 /
+                       (double)ss->stats.bytes_read;
+            *retry_after = secs < 1 ? 1 : secs > 60 ? 60 : (int)secs + 1;
+            return api_fail(e, 409, "file_not_ready", "messages",
+                            "file 'file-%s' is still being read (%lld of %lld bytes): retry, or wait until "
+                            "GET /v1/files/{id} says processed", sid + 5, (long long)ss->stats.bytes_read,
+                            (long long)ss->bytes_acked);
+        }
+    } else if (!ss && !store_is_shared(r->srv->st)) { /* (a shared store: the session route takes it over) */
+        api_fail(e, 404, "file_not_found", "messages", "no file '%s%s'", !strncmp(sid, "sess_", 5) ? "file-" : "", sid + 5);
+        return -1;
+    }
+    json_object_set_new(body, "session", json_string(sid));
+    return 0;
+}
+
+/* ---- routes ------------------------------------------------------------------------------------- */
+
+void route_files(request *r, const char *rest) {
+    api_error e;
+    int get = request_reads(r), post = !strcmp(r->method, "POST"), del = !strcmp(r->method, "DELETE");
+    if (store_is_shared(r->srv->st)) {
+        api_fail(&e, 501, "not_supported", NULL,
+                 "files need a single server's store; with several replicas upload to a session "
+                 "(POST /v1/sessions, then its chunks)");
+        return respond_error(r, &e);
+    }
+    if (!*rest) {
+        if (post) return start_form(r);
+        if (get) return list_files(r);
+        return respond_method_not_allowed(r, "GET, HEAD, POST");
+    }
+    char id[64];
+    const char *slash = strchr(rest + 1, '/');
+    size_t n = slash ? (size_t)(slash - rest - 1) : strlen(rest + 1);
+    if (n >= sizeof id) n = sizeof id - 1;
+    memcpy(id, rest + 1, n);
+    id[n] = 0;
+    if (slash && strcmp(slash, "/content")) {
+        api_fail(&e, 404, "not_found", NULL, "no route %s %s", r->method, r->url);
+        return respond_error(r, &e);
+    }
+    if (slash && !get) return respond_method_not_allowed(r, "GET, HEAD");
+    if (!slash && !get && !del) return respond_method_not_allowed(r, "GET, HEAD, DELETE");
+    session *ss = file_lookup(r, id);
+    if (!ss) return;
+    if (slash) return file_content(r, ss);
+    if (del) return session_delete(r, ss, 1);
+    respond_json(r, 200, file_json(ss));
+}
