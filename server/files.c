@@ -224,58 +224,57 @@ static int form_error(file_form *f, int status, const char *code, const char *pa
     return -1;
 }
 
-/* The answer to a form that cannot be taken: the upload's (which drops what
- * it holds) once there is one, else this one. */
+/* A form that cannot be taken: its upload, if it has begun, drops what it
+ * holds now; the rest of the body is read and dropped, and the answer goes
+ * once it has ended (form_answer_failure), as an upload's does. */
 static void form_fail(file_form *f) {
     if (f->failed) return;
     f->failed = 1;
-    if (f->u) return upload_abort(f->u, &f->err);
+    if (f->u) upload_abort(f->u, &f->err);
+}
+
+static void form_answer_failure(file_form *f) {
+    if (f->u) return upload_end(f->u); /* (the upload answers with f->err) */
     respond_error(f->r, &f->err);
 }
 
-static void create_file_session(file_form *f) {
-    request *r = f->r;
-    server *s = r->srv;
-    api_error e;
+/* The file's session settings (the form's "settings", its expiry) and its
+ * meta; 0, or -1 with f->err. */
+static int file_session_settings(file_form *f, api_session_settings *settings, json_t **file) {
+    server *s = f->r->srv;
+    api_error *e = &f->err;
     json_t *given = NULL;
     if (f->settings) {
         json_error_t je;
         given = json_loads(f->settings, JSON_REJECT_DUPLICATES, &je);
         if (!json_is_object(given)) {
+            int parsed = given != NULL;
             json_decref(given);
-            api_fail(&e, 400, "invalid_value", "settings", "settings must be a JSON object of session settings (%.80s)",
-                     je.text);
-            return respond_error(r, &e);
+            return api_fail(e, 400, "invalid_value", "settings", "settings must be a JSON object of session settings%s%.80s",
+                            parsed ? "" : ": ", parsed ? "" : je.text);
         }
     }
-    api_session_settings settings;
     int rc = api_parse_session_settings(given, s->info.n_ctx_train, (int32_t)s->cfg.budget_tokens, s->cfg.policy,
-                                        &settings, &e);
+                                        settings, e);
     json_decref(given);
-    if (rc) return respond_error(r, &e);
+    if (rc) return -1;
     if (f->anchor[0] || f->seconds[0]) { /* OpenAI's expiry: anchored at creation, as ttl_seconds is */
         int64_t secs = 0;
         char err[128];
         if (strcmp(f->anchor, "created_at"))
-            rc = api_fail(&e, 400, "invalid_value", "expires_after[anchor]", "expires_after[anchor] must be created_at");
+            rc = api_fail(e, 400, "invalid_value", "expires_after[anchor]", "expires_after[anchor] must be created_at");
         else if (config_parse_int("expires_after[seconds]", f->seconds, 1, 2592000, &secs, err, sizeof err))
-            rc = api_fail(&e, 400, "invalid_value", "expires_after[seconds]", "%s", err);
-        else if (settings.ttl_seconds)
-            rc = api_fail(&e, 400, "invalid_value", "expires_after[seconds]",
+            rc = api_fail(e, 400, "invalid_value", "expires_after[seconds]", "%s", err);
+        else if (settings->ttl_seconds)
+            rc = api_fail(e, 400, "invalid_value", "expires_after[seconds]",
                           "give expires_after or settings' ttl_seconds, not both");
-        if (rc) {
-            api_session_settings_free(&settings);
-            return respond_error(r, &e);
-        }
-        settings.ttl_seconds = secs;
+        settings->ttl_seconds = secs;
     }
-    json_t *file = json_pack("{s:s, s:s}", "filename", f->filename, "purpose", f->purpose);
-    if (!file) { /* (a name that is not UTF-8: a JSON string cannot hold it) */
-        api_session_settings_free(&settings);
-        api_fail(&e, 400, "invalid_value", "file", "the file's name is not UTF-8");
-        return respond_error(r, &e);
-    }
-    session_create(r, &settings, file);
+    *file = rc ? NULL : json_pack("{s:s, s:s}", "filename", f->filename, "purpose", f->purpose);
+    if (!rc && !*file) /* (a name that is not UTF-8: a JSON string cannot hold it) */
+        rc = api_fail(e, 400, "invalid_value", "file", "the file's name is not UTF-8");
+    if (rc) api_session_settings_free(settings);
+    return rc;
 }
 
 void files_session_created(request *r, session *ss) {
@@ -285,9 +284,8 @@ void files_session_created(request *r, session *ss) {
     if (!f->u) {
         forget_file(ss);
         f->failed = 1;
-        api_error e;
-        api_fail(&e, 500, NULL, NULL, "out of memory");
-        return respond_error(r, &e);
+        api_fail(&f->err, 500, NULL, NULL, "out of memory");
+        return request_wake(r); /* (answered at the body's end) */
     }
     r->up = f->u;
     f->creating = 0;
@@ -396,7 +394,8 @@ static int form_event(void *user, multipart_event ev, const multipart_part *pt, 
 
 void files_receive(request *r, const char *data, size_t *size) {
     file_form *f = r->form;
-    if (f->failed) { /* answered: the rest is dropped */
+    if (f->failed) { /* the rest is dropped; the answer comes at the end */
+        if (!*size) form_answer_failure(f);
         *size = 0;
         return;
     }
@@ -411,9 +410,15 @@ void files_receive(request *r, const char *data, size_t *size) {
         }
         *size -= used;
         if (rc == 1) { /* the file part: its session is made before its bytes are read */
+            api_session_settings settings;
+            json_t *file = NULL;
+            if (file_session_settings(f, &settings, &file)) {
+                *size = 0;
+                return form_fail(f);
+            }
             f->creating = 1;
-            request_suspend(r);
-            return create_file_session(f);
+            request_suspend(r); /* (session_create's own refusals are answered at the body's end) */
+            return session_create(r, &settings, file);
         }
         if (f->backlogged) { /* the upload's own back-pressure: woken when the engine catches up */
             f->backlogged = 0;
@@ -424,11 +429,13 @@ void files_receive(request *r, const char *data, size_t *size) {
     /* the body has ended */
     if (multipart_finish(&f->mp)) {
         if (!f->err.status) api_fail(&f->err, 400, "invalid_multipart", NULL, "%s", f->mp.err);
-        return form_fail(f);
+        form_fail(f);
+        return form_answer_failure(f);
     }
     if (!f->file_seen) {
         form_error(f, 400, "missing_field", "file", "the form has no file");
-        return form_fail(f);
+        form_fail(f);
+        return form_answer_failure(f);
     }
     upload_end(f->u);
 }

@@ -936,6 +936,13 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
         if (!*upload_data_size) return MHD_YES; /* MHD's headers call once more, after the resume: not the end */
     }
     if (!*upload_data_size) r->receiving_body = 0; /* MHD's last call for a request: its body is whole */
+    if (r->pending && *upload_data_size) {
+        /* prepared while suspended in the middle of the body (a form's file whose session could not
+           be made): libmicrohttpd sends nothing queued before the body has been read, so the rest
+           is dropped and the answer queued at the body's end */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
     if (r->pending) { /* a response prepared while suspended */
         struct MHD_Response *resp = r->pending;
         r->pending = NULL;

@@ -270,8 +270,9 @@ void session_delete(request *r, session *ss, int as_file);
 /* An upload of ss's next chunk whose bytes come from elsewhere than r's raw
  * body (a form's file): upload_open (the document's last chunk, acknowledged
  * once durable), upload_take for its bytes (1: stop reading until the engine
- * catches up, as a raw upload is held), upload_end when they have all come,
- * or upload_abort with why (nothing of the chunk is kept). r->up owns it. */
+ * catches up, as a raw upload is held), upload_abort with why (nothing of the
+ * chunk is kept), upload_end when r's body has ended (then it answers, with
+ * the failure if there was one). r->up owns it. */
 upload *upload_open(request *r, session *ss);
 int upload_take(upload *u, const char *data, size_t n);
 void upload_end(upload *u);

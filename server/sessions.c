@@ -989,7 +989,8 @@ static void upload_step(upload *u) {
             ss->final = u->final;
         }
         u->finished = 1;
-        if (!u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
+        /* (libmicrohttpd sends nothing before the body has been read: body_ended answers then) */
+        if (!u->answered && u->body_done) respond_upload(u, u->err.status, api_error_json(&u->err));
         if (store_log_fenced(ss->log)) { /* another replica took the session over: it is not ours */
             ss->busy = 0;
             return session_drop(s, ss);
@@ -1077,6 +1078,7 @@ void upload_abandon(upload *u) {
     /* once acknowledged (202 of wait=false) the chunk is durable: the ingest goes on */
     if (u->finished || u->acked) return;
     fail_upload(u, 400, "client_closed", "%s", "the client closed the connection before the chunk ended");
+    u->body_done = 1; /* (none of it will come now: the failure is answered, to no one) */
     upload_step(u);
 }
 
@@ -1252,7 +1254,7 @@ void upload_abort(upload *u, const api_error *e) {
         u->failed = 1;
         u->err = *e;
     }
-    upload_end(u);
+    upload_step(u);
 }
 
 static void json_chunk_parsed(request *r) {
@@ -1283,6 +1285,7 @@ static void body_ended(upload *u) {
        the connection waits suspended for it */
     else if (!u->finished && !u->failed) request_suspend(r);
     upload_step(u);
+    if (u->failed && u->finished && !u->answered) respond_upload(u, u->err.status, api_error_json(&u->err));
     if (u->failed && !u->answered) request_suspend(r);
 }
 
