@@ -236,12 +236,13 @@ ASAN_SERVER_TESTS := garbage or error_classes or upload_and_answer or bad_utf8 o
                      or reliability or shutdown_grace or keep_the_connection
 # The server tests run in one pytest, a file per worker (-k matches a file's name too).
 ASAN_PYTEST_FILES := tests/py/test_server.py tests/py/test_reliability.py tests/py/test_recall.py tests/py/test_web.py \
-                     tests/py/test_tools.py tests/py/test_openai_compat.py tests/py/test_cluster.py tests/py/test_embeddings.py
+                     tests/py/test_tools.py tests/py/test_openai_compat.py tests/py/test_cluster.py tests/py/test_embeddings.py \
+                     tests/py/test_files.py
 ASAN_PYTEST_TESTS := ((test_server.py or test_reliability.py) and ($(ASAN_SERVER_TESTS))) \
                      or (test_recall.py and not survives_a_restart and not spans_say) \
                      or (test_web.py and (headers or defaults or text_maps)) \
                      or ((test_tools.py or test_openai_compat.py) and (responses or previous or stored or streamed or background or echo or best_of or suffix or offsets)) \
-                     or test_cluster.py \
+                     or test_cluster.py or test_files.py \
                      or (test_embeddings.py and (bad_requests or accepted or agree or official or leaves or pooling or pot_memory or timeout))
 ASAN_PLAIN_KERNEL_UNIT := sched_ doc_snapshot_
 ASAN_PYTEST := POTSERVE_SANITIZED=1 POTSERVE_BIN=build/asan/potserve-plain-kernels ASAN_OPTIONS=detect_leaks=1 \

@@ -136,12 +136,12 @@ static int disposition(multipart *m, const char *v) {
         p = param_value(p, value, sizeof value, &too_long);
         if (klen == 4 && !strncasecmp(key, "name", 4)) {
             if (too_long || strlen(value) >= sizeof pt->name) return fail(m, "%s", "a part's name is longer than 63 bytes");
-            snprintf(pt->name, sizeof pt->name, "%s", value);
+            memcpy(pt->name, value, strlen(value) + 1);
             named = 1;
         } else if (klen == 8 && !strncasecmp(key, "filename", 8) && !extended) {
             if (too_long || strlen(value) >= sizeof pt->filename)
                 return fail(m, "%s", "a part's filename is longer than 255 bytes");
-            snprintf(pt->filename, sizeof pt->filename, "%s", value);
+            memcpy(pt->filename, value, strlen(value) + 1);
             pt->has_filename = 1;
         } else if (klen == 9 && !strncasecmp(key, "filename*", 9)) {
             if (too_long || ext_value(value, pt->filename, sizeof pt->filename))

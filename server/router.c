@@ -565,7 +565,8 @@ static const char *classify(const char *method, const char *url, enum body_kind 
     if (!strcmp(url, "/v1/files")) return *body = post ? BODY_UPLOAD : BODY_NONE, "/v1/files";
     if (!strncmp(url, "/v1/files/", 10) && url[10] && url[10] != '/') {
         const char *slash = strchr(url + 10, '/');
-        return slash && !strcmp(slash, "/content") ? "/v1/files/{id}/content" : "/v1/files/{id}";
+        if (slash && !strcmp(slash, "/content")) return "/v1/files/{id}/content";
+        return "/v1/files/{id}";
     }
     if (!strncmp(url, "/v1/sessions/", 13)) {
         const char *slash = strchr(url + 13, '/');

@@ -649,6 +649,47 @@ def gen_upload(rng, pool):
     return r
 
 
+def gen_file_upload(rng, pool):
+    """POST /v1/files: the OpenAI clients' multipart form (purpose, file), its fields mutated,
+    reordered, dropped or repeated; boundaries near the data's bytes; files that are not UTF-8."""
+    boundary = rng.choice(["pOtSeRvE", "----WebKitFormBoundary7MA4YWxkTrZu0gW", "a", "x" * 70, "b c", "--"])
+    body, bad = upload_body(rng)
+    parts = [("purpose", None, rng.choice([b"user_data", b"assistants", b"homework", b"", b"user_data\x00"])),
+             ("file", rng.choice(["a.txt", "", "\u00e9t\u00e9.md", "a\"b.txt", None]), body)]
+    if rng.random() < 0.2:
+        parts.insert(1, ("settings", None, rng.choice([b'{"budget_tokens": 64}', b'{"policy": "nope"}', b"[", b"{}"])))
+    if rng.random() < 0.15:
+        parts.insert(1, ("expires_after[seconds]", None, rng.choice([b"1", b"0", b"-5", b"99999999999"])))
+    if rng.random() < 0.15:
+        rng.shuffle(parts)
+    if rng.random() < 0.1:
+        parts.append(rng.choice(parts))
+    if rng.random() < 0.1:
+        parts.pop(rng.randrange(len(parts)))
+    out = b"preamble\r\n" if rng.random() < 0.1 else b""
+    for name, filename, data in parts:
+        disp = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename is not None else "")
+        out += f"--{boundary}\r\nContent-Disposition: {disp}\r\n".encode()
+        if filename is not None and rng.random() < 0.5:
+            out += b"Content-Type: text/plain\r\n"
+        out += b"\r\n" + data + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    if rng.random() < 0.2:
+        out = mutate_text(rng, out)
+    if rng.random() < 0.1:
+        out = out[: rng.randrange(len(out) + 1)]
+    ctype = rng.choices([f"multipart/form-data; boundary={boundary}", f'multipart/form-data; boundary="{boundary}"',
+                         "multipart/form-data", "text/plain", None], [70, 10, 5, 10, 5])[0]
+    framing = rng.choices(["cl", "chunked", "short", "long"], [70, 24, 3, 3])[0]
+    r = build(rng, "files", "POST", "/v1/files", out, ctype, "", framing)
+    r.upload, r.invalid_utf8 = True, bad
+    if rng.random() < 0.08:
+        r.cut, r.complete = True, False
+    if rng.random() < 0.3:
+        r.pieces = rng.randrange(2, 6)
+    return r
+
+
 METHODS = ["GET", "POST", "DELETE", "PUT", "HEAD", "OPTIONS", "PATCH", "TRACE", "CONNECT", "get", "FOO",
            "G\x00ET", "POST " * 3]
 TARGETS = ["/health", "/metrics", "/openapi.json", "/v1/models", "/v1/models/x", "/v1/sessions", "/v1/sessions/",
@@ -656,6 +697,7 @@ TARGETS = ["/health", "/metrics", "/openapi.json", "/v1/models", "/v1/models/x",
            "/v1/sessions/{sid}/retention?bins=0", "/v1/sessions/{sid}/retention?bins=99999",
            "/v1/sessions/{sid}/retention?bins=3", "/v1/sessions/{sid}/retention?bins=-1&bins=2",
            "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize", "/", "*", "", "//health",
+           "/v1/files", "/v1/files/file-none0", "/v1/files/{sid}", "/v1/files/file-x/content", "/v1/files/file-/content/x",
            "/health?x=1", "/v1/sessions/sess_%00abc", "/v1/sessions/sess_" + "A" * 100, "/v1/sessions/../../etc",
            "/v1/sessions/{sid}/chunks/../..", "http://127.0.0.1/health", "/%ff%fe", "/" + "a" * 9000,
            "/v1/sessions/{sid}?%zz", "/v1/sessions/{sid}/chunks?seq=%31"]
@@ -712,7 +754,7 @@ def gen_session_ops(rng, pool):
     return build(rng, "session", "GET", path, b"", None, framing="none")
 
 
-GENERATORS = [(gen_json_route, 35), (gen_upload, 30), (gen_grammar, 25), (gen_session_ops, 10)]
+GENERATORS = [(gen_json_route, 35), (gen_upload, 25), (gen_file_upload, 10), (gen_grammar, 20), (gen_session_ops, 10)]
 
 # ---- running and judging ------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ def test_document_names_every_route_of_the_router():
     src = (ROOT / "server" / "router.c").read_text()
     routes = {r for r in re.findall(r'return (?:\*body = [^,]+, )?"(/[^"]*)"', src)
               if " (" not in r}  # "/ (page)" and the like: pages, not API
-    paths = {re.sub(r"\{(session|response|conversation)_id\}", "{id}", p).replace("/{model}", "") for p in doc["paths"]}
+    paths = {re.sub(r"\{(session|response|conversation|file)_id\}", "{id}", p).replace("/{model}", "") for p in doc["paths"]}
     assert routes <= paths, routes - paths
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
