@@ -329,3 +329,24 @@ def test_langchain_asks_about_a_file(client, srv, tmp_path):
                                                        {"type": "text", "text": "What is the title of this text?"}]}])[0]
     assert answer == direct
     client.files.delete(f.id)
+
+
+def test_a_file_over_the_keys_session_limit_is_refused_and_nothing_kept(tmp_path, model):
+    """session_create's own refusal comes while the form's body is still arriving: it is
+    answered once the body has been read (a 429 with Retry-After, as for a session)."""
+    srv = Server(tmp_path / "data", "--max-sessions-per-key", "1")
+    srv.start()
+    try:
+        ok = post_form(srv, [("purpose", None, b"user_data"), ("file", "a.txt", APACHE[:500].encode())])
+        assert ok[0] == 200
+        big = GPL.encode()[:30000]
+        t0 = time.time()
+        st, body, hdrs = post_form(srv, [("purpose", None, b"user_data"), ("file", "b.txt", big)])
+        assert st == 429 and body["error"]["code"] == "too_many_sessions" and int(hdrs["Retry-After"]) >= 1
+        assert time.time() - t0 < 5
+        _, files, _ = srv.request("GET", "/v1/files")
+        assert [f["id"] for f in files["data"]] == [ok[1]["id"]]
+        # the connection's next request is served as usual
+        assert srv.request("GET", f"/v1/files/{ok[1]['id']}")[0] == 200
+    finally:
+        assert srv.stop() == 0
