@@ -1758,7 +1758,9 @@ static int parse_request(request *r, int chat, int responses, api_gen_request *q
     return -1;
 }
 
-int generation_check_responses(request *r, api_error *e) {
+int generation_check_responses(request *r, api_error *e, int *retry_after) {
+    *retry_after = 0;
+    if (r->json && files_in_messages(r, r->json, e, retry_after)) return -1;
     api_gen_request q;
     memset(&q, 0, sizeof q);
     int rc = parse_request(r, 1, 1, &q, e);

@@ -591,12 +591,15 @@ static void answer_responses(request *r) {
     if (json_is_true(json_object_get(in, "background"))) {
         /* what would fail at once fails now, not as a stored "failed" response; and the session
            must be served here (else 421: the client asks the replica holding it) */
-        const char *sid = json_string_value(json_object_get(in, "session"));
         e.status = 0;
-        if (generation_check_responses(r, &e) || (sid && !session_lookup(r, sid, "session"))) {
+        int retry = 0;
+        int bad = generation_check_responses(r, &e, &retry); /* (a file part names its session in r's body) */
+        const char *sid = json_string_value(json_object_get(in, "session"));
+        if (!sid) sid = json_string_value(json_object_get(r->json, "session"));
+        if (bad || (sid && !session_lookup(r, sid, "session"))) {
             json_decref(in);
             json_decref(history);
-            return e.status ? respond_error(r, &e) : (void)0;
+            return e.status ? (retry ? respond_retry(r, &e, retry) : respond_error(r, &e)) : (void)0;
         }
         return background_start(r, in, history);
     }

@@ -476,8 +476,9 @@ void generation_cancel(generation *g);
  * meanwhile, with that error event, before libmicrohttpd found the socket closed). */
 int generation_client_left(const generation *g);
 /* Whether r's body (a Responses request's chat body) would be taken by
- * route_generate_responses as a request: 0, or -1 + e. */
-int generation_check_responses(request *r, api_error *e);
+ * route_generate_responses as a request: 0, or -1 + e (*retry_after > 0: a
+ * file still being read). Its file parts are resolved (files_in_messages). */
+int generation_check_responses(request *r, api_error *e, int *retry_after);
 /* Whether g waits for its turn to decode (max_answers). */
 int generation_waiting(const generation *g);
 /* The housekeeping timer's, each second: generations being prepared whose

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import SANITIZED
-from server_util import Server, openai_client
+from server_util import Server, background_ended, openai_client
 
 # Debian's licence texts: natural prose nobody here wrote
 GPL = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()
@@ -142,6 +142,15 @@ def test_a_question_over_a_file_is_a_question_over_its_session(client, srv, tmp_
     # input_items shows the file part as it was given
     items = client.responses.input_items.list(r.id)
     assert items.data[0].content[0].type == "input_file" and items.data[0].content[0].file_id == f.id
+    # a background response reads the file too; a continuation goes on over its session
+    bg = client.responses.create(model="potserve", max_output_tokens=24, temperature=0, background=True, input=[
+        {"role": "user", "content": [{"type": "input_file", "file_id": f.id},
+                                     {"type": "input_text", "text": QUESTION}]}])
+    bg = background_ended(client, bg.id)[0]
+    assert bg.output_text == by_file[0]
+    more = client.responses.create(model="potserve", max_output_tokens=8, previous_response_id=bg.id,
+                                   input="And who may not?")
+    assert more.model_extra["session"] == f.session
     client.files.delete(f.id)
     srv.request("DELETE", f"/v1/sessions/{sess['id']}")
 
