@@ -616,11 +616,7 @@ void route_files(request *r, const char *rest) {
         return respond_method_not_allowed(r, "GET, HEAD, POST");
     }
     char id[64];
-    const char *slash = strchr(rest + 1, '/');
-    size_t n = slash ? (size_t)(slash - rest - 1) : strlen(rest + 1);
-    if (n >= sizeof id) n = sizeof id - 1;
-    memcpy(id, rest + 1, n);
-    id[n] = 0;
+    const char *slash = route_id(rest, id, sizeof id);
     if (slash && strcmp(slash, "/content")) {
         api_fail(&e, 404, "not_found", NULL, "no route %s %s", r->method, r->url);
         return respond_error(r, &e);

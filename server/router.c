@@ -513,6 +513,15 @@ typedef struct route_def {
 
 int request_reads(const request *r) { return !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD"); }
 
+const char *route_id(const char *rest, char *id, size_t cap) {
+    const char *slash = strchr(rest + 1, '/');
+    size_t n = slash ? (size_t)(slash - rest - 1) : strlen(rest + 1);
+    if (n >= cap) n = cap - 1;
+    memcpy(id, rest + 1, n);
+    id[n] = 0;
+    return slash;
+}
+
 void respond_method_not_allowed(request *r, const char *allow) {
     api_error e;
     api_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method, r->url);

@@ -151,6 +151,9 @@ void respond_retry(request *r, const api_error *e, int seconds);
 int request_reads(const request *r);
 /* 405 for r's method, with Allow listing the methods the route takes (e.g. "GET, POST"). */
 void respond_method_not_allowed(request *r, const char *allow);
+/* The id in a route's rest ("/{id}" or "/{id}/more", cut to cap - 1 bytes)
+ * into id; returns where "/more" begins, or NULL. */
+const char *route_id(const char *rest, char *id, size_t cap);
 /* Whether r's client has left (a suspended request's socket peeked at; a
  * background response's request never has one to leave). */
 int request_client_gone(request *r);

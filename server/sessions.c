@@ -1758,11 +1758,7 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
         return respond_method_not_allowed(r, "GET, HEAD, POST");
     }
     char id[48];
-    const char *slash = strchr(rest + 1, '/');
-    size_t n = slash ? (size_t)(slash - rest - 1) : strlen(rest + 1);
-    if (n >= sizeof id) n = sizeof id - 1;
-    memcpy(id, rest + 1, n);
-    id[n] = 0;
+    const char *slash = route_id(rest, id, sizeof id);
     snprintf(r->session_id, sizeof r->session_id, "%s", id);
     session *ss = session_lookup(r, id, NULL);
     if (!ss) return;

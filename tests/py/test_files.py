@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import SANITIZED
-from server_util import Server, background_ended, openai_client
+from server_util import Server, background_ended, openai_client, serve
 
 # Debian's licence texts: natural prose nobody here wrote
 GPL = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()
@@ -29,10 +29,7 @@ SETTINGS = {"budget_tokens": 512}
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, model):
-    s = Server(tmp_path_factory.mktemp("data"))
-    s.start()
-    yield s
-    assert s.stop() == 0
+    yield from serve(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
