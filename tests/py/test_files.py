@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import SANITIZED
-from server_util import Server, background_ended, openai_client, serve
+from server_util import Server, background_ended, openai_client
 
 # Debian's licence texts: natural prose nobody here wrote
 GPL = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()
@@ -28,13 +28,13 @@ SETTINGS = {"budget_tokens": 512}
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory, model):
-    yield from serve(tmp_path_factory)
+def srv(plain_srv):
+    return plain_srv
 
 
 @pytest.fixture(scope="module")
-def client(srv):
-    return openai_client(srv)
+def client(plain_client):
+    return plain_client
 
 
 def upload(client, tmp_path, text, name="doc.txt", purpose="user_data", **extra):
