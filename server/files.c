@@ -72,16 +72,22 @@ static int session_expired_now(const session *ss) { return ss->expires && (int64
 /* An upload that made no file: its session goes (sessions_expire removes it once idle). */
 static void forget_file(session *ss) { ss->expires = 1; }
 
+/* A field of a file's meta ("" when a meta written by hand lacks it). */
+static const char *file_field(const session *ss, const char *name) {
+    const char *v = json_string_value(json_object_get(ss->file, name));
+    return v ? v : "";
+}
+
 static json_t *file_json(const session *ss) {
     char fid[48];
     file_id_of(ss->id, fid, sizeof fid);
     const char *status = ss->status == SESSION_FAILED ? "error"
                          : ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring ? "uploaded"
                                                                                              : "processed";
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:O, s:O, s:s, s:s}", "id", fid, "object", "file", "bytes",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s}", "id", fid, "object", "file", "bytes",
                           (json_int_t)ss->bytes_acked, "created_at", (json_int_t)ss->created, "filename",
-                          json_object_get(ss->file, "filename"), "purpose", json_object_get(ss->file, "purpose"),
-                          "status", status, "session", ss->id);
+                          file_field(ss, "filename"), "purpose", file_field(ss, "purpose"), "status", status,
+                          "session", ss->id);
     json_object_set_new(o, "status_details", ss->status == SESSION_FAILED ? json_string(ss->fail_msg) : json_null());
     json_object_set_new(o, "expires_at", ss->expires ? json_integer(ss->expires) : json_null());
     return o;
@@ -130,7 +136,7 @@ static void list_files(request *r) {
     session **all = NULL;
     for (session *ss = s->sessions; ss; ss = ss->next) {
         if (!ss->file || ss->deleted || session_expired_now(ss) || strcmp(ss->owner, r->key->owner)) continue;
-        if (purpose && strcmp(json_string_value(json_object_get(ss->file, "purpose")), purpose)) continue;
+        if (purpose && strcmp(file_field(ss, "purpose"), purpose)) continue;
         if (n == cap) {
             session **grown = realloc(all, (cap = cap ? cap * 2 : 16) * sizeof *all);
             if (!grown) {

@@ -356,3 +356,29 @@ def test_a_file_over_the_keys_session_limit_is_refused_and_nothing_kept(tmp_path
         assert srv.request("GET", f"/v1/files/{ok[1]['id']}")[0] == 200
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.heavy
+def test_a_large_file_is_read_no_faster_than_the_engine_takes_it(tmp_path, model):
+    """With upload_buffer_bytes 0 an upload reads at most 128 KiB ahead of the engine: the
+    form's file is held back as a raw chunk is (the connection suspended, woken as the engine
+    catches up), so its answer comes only once the engine is within 128 KiB of its end, and the
+    file is whole."""
+    srv = Server(tmp_path / "data", "--upload-buffer-bytes", "0", "--durability", "none")
+    srv.start()
+    try:
+        c = openai_client(srv)
+        text = "".join(p.read_text(errors="ignore") for p in sorted(pathlib.Path("/usr/share/common-licenses").glob("*"))
+                       if p.is_file())[:200_000]
+        assert len(text.encode()) >= 200_000  # (nine pieces of 16 KiB and more: past the 128 KiB read ahead)
+        t0 = time.time()
+        f = upload(c, tmp_path, text, name="big.txt")
+        acked = time.time() - t0
+        st, sess, _ = srv.request("GET", f"/v1/sessions/{f.session}")
+        # acknowledged once the engine came within 128 KiB of the end: a piece or more read
+        assert sess["tokens_ingested"] > 2000 and acked > 1, (acked, sess["tokens_ingested"])
+        assert c.files.retrieve(f.id).status == "uploaded"  # the rest is still being read
+        assert c.files.content(f.id).text == text  # all of it is in the log
+        assert c.files.delete(f.id).deleted  # (its reading stops)
+    finally:
+        assert srv.stop() == 0

@@ -33,7 +33,7 @@ def test_http_fuzz_finds_nothing_new(fuzz_run):
     /health always answered, SIGTERM exits 0 -- apart from known bugs."""
     rc, res = fuzz_run
     assert res["executions"] >= 100, res
-    assert set(res["by_generator"]) == {"grammar", "json", "upload", "session"}, res["by_generator"]
+    assert set(res["by_generator"]) == {"grammar", "json", "upload", "files", "session"}, res["by_generator"]
     assert res["health_polls"] > 0
     assert not res["new"], json.dumps(res["new"], indent=1)
     assert rc == 0
