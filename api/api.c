@@ -512,13 +512,31 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
         return -1;
     gp->grammar = r->grammar;
     /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
-    r->enable_thinking = 1;
+    r->enable_thinking = -1; /* (not given) */
     json_t *kw = json_object_get(r->root, "chat_template_kwargs"); /* llama-server's and vLLM's spelling */
     if (kw && !json_is_null(kw) && !json_is_object(kw))
         return api_fail(e, 400, "invalid_type", "chat_template_kwargs", "chat_template_kwargs must be an object");
     if (get_bool(r->root, "enable_thinking", &r->enable_thinking, e) ||
         (kw && get_bool(kw, "enable_thinking", &r->enable_thinking, e)))
         return -1;
+    /* OpenAI's reasoning_effort (the Responses API's reasoning.effort comes as it): a thinking
+       template thinks unless the effort is none or minimal; non-thinking templates ignore it, as
+       they ignore enable_thinking */
+    const char *effort = NULL;
+    if (get_string(r->root, "reasoning_effort", &effort, e)) return -1;
+    if (effort) {
+        static const char *const off[] = {"none", "minimal", NULL}, *const on[] = {"low", "medium", "high", "xhigh", NULL};
+        int think = one_of(effort, off) ? 0 : one_of(effort, on) ? 1 : -1;
+        if (think < 0)
+            return api_fail(e, 400, "invalid_value", "reasoning_effort",
+                            "reasoning_effort must be none, minimal, low, medium, high or xhigh, not '%.40s'", effort);
+        if (r->enable_thinking >= 0 && r->enable_thinking != think)
+            return api_fail(e, 400, "invalid_value", "reasoning_effort",
+                            "reasoning_effort '%s' and enable_thinking %s disagree", effort,
+                            r->enable_thinking ? "true" : "false");
+        r->enable_thinking = think;
+    }
+    if (r->enable_thinking < 0) r->enable_thinking = 1;
     if (chat) {
         if (get_bool(r->root, "logprobs", &lp_bool, e) ||
             get_int(r->root, "top_logprobs", 0, SAMPLE_MAX_TOP_LOGPROBS, &top_lp, e))

@@ -1754,6 +1754,8 @@ static int parse_request(request *r, int chat, int responses, api_gen_request *q
         snprintf(e->message, sizeof e->message, "max_output_tokens must be a positive integer");
     } else if (responses && e->param && !strcmp(e->param, "messages")) {
         e->param = "input";
+    } else if (responses && e->param && !strcmp(e->param, "reasoning_effort")) {
+        e->param = "reasoning";
     }
     return -1;
 }

@@ -264,17 +264,10 @@ static int chat_logprobs(json_t *in, json_t *out, api_error *e) {
  * input's messages, "items": before's items and output, then the input's
  * items, "own_from": where the input's start}. NULL + e. */
 static json_t *chat_body(request *r, json_t *in, json_t *before, json_t **history, api_error *e) {
-    /* what each refused field would need, said in its 400 */
-    static const char *const refused[][2] = {
-        {"reasoning", ""},
-    };
-    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
-        json_t *v = json_object_get(in, refused[k][0]);
-        if (v && !json_is_null(v) && !(json_is_array(v) && !json_array_size(v))) {
-            api_fail(e, 400, "unsupported_parameter", refused[k][0], "%s is not supported on /v1/responses here%s",
-                     refused[k][0], refused[k][1]);
-            return NULL;
-        }
+    json_t *reasoning = json_object_get(in, "reasoning");
+    if (reasoning && !json_is_null(reasoning) && !json_is_object(reasoning)) {
+        api_fail(e, 400, "invalid_type", "reasoning", "reasoning must be an object ({\"effort\": ...})");
+        return NULL;
     }
     json_t *msgs = json_array(), *out = json_object(), *items = json_array();
     json_t *instr = json_object_get(in, "instructions"), *input = json_object_get(in, "input");
@@ -313,11 +306,14 @@ static json_t *chat_body(request *r, json_t *in, json_t *before, json_t **histor
     msgs = NULL;
     if (chat_tools(in, out, e) || chat_logprobs(in, out, e)) goto fail;
     static const char *const copied[] = {"temperature", "top_p", "stream", "seed", "session", "model",
-                                         "overflow", "stop", "reread", "recall", "parallel_tool_calls", NULL};
+                                         "overflow", "stop", "reread", "recall", "parallel_tool_calls",
+                                         "enable_thinking", "chat_template_kwargs", NULL};
     for (const char *const *k = copied; *k; k++)
         if (json_object_get(in, *k)) json_object_set(out, *k, json_object_get(in, *k));
     json_t *mot = json_object_get(in, "max_output_tokens");
     if (mot) json_object_set(out, "max_tokens", mot);
+    json_t *effort = json_object_get(reasoning, "effort"); /* (its summary: none is written) */
+    if (effort && !json_is_null(effort)) json_object_set(out, "reasoning_effort", effort);
     json_t *text = json_object_get(in, "text");
     if (text && !json_is_null(text) && !json_is_object(text)) {
         api_fail(e, 400, "invalid_type", "text", "text must be an object");
@@ -678,6 +674,9 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
                           json_object_get(request, "temperature"), "top_p", json_object_get(request, "top_p"),
                           "text", "format", fmt, "tool_choice", "auto", "tools", "parallel_tool_calls", 1,
                           "previous_response_id", "reasoning", "metadata", json_object_get(request, "metadata"));
+    json_t *reasoning = json_object_get(request, "reasoning");
+    if (o && json_is_object(reasoning)) /* as asked; no summary is written */
+        json_object_set_new(o, "reasoning", json_pack("{s:O, s:n}", "effort", json_object_get(reasoning, "effort") ? json_object_get(reasoning, "effort") : json_null(), "summary"));
     json_t *store = json_object_get(request, "store");
     if (o && !fmt) json_object_set_new(json_object_get(o, "text"), "format", json_pack("{s:s}", "type", "text"));
     if (o && !json_object_get(o, "metadata")) json_object_set_new(o, "metadata", json_object());

@@ -47,3 +47,41 @@ def test_bad_switch_is_a_400(server, fields):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **fields}
     status, r, _ = server.request("POST", "/v1/chat/completions", body)
     assert status == 400 and r["error"]["type"] == "invalid_request_error", r
+
+
+def test_reasoning_effort_turns_thinking_off_or_leaves_it_on(server):
+    """OpenAI's reasoning_effort: none and minimal render the empty think block as
+    enable_thinking false does; low, medium, high and xhigh leave thinking on."""
+    default, off = prompt_tokens(server), prompt_tokens(server, enable_thinking=False)
+    for effort in ("none", "minimal"):
+        assert prompt_tokens(server, reasoning_effort=effort) == off
+    for effort in ("low", "medium", "high", "xhigh"):
+        assert prompt_tokens(server, reasoning_effort=effort) == default
+    assert prompt_tokens(server, reasoning_effort="minimal", enable_thinking=False) == off
+
+
+@pytest.mark.parametrize("fields,why", [({"reasoning_effort": "extreme"}, "must be none"),
+                                        ({"reasoning_effort": 3}, "string"),
+                                        ({"reasoning_effort": "minimal", "enable_thinking": True}, "disagree")])
+def test_bad_reasoning_effort_is_a_400(server, fields, why):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **fields}
+    status, r, _ = server.request("POST", "/v1/chat/completions", body)
+    assert status == 400 and r["error"]["param"] == "reasoning_effort" and why in r["error"]["message"], r
+
+
+def test_responses_reasoning_effort_is_the_same_switch(server):
+    """The Responses API's reasoning.effort (what the Agents SDK and LangChain send for
+    reasoning models) counts as chat's reasoning_effort; the response echoes it, with no
+    summary (none is written)."""
+    def counted(**fields):
+        status, r, _ = server.request("POST", "/v1/responses/input_tokens", {"input": "hi", **fields})
+        assert status == 200, r
+        return r["input_tokens"]
+    assert counted(reasoning={"effort": "minimal"}) == counted(enable_thinking=False) > counted()
+    assert counted(reasoning={"effort": "high", "summary": "auto"}) == counted()
+    status, r, _ = server.request("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 2,
+                                                             "reasoning": {"effort": "low", "summary": "auto"}})
+    assert status == 200 and r["reasoning"] == {"effort": "low", "summary": None}, r
+    for bad, why in [("low", "object"), ({"effort": "lots"}, "must be none")]:
+        status, r, _ = server.request("POST", "/v1/responses", {"input": "hi", "reasoning": bad})
+        assert status == 400 and r["error"]["param"] == "reasoning" and why in r["error"]["message"], r
