@@ -336,32 +336,61 @@ pot *engine_new_decode_pot(engine *e, size_t capacity, char *err, size_t errlen)
 
 enum { LOGPROB_ROWS = 32 }; /* rows of logits at once for prompt log-probabilities */
 
-int engine_prompt_logprobs(engine *e, const int32_t *tokens, size_t n, int32_t n_top, sample_logprobs *out,
-                           char *err, size_t errlen) {
-    const int32_t V = e->m->n_vocab;
+struct engine_logprob_reader {
+    engine *e;
+    const int32_t *tokens;
+    size_t n;
+    size_t at;       /* rows read: row t's logits predict token t + 1 */
+    int32_t n_top;
+    sample_logprobs *out;
+    pot *p;
+    float *logits;   /* LOGPROB_ROWS rows */
+};
+
+void engine_logprob_reader_free(engine_logprob_reader *r) {
+    if (!r) return;
+    free(r->logits);
+    pot_free(r->p);
+    free(r);
+}
+
+engine_logprob_reader *engine_logprob_reader_new(engine *e, const int32_t *tokens, size_t n, int32_t n_top,
+                                                 sample_logprobs *out, char *err, size_t errlen) {
     if (n == 0) {
         snprintf(err, errlen, "empty prompt");
-        return -1;
+        return NULL;
     }
-    pot *p = engine_new_pot(e, n, err, errlen);
-    float *logits = p ? malloc((size_t)LOGPROB_ROWS * (size_t)V * sizeof *logits) : NULL;
-    int rc = logits ? 0 : -1;
-    if (p && !logits) snprintf(err, errlen, "out of memory");
+    engine_logprob_reader *r = calloc(1, sizeof *r);
+    if (r) r->p = engine_new_pot(e, n, err, errlen);
+    if (r && r->p) r->logits = malloc((size_t)LOGPROB_ROWS * (size_t)e->m->n_vocab * sizeof *r->logits);
+    if (!r || !r->logits) {
+        if (!r || r->p) snprintf(err, errlen, "out of memory");
+        engine_logprob_reader_free(r);
+        return NULL;
+    }
+    *r = (engine_logprob_reader){.e = e, .tokens = tokens, .n = n, .n_top = n_top, .out = out, .p = r->p,
+                                 .logits = r->logits};
     memset(&out[0], 0, sizeof out[0]);
     out[0].token = tokens[0];
     out[0].n_top = -1;
-    /* row t's logits predict token t + 1; the last row predicts nothing asked for */
-    for (size_t i = 0; !rc && i + 1 < n; i += LOGPROB_ROWS) {
-        size_t len = n - 1 - i < LOGPROB_ROWS ? n - 1 - i : LOGPROB_ROWS;
-        backend_span sp = {.tokens = tokens + i, .n_tokens = (int32_t)len, .kv = p,
-                           .logits_mode = BACKEND_LOGITS_ALL, .logits = logits};
-        rc = e->be->forward(e->be, &sp, 1, err, errlen);
-        for (size_t r = 0; !rc && r < len; r++)
-            sample_logprobs_of(logits + r * (size_t)V, V, tokens[i + r + 1], n_top, &out[i + r + 1]);
+    return r;
+}
+
+int engine_logprob_reader_step(engine_logprob_reader *r, size_t max_tokens, size_t *read, char *err, size_t errlen) {
+    const int32_t V = r->e->m->n_vocab;
+    *read = 0;
+    /* the last row predicts nothing asked for */
+    while (r->at + 1 < r->n && (*read == 0 || *read < max_tokens)) {
+        size_t len = r->n - 1 - r->at < LOGPROB_ROWS ? r->n - 1 - r->at : LOGPROB_ROWS;
+        backend_span sp = {.tokens = r->tokens + r->at, .n_tokens = (int32_t)len, .kv = r->p,
+                           .logits_mode = BACKEND_LOGITS_ALL, .logits = r->logits};
+        if (r->e->be->forward(r->e->be, &sp, 1, err, errlen)) return -1;
+        for (size_t k = 0; k < len; k++)
+            sample_logprobs_of(r->logits + k * (size_t)V, V, r->tokens[r->at + k + 1], r->n_top, &r->out[r->at + k + 1]);
+        r->at += len;
+        *read += len;
     }
-    free(logits);
-    pot_free(p);
-    return rc;
+    return r->at + 1 >= r->n;
 }
 
 int engine_prompt_logits(engine *e, const int32_t *tokens, size_t n, float *logits, char *err,

@@ -127,9 +127,17 @@ void engine_embedder_free(engine_embedder *x);
 /* Each prompt token's log-probability given the tokens before it, and the
  * n_top likeliest tokens there, under the model's own distribution (no
  * sampling settings): out[1..n) (out[0] has token tokens[0] and n_top -1:
- * the first token has none). For echo on /v1/completions. 0 or -1 + err. */
-int engine_prompt_logprobs(engine *e, const int32_t *tokens, size_t n, int32_t n_top, sample_logprobs *out,
-                           char *err, size_t errlen);
+ * the first token has none). For echo on /v1/completions. Read in steps on
+ * the engine thread, so that a window-long prompt need not hold the engine
+ * for its whole prefill: _new (tokens and out are the caller's, kept until
+ * _free), then _step until it says 1. NULL / -1 + err. */
+typedef struct engine_logprob_reader engine_logprob_reader;
+engine_logprob_reader *engine_logprob_reader_new(engine *e, const int32_t *tokens, size_t n, int32_t n_top,
+                                                 sample_logprobs *out, char *err, size_t errlen);
+/* Reads at least one and about max_tokens more of the prompt (*read says how
+ * many): 1 when the prompt has been read whole, 0 when more is left, -1 + err. */
+int engine_logprob_reader_step(engine_logprob_reader *r, size_t max_tokens, size_t *read, char *err, size_t errlen);
+void engine_logprob_reader_free(engine_logprob_reader *r);
 
 typedef struct engine_gen_params {
     sample_params sampling;

@@ -108,6 +108,8 @@ struct generation {
     echo_prompt *echo;      /* [n_batch] */
     int echo_rc;
     char echo_err[256];
+    engine_logprob_reader *echo_reader; /* the prompt being read (engine thread), between tasks */
+    size_t echo_at;         /* prompts read whole */
 };
 
 static void release_temporary_pot(server *s, generation *g);
@@ -1151,9 +1153,31 @@ static void echo_fill(server *s, generation *g) {
     }
 }
 
+/* One echo task reads for about this long: a prompt's logits are the costly part of reading it
+   (1,024 tokens took 1.9 s on the default model, two cores), so a bound in tokens would hold
+   the engine for seconds on a larger vocabulary or a slower machine */
+enum { ECHO_TASK_MS = 150 };
+
+static void echo_task(engine *e, void *arg);
+
+/* After each echo task: the next one, or the answer. A client gone (its
+ * socket peeked at, or MHD's end of the request) stops the reading; the
+ * engine thread frees what it read into first. */
 static void echo_read(server *s, void *arg) {
     generation *g = arg;
     api_error e;
+    int more = !g->echo_rc && g->echo_at < g->n_batch;
+    if (more && !g->client_left && request_client_gone(g->r)) g->client_left = 1;
+    if ((more && !g->client_left) || g->echo_reader) {
+        if (g->client_left) atomic_store(&g->cancel, 1);
+        if (!srv_task(s, NULL, echo_task, g)) return; /* (the request's reference goes on with it) */
+        engine_logprob_reader_free(g->echo_reader); /* the engine has stopped: it runs no more tasks */
+        g->echo_reader = NULL;
+        if (!g->client_left) {
+            g->echo_rc = -1;
+            snprintf(g->echo_err, sizeof g->echo_err, "the server is shutting down");
+        }
+    }
     if (g->client_left) {
         client_closed_error(&e, "reading the prompt's log-probabilities");
         g->r->close_conn = 1;
@@ -1168,18 +1192,36 @@ static void echo_read(server *s, void *arg) {
     request_unref(g->r);
 }
 
+/* Engine thread: about ECHO_TASK_MS more of the prompts' log-probabilities
+ * (then the engine's other work: answers and uploads take their turns between
+ * the tasks), or, once told to stop, the reader freed. */
 static void echo_task(engine *e, void *arg) {
     generation *g = arg;
-    for (size_t p = 0; !g->echo_rc && p < g->n_batch; p++) {
-        size_t n;
-        const int32_t *ids = prompt_ids(g, p, &n);
-        if (!(g->echo[p].lp = malloc(n * sizeof *g->echo[p].lp))) {
+    double t0 = monotonic_ms();
+    while (!g->echo_rc && !atomic_load(&g->cancel) && g->echo_at < g->n_batch && monotonic_ms() - t0 < ECHO_TASK_MS) {
+        size_t n, read = 0;
+        const int32_t *ids = prompt_ids(g, g->echo_at, &n);
+        echo_prompt *ep = &g->echo[g->echo_at];
+        if (!g->echo_reader && !(ep->lp = malloc(n * sizeof *ep->lp))) {
             g->echo_rc = -1;
             snprintf(g->echo_err, sizeof g->echo_err, "out of memory");
-        } else if (!atomic_load(&g->cancel)) {
-            g->echo_rc = engine_prompt_logprobs(e, ids, n, g->req.params.sampling.n_top_logprobs, g->echo[p].lp,
-                                                g->echo_err, sizeof g->echo_err);
+        } else if (!g->echo_reader &&
+                   !(g->echo_reader = engine_logprob_reader_new(e, ids, n, g->req.params.sampling.n_top_logprobs,
+                                                                ep->lp, g->echo_err, sizeof g->echo_err))) {
+            g->echo_rc = -1;
+        } else {
+            int rc = engine_logprob_reader_step(g->echo_reader, 1, &read, g->echo_err, sizeof g->echo_err);
+            if (rc < 0) g->echo_rc = -1;
+            if (rc == 1) {
+                engine_logprob_reader_free(g->echo_reader);
+                g->echo_reader = NULL;
+                g->echo_at++;
+            }
         }
+    }
+    if (g->echo_rc || atomic_load(&g->cancel)) {
+        engine_logprob_reader_free(g->echo_reader);
+        g->echo_reader = NULL;
     }
     srv_post(g->r->srv, echo_read, g);
 }

@@ -4,14 +4,16 @@ preflight and headers, and cancellation of a non-streamed generation whose
 client disconnects. Structured outputs (response_format) are tested in
 test_structured.py."""
 import json
+import pathlib
 import re
 import socket
+import threading
 import time
 
 import openai
 import pytest
 
-from conftest import REF
+from conftest import REF, SANITIZED
 from server_util import Server, background_ended, background_running, openai_client, serve
 
 KEY = "compat-key-0123456789"
@@ -243,11 +245,15 @@ def test_echo_logprobs_match_llama_cpp(client):
     assert max(diffs) < 0.4 and sum(diffs) / len(diffs) < 0.1, (max(diffs), sum(diffs) / len(diffs))
 
 
-def test_echo_agrees_with_the_logprobs_of_what_was_generated(srv, client):
+LONG_PROMPT = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()[: 5000 if SANITIZED else 10000]
+
+
+@pytest.mark.parametrize("prompt", ["The river ran past the", LONG_PROMPT], ids=["short", "long"])
+def test_echo_agrees_with_the_logprobs_of_what_was_generated(srv, client, prompt):
     """The log-probabilities lm-evaluation-harness reads: a greedy continuation's own
     logprobs (decoded a token at a time), then the prompt and that continuation echoed as
-    token ids (read in one forward), give the same numbers at the same places."""
-    prompt = "The river ran past the"
+    token ids (read in one forward, or, the long prompt's 2,400 tokens, in engine tasks of
+    about 1,024 tokens), give the same numbers at the same places."""
     st, tok, _ = srv.request("POST", "/tokenize", {"content": prompt}, headers=auth())
     ids = tok["tokens"]
     gen = client.completions.create(model="x", prompt=ids, max_tokens=6, temperature=0, logprobs=1,
@@ -259,8 +265,34 @@ def test_echo_agrees_with_the_logprobs_of_what_was_generated(srv, client):
                                      logprobs=1)
     lp = echo.choices[0].logprobs
     assert lp.tokens[len(ids):len(ids) + len(cont)] == glp.tokens, "the continuation re-tokenizes the same"
-    for a, b in zip(lp.token_logprobs[len(ids):], glp.token_logprobs):
-        assert abs(a - b) < 0.02, (a, b)
+    diffs = [abs(a - b) for a, b in zip(lp.token_logprobs[len(ids):], glp.token_logprobs)]
+    # decoding and prefill round differently, more so 2,400 tokens in (measured: up to 0.072
+    # there, the same whether the prompt is read in one task or in several); a task that read
+    # the wrong rows would be off by nats
+    assert max(diffs) < (0.02 if len(ids) < 100 else 0.15), diffs
+
+
+@pytest.mark.heavy
+def test_a_long_echo_lets_other_requests_through(srv, client):
+    """A window-long prompt's log-probabilities are read in engine tasks of about 1,024
+    tokens: a short completion sent meanwhile is answered between two of them, not after
+    the whole prompt (which, read in one task, held the engine for seconds)."""
+    text = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()[:16000]  # ~4,000 tokens
+    done = {}
+
+    def echo():
+        t0 = time.time()
+        client.completions.create(model="x", prompt=text, max_tokens=1, echo=True, logprobs=1)
+        done["echo"] = time.time() - t0
+    th = threading.Thread(target=echo)
+    th.start()
+    time.sleep(0.5)
+    t0 = time.time()
+    client.completions.create(model="x", prompt="Hello", max_tokens=2)
+    short = time.time() - t0
+    th.join()
+    print(f"short completion {short:.2f} s during an echo of {done['echo']:.2f} s")
+    assert short < done["echo"] / 4, (short, done["echo"])
 
 
 def test_text_offsets_point_at_each_token(client):
