@@ -295,6 +295,27 @@ def test_a_long_echo_lets_other_requests_through(srv, client):
     assert short < done["echo"] / 4, (short, done["echo"])
 
 
+@pytest.mark.heavy
+def test_an_echo_stops_when_its_client_leaves(srv):
+    """Eight echoed prompts of 3,400 tokens (over a minute of reading here): the client
+    leaving after a second stops the reading within a task or two (the access log's 499
+    comes at once, not after the minute)."""
+    text = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()[:16000]
+    body = json.dumps({"prompt": [text] * 8, "max_tokens": 1, "echo": True, "logprobs": 1}).encode()
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+    time.sleep(1.5)
+    seen = len(srv.log_lines)
+    sock.close()
+    t0 = time.time()
+    while time.time() - t0 < 20 and not any('"route":"/v1/completions"' in line and '"status":499' in line
+                                            for line in srv.log_lines[seen:]):
+        time.sleep(0.1)
+    stopped = time.time() - t0
+    assert stopped < 5, stopped
+
+
 def test_text_offsets_point_at_each_token(client):
     """logprobs.text_offset (OpenAI's legacy field): where each token's text starts in the
     choice's text, in characters: echoed prompt, answer, and streamed chunk by chunk."""
