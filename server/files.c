@@ -40,11 +40,11 @@ struct file_form {
     char anchor[32];
     char seconds[24];
     char filename[256];
-    int file_seen, file_ended;
+    int file_seen;
     uint64_t file_bytes;
     int creating;    /* paused at the file part while its session is created */
     int backlogged;  /* the upload asked to stop reading until the engine catches up */
-    int failed;      /* answered with an error: the rest of the body is dropped */
+    int failed;      /* refused (err): the rest of the body is dropped, then answered */
     upload *u;       /* the file's upload once its session exists (r->up too) */
     api_error err;
 };
@@ -385,7 +385,6 @@ static int form_event(void *user, multipart_event ev, const multipart_part *pt, 
         return 0;
     case MULTIPART_PART_END:
         if (f->in == IN_FILE) {
-            f->file_ended = 1;
             if (!f->file_bytes) return form_error(f, 400, "invalid_value", "file", "the file is empty");
         } else if (take_field(f)) {
             return -1;
