@@ -66,9 +66,9 @@ class Redis:
             self.proc.wait(20)
 
 
-def replica(data_dir, redis, name, *flags, lease_ms=1000):
+def replica(data_dir, redis, name, *flags, lease_ms=1000, env=None):
     return Server(data_dir, "--store", redis.url, "--replica-name", name, "--lease-ms", str(lease_ms),
-                  "--access-log", "false", *flags)
+                  "--access-log", "false", *flags, env=env)
 
 
 class Nginx:

@@ -11,6 +11,8 @@ BIN = pathlib.Path(os.environ.get("POTSERVE_BIN", ROOT / "build" / "potserve"))
 MODEL = pathlib.Path(os.environ.get("POTSERVE_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 FIXTURES = ROOT / "build" / "fixtures"
 REF = ROOT / "tests" / "fixtures"
+# tests/fault/faultfs.c: an LD_PRELOAD shim that fails or holds one chosen storage call
+FAULTFS = ROOT / "build" / "faultfs.so"
 # The Makefile's sanitizer runs (make asan, make tsan) set it: their server is
 # many times slower, so model-heavy tests there read shorter documents.
 SANITIZED = os.environ.get("POTSERVE_SANITIZED") == "1"

@@ -22,10 +22,9 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FAULTFS as SHIM, FIXTURES
 from server_util import Server
 
-SHIM = ROOT / "build" / "faultfs.so"
 TINY = FIXTURES / "tiny_llama.gguf"
 CHUNK1 = ("the river bridge market. " * 1400).encode()[:34000]  # three 16 KiB pieces
 CHUNK2 = ("a final line of the document. " * 70).encode()
