@@ -72,34 +72,55 @@ static int session_expired_now(const session *ss) { return ss->expires && (int64
 /* An upload that made no file: its session goes (sessions_expire removes it once idle). */
 static void forget_file(session *ss) { ss->expires = 1; }
 
-/* A field of a file's meta ("" when a meta written by hand lacks it). */
-static const char *file_field(const session *ss, const char *name) {
-    const char *v = json_string_value(json_object_get(ss->file, name));
-    return v ? v : "";
-}
-
-static json_t *file_json(const session *ss) {
+/* OpenAI's file object. */
+static json_t *file_object(const char *session_id, uint64_t bytes, int64_t created, int64_t expires, json_t *file,
+                           const char *status, const char *details) {
     char fid[48];
-    file_id_of(ss->id, fid, sizeof fid);
-    const char *status = ss->status == SESSION_FAILED ? "error"
-                         : ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring ? "uploaded"
-                                                                                             : "processed";
+    file_id_of(session_id, fid, sizeof fid);
+    const char *filename = json_string_value(json_object_get(file, "filename"));
+    const char *purpose = json_string_value(json_object_get(file, "purpose"));
     json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:s}", "id", fid, "object", "file", "bytes",
-                          (json_int_t)ss->bytes_acked, "created_at", (json_int_t)ss->created, "filename",
-                          file_field(ss, "filename"), "purpose", file_field(ss, "purpose"), "status", status,
-                          "session", ss->id);
-    json_object_set_new(o, "status_details", ss->status == SESSION_FAILED ? json_string(ss->fail_msg) : json_null());
-    json_object_set_new(o, "expires_at", ss->expires ? json_integer(ss->expires) : json_null());
+                          (json_int_t)bytes, "created_at", (json_int_t)created, "filename", filename ? filename : "",
+                          "purpose", purpose ? purpose : "", "status", status, "session", session_id);
+    json_object_set_new(o, "status_details", details ? json_string(details) : json_null());
+    json_object_set_new(o, "expires_at", expires ? json_integer(expires) : json_null());
     return o;
 }
 
-/* A file of r's key, or NULL (answered 404 or as session_lookup answers). */
-static session *file_lookup(request *r, const char *fid) {
-    char sid[48];
-    session *ss = session_of_file(fid, sid, sizeof sid) ? session_find(r->srv, sid, r->key) : NULL;
+static json_t *file_json(const session *ss) {
+    const char *status = ss->status == SESSION_FAILED ? "error"
+                         : ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring ? "uploaded"
+                                                                                             : "processed";
+    return file_object(ss->id, (uint64_t)ss->bytes_acked, ss->created, ss->expires, ss->file, status,
+                       ss->status == SESSION_FAILED ? ss->fail_msg : NULL);
+}
+
+/* A shared store's file as the store holds it, for key; NULL when it is not
+ * one of key's files now (another key's, its upload never ended, expired).
+ * "processed" once its pot's snapshot is there: the replica reading it writes
+ * one when the whole file has been read. */
+static json_t *stored_file_json(const store_file *sf, const api_key *key) {
+    json_t *meta = json_loads(sf->meta, 0, NULL), *o = NULL;
+    json_t *file = json_object_get(meta, "file");
+    const char *owner = json_string_value(json_object_get(meta, "owner"));
+    int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created"));
+    int64_t ttl = (int64_t)json_integer_value(json_object_get(json_object_get(meta, "settings"), "ttl_seconds"));
+    int64_t expires = ttl > 0 ? created + ttl : 0;
+    if (json_is_object(file) && owner && !strcmp(owner, key->owner) && sf->final &&
+        !(expires && (int64_t)time(NULL) > expires))
+        o = file_object(sf->id, sf->bytes, created, expires, file, sf->read ? "processed" : "uploaded", NULL);
+    json_decref(meta);
+    return o;
+}
+
+/* A file of r's key held here, or NULL (answered 404 or as session_lookup answers). */
+static session *file_lookup(request *r, const char *sid) {
+    session *ss = session_find(r->srv, sid, r->key);
+    if (ss && ss->file && !ss->final && !ss->busy && ss->status != SESSION_FAILED)
+        forget_file(ss); /* (a shared store: taken over after the replica reading it died mid-file) */
     if (!ss || !ss->file || session_expired_now(ss) || ss->deleted) {
         api_error e;
-        api_fail(&e, 404, "file_not_found", "file_id", "no file '%.60s'", fid);
+        api_fail(&e, 404, "file_not_found", "file_id", "no file 'file-%s'", sid + 5);
         respond_error(r, &e);
         return NULL;
     }
@@ -109,68 +130,154 @@ static session *file_lookup(request *r, const char *fid) {
 
 /* ---- GET /v1/files -------------------------------------------------------------------------- */
 
-static int by_created(const void *a, const void *b) {
-    const session *x = *(session *const *)a, *y = *(session *const *)b;
-    return x->created != y->created ? (x->created < y->created ? -1 : 1) : strcmp(x->id, y->id);
-}
+typedef struct list_query {
+    const char *purpose, *after;
+    int64_t limit;
+    int desc;
+} list_query;
 
-static void list_files(request *r) {
-    server *s = r->srv;
+/* The query of GET /v1/files; 0, or -1 answered. */
+static int list_query_parse(request *r, list_query *q) {
     api_error e;
-    const char *purpose = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "purpose");
+    q->purpose = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "purpose");
+    q->after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "after");
     const char *order = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "order");
-    const char *after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "after");
-    const char *limit_q = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
-    int64_t limit = 10000;
+    const char *limit = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
     char err[128];
-    if (limit_q && config_parse_int("limit", limit_q, 1, 10000, &limit, err, sizeof err)) {
+    q->limit = 10000;
+    if (limit && config_parse_int("limit", limit, 1, 10000, &q->limit, err, sizeof err)) {
         api_fail(&e, 400, "invalid_value", "limit", "%s", err);
-        return respond_error(r, &e);
+        return respond_error(r, &e), -1;
     }
     if (order && strcmp(order, "asc") && strcmp(order, "desc")) {
         api_fail(&e, 400, "invalid_value", "order", "order must be asc or desc, not '%.40s'", order);
+        return respond_error(r, &e), -1;
+    }
+    q->desc = !order || !strcmp(order, "desc");
+    return 0;
+}
+
+static int by_created(const void *a, const void *b) {
+    json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
+    json_int_t cx = json_integer_value(json_object_get(x, "created_at"));
+    json_int_t cy = json_integer_value(json_object_get(y, "created_at"));
+    return cx != cy ? (cx < cy ? -1 : 1)
+                    : strcmp(json_string_value(json_object_get(x, "id")), json_string_value(json_object_get(y, "id")));
+}
+
+/* Answers the page q asks of files (file objects; taken). */
+static void answer_files_page(request *r, json_t *files, const list_query *q) {
+    size_t n = 0, all = json_array_size(files);
+    json_t **v = malloc((all ? all : 1) * sizeof *v);
+    if (!v) {
+        json_decref(files);
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    int desc = !order || !strcmp(order, "desc");
-    size_t n = 0, cap = 0;
-    session **all = NULL;
-    for (session *ss = s->sessions; ss; ss = ss->next) {
-        if (!ss->file || ss->deleted || session_expired_now(ss) || strcmp(ss->owner, r->key->owner)) continue;
-        if (purpose && strcmp(file_field(ss, "purpose"), purpose)) continue;
-        if (n == cap) {
-            session **grown = realloc(all, (cap = cap ? cap * 2 : 16) * sizeof *all);
-            if (!grown) {
-                free(all);
-                api_fail(&e, 500, NULL, NULL, "out of memory");
-                return respond_error(r, &e);
-            }
-            all = grown;
-        }
-        all[n++] = ss;
+    for (size_t i = 0; i < all; i++) {
+        json_t *f = json_array_get(files, i);
+        const char *purpose = json_string_value(json_object_get(f, "purpose"));
+        if (!q->purpose || !strcmp(purpose, q->purpose)) v[n++] = f;
     }
-    if (n) qsort(all, n, sizeof *all, by_created);
-    if (desc)
+    if (n) qsort(v, n, sizeof *v, by_created);
+    if (q->desc)
         for (size_t i = 0; i < n / 2; i++) {
-            session *t = all[i];
-            all[i] = all[n - 1 - i];
-            all[n - 1 - i] = t;
+            json_t *t = v[i];
+            v[i] = v[n - 1 - i];
+            v[n - 1 - i] = t;
         }
     size_t from = 0;
-    if (after) { /* the page after that file (one gone since: from the start, as nothing matches) */
-        char fid[48];
-        for (size_t i = 0; i < n; i++) {
-            file_id_of(all[i]->id, fid, sizeof fid);
-            if (!strcmp(fid, after)) from = i + 1;
-        }
-    }
+    if (q->after) /* the page after that file (one gone since: from the start, as nothing matches) */
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(json_string_value(json_object_get(v[i], "id")), q->after)) from = i + 1;
     json_t *data = json_array();
-    for (size_t i = from; i < n && (int64_t)(i - from) < limit; i++) json_array_append_new(data, file_json(all[i]));
+    for (size_t i = from; i < n && (int64_t)(i - from) < q->limit; i++) json_array_append(data, v[i]);
     size_t shown = json_array_size(data);
     json_t *o = json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", from + shown < n);
     json_object_set(o, "first_id", shown ? json_object_get(json_array_get(data, 0), "id") : json_null());
     json_object_set(o, "last_id", shown ? json_object_get(json_array_get(data, shown - 1), "id") : json_null());
-    free(all);
+    free(v);
+    json_decref(files);
     respond_json(r, 200, o);
+}
+
+/* A file held here as GET /v1/files shows it, or NULL when it is not one of key's now. */
+static json_t *held_file_json(const session *ss, const api_key *key) {
+    if (!ss->file || ss->deleted || session_expired_now(ss) || strcmp(ss->owner, key->owner)) return NULL;
+    return file_json(ss);
+}
+
+/* A shared store's files: read from the store on the pool (another replica may hold any of them). */
+typedef struct files_job {
+    server *s;
+    char owner[17];
+    char id[48]; /* "": all of the owner's */
+    list_query q;
+    store_file *f;
+    size_t n;
+    int rc;
+    char err[256];
+} files_job;
+
+static void files_read(void *arg) {
+    files_job *j = arg;
+    j->rc = store_files(j->s->st, j->owner, *j->id ? j->id : NULL, &j->f, &j->n, j->err, sizeof j->err);
+}
+
+static void files_read_done(request *r, void *arg) {
+    files_job *j = arg;
+    api_error e;
+    if (j->rc) {
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not answer; retry: %s", j->err);
+        respond_retry(r, &e, 1);
+    } else if (*j->id) { /* GET /v1/files/{id} of a file held elsewhere (or by none) */
+        session *held = session_find(j->s, j->id, r->key); /* (taken here meanwhile) */
+        json_t *o = held ? held_file_json(held, r->key) : j->n ? stored_file_json(&j->f[0], r->key) : NULL;
+        if (o) {
+            respond_json(r, 200, o);
+        } else {
+            api_fail(&e, 404, "file_not_found", "file_id", "no file 'file-%s'", j->id + 5);
+            respond_error(r, &e);
+        }
+    } else {
+        json_t *files = json_array();
+        for (size_t i = 0; i < j->n; i++) {
+            session *held = session_find(j->s, j->f[i].id, r->key);
+            json_t *o = held ? held_file_json(held, r->key) : stored_file_json(&j->f[i], r->key);
+            if (o) json_array_append_new(files, o);
+        }
+        answer_files_page(r, files, &j->q);
+    }
+    store_files_free(j->f, j->n);
+    free(j);
+}
+
+/* GET /v1/files, or GET /v1/files/{id} (sid: its session) of a file not held here. */
+static void read_stored_files(request *r, const char *sid, const list_query *q) {
+    files_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    j->s = r->srv;
+    snprintf(j->owner, sizeof j->owner, "%s", r->key->owner);
+    if (sid) snprintf(j->id, sizeof j->id, "%s", sid);
+    if (q) j->q = *q;
+    request_work(r, WORK_POOL, files_read, files_read_done, j);
+}
+
+static void list_files(request *r) {
+    list_query q;
+    if (list_query_parse(r, &q)) return;
+    if (store_is_shared(r->srv->st)) return read_stored_files(r, NULL, &q);
+    json_t *files = json_array();
+    for (session *ss = r->srv->sessions; ss; ss = ss->next) {
+        json_t *o = held_file_json(ss, r->key);
+        if (o) json_array_append_new(files, o);
+    }
+    answer_files_page(r, files, &q);
 }
 
 /* ---- GET /v1/files/{id}/content ------------------------------------------------------------- */
@@ -285,6 +392,14 @@ static int file_session_settings(file_form *f, api_session_settings *settings, j
 
 void files_session_created(request *r, session *ss) {
     file_form *f = r->form;
+    if (!ss) { /* a shared store: its takeover here failed (said in the log) */
+        if (f && r->conn && !r->status) {
+            f->failed = 1;
+            api_fail(&f->err, 503, "store_unavailable", NULL, "the file's session could not be taken here: retry");
+            request_wake(r); /* (answered at the body's end) */
+        }
+        return;
+    }
     if (!f || !r->conn || r->status) return forget_file(ss); /* the client left meanwhile */
     f->u = upload_open(r, ss);
     if (!f->u) {
@@ -609,12 +724,6 @@ int files_in_messages(request *r, json_t *body, api_error *e, int *retry_after) 
 void route_files(request *r, const char *rest) {
     api_error e;
     int get = request_reads(r), post = !strcmp(r->method, "POST"), del = !strcmp(r->method, "DELETE");
-    if (store_is_shared(r->srv->st)) {
-        api_fail(&e, 501, "not_supported", NULL,
-                 "files need a single server's store; with several replicas upload to a session "
-                 "(POST /v1/sessions, then its chunks)");
-        return respond_error(r, &e);
-    }
     if (!*rest) {
         if (post) return start_form(r);
         if (get) return list_files(r);
@@ -628,7 +737,16 @@ void route_files(request *r, const char *rest) {
     }
     if (slash && !get) return respond_method_not_allowed(r, "GET, HEAD");
     if (!slash && !get && !del) return respond_method_not_allowed(r, "GET, HEAD, DELETE");
-    session *ss = file_lookup(r, id);
+    char sid[48];
+    if (!session_of_file(id, sid, sizeof sid)) {
+        api_fail(&e, 404, "file_not_found", "file_id", "no file '%.60s'", id);
+        return respond_error(r, &e);
+    }
+    if (store_is_shared(r->srv->st) && !session_find(r->srv, sid, r->key)) {
+        if (get && !slash) return read_stored_files(r, sid, NULL); /* held elsewhere, or by none: as the store says */
+        return (void)session_lookup(r, sid, "file_id"); /* taken over here (answered meanwhile: retry) */
+    }
+    session *ss = file_lookup(r, sid);
     if (!ss) return;
     if (slash) return file_content(r, ss);
     if (del) return session_delete(r, ss, 1);

@@ -1435,7 +1435,7 @@ static void create_work(uv_work_t *w) {
     create_job *j = w->data;
     session *ss = j->ss;
     errno = 0;
-    j->rc = store_create(ss->srv->st, ss->id, j->meta, &ss->log, j->err, sizeof j->err);
+    j->rc = store_create(ss->srv->st, ss->id, j->meta, ss->file ? ss->owner : NULL, &ss->log, j->err, sizeof j->err);
     j->full = j->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
 }
 
@@ -1471,6 +1471,8 @@ static void created_doc(server *s, doc_job *j) {
     finish_doc_job(j);
 }
 
+static void take_over(request *r, const char *id, const char *param);
+
 static void create_done(uv_work_t *w, int status) {
     (void)status;
     create_job *j = w->data;
@@ -1482,6 +1484,7 @@ static void create_done(uv_work_t *w, int status) {
         api_error e;
         ss->busy = 0; /* nothing to read yet: ready */
         if (j->rc) api_fail(&e, 503, "store_unavailable", NULL, "%s", j->err), respond_retry(r, &e, 1);
+        else if (ss->file) take_over(r, ss->id, "file"); /* a file's bytes are read here: taken at once */
         else respond_json(r, 201, session_json(s, ss));
         free_session(ss);
     } else if (j->rc || submit_doc_job(s, ss, 0, created_doc, r)) {
@@ -2024,6 +2027,7 @@ static void session_busy_restoring(request *r, const char *id, const char *param
  * dispatched again as they came: the session's own, and the questions, which
  * take a session over before their body is handled (session_take_over_first). */
 static int waits_for_takeover(const request *r, const session *ss) {
+    if (r->form) return 1; /* POST /v1/files: the file's new session, taken by the replica reading it */
     static const char *const routes[] = {"/v1/sessions/{id}", "/v1/chat/completions", "/v1/completions",
                                          "/v1/responses", NULL}; /* (prefixes: the session's own routes too) */
     for (const char *const *p = routes; *p; p++)
@@ -2037,14 +2041,17 @@ static void wait_for_takeover(request *r, session *ss) {
     ss->takeover_waiting = r;
 }
 
-/* The requests that waited for a takeover's end, dispatched again (those
- * whose client is still there); an upload's body is read from now on. */
-static void takeover_waiters_go(request *w) {
+/* The requests that waited for ss's takeover, dispatched again (those whose
+ * client is still there); an upload's body is read from now on, a file's
+ * form (POST /v1/files) goes on with ss as its session. */
+static void takeover_waiters_go(server *s, session *ss, request *w) {
     while (w) {
         request *r = w;
         w = r->next_waiting;
         r->next_waiting = NULL;
-        if (r->conn) {
+        if (r->conn && r->form) {
+            files_session_created(r, registered(s, ss) && ss->status != SESSION_FAILED ? ss : NULL);
+        } else if (r->conn) {
             request_dispatch(r);
             if (r->up && !r->status && !r->pending) request_wake(r);
         }
@@ -2070,7 +2077,7 @@ static void taken_over(server *s, doc_job *j) {
     } else {
         restore_ended(j);
     }
-    takeover_waiters_go(waiting);
+    takeover_waiters_go(s, ss, waiting);
 }
 
 /* A takeover's questions to the shared store (the session's meta, its lease,
@@ -2135,7 +2142,10 @@ static void takeover_answer(request *r, void *arg) {
             api_fail(&e, 503, "store_unavailable", t->param, "%s", t->err);
             respond_retry(r, &e, 1);
         } else {
-            api_fail(&e, 404, "session_not_found", t->param, "no session '%s'", t->id);
+            if (t->param && !strcmp(t->param, "file_id")) /* (/v1/files/{id}: a file's session) */
+                api_fail(&e, 404, "file_not_found", t->param, "no file 'file-%s'", t->id + 5);
+            else
+                api_fail(&e, 404, "session_not_found", t->param, "no session '%s'", t->id);
             respond_error(r, &e);
         }
     } else if (t->got < 0) {

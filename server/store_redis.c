@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -222,11 +223,26 @@ int redis_ping(store *st) {
 
 /* ---- meta ---- */
 
-int redis_store_create(store *st, const char *id, const char *meta, char *err, size_t errlen) {
-    char k[96];
+/* The set of a key's files: potserve:files:<owner tag>. */
+static void files_key(char *out, size_t cap, const char *owner) { snprintf(out, cap, "potserve:files:%s", owner); }
+
+static const char CREATE_FILE_SCRIPT[] =
+    "redis.call('HSET', KEYS[1], 'json', ARGV[1], 'last_seq', '0', 'final', '0', 'bytes', '0') "
+    "redis.call('SADD', KEYS[2], ARGV[2]) return 1";
+
+int redis_store_create(store *st, const char *id, const char *meta, const char *file_owner, char *err,
+                       size_t errlen) {
+    char k[96], files[96];
     key(k, sizeof k, id, "meta");
-    const char *argv[] = {"HSET", k, "json", meta, "last_seq", "0", "final", "0"};
-    redisReply *r = command_str(st, 8, argv, err, errlen);
+    redisReply *r;
+    if (file_owner) { /* the meta and the owner's list of files, both or neither */
+        files_key(files, sizeof files, file_owner);
+        const char *argv[] = {"EVAL", CREATE_FILE_SCRIPT, "2", k, files, meta, id};
+        r = command_str(st, 7, argv, err, errlen);
+    } else {
+        const char *argv[] = {"HSET", k, "json", meta, "last_seq", "0", "final", "0", "bytes", "0"};
+        r = command_str(st, 10, argv, err, errlen);
+    }
     if (r) freeReplyObject(r);
     return r ? 0 : -1;
 }
@@ -748,7 +764,8 @@ static const char COMMIT_SCRIPT[] =
     "if redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[4]) then "
     "  return redis.error_reply('CONFLICT the log in the store changed under this replica') end "
     "redis.call('RPUSH', KEYS[3], ARGV[6]) redis.call('RPUSH', KEYS[4], ARGV[5]) "
-    "redis.call('HSET', KEYS[2], 'last_seq', ARGV[2], 'final', ARGV[3]) return 1";
+    "redis.call('HSET', KEYS[2], 'last_seq', ARGV[2], 'final', ARGV[3]) "
+    "redis.call('HINCRBY', KEYS[2], 'bytes', ARGV[7]) return 1";
 
 int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
     if (!l->open || l->spoiled) {
@@ -759,24 +776,26 @@ int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
     chunk_log_entry e = {.seq = l->seq, .bytes = l->len - HEADER_BYTES, .crc = l->crc, .final = final};
     e.end_offset = redis_log_committed_size(l) + l->len;
     header_put(l->buf, &e);
-    char k[4][96], seq[32], n[32];
+    char k[4][96], seq[32], n[32], bytes[32];
     const char *what[] = {"lease", "meta", "log", "idx"};
     for (int i = 0; i < 4; i++) key(k[i], sizeof k[i], l->id, what[i]);
     snprintf(seq, sizeof seq, "%llu", (unsigned long long)e.seq);
     snprintf(n, sizeof n, "%zu", l->entries.n);
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)e.bytes);
     const char *argv[] = {"EVAL", COMMIT_SCRIPT, "4", k[0], k[1], k[2], k[3], l->token, seq,
-                          final ? "1" : "0", n, (const char *)l->buf, (const char *)l->buf};
-    size_t lens[13];
+                          final ? "1" : "0", n, (const char *)l->buf, (const char *)l->buf, bytes};
+    size_t lens[14];
     for (int i = 0; i < 11; i++) lens[i] = strlen(argv[i]);
     lens[11] = HEADER_BYTES;
     lens[12] = l->len;
+    lens[13] = strlen(bytes);
     if (vec_reserve(&l->entries, l->entries.n + 1)) {
         errno = ENOMEM;
         return set_err(err, errlen, "out of memory"), -1;
     }
     errno = 0;
     char why[256] = "";
-    redisReply *r = command(l->st, 13, argv, lens, why, sizeof why);
+    redisReply *r = command(l->st, 14, argv, lens, why, sizeof why);
     if (!r) {
         if (!strncmp(why, "FENCED", 6) || !strncmp(why, "CONFLICT", 8)) l->fenced = 1;
         if (unanswered) { /* committed or not, or later: only the store knows now */
@@ -871,6 +890,72 @@ int redis_log_cursor_read(redis_log_cursor *r, uint64_t at_least, chunk_log_data
         if (rc) return -1;
         r->next = last + 1;
     }
+    return 0;
+}
+
+/* ---- files ---- */
+
+/* One file's meta, bytes, end and snapshot; nil (and dropped from its owner's list) when gone.
+ * A file whose upload never ended, unleased for ABANDONED_S since its creation (its replica
+ * died while reading it: the one reading a file holds its lease from the start), is removed. */
+enum { ABANDONED_S = 600 };
+static const char FILE_SCRIPT[] =
+    "local m = redis.call('HMGET', KEYS[1], 'json', 'final', 'bytes') "
+    "if not m[1] then redis.call('SREM', KEYS[3], ARGV[1]) return false end "
+    "if m[2] ~= '1' and redis.call('EXISTS', KEYS[4]) == 0 then "
+    "  local ok, meta = pcall(cjson.decode, m[1]) "
+    "  if not ok or type(meta.created) ~= 'number' or tonumber(ARGV[2]) - meta.created > tonumber(ARGV[3]) then "
+    "    redis.call('DEL', KEYS[1], KEYS[2], KEYS[5], KEYS[6], KEYS[7]) redis.call('SREM', KEYS[3], ARGV[1]) "
+    "    return false end end "
+    "return {m[1], m[2] or '0', m[3] or '0', redis.call('EXISTS', KEYS[2])}";
+
+static int file_read(store *st, const char *files, const char *id, store_file *out, int *gone, char *err,
+                     size_t errlen) {
+    char k[6][96], now[32], abandoned[32];
+    const char *what[] = {"meta", "snap", "lease", "log", "idx", "want"};
+    for (int i = 0; i < 6; i++) key(k[i], sizeof k[i], id, what[i]);
+    snprintf(now, sizeof now, "%lld", (long long)time(NULL));
+    snprintf(abandoned, sizeof abandoned, "%d", ABANDONED_S);
+    const char *argv[] = {"EVAL", FILE_SCRIPT, "7", k[0], k[1], files, k[2], k[3], k[4], k[5], id, now, abandoned};
+    redisReply *r = command_str(st, 13, argv, err, errlen);
+    if (!r) return -1;
+    *gone = r->type != REDIS_REPLY_ARRAY || r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING;
+    if (!*gone) {
+        snprintf(out->id, sizeof out->id, "%s", id);
+        out->meta = strndup(r->element[0]->str, r->element[0]->len);
+        out->final = r->element[1]->type == REDIS_REPLY_STRING && !strcmp(r->element[1]->str, "1");
+        out->bytes = r->element[2]->type == REDIS_REPLY_STRING ? strtoull(r->element[2]->str, NULL, 10) : 0;
+        out->read = r->element[3]->type == REDIS_REPLY_INTEGER && r->element[3]->integer == 1;
+    }
+    freeReplyObject(r);
+    if (!*gone && !out->meta) return set_err(err, errlen, "out of memory"), -1;
+    return 0;
+}
+
+int redis_store_files(store *st, const char *owner, const char *id, store_file **out, size_t *n, char *err,
+                      size_t errlen) {
+    char files[96];
+    files_key(files, sizeof files, owner);
+    redisReply *ids = NULL;
+    size_t want = 1;
+    if (!id) {
+        const char *argv[] = {"SMEMBERS", files};
+        if (!(ids = command_str(st, 2, argv, err, errlen))) return -1;
+        want = ids->type == REDIS_REPLY_ARRAY ? ids->elements : 0;
+    }
+    store_file *f = calloc(want ? want : 1, sizeof *f);
+    int rc = f ? 0 : (set_err(err, errlen, "out of memory"), -1);
+    size_t got = 0;
+    for (size_t i = 0; !rc && i < want; i++) {
+        const char *one = id ? id : ids->element[i]->type == REDIS_REPLY_STRING ? ids->element[i]->str : NULL;
+        int gone = 1;
+        if (one && strlen(one) < sizeof f->id) rc = file_read(st, files, one, &f[got], &gone, err, errlen);
+        if (!rc && !gone) got++;
+    }
+    if (ids) freeReplyObject(ids);
+    if (rc) return store_files_free(f, got + 1), -1;
+    *out = f;
+    *n = got;
     return 0;
 }
 
