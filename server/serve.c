@@ -386,6 +386,9 @@ int cli_serve(int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     code = 0;
 out:
+    /* the wait for the stop's snapshots is over: one that comes back now (a deleted session's,
+       not waited for) must not stop the loop that closes the handles below */
+    s->snapshots_deadline = 0;
     if (s->sched) engine_sched_free(s->sched); /* cancels generations, runs queued tasks */
     s->sched = NULL;
     on_wake(&s->wake);                          /* deliver what the engine said last */
@@ -410,7 +413,10 @@ out:
     stored_free(s);
     background_logs_free(s);
     store_close(s->st);
-    uv_loop_close(&loop);
+    if (uv_loop_close(&loop)) { /* a handle not closed: the exit lost track of something */
+        fprintf(stderr, "potserve: the event loop still had open handles at exit\n");
+        if (!code) code = 1;
+    }
     engine_close(s->eng);
     for (size_t i = 0; i < s->n_keys; i++) free(s->keys[i].key);
     free(s->keys);

@@ -1623,7 +1623,8 @@ static void snapshot_saved(server *s, void *arg) {
     session *ss = j->ss;
     ss->snap_saving = 0;
     if (!j->rc && j->offset > ss->snap_offset) ss->snap_offset = j->offset, ss->snap_ingest_ms = j->ingest_ms;
-    if (j->rc) fprintf(stderr, "potserve: session %s: snapshot failed: %s\n", ss->id, j->err);
+    /* (a session deleted while its snapshot was queued: its directory is gone, and so is the need) */
+    if (j->rc && !ss->deleted) fprintf(stderr, "potserve: session %s: snapshot failed: %s\n", ss->id, j->err);
     free(j->path);
     session_unref(ss);
     free(j);
