@@ -1127,7 +1127,8 @@ def test_a_file_is_every_replicas(tmp_path, redis):
     takes its new session and reads it; any replica lists it and retrieves it from the store
     (status "processed" once the reader's snapshot is there), a question or its content takes it
     over as any session is, nginx routes /v1/files/file-{id} as session sess_{id}, another key sees
-    nothing, and a delete leaves nothing in Redis. The answer is the one a single server gives."""
+    nothing, and a delete leaves nothing in Redis. The answers (chat, and Responses' input_file
+    on the replica it is taken back to) are the ones a single server gives."""
     import openai
     from cluster_util import Nginx
     from server_util import openai_client
@@ -1153,15 +1154,24 @@ def test_a_file_is_every_replicas(tmp_path, redis):
         with pytest.raises(openai.NotFoundError):
             other.files.retrieve(f.id)
         s1 = openai_client(single)
-        expected = file_question(s1, s1.files.wait_for_processing(upload_file(s1, tmp_path).id, poll_interval=0.2).id)
+        f1 = s1.files.wait_for_processing(upload_file(s1, tmp_path).id, poll_interval=0.2)
+        expected = file_question(s1, f1.id)
+
+        def responses_question(client, fid):
+            return client.responses.create(model="x", max_output_tokens=16, temperature=0, input=[{"role": "user", "content": [
+                {"type": "input_file", "file_id": fid}, {"type": "input_text", "text": "What is this text about?"}]}]).output_text
+        expected_responses = responses_question(s1, f1.id)
         # asked on b: taken over from a (421 until a hands it over, then 409 while b loads it: the client retries)
         retrying = openai.OpenAI(base_url=b.url + "/v1", api_key="key-one-0123456789", max_retries=10, timeout=120)
         assert file_question(retrying, f.id) == expected
+        # and through the Responses API on a: taken back from b
+        back = openai.OpenAI(base_url=a.url + "/v1", api_key="key-one-0123456789", max_retries=10, timeout=120)
+        assert responses_question(back, f.id) == expected_responses
 
         def moves():  # (the logs: /metrics wants a key here)
             return sum(1 for r in (a, b) for line in r.log_lines
                        if f"took session {f.session} over" in line or f"handing session {f.session} over" in line)
-        assert moves() >= 3  # taken by a for the upload, handed over by a, taken by b
+        assert moves() >= 5  # taken by a for the upload, handed over to b, and back to a
         # through nginx: the file's routes reach one replica, the question too with X-Session-Id
         via = openai.OpenAI(base_url=nginx.url + "/v1", api_key="key-one-0123456789", max_retries=10, timeout=120)
         assert via.files.content(f.id).text == FILE_TEXT
