@@ -99,7 +99,7 @@ static json_t *file_json(const session *ss) {
  * one of key's files now (another key's, its upload never ended, expired).
  * "processed" once its pot's snapshot is there: the replica reading it writes
  * one when the whole file has been read. */
-static json_t *stored_file_json(const store_file *sf, const api_key *key) {
+static json_t *stored_file_json(const store_owned_session *sf, const api_key *key) {
     json_t *meta = json_loads(sf->meta, 0, NULL), *o = NULL;
     json_t *file = json_object_get(meta, "file");
     const char *owner = json_string_value(json_object_get(meta, "owner"));
@@ -108,7 +108,7 @@ static json_t *stored_file_json(const store_file *sf, const api_key *key) {
     int64_t expires = ttl > 0 ? created + ttl : 0;
     if (json_is_object(file) && owner && !strcmp(owner, key->owner) && sf->final &&
         !(expires && (int64_t)time(NULL) > expires))
-        o = file_object(sf->id, sf->bytes, created, expires, file, sf->read ? "processed" : "uploaded", NULL);
+        o = file_object(sf->id, sf->bytes, created, expires, file, sf->snapshot ? "processed" : "uploaded", NULL);
     json_decref(meta);
     return o;
 }
@@ -208,64 +208,48 @@ static json_t *held_file_json(const session *ss, const api_key *key) {
     return file_json(ss);
 }
 
-/* A shared store's files: read from the store on the pool (another replica may hold any of them). */
-typedef struct files_job {
-    server *s;
-    char owner[17];
-    char id[48]; /* "": all of the owner's */
+/* A shared store's files: read from the store (another replica may hold any of them). */
+typedef struct files_ask {
+    char id[48]; /* "": GET /v1/files */
     list_query q;
-    store_file *f;
-    size_t n;
-    int rc;
-    char err[256];
-} files_job;
+} files_ask;
 
-static void files_read(void *arg) {
-    files_job *j = arg;
-    j->rc = store_files(j->s->st, j->owner, *j->id ? j->id : NULL, &j->f, &j->n, j->err, sizeof j->err);
-}
-
-static void files_read_done(request *r, void *arg) {
-    files_job *j = arg;
-    api_error e;
-    if (j->rc) {
-        api_fail(&e, 503, "store_unavailable", NULL, "the store did not answer; retry: %s", j->err);
-        respond_retry(r, &e, 1);
-    } else if (*j->id) { /* GET /v1/files/{id} of a file held elsewhere (or by none) */
-        session *held = session_find(j->s, j->id, r->key); /* (taken here meanwhile) */
-        json_t *o = held ? held_file_json(held, r->key) : j->n ? stored_file_json(&j->f[0], r->key) : NULL;
+static void files_read_done(request *r, store_owned_session *list, size_t n, void *user) {
+    files_ask *a = user;
+    server *s = r->srv;
+    if (*a->id) { /* GET /v1/files/{id} of a file held elsewhere (or by none) */
+        session *held = session_find(s, a->id, r->key); /* (taken here meanwhile) */
+        json_t *o = held ? held_file_json(held, r->key) : n ? stored_file_json(&list[0], r->key) : NULL;
         if (o) {
             respond_json(r, 200, o);
         } else {
-            api_fail(&e, 404, "file_not_found", "file_id", "no file 'file-%s'", j->id + 5);
+            api_error e;
+            api_fail(&e, 404, "file_not_found", "file_id", "no file 'file-%s'", a->id + 5);
             respond_error(r, &e);
         }
     } else {
         json_t *files = json_array();
-        for (size_t i = 0; i < j->n; i++) {
-            session *held = session_find(j->s, j->f[i].id, r->key);
-            json_t *o = held ? held_file_json(held, r->key) : stored_file_json(&j->f[i], r->key);
+        for (size_t i = 0; i < n; i++) {
+            session *held = session_find(s, list[i].id, r->key);
+            json_t *o = held ? held_file_json(held, r->key) : stored_file_json(&list[i], r->key);
             if (o) json_array_append_new(files, o);
         }
-        answer_files_page(r, files, &j->q);
+        answer_files_page(r, files, &a->q);
     }
-    store_files_free(j->f, j->n);
-    free(j);
+    free(a);
 }
 
 /* GET /v1/files, or GET /v1/files/{id} (sid: its session) of a file not held here. */
 static void read_stored_files(request *r, const char *sid, const list_query *q) {
-    files_job *j = calloc(1, sizeof *j);
-    if (!j) {
+    files_ask *a = calloc(1, sizeof *a);
+    if (!a) {
         api_error e;
         api_fail(&e, 500, NULL, NULL, "out of memory");
         return respond_error(r, &e);
     }
-    j->s = r->srv;
-    snprintf(j->owner, sizeof j->owner, "%s", r->key->owner);
-    if (sid) snprintf(j->id, sizeof j->id, "%s", sid);
-    if (q) j->q = *q;
-    request_work(r, WORK_POOL, files_read, files_read_done, j);
+    if (sid) snprintf(a->id, sizeof a->id, "%s", sid);
+    if (q) a->q = *q;
+    sessions_read_owned(r, sid, files_read_done, a);
 }
 
 static void list_files(request *r) {

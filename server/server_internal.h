@@ -289,6 +289,11 @@ void sessions_expire(server *s);
 /* Saves ss's pot (and the rest of its document state) when its log has grown
  * past the last snapshot; skipped while an upload is open. */
 void session_snapshot(server *s, session *ss);
+/* A shared store: reads r's key's sessions (or only session id) from the
+ * store on the pool, then done(r, list, n, user) on the loop (a store that
+ * does not answer: 503, and user is freed). */
+typedef void (*owned_done_fn)(request *r, store_owned_session *list, size_t n, void *user);
+void sessions_read_owned(request *r, const char *id, owned_done_fn done, void *user);
 /* Whether some session's snapshot is still being written. */
 int sessions_saving(const server *s);
 /* A generation over ss ended (a pending rebuild may start). */

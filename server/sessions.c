@@ -1435,7 +1435,7 @@ static void create_work(uv_work_t *w) {
     create_job *j = w->data;
     session *ss = j->ss;
     errno = 0;
-    j->rc = store_create(ss->srv->st, ss->id, j->meta, ss->file ? ss->owner : NULL, &ss->log, j->err, sizeof j->err);
+    j->rc = store_create(ss->srv->st, ss->id, j->meta, ss->owner, &ss->log, j->err, sizeof j->err);
     j->full = j->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
 }
 
@@ -1678,8 +1678,118 @@ void session_snapshot(server *s, session *ss) {
 
 /* ---- routes ------------------------------------------------------------------------------------- */
 
+/* ---- a key's sessions in a shared store --------------------------------------------------- */
+
+typedef struct owned_job {
+    server *s;
+    char owner[17];
+    char id[48]; /* "": all of the owner's */
+    store_owned_session *list;
+    size_t n;
+    int rc;
+    char err[256];
+    owned_done_fn done;
+    void *user;
+} owned_job;
+
+static void owned_read_work(void *arg) {
+    owned_job *j = arg;
+    j->rc = store_owned(j->s->st, j->owner, *j->id ? j->id : NULL, &j->list, &j->n, j->err, sizeof j->err);
+}
+
+static void owned_read_done(request *r, void *arg) {
+    owned_job *j = arg;
+    if (j->rc) {
+        api_error e;
+        api_fail(&e, 503, "store_unavailable", NULL, "the store did not answer; retry: %s", j->err);
+        respond_retry(r, &e, 1);
+    } else {
+        j->done(r, j->list, j->n, j->user);
+    }
+    if (j->rc) free(j->user);
+    store_owned_free(j->list, j->n);
+    free(j);
+}
+
+void sessions_read_owned(request *r, const char *id, owned_done_fn done, void *user) {
+    owned_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(user);
+        api_error e;
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    *j = (owned_job){.s = r->srv, .done = done, .user = user};
+    snprintf(j->owner, sizeof j->owner, "%s", r->key->owner);
+    if (id) snprintf(j->id, sizeof j->id, "%s", id);
+    request_work(r, WORK_POOL, owned_read_work, owned_read_done, j);
+}
+
+/* A session of the shared store that this replica does not hold, as its
+ * meta says ("status": "stored"; what only its pot knows, its tokens, is
+ * not shown); NULL when it is not key's, or has expired. */
+static json_t *stored_session_json(server *s, const store_owned_session *so, const api_key *key) {
+    json_t *meta = json_loads(so->meta, 0, NULL), *o = NULL;
+    const char *owner = json_string_value(json_object_get(meta, "owner"));
+    json_t *settings = json_object_get(meta, "settings");
+    int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created"));
+    int64_t ttl = (int64_t)json_integer_value(json_object_get(settings, "ttl_seconds"));
+    int64_t expires = ttl > 0 ? created + ttl : 0;
+    if (owner && !strcmp(owner, key->owner) && json_is_object(settings) && !(expires && (int64_t)time(NULL) > expires)) {
+        const char *model = json_string_value(json_object_get(meta, "model"));
+        o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:b}", "id", so->id, "object", "session", "created",
+                      (json_int_t)created, "model", model ? model : s->model_id, "status", "stored", "bytes_received",
+                      (json_int_t)so->bytes, "last_seq", (json_int_t)so->last_seq, "final", so->final);
+        json_object_update_missing(o, settings);
+        json_object_del(o, "ttl_seconds");
+        if (!json_object_get(o, "keep_tokens")) /* (as session_json: the default keep) */
+            json_object_set_new(o, "keep_tokens",
+                                json_integer(json_integer_value(json_object_get(settings, "budget_tokens")) / 2));
+        if (expires) json_object_set_new(o, "expires_at", json_integer(expires));
+        json_t *file = json_object_get(meta, "file");
+        if (json_is_object(file)) {
+            char fid[48];
+            file_id_of(so->id, fid, sizeof fid);
+            json_t *f = json_deep_copy(file);
+            json_object_set_new(f, "id", json_string(fid));
+            json_object_set_new(o, "file", f);
+        }
+    }
+    json_decref(meta);
+    return o;
+}
+
+static int by_created_desc(const void *a, const void *b) {
+    json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
+    json_int_t cx = json_integer_value(json_object_get(x, "created"));
+    json_int_t cy = json_integer_value(json_object_get(y, "created"));
+    return cx != cy ? (cx > cy ? -1 : 1)
+                    : strcmp(json_string_value(json_object_get(x, "id")), json_string_value(json_object_get(y, "id")));
+}
+
+static void list_owned(request *r, store_owned_session *list, size_t n, void *user) {
+    (void)user;
+    server *s = r->srv;
+    json_t **v = calloc(n ? n : 1, sizeof *v);
+    size_t k = 0;
+    int64_t now = (int64_t)time(NULL);
+    for (size_t i = 0; v && i < n; i++) {
+        session *held = session_find(s, list[i].id, r->key);
+        json_t *o = !held ? stored_session_json(s, &list[i], r->key)
+                    : !session_expired(held, now) ? session_json(s, held) : NULL;
+        if (o) v[k++] = o;
+    }
+    if (k) qsort(v, k, sizeof *v, by_created_desc); /* (the store's set has no order) */
+    json_t *data = json_array();
+    for (size_t i = 0; i < k; i++) json_array_append_new(data, v[i]);
+    free(v);
+    respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
 static void list_sessions(request *r) {
     server *s = r->srv;
+    /* a shared store: every replica's, from the store (the ones held here as they are here) */
+    if (store_is_shared(s->st)) return sessions_read_owned(r, NULL, list_owned, NULL);
     json_t *data = json_array();
     int64_t now = (int64_t)time(NULL);
     for (session *ss = s->sessions; ss; ss = ss->next) /* (an expired one is gone, though the sweep has not run) */

@@ -114,10 +114,10 @@ static int dir_create(store *st, const char *dir, const char *meta, store_log **
     return rc;
 }
 
-int store_create(store *st, const char *id, const char *meta, const char *file_owner, store_log **log, char *err,
+int store_create(store *st, const char *id, const char *meta, const char *owner, store_log **log, char *err,
                  size_t errlen) {
     if (log) *log = NULL;
-    if (st->redis) return redis_store_create(st, id, meta, file_owner, err, errlen);
+    if (st->redis) return redis_store_create(st, id, meta, owner, err, errlen);
     char *dir = store_session_dir(st, id);
     int rc = dir ? dir_create(st, dir, meta, log, err, errlen) : (set_err(err, errlen, "out of memory"), -1);
     free(dir);
@@ -431,14 +431,15 @@ int store_snapshot_put(store_log *l, const char *path, char *err, size_t errlen)
     return l->rl ? redis_snapshot_put(l->rl, path, err, errlen) : 0;
 }
 
-int store_files(store *st, const char *owner, const char *id, store_file **out, size_t *n, char *err, size_t errlen) {
+int store_owned(store *st, const char *owner, const char *id, store_owned_session **out, size_t *n, char *err,
+                size_t errlen) {
     *out = NULL;
     *n = 0;
-    if (st->redis) return redis_store_files(st, owner, id, out, n, err, errlen);
-    return set_err(err, errlen, "a dir store's files are its sessions"), -1;
+    if (st->redis) return redis_store_owned(st, owner, id, out, n, err, errlen);
+    return set_err(err, errlen, "a dir store's sessions are all in memory"), -1;
 }
 
-void store_files_free(store_file *f, size_t n) {
+void store_owned_free(store_owned_session *f, size_t n) {
     for (size_t i = 0; f && i < n; i++) free(f[i].meta);
     free(f);
 }

@@ -51,9 +51,9 @@ char *store_session_dir(const store *st, const char *id);
 /* ---- meta ---- */
 /* Creates session id with meta (JSON text); dir: the directory, meta.json and
  * an empty chunks.log, whose open log goes to *log (NULL log: closed). A
- * shared store also lists it among file_owner's files (store_files) when
- * file_owner is given (a key's owner tag). -1 + err. */
-int store_create(store *st, const char *id, const char *meta, const char *file_owner, store_log **log, char *err,
+ * shared store also lists it among owner's sessions (store_owned; owner: a
+ * key's tag). -1 + err. */
+int store_create(store *st, const char *id, const char *meta, const char *owner, store_log **log, char *err,
                  size_t errlen);
 /* The meta JSON of session id (caller frees), NULL + err when absent or unreadable
  * (*absent = 1 when the session does not exist; absent may be NULL). */
@@ -190,22 +190,24 @@ int store_response_events_append(store *st, const char *id, uint64_t at, const c
 int store_response_events_look(store *st, const char *id, uint64_t from, size_t max, int want_entry,
                                store_events_look *out, char *err, size_t errlen);
 
-/* ---- files (server/files.c) ---- */
-/* What a shared store holds of a file's session, for replicas that do not
- * hold it (a dir store's files are its sessions, all in memory). */
-typedef struct store_file {
+/* ---- a key's sessions and files, as a shared store holds them ---- */
+/* What a shared store holds of a session, for replicas that do not hold it
+ * (a dir store's sessions are all in memory). */
+typedef struct store_owned_session {
     char id[48];
-    char *meta;     /* its meta JSON */
-    uint64_t bytes; /* its log's bytes */
-    int final;      /* its upload ended */
-    int read;       /* its pot's snapshot is there: the file has been read whole */
-} store_file;
-/* Shared store: the files of owner (a key's tag), or only session id when
- * id is given (none when it is gone), in *out (n of them; store_files_free);
+    char *meta;        /* its meta JSON */
+    uint64_t bytes;    /* its log's bytes */
+    uint64_t last_seq; /* its log's last chunk */
+    int final;         /* its log ended (a file: its upload) */
+    int snapshot;      /* a snapshot of its pot is there (a file's: it has been read whole) */
+} store_owned_session;
+/* Shared store: the sessions of owner (a key's tag), or only session id when
+ * id is given (none when it is gone), in *out (n of them; store_owned_free);
  * sessions gone from the store are dropped from owner's list on the way.
  * -1 + err. */
-int store_files(store *st, const char *owner, const char *id, store_file **out, size_t *n, char *err, size_t errlen);
-void store_files_free(store_file *f, size_t n);
+int store_owned(store *st, const char *owner, const char *id, store_owned_session **out, size_t *n, char *err,
+                size_t errlen);
+void store_owned_free(store_owned_session *f, size_t n);
 
 /* ---- snapshots ---- */
 /* After engine_doc_save wrote path: Redis stores its bytes (under l's lease)

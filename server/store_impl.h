@@ -28,9 +28,8 @@ struct store_log {
 int redis_store_init(store *st, const char *spec, char *err, size_t errlen);
 /* Closes every thread's connection (at exit: no thread uses the store any more). */
 void redis_store_free(store *st);
-int redis_store_create(store *st, const char *id, const char *meta, const char *file_owner, char *err,
-                       size_t errlen);
-int redis_store_files(store *st, const char *owner, const char *id, store_file **out, size_t *n, char *err,
+int redis_store_create(store *st, const char *id, const char *meta, const char *owner, char *err, size_t errlen);
+int redis_store_owned(store *st, const char *owner, const char *id, store_owned_session **out, size_t *n, char *err,
                       size_t errlen);
 char *redis_store_meta_read(store *st, const char *id, int *absent, char *err, size_t errlen);
 void redis_store_remove(store *st, const char *id, const char *token);

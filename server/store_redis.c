@@ -223,26 +223,19 @@ int redis_ping(store *st) {
 
 /* ---- meta ---- */
 
-/* The set of a key's files: potserve:files:<owner tag>. */
-static void files_key(char *out, size_t cap, const char *owner) { snprintf(out, cap, "potserve:files:%s", owner); }
+/* The set of a key's sessions (its files among them): potserve:owner:<owner tag>. */
+static void owner_key(char *out, size_t cap, const char *owner) { snprintf(out, cap, "potserve:owner:%s", owner); }
 
-static const char CREATE_FILE_SCRIPT[] =
+static const char CREATE_SCRIPT[] =
     "redis.call('HSET', KEYS[1], 'json', ARGV[1], 'last_seq', '0', 'final', '0', 'bytes', '0') "
     "redis.call('SADD', KEYS[2], ARGV[2]) return 1";
 
-int redis_store_create(store *st, const char *id, const char *meta, const char *file_owner, char *err,
-                       size_t errlen) {
-    char k[96], files[96];
+int redis_store_create(store *st, const char *id, const char *meta, const char *owner, char *err, size_t errlen) {
+    char k[96], owned[96];
     key(k, sizeof k, id, "meta");
-    redisReply *r;
-    if (file_owner) { /* the meta and the owner's list of files, both or neither */
-        files_key(files, sizeof files, file_owner);
-        const char *argv[] = {"EVAL", CREATE_FILE_SCRIPT, "2", k, files, meta, id};
-        r = command_str(st, 7, argv, err, errlen);
-    } else {
-        const char *argv[] = {"HSET", k, "json", meta, "last_seq", "0", "final", "0", "bytes", "0"};
-        r = command_str(st, 10, argv, err, errlen);
-    }
+    owner_key(owned, sizeof owned, owner);
+    const char *argv[] = {"EVAL", CREATE_SCRIPT, "2", k, owned, meta, id}; /* both or neither */
+    redisReply *r = command_str(st, 7, argv, err, errlen);
     if (r) freeReplyObject(r);
     return r ? 0 : -1;
 }
@@ -893,67 +886,71 @@ int redis_log_cursor_read(redis_log_cursor *r, uint64_t at_least, chunk_log_data
     return 0;
 }
 
-/* ---- files ---- */
+/* ---- a key's sessions ---- */
 
-/* One file's meta, bytes, end and snapshot; nil (and dropped from its owner's list) when gone.
- * A file whose upload never ended, unleased for ABANDONED_S since its creation (its replica
- * died while reading it: the one reading a file holds its lease from the start), is removed. */
+/* One session's meta, bytes, last seq, end and snapshot; nil (and dropped from its owner's set)
+ * when gone. A file whose upload never ended, unleased for ABANDONED_S since its creation (its
+ * replica died while reading it: the one reading a file holds its lease from the start), is
+ * removed. (A session's log may stay open for good: only files end theirs at once.) */
 enum { ABANDONED_S = 600 };
-static const char FILE_SCRIPT[] =
-    "local m = redis.call('HMGET', KEYS[1], 'json', 'final', 'bytes') "
+static const char OWNED_SCRIPT[] =
+    "local m = redis.call('HMGET', KEYS[1], 'json', 'final', 'bytes', 'last_seq') "
     "if not m[1] then redis.call('SREM', KEYS[3], ARGV[1]) return false end "
     "if m[2] ~= '1' and redis.call('EXISTS', KEYS[4]) == 0 then "
     "  local ok, meta = pcall(cjson.decode, m[1]) "
-    "  if not ok or type(meta.created) ~= 'number' or tonumber(ARGV[2]) - meta.created > tonumber(ARGV[3]) then "
+    "  if ok and type(meta.file) == 'table' and "
+    "     (type(meta.created) ~= 'number' or tonumber(ARGV[2]) - meta.created > tonumber(ARGV[3])) then "
     "    redis.call('DEL', KEYS[1], KEYS[2], KEYS[5], KEYS[6], KEYS[7]) redis.call('SREM', KEYS[3], ARGV[1]) "
     "    return false end end "
-    "return {m[1], m[2] or '0', m[3] or '0', redis.call('EXISTS', KEYS[2])}";
+    "return {m[1], m[2] or '0', m[3] or '0', m[4] or '0', redis.call('EXISTS', KEYS[2])}";
 
-static int file_read(store *st, const char *files, const char *id, store_file *out, int *gone, char *err,
-                     size_t errlen) {
+static int owned_read(store *st, const char *owned, const char *id, store_owned_session *out, int *gone, char *err,
+                      size_t errlen) {
     char k[6][96], now[32], abandoned[32];
     const char *what[] = {"meta", "snap", "lease", "log", "idx", "want"};
     for (int i = 0; i < 6; i++) key(k[i], sizeof k[i], id, what[i]);
     snprintf(now, sizeof now, "%lld", (long long)time(NULL));
     snprintf(abandoned, sizeof abandoned, "%d", ABANDONED_S);
-    const char *argv[] = {"EVAL", FILE_SCRIPT, "7", k[0], k[1], files, k[2], k[3], k[4], k[5], id, now, abandoned};
+    const char *argv[] = {"EVAL", OWNED_SCRIPT, "7", k[0], k[1], owned, k[2], k[3], k[4], k[5], id, now, abandoned};
     redisReply *r = command_str(st, 13, argv, err, errlen);
     if (!r) return -1;
-    *gone = r->type != REDIS_REPLY_ARRAY || r->elements != 4 || r->element[0]->type != REDIS_REPLY_STRING;
+    *gone = r->type != REDIS_REPLY_ARRAY || r->elements != 5 || r->element[0]->type != REDIS_REPLY_STRING;
     if (!*gone) {
+        redisReply **e = r->element;
         snprintf(out->id, sizeof out->id, "%s", id);
-        out->meta = strndup(r->element[0]->str, r->element[0]->len);
-        out->final = r->element[1]->type == REDIS_REPLY_STRING && !strcmp(r->element[1]->str, "1");
-        out->bytes = r->element[2]->type == REDIS_REPLY_STRING ? strtoull(r->element[2]->str, NULL, 10) : 0;
-        out->read = r->element[3]->type == REDIS_REPLY_INTEGER && r->element[3]->integer == 1;
+        out->meta = strndup(e[0]->str, e[0]->len);
+        out->final = e[1]->type == REDIS_REPLY_STRING && !strcmp(e[1]->str, "1");
+        out->bytes = e[2]->type == REDIS_REPLY_STRING ? strtoull(e[2]->str, NULL, 10) : 0;
+        out->last_seq = e[3]->type == REDIS_REPLY_STRING ? strtoull(e[3]->str, NULL, 10) : 0;
+        out->snapshot = e[4]->type == REDIS_REPLY_INTEGER && e[4]->integer == 1;
     }
     freeReplyObject(r);
     if (!*gone && !out->meta) return set_err(err, errlen, "out of memory"), -1;
     return 0;
 }
 
-int redis_store_files(store *st, const char *owner, const char *id, store_file **out, size_t *n, char *err,
+int redis_store_owned(store *st, const char *owner, const char *id, store_owned_session **out, size_t *n, char *err,
                       size_t errlen) {
-    char files[96];
-    files_key(files, sizeof files, owner);
+    char owned[96];
+    owner_key(owned, sizeof owned, owner);
     redisReply *ids = NULL;
     size_t want = 1;
     if (!id) {
-        const char *argv[] = {"SMEMBERS", files};
+        const char *argv[] = {"SMEMBERS", owned};
         if (!(ids = command_str(st, 2, argv, err, errlen))) return -1;
         want = ids->type == REDIS_REPLY_ARRAY ? ids->elements : 0;
     }
-    store_file *f = calloc(want ? want : 1, sizeof *f);
+    store_owned_session *f = calloc(want ? want : 1, sizeof *f);
     int rc = f ? 0 : (set_err(err, errlen, "out of memory"), -1);
     size_t got = 0;
     for (size_t i = 0; !rc && i < want; i++) {
         const char *one = id ? id : ids->element[i]->type == REDIS_REPLY_STRING ? ids->element[i]->str : NULL;
         int gone = 1;
-        if (one && strlen(one) < sizeof f->id) rc = file_read(st, files, one, &f[got], &gone, err, errlen);
+        if (one && strlen(one) < sizeof f->id) rc = owned_read(st, owned, one, &f[got], &gone, err, errlen);
         if (!rc && !gone) got++;
     }
     if (ids) freeReplyObject(ids);
-    if (rc) return store_files_free(f, got + 1), -1;
+    if (rc) return store_owned_free(f, got + 1), -1;
     *out = f;
     *n = got;
     return 0;

@@ -231,8 +231,10 @@
     ul.replaceChildren(...state.sessions.map((s) => {
       const pick = el('button', { type: 'button', class: 'pick', 'aria-pressed': s.id === state.selected },
         el('span', { class: 'name', text: title(s) }),
-        el('span', { class: 'meta', text: [bytes(s.bytes_received), nf.format(s.tokens_ingested) + ' tokens',
-          s.status + (s.final ? '' : s.bytes_received ? ', open' : ''), ago(s.created)].join(' · ') }));
+        // (a cluster's list shows the sessions other replicas hold as "stored", without their tokens)
+        el('span', { class: 'meta', text: [bytes(s.bytes_received),
+          s.tokens_ingested == null ? null : nf.format(s.tokens_ingested) + ' tokens',
+          s.status + (s.final ? '' : s.bytes_received ? ', open' : ''), ago(s.created)].filter((x) => x).join(' · ') }));
       pick.addEventListener('click', () => select(s.id));
       const del = el('button', { type: 'button', class: 'ghost del', 'aria-label': 'Delete ' + title(s), title: 'Delete' });
       del.textContent = '×';

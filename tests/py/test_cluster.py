@@ -1187,7 +1187,7 @@ def test_a_file_is_every_replicas(tmp_path, redis):
             with pytest.raises(openai.NotFoundError):
                 c.files.retrieve(f.id)
         assert redis.cli("EXISTS", f"potserve:s:{f.session}:meta") == "0"
-        assert [redis.cli("SCARD", k) for k in redis.cli("KEYS", "potserve:files:*").split()] in ([], ["0"])
+        assert [redis.cli("SCARD", k) for k in redis.cli("KEYS", "potserve:owner:*").split()] in ([], ["0"])
         for r in (a, b):
             assert r.stop() == 0
     finally:
@@ -1222,7 +1222,7 @@ def test_a_file_whose_replica_died_while_reading_it_is_not_listed_and_goes(tmp_p
         assert not on_b.files.list().data
         st, body, _ = b.request("GET", f"/v1/files/file-{sid[5:]}")
         assert st == 404 and body["error"]["code"] == "file_not_found", body
-        files = redis.cli("KEYS", "potserve:files:*").split()
+        files = redis.cli("KEYS", "potserve:owner:*").split()
         assert redis.cli("SMEMBERS", files[0]) == sid  # kept while it may still be a new file's
         meta = json.loads(redis.cli("HGET", f"potserve:s:{sid}:meta", "json"))
         meta["created"] -= 601
@@ -1232,4 +1232,45 @@ def test_a_file_whose_replica_died_while_reading_it_is_not_listed_and_goes(tmp_p
         assert b.stop() == 0
     finally:
         a.kill()
+        b.stop()
+
+
+def test_every_replica_lists_every_session_of_its_key(tmp_path, redis):
+    """GET /v1/sessions listed only the sessions the answering replica held, so the page through
+    nginx showed a different list at each poll. Every replica now lists all of a key's sessions
+    from Redis: those it holds as before, the others as their meta says, "status": "stored"."""
+    import jsonschema
+    api = json.loads((pathlib.Path(__file__).resolve().parents[2] / "api" / "openapi.json").read_text())
+    keys = tmp_path / "keys"
+    keys.write_text("key-one-0123456789 one\nkey-two-0123456789 two\n")
+    one, two = ({"Authorization": f"Bearer key-{k}-0123456789"} for k in ("one", "two"))
+    a = replica(tmp_path / "a", redis, "a", "--api-keys-file", keys).start()
+    b = replica(tmp_path / "b", redis, "b", "--api-keys-file", keys).start()
+    try:
+        sids = {}
+        for name, rep in (("a", a), ("b", b)):
+            sid = rep.request("POST", "/v1/sessions", {"budget_tokens": 96, "ttl_seconds": 3600}, headers=one)[1]["id"]
+            st, body, _ = rep.request("POST", f"/v1/sessions/{sid}/chunks?seq=1", raw=PARTS[0].encode(),
+                                      headers=dict(one, **{"Content-Type": "text/plain"}))
+            assert st == 200, body
+            sids[name] = sid
+        for rep, mine, other in ((a, "a", "b"), (b, "b", "a")):
+            st, body, _ = rep.request("GET", "/v1/sessions", headers=one)
+            assert st == 200 and sorted(s["id"] for s in body["data"]) == sorted(sids.values()), body
+            got = {s["id"]: s for s in body["data"]}
+            held, stored = got[sids[mine]], got[sids[other]]
+            assert held["status"] == "ready" and held["tokens_ingested"] > 0
+            assert stored["status"] == "stored" and "tokens_ingested" not in stored, stored
+            for field in ("budget_tokens", "policy", "metadata", "bytes_received", "last_seq", "final"):
+                assert stored[field] == held[field], field  # (made alike, a chunk each)
+            assert (stored["bytes_received"], stored["last_seq"], stored["final"]) == (len(PARTS[0]), 1, False)
+            assert stored["expires_at"] == stored["created"] + 3600
+            for one_of in body["data"]:  # both kinds keep api/openapi.json's Session
+                jsonschema.validate(one_of, {"$ref": "#/components/schemas/Session", "components": api["components"]})
+        assert b.request("GET", "/v1/sessions", headers=two)[1]["data"] == []
+        assert b.request("DELETE", f"/v1/sessions/{sids['b']}", headers=one)[0] == 200
+        assert [s["id"] for s in a.request("GET", "/v1/sessions", headers=one)[1]["data"]] == [sids["a"]]
+        assert a.stop() == 0 and b.stop() == 0
+    finally:
+        a.stop()
         b.stop()
