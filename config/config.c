@@ -173,6 +173,7 @@ static const setting settings[] = {
     S_INT(rate_burst, "20", 1, 1000000, "bucket size of rate_limit"),
     S_INT(max_sessions_per_key, "64", 1, 1000000, "sessions one key may hold"),
     S_BYTES(pot_memory_limit, "1G", MIB, INT64_MAX, "bytes of all pots together (else 429)"),
+    S_BOOL(page_out_idle, "true", "at pot_memory_limit, idle sessions' pots go to their snapshots (read back when asked)"),
     /* each answer decodes in its own copy of up to a model window: this bounds their memory */
     S_INT(max_answers, "16", 1, 1024, "answers generated at once (each choice one); more wait their turn"),
     S_INT(idle_timeout, "30", 1, 86400, "seconds a connection may be silent"),

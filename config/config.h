@@ -46,6 +46,7 @@ typedef struct server_config {
     int64_t rate_burst;       /* bucket size for rate_limit (20) */
     int64_t max_sessions_per_key; /* (64) */
     int64_t pot_memory_limit; /* bytes of all pots together (1G) -> 429 */
+    int page_out_idle;        /* full: idle sessions' pots go to their snapshots, read back when asked (true) */
     int64_t max_answers;      /* answers (sequences) decoded at once; more queue (16: n's largest) */
     int64_t idle_timeout;     /* seconds a connection may be silent (30) */
     int64_t connection_timeout; /* seconds a connection may live at most, 0 = off (3600) */

@@ -1537,7 +1537,7 @@ static int start_temporary_pot(server *s, generation *g, api_error *e) {
     if (rc) return api_fail(e, 500, NULL, NULL, "out of memory");
     g->tmp_memory = engine_doc_memory(s->eng, ps);
     if (pot_memory_admit(s, g->tmp_memory, prompt_param(g), "a prompt beyond the window", e)) return -1;
-    if (s->pot_memory + g->tmp_memory > (size_t)s->cfg.pot_memory_limit)
+    if (!pots_make_room(s, g->tmp_memory))
         return api_fail(e, 429, "insufficient_memory", prompt_param(g),
                         "the prompt exceeds the window and no pot memory is free to read it");
     s->pot_memory += g->tmp_memory;
@@ -1841,8 +1841,6 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
                  (long long)s->cfg.max_answers);
         return respond_error(r, &e);
     }
-    int reread = 0; /* answer from a question-guided re-read of the session's document */
-    int recall = 0; /* ask with the passages of the session's document that share the question's words */
     if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
     const char *sid = q->session,
                *header_sid = r->conn ? MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id") : NULL;
@@ -1869,30 +1867,43 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
         g->ss = session_lookup(r, sid, "session");
         if (!g->ss) return;
         session_ref(g->ss);
-        if (g->ss->status == SESSION_FAILED) {
-            api_fail(&e, 409, "session_failed", "session", "the session failed: %s", g->ss->fail_msg);
-            return respond_error(r, &e);
-        }
-        if (g->ss->rebuilding || !g->ss->doc) {
-            api_fail(&e, 409, "session_busy", "session", "the session is being restored; retry");
-            return respond_error(r, &e);
-        }
-        reread = q->reread > 0 || (q->reread < 0 && g->ss->settings.reread);
-        int mode = recall_mode(s, g->ss, q->recall);
-        const char **asked = asked_question(q);
-        recall = !reread && (mode == API_RECALL_ON || (mode == API_RECALL_AUTO && asked && *asked && **asked &&
-                                                       recall_auto_applies(g->ss)));
-        if (count_only) reread = recall = 0; /* counted: the question as asked over the session's pot */
-        g->recall_auto = recall && mode == API_RECALL_AUTO;
-        /* after a re-read, "auto" is decided once its pot is ready (reread_done): a re-read's pot,
-           of the same budget, drops as much as the session's, and the passages add answers to it
-           (docs/results/longdoc.md, "Re-reading with recall") */
-        g->recall_after_reread = reread ? mode : API_RECALL_OFF;
-    } else if (q->reread > 0 || q->recall == API_RECALL_ON) { /* ("auto" has nothing to search: no recall) */
+        if (session_pot_wait(r, g->ss, 1)) return; /* paged out: generation_session_ready goes on */
+        return generation_session_ready(r);
+    }
+    if (q->reread > 0 || q->recall == API_RECALL_ON) { /* ("auto" has nothing to search: no recall) */
         api_fail(&e, 400, "invalid_value", q->reread > 0 ? "reread" : "recall", "%s needs a session: the document it %s",
                  q->reread > 0 ? "reread" : "recall", q->reread > 0 ? "re-reads" : "searches");
         return respond_error(r, &e);
     }
+    request_work_input(r, prompt_work, prompt_done, g); /* (as below) */
+}
+
+void generation_session_ready(request *r) {
+    generation *g = r->gen;
+    server *s = r->srv;
+    session *ss = g->ss;
+    api_gen_request *q = &g->req;
+    api_error e;
+    if (ss->status == SESSION_FAILED) {
+        api_fail(&e, 409, "session_failed", "session", "the session failed: %s", ss->fail_msg);
+        return respond_error(r, &e);
+    }
+    if (ss->rebuilding || !ss->doc) {
+        api_fail(&e, 409, "session_busy", "session", "the session is being restored; retry");
+        return respond_error(r, &e);
+    }
+    int reread = q->reread > 0 || (q->reread < 0 && ss->settings.reread); /* answer from a question-guided re-read */
+    int mode = recall_mode(s, ss, q->recall);
+    const char **asked = asked_question(q);
+    /* ask with the passages of the session's document that share the question's words */
+    int recall = !reread && (mode == API_RECALL_ON ||
+                             (mode == API_RECALL_AUTO && asked && *asked && **asked && recall_auto_applies(ss)));
+    if (g->count_only) reread = recall = 0; /* counted: the question as asked over the session's pot */
+    g->recall_auto = recall && mode == API_RECALL_AUTO;
+    /* after a re-read, "auto" is decided once its pot is ready (reread_done): a re-read's pot,
+       of the same budget, drops as much as the session's, and the passages add answers to it
+       (docs/results/longdoc.md, "Re-reading with recall") */
+    g->recall_after_reread = reread ? mode : API_RECALL_OFF;
     g->rereading_asked = reread;
     g->recall_asked = recall;
     /* tokenizing megabytes of prompt takes seconds: then off the loop (request_work) */

@@ -232,7 +232,7 @@ static void embed_submit(embed_job *j) {
 static int embed_admit(server *s, embed_job *j) {
     size_t bytes = engine_embed_memory(s->eng, j->lens, j->q.n);
     if (pot_memory_admit(s, bytes, "input", "these inputs' reading", &j->e)) return -1;
-    if (s->pot_memory + bytes > (size_t)s->cfg.pot_memory_limit)
+    if (!pots_make_room(s, bytes))
         return api_fail(&j->e, 429, "insufficient_memory", "input",
                         "reading these inputs needs %zu bytes of pots: %zu of pot_memory_limit %lld are in use",
                         bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);

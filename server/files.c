@@ -88,9 +88,7 @@ static json_t *file_object(const char *session_id, uint64_t bytes, int64_t creat
 }
 
 static json_t *file_json(const session *ss) {
-    const char *status = ss->status == SESSION_FAILED ? "error"
-                         : ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring ? "uploaded"
-                                                                                             : "processed";
+    const char *status = ss->status == SESSION_FAILED ? "error" : session_reading(ss) ? "uploaded" : "processed";
     return file_object(ss->id, (uint64_t)ss->bytes_acked, ss->created, ss->expires, ss->file, status,
                        ss->status == SESSION_FAILED ? ss->fail_msg : NULL);
 }
@@ -682,7 +680,7 @@ int files_in_messages(request *r, json_t *body, api_error *e, int *retry_after) 
             api_fail(e, 404, "file_not_found", "messages", "no file 'file-%s'", sid + 5);
             return -1;
         }
-        if (ss->status != SESSION_FAILED && (ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring)) {
+        if (ss->status != SESSION_FAILED && session_reading(ss)) {
             /* answered from a part of the file would be a wrong answer: wait for the rest, as long as the
                rate so far says (clients retry a 409 with Retry-After, OpenAI's after up to a minute) */
             double secs = 2;
@@ -732,6 +730,7 @@ void route_files(request *r, const char *rest) {
     }
     session *ss = file_lookup(r, sid);
     if (!ss) return;
+    if (!(get && !slash) && session_pot_wait(r, ss, 0)) return; /* (its log, or its deletion, after a page-in) */
     if (slash) return file_content(r, ss);
     if (del) return session_delete(r, ss, 1);
     respond_json(r, 200, file_json(ss));

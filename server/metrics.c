@@ -105,9 +105,14 @@ char *metrics_render(server *s) {
             (double)m->handoffs);
     counter(&b, "potserve_compression_seconds_total", "Time spent selecting and compacting.",
             "counter", m->compress_ms / 1e3);
-    int n_sessions = 0;
-    for (session *ss = s->sessions; ss; ss = ss->next) n_sessions++;
+    counter(&b, "potserve_page_outs_total", "Idle sessions' pots paged out to their snapshots, for room.", "counter",
+            (double)m->page_outs);
+    counter(&b, "potserve_page_ins_total", "Paged-out pots read back for a request.", "counter", (double)m->page_ins);
+    counter(&b, "potserve_page_in_seconds_total", "Time requests waited for page-ins.", "counter", m->page_in_ms / 1e3);
+    int n_sessions = 0, n_paged = 0;
+    for (session *ss = s->sessions; ss; ss = ss->next) n_sessions++, n_paged += ss->paged;
     counter(&b, "potserve_sessions", "Open sessions.", "gauge", n_sessions);
+    counter(&b, "potserve_sessions_paged_out", "Of them, those whose pot is paged out.", "gauge", n_paged);
     counter(&b, "potserve_pot_memory_bytes", "Bytes of all pots.", "gauge", (double)s->pot_memory);
     counter(&b, "potserve_pot_memory_limit_bytes", "pot_memory_limit.", "gauge",
             (double)s->cfg.pot_memory_limit);

@@ -328,7 +328,7 @@ static int join(reread_pass *p, const char *question, api_error *e) {
         free(rows);
         return -1;
     }
-    if (s->pot_memory - before + mem > (size_t)s->cfg.pot_memory_limit) {
+    if (!pots_make_room(s, mem > before ? mem - before : 0)) {
         free(rows);
         return api_fail(e, 429, "insufficient_memory", NULL, "no pot memory is free to re-read the document");
     }

@@ -58,6 +58,8 @@ typedef struct metrics {
     double ingest_ms, decode_ms, compress_ms;
     int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */
     int64_t fenced_writes, takeovers, handoffs; /* shared store: refused late writes, sessions taken, given */
+    int64_t page_outs, page_ins; /* idle pots paged out for room, and read back (sessions.c) */
+    double page_in_ms;
 } metrics;
 int metrics_route(metrics *m, const char *route);
 char *metrics_render(server *s);
@@ -211,9 +213,16 @@ struct session {
     enum session_status status;
     char fail_msg[256];
     int busy;                 /* an upload is in progress */
-    /* read again at start (503 loading until done) or taken over from the shared store (409 session_busy) */
-    enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING, RESTORE_TAKEOVER } restoring;
-    request *takeover_waiting;   /* requests dispatched again once its takeover ends (sessions.c) */
+    /* read again at start (503 loading until done), taken over from the shared store (409
+       session_busy), or paged in (its requests wait for it: session_pot_wait) */
+    enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING, RESTORE_TAKEOVER, RESTORE_PAGE_IN } restoring;
+    request *pot_waiting;        /* requests dispatched again once its takeover or page-in ends (sessions.c) */
+    /* its pot was paged out to make room (pots_make_room): no doc, memory_bytes not counted in
+       pot_memory; its snapshot and log hold it, and session_pot_wait reads it back */
+    int paged;
+    int page_in_after_save;      /* a page-in waits for the snapshot its page-out began */
+    double page_in_began_ms;     /* (monotonic_ms) for the page-ins' time in /metrics */
+    double used_ms;              /* (monotonic_ms) last looked up: the least recently used pages out first */
     int rebuilding;
     int deleted;
     int refs;
@@ -256,6 +265,18 @@ void sessions_renew_leases(server *s);
 void sessions_release_leases(server *s);
 json_t *session_json(server *s, const session *ss);
 void session_ref(session *ss);
+/* Whether r, for ss, waits for ss's pot (1: it was suspended, or answered):
+ * while a page-in is under way, and, when need_pot, for a paged-out pot,
+ * whose page-in it starts. Waiting requests are dispatched again when it
+ * ends (a generation goes on: generation_session_ready). */
+int session_pot_wait(request *r, session *ss, int need_pot);
+/* Pages idle sessions' pots out to their snapshots, the least recently used
+ * first, until `bytes` more fit in pot_memory_limit (page_out_idle); whether
+ * they fit now. Only pots nothing reads, writes or waits for go. */
+int pots_make_room(server *s, size_t bytes);
+/* Whether ss is still reading its document (an upload, a rebuild, a restore;
+ * not a page-in): answers from it now would come from a part of it. */
+int session_reading(const session *ss);
 /* Why ss's log cannot be read now (an upload, a restore, another read or
  * write under way), or NULL when it can. */
 const char *session_log_busy(const session *ss);
@@ -324,6 +345,8 @@ void route_web(request *r);
 
 /* ---- generation (completions.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
+/* A generation that waited for its session's pot (session_pot_wait) goes on. */
+void generation_session_ready(request *r);
 /* /v1/responses once responses.c has turned r->body into a chat body;
  * takes `responses` (the original body, echoed in the answer) and `history`
  * (what is stored with the answer, see responses_keep; NULL: not stored). */

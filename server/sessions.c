@@ -162,14 +162,14 @@ static void remove_dir_done(uv_work_t *w, int status) {
  * ends (counted as going until then, for the Retry-After of a 429). */
 static void session_going(server *s, session *ss) {
     ss->deleted = 1;
-    s->pot_memory_going += ss->memory_bytes;
+    if (!ss->paged) s->pot_memory_going += ss->memory_bytes;
 }
 
 static void closed_on_engine(server *s, void *arg) {
     doc_close_job *j = arg;
     session *ss = j->ss;
-    s->pot_memory -= ss->memory_bytes;
-    if (ss->deleted) s->pot_memory_going -= ss->memory_bytes;
+    if (!ss->paged) s->pot_memory -= ss->memory_bytes;
+    if (!ss->paged && ss->deleted) s->pot_memory_going -= ss->memory_bytes;
     if (j->remove_files || store_is_shared(s->st)) {
         store_log_close(ss->log);
         ss->log = NULL;
@@ -203,7 +203,7 @@ void session_unref(session *ss) {
     ss->doc = NULL;
     if (srv_task(s, j->doc, close_doc_task, j)) {
         engine_doc_close(j->doc); /* the engine thread is gone: close here */
-        s->pot_memory -= ss->memory_bytes;
+        if (!ss->paged) s->pot_memory -= ss->memory_bytes;
         free_session(ss);
         free(j);
     }
@@ -267,6 +267,7 @@ const char *session_log_busy(const session *ss) {
 static const char *status_name(const session *ss) {
     if (ss->status == SESSION_FAILED) return "failed";
     if (ss->restoring) return "restoring";
+    if (ss->paged) return "stored"; /* its pot in its snapshot: read back when a request needs it */
     return ss->busy || ss->rebuilding || ss->acked_ingests ? "ingesting" : "ready";
 }
 
@@ -651,7 +652,8 @@ static void keep_task(engine *e, void *arg) {
     srv_post(k->srv, kept_back, k);
 }
 
-static void close_kept_task(engine *e, void *arg) {
+/* Closes a document no session holds any more (arg). */
+static void close_bare_doc_task(engine *e, void *arg) {
     (void)e;
     engine_doc_close(arg);
 }
@@ -687,7 +689,7 @@ static void touch_engine(upload *u) {
 static void drop_kept(upload *u) {
     server *s = u->ss->srv;
     if (!u->kept) return;
-    if (srv_task(s, NULL, close_kept_task, u->kept)) engine_doc_close(u->kept); /* no engine thread left */
+    if (srv_task(s, NULL, close_bare_doc_task, u->kept)) engine_doc_close(u->kept); /* no engine thread left */
     s->pot_memory -= u->ss->memory_bytes;
     u->kept = NULL;
 }
@@ -1561,7 +1563,7 @@ void session_create(request *r, api_session_settings *settings, json_t *file) {
         free_session(ss);
         return respond_error(r, &e);
     }
-    if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
+    if (!pots_make_room(s, ss->memory_bytes)) {
         api_fail(&e, 429, "insufficient_memory", "budget_tokens",
                  "a pot of %zu bytes does not fit: %zu of pot_memory_limit %lld are in use",
                  ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
@@ -1575,6 +1577,7 @@ void session_create(request *r, api_session_settings *settings, json_t *file) {
     random_id(ss->id, sizeof ss->id, "sess_");
     memcpy(ss->owner, r->key->owner, sizeof ss->owner);
     ss->created = (int64_t)time(NULL);
+    ss->used_ms = monotonic_ms();
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
     ss->dir = store_session_dir(s->st, ss->id);
     json_t *meta = json_pack("{s:s, s:s, s:I, s:o, s:s}", "id", ss->id, "owner", ss->owner,
@@ -1618,11 +1621,14 @@ typedef struct save_job {
     char err[256];
 } save_job;
 
+static void page_in_submit(server *s, session *ss);
+
 static void snapshot_saved(server *s, void *arg) {
     save_job *j = arg;
     session *ss = j->ss;
     ss->snap_saving = 0;
     if (!j->rc && j->offset > ss->snap_offset) ss->snap_offset = j->offset, ss->snap_ingest_ms = j->ingest_ms;
+    if (ss->page_in_after_save) page_in_submit(s, ss);
     /* (a session deleted while its snapshot was queued: its directory is gone, and so is the need) */
     if (j->rc && !ss->deleted) fprintf(stderr, "potserve: session %s: snapshot failed: %s\n", ss->id, j->err);
     free(j->path);
@@ -1876,6 +1882,11 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
     snprintf(r->session_id, sizeof r->session_id, "%s", id);
     session *ss = session_lookup(r, id, NULL);
     if (!ss) return;
+    /* an upload and the pot's readings need the pot (paged in), a deletion waits for a page-in
+       under way; the session's info needs neither */
+    int needs_pot = slash && (!strcmp(slash, "/chunks") ? post || !strcmp(r->method, "PUT")
+                                                         : get && (!strcmp(slash, "/retention") || !strcmp(slash, "/text")));
+    if ((needs_pot || (!slash && del)) && session_pot_wait(r, ss, needs_pot)) return;
     if (!slash) {
         if (get) return respond_json(r, 200, session_json(s, ss));
         if (del) return session_delete(r, ss, 0);
@@ -2015,7 +2026,7 @@ static void restore_one(void *user, const char *id) {
         fprintf(stderr, "potserve: skipping session %s: %s\n", id, err);
         return;
     }
-    s->pot_memory += ss->memory_bytes;
+    ss->paged = ss->memory_bytes > 0; /* its pot is counted when its turn to be read comes (restore_next) */
     ss->next = s->sessions;
     s->sessions = ss;
     if (session_expired(ss, (int64_t)time(NULL))) { /* while the server was down: gone unread */
@@ -2041,6 +2052,11 @@ static void restore_next(server *s) {
         if (ss->restoring == RESTORE_RUNNING) return; /* one under way */
     for (session *ss = s->sessions; ss; ss = ss->next) {
         if (ss->restoring != RESTORE_QUEUED) continue;
+        /* the sessions read before it page out when they do not all fit (the limit holds from the start) */
+        pots_make_room(s, ss->memory_bytes);
+        s->pot_memory += ss->memory_bytes;
+        ss->paged = 0;
+        ss->used_ms = monotonic_ms();
         if (!s->draining && !s->stopping && !submit_doc_job(s, ss, 1, restored, NULL)) {
             ss->restoring = RESTORE_RUNNING;
             return;
@@ -2146,21 +2162,26 @@ static int waits_for_takeover(const request *r, const session *ss) {
     return 0;
 }
 
-static void wait_for_takeover(request *r, session *ss) {
-    request_ref(r); /* (suspended since its takeover began) */
-    r->next_waiting = ss->takeover_waiting;
-    ss->takeover_waiting = r;
+/* r waits, suspended, for ss's takeover or page-in (pot_waiters_go). */
+static void wait_for_pot(request *r, session *ss) {
+    request_suspend(r); /* (a takeover's: suspended since it began) */
+    request_ref(r);
+    r->next_waiting = ss->pot_waiting;
+    ss->pot_waiting = r;
 }
 
-/* The requests that waited for ss's takeover, dispatched again (those whose
- * client is still there); an upload's body is read from now on, a file's
- * form (POST /v1/files) goes on with ss as its session. */
-static void takeover_waiters_go(server *s, session *ss, request *w) {
+/* The requests that waited for ss's takeover or page-in, dispatched again
+ * (those whose client is still there); an upload's body is read from now on,
+ * a file's form (POST /v1/files) goes on with ss as its session, a
+ * generation (a background response's has no client) from its lookup. */
+static void pot_waiters_go(server *s, session *ss, request *w) {
     while (w) {
         request *r = w;
         w = r->next_waiting;
         r->next_waiting = NULL;
-        if (r->conn && r->form) {
+        if (r->gen && (r->conn || r->bg)) {
+            generation_session_ready(r);
+        } else if (r->conn && r->form) {
             files_session_created(r, registered(s, ss) && ss->status != SESSION_FAILED ? ss : NULL);
         } else if (r->conn) {
             request_dispatch(r);
@@ -2172,8 +2193,8 @@ static void takeover_waiters_go(server *s, session *ss, request *w) {
 
 static void taken_over(server *s, doc_job *j) {
     session *ss = j->ss;
-    request *waiting = ss->takeover_waiting;
-    ss->takeover_waiting = NULL;
+    request *waiting = ss->pot_waiting;
+    ss->pot_waiting = NULL;
     ss->restoring = RESTORE_NONE;
     if (j->rc && !*j->feed_err && store_log_unreachable(ss->log) && !atomic_load(&s->abandon_replays)) {
         /* Redis did not answer the replay: the session is whole there, so it is
@@ -2188,7 +2209,7 @@ static void taken_over(server *s, doc_job *j) {
     } else {
         restore_ended(j);
     }
-    takeover_waiters_go(s, ss, waiting);
+    pot_waiters_go(s, ss, waiting);
 }
 
 /* A takeover's questions to the shared store (the session's meta, its lease,
@@ -2275,13 +2296,14 @@ static void takeover_answer(request *r, void *arg) {
         if (ss) release_lease_later(s, t->id, t->token), free_session(ss);
         api_fail(&e, 500, "storage_error", t->param, "%s", t->err);
         respond_error(r, &e);
-    } else if (s->pot_memory + ss->memory_bytes > (size_t)s->cfg.pot_memory_limit) {
+    } else if (!pots_make_room(s, ss->memory_bytes)) {
         free_session(ss);
         release_lease_later(s, t->id, t->token);
         api_fail(&e, 429, "insufficient_memory", t->param, "this replica has no room for session '%s'", t->id);
         respond_retry(r, &e, seconds_to_next_expiry(s, NULL));
     } else {
         s->pot_memory += ss->memory_bytes;
+        ss->used_ms = monotonic_ms();
         ss->lease_until_ms = t->asked + (double)s->cfg.lease_ms;
         ss->next = s->sessions;
         s->sessions = ss;
@@ -2296,7 +2318,7 @@ static void takeover_answer(request *r, void *arg) {
             snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: the engine is stopping");
             session_busy_restoring(r, t->id, t->param);
         } else if (waits_for_takeover(r, ss)) {
-            wait_for_takeover(r, ss);
+            wait_for_pot(r, ss);
         } else {
             session_busy_restoring(r, t->id, t->param);
         }
@@ -2353,13 +2375,16 @@ session *session_lookup(request *r, const char *id, const char *param) {
         session_busy_restoring(r, id, param);
         return NULL;
     }
-    if (ss && !expired && ss->restoring) {
+    if (ss && !expired && ss->restoring && ss->restoring != RESTORE_PAGE_IN) {
         api_error e;
         api_fail(&e, 503, "loading", param, "session '%s' is still being read again after the server's start", id);
         respond_retry(r, &e, 2);
         return NULL;
     }
-    if (ss && !expired) return ss;
+    if (ss && !expired) {
+        ss->used_ms = monotonic_ms();
+        return ss;
+    }
     if (store_is_shared(s->st) && !expired && valid_session_id(id) && !session_find(s, id, NULL)) {
         take_over(r, id, param);
         return NULL;
@@ -2463,4 +2488,100 @@ void sessions_renew_leases(server *s) {
 void sessions_release_leases(server *s) {
     if (!store_is_shared(s->st)) return;
     for (session *ss = s->sessions; ss; ss = ss->next) store_lease_release(s->st, ss->id, ss->token);
+}
+
+/* ---- paging: at pot_memory_limit, idle pots go to their snapshots and are read back when asked ---- */
+
+int session_reading(const session *ss) {
+    if (ss->restoring == RESTORE_PAGE_IN) return 0; /* (busy while its pot is read back, which was whole) */
+    return ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring;
+}
+
+/* Nothing reads, writes or waits for ss's pot: the registry's is its only reference. */
+static int pageable(const session *ss) {
+    return !ss->paged && ss->doc && ss->log && ss->refs == 1 && ss->status != SESSION_FAILED && !ss->deleted &&
+           !ss->busy && !ss->disk_busy && !ss->rebuilding && !ss->snap_saving && !ss->acked_ingests && !ss->gens &&
+           ss->restoring == RESTORE_NONE && !ss->restore_doc && !ss->reread_open && !ss->recall_read &&
+           !ss->pot_waiting;
+}
+
+/* Whether a page-in of ss would read only its snapshot (not the log past it). */
+static int snapshot_current(const session *ss) { return store_log_committed_size(ss->log) <= ss->snap_offset; }
+
+/* ss's pot goes: saved first when its log has grown past its snapshot (the
+ * save is ordered before the close on the engine thread). Its memory counts
+ * as free at once: the close runs when the engine's step under way ends. */
+static void page_out(server *s, session *ss) {
+    if (!snapshot_current(ss)) session_snapshot(s, ss);
+    engine_doc *doc = ss->doc;
+    ss->doc = NULL;
+    ss->paged = 1;
+    s->pot_memory -= ss->memory_bytes;
+    s->m.page_outs++;
+    if (srv_task(s, doc, close_bare_doc_task, doc)) engine_doc_close(doc); /* the engine has stopped */
+    fprintf(stderr, "potserve: session %s paged out (its pot of %zu MiB to its snapshot%s), for room\n", ss->id,
+            ss->memory_bytes >> 20, ss->snap_saving ? ", saved first" : "");
+}
+
+int pots_make_room(server *s, size_t bytes) {
+    size_t limit = (size_t)s->cfg.pot_memory_limit;
+    while (s->cfg.page_out_idle && s->pot_memory + bytes > limit) {
+        session *pick = NULL; /* those whose snapshot is current first, then the least recently used */
+        for (session *ss = s->sessions; ss; ss = ss->next) {
+            if (!pageable(ss)) continue;
+            int cur = snapshot_current(ss), pick_cur = pick && snapshot_current(pick);
+            if (!pick || cur > pick_cur || (cur == pick_cur && ss->used_ms < pick->used_ms)) pick = ss;
+        }
+        if (!pick) break;
+        page_out(s, pick);
+    }
+    return s->pot_memory + bytes <= limit;
+}
+
+static void paged_in(server *s, doc_job *j) {
+    session *ss = j->ss;
+    request *waiting = ss->pot_waiting;
+    ss->pot_waiting = NULL;
+    ss->restoring = RESTORE_NONE;
+    s->m.page_ins++;
+    s->m.page_in_ms += monotonic_ms() - ss->page_in_began_ms;
+    restore_ended(j);
+    pot_waiters_go(s, ss, waiting);
+}
+
+/* The page-in's read of the snapshot (and the log past it) on the engine thread. */
+static void page_in_submit(server *s, session *ss) {
+    ss->page_in_after_save = 0;
+    if (!submit_doc_job(s, ss, 1, paged_in, NULL)) return;
+    request *waiting = ss->pot_waiting; /* the engine is stopping */
+    ss->pot_waiting = NULL;
+    ss->restoring = RESTORE_NONE;
+    ss->busy = 0;
+    ss->status = SESSION_FAILED;
+    snprintf(ss->fail_msg, sizeof ss->fail_msg, "the server is stopping");
+    pot_waiters_go(s, ss, waiting);
+}
+
+int session_pot_wait(request *r, session *ss, int need_pot) {
+    server *s = r->srv;
+    if (ss->restoring == RESTORE_PAGE_IN) return wait_for_pot(r, ss), 1;
+    if (!ss->paged || !need_pot || ss->status == SESSION_FAILED) return 0;
+    if (!pots_make_room(s, ss->memory_bytes)) {
+        api_error e;
+        api_fail(&e, 429, "insufficient_memory", NULL,
+                 "session '%s' must be read back from its snapshot, and its pot of %zu bytes does not fit now: "
+                 "%zu of pot_memory_limit %lld are in use by pots being read or written", ss->id,
+                 ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
+        respond_retry(r, &e, 1);
+        return 1;
+    }
+    s->pot_memory += ss->memory_bytes;
+    ss->paged = 0;
+    ss->busy = 1;
+    ss->restoring = RESTORE_PAGE_IN;
+    ss->page_in_began_ms = monotonic_ms();
+    wait_for_pot(r, ss);
+    if (ss->snap_saving) ss->page_in_after_save = 1; /* snapshot_saved submits it */
+    else page_in_submit(s, ss);
+    return 1;
 }
