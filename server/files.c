@@ -101,9 +101,7 @@ static json_t *stored_file_json(const store_owned_session *sf, const api_key *ke
     json_t *meta = json_loads(sf->meta, 0, NULL), *o = NULL;
     json_t *file = json_object_get(meta, "file");
     const char *owner = json_string_value(json_object_get(meta, "owner"));
-    int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created"));
-    int64_t ttl = (int64_t)json_integer_value(json_object_get(json_object_get(meta, "settings"), "ttl_seconds"));
-    int64_t expires = ttl > 0 ? created + ttl : 0;
+    int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created")), expires = meta_expires(meta);
     if (json_is_object(file) && owner && !strcmp(owner, key->owner) && sf->final &&
         !(expires && (int64_t)time(NULL) > expires))
         o = file_object(sf->id, sf->bytes, created, expires, file, sf->snapshot ? "processed" : "uploaded", NULL);

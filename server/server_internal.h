@@ -264,6 +264,9 @@ void sessions_renew_leases(server *s);
  * replicas need not wait for them to run out. */
 void sessions_release_leases(server *s);
 json_t *session_json(server *s, const session *ss);
+/* The expires_at second of a session from its store meta (created +
+ * settings.ttl_seconds), 0 when it has no expiry. */
+int64_t meta_expires(const json_t *meta);
 void session_ref(session *ss);
 /* Whether r, for ss, waits for ss's pot (1: it was suspended, or answered):
  * while a page-in is under way, and, when need_pot, for a paged-out pot,

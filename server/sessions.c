@@ -233,6 +233,11 @@ static void session_remove(server *s, session *ss) {
     session_unref(ss); /* the registry's */
 }
 
+int64_t meta_expires(const json_t *meta) {
+    int64_t ttl = (int64_t)json_integer_value(json_object_get(json_object_get(meta, "settings"), "ttl_seconds"));
+    return ttl > 0 ? (int64_t)json_integer_value(json_object_get(meta, "created")) + ttl : 0;
+}
+
 /* Past its expires_at second (created, in whole seconds, + ttl_seconds): so it
  * lives at least ttl_seconds however late in its second it was created. */
 static int session_expired(const session *ss, int64_t now) { return ss->expires && now > ss->expires; }
@@ -271,6 +276,16 @@ static const char *status_name(const session *ss) {
     return ss->busy || ss->rebuilding || ss->acked_ingests ? "ingesting" : "ready";
 }
 
+/* A session's "file" field: its file's {"filename", "purpose"} (file, from
+ * its meta) with the file's id. */
+static json_t *file_field(const char *session_id, const json_t *file) {
+    json_t *f = json_deep_copy(file);
+    char fid[48];
+    file_id_of(session_id, fid, sizeof fid);
+    json_object_set_new(f, "id", json_string(fid));
+    return f;
+}
+
 json_t *session_json(server *s, const session *ss) {
     const engine_pot_settings *p = &ss->settings.pot;
     const engine_doc_stats *st = &ss->stats;
@@ -293,13 +308,7 @@ json_t *session_json(server *s, const session *ss) {
     json_object_set_new(o, "recall", api_recall_json(recall_mode(s, ss, API_RECALL_UNSET)));
     if (st->ring_entries) json_object_set_new(o, "ring_entries", json_integer(st->ring_entries));
     if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));
-    if (ss->file) {
-        json_t *f = json_deep_copy(ss->file);
-        char fid[48];
-        file_id_of(ss->id, fid, sizeof fid);
-        json_object_set_new(f, "id", json_string(fid));
-        json_object_set_new(o, "file", f);
-    }
+    if (ss->file) json_object_set_new(o, "file", file_field(ss->id, ss->file));
     return o;
 }
 
@@ -1738,9 +1747,7 @@ static json_t *stored_session_json(server *s, const store_owned_session *so, con
     json_t *meta = json_loads(so->meta, 0, NULL), *o = NULL;
     const char *owner = json_string_value(json_object_get(meta, "owner"));
     json_t *settings = json_object_get(meta, "settings");
-    int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created"));
-    int64_t ttl = (int64_t)json_integer_value(json_object_get(settings, "ttl_seconds"));
-    int64_t expires = ttl > 0 ? created + ttl : 0;
+    int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created")), expires = meta_expires(meta);
     if (owner && !strcmp(owner, key->owner) && json_is_object(settings) && !(expires && (int64_t)time(NULL) > expires)) {
         const char *model = json_string_value(json_object_get(meta, "model"));
         o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:b}", "id", so->id, "object", "session", "created",
@@ -1753,13 +1760,7 @@ static json_t *stored_session_json(server *s, const store_owned_session *so, con
                                 json_integer(json_integer_value(json_object_get(settings, "budget_tokens")) / 2));
         if (expires) json_object_set_new(o, "expires_at", json_integer(expires));
         json_t *file = json_object_get(meta, "file");
-        if (json_is_object(file)) {
-            char fid[48];
-            file_id_of(so->id, fid, sizeof fid);
-            json_t *f = json_deep_copy(file);
-            json_object_set_new(f, "id", json_string(fid));
-            json_object_set_new(o, "file", f);
-        }
+        if (json_is_object(file)) json_object_set_new(o, "file", file_field(so->id, file));
     }
     json_decref(meta);
     return o;
@@ -2239,8 +2240,8 @@ static void takeover_ask(void *arg) {
     const char *key_owner = json_string_value(json_object_get(m, "owner"));
     t->mine = key_owner && !strcmp(key_owner, t->key->owner);
     t->unreachable = !meta && !absent;
-    json_int_t ttl = json_integer_value(json_object_get(json_object_get(m, "settings"), "ttl_seconds"));
-    t->expired = ttl > 0 && (int64_t)time(NULL) > (int64_t)json_integer_value(json_object_get(m, "created")) + ttl;
+    int64_t expires = meta_expires(m);
+    t->expired = expires && (int64_t)time(NULL) > expires;
     json_decref(m);
     if (t->mine && t->expired) { /* its owner gone or stalled at its expiry: not read again, removed */
         if (store_lease_acquire(s->st, t->id, t->token, t->owner, t->err, sizeof t->err) > 0 &&

@@ -1274,3 +1274,34 @@ def test_every_replica_lists_every_session_of_its_key(tmp_path, redis):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_paged_out_session_is_read_back_from_redis_and_handed_over(tmp_path, redis):
+    """Paging in a cluster (docs/api.md, "Pot memory and paging"): a replica whose memory holds two
+    pots pages the least recently used out to its snapshot in Redis, reads it back from there for a
+    question, and hands a paged-out session over as any idle one, its memory counted once."""
+    tight = ("--budget-tokens", "256", "--prompt-cache-bytes", "0", "--pot-memory-limit", "14M")
+    a = replica(tmp_path / "a", redis, "a", *tight).start()
+    b = replica(tmp_path / "b", redis, "b", *tight).start()
+    try:
+        ids = []
+        for i in range(2):
+            ids.append(a.request("POST", "/v1/sessions", {})[1]["id"])
+            until(lambda: put(a, ids[i], 1, PARTS[i], final=True)[0] == 200, what=f"session {i} on a")
+        said = [answer(a, sid) for sid in ids]  # 0 is the least recently used now
+        ids.append(a.request("POST", "/v1/sessions", {})[1]["id"])
+        until(lambda: put(a, ids[2], 1, PARTS[2], final=True)[0] == 200, what="session 2 on a")
+        assert a.request("GET", f"/v1/sessions/{ids[0]}")[1]["status"] == "stored"
+        assert answer(a, ids[0]) == said[0]  # read back from Redis's snapshot; 1 goes out for it
+        assert a.request("GET", f"/v1/sessions/{ids[1]}")[1]["status"] == "stored"
+        until(lambda: b.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "What did the keeper do every night?"}],
+            "max_tokens": 12, "temperature": 0}, headers={"X-Session-Id": ids[1]})[0] == 200, what="1 on b (a 421 until a hands it over)")
+        assert answer(b, ids[1]) == said[1]
+        assert metric(a, "potserve_store_handoffs_total") == 1
+        assert metric(a, "potserve_sessions") == 2 and metric(a, "potserve_sessions_paged_out") == 0
+        assert metric(a, "potserve_pot_memory_bytes") == 2 * a.request("GET", f"/v1/sessions/{ids[0]}")[1]["memory_bytes"]
+        assert a.stop() == 0 and b.stop() == 0
+    finally:
+        a.stop()
+        b.stop()

@@ -646,8 +646,9 @@ def test_a_busy_session_says_when_to_retry(tmp_path):
 
 def test_429s_carry_retry_after(tmp_path):
     # room for one pot of 64 (about 1.5 MB) beside what the server holds, not for a second one
+    # (without paging: an idle session's pot would go to its snapshot for the others, test_paging.py)
     s = Server(tmp_path / "d", "--budget-tokens", "64", "--max-sessions-per-key", "1",
-               "--pot-memory-limit", "3M").start()
+               "--pot-memory-limit", "3M", "--page-out-idle", "false").start()
     try:
         # a pot larger than the limit itself never fits: not a 429 to retry for ever
         st, body, h = s.request("POST", "/v1/sessions", {"budget_tokens": 2048})

@@ -544,7 +544,8 @@ def test_sessions_belong_to_their_key(tmp_path):
 
 def test_limits(tmp_path):
     s = Server(tmp_path / "d", "--max-chunk-bytes", "1K", "--max-body-bytes", "2K", "--rate-limit", "2",
-               "--rate-burst", "3", "--pot-memory-limit", "4M", "--budget-tokens", "64").start()
+               "--rate-burst", "3", "--pot-memory-limit", "4M", "--budget-tokens", "64",
+               "--page-out-idle", "false").start()  # (paging would make room: test_paging.py)
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
         st, sess, _ = s.request("POST", "/v1/sessions", {})
