@@ -81,11 +81,15 @@ class Server:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                return self.proc.wait(timeout)
+                rc = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
                 raise
+            if rc:  # why, for the failing test's captured output (a sanitizer's report, an exit's last words)
+                time.sleep(0.2)  # (the stderr reader's last lines)
+                print("\n".join([line for line in self.log_lines if not line.startswith("{")][-80:]))
+            return rc
         return self.proc.returncode if self.proc else None
 
     def kill(self):
