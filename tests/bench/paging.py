@@ -6,8 +6,10 @@ waits for it to be read back from its snapshot. Documents: Debian's licence text
 wrote them), one per session, at the server's default budget (2,048). The answers must be the
 same on both; the medians of question latency per server, and the tight server's page-ins
 (count, mean wait from /metrics), are printed.
-Usage: .venv/bin/python tests/bench/paging.py [sessions] [rounds] [kbytes] (default 4 sessions,
-5 rounds, 12 KB documents)."""
+Usage: .venv/bin/python tests/bench/paging.py [sessions] [rounds] [kbytes] [cold] (default 4
+sessions, 5 rounds, 12 KB documents; "cold": the page cache is dropped before every question, on
+both servers, so that each page-in reads its snapshot from the disk: needs root)."""
+import os
 import pathlib
 import re
 import statistics
@@ -22,6 +24,7 @@ from server_util import Server  # noqa: E402
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 kbytes = int(sys.argv[3]) if len(sys.argv) > 3 else 12
+cold = len(sys.argv) > 4 and sys.argv[4] == "cold"
 lic = pathlib.Path("/usr/share/common-licenses")
 corpus = " ".join(p.read_text(errors="replace") for p in sorted(lic.iterdir()) if p.is_file()).split()
 docs = [" ".join(corpus[i * kbytes * 180:(i + 1) * kbytes * 180])[:kbytes * 1000] for i in range(n)]
@@ -47,7 +50,15 @@ def fill(s):
     return ids
 
 
+def drop_page_cache():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
 def ask(s, sid):
+    if cold:
+        drop_page_cache()
     t0 = time.perf_counter()
     st, body, _ = s.request("POST", "/v1/chat/completions", {
         "model": "m", "session": sid, "temperature": 0, "max_tokens": 8,
@@ -80,7 +91,7 @@ try:
     wait = metric(tight, "potserve_page_in_seconds_total") - wait0
     snaps = sorted(p.stat().st_size for p in (tmp / "tight").rglob("pot.snap"))
     print(f"{n} sessions of {kbytes} KB, pots of {pot / 2**20:.1f} MiB, tight limit {limit / 2**20:.1f} MiB "
-          f"({n - 2} pots), {rounds} rounds; snapshots {snaps[0] / 2**20:.1f}-{snaps[-1] / 2**20:.1f} MiB")
+          f"({n - 2} pots), {rounds} rounds{', page cache dropped before each question' if cold else ''}; snapshots {snaps[0] / 2**20:.1f}-{snaps[-1] / 2**20:.1f} MiB")
     for name, v in times.items():
         print(f"  {name}: question median {statistics.median(v) * 1e3:.0f} ms (n={len(v)})")
     print(f"  tight: {ins:.0f} page-ins, mean wait {wait / max(ins, 1) * 1e3:.0f} ms; answers equal on both")
