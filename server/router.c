@@ -836,7 +836,7 @@ static int connection_expired(server *s, struct MHD_Connection *c) {
 typedef struct framing {
     size_t header_bytes; /* as sent: "Key: value\r\n" each */
     int n_length, lengths_differ, n_encoding;
-    const char *length, *encoding;
+    const char *length, *encoding, *expect;
 } framing;
 
 static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
@@ -850,6 +850,8 @@ static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const ch
     } else if (!strcasecmp(key, "Transfer-Encoding")) {
         f->encoding = value;
         f->n_encoding++;
+    } else if (!strcasecmp(key, "Expect")) {
+        f->expect = value;
     }
     return MHD_YES;
 }
@@ -878,7 +880,13 @@ static int check_framing(request *r) {
     else if (f.n_encoding > 1 || (f.encoding && strcasecmp(f.encoding, "chunked")))
         api_fail(&e, 400, "unsupported_transfer_encoding", NULL,
                  "Transfer-Encoding must be chunked (or absent), not '%.60s'", f.encoding);
-    else
+    else if (f.expect && !f.n_encoding && (!f.length || !strcmp(f.length, "0"))) {
+        /* a client must not expect a 100 without a body (RFC 9110, 10.1.1); libmicrohttpd 0.9.75 sends
+           one, then loses the request when bytes follow, and asks to be run at once until the idle
+           timeout: answered now, at its first call (not deferred to one that never comes) */
+        api_fail(&e, 400, "invalid_framing", NULL, "Expect: %.40s on a request without a body", f.expect);
+        r->first_call = 0;
+    } else
         return 0;
     r->close_conn = 1;
     respond_error(r, &e);

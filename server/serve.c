@@ -75,11 +75,18 @@ int srv_generate(server *s, const engine_gen_request *r, char *err, size_t errle
 
 static void on_mhd_timer(uv_timer_t *t);
 
+/* MHD asks to be run again at once (a timeout of 0) by the loop's next
+ * iteration (mhd_soon, an idle handle), never by a timer of 0 ms: libuv 1.44
+ * runs a timer armed at 0 from a timer's callback again in the same pass, its
+ * clock unchanged, so a connection MHD keeps asking for at once (libmicrohttpd
+ * 0.9.75 does for some until their idle timeout) held every other timer, the
+ * pool's answers and the engine's events for that long. */
 static void arm_mhd_timer(server *s) {
     MHD_UNSIGNED_LONG_LONG timeout;
     uint64_t ms = 1000;
     if (MHD_get_timeout(s->mhd, &timeout) == MHD_YES) ms = timeout < 1000 ? timeout : 1000;
-    uv_timer_start(&s->mhd_timer, on_mhd_timer, ms, 0);
+    if (ms == 0) srv_kick_soon(s);
+    else uv_timer_start(&s->mhd_timer, on_mhd_timer, ms, 0);
 }
 
 void srv_kick(server *s) {
@@ -90,9 +97,13 @@ void srv_kick(server *s) {
 
 static void on_mhd_timer(uv_timer_t *t) { srv_kick(t->data); }
 
+static void on_mhd_soon(uv_idle_t *h) {
+    uv_idle_stop(h);
+    srv_kick(h->data);
+}
+
 void srv_kick_soon(server *s) {
-    if (s->mhd && !uv_is_closing((uv_handle_t *)&s->mhd_timer))
-        uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
+    if (s->mhd && !uv_is_closing((uv_handle_t *)&s->mhd_soon)) uv_idle_start(&s->mhd_soon, on_mhd_soon);
 }
 
 static void on_mhd_poll(uv_poll_t *p, int status, int events) {
@@ -109,6 +120,8 @@ static void close_handles(server *s) {
         uv_close((uv_handle_t *)&s->mhd_poll, NULL);
     }
     uv_timer_stop(&s->mhd_timer);
+    uv_idle_stop(&s->mhd_soon);
+    uv_close((uv_handle_t *)&s->mhd_soon, NULL);
     uv_timer_stop(&s->housekeeping);
     uv_timer_stop(&s->leases);
     uv_close((uv_handle_t *)&s->leases, NULL);
@@ -362,13 +375,14 @@ int cli_serve(int argc, char **argv) {
     s->loop = &loop;
     uv_async_init(&loop, &s->wake, on_wake);
     uv_timer_init(&loop, &s->mhd_timer);
+    uv_idle_init(&loop, &s->mhd_soon);
     uv_timer_init(&loop, &s->housekeeping);
     uv_timer_init(&loop, &s->leases);
     uv_timer_init(&loop, &s->bg_follow);
     uv_timer_init(&loop, &s->bg_ship);
     uv_signal_init(&loop, &s->sig_term);
     uv_signal_init(&loop, &s->sig_int);
-    s->wake.data = s->mhd_timer.data = s->housekeeping.data = s->leases.data = s->bg_follow.data = s->bg_ship.data = s->sig_term.data = s->sig_int.data = s;
+    s->wake.data = s->mhd_timer.data = s->mhd_soon.data = s->housekeeping.data = s->leases.data = s->bg_follow.data = s->bg_ship.data = s->sig_term.data = s->sig_int.data = s;
     if (auth_load(s, err, sizeof err) || make_dir(s->cfg.data_dir, err, sizeof err) ||
         open_store(s, err, sizeof err) || open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
         fprintf(stderr, "potserve serve: %s\n", err);

@@ -533,6 +533,7 @@ struct server {
     struct MHD_Daemon *mhd;
     uv_poll_t mhd_poll;
     uv_timer_t mhd_timer, housekeeping, leases;
+    uv_idle_t mhd_soon;         /* runs MHD at the loop's next iteration (srv_kick_soon) */
     uv_async_t wake;
     uv_signal_t sig_term, sig_int;
     engine *eng;

@@ -698,6 +698,34 @@ def test_framing_errors_are_json_and_immediate(srv):
         assert took < 2, (name, took)
 
 
+def test_an_expect_100_continue_without_a_body_is_refused_and_stalls_nothing(tmp_path):
+    """`Expect: 100-continue` with `Content-Length: 0` and bytes after it (found by fuzzing a
+    replica): libmicrohttpd sent 100 Continue, then lost the request and asked to be run again at
+    once until the connection's idle_timeout; the loop ran it again and again within one pass of
+    its timers, so for 30 s nothing else of the loop's ran (the engine's events, the pool's
+    answers, lease renewals: a cluster dropped its sessions). Now the request is refused at once
+    (a client must not expect a 100 without a body, RFC 9110) and MHD is never run again in the
+    pass that ran it."""
+    s = Server(tmp_path / "d", "--idle-timeout", "12").start()
+    try:
+        bad = socket.create_connection(("127.0.0.1", s.port))
+        bad.settimeout(10)
+        bad.sendall(b"OPTIONS /v1/sessions/ HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                    b"Expect: 100-continue\r\n\r\nxyz")
+        time.sleep(0.3)
+        t0 = time.time()  # a question needs the engine's events, which only the loop delivers
+        st, body, _ = s.request("POST", "/v1/chat/completions", {
+            "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}, timeout=30)
+        assert st == 200, body
+        assert time.time() - t0 < 5, time.time() - t0
+        reply = bad.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 400"), reply
+        assert b"100-continue" in reply, reply
+        bad.close()
+    finally:
+        assert s.stop() == 0
+
+
 def test_health_answers_503_while_draining(tmp_path):
     s = Server(tmp_path / "d", "--budget-tokens", "64").start()
     try:
