@@ -124,6 +124,9 @@ char *metrics_render(server *s) {
     counter(&b, "potserve_decode_steps_total", "Batched decode steps.", "counter",
             (double)st.decode_steps);
     counter(&b, "potserve_open_requests", "Requests in progress.", "gauge", s->n_live);
+    counter(&b, "potserve_loop_lag_max_seconds",
+            "The longest the event loop was held from its timers since start (its once-a-second tick's lateness).",
+            "gauge", s->loop_lag_max_ms / 1e3);
     counter(&b, "potserve_answers_running", "Answer sequences with their turn (at most max_answers).", "gauge",
             s->answers_running);
     counter(&b, "potserve_answers_waiting", "Requests waiting for a turn to answer.", "gauge",

@@ -150,6 +150,10 @@ enum { SNAPSHOTS_AT_STOP_MS = 60000 }; /* the most a stop waits for its last sna
 static void on_housekeeping(uv_timer_t *t) {
     server *s = t->data;
     double now = monotonic_ms();
+    /* how late this tick is: the longest time the loop was held from its timers (/metrics) */
+    double late = s->housekeeping_ms ? now - s->housekeeping_ms - (double)uv_timer_get_repeat(t) : 0;
+    if (late > s->loop_lag_max_ms) s->loop_lag_max_ms = late;
+    s->housekeeping_ms = now;
     srv_sweep_connections(s);
     generations_sweep(s);
     for (request *r = s->live; r; r = r->next_live) /* keep idle streams alive */
@@ -220,6 +224,7 @@ static void on_signal(uv_signal_t *h, int signum) {
     fprintf(stderr, "potserve: %s: draining (new requests get 503)\n", strsignal(signum));
     s->draining = 1;
     s->drain_deadline = monotonic_ms() + 1e3 * (double)s->cfg.shutdown_grace;
+    s->housekeeping_ms = 0; /* (its ticks come each 100 ms from now: no lateness measured across the change) */
     uv_timer_start(&s->housekeeping, on_housekeeping, 0, 100);
 }
 

@@ -534,6 +534,8 @@ struct server {
     uv_poll_t mhd_poll;
     uv_timer_t mhd_timer, housekeeping, leases;
     uv_idle_t mhd_soon;         /* runs MHD at the loop's next iteration (srv_kick_soon) */
+    double housekeeping_ms;     /* (monotonic_ms) the last housekeeping tick */
+    double loop_lag_max_ms;     /* the latest a tick came past its time, since start */
     uv_async_t wake;
     uv_signal_t sig_term, sig_int;
     engine *eng;

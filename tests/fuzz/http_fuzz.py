@@ -44,6 +44,7 @@ KEY = "fuzz-key-0123456789"
 IDLE_TIMEOUT = 3       # --idle-timeout given to the server
 REQUEST_TIMEOUT = 5    # --request-timeout (bounds one generation)
 SLACK = 12             # seconds of scheduling noise allowed on a shared 2-core machine
+LOOP_LAG_LIMIT = 1.5   # seconds the server's loop may be held from its timers (/metrics' loop lag)
 WORKERS = 4            # concurrent clients (--workers)
 
 # Kinds of finding that are known and not fixed: reported under the bug's name,
@@ -935,11 +936,19 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--json-out")
     ap.add_argument("--server-flag", action="append", default=[], help="extra serve flag (repeatable)")
+    ap.add_argument("--redis", action="store_true",
+                    help="a replica: the server's store is a local redis-server this run starts (as the cluster tests do)")
     a = ap.parse_args()
     global WORKERS
     WORKERS = a.workers
 
     tmp = tempfile.mkdtemp(prefix="potserve-fuzz-")
+    redis = None
+    if a.redis:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+        from cluster_util import Redis
+        redis = Redis(os.path.join(tmp, "redis")).start()
+        a.server_flag += ["--store", redis.url]
     srv = Server(a.bin, a.model, os.path.join(tmp, "data"), os.path.join(tmp, "server.log"), a.server_flag)
     srv.start()
     stats = Stats()
@@ -980,7 +989,16 @@ def main():
             if kind not in again.findings:
                 unconfirmed[kind] = stats.findings.pop(kind)
     rss1 = srv.rss_kb()
+    if crashed is None:  # the loop held from its timers (the pool's answers, the engine's events) too long
+        st, text = get_status(srv.port, "/metrics", 10)
+        m = re.search(rb"^potserve_loop_lag_max_seconds (\S+)$", text or b"", re.M)
+        lag = float(m.group(1)) if m else None
+        if lag is None or lag > LOOP_LAG_LIMIT:
+            stats.find("loop_held", f"the loop's once-a-second tick came {lag} s late at worst (/metrics)")
+        hinfo["loop_lag_max_s"] = lag
     rc = srv.stop()
+    if redis:
+        redis.stop()
     if crashed is None and rc != 0:
         stats.find("sigterm_exit", f"SIGTERM exit status {rc}")
     known = {k: v for k, v in stats.findings.items() if k in KNOWN}
@@ -993,6 +1011,7 @@ def main():
     print(f"http_fuzz: seed {a.seed}, {stats.execs} executions in {a.seconds:.0f} s "
           f"({', '.join(f'{k} {v}' for k, v in sorted(stats.by_gen.items()))}); "
           f"health polls {hinfo.get('health_polls')} (slowest {hinfo.get('health_worst_s')} s); "
+          f"loop held {hinfo.get('loop_lag_max_s')} s at most; "
           f"known-bug findings {sum(v[0] for v in known.values())}, new findings {sum(v[0] for v in new.values())}")
     for k, (n, ex) in sorted(known.items()):
         print(f"  known ({KNOWN[k]}): {k} x{n}: {ex[:300]}")

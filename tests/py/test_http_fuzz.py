@@ -39,6 +39,32 @@ def test_http_fuzz_finds_nothing_new(fuzz_run):
     assert rc == 0
 
 
+@pytest.fixture(scope="module")
+def fuzz_replica_run(tmp_path_factory, fixtures):
+    """The same against a replica whose store is a local Redis (--redis): the shared store's
+    paths (takeovers, lease renewals, files and lists read from Redis). Its first run found the
+    loop held for idle_timeout (docs/reliability.md)."""
+    from cluster_util import have_cluster_tools
+    if not have_cluster_tools():
+        pytest.skip("redis-server not installed (make deps)")
+    out = tmp_path_factory.mktemp("fuzz-replica") / "result.json"
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz" / "http_fuzz.py"), "--bin", str(BIN),
+                        "--model", str(fixtures / "tiny_llama.gguf"), "--seconds", "20", "--seed", "22", "--redis",
+                        "--json-out", str(out)],
+                       capture_output=True, text=True, timeout=20 + 300)
+    print(p.stdout[-4000:], p.stderr[-2000:])
+    assert out.exists(), p.stderr
+    return p.returncode, json.loads(out.read_text())
+
+
+def test_http_fuzz_of_a_replica_finds_nothing_new(fuzz_replica_run):
+    rc, res = fuzz_replica_run
+    assert res["executions"] >= 100, res
+    assert res["loop_lag_max_s"] is not None and res["loop_lag_max_s"] < 1.5, res.get("loop_lag_max_s")
+    assert not res["new"], json.dumps(res["new"], indent=1)
+    assert rc == 0
+
+
 @pytest.mark.xfail(reason="libmicrohttpd 0.9.75 answers framing it cannot parse (bad chunked encoding, a "
                           "non-numeric Content-Length, a chunk size past 2^64) itself with a built-in HTML 400/413 page "
                           "(mhd_html_malformed_request; no hook lets the server send JSON; see KNOWN in "
