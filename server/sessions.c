@@ -1908,7 +1908,8 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
 
 /* ---- restore on start and expiry ------------------------------------------------------------------ */
 
-/* A restore's end (at start or at a takeover): the session is ready, or failed. */
+/* A restore's end (at start, at a takeover or at a page-in: `what` says which in
+ * the log line): the session is ready, or failed. */
 /* One restore less to wait for; /health says ready after the last. */
 static void restore_done_one(server *s) {
     if (--s->restores_pending == 0) {
@@ -1917,7 +1918,7 @@ static void restore_done_one(server *s) {
     }
 }
 
-static void restore_ended(doc_job *j) {
+static void restore_ended(doc_job *j, const char *what) {
     session *ss = j->ss;
     ss->busy = 0;
     if (j->rc && atomic_load(&ss->srv->abandon_replays)) {
@@ -1935,8 +1936,7 @@ static void restore_ended(doc_job *j) {
         ss->bytes_acked = ss->stats.bytes_read; /* the log, read whole */
         ss->snap_offset = j->from;
         ss->snap_ingest_ms = j->snap_ingest_ms;
-        fprintf(stderr, "potserve: restored session %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n",
-                ss->id, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,
+        fprintf(stderr, "potserve: session %s: %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n", ss->id, what, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,
                 (unsigned long long)ss->last_seq,
                 j->from ? "from its snapshot" : "log replayed from the start");
         if (!j->from && *j->snap_err && ss->last_seq)
@@ -1949,7 +1949,7 @@ static void restore_next(server *s);
 
 static void restored(server *s, doc_job *j) {
     j->ss->restoring = RESTORE_NONE;
-    restore_ended(j);
+    restore_ended(j, "restored");
     restore_done_one(s);
     restore_next(s);
 }
@@ -2208,7 +2208,7 @@ static void taken_over(server *s, doc_job *j) {
         session_drop(s, ss);
         finish_doc_job(j);
     } else {
-        restore_ended(j);
+        restore_ended(j, "taken over");
     }
     pot_waiters_go(s, ss, waiting);
 }
@@ -2546,7 +2546,7 @@ static void paged_in(server *s, doc_job *j) {
     ss->restoring = RESTORE_NONE;
     s->m.page_ins++;
     s->m.page_in_ms += monotonic_ms() - ss->page_in_began_ms;
-    restore_ended(j);
+    restore_ended(j, "paged in");
     pot_waiters_go(s, ss, waiting);
 }
 

@@ -108,6 +108,8 @@ def test_idle_pots_page_out_for_room_and_answer_as_before(tmp_path, reference):
         # every question finds its pot read back, and answers as the roomy server did
         for i in (1, 2, 0, 3, 1):
             assert ask(s, ids[i], i) == reference[i][0], i
+            if i == 1:
+                assert "from its snapshot" in s.wait_log(f"session {ids[1]}: paged in")
             assert counts(info(s, ids[i])) == reference[i][1], i
             assert metric(s, "potserve_pot_memory_bytes") <= 14 << 20
         assert metric(s, "potserve_page_ins_total") >= 4
@@ -212,7 +214,7 @@ def test_a_restart_with_more_sessions_than_fit_reads_them_within_the_limit(tmp_p
     s = Server(tmp_path / "d", *TIGHT).start()
     try:
         for i in range(4):
-            s.wait_log(f"restored session {ids[i]}")
+            s.wait_log(f"session {ids[i]}: restored")
         assert metric(s, "potserve_pot_memory_bytes") <= 14 << 20
         assert metric(s, "potserve_sessions_paged_out") == 2
         for i in (0, 3, 2, 1):

@@ -1508,7 +1508,7 @@ def test_work_submitted_during_a_long_restore_is_not_held_behind_it(tmp_path):
         st, body, _ = s.request("GET", f"/v1/sessions/{long_id}")
         assert st == 503 and body["error"]["code"] == "loading", \
             f"the other session's work ({took:.1f} s) waited for the whole replay"
-        s.wait_log(f"restored session {long_id}", timeout=600)
+        s.wait_log(f"session {long_id}: restored", timeout=600)
         now = session(s, long_id)
         assert (now["status"], now["bytes_received"], now["tokens_ingested"], now["tokens_in_pot"]) == \
             ("ready", before["bytes_received"], before["tokens_ingested"], before["tokens_in_pot"]), (before, now)
@@ -1537,8 +1537,8 @@ def test_a_snapshot_after_so_much_reading_bounds_a_replay(tmp_path):
         assert os.path.exists(snap), "no snapshot after seconds of reading"
         s.kill()
         s.start()
-        s.wait_log(f"restored session {sid}")
-        assert "from its snapshot" in s.wait_log(f"restored session {sid}")
+        s.wait_log(f"session {sid}: restored")
+        assert "from its snapshot" in s.wait_log(f"session {sid}: restored")
         now = session(s, sid)
         assert (now["bytes_received"], now["tokens_ingested"], now["tokens_in_pot"]) == \
             (before["bytes_received"], before["tokens_ingested"], before["tokens_in_pot"]), (before, now)
