@@ -17,7 +17,7 @@ DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-c
                  libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd \
                  jargon-text debian-reference-en \
                  libhiredis-dev redis-server nginx
-PY_TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 numpy==2.4.6 gguf==0.19.0 openai==3.54.0 jsonschema==4.26.0 langchain-openai==1.7.4 openai-agents==0.24.0 schemathesis==4.32.5 rank-bm25==0.2.2 email-validator==2.4.0
+PY_TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 numpy==2.4.6 gguf==0.19.0 openai==3.63.0 jsonschema==4.26.0 langchain-openai==1.8.1 openai-agents==0.24.0 schemathesis==4.32.5 rank-bm25==0.2.2 email-validator==2.4.0
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
