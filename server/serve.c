@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -239,6 +240,25 @@ extern void srv_connection_notify(void *cls, struct MHD_Connection *c, void **so
 extern void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                                   enum MHD_RequestTerminationCode toe);
 
+/* Every session keeps its chunk log open (one descriptor each, paged out or not), besides the
+ * connections and the snapshots being written: the usual soft limit of 1,024 would refuse new
+ * sessions ("Too many open files") of a server with many keys long before its hard limit, so
+ * the soft limit is raised to the hard one at start (as Redis does). MHD runs on epoll, so
+ * descriptors past FD_SETSIZE are fine. */
+static void raise_open_files_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return;
+    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
+    if (rl.rlim_cur >= want) return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl))
+        fprintf(stderr, "potserve: open files limit stays %llu: %s\n", (unsigned long long)was, strerror(errno));
+    else
+        fprintf(stderr, "potserve: open files limit raised from %llu to %llu\n", (unsigned long long)was,
+                (unsigned long long)want);
+}
+
 static int start_http(server *s, char *err, size_t errlen) {
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port)};
@@ -376,6 +396,7 @@ int cli_serve(int argc, char **argv) {
     s->started = (int64_t)time(NULL);
     s->loading = 1;
     s->heavy_max = srv_heavy_max();
+    raise_open_files_limit();
     uv_loop_init(&loop);
     s->loop = &loop;
     uv_async_init(&loop, &s->wake, on_wake);

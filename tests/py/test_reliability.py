@@ -531,6 +531,25 @@ def test_a_session_the_full_disk_cannot_hold_is_a_507(tmp_path):
         assert s.stop() == 0
 
 
+def test_more_sessions_than_the_soft_open_files_limit(tmp_path):
+    """Every session keeps its log open: under a soft limit of 64 descriptors (1,024 is common)
+    the 50th or so session was a 500 "Too many open files"; the server raises its soft limit to
+    the hard one at start, so a hundred sessions are made and read."""
+    def soft_64():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    s = Server(tmp_path / "d", "--budget-tokens", "16", "--max-sessions-per-key", "200",
+               preexec_fn=soft_64).start()
+    try:
+        for i in range(100):
+            st, body, _ = s.request("POST", "/v1/sessions", {})
+            assert st == 201, (i, body)
+            st, body, _ = upload(s, body["id"], f"Session {i} was read. ".encode(), timeout=60)
+            assert st == 200, (i, body)
+        assert "open files limit raised from 64 to" in s.wait_log("open files limit")
+    finally:
+        assert s.stop() == 0
+
+
 def test_full_disk_at_a_chunks_first_write_leaves_the_session_taking_chunks(tmp_path):
     """The chunk's first write into the log fails (the disk is full): 507, and
     then every later chunk was refused, 500 "chunk 2 is already open", until a
