@@ -1868,7 +1868,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
         if (!g->ss) return;
         session_ref(g->ss);
         if (session_pot_wait(r, g->ss, 1)) return; /* paged out: generation_session_ready goes on */
-        return generation_session_ready(r);
+        return generation_session_ready(r, g->ss);
     }
     if (q->reread > 0 || q->recall == API_RECALL_ON) { /* ("auto" has nothing to search: no recall) */
         api_fail(&e, 400, "invalid_value", q->reread > 0 ? "reread" : "recall", "%s needs a session: the document it %s",
@@ -1878,12 +1878,22 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
     request_work_input(r, prompt_work, prompt_done, g); /* (as below) */
 }
 
-void generation_session_ready(request *r) {
+void generation_session_ready(request *r, session *found) {
     generation *g = r->gen;
     server *s = r->srv;
-    session *ss = g->ss;
     api_gen_request *q = &g->req;
     api_error e;
+    if (!g->ss) { /* its lookup began a takeover (session_lookup), which has ended */
+        if (!found) {
+            api_fail(&e, 503, "store_unavailable", "session", "session '%s' could not be taken over here; retry",
+                     r->session_id);
+            return respond_retry(r, &e, 1);
+        }
+        g->ss = found;
+        session_ref(found);
+        if (session_pot_wait(r, found, 1)) return;
+    }
+    session *ss = g->ss;
     if (ss->status == SESSION_FAILED) {
         api_fail(&e, 409, "session_failed", "session", "the session failed: %s", ss->fail_msg);
         return respond_error(r, &e);

@@ -109,8 +109,12 @@ char *metrics_render(server *s) {
             (double)m->page_outs);
     counter(&b, "potserve_page_ins_total", "Paged-out pots read back for a request.", "counter", (double)m->page_ins);
     counter(&b, "potserve_page_in_seconds_total", "Time requests waited for page-ins.", "counter", m->page_in_ms / 1e3);
+    counter(&b, "potserve_page_in_failures_total",
+            "Page-ins that could not read the pot back (the store did not answer, a read failed); it stays paged out.",
+            "counter", (double)m->page_in_failures);
     int n_sessions = 0, n_paged = 0;
-    for (session *ss = s->sessions; ss; ss = ss->next) n_sessions++, n_paged += ss->paged;
+    for (session *ss = s->sessions; ss; ss = ss->next) /* (not those still queued to be read at start) */
+        n_sessions++, n_paged += ss->paged && ss->restoring != RESTORE_QUEUED;
     counter(&b, "potserve_sessions", "Open sessions.", "gauge", n_sessions);
     counter(&b, "potserve_sessions_paged_out", "Of them, those whose pot is paged out.", "gauge", n_paged);
     counter(&b, "potserve_pot_memory_bytes", "Bytes of all pots.", "gauge", (double)s->pot_memory);

@@ -59,6 +59,7 @@ typedef struct metrics {
     int64_t constrained_tokens, masked_steps; /* response_format / forced tool calls */
     int64_t fenced_writes, takeovers, handoffs; /* shared store: refused late writes, sessions taken, given */
     int64_t page_outs, page_ins; /* idle pots paged out for room, and read back (sessions.c) */
+    int64_t page_in_failures;    /* page-ins that could not read the pot back (it stays paged out) */
     double page_in_ms;
 } metrics;
 int metrics_route(metrics *m, const char *route);
@@ -220,6 +221,7 @@ struct session {
     /* its pot was paged out to make room (pots_make_room): no doc, memory_bytes not counted in
        pot_memory; its snapshot and log hold it, and session_pot_wait reads it back */
     int paged;
+    int in_renewal;              /* a lease renewal round holds a reference (not a reader of its pot) */
     int page_in_after_save;      /* a page-in waits for the snapshot its page-out began */
     double page_in_began_ms;     /* (monotonic_ms) for the page-ins' time in /metrics */
     double used_ms;              /* (monotonic_ms) last looked up: the least recently used pages out first */
@@ -271,7 +273,8 @@ void session_ref(session *ss);
 /* Whether r, for ss, waits for ss's pot (1: it was suspended, or answered):
  * while a page-in is under way, and, when need_pot, for a paged-out pot,
  * whose page-in it starts. Waiting requests are dispatched again when it
- * ends (a generation goes on: generation_session_ready). */
+ * ends (a generation goes on: generation_session_ready); when the page-in
+ * fails they are answered its error, and ss stays paged out. */
 int session_pot_wait(request *r, session *ss, int need_pot);
 /* Pages idle sessions' pots out to their snapshots, the least recently used
  * first, until `bytes` more fit in pot_memory_limit (page_out_idle); whether
@@ -348,8 +351,10 @@ void route_web(request *r);
 
 /* ---- generation (completions.c) ------------------------------------------------------- */
 void route_generate(request *r, int chat);
-/* A generation that waited for its session's pot (session_pot_wait) goes on. */
-void generation_session_ready(request *r);
+/* A generation that waited for ss goes on: for its pot (session_pot_wait), or
+ * for the takeover its own lookup began (then ss is NULL when the takeover
+ * did not register it here). */
+void generation_session_ready(request *r, session *ss);
 /* /v1/responses once responses.c has turned r->body into a chat body;
  * takes `responses` (the original body, echoed in the answer) and `history`
  * (what is stored with the answer, see responses_keep; NULL: not stored). */

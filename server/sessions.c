@@ -1572,7 +1572,8 @@ void session_create(request *r, api_session_settings *settings, json_t *file) {
         free_session(ss);
         return respond_error(r, &e);
     }
-    if (!pots_make_room(s, ss->memory_bytes)) {
+    /* (shared store: the replica the session's requests reach makes room when it takes it over) */
+    if (!store_is_shared(s->st) && !pots_make_room(s, ss->memory_bytes)) {
         api_fail(&e, 429, "insufficient_memory", "budget_tokens",
                  "a pot of %zu bytes does not fit: %zu of pot_memory_limit %lld are in use",
                  ss->memory_bytes, s->pot_memory, (long long)s->cfg.pot_memory_limit);
@@ -2053,14 +2054,25 @@ static void restore_next(server *s) {
         if (ss->restoring == RESTORE_RUNNING) return; /* one under way */
     for (session *ss = s->sessions; ss; ss = ss->next) {
         if (ss->restoring != RESTORE_QUEUED) continue;
-        /* the sessions read before it page out when they do not all fit (the limit holds from the start) */
-        pots_make_room(s, ss->memory_bytes);
-        s->pot_memory += ss->memory_bytes;
-        ss->paged = 0;
         ss->used_ms = monotonic_ms();
-        if (!s->draining && !s->stopping && !submit_doc_job(s, ss, 1, restored, NULL)) {
-            ss->restoring = RESTORE_RUNNING;
-            return;
+        if (!s->draining && !s->stopping && !pots_make_room(s, ss->memory_bytes)) {
+            /* the sessions read before it page out when they do not all fit (the limit holds from
+               the start); when none can (all busy already), it is read when first asked (a page-in) */
+            fprintf(stderr, "potserve: session %s stays paged out: no room for its pot now\n", ss->id);
+            ss->restoring = RESTORE_NONE;
+            ss->busy = 0;
+            restore_done_one(s);
+            continue;
+        }
+        if (!s->draining && !s->stopping) {
+            s->pot_memory += ss->memory_bytes;
+            ss->paged = 0;
+            if (!submit_doc_job(s, ss, 1, restored, NULL)) {
+                ss->restoring = RESTORE_RUNNING;
+                return;
+            }
+            s->pot_memory -= ss->memory_bytes;
+            ss->paged = 1;
         }
         ss->restoring = RESTORE_NONE; /* not read: stays busy with no pot until the server stops */
         ss->status = SESSION_FAILED;
@@ -2181,7 +2193,7 @@ static void pot_waiters_go(server *s, session *ss, request *w) {
         w = r->next_waiting;
         r->next_waiting = NULL;
         if (r->gen && (r->conn || r->bg)) {
-            generation_session_ready(r);
+            generation_session_ready(r, registered(s, ss) ? ss : NULL);
         } else if (r->conn && r->form) {
             files_session_created(r, registered(s, ss) && ss->status != SESSION_FAILED ? ss : NULL);
         } else if (r->conn) {
@@ -2411,7 +2423,7 @@ typedef struct renew_job {
 } renew_job;
 
 static void renew_job_free(renew_job *j) {
-    for (size_t i = 0; i < j->n; i++) session_unref(j->list[i]);
+    for (size_t i = 0; i < j->n; i++) j->list[i]->in_renewal = 0, session_unref(j->list[i]);
     free(j->list);
     free(j->ids);
     free(j->tokens);
@@ -2478,6 +2490,7 @@ void sessions_renew_leases(server *s) {
     j->srv = s;
     for (session *ss = s->sessions; ss; ss = ss->next, j->n++) {
         session_ref(ss);
+        ss->in_renewal = 1;
         j->list[j->n] = ss, j->ids[j->n] = ss->id, j->tokens[j->n] = ss->token;
     }
     j->asked = monotonic_ms();
@@ -2498,9 +2511,10 @@ int session_reading(const session *ss) {
     return ss->busy || ss->rebuilding || ss->acked_ingests || ss->restoring;
 }
 
-/* Nothing reads, writes or waits for ss's pot: the registry's is its only reference. */
+/* Nothing reads, writes or waits for ss's pot: the registry's is its only reference
+ * (besides a lease renewal's, which reads only its id and lease). */
 static int pageable(const session *ss) {
-    return !ss->paged && ss->doc && ss->log && ss->refs == 1 && ss->status != SESSION_FAILED && !ss->deleted &&
+    return !ss->paged && ss->doc && ss->log && ss->refs == 1 + ss->in_renewal && ss->status != SESSION_FAILED && !ss->deleted &&
            !ss->busy && !ss->disk_busy && !ss->rebuilding && !ss->snap_saving && !ss->acked_ingests && !ss->gens &&
            ss->restoring == RESTORE_NONE && !ss->restore_doc && !ss->reread_open && !ss->recall_read &&
            !ss->pot_waiting;
@@ -2539,11 +2553,40 @@ int pots_make_room(server *s, size_t bytes) {
     return s->pot_memory + bytes <= limit;
 }
 
+/* The requests that waited for a page-in that failed hear why. */
+static void pot_waiters_fail(request *w, const api_error *e) {
+    while (w) {
+        request *r = w;
+        w = r->next_waiting;
+        r->next_waiting = NULL;
+        if (r->conn || r->bg) respond_retry(r, e, 1);
+        request_unref(r);
+    }
+}
+
 static void paged_in(server *s, doc_job *j) {
     session *ss = j->ss;
     request *waiting = ss->pot_waiting;
     ss->pot_waiting = NULL;
     ss->restoring = RESTORE_NONE;
+    if (j->rc && !atomic_load(&s->abandon_replays)) {
+        /* not read back (the store did not answer, a read failed): the session is whole in its
+           log and snapshot, so it stays paged out (not failed) and the next request tries again */
+        api_error e;
+        int unreachable = store_log_unreachable(ss->log);
+        api_fail(&e, unreachable ? 503 : 500, unreachable ? "store_unavailable" : "storage_error", "session",
+                 "session '%s' could not be read back from its snapshot and log: %.200s", ss->id, replay_error(j));
+        fprintf(stderr, "potserve: session %s: page-in failed, it stays paged out: %s\n", ss->id, replay_error(j));
+        engine_doc *doc = ss->doc; /* what the replay read before it failed */
+        ss->doc = NULL;
+        if (doc && srv_task(s, doc, close_bare_doc_task, doc)) engine_doc_close(doc);
+        ss->busy = 0;
+        ss->paged = 1;
+        s->pot_memory -= ss->memory_bytes;
+        s->m.page_in_failures++;
+        finish_doc_job(j);
+        return pot_waiters_fail(waiting, &e);
+    }
     s->m.page_ins++;
     s->m.page_in_ms += monotonic_ms() - ss->page_in_began_ms;
     restore_ended(j, "paged in");
@@ -2567,6 +2610,12 @@ int session_pot_wait(request *r, session *ss, int need_pot) {
     server *s = r->srv;
     if (ss->restoring == RESTORE_PAGE_IN) return wait_for_pot(r, ss), 1;
     if (!ss->paged || !need_pot || ss->status == SESSION_FAILED) return 0;
+    if (ss->busy) { /* a deletion under way: its pot is not read back for it */
+        api_error e;
+        api_fail(&e, 409, "session_busy", NULL, "session '%s' is being deleted", ss->id);
+        respond_error(r, &e);
+        return 1;
+    }
     if (!pots_make_room(s, ss->memory_bytes)) {
         api_error e;
         api_fail(&e, 429, "insufficient_memory", NULL,

@@ -855,7 +855,7 @@ int redis_log_cursor_read(redis_log_cursor *r, uint64_t at_least, chunk_log_data
         snprintf(b, sizeof b, "%zu", last);
         const char *argv[] = {"LRANGE", logk, a, b};
         redisReply *rep = command_str(l->st, 4, argv, err, errlen);
-        if (!rep) return l->unreachable = unanswered, -1;
+        if (!rep) return l->unreachable = unanswered || not_run, -1; /* (no connection: not run) */
         int rc = rep->elements == last - i + 1 ? 0 : -1;
         if (rc) set_err(err, errlen, "the store's log has fewer chunks than its index");
         for (size_t k = 0; !rc && k < rep->elements; k++) {

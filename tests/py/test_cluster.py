@@ -1305,3 +1305,136 @@ def test_a_paged_out_session_is_read_back_from_redis_and_handed_over(tmp_path, r
     finally:
         a.stop()
         b.stop()
+
+
+TIGHT = ("--budget-tokens", "256", "--prompt-cache-bytes", "0", "--pot-memory-limit", "14M")  # two pots fit
+ASK = {"messages": [{"role": "user", "content": "What did the keeper do every night?"}], "max_tokens": 12,
+       "temperature": 0}
+
+
+def two_pots(srv):
+    """Two sessions read whole on srv: its memory is full."""
+    ids = []
+    for i in range(2):
+        ids.append(srv.request("POST", "/v1/sessions", {})[1]["id"])
+        until(lambda: put(srv, ids[i], 1, PARTS[i], final=True)[0] == 200, what=f"session {i}")
+    return ids
+
+
+def test_a_question_that_takes_its_session_over_in_its_own_lookup_is_answered(tmp_path, redis):
+    """/v1/responses continuing a stored response names its session only through it, so the
+    question's own lookup takes the session over (not the route's first step); the question
+    waited for that takeover and then ran on a session it had not been given: the replica died
+    (SIGSEGV). Found by review."""
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = None
+    try:
+        sid = a.request("POST", "/v1/sessions", {})[1]["id"]  # empty: its takeover makes the request wait
+        st, first, _ = a.request("POST", "/v1/responses", {"input": "Say hi.", "max_output_tokens": 4, "session": sid})
+        assert st == 200, first
+        assert a.stop() == 0  # its leases are given up
+        b = replica(tmp_path / "b", redis, "b").start()
+        st, body, _ = b.request("POST", "/v1/responses", {"input": "Again.", "max_output_tokens": 4,
+                                                         "previous_response_id": first["id"]}, timeout=60)
+        assert st == 200 and body["output"][0]["content"][0]["text"], body
+        assert metric(b, "potserve_store_takeovers_total") == 1
+        assert b.stop() == 0
+    finally:
+        a.stop()
+        if b:
+            b.stop()
+
+
+def test_a_page_in_redis_does_not_answer_leaves_the_session_paged_out(tmp_path, redis):
+    """A page-in that Redis does not answer failed the session for good (409 session_failed, its
+    pot's memory counted until it was deleted); the session is whole in Redis, so now the question
+    is a 503 to retry, the session stays paged out, and it answers once Redis is back."""
+    a = replica(tmp_path / "a", redis, "a", *TIGHT, lease_ms=20000).start()
+    try:
+        ids = two_pots(a)
+        said = answer(a, ids[0])  # 1 is the least recently used
+        ids.append(a.request("POST", "/v1/sessions", {})[1]["id"])
+        until(lambda: put(a, ids[2], 1, PARTS[2], final=True)[0] == 200, what="session 2")
+        assert a.request("GET", f"/v1/sessions/{ids[0]}")[1]["status"] == "ready"
+        assert a.request("GET", f"/v1/sessions/{ids[1]}")[1]["status"] == "stored"
+        memory = metric(a, "potserve_pot_memory_bytes")
+        redis.stop()
+        st, body, h = a.request("POST", "/v1/chat/completions", ASK, headers={"X-Session-Id": ids[1]})
+        assert st == 503 and body["error"]["code"] == "store_unavailable", body
+        assert h.get("Retry-After") == "1"
+        assert a.request("GET", f"/v1/sessions/{ids[1]}")[1]["status"] == "stored"
+        # another pot went out to make room for it; the failed one's is not counted
+        pot_bytes = a.request("GET", f"/v1/sessions/{ids[1]}")[1]["memory_bytes"]
+        assert metric(a, "potserve_pot_memory_bytes") == memory - pot_bytes
+        assert metric(a, "potserve_sessions_paged_out") == 2
+        assert metric(a, "potserve_page_in_failures_total") == 1 and metric(a, "potserve_page_ins_total") == 0
+        redis.start()
+        until(lambda: a.request("POST", "/v1/chat/completions", ASK, headers={"X-Session-Id": ids[1]})[0] == 200,
+              what="the question once Redis is back")
+        assert a.request("GET", f"/v1/sessions/{ids[1]}")[1]["status"] == "ready"
+        assert answer(a, ids[0]) == said
+    finally:
+        a.stop()
+
+
+def test_creating_a_session_in_a_cluster_pages_nothing_out(tmp_path, redis):
+    """A replica writes a new session to Redis only (the replica its requests reach takes it
+    over): it paged one of its own idle pots out for it, for nothing."""
+    a = replica(tmp_path / "a", redis, "a", *TIGHT).start()
+    try:
+        ids = two_pots(a)
+        st, body, _ = a.request("POST", "/v1/sessions", {})
+        assert st == 201, body
+        assert metric(a, "potserve_page_outs_total") == 0
+        assert [a.request("GET", f"/v1/sessions/{i}")[1]["status"] for i in ids] == ["ready", "ready"]
+    finally:
+        a.stop()
+
+
+def test_pots_page_out_while_a_lease_renewal_round_waits_for_redis(tmp_path, redis):
+    """A renewal round holds every session while Redis answers it, which made every pot look
+    busy: while Redis stalled, a request that needed room got 429 though the pots were idle."""
+    a = replica(tmp_path / "a", redis, "a", *TIGHT, lease_ms=6000).start()
+    try:
+        two_pots(a)
+        emb = {"model": "m", "input": ["word " * 300]}  # a temporary pot of its own
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2.2)  # a renewal round (every lease_ms / 3) is out, waiting for Redis
+            st, body, _ = a.request("POST", "/v1/embeddings", emb)
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert st == 200, str(body)[:300]
+        assert metric(a, "potserve_page_outs_total") == 1
+    finally:
+        a.stop()
+
+
+def test_a_question_to_a_paged_session_being_deleted_is_a_409_not_a_page_in(tmp_path, redis):
+    """While a paged-out session's deletion waited for Redis, a question read its pot back, and
+    the page-in's end marked the session no longer busy under the deletion (an upload could then
+    be taken by a session whose deletion was answered 200). Now the question waits its turn."""
+    a = replica(tmp_path / "a", redis, "a", *TIGHT, lease_ms=20000).start()
+    try:
+        ids = two_pots(a)
+        ids.append(a.request("POST", "/v1/sessions", {})[1]["id"])
+        until(lambda: put(a, ids[2], 1, PARTS[2], final=True)[0] == 200, what="session 2")
+        paged = next(i for i in ids if a.request("GET", f"/v1/sessions/{i}")[1]["status"] == "stored")
+        deleted = {}
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            t = threading.Thread(target=lambda: deleted.update(st=a.request("DELETE", f"/v1/sessions/{paged}")[0]))
+            t.start()
+            time.sleep(0.5)  # the deletion waits for Redis
+            st, body, _ = a.request("POST", "/v1/chat/completions", ASK, headers={"X-Session-Id": paged})
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        t.join()
+        assert st == 409 and body["error"]["code"] == "session_busy", body
+        assert metric(a, "potserve_page_ins_total") == 0
+        assert deleted["st"] in (200, 503), deleted
+        if deleted["st"] == 503:  # Redis stopped for longer than a command waits: the client retries
+            until(lambda: a.request("DELETE", f"/v1/sessions/{paged}")[0] == 200, what="the deletion")
+        assert a.request("POST", "/v1/chat/completions", ASK, headers={"X-Session-Id": paged})[0] == 404
+    finally:
+        a.stop()
