@@ -17,7 +17,7 @@ DEB_PACKAGES  := gcc make pkg-config python3 python3-venv python3-pip unzip ca-c
                  libpcre2-dev libmicrohttpd-dev libjansson-dev libuv1-dev curl xxd \
                  jargon-text debian-reference-en \
                  libhiredis-dev redis-server nginx
-PY_TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 numpy==2.4.6 gguf==0.19.0 openai==3.63.0 jsonschema==4.26.0 langchain-openai==1.8.1 openai-agents==0.24.0 schemathesis==4.32.5 rank-bm25==0.2.2 email-validator==2.4.0
+PY_TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 numpy==2.4.6 gguf==0.19.0 openai==3.63.0 jsonschema==4.26.0 langchain-openai==1.8.1 openai-agents==0.24.0 schemathesis==4.32.5 rank-bm25==0.2.2 email-validator==2.4.0 pyflakes==4.1.0
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
@@ -67,7 +67,7 @@ $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest test-cluster fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-eval-models test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
+.PHONY: all deps venv model run test unit pytest test-cluster lint-py fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-eval-models test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
         fuzz-http test-faults soak
 all: $(BUILD)/potserve
 
@@ -215,11 +215,17 @@ test: deps model fixtures
 	$(MAKE) --no-print-directory asan
 	$(call STAGE,tsan-quick)
 	$(MAKE) --no-print-directory tsan-quick
+	$(call STAGE,lint-py)
+	$(MAKE) --no-print-directory lint-py
 	$(call STAGE,pytest)
 	$(MAKE) --no-print-directory -j2 pytest
 	$(call STAGE,test-cluster)
 	$(MAKE) --no-print-directory test-cluster
 	$(call STAGE,done)
+
+# The Python of the tests, benches and fuzzers: no unused import or variable, no undefined name.
+lint-py: $(VENV)/.ok
+	$(VPY) -m pyflakes tests
 
 # Failover under load (docs/cluster.md): redis-server, nginx and 3 replicas on
 # loopback; one replica SIGKILLed, one SIGSTOPped mid-upload (about 2 min on 2 cores).

@@ -131,6 +131,9 @@ char *metrics_render(server *s) {
     counter(&b, "potserve_loop_lag_max_seconds",
             "The longest the event loop was held from its timers since start (its once-a-second tick's lateness).",
             "gauge", s->loop_lag_max_ms / 1e3);
+    counter(&b, "potserve_mhd_stuck_total",
+            "Times libmicrohttpd asked to run at once for 20 ms without progress (a stuck connection): "
+            "it then ran every 5 ms.", "counter", (double)s->mhd_stuck_episodes);
     counter(&b, "potserve_answers_running", "Answer sequences with their turn (at most max_answers).", "gauge",
             s->answers_running);
     counter(&b, "potserve_answers_waiting", "Requests waiting for a turn to answer.", "gauge",

@@ -266,6 +266,7 @@ void request_suspend(request *r) {
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     request *r = cls;
+    r->srv->mhd_calls++;
     if (r->follows) { /* a background response's events; between them its own keep-alive pings (below) */
         ssize_t got = background_follow_read(r, buf, max);
         if (got < 0) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -663,10 +664,17 @@ void request_dispatch(request *r) {
     dispatch(r, NULL, &none);
 }
 
+/* Whether a Content-Length value is zero as libmicrohttpd reads it ("0", "00", ...). */
+static int zero_length(const char *length) {
+    if (!length || !*length) return 0;
+    while (*length == '0') length++;
+    return !*length;
+}
+
 /* Whether the request says a body follows. */
 static int has_body(struct MHD_Connection *c) {
     const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    return (length && strcmp(length, "0")) || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+    return (length && !zero_length(length)) || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
 }
 
 /* First call for a request: checks that need only the headers. Returns 0 to
@@ -753,6 +761,7 @@ static conn_track *conn_of(struct MHD_Connection *c) {
 void srv_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                            enum MHD_ConnectionNotificationCode toe) {
     server *s = cls;
+    s->mhd_calls++;
     conn_track *t = *socket_context;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         t = calloc(1, sizeof *t);
@@ -880,7 +889,7 @@ static int check_framing(request *r) {
     else if (f.n_encoding > 1 || (f.encoding && strcasecmp(f.encoding, "chunked")))
         api_fail(&e, 400, "unsupported_transfer_encoding", NULL,
                  "Transfer-Encoding must be chunked (or absent), not '%.60s'", f.encoding);
-    else if (f.expect && !f.n_encoding && (!f.length || !strcmp(f.length, "0"))) {
+    else if (f.expect && !f.n_encoding && (!f.length || zero_length(f.length))) {
         /* a client must not expect a 100 without a body (RFC 9110, 10.1.1); libmicrohttpd 0.9.75 sends
            one, then loses the request when bytes follow, and asks to be run at once until the idle
            timeout: answered now, at its first call (not deferred to one that never comes) */
@@ -912,6 +921,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
                                    void **con_cls) {
     (void)version;
     server *s = cls;
+    s->mhd_calls++;
     request *r = *con_cls;
     if (!r) {
         r = calloc(1, sizeof *r);
@@ -999,7 +1009,7 @@ enum MHD_Result srv_access_handler(void *cls, struct MHD_Connection *c, const ch
 
 void srv_request_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                            enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    ((server *)cls)->mhd_calls++;
     conn_track *t = conn_of(c);
     if (t) { /* the next request's headers are timed from now */
         t->in_request = 0;

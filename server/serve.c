@@ -81,13 +81,34 @@ static void on_mhd_timer(uv_timer_t *t);
  * runs a timer armed at 0 from a timer's callback again in the same pass, its
  * clock unchanged, so a connection MHD keeps asking for at once (libmicrohttpd
  * 0.9.75 does for some until their idle timeout) held every other timer, the
- * pool's answers and the engine's events for that long. */
+ * pool's answers and the engine's events for that long.
+ * Such a connection (a chunk-size line longer than MHD's buffer is one: MHD
+ * neither reads nor closes it) would still make every iteration run MHD, one
+ * core busy until its idle timeout; so once MHD has asked to run at once for
+ * MHD_STUCK_MS without calling the server once (no request, body byte, answer
+ * byte or connection event), it runs every MHD_STUCK_TICK_MS instead until it
+ * stops asking or makes progress. Sockets' own events still run it at once. */
+enum { MHD_STUCK_MS = 20, MHD_STUCK_TICK_MS = 5 };
+
 static void arm_mhd_timer(server *s) {
     MHD_UNSIGNED_LONG_LONG timeout;
     uint64_t ms = 1000;
     if (MHD_get_timeout(s->mhd, &timeout) == MHD_YES) ms = timeout < 1000 ? timeout : 1000;
-    if (ms == 0) srv_kick_soon(s);
-    else uv_timer_start(&s->mhd_timer, on_mhd_timer, ms, 0);
+    if (ms) {
+        s->mhd_zero_since = 0;
+        s->mhd_stuck = 0;
+    } else {
+        double now = monotonic_ms();
+        if (!s->mhd_zero_since || s->mhd_calls != s->mhd_zero_calls) {
+            s->mhd_zero_since = now;
+            s->mhd_zero_calls = s->mhd_calls;
+            s->mhd_stuck = 0;
+        }
+        if (now - s->mhd_zero_since < MHD_STUCK_MS) return srv_kick_soon(s);
+        if (!s->mhd_stuck) s->mhd_stuck = 1, s->mhd_stuck_episodes++;
+        ms = MHD_STUCK_TICK_MS;
+    }
+    uv_timer_start(&s->mhd_timer, on_mhd_timer, ms, 0);
 }
 
 void srv_kick(server *s) {

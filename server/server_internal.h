@@ -539,6 +539,11 @@ struct server {
     uv_poll_t mhd_poll;
     uv_timer_t mhd_timer, housekeeping, leases;
     uv_idle_t mhd_soon;         /* runs MHD at the loop's next iteration (srv_kick_soon) */
+    uint64_t mhd_calls;         /* MHD's calls into the server (handler, reader, notices): its progress */
+    double mhd_zero_since;      /* (monotonic_ms) MHD has asked to run at once since, without progress */
+    uint64_t mhd_zero_calls;    /* mhd_calls then */
+    int mhd_stuck;              /* it asked so for MHD_STUCK_MS: run every MHD_STUCK_TICK_MS (serve.c) */
+    int64_t mhd_stuck_episodes; /* how often since start (/metrics) */
     double housekeeping_ms;     /* (monotonic_ms) the last housekeeping tick */
     double loop_lag_max_ms;     /* the latest a tick came past its time, since start */
     uv_async_t wake;

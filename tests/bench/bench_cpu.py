@@ -310,7 +310,7 @@ def bench_document(model, docs, ids, args, results):
     w = LlamaWorker(model, max(n, 512), T, omp=args.llama_omp)
     ps_runs, ll_runs = [], []
     try:
-        log(f"8K document: warm-up (potserve ingest of a 2K document, llama.cpp prefill of 512 tokens)")
+        log("8K document: warm-up (potserve ingest of a 2K document, llama.cpp prefill of 512 tokens)")
         ps_ingest(model, docs["warm"], args.budget, T)
         w.gen(ids[:512], 0)
         for i in range(args.doc_runs):
@@ -698,7 +698,7 @@ def main():
     facts["load_end"] = os.getloadavg()
     facts["elapsed_min"] = (time.monotonic() - T0) / 60
     # --- report
-    L = [f"# potserve vs llama.cpp on the CPU", "",
+    L = ["# potserve vs llama.cpp on the CPU", "",
          f"- machine: {facts['cpu']}, {facts['cpus_online']} CPUs online, L3 {facts['l3']}, {facts['memory']}, "
          f"Linux {facts['kernel']}; SIMD: {facts['simd']}",
          f"- threads: {args.threads} for both engines; date: {facts['date']}; "

@@ -22,7 +22,6 @@ import copy
 import glob
 import inspect
 import json
-import os
 import pathlib
 import subprocess
 import sys

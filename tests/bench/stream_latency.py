@@ -94,6 +94,8 @@ try:
             gaps = sorted(st["gaps"])
             print(f"| {b} | {statistics.median(st['first']) * 1e3:.1f} | {statistics.median(gaps) * 1e3:.2f} | "
                   f"{gaps[int(0.99 * (len(gaps) - 1))] * 1e3:.2f} | {sum(st['cpu']) / st['tokens'] * 1e3:.2f} |")
+    for b, s in zip(bins, servers):  # (None: a binary without this metric)
+        print(f"{b}: potserve_mhd_stuck_total {server_util.metric(s, 'potserve_mhd_stuck_total')}")
 finally:
     for s in servers:
         s.stop()

@@ -30,8 +30,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "py"))
-from cluster_util import Nginx, Redis, SlowUpload, metric, redis_command, replica, store_chunks  # noqa: E402
-from server_util import Server  # noqa: E402
+from cluster_util import Nginx, Redis, SlowUpload, redis_command, replica, store_chunks  # noqa: E402
+from server_util import Server, metric  # noqa: E402
 
 WORDS = ("harbor lantern keeper storm ledger winter copper signal north tide ferry cargo "
          "granite whistle orchard meadow falcon ember violet canyon river atlas beacon summit").split()

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 
 from server_util import Server
 
@@ -119,14 +118,6 @@ class Nginx:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def metric(server, name):
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return None
 
 
 def redis_command(port, *args):

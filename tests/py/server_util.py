@@ -121,6 +121,14 @@ class Server:
         return 0
 
 
+def metric(server, name, headers=None):
+    """One sample of the server's /metrics (None when it reports no such line); headers: a key's."""
+    st, text, _ = server.request("GET", "/metrics", headers=headers, timeout=30)
+    assert st == 200, text
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
 def serve(tmp_path_factory, *flags):
     """Yields a started server on a fresh data directory (a fixture's body); checks a clean exit."""
     s = Server(tmp_path_factory.mktemp("data"), *flags)

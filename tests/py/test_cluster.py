@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from cluster_util import Redis, SlowUpload, have_cluster_tools, metric, replica
+from cluster_util import Redis, SlowUpload, have_cluster_tools, replica
 from conftest import FAULTFS, SANITIZED
-from server_util import Server
+from server_util import Server, metric
 
 pytestmark = pytest.mark.skipif(not have_cluster_tools(), reason="redis-server/nginx not installed (make deps)")
 

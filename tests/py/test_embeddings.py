@@ -5,7 +5,6 @@ float64 numpy forward pass; the official client (base64, its default) and
 LangChain's OpenAIEmbeddings; batches, token-id inputs, errors, and work that
 stops when its client leaves."""
 import json
-import re
 import socket
 import sys
 import time
@@ -15,7 +14,7 @@ import openai
 import pytest
 
 from conftest import REF, ROOT
-from server_util import Server
+from server_util import Server, metric
 
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 import record_embeddings  # noqa: E402  (the texts the fixture was recorded from)
@@ -47,11 +46,6 @@ def embed(srv, inp, **kw):
 def vectors(body):
     assert [d["index"] for d in body["data"]] == list(range(len(body["data"])))
     return np.array([d["embedding"] for d in body["data"]])
-
-
-def metric(srv, name):
-    st, text, _ = srv.request("GET", "/metrics")
-    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
 
 
 def test_embeddings_match_llama_cpp(srv, ref):

@@ -14,10 +14,8 @@ acknowledged chunks: last_seq, bytes_received and final as acknowledged.
 
 `make test` runs a spread subset (FAULT_SITES_MAX, default 14 cases); `make
 test-faults` runs every site in every mode (FAULT_SITES_MAX=0)."""
-import json
 import os
 import pathlib
-import socket
 import time
 
 import pytest

@@ -2,7 +2,7 @@
 report, streaming from stdin, and clear errors for bad settings and files."""
 import json
 
-from conftest import FIXTURES, run
+from conftest import run
 
 DOC = ("The lighthouse keeper counted the ships that passed each night. In March there were seventeen. "
        "The pass key is 4711. ") * 40

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from conftest import REF, SANITIZED
-from server_util import Server, background_ended, background_running, openai_client, serve
+from server_util import Server, background_ended, background_running, metric, openai_client, serve
 
 KEY = "compat-key-0123456789"
 ORIGIN = "https://app.example"
@@ -32,13 +32,6 @@ def client(srv):
 
 def auth(**extra):
     return dict({"Authorization": f"Bearer {KEY}"}, **extra)
-
-
-def metric(srv, name):
-    st, text, _ = srv.request("GET", "/metrics", headers=auth())
-    assert st == 200
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(m.group(1))
 
 
 def test_max_tokens_zero_or_negative_is_a_400_naming_the_field(client):
@@ -135,22 +128,22 @@ def test_non_streamed_generation_stops_when_the_client_leaves(srv, client):
                        "logit_bias": {"2": -100, "0": -100}}).encode()
     req = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-    steps0 = metric(srv, "potserve_decode_steps_total")
+    steps0 = metric(srv, "potserve_decode_steps_total", auth())
     sock = socket.create_connection(("127.0.0.1", srv.port))
     sock.sendall(req)
     deadline = time.time() + 60  # a loaded machine or a sanitizer build starts slowly
-    while time.time() < deadline and not (metric(srv, "potserve_active_generations") == 1 and
-                                          metric(srv, "potserve_decode_steps_total") > steps0 + 5):
+    while time.time() < deadline and not (metric(srv, "potserve_active_generations", auth()) == 1 and
+                                          metric(srv, "potserve_decode_steps_total", auth()) > steps0 + 5):
         time.sleep(0.2)
-    assert metric(srv, "potserve_active_generations") == 1  # it is generating
+    assert metric(srv, "potserve_active_generations", auth()) == 1  # it is generating
     sock.close()
     deadline = time.time() + 10
-    while metric(srv, "potserve_active_generations") and time.time() < deadline:
+    while metric(srv, "potserve_active_generations", auth()) and time.time() < deadline:
         time.sleep(0.1)
-    assert metric(srv, "potserve_active_generations") == 0
-    stopped = metric(srv, "potserve_decode_steps_total")
+    assert metric(srv, "potserve_active_generations", auth()) == 0
+    stopped = metric(srv, "potserve_decode_steps_total", auth())
     time.sleep(1.0)
-    assert metric(srv, "potserve_decode_steps_total") == stopped
+    assert metric(srv, "potserve_decode_steps_total", auth()) == stopped
     assert stopped - steps0 < 500  # far from the 3000 asked for
     # the engine is free for the next request
     r = client.completions.create(model="x", prompt="Hello", max_tokens=3, temperature=0)
@@ -884,7 +877,7 @@ def test_background_responses_stream_and_are_streamed_again(srv, client):
     assert final.id == rid and final.status == plain[-1].response.status == "completed" and final.background is True
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert "".join(deltas) == final.output_text == plain[-1].response.output_text == client.responses.retrieve(rid).output_text
-    assert metric(srv, "potserve_background_event_log_bytes") > 1000  # (its events, kept for later streams)
+    assert metric(srv, "potserve_background_event_log_bytes", auth()) > 1000  # (its events, kept for later streams)
     # again, after its end: the same events, all or after starting_after
     again = list(client.responses.retrieve(rid, stream=True))
     assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
@@ -951,15 +944,15 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
     background cannot be cancelled; an unknown one is 404."""
     long = background_running(client)
     time.sleep(0.3)
-    assert metric(srv, "potserve_answers_running") == 1 and metric(srv, "potserve_background_running") == 1
+    assert metric(srv, "potserve_answers_running", auth()) == 1 and metric(srv, "potserve_background_running", auth()) == 1
     assert client.responses.cancel(long.id).status == "cancelled"
     t0 = time.time()
-    while metric(srv, "potserve_answers_running") != 0:  # its generation stopped (else: 3,000 tokens to go)
+    while metric(srv, "potserve_answers_running", auth()) != 0:  # its generation stopped (else: 3,000 tokens to go)
         assert time.time() - t0 < 3, "the cancelled generation still runs"
         time.sleep(0.05)
     gone = client.responses.retrieve(long.id)
     assert gone.status == "cancelled" and gone.output == [], gone
-    assert metric(srv, "potserve_background_running") == 0
+    assert metric(srv, "potserve_background_running", auth()) == 0
     assert client.responses.cancel(long.id).status == "cancelled"
     short = client.responses.create(model="x", input="Hi", background=True, max_output_tokens=4)
     ended, _ = background_ended(client, short.id)

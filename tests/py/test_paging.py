@@ -5,14 +5,12 @@ Each test runs a server whose pot_memory_limit holds two pots of budget 256
 (6.3 MB each on the default model) and checks that paging is invisible but
 for the wait: the answers, logprobs and counts of a paged session are those
 of the same document on a server with room for everything."""
-import re
 import socket
 import time
-import urllib.request
 
 import pytest
 
-from server_util import Server, background_ended, openai_client
+from server_util import Server, background_ended, metric, openai_client
 
 # two pots of budget 256 fit, three do not (6,289,920 bytes each on SmolLM2-135M)
 TIGHT = ["--budget-tokens", "256", "--prompt-cache-bytes", "0", "--pot-memory-limit", "14M", "--threads", "2"]
@@ -63,12 +61,6 @@ def info(s, sid):
 def counts(body):
     return {k: body[k] for k in ("bytes_received", "tokens_ingested", "tokens_in_pot", "compressions",
                                  "last_seq", "final")}
-
-
-def metric(s, name):
-    text = urllib.request.urlopen(s.url + "/metrics", timeout=30).read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(m.group(1))
 
 
 @pytest.fixture(scope="module")

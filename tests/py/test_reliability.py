@@ -13,12 +13,11 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from conftest import SANITIZED
-from server_util import Server
+from server_util import Server, metric
 
 SETTINGS = {"budget_tokens": 64, "keep_tokens": 32, "chunk_tokens": 16}
 
@@ -717,7 +716,8 @@ def test_framing_errors_are_json_and_immediate(srv):
         assert took < 2, (name, took)
 
 
-def test_an_expect_100_continue_without_a_body_is_refused_and_stalls_nothing(tmp_path):
+@pytest.mark.parametrize("length", ["0", "00"])
+def test_an_expect_100_continue_without_a_body_is_refused_and_stalls_nothing(tmp_path, length):
     """`Expect: 100-continue` with `Content-Length: 0` and bytes after it (found by fuzzing a
     replica): libmicrohttpd sent 100 Continue, then lost the request and asked to be run again at
     once until the connection's idle_timeout; the loop ran it again and again within one pass of
@@ -729,8 +729,8 @@ def test_an_expect_100_continue_without_a_body_is_refused_and_stalls_nothing(tmp
     try:
         bad = socket.create_connection(("127.0.0.1", s.port))
         bad.settimeout(10)
-        bad.sendall(b"OPTIONS /v1/sessions/ HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
-                    b"Expect: 100-continue\r\n\r\nxyz")
+        bad.sendall(b"OPTIONS /v1/sessions/ HTTP/1.1\r\nHost: x\r\nContent-Length: " + length.encode() +
+                    b"\r\nExpect: 100-continue\r\n\r\nxyz")  # ("00" is 0 to libmicrohttpd: found by review)
         time.sleep(0.3)
         t0 = time.time()  # a question needs the engine's events, which only the loop delivers
         st, body, _ = s.request("POST", "/v1/chat/completions", {
@@ -741,6 +741,34 @@ def test_an_expect_100_continue_without_a_body_is_refused_and_stalls_nothing(tmp
         assert reply.startswith(b"HTTP/1.1 400"), reply
         assert b"100-continue" in reply, reply
         bad.close()
+    finally:
+        assert s.stop() == 0
+
+
+def server_cpu_seconds(s):
+    fields = open(f"/proc/{s.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_connection_libmicrohttpd_cannot_read_on_does_not_spin_a_core(tmp_path):
+    """A chunk-size line longer than libmicrohttpd's buffer (found by review): MHD 0.9.75 neither
+    reads that connection again nor closes it, and asks to be run at once until its idle timeout;
+    the loop ran it every iteration, one core at 100 % for 30 s per connection, answers slowed
+    threefold. Now, after 20 ms of such asking with no progress, MHD runs every 5 ms."""
+    s = Server(tmp_path / "d", "--idle-timeout", "4").start()  # (MHD closes it then; a drain waits for it)
+    try:
+        stuck = socket.create_connection(("127.0.0.1", s.port))
+        stuck.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n2;" + b"e" * 90000)
+        time.sleep(0.5)
+        before = server_cpu_seconds(s)
+        time.sleep(2)
+        used = server_cpu_seconds(s) - before
+        assert used < 0.4, f"{used:.2f} s of CPU in 2 s with the stuck connection open"
+        assert metric(s, "potserve_mhd_stuck_total") >= 1
+        st, body, _ = s.request("POST", "/tokenize", {"content": "hello"})
+        assert st == 200, body
+        stuck.close()
     finally:
         assert s.stop() == 0
 

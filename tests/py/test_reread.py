@@ -6,14 +6,13 @@ pass key the session's question-agnostic pot lost is found after a re-read;
 a re-read pot that holds the whole document answers exactly as the full
 document does; streamed re-reads report progress as SSE comments."""
 import json
-import re
 import sys
 import urllib.request
 
 import pytest
 
 from conftest import ROOT
-from server_util import Server
+from server_util import Server, metric
 
 sys.path.insert(0, str(ROOT / "tests" / "bench" / "longdoc"))
 import corpus  # noqa: E402
@@ -52,11 +51,6 @@ def session_with(srv, text, **settings):
                             headers={"Content-Type": "text/plain; charset=utf-8"})
     assert st == 200, up
     return up
-
-
-def metric(srv, name):
-    text = srv.request("GET", "/metrics")[1]
-    return float(re.search(rf"^{name} (\S+)", text, re.M).group(1))
 
 
 def ask(srv, sid, **extra):

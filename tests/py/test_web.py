@@ -12,11 +12,9 @@ Screenshots go to build/web/."""
 import contextlib
 import json
 import os
-import pathlib
 import re
 import signal
 import time
-import urllib.request
 
 import pytest
 
@@ -570,7 +568,7 @@ def test_session_text_maps_tokens_back_to_the_document(tiny):
     n = r["tokens_ingested"]
     assert n == len(get_tokens(tiny, doc))
     # consecutive ranges of odd sizes give back the document exactly
-    text, kept, step, start = [], [], 997, 0
+    text, step, start = [], 997, 0
     while start < n:
         t = get(tiny, f"/v1/sessions/{sid}/text?start={start}&end={start + step}")
         assert t["object"] == "session.text" and t["start"] == start and t["end"] == min(n, start + step)
