@@ -272,7 +272,12 @@ static void content_read(server *s, void *user) {
     (void)s;
     content_job *j = user;
     request *r = j->r;
-    if (j->log.rc) {
+    if (j->log.rc && store_log_unreachable(j->ss->log)) { /* whole in Redis: a retry may read it */
+        api_error e;
+        api_fail(&e, 503, "store_unavailable", NULL, "cannot read the file now: %s", j->log.err);
+        respond_retry(r, &e, 1);
+        free(j->log.text);
+    } else if (j->log.rc) {
         api_error e;
         api_fail(&e, 500, "storage_error", NULL, "cannot read the file: %s", j->log.err);
         respond_error(r, &e);

@@ -177,7 +177,8 @@ static void text_job_free(text_job *j) {
 static void text_fail(text_job *j, int status, const char *code, const char *msg) {
     api_error e;
     api_fail(&e, status, code, NULL, "%s", msg);
-    respond_error(j->r, &e);
+    if (status == 503) respond_retry(j->r, &e, 1);
+    else respond_error(j->r, &e);
     request_unref(j->r);
     session_unref(j->ss);
     text_job_free(j);
@@ -287,6 +288,7 @@ static json_t *text_spans(text_job *j) {
 static void text_done(uv_work_t *w, int status) {
     (void)status;
     text_job *j = w->data;
+    if (j->rc && store_log_unreachable(j->reader)) return text_fail(j, 503, "store_unavailable", j->err);
     if (j->rc) return text_fail(j, 500, "storage_error", j->err);
     int64_t got = j->next > j->start ? (j->next < j->end ? j->next : j->end) - j->start : 0;
     respond_json(j->r, 200,

@@ -593,12 +593,21 @@ static void finish_doc_job(doc_job *j) {
 /* ---- rebuild: after a failed chunk, the pot is put back as it was before the chunk
  * (the upload's copy) or, without one, re-read from the snapshot and the log past it ----- */
 
+static void release_lease_later(server *s, const char *id, const char *token);
+
 static void rebuilt(server *s, doc_job *j) {
     session *ss = j->ss;
     if (j->restored) s->pot_memory -= ss->memory_bytes; /* the copy replaced the failed document */
     ss->rebuilding = 0;
     ss->busy = 0;
-    if (j->rc) {
+    if (j->rc && !*j->feed_err && store_log_unreachable(ss->log) && !atomic_load(&s->abandon_replays)) {
+        /* Redis did not answer the re-read: the session is whole there (the failed chunk was
+           not committed), so it is let go for the next request to take over, not failed */
+        fprintf(stderr, "potserve: session %s: rebuild stopped, the store did not answer (%.200s); released\n",
+                ss->id, j->err);
+        release_lease_later(s, ss->id, ss->token);
+        session_drop(s, ss);
+    } else if (j->rc) {
         ss->status = SESSION_FAILED;
         snprintf(ss->fail_msg, sizeof ss->fail_msg, "rebuilding from the log failed: %.200s", replay_error(j));
         ss->bytes_acked = logged_bytes(ss);
@@ -713,6 +722,7 @@ typedef struct disk_op {
     int rc;
     int full;     /* the failure was a full disk or a file size limit */
     int fenced;   /* the shared store refused it: another replica holds the session */
+    int deleted;  /* ... or it was deleted there */
     int began;    /* append: this op opened the chunk in the log (which an abort must close) */
     int unavailable; /* the shared store did not run it (no connection, loading): retry */
     char err[256];
@@ -737,6 +747,7 @@ static void disk_work(uv_work_t *w) {
     op->full = op->rc && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG);
     op->unavailable = op->rc && errno == EAGAIN;
     op->fenced = op->rc && store_log_fenced(log);
+    op->deleted = op->rc && store_log_deleted(log);
 }
 
 static void piece_ingested(void *user, int rc, const char *err);
@@ -759,6 +770,8 @@ static void fail_upload(upload *u, int status, const char *code, const char *fmt
 /* A write that failed: 507 when storage ran out (the client may retry once
  * space is freed), else 500. */
 static void fail_storage(upload *u, const disk_op *op, const char *what) {
+    if (op->deleted)
+        return fail_upload(u, 404, "session_not_found", "the session was deleted (%s)", u->ss->id);
     if (op->fenced) {
         u->ss->srv->m.fenced_writes++;
         return fail_upload(u, 421, "session_moved", "this replica gave the session up; retry: %s", op->err);
@@ -1813,7 +1826,8 @@ static int registered(const server *s, const session *ss);
 typedef struct delete_job {
     session *ss;
     int as_file; /* answered as a file's deletion */
-    int rc, again; /* again: the store did not run it (retry) */
+    int rc, again; /* again: the store did not run it, or did not answer (retry: it runs twice alike) */
+    int moved;     /* the store says another replica holds the session now */
     char err[256];
 } delete_job;
 
@@ -1822,6 +1836,7 @@ static void delete_work(void *arg) {
     session *ss = j->ss;
     j->rc = store_mark_deleted(ss->srv->st, ss->id, ss->token, j->err, sizeof j->err);
     j->again = j->rc && errno == EAGAIN;
+    j->moved = j->rc && errno == EPERM && store_is_shared(ss->srv->st);
 }
 
 static void delete_done(request *r, void *arg) {
@@ -1832,6 +1847,10 @@ static void delete_done(request *r, void *arg) {
     ss->busy = 0;
     if (j->again) {
         api_fail(&e, 503, "store_unavailable", NULL, "the store did not take the deletion; retry: %s", j->err);
+        respond_retry(r, &e, 1);
+    } else if (j->moved) { /* its lease lapsed: the replica holding it now deletes it */
+        if (registered(s, ss)) session_drop(s, ss);
+        api_fail(&e, 421, "session_moved", NULL, "this replica gave the session up; retry: %s", j->err);
         respond_retry(r, &e, 1);
     } else if (j->rc) {
         api_fail(&e, 500, "storage_error", NULL, "cannot delete the session: %s", j->err);
@@ -1956,9 +1975,10 @@ static void restored(server *s, doc_job *j) {
 }
 
 /* A session from the store: its meta (JSON text) and its log, opened under
- * token (the lease held on it). NULL + err. */
+ * token (the lease held on it). NULL + err (*unanswered, when not NULL: the
+ * shared store did not answer the log's read, so a retry may find it). */
 static session *load_session(server *s, const char *id, const char *meta_text, const char *token, int keep_failed,
-                             char *err, size_t errlen) {
+                             int *unanswered, char *err, size_t errlen) {
     json_error_t je;
     json_t *meta = json_loads(meta_text, 0, &je);
     session *ss = calloc(1, sizeof *ss);
@@ -1979,6 +1999,7 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
     }
     int damaged = 0;
     ss->log = store_log_open(s->st, id, token, &damaged, err, errlen);
+    if (!ss->log && unanswered) *unanswered = store_is_shared(s->st) && errno == EAGAIN;
     if (!ss->log && !keep_failed) goto out;
     if (!ss->log) { /* its owner sees it failed, with why, rather than gone (404) */
         ss->status = SESSION_FAILED;
@@ -2022,7 +2043,7 @@ static void restore_one(void *user, const char *id) {
     if (!valid_session_id(id)) return;
     char err[256];
     char *meta = store_meta_read(s->st, id, NULL, err, sizeof err);
-    session *ss = meta ? load_session(s, id, meta, "local", 1, err, sizeof err) : NULL;
+    session *ss = meta ? load_session(s, id, meta, "local", 1, NULL, err, sizeof err) : NULL;
     free(meta);
     if (!ss) {
         fprintf(stderr, "potserve: skipping session %s: %s\n", id, err);
@@ -2236,6 +2257,7 @@ typedef struct takeover {
     char id[48];
     char err[256], token[STORE_TOKEN_MAX], owner[STORE_TOKEN_MAX];
     int unreachable; /* the meta could not be read */
+    int load_unanswered; /* ... or the log's index (load_session) */
     int mine;        /* the session exists and belongs to the request's key */
     int expired;     /* ... but its time is up: 404, and removed when its lease was free */
     int got;         /* store_lease_acquire's answer */
@@ -2264,7 +2286,8 @@ static void takeover_ask(void *arg) {
     } else if (t->mine) {
         t->asked = monotonic_ms();
         t->got = store_lease_acquire(s->st, t->id, t->token, t->owner, t->err, sizeof t->err);
-        if (t->got > 0 && !(t->ss = load_session(s, t->id, meta, t->token, 0, t->err, sizeof t->err)))
+        if (t->got > 0 && !(t->ss = load_session(s, t->id, meta, t->token, 0, &t->load_unanswered, t->err,
+                                                   sizeof t->err)))
             store_lease_release(s->st, t->id, t->token);
     }
     free(meta);
@@ -2303,6 +2326,9 @@ static void takeover_answer(request *r, void *arg) {
     } else if (s->stopping) { /* its leases are being released: this one too */
         if (ss) release_lease_later(s, t->id, t->token), free_session(ss);
         api_fail(&e, 503, "unavailable", t->param, "the server is shutting down");
+        respond_retry(r, &e, 1);
+    } else if (!ss && t->load_unanswered) {
+        api_fail(&e, 503, "store_unavailable", t->param, "%s", t->err);
         respond_retry(r, &e, 1);
     } else if (!ss || (mkdir(ss->dir, 0700) && errno != EEXIST)) {
         if (ss) snprintf(t->err, sizeof t->err, "cannot create %s: %s", ss->dir, strerror(errno));

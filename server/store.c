@@ -334,7 +334,9 @@ store_log *store_log_open(store *st, const char *id, const char *token, int *dam
         free(path);
     }
     if (!l->rl && !l->file) {
+        int e = errno; /* (why, for the caller) */
         free(l);
+        errno = e;
         return NULL;
     }
     return l;
@@ -434,6 +436,7 @@ int store_log_replay(store_log *l, uint64_t from_offset, chunk_log_data_fn on_da
 int store_log_fenced(const store_log *l) { return l->rl && redis_log_fenced(l->rl); }
 
 int store_log_unreachable(const store_log *l) { return l->rl && redis_log_unreachable(l->rl); }
+int store_log_deleted(const store_log *l) { return l->rl && redis_log_deleted(l->rl); }
 
 /* ---- snapshots ---- */
 

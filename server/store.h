@@ -61,8 +61,10 @@ char *store_meta_read(store *st, const char *id, int *absent, char *err, size_t 
 /* Makes session id's deletion durable before its files go (they may stay
  * while readers finish): dir: its directory renamed out of the sessions'
  * list (synced); Redis: its meta removed (under the lease: token), so no
- * restart or takeover brings it back. -1 + err (errno EAGAIN: Redis did not
- * run it, no connection or still loading: nothing changed, retry). */
+ * restart or takeover brings it back. -1 + err (Redis: errno EAGAIN when it
+ * did not run it or did not answer, so retry: a deletion runs twice alike,
+ * and a commit after it is refused; EPERM when another replica holds the
+ * session's lease now). */
 int store_mark_deleted(store *st, const char *id, const char *token, char *err, size_t errlen);
 /* Removes everything of session id (a Redis session only while holding its lease: token). */
 void store_remove(store *st, const char *id, const char *token);
@@ -93,7 +95,8 @@ void store_lease_release(store *st, const char *id, const char *token);
 
 /* ---- the chunk log ---- */
 /* Opens session id's committed log (Redis: written under token, the lease's
- * value; dir: chunks.log with chunk_log_open's repair, *damaged as there). */
+ * value; dir: chunks.log with chunk_log_open's repair, *damaged as there).
+ * NULL + err (Redis: errno EAGAIN when it did not answer or run the read). */
 store_log *store_log_open(store *st, const char *id, const char *token, int *damaged, char *err,
                           size_t errlen);
 store_log *store_log_reader(const store_log *l, char *err, size_t errlen);
@@ -126,6 +129,8 @@ int store_log_fenced(const store_log *l);
 /* 1 when the last replay stopped because Redis did not answer: the log is
  * whole there, and a later replay may read it (dir: 0). */
 int store_log_unreachable(const store_log *l);
+/* 1 after a commit found the session deleted in the store (fenced too). */
+int store_log_deleted(const store_log *l);
 
 /* ---- stored /v1/responses (a shared store only: Redis; server/responses.c
  * keeps them in its memory otherwise) ----

@@ -70,6 +70,7 @@ int redis_log_cursor_read(redis_log_cursor *r, uint64_t at_least, chunk_log_data
 void redis_log_cursor_close(redis_log_cursor *r);
 int redis_log_fenced(const redis_log *l);
 int redis_log_unreachable(const redis_log *l);
+int redis_log_deleted(const redis_log *l);
 int redis_snapshot_put(redis_log *l, const char *path, char *err, size_t errlen);
 int redis_snapshot_get(redis_log *l, const char *path, char *err, size_t errlen);
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@ struct redis_log {
     uint64_t seq;
     uint32_t crc;
     int open, spoiled, fenced;
+    int deleted; /* a commit found the session deleted (fenced too) */
     int unreachable; /* the last replay stopped because Redis did not answer */
 };
 
@@ -65,8 +67,20 @@ void redis_store_free(store *st) {
     thread_conn = NULL;
 }
 
+/* Whether Redis has closed c already (a restart since this thread last used it):
+ * seen before a command is sent on it, so that a failure after the send means
+ * the command may have run (unanswered), not that the connection was old. */
+static int closed_by_redis(const redisContext *c) {
+    char b;
+    ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static _Thread_local int conn_reused; /* conn() gave this thread's connection of before */
+
 static redisContext *conn(store *st, char *err, size_t errlen) {
-    if (thread_conn && !thread_conn->err) return thread_conn;
+    conn_reused = thread_conn && !thread_conn->err && !closed_by_redis(thread_conn);
+    if (conn_reused) return thread_conn;
     if (thread_conn) conn_free(thread_conn);
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout(st->host, st->port, tv);
@@ -130,13 +144,15 @@ static redisReply *command(store *st, int argc, const char **argv, const size_t 
                            size_t errlen) {
     unanswered = 0;
     not_run = 0;
-    int reused = thread_conn && !thread_conn->err;
     redisContext *c = conn(st, err, errlen);
     if (!c) return not_run = 1, NULL;
+    int reused = conn_reused;
     redisReply *r = redisCommandArgv(c, argc, argv, lens);
-    if (!r && reused && stale(c)) { /* Redis restarted since this thread last used it: once more, anew */
+    int resent = 0;
+    if (!r && reused && stale(c)) { /* Redis closed it as it was sent (conn() saw it open): once more, anew */
         conn_free(c);
-        if (!(c = conn(st, err, errlen))) return not_run = 1, NULL;
+        resent = 1; /* (the first send may have run: Redis may have died after running it) */
+        if (!(c = conn(st, err, errlen))) return unanswered = 1, NULL;
         r = redisCommandArgv(c, argc, argv, lens);
     }
     if (!r) {
@@ -148,6 +164,7 @@ static redisReply *command(store *st, int argc, const char **argv, const size_t 
     if (r->type == REDIS_REPLY_ERROR) {
         set_err(err, errlen, "%s", r->str);
         not_run = !strncmp(r->str, "LOADING", 7) || !strncmp(r->str, "BUSY", 4) || !strncmp(r->str, "MASTERDOWN", 10);
+        if (not_run && resent) not_run = 0, unanswered = 1; /* this send did not run; the first may have */
         freeReplyObject(r);
         return NULL;
     }
@@ -281,9 +298,9 @@ int redis_store_mark_deleted(store *st, const char *id, const char *token, char 
     for (int i = 0; i < 5; i++) key(k[i], sizeof k[i], id, what[i]);
     const char *argv[] = {"EVAL", MARK_DELETED_SCRIPT, "5", k[0], k[1], k[2], k[3], k[4], token};
     redisReply *r = command_str(st, 9, argv, err, errlen);
-    if (!r) return errno = not_run ? EAGAIN : EIO, -1;
+    if (!r) return errno = EAGAIN, -1; /* not run, or not answered: a deletion runs twice alike, so retry */
     int rc = r->type == REDIS_REPLY_INTEGER && r->integer == 1 ? 0 : -1;
-    if (rc) snprintf(err, errlen, "this replica no longer holds the session's lease");
+    if (rc) snprintf(err, errlen, "this replica no longer holds the session's lease"), errno = EPERM;
     freeReplyObject(r);
     return rc;
 }
@@ -334,30 +351,38 @@ typedef struct pipe_cmd {
 } pipe_cmd;
 
 /* Sends n commands at once (one round trip), build(user, i, cmd) making the
- * i-th; out[i] = its integer reply, -1 when Redis did not answer it. */
+ * i-th; out[i] = its integer reply, -1 when Redis did not answer it. As
+ * command() does, a connection Redis closed since this thread last used it (a
+ * restart) is made anew and the whole pipeline sent once more, so its
+ * commands must be safe to run twice (renewals are). */
 static void pipelined_integers(store *st, size_t n, void (*build)(void *user, size_t i, pipe_cmd *cmd), void *user,
                                int *out) {
     char err[128];
-    for (size_t i = 0; i < n; i++) out[i] = -1;
-    redisContext *c = conn(st, err, sizeof err);
-    if (!c) return;
-    size_t sent = 0;
-    for (; sent < n; sent++) {
-        pipe_cmd cmd = {0};
-        build(user, sent, &cmd);
-        size_t lens[8];
-        for (int k = 0; k < cmd.argc; k++) lens[k] = strlen(cmd.argv[k]);
-        if (redisAppendCommandArgv(c, cmd.argc, cmd.argv, lens) != REDIS_OK) break;
-    }
-    for (size_t i = 0; i < sent; i++) {
-        void *reply = NULL;
-        if (redisGetReply(c, &reply) != REDIS_OK) {
-            conn_free(c);
-            return;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        for (size_t i = 0; i < n; i++) out[i] = -1;
+        redisContext *c = conn(st, err, sizeof err);
+        if (!c) return;
+        int reused = conn_reused;
+        size_t sent = 0;
+        for (; sent < n; sent++) {
+            pipe_cmd cmd = {0};
+            build(user, sent, &cmd);
+            size_t lens[8];
+            for (int k = 0; k < cmd.argc; k++) lens[k] = strlen(cmd.argv[k]);
+            if (redisAppendCommandArgv(c, cmd.argc, cmd.argv, lens) != REDIS_OK) break;
         }
-        redisReply *r = reply;
-        if (r->type == REDIS_REPLY_INTEGER) out[i] = (int)r->integer;
-        freeReplyObject(r);
+        size_t i = 0;
+        for (; i < sent; i++) {
+            void *reply = NULL;
+            if (redisGetReply(c, &reply) != REDIS_OK) break;
+            redisReply *r = reply;
+            if (r->type == REDIS_REPLY_INTEGER) out[i] = (int)r->integer;
+            freeReplyObject(r);
+        }
+        if (i == sent) return;
+        int again = !attempt && !i && reused && stale(c);
+        conn_free(c);
+        if (!again) return;
     }
 }
 
@@ -639,7 +664,7 @@ redis_log *redis_log_open(store *st, const char *id, const char *token, char *er
     redisReply *r = command_str(st, 4, argv, err, errlen);
     if (!r) {
         free(l);
-        return NULL;
+        return errno = unanswered || not_run ? EAGAIN : EIO, NULL; /* EAGAIN: a retry may read it */
     }
     uint64_t end = 0;
     for (size_t i = 0; i < r->elements; i++) {
@@ -704,6 +729,7 @@ int redis_log_is_final(const redis_log *l) {
 int redis_log_fenced(const redis_log *l) { return l->fenced; }
 
 int redis_log_unreachable(const redis_log *l) { return l->unreachable; }
+int redis_log_deleted(const redis_log *l) { return l->deleted; }
 
 int redis_log_begin(redis_log *l, uint64_t seq, char *err, size_t errlen) {
     if (l->open) return set_err(err, errlen, "a chunk is already open"), -1;
@@ -750,10 +776,14 @@ int redis_log_append(redis_log *l, const void *data, size_t n, char *err, size_t
     return 0;
 }
 
-/* KEYS: lease meta log idx; ARGV: token seq final expected-length header frame */
+/* KEYS: lease meta log idx; ARGV: token seq final expected-length header frame.
+ * A session whose meta has gone was deleted (a deletion Redis ran after its
+ * replica stopped waiting for the answer): nothing more is written to it. */
 static const char COMMIT_SCRIPT[] =
     "if redis.call('GET', KEYS[1]) ~= ARGV[1] then "
     "  return redis.error_reply('FENCED the session lease is held by another replica') end "
+    "if redis.call('HEXISTS', KEYS[2], 'json') == 0 then "
+    "  return redis.error_reply('DELETED the session was deleted') end "
     "if redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[4]) then "
     "  return redis.error_reply('CONFLICT the log in the store changed under this replica') end "
     "redis.call('RPUSH', KEYS[3], ARGV[6]) redis.call('RPUSH', KEYS[4], ARGV[5]) "
@@ -791,6 +821,7 @@ int redis_log_commit(redis_log *l, int final, char *err, size_t errlen) {
     redisReply *r = command(l->st, 14, argv, lens, why, sizeof why);
     if (!r) {
         if (!strncmp(why, "FENCED", 6) || !strncmp(why, "CONFLICT", 8)) l->fenced = 1;
+        if (!strncmp(why, "DELETED", 7)) l->fenced = l->deleted = 1;
         if (unanswered) { /* committed or not, or later: only the store knows now */
             l->fenced = 1;
             set_err(err, errlen, "the store did not answer the commit (%s), which may have been made: re-send the "

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 from server_util import Server
@@ -63,6 +64,89 @@ class Redis:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(20)
+
+
+class RedisProxy:
+    """A TCP proxy in front of a Redis (pass it as replica()'s redis) that injects one fault:
+    stall = bytes: the next command holding them never reaches Redis and is never answered;
+    cut = bytes: the next command holding them reaches Redis, its answer is dropped and the
+    client's connection closed, and for loading_s seconds after that new connections are
+    answered -LOADING (a Redis that died after running it and is starting again)."""
+
+    def __init__(self, redis, loading_s=0.0):
+        self.target = redis.port
+        self.port = free_port()
+        self.stall = self.cut = None
+        self.loading_s = loading_s
+        self.loading_until = 0
+        self.hits = []
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self):
+        while True:
+            c, _ = self.listener.accept()
+            if time.time() < self.loading_until:
+                threading.Thread(target=self._loading, args=(c,), daemon=True).start()
+                continue
+            u = socket.create_connection(("127.0.0.1", self.target))
+            state = {"mute": False}
+            threading.Thread(target=self._up, args=(c, u, state), daemon=True).start()
+            threading.Thread(target=self._down, args=(c, u, state), daemon=True).start()
+
+    def _loading(self, c):
+        try:
+            if c.recv(1 << 20):
+                self.hits.append("loading")
+                c.sendall(b"-LOADING Redis is loading the dataset in memory\r\n")
+            time.sleep(0.2)
+        finally:
+            c.close()
+
+    def _up(self, c, u, state):
+        try:
+            while True:
+                d = c.recv(1 << 20)
+                if not d:
+                    break
+                if self.stall and self.stall in d:
+                    self.stall = None
+                    self.hits.append("stall")
+                    while c.recv(1 << 20):
+                        pass
+                    break
+                if self.cut and self.cut in d:
+                    self.cut = None
+                    self.hits.append("cut")
+                    state["mute"] = True
+                    u.sendall(d)
+                    time.sleep(0.3)  # Redis runs it
+                    self.loading_until = time.time() + self.loading_s
+                    break
+                u.sendall(d)
+        except OSError:
+            pass
+        for s in (c, u):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _down(self, c, u, state):
+        try:
+            while True:
+                d = u.recv(1 << 20)
+                if not d:
+                    break
+                if not state["mute"]:
+                    c.sendall(d)
+        except OSError:
+            pass
 
 
 def replica(data_dir, redis, name, *flags, lease_ms=1000, env=None):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cluster_util import Redis, SlowUpload, have_cluster_tools, replica
+from cluster_util import Redis, RedisProxy, SlowUpload, have_cluster_tools, replica
 from conftest import FAULTFS, SANITIZED
 from server_util import Server, metric
 
@@ -1436,5 +1436,133 @@ def test_a_question_to_a_paged_session_being_deleted_is_a_409_not_a_page_in(tmp_
         if deleted["st"] == 503:  # Redis stopped for longer than a command waits: the client retries
             until(lambda: a.request("DELETE", f"/v1/sessions/{paged}")[0] == 200, what="the deletion")
         assert a.request("POST", "/v1/chat/completions", ASK, headers={"X-Session-Id": paged})[0] == 404
+    finally:
+        a.stop()
+
+
+# ---- found by reviewing the store (docs/reliability.md, "Found by reviewing the store") ----
+
+def test_a_deletion_redis_runs_late_is_a_503_and_no_chunk_is_acknowledged_after_it(tmp_path, redis):
+    """A DELETE whose answer Redis did not send in time was a 500, the session went on here, Redis
+    then ran the deletion, and the next chunk was answered 200 into a session no replica could
+    find again: an acknowledged chunk lost. Now the deletion is a 503 to retry (it runs twice
+    alike), and a commit into a deleted session is refused."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=4000).start()
+    b = replica(tmp_path / "b", redis, "b", lease_ms=4000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1")
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            st, body, h = a.request("DELETE", f"/v1/sessions/{sid}")
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert st == 503 and body["error"]["code"] == "store_unavailable" and h.get("Retry-After"), (st, body)
+        time.sleep(0.5)  # Redis has run the deletion it was sent
+        st, body, _ = put(a, sid, 2, PARTS[1])
+        assert st == 404 and body["error"]["code"] == "session_not_found", (st, body)
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "1"
+        assert a.request("DELETE", f"/v1/sessions/{sid}")[0] == 404  # the client's retry: it is gone
+        assert b.request("GET", f"/v1/sessions/{sid}")[0] == 404
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_redis_restart_lets_no_lease_lapse(tmp_path, redis):
+    """Lease renewals are pipelined; a pipeline on a connection Redis closed (a restart) was not
+    sent again, as single commands are, so each pool thread's next round failed once and the
+    rounds in a row on different threads let the lease lapse: the session was dropped and taken
+    over again (409 session_busy meanwhile, an upload under way refused)."""
+    a = replica(tmp_path / "a", redis, "a", lease_ms=3000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1")
+        time.sleep(6)  # every pool thread has renewed once: each holds a connection
+        redis.stop()
+        redis.start()
+        time.sleep(6)
+        st, body, _ = a.request("GET", f"/v1/sessions/{sid}")
+        assert st == 200 and body["status"] == "ready", (st, body)
+        assert not [line for line in a.log_lines if "dropping it here" in line]
+    finally:
+        a.stop()
+
+
+def test_a_rebuild_redis_does_not_answer_lets_the_session_go_not_fail(tmp_path, redis):
+    """A chunk Redis did not take is a 503 to retry; its pieces had reached the pot, and with no
+    room for a copy from before it the pot is read again from Redis. When Redis did not answer
+    that either, the session was failed for good (every retry 409 session_failed) though Redis
+    held it whole. Now it is let go, and the retry takes it over again and succeeds."""
+    one_pot = ("--budget-tokens", "256", "--prompt-cache-bytes", "0", "--pot-memory-limit", "10M")
+    a = replica(tmp_path / "a", redis, "a", *one_pot, lease_ms=20000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1")
+        redis.stop()
+        st, body, _ = put(a, sid, 2, PARTS[1])
+        assert st == 503, (st, body)
+        time.sleep(1.5)  # the rebuild has failed to read Redis
+        redis.start()
+        until(lambda: put(a, sid, 2, PARTS[1])[0] == 200, what="chunk 2 once Redis is back")
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "2"
+        assert a.request("GET", f"/v1/sessions/{sid}")[1]["last_seq"] == 2
+    finally:
+        a.stop()
+
+
+def test_a_takeover_whose_log_read_gets_no_answer_is_a_503(tmp_path, redis):
+    """The log's index read of a takeover unanswered (the meta and lease were): a 500 with no
+    Retry-After, where a Redis that does not answer is a 503 to retry everywhere else."""
+    px = RedisProxy(redis)
+    a = replica(tmp_path / "a", px, "a", lease_ms=3000).start()
+    b = replica(tmp_path / "b", px, "b", lease_ms=3000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1")
+        a.kill()
+        time.sleep(3.5)  # its lease lapses
+        px.stall = f"potserve:s:{sid}:idx".encode()
+        st, body, h = b.request("GET", f"/v1/sessions/{sid}")
+        assert px.hits == ["stall"]
+        assert st == 503 and body["error"]["code"] == "store_unavailable" and h.get("Retry-After"), (st, body)
+        until(lambda: b.request("GET", f"/v1/sessions/{sid}")[0] == 200, what="the retry")
+    finally:
+        a.kill()
+        b.stop()
+
+
+def test_a_commit_redis_ran_but_did_not_answer_is_never_a_503_not_taken(tmp_path, redis):
+    """A commit Redis ran whose answer was lost with the connection (Redis died), sent again on
+    a new connection that Redis, starting, answered LOADING: that said "not run", so the chunk
+    was a 503 "the store did not take the chunk" while Redis held it (a client re-sending it
+    without a seq appended it twice). Now it is the 421 that says it may have been committed:
+    re-send with its seq, answered as a duplicate."""
+    px = RedisProxy(redis, loading_s=1.0)
+    a = replica(tmp_path / "a", px, "a", lease_ms=20000, env={"UV_THREADPOOL_SIZE": "1"}).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1")
+        px.cut = b"CONFLICT"  # (the commit script's text)
+        st, body, _ = put(a, sid, 2, PARTS[1])
+        assert "cut" in px.hits and redis.cli("LLEN", f"potserve:s:{sid}:log") == "2"
+        assert st == 421 and body["error"]["code"] == "session_moved", (st, body)
+        time.sleep(1.2)  # Redis "loaded"
+        until(lambda: put(a, sid, 2, PARTS[1])[0] in (200, 409), what="chunk 2 re-sent with its seq")
+        assert redis.cli("LLEN", f"potserve:s:{sid}:log") == "2"
+    finally:
+        a.stop()
+
+
+def test_reading_a_sessions_text_while_redis_is_down_is_a_503(tmp_path, redis):
+    a = replica(tmp_path / "a", redis, "a", lease_ms=20000).start()
+    try:
+        sid = a.request("POST", "/v1/sessions", {"budget_tokens": 96})[1]["id"]
+        until(lambda: put(a, sid, 1, PARTS[0])[0] == 200, what="chunk 1")
+        redis.stop()
+        st, body, h = a.request("GET", f"/v1/sessions/{sid}/text?start=0&end=50")
+        redis.start()
+        assert st == 503 and body["error"]["code"] == "store_unavailable" and h.get("Retry-After"), (st, body)
+        assert a.request("GET", f"/v1/sessions/{sid}/text?start=0&end=50")[0] == 200
     finally:
         a.stop()
