@@ -96,16 +96,36 @@ typedef struct keep_ctx {
     void *arg;
 } keep_ctx;
 
+static void failed_kept(request *d, void *arg, int rc);
+static void write_over_queued(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg);
+
+/* d's answer could not be stored (larger than response_store_bytes, or the
+ * store did not take it): its queued entry must not stay queued for ever. */
+static void answer_not_kept(request *d) {
+    server *s = d->srv;
+    background *bg = d->bg;
+    json_t *o = background_object(s, bg, "failed");
+    if (!o) return;
+    json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", "server_error", "message",
+                                             "the answer was made but could not be stored (larger than "
+                                             "response_store_bytes, or the store did not take it): ask again"));
+    json_t *entry = stored_new(d, "response", o, json_incref(json_object_get(bg->history, "items")),
+                               json_incref(json_object_get(bg->history, "messages")));
+    request_ref(d); /* (failed_kept's) */
+    write_over_queued(d, entry, failed_kept, NULL);
+}
+
 static void over_queued_kept(request *r, void *arg, int rc) {
     keep_ctx k = *(keep_ctx *)arg;
     free(arg);
     if (rc == 1)
         fprintf(stderr, "potserve: %s was cancelled or deleted before it ended: its answer is not stored\n", r->bg->id);
-    k.then(r, k.arg, rc == 1 ? 0 : rc);
+    if (rc < 0) answer_not_kept(r);
+    k.then(r, k.arg, rc); /* (1: not stored, a cancel or delete came first) */
 }
 
 /* Stores entry (taken) in place of d's queued entry, if it is still there
- * (else nothing: a cancel or a delete came first), then then(d, arg, rc). */
+ * (else nothing: a cancel or a delete came first, rc 1), then then(d, arg, rc). */
 static void write_over_queued(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg) {
     server *s = d->srv;
     background *bg = d->bg;
@@ -115,7 +135,7 @@ static void write_over_queued(request *d, json_t *entry, void (*then)(request *r
     if (!k || (!store_is_shared(s->st) && !(status && !strcmp(status, "queued")))) {
         json_decref(entry);
         free(k);
-        return then(d, arg, k ? 0 : -1);
+        return then(d, arg, k ? 1 : -1);
     }
     *k = (keep_ctx){then, arg};
     /* (a shared store compares the entry's text: what stored_update writes over) */
@@ -297,6 +317,13 @@ static request *running(server *s, const char *id) {
     return NULL;
 }
 
+void background_stop_running(server *s, const char *id) {
+    request *d = running(s, id);
+    if (!d) return;
+    d->bg->cancelled = 1;
+    if (d->gen) generation_cancel(d->gen);
+}
+
 /* ---- the run marks: renewed while running, their runner's life for pollers --------------- */
 
 typedef struct renew_job {
@@ -325,11 +352,12 @@ static void renew_done(uv_work_t *w, int status) {
     renew_job *j = w->data;
     j->s->bg_renewing = 0;
     for (size_t i = 0; i < j->n; i++) {
-        request *d = j->out[i] == 0 ? running(j->s, j->ids[i]) : NULL;
+        request *d = j->out[i] == 0 || j->out[i] == 2 ? running(j->s, j->ids[i]) : NULL;
         if (!d || d->bg->cancelled || d->bg->lost) continue; /* (ended meanwhile: its own write removed the mark) */
-        fprintf(stderr, "potserve: %s was cancelled or deleted through another replica (its run mark is gone): "
-                        "stopping it\n", d->bg->id);
-        d->bg->lost = 1;
+        fprintf(stderr, "potserve: %s was %s through another replica (its run mark is gone): stopping it\n",
+                d->bg->id, j->out[i] == 2 ? "cancelled" : "deleted or replaced");
+        if (j->out[i] == 2) d->bg->cancelled = 1; /* ends as a cancel here would */
+        else d->bg->lost = 1;
         if (d->gen) generation_cancel(d->gen);
     }
     renew_job_free(j);
@@ -479,11 +507,7 @@ static void answer_cancel(request *r) {
     const char *status = json_string_value(json_object_get(object, "status"));
     if (strcmp(status, "queued") && strcmp(status, "in_progress")) /* it ended: as it is */
         return respond_json(r, 200, json_incref(object));
-    request *d = running(s, id);
-    if (d) { /* here: stopped now (its answer ends in background_answered, as cancelled) */
-        d->bg->cancelled = 1;
-        if (d->gen) generation_cancel(d->gen);
-    }
+    background_stop_running(s, id); /* here: stopped now (its answer ends in background_answered, as cancelled) */
     cancel_ctx *c = malloc(sizeof *c);
     json_t *fresh = json_deep_copy(entry);
     if (!c || !fresh) {

@@ -95,6 +95,7 @@ struct generation {
     char tmp_err[256];
     /* a question answered from a re-read of the session's document (reread.c) */
     int rereading, stream_started;
+    int created_sent; /* a /v1/responses stream's response.created went out while it waited for a turn */
     reread_stats reread_st;
     reread_pot *reread_pot; /* its pot, held until the generation is freed */
     /* a question asked with its document's passages (recall.c); after a re-read
@@ -779,7 +780,8 @@ static void responses_item_done(response_events *ev, int index, json_t *item, si
 /* The events that open a /v1/responses stream; with tools the answer is
  * parsed whole, so its items open only at the end (as chat's tool calls do). */
 static void responses_stream_start(generation *g) {
-    responses_event(&g->ev, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
+    if (!g->created_sent)
+        responses_event(&g->ev, "response.created", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
     responses_event(&g->ev, "response.in_progress", json_pack("{s:o}", "response", responses_now(g, "in_progress", 0)));
     if (tools_active(g)) return;
     json_t *open = responses_message(g->msg_id, "in_progress", NULL);
@@ -847,6 +849,11 @@ void responses_replay(request *r, json_t *response, int64_t starting_after) {
                                           ? json_incref(json_object_get(part, "logprobs"))
                                           : json_array()));
         responses_item_done(&ev, (int)i, item, 0);
+    }
+    if (ev.seq <= starting_after) { /* the client saw more events than this replay has (the live
+                                       stream's, no longer kept): it still gets the last one */
+        ev.seq = starting_after + 1;
+        ev.skip_through = -1;
     }
     responses_end_event(&ev, json_incref(response));
     stream_end(r);
@@ -1356,6 +1363,12 @@ static void take_turn(server *s, generation *g) {
     static const char comment[] = ": waiting for a turn (max_answers)\n\n";
     if (g->stream_started) stream_write(g->r, comment, sizeof comment - 1);
     else hold_request(g, comment);
+    if (g->responses && g->stream_started && !g->created_sent) {
+        /* its id at once (to poll, cancel or resume it while it waits), as OpenAI's queued ones */
+        g->created_sent = 1;
+        responses_event(&g->ev, "response.created", json_pack("{s:o}", "response", responses_now(g, "queued", 0)));
+        responses_event(&g->ev, "response.queued", json_pack("{s:o}", "response", responses_now(g, "queued", 0)));
+    }
 }
 
 /* 1 with e filled when a waiting answer cannot take its turn: its client left, or

@@ -395,7 +395,8 @@ static void kept_conversation(request *r, void *arg, int rc) {
 
 static void kept_response(request *r, void *arg, int rc) {
     keep_ctx *k = arg;
-    if (rc < 0) { /* answered all the same, saying it is not kept */
+    if (rc) { /* answered all the same, saying it is not kept (1: a background response cancelled or
+                 deleted before it ended, whose turn joins no conversation either) */
         json_object_set_new(k->response, "store", json_false());
         return keep_finish(r, k);
     }
@@ -437,7 +438,10 @@ static void answer_response_id(request *r) {
     /* GET .../input_items: the items that made it (its input's, and before them, when it continued a
        response, that chain's inputs and outputs) */
     if (strchr(path, '/')) return stored_list_page(r, json_object_get(entry, "items"));
-    if (!request_reads(r)) return stored_delete_answer(r, id, "response");
+    if (!request_reads(r)) {
+        background_stop_running(r->srv, id); /* (through another replica: at its next renewal) */
+        return stored_delete_answer(r, id, "response");
+    }
     /* ?stream=true[&starting_after=N]: its events (the SDK's retrieve(stream=True), responses.stream(response_id)) */
     const char *stream = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "stream");
     const char *after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "starting_after");

@@ -442,6 +442,9 @@ void background_gauges(const server *s, int *running, int *waiting, size_t *kept
 int background_pending(const server *s);
 /* POST /v1/responses/{id}/cancel. */
 void background_cancel(request *r, const char *id);
+/* Response id, cancelled or deleted while it runs here, stops now (its answer
+ * ends as cancelled and is not stored). */
+void background_stop_running(server *s, const char *id);
 /* A background request's event log (its stream's bytes, for the requests that
  * follow it): stream_write, stream_end and stream_start of such a request. */
 void background_log_write(request *d, const char *data, size_t n);
@@ -502,7 +505,8 @@ typedef struct response_events {
 void responses_stream_ended(request *r, json_t *response);
 /* Writes a finished response's events to r's stream as a stream of it would
  * have sent them (response borrowed), its text in one delta per message, and ends the stream:
- * those numbered after starting_after (-1: all). */
+ * those numbered after starting_after (-1: all); the last event always, numbered
+ * starting_after + 1 when the replay has no more events than that. */
 void responses_replay(request *r, json_t *response, int64_t starting_after);
 /* Ends r's stream with response's last event (borrowed; by its status),
  * numbered seq (after a response.created when seq is 0), unless seq is at

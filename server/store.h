@@ -164,7 +164,7 @@ int store_response_delete(store *st, const char *id, char *err, size_t errlen);
  * eviction) removes it, so a mark that is gone tells the runner to stop and
  * tells a reader whose entry still says queued that its runner died.
  * store_response_run_mark: 0, or -1 + err. store_response_run_renew: n marks
- * in one round trip, out[i] = 1 renewed, 0 gone, -1 the store did not answer.
+ * in one round trip, out[i] = 1 renewed, 0 gone (2: and the entry says cancelled), -1 the store did not answer.
  * store_response_run_held: 1 there, 0 gone, -1 + err. */
 int store_response_run_mark(store *st, const char *id, char *err, size_t errlen);
 void store_response_run_renew(store *st, const char *const *ids, size_t n, int *out);

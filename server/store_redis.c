@@ -529,18 +529,28 @@ int redis_response_run_mark(store *st, const char *id, char *err, size_t errlen)
     return 0;
 }
 
+/* KEYS: the run mark, the entry; ARGV: ms. 1 renewed; its mark gone: 2 when the
+ * entry says cancelled (a cancel through another replica), else 0. */
+static const char RUN_RENEW_SCRIPT[] =
+    "if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 1 then return 1 end "
+    "local e = redis.call('GET', KEYS[2]) if not e then return 0 end "
+    "local ok, v = pcall(cjson.decode, e) "
+    "if ok and type(v) == 'table' and type(v.object) == 'table' and v.object.status == 'cancelled' then return 2 end "
+    "return 0";
+
 static void run_renew_cmd(void *user, size_t i, pipe_cmd *cmd) {
     renew_args *a = user;
     snprintf(cmd->keys[0], sizeof cmd->keys[0], "potserve:r:%s:run", a->ids[i]);
-    const char *argv[] = {"PEXPIRE", cmd->keys[0], a->ms};
+    snprintf(cmd->keys[1], sizeof cmd->keys[1], "potserve:r:%s", a->ids[i]);
+    const char *argv[] = {"EVAL", RUN_RENEW_SCRIPT, "2", cmd->keys[0], cmd->keys[1], a->ms};
     memcpy(cmd->argv, argv, sizeof argv);
-    cmd->argc = 3;
+    cmd->argc = 6;
 }
 
 void redis_response_run_renew(store *st, const char *const *ids, size_t n, int *out) {
     renew_args a = {.ids = ids};
     snprintf(a.ms, sizeof a.ms, "%lld", (long long)st->lease_ms);
-    pipelined_integers(st, n, run_renew_cmd, &a, out); /* (PEXPIRE: 1 renewed, 0 gone) */
+    pipelined_integers(st, n, run_renew_cmd, &a, out);
 }
 
 int redis_response_run_held(store *st, const char *id, char *err, size_t errlen) {

@@ -900,7 +900,7 @@ def test_a_background_response_is_polled_and_cancelled_through_any_replica(tmp_p
         while metric(a, "potserve_answers_running") != 0:  # stopped on a within a renewal (lease_ms/3)
             assert time.time() - t0 < 5, "the replica running it never stopped"
             time.sleep(0.1)
-        a.wait_log("cancelled or deleted through another replica", timeout=5)
+        a.wait_log("was cancelled through another replica", timeout=5)
         time.sleep(0.5)
         for client in (on_a, on_b):
             kept = client.responses.retrieve(long.id)
@@ -1566,3 +1566,32 @@ def test_reading_a_sessions_text_while_redis_is_down_is_a_503(tmp_path, redis):
         assert a.request("GET", f"/v1/sessions/{sid}/text?start=0&end=50")[0] == 200
     finally:
         a.stop()
+
+
+def test_a_streamed_background_response_cancelled_through_another_replica_ends_cancelled(tmp_path, redis):
+    """Cancelled through the replica not running it, the asking client's stream ended with
+    response.failed ("replaced through another replica"), its events in Redis too, while every
+    retrieve said cancelled. Now it ends as a cancel on one server does, and its conversation gets
+    no turn of it. Found by review."""
+    from server_util import openai_client
+    a = replica(tmp_path / "a", redis, "a").start()
+    b = replica(tmp_path / "b", redis, "b").start()
+    try:
+        on_a, on_b = (openai_client(s) for s in (a, b))
+        conv = on_a.conversations.create()
+        stream = iter(on_a.responses.create(model="x", input="Count from 1 to 3000, separated by commas.",
+                                            background=True, stream=True, conversation=conv.id,
+                                            max_output_tokens=3000, temperature=0))
+        rid = next(stream).response.id
+        time.sleep(0.5)
+        assert on_b.responses.cancel(rid).status == "cancelled"
+        events = list(stream)
+        assert events[-1].type != "response.failed" and events[-1].response.status == "cancelled", events[-1]
+        replay = list(on_b.responses.retrieve(rid, stream=True))
+        assert replay[-1].type == events[-1].type
+        assert on_a.responses.retrieve(rid).status == on_b.responses.retrieve(rid).status == "cancelled"
+        time.sleep(0.5)
+        assert on_b.conversations.items.list(conv.id).data == []
+    finally:
+        a.stop()
+        b.stop()

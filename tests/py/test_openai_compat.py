@@ -965,6 +965,97 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(srv, client):
     assert st == 405
 
 
+def test_a_background_response_cancelled_or_deleted_joins_no_conversation(srv, client):
+    """A cancelled background response finishes its generation as a cancelled answer, and that
+    answer's turn was appended to its conversation all the same (the request's input and the
+    partial answer), though the response says cancelled and keeps nothing; a deleted one also
+    ran on to its end. Found by review."""
+    for how in ("cancel", "delete"):
+        conv = client.conversations.create()
+        r = client.responses.create(model="x", input="Count from 1 to 3000, separated by commas.", background=True,
+                                    conversation=conv.id, max_output_tokens=3000, temperature=0)
+        t0 = time.time()
+        while client.responses.retrieve(r.id).status != "in_progress":
+            assert time.time() - t0 < 60
+            time.sleep(0.05)
+        time.sleep(0.3)
+        if how == "cancel":
+            assert client.responses.cancel(r.id).status == "cancelled"
+        else:
+            client.responses.delete(r.id)
+        t0 = time.time()
+        while metric(srv, "potserve_background_running", auth()) != 0:  # stopped, not run to its end
+            assert time.time() - t0 < 3, f"the {how}ed response still runs"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert client.conversations.items.list(conv.id).data == [], how
+
+
+def test_a_background_answer_too_large_to_keep_ends_failed_not_queued(tmp_path):
+    """The queued entry of a background response fits response_store_bytes, its answer did
+    not: the answer was dropped and the entry stayed queued for ever (polls said queued, a stream
+    of it waited, previous_response_id said "has not ended"). Now it ends failed, saying why.
+    Found by review."""
+    s = Server(tmp_path / "d", "--response-store-bytes", "6000").start()
+    try:
+        c = openai_client(s)
+        r = c.responses.create(model="x", input="Write a very long story about a dragon, many paragraphs.",
+                               background=True, max_output_tokens=1500, temperature=0)  # some 6 KB, kept twice
+        ended, _ = background_ended(c, r.id, limit_s=120)
+        assert ended.status == "failed" and "response_store_bytes" in ended.error.message, ended
+        # it has ended: a response may continue from it (was 400 "has not ended: poll until it has")
+        assert c.responses.create(model="x", input="Go on.", previous_response_id=r.id, max_output_tokens=2).output
+        small = c.responses.create(model="x", input="Hi", background=True, max_output_tokens=4)
+        assert background_ended(c, small.id)[0].status == "incomplete"  # one that fits is kept as before
+    finally:
+        assert s.stop() == 0
+
+
+def test_resuming_a_stream_whose_events_are_no_longer_kept_still_ends(tmp_path):
+    """A streamed background response's events are dropped from memory long before its stored
+    answer; resumed past the events a replay of that answer has (starting_after=100), the stream
+    was empty, with no last event (the SDK's responses.stream raised for want of one). Found by
+    review."""
+    s = Server(tmp_path / "d", "--response-store-bytes", "150000").start()
+    try:
+        c = openai_client(s)
+        ids = []
+        for i in range(3):  # (the first's events are dropped for the later ones')
+            events = list(c.responses.create(model="x", input=f"Write a long story {i}.", background=True,
+                                             stream=True, max_output_tokens=300, temperature=0))
+            ids.append((events[0].response.id, events[-1].sequence_number, events[-1].type))
+        rid, last, last_type = ids[0]
+        assert last > 100
+        got = list(c.responses.retrieve(rid, stream=True, starting_after=100))
+        assert [(e.sequence_number, e.type) for e in got] == [(101, last_type)], got
+        assert got[0].response.id == rid and got[0].response.status == c.responses.retrieve(rid).status
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_streamed_response_waiting_for_its_turn_says_queued_at_once(tmp_path):
+    """With every turn taken (max_answers), a streamed /v1/responses request sent nothing but an
+    SSE comment until its turn came, so a background one's client had no id to poll, cancel or
+    resume it with. Now response.created and response.queued come at once, as OpenAI sends them
+    for a queued response. Found by review."""
+    s = Server(tmp_path / "d", "--max-answers", "1").start()
+    try:
+        c = openai_client(s)
+        long = background_running(c)
+        t0 = time.time()
+        stream = iter(c.responses.create(model="x", input="Count to 50.", background=True, stream=True,
+                                         max_output_tokens=300))
+        first, second = next(stream), next(stream)
+        assert time.time() - t0 < 5 and c.responses.retrieve(long.id).status == "in_progress"
+        assert (first.type, first.response.status, second.type) == ("response.created", "queued", "response.queued")
+        assert c.responses.retrieve(first.response.id).status == "queued"
+        assert c.responses.cancel(first.response.id).status == "cancelled"
+        assert list(stream)[-1].response.status == "cancelled"
+        c.responses.cancel(long.id)
+    finally:
+        assert s.stop() == 0
+
+
 # ---- prompt cache -------------------------------------------------------------------------------
 
 def test_prompt_cache_reuses_prefixes_and_changes_no_output(srv, client, tmp_path):
