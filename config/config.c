@@ -163,7 +163,7 @@ static const setting settings[] = {
     S_ENUM(durability, "fsync", durability_values, "fsync logs before answering, or not"),
     S_BYTES(max_chunk_bytes, "256M", 1, INT64_MAX, "largest upload body (else 413)"),
     S_BYTES(upload_buffer_bytes, "64M", 0, INT64_MAX,
-            "?wait=false bytes all uploads read ahead of the engine (202 once durable)"),
+            "bytes all uploads read ahead of the engine (a wait=false 202 once durable)"),
     S_BYTES(max_body_bytes, "16M", 1, INT64_MAX, "largest JSON request body (else 413)"),
     /* libmicrohttpd gives every connection this much memory: a cap keeps it sane */
     S_BYTES(max_header_bytes, "16K", 1, MIB, "largest request line + headers (at most 1M)"),

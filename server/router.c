@@ -70,6 +70,7 @@ json_t *request_json(request *r, api_error *e) {
 void request_wake(request *r) {
     if (r->conn && r->suspended) {
         r->suspended = 0;
+        r->suspended_ms += monotonic_ms() - r->suspended_at_ms;
         MHD_resume_connection(r->conn);
         srv_kick_soon(r->srv); /* MHD runs only when the loop calls it */
     }
@@ -257,6 +258,7 @@ void request_work_input(request *r, void (*fn)(void *arg), void (*done)(request 
 void request_suspend(request *r) {
     if (r->conn && !r->suspended && !r->srv->stopping) {
         r->suspended = 1;
+        r->suspended_at_ms = monotonic_ms();
         MHD_suspend_connection(r->conn);
     }
 }
@@ -797,6 +799,12 @@ static int body_abandoned(request *r) {
            !ioctl(ci->connect_fd, FIONREAD, &unread) && unread == 0;
 }
 
+/* How long the server has held r (suspended: an upload waiting for the engine, a takeover):
+ * time that is not its client's. */
+static double held_ms(const request *r, double now) {
+    return r->suspended_ms + (r->suspended ? now - r->suspended_at_ms : 0);
+}
+
 void srv_sweep_connections(server *s) {
     double now = monotonic_ms(), header_ms = (double)s->cfg.idle_timeout * 1e3,
            life_ms = (double)s->cfg.connection_timeout * 1e3;
@@ -808,7 +816,7 @@ void srv_sweep_connections(server *s) {
             cut = 1;
         }
     for (request *r = s->live; r && life_ms > 0; r = r->next_live) /* a body trickling in for ever */
-        if (r->conn && r->receiving_body && now - r->t0 > life_ms) {
+        if (r->conn && r->receiving_body && now - r->t0 - held_ms(r, now) > life_ms) {
             shutdown(MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD)->connect_fd, SHUT_RDWR);
             r->receiving_body = 0;
             cut = 1;

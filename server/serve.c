@@ -189,11 +189,14 @@ static void on_housekeeping(uv_timer_t *t) {
         if ((!sessions_saving(s) && !background_pending(s)) || now > s->snapshots_deadline) uv_stop(s->loop);
         return;
     }
-    /* draining: wait for open requests and disk work, at most shutdown_grace; what is
-     * still open then (an upload whose client went quiet) ends unacknowledged */
-    int done = open_requests(s) == 0 || now > s->drain_deadline;
+    /* draining: wait for open requests, disk work and acknowledged chunks' ingests, at most
+     * shutdown_grace; what is still open then (an upload whose client went quiet) ends
+     * unacknowledged, and the ingests stop (their chunks are in the log) */
+    int done = (open_requests(s) == 0 && !sessions_ingesting(s)) || now > s->drain_deadline;
     if (done) {
-        for (session *ss = s->sessions; ss; ss = ss->next) session_snapshot(s, ss);
+        sessions_stop_ingests(s);
+        for (session *ss = s->sessions; ss; ss = ss->next)
+            if (!ss->acked_ingests) session_snapshot(s, ss);
         background_stop_all(s); /* stored as failed, not left queued (the loop waits for them below) */
         atomic_store(&s->abandon_replays, 1); /* restores under way end at their next engine chunk */
         fprintf(stderr, "potserve: drained, stopping\n");

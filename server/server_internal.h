@@ -108,6 +108,7 @@ struct request {
     struct MHD_Response *pending;
     int pending_status;
     int suspended;
+    double suspended_at_ms, suspended_ms; /* (monotonic_ms) since when, and how long in all before */
     int stored_redone;           /* its stored_update found the entry changed and ran again (stored.c) */
     upload *up;
     file_form *form;             /* POST /v1/files: its form, read as it arrives (files.c) */
@@ -283,6 +284,11 @@ int pots_make_room(server *s, size_t bytes);
 /* Whether ss is still reading its document (an upload, a rebuild, a restore;
  * not a page-in): answers from it now would come from a part of it. */
 int session_reading(const session *ss);
+/* Whether acknowledged (?wait=false) chunks are still being read into a pot. */
+int sessions_ingesting(const server *s);
+/* A stop past its grace: those ingests end now (their chunks are in the logs,
+ * which the next start reads); their pots, behind their logs, get no snapshot. */
+void sessions_stop_ingests(server *s);
 /* Why ss's log cannot be read now (an upload, a restore, another read or
  * write under way), or NULL when it can. */
 const char *session_log_busy(const session *ss);

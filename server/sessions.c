@@ -4,9 +4,9 @@
  *
  * An upload's bytes go: MHD piece -> 16 KiB piece -> log append (thread pool,
  * one disk operation per session at a time) -> engine ingest (engine thread)
- * -> done event (loop). At most MAX_IN_FLIGHT pieces are between arrival and
- * ingest (a ?wait=false chunk: more, within upload_buffer_bytes for all
- * uploads); beyond that the connection is suspended, so memory does not grow
+ * -> done event (loop). Pieces between arrival and ingest are bounded by
+ * upload_buffer_bytes for all uploads (MAX_IN_FLIGHT an upload may always
+ * have); beyond that the connection is suspended, so memory does not grow
  * with the body. A chunk is committed (fsync) only after every piece is
  * ingested, and acknowledged after the commit. A chunk that fails is
  * truncated out of the log and the pot is rebuilt from the log, so a failed
@@ -72,14 +72,18 @@ static void in_flight_add(upload *u, int d) {
 }
 
 /* Whether u must wait for the engine before reading on: MAX_IN_FLIGHT pieces
- * are between arrival and ingest. A ?wait=false chunk (acknowledged once
- * durable, before its ingest) reads on past them while all uploads together
- * hold less than upload_buffer_bytes, so that its 202 need not wait for the
- * engine to come within 128 KiB of its end. */
+ * are between arrival and ingest, and all uploads together hold
+ * upload_buffer_bytes. Reading on past the engine lets a ?wait=false chunk
+ * (acknowledged once durable, before its ingest) have its 202 without
+ * waiting for the engine to come within 128 KiB of its end, and lets any
+ * upload see its client leave: a connection not read is not seen to close
+ * (the client's last bytes and its FIN wait in its own send queue), so a
+ * client that left in the middle of a chunk held back kept its session busy
+ * while every byte it had sent was read into the pot, to be thrown away. */
 static int in_flight_full(const upload *u) {
     if (u->in_flight < MAX_IN_FLIGHT) return 0;
     const server *s = u->ss->srv;
-    return u->wait || s->upload_pieces * PIECE_BYTES >= s->cfg.upload_buffer_bytes;
+    return s->upload_pieces * PIECE_BYTES >= s->cfg.upload_buffer_bytes;
 }
 
 static char *path_join(const char *a, const char *b) {
@@ -649,11 +653,14 @@ typedef struct keep_job {
     char err[256];
 } keep_job;
 
+static void drop_kept(upload *u);
+
 static void kept_back(server *s, void *arg) {
     keep_job *k = arg;
     upload *u = k->u;
     request *r = u->r;
     u->kept = k->copy;
+    if (u->acked) drop_kept(u); /* (made after the commit: of no use) */
     if (!k->copy) {
         s->pot_memory -= u->ss->memory_bytes;
         fprintf(stderr, "potserve: session %s: no copy of the pot before chunk %llu (%s): a failure re-reads the log\n",
@@ -963,6 +970,7 @@ static void acked_ingest_ended(upload *u) {
 static void acknowledge(upload *u) {
     session *ss = u->ss;
     u->acked = 1;
+    drop_kept(u); /* committed: a later failure never puts it back (fail_acked) */
     ss->last_seq = u->seq;
     ss->final = u->final;
     ss->busy = 0;
@@ -2528,6 +2536,21 @@ void sessions_renew_leases(server *s) {
 void sessions_release_leases(server *s) {
     if (!store_is_shared(s->st)) return;
     for (session *ss = s->sessions; ss; ss = ss->next) store_lease_release(s->st, ss->id, ss->token);
+}
+
+int sessions_ingesting(const server *s) {
+    for (const session *ss = s->sessions; ss; ss = ss->next)
+        if (ss->acked_ingests) return 1;
+    return 0;
+}
+
+void sessions_stop_ingests(server *s) {
+    for (session *ss = s->sessions; ss; ss = ss->next)
+        if (ss->acked_ingests && ss->doc) {
+            fprintf(stderr, "potserve: session %s: acknowledged chunks still being read are left to the next "
+                            "start (they are in its log)\n", ss->id);
+            engine_doc_cancel(ss->doc);
+        }
 }
 
 /* ---- paging: at pot_memory_limit, idle pots go to their snapshots and are read back when asked ---- */

@@ -773,6 +773,119 @@ def test_a_connection_libmicrohttpd_cannot_read_on_does_not_spin_a_core(tmp_path
         assert s.stop() == 0
 
 
+# ---- found by reviewing uploads (docs/reliability.md, "Found by reviewing uploads") ----
+
+def counts(body):
+    return body["last_seq"], body["tokens_ingested"], body["tokens_in_pot"], body["compressions"]
+
+
+def test_a_client_that_leaves_in_the_middle_of_a_chunk_frees_its_session_at_once(tmp_path):
+    """A chunk's connection was not read while the engine was more than 128 KiB behind, so the
+    client's hang-up (its FIN, queued behind the bytes it had sent) was seen only once every one
+    of those bytes had been read into the pot: the session answered 409 session_busy for a
+    minute (here) while text to be thrown away was read. Now uploads read ahead within
+    upload_buffer_bytes, so the hang-up is seen at once."""
+    s = Server(tmp_path / "d", "--budget-tokens", "64", "--threads", "1").start()
+    try:
+        sid = new_session(s)
+        st, first, _ = upload(s, sid, b"First chunk of text. " * 50)
+        assert st == 200, first
+        body = b"".join(b"Sentence %d about foxes. " % i for i in range(20000))  # 540 KB
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:len(body) // 2])
+        time.sleep(1.0)
+        c.close()
+        t0 = time.time()
+        now = wait_ready(s, sid, timeout=120)
+        assert time.time() - t0 < 5, f"busy {time.time() - t0:.1f} s after its client left"
+        assert counts(now) == counts(first)
+        st, body2, _ = upload(s, sid, b"A second chunk. ")
+        assert st == 200 and body2["last_seq"] == 2, body2
+    finally:
+        assert s.stop() == 0
+
+
+def test_an_acknowledged_chunk_holds_no_copy_of_the_pot_while_it_is_read(tmp_path):
+    """The copy of the pot from before a chunk (put back if the chunk fails before its commit)
+    was held until an acknowledged (?wait=false) chunk's ingest ended, though after the commit it
+    can never be used: two pots counted for one session, and a new session refused 429 at a limit
+    of two pots."""
+    pot = 6289920  # a budget-256 pot of the default model
+    s = Server(tmp_path / "d", "--budget-tokens", "256", "--pot-memory-limit", str(2 * pot + 1000),
+               "--prompt-cache-bytes", "0", "--page-out-idle", "false", "--threads", "1").start()
+    try:
+        st, b, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 256})
+        sid = b["id"]
+        assert b["memory_bytes"] == pot
+        body = b"".join(b"Sentence %d about foxes and dogs and the weather today. " % i for i in range(600))
+        st, b, _ = upload(s, sid, body, query="?wait=false")
+        assert st == 202, b
+        assert session(s, sid)["status"] == "ingesting"
+        assert metric(s, "potserve_pot_memory_bytes") == pot
+        st, b, _ = s.request("POST", "/v1/sessions", {"budget_tokens": 256})
+        assert st == 201, b
+        wait_ready(s, sid, timeout=300)
+    finally:
+        assert s.stop() == 0
+
+
+def test_connection_timeout_counts_no_time_the_server_held_an_upload(tmp_path):
+    """connection_timeout cuts a body still arriving after it (a client trickling bytes for
+    ever); an upload the server itself held back while the engine read it counted that time, so
+    a long chunk was cut, unanswered and not kept, however fast its client sent it."""
+    s = Server(tmp_path / "d", "--threads", "1", "--connection-timeout", "1", "--upload-buffer-bytes", "0",
+               "--shutdown-grace", "1").start()
+    try:
+        st, b, _ = s.request("POST", "/v1/sessions", {})
+        sid = b["id"]
+        # 150 KB: 128 KiB of pieces wait for the engine, the rest is read once one of them is
+        # read into the pot (seconds); acknowledged (202) once durable, the ingest going on
+        body = b"".join(b"Sentence %d about foxes. " % i for i in range(5500))
+        t0 = time.time()
+        st, b, _ = upload(s, sid, body, query="?wait=false", timeout=300)
+        assert st == 202 and b["last_seq"] == 1, b
+        print(f"a chunk held back {time.time() - t0:.1f} s, answered")
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_stop_waits_for_acknowledged_chunks_no_longer_than_its_grace(tmp_path):
+    """Acknowledged (?wait=false) chunks still being read when a SIGTERM's drain ended had the
+    stop's snapshot queued behind them, and the stop waited for all of them (38 s, past
+    shutdown_grace's 30). Now the drain waits for them within its grace, then leaves them to the
+    next start, which reads them from the log: nothing acknowledged is lost."""
+    d = tmp_path / "d"
+    flags = ("--budget-tokens", "256", "--threads", "1", "--shutdown-grace", "2")
+    s = Server(d, *flags).start()
+    try:
+        sid = new_session(s)
+        chunks = [b"".join(b"Chunk %d sentence %d about foxes. " % (k, i) for i in range(500)) for k in range(3)]
+        for chunk in chunks:
+            st, b, _ = upload(s, sid, chunk, query="?wait=false")
+            assert st == 202, b
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0
+        took = time.time() - t0
+    finally:
+        s.stop()
+    assert took < 8, f"the stop took {took:.1f} s with a grace of 2"
+    print(f"stopped in {took:.1f} s")
+    s = Server(d, *flags).start()
+    ref = Server(tmp_path / "ref", *flags).start()
+    try:
+        now = wait_ready(s, sid, timeout=300)
+        rid = new_session(ref)
+        for chunk in chunks:
+            st, b, _ = upload(ref, rid, chunk, timeout=300)
+            assert st == 200, b
+        assert counts(now) == counts(session(ref, rid))
+    finally:
+        assert s.stop() == 0
+        assert ref.stop() == 0
+
+
 def test_health_answers_503_while_draining(tmp_path):
     s = Server(tmp_path / "d", "--budget-tokens", "64").start()
     try:
