@@ -996,11 +996,11 @@ def test_a_background_answer_too_large_to_keep_ends_failed_not_queued(tmp_path):
     not: the answer was dropped and the entry stayed queued for ever (polls said queued, a stream
     of it waited, previous_response_id said "has not ended"). Now it ends failed, saying why.
     Found by review."""
-    s = Server(tmp_path / "d", "--response-store-bytes", "6000").start()
+    s = Server(tmp_path / "d", "--response-store-bytes", "3000").start()
     try:
         c = openai_client(s)
         r = c.responses.create(model="x", input="Write a very long story about a dragon, many paragraphs.",
-                               background=True, max_output_tokens=1500, temperature=0)  # some 6 KB, kept twice
+                               background=True, max_output_tokens=400, temperature=0)  # some 1.6 KB, kept twice
         ended, _ = background_ended(c, r.id, limit_s=120)
         assert ended.status == "failed" and "response_store_bytes" in ended.error.message, ended
         # it has ended: a response may continue from it (was 400 "has not ended: poll until it has")
