@@ -278,8 +278,20 @@ json_t *api_session_settings_json(const api_session_settings *s) {
 
 /* ---- generation -------------------------------------------------------------------- */
 
+/* The text of a content part: a text part's, or an assistant's refusal part's
+ * ({"type": "refusal", "refusal": ...}, which OpenAI's assistant messages may
+ * hold: a history replayed with one); NULL for any other. */
+static json_t *part_text(const json_t *msg, json_t *part) {
+    int refusal = !strcmp(json_string_value(json_object_get(msg, "role")), "assistant") &&
+                  json_is_string(json_object_get(part, "type")) &&
+                  !strcmp(json_string_value(json_object_get(part, "type")), "refusal");
+    json_t *t = json_object_get(part, refusal ? "refusal" : "text");
+    return json_is_string(t) ? t : NULL;
+}
+
 /* Content of a chat message: a string, or an array of {"type":"text","text":...} parts
- * (joined into one string owned by root under a private key). */
+ * (an assistant's refusal parts too), joined into one string owned by root under a
+ * private key. */
 static int message_content(json_t *root, json_t *msg, size_t idx, const char **out, api_error *e) {
     json_t *c = json_object_get(msg, "content");
     if (!c || json_is_null(c)) { /* only an assistant's may be absent (its tool calls say it all), as OpenAI's */
@@ -301,8 +313,8 @@ static int message_content(json_t *root, json_t *msg, size_t idx, const char **o
     size_t len = 0, i;
     json_t *part;
     json_array_foreach(c, i, part) {
-        json_t *t = json_object_get(part, "text");
-        if (!json_is_object(part) || !json_is_string(t))
+        json_t *t = json_is_object(part) ? part_text(msg, part) : NULL;
+        if (!t)
             return api_fail(e, 400, "invalid_type", "messages",
                             "messages[%zu].content[%zu] must be a text part", idx, i);
         len += json_string_length(t);
@@ -311,7 +323,7 @@ static int message_content(json_t *root, json_t *msg, size_t idx, const char **o
     if (!joined) return api_fail(e, 500, NULL, NULL, "out of memory");
     size_t at = 0;
     json_array_foreach(c, i, part) {
-        json_t *t = json_object_get(part, "text");
+        json_t *t = part_text(msg, part);
         memcpy(joined + at, json_string_value(t), json_string_length(t));
         at += json_string_length(t);
     }

@@ -34,6 +34,21 @@ def auth(**extra):
     return dict({"Authorization": f"Bearer {KEY}"}, **extra)
 
 
+def test_an_assistant_message_may_hold_refusal_parts(client):
+    """OpenAI's assistant messages may hold refusal parts beside text parts (a history replayed
+    with a refusal it got): they were a 400 "must be a text part". Their text is the message's,
+    as a refusal given in the string form is. Found by review."""
+    def ask(content):
+        return client.chat.completions.create(model="x", max_tokens=2, temperature=0, messages=[
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": content},
+            {"role": "user", "content": "ok"}])
+    parts = ask([{"type": "text", "text": "I cannot"}, {"type": "refusal", "refusal": " help with that."}])
+    assert parts.usage.prompt_tokens == ask("I cannot help with that.").usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError):  # (a user's refusal part is still no text part)
+        client.chat.completions.create(model="x", max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}])
+
+
 def test_max_tokens_zero_or_negative_is_a_400_naming_the_field(client):
     msgs = [{"role": "user", "content": "Hi"}]
     for field in ("max_tokens", "max_completion_tokens"):
