@@ -902,10 +902,13 @@ static int check_framing(request *r) {
            one, then loses the request when bytes follow, and asks to be run at once until the idle
            timeout: answered now, at its first call (not deferred to one that never comes) */
         api_fail(&e, 400, "invalid_framing", NULL, "Expect: %.40s on a request without a body", f.expect);
-        r->first_call = 0;
     } else
         return 0;
     r->close_conn = 1;
+    /* answered now, at its first call, not deferred to a next call that may never come: with
+       Expect: 100-continue and a length libmicrohttpd reads as 0 (the first of two that disagree,
+       say), it sends 100 Continue, then loses the request when bytes follow */
+    r->first_call = 0;
     respond_error(r, &e);
     return -1;
 }

@@ -996,6 +996,10 @@ def main():
         if lag is None or lag > LOOP_LAG_LIMIT:
             stats.find("loop_held", f"the loop's once-a-second tick came {lag} s late at worst (/metrics)")
         hinfo["loop_lag_max_s"] = lag
+        # connections libmicrohttpd could neither read nor close (run every 5 ms, not spun on):
+        # counted, not a finding (MHD's own; docs/reliability.md, "Found by reviewing the loop")
+        m = re.search(rb"^potserve_mhd_stuck_total (\S+)$", text or b"", re.M)
+        hinfo["mhd_stuck"] = float(m.group(1)) if m else None
     rc = srv.stop()
     if redis:
         redis.stop()
@@ -1011,7 +1015,7 @@ def main():
     print(f"http_fuzz: seed {a.seed}, {stats.execs} executions in {a.seconds:.0f} s "
           f"({', '.join(f'{k} {v}' for k, v in sorted(stats.by_gen.items()))}); "
           f"health polls {hinfo.get('health_polls')} (slowest {hinfo.get('health_worst_s')} s); "
-          f"loop held {hinfo.get('loop_lag_max_s')} s at most; "
+          f"loop held {hinfo.get('loop_lag_max_s')} s at most; MHD stuck {hinfo.get('mhd_stuck')} times; "
           f"known-bug findings {sum(v[0] for v in known.values())}, new findings {sum(v[0] for v in new.values())}")
     for k, (n, ex) in sorted(known.items()):
         print(f"  known ({KNOWN[k]}): {k} x{n}: {ex[:300]}")

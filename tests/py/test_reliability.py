@@ -745,6 +745,24 @@ def test_an_expect_100_continue_without_a_body_is_refused_and_stalls_nothing(tmp
         assert s.stop() == 0
 
 
+def test_a_framing_error_with_expect_100_continue_is_answered_at_once(tmp_path):
+    """Two Content-Length headers that disagree ("0" and "abc") with Expect: 100-continue and
+    bytes after the headers (found by fuzzing a replica): the 400 was kept for the request's next
+    call, which never came (libmicrohttpd had sent 100 Continue and lost the request): no answer
+    until the idle timeout. Every framing error is now answered at the first call."""
+    s = Server(tmp_path / "d", "--idle-timeout", "12").start()
+    try:
+        bad = socket.create_connection(("127.0.0.1", s.port))
+        bad.settimeout(5)
+        bad.sendall(b"DELETE /v1/sessions/sess_x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                    b"Expect: 100-continue\r\nContent-Length: abc\r\nConnection: close\r\n\r\nxyz")
+        reply = bad.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 400") and b"invalid_framing" in reply, reply
+        bad.close()
+    finally:
+        assert s.stop() == 0
+
+
 def server_cpu_seconds(s):
     fields = open(f"/proc/{s.proc.pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
