@@ -1936,8 +1936,6 @@ void route_sessions(request *r, const char *rest, const char *upload, size_t *up
 
 /* ---- restore on start and expiry ------------------------------------------------------------------ */
 
-/* A restore's end (at start, at a takeover or at a page-in: `what` says which in
- * the log line): the session is ready, or failed. */
 /* One restore less to wait for; /health says ready after the last. */
 static void restore_done_one(server *s) {
     if (--s->restores_pending == 0) {
@@ -1946,6 +1944,8 @@ static void restore_done_one(server *s) {
     }
 }
 
+/* A restore's end (at start, at a takeover or at a page-in: `what` says which in
+ * the log line): the session is ready, or failed. */
 static void restore_ended(doc_job *j, const char *what) {
     session *ss = j->ss;
     ss->busy = 0;
@@ -1964,8 +1964,8 @@ static void restore_ended(doc_job *j, const char *what) {
         ss->bytes_acked = ss->stats.bytes_read; /* the log, read whole */
         ss->snap_offset = j->from;
         ss->snap_ingest_ms = j->snap_ingest_ms;
-        fprintf(stderr, "potserve: session %s: %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n", ss->id, what, (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read,
-                (unsigned long long)ss->last_seq,
+        fprintf(stderr, "potserve: session %s: %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n", ss->id, what,
+                (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read, (unsigned long long)ss->last_seq,
                 j->from ? "from its snapshot" : "log replayed from the start");
         if (!j->from && *j->snap_err && ss->last_seq)
             fprintf(stderr, "potserve: session %s: snapshot not used: %s\n", ss->id, j->snap_err);
@@ -2563,9 +2563,9 @@ int session_reading(const session *ss) {
 /* Nothing reads, writes or waits for ss's pot: the registry's is its only reference
  * (besides a lease renewal's, which reads only its id and lease). */
 static int pageable(const session *ss) {
-    return !ss->paged && ss->doc && ss->log && ss->refs == 1 + ss->in_renewal && ss->status != SESSION_FAILED && !ss->deleted &&
-           !ss->busy && !ss->disk_busy && !ss->rebuilding && !ss->snap_saving && !ss->acked_ingests && !ss->gens &&
-           ss->restoring == RESTORE_NONE && !ss->restore_doc && !ss->reread_open && !ss->recall_read &&
+    return !ss->paged && ss->doc && ss->log && ss->refs == 1 + ss->in_renewal && ss->status != SESSION_FAILED &&
+           !ss->deleted && !ss->busy && !ss->disk_busy && !ss->rebuilding && !ss->snap_saving && !ss->acked_ingests &&
+           !ss->gens && ss->restoring == RESTORE_NONE && !ss->restore_doc && !ss->reread_open && !ss->recall_read &&
            !ss->pot_waiting;
 }
 
