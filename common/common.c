@@ -171,3 +171,9 @@ int utf8_seq(const unsigned char *s, size_t n, uint32_t *cp) {
     *cp = v;
     return len;
 }
+
+size_t utf8_chars(const char *text, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)text[i] & 0xC0) != 0x80;
+    return k;
+}

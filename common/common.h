@@ -74,5 +74,8 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t len);
  * in *cp, 0 when the bytes can only be the start of a sequence cut short by
  * the end, -1 when invalid. The tokenizer's and the API's one definition. */
 int utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
+/* Characters of UTF-8 text: its n bytes that start one (OpenAI's limits
+ * count characters, not bytes). */
+size_t utf8_chars(const char *text, size_t n);
 
 #endif

@@ -201,6 +201,7 @@ static const setting settings[] = {
     S_STRING(replica_name, "", "this replica's name in a shared store's leases, \"\" = hostname:port"),
     S_INT(lease_ms, "3000", 300, 600000, "ms a shared store's session lease lasts unrenewed"),
     S_STRING(cors_origins, "", "CORS: allowed origins, comma-separated, * = any, \"\" = off"),
+    S_STRING(allowed_hosts, "", "Host names a keyless server on loopback answers besides localhost and IPs (, * = any)"),
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
 _Static_assert(RECALL_DEFAULT_BYTES == 4096 && RECALL_MAX_BYTES == 1048576,

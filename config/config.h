@@ -79,6 +79,9 @@ typedef struct server_config {
     int64_t lease_ms;         /* a session lease's lifetime in a shared store (3000) */
     char *cors_origins;       /* browser origins allowed by CORS: comma-separated, "*" = any,
                                  "" = CORS off ("") */
+    char *allowed_hosts;      /* Host names a server without API keys listening on loopback
+                                 answers besides localhost, *.localhost and IP addresses:
+                                 comma-separated, "*" = any (""; server/cors.c) */
 } server_config;
 
 /* Fills the defaults (strings allocated). Overwrites all of *c without freeing

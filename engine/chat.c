@@ -189,6 +189,7 @@ typedef struct {
     char *p;
     size_t len, cap;
     int oom;
+    chat_spans *spans; /* where the messages' text went (NULL: not kept) */
 } sbuf;
 
 static void sb_add(sbuf *b, const char *s, size_t n) {
@@ -202,6 +203,26 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
 }
 
 static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+/* A message's own text (not the template's): appended, and its span kept. */
+static void sb_text(sbuf *b, const char *s, size_t n) {
+    size_t at = b->len;
+    sb_add(b, s, n);
+    if (b->oom || !n || !b->spans) return;
+    chat_spans *sp = b->spans;
+    if (sp->n && sp->v[sp->n - 1] == at) { /* (joined to the one before) */
+        sp->v[sp->n - 1] = at + n;
+        return;
+    }
+    if (vec_reserve(sp, sp->n + 2)) {
+        b->oom = 1;
+        return;
+    }
+    sp->v[sp->n++] = at;
+    sp->v[sp->n++] = at + n;
+}
+
+static void sb_text_str(sbuf *b, const char *s) { sb_text(b, s, strlen(s)); }
 
 /* Python's str.isspace() for one code point (what Jinja's trim and
  * str.strip() remove). */
@@ -258,10 +279,11 @@ static void py_strip(const char *str, size_t n, size_t *b, size_t *e) {
     *e = j;
 }
 
-static void sb_stripped(sbuf *b, const char *s, size_t n) {
+/* A message's text, strip()ped. */
+static void sb_text_stripped(sbuf *b, const char *s, size_t n) {
     size_t i, j;
     py_strip(s, n, &i, &j);
-    sb_add(b, s + i, j - i);
+    sb_text(b, s + i, j - i);
 }
 
 static int is_role(const chat_message *m, const char *role) { return strcmp(m->role, role) == 0; }
@@ -280,7 +302,7 @@ static void render_chatml(const chat_template *t, const chat_message *m, size_t 
         sb_str(b, "<|im_start|>");
         sb_str(b, m[i].role);
         sb_str(b, "\n");
-        sb_str(b, m[i].content);
+        sb_text_str(b, m[i].content);
         sb_str(b, "<|im_end|>\n");
     }
     if (agp) sb_str(b, "<|im_start|>assistant\n");
@@ -311,11 +333,11 @@ static void render_llama2(const chat_template *t, const chat_message *m, size_t 
         if (is_role(&m[i], "user")) {
             sb_str(b, t->bos_text);
             sb_str(b, "[INST] ");
-            sb_stripped(b, content, clen);
+            sb_text_stripped(b, content, clen);
             sb_str(b, " [/INST]");
         } else if (is_role(&m[i], "assistant")) {
             sb_str(b, " ");
-            sb_stripped(b, content, clen);
+            sb_text_stripped(b, content, clen);
             sb_str(b, " ");
             sb_str(b, t->eos_text);
         } /* a later system message renders nothing in this template */
@@ -327,7 +349,7 @@ static void llama3_turn(sbuf *b, const char *role, const char *content) {
     sb_str(b, "<|start_header_id|>");
     sb_str(b, role);
     sb_str(b, "<|end_header_id|>\n\n");
-    sb_stripped(b, content, strlen(content));
+    sb_text_stripped(b, content, strlen(content));
     sb_str(b, "<|eot_id|>");
 }
 
@@ -353,7 +375,7 @@ static void render_llama3(const chat_template *t, const chat_message *m, size_t 
         sb_str(b, "Today Date: ");
         sb_str(b, date);
         sb_str(b, "\n\n");
-        sb_stripped(b, sys, strlen(sys));
+        sb_text_stripped(b, sys, strlen(sys));
         sb_str(b, "<|eot_id|>");
         for (size_t i = first; i < n; i++) llama3_turn(b, m[i].role, m[i].content);
     } else {
@@ -386,15 +408,15 @@ static int render_mistral(const chat_template *t, const chat_message *m, size_t 
                                        : i == n - 1);
             sb_str(b, v == CHAT_MISTRAL_V1 ? " [INST] " : v == CHAT_MISTRAL_V3_TEKKEN ? "[INST]" : "[INST] ");
             if (with_sys) {
-                sb_str(b, sys);
-                sb_str(b, "\n\n");
+                sb_text_str(b, sys);
+                sb_text_str(b, "\n\n");
             }
-            sb_str(b, m[i].content);
+            sb_text_str(b, m[i].content);
             sb_str(b, (v == CHAT_MISTRAL_V1 || v == CHAT_MISTRAL_LEGACY) ? " [/INST]" : "[/INST]");
         } else {
             if (v == CHAT_MISTRAL_V1 || v == CHAT_MISTRAL_V3) sb_str(b, " ");
-            if (v == CHAT_MISTRAL_V3) sb_stripped(b, m[i].content, strlen(m[i].content));
-            else sb_str(b, m[i].content);
+            if (v == CHAT_MISTRAL_V3) sb_text_stripped(b, m[i].content, strlen(m[i].content));
+            else sb_text_str(b, m[i].content);
             sb_str(b, t->eos_text);
         }
     }
@@ -408,7 +430,7 @@ static void render_zephyr(const chat_template *t, const chat_message *m, size_t 
         sb_str(b, "<|");
         sb_str(b, m[i].role);
         sb_str(b, "|>\n");
-        sb_str(b, m[i].content);
+        sb_text_str(b, m[i].content);
         sb_str(b, t->eos_text);
         sb_str(b, "\n");
         if (i == n - 1 && agp) sb_str(b, "<|assistant|>\n");
@@ -433,10 +455,10 @@ static int render_gemma(const chat_template *t, const chat_message *m, size_t n,
         sb_str(b, is_role(&m[i], "assistant") ? "model" : m[i].role);
         sb_str(b, "\n");
         if (i == first && sys) {
-            sb_str(b, sys);
-            sb_str(b, "\n\n");
+            sb_text_str(b, sys);
+            sb_text_str(b, "\n\n");
         }
-        sb_stripped(b, m[i].content, strlen(m[i].content));
+        sb_text_stripped(b, m[i].content, strlen(m[i].content));
         sb_str(b, "<end_of_turn>\n");
     }
     if (agp) sb_str(b, "<start_of_turn>model\n");
@@ -464,7 +486,7 @@ static void strip_newlines(const char *s, size_t *b, size_t *e, int left, int ri
 static void render_qwen3(const chat_message *m, size_t n, int agp, const chat_options *opt, sbuf *b) {
     if (is_role(&m[0], "system")) {
         sb_str(b, "<|im_start|>system\n");
-        sb_str(b, m[0].content);
+        sb_text_str(b, m[0].content);
         sb_str(b, "<|im_end|>\n");
     }
     size_t last_query = n - 1;
@@ -485,7 +507,7 @@ static void render_qwen3(const chat_message *m, size_t n, int agp, const chat_op
             sb_str(b, "<|im_start|>");
             sb_str(b, m[i].role);
             sb_str(b, "\n");
-            sb_str(b, c);
+            sb_text_str(b, c);
             sb_str(b, "<|im_end|>\n");
             continue;
         }
@@ -507,11 +529,11 @@ static void render_qwen3(const chat_message *m, size_t n, int agp, const chat_op
             size_t sb0 = rb, se = re;
             strip_newlines(c, &sb0, &se, 1, 1);
             sb_str(b, "<think>\n");
-            sb_add(b, c + sb0, se - sb0);
+            sb_text(b, c + sb0, se - sb0);
             sb_str(b, "\n</think>\n\n");
             strip_newlines(c, &cb, &ce, 1, 0);
         }
-        sb_add(b, c + cb, ce - cb);
+        sb_text(b, c + cb, ce - cb);
         sb_str(b, "<|im_end|>\n");
     }
     if (agp) {
@@ -528,7 +550,7 @@ static void render_phi3(const chat_template *t, const chat_message *m, size_t n,
         sb_str(b, "<|");
         sb_str(b, m[i].role);
         sb_str(b, "|>\n");
-        sb_str(b, m[i].content);
+        sb_text_str(b, m[i].content);
         sb_str(b, "<|end|>\n");
     }
     sb_str(b, agp ? "<|assistant|>\n" : t->eos_text);
@@ -541,6 +563,12 @@ char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
 
 char *chat_render_opts(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
                        const chat_options *opt, char *err, size_t errlen) {
+    return chat_render_spans(tpl, msgs, n, add_generation_prompt, opt, NULL, err, errlen);
+}
+
+char *chat_render_spans(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
+                        const chat_options *opt, chat_spans *spans, char *err, size_t errlen) {
+    if (spans) spans->n = 0;
     if (!tpl || tpl->family == CHAT_UNKNOWN || (int)tpl->family > CHAT_FAMILY_LAST) {
         set_err(err, errlen, "unknown chat template (supported: %s)", chat_family_list());
         return NULL;
@@ -563,7 +591,7 @@ char *chat_render_opts(const chat_template *tpl, const chat_message *msgs, size_
             return NULL;
         }
     }
-    sbuf b = {0};
+    sbuf b = {.spans = spans};
     sb_add(&b, "", 0); /* "" even when the template renders nothing */
     int rc = 0;
     switch (tpl->family) {

@@ -65,7 +65,8 @@ const char *chat_family_list(void);
  * Renders messages (roles system/user/assistant; others -> -1 with err) into
  * a malloc'd NUL-terminated string the caller frees. add_generation_prompt
  * appends the assistant header. The text contains special-token text and is
- * tokenized with parse_special=1 and add_special=0. NULL + err on failure. */
+ * tokenized with add_special=0, its control tokens read outside the messages'
+ * text only (chat_render_spans). NULL + err on failure. */
 char *chat_render(const chat_template *tpl, const chat_message *msgs, size_t n,
                   int add_generation_prompt, char *err, size_t errlen);
 
@@ -76,5 +77,16 @@ typedef struct chat_options {
 /* chat_render with options (NULL: none); the same ownership. */
 char *chat_render_opts(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
                        const chat_options *opt, char *err, size_t errlen);
+/* Which bytes of a rendering are the messages' own text: [v[2k], v[2k+1]) for
+ * k < n / 2, in order. Control tokens are read only outside them
+ * (tokenizer_encode_chat): a message cannot write the template's markers. */
+typedef struct chat_spans {
+    size_t *v;
+    size_t n, cap;
+} chat_spans;
+/* chat_render_opts that also fills *spans (its v freed by the caller; NULL:
+ * not wanted). */
+char *chat_render_spans(const chat_template *tpl, const chat_message *msgs, size_t n, int add_generation_prompt,
+                        const chat_options *opt, chat_spans *spans, char *err, size_t errlen);
 
 #endif

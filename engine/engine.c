@@ -187,13 +187,8 @@ const vocab_trie *engine_vocab_trie(engine *e) {
 
 int32_t engine_eos(const engine *e) { return tokenizer_eos(e->m->tok); }
 
-char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, char *err,
-                         size_t errlen) {
-    return engine_render_chat_thinking(e, msgs, n, 1, err, errlen);
-}
-
-char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
-                                  char *err, size_t errlen) {
+char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                         chat_spans *spans, char *err, size_t errlen) {
     if (e->m->chat.family == CHAT_UNKNOWN) {
         snprintf(err, errlen,
                  "the model's chat template is not recognised; choose one of %s with "
@@ -211,17 +206,43 @@ char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, s
         cm[i].content = msgs[i].content;
     }
     const chat_options opt = {.no_thinking = !enable_thinking};
-    char *out = chat_render_opts(&e->m->chat, cm, n, 1, &opt, err, errlen);
+    char *out = chat_render_spans(&e->m->chat, cm, n, 1, &opt, spans, err, errlen);
     free(cm);
     return out;
 }
 
-int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, size_t *n,
-                                char *err, size_t errlen) {
+int32_t *engine_tokenize_chat(const engine *e, const char *text, size_t from, size_t to, const chat_spans *spans,
+                              size_t *n) {
+    size_t *cut = malloc((spans->n + 1) * sizeof *cut), n_cut = 0; /* spans within [from, to), from 0 */
+    if (!cut) return NULL;
+    for (size_t k = 0; k + 1 < spans->n; k += 2) {
+        size_t a = spans->v[k] > from ? spans->v[k] : from, b = spans->v[k + 1] < to ? spans->v[k + 1] : to;
+        if (a >= b) continue;
+        cut[n_cut++] = a - from;
+        cut[n_cut++] = b - from;
+    }
+    int64_t cnt = tokenizer_encode_chat(e->m->tok, text + from, to - from, cut, n_cut, NULL, 0);
+    int32_t *ids = cnt < 0 ? NULL : malloc((size_t)(cnt ? cnt : 1) * sizeof *ids);
+    if (ids) tokenizer_encode_chat(e->m->tok, text + from, to - from, cut, n_cut, ids, cnt);
+    free(cut);
+    *n = ids ? (size_t)cnt : 0;
+    return ids;
+}
+
+int32_t *engine_chat_prompt(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                            size_t *n_ids, char *err, size_t errlen) {
+    chat_spans spans = {0};
+    char *text = engine_render_chat(e, msgs, n, enable_thinking, &spans, err, errlen);
+    int32_t *ids = text ? engine_tokenize_chat(e, text, 0, strlen(text), &spans, n_ids) : NULL;
+    if (text && !ids) snprintf(err, errlen, "the messages are not valid UTF-8, or out of memory");
+    free(text);
+    free(spans.v);
+    return ids;
+}
+
+int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, size_t *n, char *err, size_t errlen) {
     size_t len = strlen(prompt);
-    /* a chat rendering carries its own BOS text when the template writes one */
-    int add_special = !chat, parse_special = chat;
-    int64_t cnt = engine_tokenize(e, prompt, len, add_special, parse_special, NULL, 0);
+    int64_t cnt = engine_tokenize(e, prompt, len, 1, 0, NULL, 0);
     if (cnt < 0) {
         snprintf(err, errlen, "prompt is not valid UTF-8");
         return NULL;
@@ -231,7 +252,7 @@ int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, s
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    engine_tokenize(e, prompt, len, add_special, parse_special, ids, cnt);
+    engine_tokenize(e, prompt, len, 1, 0, ids, cnt);
     *n = (size_t)cnt;
     return ids;
 }

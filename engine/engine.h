@@ -76,18 +76,18 @@ char *engine_detokenize(const engine *e, const int32_t *ids, size_t n, size_t li
 typedef struct engine_message {
     const char *role, *content;
 } engine_message;
-/* Renders messages with the model's chat template (plus the assistant header)
- * into a malloc'd string (caller frees). NULL + err when the template is not
- * recognised (the message lists the families and --chat-template NAME). */
-char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, char *err,
-                         size_t errlen);
-/* The same with the template's thinking switch (Qwen3's enable_thinking; other templates ignore it). */
-char *engine_render_chat_thinking(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
-                                  char *err, size_t errlen);
-/* Tokenizes a rendered chat prompt (special-token text parsed, BOS per the
+/* The ids of messages rendered with the model's chat template (plus the
+ * assistant header; enable_thinking: the template's thinking switch, Qwen3's,
+ * others ignore it): only the template's own markers are control tokens, the
+ * messages' text is read as text whatever it holds (a message cannot close
+ * its turn with "<|im_end|>"). Malloc'd, the count in *n; NULL + err when the
+ * template is not recognised (err lists the families and --chat-template
+ * NAME) or the text is not valid UTF-8. */
+int32_t *engine_chat_prompt(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                            size_t *n_ids, char *err, size_t errlen);
+/* Tokenizes a plain prompt (special-token text read as text, BOS per the
  * metadata). Returns a malloc'd array and its length in *n, NULL on error. */
-int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, int chat, size_t *n,
-                                char *err, size_t errlen);
+int32_t *engine_tokenize_prompt(const engine *e, const char *prompt, size_t *n, char *err, size_t errlen);
 
 /* A fill-in-the-middle prompt, as llama.cpp's infill builds it: BOS (when the
  * model adds one), the prefix marker, prefix's tokens, the suffix marker,

@@ -122,4 +122,15 @@ pot *doc_answer_pot(engine_doc *d, const int32_t *prompt, size_t n_prompt, size_
  * max_tokens <= 0 (engine_gen_params). */
 size_t gen_answer_room(const engine *e, int32_t max_tokens);
 
+/* Renders msgs with the model's chat template (plus the assistant header)
+ * into a malloc'd string, the messages' own text in *spans (NULL: not
+ * wanted). NULL + err when the template is not recognised. */
+char *engine_render_chat(const engine *e, const engine_message *msgs, size_t n, int enable_thinking,
+                         chat_spans *spans, char *err, size_t errlen);
+/* The ids of text[from, to) of such a rendering, its control tokens read only
+ * outside spans; malloc'd, the count in *n; NULL when not valid UTF-8 or out
+ * of memory. */
+int32_t *engine_tokenize_chat(const engine *e, const char *text, size_t from, size_t to, const chat_spans *spans,
+                              size_t *n);
+
 #endif

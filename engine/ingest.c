@@ -113,44 +113,48 @@ static int tokenize_into(const engine *e, const char *text, int add_special, int
     return rc;
 }
 
-/* Chat mode renders [system, user: MARK + after, rest...] and splits at the
- * mark: `before` is what precedes the document, `after_out` what follows it. */
-static char *render_around_document(engine_doc *d, const char *after, const engine_message *rest,
-                                    size_t n_rest, int want_before, char *err, size_t errlen) {
+/* The ids of the chat rendering of [system,] user = DOC_MARK + after, rest...
+ * on one side of the mark (want_before: the text before it, the pinned
+ * prefix; else the text after it, the question), appended to out; the
+ * messages' text is read without control tokens (engine_tokenize_chat). */
+static int tokens_around_document(engine_doc *d, const char *after, const engine_message *rest, size_t n_rest,
+                                  int want_before, int_vec *out, char *err, size_t errlen) {
     engine_message *msgs = malloc((n_rest + 2) * sizeof *msgs);
     size_t len = strlen(DOC_MARK) + strlen(after) + 1;
     char *user = malloc(len);
     if (!msgs || !user) {
         free(msgs);
         free(user);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
+        return snprintf(err, errlen, "out of memory"), -1;
     }
     size_t n = 0;
     if (d->system) msgs[n++] = (engine_message){"system", d->system};
     snprintf(user, len, "%s%s", DOC_MARK, after);
     msgs[n++] = (engine_message){"user", user};
     for (size_t i = 0; i < n_rest; i++) msgs[n++] = rest[i];
-    char *text = engine_render_chat(d->e, msgs, n, err, errlen);
+    chat_spans spans = {0};
+    char *text = engine_render_chat(d->e, msgs, n, 1, &spans, err, errlen);
     free(user);
     free(msgs);
-    if (!text) return NULL;
+    if (!text) return -1;
     char *mark = strstr(text, DOC_MARK);
-    if (!mark) {
-        free(text);
-        snprintf(err, errlen, "the chat template dropped the document");
-        return NULL;
-    }
-    char *out;
-    if (want_before) {
-        *mark = 0;
-        out = strdup(text);
+    int rc = 0;
+    if (!mark || strstr(mark + 1, DOC_MARK)) { /* (where the document goes must be one place) */
+        snprintf(err, errlen, mark ? "the system prompt or a message holds potserve's document mark"
+                                   : "the chat template dropped the document");
+        rc = -1;
     } else {
-        out = strdup(mark + strlen(DOC_MARK));
+        size_t at = (size_t)(mark - text), n_ids = 0;
+        int32_t *ids = want_before ? engine_tokenize_chat(d->e, text, 0, at, &spans, &n_ids)
+                                   : engine_tokenize_chat(d->e, text, at + strlen(DOC_MARK), strlen(text), &spans,
+                                                          &n_ids);
+        rc = ids && !vec_append(out, ids, n_ids) ? 0 : -1;
+        if (rc) snprintf(err, errlen, "not valid UTF-8, or out of memory");
+        free(ids);
     }
     free(text);
-    if (!out) snprintf(err, errlen, "out of memory");
-    return out;
+    free(spans.v);
+    return rc;
 }
 
 /* Appends "\n\n" + text to a growing string; -1 when out of memory. */
@@ -204,12 +208,8 @@ static int prompt_tokens(engine_doc *d, const engine_message *msgs, size_t n_msg
         if (rc) snprintf(err, errlen, "question is not valid UTF-8");
         return rc;
     }
-    char *suffix = render_around_document(d, after, msgs + i, n_msgs - i, 0, err, errlen);
+    rc = tokens_around_document(d, after, msgs + i, n_msgs - i, 0, out, err, errlen);
     free(after);
-    if (!suffix) return -1;
-    rc = tokenize_into(d->e, suffix, 0, 1, out);
-    free(suffix);
-    if (rc) snprintf(err, errlen, "question is not valid UTF-8");
     return rc;
 }
 
@@ -841,10 +841,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     if (d->plain) {
         bad = tokenize_into(e, "", 1, 0, prefix);
     } else {
-        char *before = render_around_document(d, "", NULL, 0, 1, err, errlen);
-        if (!before) goto fail;
-        bad = tokenize_into(e, before, 0, 1, prefix);
-        free(before);
+        if (tokens_around_document(d, "", NULL, 0, 1, prefix, err, errlen)) goto fail;
+        bad = 0;
     }
     if (bad || prefix->n >= (size_t)keep) {
         snprintf(err, errlen, "keep_tokens: the pinned prefix (%zu tokens: the chat template's start and the system "

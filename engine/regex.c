@@ -14,6 +14,9 @@
 #include <string.h>
 
 enum { MAX_NFA = 1 << 18, MAX_SUBSET_INTS = 1 << 20, MAX_CP = 0x10FFFF };
+/* Groups nested deeper are refused: each is a few stack frames of the
+ * recursive parser (30,000 overflowed the loop thread's stack). */
+enum { MAX_GROUP_DEPTH = 100 };
 
 typedef struct nstate {
     int32_t out, eps2; /* a byte edge to out; or epsilon edges to out and eps2 (-1: none) */
@@ -36,6 +39,7 @@ typedef struct parser {
     char *err;
     size_t errlen;
     int failed;
+    int depth; /* groups open: the parser recurses once per group */
 } parser;
 
 typedef struct frag {
@@ -407,7 +411,10 @@ static frag parse_atom(parser *ps) {
                 return fail(ps, "this (? group is not ECMA-262 syntax"), (frag){-1, -1};
             }
         }
+        if (++ps->depth > MAX_GROUP_DEPTH)
+            return fail(ps, "the pattern nests groups more than 100 deep"), (frag){-1, -1};
         frag f = parse_alternation(ps, 0);
+        ps->depth--;
         if (!ps->failed && (ps->p >= ps->end || *ps->p != ')')) fail(ps, "a '(' is not closed");
         ps->p++;
         return f;

@@ -2126,6 +2126,52 @@ int64_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, int a
     return rc ? -1 : (int64_t)n;
 }
 
+/* Whether [off, off + len) meets a span of plain, n_plain offsets in pairs. */
+static int meets_plain(const size_t *plain, size_t n_plain, size_t off, size_t len) {
+    for (size_t k = 0; k + 1 < n_plain; k += 2)
+        if (off < plain[k + 1] && plain[k] < off + len) return 1;
+    return 0;
+}
+
+/* Control tokens split a text into stretches that are tokenized apart (the
+ * partition); here only the template's own split it, and each stretch between
+ * two of them, message text with any control-token text in it, is tokenized
+ * as plain text. */
+int64_t tokenizer_encode_chat(const tokenizer *t, const char *text, size_t len, const size_t *plain,
+                              size_t n_plain, int32_t *out, int64_t cap) {
+    if (!t || (!text && len)) return -1;
+    fvec frags = {0}, tmp = {0};
+    ivec ids = {0};
+    int rc = partition(t, text, len, 1, &frags, &tmp);
+    size_t from = 0, to = 0; /* the stretch read as plain text so far */
+    int have = 0;
+    for (size_t k = 0; !rc && k <= frags.n; k++) {
+        frag fr = k < frags.n ? frags.v[k] : (frag){TOK_NULL, len, 0};
+        int marker = k < frags.n && fr.id != TOK_NULL && !special_active(t, fr.id, 0) &&
+                     !meets_plain(plain, n_plain, fr.off, fr.len);
+        if (k < frags.n && !marker) { /* text, or a token read as text */
+            if (!have) from = fr.off;
+            to = fr.off + fr.len;
+            have = 1;
+            continue;
+        }
+        if (have) {
+            int64_t n = tokenizer_encode(t, text + from, to - from, 0, 0, NULL, 0);
+            rc = n < 0 || vec_reserve(&ids, ids.n + (size_t)n + 1) ? -1 : 0;
+            if (!rc) tokenizer_encode(t, text + from, to - from, 0, 0, ids.v + ids.n, n);
+            if (!rc) ids.n += (size_t)n;
+            have = 0;
+        }
+        if (!rc && marker) rc = vec_push(&ids, fr.id);
+    }
+    free(frags.v);
+    free(tmp.v);
+    if (!rc && out && cap > 0 && ids.n > 0)
+        memcpy(out, ids.v, (size_t)((int64_t)ids.n < cap ? (int64_t)ids.n : cap) * sizeof *out);
+    free(ids.v);
+    return rc ? -1 : (int64_t)ids.n;
+}
+
 /* ------------------------------------------------------------------------- */
 /* pieces and detokenization                                                 */
 

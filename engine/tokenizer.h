@@ -41,6 +41,13 @@ const char *tokenizer_model_name(const tokenizer *t);
  * cap: call again with a larger buffer), or -1 on error. */
 int64_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, int add_special,
                          int parse_special, int32_t *out, int64_t cap);
+/* A rendered chat prompt's ids: as tokenizer_encode with parse_special (and
+ * no add_special), except that control-token text lying in the messages' own
+ * text, the byte spans [plain[2k], plain[2k+1]) in order, is read as plain
+ * text: only the template's markers are control tokens. Identical ids when no
+ * message holds such text. */
+int64_t tokenizer_encode_chat(const tokenizer *t, const char *text, size_t len, const size_t *plain,
+                              size_t n_plain, int32_t *out, int64_t cap);
 
 /* Bytes of token id as llama_token_to_piece(special=render_special) gives them
  * (byte tokens and the gpt2 byte mapping decoded; SPM's U+2581 becomes a space;

@@ -90,9 +90,10 @@ int auth_load(server *s, char *err, size_t errlen) {
     if (!*s->cfg.api_keys_file) return 0;
     FILE *f = fopen(s->cfg.api_keys_file, "r");
     if (!f) return snprintf(err, errlen, "api_keys_file: cannot open %s", s->cfg.api_keys_file), -1;
-    char line[1024];
+    char *line = NULL; /* (a whole line however long: a cut one would make two keys of one) */
+    size_t cap = 0;
     int lineno = 0, rc = 0;
-    while (!rc && fgets(line, sizeof line, f)) {
+    while (!rc && getline(&line, &cap, f) >= 0) {
         lineno++;
         char *p = line;
         while (isspace((unsigned char)*p)) p++;
@@ -110,6 +111,7 @@ int auth_load(server *s, char *err, size_t errlen) {
             rc = -1;
         }
     }
+    free(line);
     fclose(f);
     if (!rc && !s->n_keys) {
         snprintf(err, errlen, "api_keys_file %s holds no keys", s->cfg.api_keys_file);

@@ -282,24 +282,22 @@ int cli_generate(int argc, char **argv) {
 
     char err[512] = "";
     int chat = flag_val(generate_flags, &p, "--chat") != NULL;
-    char *text = NULL;
     if (chat && toks) {
         snprintf(err, sizeof err, "--chat needs -p PROMPT, not --tokens");
         goto fail;
     }
+    size_t n_ids = 0;
+    int32_t *ids;
     if (chat) {
         engine_message msgs[2];
         size_t n = 0;
         const char *system = flag_val(generate_flags, &p, "--system");
         if (system) msgs[n++] = (engine_message){"system", system};
         msgs[n++] = (engine_message){"user", prompt};
-        text = engine_render_chat(e, msgs, n, err, sizeof err);
-        if (!text) goto fail;
+        ids = engine_chat_prompt(e, msgs, n, 1, &n_ids, err, sizeof err);
+    } else {
+        ids = toks ? parse_ids(toks, &n_ids) : engine_tokenize_prompt(e, prompt, &n_ids, err, sizeof err);
     }
-    size_t n_ids;
-    int32_t *ids = toks ? parse_ids(toks, &n_ids)
-                        : engine_tokenize_prompt(e, text ? text : prompt, chat, &n_ids, err, sizeof err);
-    free(text);
     if (!ids) {
         if (!err[0]) snprintf(err, sizeof err, "--tokens: not a list of token ids");
         goto fail;
@@ -538,7 +536,7 @@ int cli_logits(int argc, char **argv) {
     if (!e) return 1;
     char err[512] = "";
     size_t n = 0;
-    int32_t *ids = toks ? parse_ids(toks, &n) : engine_tokenize_prompt(e, prompt, 0, &n, err, sizeof err);
+    int32_t *ids = toks ? parse_ids(toks, &n) : engine_tokenize_prompt(e, prompt, &n, err, sizeof err);
     engine_info in;
     engine_get_info(e, &in);
     float *logits = malloc((size_t)in.n_vocab * sizeof(float));

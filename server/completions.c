@@ -192,13 +192,6 @@ static json_t *chat_logprob_entry(server *s, const sample_logprobs *lp) {
     return e;
 }
 
-/* Characters of UTF-8 text (its bytes that start one). */
-static size_t utf8_chars(const char *text, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += ((unsigned char)text[i] & 0xC0) != 0x80;
-    return k;
-}
-
 /* A completions logprobs object, empty. */
 static json_t *completion_logprobs_new(void) {
     return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
@@ -1096,12 +1089,9 @@ static int plain_prompt(server *s, generation *g, api_error *e) {
         g->prompt = engine_fim_prompt(s->eng, q->prompt, q->suffix, &g->n_prompt, err, sizeof err);
         return g->prompt ? 0 : api_fail(e, 400, "unsupported_value", "suffix", "%s", err);
     }
-    char *text = q->chat ? engine_render_chat_thinking(s->eng, q->messages, q->n_messages, q->enable_thinking, err,
-                                                       sizeof err)
-                         : strdup(q->prompt);
-    if (!text) return api_fail(e, 400, "invalid_value", "messages", "%s", err);
-    g->prompt = engine_tokenize_prompt(s->eng, text, q->chat, &g->n_prompt, err, sizeof err);
-    free(text);
+    g->prompt = q->chat ? engine_chat_prompt(s->eng, q->messages, q->n_messages, q->enable_thinking, &g->n_prompt,
+                                             err, sizeof err)
+                        : engine_tokenize_prompt(s->eng, q->prompt, &g->n_prompt, err, sizeof err);
     if (!g->prompt) return api_fail(e, 400, "invalid_value", q->chat ? "messages" : "prompt", "%s", err);
     if (!g->n_prompt) /* (a chat always has its template's tokens) */
         return api_fail(e, 400, "invalid_value", "prompt", "the prompt is empty: there is nothing to continue");
@@ -1126,7 +1116,7 @@ static int batch_prompts(server *s, generation *g, api_error *e) {
             memcpy(g->batch[p].ids, q->batch_tokens[p], n * sizeof *g->batch[p].ids);
         } else if (p) {
             char err[256];
-            g->batch[p].ids = engine_tokenize_prompt(s->eng, q->batch_texts[p], 0, &n, err, sizeof err);
+            g->batch[p].ids = engine_tokenize_prompt(s->eng, q->batch_texts[p], &n, err, sizeof err);
             if (!g->batch[p].ids) return api_fail(e, 400, "invalid_value", "prompt", "prompt[%zu]: %s", p, err);
         }
         g->batch[p].n = n;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "server/server_internal.h"
 
 enum { MAX_METADATA = 16 };
@@ -44,7 +45,8 @@ static int check_metadata(json_t *m, api_error *e) {
     const char *k;
     json_t *v;
     json_object_foreach(m, k, v) {
-        if (strlen(k) > 64 || !json_is_string(v) || json_string_length(v) > 512)
+        if (utf8_chars(k, strlen(k)) > 64 || !json_is_string(v) ||
+            utf8_chars(json_string_value(v), json_string_length(v)) > 512)
             return api_fail(e, 400, "invalid_value", "metadata",
                             "metadata's keys are at most 64 characters and its values strings of at most 512");
     }
@@ -116,7 +118,7 @@ void route_conversations(request *r) {
     if (!in) return respond_error(r, &e);
     json_t *items = json_object_get(in, "items"), *meta = json_object_get(in, "metadata"), *listed = json_array();
     int rc = 0;
-    if (items && !json_is_null(items)) rc = responses_listed_items(r, items, listed, &e);
+    if (items && !json_is_null(items)) rc = responses_listed_items(r, items, NULL, listed, &e);
     if (!rc && meta && !json_is_null(meta)) rc = check_metadata(meta, &e);
     if (rc) {
         json_decref(in);
@@ -197,7 +199,7 @@ static void answer_conversation(request *r) {
         json_t *in = request_json(r, &e), *listed = json_array();
         json_t *given = json_object_get(in, "items");
         if (in && !given) api_fail(&e, 400, "missing_field", "items", "the items to add are missing");
-        if (!in || !given || responses_listed_items(r, given, listed, &e)) {
+        if (!in || !given || responses_listed_items(r, given, items, listed, &e)) {
             json_decref(in);
             json_decref(listed);
             return respond_error(r, &e);

@@ -462,6 +462,7 @@ static int form_event(void *user, multipart_event ev, const multipart_part *pt, 
         snprintf(f->field, sizeof f->field, "%s", pt->name);
         f->in = IN_FIELD;
         f->value_len = 0;
+        if (f->value) f->value[0] = 0; /* (an empty part writes none: "" then, not the field before) */
         return 0;
     case MULTIPART_DATA:
         if (f->in == IN_FILE) {

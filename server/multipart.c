@@ -107,6 +107,7 @@ static int ext_value(const char *v, char *out, size_t cap) {
             if (lo < 0) return -1;
             c = hi * 16 + lo;
             v += 2;
+            if (!c) return -1; /* (a NUL would end the name there) */
         }
         if (n + 1 >= cap) return -1;
         out[n++] = (char)c;
@@ -158,6 +159,8 @@ static int parse_headers(multipart *m) {
     memset(&m->part, 0, sizeof m->part);
     int disposed = 0;
     char *h = m->headers, *end = m->headers + m->headers_len - 2; /* the last line's CRLF: the empty line */
+    if (memchr(h, 0, m->headers_len)) /* (it would cut a name short, or hide the header after it) */
+        return fail(m, "%s", "a part's headers hold a NUL byte");
     while (h < end) {
         char *eol = strstr(h, "\r\n");
         if (!eol || eol > end) eol = end;

@@ -170,7 +170,31 @@ static int input_item(request *r, json_t *msgs, json_t *items, size_t own_from, 
                     idx, type);
 }
 
-int responses_listed_items(request *r, json_t *items, json_t *listed, api_error *e) {
+/* The id of the first of items[from..] whose id an earlier item has, or NULL:
+ * a conversation's items are paged by id (?after=), so one id is one item, and
+ * OpenAI refuses an input that repeats an item ("Duplicate item found"). */
+static const char *repeated_item_id(json_t *items, size_t from) {
+    json_t *seen = json_object();
+    const char *repeated = NULL;
+    for (size_t i = 0; i < json_array_size(items) && !repeated; i++) {
+        const char *id = json_string_value(json_object_get(json_array_get(items, i), "id"));
+        if (!id) continue;
+        if (i >= from && json_object_get(seen, id)) repeated = id;
+        else json_object_set_new(seen, id, json_true());
+    }
+    json_decref(seen);
+    return repeated;
+}
+
+static int refuse_repeated_item(json_t *items, size_t from, const char *param, api_error *e) {
+    const char *id = repeated_item_id(items, from);
+    if (!id) return 0;
+    return api_fail(e, 400, "invalid_value", param,
+                    "Duplicate item found with id %s: an item appears once in a conversation; remove the duplicate "
+                    "from %s and try again", id, param);
+}
+
+int responses_listed_items(request *r, json_t *items, json_t *existing, json_t *listed, api_error *e) {
     if (!json_is_array(items)) return api_fail(e, 400, "invalid_type", "items", "items must be an array of items");
     json_t *msgs = json_array();
     size_t i;
@@ -184,6 +208,13 @@ int responses_listed_items(request *r, json_t *items, json_t *listed, api_error 
         }
     }
     json_decref(msgs);
+    if (!rc) {
+        json_t *all = json_array();
+        json_array_extend(all, existing);
+        json_array_extend(all, listed);
+        rc = refuse_repeated_item(all, json_array_size(existing), "items", e);
+        json_decref(all);
+    }
     return rc;
 }
 
@@ -298,6 +329,7 @@ static json_t *chat_body(request *r, json_t *in, json_t *before, json_t **histor
         api_fail(e, 400, "invalid_value", "input", "input must be a string or a non-empty array of messages");
         goto fail;
     }
+    if (refuse_repeated_item(items, own_items, "input", e)) goto fail;
     json_t *conversation = json_array();
     for (size_t i = instr && !json_is_null(instr) ? 1 : 0; i < json_array_size(msgs); i++)
         json_array_append(conversation, json_array_get(msgs, i));

@@ -685,6 +685,11 @@ static int admit(request *r) {
     server *s = r->srv;
     api_error e;
     if (!strcmp(r->route, "/health")) return 0;
+    if (cors_foreign_site(r, &e)) {
+        if (has_body(r->conn)) r->close_conn = 1;
+        respond_error(r, &e);
+        return -1;
+    }
     if (!strcmp(r->route, "/ (page)")) return 0; /* public: the page asks for a key itself */
     if (s->draining) {
         api_fail(&e, 503, "shutting_down", NULL, "the server is shutting down");

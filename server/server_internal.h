@@ -195,6 +195,9 @@ int cors_enabled(const server *s);
 void cors_add_headers(request *r, struct MHD_Response *resp);
 /* Answers an OPTIONS preflight when CORS is on; 1 when it did. */
 int cors_preflight(request *r);
+/* Whether a server without API keys refuses r as another site's (DNS
+ * rebinding, a cross-site request): 0, or -1 + e (403). */
+int cors_foreign_site(request *r, api_error *e);
 
 /* ---- sessions (sessions.c) --------------------------------------------------------- */
 enum session_status { SESSION_READY, SESSION_INGESTING, SESSION_FAILED };
@@ -489,8 +492,10 @@ void route_response_id(request *r, const char *path);
  * false when it could not). */
 void responses_keep(request *r, json_t *history, json_t *response, void (*send)(request *r, json_t *response));
 /* A request's input items checked and as they are listed (appended to listed):
- * what POST /v1/conversations and its items take. 0, or -1 + e (param "items"). */
-int responses_listed_items(request *r, json_t *items, json_t *listed, api_error *e);
+ * what POST /v1/conversations and its items take; none may repeat an id of
+ * existing (the conversation's items, or NULL) or of another. 0, or -1 + e
+ * (param "items"). */
+int responses_listed_items(request *r, json_t *items, json_t *existing, json_t *listed, api_error *e);
 /* The Responses API's usage from a chat usage object (borrowed); new reference. */
 json_t *responses_usage(json_t *chat_usage);
 /* An output message item with one output_text part (text borrowed; NULL: no part yet). */

@@ -409,15 +409,17 @@ void stored_list_page(request *r, json_t *items) {
     }
     size_t n = json_array_size(items), at = 0;
     int asc = order && !strcmp(order, "asc");
-    if (after) {
-        while (at < n && strcmp(json_string_value(json_object_get(json_array_get(items, asc ? at : n - 1 - at), "id")),
-                                after))
-            at++;
-        if (at == n) {
+    if (after) { /* (from the last item with that id: a page never leads back to an earlier one) */
+        size_t found = n;
+        for (size_t k = 0; k < n; k++) {
+            const char *id = json_string_value(json_object_get(json_array_get(items, asc ? k : n - 1 - k), "id"));
+            if (id && !strcmp(id, after)) found = k;
+        }
+        if (found == n) {
             api_fail(&e, 400, "invalid_value", "after", "after: there is no item '%s'", after);
             return respond_error(r, &e);
         }
-        at++;
+        at = found + 1;
     }
     json_t *data = json_array();
     for (size_t k = at; k < n && json_array_size(data) < (size_t)limit; k++)

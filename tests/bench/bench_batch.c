@@ -72,7 +72,7 @@ static int run_batch(engine *e, int n, int64_t *tokens, double *seconds) {
     for (int i = 0; !rc && i < n; i++) {
         char text[256];
         snprintf(text, sizeof text, "Here is a long essay about %s.\n\n", topics[i]);
-        prompts[i] = engine_tokenize_prompt(e, text, 0, &n_prompt[i], err, sizeof err);
+        prompts[i] = engine_tokenize_prompt(e, text, &n_prompt[i], err, sizeof err);
         if (!prompts[i]) {
             rc = -1;
             break;

@@ -251,6 +251,9 @@ def test_bad_forms_are_refused_and_leave_nothing(srv):
         ([("purpose", None, b"user_data"), ("settings", None, b"[1]"), ("file", "a.txt", text)], 400, "settings"),
         ([("purpose", None, b"user_data"), ("expires_after[anchor]", None, b"last_active_at"), ("file", "a", text)],
          400, "created_at"),
+        # an empty field is "" (it took the value of the field before it)
+        ([("purpose", None, b"user_data"), ("purpose", None, b""), ("file", "a.txt", text)], 400, "purpose"),
+        ([("purpose", None, b"user_data"), ("settings", None, b""), ("file", "a.txt", text)], 400, "settings"),
     ]
     for fields, status, why in cases:
         st, body, _ = post_form(srv, fields)

@@ -117,6 +117,8 @@ def test_cors_headers_on_answers_errors_and_streams(srv):
     o = {"Origin": ORIGIN}
     st, _, hdrs = srv.request("GET", "/v1/models", headers=auth(**o))
     assert st == 200 and hdrs["Access-Control-Allow-Origin"] == ORIGIN
+    # a browser client reads only the headers exposed to it: x-should-retry says which errors not to retry
+    assert hdrs["Access-Control-Expose-Headers"] == "Retry-After, x-should-retry"
     st, _, hdrs = srv.request("GET", "/v1/models", headers=o)  # no key: 401, still readable
     assert st == 401 and hdrs["Access-Control-Allow-Origin"] == ORIGIN
     st, _, hdrs = srv.request("POST", "/v1/chat/completions", {"messages": []}, auth(**o))
@@ -133,7 +135,49 @@ def test_cors_off_by_default(tmp_path):
     s.start()
     try:
         st, _, hdrs = s.request("OPTIONS", "/v1/models", headers={"Origin": ORIGIN})
-        assert st == 405 and "Access-Control-Allow-Origin" not in hdrs
+        assert st == 403 and "Access-Control-Allow-Origin" not in hdrs  # (another site's page: below)
+    finally:
+        s.stop()
+
+
+def test_a_keyless_server_refuses_other_sites_pages(tmp_path):
+    """A server without API keys answers whoever reaches it, and a browser on its machine reaches it
+    for any page: a page whose name was made to point at 127.0.0.1 (DNS rebinding) read every file,
+    and any page could POST a text/plain JSON body (no preflight) to make sessions and answers.
+    Now a keyless server on loopback answers only Host names no other site's DNS answers for (and
+    allowed_hosts), and refuses an Origin other than its Host's unless CORS allows it."""
+    s = Server(tmp_path / "a", "--allowed-hosts", "potserve.example").start()
+    try:
+        st, f, _ = s.request("POST", "/v1/sessions", {"text": "secret"})
+        assert st == 201
+        for host in ("attacker.example", f"attacker.example:{s.port}", "127.0.0.1.nip.io"):
+            st, err, _ = s.request("GET", "/v1/sessions", headers={"Host": host})
+            assert st == 403 and err["error"]["code"] == "host_not_allowed", (host, st, err)
+            assert s.request("GET", "/", headers={"Host": host})[0] == 403  # the page too
+        assert s.request("GET", "/health", headers={"Host": "attacker.example"})[0] == 200  # (balancers)
+        for host in (f"localhost:{s.port}", "127.0.0.1", f"[::1]:{s.port}", "app.localhost", "debian",
+                     "POTSERVE.example:8080"):
+            st, body, _ = s.request("GET", "/v1/sessions", headers={"Host": host})
+            assert st == 200 and body["data"][0]["id"] == f["id"], (host, st)
+        text_plain = {"Content-Type": "text/plain", "Origin": "https://attacker.example"}
+        st, err, _ = s.request("POST", "/v1/sessions", raw=b'{"text": "planted"}', headers=text_plain)
+        assert st == 403 and err["error"]["code"] == "origin_not_allowed", err
+        assert len(s.request("GET", "/v1/sessions")[1]["data"]) == 1  # nothing made
+        for origin in (f"http://127.0.0.1:{s.port}", "http://127.0.0.1:9"):  # its own page (behind a proxy too)
+            st, _, _ = s.request("POST", "/v1/sessions", {}, headers={"Origin": origin})
+            assert st == 201, origin
+    finally:
+        s.stop()
+    s = Server(tmp_path / "b", "--cors-origins", "https://app.example").start()  # an origin CORS allows
+    try:
+        assert s.request("POST", "/v1/sessions", {}, headers={"Origin": "https://app.example"})[0] == 201
+        assert s.request("POST", "/v1/sessions", {}, headers={"Origin": "https://other.example"})[0] == 403
+    finally:
+        s.stop()
+    s = Server(tmp_path / "c", "--api-key", "secret-key-1234").start()  # a key closes both ways already
+    try:
+        h = {"Authorization": "Bearer secret-key-1234", "Host": "attacker.example", "Origin": "https://x.example"}
+        assert s.request("GET", "/v1/sessions", headers=h)[0] == 200
     finally:
         s.stop()
 
@@ -634,6 +678,12 @@ def test_responses_over_a_conversation(srv, client):
     assert st == 400 and err["error"]["param"] == "items", err
     st, err, _ = srv.request("POST", "/v1/conversations", {"metadata": {"k": 7}}, headers=auth())
     assert st == 400 and err["error"]["param"] == "metadata"
+    # OpenAI's limits are in characters (64 a key, 512 a value), not in UTF-8 bytes
+    wide = {"é" * 64: "é" * 512, "名" * 64: "名前" * 256}
+    assert client.conversations.create(metadata=wide).metadata == wide
+    for over in ({"é" * 65: "x"}, {"k": "名" * 513}):
+        st, err, _ = srv.request("POST", "/v1/conversations", {"metadata": over}, headers=auth())
+        assert st == 400 and err["error"]["param"] == "metadata", over
     for path in ("/v1/conversations", f"/v1/conversations/{conv.id}", f"/v1/conversations/{conv.id}/items"):
         for raw in (b"{", b"[1]", b"null", b'{"items": 7, "metadata": "x"}', b"\xff"):
             st, err, _ = srv.request("POST", path, raw=raw, headers=auth(**{"Content-Type": "application/json"}))
@@ -650,6 +700,32 @@ def test_responses_over_a_conversation(srv, client):
     with pytest.raises(openai.NotFoundError) as ei:
         client.responses.create(model="x", conversation=conv.id, input="Hi", max_output_tokens=2)
     assert ei.value.body["param"] == "conversation"
+
+
+def test_an_item_is_in_a_conversation_once(srv, client):
+    """An earlier output item sent back as input over its own conversation, or an item id given
+    twice, is refused as OpenAI refuses it (400, "Duplicate item found"): a conversation's items
+    are paged by id, and a repeated id made the SDK's auto-paging list the same items for ever."""
+    conv = client.conversations.create()
+    first = client.responses.create(model="x", conversation=conv.id, input="Say hi.", max_output_tokens=4)
+    again = [first.output[0].model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", conversation=conv.id, input=again, max_output_tokens=4)
+    assert ei.value.body["param"] == "input" and first.output[0].id in ei.value.body["message"], ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:  # the same over previous_response_id
+        client.responses.create(model="x", previous_response_id=first.id, input=again, max_output_tokens=4)
+    assert "Duplicate item" in ei.value.body["message"]
+    twice = [{"type": "message", "role": "user", "content": c, "id": "msg_twice"} for c in ("one", "two")]
+    for call in (lambda: client.conversations.create(items=twice),
+                 lambda: client.conversations.items.create(conv.id, items=twice),
+                 lambda: client.conversations.items.create(conv.id, items=[again[0]])):
+        with pytest.raises(openai.BadRequestError) as ei:
+            call()
+        assert ei.value.body["param"] == "items", ei.value.body
+    ids = [i.id for i in client.conversations.items.list(conv.id, order="asc")]
+    assert len(ids) == 2 and len(set(ids)) == 2  # the first turn only: nothing refused was added
+    paged = [i.id for i in client.conversations.items.list(conv.id, limit=1)]  # the SDK's auto-paging
+    assert paged == ids[::-1]
 
 
 def test_previous_response_id_continues_the_conversation(srv, client):

@@ -60,7 +60,9 @@ def test_the_dfa_matches_what_python_matches(pattern):
     (r"a**", "quantifier follows a quantifier"), (r"a{2}{3}", "quantifier follows a quantifier"), (r"(a", "not closed"), (r"a)", "not opened"), (r"[a", "not closed"),
     (r"\p{L}", "escape"), (r"a{3,2}", "out of order"), (r"x{,2}", "reads differently"), (r"[]a]", "reads differently"),
     (r"(?P<n>a)", "not ECMA-262"), (r"a^b", "^ and $"), (r"a{1001}", "above 1000"), (r"[z-a]", "out of order"),
-    (r"((((a{20}){20}){20}){20})", "too large"), (r"a\01", "reads differently"), (r"^\x01$", None)])
+    (r"((((a{20}){20}){20}){20})", "too large"), (r"a\01", "reads differently"), (r"^\x01$", None),
+    ("(" * 30000 + "a" + ")" * 30000, "more than 100 deep"),  # (the recursive parser overflowed its stack)
+    ("(" * 100 + "a" + ")" * 100, None)])
 def test_what_no_dfa_holds_is_refused(pattern, reason):
     out = run(pattern, [])
     if reason is None:  # a DFA, but a JSON text cannot hold its string: the grammar refuses it (test_structured)

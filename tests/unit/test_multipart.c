@@ -208,6 +208,7 @@ TEST(multipart_refuses_malformed_forms_with_a_reason) {
         {"--zzX\r\n", "neither"},
         {"--zz-x", "neither"},
         {"--zz\r\nContent-Disposition: form-data; name=\"a\"; filename*=latin1''x\r\n\r\nx\r\n--zz--", "filename*"},
+        {"--zz\r\nContent-Disposition: form-data; name=\"a\"; filename*=UTF-8''a%00b\r\n\r\nx\r\n--zz--", "filename*"},
         {"--zz\r\nContent-Disposition: form-data; name=\"0123456789012345678901234567890123456789012345678901234567890123\"\r\n\r\n--zz--",
          "longer than 63"},
     };
@@ -220,6 +221,14 @@ TEST(multipart_refuses_malformed_forms_with_a_reason) {
             fprintf(stderr, "  case %zu: rc %d, err '%s', expected '%s'\n", i, rc, err, cases[i].why);
             test_failures++;
         }
+    }
+    { /* a NUL in a part's headers: it cut the filename short, or hid the header after it */
+        static const char nul[] = "--zz\r\nContent-Disposition: form-data; name=\"a\"; filename=\"a\0b\"\r\n\r\nx\r\n--zz--";
+        seen s;
+        char err[200] = "";
+        CHECK_EQ_INT(read_form("multipart/form-data; boundary=zz", nul, sizeof nul - 1, NULL, 0, &s, err, sizeof err),
+                     -1);
+        CHECK(strstr(err, "NUL") != NULL);
     }
     /* headers beyond the limit */
     size_t n = 2 * MULTIPART_HEADERS_MAX;

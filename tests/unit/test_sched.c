@@ -137,7 +137,7 @@ static int32_t *request_prompt(engine *e, int i, size_t *n) {
     } else {
         snprintf(text, sizeof text, "%s", prompts[i]);
     }
-    return engine_tokenize_prompt(e, text, 0, n, err, sizeof err);
+    return engine_tokenize_prompt(e, text, n, err, sizeof err);
 }
 
 static engine_gen_params request_params(int i) {
@@ -703,7 +703,7 @@ TEST(sched_cancel_flag_ends_a_generation_in_its_prefill) {
     char err[512];
     char *text = test_lighthouse_doc(8000); /* several prefill pieces */
     size_t n;
-    int32_t *p = engine_tokenize_prompt(e, text, 0, &n, err, sizeof err);
+    int32_t *p = engine_tokenize_prompt(e, text, &n, err, sizeof err);
     CHECK(p != NULL && n > 1500);
     static gen_out cancelled, whole;
     memset(&cancelled, 0, sizeof cancelled);
