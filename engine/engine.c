@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "cuda/cuda_backend.h"
 #include "engine_internal.h"
 #include "quant.h"
@@ -142,7 +143,25 @@ char *engine_detokenize(const engine *e, const int32_t *ids, size_t n, size_t li
             return NULL;
         }
     }
-    if (text) text[*len] = 0;
+    if (!text) return NULL;
+    text[*len] = 0;
+    for (size_t i = 0; i < *len;) { /* ids that end inside a character: U+FFFD, as a generation writes it */
+        uint32_t cp;
+        int l = utf8_seq((const unsigned char *)text + i, *len - i, &cp);
+        if (l > 0) {
+            i += (size_t)l;
+            continue;
+        }
+        char *clean = malloc(3 * *len + 1);
+        if (clean) *len = tokenizer_utf8_clean(text, *len, clean, 3 * *len);
+        free(text);
+        if (!clean || *len > limit) {
+            free(clean);
+            return NULL;
+        }
+        clean[*len] = 0;
+        return clean;
+    }
     return text;
 }
 

@@ -68,7 +68,8 @@ int64_t engine_tokenize(const engine *e, const char *text, size_t len, int add_s
 /* Text of one token (special tokens rendered); returns its length or -1. */
 int engine_token_text(const engine *e, int32_t id, char *buf, size_t cap);
 int32_t engine_eos(const engine *e);
-/* The text of n token ids (special tokens rendered), malloc'd and NUL-ended,
+/* The text of n token ids (special tokens rendered; a character the ids cut
+ * short, U+FFFD), malloc'd and NUL-ended,
  * its length in *len; NULL when out of memory, or with *len > limit when the
  * text would be longer than limit bytes. */
 char *engine_detokenize(const engine *e, const int32_t *ids, size_t n, size_t limit, size_t *len);

@@ -2256,6 +2256,12 @@ size_t detok_push(const tokenizer *t, detok_state *st, int32_t id, int render_sp
     return wrote;
 }
 
+size_t tokenizer_utf8_clean(const char *in, size_t n, char *out, size_t cap) {
+    size_t wrote = 0;
+    utf8_sanitize(in, n, 1, out, cap, &wrote);
+    return wrote;
+}
+
 size_t detok_flush(detok_state *st, char *out, size_t cap) {
     if (!st || st->n_pending <= 0) return 0;
     size_t wrote = 0;

@@ -68,6 +68,10 @@ size_t detok_push(const tokenizer *t, detok_state *st, int32_t id, int render_sp
                   size_t cap);
 /* Flushes what is held back (as U+FFFD if incomplete). */
 size_t detok_flush(detok_state *st, char *out, size_t cap);
+/* in[0, n) as valid UTF-8 into out (cap >= 3 * n): each maximal invalid
+ * subpart, a character cut short at the end included, becomes U+FFFD, as
+ * detok_push and detok_flush write them. Returns the bytes written. */
+size_t tokenizer_utf8_clean(const char *in, size_t n, char *out, size_t cap);
 
 /* Text is cut where a run of characters of one class (letters and marks,
  * digits, white space, the rest) reaches TOK_RUN_CUT bytes: each part is

@@ -305,8 +305,13 @@ static void pot_settings(const session *ss, const char *question, engine_pot_set
     ps->record_tokens = 0;
 }
 
+/* Whether a question arriving now may share p: room, rows not yet fed, and
+ * (once p has read the log, when uploads go on) no chunk acknowledged since,
+ * which its copy of the log would not hold. */
 static int joinable(const reread_pass *p) {
-    return p->n_members < p->srv->cfg.reread_share_limit && (p->rows ? p->state != FEEDING : 1);
+    if (p->n_members >= p->srv->cfg.reread_share_limit) return 0;
+    if (p->state != FEEDING) return 1;
+    return !p->rows && (int64_t)p->log.len == p->ss->bytes_acked;
 }
 
 /* Adds the question to the pass: a feeder of its own ("pots", or the pass's

@@ -7,6 +7,7 @@ a re-read pot that holds the whole document answers exactly as the full
 document does; streamed re-reads report progress as SSE comments."""
 import json
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -299,6 +300,40 @@ def test_shared_pass_one_pot_per_question(tmp_path_factory, model):
             assert a["message"]["content"] == b["message"]["content"]
             for x, y in zip(a["logprobs"]["content"], b["logprobs"]["content"]):
                 assert x["token"] == y["token"] and abs(x["logprob"] - y["logprob"]) < 1e-3
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_question_after_an_acknowledged_chunk_does_not_join_a_pass_without_it(tmp_path_factory, model):
+    """share "pots": a question joins a pass already reading its copy of the log only while no
+    chunk was acknowledged since that copy was read; a question sent after a 200 for a new chunk
+    joined such a pass and was answered from the document without that chunk."""
+    srv = Server(tmp_path_factory.mktemp("late_chunk"), "--budget-tokens", "512", "--reread-share", "pots",
+                 "--reread-gather-ms", "50", "--recall", "false").start()
+    try:
+        st, sess, _ = srv.request("POST", "/v1/sessions", {})
+        sid = sess["id"]
+        h = {"Content-Type": "text/plain; charset=utf-8"}
+        assert srv.request("POST", f"/v1/sessions/{sid}/chunks", raw=natural_document(11, 24000).encode(),
+                           headers=h)[0] == 200
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(ask, srv, sid, reread=True)
+            time.sleep(0.5)  # its pass gathered (50 ms) and read the log
+            deadline = time.time() + 60
+            while True:  # 409 while the pass gathers and reads the log; taken once it feeds its pot
+                st, up, _ = srv.request("POST", f"/v1/sessions/{sid}/chunks", raw=b"\n\nThe door code is 4417.\n",
+                                        headers=h)
+                if st == 200 or time.time() > deadline:
+                    break
+                time.sleep(0.02)
+            assert st == 200, up
+            st, later, _ = ask(srv, sid, reread=True)
+            st0, earlier, _ = first.result()
+        assert st == st0 == 200, (later, earlier)
+        assert later["reread"]["bytes"] == up["bytes_received"], (later, earlier)  # (it was the first's copy's)
+        if earlier["reread"]["bytes"] < up["bytes_received"]:  # (else the first began after the chunk: no race)
+            assert later["reread"]["pass"] != earlier["reread"]["pass"]
     finally:
         assert srv.stop() == 0
 

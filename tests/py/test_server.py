@@ -307,6 +307,17 @@ def test_tokenize_roundtrip(srv):
     assert st == 200 and len(body["tokens"]) < len(text) / 16  # the long pieces were taken
     st, back, _ = srv.request("POST", "/detokenize", {"tokens": body["tokens"]}, auth())
     assert st == 200 and back["content"] == text
+    # ids that end inside a character (an emoji is three byte tokens here): its part is U+FFFD and the
+    # rest is kept; the whole text was "" (and an echoed prompt's text with it, the answer too)
+    ids = tokenize(srv, "The answer is 42 \U0001F31F")
+    assert len(tokenize(srv, "\U0001F31F")) > 1
+    cut = ids[:-1]
+    st, back, _ = srv.request("POST", "/detokenize", {"tokens": cut}, auth())
+    assert st == 200 and back["content"] == "The answer is 42 \ufffd", back
+    st, body, _ = srv.request("POST", "/v1/completions", {"prompt": cut, "echo": True, "max_tokens": 3,
+                                                          "temperature": 0}, auth())
+    assert st == 200 and body["choices"][0]["text"].startswith("The answer is 42 \ufffd"), body
+    assert len(body["choices"][0]["text"]) > len("The answer is 42 \ufffd")  # the answer follows
 
 
 def test_detokenized_text_is_bounded_like_a_body(tmp_path, model):
