@@ -96,6 +96,7 @@ int auth_load(server *s, char *err, size_t errlen) {
     while (!rc && getline(&line, &cap, f) >= 0) {
         lineno++;
         char *p = line;
+        if (lineno == 1 && !strncmp(p, "\xef\xbb\xbf", 3)) p += 3; /* a UTF-8 BOM (Windows editors): not the key's */
         while (isspace((unsigned char)*p)) p++;
         if (!*p || *p == '#') continue;
         char *key = p;

@@ -534,9 +534,12 @@ static void open_doc_task(engine *e, void *arg) {
     if (have_snap == 0) { /* the snapshot, then the log past it */
         j->doc = engine_doc_load(e, &ss->settings.pot, snap, &j->from, j->snap_err, sizeof j->snap_err);
         if (j->doc && j->from > store_log_committed_size(ss->log)) {
-            snprintf(j->snap_err, sizeof j->snap_err, "it covers more of the log than the log holds");
+            /* the log was cut back (damage): the snapshot goes too, else once new chunks bring the
+               log past its offset again it would be taken for theirs (it holds the old ones) */
+            snprintf(j->snap_err, sizeof j->snap_err, "it covers more of the log than the log holds (removed)");
             engine_doc_close(j->doc);
             j->doc = NULL;
+            if (!store_is_shared(ss->srv->st)) unlink(snap);
         }
         if (!j->doc) j->from = 0;
         if (j->doc) {
@@ -1967,7 +1970,7 @@ static void restore_ended(doc_job *j, const char *what) {
         fprintf(stderr, "potserve: session %s: %s (%lld bytes, %lld tokens, last_seq %llu; %s)\n", ss->id, what,
                 (long long)ss->stats.bytes_read, (long long)ss->stats.tokens_read, (unsigned long long)ss->last_seq,
                 j->from ? "from its snapshot" : "log replayed from the start");
-        if (!j->from && *j->snap_err && ss->last_seq)
+        if (!j->from && *j->snap_err) /* (an emptied log too: the snapshot says chunks were there) */
             fprintf(stderr, "potserve: session %s: snapshot not used: %s\n", ss->id, j->snap_err);
     }
     finish_doc_job(j);
@@ -2115,6 +2118,12 @@ int sessions_restore(server *s, char *err, size_t errlen) {
     if (!root) return snprintf(err, errlen, "out of memory"), -1;
     if (mkdir(root, 0700) && errno != EEXIST) {
         snprintf(err, errlen, "data_dir: cannot create %s: %s", root, strerror(errno));
+        free(root);
+        return -1;
+    }
+    struct stat st;
+    if (stat(root, &st) == 0 && !S_ISDIR(st.st_mode)) { /* (a file there: every session made would be a 500) */
+        snprintf(err, errlen, "data_dir: %s is not a directory", root);
         free(root);
         return -1;
     }

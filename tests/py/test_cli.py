@@ -191,6 +191,14 @@ def test_unknown_architecture_and_missing_tokenizer(tmp_path, fixtures):
     assert p.returncode == 1 and p.stderr.count(b"\n") == 1
 
 
+def test_a_model_that_is_a_fifo_is_refused_at_once(tmp_path):
+    """--model naming a FIFO (bash's <(...)) blocked in open() for ever."""
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    p = run("info", "-m", fifo, timeout=30)
+    assert p.returncode == 1 and b"not a regular file" in p.stderr, p.stderr
+
+
 def test_corrupted_tiny_model_bytes(fixtures, tmp_path):
     """Every single-byte corruption in the header region either loads or fails
     with one line; none crashes (exit code by signal would be negative)."""

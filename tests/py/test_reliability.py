@@ -1409,6 +1409,14 @@ def test_a_read_only_data_dir_refuses_to_start(tmp_path):
         subprocess.run(["umount", str(mnt)])
 
 
+def test_a_data_dir_whose_sessions_is_a_file_refuses_to_start(tmp_path):
+    """DATA_DIR/sessions a regular file: the server said ready and every session made was a 500."""
+    from conftest import run
+    (tmp_path / "sessions").write_text("not a directory")
+    p = run("serve", "--data-dir", tmp_path, "--port", "0", timeout=60)
+    assert p.returncode == 1 and b"is not a directory" in p.stderr, p.stderr
+
+
 def test_a_chunk_after_the_data_dir_was_deleted_is_not_acknowledged(tmp_path):
     """The data directory removed under a running server (an operator's
     mistake): chunks were still acknowledged 200, into files no restart would

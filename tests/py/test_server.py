@@ -564,7 +564,8 @@ def test_upload_progress_sse(srv):
 def test_sessions_belong_to_their_key(tmp_path):
     keys = tmp_path / "keys"
     long_key = "L" * 1100 + "-tail-key"  # a line longer than a 1,024-byte buffer: it was cut into two keys
-    keys.write_text("# two tenants\nalpha-key-000001 alice\nbravo-key-000002 bob  # a comment after the name\n"
+    # a UTF-8 BOM first (a Windows editor's): it was read as part of the first key
+    keys.write_text("\ufeffalpha-key-000001 alice\n# two tenants\nbravo-key-000002 bob  # a comment after the name\n"
                     f"{long_key} long\n")
     s = Server(tmp_path / "d", "--api-keys-file", keys, "--budget-tokens", "64").start()
     try:
@@ -1061,6 +1062,49 @@ def test_snapshot_restores_and_damage_falls_back_to_the_log(tmp_path):
         assert not [line for line in s4.log_lines if "snapshot not used" in line], s4.log_lines
     finally:
         assert s4.stop() == 0
+
+
+def test_a_snapshot_past_a_log_cut_back_is_not_taken_for_later_chunks(tmp_path):
+    """A log damaged in its middle is cut back at the start before the damage, and the snapshot
+    covering more than it holds is refused; it is removed too now: it stayed, and once chunks sent
+    again brought the log to its offset, a restart after a kill took it for theirs (the pot held
+    the old text, the log the new)."""
+    data = tmp_path / "d"
+    chunks = [b"Alpha begins the story here. ", b"Bravo 1 2 3 4 5 6 7 8 9 10. ", b"Charlie ends it all now. "]
+    s = Server(data, "--budget-tokens", "64").start()
+    st, sess, _ = s.request("POST", "/v1/sessions", {})
+    sid = sess["id"]
+    for i, c in enumerate(chunks):
+        assert s.request("POST", f"/v1/sessions/{sid}/chunks?seq={i + 1}", raw=c,
+                         headers={"Content-Type": "text/plain"})[0] == 200
+    assert s.stop() == 0  # (a stop writes the snapshot: it covers the three chunks)
+    log = data / "sessions" / sid / "chunks.log"
+    raw = bytearray(log.read_bytes())
+    raw[raw.index(b"Bravo 1 2") + 3] ^= 0x20  # one bit of the second chunk
+    log.write_bytes(bytes(raw))
+    s = Server(data, "--budget-tokens", "64").start()
+    try:
+        s.wait_log("snapshot not used")
+        assert s.request("GET", f"/v1/sessions/{sid}")[1]["last_seq"] == 1
+        again = [b"Delta 9 8 7 6 5 4 3 2 1 00. ", b"Echo closes every doors. "]  # the same lengths
+        assert [len(c) for c in again] == [len(c) for c in chunks[1:]]
+        for i, c in enumerate(again):
+            assert s.request("POST", f"/v1/sessions/{sid}/chunks?seq={i + 2}", raw=c,
+                             headers={"Content-Type": "text/plain"})[0] == 200
+        st, before, _ = s.request("GET", f"/v1/sessions/{sid}")
+        st, text_before, _ = s.request("GET", f"/v1/sessions/{sid}/text?start=0&end={before['tokens_ingested']}")
+    finally:
+        s.kill()  # (no snapshot at the stop)
+    s = Server(data, "--budget-tokens", "64").start()
+    try:
+        st, after, _ = s.request("GET", f"/v1/sessions/{sid}")
+        for k in ("last_seq", "bytes_received", "tokens_ingested", "tokens_in_pot"):
+            assert after[k] == before[k], (k, before, after)
+        st, text_after, _ = s.request("GET", f"/v1/sessions/{sid}/text?start=0&end={after['tokens_ingested']}")
+        assert text_after == text_before  # (the pot's: it held Bravo and Charlie)
+        assert not [line for line in s.log_lines if "from its snapshot" in line], s.log_lines
+    finally:
+        assert s.stop() == 0
 
 
 @pytest.mark.heavy
