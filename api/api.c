@@ -519,10 +519,9 @@ int api_parse_gen_request(json_t *body, int chat, int32_t n_vocab, api_gen_reque
         get_string(r->root, "overflow", &overflow, e) || get_bool(r->root, "reread", &r->reread, e) ||
         get_recall(r->root, &r->recall, e) || parse_stop(r, e) || (!chat && get_bool(r->root, "echo", &r->echo, e)) ||
         (!chat && get_string(r->root, "suffix", &r->suffix, e)) ||
-        parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->grammar, e) ||
+        parse_bias(r, n_vocab, e) || api_parse_response_format(r->root, &r->format_schema, e) ||
         (chat && api_parse_tools(r, e)))
         return -1;
-    gp->grammar = r->grammar;
     /* chat: logprobs is a boolean with top_logprobs; completions: logprobs is the count */
     r->enable_thinking = -1; /* (not given) */
     json_t *kw = json_object_get(r->root, "chat_template_kwargs"); /* llama-server's and vLLM's spelling */
@@ -610,8 +609,27 @@ void api_gen_request_free(api_gen_request *r) {
     free(r->stops);
     free(r->bias);
     grammar_unref(r->grammar);
+    json_decref(r->format_schema);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
+}
+
+int api_gen_request_constrained(const api_gen_request *r) {
+    return r->format_schema || r->tool_choice == TOOL_CHOICE_REQUIRED || r->tool_choice == TOOL_CHOICE_NAMED;
+}
+
+int api_gen_request_compile(api_gen_request *r, api_error *e) {
+    grammar *g = NULL;
+    if (r->tool_choice == TOOL_CHOICE_REQUIRED || r->tool_choice == TOOL_CHOICE_NAMED)
+        g = api_tool_call_grammar(r, e); /* (replaces any response_format) */
+    else if (r->format_schema)
+        g = api_schema_grammar(r->format_schema, "response_format", e);
+    else
+        return 0;
+    if (!g) return -1;
+    grammar_unref(r->grammar);
+    r->grammar = r->params.grammar = g;
+    return 0;
 }
 
 int api_parse_tokenize(json_t *body, const char **content, int *add_special, json_t **root, api_error *e) {

@@ -108,7 +108,8 @@ typedef struct api_gen_request {
     json_t *root;
     const char **stops;
     logit_bias *bias;
-    grammar *grammar;          /* response_format's or a forced tool call's constraint (owned) */
+    json_t *format_schema;     /* response_format's schema, compiled by api_gen_request_compile (owned) */
+    grammar *grammar;          /* response_format's or a forced tool call's constraint, once compiled (owned) */
     /* tools (tools.c) */
     json_t *tools;             /* the non-empty "tools" array (borrowed from root) or NULL */
     enum { TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED, TOOL_CHOICE_NAMED } tool_choice;
@@ -161,9 +162,10 @@ void api_embed_request_free(api_embed_request *q);
 /* Compiles a JSON Schema into a grammar (the subset schema.c lists); NULL +
  * a 400 naming param and the unsupported keyword. Caller owns the grammar. */
 grammar *api_schema_grammar(json_t *schema, const char *param, api_error *e);
-/* body's response_format: *out = NULL for none or text, else the grammar
- * (caller owns). 0, or -1 + a 400 with param "response_format". */
-int api_parse_response_format(json_t *body, grammar **out, api_error *e);
+/* body's response_format checked: *schema = NULL for none or text, else the
+ * JSON Schema its output must meet (a new reference; compiled later, by
+ * api_schema_grammar). 0, or -1 + a 400 with param "response_format". */
+int api_parse_response_format(json_t *body, json_t **schema, api_error *e);
 
 /* Compiles schema into g (its $refs resolve against schema); the node id,
  * or -1 + a 400 naming param. */
@@ -181,6 +183,12 @@ int api_render_tools(api_gen_request *r, const char *family, api_error *e);
  * required: any tool; named: that one), its arguments valid against the
  * tool's parameters. Caller owns it; NULL + e. */
 grammar *api_tool_call_grammar(const api_gen_request *r, api_error *e);
+/* The grammar a parsed request's output must follow, compiled into
+ * r->grammar and r->params.grammar: response_format's schema, or a forced
+ * tool call's (which replaces it). Up to a second of CPU for a costly pattern:
+ * off the event loop when api_gen_request_constrained. 0, or -1 + a 400. */
+int api_gen_request_compile(api_gen_request *r, api_error *e);
+int api_gen_request_constrained(const api_gen_request *r);
 /* The tool calls in generated text as OpenAI's message.tool_calls (caller
  * owns), or NULL when there are none; *content: the text around them
  * (malloc'd, NULL when empty). A call max_tokens cut open is not text: it is

@@ -879,8 +879,8 @@ grammar *api_schema_grammar(json_t *schema, const char *param, api_error *e) {
     return g;
 }
 
-int api_parse_response_format(json_t *body, grammar **out, api_error *e) {
-    *out = NULL;
+int api_parse_response_format(json_t *body, json_t **schema_out, api_error *e) {
+    *schema_out = NULL;
     const char *P = "response_format";
     json_t *rf = json_object_get(body, P);
     if (!rf || json_is_null(rf)) return 0;
@@ -891,10 +891,8 @@ int api_parse_response_format(json_t *body, grammar **out, api_error *e) {
     const char *t = json_string_value(type);
     if (!strcmp(t, "text")) return 0;
     if (!strcmp(t, "json_object")) {
-        json_t *any_object = json_pack("{s:s}", "type", "object");
-        *out = any_object ? api_schema_grammar(any_object, P, e) : NULL;
-        json_decref(any_object);
-        return *out ? 0 : -1;
+        *schema_out = json_pack("{s:s}", "type", "object");
+        return *schema_out ? 0 : api_fail(e, 500, NULL, NULL, "out of memory");
     }
     if (strcmp(t, "json_schema"))
         return api_fail(e, 400, "invalid_value", P,
@@ -910,6 +908,6 @@ int api_parse_response_format(json_t *body, grammar **out, api_error *e) {
         return api_fail(e, 400, "invalid_type", P, "response_format.json_schema.strict must be a boolean");
     if (!json_is_object(schema))
         return api_fail(e, 400, "invalid_value", P, "response_format.json_schema.schema must be a JSON Schema object");
-    *out = api_schema_grammar(schema, P, e);
-    return *out ? 0 : -1;
+    *schema_out = json_incref(schema);
+    return 0;
 }

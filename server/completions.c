@@ -1788,6 +1788,13 @@ static int start_recall(server *s, generation *g, api_error *e) {
 static void prompt_work(void *arg);
 static void prompt_done(request *r, void *arg);
 
+/* prompt_work, then prompt_done: off the loop when it may take long, for tokenizing megabytes of
+   prompt, or compiling a schema or a forced tool call's grammar (a costly pattern: up to a second) */
+static void prepare_prompt(request *r, generation *g) {
+    if (api_gen_request_constrained(&g->req)) request_work(r, WORK_HEAVY, prompt_work, prompt_done, g);
+    else request_work_input(r, prompt_work, prompt_done, g);
+}
+
 /* r's body as a generation request; a Responses request's errors name its own fields. */
 static int parse_request(request *r, int chat, int responses, api_gen_request *q, api_error *e) {
     json_t *body = request_json(r, e);
@@ -1810,7 +1817,9 @@ int generation_check_responses(request *r, api_error *e, int *retry_after) {
     if (r->json && files_in_messages(r, r->json, e, retry_after)) return -1;
     api_gen_request q;
     memset(&q, 0, sizeof q);
-    int rc = parse_request(r, 1, 1, &q, e);
+    /* (a background response's schema is compiled here too, on the loop: a bad one is a 400 now
+       rather than a stored failure; its answer compiles it again, off the loop) */
+    int rc = parse_request(r, 1, 1, &q, e) || api_gen_request_compile(&q, e) ? -1 : 0;
     api_gen_request_free(&q);
     return rc;
 }
@@ -1878,7 +1887,7 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
                  q->reread > 0 ? "reread" : "recall", q->reread > 0 ? "re-reads" : "searches");
         return respond_error(r, &e);
     }
-    request_work_input(r, prompt_work, prompt_done, g); /* (as below) */
+    prepare_prompt(r, g);
 }
 
 void generation_session_ready(request *r, session *found) {
@@ -1919,8 +1928,7 @@ void generation_session_ready(request *r, session *found) {
     g->recall_after_reread = reread ? mode : API_RECALL_OFF;
     g->rereading_asked = reread;
     g->recall_asked = recall;
-    /* tokenizing megabytes of prompt takes seconds: then off the loop (request_work) */
-    request_work_input(r, prompt_work, prompt_done, g);
+    prepare_prompt(r, g);
 }
 
 /* A pot reads the document, never the question: a question whose text alone
@@ -1945,6 +1953,7 @@ static void prompt_work(void *arg) {
     generation *g = arg;
     server *s = g->r->srv;
     api_gen_request *q = &g->req;
+    if (api_gen_request_compile(q, &g->prep_err)) return;
     if (!g->ss) {
         if (!plain_prompt(s, g, &g->prep_err)) batch_prompts(s, g, &g->prep_err);
         if (!g->prep_err.status && q->chat && !q->overflow_error &&
@@ -1973,12 +1982,6 @@ static void prompt_done(request *r, void *arg) {
         int64_t n = (int64_t)g->n_prompt + (g->ss ? g->ss->stats.tokens_in_pot : 0);
         return respond_json(r, 200, json_pack("{s:s, s:I}", "object", "response.input_tokens", "input_tokens",
                                               (json_int_t)n));
-    }
-    if (q->tool_choice == TOOL_CHOICE_REQUIRED || q->tool_choice == TOOL_CHOICE_NAMED) {
-        grammar *forced = api_tool_call_grammar(q, &e); /* replaces any response_format */
-        if (!forced) return respond_error(r, &e);
-        grammar_unref(q->grammar);
-        q->grammar = q->params.grammar = forced;
     }
     int32_t n_ctx = s->info.n_ctx_train;
     int overflow = 0;

@@ -162,6 +162,36 @@ def ask(client, schema, seed, max_tokens=160):
         temperature=1.0, seed=seed, max_tokens=max_tokens)
 
 
+def test_compiling_a_costly_schema_does_not_hold_the_loop(plain_srv):
+    """A schema compiles to a grammar off the event loop: a pattern whose DFA takes most of a
+    second to refuse held every other request (a /health probe waited 5.6 s behind eight)."""
+    import threading
+    import time
+    import urllib.request
+    costly = {"type": "string", "pattern": ".{0,1000}.{0,1000}.{0,1000}.{0,1000}"}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": costly}}}
+    waits, stop = [], threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            t = time.time()
+            urllib.request.urlopen(plain_srv.url + "/health", timeout=60).read()
+            waits.append(time.time() - t)
+            time.sleep(0.01)
+    th = threading.Thread(target=probe)
+    th.start()
+    t0 = time.time()
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: plain_srv.request("POST", "/v1/chat/completions", body), range(4)))
+    took = time.time() - t0
+    stop.set()
+    th.join()
+    assert all(st == 400 and "pattern" in err["error"]["message"] for st, err, _ in got), got
+    print(f"4 costly schemas refused in {took:.2f} s; slowest /health {max(waits) * 1000:.0f} ms")
+    assert max(waits) < max(0.25, took / 4), (max(waits), took)
+
+
 def test_unconstrained_outputs_would_not_validate(client):
     """The reference point: without response_format the model writes prose."""
     bad = 0
