@@ -114,7 +114,7 @@ static session *file_lookup(request *r, const char *sid) {
     session *ss = session_find(r->srv, sid, r->key);
     if (ss && ss->file && !ss->final && !ss->busy && ss->status != SESSION_FAILED)
         forget_file(ss); /* (a shared store: taken over after the replica reading it died mid-file) */
-    if (!ss || !ss->file || session_expired_now(ss) || ss->deleted) {
+    if (!ss || !ss->file || !ss->final || session_expired_now(ss) || ss->deleted) {
         api_error e;
         api_fail(&e, 404, "file_not_found", "file_id", "no file 'file-%s'", sid + 5);
         respond_error(r, &e);
@@ -200,7 +200,8 @@ static void answer_files_page(request *r, json_t *files, const list_query *q) {
 
 /* A file held here as GET /v1/files shows it, or NULL when it is not one of key's now. */
 static json_t *held_file_json(const session *ss, const api_key *key) {
-    if (!ss->file || ss->deleted || session_expired_now(ss) || strcmp(ss->owner, key->owner)) return NULL;
+    if (!ss->file || !ss->final || ss->deleted || session_expired_now(ss) || strcmp(ss->owner, key->owner))
+        return NULL; /* (!final: its upload is still coming, and may yet leave no file) */
     return file_json(ss);
 }
 

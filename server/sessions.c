@@ -2034,6 +2034,7 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
     ss->file = json_is_object(file) ? json_incref(file) : NULL;
     ss->expires = ss->settings.ttl_seconds ? ss->created + ss->settings.ttl_seconds : 0;
     ss->last_seq = ss->log ? store_log_last_seq(ss->log) : 0;
+    ss->bytes_acked = logged_bytes(ss); /* (bytes_received, a file's bytes, while it is restored) */
     ss->final = ss->log && store_log_is_final(ss->log);
     ss->memory_bytes = ss->log ? engine_doc_memory(s->eng, &ss->settings.pot) : 0; /* (failed: no pot) */
     ok = ss->dir != NULL;

@@ -282,6 +282,10 @@ def test_a_client_leaving_in_the_middle_of_a_file_leaves_no_file(srv):
     while time.time() < deadline and len(srv.request("GET", "/v1/sessions")[1]["data"]) == n_sessions:
         time.sleep(0.05)
     assert len(srv.request("GET", "/v1/sessions")[1]["data"]) == n_sessions + 1  # its session exists meanwhile
+    # but no file yet (a file is there once its upload is answered): it was listed "uploaded" with 0 bytes
+    sid = [x["id"] for x in srv.request("GET", "/v1/sessions")[1]["data"]][-1]
+    assert sid not in [f["session"] for f in srv.request("GET", "/v1/files")[1]["data"]]
+    assert srv.request("GET", f"/v1/files/file-{sid[5:]}")[0] == 404
     s.close()
     assert no_files_left(srv, n_sessions)
 
@@ -312,7 +316,7 @@ def test_a_file_survives_a_restart_and_one_cut_by_a_kill_does_not(tmp_path, mode
         s.close()
         srv.start()
         c = openai_client(srv)
-        assert [x.id for x in c.files.list()] == [f.id]
+        assert [(x.id, x.bytes) for x in c.files.list()] == [(f.id, 3000)]  # (its bytes while it is read again: 0)
         assert len(srv.request("GET", "/v1/sessions")[1]["data"]) == 1
         srv.wait_log("a file upload that never ended, removed")
         g = c.files.wait_for_processing(f.id, poll_interval=0.2)
