@@ -50,6 +50,11 @@ int api_parse_tools(api_gen_request *r, api_error *e) {
                 !json_is_object(fn) || !json_is_string(name) || !json_string_length(name))
                 return api_fail(e, 400, "invalid_value", "tools",
                                 "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+            const char *nm = json_string_value(name);
+            size_t nl = strspn(nm, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-");
+            if (nl != strlen(nm) || nl > 64) /* (OpenAI's rule; a name is written into the call's markup) */
+                return api_fail(e, 400, "invalid_value", "tools",
+                                "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
             if (params && !json_is_null(params) && !json_is_object(params))
                 return api_fail(e, 400, "invalid_type", "tools", "tools[%zu].function.parameters must be a JSON Schema", i);
             /* arguments are an object of named values (a call's JSON is {"name": …, "arguments": {…}},

@@ -1119,6 +1119,8 @@ static int batch_prompts(server *s, generation *g, api_error *e) {
             g->batch[p].ids = engine_tokenize_prompt(s->eng, q->batch_texts[p], &n, err, sizeof err);
             if (!g->batch[p].ids) return api_fail(e, 400, "invalid_value", "prompt", "prompt[%zu]: %s", p, err);
         }
+        if (!n) /* (as the first prompt's: nothing to continue) */
+            return api_fail(e, 400, "invalid_value", "prompt", "prompt[%zu] is empty: there is nothing to continue", p);
         g->batch[p].n = n;
         if (n > room)
             return api_fail(e, 400, "context_length_exceeded", "prompt",

@@ -507,6 +507,10 @@ def test_batch_completions_in_order(client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model="x", prompt=["a", [1, 2]], max_tokens=2)
     assert ei.value.body["param"] == "prompt"
+    for empty in (["", "hi"], ["hi", ""]):  # the second was a generation_failed "empty prompt"
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model="x", prompt=empty, max_tokens=2)
+        assert (ei.value.body["code"], ei.value.body["param"]) == ("invalid_value", "prompt"), ei.value.body
 
 
 # ---- /v1/responses ---------------------------------------------------------------------------

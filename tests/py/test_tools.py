@@ -257,6 +257,9 @@ def test_tool_errors_are_400s(client):
                    {"type": "array", "items": {"type": "string"}}, {"anyOf": [{"type": "object"}]}]:
         fn = {"name": "f", "parameters": schema}
         cases.append(({"tools": [{"type": "function", "function": fn}], "tool_choice": "required"}, "tools"))
+    # OpenAI's names: a name holding the call's markup ('</tool_call>') broke the parsing of calls
+    for name in ['a b"</tool_call>', "x" * 65, "get.weather", "名前"]:
+        cases.append(({"tools": [{"type": "function", "function": {"name": name}}]}, "tools"))
     for extra, param in cases:
         with pytest.raises(openai.BadRequestError) as ei:
             client.chat.completions.create(model="x", messages=ASK, max_tokens=5, **extra)
