@@ -216,6 +216,10 @@ int api_render_tools(api_gen_request *r, const char *family, api_error *e) {
     r->tool_format = f == FORMAT_CHATML ? "chatml" : "llama3";
     /* a call the model writes itself is not cut open by a stop string (a forced one is under a grammar) */
     if (r->tools && r->tool_choice == TOOL_CHOICE_AUTO) r->params.stop_guard = f == FORMAT_CHATML ? "<tool_call>" : "{\"name\"";
+    /* one call wanted: the answer ends with the first call's close (the model went on to write more,
+       which were dropped, and could end cut by max_tokens: finish_reason "length") */
+    if (r->tools && r->tool_choice == TOOL_CHOICE_AUTO && !r->parallel_tool_calls && f == FORMAT_CHATML)
+        r->params.end_after = "</tool_call>";
     /* the rewritten list: at most one more message (a system message for the tools) */
     engine_message *out = calloc(r->n_messages + 1, sizeof *out);
     if (!out) return api_fail(e, 500, NULL, NULL, "out of memory");

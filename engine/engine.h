@@ -147,6 +147,8 @@ typedef struct engine_gen_params {
                                     under a grammar (they would cut the value open) */
     size_t n_stop;
     const char *stop_guard;      /* stop strings apply only before it (stop_matcher_new); NULL: everywhere */
+    const char *end_after;       /* the answer ends once it has written this (kept; under 32 bytes): the
+                                    close of a tool call when only one is wanted; NULL: none */
     int want_logprobs;
     int32_t *tokens_out;         /* when non-NULL, receives the generated ids (room for max_tokens) */
     /* Recycled attention ("Recycled Attention" paper), off when recycle_stride <= 1: a full

@@ -40,6 +40,9 @@ struct gen_seq {
     int32_t *tokens_out;
     sampler *smp;
     stop_matcher *sm;
+    const char *end_after;   /* engine_gen_params' */
+    char end_tail[32];       /* the text's last bytes, where end_after may have begun */
+    size_t n_end_tail;
     float *logits;           /* [n_vocab]: the last forward's, then sampler scratch */
     recycler rec;
     detok_state ds;
@@ -116,6 +119,7 @@ gen_seq *gen_seq_new(engine *e, const engine_gen_params *gp, engine_text_cb cb, 
     q->recycle_keep = gp->recycle_keep;
     q->recycle_pool = gp->recycle_pool ? gp->recycle_pool : RECYCLE_POOL_DEFAULT;
     q->want_logprobs = gp->want_logprobs;
+    q->end_after = gp->end_after && *gp->end_after && strlen(gp->end_after) < sizeof q->end_tail ? gp->end_after : NULL;
     q->tokens_out = gp->tokens_out;
     q->logits = malloc((size_t)e->m->n_vocab * sizeof(float));
     q->smp = q->logits ? sampler_new(&gp->sampling, e->m->n_vocab, err, errlen) : NULL;
@@ -302,6 +306,22 @@ static int emit_text(gen_seq *q, const char *text, size_t len, int32_t tok,
     return hit || *cancelled;
 }
 
+/* Whether the text so far, now ending with text[0, n), holds end_after. */
+static int wrote_end(gen_seq *q, const char *text, size_t n) {
+    size_t k = strlen(q->end_after), all = q->n_end_tail + n;
+    char buf[sizeof q->end_tail + 256];
+    if (all > sizeof buf) { /* (a piece longer than the detokenizer's buffer: its end only) */
+        text += all - sizeof buf, n -= all - sizeof buf, all = sizeof buf;
+        q->n_end_tail = all - n;
+    }
+    memcpy(buf, q->end_tail, q->n_end_tail);
+    memcpy(buf + q->n_end_tail, text, n);
+    if (memmem(buf, all, q->end_after, k)) return 1;
+    q->n_end_tail = all < k - 1 ? all : k - 1;
+    memcpy(q->end_tail, buf + all - q->n_end_tail, q->n_end_tail);
+    return 0;
+}
+
 /* Ends the sequence; `flush` sends what the detokenizer and the stop matcher
  * still hold (not after a stop string or a cancellation). */
 static void seq_finish(gen_seq *q, enum engine_finish finish, int flush) {
@@ -460,6 +480,7 @@ static int seq_sample(gen_seq *q) {
     int cancelled = 0;
     if (emit_text(q, text, n, tok, lpp, &cancelled))
         return seq_finish(q, cancelled ? ENGINE_FINISH_CANCELLED : ENGINE_FINISH_STOP, 0), 0;
+    if (q->end_after && wrote_end(q, text, n)) return seq_finish(q, ENGINE_FINISH_STOP, 1), 0;
     if (q->gram && grammar_must_end(q->gram, &q->gst)) return seq_finish(q, ENGINE_FINISH_STOP, 1), 0;
     /* the last token is never decoded: nothing would read its logits */
     if (q->max_tokens > 0 && q->res.n_generated >= q->max_tokens)

@@ -60,6 +60,7 @@ struct engine_doc {
     int have_pending;
     int32_t n_prefix;
     int32_t finch_keep;
+    int rows_are_question;    /* score_rows are FINCH's question (else the catalyst) */
     float nuc_share;
     int32_t pool;             /* pot_select's pooling width (settings' pool_width resolved) */
     enum backend_score_combine combine;
@@ -823,6 +824,7 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
 
     /* scoring rows: the question (finch, known up front) or the catalyst */
     int finch_up_front = d->policy == POLICY_FINCH && s->question;
+    d->rows_are_question = finch_up_front;
     if (d->policy == POLICY_FINCH && !s->question && !s->finch_keep) d->finch_keep = keep;
     d->needs_surprisal = d->policy == POLICY_INFINIPOT || (d->policy == POLICY_FINCH && !finch_up_front);
     const char *rows = finch_up_front ? s->question : (s->catalyst ? s->catalyst : DEFAULT_CATALYST);
@@ -907,9 +909,10 @@ static int doc_fits_context(const engine_doc *d, char *err, size_t errlen) {
         snprintf(err, errlen, "budget_tokens: %d and this policy's %zu scoring rows exceed the model's context "
                  "of %d tokens: budget_tokens can be at most %lld here", d->sched.budget, over,
                  e->m->n_ctx_train, most);
-    else /* FINCH's rows are its question */
-        snprintf(err, errlen, "question: this policy's %zu scoring rows (a FINCH question's) exceed the model's context "
-                 "of %d tokens with any budget", over, e->m->n_ctx_train);
+    else /* (the field named first is the one the server's 422 names) */
+        snprintf(err, errlen, "%s: this policy's %zu scoring rows (%s) exceed the model's context of %d tokens with "
+                 "any budget", d->rows_are_question ? "question" : "catalyst", over,
+                 d->rows_are_question ? "a FINCH question's" : "the catalyst's", e->m->n_ctx_train);
     return -1;
 }
 

@@ -1346,6 +1346,15 @@ static int query_flag(request *r, const char *name, int dflt) {
     return !strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no") ? 0 : -1;
 }
 
+/* Whether a header value's first token (up to ';', white space or a closing
+ * quote) is word, ignoring case: "text/plainx" is not text/plain. */
+static int media_type_is(const char *value, const char *word) {
+    size_t n = strlen(word);
+    if (!value || strncasecmp(value, word, n)) return 0;
+    char c = value[n];
+    return !c || c == ';' || c == ' ' || c == '\t' || c == '"';
+}
+
 /* Headers of POST /v1/sessions/{id}/chunks: everything that can be refused
  * before the body is read. */
 static void start_upload(request *r, session *ss) {
@@ -1359,8 +1368,8 @@ static void start_upload(request *r, session *ss) {
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
     while (ct && (*ct == ' ' || *ct == '\t')) ct++;
     if (ct && !*ct) ct = NULL; /* an empty Content-Type is none */
-    int json = ct && !strncasecmp(ct, "application/json", 16);
-    if (ct && !json && strncasecmp(ct, "text/plain", 10) && strncasecmp(ct, "application/octet-stream", 24)) {
+    int json = media_type_is(ct, "application/json");
+    if (ct && !json && !media_type_is(ct, "text/plain") && !media_type_is(ct, "application/octet-stream")) {
         api_fail(&e, 415, "unsupported_media_type", NULL,
                  "upload text/plain, application/octet-stream or application/json, not %s", ct);
         return respond_error(r, &e);
@@ -1369,7 +1378,7 @@ static void start_upload(request *r, session *ss) {
     if (charset) { /* the document is kept and read as UTF-8: another encoding would be misread */
         charset += 8;
         if (*charset == '"') charset++;
-        if (strncasecmp(charset, "utf-8", 5) && strncasecmp(charset, "utf8", 4) && strncasecmp(charset, "us-ascii", 8)) {
+        if (!media_type_is(charset, "utf-8") && !media_type_is(charset, "utf8") && !media_type_is(charset, "us-ascii")) {
             api_fail(&e, 415, "unsupported_media_type", NULL, "the text must be UTF-8, not %.60s (%s)", charset, ct);
             return respond_error(r, &e);
         }

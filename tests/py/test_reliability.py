@@ -612,7 +612,13 @@ def test_chunk_content_types_and_fields(srv):
     st, body, _ = srv.request("POST", path + "?seq=2", raw="café ".encode(),
                               headers={"Content-Type": "text/plain; charset=UTF-8"})
     assert st == 200 and body["last_seq"] == 2, body
-    st, body, _ = srv.request("POST", path, {"txt": "x", "seq": 3})
+    # a type is the whole first token: these were taken as text/plain, JSON and UTF-8
+    for ct in ("text/plainx", "application/jsonl", "text/plain; charset=utf-8x", "text/plain;charset=utf8mb4"):
+        st, body, _ = srv.request("POST", path + "?seq=3", raw=b"x", headers={"Content-Type": ct})
+        assert st == 415 and body["error"]["code"] == "unsupported_media_type", (ct, body)
+    for ct in ("TEXT/PLAIN;charset=\"utf-8\"", "text/plain ; charset=us-ascii"):
+        assert srv.request("POST", path + "?seq=3", raw=b"x", headers={"Content-Type": ct})[0] == 200, ct
+    st, body, _ = srv.request("POST", path, {"txt": "x", "seq": 4})
     assert st == 400 and body["error"]["code"] == "missing_field" and body["error"]["param"] == "text", body
 
 
@@ -1123,6 +1129,11 @@ def test_request_timeout_0_is_no_limit_and_budget_errors_say_the_largest(tmp_pat
         most = int(body["error"]["message"].rsplit("at most ", 1)[1].split()[0])
         assert s.request("POST", "/v1/sessions", {"budget_tokens": most})[0] == 201
         assert s.request("POST", "/v1/sessions", {"budget_tokens": most + 1})[0] == 422
+        # rows that fit no budget are named as the field they came from (a catalyst was called "question")
+        for settings, param in (({"catalyst": "word " * 400}, "catalyst"),
+                                ({"policy": "finch", "question": "word " * 400}, "question")):
+            st, body, _ = s.request("POST", "/v1/sessions", settings)
+            assert st == 422 and body["error"]["param"] == param, (settings, body)
     finally:
         assert s.stop() == 0
 

@@ -243,6 +243,35 @@ def test_tool_results_continue_the_conversation(client):
     assert r.usage.prompt_tokens > first.usage.prompt_tokens + 20
 
 
+def test_parallel_tool_calls_false_ends_the_answer_with_its_first_call(client):
+    """parallel_tool_calls false keeps one call; the answer now ends with that call's close: the
+    model went on to write a second (dropped), and max_tokens could cut it, so that one whole call
+    came back with finish_reason "length"."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+    def shot(city, i):  # a few turns where the model answered with two calls
+        calls = [{"id": f"call_{i}{k}", "type": "function",
+                  "function": {"name": "get_weather", "arguments": json.dumps({"city": c})}}
+                 for k, c in (("a", city), ("b", city + "2"))]
+        return [{"role": "user", "content": f"Weather in {city}?"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": f"call_{i}a", "content": "sunny"},
+                {"role": "tool", "tool_call_id": f"call_{i}b", "content": "rain"},
+                {"role": "assistant", "content": "It is sunny."}]
+    msgs = shot("Paris", 1) + shot("Rome", 2) + shot("Oslo", 3) + [{"role": "user", "content": "Weather in Berlin?"}]
+    both = client.chat.completions.create(model="x", messages=msgs, tools=[weather], temperature=0, max_tokens=200)
+    assert len(both.choices[0].message.tool_calls) == 2  # (what this model writes here, for the check below)
+    for max_tokens in (50, 200):
+        r = client.chat.completions.create(model="x", messages=msgs, tools=[weather], temperature=0,
+                                           max_tokens=max_tokens, parallel_tool_calls=False)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r
+        assert json.loads(calls[0].function.arguments) == json.loads(both.choices[0].message.tool_calls[0]
+                                                                     .function.arguments)
+        assert r.usage.completion_tokens < both.usage.completion_tokens
+
+
 def test_tool_errors_are_400s(client):
     cases = [({"tools": [{"type": "function"}]}, "tools"),
              ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
