@@ -3,10 +3,12 @@
  * uv_poll_t on MHD's epoll descriptor and a uv_timer_t following
  * MHD_get_timeout both call MHD_run. SIGTERM/SIGINT drain and exit 0. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -213,6 +215,22 @@ static int make_dir(const char *path, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+/* One server a data directory: a second one on it failed the first's sessions
+ * ("already open elsewhere") and could delete them. The lock lives as long as
+ * the process (its descriptor is never closed; a killed server's goes with it). */
+static int lock_data_dir(const char *dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return snprintf(err, errlen, "data_dir: cannot open %.300s: %s", path, strerror(errno)), -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    int e = errno;
+    close(fd);
+    if (e == EWOULDBLOCK)
+        return snprintf(err, errlen, "data_dir: %.300s is in use by another potserve (it holds its .lock)", dir), -1;
+    return snprintf(err, errlen, "data_dir: cannot lock %.300s: %s", path, strerror(e)), -1;
 }
 
 static void on_leases(uv_timer_t *t) {
@@ -434,7 +452,7 @@ int cli_serve(int argc, char **argv) {
     uv_signal_init(&loop, &s->sig_int);
     s->wake.data = s->mhd_timer.data = s->mhd_soon.data = s->housekeeping.data = s->leases.data = s->bg_follow.data = s->bg_ship.data = s->sig_term.data = s->sig_int.data = s;
     if (auth_load(s, err, sizeof err) || make_dir(s->cfg.data_dir, err, sizeof err) ||
-        open_store(s, err, sizeof err) || open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
+        lock_data_dir(s->cfg.data_dir, err, sizeof err) || open_store(s, err, sizeof err) || open_engine(s, err, sizeof err) || start_http(s, err, sizeof err)) {
         fprintf(stderr, "potserve serve: %s\n", err);
         goto out;
     }

@@ -1428,6 +1428,21 @@ def test_a_data_dir_whose_sessions_is_a_file_refuses_to_start(tmp_path):
     assert p.returncode == 1 and b"is not a directory" in p.stderr, p.stderr
 
 
+def test_a_second_server_on_a_data_dir_in_use_refuses_to_start(tmp_path):
+    """A second server on a running one's data directory listed its sessions as failed ("already
+    open elsewhere"), could delete them, and the first one's next chunk was a 500. It refuses to
+    start now; once the first is gone (even killed) the directory is free."""
+    from conftest import run
+    a = Server(tmp_path / "d").start()
+    try:
+        p = run("serve", "--data-dir", tmp_path / "d", "--port", "0", timeout=60)
+        assert p.returncode == 1 and b"in use by another potserve" in p.stderr, p.stderr
+    finally:
+        a.kill()
+    b = Server(tmp_path / "d").start()
+    assert b.stop() == 0
+
+
 def test_a_chunk_after_the_data_dir_was_deleted_is_not_acknowledged(tmp_path):
     """The data directory removed under a running server (an operator's
     mistake): chunks were still acknowledged 200, into files no restart would
