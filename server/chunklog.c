@@ -37,6 +37,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -251,8 +252,28 @@ static int apply_frame(chunk_state *s, uint64_t last_seq, int final, const frame
     return 1;
 }
 
+/* Copies the log's bytes [from, size) to PATH.damaged-SECONDS (fsynced), so
+ * that acknowledged chunks after damage are not destroyed by the cut: a
+ * person (or a tool) can still read them back. 0, or an errno. */
+static int keep_damaged_tail(chunk_log *l, uint64_t from, uint64_t size, unsigned char *buf) {
+    char *path = malloc(strlen(l->path) + 32);
+    if (!path) return ENOMEM;
+    sprintf(path, "%s.damaged-%lld", l->path, (long long)time(NULL));
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), e = fd < 0 ? errno : 0;
+    for (uint64_t at = from; !e && at < size;) {
+        ssize_t n = pread(l->fd, buf, size - at < CL_BUF ? (size_t)(size - at) : CL_BUF, (off_t)at);
+        if (n <= 0) e = n < 0 ? errno : EIO;
+        else if (write(fd, buf, (size_t)n) != n) e = errno ? errno : EIO;
+        else at += (uint64_t)n;
+    }
+    if (!e && fsync(fd)) e = errno;
+    if (fd >= 0) close(fd);
+    free(path);
+    return e;
+}
+
 /* Scans the whole file, fills the entries and cuts the file at the last good
- * COMMIT; 0, or -1 + err. */
+ * COMMIT (the bytes after damage kept aside first); 0, or -1 + err. */
 static int scan(chunk_log *l, uint64_t size, int *damaged, char *err, size_t errlen) {
     unsigned char *buf = malloc(CL_BUF);
     if (!buf) {
@@ -294,6 +315,12 @@ static int scan(chunk_log *l, uint64_t size, int *damaged, char *err, size_t err
             goto out;
         }
         if (damaged) *damaged = r;
+        int e = r ? keep_damaged_tail(l, l->end, size, buf) : 0;
+        if (e) {
+            set_err(err, errlen, "chunk log %s: keeping the chunks after its damage aside: %s", l->path, strerror(e));
+            rc = -1;
+            goto out;
+        }
     }
     if (l->end < size) {
         int e = truncate_to(l->fd, l->end);

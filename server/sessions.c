@@ -2025,7 +2025,9 @@ static session *load_session(server *s, const char *id, const char *meta_text, c
         ss->status = SESSION_FAILED;
         snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot restore: %s", err);
     }
-    if (damaged) fprintf(stderr, "potserve: session %s: the log was damaged; kept what precedes the damage\n", id);
+    if (damaged)
+        fprintf(stderr, "potserve: session %s: the log was damaged; kept what precedes the damage (the rest is "
+                "in chunks.log.damaged-*)\n", id);
     snprintf(ss->id, sizeof ss->id, "%.40s", id);
     snprintf(ss->owner, sizeof ss->owner, "%s", owner);
     snprintf(ss->token, sizeof ss->token, "%s", token);

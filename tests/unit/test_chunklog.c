@@ -4,6 +4,7 @@
  * the last frame (a torn tail), hundreds of garbage and mutated files (never a
  * crash, never an entry that was not written), misuse refused, replay stopped
  * by either callback, damage after open caught by replay, and the file lock. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -506,6 +507,30 @@ static chunk_log *open_flipped(const char *copy, const unsigned char *img, long 
     return rc ? NULL : chunk_log_open(copy, 0, damaged, err, sizeof err);
 }
 
+/* The newest COPY.damaged-* in dir holds img (bit flipped at off) from `from` on. */
+static void check_damaged_copy(const char *dir, const unsigned char *img, long len, long off, int bit, long from) {
+    DIR *d = opendir(dir);
+    char name[512] = "";
+    struct dirent *ent;
+    size_t at = strlen(dir) + 1; /* (names of one length: the newest is the greatest) */
+    while (d && (ent = readdir(d)))
+        if (!strncmp(ent->d_name, "copy.damaged-", 13) && (!name[0] || strcmp(ent->d_name, name + at) > 0))
+            snprintf(name, sizeof name, "%s/%s", dir, ent->d_name);
+    if (d) closedir(d);
+    CHECK(name[0] != 0);
+    long n = 0;
+    unsigned char *got = name[0] ? test_slurp(name, &n) : NULL;
+    CHECK_EQ_INT(n, len - from);
+    if (got && n == len - from) {
+        unsigned char *want = malloc((size_t)len);
+        memcpy(want, img, (size_t)len);
+        want[off] ^= (unsigned char)(1u << bit);
+        CHECK(memcmp(got, want + from, (size_t)n) == 0);
+        free(want);
+    }
+    free(got);
+}
+
 TEST(chunklog_bitflip_middle_is_damage) {
     test_dir t;
     if (test_dir_make(&t) != 0) return;
@@ -534,6 +559,8 @@ TEST(chunklog_bitflip_middle_is_damage) {
             CHECK_EQ_INT(test_file_size(t.copy), k ? (long)ends[k - 1] : 0);
             if (off % 11 == 0) check_replay(l, 0, &w, 0, k);
             chunk_log_close(l);
+            if (off == (long)ends[1] + 7) /* the acknowledged chunks after the damage are kept aside, whole */
+                check_damaged_copy(t.dir, img, len, off, (int)(off % 8), (long)ends[k - 1]);
         }
         if (test_failures != before) {
             fprintf(stderr, "  (flip at %ld)\n", off);
