@@ -362,7 +362,7 @@ static void plan_forward(cuda_backend *cb, fwd_plan *fp, fwd_sizes *z) {
         pl->n0 = sp->kv->n;
         pl->n_pre = sp->attend_slots ? sp->n_attend : pl->n0;
         /* a decode token joins the batched launch (one dtype per launch; keys rotated by slot) */
-        pl->batched = sp->n_tokens == 1 && !sp->scores && !sp->kv->original_positions &&
+        pl->batched = sp->n_tokens == 1 && !sp->prefill && !sp->scores && !sp->kv->original_positions &&
                       (fp->batch_dtype < 0 || fp->batch_dtype == (int32_t)sp->kv->dtype);
         if (pl->batched) {
             fp->batch_dtype = (int32_t)sp->kv->dtype;

@@ -60,6 +60,12 @@ typedef struct backend_span {
      * scores. */
     const int32_t *attend_slots;
     int32_t n_attend;
+    /* A prompt's piece, however short, not a decoding step: a one-token span
+     * is otherwise taken for a decoding token (its attention over a long pot
+     * summed in key ranges, batched with the others), which rounds apart from
+     * a piece of two, so that where a prompt's pieces were cut (alone, after
+     * a prompt-cache hit, beside another request) would change its answer. */
+    int prefill;
 } backend_span;
 
 typedef struct backend backend;

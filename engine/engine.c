@@ -316,7 +316,7 @@ int engine_prefill(engine *e, pot *p, const int32_t *tokens, size_t n, float *lo
         int last = i + len == n;
         backend_span sp = {.tokens = tokens + i, .n_tokens = (int32_t)len, .kv = p,
                            .logits_mode = last && logits ? BACKEND_LOGITS_LAST : BACKEND_LOGITS_NONE,
-                           .logits = logits};
+                           .logits = logits, .prefill = 1};
         if (e->be->forward(e->be, &sp, 1, err, errlen)) return -1;
     }
     return 0;

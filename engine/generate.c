@@ -200,7 +200,7 @@ int gen_seq_fork(const gen_seq *src, gen_seq *dst, char *err, size_t errlen) {
     dst->own_pot = 1;
     if (recycler_init(&dst->rec, p, dst->recycle_stride, dst->recycle_keep, dst->recycle_pool, err, errlen)) return -1;
     if (dst->gram && !(dst->trie = engine_vocab_trie(e))) return snprintf(err, errlen, "out of memory"), -1;
-    for (size_t i = 0; i < src->n_prompt; i++) sampler_accept(dst->smp, src->prompt[i]);
+    sampler_accept_history(dst->smp, src->smp); /* (its prompt, and a prompt cache's part of it before) */
     memcpy(dst->logits, src->logits, (size_t)e->m->n_vocab * sizeof(float));
     dst->res = src->res;
     dst->res.finish = ENGINE_FINISH_LENGTH;
@@ -497,7 +497,7 @@ static void prefill_span(gen_seq *q, int32_t budget, backend_span *sp) {
     int last = (size_t)len == rest;
     *sp = (backend_span){.tokens = q->prompt + q->n_prefilled, .n_tokens = len, .kv = q->p,
                          .logits_mode = last ? BACKEND_LOGITS_LAST : BACKEND_LOGITS_NONE,
-                         .logits = q->logits};
+                         .logits = q->logits, .prefill = 1};
     q->span_len = len;
 }
 

@@ -270,6 +270,11 @@ void sampler_accept(sampler *s, int32_t token) {
     s->count[token]++;
 }
 
+void sampler_accept_history(sampler *dst, const sampler *src) {
+    if (!src || !src->penalties) return;
+    for (size_t i = 0; i < src->hist_len; i++) sampler_accept(dst, src->hist[(src->hist_head + i) % src->hist_cap]);
+}
+
 static void apply_penalties(sampler *s, float *logits) {
     const float rp = s->p.repeat_penalty, fp = s->p.frequency_penalty, pp = s->p.presence_penalty;
     for (size_t i = 0; i < s->hist_len; i++) {

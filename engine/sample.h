@@ -60,6 +60,10 @@ int32_t sampler_sample(sampler *s, float *logits, sample_logprobs *lp);
 void sample_logprobs_of(float *logits, int32_t n_vocab, int32_t token, int32_t n_top, sample_logprobs *lp);
 /* Records a token of the context (prompt or generated) for the penalties. */
 void sampler_accept(sampler *s, int32_t token);
+/* Records into dst the tokens src's penalties hold, oldest first: a copy of
+ * a sequence (n > 1) starts with its parent's context, a prompt cache's part
+ * included. */
+void sampler_accept_history(sampler *dst, const sampler *src);
 
 /* Stop strings: feed generated text; it tells how much can be emitted now
  * (text that cannot be the start of a stop string) and whether a stop string

@@ -247,16 +247,13 @@ enum { MIN_CACHED_PREFIX = 8 }; /* shorter shared prefixes are read again */
 
 /* A generation without a document: copies the longest prefix of its prompt
  * that the prompt cache holds into p and tells the penalties about it.
- * Returns its length. It always leaves two tokens to read: the logits need
- * one, and one token alone is read as a decoding step, whose attention over a
- * long pot sums key ranges apart and merges them (cpu_backend.c, attn_splits)
- * and so rounds differently from the prefill that read the prompt without the
- * cache: the answer would not be the same (a greedy one changed). */
+ * Returns its length. It leaves a token to read: the logits need one (a
+ * prompt's pieces are read alike however they are cut: backend_span.prefill). */
 static size_t cached_prefix(engine *e, item *it, pot **pp) {
     size_t lcp;
     const pot *hit = prompt_cache_find(e->pc, it->prompt, it->n_prompt, &lcp);
     if (it->n_prompt < 2) return 0;
-    if (lcp > it->n_prompt - 2) lcp = it->n_prompt - 2;
+    if (lcp > it->n_prompt - 1) lcp = it->n_prompt - 1;
     if (!hit || lcp < MIN_CACHED_PREFIX) return 0;
     if (hit->n > (*pp)->capacity) { /* the copy needs room for the whole entry before it is cut */
         char err[128];

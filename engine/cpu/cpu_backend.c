@@ -433,7 +433,7 @@ static void attend_tasks(void *ctx, int64_t a, int64_t b, int worker) {
 static int32_t plan_attention(const model *m, const backend_span *sp, int32_t layer, int32_t n_keys, int has_scores,
                               int n_threads, attn_task *out) {
     int32_t group = m->n_head / m->n_head_kv, n = 0;
-    if (sp->n_tokens == 1 && !has_scores && attn_splits(n_keys) > 1 && group <= ATTN_TILE_QUERIES &&
+    if (sp->n_tokens == 1 && !sp->prefill && !has_scores && attn_splits(n_keys) > 1 && group <= ATTN_TILE_QUERIES &&
         !m->layers[layer].window) { /* (key ranges are not masked: attend_tile does that) */
         for (int32_t g = 0; g < m->n_head_kv; g++) /* a decoding token over a long pot */
             for (int32_t s = 0; s < attn_splits(n_keys); s++) out[n++] = (attn_task){g * group, group, 0, 1, s};
@@ -661,7 +661,8 @@ static void span_attention(cpu_backend *cb, const backend_span *sp, int32_t laye
  * layer, with 3 tasks (KV groups) in each for 2 threads. Every task and its
  * arithmetic are span_attention's: the same bits. */
 static int batchable(const backend_span *sp, int32_t layer) {
-    return sp->n_tokens == 1 && sp->kv->k_rot && !sp->attend_slots && !sp->scores && !pot_ring_rows(sp->kv, layer);
+    return sp->n_tokens == 1 && !sp->prefill && sp->kv->k_rot && !sp->attend_slots && !sp->scores &&
+           !pot_ring_rows(sp->kv, layer);
 }
 
 typedef struct batch_job {
@@ -952,7 +953,7 @@ static int cpu_forward(backend *b, backend_span *spans, int32_t n_spans, char *e
     if (backend_check_spans(m, spans, n_spans, &T, &max_keys, err, errlen)) return -1;
     buffers B;
     int64_t n_decode = 0;
-    for (int32_t s = 0; s < n_spans; s++) n_decode += spans[s].n_tokens == 1;
+    for (int32_t s = 0; s < n_spans; s++) n_decode += spans[s].n_tokens == 1 && !spans[s].prefill;
     if (alloc_buffers(&B, m, T, max_keys, n_spans, n_decode, tp_threads(cb->tp))) {
         snprintf(err, errlen, "forward: out of memory for %lld tokens", (long long)T);
         return -1;
