@@ -1916,6 +1916,7 @@ void generation_session_ready(request *r, session *found) {
         api_fail(&e, 409, "session_busy", "session", "the session is being restored; retry");
         return respond_error(r, &e);
     }
+    if (session_chunk_wait(r, ss)) return; /* (an answer sees acknowledged text only) */
     int reread = q->reread > 0 || (q->reread < 0 && ss->settings.reread); /* answer from a question-guided re-read */
     int mode = recall_mode(s, ss, q->recall);
     const char **asked = asked_question(q);

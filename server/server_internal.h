@@ -222,6 +222,10 @@ struct session {
        session_busy), or paged in (its requests wait for it: session_pot_wait) */
     enum { RESTORE_NONE, RESTORE_QUEUED, RESTORE_RUNNING, RESTORE_TAKEOVER, RESTORE_PAGE_IN } restoring;
     request *pot_waiting;        /* requests dispatched again once its takeover or page-in ends (sessions.c) */
+    /* pieces of a chunk not yet acknowledged are in the pot: a question waits (session_chunk_wait)
+       for its acknowledgement, or for the pot put back when it fails, in chunk_waiting */
+    int chunk_in_pot;
+    request *chunk_waiting;
     /* its pot was paged out to make room (pots_make_room): no doc, memory_bytes not counted in
        pot_memory; its snapshot and log hold it, and session_pot_wait reads it back */
     int paged;
@@ -280,6 +284,10 @@ void session_ref(session *ss);
  * ends (a generation goes on: generation_session_ready); when the page-in
  * fails they are answered its error, and ss stays paged out. */
 int session_pot_wait(request *r, session *ss, int need_pot);
+/* 1 when r (a question) waits, suspended, for the chunk whose unacknowledged
+ * text is in ss's pot: an answer sees the acknowledged text, not part of a
+ * chunk that may yet fail; generation_session_ready goes on once it ends. */
+int session_chunk_wait(request *r, session *ss);
 /* Pages idle sessions' pots out to their snapshots, the least recently used
  * first, until `bytes` more fit in pot_memory_limit (page_out_idle); whether
  * they fit now. Only pots nothing reads, writes or waits for go. */

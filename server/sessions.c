@@ -597,6 +597,17 @@ static void finish_doc_job(doc_job *j) {
     free(j);
 }
 
+static void pot_waiters_go(server *s, session *ss, request *w);
+
+/* The chunk in the pot was acknowledged, or the pot put back after it failed: the questions
+   that waited for it go on. */
+static void chunk_settled(server *s, session *ss) {
+    ss->chunk_in_pot = 0;
+    request *w = ss->chunk_waiting;
+    ss->chunk_waiting = NULL;
+    if (w) pot_waiters_go(s, ss, w);
+}
+
 /* ---- rebuild: after a failed chunk, the pot is put back as it was before the chunk
  * (the upload's copy) or, without one, re-read from the snapshot and the log past it ----- */
 
@@ -604,6 +615,9 @@ static void release_lease_later(server *s, const char *id, const char *token);
 
 static void rebuilt(server *s, doc_job *j) {
     session *ss = j->ss;
+    request *waiting = ss->chunk_waiting; /* (they go on once the session is as it is now) */
+    ss->chunk_waiting = NULL;
+    ss->chunk_in_pot = 0;
     if (j->restored) s->pot_memory -= ss->memory_bytes; /* the copy replaced the failed document */
     ss->rebuilding = 0;
     ss->busy = 0;
@@ -626,7 +640,10 @@ static void rebuilt(server *s, doc_job *j) {
         fprintf(stderr, "potserve: session %s: after a failed chunk the pot is %s\n", ss->id,
                 j->restored ? "back as it was before the chunk" : "re-read from the log");
     }
+    session_ref(ss);
     finish_doc_job(j);
+    pot_waiters_go(s, ss, waiting);
+    session_unref(ss);
 }
 
 static void start_rebuild(server *s, session *ss) {
@@ -639,6 +656,7 @@ static void start_rebuild(server *s, session *ss) {
         ss->busy = 0;
         ss->status = SESSION_FAILED;
         snprintf(ss->fail_msg, sizeof ss->fail_msg, "cannot rebuild: the engine is stopping");
+        chunk_settled(s, ss);
     }
 }
 
@@ -711,6 +729,16 @@ static void keep_pre_chunk_state(upload *u) {
 static void touch_engine(upload *u) {
     if (!u->engine_touched) keep_pre_chunk_state(u);
     u->engine_touched = 1;
+    if (!u->acked) u->ss->chunk_in_pot = 1;
+}
+
+int session_chunk_wait(request *r, session *ss) {
+    if (!ss->chunk_in_pot) return 0;
+    request_suspend(r);
+    request_ref(r);
+    r->next_waiting = ss->chunk_waiting;
+    ss->chunk_waiting = r;
+    return 1;
 }
 
 /* The copy is no longer needed (the upload ended). */
@@ -982,6 +1010,7 @@ static void acknowledge(upload *u) {
     ss->bytes_acked += (int64_t)u->bytes;
     if (u->in_flight > 0) ss->acked_ingests++; /* wait=false: the ingest goes on after the answer */
     respond_upload(u, u->wait ? 200 : 202, chunk_result(u));
+    chunk_settled(ss->srv, ss);
 }
 
 /* Moves the upload on: pieces to disk, then the document's end, the commit,
@@ -1028,6 +1057,7 @@ static void upload_step(upload *u) {
         if (!u->answered && u->body_done) respond_upload(u, u->err.status, api_error_json(&u->err));
         if (store_log_fenced(ss->log)) { /* another replica took the session over: it is not ours */
             ss->busy = 0;
+            chunk_settled(s, ss);
             return session_drop(s, ss);
         }
         if (!u->engine_touched) { /* the pot never saw this chunk: it holds the pre-chunk state */

@@ -598,6 +598,42 @@ def test_json_chunk_fields_override_the_query(srv):
     assert st == 409 and body["error"]["code"] == "document_final", body
 
 
+def test_a_question_waits_for_a_chunk_whose_text_is_in_the_pot(tmp_path):
+    """A question over a session while a large chunk arrives (its first pieces already in the pot)
+    waits for the chunk's acknowledgement, or for the pot put back when it fails: it answered from
+    the part received, text that was never acknowledged and that its client then took back."""
+    s = Server(tmp_path / "d", "--budget-tokens", "1024").start()
+    try:
+        st, sess, _ = s.request("POST", "/v1/sessions", {})
+        sid = sess["id"]
+        first = "The secret password is BLUE-FALCON. " * 3 + "\n"
+        assert s.request("POST", f"/v1/sessions/{sid}/chunks", raw=first.encode(),
+                         headers={"Content-Type": "text/plain"})[0] == 200
+        q = {"session": sid, "messages": [{"role": "user", "content": "What is the secret password?"}],
+             "max_tokens": 12, "temperature": 0}
+        st, before, _ = s.request("POST", "/v1/chat/completions", q)
+        second = ("Update: the secret password has been changed to RED-TIGER-77. Forget the old one. " * 500).encode()
+        up = socket.create_connection(("127.0.0.1", s.port))
+        up.sendall(f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                   f"Content-Length: {len(second) + 20000}\r\n\r\n".encode() + second)  # 20 KB never come
+        deadline = time.time() + 30
+        while time.time() < deadline and s.request("GET", f"/v1/sessions/{sid}")[1]["status"] != "ingesting":
+            time.sleep(0.05)
+        time.sleep(1)  # (its first pieces read into the pot)
+        got = {}
+        asking = threading.Thread(target=lambda: got.update(a=s.request("POST", "/v1/chat/completions", q)))
+        asking.start()
+        asking.join(2)
+        assert asking.is_alive()  # it waits for the chunk
+        up.close()  # the client takes the chunk back: never acknowledged
+        asking.join(30)
+        st, during, _ = got["a"]
+        assert st == 200 and during["usage"]["prompt_tokens"] == before["usage"]["prompt_tokens"], during
+        assert during["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+    finally:
+        assert s.stop() == 0
+
+
 def test_chunk_content_types_and_fields(srv):
     """An empty Content-Type is none (it was a 415 "not "); a charset other
     than UTF-8 is refused (it was read as UTF-8); a JSON chunk without text
