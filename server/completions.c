@@ -1365,9 +1365,16 @@ static void take_turn(server *s, generation *g) {
 
 /* 1 with e filled when a waiting answer cannot take its turn: its client left, or
  * its request_timeout passed; 0 when it can. */
+static void client_left(generation *g);
+
 static int turn_lost(generation *g, api_error *e) {
     request *r = g->r;
-    if (request_client_gone(r)) return api_fail(e, 503, "unavailable", NULL, "the client left"), 1;
+    if (request_client_gone(r)) { /* (logged and counted 499, as every answer whose client left) */
+        client_left(g);
+        client_closed_error(e, "an answer waiting for its turn");
+        r->close_conn = 1;
+        return 1;
+    }
     if (r->bg && atomic_load(&g->cancel)) /* a background response cancelled, or stopped by a drain */
         return api_fail(e, 503, "shutting_down", NULL, "stopped before its turn came"), 1;
     if (g->deadline_ms && monotonic_ms() > g->deadline_ms)

@@ -1288,6 +1288,12 @@ def test_an_answer_waiting_its_turn_says_so_and_gives_it_up_when_its_client_leav
         assert "potserve_answers_running 1" in s.request("GET", "/metrics")[1]  # the first still answers
         t.join()
         assert first[0][0] == 200, first
+        # logged and counted as clients that left (499), not as the server's 503s or as answered 200s
+        def posts():
+            return [json.loads(line) for line in list(s.log_lines) if line.startswith('{"method":"POST"')]
+        while len(posts()) < 3 and time.time() < until + 30:  # (the log is read from its pipe)
+            time.sleep(0.05)
+        assert [x["status"] for x in posts() if x["status"] != 200] == [499, 499], posts()
     finally:
         s.stop()
 
