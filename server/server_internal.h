@@ -226,6 +226,9 @@ struct session {
        for its acknowledgement, or for the pot put back when it fails, in chunk_waiting */
     int chunk_in_pot;
     request *chunk_waiting;
+    /* the upload holding a copy of the pot from before its chunk (a failure puts it back rather
+       than re-reading the log): only a shortcut, dropped by pots_make_room when memory is short */
+    struct upload *keeping;
     /* its pot was paged out to make room (pots_make_room): no doc, memory_bytes not counted in
        pot_memory; its snapshot and log hold it, and session_pot_wait reads it back */
     int paged;

@@ -681,6 +681,7 @@ static void kept_back(server *s, void *arg) {
     upload *u = k->u;
     request *r = u->r;
     u->kept = k->copy;
+    if (k->copy) u->ss->keeping = u;
     if (u->acked) drop_kept(u); /* (made after the commit: of no use) */
     if (!k->copy) {
         s->pot_memory -= u->ss->memory_bytes;
@@ -748,6 +749,7 @@ static void drop_kept(upload *u) {
     if (srv_task(s, NULL, close_bare_doc_task, u->kept)) engine_doc_close(u->kept); /* no engine thread left */
     s->pot_memory -= u->ss->memory_bytes;
     u->kept = NULL;
+    u->ss->keeping = NULL;
 }
 
 /* ---- disk operations, one at a time per session ------------------------------------------ */
@@ -1070,6 +1072,7 @@ static void upload_step(upload *u) {
         if (!u->committed) {
             ss->restore_doc = u->kept;
             u->kept = NULL;
+            ss->keeping = NULL;
         }
         ss->rebuilding = 1;
         start_rebuild(s, ss);
@@ -2640,6 +2643,10 @@ static void page_out(server *s, session *ss) {
 
 int pots_make_room(server *s, size_t bytes) {
     size_t limit = (size_t)s->cfg.pot_memory_limit;
+    /* first uploads' copies of their pots from before their chunks (a failure re-reads the log
+       instead: rare), then idle pots (each read back when next asked) */
+    for (session *ss = s->sessions; ss && s->pot_memory + bytes > limit; ss = ss->next)
+        if (ss->keeping) drop_kept(ss->keeping);
     while (s->cfg.page_out_idle && s->pot_memory + bytes > limit) {
         session *pick = NULL; /* those whose snapshot is current first, then the least recently used */
         for (session *ss = s->sessions; ss; ss = ss->next) {

@@ -192,6 +192,32 @@ def test_without_paging_a_full_server_says_429(tmp_path):
         assert s.stop() == 0
 
 
+def test_an_uploads_copy_of_its_pot_gives_its_room_up(tmp_path):
+    """An upload keeps a copy of its pot from before its chunk (a failure puts it back) when there is
+    room: that copy took the room a second session needed, and the create was a 429 until the
+    upload ended. The copy is dropped for room now (a failure would re-read the log instead)."""
+    s = Server(tmp_path / "d", *TIGHT, "--page-out-idle", "false").start()
+    try:
+        a = new_session(s)
+        body = (document(1) * 16).encode()
+        up = socket.create_connection(("127.0.0.1", s.port))
+        up.sendall(f"POST /v1/sessions/{a}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:len(body) // 2])
+        deadline = time.time() + 30  # its pieces in the pot, and the copy of it taken
+        while metric(s, "potserve_pot_memory_bytes") < 2 * 6289920 and time.time() < deadline:
+            time.sleep(0.05)
+        assert metric(s, "potserve_pot_memory_bytes") == 2 * 6289920
+        st, b, _ = s.request("POST", "/v1/sessions", {})
+        assert st == 201, b
+        up.close()  # the chunk fails: without its copy the pot is read again from the log (empty here)
+        deadline = time.time() + 60
+        while (info(s, a)["status"] != "ready" or info(s, a)["bytes_received"]) and time.time() < deadline:
+            time.sleep(0.1)
+        assert (info(s, a)["status"], info(s, a)["bytes_received"], info(s, a)["tokens_ingested"]) == ("ready", 0, 0)
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_restart_with_more_sessions_than_fit_reads_them_within_the_limit(tmp_path, reference):
     """At start every session is read again (from its snapshot), one at a time: those read first
     page out for the later ones, so the limit holds from the start, and all answer as before."""
