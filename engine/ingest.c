@@ -828,6 +828,17 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
     if (d->policy == POLICY_FINCH && !s->question && !s->finch_keep) d->finch_keep = keep;
     d->needs_surprisal = d->policy == POLICY_INFINIPOT || (d->policy == POLICY_FINCH && !finch_up_front);
     const char *rows = finch_up_front ? s->question : (s->catalyst ? s->catalyst : DEFAULT_CATALYST);
+    /* (refused before tokenizing when they cannot fit: megabytes held the engine for seconds) */
+    if (tokenizer_min_tokens(e->m->tok, strlen(rows)) >= (size_t)e->m->n_ctx_train) {
+        snprintf(err, errlen, "%s: its %zu bytes are more tokens than the model's context of %d",
+                 finch_up_front ? "question" : "catalyst", strlen(rows), e->m->n_ctx_train);
+        goto fail;
+    }
+    if (s->system && tokenizer_min_tokens(e->m->tok, strlen(s->system)) >= (size_t)keep) {
+        snprintf(err, errlen, "keep_tokens: the system prompt's %zu bytes are more tokens than keep_tokens %d (half of "
+                 "budget_tokens unless set)", strlen(s->system), keep);
+        goto fail;
+    }
     size_t len = strlen(rows) + 3;
     char *text = malloc(len);
     if (!text) goto oom;

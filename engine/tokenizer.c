@@ -497,6 +497,7 @@ struct tokenizer {
     char *piece_blob; /* piece of every token (render_special on) */
     uint64_t *piece_off;
     uint32_t *piece_len;
+    size_t max_token_bytes; /* the most text bytes one token stands for */
 };
 
 static size_t pow2_at_least(size_t n) {
@@ -569,6 +570,11 @@ static int merge_rank(const tokenizer *t, const char *l, size_t ln, const char *
             if (memcmp(k, l, ln) == 0 && memcmp(k + ln, r, rn) == 0) return m->rank;
         }
     }
+}
+
+size_t tokenizer_min_tokens(const tokenizer *t, size_t bytes) {
+    size_t most = t->max_token_bytes ? t->max_token_bytes : 1;
+    return bytes > 1 ? (bytes - 1) / most : 0; /* (an SPM prefix space is one byte no text had) */
 }
 
 int32_t tokenizer_n_vocab(const tokenizer *t) { return t->n_vocab; }
@@ -1177,6 +1183,8 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen) {
             }
             t->piece_off[i] = before;
             t->piece_len[i] = (uint32_t)(pb.n - before);
+            if (t->piece_len[i] > t->max_token_bytes) t->max_token_bytes = t->piece_len[i];
+            if (t->tok_len[i] > t->max_token_bytes) t->max_token_bytes = t->tok_len[i];
         }
         t->piece_blob = pb.p ? pb.p : malloc(1);
     }

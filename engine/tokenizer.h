@@ -18,6 +18,10 @@ tokenizer *tokenizer_load(const gguf_file *f, char *err, size_t errlen);
 void tokenizer_free(tokenizer *t);
 
 int32_t tokenizer_n_vocab(const tokenizer *t);
+/* At least how many tokens a text of `bytes` bytes becomes (no token stands
+ * for more bytes than the longest piece): a text that cannot fit a window is
+ * refused without being tokenized. */
+size_t tokenizer_min_tokens(const tokenizer *t, size_t bytes);
 int32_t tokenizer_bos(const tokenizer *t);   /* -1 when none */
 int tokenizer_adds_bos(const tokenizer *t);  /* 1: add_special puts BOS first */
 int32_t tokenizer_eos(const tokenizer *t);   /* -1 when none */

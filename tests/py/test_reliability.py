@@ -1174,6 +1174,20 @@ def test_request_timeout_0_is_no_limit_and_budget_errors_say_the_largest(tmp_pat
         assert s.stop() == 0
 
 
+def test_settings_too_long_for_any_window_are_refused_untokenized(srv):
+    """A system prompt, catalyst or question of megabytes was tokenized whole on the engine thread
+    before its 422 (15 MB: 6.7 s, every other session's work waiting); one longer than its room
+    can hold at the longest token's bytes is refused at once now."""
+    big = "word " * 1_000_000  # 5 MB
+    for settings, param in (({"system": big}, "keep_tokens"), ({"catalyst": big}, "catalyst"),
+                            ({"policy": "finch", "question": big}, "question")):
+        t = time.time()
+        st, body, _ = srv.request("POST", "/v1/sessions", settings)
+        assert st == 422 and body["error"]["param"] == param, (param, body)
+        assert "bytes are more tokens than" in body["error"]["message"], body
+        print(f"{param}: 422 in {time.time() - t:.2f} s")
+
+
 def test_budget_below_twice_the_pinned_prefix_names_keep_tokens(srv):
     """Budgets 16-49 on the default model passed the documented range and were
     refused naming "system" (no system prompt was sent) with no param."""
