@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
+
 /* BM25's usual parameters (Robertson et al.; Lucene's defaults): term
  * frequency saturation and length normalisation. Not tuned here. */
 #define BM25_K1 1.2
@@ -25,8 +27,28 @@ typedef struct term {
     int tf;       /* in the passage being counted */
 } term;
 
-static int word_byte(unsigned char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
+/* Code points that separate words though they are not ASCII: no-break and
+ * typographic spaces, dashes, curly quotes, ellipses (U+2000-U+206F), « »,
+ * CJK and full-width punctuation, the BOM. Text exported from a word processor
+ * or a PDF ("zebra" in curly quotes, words joined by em dashes) otherwise
+ * forms words that no question's word equals. */
+static int separator(uint32_t cp) {
+    return cp == 0xA0 || cp == 0xAB || cp == 0xBB || cp == 0xFEFF || (cp >= 0x2000 && cp <= 0x206F) ||
+           (cp >= 0x3000 && cp <= 0x303F) || (cp >= 0xFF01 && cp <= 0xFF0F) || (cp >= 0xFF1A && cp <= 0xFF20) ||
+           (cp >= 0xFF3B && cp <= 0xFF40) || (cp >= 0xFF5B && cp <= 0xFF65);
+}
+
+/* The bytes of the character at s[i] (i < end): > 0 when it is part of a word
+ * (ASCII letters and digits, and any other character but the separators
+ * above; a byte that is not valid UTF-8 counts as a word's), else minus its
+ * length. */
+static int word_char(const char *s, size_t i, size_t end) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? 1 : -1;
+    uint32_t cp;
+    int l = utf8_seq((const unsigned char *)s + i, end - i, &cp);
+    if (l <= 0) return 1;
+    return separator(cp) ? -l : l;
 }
 
 static unsigned char lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? (unsigned char)(c + 32) : c; }
@@ -35,11 +57,13 @@ static unsigned char lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? (uns
  * MAX_WORD of them, *n), *at moved past it. 0 when no word is left. */
 static int next_word(const char *s, size_t *at, size_t end, char *w, size_t *n) {
     size_t i = *at;
-    while (i < end && !word_byte((unsigned char)s[i])) i++;
-    if (i == end) return *at = end, 0;
+    int l;
+    while (i < end && (l = word_char(s, i, end)) < 0) i += (size_t)-l;
+    if (i >= end) return *at = end, 0;
     size_t k = 0;
-    for (; i < end && word_byte((unsigned char)s[i]); i++)
-        if (k < MAX_WORD) w[k++] = (char)lower((unsigned char)s[i]);
+    while (i < end && (l = word_char(s, i, end)) > 0)
+        for (int b = 0; b < l; b++, i++)
+            if (k < MAX_WORD) w[k++] = (char)lower((unsigned char)s[i]);
     *n = k;
     *at = i;
     return 1;
@@ -249,7 +273,7 @@ static size_t word_at(const char *doc, const passage *p, const query *q, int k) 
     char w[MAX_WORD];
     for (size_t before = at; next_word(doc, &at, end, w, &wn); before = at)
         if (wn == q->t[k].n && !memcmp(w, q->t[k].w, wn)) {
-            while (!word_byte((unsigned char)doc[before])) before++;
+            for (int l; (l = word_char(doc, before, end)) < 0;) before += (size_t)-l;
             return before;
         }
     return p->start;

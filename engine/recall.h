@@ -8,8 +8,9 @@
  * Passages are the document's paragraphs (blank-line separated), longer ones
  * cut into pieces of at most RECALL_PASSAGE_BYTES at a sentence end or a
  * space. They are ranked by BM25 (k1 = 1.2, b = 0.75, the usual defaults)
- * over words (runs of ASCII letters, digits and non-ASCII bytes, so that
- * accented words stay whole; ASCII lower-cased), the question's distinct
+ * over words (runs of ASCII letters, digits and non-ASCII characters, so
+ * that accented words stay whole, typographic punctuation and spaces parting
+ * them as ASCII's do; ASCII lower-cased), the question's distinct
  * words as the query. From the best passage, a chain of references ("VAR D =
  * VAR C", then "VAR C = VAR B", ...) is followed through the names its
  * sentences share with exactly one other passage (engine/recall.c). Lexical:

@@ -3,6 +3,7 @@
  * here from the formula (Robertson's, Lucene's idf) on small documents. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -232,6 +233,33 @@ TEST(recall_cuts_long_paragraphs_at_sentences_and_characters) {
     CHECK_EQ_INT(r.candidates, 3);
     CHECK_EQ_INT(r.passages, 3);
     CHECK_EQ_INT(r.len, 2499 + 2 * 2);
+    recall_result_free(&r);
+}
+
+TEST(recall_splits_words_at_typographic_punctuation) {
+    /* curly quotes, an em dash, no-break spaces, an ellipsis and CJK punctuation part words as
+       ASCII punctuation does: "\u201czebra\u201d" was one word no question's "zebra" equalled */
+    const char *docs[] = {
+        "The mascot is a \xe2\x80\x9czebra\xe2\x80\x9d of the plains.\n\nThe colour is blue.",
+        "The mascot\xe2\x80\x94zebra\xe2\x80\x94is fast.\n\nThe colour is blue.",
+        "The mascot\xc2\xa0zebra\xc2\xa0runs.\n\nThe colour is blue.",
+        "Wait\xe2\x80\xa6zebra\xe3\x80\x82\n\nThe colour is blue.",
+        "\xe6\x96\x91\xe9\xa9\xac\xef\xbc\x8czebra\xef\xbc\x9a\n\nThe colour is blue.",
+    };
+    for (size_t i = 0; i < sizeof docs / sizeof *docs; i++) {
+        recall_result r;
+        CHECK_EQ_INT(recall_passages(docs[i], strlen(docs[i]), "zebra?", 48, RECALL_DOCUMENT_ORDER, &r), 0);
+        if (r.passages < 1 || !strstr(r.text, "zebra")) { /* (before: no passage at all) */
+            fprintf(stderr, "  doc %zu: %d passages\n", i, r.passages);
+            test_failures++;
+        }
+        recall_result_free(&r);
+    }
+    /* other scripts' letters stay word characters: "caf\xc3\xa9" is one word, as is a CJK run */
+    const char *doc = "Le caf\xc3\xa9 ouvre.\n\nLe th\xc3\xa9 ferme.";
+    recall_result r;
+    CHECK_EQ_INT(recall_passages(doc, strlen(doc), "caf\xc3\xa9", 20, RECALL_DOCUMENT_ORDER, &r), 0);
+    CHECK(r.passages >= 1 && strstr(r.text, "ouvre") != NULL);
     recall_result_free(&r);
 }
 
