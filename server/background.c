@@ -144,10 +144,7 @@ static void write_over_queued(request *d, json_t *entry, void (*then)(request *r
 }
 
 void background_keep(request *d, json_t *entry, void (*then)(request *r, void *arg, int rc), void *arg) {
-    const char *why = stopped_why(d->bg);
-    if (why) /* (its status says failed already: background_final_status) */
-        json_object_set_new(json_object_get(entry, "object"), "error",
-                            json_pack("{s:s, s:s}", "code", "server_error", "message", why));
+    background_final_error(d, json_object_get(entry, "object"));
     write_over_queued(d, entry, then, arg);
 }
 
@@ -169,17 +166,11 @@ void background_answered(request *d, int status, json_t *body) {
     }
     /* an error: the response failed, or (cancelled) stopped */
     json_t *o = background_object(s, bg, bg->cancelled ? "cancelled" : "failed");
-    if (o && !bg->cancelled) { /* in OpenAI's codes (the SDK's ResponseError), ours in the message */
+    if (o && !bg->cancelled) {
         json_t *err = json_object_get(body, "error");
-        const char *code = json_string_value(json_object_get(err, "code"));
         const char *msg = json_string_value(json_object_get(err, "message"));
-        char text[1200];
-        snprintf(text, sizeof text, "%d %s: %s", status, code ? code : "error",
-                 stopped_why(bg) ? stopped_why(bg) : msg ? msg : "");
-        json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", status == 429 ? "rate_limit_exceeded"
-                                                                         : status < 500 ? "invalid_prompt"
-                                                                                        : "server_error",
-                                                  "message", text));
+        json_object_set_new(o, "error", responses_error(status, json_string_value(json_object_get(err, "code")),
+                                                        stopped_why(bg) ? stopped_why(bg) : msg ? msg : ""));
     }
     json_decref(body);
     if (bg->log && o) { /* its followers' last event */
@@ -286,6 +277,12 @@ const char *background_id(const request *r) { return r->bg ? r->bg->id : NULL; }
 
 const char *background_final_status(const request *r, const char *status) {
     return !r->bg ? status : r->bg->cancelled ? "cancelled" : stopped_why(r->bg) ? "failed" : status;
+}
+
+void background_final_error(const request *r, json_t *response) {
+    const char *why = r->bg && !r->bg->cancelled ? stopped_why(r->bg) : NULL;
+    if (why) /* (its status says failed: background_final_status) */
+        json_object_set_new(response, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", why));
 }
 
 void background_stop_all(server *s) {

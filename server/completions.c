@@ -378,6 +378,13 @@ static void responses_event(response_events *ev, const char *type, json_t *data)
 }
 
 
+/* OpenAI's Responses error event: code, message and param at its top (a chat
+ * stream's error is {"error": {...}}, which the SDK's ResponseErrorEvent refuses). */
+static void responses_error_event(response_events *ev, const api_error *e) {
+    responses_event(ev, "error", json_pack("{s:s?, s:s, s:s?}", "code", e->code, "message", e->message, "param",
+                                           e->param));
+}
+
 static void responses_item_added(response_events *ev, int index, json_t *item);
 static json_t *delta_chunk(const generation *g, int index, json_t *delta);
 
@@ -668,6 +675,9 @@ static json_t *responses_output(generation *g) {
     if (g->output) return g->output;
     choice *c = &g->choices[0];
     const char *text = c->text ? c->text : "", *status = responses_status(g);
+    /* an item is in_progress, completed or incomplete (the SDK's types): a cancelled or failed
+       response's items are incomplete */
+    if (strcmp(status, "completed") && strcmp(status, "in_progress")) status = "incomplete";
     char *content = NULL;
     json_t *calls = tools_active(g) ? api_find_tool_calls(&g->req, text, c->len, &content) : NULL;
     if (!calls && tools_active(g) && !c->call_open) calls = api_cut_tool_call(&g->req, text, c->len); /* cut short */
@@ -721,6 +731,7 @@ static json_t *responses_now(generation *g, const char *status, int with_output)
 /* The finished response, stored unless the request said not to, then sent by send. */
 static void responses_final(generation *g, void (*send)(request *r, json_t *response)) {
     json_t *o = responses_now(g, responses_status(g), 1);
+    if (o) background_final_error(g->r, o);
     if (!o) {
         api_error e;
         api_fail(&e, 500, NULL, NULL, "out of memory");
@@ -891,7 +902,7 @@ static void finish_stream(generation *g) {
         client_closed_error(&e, "the answer");
         r->close_conn = 1;
         if (g->responses) {
-            responses_event(&g->ev, "error", api_error_json(&e));
+            responses_error_event(&g->ev, &e);
         } else {
             sse_send(r, api_error_json(&e));
             stream_write(r, "data: [DONE]\n\n", 14);
@@ -899,6 +910,14 @@ static void finish_stream(generation *g) {
         return stream_end(r);
     }
     if (g->responses && !g->choices[0].rc) return responses_stream_end(g);
+    if (g->responses && !r->bg) { /* its error event was sent: a Responses stream ends with no [DONE] */
+        json_t *o = responses_now(g, "failed", 0);
+        api_error e;
+        choice_error(&g->choices[0], 500, "input", &e);
+        json_object_set_new(o, "error", responses_error(e.status, e.code, e.message));
+        responses_event(&g->ev, "response.failed", json_pack("{s:o}", "response", o));
+        return stream_end(r);
+    }
     int failed = 0;
     for (int i = 0; i < g->n_choices; i++) failed |= g->choices[i].rc;
     if (r->bg) { /* (a background one: stored as failed, its stream's last event) */
@@ -1030,7 +1049,7 @@ static void on_done_event(server *s, void *arg) {
     if (r->conn && g->req.stream && g->responses && c->rc) {
         api_error e;
         choice_error(c, 500, "input", &e);
-        responses_event(&g->ev, "error", api_error_json(&e));
+        responses_error_event(&g->ev, &e);
     }
     if (g->n_done == g->n_submitted) {
         if (g->tmp_doc) release_temporary_pot(s, g);

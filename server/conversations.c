@@ -38,7 +38,7 @@ static void out_of_memory(request *r) {
 
 /* metadata as OpenAI takes it: up to 16 string values, keys of at most 64
  * characters, values of at most 512. 0, or -1 + e. */
-static int check_metadata(json_t *m, api_error *e) {
+int metadata_check(json_t *m, api_error *e) {
     if (!json_is_object(m) || json_object_size(m) > MAX_METADATA)
         return api_fail(e, 400, "invalid_value", "metadata", "metadata must be an object of at most %d strings",
                         MAX_METADATA);
@@ -119,7 +119,7 @@ void route_conversations(request *r) {
     json_t *items = json_object_get(in, "items"), *meta = json_object_get(in, "metadata"), *listed = json_array();
     int rc = 0;
     if (items && !json_is_null(items)) rc = responses_listed_items(r, items, NULL, listed, &e);
-    if (!rc && meta && !json_is_null(meta)) rc = check_metadata(meta, &e);
+    if (!rc && meta && !json_is_null(meta)) rc = metadata_check(meta, &e);
     if (rc) {
         json_decref(in);
         json_decref(listed);
@@ -182,7 +182,7 @@ static void answer_conversation(request *r) {
         if (!post) return stored_delete_answer(r, id, "conversation.deleted");
         json_t *in = request_json(r, &e), *meta = json_object_get(in, "metadata");
         if (in && !meta) api_fail(&e, 400, "missing_field", "metadata", "the update's metadata is missing");
-        if (!in || !meta || check_metadata(meta, &e)) {
+        if (!in || !meta || metadata_check(meta, &e)) {
             json_decref(in);
             return respond_error(r, &e);
         }

@@ -555,6 +555,9 @@ static void answer_responses(request *r) {
         api_fail(&e, 400, "invalid_type", "previous_response_id", "previous_response_id must be a string");
     else if (background && !json_is_null(background) && !json_is_boolean(background))
         api_fail(&e, 400, "invalid_type", "background", "background must be a boolean");
+    else if (json_object_get(in, "metadata") && !json_is_null(json_object_get(in, "metadata")) &&
+             metadata_check(json_object_get(in, "metadata"), &e))
+        ; /* e says why */
     else if (json_is_true(background) && (json_is_false(store) || !r->srv->cfg.response_store_bytes))
         api_fail(&e, 400, "invalid_value", "background", "a background response is polled from the store: it needs "
                  "store (not false) and a server with response_store_bytes");
@@ -677,6 +680,14 @@ void route_responses(request *r) {
 }
 
 /* ---- what the route answers ---------------------------------------------------------- */
+
+json_t *responses_error(int status, const char *code, const char *message) {
+    char text[1200];
+    snprintf(text, sizeof text, "%d %s: %s", status, code ? code : "error", message);
+    return json_pack("{s:s, s:s}", "code", status == 429 ? "rate_limit_exceeded" : status < 500 ? "invalid_prompt"
+                                                                                               : "server_error",
+                     "message", text);
+}
 
 json_t *responses_usage(json_t *chat_usage) {
     json_t *details = json_object_get(chat_usage, "prompt_tokens_details");

@@ -442,6 +442,9 @@ void background_keep(request *d, json_t *entry, void (*then)(request *r, void *a
 const char *background_id(const request *r);
 /* status, or "cancelled" for a background request cancelled while it ran. */
 const char *background_final_status(const request *r, const char *status);
+/* Its error on a response whose status background_final_status made failed
+ * (stopped by a drain): the stream's last event and the stored object alike. */
+void background_final_error(const request *r, json_t *response);
 /* GET /v1/responses/{id}: answers entry's object (r's scratch, as fetched).
  * Running here: with its live status ("queued" while it waits for a turn,
  * "in_progress"). Unfinished in a shared store and no replica's run mark:
@@ -507,6 +510,14 @@ void responses_keep(request *r, json_t *history, json_t *response, void (*send)(
  * existing (the conversation's items, or NULL) or of another. 0, or -1 + e
  * (param "items"). */
 int responses_listed_items(request *r, json_t *items, json_t *existing, json_t *listed, api_error *e);
+/* metadata as OpenAI takes it (conversations, responses): an object of at
+ * most 16 string values, keys of at most 64 characters, values of at most
+ * 512. 0, or -1 + a 400 naming metadata. */
+int metadata_check(json_t *m, api_error *e);
+/* A failed response's error in OpenAI's codes (the SDK's ResponseError:
+ * rate_limit_exceeded, invalid_prompt, server_error by status), ours in the
+ * message ("503 request_timeout: ..."). New reference. */
+json_t *responses_error(int status, const char *code, const char *message);
 /* The Responses API's usage from a chat usage object (borrowed); new reference. */
 json_t *responses_usage(json_t *chat_usage);
 /* An output message item with one output_text part (text borrowed; NULL: no part yet). */

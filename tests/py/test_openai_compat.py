@@ -621,6 +621,54 @@ def test_responses_objects_are_the_sdks_own_types(client):
     assert {"response.function_call_arguments.done", "response.output_text.delta", "response.incomplete",
             "response.completed"} <= seen, seen
     assert pydantic.VERSION
+    # a streamed background response cancelled as it runs: its items said "cancelled" (an item is
+    # in_progress, completed or incomplete), which the SDK's models refuse
+    import threading
+    with client.responses.with_streaming_response.create(model="x", input="Write a long story about a dog.",
+                                                         max_output_tokens=300, background=True, stream=True) as s:
+        events, cancel = [], None
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == "response.output_text.delta" and not cancel:
+                    cancel = threading.Thread(target=client.responses.cancel, args=(events[0]["response"]["id"],))
+                    cancel.start()
+    cancel.join()
+    for event in events:
+        by_type[event["type"]].model_validate(event)
+    assert events[-1]["response"]["status"] == "cancelled", events[-1]
+    # metadata as OpenAI takes it (16 strings): anything else was echoed, and the SDK refused it
+    for bad in ({"k": 7}, {f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.responses.create(model="x", input="Hi", max_output_tokens=2, metadata=bad)
+        assert ei.value.body["param"] == "metadata"
+    ok = client.responses.with_raw_response.create(model="x", input="Hi", max_output_tokens=2, metadata={"k": "v"})
+    assert Response.model_validate(json.loads(ok.text)).metadata == {"k": "v"}
+
+
+def test_a_failed_responses_stream_ends_as_openai_ends_one(tmp_path):
+    """A Responses stream that fails mid-way (here request_timeout) sent a chat-shaped error
+    ({"error": {...}}, which the SDK's ResponseErrorEvent refuses) and then "data: [DONE]"; it
+    sends OpenAI's error event and response.failed now, both the SDK's types."""
+    import typing
+
+    from openai.types.responses import ResponseStreamEvent
+    by_type = {typing.get_args(c.model_fields["type"].annotation)[0]: c
+               for c in typing.get_args(typing.get_args(ResponseStreamEvent)[0])}
+    s = Server(tmp_path / "d", "--request-timeout", "1", "--threads", "1").start()
+    try:
+        long_prompt = "The quick brown fox jumps over the lazy dog. " * 600  # (its prefill alone passes 1 s)
+        st, text, _ = s.request("POST", "/v1/responses", {"model": "x", "input": long_prompt,
+                                                           "max_output_tokens": 4, "stream": True})
+        assert st == 200 and "[DONE]" not in text, text[-300:]
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        for event in events:
+            by_type[event["type"]].model_validate(event)
+        kinds = [e["type"] for e in events]
+        assert kinds[-2:] == ["error", "response.failed"], kinds
+        assert events[-2]["code"] == "request_timeout" and events[-1]["response"]["status"] == "failed"
+    finally:
+        assert s.stop() == 0
 
 
 def test_responses_errors(srv, client):
