@@ -374,9 +374,9 @@ fail:
 /* ---- stored responses (server/stored.c) ------------------------------------------------- */
 
 /* 404 for a response this key has not stored. */
-static void response_not_found(request *r, const char *param, const char *id) {
+static void response_not_found(request *r, const char *id) {
     api_error e;
-    api_fail(&e, 404, "response_not_found", param,
+    api_fail(&e, 404, "response_not_found", NULL,
              "no stored response '%s' (responses are kept while they fit in response_store_bytes: send the whole "
              "conversation as input)", id);
     respond_error(r, &e);
@@ -466,7 +466,7 @@ static void answer_response_id(request *r) {
     char id[128];
     path_id(path, id);
     json_t *entry = stored_get(r, id, "response");
-    if (!entry) return response_not_found(r, NULL, id);
+    if (!entry) return response_not_found(r, id);
     /* GET .../input_items: the items that made it (its input's, and before them, when it continued a
        response, that chain's inputs and outputs) */
     if (strchr(path, '/')) return stored_list_page(r, json_object_get(entry, "items"));
@@ -497,7 +497,7 @@ void route_response_id(request *r, const char *path) {
     if (slash && !strcmp(slash, "/cancel")) {
         char id[128];
         path_id(path, id);
-        if (!stored_id_ok(id)) return response_not_found(r, NULL, id);
+        if (!stored_id_ok(id)) return response_not_found(r, id);
         return background_cancel(r, id);
     }
     int get = request_reads(r), del = !strcmp(r->method, "DELETE");
@@ -505,7 +505,7 @@ void route_response_id(request *r, const char *path) {
     if (!get && !del) return respond_method_not_allowed(r, "GET, HEAD, DELETE");
     char id[128];
     path_id(path, id);
-    if (!stored_id_ok(id)) return response_not_found(r, NULL, id);
+    if (!stored_id_ok(id)) return response_not_found(r, id);
     stored_fetch_one(r, id, answer_response_id);
 }
 
@@ -569,9 +569,12 @@ static void answer_responses(request *r) {
     if (json_is_string(prev)) {
         const char *id = json_string_value(prev);
         json_t *entry = stored_get(r, id, "response");
-        if (!entry) {
-            response_not_found(r, "previous_response_id", id);
-            return json_decref(in); /* (id is in it) */
+        if (!entry) { /* (OpenAI's status and code for it: clients that resend the conversation look for them) */
+            api_fail(&e, 400, "previous_response_not_found", "previous_response_id",
+                     "Previous response with id '%s' not found (responses are kept while they fit in "
+                     "response_store_bytes: send the whole conversation as input)", id);
+            json_decref(in); /* (id is in it) */
+            return respond_error(r, &e);
         }
         const char *status = json_string_value(json_object_get(json_object_get(entry, "object"), "status"));
         if (status && (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {

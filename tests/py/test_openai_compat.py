@@ -801,12 +801,12 @@ def test_previous_response_id_continues_the_conversation(srv, client):
     assert (got.id, got.output_text, got.usage.input_tokens) == (second.id, second.output_text, second.usage.input_tokens)
     st, body, _ = srv.request("DELETE", f"/v1/responses/{second.id}", headers=auth())
     assert st == 200 and body == {"id": second.id, "object": "response", "deleted": True}
-    for call in (lambda: client.responses.retrieve(second.id),
-                 lambda: client.responses.create(model="x", previous_response_id=second.id, input="Hi")):
-        with pytest.raises(openai.NotFoundError) as ei:
-            call()
-        assert ei.value.body["code"] == "response_not_found"
-    assert ei.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.NotFoundError) as ei:
+        client.responses.retrieve(second.id)
+    assert ei.value.body["code"] == "response_not_found"
+    with pytest.raises(openai.BadRequestError) as ei:  # OpenAI's 400 for it (a 404 before)
+        client.responses.create(model="x", previous_response_id=second.id, input="Hi")
+    assert (ei.value.body["code"], ei.value.body["param"]) == ("previous_response_not_found", "previous_response_id")
     unstored = client.responses.create(model="x", input="Hi", max_output_tokens=2, store=False)
     assert unstored.store is False
     with pytest.raises(openai.NotFoundError):
@@ -877,10 +877,11 @@ def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
     try:
         one, two = (openai_client(s, k) for k in ("key-one-0123456789", "key-two-0123456789"))
         mine = one.responses.create(model="x", input="Hi", max_output_tokens=4)
-        for call in (lambda: two.responses.retrieve(mine.id),
-                     lambda: two.responses.create(model="x", previous_response_id=mine.id, input="Hi")):
-            with pytest.raises(openai.NotFoundError):
-                call()
+        with pytest.raises(openai.NotFoundError):
+            two.responses.retrieve(mine.id)
+        with pytest.raises(openai.BadRequestError) as ei:  # (another key's: as if there were none)
+            two.responses.create(model="x", previous_response_id=mine.id, input="Hi")
+        assert ei.value.body["code"] == "previous_response_not_found"
         assert one.responses.retrieve(mine.id).id == mine.id
         conv = one.conversations.create(items=[{"role": "user", "content": "Hi"}])
         for call in (lambda: two.conversations.retrieve(conv.id), lambda: two.conversations.items.list(conv.id),
@@ -919,7 +920,7 @@ def test_stored_responses_belong_to_their_key_and_their_session(tmp_path):
         c = openai_client(s)
         r = c.responses.create(model="x", input="Hi", max_output_tokens=2)
         assert r.store is False
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.BadRequestError):
             c.responses.create(model="x", input="Hi", max_output_tokens=2, previous_response_id=r.id)
     finally:
         s.stop()
