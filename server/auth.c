@@ -63,6 +63,9 @@ void sha256_hex(const void *data, size_t n, char out[65]) {
 static int add_key(server *s, const char *key, size_t len, const char *name, size_t name_len,
                    char *err, size_t errlen) {
     if (len < 8) return snprintf(err, errlen, "api keys must be at least 8 characters"), -1;
+    for (size_t i = 0; i < len; i++) /* (a browser sends a header's other bytes as Latin-1: never equal) */
+        if ((unsigned char)key[i] < 0x21 || (unsigned char)key[i] > 0x7e)
+            return snprintf(err, errlen, "api keys are printable ASCII without spaces"), -1;
     api_key *t = realloc(s->keys, (s->n_keys + 1) * sizeof *t);
     if (!t) return snprintf(err, errlen, "out of memory"), -1;
     s->keys = t;

@@ -22,6 +22,8 @@
     remote: null,        // the session another tab is uploading to (see followOtherTab)
     chat: [],            // {role, content}
     chatAbort: null,
+    chatNumber: 0,       // which conversation this is (an answer ending later joins only its own)
+    chatOverChosen: false, // the user picked "Ask over" (plain chat too): it no longer follows the selection
     map: null,           // last retention answer and its geometry
   };
 
@@ -744,11 +746,12 @@
 
   // ---- markdown, rendered as DOM nodes (no HTML from the model is ever parsed) ----------------------------
 
-  // Code, bold, italics and links. `_` emphasis is CommonMark's: it neither opens nor closes inside a word
-  // (max_chunk_bytes stays as it is), nor next to a space on its inner side. The search runs over the
-  // whole text (lastIndex), so that the look-behind sees the character before a match.
+  // Code, bold, italics and links. Emphasis is CommonMark's: never next to a space on its inner side
+  // (2 * 3 * 4, *.tmp and *.log, x ** 2 keep their asterisks), and `_` neither opens nor closes inside
+  // a word (max_chunk_bytes stays as it is); bold may hold italics. The search runs over the whole
+  // text (lastIndex), so that the look-behind sees the character before a match.
   function inline(text, parent) {
-    const re = /(`[^`\n]+`)|(\*\*[^*\n]+\*\*)|(\*[^*\n]+\*|(?<![\p{L}\p{N}_])_(?!\s)[^_\n]+?(?<!\s)_(?![\p{L}\p{N}_]))|(\[[^\]\n]+\]\((https?:\/\/[^)\s]+)\))/gu;
+    const re = /(`[^`\n]+`)|(\*\*(?!\s)(?:[^*\n]|\*(?!\*))+?(?<!\s)\*\*)|(\*(?![\s*])[^*\n]*?[^\s*]\*|\*[^\s*]\*|(?<![\p{L}\p{N}_])_(?!\s)[^_\n]+?(?<!\s)_(?![\p{L}\p{N}_]))|(\[[^\]\n]+\]\((https?:\/\/[^)\s]+)\))/gu;
     let at = 0, m;
     while ((m = re.exec(text))) {
       if (m.index > at) parent.append(text.slice(at, m.index));
@@ -790,6 +793,8 @@
         if (para.length) { out.append(inline(para.join(' '), el('p'))); para = []; }
         if (!list || list.ordered !== ordered) {
           list = { node: el(ordered ? 'ol' : 'ul'), ordered };
+          // a list goes on from the number its first item has (items split by code or paragraphs)
+          if (ordered && parseInt(m[1], 10) !== 1) list.node.start = parseInt(m[1], 10);
           out.append(list.node);
         }
         list.node.append(inline(m[2], el('li')));
@@ -809,13 +814,25 @@
 
   // ---- chat ------------------------------------------------------------------------------------------------
 
+  // A conversation is over one document: another document, or a new conversation, starts empty,
+  // and an answer still coming is stopped (it joined the new conversation, and Send stayed off).
+  function newConversation() {
+    if (state.chatAbort) state.chatAbort.abort();
+    state.chatNumber++;
+    state.chat = [];
+    $('chat-log').replaceChildren();
+  }
+
   function renderChatOver() {
     const sel = $('chat-over');
-    const keep = sel.value || state.selected || '';
+    const before = sel.value;
+    // the user's own choice stays (plain chat too); until there is one, the selected document
+    const keep = state.chatOverChosen ? before : before || state.selected || '';
     const ready = state.sessions.filter((s) => s.tokens_ingested > 0 || s.id === state.selected);
     sel.replaceChildren(el('option', { value: '', text: 'no document (plain chat)' }),
       ...ready.map((s) => el('option', { value: s.id, text: title(s) })));
     sel.value = [...sel.options].some((o) => o.value === keep) ? keep : '';
+    if (sel.value !== before && (state.chat.length || state.chatAbort)) newConversation(); // (its document went)
     $('chat-reread').disabled = !sel.value;
   }
 
@@ -852,6 +869,7 @@
     if (!(temperature >= 0 && temperature <= 2)) return say('Temperature must be between 0 and 2.');
     if (!(maxTokens >= 1)) return say('Max tokens must be at least 1.');
     $('chat-input').value = '';
+    const number = state.chatNumber, chat = state.chat; // (a new conversation may begin meanwhile)
     state.chat.push({ role: 'user', content: q });
     addTurn('user', q);
     const { turn, body } = addTurn('assistant', '');
@@ -914,13 +932,16 @@
     } finally {
       paint();
       turn.classList.remove('streaming');
-      if (failed && !text) {
-        // a question with no answer leaves the conversation: the next question is not asked after it
-        state.chat.pop();
+      if (number !== state.chatNumber) {
+        // a new conversation began (another document, or "New conversation"): this answer is not its
+      } else if (!text && (failed || finish === 'stopped')) {
+        // a question with no answer (failed, or stopped before any text) leaves the conversation: the
+        // next question is not asked after it
+        chat.pop();
         turn.classList.add('failed');
-        body.replaceChildren(el('span', { class: 'muted', text: 'No answer: ' + failed + '.' }));
+        if (failed) body.replaceChildren(el('span', { class: 'muted', text: 'No answer: ' + failed + '.' }));
       } else {
-        state.chat.push({ role: 'assistant', content: text });
+        chat.push({ role: 'assistant', content: text });
       }
       const notes = [];
       // "length" is also the answer the model's window or the server's request_timeout cut short:
@@ -977,10 +998,10 @@
     if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $('chat-form').requestSubmit(); }
   });
   $('chat-stop').addEventListener('click', () => state.chatAbort && state.chatAbort.abort());
-  $('chat-clear').addEventListener('click', () => { state.chat = []; $('chat-log').replaceChildren(); });
+  $('chat-clear').addEventListener('click', newConversation);
   $('chat-over').addEventListener('change', () => {
-    state.chat = [];
-    $('chat-log').replaceChildren();
+    state.chatOverChosen = true;
+    newConversation();
     $('chat-reread').disabled = !$('chat-over').value;
   });
 
@@ -1172,6 +1193,12 @@
   $('key-form').addEventListener('submit', (ev) => {
     const v = $('key-input').value.trim();
     if (!v) { ev.preventDefault(); return; }
+    if (!/^[\x21-\x7e]+$/.test(v)) { // (a header cannot carry it: every request would fail before it left)
+      ev.preventDefault();
+      $('key-error').textContent = 'An API key is printable ASCII without spaces: check for a pasted dash or quote.';
+      $('key-error').hidden = false;
+      return;
+    }
     sessionStorage.setItem(KEY_STORE, v);
     $('key-input').value = '';
     const w = keyWaiters;

@@ -718,6 +718,9 @@ def test_config_layers_and_errors(tmp_path, model):
     # "api keys must be at least 8 characters", exit 1, the rule written nowhere)
     out = subprocess.run([str(BIN), "serve", "--api-key", "KEY"], capture_output=True, timeout=30)
     assert out.returncode == 2 and b"--api-key: must be at least 8 characters" in out.stderr, out.stderr
+    # a key a browser cannot send (it sends a header's other bytes as Latin-1): refused at start
+    out = subprocess.run([str(BIN), "serve", "--api-key", "clé-secrète-1"], capture_output=True, timeout=30)
+    assert out.returncode != 0 and b"printable ASCII" in out.stderr, out.stderr
     cfg = tmp_path / "c.json"
     cfg.write_text('{"policy": "nonsense"}')
     out = subprocess.run([str(BIN), "serve", "--config", str(cfg)], capture_output=True, timeout=30)

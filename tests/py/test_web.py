@@ -1279,6 +1279,61 @@ def test_markdown_underscores_inside_words_stay_text(browser, tiny):
     assert page.inner_text(body) == ("Set max_chunk_bytes and budget_tokens; snake_case_names stay. "
                                      "An emphasis here (this one), and that.")
     assert page.locator(f"{body} em").all_inner_texts() == ["emphasis", "this one", "that"]
+    # asterisks next to a space on their inner side are not emphasis (they vanished: "2 3 4 = 24",
+    # "Delete .tmp and .log files", "x 2 + y 2"); bold may hold italics; a numbered list split by
+    # code goes on from its item's number (each piece said "1.")
+    route_answers(page, [answer_events("Compute 2 * 3 * 4 = 24. Delete *.tmp and *.log files. "
+                                       "Python: x ** 2 + y ** 2. And **bold *nested* text**.\n\n"
+                                       "1. Install it:\n```\napt-get install x\n```\n2. Run it:\n```\nx\n```\n3. Done.")])
+    page.fill("#chat-input", "More?")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant:nth-of-type(4)[data-done="true"]', timeout=10000)
+    last = ".turn.assistant:last-child .body"
+    assert page.inner_text(f"{last} p").startswith("Compute 2 * 3 * 4 = 24. Delete *.tmp and *.log files. "
+                                                 "Python: x ** 2 + y ** 2. And bold nested text.")
+    assert page.locator(f"{last} strong").all_inner_texts() == ["bold nested text"]
+    assert page.locator(f"{last} strong em").all_inner_texts() == ["nested"]
+    assert [page.evaluate("(n) => n.start", h) for h in page.locator(f"{last} ol").element_handles()] == [1, 2, 3]
+    assert not page.errors, page.errors
+    page.context.close()
+
+
+def test_ask_over_keeps_its_choice_and_a_conversation_stays_with_its_document(browser, tiny):
+    """"Ask over" set to plain chat took the document picked in the list at the next list refresh,
+    and the next question went there with the plain chat's history; an answer still streaming when
+    "New conversation" was clicked joined the new conversation (and Send stayed off until it ended)."""
+    st, s, _ = tiny.request("POST", "/v1/sessions", {"metadata": {"title": "doc one"}}, auth())
+    st, _, _ = tiny.request("POST", f"/v1/sessions/{s['id']}/chunks?seq=1", raw=b"The sky is green today.\n",
+                            headers=dict(auth(), **{"Content-Type": "text/plain"}))
+    page = open_page(browser, tiny)
+    enter_key(page)
+    sent = []
+    page.route("**/v1/chat/completions", lambda route: (sent.append(json.loads(route.request.post_data)),
+                                                        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"},
+                                                                      body=answer_events("Fine."))))
+    ask_without_session(page, "Hello?", timeout=10000)
+    page.click("#sessions .pick")  # (the list is drawn again)
+    assert page.eval_on_selector("#chat-over", "s => s.value") == ""
+    page.fill("#chat-input", "And now?")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant:nth-of-type(4)[data-done="true"]', timeout=10000)
+    assert "session" not in sent[-1] and [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user"]
+    # an answer that has not ended when a new conversation begins is stopped, and is not the new one's
+    page.unroute("**/v1/chat/completions")
+    page.route("**/v1/chat/completions", lambda route: None)  # (never answered)
+    page.fill("#chat-input", "A long one?")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector("#chat-stop:not([disabled])", timeout=10000)
+    page.click("#chat-clear")
+    page.wait_for_selector("#chat-send:not([disabled])", timeout=10000)
+    page.unroute("**/v1/chat/completions")
+    page.route("**/v1/chat/completions", lambda route: (sent.append(json.loads(route.request.post_data)),
+                                                        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"},
+                                                                      body=answer_events("New."))))
+    page.fill("#chat-input", "First of the new one?")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector('.turn.assistant[data-done="true"]', timeout=10000)
+    assert page.locator(".turn").count() == 2 and [m["content"] for m in sent[-1]["messages"]] == ["First of the new one?"]
     assert not page.errors, page.errors
     page.context.close()
 
