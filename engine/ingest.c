@@ -835,8 +835,8 @@ static engine_doc *doc_new(engine *e, const engine_pot_settings *s, int_vec *pre
         goto fail;
     }
     if (s->system && tokenizer_min_tokens(e->m->tok, strlen(s->system)) >= (size_t)keep) {
-        snprintf(err, errlen, "keep_tokens: the system prompt's %zu bytes are more tokens than keep_tokens %d (half of "
-                 "budget_tokens unless set)", strlen(s->system), keep);
+        snprintf(err, errlen, "keep_tokens: the pinned prefix cannot fit: the system prompt's %zu bytes are more "
+                 "tokens than keep_tokens %d (half of budget_tokens unless set)", strlen(s->system), keep);
         goto fail;
     }
     size_t len = strlen(rows) + 3;

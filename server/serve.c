@@ -224,6 +224,8 @@ static int lock_data_dir(const char *dir, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) /* (a read-only mount) */
+        return snprintf(err, errlen, "data_dir: %.300s is not writable: %s", dir, strerror(errno)), -1;
     if (fd < 0) return snprintf(err, errlen, "data_dir: cannot open %.300s: %s", path, strerror(errno)), -1;
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
     int e = errno;

@@ -177,6 +177,8 @@ def cases(sites):
     with EIO, writes also come up short, syncs and writes also hit ENOSPC."""
     out = []
     for phase, cls, n, path in sites:
+        if path.endswith("/.lock"):  # (the data directory's lock: failing, the server refuses to start, saying why)
+            continue
         out.append((phase, cls, n, "fail", "EIO", path))
         if cls == "write":
             out.append((phase, cls, n, "short", "EIO", path))
