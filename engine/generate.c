@@ -308,17 +308,20 @@ static int emit_text(gen_seq *q, const char *text, size_t len, int32_t tok,
 
 /* Whether the text so far, now ending with text[0, n), holds end_after. */
 static int wrote_end(gen_seq *q, const char *text, size_t n) {
-    size_t k = strlen(q->end_after), all = q->n_end_tail + n;
-    char buf[sizeof q->end_tail + 256];
-    if (all > sizeof buf) { /* (a piece longer than the detokenizer's buffer: its end only) */
-        text += all - sizeof buf, n -= all - sizeof buf, all = sizeof buf;
-        q->n_end_tail = all - n;
+    size_t k = strlen(q->end_after), head = n < k - 1 ? n : k - 1; /* (k < sizeof end_tail) */
+    char joint[2 * sizeof q->end_tail]; /* the text before and this text's first bytes: an end across them */
+    memcpy(joint, q->end_tail, q->n_end_tail);
+    memcpy(joint + q->n_end_tail, text, head);
+    if (memmem(joint, q->n_end_tail + head, q->end_after, k) || memmem(text, n, q->end_after, k)) return 1;
+    if (n >= k - 1) { /* keep the last k - 1 bytes of it all */
+        memcpy(q->end_tail, text + n - (k - 1), k - 1);
+        q->n_end_tail = k - 1;
+    } else {
+        size_t keep = q->n_end_tail + n > k - 1 ? k - 1 - n : q->n_end_tail;
+        memmove(q->end_tail, q->end_tail + q->n_end_tail - keep, keep);
+        memcpy(q->end_tail + keep, text, n);
+        q->n_end_tail = keep + n;
     }
-    memcpy(buf, q->end_tail, q->n_end_tail);
-    memcpy(buf + q->n_end_tail, text, n);
-    if (memmem(buf, all, q->end_after, k)) return 1;
-    q->n_end_tail = all < k - 1 ? all : k - 1;
-    memcpy(q->end_tail, buf + all - q->n_end_tail, q->n_end_tail);
     return 0;
 }
 

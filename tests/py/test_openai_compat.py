@@ -155,6 +155,13 @@ def test_a_keyless_server_refuses_other_sites_pages(tmp_path):
             assert st == 403 and err["error"]["code"] == "host_not_allowed", (host, st, err)
             assert s.request("GET", "/", headers={"Host": host})[0] == 403  # the page too
         assert s.request("GET", "/health", headers={"Host": "attacker.example"})[0] == 200  # (balancers)
+        for garbage in ("[::1", "", ":8080", "[]", "a." * 200, "x" * 300, "1.2.3.4:x:y", "[::1]junk"):  # clear, whole
+            st, err, _ = s.request("GET", "/v1/sessions", headers={"Host": garbage})
+            assert st in (200, 403) and (st == 200 or err["error"]["code"] == "host_not_allowed"), (garbage, st)
+        for origin in ("null", "", "http://", "://x", "http://[::1", "x" * 3000):
+            st, err, _ = s.request("POST", "/v1/sessions", {}, headers={"Origin": origin})
+            assert st in (201, 403), (origin, st, err)
+        assert s.request("GET", "/health")[0] == 200
         for host in (f"localhost:{s.port}", "127.0.0.1", f"[::1]:{s.port}", "app.localhost", "debian",
                      "POTSERVE.example:8080"):
             st, body, _ = s.request("GET", "/v1/sessions", headers={"Host": host})
