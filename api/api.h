@@ -26,6 +26,9 @@ int api_fail(api_error *e, int status, const char *code, const char *param, cons
 json_t *api_error_json(const api_error *e);
 /* The error type docs/api.md names for a status. */
 const char *api_error_type(int status);
+/* A name as OpenAI requires of tools and response formats: 1 to 64 of a-z,
+ * A-Z, 0-9, _ and - (a tool's name is written into its calls' markup). */
+int api_name_is_valid(const char *name);
 
 /* The OpenAPI document of this API (api/openapi.json, embedded; static, NUL-terminated). */
 const char *api_openapi_json(size_t *len);

@@ -24,6 +24,11 @@ static void utf8_repair(char *s) {
     }
 }
 
+int api_name_is_valid(const char *name) {
+    size_t n = strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-");
+    return n >= 1 && n <= 64 && !name[n];
+}
+
 int api_fail(api_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;
     e->code = code;

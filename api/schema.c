@@ -902,8 +902,11 @@ int api_parse_response_format(json_t *body, json_t **schema_out, api_error *e) {
         return api_fail(e, 400, "invalid_value", P, "response_format.json_schema must be an object");
     json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
     json_t *schema = json_object_get(js, "schema");
-    if (name && !json_is_string(name))
-        return api_fail(e, 400, "invalid_type", P, "response_format.json_schema.name must be a string");
+    if (!name || json_is_null(name))
+        return api_fail(e, 400, "missing_field", P, "response_format.json_schema.name is required");
+    if (!json_is_string(name) || !api_name_is_valid(json_string_value(name)))
+        return api_fail(e, 400, "invalid_value", P,
+                        "response_format.json_schema.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
     if (strict && !json_is_boolean(strict) && !json_is_null(strict))
         return api_fail(e, 400, "invalid_type", P, "response_format.json_schema.strict must be a boolean");
     if (!json_is_object(schema))

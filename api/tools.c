@@ -50,9 +50,7 @@ int api_parse_tools(api_gen_request *r, api_error *e) {
                 !json_is_object(fn) || !json_is_string(name) || !json_string_length(name))
                 return api_fail(e, 400, "invalid_value", "tools",
                                 "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
-            const char *nm = json_string_value(name);
-            size_t nl = strspn(nm, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-");
-            if (nl != strlen(nm) || nl > 64) /* (OpenAI's rule; a name is written into the call's markup) */
+            if (!api_name_is_valid(json_string_value(name)))
                 return api_fail(e, 400, "invalid_value", "tools",
                                 "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
             if (params && !json_is_null(params) && !json_is_object(params))
@@ -199,6 +197,54 @@ static void put_tools(textbuf *t, json_t *tools, enum tool_format f) {
     }
 }
 
+/* OpenAI's rule for tool turns: each call of an assistant message is answered by
+ * one of the tool messages right after it, by its id, and a tool message answers
+ * a call of that message (a result given to no call, or a call left without one,
+ * is a client's mistake the template would render silently). 400 naming messages. */
+static int check_tool_turns(const api_gen_request *r, json_t *msgs, api_error *e) {
+    json_t *calls = NULL; /* the calls of the assistant message before the tool messages being read */
+    json_t *answered = json_object();
+    int rc = 0;
+    for (size_t i = 0; i <= r->n_messages && !rc; i++) {
+        json_t *m = json_array_get(msgs, i); /* NULL past the end: the last calls are checked there */
+        int is_tool = i < r->n_messages && !strcmp(r->messages[i].role, "tool");
+        if (is_tool) {
+            const char *id = json_string_value(json_object_get(m, "tool_call_id"));
+            int known = 0;
+            size_t j;
+            json_t *call;
+            json_array_foreach(calls, j, call) {
+                const char *call_id = json_string_value(json_object_get(call, "id"));
+                known |= id && call_id && !strcmp(id, call_id);
+            }
+            if (!id)
+                rc = api_fail(e, 400, "invalid_value", "messages", "messages[%zu] (role tool) needs a tool_call_id", i);
+            else if (!known)
+                rc = api_fail(e, 400, "invalid_value", "messages",
+                              "No tool call found for the tool output answering '%s': a tool message (a "
+                              "function_call_output) answers a call of the assistant message just before it", id);
+            else
+                json_object_set_new(answered, id, json_true());
+            continue;
+        }
+        size_t j;
+        json_t *call;
+        json_array_foreach(calls, j, call) {
+            const char *id = json_string_value(json_object_get(call, "id"));
+            if (!rc && (!id || !json_object_get(answered, id)))
+                rc = api_fail(e, 400, "invalid_value", "messages",
+                              "No tool output found for tool call %s%s%s: each call is answered by a tool message "
+                              "(a function_call_output) right after the assistant message that made it",
+                              id ? "'" : "", id ? id : "without an id", id ? "'" : "");
+        }
+        json_object_clear(answered);
+        calls = i < r->n_messages && !strcmp(r->messages[i].role, "assistant") ? json_object_get(m, "tool_calls") : NULL;
+        if (!json_is_array(calls)) calls = NULL;
+    }
+    json_decref(answered);
+    return rc;
+}
+
 int api_render_tools(api_gen_request *r, const char *family, api_error *e) {
     json_t *msgs = json_object_get(r->root, "messages");
     int has_tool_turns = 0;
@@ -208,6 +254,7 @@ int api_render_tools(api_gen_request *r, const char *family, api_error *e) {
             has_tool_turns = 1;
     }
     if (!r->tools && !has_tool_turns) return 0;
+    if (check_tool_turns(r, msgs, e)) return -1;
     enum tool_format f = format_of(family);
     if (f == FORMAT_NONE)
         return api_fail(e, 400, "unsupported_value", r->tools ? "tools" : "messages",

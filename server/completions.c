@@ -1881,7 +1881,10 @@ static void start_generation(request *r, int chat, json_t *responses, json_t *hi
                  (long long)s->cfg.max_answers);
         return respond_error(r, &e);
     }
-    if (chat && api_render_tools(q, s->info.chat_family, &e)) return respond_error(r, &e);
+    if (chat && api_render_tools(q, s->info.chat_family, &e)) {
+        if (responses && e.param && !strcmp(e.param, "messages")) e.param = "input"; /* (its messages are its input) */
+        return respond_error(r, &e);
+    }
     const char *sid = q->session,
                *header_sid = r->conn ? MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id") : NULL;
     if (sid && header_sid && strcmp(sid, header_sid)) { /* nginx routes by the header: one of them is a mistake */

@@ -355,6 +355,12 @@ static json_t *chat_body(request *r, json_t *in, json_t *before, json_t **histor
     if (fmt && !json_is_null(fmt)) {
         const char *type = json_string_value(json_object_get(fmt, "type"));
         if (type && !strcmp(type, "json_schema")) {
+            json_t *name = json_object_get(fmt, "name");
+            if (!json_is_string(name) || !api_name_is_valid(json_string_value(name))) {
+                api_fail(e, 400, json_is_string(name) ? "invalid_value" : "missing_field", "text",
+                         "text.format.name %s", json_is_string(name) ? "must be 1 to 64 of a-z, A-Z, 0-9, _ and -" : "is required");
+                goto fail;
+            }
             json_t *js = json_deep_copy(fmt);
             json_object_del(js, "type");
             json_object_set_new(out, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));

@@ -73,7 +73,9 @@ def test_agent_output_type(model_of):
 
 def test_previous_response_id_continues_a_run(server):
     """A second run chained to the first's last response (previous_response_id) is read after
-    the first's conversation, its tool call included, which the server kept."""
+    the first's conversation, its tool call and the tool's output included, which the server kept.
+    (The first run reads the tool's output and answers: a run stopped at its call leaves the call
+    unanswered, which chained is OpenAI's 400 "No tool output found", and this server's.)"""
     def model():
         return OpenAIResponsesModel(model="potserve", openai_client=AsyncOpenAI(
             base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300))
@@ -82,9 +84,8 @@ def test_previous_response_id_continues_a_run(server):
 
     async def runs():
         caller = Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model(),
-                       model_settings=ModelSettings(temperature=0, max_tokens=80, tool_choice="required"),
-                       tool_use_behavior="stop_on_first_tool")
-        first = await Runner.run(caller, "What is the weather in Paris?")
+                       model_settings=ModelSettings(temperature=0, max_tokens=80, tool_choice="required"))
+        first = await Runner.run(caller, "What is the weather in Paris?")  # (tool_choice is auto after the call)
         reporter = Agent(name="report", instructions="Report the weather as JSON.", output_type=Report,
                          model=model(), model_settings=settings)
         chained = await Runner.run(reporter, "Report it.", previous_response_id=first.last_response_id)
@@ -93,6 +94,7 @@ def test_previous_response_id_continues_a_run(server):
 
     first, chained, alone = asyncio.run(runs())
     assert isinstance(chained.final_output, Report)
+    assert [o.type for o in first.raw_responses[0].output] == ["function_call"] and len(first.raw_responses) == 2
     # the first run's question and call (its tools' definitions are the first agent's, not sent again)
     before = chained.raw_responses[-1].usage.input_tokens - alone.raw_responses[-1].usage.input_tokens
     assert before >= 30, (before, first.raw_responses[-1].output)

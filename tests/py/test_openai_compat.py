@@ -576,6 +576,11 @@ def test_responses_structured_text_format(client):
     r = client.responses.create(model="x", input="A big city, as JSON.", max_output_tokens=60, temperature=0.7, extra_body={"seed": 1},
                                 text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(r.output_text), schema)
+    for fmt, needle in (({"type": "json_schema", "schema": schema}, "text.format.name is required"),
+                        ({"type": "json_schema", "name": "a city", "schema": schema}, "1 to 64")):
+        with pytest.raises(openai.BadRequestError) as ei:  # OpenAI's answers: a name is required, as tools' are
+            client.responses.create(model="x", input="A city.", max_output_tokens=5, text={"format": fmt})
+        assert needle in ei.value.body["message"], ei.value.body
 
 
 def test_responses_logprobs_are_the_chat_routes(client):

@@ -568,7 +568,11 @@ def test_bad_response_formats_are_400s(client):
                  "type": "string", "maxLength": 1, "enum": ["aa", "b"]}}}, "'maxLength' beside enum"),
              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
                  "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}},
-                 "$ref": "#/$defs/N"}}}, "never ends")]
+                 "$ref": "#/$defs/N"}}}, "never ends"),
+             # a name, as OpenAI requires (it answers "Missing required parameter")
+             ({"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}, "name is required"),
+             ({"type": "json_schema", "json_schema": {"name": "a b", "schema": {"type": "string"}}}, "1 to 64"),
+             ({"type": "json_schema", "json_schema": {"name": "x" * 65, "schema": {"type": "string"}}}, "1 to 64")]
     for rf, needle in cases:
         with pytest.raises(openai.BadRequestError) as ei:
             client.chat.completions.create(model="x", messages=msgs, response_format=rf, max_tokens=5)

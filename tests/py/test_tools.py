@@ -295,6 +295,32 @@ def test_tool_errors_are_400s(client):
         assert ei.value.body["param"] == param, (extra, ei.value.body)
 
 
+def test_tool_messages_answer_the_calls_before_them(client):
+    """OpenAI's rule for tool turns (its 400s): a tool message answers, by id, a call of the
+    assistant message just before it, and every such call is answered. A result given to no call,
+    or a call left unanswered, was rendered silently (the model read a result of nothing)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    asked = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]}]
+    cases = [(ASK + [{"role": "tool", "tool_call_id": "c1", "content": "sunny"}], "No tool call found"),
+             (asked + [{"role": "tool", "tool_call_id": "c2", "content": "sunny"}], "answering 'c2'"),
+             (asked + [{"role": "tool", "content": "sunny"}], "needs a tool_call_id"),
+             (asked, "No tool output found for tool call 'c1'"),
+             (asked + [{"role": "user", "content": "And?"}], "No tool output found for tool call 'c1'"),
+             (asked + [{"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                       {"role": "assistant", "content": "Sunny."},
+                       {"role": "tool", "tool_call_id": "c1", "content": "again"}], "No tool call found")]
+    for msgs, said in cases:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.chat.completions.create(model="x", messages=msgs, tools=TOOLS, max_tokens=5)
+        assert ei.value.body["param"] == "messages" and said in ei.value.body["message"], (msgs, ei.value.body)
+    whole = asked + [{"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert client.chat.completions.create(model="x", messages=whole, tools=TOOLS, max_tokens=5).choices
+    with pytest.raises(openai.BadRequestError) as ei:  # Responses: an output of no call
+        client.responses.create(model="x", max_output_tokens=5, tools=RESPONSES_TOOLS, input=[
+            {"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "c9", "output": "x"}])
+    assert ei.value.body["param"] == "input" and "answering 'c9'" in ei.value.body["message"], ei.value.body
+
+
 def test_template_without_a_tool_format_is_a_400(tmp_path):
     s = Server(tmp_path, "--chat-template", "zephyr")
     s.start()
