@@ -344,6 +344,17 @@ static json_t *chat_body(request *r, json_t *in, json_t *before, json_t **histor
         if (json_object_get(in, *k)) json_object_set(out, *k, json_object_get(in, *k));
     json_t *mot = json_object_get(in, "max_output_tokens");
     if (mot) json_object_set(out, "max_tokens", mot);
+    /* OpenAI's truncation: "disabled" (its default) refuses an input longer than the window;
+       "auto" fits it, which here is reading the earlier turns through a pot (overflow "pot",
+       this server's default when neither is sent) */
+    json_t *truncation = json_object_get(in, "truncation");
+    const char *tr = json_string_value(truncation);
+    if (truncation && !json_is_null(truncation) && (!tr || (strcmp(tr, "auto") && strcmp(tr, "disabled")))) {
+        api_fail(e, 400, "invalid_value", "truncation", "truncation must be \"auto\" or \"disabled\"");
+        goto fail;
+    }
+    if (tr && !json_object_get(in, "overflow"))
+        json_object_set_new(out, "overflow", json_string(strcmp(tr, "auto") ? "error" : "pot"));
     json_t *effort = json_object_get(reasoning, "effort"); /* (its summary: none is written) */
     if (effort && !json_is_null(effort)) json_object_set(out, "reasoning_effort", effort);
     json_t *text = json_object_get(in, "text");
@@ -739,7 +750,7 @@ json_t *responses_object(const char *id, int64_t created, const char *model, con
     /* the request's tools as it sent them (Responses' shape) */
     if (o) json_object_set_new(o, "store", json_boolean(!json_is_false(store)));
     static const char *const echoed[] = {"tools", "tool_choice", "parallel_tool_calls", "previous_response_id",
-                                         "conversation", "background", NULL};
+                                         "conversation", "background", "truncation", NULL};
     for (const char *const *k = echoed; o && *k; k++) {
         json_t *v = json_object_get(request, *k);
         if (v && !json_is_null(v)) json_object_set(o, *k, v);

@@ -583,6 +583,20 @@ def test_responses_structured_text_format(client):
         assert needle in ei.value.body["message"], ei.value.body
 
 
+def test_responses_truncation_is_openais(client):
+    """truncation "disabled" refuses an input longer than the window, as OpenAI does ("auto", and
+    neither sent, read its earlier turns through a pot); another value is a 400; it is echoed."""
+    long_input = [{"role": "user", "content": "word " * 9000}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", input=long_input, max_output_tokens=2, truncation="disabled")
+    assert ei.value.code == "context_length_exceeded", ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model="x", input="Hi", max_output_tokens=2, extra_body={"truncation": "middle"})
+    assert ei.value.body["param"] == "truncation", ei.value.body
+    r = client.responses.create(model="x", input="Hi", max_output_tokens=2, truncation="auto")
+    assert r.truncation == "auto" and r.status == "incomplete"
+
+
 def test_responses_logprobs_are_the_chat_routes(client):
     """include message.output_text.logprobs (with top_logprobs): the output_text part's
     logprobs, and streamed each delta's own, are chat's entries for the same tokens."""
