@@ -46,6 +46,7 @@ REQUEST_TIMEOUT = 5    # --request-timeout (bounds one generation)
 SLACK = 12             # seconds of scheduling noise allowed on a shared 2-core machine
 LOOP_LAG_LIMIT = 1.5   # seconds the server's loop may be held from its timers (/metrics' loop lag)
 WORKERS = 4            # concurrent clients (--workers)
+KEYLESS = False        # --keyless: a server without API keys, whose Host and Origin checks are fuzzed
 
 # Kinds of finding that are known and not fixed: reported under the bug's name,
 # not counted as new. (Issue 21's bugs -- MHD HTML error bodies (but the one below),
@@ -75,7 +76,7 @@ KNOWN = {
 class Server:
     def __init__(self, binary, model, data_dir, log_path, extra):
         self.cmd = [binary, "serve", "--model", model, "--port", "0", "--data-dir", data_dir,
-                    "--threads", "1", "--api-key", KEY, "--idle-timeout", str(IDLE_TIMEOUT),
+                    "--threads", "1", *([] if KEYLESS else ["--api-key", KEY]), "--idle-timeout", str(IDLE_TIMEOUT),
                     "--request-timeout", str(REQUEST_TIMEOUT), "--budget-tokens", "64",
                     "--max-body-bytes", "256K", "--max-chunk-bytes", "1M", "--max-header-bytes", "8K",
                     "--pot-memory-limit", "256M", "--max-sessions-per-key", "200",
@@ -483,11 +484,45 @@ def auth_header(rng):
                        "Authorization: Bearer " + "k" * 3000 + "\r\n"])
 
 
+# Host names a keyless server on loopback answers (this machine's: IP addresses, names
+# without a dot, *.localhost) and names of other sites, which DNS rebinding would point
+# here; Origins of the server's own site and of others (docs/api.md, CORS).
+OWN_HOSTS = ["127.0.0.1", "127.0.0.1:8080", "localhost", "LocalHost:1", "[::1]:9", "x", "my-box", "a.localhost",
+             "[::ffff:127.0.0.1]", "10.0.0.7"]
+OTHER_HOSTS = ["evil.example", "example.com:80", "127.0.0.1.nip.io", "localhost.evil.com", "[::1", "", "a" * 300,
+               "evil.example\x00.localhost", "x.localhost.evil"]
+OTHER_ORIGINS = ["https://evil.example", "null", "http://localhost.evil.com", "http://127.0.0.1.nip.io:80", "x",
+                 "http://[::1", "file://"]
+
+
+def site_headers(rng, tags):
+    """Host (and sometimes Origin) for a keyless server; tags "other_site" where the
+    request comes from another site's name or page, "own_site" where from this machine's."""
+    if rng.random() < 0.6:
+        host = rng.choice(OWN_HOSTS)
+        other = False
+    else:
+        host = rng.choice(OTHER_HOSTS)
+        other = True
+    head = f"Host: {host}\r\n"
+    r = rng.random()
+    if r < 0.25:  # the page of the server's own site (any port, as behind a proxy)
+        name = host[:host.index("]") + 1] if host.startswith("[") and "]" in host else host.split(":")[0]
+        head += f"Origin: http://{name}:{rng.choice([80, 8080, 3000])}\r\n"
+    elif r < 0.5:
+        head += f"Origin: {rng.choice(OTHER_ORIGINS)}\r\n"
+        other = True
+    tags.add("other_site" if other else "own_site")
+    return head
+
+
 def build(rng, gen, method, target, body, ctype="application/json", extra="", framing=None):
     """Request bytes with a chosen framing: cl (right Content-Length), chunked,
     short/long CL, duplicate CL, huge CL, CL+TE, TE gzip, none."""
     framing = framing or rng.choices(["cl", "chunked", "none"], [80, 18, 2])[0]
-    head = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth_header(rng)
+    site_tags = set()
+    host = site_headers(rng, site_tags) if KEYLESS else "Host: 127.0.0.1\r\n"
+    head = f"{method} {target} HTTP/1.1\r\n" + host + auth_header(rng)
     if ctype:
         head += f"Content-Type: {ctype}\r\n"
     if rng.random() < 0.7:
@@ -528,7 +563,7 @@ def build(rng, gen, method, target, body, ctype="application/json", extra="", fr
         data, complete, tags = body, False, {"te_other"}
     else:
         data = b""
-    return Req(gen, method, target, head.encode() + b"\r\n" + data, complete=complete, tags=tags)
+    return Req(gen, method, target, head.encode() + b"\r\n" + data, complete=complete, tags=tags | site_tags)
 
 
 class Pool:
@@ -768,12 +803,16 @@ class Stats:
         self.findings = {}  # kind -> [count, first example]
         self.examples = {}  # kind -> the first example's request bytes (latin-1)
         self.timed_out = {}  # kind -> the first request that got no answer in time
+        self.sites = {}  # (--keyless) "own_site"/"other_site" -> status -> count
 
     def count(self, req, status):
         with self.lock:
             self.execs += 1
             self.by_gen[req.gen] = self.by_gen.get(req.gen, 0) + 1
             self.statuses[str(status)] = self.statuses.get(str(status), 0) + 1
+            for site in req.tags & {"own_site", "other_site"}:
+                by = self.sites.setdefault(site, {})
+                by[str(status)] = by.get(str(status), 0) + 1
 
     def find(self, kind, detail, req=None):
         with self.lock:
@@ -836,6 +875,13 @@ def judge(req, status, hdrs, body, how, elapsed, stats):
             stats.find("mhd_html_malformed_request", f"{req.gen}: {status} {body[:120]!r} for {req.summary()}", req)
         elif not ok:
             stats.find("non_json_error_body", f"{req.gen}: {status} {body[:120]!r} for {req.summary()}", req)
+    if KEYLESS and not req.target.startswith("/health"):  # (balancers' /health answers any Host)
+        err = parse_json(body)
+        code = err.get("error", {}).get("code") if isinstance(err, dict) and isinstance(err.get("error"), dict) else None
+        if status < 400 and "other_site" in req.tags:
+            stats.find("other_site_answered", f"{req.gen}: {status} to another site's request: {req.summary()}", req)
+        if code in ("host_not_allowed", "origin_not_allowed") and "own_site" in req.tags:
+            stats.find("own_site_refused", f"{req.gen}: {code} to this machine's request: {req.summary()}", req)
     if status == 429 and "retry-after" not in hdrs:
         stats.find("retry_after_missing", f"{req.gen}: 429 without Retry-After: {req.summary()}", req)
     if status < 300 and "dup_cl" in req.tags:
@@ -936,11 +982,14 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--json-out")
     ap.add_argument("--server-flag", action="append", default=[], help="extra serve flag (repeatable)")
+    ap.add_argument("--keyless", action="store_true",
+                    help="a server without API keys: requests come with this machine's Host names and other "
+                         "sites' (and Origins), and another site's is never answered with success")
     ap.add_argument("--redis", action="store_true",
                     help="a replica: the server's store is a local redis-server this run starts (as the cluster tests do)")
     a = ap.parse_args()
-    global WORKERS
-    WORKERS = a.workers
+    global WORKERS, KEYLESS
+    WORKERS, KEYLESS = a.workers, a.keyless
 
     tmp = tempfile.mkdtemp(prefix="potserve-fuzz-")
     redis = None
@@ -1007,7 +1056,7 @@ def main():
         stats.find("sigterm_exit", f"SIGTERM exit status {rc}")
     known = {k: v for k, v in stats.findings.items() if k in KNOWN}
     new = {k: v for k, v in stats.findings.items() if k not in KNOWN}
-    result = {"seed": a.seed, "seconds": a.seconds, "executions": stats.execs, "by_generator": stats.by_gen,
+    result = {"seed": a.seed, "seconds": a.seconds, "executions": stats.execs, "by_generator": stats.by_gen, "sites": stats.sites,
               "statuses": stats.statuses, "rss_kb_start": rss0, "rss_kb_end": rss1, **hinfo,
               "known": {f"{k} ({KNOWN[k]})": v for k, v in known.items()}, "new": new,
               "unconfirmed_hangs": unconfirmed,

@@ -43,13 +43,15 @@ def test_http_fuzz_finds_nothing_new(fuzz_run):
 def fuzz_replica_run(tmp_path_factory, fixtures):
     """The same against a replica whose store is a local Redis (--redis): the shared store's
     paths (takeovers, lease renewals, files and lists read from Redis). Its first run found the
-    loop held for idle_timeout (docs/reliability.md)."""
+    loop held for idle_timeout (docs/reliability.md). This server has no API key (--keyless):
+    requests come with this machine's Host names and other sites' names and pages, and another
+    site's is never answered with success (the keyed run above covers keys)."""
     from cluster_util import have_cluster_tools
     if not have_cluster_tools():
         pytest.skip("redis-server not installed (make deps)")
     out = tmp_path_factory.mktemp("fuzz-replica") / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz" / "http_fuzz.py"), "--bin", str(BIN),
-                        "--model", str(fixtures / "tiny_llama.gguf"), "--seconds", "20", "--seed", "22", "--redis",
+                        "--model", str(fixtures / "tiny_llama.gguf"), "--seconds", "20", "--seed", "22", "--redis", "--keyless",
                         "--json-out", str(out)],
                        capture_output=True, text=True, timeout=20 + 300)
     print(p.stdout[-4000:], p.stderr[-2000:])
@@ -61,6 +63,8 @@ def test_http_fuzz_of_a_replica_finds_nothing_new(fuzz_replica_run):
     rc, res = fuzz_replica_run
     assert res["executions"] >= 100, res
     assert res["loop_lag_max_s"] is not None and res["loop_lag_max_s"] < 1.5, res.get("loop_lag_max_s")
+    sites = res["sites"]  # both kinds sent, and both answered (403s, and successes for this machine's)
+    assert sites["other_site"].get("403", 0) >= 20 and any(k.isdigit() and int(k) < 300 for k in sites["own_site"]), sites
     assert not res["new"], json.dumps(res["new"], indent=1)
     assert rc == 0
 
