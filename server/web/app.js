@@ -279,11 +279,30 @@
     fillStats($('current-stats'), pairs);
   }
 
+  // DELETE, asked again for up to two minutes while the session answers 409 session_busy (the server
+  // ends a chunk whose body it has whole, after an upload cancelled, or puts a refused one back; onBusy
+  // is called once then): true once deleted.
+  async function deleteSession(id, onBusy) {
+    const until = Date.now() + 120000;
+    for (let i = 0; ; i++) {
+      try {
+        await api('/v1/sessions/' + id, { method: 'DELETE' });
+        if (state.selected === id) state.selected = null;
+        return true;
+      } catch (err) {
+        if (err.code !== 'session_busy' || Date.now() > until) throw err;
+        if (i === 0 && onBusy) onBusy();
+        await sleep(500);
+      }
+    }
+  }
+
   async function removeSession(s) {
     if (!confirm('Delete "' + title(s) + '"? Its document and memory pot are removed.')) return;
+    const u = state.upload; // this tab's upload into it ends first (else its chunk holds the session)
+    if (u && u.id === s.id && !u.remote) await cancelUpload();
     try {
-      await api('/v1/sessions/' + s.id, { method: 'DELETE' });
-      if (state.selected === s.id) state.selected = null;
+      await deleteSession(s.id, () => say('Deleting ' + title(s) + ' once the server has read the chunk it holds.', 'info'));
       say('Deleted ' + title(s) + '.', 'info');
       await loadSessions();
     } catch (e) { say(e.message); }
@@ -571,17 +590,9 @@
     try { s = await api('/v1/sessions/' + u.id); } catch (err) { s = err.status === 404 ? null : undefined; }
     u.kept = s !== null && !(s && (s.final || s.status === 'failed')) && e instanceof ApiError && e.status >= 500;
     if (!u.kept && s && s.last_seq === 0 && s.bytes_received === 0 && !s.final) {
-      // while the server undoes the refused chunk, the session answers 409 session_busy: ask again
-      for (let i = 0; !removed && i < 20; i++) {
-        try {
-          await api('/v1/sessions/' + u.id, { method: 'DELETE' });
-          removed = true;
-          if (state.selected === u.id) state.selected = null;
-        } catch (err) {
-          if (err.code !== 'session_busy') break; // it stays, empty; the list offers to delete it
-          await sleep(500);
-        }
-      }
+      // (while the server undoes the refused chunk, the session is busy; if it stays, empty, the
+      // list offers to delete it)
+      removed = await deleteSession(u.id).catch(() => false);
     }
     let msg = e.message + (removed ? ' (the empty session was removed)' : '');
     if (e.code === 'invalid_utf8') msg += '. This page reads UTF-8 text only: save the file as UTF-8 and read it again';

@@ -1003,6 +1003,32 @@ def test_the_map_of_a_session_that_goes_away_goes_with_it(browser, tiny):
     page.context.close()
 
 
+def test_deleting_the_session_being_uploaded_ends_the_upload_first(browser, tmp_path):
+    """The list's × on the session this tab is uploading into: its chunk held the session, and the
+    page showed the server's 409 session_busy, the session left in place. The upload is cancelled
+    first, then the session deleted, asked again while the server reads the chunk whose body it had
+    whole (seconds with this model)."""
+    _, path = filler_file(tmp_path / "deleted-while-read.txt", 3 * 1024 * 1024)
+    with own_tiny_server(tmp_path / "data") as srv:
+        page = open_page(browser, srv)
+        page.wait_for_selector("#model:not(:empty)", timeout=10000)
+        upload_through_page(page, path)
+        page.wait_for_selector("#sessions li[data-id]", timeout=10000)
+        sid = page.get_attribute("#sessions li[data-id]", "data-id")
+        deadline = time.time() + 60  # the server is reading it
+        while srv.request("GET", f"/v1/sessions/{sid}")[1]["tokens_ingested"] == 0 and time.time() < deadline:
+            time.sleep(0.1)
+        assert page.is_visible("#upload") and page.get_attribute("#upload", "data-done") != "true"
+        page.on("dialog", lambda d: d.accept())
+        page.click(f'#sessions li[data-id="{sid}"] .del')
+        page.locator("#messages .msg", has_text="Deleted").wait_for(timeout=120000)
+        page.wait_for_selector(f'#sessions li[data-id="{sid}"]', state="detached", timeout=10000)
+        assert srv.request("GET", f"/v1/sessions/{sid}")[0] == 404
+        assert page.is_hidden("#upload") and not page.locator("#messages .msg[role=alert]").count()
+        assert not page.errors, page.errors
+        page.context.close()
+
+
 def test_an_uploads_progress_moves_from_the_start_of_each_chunk(browser, tmp_path):
     """The server streams a chunk's progress once it has read the chunk's body, and it reads at most
     128 KiB ahead of the engine: the page's 256 KiB chunks showed no progress for the first half of each
