@@ -1436,6 +1436,27 @@ static void next_turns(server *s) {
     }
 }
 
+/* sessions_sweep_chunk_waits' test: 1 (r answered, its reference given up) when a question
+ * waiting for its session's chunk can wait no longer. */
+static int chunk_wait_lost(request *r) {
+    generation *g = r->gen;
+    api_error e;
+    if (request_client_gone(r)) {
+        client_left(g);
+        client_closed_error(&e, "an answer waiting for its session's chunk");
+        r->close_conn = 1;
+    } else if (r->srv->cfg.request_timeout && monotonic_ms() - r->t0 > (double)r->srv->cfg.request_timeout * 1e3) {
+        api_fail(&e, 503, "request_timeout", NULL, /* (its answer's own deadline is set once it goes on) */
+                 "no answer within request_timeout (%lld s): the session's chunk being uploaded was not "
+                 "acknowledged by then (the answer waits for it); retry later",
+                 (long long)r->srv->cfg.request_timeout);
+    } else {
+        return 0;
+    }
+    end_waiting(g, &e);
+    return 1;
+}
+
 void generations_sweep(server *s) {
     /* a suspended connection is not polled: a client that left while its prompt was read through
        a temporary pot (or a recall prepared) is seen only by looking */
@@ -1454,6 +1475,7 @@ void generations_sweep(server *s) {
         s->n_answers_waiting--;
         end_waiting(g, &e);
     }
+    sessions_sweep_chunk_waits(s, chunk_wait_lost);
 }
 
 /* ---- prompts longer than the window: read through a temporary pot ------------------

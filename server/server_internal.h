@@ -289,8 +289,13 @@ void session_ref(session *ss);
 int session_pot_wait(request *r, session *ss, int need_pot);
 /* 1 when r (a question) waits, suspended, for the chunk whose unacknowledged
  * text is in ss's pot: an answer sees the acknowledged text, not part of a
- * chunk that may yet fail; generation_session_ready goes on once it ends. */
+ * chunk that may yet fail; generation_session_ready goes on once it ends.
+ * generations_sweep ends a wait whose client left or whose request_timeout
+ * passed (an upload may trickle for as long as its connection lives). */
 int session_chunk_wait(request *r, session *ss);
+/* generations_sweep's part: the questions waiting for a chunk (session_chunk_wait)
+ * that lost is true of (it answers them) leave the wait. */
+void sessions_sweep_chunk_waits(server *s, int (*lost)(request *r));
 /* Pages idle sessions' pots out to their snapshots, the least recently used
  * first, until `bytes` more fit in pot_memory_limit (page_out_idle); whether
  * they fit now. Only pots nothing reads, writes or waits for go. */
@@ -558,8 +563,8 @@ int generation_check_responses(request *r, api_error *e, int *retry_after);
 /* Whether g waits for its turn to decode (max_answers). */
 int generation_waiting(const generation *g);
 /* The housekeeping timer's, each second: generations being prepared whose
- * client left are cancelled, and answers waiting their turn whose client left
- * or whose request_timeout passed end. */
+ * client left are cancelled, and answers waiting their turn or their session's
+ * chunk whose client left or whose request_timeout passed end. */
 void generations_sweep(server *s);
 /* Generated ids are random: prefix + 24 alphanumerics. */
 void random_id(char *out, size_t cap, const char *prefix);

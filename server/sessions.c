@@ -742,6 +742,15 @@ int session_chunk_wait(request *r, session *ss) {
     return 1;
 }
 
+void sessions_sweep_chunk_waits(server *s, int (*lost)(request *r)) {
+    for (session *ss = s->sessions; ss; ss = ss->next)
+        for (request **p = &ss->chunk_waiting; *p;) {
+            request *r = *p, *next = r->next_waiting;
+            if (lost(r)) *p = next; /* (it answered r and gave the list's reference up) */
+            else p = &r->next_waiting;
+        }
+}
+
 /* The copy is no longer needed (the upload ended). */
 static void drop_kept(upload *u) {
     server *s = u->ss->srv;

@@ -634,6 +634,35 @@ def test_a_question_waits_for_a_chunk_whose_text_is_in_the_pot(tmp_path):
         assert s.stop() == 0
 
 
+def test_a_question_waits_for_a_chunk_no_longer_than_its_request_timeout(tmp_path):
+    """The wait for the chunk's acknowledgement (above) had no end of its own: an upload trickling
+    its body kept a question waiting as long as its connection lived. It ends at request_timeout,
+    a 503 as any answer's that finds no turn; the upload goes on."""
+    s = Server(tmp_path / "d", "--budget-tokens", "1024", "--request-timeout", "2").start()
+    try:
+        sid = s.request("POST", "/v1/sessions", {})[1]["id"]
+        body = ("A sentence about rivers and their bridges. " * 400).encode()
+        up = socket.create_connection(("127.0.0.1", s.port))
+        up.sendall(f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                   f"Content-Length: {len(body) + 10}\r\n\r\n".encode() + body)  # 10 bytes to come
+        deadline = time.time() + 30
+        while time.time() < deadline and s.request("GET", f"/v1/sessions/{sid}")[1]["status"] != "ingesting":
+            time.sleep(0.05)
+        time.sleep(1)  # (its first pieces read into the pot)
+        t0 = time.time()
+        st, b, h = s.request("POST", "/v1/chat/completions", {
+            "session": sid, "messages": [{"role": "user", "content": "Rivers?"}], "max_tokens": 4})
+        took = time.time() - t0
+        assert st == 503 and b["error"]["code"] == "request_timeout" and "Retry-After" in h, (st, b)
+        assert "chunk" in b["error"]["message"] and took < 6, (took, b)
+        up.sendall(b" The end.\n")  # the upload was never disturbed
+        up.settimeout(60)
+        assert up.recv(100).startswith(b"HTTP/1.1 200")
+        up.close()
+    finally:
+        assert s.stop() == 0
+
+
 def test_chunk_content_types_and_fields(srv):
     """An empty Content-Type is none (it was a 415 "not "); a charset other
     than UTF-8 is refused (it was read as UTF-8); a JSON chunk without text
