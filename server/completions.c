@@ -1969,7 +1969,7 @@ void generation_session_ready(request *r, session *found) {
     }
     if (session_chunk_wait(r, ss)) return; /* (an answer sees acknowledged text only) */
     int reread = q->reread > 0 || (q->reread < 0 && ss->settings.reread); /* answer from a question-guided re-read */
-    int mode = recall_mode(s, ss, q->recall);
+    int mode = recall_mode(s, &ss->settings, q->recall);
     const char **asked = asked_question(q);
     /* ask with the passages of the session's document that share the question's words */
     int recall = !reread && (mode == API_RECALL_ON ||

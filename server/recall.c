@@ -28,9 +28,9 @@ typedef struct recall_read {
     recall_job *jobs, **last;
 } recall_read;
 
-int recall_mode(const server *s, const session *ss, int requested) {
+int recall_mode(const server *s, const api_session_settings *settings, int requested) {
     if (requested != API_RECALL_UNSET) return requested;
-    if (ss->settings.recall != API_RECALL_UNSET) return ss->settings.recall;
+    if (settings->recall != API_RECALL_UNSET) return settings->recall;
     int configured = api_recall_from_name(s->cfg.recall);
     return configured == API_RECALL_UNSET ? API_RECALL_OFF : configured;
 }

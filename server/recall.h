@@ -26,9 +26,9 @@ typedef struct recall_stats {
  * with fewer (at most half their bytes), until 0 or no passage is left. */
 typedef int (*recall_done_fn)(server *s, void *user, char *asked, const recall_stats *st, const char *err);
 
-/* The API_RECALL_* mode (api/api.h) of a question over ss: the request's
- * (requested), else the session's setting, else the server's `recall`. */
-int recall_mode(const server *s, const session *ss, int requested);
+/* The API_RECALL_* mode (api/api.h) of a question over a session of these
+ * settings: the request's (requested), else the session's, else the server's `recall`. */
+int recall_mode(const server *s, const api_session_settings *settings, int requested);
 
 /* Whether an "auto" recall takes place over ss now: its pot has dropped some
  * of its document (a pot that still holds all of it answers as full

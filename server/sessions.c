@@ -290,26 +290,34 @@ static json_t *file_field(const char *session_id, const json_t *file) {
     return f;
 }
 
+/* The settings a session object shows, into o, as a session held here and one
+ * only in the shared store (stored_session_json) show them; keep_tokens the
+ * pot's own when it has one (keep), else the setting or its default. */
+static void put_settings(server *s, const api_session_settings *set, int32_t keep, json_t *o) {
+    const engine_pot_settings *p = &set->pot;
+    json_object_set_new(o, "budget_tokens", json_integer(p->budget_tokens));
+    json_object_set_new(o, "keep_tokens",
+                        json_integer(keep ? keep : p->keep_tokens ? p->keep_tokens : p->budget_tokens / 2));
+    json_object_set_new(o, "policy", json_string(p->policy ? p->policy : "infinipot"));
+    json_object_set_new(o, "schedule", json_string(p->schedule ? p->schedule : "fixed"));
+    json_object_set_new(o, "chunk_tokens", json_integer(p->chunk_tokens));
+    json_object_set_new(o, "metadata", set->metadata ? json_incref(set->metadata) : json_object());
+    json_object_set_new(o, "reread", json_boolean(set->reread));
+    json_object_set_new(o, "whole_words", api_whole_words_json(set->whole_words));
+    json_object_set_new(o, "recall", api_recall_json(recall_mode(s, set, API_RECALL_UNSET)));
+}
+
 json_t *session_json(server *s, const session *ss) {
-    const engine_pot_settings *p = &ss->settings.pot;
     const engine_doc_stats *st = &ss->stats;
-    json_t *o = json_pack(
-        "{s:s, s:s, s:I, s:s, s:s, s:i, s:i, s:s, s:s, s:i, s:I, s:I, s:i, s:I, s:I, s:b, s:I, s:o}",
-        "id", ss->id, "object", "session", "created", (json_int_t)ss->created, "model",
-        s->model_id, "status", status_name(ss), "budget_tokens", p->budget_tokens, "keep_tokens",
-        st->keep_tokens ? st->keep_tokens : (p->keep_tokens ? p->keep_tokens : p->budget_tokens / 2),
-        "policy", p->policy ? p->policy : "infinipot", "schedule",
-        p->schedule ? p->schedule : "fixed", "chunk_tokens", p->chunk_tokens, "bytes_received",
-        (json_int_t)ss->bytes_acked, "tokens_ingested", (json_int_t)st->tokens_read,
-        "tokens_in_pot", st->tokens_in_pot, "compressions", (json_int_t)st->compressions,
-        "last_seq", (json_int_t)ss->last_seq, "final", ss->final, "memory_bytes",
-        (json_int_t)ss->memory_bytes, "metadata",
-        ss->settings.metadata ? json_incref(ss->settings.metadata) : json_object());
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:i, s:I, s:I, s:b, s:I}", "id", ss->id, "object",
+                          "session", "created", (json_int_t)ss->created, "model", s->model_id, "status",
+                          status_name(ss), "bytes_received", (json_int_t)ss->bytes_acked, "tokens_ingested",
+                          (json_int_t)st->tokens_read, "tokens_in_pot", st->tokens_in_pot, "compressions",
+                          (json_int_t)st->compressions, "last_seq", (json_int_t)ss->last_seq, "final", ss->final,
+                          "memory_bytes", (json_int_t)ss->memory_bytes);
+    put_settings(s, &ss->settings, st->keep_tokens, o);
     if (ss->expires) json_object_set_new(o, "expires_at", json_integer(ss->expires));
     json_object_set_new(o, "pinned_tokens", json_integer(st->pinned_tokens));
-    json_object_set_new(o, "reread", json_boolean(ss->settings.reread));
-    json_object_set_new(o, "whole_words", api_whole_words_json(ss->settings.whole_words));
-    json_object_set_new(o, "recall", api_recall_json(recall_mode(s, ss, API_RECALL_UNSET)));
     if (st->ring_entries) json_object_set_new(o, "ring_entries", json_integer(st->ring_entries));
     if (ss->status == SESSION_FAILED) json_object_set_new(o, "error", json_string(ss->fail_msg));
     if (ss->file) json_object_set_new(o, "file", file_field(ss->id, ss->file));
@@ -1818,26 +1826,28 @@ void sessions_read_owned(request *r, const char *id, owned_done_fn done, void *u
 
 /* A session of the shared store that this replica does not hold, as its
  * meta says ("status": "stored"; what only its pot knows, its tokens, is
- * not shown); NULL when it is not key's, or has expired. */
+ * not shown; its settings as session_json shows them); NULL when it is not
+ * key's, has expired, or its settings do not parse. */
 static json_t *stored_session_json(server *s, const store_owned_session *so, const api_key *key) {
     json_t *meta = json_loads(so->meta, 0, NULL), *o = NULL;
     const char *owner = json_string_value(json_object_get(meta, "owner"));
     json_t *settings = json_object_get(meta, "settings");
     int64_t created = (int64_t)json_integer_value(json_object_get(meta, "created")), expires = meta_expires(meta);
-    if (owner && !strcmp(owner, key->owner) && json_is_object(settings) && !(expires && (int64_t)time(NULL) > expires)) {
+    api_session_settings set = {0};
+    api_error e;
+    if (owner && !strcmp(owner, key->owner) && json_is_object(settings) && !(expires && (int64_t)time(NULL) > expires) &&
+        !api_parse_session_settings(settings, s->info.n_ctx_train, (int32_t)s->cfg.budget_tokens, s->cfg.policy, &set,
+                                    &e)) {
         const char *model = json_string_value(json_object_get(meta, "model"));
         o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:b}", "id", so->id, "object", "session", "created",
                       (json_int_t)created, "model", model ? model : s->model_id, "status", "stored", "bytes_received",
                       (json_int_t)so->bytes, "last_seq", (json_int_t)so->last_seq, "final", so->final);
-        json_object_update_missing(o, settings);
-        json_object_del(o, "ttl_seconds");
-        if (!json_object_get(o, "keep_tokens")) /* (as session_json: the default keep) */
-            json_object_set_new(o, "keep_tokens",
-                                json_integer(json_integer_value(json_object_get(settings, "budget_tokens")) / 2));
+        put_settings(s, &set, 0, o);
         if (expires) json_object_set_new(o, "expires_at", json_integer(expires));
         json_t *file = json_object_get(meta, "file");
         if (json_is_object(file)) json_object_set_new(o, "file", file_field(so->id, file));
     }
+    api_session_settings_free(&set);
     json_decref(meta);
     return o;
 }
