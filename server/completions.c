@@ -1862,16 +1862,11 @@ static int parse_request(request *r, int chat, int responses, api_gen_request *q
     return -1;
 }
 
-int generation_check_responses(request *r, api_error *e, int *retry_after) {
+int generation_check_responses(request *r, api_gen_request *q, api_error *e, int *retry_after) {
     *retry_after = 0;
+    memset(q, 0, sizeof *q);
     if (r->json && files_in_messages(r, r->json, e, retry_after)) return -1;
-    api_gen_request q;
-    memset(&q, 0, sizeof q);
-    /* (a background response's schema is compiled here too, on the loop: a bad one is a 400 now
-       rather than a stored failure; its answer compiles it again, off the loop) */
-    int rc = parse_request(r, 1, 1, &q, e) || api_gen_request_compile(&q, e) ? -1 : 0;
-    api_gen_request_free(&q);
-    return rc;
+    return parse_request(r, 1, 1, q, e) ? -1 : 0;
 }
 
 static void start_generation(request *r, int chat, json_t *responses, json_t *history, int count_only) {

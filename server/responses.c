@@ -551,6 +551,67 @@ static json_t *conversation_before(request *r, json_t *conv, api_error *e) {
     return json_pack("{s:o, s:O}", "messages", msgs, "items", items);
 }
 
+/* ---- a background response: what would fail at once fails now (a 400, not a stored
+ * "failed" response), and its session must be served here (else 421: the client asks the
+ * replica holding it); then background_start ------------------------------------------- */
+
+typedef struct background_checking {
+    json_t *in, *history;
+    api_gen_request q;
+    api_error e;
+    int rc;
+} background_checking;
+
+static void background_checked(request *r, background_checking *c) {
+    json_t *in = c->in, *history = c->history;
+    api_error e = c->e;
+    int rc = c->rc;
+    api_gen_request_free(&c->q);
+    free(c);
+    const char *sid = json_string_value(json_object_get(in, "session"));
+    if (!sid) sid = json_string_value(json_object_get(r->json, "session")); /* (a file part names its session) */
+    e.status = rc ? e.status : 0;
+    if (rc || (sid && !session_lookup(r, sid, "session"))) {
+        json_decref(in);
+        json_decref(history);
+        if (e.status) respond_error(r, &e); /* (else the lookup answered, or waits for a takeover) */
+        return;
+    }
+    background_start(r, in, history);
+}
+
+/* its schema compiled off the loop, as an answer's is (a costly pattern: up to a second) */
+static void background_compile_work(void *arg) {
+    background_checking *c = arg;
+    c->rc = api_gen_request_compile(&c->q, &c->e);
+}
+
+static void background_compiled(request *r, void *arg) { background_checked(r, arg); }
+
+static void background_check(request *r, json_t *in, json_t *history) {
+    background_checking *c = calloc(1, sizeof *c);
+    api_error e;
+    int retry = 0;
+    if (!c) {
+        json_decref(in);
+        json_decref(history);
+        api_fail(&e, 500, NULL, NULL, "out of memory");
+        return respond_error(r, &e);
+    }
+    *c = (background_checking){.in = in, .history = history};
+    if (generation_check_responses(r, &c->q, &e, &retry)) {
+        api_gen_request_free(&c->q);
+        free(c);
+        json_decref(in);
+        json_decref(history);
+        return retry ? respond_retry(r, &e, retry) : respond_error(r, &e);
+    }
+    if (api_gen_request_constrained(&c->q))
+        request_work(r, WORK_HEAVY, background_compile_work, background_compiled, c);
+    else
+        background_checked(r, c);
+}
+
 static void answer_responses(request *r) {
     api_error e;
     json_t *in = request_json(r, &e), *before = NULL, *history = NULL;
@@ -643,21 +704,7 @@ static void answer_responses(request *r) {
         json_decref(history);
         return route_count_responses(r, in, NULL);
     }
-    if (json_is_true(json_object_get(in, "background"))) {
-        /* what would fail at once fails now, not as a stored "failed" response; and the session
-           must be served here (else 421: the client asks the replica holding it) */
-        e.status = 0;
-        int retry = 0;
-        int bad = generation_check_responses(r, &e, &retry); /* (a file part names its session in r's body) */
-        const char *sid = json_string_value(json_object_get(in, "session"));
-        if (!sid) sid = json_string_value(json_object_get(r->json, "session"));
-        if (bad || (sid && !session_lookup(r, sid, "session"))) {
-            json_decref(in);
-            json_decref(history);
-            return e.status ? (retry ? respond_retry(r, &e, retry) : respond_error(r, &e)) : (void)0;
-        }
-        return background_start(r, in, history);
-    }
+    if (json_is_true(json_object_get(in, "background"))) return background_check(r, in, history);
     route_generate_responses(r, in, history);
 }
 

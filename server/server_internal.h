@@ -556,10 +556,12 @@ void generation_cancel(generation *g);
 /* Whether g stopped because the server saw its client leave (a stream may have ended
  * meanwhile, with that error event, before libmicrohttpd found the socket closed). */
 int generation_client_left(const generation *g);
-/* Whether r's body (a Responses request's chat body) would be taken by
- * route_generate_responses as a request: 0, or -1 + e (*retry_after > 0: a
- * file still being read). Its file parts are resolved (files_in_messages). */
-int generation_check_responses(request *r, api_error *e, int *retry_after);
+/* Whether r's body (a Responses request's chat body) parses as
+ * route_generate_responses would take it: 0 with q filled (the caller frees it;
+ * its schema, when api_gen_request_constrained, is not compiled yet), or -1 + e
+ * (*retry_after > 0: a file still being read). Its file parts are resolved
+ * (files_in_messages). */
+int generation_check_responses(request *r, api_gen_request *q, api_error *e, int *retry_after);
 /* Whether g waits for its turn to decode (max_answers). */
 int generation_waiting(const generation *g);
 /* The housekeeping timer's, each second: generations being prepared whose

@@ -162,15 +162,21 @@ def ask(client, schema, seed, max_tokens=160):
         temperature=1.0, seed=seed, max_tokens=max_tokens)
 
 
-def test_compiling_a_costly_schema_does_not_hold_the_loop(plain_srv):
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+def test_compiling_a_costly_schema_does_not_hold_the_loop(plain_srv, route):
     """A schema compiles to a grammar off the event loop: a pattern whose DFA takes most of a
-    second to refuse held every other request (a /health probe waited 5.6 s behind eight)."""
+    second to refuse held every other request (a /health probe waited 5.6 s behind eight). A
+    background response's, compiled before it is accepted (a bad one is a 400, not a stored
+    failure), did too."""
     import threading
     import time
     import urllib.request
     costly = {"type": "string", "pattern": ".{0,1000}.{0,1000}.{0,1000}.{0,1000}"}
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": costly}}}
+    if route == "/v1/responses":
+        body = {"input": "x", "max_output_tokens": 1, "background": True,
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": costly}}}
     waits, stop = [], threading.Event()
 
     def probe():
@@ -183,7 +189,7 @@ def test_compiling_a_costly_schema_does_not_hold_the_loop(plain_srv):
     th.start()
     t0 = time.time()
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda _: plain_srv.request("POST", "/v1/chat/completions", body), range(4)))
+        got = list(pool.map(lambda _: plain_srv.request("POST", route, body), range(4)))
     took = time.time() - t0
     stop.set()
     th.join()
