@@ -376,8 +376,8 @@ def test_a_large_file_is_read_no_faster_than_the_engine_takes_it(tmp_path, model
     try:
         c = openai_client(srv)
         text = "".join(p.read_text(errors="ignore") for p in sorted(pathlib.Path("/usr/share/common-licenses").glob("*"))
-                       if p.is_file())[:200_000]
-        assert len(text.encode()) >= 200_000  # (nine pieces of 16 KiB and more: past the 128 KiB read ahead)
+                       if p.is_file())[:150_000]
+        assert len(text.encode()) >= 150_000  # (nine pieces of 16 KiB and more: past the 128 KiB read ahead)
         t0 = time.time()
         f = upload(c, tmp_path, text, name="big.txt")
         acked = time.time() - t0

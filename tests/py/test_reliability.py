@@ -964,11 +964,15 @@ def test_a_stop_waits_for_acknowledged_chunks_no_longer_than_its_grace(tmp_path)
     s = Server(d, *flags).start()
     ref = Server(tmp_path / "ref", *flags).start()
     try:
+        rid, sent = new_session(ref), []
+
+        def reference():  # (read beside the restarted server's replay: each has one thread)
+            sent.extend(upload(ref, rid, chunk, timeout=300)[0] for chunk in chunks)
+        th = threading.Thread(target=reference)
+        th.start()
         now = wait_ready(s, sid, timeout=300)
-        rid = new_session(ref)
-        for chunk in chunks:
-            st, b, _ = upload(ref, rid, chunk, timeout=300)
-            assert st == 200, b
+        th.join()
+        assert sent == [200] * len(chunks), sent
         assert counts(now) == counts(session(ref, rid))
     finally:
         assert s.stop() == 0
