@@ -9,7 +9,8 @@ static const char REQUEST[] =
     "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
     "{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
     "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
-    "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+    "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}},"
+    "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"get_sky\",\"arguments\":\"{}\"}}]},"
     "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"21C\"},"
     "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"sunny\"}],"
     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
@@ -36,7 +37,8 @@ TEST(tools_chatml_format) {
     CHECK(!strncmp(r.messages[0].content, "Be brief.\n\n# Tools\n", 19));
     CHECK(strstr(r.messages[0].content, "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"") != NULL);
     CHECK_STR(r.messages[2].content,
-              "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+              "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+              "<tool_call>\n{\"name\": \"get_sky\", \"arguments\": {}}\n</tool_call>");
     CHECK_STR(r.messages[3].role, "user");
     CHECK_STR(r.messages[3].content, "<tool_response>\n21C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>");
     api_gen_request_free(&r);
@@ -51,7 +53,8 @@ TEST(tools_llama3_format) {
     CHECK_STR(r.messages[0].content, "Be brief.");
     CHECK(!strncmp(r.messages[1].content, "Given the following functions", 29));
     CHECK(strstr(r.messages[1].content, "Weather in Paris?") != NULL);
-    CHECK_STR(r.messages[2].content, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}");
+    CHECK_STR(r.messages[2].content, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n"
+                                     "{\"name\": \"get_sky\", \"parameters\": {}}");
     CHECK_STR(r.messages[3].role, "ipython");
     CHECK_STR(r.messages[3].content, "21C");
     api_gen_request_free(&r);
