@@ -208,10 +208,8 @@ test: deps model fixtures
 	$(MAKE) --no-print-directory -j2 all $(KERNEL_BENCHES)
 	$(call STAGE,cuda-build)
 	$(MAKE) --no-print-directory -j2 cuda-build
-	$(call STAGE,test-cuda-emu)
-	$(MAKE) --no-print-directory -j2 test-cuda-emu
-	$(call STAGE,unit)
-	$(MAKE) --no-print-directory -j2 unit
+	$(call STAGE,test-cuda-emu and unit)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-cuda-emu unit # (the emulator runs on one thread)
 	$(call STAGE,asan)
 	$(MAKE) --no-print-directory asan
 	$(call STAGE,tsan-quick)

@@ -133,7 +133,7 @@ def test_a_reread_whose_client_left_stops(srv):
     import socket
     import time
     from test_openai_compat import metric
-    doc = natural_document(3, 64000)
+    doc = natural_document(3, 32000)
     t0 = time.time()
     up = session_with(srv, doc, budget_tokens=512, keep_tokens=256)
     upload_s = time.time() - t0  # about what a whole re-read takes
