@@ -598,6 +598,19 @@ def test_json_chunk_fields_override_the_query(srv):
     assert st == 409 and body["error"]["code"] == "document_final", body
 
 
+def chunk_read_in_part(s, sid, body, missing):
+    """A chunk announced `missing` bytes longer than body, body sent: its socket, once the
+    server is reading it (its first pieces in the pot)."""
+    up = socket.create_connection(("127.0.0.1", s.port))
+    up.sendall(f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+               f"Content-Length: {len(body) + missing}\r\n\r\n".encode() + body)
+    deadline = time.time() + 30
+    while time.time() < deadline and s.request("GET", f"/v1/sessions/{sid}")[1]["status"] != "ingesting":
+        time.sleep(0.05)
+    time.sleep(1)  # (its first pieces read into the pot)
+    return up
+
+
 def test_a_question_waits_for_a_chunk_whose_text_is_in_the_pot(tmp_path):
     """A question over a session while a large chunk arrives (its first pieces already in the pot)
     waits for the chunk's acknowledgement, or for the pot put back when it fails: it answered from
@@ -613,13 +626,7 @@ def test_a_question_waits_for_a_chunk_whose_text_is_in_the_pot(tmp_path):
              "max_tokens": 12, "temperature": 0}
         st, before, _ = s.request("POST", "/v1/chat/completions", q)
         second = ("Update: the secret password has been changed to RED-TIGER-77. Forget the old one. " * 500).encode()
-        up = socket.create_connection(("127.0.0.1", s.port))
-        up.sendall(f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
-                   f"Content-Length: {len(second) + 20000}\r\n\r\n".encode() + second)  # 20 KB never come
-        deadline = time.time() + 30
-        while time.time() < deadline and s.request("GET", f"/v1/sessions/{sid}")[1]["status"] != "ingesting":
-            time.sleep(0.05)
-        time.sleep(1)  # (its first pieces read into the pot)
+        up = chunk_read_in_part(s, sid, second, 20000)  # 20 KB never come
         got = {}
         asking = threading.Thread(target=lambda: got.update(a=s.request("POST", "/v1/chat/completions", q)))
         asking.start()
@@ -641,14 +648,7 @@ def test_a_question_waits_for_a_chunk_no_longer_than_its_request_timeout(tmp_pat
     s = Server(tmp_path / "d", "--budget-tokens", "1024", "--request-timeout", "2").start()
     try:
         sid = s.request("POST", "/v1/sessions", {})[1]["id"]
-        body = ("A sentence about rivers and their bridges. " * 400).encode()
-        up = socket.create_connection(("127.0.0.1", s.port))
-        up.sendall(f"POST /v1/sessions/{sid}/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
-                   f"Content-Length: {len(body) + 10}\r\n\r\n".encode() + body)  # 10 bytes to come
-        deadline = time.time() + 30
-        while time.time() < deadline and s.request("GET", f"/v1/sessions/{sid}")[1]["status"] != "ingesting":
-            time.sleep(0.05)
-        time.sleep(1)  # (its first pieces read into the pot)
+        up = chunk_read_in_part(s, sid, ("A sentence about rivers and their bridges. " * 400).encode(), 10)
         t0 = time.time()
         st, b, h = s.request("POST", "/v1/chat/completions", {
             "session": sid, "messages": [{"role": "user", "content": "Rivers?"}], "max_tokens": 4})
