@@ -576,6 +576,16 @@ def test_responses_structured_text_format(client):
     r = client.responses.create(model="x", input="A big city, as JSON.", max_output_tokens=60, temperature=0.7, extra_body={"seed": 1},
                                 text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(r.output_text), schema)
+    # a background one: its schema compiled on the pool before it is accepted, then answered
+    bg = client.responses.create(model="x", input="A big city, as JSON.", max_output_tokens=60, temperature=0.7,
+                                 background=True, extra_body={"seed": 1},
+                                 text={"format": {"type": "json_schema", "name": "city", "schema": schema}})
+    deadline = time.time() + 120
+    while bg.status in ("queued", "in_progress") and time.time() < deadline:
+        time.sleep(0.2)
+        bg = client.responses.retrieve(bg.id)
+    assert bg.status == "completed", bg
+    jsonschema.validate(json.loads(bg.output_text), schema)
     for fmt, needle in (({"type": "json_schema", "schema": schema}, "text.format.name is required"),
                         ({"type": "json_schema", "name": "a city", "schema": schema}, "1 to 64")):
         with pytest.raises(openai.BadRequestError) as ei:  # OpenAI's answers: a name is required, as tools' are
