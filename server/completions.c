@@ -1866,7 +1866,10 @@ int generation_check_responses(request *r, api_gen_request *q, api_error *e, int
     *retry_after = 0;
     memset(q, 0, sizeof *q);
     if (r->json && files_in_messages(r, r->json, e, retry_after)) return -1;
-    return parse_request(r, 1, 1, q, e) ? -1 : 0;
+    if (parse_request(r, 1, 1, q, e)) return -1;
+    if (!api_render_tools(q, r->srv->info.chat_family, e)) return 0; /* (tool turns as the answer takes them) */
+    if (e->param && !strcmp(e->param, "messages")) e->param = "input";
+    return -1;
 }
 
 static void start_generation(request *r, int chat, json_t *responses, json_t *history, int count_only) {

@@ -560,7 +560,7 @@ int generation_client_left(const generation *g);
  * route_generate_responses would take it: 0 with q filled (the caller frees it;
  * its schema, when api_gen_request_constrained, is not compiled yet), or -1 + e
  * (*retry_after > 0: a file still being read). Its file parts are resolved
- * (files_in_messages). */
+ * (files_in_messages) and its tool turns checked (api_render_tools). */
 int generation_check_responses(request *r, api_gen_request *q, api_error *e, int *retry_after);
 /* Whether g waits for its turn to decode (max_answers). */
 int generation_waiting(const generation *g);

@@ -319,6 +319,10 @@ def test_tool_messages_answer_the_calls_before_them(client):
         client.responses.create(model="x", max_output_tokens=5, tools=RESPONSES_TOOLS, input=[
             {"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "c9", "output": "x"}])
     assert ei.value.body["param"] == "input" and "answering 'c9'" in ei.value.body["message"], ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:  # a background one: at once, not a stored failure
+        client.responses.create(model="x", max_output_tokens=5, tools=RESPONSES_TOOLS, background=True, input=[
+            {"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "c9", "output": "x"}])
+    assert ei.value.body["param"] == "input" and "answering 'c9'" in ei.value.body["message"], ei.value.body
 
 
 def test_template_without_a_tool_format_is_a_400(tmp_path):
