@@ -67,7 +67,7 @@ $(BUILD)/obj/gen/web_assets.o: $(WEB_GEN)
 # Relinks when CUDA=1 is switched on or off in the same build directory.
 FLAVOR_STAMP := $(BUILD)/.flavor-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-.PHONY: all deps venv model run test unit pytest test-cluster lint-py fixtures asan tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-eval-models test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
+.PHONY: all deps venv model run test unit pytest test-cluster lint-py fixtures asan asan-run-server asan-run-unit asan-run-unit-plain-kernels tsan tsan-build tsan-quick fuzz test-reference clean bench-batch longdoc longdoc-data model-eval test-eval-models test-cuda-emu test-cuda cuda-build cuda-emu-build cuda-emu-smoke \
         fuzz-http test-faults soak
 all: $(BUILD)/potserve
 
@@ -183,13 +183,14 @@ unit: $(BUILD)/unit_tests fixtures model
 	$(BUILD)/unit_tests
 
 # The test files are shared out to PYTEST_WORKERS processes (pytest-xdist), a
-# file's tests all in one (they share its servers): most tests wait on a
-# one-thread server, so two workers use the two cores CI has (14.5 min alone,
-# 9 min in two on the 2-core VM).
+# file's tests all in one (they share its servers), the longest files first
+# (tests/py/conftest.py's LONGEST_FILES_FIRST; --no-loadscope-reorder keeps
+# that order). Two workers for the two cores CI has: the servers' compute fills
+# both (a third worker measured 818 and 889 s against two's 889 s).
 # PYTEST_K, when set, selects tests by pytest's -k (make test: those its ASan stage did not run).
 PYTEST_WORKERS ?= 2
 pytest: $(BUILD)/potserve $(BUILD)/longdoc_bench $(BUILD)/faultfs.so $(BUILD)/regex_match fixtures model $(BUILD)/.web-test-deps
-	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(if $(PYTEST_K),-k '$(PYTEST_K)') tests/py
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(if $(PYTEST_K),-k '$(PYTEST_K)') tests/py
 
 # The page's browser test (tests/py/test_web.py) drives Debian's Chromium
 # through Playwright (its own browser download is not used); only the tests
@@ -274,11 +275,18 @@ asan: fixtures model
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  PLAIN_KERNEL_CFLAGS="-fno-sanitize=address,undefined" \
 	  build/asan/unit_tests build/asan/unit_tests-plain-kernels build/asan/potserve-plain-kernels
+	$(MAKE) --no-print-directory -j2 --output-sync=target asan-run-server asan-run-unit
+# The three runs of a built `make asan`, two at a time: the unit suites run on one thread each
+# and fill the time the server tests wait on timers and sockets (6:25 and 1:38 one after the
+# other on the 2-core CI VM).
+asan-run-server:
+	$(ASAN_PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m 'not heavy' -k '$(ASAN_COVERED)' \
+	  $(ASAN_PYTEST_FILES)
+asan-run-unit: asan-run-unit-plain-kernels
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests $(ASAN_PLAIN_KERNEL_UNIT:%='!%')
+asan-run-unit-plain-kernels:
 	POTSERVE_FIXTURES=$(BUILD)/fixtures ASAN_OPTIONS=detect_leaks=1 build/asan/unit_tests-plain-kernels \
 	  $(ASAN_PLAIN_KERNEL_UNIT)
-	$(ASAN_PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --durations=10 -m 'not heavy' -k '$(ASAN_COVERED)' \
-	  $(ASAN_PYTEST_FILES)
 
 # --- ThreadSanitizer (issue 21) -------------------------------------------------
 # The loop thread owns requests and sessions, the engine thread owns documents,

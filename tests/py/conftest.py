@@ -38,6 +38,20 @@ def fixtures():
     return FIXTURES
 
 
+# The test files that take longest, longest first (worker seconds in make test's two pytest
+# stages, 2-core CI VM, --durations=0): pytest-xdist hands out whole files in collection
+# order (the Makefile's --no-loadscope-reorder), so the last file to start is a short one
+# and no worker waits alone at the end. Other files keep their order after these.
+LONGEST_FILES_FIRST = ["test_reliability.py", "test_cluster.py", "test_reread.py", "test_embeddings.py",
+                       "test_files.py", "test_web.py", "test_openai_compat.py", "test_structured.py",
+                       "test_server.py", "test_recall.py", "test_longdoc.py", "test_http_fuzz.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "heavy: model-heavy; skipped in the sanitizer run (make asan) to keep it short")
 
