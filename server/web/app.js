@@ -87,7 +87,13 @@
         init.body = JSON.stringify(opts.json);
         init.headers['Content-Type'] = 'application/json';
       }
-      const r = await fetch(path, init);
+      let r;
+      try {
+        r = await fetch(path, init);
+      } catch (e) { // no answer at all ("Failed to fetch"): say what that means; a cancel stays a cancel
+        if (e.name === 'AbortError') throw e;
+        throw new Error('No answer from the server: it is stopped or out of reach (' + e.message + ')');
+      }
       if (r.status === 401) {
         const had = sessionStorage.getItem(KEY_STORE);
         await askKey(had ? 'The server refused that key.' : '');
@@ -1243,7 +1249,16 @@
 
   drawLegend();
   connect().catch((e) => { unreachable = say('Cannot reach the server: ' + e.message, 'error', true); });
+  // A page that had reached the server says when the server stops answering its polls, until one
+  // is answered again (an upload says so in its own note).
+  let lost = null;
   setInterval(() => {
-    if (!document.hidden && !uploading()) (connected ? loadSessions() : connect()).catch(() => {});
+    if (document.hidden || uploading()) return;
+    (connected ? loadSessions() : connect()).then(() => {
+      if (lost) lost.remove();
+      lost = null;
+    }).catch((e) => {
+      if (connected && !lost && !(e instanceof ApiError)) lost = say(e.message + '. Trying again every 10 s.', 'error', true);
+    });
   }, 10000);
 })();

@@ -930,6 +930,29 @@ def test_a_page_opened_while_the_server_was_unavailable_works_once_it_is_back(br
     page.context.close()
 
 
+def test_a_page_says_when_the_server_stops_answering_and_when_it_is_back(browser, tmp_path):
+    """Requests that get no answer at all (a stopped server, a network gone: the browser's bare "Failed
+    to fetch") say so in words, and a page whose polls go unanswered says so until one is answered again
+    (before, a question showed "Failed to fetch" and the polls failed silently)."""
+    with own_tiny_server(tmp_path / "data") as srv:
+        ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+        page = open_page(browser, srv, context=ctx)
+        page.wait_for_selector("#model:not(:empty)", timeout=10000)
+        ctx.route("**/v1/**", lambda route: route.abort())  # (no answer, as from a stopped server)
+        page.click("#tab-chat")
+        page.fill("#chat-input", "Say hello.")
+        page.press("#chat-input", "Enter")
+        assert shown(page, "The answer failed").startswith("The answer failed: No answer from the server: it is "
+                                                           "stopped or out of reach")
+        lost = page.locator("#messages .msg[role=alert]", has_text="Trying again every 10 s")
+        lost.wait_for(state="visible", timeout=15000)  # (the next poll)
+        assert lost.locator("span").inner_text().startswith("No answer from the server")
+        ctx.unroute("**/v1/**")
+        lost.wait_for(state="detached", timeout=15000)  # the next poll is answered
+        assert not page.errors, page.errors
+        ctx.close()
+
+
 def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path):
     """File names and session titles without a break point (a 31-character name with underscores, one of
     220 characters, a 3000-character title set through the API) wrap or are cut with an ellipsis, in the
