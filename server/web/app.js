@@ -1248,7 +1248,9 @@
   }
 
   drawLegend();
-  connect().catch((e) => { unreachable = say('Cannot reach the server: ' + e.message, 'error', true); });
+  connect().catch((e) => { // (a fetch with no answer says so itself)
+    unreachable = say(e instanceof ApiError ? 'Cannot reach the server: ' + e.message : e.message, 'error', true);
+  });
   // A page that had reached the server says when the server stops answering its polls, until one
   // is answered again (an upload says so in its own note).
   let lost = null;

@@ -951,6 +951,11 @@ def test_a_page_says_when_the_server_stops_answering_and_when_it_is_back(browser
         lost.wait_for(state="detached", timeout=15000)  # the next poll is answered
         assert not page.errors, page.errors
         ctx.close()
+        ctx = browser.new_context(viewport={"width": 1280, "height": 860})  # a page opened meanwhile
+        ctx.route("**/v1/**", lambda route: route.abort())
+        page = open_page(browser, srv, context=ctx)
+        assert shown(page, "No answer").startswith("No answer from the server: it is stopped or out of reach (")
+        ctx.close()
 
 
 def test_long_names_without_break_points_stay_inside_the_page(browser, tmp_path):
