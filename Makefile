@@ -491,17 +491,18 @@ BENCH_TOOLS := matplotlib==3.11.2
 $(BUILD)/bench/membw: tests/bench/membw.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@
-# The kernel benches (one thread, random weights; tests/bench/bench_matmul.c and
-# bench_quant_dot.c say what they print). Built in `make test`'s build stage so that
+# The kernel benches (one thread, random weights; tests/bench/bench_matmul.c,
+# bench_quant_dot.c and bench_attention.c say what they print). Built in `make test`'s build stage so that
 # they keep compiling; `make bench-kernels` runs them.
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/bench_%.o $(BENCH_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ -ljansson -lpcre2-8 -lm -lpthread
-KERNEL_BENCHES := $(BUILD)/bench/matmul $(BUILD)/bench/quant_dot
+KERNEL_BENCHES := $(BUILD)/bench/matmul $(BUILD)/bench/quant_dot $(BUILD)/bench/attention
 .PHONY: bench-kernels
 bench-kernels: $(KERNEL_BENCHES)
 	$(BUILD)/bench/quant_dot
 	$(BUILD)/bench/matmul
+	$(BUILD)/bench/attention
 bench-cpu: deps all model $(BUILD)/bench/membw
 	$(VPY) -m pip install -q --disable-pip-version-check $(REF_TOOLS)
 	-$(VPY) -m pip install -q --disable-pip-version-check $(BENCH_TOOLS)

@@ -1,7 +1,9 @@
-/* AVX2+FMA kernels for the attention loops, with scalar fallbacks (simd.h
- * describes the numerics). gcc in ISO C mode does not contract a*b+c into an
- * FMA; for clang the pragma below says so, as the scalar loops must keep their
- * two roundings. */
+/* AVX2+FMA kernels for the attention loops (the row kernels also in
+ * AVX-512), with scalar fallbacks (simd.h describes the numerics). The dot
+ * and axpy loops fuse each multiply-add explicitly (fmaf, vfmadd: one
+ * rounding, the same on every path); everywhere else a*b+c keeps its two
+ * roundings: gcc in ISO C mode does not contract it into an FMA, and for
+ * clang the pragma below says so. */
 #include "simd.h"
 
 #include <math.h>
@@ -19,14 +21,14 @@ static float dot_scalar(const float *a, const float *b, int64_t n) {
     float acc[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(a[i + j], b[i + j], acc[j]);
     float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 
 static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
 static float max_scalar(const float *x, int64_t n) {
@@ -138,14 +140,14 @@ static AVX2_FN void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     const __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m256 y0 = _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i)));
-        const __m256 y1 = _mm256_add_ps(_mm256_loadu_ps(y + i + 8), _mm256_mul_ps(va, _mm256_loadu_ps(x + i + 8)));
+        const __m256 y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i));
+        const __m256 y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8));
         _mm256_storeu_ps(y + i, y0);
         _mm256_storeu_ps(y + i + 8, y1);
     }
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
-    for (; i < n; i++) y[i] += a * x[i];
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
 /* Row kernels over f32 rows (F16 = 0) or IEEE half rows (F16 = 1, converted
@@ -186,7 +188,7 @@ static ALWAYS_INLINE AVX2_FN void dot_tile(float *out, int64_t os, const float *
 #pragma GCC unroll 4
         for (int q = 0; q < NQ; q++) {
             const __m256 va = _mm256_loadu_ps(a[q] + i);
-            for (int r = 0; r < NK; r++) c[q][r] = _mm256_add_ps(c[q][r], _mm256_mul_ps(va, vb[r]));
+            for (int r = 0; r < NK; r++) c[q][r] = _mm256_fmadd_ps(va, vb[r], c[q][r]);
         }
     }
     int q0 = 0;
@@ -203,7 +205,7 @@ static ALWAYS_INLINE AVX2_FN void dot_tile(float *out, int64_t os, const float *
     for (int q = q0; q < NQ; q++)
         for (int r = 0; r < NK; r++) {
             float s = reduce_dot(c[q][r]);
-            for (int64_t i = n8; i < n; i++) s += a[q][i] * elem(b[r], i, F16);
+            for (int64_t i = n8; i < n; i++) s = fmaf(a[q][i], elem(b[r], i, F16), s);
             out[q * os + r] = s * scale;
         }
 }
@@ -267,7 +269,7 @@ static ALWAYS_INLINE AVX2_FN void axpy_tile(float *const *y, int64_t c, const fl
 #pragma GCC unroll 4
         for (int q = 0; q < NQ; q++) {
             const __m256 wk = _mm256_set1_ps(w[q * ws + k]);
-            for (int v = 0; v < NV; v++) acc[q][v] = _mm256_add_ps(acc[q][v], _mm256_mul_ps(wk, vx[v]));
+            for (int v = 0; v < NV; v++) acc[q][v] = _mm256_fmadd_ps(wk, vx[v], acc[q][v]);
         }
     }
 #pragma GCC unroll 4
@@ -301,7 +303,7 @@ static ALWAYS_INLINE AVX2_FN void axpy_rows_body(float *const *y, int ny, const 
         for (int q = 0; q < ny; q++)
             for (int64_t i = n8; i < n; i++) { /* the last n % 8 columns, rows in order */
                 float v = y[q][i];
-                for (int64_t k = 0; k < kn; k++) v += w[q * ws + k0 + k] * elem(xb, k * xs + i, F16);
+                for (int64_t k = 0; k < kn; k++) v = fmaf(w[q * ws + k0 + k], elem(xb, k * xs + i, F16), v);
                 y[q][i] = v;
             }
     }
@@ -315,6 +317,184 @@ static AVX2_FN void axpy_rows_avx2(float *const *y, int ny, const float *w, int6
 static AVX2_FN void axpy_rows_f16_avx2(float *const *y, int ny, const float *w, int64_t ws, const uint16_t *x,
                                        int64_t xs, int64_t rows, int64_t n) {
     axpy_rows_body(y, ny, w, ws, x, xs, rows, n, 1);
+}
+
+/* ---- AVX-512 forms of the row kernels -------------------------------------------------
+ * The same lanes, the same fused multiply-adds in the same order as the AVX2
+ * tiles above (so the same bits), twice as many per instruction:
+ *  - dot: two queries side by side in one register (query 2p's eight lanes
+ *    low, query 2p+1's high), each key row's eight lanes broadcast to both
+ *    halves; every lane still accumulates a[i+j]*b[i+j] for i = 0, 8, 16, ... and the
+ *    halves are reduced as reduce_dot does. The interleaved queries are built
+ *    once per call, so the inner loop only loads.
+ *  - axpy: sixteen columns per register (each column's additions in row
+ *    order, as before). */
+#define AVX512_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512vl,avx512bw")))
+
+enum { DOT512_MAX_N = 256, DOT512_MAX_Q = 16, DOT512_ROWS = 4 };
+
+/* Row `row`'s lanes [i, i + 8) in both halves. */
+static ALWAYS_INLINE AVX512_FN __m512 load8x2(const void *row, int64_t i, const int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))));
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)row + i));
+}
+
+/* _mm256_hadd_ps in each 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3]. */
+static ALWAYS_INLINE AVX512_FN __m512 hadd512(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* NQP query pairs (qp: n/8 registers each) x DOT512_ROWS rows; `na` queries
+ * and `nr` rows of the tile are real (the others repeat a real one and are
+ * not stored). */
+static ALWAYS_INLINE AVX512_FN void dot_tile512(float *out, int64_t os, const float *qp, int64_t n, const int NQP, int na,
+                                               const void *const *b, int nr, float scale, const int F16) {
+    __m512 c[4][DOT512_ROWS];
+#pragma GCC unroll 4
+    for (int p = 0; p < NQP; p++)
+#pragma GCC unroll 4
+        for (int r = 0; r < DOT512_ROWS; r++) c[p][r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m512 vb[DOT512_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < DOT512_ROWS; r++) vb[r] = load8x2(b[r], i, F16);
+#pragma GCC unroll 4
+        for (int p = 0; p < NQP; p++) {
+            const __m512 va = _mm512_loadu_ps(qp + p * 2 * n + 2 * i);
+#pragma GCC unroll 4
+            for (int r = 0; r < DOT512_ROWS; r++) c[p][r] = _mm512_fmadd_ps(va, vb[r], c[p][r]);
+        }
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int p = 0; p < NQP; p++) {
+        /* reduce4 in each half: per 128-bit lane, hadd of the rows' pairs,
+         * then of pairs of pairs; then lanes 4-7 onto lanes 0-3 */
+        const __m512 h = hadd512(hadd512(c[p][0], c[p][1]), hadd512(c[p][2], c[p][3]));
+        const __m512 s = _mm512_mul_ps(_mm512_add_ps(h, _mm512_shuffle_f32x4(h, h, _MM_SHUFFLE(2, 3, 0, 1))), vs);
+        for (int half = 0; half < 2 && 2 * p + half < na; half++) {
+            const __m128 v = half ? _mm512_extractf32x4_ps(s, 2) : _mm512_castps512_ps128(s);
+            float *o = out + (2 * p + half) * os;
+            if (nr == DOT512_ROWS) {
+                _mm_storeu_ps(o, v);
+            } else {
+                float l[4];
+                _mm_storeu_ps(l, v);
+                for (int r = 0; r < nr; r++) o[r] = l[r];
+            }
+        }
+    }
+}
+
+/* Queries [0, na), na <= DOT512_MAX_Q, n % 8 == 0, n <= DOT512_MAX_N. */
+static ALWAYS_INLINE AVX512_FN void dot_rows512_body(float *out, int64_t os, const float *const *a, int na,
+                                                    const void *b, int64_t bs, int64_t rows, int64_t n, float scale,
+                                                    const int F16) {
+    float qp[DOT512_MAX_Q * DOT512_MAX_N] __attribute__((aligned(64)));
+    const int np = (na + 1) / 2;
+    for (int p = 0; p < np; p++) {
+        const float *lo = a[2 * p], *hi = a[2 * p + 1 < na ? 2 * p + 1 : 2 * p];
+        for (int64_t i = 0; i < n; i += 8) {
+            memcpy(qp + p * 2 * n + 2 * i, lo + i, 8 * sizeof(float));
+            memcpy(qp + p * 2 * n + 2 * i + 8, hi + i, 8 * sizeof(float));
+        }
+    }
+    for (int64_t k = 0; k < rows; k += DOT512_ROWS) {
+        const int nr = rows - k < DOT512_ROWS ? (int)(rows - k) : DOT512_ROWS;
+        const void *bk[DOT512_ROWS];
+        for (int r = 0; r < DOT512_ROWS; r++) bk[r] = row_at(b, (k + (r < nr ? r : 0)) * bs, F16);
+        int p = 0;
+        for (; p + 4 <= np; p += 4) dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 4, na - 2 * p, bk, nr, scale, F16);
+        switch (np - p) {
+        case 3: dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 3, na - 2 * p, bk, nr, scale, F16); break;
+        case 2: dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 2, na - 2 * p, bk, nr, scale, F16); break;
+        case 1: dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 1, na - 2 * p, bk, nr, scale, F16); break;
+        default: break;
+        }
+    }
+}
+
+static AVX512_FN void dot_rows_avx512(float *out, int64_t os, const float *const *a, int na, const void *b, int64_t bs,
+                                      int64_t rows, int64_t n, float scale, int f16) {
+    for (int q = 0; q < na; q += DOT512_MAX_Q) {
+        const int nq = na - q < DOT512_MAX_Q ? na - q : DOT512_MAX_Q;
+        if (f16)
+            dot_rows512_body(out + q * os, os, a + q, nq, b, bs, rows, n, scale, 1);
+        else
+            dot_rows512_body(out + q * os, os, a + q, nq, b, bs, rows, n, scale, 0);
+    }
+}
+
+static ALWAYS_INLINE AVX512_FN __m512 load16(const void *row, int64_t i, const int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
+    return _mm512_loadu_ps((const float *)row + i);
+}
+
+/* axpy_tile with NV registers of sixteen columns. */
+static ALWAYS_INLINE AVX512_FN void axpy_tile512(float *const *y, int64_t c, const float *w, int64_t ws, const int NQ,
+                                                const void *x, int64_t xs, int64_t rows, const int NV, const int F16) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[q][v] = _mm512_loadu_ps(y[q] + c + 16 * v);
+    for (int64_t k = 0; k < rows; k++) {
+        __m512 vx[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) vx[v] = load16(x, k * xs + c + 16 * v, F16);
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; q++) {
+            const __m512 wk = _mm512_set1_ps(w[q * ws + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[q][v] = _mm512_fmadd_ps(wk, vx[v], acc[q][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(y[q] + c + 16 * v, acc[q][v]);
+}
+
+static ALWAYS_INLINE AVX512_FN void axpy_tiles512(float *const *y, int ny, int64_t c, const float *w, int64_t ws,
+                                                 const void *x, int64_t xs, int64_t rows, const int NV, const int F16) {
+    int q = 0;
+    for (; q + 4 <= ny; q += 4) axpy_tile512(y + q, c, w + q * ws, ws, 4, x, xs, rows, NV, F16);
+    switch (ny - q) {
+    case 3: axpy_tile512(y + q, c, w + q * ws, ws, 3, x, xs, rows, NV, F16); break;
+    case 2: axpy_tile512(y + q, c, w + q * ws, ws, 2, x, xs, rows, NV, F16); break;
+    case 1: axpy_tile512(y + q, c, w + q * ws, ws, 1, x, xs, rows, NV, F16); break;
+    default: break;
+    }
+}
+
+/* axpy_rows_body with columns 64, 32 and 16 at a time, then the AVX2 tile and
+ * the scalar tail for the rest. */
+static ALWAYS_INLINE AVX512_FN void axpy_rows512_body(float *const *y, int ny, const float *w, int64_t ws, const void *x,
+                                                     int64_t xs, int64_t rows, int64_t n, const int F16) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t k0 = 0; k0 < rows; k0 += AXPY_BLOCK_ROWS) {
+        const int64_t kn = rows - k0 < AXPY_BLOCK_ROWS ? rows - k0 : AXPY_BLOCK_ROWS;
+        const void *xb = row_at(x, k0 * xs, F16);
+        int64_t c = 0;
+        for (; c + 64 <= n8; c += 64) axpy_tiles512(y, ny, c, w + k0, ws, xb, xs, kn, 4, F16);
+        if (c + 32 <= n8) axpy_tiles512(y, ny, c, w + k0, ws, xb, xs, kn, 2, F16), c += 32;
+        if (c + 16 <= n8) axpy_tiles512(y, ny, c, w + k0, ws, xb, xs, kn, 1, F16), c += 16;
+        if (c < n8) axpy_tiles(y, ny, c, w + k0, ws, xb, xs, kn, 1, F16);
+        for (int q = 0; q < ny; q++)
+            for (int64_t i = n8; i < n; i++) {
+                float v = y[q][i];
+                for (int64_t k = 0; k < kn; k++) v = fmaf(w[q * ws + k0 + k], elem(xb, k * xs + i, F16), v);
+                y[q][i] = v;
+            }
+    }
+}
+
+static AVX512_FN void axpy_rows_avx512(float *const *y, int ny, const float *w, int64_t ws, const void *x, int64_t xs,
+                                       int64_t rows, int64_t n, int f16) {
+    if (f16)
+        axpy_rows512_body(y, ny, w, ws, x, xs, rows, n, 1);
+    else
+        axpy_rows512_body(y, ny, w, ws, x, xs, rows, n, 0);
 }
 
 static AVX2_FN float max_avx2(const float *x, int64_t n) {
@@ -458,11 +638,13 @@ static int cpu_has_avx2_fma(void) {
 }
 
 /* vpdpbusd on 256- and 512-bit registers, with the byte operations of
- * AVX512BW (libgcc also checks that the OS saves the AVX-512 state). */
-static int cpu_has_vnni(void) {
+ * AVX512BW, and AVX512DQ's 256-bit halves for the row kernels (libgcc also
+ * checks that the OS saves the AVX-512 state). */
+static int cpu_has_avx512_vnni(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq");
 }
 #else
 #define SIMD_HAVE_AVX2 0
@@ -472,7 +654,7 @@ int simd_cpu_probe(void) {
     const char *e = getenv("POTSERVE_NO_SIMD");
     int m = 0;
 #if SIMD_HAVE_AVX2
-    if (!(e && *e && strcmp(e, "0") != 0)) m = cpu_has_avx2_fma() ? 1 + cpu_has_vnni() : 0;
+    if (!(e && *e && strcmp(e, "0") != 0)) m = cpu_has_avx2_fma() ? 1 + cpu_has_avx512_vnni() : 0;
 #else
     (void)e;
 #endif
@@ -481,28 +663,39 @@ int simd_cpu_probe(void) {
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-static atomic_int simd_mode = -1; /* -1 not yet known, 0 scalar, 1 AVX2 */
-static atomic_int forced_scalar = 0;
+static atomic_int simd_mode = -1; /* -1 not yet known, else simd_cpu_probe's 0, 1 or 2 */
+static atomic_int forced_scalar = 0, forced_no_avx512 = 0;
 
 static __attribute__((noinline, cold)) int detect_mode(void) {
-    const int m = simd_cpu_probe() > 0;
+    const int m = simd_cpu_probe();
     atomic_store_explicit(&simd_mode, m, memory_order_relaxed);
     return m;
 }
 
-/* Called once per helper call: two relaxed loads on the usual path. */
-static inline int use_avx2(void) {
+/* Called once per helper call: two relaxed loads on the usual path. 0 scalar,
+ * 1 AVX2, 2 AVX2 and the AVX-512 row kernels. */
+static inline int simd_level(void) {
     if (atomic_load_explicit(&forced_scalar, memory_order_relaxed)) return 0;
-    const int m = atomic_load_explicit(&simd_mode, memory_order_relaxed);
-    return m >= 0 ? m : detect_mode();
+    int m = atomic_load_explicit(&simd_mode, memory_order_relaxed);
+    if (m < 0) m = detect_mode();
+    return m == 2 && atomic_load_explicit(&forced_no_avx512, memory_order_relaxed) ? 1 : m;
+}
+
+static inline int use_avx2(void) {
+    return simd_level() > 0;
 }
 
 const char *simd_name(void) {
-    return use_avx2() ? "avx2" : "scalar";
+    static const char *const names[] = {"scalar", "avx2", "avx2+avx512"};
+    return names[simd_level()];
 }
 
 void simd_force_scalar(int on) {
     atomic_store_explicit(&forced_scalar, on != 0, memory_order_relaxed);
+}
+
+void simd_force_no_avx512(int on) {
+    atomic_store_explicit(&forced_no_avx512, on != 0, memory_order_relaxed);
 }
 
 float simd_dot_f32(const float *a, const float *b, int64_t n) {
@@ -533,7 +726,12 @@ void simd_dot_rows_f32(float *out, int64_t out_stride, const float *const *a, in
                        int64_t b_stride, int64_t n_rows, int64_t n, float scale) {
     if (n_rows <= 0 || n_a <= 0) return;
 #if SIMD_HAVE_AVX2
-    if (use_avx2()) {
+    const int level = simd_level();
+    if (level == 2 && n % 8 == 0 && n <= DOT512_MAX_N) {
+        dot_rows_avx512(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale, 0);
+        return;
+    }
+    if (level) {
         dot_rows_avx2(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale);
         return;
     }
@@ -545,7 +743,12 @@ void simd_axpy_rows_f32(float *const *y, int n_y, const float *w, int64_t w_stri
                         int64_t n_rows, int64_t n) {
     if (n_rows <= 0 || n <= 0 || n_y <= 0) return;
 #if SIMD_HAVE_AVX2
-    if (use_avx2()) {
+    const int level = simd_level();
+    if (level == 2) {
+        axpy_rows_avx512(y, n_y, w, w_stride, x, x_stride, n_rows, n, 0);
+        return;
+    }
+    if (level) {
         axpy_rows_avx2(y, n_y, w, w_stride, x, x_stride, n_rows, n);
         return;
     }
@@ -557,7 +760,12 @@ void simd_dot_rows_f16(float *out, int64_t out_stride, const float *const *a, in
                        int64_t b_stride, int64_t n_rows, int64_t n, float scale) {
     if (n_rows <= 0 || n_a <= 0) return;
 #if SIMD_HAVE_AVX2
-    if (use_avx2()) {
+    const int level = simd_level();
+    if (level == 2 && n % 8 == 0 && n <= DOT512_MAX_N) {
+        dot_rows_avx512(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale, 1);
+        return;
+    }
+    if (level) {
         dot_rows_f16_avx2(out, out_stride, a, n_a, b, b_stride, n_rows, n, scale);
         return;
     }
@@ -569,7 +777,12 @@ void simd_axpy_rows_f16(float *const *y, int n_y, const float *w, int64_t w_stri
                         int64_t x_stride, int64_t n_rows, int64_t n) {
     if (n_rows <= 0 || n <= 0 || n_y <= 0) return;
 #if SIMD_HAVE_AVX2
-    if (use_avx2()) {
+    const int level = simd_level();
+    if (level == 2) {
+        axpy_rows_avx512(y, n_y, w, w_stride, x, x_stride, n_rows, n, 1);
+        return;
+    }
+    if (level) {
         axpy_rows_f16_avx2(y, n_y, w, w_stride, x, x_stride, n_rows, n);
         return;
     }

@@ -1,12 +1,12 @@
 /* Vector helpers for the CPU backend's attention loops (private to engine/cpu/).
  * Each has an AVX2+FMA kernel, chosen at run time when the CPU has AVX2, FMA and F16C and
- * POTSERVE_NO_SIMD is unset or "0" (read once), and a portable scalar one.
+ * POTSERVE_NO_SIMD is unset or "0" (read once), and a portable scalar one; the
+ * batched row kernels also have AVX-512 forms (simd_cpu_probe level 2).
  *
- * Numerics: every helper gives the same bits on both paths, and the same bits
- * as the backend's original scalar loops (dot: eight lanes of mul-then-add,
- * lane i%8, reduced as ((l0+l1) + (l2+l3)) + ((l4+l5) + (l6+l7)), then the
- * n%8 tail added in order; axpy: y + a*x with two roundings, no FMA; max:
- * NaNs skipped). simd_exp_sub_sum's scalar path is libm's expf and a double
+ * Numerics: every helper gives the same bits on every path (dot: eight lanes,
+ * lane i%8, each acc = fmaf(a[i], b[i], acc), reduced as ((l0+l1) + (l2+l3)) +
+ * ((l4+l5) + (l6+l7)), then the n%8 tail s = fmaf(a[i], b[i], s) in order;
+ * axpy: y = fmaf(a, x, y), one rounding; max: NaNs skipped). simd_exp_sub_sum's scalar path is libm's expf and a double
  * sum in eight partial sums (lane i%8, combined as the dot's lanes); its AVX2 path computes glibc's expf algorithm
  * (x86-64 FMA variant) in vectors, bit-identical to glibc >= 2.28's expf on
  * the CPUs it runs on (with another libm: within its expf's error, about 1
@@ -65,9 +65,12 @@ void simd_axpy_rows_f16(float *const *y, int n_y, const float *w, int64_t w_stri
  * AVX2, FMA or F16C; 1 with them; 2 when it also has AVX512-VNNI, VL and BW. */
 int simd_cpu_probe(void);
 
-/* Kernels in use: "avx2" (AVX2, FMA and F16C) or "scalar". */
+/* Kernels in use: "avx2+avx512" (the row kernels above in AVX-512, the rest
+ * AVX2), "avx2" (AVX2, FMA and F16C) or "scalar". */
 const char *simd_name(void);
 /* Test-only: on != 0 forces the scalar kernels, 0 restores the default. */
 void simd_force_scalar(int on);
+/* Test-only: on != 0 keeps the row kernels on AVX2, 0 restores the default. */
+void simd_force_no_avx512(int on);
 
 #endif

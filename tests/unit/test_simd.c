@@ -1,8 +1,10 @@
-/* engine/cpu/simd.c: the AVX2 kernels (when the CPU has them) against the
- * scalar ones and against the backend's original loops, on random inputs of
- * every length 0..67 and 1000..1040, 4099, at unaligned addresses:
+/* engine/cpu/simd.c: the AVX2 and AVX-512 kernels (when the CPU has them)
+ * against the scalar ones and against reference loops written out here, on
+ * random inputs of every length 0..67, 248..264 and 1000..1040, 4099, at
+ * unaligned addresses:
  *  - simd_dot_f32, simd_axpy_f32, simd_max_f32: the same bits on both paths
- *    and as the original loops (also with NaNs and infinities for max);
+ *    and as the reference loops (fused multiply-adds in simd.h's order; also
+ *    with NaNs and infinities for max);
  *  - simd_exp_sub_sum: each p[i] the bits of expf(p[i] - mx) (glibc; with
  *    another libm within 1 ulp), also for differences beyond +-88,
  *    infinities and NaN; the sum the bits of eight partial sums (lane i%8) of
@@ -11,7 +13,8 @@
  *  - simd_swiglu: the bits of the backend's original SwiGLU loop (libm expf);
  *  - simd_rmsnorm: the same bits on both paths, within 1 ulp of a sequential sum;
  *  - simd_dot_rows_f32 / simd_axpy_rows_f32: the same bits as the row-by-row
- *    loops for each of 1..9 queries, 0..130 rows. */
+ *    loops on every path (scalar, AVX2, AVX-512) for 1..9 and 17 queries,
+ *    0..130 rows. */
 #include "test.h"
 
 #include "engine/cpu/simd.h"
@@ -44,35 +47,48 @@ static int64_t ulp_diff(float a, float b) {
     return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
 }
 
-/* The backend's original loops (engine/cpu/cpu_backend.c before simd.c). */
+/* The dot as simd.h defines it: eight lanes of fused multiply-adds, a fixed
+ * reduction, the tail in order. */
 static float ref_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(a[i + j], b[i + j], acc[j]);
     float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 
 enum { MAX_N = 4099 };
-static int64_t lengths[80];
+static int64_t lengths[96];
 static int n_lengths;
 
 static void init_lengths(void) {
     n_lengths = 0;
     for (int64_t n = 0; n <= 67; n++) lengths[n_lengths++] = n;
+    for (int64_t n = 248; n <= 264; n += 8) lengths[n_lengths++] = n; /* around the AVX-512 dot's longest row */
     for (int64_t n = 1000; n <= 1040; n += 5) lengths[n_lengths++] = n;
     lengths[n_lengths++] = MAX_N;
 }
 
 TEST(simd_name_and_dispatch) {
     const char *name = simd_name();
-    CHECK(strcmp(name, "avx2") == 0 || strcmp(name, "scalar") == 0);
+    CHECK(strcmp(name, "avx2+avx512") == 0 || strcmp(name, "avx2") == 0 || strcmp(name, "scalar") == 0);
     simd_force_scalar(1);
     CHECK_STR(simd_name(), "scalar");
     simd_force_scalar(0);
     CHECK_STR(simd_name(), name);
+    simd_force_no_avx512(1);
+    CHECK_STR(simd_name(), strcmp(name, "avx2+avx512") == 0 ? "avx2" : name);
+    simd_force_no_avx512(0);
+    CHECK_STR(simd_name(), name);
+}
+
+/* The row kernels' paths, best first: as the CPU allows, AVX2, scalar. */
+enum { N_PATHS = 3 };
+static void use_path(int path) {
+    simd_force_no_avx512(path == 1);
+    simd_force_scalar(path == 2);
 }
 
 TEST(simd_dot) {
@@ -123,7 +139,7 @@ TEST(simd_axpy) {
         const float a = uni() * 3.0f;
         for (int64_t i = 0; i <= n; i++) x[i] = uni();
         for (int64_t i = 0; i < n + 2; i++) y0[i] = y1[i] = y2[i] = uni() * 10.0f;
-        for (int64_t i = 0; i < n; i++) y0[i + 1] += a * x[i + 1]; /* the original loop */
+        for (int64_t i = 0; i < n; i++) y0[i + 1] = fmaf(a, x[i + 1], y0[i + 1]); /* the reference loop */
         simd_axpy_f32(y1 + 1, a, x + 1, n);
         simd_force_scalar(1);
         simd_axpy_f32(y2 + 1, a, x + 1, n);
@@ -355,16 +371,16 @@ TEST(simd_swiglu_matches_the_loop) {
     free(in);
 }
 
-/* The batched forms equal the row-by-row loops bit for bit, for every query
- * of a batch: rows 0..9 and 37 (odd counts: the two-row tiles' tail; more
- * than 64: the value blocks), queries 1..6 and 9 (the four-query tiles and
- * their tails), every length 0..67 and some long ones, strides wider than a
- * row, unaligned. */
+/* The batched forms equal the row-by-row loops bit for bit on every path,
+ * for every query of a batch: rows 0..9, 37 and 130 (the tiles' row tails;
+ * more than 64: the value blocks), queries 1..6, 9 and 17 (the tiles, their
+ * tails, more than the AVX-512 dot's block of 16), every length 0..67 and
+ * some long ones, strides wider than a row, unaligned. */
 TEST(simd_rows) {
     init_lengths();
     static const int64_t row_counts[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 37, 130};
-    static const int query_counts[] = {1, 2, 3, 4, 5, 6, 9};
-    enum { MAX_ROWS = 130, MAX_Q = 9 };
+    static const int query_counts[] = {1, 2, 3, 4, 5, 6, 9, 17};
+    enum { MAX_ROWS = 130, MAX_Q = 17 };
     int bad = 0, cases = 0;
     for (int li = 0; li < n_lengths; li++) {
         const int64_t n = lengths[li];
@@ -372,67 +388,63 @@ TEST(simd_rows) {
         const int64_t stride = n + 3, ys = n + 2;
         float *a = malloc((size_t)(MAX_Q * stride + 1) * sizeof *a), *b = malloc((size_t)(stride * MAX_ROWS + 1) * sizeof *b);
         float *w = malloc(MAX_Q * MAX_ROWS * sizeof *w), *y0 = malloc((size_t)(MAX_Q * ys) * sizeof *y0),
-              *y1 = malloc((size_t)(MAX_Q * ys) * sizeof *y1), *y2 = malloc((size_t)(MAX_Q * ys) * sizeof *y2);
-        float *want = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *want), *got = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *got),
-              *got_s = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *got_s);
-        CHECK(a && b && w && y0 && y1 && y2 && want && got && got_s);
-        if (!a || !b || !w || !y0 || !y1 || !y2 || !want || !got || !got_s) return;
+              *y1 = malloc((size_t)(MAX_Q * ys) * sizeof *y1), *y_init = malloc((size_t)(MAX_Q * ys) * sizeof *y_init);
+        float *want = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *want), *got = malloc(MAX_Q * (MAX_ROWS + 1) * sizeof *got);
+        CHECK(a && b && w && y0 && y1 && y_init && want && got);
+        if (!a || !b || !w || !y0 || !y1 || !y_init || !want || !got) return;
         for (int64_t i = 0; i <= MAX_Q * stride; i++) a[i] = uni();
         for (int64_t i = 0; i <= stride * MAX_ROWS; i++) b[i] = uni() * 4.0f;
         for (int k = 0; k < MAX_Q * MAX_ROWS; k++) w[k] = uni();
         const float *qs[MAX_Q];
-        float *y1s[MAX_Q], *y2s[MAX_Q];
+        float *y1s[MAX_Q];
         for (int q = 0; q < MAX_Q; q++) {
             qs[q] = a + 1 + q * stride;
             y1s[q] = y1 + q * ys + 1;
-            y2s[q] = y2 + q * ys + 1;
         }
         const float scale = 0.125f + uni() * 0.01f;
         for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++)
             for (size_t qi = 0; qi < sizeof query_counts / sizeof query_counts[0]; qi++, cases++) {
                 const int64_t rows = row_counts[ri], os = rows + 1;
                 const int nq = query_counts[qi];
-                for (int q = 0; q < nq; q++) {
+                for (int q = 0; q < nq; q++)
                     for (int64_t k = 0; k < rows; k++) want[q * os + k] = ref_dot(qs[q], b + 1 + k * stride, n) * scale;
-                    want[q * os + rows] = got[q * os + rows] = got_s[q * os + rows] = -7.0f;
-                }
-                simd_dot_rows_f32(got, os, qs, nq, b + 1, stride, rows, n, scale);
-                simd_force_scalar(1);
-                simd_dot_rows_f32(got_s, os, qs, nq, b + 1, stride, rows, n, scale);
-                simd_force_scalar(0);
-                bad += memcmp(got, want, (size_t)(nq * os) * sizeof *got) != 0;
-                bad += memcmp(got_s, want, (size_t)(nq * os) * sizeof *got) != 0;
-
-                for (int64_t i = 0; i < MAX_Q * ys; i++) y0[i] = y1[i] = y2[i] = uni();
-                for (int q = 0; q < nq; q++) /* the original loop, key by key */
+                for (int64_t i = 0; i < MAX_Q * ys; i++) y0[i] = y_init[i] = uni();
+                for (int q = 0; q < nq; q++) /* the reference loop, key by key */
                     for (int64_t k = 0; k < rows; k++)
-                        for (int64_t i = 0; i < n; i++) y0[q * ys + i + 1] += w[q * MAX_ROWS + k] * b[1 + k * stride + i];
-                simd_axpy_rows_f32(y1s, nq, w, MAX_ROWS, b + 1, stride, rows, n);
-                simd_force_scalar(1);
-                simd_axpy_rows_f32(y2s, nq, w, MAX_ROWS, b + 1, stride, rows, n);
-                simd_force_scalar(0);
-                bad += memcmp(y0, y1, (size_t)(MAX_Q * ys) * sizeof *y0) != 0;
-                bad += memcmp(y0, y2, (size_t)(MAX_Q * ys) * sizeof *y0) != 0;
+                        for (int64_t i = 0; i < n; i++)
+                            y0[q * ys + i + 1] = fmaf(w[q * MAX_ROWS + k], b[1 + k * stride + i], y0[q * ys + i + 1]);
+                for (int path = 0; path < N_PATHS; path++) {
+                    for (int q = 0; q < nq; q++) { /* the element past the last row stays */
+                        want[q * os + rows] = got[q * os + rows] = -7.0f;
+                        for (int64_t k = 0; k < rows; k++) got[q * os + k] = NAN;
+                    }
+                    use_path(path);
+                    simd_dot_rows_f32(got, os, qs, nq, b + 1, stride, rows, n, scale);
+                    memcpy(y1, y_init, (size_t)(MAX_Q * ys) * sizeof *y1);
+                    simd_axpy_rows_f32(y1s, nq, w, MAX_ROWS, b + 1, stride, rows, n);
+                    use_path(0);
+                    bad += memcmp(got, want, (size_t)(nq * os) * sizeof *got) != 0;
+                    bad += memcmp(y0, y1, (size_t)(MAX_Q * ys) * sizeof *y0) != 0;
+                }
             }
         free(a);
         free(b);
         free(w);
         free(y0);
         free(y1);
-        free(y2);
+        free(y_init);
         free(want);
         free(got);
-        free(got_s);
     }
     CHECK_EQ_INT(bad, 0);
-    if (getenv("VERBOSE")) fprintf(stderr, "  %d (length, rows, queries) cases\n", cases);
+    if (getenv("VERBOSE")) fprintf(stderr, "  %d (length, rows, queries) cases, kernels %s\n", cases, simd_name());
 }
 
-/* f16 rows: the same bits as the f32 kernels on the converted rows, on both
- * paths, for row lengths around the vector width and beyond the scalar
+/* f16 rows: the same bits as the f32 kernels on the converted rows, on every
+ * path, for row lengths around the vector width and beyond the scalar
  * path's stack buffer, 0..9 rows, unaligned. */
 TEST(simd_rows_f16) {
-    static const int64_t lengths[] = {0, 1, 7, 8, 9, 31, 64, 65, 127, 300};
+    static const int64_t lengths[] = {0, 1, 7, 8, 9, 16, 31, 64, 65, 127, 128, 256, 300};
     enum { ROWS = 9 };
     int bad = 0;
     for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
@@ -454,8 +466,8 @@ TEST(simd_rows_f16) {
         const float *qs[NQ] = {a + 1, a + 1, a}; /* the same query twice: each output its own */
         float *y0s[NQ] = {y0, y0 + (n + 1), y0 + 2 * (n + 1)}, *y1s[NQ] = {y1, y1 + (n + 1), y1 + 2 * (n + 1)};
         for (int rows = 0; rows <= ROWS; rows++)
-            for (int scalar = 0; scalar <= 1; scalar++) {
-                simd_force_scalar(scalar);
+            for (int path = 0; path < N_PATHS; path++) {
+                use_path(path);
                 simd_dot_rows_f32(want, ROWS, qs, NQ, bf + 1, stride, rows, n, 0.125f);
                 simd_dot_rows_f16(got, ROWS, qs, NQ, bh + 1, stride, rows, n, 0.125f);
                 for (int q = 0; q < NQ; q++) bad += memcmp(want + q * ROWS, got + q * ROWS, (size_t)rows * sizeof *got) != 0;
@@ -464,7 +476,7 @@ TEST(simd_rows_f16) {
                 simd_axpy_rows_f16(y1s, NQ, w, ROWS, bh + 1, stride, rows, n);
                 bad += memcmp(y0, y1, (size_t)NQ * (n + 1) * sizeof *y0) != 0;
             }
-        simd_force_scalar(0);
+        use_path(0);
         free(a);
         free(bf);
         free(bh);
