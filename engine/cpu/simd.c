@@ -632,6 +632,62 @@ static AVX2_FN double exp_sub_sum_avx2(float *p, int64_t n, float mx) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* expf4 on eight lanes in one register of doubles, 2^(k/32) picked from
+ * the table held in four registers (two two-table permutes and a blend, not
+ * a gather): the same operations, the same bits. */
+static ALWAYS_INLINE AVX512_FN __m256 expf8_pd(__m256 x, const __m512i t[4]) {
+    const __m512d inv_ln2_n = _mm512_set1_pd(0x1.71547652b82fep+0 * 32), shift = _mm512_set1_pd(0x1.8p+52);
+    const __m512d xd = _mm512_cvtps_pd(x);
+    const __m512d kds = _mm512_fmadd_pd(inv_ln2_n, xd, shift);
+    const __m512i ki = _mm512_castpd_si512(kds);
+    const __m512d kd = _mm512_sub_pd(kds, shift);
+    const __m512d r = _mm512_fmsub_pd(inv_ln2_n, xd, kd);
+    const __m512i lo = _mm512_permutex2var_epi64(t[0], ki, t[1]), hi = _mm512_permutex2var_epi64(t[2], ki, t[3]);
+    const __m512i tab = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+    const __m512d sc = _mm512_castsi512_pd(_mm512_add_epi64(tab, _mm512_slli_epi64(ki, 47)));
+    const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
+                                      _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
+    const __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm512_set1_pd(1.0));
+    y = _mm512_fmadd_pd(z, r2, y);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(y, sc));
+}
+
+/* exp_sub_sum_avx2 sixteen lanes at a time (the same expf, the same sums). */
+static AVX512_FN double exp_sub_sum_avx512(float *p, int64_t n, float mx) {
+    __m512i t[4];
+    for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(exp2f_tab + 8 * k));
+    const __m512 vm = _mm512_set1_ps(mx);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(p + i), vm);
+        __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(expf8_pd(_mm512_castps512_ps256(x), t)),
+                                      expf8_pd(_mm512_extractf32x8_ps(x, 1), t), 1);
+        /* |x| >= 88 (bits of |x| >= those of 88.0f) or NaN: glibc's special cases */
+        const __m512i ax = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+        const __mmask16 special = _mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x42afffff));
+        if (special) {
+            float xs[16], es[16];
+            _mm512_storeu_ps(xs, x);
+            _mm512_storeu_ps(es, e);
+            for (int k = 0; k < 16; k++)
+                if (special >> k & 1) es[k] = expf(xs[k]);
+            e = _mm512_loadu_ps(es);
+        }
+        _mm512_storeu_ps(p + i, e);
+    }
+    const __m256 vm8 = _mm256_set1_ps(mx);
+    for (; i + 8 <= n; i += 8) expf8_store(p + i, vm8);
+    for (; i < n; i++) p[i] = expf(p[i] - mx);
+    /* sum8_scalar's order: lane i % 8 in one register of doubles */
+    __m512d acc = _mm512_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(p + i)));
+    double l[8];
+    _mm512_storeu_pd(l, acc);
+    for (; i < n; i++) l[i % 8] += p[i];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 static int cpu_has_avx2_fma(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -793,7 +849,9 @@ void simd_axpy_rows_f16(float *const *y, int n_y, const float *w, int64_t w_stri
 double simd_exp_sub_sum(float *p, int64_t n, float mx) {
     if (n <= 0) return 0.0;
 #if SIMD_HAVE_AVX2
-    if (use_avx2()) return exp_sub_sum_avx2(p, n, mx);
+    const int level = simd_level();
+    if (level == 2) return exp_sub_sum_avx512(p, n, mx);
+    if (level) return exp_sub_sum_avx2(p, n, mx);
 #endif
     return exp_sub_sum_scalar(p, n, mx);
 }

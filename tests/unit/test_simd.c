@@ -245,15 +245,22 @@ TEST(simd_exp_sum) {
                 in[rnd() % (uint32_t)n] = NAN;
             }
             if (mode == 2) mx = -5.0f; /* positive differences up to 25 */
-            double sv, ss;
-            bad += check_exp(in, n, mx, p + 1, &sv);
-            simd_force_scalar(1);
-            bad += check_exp(in, n, mx, p + 1, &ss);
-            simd_force_scalar(0);
-            if (EXP_ULP == 0 && memcmp(&sv, &ss, sizeof sv) != 0 && !(isnan(sv) && isnan(ss))) {
-                if (bad++ < 5) fprintf(stderr, "  n=%lld mode %d: sum %.17g, scalar %.17g\n", (long long)n, mode, sv, ss);
+            double sum[N_PATHS]; /* the last path is the scalar one */
+            for (int path = 0; path < N_PATHS; path++) {
+                use_path(path);
+                bad += check_exp(in, n, mx, p + 1, &sum[path]);
             }
-            if (n == 0) CHECK(sv == 0.0 && ss == 0.0);
+            use_path(0);
+            const double ss = sum[N_PATHS - 1];
+            for (int path = 0; path < N_PATHS - 1; path++) {
+                const double sv = sum[path];
+                if (EXP_ULP == 0 && memcmp(&sv, &ss, sizeof sv) != 0 && !(isnan(sv) && isnan(ss))) {
+                    if (bad++ < 5)
+                        fprintf(stderr, "  n=%lld mode %d path %d: sum %.17g, scalar %.17g\n", (long long)n, mode, path, sv, ss);
+                }
+                if (n == 0) CHECK(sv == 0.0);
+            }
+            if (n == 0) CHECK(ss == 0.0);
         }
     CHECK_EQ_INT(bad, 0);
     free(in);
@@ -261,36 +268,40 @@ TEST(simd_exp_sum) {
 }
 
 /* [-104, 89] (where expf goes from 0 to infinity) in steps of 2^-12, plus
- * random points: within EXP_ULP of expf. */
+ * random points: within EXP_ULP of expf, on the AVX-512 and the AVX2 path. */
 TEST(simd_exp_sweep) {
-    enum { CHUNK = 4096 };
-    float in[CHUNK], p[CHUNK];
-    int64_t worst = 0, count = 0, bad = 0;
-    float worst_x = 0;
-    for (double x0 = -104.0; x0 < 89.0; x0 += CHUNK / 4096.0) {
-        for (int k = 0; k < CHUNK; k++) in[k] = (float)(x0 + k / 4096.0);
-        memcpy(p, in, sizeof p);
-        simd_exp_sub_sum(p, CHUNK, 0.0f);
-        for (int k = 0; k < CHUNK; k++, count++) {
-            const float want = expf(in[k]);
-            bad += !exp_close(p[k], want);
-            const int64_t d = isfinite(want) && want != 0.0f ? ulp_diff(p[k], want) : 0;
-            if (d > worst) {
-                worst = d;
-                worst_x = in[k];
+    for (int path = 0; path < 2; path++) {
+        use_path(path);
+        enum { CHUNK = 4096 };
+        float in[CHUNK], p[CHUNK];
+        int64_t worst = 0, count = 0, bad = 0;
+        float worst_x = 0;
+        for (double x0 = -104.0; x0 < 89.0; x0 += CHUNK / 4096.0) {
+            for (int k = 0; k < CHUNK; k++) in[k] = (float)(x0 + k / 4096.0);
+            memcpy(p, in, sizeof p);
+            simd_exp_sub_sum(p, CHUNK, 0.0f);
+            for (int k = 0; k < CHUNK; k++, count++) {
+                const float want = expf(in[k]);
+                bad += !exp_close(p[k], want);
+                const int64_t d = isfinite(want) && want != 0.0f ? ulp_diff(p[k], want) : 0;
+                if (d > worst) {
+                    worst = d;
+                    worst_x = in[k];
+                }
             }
         }
+        for (int rep = 0; rep < 64; rep++) {
+            for (int k = 0; k < CHUNK; k++) in[k] = uni() * 88.0f;
+            memcpy(p, in, sizeof p);
+            simd_exp_sub_sum(p, CHUNK, 0.0f);
+            for (int k = 0; k < CHUNK; k++, count++) bad += !exp_close(p[k], expf(in[k]));
+        }
+        if (getenv("VERBOSE") || bad)
+            fprintf(stderr, "  %s exp: %lld points, %lld off, worst %lld ulp at %.9g\n", simd_name(), (long long)count,
+                    (long long)bad, (long long)worst, worst_x);
+        CHECK_EQ_INT(bad, 0);
     }
-    for (int rep = 0; rep < 64; rep++) {
-        for (int k = 0; k < CHUNK; k++) in[k] = uni() * 88.0f;
-        memcpy(p, in, sizeof p);
-        simd_exp_sub_sum(p, CHUNK, 0.0f);
-        for (int k = 0; k < CHUNK; k++, count++) bad += !exp_close(p[k], expf(in[k]));
-    }
-    if (getenv("VERBOSE") || bad)
-        fprintf(stderr, "  %s exp: %lld points, %lld off, worst %lld ulp at %.9g\n", simd_name(), (long long)count,
-                (long long)bad, (long long)worst, worst_x);
-    CHECK_EQ_INT(bad, 0);
+    use_path(0);
 }
 
 /* simd_rmsnorm: the same bits on both paths, and within 1 ulp of the
