@@ -155,6 +155,21 @@ static AVX2_FN void axpy_avx2(float *y, float a, const float *x, int64_t n) {
  * always-inlined body, instantiated for each. */
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
+/* TILE(i, N) over items [0, n): four at a time, then the three, two or one
+ * left, N a constant in each call so that the tile's loops unroll and its
+ * accumulators stay in registers. */
+#define FOR_TILES_OF_4(n, TILE)                                                                                        \
+    do {                                                                                                               \
+        int i_ = 0;                                                                                                    \
+        for (; i_ + 4 <= (n); i_ += 4) TILE(i_, 4);                                                                    \
+        switch ((n) - i_) {                                                                                            \
+        case 3: TILE(i_, 3); break;                                                                                    \
+        case 2: TILE(i_, 2); break;                                                                                    \
+        case 1: TILE(i_, 1); break;                                                                                    \
+        default: break;                                                                                                \
+        }                                                                                                              \
+    } while (0)
+
 static ALWAYS_INLINE AVX2_FN __m256 load8(const void *row, int64_t i, const int F16) {
     if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
     return _mm256_loadu_ps((const float *)row + i);
@@ -212,14 +227,9 @@ static ALWAYS_INLINE AVX2_FN void dot_tile(float *out, int64_t os, const float *
 
 static ALWAYS_INLINE AVX2_FN void dot_tiles(float *out, int64_t os, const float *const *a, int na,
                                             const void *const *b, const int NK, int64_t n, float scale, const int F16) {
-    int q = 0;
-    for (; q + 4 <= na; q += 4) dot_tile(out + q * os, os, a + q, 4, b, NK, n, scale, F16);
-    switch (na - q) {
-    case 3: dot_tile(out + q * os, os, a + q, 3, b, NK, n, scale, F16); break;
-    case 2: dot_tile(out + q * os, os, a + q, 2, b, NK, n, scale, F16); break;
-    case 1: dot_tile(out + q * os, os, a + q, 1, b, NK, n, scale, F16); break;
-    default: break;
-    }
+#define TILE(q, NQ) dot_tile(out + (q) * os, os, a + (q), NQ, b, NK, n, scale, F16)
+    FOR_TILES_OF_4(na, TILE);
+#undef TILE
 }
 
 /* Rows two at a time, every query against them while they sit in L1: the
@@ -279,14 +289,20 @@ static ALWAYS_INLINE AVX2_FN void axpy_tile(float *const *y, int64_t c, const fl
 
 static ALWAYS_INLINE AVX2_FN void axpy_tiles(float *const *y, int ny, int64_t c, const float *w, int64_t ws,
                                              const void *x, int64_t xs, int64_t rows, const int NV, const int F16) {
-    int q = 0;
-    for (; q + 4 <= ny; q += 4) axpy_tile(y + q, c, w + q * ws, ws, 4, x, xs, rows, NV, F16);
-    switch (ny - q) {
-    case 3: axpy_tile(y + q, c, w + q * ws, ws, 3, x, xs, rows, NV, F16); break;
-    case 2: axpy_tile(y + q, c, w + q * ws, ws, 2, x, xs, rows, NV, F16); break;
-    case 1: axpy_tile(y + q, c, w + q * ws, ws, 1, x, xs, rows, NV, F16); break;
-    default: break;
-    }
+#define TILE(q, NQ) axpy_tile(y + (q), c, w + (q) * ws, ws, NQ, x, xs, rows, NV, F16)
+    FOR_TILES_OF_4(ny, TILE);
+#undef TILE
+}
+
+/* Columns [n8, n) (the last n % 8) of a block of rows, rows in order. */
+static ALWAYS_INLINE void axpy_last_columns(float *const *y, int ny, const float *w, int64_t ws, const void *xb,
+                                            int64_t xs, int64_t rows, int64_t n8, int64_t n, const int F16) {
+    for (int q = 0; q < ny; q++)
+        for (int64_t i = n8; i < n; i++) {
+            float v = y[q][i];
+            for (int64_t k = 0; k < rows; k++) v = fmaf(w[q * ws + k], elem(xb, k * xs + i, F16), v);
+            y[q][i] = v;
+        }
 }
 
 enum { AXPY_BLOCK_ROWS = 64 }; /* 64 rows of a 64-wide f32 head: 16 KB, in L1 for every output */
@@ -300,12 +316,7 @@ static ALWAYS_INLINE AVX2_FN void axpy_rows_body(float *const *y, int ny, const 
         int64_t c = 0;
         for (; c + 16 <= n8; c += 16) axpy_tiles(y, ny, c, w + k0, ws, xb, xs, kn, 2, F16);
         if (c < n8) axpy_tiles(y, ny, c, w + k0, ws, xb, xs, kn, 1, F16);
-        for (int q = 0; q < ny; q++)
-            for (int64_t i = n8; i < n; i++) { /* the last n % 8 columns, rows in order */
-                float v = y[q][i];
-                for (int64_t k = 0; k < kn; k++) v = fmaf(w[q * ws + k0 + k], elem(xb, k * xs + i, F16), v);
-                y[q][i] = v;
-            }
+        axpy_last_columns(y, ny, w + k0, ws, xb, xs, kn, n8, n, F16);
     }
 }
 
@@ -403,14 +414,9 @@ static ALWAYS_INLINE AVX512_FN void dot_rows512_body(float *out, int64_t os, con
         const int nr = rows - k < DOT512_ROWS ? (int)(rows - k) : DOT512_ROWS;
         const void *bk[DOT512_ROWS];
         for (int r = 0; r < DOT512_ROWS; r++) bk[r] = row_at(b, (k + (r < nr ? r : 0)) * bs, F16);
-        int p = 0;
-        for (; p + 4 <= np; p += 4) dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 4, na - 2 * p, bk, nr, scale, F16);
-        switch (np - p) {
-        case 3: dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 3, na - 2 * p, bk, nr, scale, F16); break;
-        case 2: dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 2, na - 2 * p, bk, nr, scale, F16); break;
-        case 1: dot_tile512(out + 2 * p * os + k, os, qp + p * 2 * n, n, 1, na - 2 * p, bk, nr, scale, F16); break;
-        default: break;
-        }
+#define TILE(p, NQP) dot_tile512(out + 2 * (p) * os + k, os, qp + (p) * 2 * n, n, NQP, na - 2 * (p), bk, nr, scale, F16)
+        FOR_TILES_OF_4(np, TILE);
+#undef TILE
     }
 }
 
@@ -457,14 +463,9 @@ static ALWAYS_INLINE AVX512_FN void axpy_tile512(float *const *y, int64_t c, con
 
 static ALWAYS_INLINE AVX512_FN void axpy_tiles512(float *const *y, int ny, int64_t c, const float *w, int64_t ws,
                                                  const void *x, int64_t xs, int64_t rows, const int NV, const int F16) {
-    int q = 0;
-    for (; q + 4 <= ny; q += 4) axpy_tile512(y + q, c, w + q * ws, ws, 4, x, xs, rows, NV, F16);
-    switch (ny - q) {
-    case 3: axpy_tile512(y + q, c, w + q * ws, ws, 3, x, xs, rows, NV, F16); break;
-    case 2: axpy_tile512(y + q, c, w + q * ws, ws, 2, x, xs, rows, NV, F16); break;
-    case 1: axpy_tile512(y + q, c, w + q * ws, ws, 1, x, xs, rows, NV, F16); break;
-    default: break;
-    }
+#define TILE(q, NQ) axpy_tile512(y + (q), c, w + (q) * ws, ws, NQ, x, xs, rows, NV, F16)
+    FOR_TILES_OF_4(ny, TILE);
+#undef TILE
 }
 
 /* axpy_rows_body with columns 64, 32 and 16 at a time, then the AVX2 tile and
@@ -480,12 +481,7 @@ static ALWAYS_INLINE AVX512_FN void axpy_rows512_body(float *const *y, int ny, c
         if (c + 32 <= n8) axpy_tiles512(y, ny, c, w + k0, ws, xb, xs, kn, 2, F16), c += 32;
         if (c + 16 <= n8) axpy_tiles512(y, ny, c, w + k0, ws, xb, xs, kn, 1, F16), c += 16;
         if (c < n8) axpy_tiles(y, ny, c, w + k0, ws, xb, xs, kn, 1, F16);
-        for (int q = 0; q < ny; q++)
-            for (int64_t i = n8; i < n; i++) {
-                float v = y[q][i];
-                for (int64_t k = 0; k < kn; k++) v = fmaf(w[q * ws + k0 + k], elem(xb, k * xs + i, F16), v);
-                y[q][i] = v;
-            }
+        axpy_last_columns(y, ny, w + k0, ws, xb, xs, kn, n8, n, F16);
     }
 }
 
