@@ -40,8 +40,10 @@ double simd_exp_sub_sum(float *p, int64_t n, float mx);
 
 /* Batched forms for the attention loops: several queries (the query heads of
  * a KV group, several tokens) against the same rows, each result bit for bit
- * what the one-row helpers above give; the AVX2 kernels read every row once
- * for all the queries (tiles of 4 queries x 2 rows, outputs in registers).
+ * what the one-row helpers above give; the vector kernels read every row once
+ * for all the queries, outputs in registers (AVX2: tiles of 4 queries x 2
+ * rows; AVX-512, rows of n <= 256 in multiples of 8: 4 pairs of queries x 4
+ * rows).
  * out[i * out_stride + k] = simd_dot_f32(a[i], b + k * b_stride, n) * scale,
  * i < n_a, k < n_rows. */
 void simd_dot_rows_f32(float *out, int64_t out_stride, const float *const *a, int n_a, const float *b,
